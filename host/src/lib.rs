@@ -1,0 +1,4 @@
+//! ebb: queue workers whose scaling decisions are hot-swapped WebAssembly rules.
+
+pub mod cli;
+pub mod rules;

@@ -1,0 +1,344 @@
+//! The rules engine: hostile guests, limits, clamps, hot reload, and agreement with the paper.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use ebb::rules::{DecisionSource, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleSet};
+use ebb_rules_sdk::paper;
+use ebb_tests::guests;
+
+const QUEUE: &str = "orders";
+
+fn engine(limits: RuleLimits) -> Arc<RuleEngine> {
+    RuleEngine::new(limits, None).expect("engine starts")
+}
+
+fn rules_for(engine: Arc<RuleEngine>, rule: Option<&Path>, params: &[(&str, &str)]) -> RuleSet {
+    let params = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    RuleSet::new(engine, [QueueRuleConfig { queue: QUEUE.into(), rule: rule.map(Path::to_path_buf), params }])
+}
+
+/// A rule set whose one queue uses `guest`, loaded; panics if it does not load.
+fn loaded(guest: &str, limits: RuleLimits) -> RuleSet {
+    let rules = rules_for(engine(limits), Some(Path::new(guest)), &[]);
+    let errors = rules.load_all();
+    assert!(errors.is_empty(), "{guest} should load: {errors:?}");
+    rules
+}
+
+fn state(depth: u64) -> QueueState {
+    QueueState { queue: QUEUE.into(), approximate_depth: depth, min_tasks: 1, max_tasks: 100, active_tasks: 1, ..Default::default() }
+}
+
+fn idle(idle_count: u32, random: u64) -> IdleContext {
+    IdleContext {
+        queue: QUEUE.into(),
+        idle_count,
+        active_tasks: 2,
+        min_interval_ms: 100,
+        max_interval_ms: 60_000,
+        random,
+        ..Default::default()
+    }
+}
+
+fn load_error(guest: &str) -> String {
+    let rules = rules_for(engine(RuleLimits::default()), Some(Path::new(guest)), &[]);
+    let errors = rules.load_all();
+    assert_eq!(errors.len(), 1, "{guest} must not load");
+    let status = rules.status(QUEUE).unwrap();
+    assert_eq!(status.file, None, "a rule that failed to load is not in use");
+    format!("{:#}", errors[0])
+}
+
+/// Asserts that a faulting rule's decision came from the built-in rule and was counted.
+fn assert_falls_back(rules: &RuleSet, reason: &str) {
+    let started = Instant::now();
+    let decision = rules.decide_task_count(QUEUE, &state(500));
+    assert!(started.elapsed() < Duration::from_secs(2), "the fault was stopped promptly ({:?})", started.elapsed());
+    assert_eq!(decision.source, DecisionSource::Fallback);
+    assert_eq!(decision.value, paper::optimal_dequeue_task_count(&state(500)));
+    let status = rules.status(QUEUE).unwrap();
+    assert_eq!(status.faults, 1);
+    let error = status.last_error.unwrap();
+    assert!(error.contains(reason), "fault reason {error:?} should mention {reason:?}");
+}
+
+#[test]
+fn infinite_loop_is_stopped_by_the_deadline() {
+    let limits = RuleLimits { call_fuel: u64::MAX / 2, ..RuleLimits::default() };
+    assert_falls_back(&loaded(guests::LOOP_FOREVER, limits), "deadline");
+}
+
+#[test]
+fn infinite_loop_is_stopped_by_fuel() {
+    let limits = RuleLimits { call_deadline: Duration::from_secs(30), call_fuel: 1_000_000, ..RuleLimits::default() };
+    assert_falls_back(&loaded(guests::LOOP_FOREVER, limits), "fuel");
+}
+
+#[test]
+fn memory_bomb_is_stopped_by_the_memory_cap() {
+    let limits = RuleLimits { call_deadline: Duration::from_secs(5), ..RuleLimits::default() };
+    assert_falls_back(&loaded(guests::MEMORY_BOMB, limits), "memory limit");
+}
+
+#[test]
+fn deep_recursion_is_stopped_by_the_stack_limit() {
+    let limits = RuleLimits { call_fuel: u64::MAX / 2, call_deadline: Duration::from_secs(5), ..RuleLimits::default() };
+    assert_falls_back(&loaded(guests::DEEP_RECURSION, limits), "stack");
+}
+
+#[test]
+fn trapping_rule_falls_back_and_is_quarantined_after_repeated_faults() {
+    let limits = RuleLimits { quarantine_after: 3, ..RuleLimits::default() };
+    let rules = loaded(guests::TRAP, limits);
+    for _ in 0..3 {
+        assert_eq!(rules.decide_task_count(QUEUE, &state(5)).source, DecisionSource::Fallback);
+    }
+    let status = rules.status(QUEUE).unwrap();
+    assert!(status.quarantined);
+    assert!(status.last_error.unwrap().contains("trapped"));
+    // Quarantined: the built-in decides without calling the rule, so faults stop growing.
+    let decision = rules.decide_task_count(QUEUE, &state(5));
+    assert_eq!(decision.source, DecisionSource::BuiltIn);
+    assert_eq!(rules.status(QUEUE).unwrap().faults, 3);
+}
+
+#[test]
+fn absurd_values_are_clamped_and_counted() {
+    let rules = loaded(guests::ABSURD_VALUES, RuleLimits::default());
+    let count = rules.decide_task_count(QUEUE, &state(5));
+    assert_eq!((count.value, count.source, count.clamped), (100, DecisionSource::Rule, true));
+    let empty = rules.decide_queue_empty(QUEUE, &idle(1, 0));
+    assert_eq!((empty.value.delay_ms, empty.source, empty.clamped), (60_000, DecisionSource::Rule, true));
+    let status = rules.status(QUEUE).unwrap();
+    assert_eq!((status.clamps, status.faults, status.decisions), (2, 0, 2));
+}
+
+#[test]
+fn wrong_export_type_is_rejected_at_load() {
+    let error = load_error(guests::WRONG_EXPORT_TYPE);
+    assert!(error.contains("its function optimal-dequeue-task-count does not have the contract's type"), "{error}");
+    assert!(error.contains("expected `u32` found `string`"), "{error}");
+}
+
+#[test]
+fn missing_export_is_rejected_at_load() {
+    let error = load_error(guests::MISSING_EXPORT);
+    assert!(error.contains("on-queue-empty"), "{error}");
+}
+
+#[test]
+fn contract_version_mismatch_names_both_versions() {
+    let error = load_error(guests::FUTURE_VERSION);
+    assert!(error.contains("ebb:rules/decisions@0.2.0") && error.contains("ebb:rules/decisions@0.1.0"), "{error}");
+}
+
+#[test]
+fn rule_gets_no_files_sockets_env_or_args_and_cannot_exit_the_host() {
+    // The probe's configure fails, naming the capability, if any attempt succeeds.
+    let rules = loaded(guests::CAPABILITY_PROBE, RuleLimits::default());
+    let decision = rules.decide_queue_empty(QUEUE, &idle(1, 0));
+    assert_eq!(decision.source, DecisionSource::Fallback);
+    assert!(rules.status(QUEUE).unwrap().last_error.unwrap().contains("called exit("));
+}
+
+#[test]
+fn non_wasm_truncated_and_oversized_files_are_rejected_with_the_reason() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let bytes = std::fs::read(guests::PAPER_DEFAULT)?;
+    let cases: [(&str, Vec<u8>, &str); 3] = [
+        ("text.wasm", b"not wasm at all".to_vec(), "not a WebAssembly file"),
+        ("truncated.wasm", bytes[..bytes.len() / 2].to_vec(), "not a valid component"),
+        ("empty.wasm", Vec::new(), "not a WebAssembly file"),
+    ];
+    for (name, content, reason) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, content)?;
+        let error = format!("{:#}", engine(RuleLimits::default()).load_file(&path).err().expect("must fail"));
+        assert!(error.contains(name) && error.contains(reason), "{name}: {error}");
+    }
+    let small = RuleLimits { max_file_bytes: 1000, ..RuleLimits::default() };
+    let error = format!("{:#}", engine(small).load_file(Path::new(guests::PAPER_DEFAULT)).err().expect("must fail"));
+    assert!(error.contains("over the limit of 1000 bytes"), "{error}");
+    Ok(())
+}
+
+#[test]
+fn rejected_parameters_keep_the_queue_on_the_built_in_rule() {
+    let rules = rules_for(engine(RuleLimits::default()), Some(Path::new(guests::THRESHOLD_TABLE)), &[("table", "10:1")]);
+    let errors = rules.load_all();
+    let error = format!("{:#}", errors[0]);
+    assert!(error.contains("cannot serve queue orders") && error.contains("parameter \"table\""), "{error}");
+    assert_eq!(rules.decide_task_count(QUEUE, &state(5)).source, DecisionSource::BuiltIn);
+}
+
+#[test]
+fn parameters_reach_the_rule() {
+    let rules = rules_for(engine(RuleLimits::default()), Some(Path::new(guests::THRESHOLD_TABLE)), &[("table", "10:2, *:42")]);
+    assert!(rules.load_all().is_empty());
+    assert_eq!(rules.decide_task_count(QUEUE, &state(5)).value, 2);
+    assert_eq!(rules.decide_task_count(QUEUE, &state(5000)).value, 42);
+}
+
+#[test]
+fn built_in_and_paper_default_wasm_rule_agree() {
+    let rules = loaded(guests::PAPER_DEFAULT, RuleLimits::default());
+    let built_in = rules_for(rules.engine().clone(), None, &[]);
+    for depth in [0, 1, 50, 99, 100, 101, 500, 999, 1000, 1001, 10_000, u64::MAX] {
+        let wasm = rules.decide_task_count(QUEUE, &state(depth));
+        let native = built_in.decide_task_count(QUEUE, &state(depth));
+        assert_eq!(wasm.source, DecisionSource::Rule);
+        assert_eq!(native.source, DecisionSource::BuiltIn);
+        assert_eq!(wasm.value, native.value, "depth {depth}");
+    }
+    for idle_count in 0..=20 {
+        for random in [0, 1 << 20, 1 << 62, 1 << 63, u64::MAX / 3, u64::MAX] {
+            for active_tasks in [1, 2] {
+                let ctx = IdleContext { active_tasks, ..idle(idle_count, random) };
+                let wasm = rules.decide_queue_empty(QUEUE, &ctx);
+                let native = built_in.decide_queue_empty(QUEUE, &ctx);
+                assert_eq!(wasm.value, native.value, "idle {idle_count}, random {random}, tasks {active_tasks}");
+            }
+        }
+        // And the back-off range is the paper's: min + (2^n − 1) × [80, 120] ms, capped.
+        let low = rules.decide_queue_empty(QUEUE, &idle(idle_count, 0)).value.delay_ms;
+        let high = rules.decide_queue_empty(QUEUE, &idle(idle_count, u64::MAX)).value.delay_ms;
+        let steps = 2f64.powi(idle_count as i32) - 1.0;
+        assert_eq!(low, (100.0 + steps * 80.0).min(60_000.0) as u64, "idle {idle_count}");
+        assert_eq!(high, (100.0 + steps * 120.0).min(60_000.0) as u64, "idle {idle_count}");
+    }
+}
+
+// ---- hot reload ----
+
+struct Watched {
+    dir: tempfile::TempDir,
+    rules: Arc<RuleSet>,
+    _watcher: ebb::rules::RuleWatcher,
+}
+
+impl Watched {
+    fn rule_path(&self) -> PathBuf {
+        self.dir.path().canonicalize().unwrap().join("rule.wasm")
+    }
+
+    /// Replaces the rule file the way a deploy should: write aside, then rename.
+    fn deploy(&self, guest: &str) {
+        let staging = self.dir.path().join("rule.wasm.partial");
+        std::fs::copy(guest, &staging).unwrap();
+        std::fs::rename(&staging, self.rule_path()).unwrap();
+    }
+
+    fn sha(&self) -> Option<String> {
+        self.rules.status(QUEUE).unwrap().sha256
+    }
+}
+
+fn watched(initial: &str) -> Watched {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().canonicalize().unwrap().join("rule.wasm");
+    std::fs::copy(initial, &path).unwrap();
+    let rules = Arc::new(rules_for(engine(RuleLimits::default()), Some(&path), &[]));
+    assert!(rules.load_all().is_empty());
+    let watcher = rules.watch(dir.path(), Duration::from_millis(20)).unwrap();
+    Watched { dir, rules, _watcher: watcher }
+}
+
+fn sha_of(guest: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(std::fs::read(guest).unwrap()))
+}
+
+fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn swaps_under_concurrent_decisions_fail_no_decision() {
+    let w = watched(guests::PAPER_DEFAULT);
+    let stop = Arc::new(AtomicBool::new(false));
+    let not_from_rule = Arc::new(AtomicU64::new(0));
+    let deciders: Vec<_> = (0..3)
+        .map(|_| {
+            let (rules, stop, not_from_rule) = (w.rules.clone(), stop.clone(), not_from_rule.clone());
+            std::thread::spawn(move || {
+                let mut made = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let decision = rules.decide_task_count(QUEUE, &state(5));
+                    if decision.source != DecisionSource::Rule || ![7, 10].contains(&decision.value) {
+                        not_from_rule.fetch_add(1, Ordering::Relaxed);
+                    }
+                    made += 1;
+                }
+                made
+            })
+        })
+        .collect();
+    for round in 0..10 {
+        let (guest, tasks) = if round % 2 == 0 { (guests::FIXED_TASKS, 7) } else { (guests::PAPER_DEFAULT, 10) };
+        w.deploy(guest);
+        wait_for("the new rule to decide", || w.rules.decide_task_count(QUEUE, &state(5)).value == tasks);
+        assert_eq!(w.sha(), Some(sha_of(guest)));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let made: u64 = deciders.into_iter().map(|d| d.join().unwrap()).sum();
+    assert!(made > 100, "the deciders ran ({made} decisions)");
+    assert_eq!(not_from_rule.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn half_written_file_is_ignored_then_picked_up_when_complete() {
+    let w = watched(guests::PAPER_DEFAULT);
+    let bytes = std::fs::read(guests::FIXED_TASKS).unwrap();
+    std::fs::write(w.rule_path(), &bytes[..bytes.len() / 3]).unwrap();
+    wait_for("the half-written file to be rejected", || w.rules.status(QUEUE).unwrap().last_error.is_some());
+    assert_eq!(w.sha(), Some(sha_of(guests::PAPER_DEFAULT)), "the old rule stays");
+    assert_eq!(w.rules.decide_task_count(QUEUE, &state(5)).source, DecisionSource::Rule);
+    std::fs::write(w.rule_path(), &bytes).unwrap();
+    wait_for("the complete file to be used", || w.sha() == Some(sha_of(guests::FIXED_TASKS)));
+    assert_eq!(w.rules.decide_task_count(QUEUE, &state(5)).value, 7);
+}
+
+#[test]
+fn broken_file_keeps_the_old_rule() {
+    let w = watched(guests::FIXED_TASKS);
+    w.deploy(guests::WRONG_EXPORT_TYPE);
+    wait_for("the broken file to be rejected", || w.rules.status(QUEUE).unwrap().last_error.is_some());
+    let decision = w.rules.decide_task_count(QUEUE, &state(5));
+    assert_eq!((decision.value, decision.source), (7, DecisionSource::Rule));
+}
+
+#[test]
+fn deleted_rule_puts_its_queue_on_the_built_in_rule() {
+    let w = watched(guests::FIXED_TASKS);
+    std::fs::remove_file(w.rule_path()).unwrap();
+    wait_for("the queue to fall back to the built-in rule", || w.sha().is_none());
+    let decision = w.rules.decide_task_count(QUEUE, &state(5));
+    assert_eq!((decision.value, decision.source), (10, DecisionSource::BuiltIn));
+    w.deploy(guests::FIXED_TASKS);
+    wait_for("the restored rule to be used", || w.sha().is_some());
+}
+
+#[test]
+fn a_new_file_lifts_quarantine() {
+    let limits = RuleLimits { quarantine_after: 1, ..RuleLimits::default() };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().canonicalize().unwrap().join("rule.wasm");
+    std::fs::copy(guests::TRAP, &path).unwrap();
+    let rules = Arc::new(rules_for(engine(limits), Some(&path), &[]));
+    assert!(rules.load_all().is_empty());
+    let _watcher = rules.watch(dir.path(), Duration::from_millis(20)).unwrap();
+    rules.decide_task_count(QUEUE, &state(5));
+    assert!(rules.status(QUEUE).unwrap().quarantined);
+    std::fs::copy(guests::FIXED_TASKS, &path).unwrap();
+    wait_for("the new rule to replace the quarantined one", || rules.decide_task_count(QUEUE, &state(5)).value == 7);
+    assert!(!rules.status(QUEUE).unwrap().quarantined);
+}

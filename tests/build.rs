@@ -1,0 +1,80 @@
+//! Builds every rule component the tests use, once per change, into a target dir of its
+//! own (so it never waits on the outer cargo's lock), and writes their paths as constants
+//! (`GUEST_NAME: &str`) into `$OUT_DIR/guests.rs`. Nothing is checked in as a binary.
+//!
+//! - Rust: `example-rules/` and `tests/guests/` for `wasm32-wasip2` (the target is added
+//!   with rustup when missing).
+//! - Python and JavaScript example rules, with pinned componentize-py and componentize-qjs
+//!   installed into `<target>/guest-tools/` on first use.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() {
+    let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
+    let root = manifest_dir.parent().unwrap().to_path_buf();
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    let guest_target = out_dir.join("guest-target");
+
+    for watched in ["rules-sdk", "wit", "example-rules", "tests/guests"] {
+        println!("cargo:rerun-if-changed={}", root.join(watched).display());
+    }
+
+    ensure_wasm_target();
+    let mut constants = String::new();
+    for workspace in ["example-rules", "tests/guests"] {
+        for (name, path) in build_rust_workspace(&root.join(workspace), &guest_target) {
+            constants.push_str(&format!("pub const {}: &str = {:?};\n", const_name(&name), path.display().to_string()));
+        }
+    }
+    std::fs::write(out_dir.join("guests.rs"), constants).unwrap();
+}
+
+fn ensure_wasm_target() {
+    let installed = Command::new("rustup").args(["target", "list", "--installed"]).output();
+    if let Ok(out) = &installed
+        && String::from_utf8_lossy(&out.stdout).lines().any(|l| l.trim() == "wasm32-wasip2")
+    {
+        return;
+    }
+    run(Command::new("rustup").args(["target", "add", "wasm32-wasip2"]), "rustup target add wasm32-wasip2");
+}
+
+/// Builds a guest workspace in release mode and returns (package name, component path).
+fn build_rust_workspace(workspace: &Path, target_dir: &Path) -> Vec<(String, PathBuf)> {
+    let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cargo
+        .current_dir(workspace)
+        .args(["build", "--release", "--target", "wasm32-wasip2", "--workspace"])
+        .env("CARGO_TARGET_DIR", target_dir);
+    // The outer build's flags and profile settings are for the host, not for the guests.
+    for (key, _) in std::env::vars() {
+        if key.starts_with("CARGO_ENCODED_RUSTFLAGS") || key == "RUSTFLAGS" || key.starts_with("CARGO_PROFILE_") || key == "CARGO_BUILD_TARGET" {
+            cargo.env_remove(&key);
+        }
+    }
+    run(&mut cargo, &format!("cargo build of the guests in {}", workspace.display()));
+    let release = target_dir.join("wasm32-wasip2/release");
+    let mut built = Vec::new();
+    for entry in std::fs::read_dir(workspace).unwrap().flatten() {
+        let manifest = entry.path().join("Cargo.toml");
+        let Ok(text) = std::fs::read_to_string(&manifest) else { continue };
+        let Some(name) = text.lines().find_map(|l| l.strip_prefix("name = ").map(|n| n.trim_matches('"').to_string())) else {
+            continue;
+        };
+        let wasm = release.join(format!("{}.wasm", name.replace('-', "_")));
+        assert!(wasm.exists(), "guest {name} did not produce {}", wasm.display());
+        built.push((name, wasm));
+    }
+    built.sort();
+    built
+}
+
+fn const_name(name: &str) -> String {
+    name.to_uppercase().replace('-', "_")
+}
+
+fn run(command: &mut Command, what: &str) {
+    let status = command.status().unwrap_or_else(|e| panic!("failed to start {what}: {e}"));
+    assert!(status.success(), "{what} failed ({status})");
+}

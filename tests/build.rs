@@ -22,12 +22,72 @@ fn main() {
 
     ensure_wasm_target();
     let mut constants = String::new();
+    // (the Python and JavaScript rules are appended below)
     for workspace in ["example-rules", "tests/guests"] {
         for (name, path) in build_rust_workspace(&root.join(workspace), &guest_target) {
             constants.push_str(&format!("pub const {}: &str = {:?};\n", const_name(&name), path.display().to_string()));
         }
     }
+    // Tools live beside the target dir's profiles, so a new OUT_DIR does not reinstall them.
+    let tools = out_dir.ancestors().nth(4).unwrap().join("guest-tools");
+    let wit = root.join("wit/ebb-rules-0.1.0");
+    let python_rule = out_dir.join("python_drain_time.wasm");
+    run(
+        Command::new(componentize_py(&tools))
+            .args(["-d", path_str(&wit), "-w", "scaling-rule", "componentize", "-p"])
+            .arg(root.join("example-rules/python"))
+            .args(["app", "-o", path_str(&python_rule)]),
+        "componentize-py of example-rules/python",
+    );
+    let javascript_rule = out_dir.join("javascript_spare_capacity.wasm");
+    run(
+        Command::new(componentize_qjs(&tools))
+            .args(["-w", path_str(&wit), "-n", "scaling-rule", "--sync", "-j"])
+            .arg(root.join("example-rules/javascript/rule.js"))
+            .args(["-o", path_str(&javascript_rule)]),
+        "componentize-qjs of example-rules/javascript",
+    );
+    for (name, path) in [("PYTHON_DRAIN_TIME", python_rule), ("JAVASCRIPT_SPARE_CAPACITY", javascript_rule)] {
+        constants.push_str(&format!("pub const {name}: &str = {:?};\n", path.display().to_string()));
+    }
     std::fs::write(out_dir.join("guests.rs"), constants).unwrap();
+}
+
+/// Pinned guest toolchains, from PyPI and npm.
+const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
+const COMPONENTIZE_QJS: &str = "componentize-qjs@0.4.5";
+
+/// componentize-py in a virtualenv of its own, installed on first use.
+fn componentize_py(tools: &Path) -> PathBuf {
+    let venv = tools.join("py");
+    let tool = venv.join("bin/componentize-py");
+    let marker = venv.join(COMPONENTIZE_PY);
+    if !marker.exists() {
+        run(Command::new("python3").args(["-m", "venv"]).arg(&venv), "python3 -m venv (for componentize-py)");
+        run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", COMPONENTIZE_PY]), "pip install componentize-py");
+        std::fs::write(&marker, "").unwrap();
+    }
+    tool
+}
+
+/// componentize-qjs in a node_modules of its own, installed on first use.
+fn componentize_qjs(tools: &Path) -> PathBuf {
+    let prefix = tools.join("js");
+    let tool = prefix.join("node_modules/.bin/componentize-qjs");
+    let marker = prefix.join(COMPONENTIZE_QJS);
+    if !marker.exists() {
+        std::fs::create_dir_all(&prefix).unwrap();
+        run(
+            Command::new("npm").args(["install", "--no-audit", "--no-fund", "--silent", "--prefix"]).arg(&prefix).arg(COMPONENTIZE_QJS),
+            "npm install componentize-qjs",
+        );
+        std::fs::write(&marker, "").unwrap();
+    }
+    tool
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().expect("paths are UTF-8")
 }
 
 fn ensure_wasm_target() {

@@ -1,1 +1,2 @@
+mod rule_languages;
 mod rules;

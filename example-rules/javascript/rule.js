@@ -1,0 +1,45 @@
+// Spare-capacity rule, in JavaScript: the paper's depth table plus a share of spare tasks,
+// for volatile loads where a burst should not wait for the next scaling decision.
+// Idle back-off is the paper's.
+//
+// Parameters: `spare_percent` (whole percent added to the paper's count, default 25).
+// componentize-qjs passes WIT u64 values (depths, milliseconds, random) as Numbers, and
+// values of 2^63 and above arrive negative (read as i64): `unsigned` undoes that.
+
+let sparePercent = 25;
+
+function unsigned(u64) {
+  return u64 < 0 ? u64 + 2 ** 64 : u64;
+}
+
+function paperTasks(depth) {
+  return depth < 100 ? 10 : depth < 1000 ? 50 : 100;
+}
+
+export const decisions = {
+  configure(params) {
+    for (const [key, value] of params) {
+      if (key !== "spare_percent") {
+        throw `unknown parameter ${key} (this rule takes: spare_percent)`;
+      }
+      const parsed = Number(value);
+      if (!Number.isInteger(parsed) || parsed < 0 || parsed > 1000) {
+        throw `parameter "spare_percent": cannot read ${JSON.stringify(value)} as a whole percent (0..1000)`;
+      }
+      sparePercent = parsed;
+    }
+  },
+
+  optimalDequeueTaskCount(state) {
+    const base = paperTasks(unsigned(state.approximateDepth));
+    return Math.ceil((base * (100 + sparePercent)) / 100);
+  },
+
+  onQueueEmpty(ctx) {
+    const step = 80 + (unsigned(ctx.random) / 2 ** 64) * 40;
+    const delay = ctx.minIntervalMs + (2 ** Math.min(ctx.idleCount, 1024) - 1) * step;
+    const delayMs = delay >= ctx.maxIntervalMs ? ctx.maxIntervalMs : Math.round(delay);
+    const stop = delayMs >= ctx.maxIntervalMs && (ctx.activeTasks > 1 || ctx.pushEnabled);
+    return { delayMs, stop };
+  },
+};

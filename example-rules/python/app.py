@@ -1,0 +1,52 @@
+"""Drain-time rule, in Python: run enough dequeue tasks to drain the queue in a target time.
+
+Each task's rate is estimated from the queue's recent throughput; without a throughput
+figure yet, the paper's depth table decides. Idle back-off is the paper's.
+
+Parameters: `target_drain_s` (seconds, default 10).
+"""
+
+import math
+
+from componentize_py_types import Err
+from wit_world import exports
+from wit_world.exports.decisions import IdleContext, IdleDecision, QueueState
+
+# componentize-py may create a fresh `Decisions` per call: keep configuration at module level.
+settings = {"target_drain_s": 10.0}
+
+
+def paper_tasks(depth: int) -> int:
+    return 10 if depth < 100 else 50 if depth < 1000 else 100
+
+
+def uniform(random: int, low: float, high: float) -> float:
+    return low + (random / 2.0**64) * (high - low)
+
+
+class Decisions(exports.Decisions):
+    def configure(self, params):
+        for key, value in params:
+            if key != "target_drain_s":
+                raise Err(f"unknown parameter {key} (this rule takes: target_drain_s)")
+            try:
+                seconds = float(value)
+            except ValueError:
+                raise Err(f'parameter "target_drain_s": cannot read {value!r} as a number')
+            if not seconds > 0:
+                raise Err(f'parameter "target_drain_s": {value} must be more than 0')
+            settings["target_drain_s"] = seconds
+
+    def optimal_dequeue_task_count(self, state: QueueState) -> int:
+        per_task = state.throughput_per_sec / max(state.active_tasks, 1)
+        if per_task <= 0:
+            return paper_tasks(state.approximate_depth)
+        needed = state.approximate_depth / (per_task * settings["target_drain_s"])
+        return min(math.ceil(needed), 2**32 - 1)
+
+    def on_queue_empty(self, ctx: IdleContext) -> IdleDecision:
+        step = uniform(ctx.random, 80.0, 120.0)
+        delay = ctx.min_interval_ms + (2.0 ** min(ctx.idle_count, 1024) - 1.0) * step
+        delay_ms = ctx.max_interval_ms if delay >= ctx.max_interval_ms else round(delay)
+        stop = delay_ms >= ctx.max_interval_ms and (ctx.active_tasks > 1 or ctx.push_enabled)
+        return IdleDecision(delay_ms=delay_ms, stop=stop)

@@ -1,0 +1,91 @@
+//! Rules written in Python and JavaScript, and the sha256-keyed compile cache.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Result;
+use ebb::rules::{DecisionSource, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleSet};
+use ebb_tests::guests;
+
+const QUEUE: &str = "q";
+
+/// Kept across test runs, so the 18 MB Python rule is compiled once per target dir.
+fn shared_cache() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("rule-cache")
+}
+
+fn rules(engine: Arc<RuleEngine>, guest: &str, params: &[(&str, &str)]) -> (RuleSet, Vec<anyhow::Error>) {
+    let params = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let set = RuleSet::new(engine, [QueueRuleConfig { queue: QUEUE.into(), rule: Some(guest.into()), params }]);
+    let errors = set.load_all();
+    (set, errors)
+}
+
+fn state(depth: u64, throughput_per_sec: f64, active_tasks: u32) -> QueueState {
+    QueueState { queue: QUEUE.into(), approximate_depth: depth, throughput_per_sec, active_tasks, min_tasks: 1, max_tasks: 1000, ..Default::default() }
+}
+
+/// The rule's back-off must match the built-in (paper) rule wherever both compute exactly.
+fn assert_paper_back_off(set: &RuleSet) {
+    let built_in = RuleSet::new(set.engine().clone(), [QueueRuleConfig { queue: QUEUE.into(), rule: None, params: vec![] }]);
+    for idle_count in 0..=20 {
+        for random in [0, 1 << 63, u64::MAX] {
+            for active_tasks in [1, 3] {
+                let ctx = IdleContext { queue: QUEUE.into(), idle_count, active_tasks, min_interval_ms: 100, max_interval_ms: 60_000, random, ..Default::default() };
+                let decision = set.decide_queue_empty(QUEUE, &ctx);
+                assert_eq!(decision.source, DecisionSource::Rule);
+                assert_eq!(decision.value, built_in.decide_queue_empty(QUEUE, &ctx).value, "idle {idle_count}, random {random}");
+            }
+        }
+    }
+}
+
+#[test]
+fn python_rule_sizes_tasks_to_drain_time() {
+    let engine = RuleEngine::new(RuleLimits::default(), Some(shared_cache())).unwrap();
+    let (set, errors) = rules(engine.clone(), guests::PYTHON_DRAIN_TIME, &[("target_drain_s", "5")]);
+    assert!(errors.is_empty(), "{errors:?}");
+    // 20 msg/s over 2 tasks = 10 msg/s a task; 500 messages in 5 s need 10 tasks.
+    assert_eq!(set.decide_task_count(QUEUE, &state(500, 20.0, 2)).value, 10);
+    // No throughput figure yet: the paper's table.
+    assert_eq!(set.decide_task_count(QUEUE, &state(500, 0.0, 1)).value, 50);
+    assert_paper_back_off(&set);
+
+    let (_, errors) = rules(engine, guests::PYTHON_DRAIN_TIME, &[("target_drain_s", "soon")]);
+    let error = format!("{:#}", errors[0]);
+    assert!(error.contains("parameter \"target_drain_s\": cannot read 'soon' as a number"), "{error}");
+}
+
+#[test]
+fn javascript_rule_adds_spare_capacity() {
+    let engine = RuleEngine::new(RuleLimits::default(), Some(shared_cache())).unwrap();
+    let (set, errors) = rules(engine.clone(), guests::JAVASCRIPT_SPARE_CAPACITY, &[]);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(set.decide_task_count(QUEUE, &state(50, 0.0, 1)).value, 13, "10 + 25% spare, rounded up");
+    assert_paper_back_off(&set);
+
+    let (set, errors) = rules(engine.clone(), guests::JAVASCRIPT_SPARE_CAPACITY, &[("spare_percent", "100")]);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(set.decide_task_count(QUEUE, &state(5000, 0.0, 1)).value, 200);
+
+    let (_, errors) = rules(engine, guests::JAVASCRIPT_SPARE_CAPACITY, &[("spare", "5")]);
+    assert!(format!("{:#}", errors[0]).contains("unknown parameter spare (this rule takes: spare_percent)"));
+}
+
+#[test]
+fn compiled_rules_are_cached_by_sha256_across_engines() -> Result<()> {
+    let cache = tempfile::tempdir()?;
+    let path = Path::new(guests::JAVASCRIPT_SPARE_CAPACITY);
+    let first = RuleEngine::new(RuleLimits::default(), Some(cache.path().into()))?.load_file(path)?;
+    assert!(!first.from_cache);
+    let cached: Vec<_> = std::fs::read_dir(cache.path())?.flatten().map(|e| e.file_name().into_string().unwrap()).collect();
+    assert_eq!(cached.len(), 1);
+    assert!(cached[0].starts_with(&first.sha256), "cache entries are named by sha256: {cached:?}");
+
+    // A restart: a new engine finds the artifact on disk instead of compiling.
+    let second = RuleEngine::new(RuleLimits::default(), Some(cache.path().into()))?.load_file(path)?;
+    assert!(second.from_cache);
+    assert_eq!(second.sha256, first.sha256);
+    assert!(second.compile_time < first.compile_time, "{:?} (cached) vs {:?}", second.compile_time, first.compile_time);
+    Ok(())
+}

@@ -1,4 +1,5 @@
 //! ebb: queue workers whose scaling decisions are hot-swapped WebAssembly rules.
 
 pub mod cli;
+pub mod queue;
 pub mod rules;

@@ -1,2 +1,3 @@
+mod embedded_queue;
 mod rule_languages;
 mod rules;

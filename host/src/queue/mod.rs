@@ -1,0 +1,104 @@
+//! The queue seam: one small, object-safe trait that every backend implements, modelled on
+//! Azure Storage Queues (leases with visibility timeouts, pop receipts, dequeue counts), and
+//! decorators that wrap any backend.
+//!
+//! - [`embedded`]: a durable queue in a local data directory (redb), nothing to install.
+//! - [`Retrying`]: retries transient errors with jittered exponential back-off.
+//! - [`Metered`]: counts every storage call by kind and by whether it returned work: the
+//!   transactions the paper's cost model bills.
+
+pub mod clock;
+pub mod embedded;
+mod metered;
+mod retrying;
+
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+
+pub use clock::{Clock, SystemClock, TokioClock};
+pub use metered::{Metered, TransactionCounts, Transactions};
+pub use retrying::{RetryPolicy, Retrying};
+
+/// Azure's limit on a get: at most 32 messages.
+pub const MAX_BATCH: u32 = 32;
+
+/// A leased message. Its `pop_receipt` proves the lease: delete it, or change its
+/// visibility, with this receipt. A later lease issues a new receipt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// Identifies the message within its queue.
+    pub id: String,
+    /// Proves this lease; a stale receipt cannot delete or update.
+    pub pop_receipt: String,
+    /// How many times the message has been leased, this lease included.
+    pub dequeue_count: u32,
+    /// When the message was put.
+    pub inserted_at: SystemTime,
+    /// When the lease ends and the message becomes visible again.
+    pub next_visible_at: SystemTime,
+    /// The body, as put.
+    pub body: Vec<u8>,
+}
+
+/// What a queue operation can fail with. Callers branch on these.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// Worth retrying: busy, timed out, connection reset.
+    #[error("transient storage error: {0:#}")]
+    Transient(anyhow::Error),
+    /// Not worth retrying: misconfiguration, corruption, authentication.
+    #[error("storage error: {0:#}")]
+    Fatal(anyhow::Error),
+    /// The message was leased again, or deleted, since this receipt was issued.
+    #[error("stale pop receipt for message {id}: it was leased again or deleted")]
+    StaleReceipt {
+        /// The message id.
+        id: String,
+    },
+    /// The body is over the queue's size limit.
+    #[error("message of {size} bytes is over the limit of {limit} bytes")]
+    MessageTooLarge {
+        /// The body's size in bytes.
+        size: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// A get asked for more than [`MAX_BATCH`] messages (or none).
+    #[error("a get takes 1 to {MAX_BATCH} messages, not {0}")]
+    BadBatchSize(u32),
+}
+
+impl QueueError {
+    /// Whether retrying the same call may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, QueueError::Transient(_))
+    }
+}
+
+/// One queue of some backend. Object-safe: listeners hold `Arc<dyn QueueClient>`.
+#[async_trait]
+pub trait QueueClient: Send + Sync + 'static {
+    /// The queue's name.
+    fn name(&self) -> &str;
+
+    /// Creates the queue if it does not exist.
+    async fn create_if_missing(&self) -> Result<(), QueueError>;
+
+    /// Adds a message, invisible for `initial_visibility` (zero: visible at once). Returns its id.
+    async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<String, QueueError>;
+
+    /// Leases up to `max` (1..=32) visible messages, oldest first (roughly), each for
+    /// `visibility`. An empty result means no message is visible now.
+    async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError>;
+
+    /// Deletes a leased message. Fails with [`QueueError::StaleReceipt`] if the lease is lost.
+    async fn delete(&self, id: &str, pop_receipt: &str) -> Result<(), QueueError>;
+
+    /// Sets a leased message's visibility to `visibility` from now (zero: release it now;
+    /// longer: renew the lease). Returns the new pop receipt.
+    async fn update_visibility(&self, id: &str, pop_receipt: &str, visibility: Duration) -> Result<String, QueueError>;
+
+    /// Approximate number of messages in the queue, visible or not.
+    async fn approximate_count(&self) -> Result<u64, QueueError>;
+}

@@ -43,6 +43,32 @@ mod conformance {
     ebb_tests::queue_conformance!(#[tokio::test(start_paused = true)]; super::embedded);
 }
 
+/// The in-memory backend (simulations, paused-clock listener tests) must behave the same.
+struct Memory(Arc<TokioClock>);
+
+#[async_trait]
+impl Backend for Memory {
+    async fn queue(&self, name: &str) -> Arc<dyn QueueClient> {
+        Arc::new(ebb::queue::memory::MemoryQueue::new(name, self.0.clone(), DEFAULT_MAX_MESSAGE_BYTES))
+    }
+
+    async fn pass(&self, duration: Duration) {
+        tokio::time::advance(duration).await;
+    }
+
+    fn max_message_bytes(&self) -> usize {
+        DEFAULT_MAX_MESSAGE_BYTES
+    }
+}
+
+async fn memory() -> Memory {
+    Memory(Arc::new(TokioClock::new()))
+}
+
+mod memory_conformance {
+    ebb_tests::queue_conformance!(#[tokio::test(start_paused = true)]; super::memory);
+}
+
 /// A clock an hour ahead: every lease taken before a crash has run out.
 struct AnHourLater;
 

@@ -1,3 +1,4 @@
 mod embedded_queue;
+mod listener;
 mod rule_languages;
 mod rules;

@@ -9,6 +9,7 @@
 
 pub mod clock;
 pub mod embedded;
+pub mod memory;
 mod metered;
 mod retrying;
 

@@ -1,0 +1,148 @@
+//! Processing one message: the handler, lease renewal while it runs, then delete on
+//! success, release with a retry delay on failure, or poison after `max_dequeue_count`.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::handler::IncomingMessage;
+use crate::queue::{Message, QueueError};
+
+use super::Shared;
+
+enum Outcome {
+    Handled(anyhow::Result<()>),
+    /// Shutdown's drain time ran out while the handler was still working.
+    Abandoned,
+}
+
+impl Shared {
+    pub(super) async fn process(&self, message: Message) {
+        let counters = &self.counters;
+        if !counters.claim(&message.id) {
+            // Our own lease on it expired and we leased it again: it is already being handled
+            // here. Leave this lease to run out rather than handling it twice at once.
+            tracing::warn!(id = %message.id, "message is already being handled on this host; skipping the duplicate lease");
+            return;
+        }
+        let incoming = IncomingMessage {
+            queue: self.queue.name().to_string(),
+            id: message.id.clone(),
+            dequeue_count: message.dequeue_count,
+            inserted_at: message.inserted_at,
+            body: message.body,
+        };
+        let mut receipt = message.pop_receipt;
+        let lease = self.settings.lease_duration;
+        let started = Instant::now();
+        let handling = self.handler.handle(&incoming);
+        tokio::pin!(handling);
+        let outcome = loop {
+            tokio::select! {
+                result = &mut handling => break Outcome::Handled(result),
+                // Renew at half the lease, so a slow handler never loses its message.
+                _ = tokio::time::sleep(lease / 2) => {
+                    match self.queue.update_visibility(&incoming.id, &receipt, lease).await {
+                        Ok(renewed) => {
+                            receipt = renewed;
+                            counters.lease_renewals.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(error) => tracing::warn!(id = %incoming.id, "lease renewal failed: {error}"),
+                    }
+                }
+                _ = self.abandon.cancelled() => break Outcome::Abandoned,
+            }
+        };
+        let latency = started.elapsed();
+        match outcome {
+            Outcome::Handled(Ok(())) => {
+                match self.queue.delete(&incoming.id, &receipt).await {
+                    Ok(()) => counters.record_success(latency),
+                    Err(error) => {
+                        // The work was done; the message may be handled again (at least once).
+                        counters.record_success(latency);
+                        tracing::warn!(id = %incoming.id, "handled, but the delete failed: {error}");
+                    }
+                }
+            }
+            Outcome::Handled(Err(error)) => {
+                counters.record_failure(latency);
+                let reason = format!("{error:#}");
+                if incoming.dequeue_count >= self.settings.max_dequeue_count {
+                    self.poison(&incoming, &receipt, &reason).await;
+                } else {
+                    let delay = self.settings.retry_delay(incoming.dequeue_count);
+                    tracing::debug!(id = %incoming.id, dequeue_count = incoming.dequeue_count, ?delay, "handler failed, retrying later: {reason}");
+                    if let Err(error) = self.queue.update_visibility(&incoming.id, &receipt, delay).await {
+                        tracing::warn!(id = %incoming.id, "could not set the retry delay (the lease will run out instead): {error}");
+                    }
+                }
+            }
+            Outcome::Abandoned => {
+                counters.released_on_shutdown.fetch_add(1, Ordering::Relaxed);
+                if let Err(error) = self.queue.update_visibility(&incoming.id, &receipt, Duration::ZERO).await {
+                    tracing::warn!(id = %incoming.id, "could not release on shutdown (visible again when the lease runs out): {error}");
+                }
+            }
+        }
+        counters.release_claim(&incoming.id);
+    }
+
+    /// Moves a message that failed `max_dequeue_count` times to the poison queue: put there
+    /// first, delete here after, so a crash in between duplicates rather than loses it.
+    async fn poison(&self, message: &IncomingMessage, receipt: &str, reason: &str) {
+        let envelope = PoisonEnvelope::new(message, reason);
+        let body = serde_json::to_vec(&envelope).expect("the envelope serialises");
+        match self.poison.put(&body, Duration::ZERO).await {
+            Ok(_) => {
+                self.counters.poisoned.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(id = %message.id, dequeue_count = message.dequeue_count, poison_queue = %self.poison.name(), "message moved to the poison queue: {reason}");
+                if let Err(error) = self.queue.delete(&message.id, receipt).await {
+                    tracing::warn!(id = %message.id, "poisoned, but the delete failed (it may be poisoned twice): {error}");
+                }
+            }
+            Err(QueueError::MessageTooLarge { size, limit }) => {
+                tracing::error!(id = %message.id, size, limit, "cannot poison: the envelope is over the poison queue's size limit; leaving the message in place");
+            }
+            Err(error) => tracing::error!(id = %message.id, "cannot poison, leaving the message in place: {error}"),
+        }
+    }
+}
+
+/// What `<queue>-poison` holds for each poisoned message (JSON).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct PoisonEnvelope {
+    /// The queue the message came from.
+    pub queue: String,
+    /// Its id there.
+    pub original_id: String,
+    /// Times it was leased.
+    pub dequeue_count: u32,
+    /// The last handler error.
+    pub error: String,
+    /// When it was put, RFC 3339.
+    pub inserted_at: String,
+    /// When it was poisoned, RFC 3339.
+    pub poisoned_at: String,
+    /// The body, if it is UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    /// The body as hex, if it is not UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_hex: Option<String>,
+}
+
+impl PoisonEnvelope {
+    fn new(message: &IncomingMessage, reason: &str) -> Self {
+        let text = String::from_utf8(message.body.clone()).ok();
+        PoisonEnvelope {
+            queue: message.queue.clone(),
+            original_id: message.id.clone(),
+            dequeue_count: message.dequeue_count,
+            error: reason.to_string(),
+            inserted_at: humantime::format_rfc3339_millis(message.inserted_at).to_string(),
+            poisoned_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            body_hex: text.is_none().then(|| hex::encode(&message.body)),
+            body: text,
+        }
+    }
+}

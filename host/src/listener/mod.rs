@@ -1,0 +1,313 @@
+//! The paper's queue listener: dequeue tasks that get batches, hand each message to the
+//! handler and delete it only after success, back off by the rule when the queue is empty,
+//! and a scaler that asks the rule how many tasks to run whenever work is detected.
+//!
+//! The paper's contract maps to: `StartListener(n)` → [`Listener::start_tasks`];
+//! `QueryState()` → [`Listener::status`]; `QueueEmpty` and `GetOptimalDequeueTaskCount` →
+//! the rule's two decisions; `QueueWorkDetected` → [`Listener::work_detected`], raised by a
+//! task that finds messages (after idling, and while busy) and by push notifications.
+
+mod message;
+mod settings;
+mod state;
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument as _;
+
+use crate::handler::Handler;
+use crate::queue::{QueueClient, Transactions};
+use crate::rules::{IdleContext, QueueState, RuleSet};
+
+pub use settings::QueueSettings;
+pub use state::{ListenerStatus, RecordedDecision};
+use state::Counters;
+
+/// One queue's listener. Cheap to clone (shared state).
+#[derive(Clone)]
+pub struct Listener {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    queue: Arc<dyn QueueClient>,
+    poison: Arc<dyn QueueClient>,
+    handler: Arc<dyn Handler>,
+    rules: Arc<RuleSet>,
+    settings: QueueSettings,
+    transactions: Option<Arc<Transactions>>,
+    counters: Counters,
+    /// Raised by `work_detected`; the scaler coalesces raises.
+    work: Notify,
+    /// Wakes idle tasks early (push notifications).
+    wake: Notify,
+    /// Stop taking new batches.
+    stopping: CancellationToken,
+    /// Drain time is over: release what is still in flight.
+    abandon: CancellationToken,
+    tasks: TaskTracker,
+    random: Mutex<fastrand::Rng>,
+}
+
+impl Listener {
+    /// A listener on `queue` (its poison queue is `poison`); no task runs until [`Listener::start`].
+    /// `transactions`, if given, are the storage counters reported in the status.
+    pub fn new(
+        queue: Arc<dyn QueueClient>,
+        poison: Arc<dyn QueueClient>,
+        handler: Arc<dyn Handler>,
+        rules: Arc<RuleSet>,
+        settings: QueueSettings,
+        transactions: Option<Arc<Transactions>>,
+    ) -> Self {
+        let seed = settings.random_seed.unwrap_or_else(|| fastrand::u64(..));
+        Listener {
+            shared: Arc::new(Shared {
+                queue,
+                poison,
+                handler,
+                rules,
+                settings,
+                transactions,
+                counters: Counters::default(),
+                work: Notify::new(),
+                wake: Notify::new(),
+                stopping: CancellationToken::new(),
+                abandon: CancellationToken::new(),
+                tasks: TaskTracker::new(),
+                random: Mutex::new(fastrand::Rng::with_seed(seed)),
+            }),
+        }
+    }
+
+    /// The queue's name.
+    pub fn queue_name(&self) -> &str {
+        self.shared.queue.name()
+    }
+
+    /// Starts the scaler and the initial dequeue tasks: `min_tasks`, and at least one unless
+    /// push notifications can wake the queue.
+    pub fn start(&self) {
+        let shared = self.shared.clone();
+        let span = tracing::info_span!("scaler", queue = %self.queue_name());
+        self.shared.tasks.spawn(async move { shared.run_scaler().await }.instrument(span));
+        let initial = if self.shared.settings.push_enabled { self.shared.settings.min_tasks } else { self.shared.settings.min_tasks.max(1) };
+        self.shared.counters.target_tasks.store(initial, Ordering::Relaxed);
+        self.start_tasks(initial);
+    }
+
+    /// `StartListener(n)`: starts `n` more dequeue tasks (never beyond `max_tasks`).
+    pub fn start_tasks(&self, n: u32) {
+        self.shared.start_tasks(n);
+    }
+
+    /// `QueueWorkDetected`: messages have arrived (found by a task, or pushed). Wakes idle
+    /// tasks and asks the scaler to decide the task count.
+    pub fn work_detected(&self) {
+        self.shared.work_detected();
+    }
+
+    /// `QueryState()`: the listener's state, for status and metrics.
+    pub fn status(&self) -> ListenerStatus {
+        self.shared.status()
+    }
+
+    /// Stops taking new batches, lets in-flight messages finish for up to `drain_timeout`,
+    /// releases what is left (visible again at once), and returns when every task is done.
+    pub async fn shutdown(&self, drain_timeout: Duration) {
+        self.shared.stopping.cancel();
+        self.shared.tasks.close();
+        let abandon = self.shared.abandon.clone();
+        let drained = tokio::time::timeout(drain_timeout, self.shared.tasks.wait()).await;
+        if drained.is_err() {
+            tracing::warn!(queue = %self.queue_name(), ?drain_timeout, "drain timeout: releasing messages still in flight");
+            abandon.cancel();
+            self.shared.tasks.wait().await;
+        }
+    }
+}
+
+impl Shared {
+    fn floor(&self) -> u32 {
+        if self.settings.push_enabled { self.settings.min_tasks } else { self.settings.min_tasks.max(1) }
+    }
+
+    fn start_tasks(self: &Arc<Self>, n: u32) {
+        let counters = &self.counters;
+        for _ in 0..n {
+            // Reserve a slot first, so concurrent starts never exceed max_tasks.
+            let reserved = counters.active_tasks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| {
+                (active < self.settings.max_tasks).then_some(active + 1)
+            });
+            let Ok(previous) = reserved else { return };
+            counters.peak_tasks.fetch_max(previous + 1, Ordering::Relaxed);
+            let task_number = counters.tasks_started.fetch_add(1, Ordering::Relaxed) + 1;
+            let shared = self.clone();
+            let span = tracing::info_span!("dequeue_task", queue = %self.queue.name(), task = task_number);
+            self.tasks.spawn(async move { shared.run_task().await }.instrument(span));
+        }
+    }
+
+    /// Gives up this task's slot if there are more tasks than the target (after a scale-down).
+    fn try_retire(&self) -> bool {
+        let target = self.counters.target_tasks.load(Ordering::Relaxed).max(self.floor());
+        self.counters
+            .active_tasks
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active > target).then(|| active - 1))
+            .is_ok()
+    }
+
+    /// Gives up this task's slot when the rule says an idle task stops, keeping the floor
+    /// (one polling task in pull mode).
+    fn try_stop_idle(&self) -> bool {
+        let floor = self.floor();
+        self.counters
+            .active_tasks
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active > floor).then(|| active - 1))
+            .is_ok()
+    }
+
+    fn work_detected(&self) {
+        self.counters.work_detected.fetch_add(1, Ordering::Relaxed);
+        self.work.notify_one();
+        self.wake.notify_waiters();
+    }
+
+    fn random(&self) -> u64 {
+        self.random.lock().unwrap().u64(..)
+    }
+
+    async fn run_task(self: Arc<Self>) {
+        let mut idle_count = 0u32;
+        let mut consecutive_errors = 0u32;
+        let lease = self.settings.lease_duration;
+        loop {
+            if self.stopping.is_cancelled() {
+                break;
+            }
+            if self.try_retire() {
+                tracing::debug!("retiring: more tasks than the rule's count");
+                return;
+            }
+            let batch = tokio::select! {
+                batch = self.queue.get(self.settings.batch_size, lease) => batch,
+                _ = self.stopping.cancelled() => break,
+            };
+            match batch {
+                Ok(messages) if messages.is_empty() => {
+                    consecutive_errors = 0;
+                    idle_count = idle_count.saturating_add(1);
+                    let decision = self.decide_queue_empty(idle_count).await;
+                    if decision.stop && self.try_stop_idle() {
+                        tracing::debug!(idle_count, "stopping: the rule retired this idle task");
+                        return;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(decision.delay_ms)) => {}
+                        _ = self.wake.notified() => idle_count = 0,
+                        _ = self.stopping.cancelled() => break,
+                    }
+                }
+                Ok(messages) => {
+                    consecutive_errors = 0;
+                    // After idling this is the paper's QueueWorkDetected; while busy it keeps
+                    // the task count adapting (the scaler coalesces the raises).
+                    self.work_detected();
+                    idle_count = 0;
+                    let processing = messages.into_iter().map(|message| self.process(message));
+                    futures::future::join_all(processing).await;
+                }
+                Err(error) => {
+                    consecutive_errors += 1;
+                    self.counters.storage_errors.fetch_add(1, Ordering::Relaxed);
+                    let delay = crate::queue::RetryPolicy::default().delay(consecutive_errors).min(self.settings.max_polling_interval);
+                    tracing::warn!(?delay, "get failed: {error}");
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = self.stopping.cancelled() => break,
+                    }
+                }
+            }
+        }
+        self.counters.active_tasks.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    async fn decide_queue_empty(&self, idle_count: u32) -> crate::rules::IdleDecision {
+        let ctx = IdleContext {
+            queue: self.queue.name().to_string(),
+            idle_count,
+            active_tasks: self.counters.active_tasks.load(Ordering::Relaxed),
+            min_interval_ms: self.settings.min_polling_interval.as_millis() as u64,
+            max_interval_ms: self.settings.max_polling_interval.as_millis() as u64,
+            push_enabled: self.settings.push_enabled,
+            timestamp_ms: unix_ms(),
+            random: self.random(),
+        };
+        let rules = self.rules.clone();
+        let queue = ctx.queue.clone();
+        // Rules are synchronous and may block up to their deadline: off the async threads.
+        let decision = tokio::task::spawn_blocking(move || rules.decide_queue_empty(&queue, &ctx)).await.expect("rule calls do not panic");
+        self.counters.record_queue_empty(decision);
+        decision.value
+    }
+
+    async fn run_scaler(self: Arc<Self>) {
+        loop {
+            tokio::select! {
+                _ = self.work.notified() => {}
+                _ = self.stopping.cancelled() => return,
+            }
+            self.scale().await;
+            // Coalesce raises: at most one decision per scale interval.
+            tokio::select! {
+                _ = tokio::time::sleep(self.settings.scale_interval) => {}
+                _ = self.stopping.cancelled() => return,
+            }
+        }
+    }
+
+    async fn scale(self: &Arc<Self>) {
+        let depth = match self.queue.approximate_count().await {
+            Ok(depth) => depth,
+            Err(error) => {
+                tracing::warn!("approximate count failed, scaling on the last known depth: {error}");
+                self.counters.last_depth.load(Ordering::Relaxed)
+            }
+        };
+        self.counters.last_depth.store(depth, Ordering::Relaxed);
+        let window = self.counters.take_window();
+        let state = QueueState {
+            queue: self.queue.name().to_string(),
+            approximate_depth: depth,
+            in_flight: self.counters.in_flight.load(Ordering::Relaxed),
+            active_tasks: self.counters.active_tasks.load(Ordering::Relaxed),
+            min_tasks: self.floor(),
+            max_tasks: self.settings.max_tasks,
+            throughput_per_sec: window.throughput_per_sec,
+            mean_handler_latency_ms: window.mean_handler_latency_ms,
+            recent_failures: window.failures,
+            push_enabled: self.settings.push_enabled,
+            timestamp_ms: unix_ms(),
+            random: self.random(),
+        };
+        let rules = self.rules.clone();
+        let decision = tokio::task::spawn_blocking(move || rules.decide_task_count(&state.queue, &state)).await.expect("rule calls do not panic");
+        self.counters.record_task_count(decision);
+        let target = decision.value;
+        self.counters.target_tasks.store(target, Ordering::Relaxed);
+        let active = self.counters.active_tasks.load(Ordering::Relaxed);
+        if target > active {
+            tracing::debug!(depth, active, target, source = ?decision.source, "starting dequeue tasks");
+            self.start_tasks(target - active);
+        }
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
+}

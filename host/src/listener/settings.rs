@@ -1,0 +1,60 @@
+//! A queue's listener settings, validated (see `config` for the file form).
+
+use std::time::Duration;
+
+/// How one queue is listened to. Units are in the field names or types.
+#[derive(Debug, Clone)]
+pub struct QueueSettings {
+    /// Messages per get, 1..=32.
+    pub batch_size: u32,
+    /// Fewest dequeue tasks (at least one polls unless `push_enabled`).
+    pub min_tasks: u32,
+    /// Most dequeue tasks.
+    pub max_tasks: u32,
+    /// Shortest sleep after an empty get.
+    pub min_polling_interval: Duration,
+    /// Longest sleep after an empty get.
+    pub max_polling_interval: Duration,
+    /// How long a get leases its messages; renewed at half while a handler runs.
+    pub lease_duration: Duration,
+    /// Retry delay after the first failure; doubles with each further dequeue.
+    pub visibility_timeout: Duration,
+    /// Cap on the retry delay.
+    pub max_retry_delay: Duration,
+    /// Failures after which a message moves to `<queue>-poison`.
+    pub max_dequeue_count: u32,
+    /// Whether push notifications wake this queue (then idle tasks may all stop).
+    pub push_enabled: bool,
+    /// Least time between two task-count decisions.
+    pub scale_interval: Duration,
+    /// Seed for the random values passed to rules (None: random). Simulations set it.
+    pub random_seed: Option<u64>,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        QueueSettings {
+            batch_size: 32,
+            min_tasks: 1,
+            max_tasks: 32,
+            min_polling_interval: Duration::from_millis(100),
+            max_polling_interval: Duration::from_secs(60),
+            lease_duration: Duration::from_secs(30),
+            visibility_timeout: Duration::from_secs(1),
+            max_retry_delay: Duration::from_secs(600),
+            max_dequeue_count: 5,
+            push_enabled: false,
+            scale_interval: Duration::from_secs(1),
+            random_seed: None,
+        }
+    }
+}
+
+impl QueueSettings {
+    /// The delay before retry after the `dequeue_count`-th failure: `visibility_timeout ×
+    /// 2^(dequeue_count − 1)`, capped at `max_retry_delay`.
+    pub fn retry_delay(&self, dequeue_count: u32) -> Duration {
+        let doublings = dequeue_count.saturating_sub(1).min(30);
+        self.visibility_timeout.saturating_mul(1 << doublings).min(self.max_retry_delay)
+    }
+}

@@ -1,0 +1,188 @@
+//! Counters behind `QueryState`, and the recent window the task-count rule sees.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::queue::TransactionCounts;
+use crate::rules::{Decision, IdleDecision, RuleStatus};
+
+use super::Shared;
+
+#[derive(Default)]
+pub(super) struct Counters {
+    pub active_tasks: AtomicU32,
+    pub target_tasks: AtomicU32,
+    pub peak_tasks: AtomicU32,
+    pub tasks_started: AtomicU64,
+    pub in_flight: AtomicU32,
+    pub processed: AtomicU64,
+    pub failed: AtomicU64,
+    pub poisoned: AtomicU64,
+    pub released_on_shutdown: AtomicU64,
+    pub lease_renewals: AtomicU64,
+    pub storage_errors: AtomicU64,
+    pub work_detected: AtomicU64,
+    pub last_depth: AtomicU64,
+    handler_micros: AtomicU64,
+    claimed: Mutex<HashSet<String>>,
+    window: Mutex<Option<WindowStart>>,
+    decisions: Mutex<Decisions>,
+}
+
+#[derive(Default)]
+struct Decisions {
+    task_count: Option<RecordedDecision<u32>>,
+    queue_empty: Option<RecordedDecision<IdleDecision>>,
+}
+
+/// A decision and when it was made.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecordedDecision<T> {
+    /// The decision.
+    #[serde(flatten)]
+    pub decision: Decision<T>,
+    /// When it was made.
+    #[serde(with = "humantime_serde")]
+    pub at: SystemTime,
+}
+
+struct WindowStart {
+    at: Instant,
+    processed: u64,
+    failed: u64,
+    handler_micros: u64,
+}
+
+pub(super) struct Window {
+    pub throughput_per_sec: f64,
+    pub mean_handler_latency_ms: f64,
+    pub failures: u32,
+}
+
+impl Counters {
+    /// Marks a message as being handled here; false if it already is.
+    pub fn claim(&self, id: &str) -> bool {
+        let fresh = self.claimed.lock().unwrap().insert(id.to_string());
+        if fresh {
+            self.in_flight.fetch_add(1, Ordering::Relaxed);
+        }
+        fresh
+    }
+
+    pub fn release_claim(&self, id: &str) {
+        if self.claimed.lock().unwrap().remove(id) {
+            self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn record_success(&self, latency: Duration) {
+        self.processed.fetch_add(1, Ordering::Relaxed);
+        self.handler_micros.fetch_add(latency.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    pub fn record_failure(&self, latency: Duration) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        self.handler_micros.fetch_add(latency.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    pub fn record_task_count(&self, decision: Decision<u32>) {
+        self.decisions.lock().unwrap().task_count = Some(RecordedDecision { decision, at: SystemTime::now() });
+    }
+
+    pub fn record_queue_empty(&self, decision: Decision<IdleDecision>) {
+        self.decisions.lock().unwrap().queue_empty = Some(RecordedDecision { decision, at: SystemTime::now() });
+    }
+
+    /// Throughput, latency and failures since the previous call (the rule's recent window).
+    pub fn take_window(&self) -> Window {
+        let now = WindowStart {
+            at: Instant::now(),
+            processed: self.processed.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            handler_micros: self.handler_micros.load(Ordering::Relaxed),
+        };
+        let previous = self.window.lock().unwrap().replace(WindowStart { ..now });
+        let Some(previous) = previous else {
+            return Window { throughput_per_sec: 0.0, mean_handler_latency_ms: 0.0, failures: 0 };
+        };
+        let seconds = now.at.duration_since(previous.at).as_secs_f64();
+        let finished = (now.processed - previous.processed) + (now.failed - previous.failed);
+        Window {
+            throughput_per_sec: if seconds > 0.0 { (now.processed - previous.processed) as f64 / seconds } else { 0.0 },
+            mean_handler_latency_ms: if finished > 0 { (now.handler_micros - previous.handler_micros) as f64 / finished as f64 / 1e3 } else { 0.0 },
+            failures: (now.failed - previous.failed).min(u32::MAX as u64) as u32,
+        }
+    }
+}
+
+/// `QueryState()` for one queue.
+#[derive(Debug, Clone, Serialize)]
+pub struct ListenerStatus {
+    /// The queue's name.
+    pub queue: String,
+    /// Approximate depth at the last task-count decision.
+    pub approximate_depth: u64,
+    /// Dequeue tasks running or waiting for work.
+    pub active_tasks: u32,
+    /// The rule's last task count (after clamping).
+    pub target_tasks: u32,
+    /// Most tasks active at once.
+    pub peak_tasks: u32,
+    /// Messages being handled now.
+    pub in_flight: u32,
+    /// Messages handled and deleted.
+    pub processed: u64,
+    /// Handler failures (each retry counts).
+    pub failed: u64,
+    /// Messages moved to the poison queue.
+    pub poisoned: u64,
+    /// Messages released unfinished at shutdown.
+    pub released_on_shutdown: u64,
+    /// Lease renewals for slow handlers.
+    pub lease_renewals: u64,
+    /// Failed gets.
+    pub storage_errors: u64,
+    /// Work-detected events raised.
+    pub work_detected: u64,
+    /// The queue's rule.
+    pub rule: Option<RuleStatus>,
+    /// The last task-count decision.
+    pub last_task_count: Option<RecordedDecision<u32>>,
+    /// The last queue-empty decision.
+    pub last_queue_empty: Option<RecordedDecision<IdleDecision>>,
+    /// Storage transactions by kind, if metered.
+    pub transactions: Option<TransactionCounts>,
+}
+
+impl Shared {
+    pub(super) fn status(&self) -> ListenerStatus {
+        let c = &self.counters;
+        let load32 = |a: &AtomicU32| a.load(Ordering::Relaxed);
+        let load64 = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let decisions = c.decisions.lock().unwrap();
+        ListenerStatus {
+            queue: self.queue.name().to_string(),
+            approximate_depth: load64(&c.last_depth),
+            active_tasks: load32(&c.active_tasks),
+            target_tasks: load32(&c.target_tasks),
+            peak_tasks: load32(&c.peak_tasks),
+            in_flight: load32(&c.in_flight),
+            processed: load64(&c.processed),
+            failed: load64(&c.failed),
+            poisoned: load64(&c.poisoned),
+            released_on_shutdown: load64(&c.released_on_shutdown),
+            lease_renewals: load64(&c.lease_renewals),
+            storage_errors: load64(&c.storage_errors),
+            work_detected: load64(&c.work_detected),
+            rule: self.rules.status(self.queue.name()),
+            last_task_count: decisions.task_count.clone(),
+            last_queue_empty: decisions.queue_empty.clone(),
+            transactions: self.transactions.as_ref().map(|t| t.snapshot()),
+        }
+    }
+}

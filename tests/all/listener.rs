@@ -1,0 +1,261 @@
+//! The listener under tokio's paused clock: back-off, shrinking, growing, retiring, poison,
+//! lease renewal and shutdown, on the in-memory backend (the embedded queue's semantics).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ebb::handler::{Handler, IncomingMessage};
+use ebb::listener::{Listener, QueueSettings};
+use ebb::queue::memory::MemoryQueue;
+use ebb::queue::{Message, QueueClient, QueueError, TokioClock};
+use ebb::rules::{QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
+use ebb_tests::guests;
+use tokio::time::{Instant, sleep};
+
+const QUEUE: &str = "work";
+
+/// Handles a message by sleeping for the milliseconds in its body ("sleep 500"), or fails
+/// when the body says "fail".
+#[derive(Default)]
+struct TestHandler {
+    calls: AtomicU64,
+    concurrent: AtomicU64,
+    max_concurrent_same_id: Mutex<Vec<String>>,
+}
+
+#[async_trait]
+impl Handler for TestHandler {
+    async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.concurrent.fetch_add(1, Ordering::Relaxed);
+        self.max_concurrent_same_id.lock().unwrap().push(message.id.clone());
+        let body = String::from_utf8_lossy(&message.body).into_owned();
+        let result = if body == "fail" {
+            Err(anyhow::anyhow!("boom on try {}", message.dequeue_count))
+        } else {
+            let ms: u64 = body.strip_prefix("sleep ").and_then(|n| n.parse().ok()).unwrap_or(0);
+            sleep(Duration::from_millis(ms)).await;
+            Ok(())
+        };
+        self.concurrent.fetch_sub(1, Ordering::Relaxed);
+        result
+    }
+}
+
+/// Records when each get happened and what it returned.
+struct RecordingQueue {
+    inner: MemoryQueue,
+    gets: Mutex<Vec<(Instant, usize)>>,
+}
+
+#[async_trait]
+impl QueueClient for RecordingQueue {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    async fn create_if_missing(&self) -> Result<(), QueueError> {
+        self.inner.create_if_missing().await
+    }
+    async fn put(&self, body: &[u8], delay: Duration) -> Result<String, QueueError> {
+        self.inner.put(body, delay).await
+    }
+    async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
+        let got = self.inner.get(max, visibility).await?;
+        self.gets.lock().unwrap().push((Instant::now(), got.len()));
+        Ok(got)
+    }
+    async fn delete(&self, id: &str, receipt: &str) -> Result<(), QueueError> {
+        self.inner.delete(id, receipt).await
+    }
+    async fn update_visibility(&self, id: &str, receipt: &str, visibility: Duration) -> Result<String, QueueError> {
+        self.inner.update_visibility(id, receipt, visibility).await
+    }
+    async fn approximate_count(&self) -> Result<u64, QueueError> {
+        self.inner.approximate_count().await
+    }
+}
+
+struct Fixture {
+    queue: Arc<RecordingQueue>,
+    poison: Arc<MemoryQueue>,
+    handler: Arc<TestHandler>,
+    rules: Arc<RuleSet>,
+    listener: Listener,
+}
+
+fn fixture(settings: QueueSettings, rule: Option<PathBuf>) -> Fixture {
+    let clock = Arc::new(TokioClock::new());
+    let queue = Arc::new(RecordingQueue { inner: MemoryQueue::new(QUEUE, clock.clone(), 65536), gets: Mutex::default() });
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
+    let handler = Arc::new(TestHandler::default());
+    let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
+    let rules = Arc::new(RuleSet::new(engine, [QueueRuleConfig { queue: QUEUE.into(), rule, params: vec![] }]));
+    assert!(rules.load_all().is_empty());
+    let settings = QueueSettings { random_seed: Some(7), ..settings };
+    let listener = Listener::new(queue.clone(), poison.clone(), handler.clone(), rules.clone(), settings, None);
+    Fixture { queue, poison, handler, rules, listener }
+}
+
+async fn put(queue: &dyn QueueClient, body: &str, count: usize) {
+    for _ in 0..count {
+        queue.put(body.as_bytes(), Duration::ZERO).await.unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_back_off_follows_the_paper_curve_then_holds_at_the_maximum() {
+    let settings = QueueSettings { min_polling_interval: Duration::from_millis(100), max_polling_interval: Duration::from_secs(30), ..Default::default() };
+    let f = fixture(settings, None);
+    f.listener.start();
+    sleep(Duration::from_secs(600)).await;
+    let gets = f.queue.gets.lock().unwrap().clone();
+    let gaps: Vec<f64> = gets.windows(2).map(|w| (w[1].0 - w[0].0).as_secs_f64() * 1e3).collect();
+    for (n, gap) in gaps.iter().enumerate().take(8) {
+        let steps = 2f64.powi(n as i32 + 1) - 1.0;
+        let (low, high) = ((100.0 + steps * 80.0).min(30_000.0), (100.0 + steps * 120.0).min(30_000.0));
+        assert!((low - 1.0..=high + 1.0).contains(gap), "gap {} was {gap} ms, expected {low}..{high}", n + 1);
+    }
+    assert!(gaps[12..].iter().all(|gap| (gap - 30_000.0).abs() < 2.0), "holds at the maximum: {gaps:?}");
+    // ~10 fast polls, then one get per 30 s: the idle cost the paper sets out to cut.
+    assert!(gets.len() < 40, "{} gets in 10 idle minutes", gets.len());
+    assert_eq!(f.listener.status().active_tasks, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_tasks_shrink_to_one_in_pull_mode_and_to_zero_with_push() {
+    for (push_enabled, expected) in [(false, 1), (true, 0)] {
+        // With push, nothing needs to poll: min_tasks 0 lets the last task stop too.
+        let min_tasks = if push_enabled { 0 } else { 1 };
+        let settings = QueueSettings { push_enabled, min_tasks, max_polling_interval: Duration::from_secs(10), ..Default::default() };
+        let f = fixture(settings, None);
+        f.listener.start();
+        f.listener.start_tasks(10);
+        assert_eq!(f.listener.status().active_tasks, 10 + min_tasks);
+        sleep(Duration::from_secs(300)).await;
+        assert_eq!(f.listener.status().active_tasks, expected, "push {push_enabled}");
+        if push_enabled {
+            // A push notification brings the listener back from zero.
+            put(f.queue.as_ref(), "sleep 10", 50).await;
+            f.listener.work_detected();
+            sleep(Duration::from_secs(2)).await;
+            let status = f.listener.status();
+            assert_eq!(status.processed, 50);
+            assert!(status.peak_tasks >= 10);
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_grows_the_tasks_to_the_rules_count() {
+    let settings = QueueSettings { max_tasks: 64, ..Default::default() };
+    let f = fixture(settings, None);
+    f.listener.start();
+    sleep(Duration::from_secs(5)).await;
+    put(f.queue.as_ref(), "sleep 200", 10_000).await;
+    sleep(Duration::from_secs(3)).await;
+    let status = f.listener.status();
+    // Depth ≥ 1000: the paper says 100 tasks, clamped to max_tasks.
+    assert_eq!((status.target_tasks, status.active_tasks), (64, 64), "{status:?}");
+    let decision = status.last_task_count.unwrap().decision;
+    assert_eq!((decision.value, decision.clamped), (64, true));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wasm_rules_count_is_followed() {
+    let f = fixture(QueueSettings { max_tasks: 64, ..Default::default() }, Some(guests::FIXED_TASKS.into()));
+    f.listener.start();
+    put(f.queue.as_ref(), "sleep 200", 5_000).await;
+    f.listener.work_detected();
+    sleep(Duration::from_secs(3)).await;
+    let status = f.listener.status();
+    assert_eq!((status.target_tasks, status.active_tasks, status.peak_tasks), (7, 7, 7), "{status:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn extra_tasks_retire_after_their_batch_when_the_rule_says_fewer() {
+    let dir = tempfile::tempdir().unwrap();
+    let rule_file = dir.path().join("rule.wasm");
+    std::fs::copy(guests::PAPER_DEFAULT, &rule_file).unwrap();
+    let f = fixture(QueueSettings { max_tasks: 20, ..Default::default() }, Some(rule_file.clone()));
+    f.listener.start();
+    put(f.queue.as_ref(), "sleep 500", 20_000).await;
+    f.listener.work_detected();
+    sleep(Duration::from_secs(3)).await;
+    assert_eq!(f.listener.status().active_tasks, 20);
+    // Deploy a rule that wants 7; the next decisions retire the extra tasks mid-load.
+    std::fs::copy(guests::FIXED_TASKS, &rule_file).unwrap();
+    f.rules.apply_file(&rule_file).unwrap();
+    sleep(Duration::from_secs(5)).await;
+    let status = f.listener.status();
+    assert!(f.queue.inner.approximate_count().await.unwrap() > 5_000, "still under load");
+    assert_eq!((status.target_tasks, status.active_tasks), (7, 7), "{status:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn failing_messages_reach_the_poison_queue_after_max_dequeue_count_with_the_reason() {
+    let settings = QueueSettings { max_dequeue_count: 3, visibility_timeout: Duration::from_secs(2), ..Default::default() };
+    let f = fixture(settings, None);
+    f.listener.start();
+    let id = f.queue.put(b"fail", Duration::ZERO).await.unwrap();
+    sleep(Duration::from_secs(120)).await;
+    assert_eq!(f.handler.calls.load(Ordering::Relaxed), 3);
+    assert_eq!(f.queue.inner.approximate_count().await.unwrap(), 0, "moved out of the queue");
+    let poisoned = f.poison.get(32, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(poisoned.len(), 1);
+    let envelope: serde_json::Value = serde_json::from_slice(&poisoned[0].body).unwrap();
+    assert_eq!(envelope["original_id"], id.as_str());
+    assert_eq!(envelope["dequeue_count"], 3);
+    assert_eq!(envelope["body"], "fail");
+    assert!(envelope["error"].as_str().unwrap().contains("boom on try 3"), "{envelope}");
+    let status = f.listener.status();
+    assert_eq!((status.failed, status.poisoned, status.processed), (3, 1, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_wait_longer_with_each_failure() {
+    let settings = QueueSettings { max_dequeue_count: 10, visibility_timeout: Duration::from_secs(4), min_polling_interval: Duration::from_millis(10), max_polling_interval: Duration::from_millis(100), ..Default::default() };
+    let f = fixture(settings, None);
+    f.listener.start();
+    f.queue.put(b"fail", Duration::ZERO).await.unwrap();
+    sleep(Duration::from_secs(100)).await;
+    let tries: Vec<Instant> = f.queue.gets.lock().unwrap().iter().filter(|(_, n)| *n > 0).map(|(at, _)| *at).collect();
+    let waits: Vec<u64> = tries.windows(2).map(|w| (w[1] - w[0]).as_secs()).collect();
+    assert_eq!(&waits[..4], &[4, 8, 16, 32], "retry delays double from visibility_timeout: {waits:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_handler_keeps_its_message_by_renewing_the_lease() {
+    let settings = QueueSettings { lease_duration: Duration::from_secs(10), max_tasks: 4, ..Default::default() };
+    let f = fixture(settings, None);
+    f.listener.start();
+    f.listener.start_tasks(3);
+    f.queue.put(b"sleep 45000", Duration::ZERO).await.unwrap();
+    sleep(Duration::from_secs(60)).await;
+    assert_eq!(f.handler.calls.load(Ordering::Relaxed), 1, "handled once, never by a second task");
+    let status = f.listener.status();
+    assert_eq!(status.processed, 1);
+    assert!(status.lease_renewals >= 8, "renewed every 5 s: {}", status.lease_renewals);
+    assert_eq!(f.queue.inner.approximate_count().await.unwrap(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_drains_in_flight_messages_and_releases_the_rest() {
+    let f = fixture(QueueSettings::default(), None);
+    f.listener.start();
+    f.queue.put(b"sleep 2000", Duration::ZERO).await.unwrap();
+    let slow = f.queue.put(b"sleep 600000", Duration::ZERO).await.unwrap();
+    sleep(Duration::from_millis(500)).await;
+    assert_eq!(f.listener.status().in_flight, 2);
+    let started = Instant::now();
+    f.listener.shutdown(Duration::from_secs(10)).await;
+    assert_eq!(started.elapsed().as_secs(), 10, "waited the drain timeout for the slow one");
+    let status = f.listener.status();
+    assert_eq!((status.processed, status.released_on_shutdown, status.active_tasks), (1, 1, 0));
+    // Released, not abandoned: visible again at once, not after the lease.
+    let again = f.queue.inner.get(32, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!((again[0].id.as_str(), again[0].dequeue_count), (slow.as_str(), 2));
+}

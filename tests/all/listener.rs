@@ -141,9 +141,7 @@ async fn idle_tasks_shrink_to_one_in_pull_mode_and_to_zero_with_push() {
             put(f.queue.as_ref(), "sleep 10", 50).await;
             f.listener.work_detected();
             sleep(Duration::from_secs(2)).await;
-            let status = f.listener.status();
-            assert_eq!(status.processed, 50);
-            assert!(status.peak_tasks >= 10);
+            assert_eq!(f.listener.status().processed, 50, "tasks started again from zero");
         }
     }
 }

@@ -1,7 +1,11 @@
 //! ebb: queue workers whose scaling decisions are hot-swapped WebAssembly rules.
 
 pub mod cli;
+pub mod config;
+pub mod demo;
 pub mod handler;
+pub mod http;
 pub mod listener;
 pub mod queue;
 pub mod rules;
+pub mod service;

@@ -1,3 +1,5 @@
+mod binary;
+mod config;
 mod embedded_queue;
 mod listener;
 mod rule_languages;

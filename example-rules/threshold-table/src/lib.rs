@@ -11,6 +11,7 @@ use ebb_rules_sdk::params::ParamsExt;
 use ebb_rules_sdk::thresholds::DynThresholdTable;
 use ebb_rules_sdk::{IdleContext, IdleDecision, Params, QueueState, ScalingRule, export_rule};
 
+#[derive(Debug)]
 struct ThresholdTable {
     table: DynThresholdTable,
     step_ms: (f64, f64),

@@ -1,7 +1,10 @@
 //! The `ebb` command line.
 
+mod client;
+mod host;
 mod rule;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -16,6 +19,57 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the whole host on the embedded queue with example rules, an in-process app and a
+    /// load in phases, printing a live line per second and a summary.
+    Demo {
+        /// How long the demo runs.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        duration: std::time::Duration,
+        /// How long the demo app takes per message.
+        #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
+        processing_time: std::time::Duration,
+        /// Messages in the first burst.
+        #[arg(long, default_value_t = 5000)]
+        burst: u64,
+        /// Messages per second in the trickle phase.
+        #[arg(long, default_value_t = 20)]
+        trickle: u64,
+    },
+    /// Run the host: listen to every configured queue until SIGINT or SIGTERM.
+    Run {
+        /// The configuration file.
+        #[arg(long, short, default_value = "ebb.toml")]
+        config: PathBuf,
+    },
+    /// Validate a configuration file and the rules it names, without running anything.
+    Check {
+        /// The configuration file.
+        #[arg(long, short, default_value = "ebb.toml")]
+        config: PathBuf,
+    },
+    /// Send messages to a queue: through the running host's API, or straight into the
+    /// store when no host is running.
+    Send {
+        /// The queue.
+        queue: String,
+        /// The message body; read from stdin when absent.
+        body: Option<String>,
+        /// How many copies to send.
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+        /// The configuration file.
+        #[arg(long, short, default_value = "ebb.toml")]
+        config: PathBuf,
+    },
+    /// Print the running host's state, one line per queue.
+    Status {
+        /// Print the raw JSON of `GET /status`.
+        #[arg(long)]
+        json: bool,
+        /// The configuration file.
+        #[arg(long, short, default_value = "ebb.toml")]
+        config: PathBuf,
+    },
     /// Work with rule components: check one, or ask it for a decision.
     #[command(subcommand)]
     Rule(rule::RuleCommand),
@@ -25,10 +79,20 @@ enum Command {
 pub fn main(cli: Cli) -> ExitCode {
     // Author commands print their own results; only warnings belong on stderr.
     init_logging(match cli.command {
-        Command::Rule(_) => "warn",
+        Command::Run { .. } => "info",
+        Command::Demo { .. } => "ebb=warn",
+        _ => "warn",
     });
     let result = match cli.command {
         Command::Rule(command) => rule::run(command),
+        Command::Check { config } => host::check(&config),
+        Command::Demo { duration, processing_time, burst, trickle } => {
+            let options = crate::demo::DemoOptions { duration, processing_time, burst, trickle_per_sec: trickle };
+            runtime().and_then(|rt| rt.block_on(crate::demo::run(options)))
+        }
+        Command::Run { config } => runtime().and_then(|rt| rt.block_on(host::run(&config))),
+        Command::Send { queue, body, count, config } => runtime().and_then(|rt| rt.block_on(client::send(&config, &queue, count, body))),
+        Command::Status { json, config } => runtime().and_then(|rt| rt.block_on(client::status(&config, json))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -37,6 +101,10 @@ pub fn main(cli: Cli) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
 fn init_logging(default_level: &str) {

@@ -175,7 +175,9 @@ impl Shared {
     fn work_detected(&self) {
         self.counters.work_detected.fetch_add(1, Ordering::Relaxed);
         self.work.notify_one();
-        self.wake.notify_waiters();
+        // One idle task is enough to pick the work up; if more are needed, the scaler's
+        // decision starts them. Waking every idle task would turn each push into empty gets.
+        self.wake.notify_one();
     }
 
     fn random(&self) -> u64 {

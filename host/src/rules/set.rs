@@ -123,7 +123,14 @@ impl RuleSet {
         let mut paths: Vec<&PathBuf> = self.slots.values().filter_map(|s| s.config.rule.as_ref()).collect();
         paths.sort();
         paths.dedup();
-        paths.into_iter().filter_map(|path| self.apply_file(path).err()).collect()
+        paths
+            .into_iter()
+            .filter_map(|path| match self.apply_file(path) {
+                Ok(Some(_)) => None,
+                Ok(None) => Some(anyhow::anyhow!("rule file {} does not exist", path.display())),
+                Err(error) => Some(error),
+            })
+            .collect()
     }
 
     /// The rule files some queue names.

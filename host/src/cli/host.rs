@@ -1,0 +1,57 @@
+//! `ebb run` and `ebb check`.
+
+use std::path::Path;
+
+use anyhow::{Result, bail};
+
+use crate::config::Config;
+use crate::rules::{RuleEngine, RuleSet};
+use crate::service::Service;
+
+pub async fn run(config_path: &Path) -> Result<()> {
+    let config = Config::load(config_path)?;
+    let service = Service::start(&config).await?;
+    wait_for_signal().await?;
+    tracing::info!(drain_timeout = ?config.drain_timeout, "shutting down: draining in-flight messages (a second signal exits at once)");
+    tokio::spawn(async {
+        if wait_for_signal().await.is_ok() {
+            eprintln!("second signal: exiting now; messages in flight come back when their lease runs out");
+            std::process::exit(130);
+        }
+    });
+    service.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// SIGINT or SIGTERM.
+async fn wait_for_signal() -> Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result?,
+        _ = terminate.recv() => {}
+    }
+    Ok(())
+}
+
+pub fn check(config_path: &Path) -> Result<()> {
+    let config = Config::load(config_path)?;
+    let engine = RuleEngine::new(config.rule_limits.clone(), None)?;
+    let rules = RuleSet::new(engine, config.queues.iter().map(|q| q.rule.clone()));
+    let problems = rules.load_all();
+    for queue in &config.queues {
+        let rule = match &queue.rule.rule {
+            Some(path) => path.display().to_string(),
+            None => "built-in (the paper's rule)".into(),
+        };
+        println!("queue {}: rule {rule}, tasks {}..{}, handler {}", queue.name, queue.settings.min_tasks, queue.settings.max_tasks, queue.handler_url);
+    }
+    for problem in &problems {
+        eprintln!("error: {problem:#}");
+    }
+    if !problems.is_empty() {
+        bail!("{} rule problem{} in {}", problems.len(), if problems.len() == 1 { "" } else { "s" }, config_path.display());
+    }
+    println!("{} is valid", config_path.display());
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! `ebb demo`: the whole host on the embedded queue, with a WASM rule from the watched
+//! folder, an in-process app behind the real HTTP handler path, and a load in phases:
+//! a burst, idle, a trickle, a rule swap, a second burst, idle again.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use futures::StreamExt as _;
+
+use crate::config::{Config, QueueConfig};
+use crate::listener::{ListenerStatus, QueueSettings};
+use crate::rules::{QueueRuleConfig, RuleLimits};
+use crate::service::Service;
+
+const QUEUE: &str = "demo";
+
+/// What the demo does; every field has a command-line flag.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// How long the demo runs.
+    pub duration: Duration,
+    /// How long the app takes per message.
+    pub processing_time: Duration,
+    /// Messages in the first burst (the second is 60% of it).
+    pub burst: u64,
+    /// Messages per second in the trickle phase.
+    pub trickle_per_sec: u64,
+}
+
+/// The example rules the demo uses, built from `example-rules/`.
+struct DemoRules {
+    first: PathBuf,
+    second: PathBuf,
+}
+
+pub async fn run(options: DemoOptions) -> Result<()> {
+    let rules = build_example_rules()?;
+    let work = tempfile::tempdir().context("failed to create a temporary folder")?;
+    let rules_dir = work.path().join("rules");
+    std::fs::create_dir_all(&rules_dir)?;
+    let rule_file = rules_dir.join("demo.wasm");
+    std::fs::copy(&rules.first, &rule_file)?;
+    let names = [(sha256(&rules.first)?, "paper-default"), (sha256(&rules.second)?, "proportional")];
+
+    let processed_by_app = Arc::new(AtomicU64::new(0));
+    let app = start_app(options.processing_time, processed_by_app.clone()).await?;
+    let config = Config {
+        data_dir: work.path().join("data"),
+        rules_dir: rules_dir.clone(),
+        max_message_bytes: crate::queue::embedded::DEFAULT_MAX_MESSAGE_BYTES,
+        drain_timeout: Duration::from_secs(10),
+        listen: "127.0.0.1:0".parse()?,
+        token: None,
+        rule_limits: RuleLimits::default(),
+        queues: vec![QueueConfig {
+            name: QUEUE.into(),
+            settings: QueueSettings { max_polling_interval: Duration::from_secs(5), ..QueueSettings::default() },
+            rule: QueueRuleConfig { queue: QUEUE.into(), rule: Some(rule_file.clone()), params: vec![] },
+            handler_url: format!("http://{app}/work"),
+            handler_timeout: Duration::from_secs(30),
+        }],
+    };
+    let service = Service::start(&config).await?;
+    let api = service.api_addr();
+    println!(
+        "ebb demo: queue {QUEUE} on the embedded store in {}, rule {} from the watched folder {}, app at http://{app}/work ({} ms a message)",
+        config.data_dir.display(),
+        rule_file.file_name().unwrap().to_string_lossy(),
+        rules_dir.display(),
+        options.processing_time.as_millis()
+    );
+
+    let total = options.duration.as_secs_f64();
+    let at = |fraction: f64| Duration::from_secs_f64(total * fraction);
+    let started = Instant::now();
+    let load = tokio::spawn(generate_load(api, options.clone(), at(0.03), at(0.40), at(0.75), at(0.65), started));
+    let mut swapped = false;
+    let mut last = None::<ListenerStatus>;
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    ticker.tick().await;
+    while started.elapsed() < options.duration {
+        ticker.tick().await;
+        if !swapped && started.elapsed() >= at(0.55) {
+            swapped = true;
+            // Deploy: write aside, then rename into the watched folder.
+            let staging = rules_dir.join("demo.wasm.partial");
+            std::fs::copy(&rules.second, &staging)?;
+            std::fs::rename(&staging, &rule_file)?;
+            println!("-- deployed the proportional rule over demo.wasm (write aside + rename); the host swaps it in while it works");
+        }
+        let status = service.status().remove(0);
+        let depth = service.depth(QUEUE).await?;
+        println!("{}", live_line(started.elapsed(), depth, &status, last.as_ref(), &names));
+        last = Some(status);
+    }
+    load.abort();
+    let status = service.status().remove(0);
+    service.shutdown().await;
+    print_summary(&status, processed_by_app.load(Ordering::Relaxed), options.duration);
+    Ok(())
+}
+
+fn live_line(elapsed: Duration, depth: u64, s: &ListenerStatus, last: Option<&ListenerStatus>, names: &[(String, &str)]) -> String {
+    let tx = s.transactions.unwrap_or_default();
+    let last_tx = last.and_then(|l| l.transactions).unwrap_or_default();
+    let rule = match (&s.rule, s.rule.as_ref().and_then(|r| r.sha256.clone())) {
+        (Some(rule), Some(sha)) => {
+            let name = names.iter().find(|(h, _)| *h == sha).map_or("?", |(_, n)| n);
+            format!("{}={name}@{}", rule.file.clone().unwrap_or_default(), &sha[..8])
+        }
+        _ => "built-in".into(),
+    };
+    let source = s.last_task_count.as_ref().map_or("-".to_string(), |d| format!("{:?}", d.decision.source).to_lowercase());
+    format!(
+        "t={:>3}s depth={:>6} tasks={:>2}/{:<2} processed={:>6} (+{:>4}/s) storage_tx={:>6} (+{:>4}/s) idle_tx={:>4} rule={rule} decided_by={source}",
+        elapsed.as_secs(),
+        depth,
+        s.active_tasks,
+        s.target_tasks,
+        s.processed,
+        s.processed - last.map_or(0, |l| l.processed),
+        tx.total(),
+        tx.total() - last_tx.total(),
+        tx.gets_empty,
+    )
+}
+
+fn print_summary(s: &ListenerStatus, handled_by_app: u64, duration: Duration) {
+    let tx = s.transactions.unwrap_or_default();
+    let rule = s.rule.clone();
+    println!("-- summary after {} s", duration.as_secs());
+    println!("messages processed:       {} (the app saw {handled_by_app}; failed {}, poisoned {})", s.processed, s.failed, s.poisoned);
+    println!("peak dequeue tasks:       {}", s.peak_tasks);
+    println!(
+        "storage transactions:     {} in all: {} puts, {} gets with messages, {} empty gets, {} deletes, {} visibility updates, {} counts",
+        tx.total(),
+        tx.puts,
+        tx.gets_with_messages,
+        tx.gets_empty,
+        tx.deletes,
+        tx.updates,
+        tx.counts
+    );
+    if s.processed > 0 {
+        let consuming = tx.gets_with_messages + tx.gets_empty + tx.deletes;
+        println!("gets + deletes per message: {:.3} (the paper's floor: 1/32 get + 1 delete = 1.031)", consuming as f64 / s.processed as f64);
+    }
+    if let Some(rule) = rule {
+        println!("rule decisions:           {} ({} clamped, {} faults), rule in use: {}", rule.decisions, rule.clamps, rule.faults, rule.file.unwrap_or_else(|| "built-in".into()));
+    }
+}
+
+async fn start_app(processing_time: Duration, processed: Arc<AtomicU64>) -> Result<std::net::SocketAddr> {
+    let router = axum::Router::new().route(
+        "/work",
+        axum::routing::post(move || {
+            let processed = processed.clone();
+            async move {
+                tokio::time::sleep(processing_time).await;
+                processed.fetch_add(1, Ordering::Relaxed);
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    Ok(addr)
+}
+
+/// Posts through the host's API, as clients would: a burst, a trickle, a second burst.
+async fn generate_load(api: std::net::SocketAddr, options: DemoOptions, burst_at: Duration, trickle_from: Duration, trickle_to: Duration, second_burst_at: Duration, started: Instant) {
+    let client = reqwest::Client::new();
+    let url = format!("http://{api}/queues/{QUEUE}/messages");
+    let send = |n: u64| {
+        let (client, url) = (client.clone(), url.clone());
+        futures::stream::iter(0..n)
+            .map(move |i| {
+                let request = client.post(&url).body(format!("order {i}"));
+                async move { request.send().await.map(drop).map_err(|e| tracing::warn!("demo load: {e}")) }
+            })
+            .buffer_unordered(64)
+            .collect::<Vec<_>>()
+    };
+    let wait_until = |at: Duration| tokio::time::sleep(at.saturating_sub(started.elapsed()));
+    wait_until(burst_at).await;
+    println!("-- burst: {} messages", options.burst);
+    send(options.burst).await;
+    wait_until(trickle_from).await;
+    println!("-- trickle: {} messages/s", options.trickle_per_sec);
+    let mut second_burst_sent = false;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    while started.elapsed() < trickle_to {
+        tick.tick().await;
+        if !second_burst_sent && started.elapsed() >= second_burst_at {
+            second_burst_sent = true;
+            let n = options.burst * 3 / 5;
+            println!("-- second burst: {n} messages");
+            send(n).await;
+        }
+        send(options.trickle_per_sec).await;
+    }
+    println!("-- idle");
+}
+
+fn sha256(path: &Path) -> Result<String> {
+    use sha2::Digest;
+    Ok(hex::encode(sha2::Sha256::digest(std::fs::read(path)?)))
+}
+
+/// Adds the wasm32-wasip2 target if missing and builds the Rust example rules.
+fn build_example_rules() -> Result<DemoRules> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
+    let workspace = root.join("example-rules");
+    if !workspace.join("Cargo.toml").exists() {
+        bail!("the demo builds its rules from the ebb source tree, and {} is missing", workspace.display());
+    }
+    let installed = Command::new("rustup").args(["target", "list", "--installed"]).output().context("failed to run rustup")?;
+    if !String::from_utf8_lossy(&installed.stdout).lines().any(|l| l.trim() == "wasm32-wasip2") {
+        println!("adding the wasm32-wasip2 target (rustup target add wasm32-wasip2)");
+        let status = Command::new("rustup").args(["target", "add", "wasm32-wasip2"]).status()?;
+        if !status.success() {
+            bail!("rustup target add wasm32-wasip2 failed");
+        }
+    }
+    let target_dir = root.join("target/demo-rules");
+    println!("building the example rules (cargo build --release --target wasm32-wasip2 in example-rules)");
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(&workspace)
+        .args(["build", "--quiet", "--release", "--target", "wasm32-wasip2", "--workspace"])
+        .env("CARGO_TARGET_DIR", &target_dir)
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("RUSTFLAGS")
+        .status()
+        .context("failed to run cargo")?;
+    if !status.success() {
+        bail!("building the example rules failed");
+    }
+    let release = target_dir.join("wasm32-wasip2/release");
+    Ok(DemoRules { first: release.join("paper_default.wasm"), second: release.join("proportional.wasm") })
+}

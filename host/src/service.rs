@@ -1,0 +1,117 @@
+//! A running host: the store, the rules and their watcher, one listener per queue, the API.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::handler::HttpHandler;
+use crate::http::{Api, router};
+use crate::listener::{Listener, ListenerStatus};
+use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
+use crate::queue::{Metered, QueueClient, RetryPolicy, Retrying, SystemClock};
+use crate::rules::{QueueRuleConfig, RuleEngine, RuleSet, RuleWatcher};
+
+/// Debounce of rule file events.
+const RULE_DEBOUNCE: Duration = Duration::from_millis(30);
+
+/// A started host.
+pub struct Service {
+    listeners: Vec<Listener>,
+    rules: Arc<RuleSet>,
+    api_addr: SocketAddr,
+    api_stop: CancellationToken,
+    api_task: tokio::task::JoinHandle<()>,
+    drain_timeout: Duration,
+    _watcher: RuleWatcher,
+    store: EmbeddedStore,
+}
+
+impl Service {
+    /// Opens the store, loads and watches the rules, starts every listener and the API.
+    pub async fn start(config: &Config) -> Result<Service> {
+        let options = EmbeddedOptions { max_message_bytes: config.max_message_bytes, clock: Arc::new(SystemClock) };
+        let store = EmbeddedStore::open(&config.data_dir, options)?;
+        std::fs::create_dir_all(&config.rules_dir).with_context(|| format!("failed to create rules folder {}", config.rules_dir.display()))?;
+        let rules_dir = config.rules_dir.canonicalize()?;
+        let engine = RuleEngine::new(config.rule_limits.clone(), Some(config.data_dir.join("rule-cache")))?;
+        let queue_rules = config.queues.iter().map(|q| QueueRuleConfig {
+            rule: q.rule.rule.as_ref().and_then(|p| p.file_name()).map(|name| rules_dir.join(name)),
+            ..q.rule.clone()
+        });
+        let rules = Arc::new(RuleSet::new(engine, queue_rules));
+        for error in rules.load_all() {
+            tracing::warn!("{error:#}; the queue uses the built-in rule until the file is fixed");
+        }
+        let watcher = rules.watch(&rules_dir, RULE_DEBOUNCE)?;
+
+        let mut listeners = Vec::new();
+        let mut queues: BTreeMap<String, Arc<dyn QueueClient>> = BTreeMap::new();
+        for queue_config in &config.queues {
+            let metered = Metered::new(store.queue(&queue_config.name));
+            let transactions = metered.transactions();
+            let queue: Arc<dyn QueueClient> = Arc::new(Retrying::new(metered, RetryPolicy::default()));
+            queue.create_if_missing().await.with_context(|| format!("failed to create queue {}", queue_config.name))?;
+            let poison: Arc<dyn QueueClient> = Arc::new(Retrying::new(store.queue(&format!("{}-poison", queue_config.name)), RetryPolicy::default()));
+            poison.create_if_missing().await?;
+            let handler = Arc::new(HttpHandler::new(&queue_config.handler_url, queue_config.handler_timeout)?);
+            let listener = Listener::new(queue.clone(), poison, handler, rules.clone(), queue_config.settings.clone(), Some(transactions));
+            listener.start();
+            tracing::info!(queue = %queue_config.name, handler = %queue_config.handler_url, "listening");
+            queues.insert(queue_config.name.clone(), queue);
+            listeners.push(listener);
+        }
+
+        let api = Arc::new(Api {
+            listeners: listeners.iter().map(|l| (l.queue_name().to_string(), l.clone())).collect(),
+            queues,
+            token: config.token.clone(),
+        });
+        let tcp = tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("failed to listen on {}", config.listen))?;
+        let api_addr = tcp.local_addr()?;
+        let api_stop = CancellationToken::new();
+        let stop = api_stop.clone();
+        let api_task = tokio::spawn(async move {
+            if let Err(error) = axum::serve(tcp, router(api)).with_graceful_shutdown(stop.cancelled_owned()).await {
+                tracing::error!("API server failed: {error}");
+            }
+        });
+        tracing::info!(%api_addr, "API listening");
+        Ok(Service { listeners, rules, api_addr, api_stop, api_task, drain_timeout: config.drain_timeout, _watcher: watcher, store })
+    }
+
+    /// Where the API listens.
+    pub fn api_addr(&self) -> SocketAddr {
+        self.api_addr
+    }
+
+    /// Every queue's state.
+    pub fn status(&self) -> Vec<ListenerStatus> {
+        self.listeners.iter().map(Listener::status).collect()
+    }
+
+    /// A queue's approximate depth now, read without counting a storage transaction
+    /// (for displays; the listener's own counts are metered).
+    pub async fn depth(&self, queue: &str) -> Result<u64> {
+        use crate::queue::QueueClient as _;
+        Ok(self.store.queue(queue).approximate_count().await?)
+    }
+
+    /// The rules of every queue.
+    pub fn rules(&self) -> &Arc<RuleSet> {
+        &self.rules
+    }
+
+    /// Stops dequeuing, drains in-flight messages (releasing what outlasts the drain
+    /// timeout), stops the API and closes the store.
+    pub async fn shutdown(self) {
+        let drain = self.drain_timeout;
+        futures::future::join_all(self.listeners.iter().map(|l| l.shutdown(drain))).await;
+        self.api_stop.cancel();
+        let _ = self.api_task.await;
+    }
+}

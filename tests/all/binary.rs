@@ -1,0 +1,170 @@
+//! End to end through the binary: `ebb run` + `ebb send` + `ebb status` + a handler app,
+//! graceful SIGTERM, and SIGKILL of the host mid-load.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode};
+use ebb_tests::guests;
+
+const EBB: &str = env!("CARGO_BIN_EXE_ebb-under-test");
+const TOKEN: &str = "t0ken";
+
+/// The application the host forwards messages to: records (message id, body), answers 200.
+#[derive(Clone, Default)]
+struct App {
+    seen: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+impl App {
+    async fn start(delay: Duration) -> (App, SocketAddr) {
+        let app = App::default();
+        let record = app.clone();
+        let router = axum::Router::new().route(
+            "/work",
+            axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+                let record = record.clone();
+                async move {
+                    tokio::time::sleep(delay).await;
+                    let id = headers.get("ebb-message-id").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+                    record.seen.lock().unwrap().push((id, String::from_utf8_lossy(&body).into_owned()));
+                    StatusCode::OK
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        (app, addr)
+    }
+
+    fn bodies(&self) -> BTreeSet<String> {
+        self.seen.lock().unwrap().iter().map(|(_, body)| body.clone()).collect()
+    }
+}
+
+struct Site {
+    dir: tempfile::TempDir,
+    api: SocketAddr,
+}
+
+impl Site {
+    fn new(app: SocketAddr, lease: &str) -> Site {
+        let dir = tempfile::tempdir().unwrap();
+        let api: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        std::fs::create_dir_all(dir.path().join("rules")).unwrap();
+        std::fs::copy(guests::PAPER_DEFAULT, dir.path().join("rules/orders.wasm")).unwrap();
+        let config = format!(
+            "drain_timeout = \"10s\"\n[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n\n[queues.orders]\nrule = \"orders.wasm\"\nlease_duration = \"{lease}\"\nmax_polling_interval = \"2s\"\nhandler = {{ url = \"http://{app}/work\" }}\n"
+        );
+        std::fs::write(dir.path().join("ebb.toml"), config).unwrap();
+        Site { dir, api }
+    }
+
+    fn config(&self) -> PathBuf {
+        self.dir.path().join("ebb.toml")
+    }
+
+    fn ebb(&self, args: &[&str]) -> Output {
+        let output = Command::new(EBB).args(args).arg("--config").arg(self.config()).output().unwrap();
+        assert!(output.status.success(), "ebb {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+        output
+    }
+
+    async fn start_host(&self) -> Child {
+        let log = std::fs::File::create(self.dir.path().join("host.log")).unwrap();
+        let child = Command::new(EBB).arg("run").arg("--config").arg(self.config()).stdout(Stdio::null()).stderr(log).spawn().unwrap();
+        let url = format!("http://{}/healthz", self.api);
+        wait_until("the host's API", || async { reqwest::get(&url).await.is_ok_and(|r| r.status().is_success()) }).await;
+        child
+    }
+
+    async fn post(&self, body: String) -> reqwest::StatusCode {
+        let client = reqwest::Client::new();
+        let url = format!("http://{}/queues/orders/messages", self.api);
+        client.post(url).bearer_auth(TOKEN).body(body).send().await.unwrap().status()
+    }
+
+    async fn status(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.ebb(&["status", "--json"]).stdout).unwrap()
+    }
+}
+
+async fn wait_until<F: Future<Output = bool>>(what: &str, mut condition: impl FnMut() -> F) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !condition().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn signal(child: &Child, name: &str) {
+    assert!(Command::new("kill").args([name, &child.id().to_string()]).status().unwrap().success());
+}
+
+async fn store_count(data_dir: &Path) -> u64 {
+    use ebb::queue::QueueClient;
+    let store = ebb::queue::embedded::EmbeddedStore::open(data_dir, Default::default()).unwrap();
+    store.queue("orders").approximate_count().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_send_and_status_through_the_binary() {
+    let (app, app_addr) = App::start(Duration::from_millis(1)).await;
+    let site = Site::new(app_addr, "30s");
+    // No host yet: `ebb send` writes the store directly.
+    let output = site.ebb(&["send", "orders", "early", "--count", "5"]);
+    assert!(String::from_utf8_lossy(&output.stdout).contains("no host running"));
+
+    let mut host = site.start_host().await;
+    let output = site.ebb(&["send", "orders", "via-api", "--count", "40"]);
+    assert!(String::from_utf8_lossy(&output.stdout).contains("via http://"));
+    wait_until("45 messages handled", || async { app.seen.lock().unwrap().len() >= 45 }).await;
+    assert_eq!(app.bodies(), BTreeSet::from(["early".to_string(), "via-api".to_string()]));
+
+    let status = site.status().await;
+    let queue = &status["queues"][0];
+    assert_eq!(queue["processed"], 45);
+    assert_eq!(queue["rule"]["file"], "orders.wasm");
+    let table = String::from_utf8(site.ebb(&["status"]).stdout).unwrap();
+    assert!(table.contains("orders") && table.contains("orders.wasm"), "{table}");
+
+    // The token is required.
+    let unauthenticated = reqwest::get(format!("http://{}/status", site.api)).await.unwrap();
+    assert_eq!(unauthenticated.status(), reqwest::StatusCode::UNAUTHORIZED);
+    let metrics = reqwest::Client::new().get(format!("http://{}/metrics", site.api)).bearer_auth(TOKEN).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("ebb_messages_processed_total{queue=\"orders\"} 45"), "{metrics}");
+
+    signal(&host, "-TERM");
+    let exit = tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap();
+    assert!(exit.success(), "graceful shutdown exits 0: {exit:?}");
+    assert_eq!(store_count(&site.dir.path().join("ebb-data")).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_the_host_mid_load_loses_no_message() {
+    let (app, app_addr) = App::start(Duration::from_millis(20)).await;
+    let site = Site::new(app_addr, "2s");
+    let mut host = site.start_host().await;
+    let sent: BTreeSet<String> = (0..600).map(|i| format!("m{i}")).collect();
+    for body in &sent {
+        assert_eq!(site.post(body.clone()).await, reqwest::StatusCode::CREATED);
+    }
+    wait_until("some messages handled", || async { app.seen.lock().unwrap().len() >= 100 }).await;
+    host.kill().unwrap(); // SIGKILL, mid-load
+    host.wait().unwrap();
+    let before_restart = app.bodies().len();
+    assert!(before_restart < sent.len(), "killed before the end ({before_restart} handled)");
+
+    let mut host = site.start_host().await;
+    wait_until("every message handled", || async { app.bodies().len() == sent.len() }).await;
+    assert_eq!(app.bodies(), sent, "no message lost");
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+    assert_eq!(store_count(&site.dir.path().join("ebb-data")).await, 0, "every message deleted after its handler succeeded");
+}

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ebb::queue::QueueClient;
 use ebb::queue::embedded::{EmbeddedOptions, EmbeddedQueue, EmbeddedStore};
-use redb::{Durability, ReadableTable, TableDefinition};
+use redb::Durability;
 use serde_json::{Value, json};
 
 const BODY: [u8; 64] = [b'x'; 64];
@@ -33,7 +33,7 @@ fn main() {
     for &depth in &depths {
         let embedded_1 = runtime.block_on(embedded_processing(depth, 1));
         let embedded_4 = runtime.block_on(embedded_processing(depth, 4));
-        let redb = raw_redb_processing(depth);
+        let redb = ebb_tests::baselines::raw_redb_processing(depth, PROCESSED);
         let fjall = raw_fjall_processing(depth);
         processing[depth.to_string()] = json!({
             "embedded_1_task_msg_per_s": embedded_1,
@@ -101,62 +101,6 @@ async fn embedded_processing(depth: usize, tasks: usize) -> f64 {
         })
     });
     let done: usize = futures::future::join_all(consumers).await.into_iter().map(Result::unwrap).sum();
-    done as f64 / started.elapsed().as_secs_f64()
-}
-
-const RAW: TableDefinition<u64, &[u8]> = TableDefinition::new("raw");
-
-/// A raw redb loop: take 32 visible (a scan from the low-water mark), mark them leased in
-/// one commit, delete them in a second.
-fn raw_redb_processing(depth: usize) -> f64 {
-    let dir = tempfile::tempdir().unwrap();
-    let db = redb::Database::create(dir.path().join("raw.redb")).unwrap();
-    for chunk in (0..depth as u64).collect::<Vec<_>>().chunks(10_000) {
-        let txn = db.begin_write().unwrap();
-        {
-            let mut table = txn.open_table(RAW).unwrap();
-            for seq in chunk {
-                table.insert(seq, [&0u64.to_le_bytes()[..], &BODY].concat().as_slice()).unwrap();
-            }
-        }
-        txn.commit().unwrap();
-    }
-    let target = PROCESSED.min(depth);
-    let (mut done, mut low_water) = (0, 0u64);
-    let started = Instant::now();
-    while done < target {
-        let mut txn = db.begin_write().unwrap();
-        txn.set_durability(Durability::Immediate).unwrap();
-        let leased: Vec<u64> = {
-            let mut table = txn.open_table(RAW).unwrap();
-            let now = now_ms();
-            let visible: Vec<(u64, Vec<u8>)> = table
-                .range(low_water..)
-                .unwrap()
-                .map(Result::unwrap)
-                .filter(|(_, v)| u64::from_le_bytes(v.value()[..8].try_into().unwrap()) <= now)
-                .take(32)
-                .map(|(k, v)| (k.value(), v.value().to_vec()))
-                .collect();
-            for (seq, mut value) in visible.iter().cloned() {
-                value[..8].copy_from_slice(&(now + LEASE_MS).to_le_bytes());
-                table.insert(seq, value.as_slice()).unwrap();
-            }
-            visible.into_iter().map(|(k, _)| k).collect()
-        };
-        txn.commit().unwrap();
-        let mut txn = db.begin_write().unwrap();
-        txn.set_durability(Durability::Immediate).unwrap();
-        {
-            let mut table = txn.open_table(RAW).unwrap();
-            for seq in &leased {
-                table.remove(seq).unwrap();
-            }
-        }
-        txn.commit().unwrap();
-        low_water = leased.last().map_or(low_water, |l| l + 1);
-        done += leased.len();
-    }
     done as f64 / started.elapsed().as_secs_f64()
 }
 
@@ -234,7 +178,7 @@ async fn single_puts() -> Value {
     while started.elapsed() < window {
         let mut txn = db.begin_write().unwrap();
         txn.set_durability(Durability::Immediate).unwrap();
-        txn.open_table(RAW).unwrap().insert(seq, &BODY[..]).unwrap();
+        txn.open_table(ebb_tests::baselines::RAW).unwrap().insert(seq, &BODY[..]).unwrap();
         txn.commit().unwrap();
         seq += 1;
     }

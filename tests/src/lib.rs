@@ -1,5 +1,6 @@
 //! Shared helpers for the end-to-end tests in `tests/all`.
 
+pub mod baselines;
 pub mod conformance;
 
 /// Paths of the rule components built by `build.rs`, one constant per guest.

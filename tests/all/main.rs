@@ -1,5 +1,6 @@
 mod binary;
 mod config;
+mod decorators;
 mod embedded_queue;
 mod listener;
 mod rule_languages;

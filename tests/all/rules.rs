@@ -108,6 +108,29 @@ fn trapping_rule_falls_back_and_is_quarantined_after_repeated_faults() {
 }
 
 #[test]
+fn rule_output_goes_to_the_debug_log_with_the_queue_and_rule_name() {
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = Captured::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt().with_max_level(tracing::Level::DEBUG).with_ansi(false).with_writer(move || writer.clone()).finish();
+    let rules = loaded(guests::TRAP, RuleLimits::default());
+    tracing::subscriber::with_default(subscriber, || rules.decide_task_count(QUEUE, &state(42)));
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let line = text.lines().find(|l| l.contains("rule output: about to fail at depth 42")).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("DEBUG") && line.contains("rule=\"trap.wasm\"") && line.contains("queue=\"orders\""), "{line}");
+}
+
+#[test]
 fn absurd_values_are_clamped_and_counted() {
     let rules = loaded(guests::ABSURD_VALUES, RuleLimits::default());
     let count = rules.decide_task_count(QUEUE, &state(5));

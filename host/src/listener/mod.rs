@@ -172,12 +172,18 @@ impl Shared {
             .is_ok()
     }
 
+    /// A push: messages arrived from outside. One idle task is enough to pick them up; if
+    /// more are needed, the scaler's decision wakes or starts them.
     fn work_detected(&self) {
+        self.work_found();
+        self.wake.notify_one();
+    }
+
+    /// A task found messages: ask the scaler, without waking idle tasks (the scaler wakes as
+    /// many as the backlog needs; waking one per find would turn a trickle into empty gets).
+    fn work_found(&self) {
         self.counters.work_detected.fetch_add(1, Ordering::Relaxed);
         self.work.notify_one();
-        // One idle task is enough to pick the work up; if more are needed, the scaler's
-        // decision starts them. Waking every idle task would turn each push into empty gets.
-        self.wake.notify_one();
     }
 
     fn random(&self) -> u64 {
@@ -211,7 +217,8 @@ impl Shared {
                     }
                     tokio::select! {
                         _ = tokio::time::sleep(Duration::from_millis(decision.delay_ms)) => {}
-                        _ = self.wake.notified() => idle_count = 0,
+                        // Woken early; the back-off restarts only if this task finds messages.
+                        _ = self.wake.notified() => {}
                         _ = self.stopping.cancelled() => break,
                     }
                 }
@@ -219,7 +226,7 @@ impl Shared {
                     consecutive_errors = 0;
                     // After idling this is the paper's QueueWorkDetected; while busy it keeps
                     // the task count adapting (the scaler coalesces the raises).
-                    self.work_detected();
+                    self.work_found();
                     idle_count = 0;
                     let processing = messages.into_iter().map(|message| self.process(message));
                     futures::future::join_all(processing).await;
@@ -302,6 +309,12 @@ impl Shared {
         self.counters.record_task_count(decision);
         let target = decision.value;
         self.counters.target_tasks.store(target, Ordering::Relaxed);
+        // Idle tasks asleep in their back-off count as active: wake as many as the backlog
+        // can keep busy, then start the rest.
+        let busy_enough = depth.div_ceil(self.settings.batch_size as u64).min(target as u64);
+        for _ in 0..busy_enough {
+            self.wake.notify_one();
+        }
         let active = self.counters.active_tasks.load(Ordering::Relaxed);
         if target > active {
             tracing::debug!(depth, active, target, source = ?decision.source, "starting dequeue tasks");

@@ -168,3 +168,85 @@ async fn sigkill_of_the_host_mid_load_loses_no_message() {
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
     assert_eq!(store_count(&site.dir.path().join("ebb-data")).await, 0, "every message deleted after its handler succeeded");
 }
+
+fn ebb_raw(args: &[&str]) -> Output {
+    Command::new(EBB).args(args).output().unwrap()
+}
+
+#[test]
+fn rule_check_describes_a_rule_and_fails_with_the_reason() {
+    let output = ebb_raw(&["rule", "check", guests::THRESHOLD_TABLE, "--param", "table=10:1, *:4"]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    for field in ["sha256:", "compile time:", "exports:      ebb:rules/decisions@0.1.0", "imports:", "configure:    ok (1 parameter)"] {
+        assert!(text.contains(field), "missing {field:?} in\n{text}");
+    }
+    let output = ebb_raw(&["rule", "check", guests::FUTURE_VERSION]);
+    assert_eq!(output.status.code(), Some(1));
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert!(error.contains("ebb:rules/decisions@0.2.0, but this host speaks ebb:rules/decisions@0.1.0"), "{error}");
+    let output = ebb_raw(&["rule", "check", guests::THRESHOLD_TABLE, "--param", "tabel=1"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("unknown parameter tabel"));
+}
+
+#[test]
+fn rule_eval_prints_the_decision_as_json() {
+    let output = ebb_raw(&["rule", "eval", guests::THRESHOLD_TABLE, "--param", "table=10:1, *:4", "--task-count", r#"{"approximate_depth": 50}"#]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let decision: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(decision, serde_json::json!({ "value": 4, "source": "rule", "clamped": false }));
+    let output = ebb_raw(&["rule", "eval", guests::PAPER_DEFAULT, "--queue-empty", r#"{"idle_count": 2, "random": 0}"#]);
+    let decision: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(decision["value"], serde_json::json!({ "delay_ms": 340, "stop": false }), "100 + 3 × 80 ms");
+    let output = ebb_raw(&["rule", "eval", guests::PAPER_DEFAULT, "--queue-empty", r#"{"idle": 2}"#]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("unknown field `idle`"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_validates_the_config_and_its_rules() {
+    let (_app, app_addr) = App::start(Duration::ZERO).await;
+    let site = Site::new(app_addr, "30s");
+    let output = site.ebb(&["check"]);
+    assert!(String::from_utf8_lossy(&output.stdout).contains("is valid"));
+    std::fs::write(site.dir.path().join("rules/orders.wasm"), b"not wasm").unwrap();
+    let output = Command::new(EBB).arg("check").arg("--config").arg(site.config()).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert!(error.contains("orders.wasm") && error.contains("not a WebAssembly file"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_rejects_unknown_queues_and_oversized_messages_and_takes_notifications() {
+    let (app, app_addr) = App::start(Duration::ZERO).await;
+    let site = Site::new(app_addr, "30s");
+    let mut host = site.start_host().await;
+    let client = reqwest::Client::new();
+    let post = |path: String, body: Vec<u8>| client.post(format!("http://{}{path}", site.api)).bearer_auth(TOKEN).body(body).send();
+    assert_eq!(post("/queues/nope/messages".into(), b"x".to_vec()).await.unwrap().status(), reqwest::StatusCode::NOT_FOUND);
+    assert_eq!(post("/queues/orders/messages".into(), vec![b'x'; 65_537]).await.unwrap().status(), reqwest::StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(post("/queues/orders/notify".into(), vec![]).await.unwrap().status(), reqwest::StatusCode::ACCEPTED);
+    assert_eq!(post("/queues/orders/messages".into(), vec![b'x'; 65_536]).await.unwrap().status(), reqwest::StatusCode::CREATED);
+    wait_until("the largest allowed message handled", || async { app.seen.lock().unwrap().len() == 1 }).await;
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_exits_at_once_and_the_message_comes_back() {
+    let (app, app_addr) = App::start(Duration::from_secs(600)).await;
+    let site = Site::new(app_addr, "2s");
+    let mut host = site.start_host().await;
+    assert_eq!(site.post("slow".into()).await, reqwest::StatusCode::CREATED);
+    wait_until("the handler to be called", || async { site.status().await["queues"][0]["in_flight"] == 1 }).await;
+    signal(&host, "-TERM"); // drain: would wait up to drain_timeout (10 s)
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    signal(&host, "-TERM");
+    let exit = tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap();
+    assert_eq!(exit.code(), Some(130));
+    assert!(started.elapsed() < Duration::from_secs(5), "exited at once");
+    drop(app);
+    assert_eq!(store_count(&site.dir.path().join("ebb-data")).await, 1, "not deleted: it comes back when its lease runs out");
+}

@@ -1,15 +1,15 @@
 //! The whitepaper's rule: the defaults of [`crate::ScalingRule`], and the host's built-in rule.
 
 use crate::backoff::{jittered_exponential, PAPER_JITTER_MS};
-use crate::thresholds::ThresholdTable;
+use crate::thresholds::tasks_for;
 use crate::{IdleContext, IdleDecision, QueueState};
 
 /// The paper's deliberately simple task table: depth < 100 → 10, < 1000 → 50, otherwise 100.
-pub const TASK_TABLE: ThresholdTable<3> = ThresholdTable::new([(100, 10), (1000, 50)], 100);
+pub const TASK_TABLE: &[(u64, u32)] = &[(100, 10), (1000, 50), (u64::MAX, 100)];
 
 /// `GetOptimalDequeueTaskCount` as the paper writes it (before the host's clamp).
 pub fn optimal_dequeue_task_count(state: &QueueState) -> u32 {
-    TASK_TABLE.tasks_for(state.approximate_depth)
+    tasks_for(TASK_TABLE, state.approximate_depth)
 }
 
 /// `QueueEmpty` as the paper writes it:

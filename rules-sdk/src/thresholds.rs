@@ -2,32 +2,11 @@
 
 use std::fmt;
 
-/// A step table: the first row whose depth bound exceeds the queue depth gives the task count;
-/// deeper queues get `otherwise`. `N` is the number of rows plus one, to keep it `const`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ThresholdTable<const N: usize> {
-    rows: [(u64, u32); N],
-    len: usize,
-}
-
-impl<const N: usize> ThresholdTable<N> {
-    /// A table from `(depth_below, tasks)` rows in increasing depth and the count for deeper queues.
-    /// `M` must be `N - 1`.
-    pub const fn new<const M: usize>(rows: [(u64, u32); M], otherwise: u32) -> Self {
-        assert!(M + 1 == N, "ThresholdTable::<N>::new takes N - 1 rows");
-        let mut all = [(u64::MAX, otherwise); N];
-        let mut i = 0;
-        while i < M {
-            all[i] = rows[i];
-            i += 1;
-        }
-        ThresholdTable { rows: all, len: N }
-    }
-
-    /// The task count for a queue of this depth.
-    pub fn tasks_for(&self, depth: u64) -> u32 {
-        lookup(&self.rows[..self.len], depth)
-    }
+/// The task count for `depth` from `(depth_below, tasks)` rows in increasing depth: the
+/// first row whose bound exceeds the depth decides; a last row with bound `u64::MAX` covers
+/// every deeper queue.
+pub fn tasks_for(rows: &[(u64, u32)], depth: u64) -> u32 {
+    rows.iter().find(|(below, _)| depth < *below || *below == u64::MAX).map_or(0, |(_, tasks)| *tasks)
 }
 
 /// A table read at run time, e.g. from a rule parameter such as `"100:10, 1000:50, *:100"`.
@@ -39,7 +18,7 @@ pub struct DynThresholdTable {
 impl DynThresholdTable {
     /// The task count for a queue of this depth.
     pub fn tasks_for(&self, depth: u64) -> u32 {
-        lookup(&self.rows, depth)
+        tasks_for(&self.rows, depth)
     }
 
     /// Parses `depth:tasks` rows separated by commas, depths strictly increasing, ending with
@@ -88,12 +67,6 @@ impl fmt::Display for DynThresholdTable {
         }
         Ok(())
     }
-}
-
-fn lookup(rows: &[(u64, u32)], depth: u64) -> u32 {
-    rows.iter()
-        .find(|(below, _)| depth < *below || *below == u64::MAX)
-        .map_or(0, |(_, tasks)| *tasks)
 }
 
 #[cfg(test)]

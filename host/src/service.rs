@@ -22,7 +22,6 @@ const RULE_DEBOUNCE: Duration = Duration::from_millis(30);
 /// A started host.
 pub struct Service {
     listeners: Vec<Listener>,
-    rules: Arc<RuleSet>,
     api_addr: SocketAddr,
     api_stop: CancellationToken,
     api_task: tokio::task::JoinHandle<()>,
@@ -81,7 +80,7 @@ impl Service {
             }
         });
         tracing::info!(%api_addr, "API listening");
-        Ok(Service { listeners, rules, api_addr, api_stop, api_task, drain_timeout: config.drain_timeout, _watcher: watcher, store })
+        Ok(Service { listeners, api_addr, api_stop, api_task, drain_timeout: config.drain_timeout, _watcher: watcher, store })
     }
 
     /// Where the API listens.
@@ -99,11 +98,6 @@ impl Service {
     pub async fn depth(&self, queue: &str) -> Result<u64> {
         use crate::queue::QueueClient as _;
         Ok(self.store.queue(queue).approximate_count().await?)
-    }
-
-    /// The rules of every queue.
-    pub fn rules(&self) -> &Arc<RuleSet> {
-        &self.rules
     }
 
     /// Stops dequeuing, drains in-flight messages (releasing what outlasts the drain

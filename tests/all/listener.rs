@@ -22,26 +22,20 @@ const QUEUE: &str = "work";
 #[derive(Default)]
 struct TestHandler {
     calls: AtomicU64,
-    concurrent: AtomicU64,
-    max_concurrent_same_id: Mutex<Vec<String>>,
 }
 
 #[async_trait]
 impl Handler for TestHandler {
     async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        self.concurrent.fetch_add(1, Ordering::Relaxed);
-        self.max_concurrent_same_id.lock().unwrap().push(message.id.clone());
         let body = String::from_utf8_lossy(&message.body).into_owned();
-        let result = if body == "fail" {
+        if body == "fail" {
             Err(anyhow::anyhow!("boom on try {}", message.dequeue_count))
         } else {
             let ms: u64 = body.strip_prefix("sleep ").and_then(|n| n.parse().ok()).unwrap_or(0);
             sleep(Duration::from_millis(ms)).await;
             Ok(())
-        };
-        self.concurrent.fetch_sub(1, Ordering::Relaxed);
-        result
+        }
     }
 }
 

@@ -55,13 +55,10 @@ impl Shared {
         let latency = started.elapsed();
         match outcome {
             Outcome::Handled(Ok(())) => {
-                match self.queue.delete(&incoming.id, &receipt).await {
-                    Ok(()) => counters.record_success(latency),
-                    Err(error) => {
-                        // The work was done; the message may be handled again (at least once).
-                        counters.record_success(latency);
-                        tracing::warn!(id = %incoming.id, "handled, but the delete failed: {error}");
-                    }
+                counters.record_success(latency);
+                if let Err(error) = self.queue.delete(&incoming.id, &receipt).await {
+                    // The work was done; the message may be handled again (at least once).
+                    tracing::warn!(id = %incoming.id, "handled, but the delete failed: {error}");
                 }
             }
             Outcome::Handled(Err(error)) => {

@@ -13,7 +13,7 @@ mod state;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 use crate::handler::Handler;
-use crate::queue::{QueueClient, Transactions};
+use crate::queue::{Clock as _, QueueClient, SystemClock, Transactions};
 use crate::rules::{IdleContext, QueueState, RuleSet};
 
 pub use settings::QueueSettings;
@@ -96,7 +96,7 @@ impl Listener {
         let shared = self.shared.clone();
         let span = tracing::info_span!("scaler", queue = %self.queue_name());
         self.shared.tasks.spawn(async move { shared.run_scaler().await }.instrument(span));
-        let initial = if self.shared.settings.push_enabled { self.shared.settings.min_tasks } else { self.shared.settings.min_tasks.max(1) };
+        let initial = self.shared.floor();
         self.shared.counters.target_tasks.store(initial, Ordering::Relaxed);
         self.start_tasks(initial);
     }
@@ -106,8 +106,8 @@ impl Listener {
         self.shared.start_tasks(n);
     }
 
-    /// `QueueWorkDetected`: messages have arrived (found by a task, or pushed). Wakes idle
-    /// tasks and asks the scaler to decide the task count.
+    /// `QueueWorkDetected` from outside (a push): messages have arrived. Wakes one idle task
+    /// and asks the scaler to decide the task count.
     pub fn work_detected(&self) {
         self.shared.work_detected();
     }
@@ -133,6 +133,7 @@ impl Listener {
 }
 
 impl Shared {
+    /// Fewest tasks: `min_tasks`, and at least one polling task unless pushes can wake the queue.
     fn floor(&self) -> u32 {
         if self.settings.push_enabled { self.settings.min_tasks } else { self.settings.min_tasks.max(1) }
     }
@@ -254,13 +255,12 @@ impl Shared {
             min_interval_ms: self.settings.min_polling_interval.as_millis() as u64,
             max_interval_ms: self.settings.max_polling_interval.as_millis() as u64,
             push_enabled: self.settings.push_enabled,
-            timestamp_ms: unix_ms(),
+            timestamp_ms: SystemClock.now_ms(),
             random: self.random(),
         };
         let rules = self.rules.clone();
-        let queue = ctx.queue.clone();
         // Rules are synchronous and may block up to their deadline: off the async threads.
-        let decision = tokio::task::spawn_blocking(move || rules.decide_queue_empty(&queue, &ctx)).await.expect("rule calls do not panic");
+        let decision = tokio::task::spawn_blocking(move || rules.decide_queue_empty(&ctx.queue, &ctx)).await.expect("rule calls do not panic");
         self.counters.record_queue_empty(decision);
         decision.value
     }
@@ -301,7 +301,7 @@ impl Shared {
             mean_handler_latency_ms: window.mean_handler_latency_ms,
             recent_failures: window.failures,
             push_enabled: self.settings.push_enabled,
-            timestamp_ms: unix_ms(),
+            timestamp_ms: SystemClock.now_ms(),
             random: self.random(),
         };
         let rules = self.rules.clone();
@@ -321,8 +321,4 @@ impl Shared {
             self.start_tasks(target - active);
         }
     }
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
 }

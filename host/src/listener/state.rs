@@ -51,6 +51,7 @@ pub struct RecordedDecision<T> {
     pub at: SystemTime,
 }
 
+#[derive(Clone, Copy)]
 struct WindowStart {
     at: Instant,
     processed: u64,
@@ -106,7 +107,7 @@ impl Counters {
             failed: self.failed.load(Ordering::Relaxed),
             handler_micros: self.handler_micros.load(Ordering::Relaxed),
         };
-        let previous = self.window.lock().unwrap().replace(WindowStart { ..now });
+        let previous = self.window.lock().unwrap().replace(now);
         let Some(previous) = previous else {
             return Window { throughput_per_sec: 0.0, mean_handler_latency_ms: 0.0, failures: 0 };
         };

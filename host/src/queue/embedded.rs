@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow};
@@ -62,16 +62,16 @@ pub struct EmbeddedStore {
 struct Shared {
     dir: PathBuf,
     db: Arc<Database>,
-    writer: Mutex<Option<mpsc::Sender<Request>>>,
-    writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    writer: Option<mpsc::Sender<Request>>,
+    writer_thread: Option<std::thread::JoinHandle<()>>,
     options: EmbeddedOptions,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
         // Close the channel, then wait for the last commit, so the file is released on return.
-        self.writer.lock().unwrap().take();
-        if let Some(thread) = self.writer_thread.lock().unwrap().take() {
+        self.writer.take();
+        if let Some(thread) = self.writer_thread.take() {
             let _ = thread.join();
         }
     }
@@ -107,8 +107,8 @@ impl EmbeddedStore {
             shared: Arc::new(Shared {
                 dir: dir.to_path_buf(),
                 db,
-                writer: Mutex::new(Some(sender)),
-                writer_thread: Mutex::new(Some(thread)),
+                writer: Some(sender),
+                writer_thread: Some(thread),
                 options,
             }),
         })
@@ -124,17 +124,11 @@ impl EmbeddedStore {
         EmbeddedQueue { store: self.clone(), name: name.to_string(), id: OnceLock::new() }
     }
 
-    /// The names of the queues in this store.
-    pub fn queue_names(&self) -> anyhow::Result<Vec<String>> {
-        let txn = self.shared.db.begin_read()?;
-        let table = txn.open_table(QUEUES)?;
-        Ok(table.iter()?.map(|entry| entry.map(|(k, _)| k.value().to_string())).collect::<Result<_, _>>()?)
-    }
-
     async fn call(&self, op: Op) -> Result<Reply, QueueError> {
         let (reply, receive) = oneshot::channel();
-        let sender = self.shared.writer.lock().unwrap().clone();
-        sender
+        self.shared
+            .writer
+            .as_ref()
             .ok_or_else(|| QueueError::Fatal(anyhow!("the queue store is closed")))?
             .send(Request { op, reply })
             .map_err(|_| QueueError::Fatal(anyhow!("the queue writer has stopped")))?;
@@ -439,9 +433,8 @@ fn apply(t: &mut Tables<'_>, op: Op, next_seq: &mut u64) -> Result<Reply, QueueE
             Ok(Reply::Deleted)
         }
         Op::Update { queue, seq, receipt, now_ms, visibility_ms } => {
-            let stored = t.messages.get((queue, seq)).map_err(storage)?.map(|v| v.value().to_vec());
             let header = leased_header(t, queue, seq, receipt)?;
-            let stored = stored.expect("leased_header found it");
+            let stored = t.messages.get((queue, seq)).map_err(storage)?.map(|v| v.value().to_vec()).ok_or_else(|| QueueError::StaleReceipt { id: seq.to_string() })?;
             t.visible.remove((queue, header.visible_at_ms, seq)).map_err(storage)?;
             let updated = Header { visible_at_ms: now_ms + visibility_ms, receipt: new_receipt(receipt), ..header };
             t.messages.insert((queue, seq), updated.encode(&stored[HEADER_BYTES..]).as_slice()).map_err(storage)?;

@@ -55,8 +55,10 @@ impl Shared {
         let latency = started.elapsed();
         match outcome {
             Outcome::Handled(Ok(())) => {
+                // Counted once the delete has returned: `processed` means handled and deleted.
+                let deleted = self.queue.delete(&incoming.id, &receipt).await;
                 counters.record_success(latency);
-                if let Err(error) = self.queue.delete(&incoming.id, &receipt).await {
+                if let Err(error) = deleted {
                     // The work was done; the message may be handled again (at least once).
                     tracing::warn!(id = %incoming.id, "handled, but the delete failed: {error}");
                 }

@@ -20,6 +20,7 @@ use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::health::Health;
 use crate::listener::{Listener, ListenerStatus};
 use crate::queue::{QueueClient, QueueError};
 
@@ -31,6 +32,8 @@ pub struct Api {
     pub queues: BTreeMap<String, Arc<dyn QueueClient>>,
     /// Required bearer token, if any.
     pub token: Option<String>,
+    /// The host's health, answered by `/healthz`.
+    pub health: Health,
 }
 
 /// The API's routes.
@@ -41,7 +44,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/queues/{name}/messages", post(send))
         .route("/queues/{name}/notify", post(notify))
         .layer(middleware::from_fn_with_state(api.clone(), require_token));
-    Router::new().route("/healthz", get(|| async { "ok\n" })).merge(authenticated).with_state(api)
+    Router::new().route("/healthz", get(healthz)).merge(authenticated).with_state(api)
 }
 
 async fn require_token(State(api): State<Arc<Api>>, request: Request, next: Next) -> Response {
@@ -52,6 +55,15 @@ async fn require_token(State(api): State<Arc<Api>>, request: Request, next: Next
         }
     }
     next.run(request).await
+}
+
+/// 200 `ok` when healthy; 503 with every problem (JSON) when a component cannot work.
+async fn healthz(State(api): State<Arc<Api>>) -> Response {
+    let problems = api.health.problems();
+    if problems.is_empty() {
+        return "ok\n".into_response();
+    }
+    (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": "the host cannot do its work", "problems": problems }))).into_response()
 }
 
 fn statuses(api: &Api) -> Vec<ListenerStatus> {

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::handler::HttpHandler;
+use crate::health::Health;
 use crate::http::{Api, router};
 use crate::listener::{Listener, ListenerStatus};
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
@@ -69,6 +70,7 @@ impl Service {
             listeners: listeners.iter().map(|l| (l.queue_name().to_string(), l.clone())).collect(),
             queues,
             token: config.token.clone(),
+            health: Health::default(),
         });
         let tcp = tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("failed to listen on {}", config.listen))?;
         let api_addr = tcp.local_addr()?;

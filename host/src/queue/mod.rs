@@ -24,6 +24,10 @@ pub use retrying::{RetryPolicy, Retrying};
 /// Azure's limit on a get: at most 32 messages.
 pub const MAX_BATCH: u32 = 32;
 
+/// Azure's limit on a visibility timeout or an initial delay: 7 days. Backends saturate
+/// longer values to it; the API and the config reject them with the reason.
+pub const MAX_VISIBILITY: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// A leased message. Its `pop_receipt` proves the lease: delete it, or change its
 /// visibility, with this receipt. A later lease issues a new receipt.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,36 @@
+//! Whether the host can do its work. A component that cannot (a store that cannot be
+//! reopened) records its problem here; `/healthz` answers 503 with every problem.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// Shared health: no problem recorded means healthy. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct Health {
+    problems: Arc<Mutex<BTreeMap<String, String>>>,
+}
+
+impl Health {
+    /// Records that `component` cannot work, and why. Returns true if this is news (the
+    /// component was fine, or had another reason), so callers log a problem once.
+    pub fn set_problem(&self, component: &str, reason: impl Into<String>) -> bool {
+        let reason = reason.into();
+        let previous = self.problems.lock().unwrap().insert(component.to_string(), reason.clone());
+        previous.as_deref() != Some(reason.as_str())
+    }
+
+    /// Records that `component` works again. Returns true if it had a problem.
+    pub fn clear_problem(&self, component: &str) -> bool {
+        self.problems.lock().unwrap().remove(component).is_some()
+    }
+
+    /// Every problem, by component; empty when healthy.
+    pub fn problems(&self) -> BTreeMap<String, String> {
+        self.problems.lock().unwrap().clone()
+    }
+
+    /// True when no component has a problem.
+    pub fn is_healthy(&self) -> bool {
+        self.problems.lock().unwrap().is_empty()
+    }
+}

@@ -8,6 +8,7 @@ pub mod health;
 pub mod http;
 pub mod listener;
 pub mod log_limit;
+pub mod panics;
 pub mod queue;
 pub mod rules;
 pub mod service;

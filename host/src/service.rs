@@ -34,7 +34,8 @@ pub struct Service {
 impl Service {
     /// Opens the store, loads and watches the rules, starts every listener and the API.
     pub async fn start(config: &Config) -> Result<Service> {
-        let options = EmbeddedOptions { max_message_bytes: config.max_message_bytes, clock: Arc::new(SystemClock) };
+        let health = Health::default();
+        let options = EmbeddedOptions { max_message_bytes: config.max_message_bytes, clock: Arc::new(SystemClock), health: health.clone() };
         let store = EmbeddedStore::open(&config.data_dir, options)?;
         std::fs::create_dir_all(&config.rules_dir).with_context(|| format!("failed to create rules folder {}", config.rules_dir.display()))?;
         let rules_dir = config.rules_dir.canonicalize()?;
@@ -70,7 +71,7 @@ impl Service {
             listeners: listeners.iter().map(|l| (l.queue_name().to_string(), l.clone())).collect(),
             queues,
             token: config.token.clone(),
-            health: Health::default(),
+            health,
         });
         let tcp = tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("failed to listen on {}", config.listen))?;
         let api_addr = tcp.local_addr()?;

@@ -1,13 +1,19 @@
 //! Processing one message: the handler, lease renewal while it runs, then delete on
 //! success, release with a retry delay on failure, or poison after `max_dequeue_count`.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime};
 
+use anyhow::anyhow;
+use futures::FutureExt as _;
+
 use crate::handler::IncomingMessage;
+use crate::panics::panic_message;
 use crate::queue::{Message, QueueError};
 
 use super::Shared;
+use super::state::PoisonForm;
 
 enum Outcome {
     Handled(anyhow::Result<()>),
@@ -18,12 +24,13 @@ enum Outcome {
 impl Shared {
     pub(super) async fn process(&self, message: Message) {
         let counters = &self.counters;
-        if !counters.claim(&message.id) {
+        // Released when processing ends, however it ends (a panic, a drop at shutdown).
+        let Some(_claim) = counters.claim(&message.id) else {
             // Our own lease on it expired and we leased it again: it is already being handled
             // here. Leave this lease to run out rather than handling it twice at once.
             tracing::warn!(id = %message.id, "message is already being handled on this host; skipping the duplicate lease");
             return;
-        }
+        };
         let incoming = IncomingMessage {
             queue: self.queue.name().to_string(),
             id: message.id.clone(),
@@ -32,9 +39,20 @@ impl Shared {
             body: message.body,
         };
         let mut receipt = message.pop_receipt;
+        if let Some(defect) = message.defect {
+            // A body the store cannot vouch for never reaches the handler.
+            self.poison(&incoming, &receipt, &defect).await;
+            return;
+        }
         let lease = self.settings.lease_duration;
         let started = Instant::now();
-        let handling = self.handler.handle(&incoming);
+        // A panicking handler is a failing handler: retried, then poisoned.
+        let handling = AssertUnwindSafe(self.handler.handle(&incoming)).catch_unwind().map(|result| {
+            result.unwrap_or_else(|panic| {
+                counters.handler_panics.fetch_add(1, Ordering::Relaxed);
+                Err(anyhow!("handler panicked: {}", panic_message(&*panic)))
+            })
+        });
         tokio::pin!(handling);
         let outcome = loop {
             tokio::select! {
@@ -70,7 +88,9 @@ impl Shared {
                     self.poison(&incoming, &receipt, &reason).await;
                 } else {
                     let delay = self.settings.retry_delay(incoming.dequeue_count);
-                    tracing::debug!(id = %incoming.id, dequeue_count = incoming.dequeue_count, ?delay, "handler failed, retrying later: {reason}");
+                    if let Some(suppressed) = self.failure_log.allow() {
+                        tracing::warn!(id = %incoming.id, dequeue_count = incoming.dequeue_count, ?delay, suppressed, "handler failed, retrying later: {reason}");
+                    }
                     if let Err(error) = self.queue.update_visibility(&incoming.id, &receipt, delay).await {
                         tracing::warn!(id = %incoming.id, "could not set the retry delay (the lease will run out instead): {error}");
                     }
@@ -83,26 +103,36 @@ impl Shared {
                 }
             }
         }
-        counters.release_claim(&incoming.id);
     }
 
-    /// Moves a message that failed `max_dequeue_count` times to the poison queue: put there
-    /// first, delete here after, so a crash in between duplicates rather than loses it.
+    /// Moves a message that cannot be handled (failed `max_dequeue_count` times, or
+    /// corrupt) to the poison queue: put there first, delete here after, so a crash in
+    /// between duplicates rather than loses it. The poison queue gets a JSON envelope with
+    /// the reason; when that does not fit its size limit, the body as it is (as Azure
+    /// Functions moves it), and the reason stays in the log, the status and the metrics.
     async fn poison(&self, message: &IncomingMessage, receipt: &str, reason: &str) {
-        let envelope = PoisonEnvelope::new(message, reason);
-        let body = serde_json::to_vec(&envelope).expect("the envelope serialises");
-        match self.poison.put(&body, Duration::ZERO).await {
+        let envelope = serde_json::to_vec(&PoisonEnvelope::new(message, reason)).expect("the envelope serialises");
+        let mut form = PoisonForm::Envelope;
+        let mut put = self.poison.put(&envelope, Duration::ZERO).await;
+        if let Err(QueueError::MessageTooLarge { .. }) = put {
+            form = PoisonForm::Body;
+            put = self.poison.put(&message.body, Duration::ZERO).await;
+        }
+        match put {
             Ok(_) => {
-                self.counters.poisoned.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(id = %message.id, dequeue_count = message.dequeue_count, poison_queue = %self.poison.name(), "message moved to the poison queue: {reason}");
+                self.counters.record_poison(&message.id, reason, form);
+                tracing::warn!(
+                    id = %message.id,
+                    dequeue_count = message.dequeue_count,
+                    poison_queue = %self.poison.name(),
+                    form = form.as_str(),
+                    "message moved to the poison queue: {reason}"
+                );
                 if let Err(error) = self.queue.delete(&message.id, receipt).await {
                     tracing::warn!(id = %message.id, "poisoned, but the delete failed (it may be poisoned twice): {error}");
                 }
             }
-            Err(QueueError::MessageTooLarge { size, limit }) => {
-                tracing::error!(id = %message.id, size, limit, "cannot poison: the envelope is over the poison queue's size limit; leaving the message in place");
-            }
-            Err(error) => tracing::error!(id = %message.id, "cannot poison, leaving the message in place: {error}"),
+            Err(error) => tracing::error!(id = %message.id, "cannot poison, leaving the message in place (tried again after its lease): {error}"),
         }
     }
 }

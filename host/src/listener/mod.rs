@@ -11,22 +11,30 @@ mod message;
 mod settings;
 mod state;
 
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use futures::FutureExt as _;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 use crate::handler::Handler;
+use crate::log_limit::LogLimiter;
+use crate::panics::panic_message;
 use crate::queue::{Clock as _, QueueClient, SystemClock, Transactions};
-use crate::rules::{IdleContext, QueueState, RuleSet};
+use crate::rules::{Decision, DecisionSource, IdleContext, IdleDecision, QueueState, RuleSet};
 
 pub use settings::QueueSettings;
-pub use state::{ListenerStatus, RecordedDecision};
+pub use state::{ListenerStatus, PoisonForm, PoisonRecord, RecordedDecision};
 use state::Counters;
+
+/// Log lines per window for repeated failures (handler failures, failed gets).
+const FAILURE_LOG_LINES: u32 = 10;
+const FAILURE_LOG_WINDOW: Duration = Duration::from_secs(60);
 
 /// One queue's listener. Cheap to clone (shared state).
 #[derive(Clone)]
@@ -52,6 +60,31 @@ struct Shared {
     abandon: CancellationToken,
     tasks: TaskTracker,
     random: Mutex<fastrand::Rng>,
+    /// Handler failures and retries are logged at WARN, this many per window.
+    failure_log: LogLimiter,
+    /// Failed gets, likewise.
+    storage_log: LogLimiter,
+}
+
+/// A dequeue task's slot in `active_tasks`, given back when the task ends however it
+/// ends (a panic included), unless the task gave it back itself when it retired.
+struct TaskSlot<'a> {
+    counters: &'a Counters,
+    held: bool,
+}
+
+impl TaskSlot<'_> {
+    fn given_back(mut self) {
+        self.held = false;
+    }
+}
+
+impl Drop for TaskSlot<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            self.counters.active_tasks.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl Listener {
@@ -81,6 +114,8 @@ impl Listener {
                 abandon: CancellationToken::new(),
                 tasks: TaskTracker::new(),
                 random: Mutex::new(fastrand::Rng::with_seed(seed)),
+                failure_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
+                storage_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
             }),
         }
     }
@@ -95,7 +130,19 @@ impl Listener {
     pub fn start(&self) {
         let shared = self.shared.clone();
         let span = tracing::info_span!("scaler", queue = %self.queue_name());
-        self.shared.tasks.spawn(async move { shared.run_scaler().await }.instrument(span));
+        self.shared.tasks.spawn(
+            async move {
+                // A panic ends one decision, not scaling: count it, pause, start over.
+                while let Err(panic) = AssertUnwindSafe(shared.clone().run_scaler()).catch_unwind().await {
+                    shared.task_panicked("the scaler", &*panic);
+                    tokio::select! {
+                        _ = tokio::time::sleep(shared.settings.scale_interval) => {}
+                        _ = shared.stopping.cancelled() => return,
+                    }
+                }
+            }
+            .instrument(span),
+        );
         let initial = self.shared.floor();
         self.shared.counters.target_tasks.store(initial, Ordering::Relaxed);
         self.start_tasks(initial);
@@ -150,8 +197,27 @@ impl Shared {
             let task_number = counters.tasks_started.fetch_add(1, Ordering::Relaxed) + 1;
             let shared = self.clone();
             let span = tracing::info_span!("dequeue_task", queue = %self.queue.name(), task = task_number);
-            self.tasks.spawn(async move { shared.run_task().await }.instrument(span));
+            self.tasks.spawn(
+                async move {
+                    if let Err(panic) = AssertUnwindSafe(shared.clone().run_task()).catch_unwind().await {
+                        // Its slot was given back as it unwound; keep the floor running.
+                        shared.task_panicked("a dequeue task", &*panic);
+                        if !shared.stopping.is_cancelled() {
+                            let active = shared.counters.active_tasks.load(Ordering::Acquire);
+                            shared.start_tasks(shared.floor().saturating_sub(active));
+                        }
+                    }
+                }
+                .instrument(span),
+            );
         }
+    }
+
+    /// Surfaces a panic that escaped a task (as Vector re-raises task panics): counted in
+    /// the status and logged at ERROR.
+    fn task_panicked(&self, task: &str, panic: &(dyn std::any::Any + Send)) {
+        self.counters.task_panics.fetch_add(1, Ordering::Relaxed);
+        tracing::error!("{task} panicked and was restarted: {}", panic_message(panic));
     }
 
     /// Gives up this task's slot if there are more tasks than the target (after a scale-down).
@@ -192,6 +258,7 @@ impl Shared {
     }
 
     async fn run_task(self: Arc<Self>) {
+        let slot = TaskSlot { counters: &self.counters, held: true };
         let mut idle_count = 0u32;
         let mut consecutive_errors = 0u32;
         let lease = self.settings.lease_duration;
@@ -201,6 +268,7 @@ impl Shared {
             }
             if self.try_retire() {
                 tracing::debug!("retiring: more tasks than the rule's count");
+                slot.given_back();
                 return;
             }
             let batch = tokio::select! {
@@ -214,6 +282,7 @@ impl Shared {
                     let decision = self.decide_queue_empty(idle_count).await;
                     if decision.stop && self.try_stop_idle() {
                         tracing::debug!(idle_count, "stopping: the rule retired this idle task");
+                        slot.given_back();
                         return;
                     }
                     tokio::select! {
@@ -236,7 +305,9 @@ impl Shared {
                     consecutive_errors += 1;
                     self.counters.storage_errors.fetch_add(1, Ordering::Relaxed);
                     let delay = crate::queue::RetryPolicy::default().delay(consecutive_errors).min(self.settings.max_polling_interval);
-                    tracing::warn!(?delay, "get failed: {error}");
+                    if let Some(suppressed) = self.storage_log.allow() {
+                        tracing::warn!(?delay, suppressed, "get failed: {error}");
+                    }
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
                         _ = self.stopping.cancelled() => break,
@@ -244,7 +315,7 @@ impl Shared {
                 }
             }
         }
-        self.counters.active_tasks.fetch_sub(1, Ordering::AcqRel);
+        drop(slot);
     }
 
     async fn decide_queue_empty(&self, idle_count: u32) -> crate::rules::IdleDecision {
@@ -259,10 +330,26 @@ impl Shared {
             random: self.random(),
         };
         let rules = self.rules.clone();
+        let call_ctx = ctx.clone();
         // Rules are synchronous and may block up to their deadline: off the async threads.
-        let decision = tokio::task::spawn_blocking(move || rules.decide_queue_empty(&ctx.queue, &ctx)).await.expect("rule calls do not panic");
+        let decision = match tokio::task::spawn_blocking(move || rules.decide_queue_empty(&call_ctx.queue, &call_ctx)).await {
+            Ok(decision) => decision,
+            Err(error) => {
+                self.rule_call_failed(&error);
+                let raw = ebb_rules_sdk::paper::on_queue_empty(&ctx);
+                let delay_ms = raw.delay_ms.clamp(ctx.min_interval_ms, ctx.max_interval_ms.max(ctx.min_interval_ms));
+                Decision { value: IdleDecision { delay_ms, stop: raw.stop }, source: DecisionSource::Fallback, clamped: delay_ms != raw.delay_ms }
+            }
+        };
         self.counters.record_queue_empty(decision);
         decision.value
+    }
+
+    /// A rule call's blocking task panicked or was cancelled: the built-in rule decides.
+    fn rule_call_failed(&self, error: &tokio::task::JoinError) {
+        self.counters.rule_call_panics.fetch_add(1, Ordering::Relaxed);
+        let reason = if error.is_panic() { "panicked" } else { "was cancelled" };
+        tracing::error!("a rule call {reason}; the built-in rule decided instead: {error}");
     }
 
     async fn run_scaler(self: Arc<Self>) {
@@ -288,7 +375,7 @@ impl Shared {
                 self.counters.last_depth.load(Ordering::Relaxed)
             }
         };
-        self.counters.last_depth.store(depth, Ordering::Relaxed);
+        self.counters.record_depth(depth, SystemTime::now());
         let window = self.counters.take_window();
         let state = QueueState {
             queue: self.queue.name().to_string(),
@@ -305,7 +392,16 @@ impl Shared {
             random: self.random(),
         };
         let rules = self.rules.clone();
-        let decision = tokio::task::spawn_blocking(move || rules.decide_task_count(&state.queue, &state)).await.expect("rule calls do not panic");
+        let call_state = state.clone();
+        let decision = match tokio::task::spawn_blocking(move || rules.decide_task_count(&call_state.queue, &call_state)).await {
+            Ok(decision) => decision,
+            Err(error) => {
+                self.rule_call_failed(&error);
+                let raw = ebb_rules_sdk::paper::optimal_dequeue_task_count(&state);
+                let value = raw.clamp(state.min_tasks, state.max_tasks.max(state.min_tasks));
+                Decision { value, source: DecisionSource::Fallback, clamped: value != raw }
+            }
+        };
         self.counters.record_task_count(decision);
         let target = decision.value;
         self.counters.target_tasks.store(target, Ordering::Relaxed);

@@ -1,6 +1,6 @@
 //! Counters behind `QueryState`, and the recent window the task-count rule sees.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -27,11 +27,75 @@ pub(super) struct Counters {
     pub lease_renewals: AtomicU64,
     pub storage_errors: AtomicU64,
     pub work_detected: AtomicU64,
+    pub handler_panics: AtomicU64,
+    pub task_panics: AtomicU64,
+    pub rule_call_panics: AtomicU64,
     pub last_depth: AtomicU64,
+    /// When `last_depth` was read, in ms since the epoch (0: never).
+    pub last_depth_at_ms: AtomicU64,
     handler_micros: AtomicU64,
+    poison: Mutex<PoisonLog>,
     claimed: Mutex<HashSet<String>>,
     window: Mutex<Option<WindowStart>>,
     decisions: Mutex<Decisions>,
+}
+
+/// How many recent poisonings the status keeps.
+const RECENT_POISON: usize = 10;
+
+#[derive(Default)]
+struct PoisonLog {
+    corrupt: u64,
+    body_only: u64,
+    recent: VecDeque<PoisonRecord>,
+}
+
+/// What the poison queue received for a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoisonForm {
+    /// A JSON envelope with the reason and the body.
+    Envelope,
+    /// The body as it was: the envelope did not fit the poison queue's size limit.
+    Body,
+}
+
+impl PoisonForm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoisonForm::Envelope => "envelope",
+            PoisonForm::Body => "body",
+        }
+    }
+}
+
+/// One message moved to the poison queue, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct PoisonRecord {
+    /// Its id in the queue it came from.
+    pub id: String,
+    /// Why it was poisoned: the last handler error, or `corrupt: …`.
+    pub reason: String,
+    /// What the poison queue holds for it.
+    pub form: PoisonForm,
+    /// When it was moved.
+    #[serde(with = "humantime_serde")]
+    pub at: SystemTime,
+}
+
+/// A message claimed for handling on this host, released when dropped (however its
+/// processing ends: success, failure, a panic, or the task being dropped).
+pub(super) struct Claim<'a> {
+    counters: &'a Counters,
+    id: String,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if self.counters.claimed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&self.id) {
+            self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -66,19 +130,30 @@ pub(super) struct Window {
 }
 
 impl Counters {
-    /// Marks a message as being handled here; false if it already is.
-    pub fn claim(&self, id: &str) -> bool {
-        let fresh = self.claimed.lock().unwrap().insert(id.to_string());
-        if fresh {
-            self.in_flight.fetch_add(1, Ordering::Relaxed);
+    /// Marks a message as being handled here until the claim is dropped; `None` if it already is.
+    pub fn claim(&self, id: &str) -> Option<Claim<'_>> {
+        if !self.claimed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id.to_string()) {
+            return None;
         }
-        fresh
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        Some(Claim { counters: self, id: id.to_string() })
     }
 
-    pub fn release_claim(&self, id: &str) {
-        if self.claimed.lock().unwrap().remove(id) {
-            self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    pub fn record_poison(&self, id: &str, reason: &str, form: PoisonForm) {
+        self.poisoned.fetch_add(1, Ordering::Relaxed);
+        let mut log = self.poison.lock().unwrap();
+        log.corrupt += u64::from(reason.starts_with("corrupt"));
+        log.body_only += u64::from(form == PoisonForm::Body);
+        if log.recent.len() == RECENT_POISON {
+            log.recent.pop_front();
         }
+        log.recent.push_back(PoisonRecord { id: id.to_string(), reason: reason.to_string(), form, at: SystemTime::now() });
+    }
+
+    pub fn record_depth(&self, depth: u64, at: SystemTime) {
+        self.last_depth.store(depth, Ordering::Relaxed);
+        let ms = at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        self.last_depth_at_ms.store(ms, Ordering::Relaxed);
     }
 
     pub fn record_success(&self, latency: Duration) {
@@ -126,8 +201,12 @@ impl Counters {
 pub struct ListenerStatus {
     /// The queue's name.
     pub queue: String,
-    /// Approximate depth at the last task-count decision.
+    /// Approximate depth: read now where that is free (the embedded store), else the
+    /// figure of the last count (see `depth_as_of`).
     pub approximate_depth: u64,
+    /// When `approximate_depth` was measured (`None`: not yet).
+    #[serde(with = "humantime_serde")]
+    pub depth_as_of: Option<SystemTime>,
     /// Dequeue tasks running or waiting for work.
     pub active_tasks: u32,
     /// The rule's last task count (after clamping).
@@ -142,6 +221,12 @@ pub struct ListenerStatus {
     pub failed: u64,
     /// Messages moved to the poison queue.
     pub poisoned: u64,
+    /// Of those, messages whose stored body was corrupt.
+    pub poisoned_corrupt: u64,
+    /// Of those, messages moved as their bare body (the envelope did not fit).
+    pub poisoned_body_only: u64,
+    /// The last poisonings, oldest first, with their reasons.
+    pub recent_poison: Vec<PoisonRecord>,
     /// Messages released unfinished at shutdown.
     pub released_on_shutdown: u64,
     /// Lease renewals for slow handlers.
@@ -150,6 +235,12 @@ pub struct ListenerStatus {
     pub storage_errors: u64,
     /// Work-detected events raised.
     pub work_detected: u64,
+    /// Handler calls that panicked (counted as failures too).
+    pub handler_panics: u64,
+    /// Dequeue tasks or scalers that panicked (and were restarted).
+    pub task_panics: u64,
+    /// Rule calls whose blocking task panicked (the built-in rule decided).
+    pub rule_call_panics: u64,
     /// The queue's rule.
     pub rule: Option<RuleStatus>,
     /// The last task-count decision.
@@ -165,10 +256,19 @@ impl Shared {
         let c = &self.counters;
         let load32 = |a: &AtomicU32| a.load(Ordering::Relaxed);
         let load64 = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (approximate_depth, depth_as_of) = match self.queue.local_count() {
+            Some(depth) => (depth, Some(SystemTime::now())),
+            None => {
+                let at_ms = load64(&c.last_depth_at_ms);
+                (load64(&c.last_depth), (at_ms > 0).then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(at_ms)))
+            }
+        };
+        let poison = c.poison.lock().unwrap();
         let decisions = c.decisions.lock().unwrap();
         ListenerStatus {
             queue: self.queue.name().to_string(),
-            approximate_depth: load64(&c.last_depth),
+            approximate_depth,
+            depth_as_of,
             active_tasks: load32(&c.active_tasks),
             target_tasks: load32(&c.target_tasks),
             peak_tasks: load32(&c.peak_tasks),
@@ -176,10 +276,16 @@ impl Shared {
             processed: load64(&c.processed),
             failed: load64(&c.failed),
             poisoned: load64(&c.poisoned),
+            poisoned_corrupt: poison.corrupt,
+            poisoned_body_only: poison.body_only,
+            recent_poison: poison.recent.iter().cloned().collect(),
             released_on_shutdown: load64(&c.released_on_shutdown),
             lease_renewals: load64(&c.lease_renewals),
             storage_errors: load64(&c.storage_errors),
             work_detected: load64(&c.work_detected),
+            handler_panics: load64(&c.handler_panics),
+            task_panics: load64(&c.task_panics),
+            rule_call_panics: load64(&c.rule_call_panics),
             rule: self.rules.status(self.queue.name()),
             last_task_count: decisions.task_count.clone(),
             last_queue_empty: decisions.queue_empty.clone(),

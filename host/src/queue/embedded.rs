@@ -10,19 +10,32 @@
 //! before it is acknowledged; one writer thread commits all changes that arrive while the
 //! previous commit runs together (group commit), so concurrent puts and the deletes of a
 //! batch share an fsync.
+//!
+//! Failures: each body carries a CRC-32 checksum; a body that fails it is delivered with a
+//! [`Message::defect`] (the listener poisons it, never hands it to the handler). A commit
+//! that fails (an I/O error leaves redb refusing every later call) makes the writer reopen
+//! the database; if it cannot, the store reports the problem in [`Health`] once, answers
+//! every call with a transient "unavailable" error, and keeps trying to reopen.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow};
 use async_trait::async_trait;
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTransaction};
+use redb::{
+    Database, DatabaseError, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, StorageBackend, StorageError, Table, TableDefinition,
+    WriteTransaction,
+};
 use tokio::sync::oneshot;
 
 use super::clock::{Clock, SystemClock, system_time};
-use super::{MAX_BATCH, Message, QueueClient, QueueError};
+use super::{MAX_BATCH, MAX_VISIBILITY, Message, QueueClient, QueueError};
+use crate::health::Health;
+use crate::log_limit::LogLimiter;
+use crate::panics::{panic_message, quietly};
 
 const QUEUES: TableDefinition<&str, u32> = TableDefinition::new("queues");
 const MESSAGES: TableDefinition<(u32, u64), &[u8]> = TableDefinition::new("messages");
@@ -30,6 +43,10 @@ const VISIBLE: TableDefinition<(u32, u64, u64), ()> = TableDefinition::new("visi
 const COUNTS: TableDefinition<u32, u64> = TableDefinition::new("counts");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
+/// The store's file in its data directory.
+pub const STORE_FILE: &str = "queues.redb";
+/// Record format: 1 had no body checksum (its records are migrated at open), 2 has one.
+const FORMAT: u64 = 2;
 /// Azure's message size limit, the default here too.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 * 1024;
 /// Most changes committed together.
@@ -37,6 +54,15 @@ const MAX_GROUP: usize = 4096;
 /// How long the writer waits for another request before committing what it has: small
 /// next to an fsync (~150–250 µs here), long enough for requests sent together.
 const GATHER_GAP: Duration = Duration::from_micros(20);
+/// Pauses between the reopen attempts right after a failed commit.
+const REOPEN_PAUSES: [Duration; 3] = [Duration::ZERO, Duration::from_millis(50), Duration::from_millis(250)];
+/// While the store is unavailable, how often the writer tries to reopen it.
+const REOPEN_INTERVAL: Duration = Duration::from_secs(1);
+/// Consecutive failed commits after which the host reports itself unhealthy even though
+/// each reopen succeeded (a full disk).
+const FAILED_COMMITS_UNHEALTHY: u32 = 3;
+/// Commit failures logged per minute; the rest are counted in the next line.
+static COMMIT_FAILURE_LOG: LogLimiter = LogLimiter::new(5, Duration::from_secs(60));
 
 /// Options of an embedded store.
 #[derive(Clone)]
@@ -45,13 +71,21 @@ pub struct EmbeddedOptions {
     pub max_message_bytes: usize,
     /// The clock visibility timeouts run on.
     pub clock: Arc<dyn Clock>,
+    /// Where the store reports that it cannot work (it cannot be reopened, commits fail).
+    pub health: Health,
 }
 
 impl Default for EmbeddedOptions {
     fn default() -> Self {
-        EmbeddedOptions { max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES, clock: Arc::new(SystemClock) }
+        EmbeddedOptions { max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES, clock: Arc::new(SystemClock), health: Health::default() }
     }
 }
+
+/// Opens the database: at start, and again after a failed commit.
+type Opener = Arc<dyn Fn() -> Result<Database, DatabaseError> + Send + Sync>;
+/// The open database, shared by the writer and readers; `None` while it is being reopened
+/// or cannot be.
+type DatabaseSlot = Arc<RwLock<Option<Arc<Database>>>>;
 
 /// A data directory holding any number of queues. One process owns it at a time.
 #[derive(Clone)]
@@ -61,7 +95,8 @@ pub struct EmbeddedStore {
 
 struct Shared {
     dir: PathBuf,
-    db: Arc<Database>,
+    file: PathBuf,
+    db: DatabaseSlot,
     writer: Option<mpsc::Sender<Request>>,
     writer_thread: Option<std::thread::JoinHandle<()>>,
     options: EmbeddedOptions,
@@ -80,37 +115,44 @@ impl Drop for Shared {
 impl EmbeddedStore {
     /// Opens (creating if needed) the store in `dir`.
     pub fn open(dir: &Path, options: EmbeddedOptions) -> anyhow::Result<Self> {
+        let file = dir.join(STORE_FILE);
+        Self::open_with(dir, options, Arc::new(move || Database::create(&file)))
+    }
+
+    /// Opens (creating if needed) the store in `dir` on a storage backend of the caller's:
+    /// `make_backend` gets the store file's path at each open (the first, and reopens after
+    /// a failed commit). For other media, and for injecting faults in tests.
+    pub fn open_with_backend<B: StorageBackend>(
+        dir: &Path,
+        options: EmbeddedOptions,
+        make_backend: impl Fn(&Path) -> std::io::Result<B> + Send + Sync + 'static,
+    ) -> anyhow::Result<Self> {
+        let file = dir.join(STORE_FILE);
+        Self::open_with(dir, options, Arc::new(move || Database::builder().create_with_backend(make_backend(&file)?)))
+    }
+
+    fn open_with(dir: &Path, options: EmbeddedOptions, opener: Opener) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("failed to create data directory {}", dir.display()))?;
-        let file = dir.join("queues.redb");
-        let db = match Database::create(&file) {
-            Ok(db) => db,
-            Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
-                anyhow::bail!("data directory {} is in use by another ebb process (one process owns a data directory)", dir.display())
-            }
-            Err(e) => return Err(anyhow!(e)).with_context(|| format!("failed to open queue store {}", file.display())),
-        };
-        let db = Arc::new(db);
-        let txn = db.begin_write()?;
-        txn.open_table(QUEUES)?;
-        txn.open_table(MESSAGES)?;
-        txn.open_table(VISIBLE)?;
-        txn.open_table(COUNTS)?;
-        let next_seq = txn.open_table(META)?.get("next_seq")?.map_or(1, |v| v.value());
-        txn.commit()?;
+        let file = dir.join(STORE_FILE);
+        let (db, next_seq) = open_database(&opener, &file)?;
+        let slot: DatabaseSlot = Arc::new(RwLock::new(Some(db.clone())));
         let (sender, requests) = mpsc::channel();
-        let writer = Writer { db: db.clone(), next_seq };
+        let writer = Writer {
+            slot: slot.clone(),
+            db: Some(db),
+            opener,
+            file: file.clone(),
+            next_seq,
+            health: options.health.clone(),
+            next_reopen: Instant::now(),
+            failed_commits: 0,
+        };
         let thread = std::thread::Builder::new()
             .name("ebb-queue-writer".into())
             .spawn(move || writer.run(requests))
             .context("failed to start the queue writer")?;
         Ok(EmbeddedStore {
-            shared: Arc::new(Shared {
-                dir: dir.to_path_buf(),
-                db,
-                writer: Some(sender),
-                writer_thread: Some(thread),
-                options,
-            }),
+            shared: Arc::new(Shared { dir: dir.to_path_buf(), file, db: slot, writer: Some(sender), writer_thread: Some(thread), options }),
         })
     }
 
@@ -135,9 +177,21 @@ impl EmbeddedStore {
         receive.await.map_err(|_| QueueError::Fatal(anyhow!("the queue writer has stopped")))?
     }
 
+    /// The open database for a read, or a transient error while it is being reopened.
+    fn database(&self) -> Result<Arc<Database>, QueueError> {
+        let slot = self.shared.db.read().unwrap_or_else(PoisonError::into_inner);
+        slot.clone().ok_or_else(|| QueueError::Transient(anyhow!("queue store {} is unavailable: reopening after a storage error", self.shared.file.display())))
+    }
+
     fn now_ms(&self) -> u64 {
         self.shared.options.clock.now_ms()
     }
+}
+
+/// A visibility or delay in milliseconds, at most [`MAX_VISIBILITY`] (Azure's limit), so
+/// adding it to a clock reading cannot overflow.
+fn bounded_ms(duration: Duration) -> u64 {
+    duration.min(MAX_VISIBILITY).as_millis() as u64
 }
 
 /// One queue of an [`EmbeddedStore`].
@@ -152,14 +206,25 @@ impl EmbeddedQueue {
         if let Some(id) = self.id.get() {
             return Ok(*id);
         }
+        let db = self.store.database()?;
         let lookup = || -> anyhow::Result<Option<u32>> {
-            let txn = self.store.shared.db.begin_read()?;
+            let txn = db.begin_read()?;
             Ok(txn.open_table(QUEUES)?.get(self.name.as_str())?.map(|v| v.value()))
         };
         match lookup().map_err(QueueError::Fatal)? {
             Some(id) => Ok(*self.id.get_or_init(|| id)),
             None => Err(QueueError::Fatal(anyhow!("queue {} does not exist in {}", self.name, self.store.dir().display()))),
         }
+    }
+
+    fn count(&self) -> Result<u64, QueueError> {
+        let queue = self.id()?;
+        let db = self.store.database()?;
+        let read = || -> anyhow::Result<u64> {
+            let txn = db.begin_read()?;
+            Ok(txn.open_table(COUNTS)?.get(queue)?.map_or(0, |v| v.value()))
+        };
+        read().map_err(QueueError::Fatal)
     }
 }
 
@@ -192,7 +257,7 @@ impl QueueClient for EmbeddedQueue {
         if body.len() > limit {
             return Err(QueueError::MessageTooLarge { size: body.len(), limit });
         }
-        let op = Op::Put { queue: self.id()?, now_ms: self.store.now_ms(), body: body.to_vec(), delay_ms: initial_visibility.as_millis() as u64 };
+        let op = Op::Put { queue: self.id()?, now_ms: self.store.now_ms(), body: body.to_vec(), delay_ms: bounded_ms(initial_visibility) };
         match self.store.call(op).await? {
             Reply::Id(id) => Ok(id),
             _ => unreachable!("put replies with an id"),
@@ -203,7 +268,7 @@ impl QueueClient for EmbeddedQueue {
         if max == 0 || max > MAX_BATCH {
             return Err(QueueError::BadBatchSize(max));
         }
-        let op = Op::Get { queue: self.id()?, now_ms: self.store.now_ms(), max, visibility_ms: visibility.as_millis() as u64 };
+        let op = Op::Get { queue: self.id()?, now_ms: self.store.now_ms(), max, visibility_ms: bounded_ms(visibility) };
         match self.store.call(op).await? {
             Reply::Messages(messages) => Ok(messages),
             _ => unreachable!("get replies with messages"),
@@ -221,7 +286,7 @@ impl QueueClient for EmbeddedQueue {
             seq: parse_id(id)?,
             receipt: parse_receipt(id, pop_receipt)?,
             now_ms: self.store.now_ms(),
-            visibility_ms: visibility.as_millis() as u64,
+            visibility_ms: bounded_ms(visibility),
         };
         match self.store.call(op).await? {
             Reply::Receipt(receipt) => Ok(receipt),
@@ -230,13 +295,94 @@ impl QueueClient for EmbeddedQueue {
     }
 
     async fn approximate_count(&self) -> Result<u64, QueueError> {
-        let queue = self.id()?;
-        let read = || -> anyhow::Result<u64> {
-            let txn = self.store.shared.db.begin_read()?;
-            Ok(txn.open_table(COUNTS)?.get(queue)?.map_or(0, |v| v.value()))
-        };
-        read().map_err(QueueError::Fatal)
+        self.count()
     }
+
+    fn local_count(&self) -> Option<u64> {
+        self.count().ok()
+    }
+}
+
+// ---- opening ----
+
+/// Opens the database and prepares it (tables, record format), naming the file and what
+/// to do when it cannot. A damaged file can make redb panic: that is an error here too.
+fn open_database(opener: &Opener, file: &Path) -> anyhow::Result<(Arc<Database>, u64)> {
+    let opened = match quietly(|| opener()) {
+        Ok(opened) => opened,
+        Err(panic) => return Err(anyhow!("{}", panic_message(&*panic))).with_context(|| damaged(file)),
+    };
+    let db = match opened {
+        Ok(db) => db,
+        Err(DatabaseError::DatabaseAlreadyOpen) => anyhow::bail!(
+            "data directory {} is in use by another ebb process (one process owns a data directory)",
+            file.parent().unwrap_or(file).display()
+        ),
+        Err(DatabaseError::Storage(StorageError::Io(error))) => {
+            return Err(anyhow!(error)).with_context(|| format!("failed to open queue store {}", file.display()));
+        }
+        Err(error) => return Err(anyhow!(error)).with_context(|| damaged(file)),
+    };
+    let next_seq = match quietly(|| prepare(&db)) {
+        Ok(prepared) => prepared.with_context(|| format!("failed to prepare queue store {}", file.display()))?,
+        Err(panic) => return Err(anyhow!("{}", panic_message(&*panic))).with_context(|| damaged(file)),
+    };
+    Ok((Arc::new(db), next_seq))
+}
+
+fn damaged(file: &Path) -> String {
+    format!(
+        "queue store {} is damaged and cannot be opened; stop ebb, move the file aside (keep it for recovery) \
+         and start again with an empty store, or restore it from a backup",
+        file.display()
+    )
+}
+
+/// Creates the tables, migrates records to the current format, and returns the next sequence number.
+fn prepare(db: &Database) -> anyhow::Result<u64> {
+    let txn = db.begin_write()?;
+    txn.open_table(QUEUES)?;
+    txn.open_table(VISIBLE)?;
+    txn.open_table(COUNTS)?;
+    let next_seq;
+    {
+        let mut meta = txn.open_table(META)?;
+        next_seq = meta.get("next_seq")?.map_or(1, |v| v.value());
+        let format = meta.get("format")?.map(|v| v.value());
+        match format {
+            Some(FORMAT) => {}
+            Some(newer) if newer > FORMAT => anyhow::bail!("its records are in format {newer}, written by a newer ebb (this one reads up to {FORMAT})"),
+            _ => {
+                add_checksums(&mut txn.open_table(MESSAGES)?)?;
+                meta.insert("format", FORMAT)?;
+            }
+        }
+    }
+    txn.commit()?;
+    Ok(next_seq)
+}
+
+/// Rewrites format-1 records (a 28-byte header, no checksum) with a checksum of their body.
+fn add_checksums(messages: &mut Table<'_, (u32, u64), &'static [u8]>) -> anyhow::Result<()> {
+    const OLD_HEADER_BYTES: usize = 28;
+    let mut rewritten = Vec::new();
+    for entry in messages.iter()? {
+        let (key, value) = entry?;
+        let old = value.value();
+        // A record too short for the old header stays as it is: a get reports it corrupt.
+        if old.len() >= OLD_HEADER_BYTES {
+            let body = &old[OLD_HEADER_BYTES..];
+            let mut record = Vec::with_capacity(HEADER_BYTES + body.len());
+            record.extend_from_slice(&old[..OLD_HEADER_BYTES]);
+            record.extend_from_slice(&checksum(body).to_le_bytes());
+            record.extend_from_slice(body);
+            rewritten.push((key.value(), record));
+        }
+    }
+    for (key, record) in rewritten {
+        messages.insert(key, record.as_slice())?;
+    }
+    Ok(())
 }
 
 // ---- the writer ----
@@ -264,8 +410,16 @@ struct Request {
 }
 
 struct Writer {
-    db: Arc<Database>,
+    slot: DatabaseSlot,
+    /// The open database; `None` while it cannot be reopened.
+    db: Option<Arc<Database>>,
+    opener: Opener,
+    file: PathBuf,
     next_seq: u64,
+    health: Health,
+    /// While the database is not open: when to try again.
+    next_reopen: Instant,
+    failed_commits: u32,
 }
 
 /// The message header stored before the body.
@@ -274,9 +428,14 @@ struct Header {
     inserted_at_ms: u64,
     receipt: u64,
     dequeue_count: u32,
+    body_checksum: u32,
 }
 
-const HEADER_BYTES: usize = 28;
+const HEADER_BYTES: usize = 32;
+
+fn checksum(body: &[u8]) -> u32 {
+    crc32fast::hash(body)
+}
 
 impl Header {
     fn encode(&self, body: &[u8]) -> Vec<u8> {
@@ -285,17 +444,44 @@ impl Header {
         bytes.extend_from_slice(&self.inserted_at_ms.to_le_bytes());
         bytes.extend_from_slice(&self.receipt.to_le_bytes());
         bytes.extend_from_slice(&self.dequeue_count.to_le_bytes());
+        bytes.extend_from_slice(&self.body_checksum.to_le_bytes());
         bytes.extend_from_slice(body);
         bytes
     }
 
-    fn decode(bytes: &[u8]) -> Header {
-        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
-        Header {
-            visible_at_ms: u64_at(0),
-            inserted_at_ms: u64_at(8),
-            receipt: u64_at(16),
-            dequeue_count: u32::from_le_bytes(bytes[24..28].try_into().unwrap()),
+    /// The header of a stored record, or `None` if it is too short to hold one.
+    fn decode(bytes: &[u8]) -> Option<Header> {
+        let header = bytes.get(..HEADER_BYTES)?;
+        let u64_at = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().unwrap());
+        let u32_at = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().unwrap());
+        Some(Header { visible_at_ms: u64_at(0), inserted_at_ms: u64_at(8), receipt: u64_at(16), dequeue_count: u32_at(24), body_checksum: u32_at(28) })
+    }
+}
+
+/// A stored record as a get sees it: its header, its body, and what is wrong with it.
+struct Record {
+    header: Header,
+    body: Vec<u8>,
+    defect: Option<String>,
+}
+
+impl Record {
+    fn read(stored: &[u8], now_ms: u64) -> Record {
+        match Header::decode(stored) {
+            Some(header) => {
+                let body = stored[HEADER_BYTES..].to_vec();
+                let computed = checksum(&body);
+                let defect = (computed != header.body_checksum)
+                    .then(|| format!("corrupt: the body fails its checksum (stored {:08x}, computed {computed:08x})", header.body_checksum));
+                Record { header, body, defect }
+            }
+            None => Record {
+                // Keep the bytes as the body with a checksum that cannot match, so the record
+                // stays marked corrupt if it is leased again.
+                header: Header { visible_at_ms: now_ms, inserted_at_ms: now_ms, receipt: 0, dequeue_count: 0, body_checksum: !checksum(stored) },
+                body: stored.to_vec(),
+                defect: Some(format!("corrupt: the record is {} bytes, shorter than its {HEADER_BYTES}-byte header", stored.len())),
+            },
         }
     }
 }
@@ -307,13 +493,24 @@ struct Tables<'t> {
     counts: Table<'t, u32, u64>,
 }
 
-fn storage(error: impl Into<anyhow::Error>) -> QueueError {
-    QueueError::Fatal(error.into())
-}
-
 impl Writer {
     fn run(mut self, requests: mpsc::Receiver<Request>) {
-        while let Ok(first) = requests.recv() {
+        loop {
+            let first = if self.db.is_some() {
+                match requests.recv() {
+                    Ok(request) => request,
+                    Err(_) => return,
+                }
+            } else {
+                match requests.recv_timeout(REOPEN_INTERVAL) {
+                    Ok(request) => request,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        self.reopen_if_due();
+                        continue;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+            };
             let mut group = vec![first];
             // Requests sent together (a batch's deletes, concurrent puts) arrive microseconds
             // apart: keep collecting while they do, so one fsync carries them all.
@@ -329,29 +526,66 @@ impl Writer {
                 }
             }
             let (ops, replies): (Vec<Op>, Vec<_>) = group.into_iter().map(|r| (r.op, r.reply)).unzip();
-            let results = match self.commit(ops) {
-                Ok(results) => results,
-                Err(error) => {
-                    let message = format!("{error:#}");
-                    tracing::error!("queue store commit failed: {message}");
-                    replies.iter().map(|_| Err(QueueError::Transient(anyhow!("commit failed: {message}")))).collect()
-                }
-            };
+            let results = self.commit_group(ops);
             for (reply, result) in replies.into_iter().zip(results) {
                 let _ = reply.send(result);
             }
         }
     }
 
-    /// Applies every op in one transaction and commits it durably. An op that fails
-    /// (stale receipt) changes nothing and gets its error; the others still commit.
-    fn commit(&mut self, ops: Vec<Op>) -> anyhow::Result<Vec<Result<Reply, QueueError>>> {
-        let mut txn = self.db.begin_write()?;
+    /// Commits a group, containing any failure to it: a failed commit reopens the database,
+    /// a panic fails only this group's requests.
+    fn commit_group(&mut self, ops: Vec<Op>) -> Vec<Result<Reply, QueueError>> {
+        let count = ops.len();
+        if self.db.is_none() {
+            self.reopen_if_due();
+        }
+        let Some(db) = self.db.clone() else {
+            let unavailable = || QueueError::Transient(anyhow!("queue store {} is unavailable; it will be reopened when it can be", self.file.display()));
+            return (0..count).map(|_| Err(unavailable())).collect();
+        };
+        match catch_unwind(AssertUnwindSafe(|| self.commit(&db, ops))) {
+            Ok(Ok(results)) => {
+                if self.failed_commits >= FAILED_COMMITS_UNHEALTHY && self.health.clear_problem("store") {
+                    tracing::info!(file = %self.file.display(), "queue store commits succeed again");
+                }
+                self.failed_commits = 0;
+                results
+            }
+            Ok(Err(error)) => {
+                drop(db);
+                let reason = format!("{error:#}");
+                self.failed_commits += 1;
+                if let Some(suppressed) = COMMIT_FAILURE_LOG.allow() {
+                    tracing::error!(file = %self.file.display(), suppressed, "queue store commit failed, reopening it: {reason}");
+                }
+                self.reopen_after_failure(&reason);
+                if self.db.is_some() && self.failed_commits >= FAILED_COMMITS_UNHEALTHY {
+                    let problem = format!("queue store {}: {} commits in a row failed, the last with: {reason}", self.file.display(), self.failed_commits);
+                    if self.health.set_problem("store", problem) {
+                        tracing::error!(file = %self.file.display(), "queue store commits keep failing: the host reports itself unhealthy until one succeeds");
+                    }
+                }
+                (0..count).map(|_| Err(QueueError::Transient(anyhow!("the queue store could not commit: {reason}")))).collect()
+            }
+            Err(panic) => {
+                let reason = panic_message(&*panic);
+                tracing::error!(file = %self.file.display(), "the queue writer panicked on a group of {count} changes (they fail; the writer goes on): {reason}");
+                (0..count).map(|_| Err(QueueError::Fatal(anyhow!("the queue writer failed on this change: {reason}")))).collect()
+            }
+        }
+    }
+
+    /// Applies every op in one transaction and commits it durably. An op that fails on its
+    /// own terms (a stale receipt) changes nothing and gets its error; the others still
+    /// commit. A storage error aborts the whole transaction.
+    fn commit(&mut self, db: &Database, ops: Vec<Op>) -> anyhow::Result<Vec<Result<Reply, QueueError>>> {
+        let mut txn = db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
         let mut next_seq = self.next_seq;
         let results = {
             let mut tables = open_tables(&txn)?;
-            ops.into_iter().map(|op| apply(&mut tables, op, &mut next_seq)).collect::<Vec<_>>()
+            ops.into_iter().map(|op| apply(&mut tables, op, &mut next_seq)).collect::<anyhow::Result<Vec<_>>>()?
         };
         if next_seq != self.next_seq {
             txn.open_table(META)?.insert("next_seq", next_seq)?;
@@ -359,6 +593,70 @@ impl Writer {
         txn.commit()?;
         self.next_seq = next_seq;
         Ok(results)
+    }
+
+    /// After a failed commit (redb refuses every later call after an I/O error until the
+    /// database is reopened): a few quick reopen attempts, then "unavailable".
+    fn reopen_after_failure(&mut self, cause: &str) {
+        let mut last = String::new();
+        for pause in REOPEN_PAUSES {
+            std::thread::sleep(pause);
+            match self.reopen() {
+                Ok(()) => return,
+                Err(error) => last = error,
+            }
+        }
+        let problem = format!("queue store {} cannot be reopened after a failed commit ({cause}): {last}", self.file.display());
+        if self.health.set_problem("store", problem.clone()) {
+            tracing::error!("{problem}; dequeuing stops until it can be reopened (trying every {REOPEN_INTERVAL:?}); messages handled meanwhile come back after their lease");
+        }
+        self.next_reopen = Instant::now() + REOPEN_INTERVAL;
+    }
+
+    /// While unavailable: one reopen attempt per interval.
+    fn reopen_if_due(&mut self) {
+        if Instant::now() < self.next_reopen {
+            return;
+        }
+        match self.reopen() {
+            Ok(()) => {
+                self.health.clear_problem("store");
+                tracing::info!(file = %self.file.display(), "queue store reopened; dequeuing resumes");
+            }
+            Err(error) => {
+                tracing::debug!(file = %self.file.display(), "queue store still cannot be reopened: {error}");
+                self.next_reopen = Instant::now() + REOPEN_INTERVAL;
+            }
+        }
+    }
+
+    /// Closes the database (waiting briefly for readers to let go, as the file stays locked
+    /// while any handle lives) and opens it again; redb repairs it to the last commit.
+    fn reopen(&mut self) -> Result<(), String> {
+        self.db = None;
+        let old = self.slot.write().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(mut old) = old {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            loop {
+                match Arc::try_unwrap(old) {
+                    Ok(db) => {
+                        drop(db);
+                        break;
+                    }
+                    Err(shared) if Instant::now() < deadline => {
+                        old = shared;
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        let (db, next_seq) = open_database(&self.opener, &self.file).map_err(|e| format!("{e:#}"))?;
+        self.next_seq = next_seq;
+        *self.slot.write().unwrap_or_else(PoisonError::into_inner) = Some(db.clone());
+        self.db = Some(db);
+        tracing::warn!(file = %self.file.display(), "queue store reopened after a failed commit");
+        Ok(())
     }
 }
 
@@ -371,88 +669,97 @@ fn open_tables(txn: &WriteTransaction) -> anyhow::Result<Tables<'_>> {
     })
 }
 
-fn apply(t: &mut Tables<'_>, op: Op, next_seq: &mut u64) -> Result<Reply, QueueError> {
+/// Applies one op. The outer error is a storage failure (abort the transaction); the inner
+/// one is this op's own (a stale receipt), which leaves the others to commit.
+fn apply(t: &mut Tables<'_>, op: Op, next_seq: &mut u64) -> anyhow::Result<Result<Reply, QueueError>> {
     match op {
         Op::Create { name } => {
-            if let Some(id) = t.queues.get(name.as_str()).map_err(storage)? {
-                return Ok(Reply::QueueId(id.value()));
+            if let Some(id) = t.queues.get(name.as_str())? {
+                return Ok(Ok(Reply::QueueId(id.value())));
             }
-            let id = t.queues.len().map_err(storage)? as u32 + 1;
-            t.queues.insert(name.as_str(), id).map_err(storage)?;
-            Ok(Reply::QueueId(id))
+            let id = t.queues.len()? as u32 + 1;
+            t.queues.insert(name.as_str(), id)?;
+            Ok(Ok(Reply::QueueId(id)))
         }
         Op::Put { queue, now_ms, body, delay_ms } => {
             let seq = *next_seq;
             *next_seq += 1;
-            let visible_at_ms = now_ms + delay_ms;
-            let header = Header { visible_at_ms, inserted_at_ms: now_ms, receipt: 0, dequeue_count: 0 };
-            t.messages.insert((queue, seq), header.encode(&body).as_slice()).map_err(storage)?;
-            t.visible.insert((queue, visible_at_ms, seq), ()).map_err(storage)?;
+            let visible_at_ms = now_ms.saturating_add(delay_ms);
+            let header = Header { visible_at_ms, inserted_at_ms: now_ms, receipt: 0, dequeue_count: 0, body_checksum: checksum(&body) };
+            t.messages.insert((queue, seq), header.encode(&body).as_slice())?;
+            t.visible.insert((queue, visible_at_ms, seq), ())?;
             add_count(&mut t.counts, queue, 1)?;
-            Ok(Reply::Id(seq.to_string()))
+            Ok(Ok(Reply::Id(seq.to_string())))
         }
         Op::Get { queue, now_ms, max, visibility_ms } => {
             let due: Vec<(u64, u64)> = t
                 .visible
-                .range((queue, 0, 0)..=(queue, now_ms, u64::MAX))
-                .map_err(storage)?
+                .range((queue, 0, 0)..=(queue, now_ms, u64::MAX))?
                 .take(max as usize)
                 .map(|entry| entry.map(|(key, _)| (key.value().1, key.value().2)))
-                .collect::<Result<_, _>>()
-                .map_err(storage)?;
+                .collect::<Result<_, _>>()?;
             let mut leased = Vec::with_capacity(due.len());
             for (visible_at_ms, seq) in due {
-                t.visible.remove((queue, visible_at_ms, seq)).map_err(storage)?;
-                let stored = t.messages.get((queue, seq)).map_err(storage)?.ok_or_else(|| storage(anyhow!("index names missing message {seq}")))?.value().to_vec();
-                let old = Header::decode(&stored);
-                let header = Header {
-                    visible_at_ms: now_ms + visibility_ms,
-                    inserted_at_ms: old.inserted_at_ms,
-                    receipt: new_receipt(old.receipt),
-                    dequeue_count: old.dequeue_count + 1,
+                t.visible.remove((queue, visible_at_ms, seq))?;
+                let Some(stored) = t.messages.get((queue, seq))?.map(|v| v.value().to_vec()) else {
+                    // An index entry without its message (a damaged file): drop the entry.
+                    tracing::warn!(queue, seq, "dropping an index entry whose message is missing");
+                    continue;
                 };
-                let body = &stored[HEADER_BYTES..];
-                t.messages.insert((queue, seq), header.encode(body).as_slice()).map_err(storage)?;
-                t.visible.insert((queue, header.visible_at_ms, seq), ()).map_err(storage)?;
+                let Record { header: old, body, defect } = Record::read(&stored, now_ms);
+                let header = Header {
+                    visible_at_ms: now_ms.saturating_add(visibility_ms),
+                    receipt: new_receipt(old.receipt),
+                    dequeue_count: old.dequeue_count.saturating_add(1),
+                    ..old
+                };
+                t.messages.insert((queue, seq), header.encode(&body).as_slice())?;
+                t.visible.insert((queue, header.visible_at_ms, seq), ())?;
                 leased.push(Message {
                     id: seq.to_string(),
                     pop_receipt: format!("{:016x}", header.receipt),
                     dequeue_count: header.dequeue_count,
                     inserted_at: system_time(header.inserted_at_ms),
                     next_visible_at: system_time(header.visible_at_ms),
-                    body: body.to_vec(),
+                    body,
+                    defect,
                 });
             }
-            Ok(Reply::Messages(leased))
+            Ok(Ok(Reply::Messages(leased)))
         }
         Op::Delete { queue, seq, receipt } => {
-            let header = leased_header(t, queue, seq, receipt)?;
-            t.messages.remove((queue, seq)).map_err(storage)?;
-            t.visible.remove((queue, header.visible_at_ms, seq)).map_err(storage)?;
+            let header = match leased_header(t, queue, seq, receipt)? {
+                Ok(header) => header,
+                Err(stale) => return Ok(Err(stale)),
+            };
+            t.messages.remove((queue, seq))?;
+            t.visible.remove((queue, header.visible_at_ms, seq))?;
             add_count(&mut t.counts, queue, -1)?;
-            Ok(Reply::Deleted)
+            Ok(Ok(Reply::Deleted))
         }
         Op::Update { queue, seq, receipt, now_ms, visibility_ms } => {
-            let header = leased_header(t, queue, seq, receipt)?;
-            let stored = t.messages.get((queue, seq)).map_err(storage)?.map(|v| v.value().to_vec()).ok_or_else(|| QueueError::StaleReceipt { id: seq.to_string() })?;
-            t.visible.remove((queue, header.visible_at_ms, seq)).map_err(storage)?;
-            let updated = Header { visible_at_ms: now_ms + visibility_ms, receipt: new_receipt(receipt), ..header };
-            t.messages.insert((queue, seq), updated.encode(&stored[HEADER_BYTES..]).as_slice()).map_err(storage)?;
-            t.visible.insert((queue, updated.visible_at_ms, seq), ()).map_err(storage)?;
-            Ok(Reply::Receipt(format!("{:016x}", updated.receipt)))
+            let header = match leased_header(t, queue, seq, receipt)? {
+                Ok(header) => header,
+                Err(stale) => return Ok(Err(stale)),
+            };
+            let stored = t.messages.get((queue, seq))?.map(|v| v.value().to_vec()).unwrap_or_default();
+            t.visible.remove((queue, header.visible_at_ms, seq))?;
+            let updated = Header { visible_at_ms: now_ms.saturating_add(visibility_ms), receipt: new_receipt(receipt), ..header };
+            t.messages.insert((queue, seq), updated.encode(&stored[HEADER_BYTES..]).as_slice())?;
+            t.visible.insert((queue, updated.visible_at_ms, seq), ())?;
+            Ok(Ok(Reply::Receipt(format!("{:016x}", updated.receipt))))
         }
     }
 }
 
-/// The header of a message whose current receipt is `receipt`, or a stale-receipt error.
-fn leased_header(t: &Tables<'_>, queue: u32, seq: u64, receipt: u64) -> Result<Header, QueueError> {
+/// The header of a message whose current receipt is `receipt`, or (inner) a stale-receipt error.
+fn leased_header(t: &Tables<'_>, queue: u32, seq: u64, receipt: u64) -> anyhow::Result<Result<Header, QueueError>> {
     let stale = || QueueError::StaleReceipt { id: seq.to_string() };
-    let stored = t.messages.get((queue, seq)).map_err(storage)?.ok_or_else(stale)?;
-    let header = Header::decode(stored.value());
-    if header.receipt != receipt || receipt == 0 {
-        return Err(stale());
+    let Some(stored) = t.messages.get((queue, seq))? else { return Ok(Err(stale())) };
+    match Header::decode(stored.value()) {
+        Some(header) if header.receipt == receipt && receipt != 0 => Ok(Ok(header)),
+        _ => Ok(Err(stale())),
     }
-    Ok(header)
 }
 
 fn new_receipt(previous: u64) -> u64 {
@@ -464,8 +771,8 @@ fn new_receipt(previous: u64) -> u64 {
     }
 }
 
-fn add_count(counts: &mut Table<'_, u32, u64>, queue: u32, delta: i64) -> Result<(), QueueError> {
-    let current = counts.get(queue).map_err(storage)?.map_or(0, |v| v.value());
-    counts.insert(queue, current.saturating_add_signed(delta)).map_err(storage)?;
+fn add_count(counts: &mut Table<'_, u32, u64>, queue: u32, delta: i64) -> anyhow::Result<()> {
+    let current = counts.get(queue)?.map_or(0, |v| v.value());
+    counts.insert(queue, current.saturating_add_signed(delta))?;
     Ok(())
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::clock::{Clock, system_time};
-use super::{MAX_BATCH, Message, QueueClient, QueueError};
+use super::{MAX_BATCH, MAX_VISIBILITY, Message, QueueClient, QueueError};
 
 #[derive(Default)]
 struct State {
@@ -69,7 +69,7 @@ impl QueueClient for MemoryQueue {
         let mut state = self.state.lock().unwrap();
         state.next_seq += 1;
         let seq = state.next_seq;
-        let visible_at_ms = now + initial_visibility.as_millis() as u64;
+        let visible_at_ms = now.saturating_add(initial_visibility.min(MAX_VISIBILITY).as_millis() as u64);
         state.messages.insert(seq, Stored { visible_at_ms, inserted_at_ms: now, receipt: 0, dequeue_count: 0, body: body.to_vec() });
         state.visible.insert((visible_at_ms, seq));
         Ok(seq.to_string())
@@ -86,9 +86,9 @@ impl QueueClient for MemoryQueue {
         for key in due {
             state.visible.remove(&key);
             let stored = state.messages.get_mut(&key.1).expect("the index names stored messages");
-            stored.visible_at_ms = now + visibility.as_millis() as u64;
+            stored.visible_at_ms = now.saturating_add(visibility.min(MAX_VISIBILITY).as_millis() as u64);
             stored.receipt = fastrand::u64(1..);
-            stored.dequeue_count += 1;
+            stored.dequeue_count = stored.dequeue_count.saturating_add(1);
             leased.push(Message {
                 id: key.1.to_string(),
                 pop_receipt: format!("{:016x}", stored.receipt),
@@ -96,6 +96,7 @@ impl QueueClient for MemoryQueue {
                 inserted_at: system_time(stored.inserted_at_ms),
                 next_visible_at: system_time(stored.visible_at_ms),
                 body: stored.body.clone(),
+                defect: None,
             });
             let visible_at = stored.visible_at_ms;
             state.visible.insert((visible_at, key.1));
@@ -117,7 +118,7 @@ impl QueueClient for MemoryQueue {
         let seq = Self::leased(&state, id, pop_receipt)?;
         let stored = state.messages.get_mut(&seq).expect("checked above");
         let old = (stored.visible_at_ms, seq);
-        stored.visible_at_ms = now + visibility.as_millis() as u64;
+        stored.visible_at_ms = now.saturating_add(visibility.min(MAX_VISIBILITY).as_millis() as u64);
         stored.receipt = fastrand::u64(1..);
         let (new, receipt) = ((stored.visible_at_ms, seq), stored.receipt);
         state.visible.remove(&old);
@@ -127,5 +128,9 @@ impl QueueClient for MemoryQueue {
 
     async fn approximate_count(&self) -> Result<u64, QueueError> {
         Ok(self.state.lock().unwrap().messages.len() as u64)
+    }
+
+    fn local_count(&self) -> Option<u64> {
+        Some(self.state.lock().unwrap().messages.len() as u64)
     }
 }

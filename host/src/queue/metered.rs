@@ -133,4 +133,9 @@ impl<Q: QueueClient> QueueClient for Metered<Q> {
         let result = self.inner.approximate_count().await;
         self.count(&self.transactions.counts, result)
     }
+
+    fn local_count(&self) -> Option<u64> {
+        // Free by definition: not a billed transaction, so not counted.
+        self.inner.local_count()
+    }
 }

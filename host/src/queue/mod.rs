@@ -44,6 +44,10 @@ pub struct Message {
     pub next_visible_at: SystemTime,
     /// The body, as put.
     pub body: Vec<u8>,
+    /// Why this message cannot be handled, if it cannot: its stored body failed its
+    /// checksum, or it could not be decoded. The listener moves such a message to the
+    /// poison queue with this reason and never hands it to the handler.
+    pub defect: Option<String>,
 }
 
 /// What a queue operation can fail with. Callers branch on these.
@@ -106,4 +110,11 @@ pub trait QueueClient: Send + Sync + 'static {
 
     /// Approximate number of messages in the queue, visible or not.
     async fn approximate_count(&self) -> Result<u64, QueueError>;
+
+    /// The approximate count, when reading it is free (a local read, not a billed storage
+    /// call): for status displays that must be current. `None` on remote backends, whose
+    /// count costs a transaction, and when it cannot be read now.
+    fn local_count(&self) -> Option<u64> {
+        None
+    }
 }

@@ -100,4 +100,8 @@ impl<Q: QueueClient> QueueClient for Retrying<Q> {
     async fn approximate_count(&self) -> Result<u64, QueueError> {
         self.run("count", |q| q.approximate_count()).await
     }
+
+    fn local_count(&self) -> Option<u64> {
+        self.inner.local_count()
+    }
 }

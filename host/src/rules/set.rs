@@ -346,7 +346,7 @@ impl RuleSet {
             status.generation += 1;
             status.quarantined = false;
             status.rebuilding = false;
-            status.last_error = Some(format!("rule file {} is missing", path.display()));
+            status.last_error = Some(format!("rule file {} does not exist", path.display()));
             group.consecutive_faults.store(0, Ordering::Relaxed);
             group.memory_bytes.store(0, Ordering::Relaxed);
         }
@@ -357,11 +357,9 @@ impl RuleSet {
     fn apply_bytes(&self, path: &Path, bytes: &[u8]) -> Result<Option<Arc<CompiledRule>>> {
         let users = self.users(path);
         let sha256 = hex::encode(Sha256::digest(bytes));
-        let current: Vec<Option<Arc<CompiledRule>>> = users.iter().map(|g| lock(&g.status).rule.clone()).collect();
-        if let Some(Some(rule)) = current.first()
-            && current.iter().all(|r| r.as_ref().is_some_and(|r| r.sha256 == sha256))
-        {
-            return Ok(Some(rule.clone()));
+        let unchanged = !users.is_empty() && users.iter().all(|g| lock(&g.status).rule.as_ref().is_some_and(|r| r.sha256 == sha256));
+        if unchanged {
+            return Ok(lock(&users[0].status).rule.clone());
         }
         let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
         let prepared = self.engine.load_bytes(&name, bytes).with_context(|| format!("failed to load rule {name}")).and_then(|rule| {

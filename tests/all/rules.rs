@@ -97,6 +97,8 @@ fn trapping_rule_falls_back_and_is_quarantined_after_repeated_faults() {
     let rules = loaded(guests::TRAP, limits);
     for _ in 0..3 {
         assert_eq!(rules.decide_task_count(QUEUE, &state(5)).source, DecisionSource::Fallback);
+        // The instance is rebuilt off the decision path; let it finish before the next call.
+        wait_for("the rebuild", || !rules.status(QUEUE).unwrap().rebuilding);
     }
     let status = rules.status(QUEUE).unwrap();
     assert!(status.quarantined);
@@ -262,12 +264,16 @@ impl Watched {
 }
 
 fn watched(initial: &str) -> Watched {
+    watched_with(initial, RuleLimits::default(), Duration::from_millis(20))
+}
+
+fn watched_with(initial: &str, limits: RuleLimits, debounce: Duration) -> Watched {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().canonicalize().unwrap().join("rule.wasm");
     std::fs::copy(initial, &path).unwrap();
-    let rules = Arc::new(rules_for(engine(RuleLimits::default()), Some(&path), &[]));
+    let rules = Arc::new(rules_for(engine(limits), Some(&path), &[]));
     assert!(rules.load_all().is_empty());
-    let watcher = rules.watch(dir.path(), Duration::from_millis(20)).unwrap();
+    let watcher = rules.watch(dir.path(), debounce).unwrap();
     Watched { dir, rules, _watcher: watcher }
 }
 
@@ -364,4 +370,316 @@ fn a_new_file_lifts_quarantine() {
     std::fs::copy(guests::FIXED_TASKS, &path).unwrap();
     wait_for("the new rule to replace the quarantined one", || rules.decide_task_count(QUEUE, &state(5)).value == 7);
     assert!(!rules.status(QUEUE).unwrap().quarantined);
+}
+
+// ---- hardening (issue 8, items 7–12) ----
+
+/// Item 7: the watcher's own reads raised events, so an unchanged file was re-read and
+/// re-applied every debounce window, forever.
+#[test]
+fn an_unchanged_rule_file_is_not_read_again() {
+    let w = watched(guests::PAPER_DEFAULT);
+    w.deploy(guests::FIXED_TASKS);
+    wait_for("the new rule", || w.sha() == Some(sha_of(guests::FIXED_TASKS)));
+    std::thread::sleep(Duration::from_millis(200)); // let the burst settle
+    let (reads, swaps, loaded_at) = (w.rules.file_reads(), w.rules.swaps(), w.rules.status(QUEUE).unwrap().loaded_at);
+    // 25 debounce windows with nothing changing in the folder.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(w.rules.file_reads(), reads, "no reads while nothing changes");
+    assert_eq!(w.rules.swaps(), swaps);
+    assert_eq!(w.rules.status(QUEUE).unwrap().loaded_at, loaded_at, "the rule was not re-applied");
+}
+
+/// Item 7: a rewrite with the same bytes is read once and changes nothing.
+#[test]
+fn rewriting_the_same_bytes_does_not_reapply_the_rule() {
+    let w = watched(guests::FIXED_TASKS);
+    let (swaps, loaded_at) = (w.rules.swaps(), w.rules.status(QUEUE).unwrap().loaded_at);
+    let reads = w.rules.file_reads();
+    w.deploy(guests::FIXED_TASKS);
+    wait_for("the event to be handled", || w.rules.file_reads() > reads);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(w.rules.file_reads(), reads + 1, "one event burst, one read");
+    assert_eq!(w.rules.swaps(), swaps);
+    assert_eq!(w.rules.status(QUEUE).unwrap().loaded_at, loaded_at);
+}
+
+/// Item 7: a folder written every 20 ms never went quiet for the debounce, so no change
+/// was ever applied. The wait is bounded by MAX_DEBOUNCE_DELAY.
+#[test]
+fn a_folder_written_without_pause_is_still_applied() {
+    let w = watched_with(guests::PAPER_DEFAULT, RuleLimits::default(), Duration::from_millis(100));
+    let staging = w.dir.path().join("rule.wasm.partial");
+    let bytes = std::fs::read(guests::FIXED_TASKS).unwrap();
+    let started = Instant::now();
+    while w.sha() != Some(sha_of(guests::FIXED_TASKS)) {
+        assert!(started.elapsed() < Duration::from_secs(10), "never applied while the folder was busy");
+        std::fs::write(&staging, &bytes).unwrap();
+        std::fs::rename(&staging, w.rule_path()).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(started.elapsed() < ebb::rules::MAX_DEBOUNCE_DELAY + Duration::from_secs(2), "{:?}", started.elapsed());
+}
+
+/// Item 8: every re-apply reset the quarantine (a trapping rule faulted 791 times in 20 s).
+#[test]
+fn quarantine_holds_until_the_file_content_changes() {
+    let limits = RuleLimits { quarantine_after: 1, ..RuleLimits::default() };
+    let w = watched_with(guests::TRAP, limits, Duration::from_millis(20));
+    assert_eq!(w.rules.decide_task_count(QUEUE, &state(5)).source, DecisionSource::Fallback);
+    assert!(w.rules.status(QUEUE).unwrap().quarantined);
+    // Time passes, and the same bytes are written again: still quarantined.
+    std::thread::sleep(Duration::from_millis(300));
+    let reads = w.rules.file_reads();
+    std::fs::copy(guests::TRAP, w.rule_path()).unwrap();
+    wait_for("the rewrite to be seen", || w.rules.file_reads() > reads);
+    std::thread::sleep(Duration::from_millis(100));
+    for _ in 0..50 {
+        assert_eq!(w.rules.decide_task_count(QUEUE, &state(5)).source, DecisionSource::BuiltIn);
+    }
+    let status = w.rules.status(QUEUE).unwrap();
+    assert!(status.quarantined);
+    assert_eq!(status.faults, 1);
+    // New content lifts it.
+    w.deploy(guests::FIXED_TASKS);
+    wait_for("the new rule", || w.rules.decide_task_count(QUEUE, &state(5)).value == 7);
+    assert!(!w.rules.status(QUEUE).unwrap().quarantined);
+}
+
+/// Item 9: a rule whose configure takes 1.5 s and whose calls trap was re-instantiated
+/// inline after each fault, holding the slot: decisions fell to 2/s and status waited.
+#[test]
+fn a_slow_to_instantiate_faulty_rule_stalls_neither_decisions_nor_status() {
+    let limits = RuleLimits { quarantine_after: 1000, ..RuleLimits::default() };
+    let rules = Arc::new(rules_for(engine(limits), Some(Path::new(guests::SLOW_SETUP)), &[("setup_ms", "1500"), ("trap", "1")]));
+    assert!(rules.load_all().is_empty());
+    let stop = Arc::new(AtomicBool::new(false));
+    let decider = {
+        let (rules, stop) = (rules.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let (mut made, mut slowest) = (0u64, Duration::ZERO);
+            while !stop.load(Ordering::Relaxed) {
+                let started = Instant::now();
+                let decision = rules.decide_task_count(QUEUE, &state(500));
+                slowest = slowest.max(started.elapsed());
+                assert_eq!(decision.value, paper::optimal_dequeue_task_count(&state(500)));
+                made += 1;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            (made, slowest)
+        })
+    };
+    let mut slowest_status = Duration::ZERO;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(4) {
+        let asked = Instant::now();
+        let _ = rules.status(QUEUE).unwrap();
+        slowest_status = slowest_status.max(asked.elapsed());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (made, slowest) = decider.join().unwrap();
+    assert!(slowest < Duration::from_millis(300), "slowest decision {slowest:?}");
+    assert!(slowest_status < Duration::from_millis(300), "slowest status {slowest_status:?}");
+    assert!(made > 100, "{made} decisions in 4 s");
+    // Each rebuild takes 1.5 s, so only a few faults could happen: one per rebuilt instance.
+    let faults = rules.status(QUEUE).unwrap().faults;
+    assert!((1..=4).contains(&faults), "{faults} faults");
+}
+
+/// A component with an extra custom section: the same rule, a different sha256.
+fn version_of(bytes: &[u8], version: u64) -> Vec<u8> {
+    fn leb(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let name = b"ebb-test-version";
+    let mut content = Vec::new();
+    leb(name.len(), &mut content);
+    content.extend_from_slice(name);
+    content.extend_from_slice(&version.to_le_bytes());
+    let mut out = bytes.to_vec();
+    out.push(0);
+    leb(content.len(), &mut out);
+    out.extend_from_slice(&content);
+    out
+}
+
+fn cache_files(dir: &Path) -> Vec<(String, u64)> {
+    std::fs::read_dir(dir).unwrap().flatten().map(|e| (e.file_name().to_string_lossy().into_owned(), e.metadata().unwrap().len())).collect()
+}
+
+/// Item 10: every version ever loaded stayed compiled in memory and on disk.
+#[test]
+fn old_rule_versions_are_evicted_from_memory_and_disk() -> Result<()> {
+    let cache = tempfile::tempdir()?;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("rule.wasm");
+    let engine = RuleEngine::new(RuleLimits::default(), Some(cache.path().into()))?;
+    let rules = rules_for(engine.clone(), Some(&path), &[]);
+    let bytes = std::fs::read(guests::FIXED_TASKS)?;
+    for version in 0..8 {
+        std::fs::write(&path, version_of(&bytes, version))?;
+        rules.apply_file(&path)?;
+        assert_eq!(rules.decide_task_count(QUEUE, &state(5)).value, 7);
+    }
+    assert!(engine.compiled_in_memory() <= 2, "in use + one for a swap back, not {}", engine.compiled_in_memory());
+    let files = cache_files(cache.path());
+    assert!(files.len() <= 4, "in use + three recent: {files:?}");
+    // The previous version comes back from memory, without compiling.
+    std::fs::write(&path, version_of(&bytes, 6))?;
+    assert!(rules.apply_file(&path)?.unwrap().from_cache);
+    Ok(())
+}
+
+/// Item 10: the disk cache stays within `cache_max_bytes`, except for the rule in use.
+#[test]
+fn the_disk_cache_is_bounded_in_bytes() -> Result<()> {
+    let cache = tempfile::tempdir()?;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("rule.wasm");
+    let bytes = std::fs::read(guests::FIXED_TASKS)?;
+    // Learn one artifact's size, then allow about two.
+    RuleEngine::new(RuleLimits::default(), Some(cache.path().into()))?.load_bytes("probe.wasm", &version_of(&bytes, 999))?;
+    let artifact = cache_files(cache.path())[0].1;
+    std::fs::remove_dir_all(cache.path())?;
+    let limits = RuleLimits { cache_max_bytes: artifact * 2 + artifact / 2, ..RuleLimits::default() };
+    let rules = rules_for(RuleEngine::new(limits, Some(cache.path().into()))?, Some(&path), &[]);
+    for version in 0..6 {
+        std::fs::write(&path, version_of(&bytes, version))?;
+        rules.apply_file(&path)?;
+        let total: u64 = cache_files(cache.path()).iter().map(|f| f.1).sum();
+        assert!(total <= artifact * 2 + artifact / 2, "cache holds {total} bytes after version {version}");
+    }
+    let current = rules.status(QUEUE).unwrap().sha256.unwrap();
+    assert!(cache_files(cache.path()).iter().any(|(name, _)| name.starts_with(&current)), "the rule in use stays cached");
+    Ok(())
+}
+
+/// Item 11: each queue held its own instance (1,000 queues on the Python rule: 4.9 GiB).
+#[test]
+fn queues_with_the_same_rule_and_parameters_share_one_instance() {
+    let engine = engine(RuleLimits::default());
+    let mut queues: Vec<QueueRuleConfig> = (0..50)
+        .map(|i| QueueRuleConfig { queue: format!("q{i}"), rule: Some(guests::FIXED_TASKS.into()), params: vec![("tasks".into(), "9".into())] })
+        .collect();
+    queues.push(QueueRuleConfig { queue: "other".into(), rule: Some(guests::FIXED_TASKS.into()), params: vec![] });
+    let rules = RuleSet::new(engine, queues);
+    assert!(rules.load_all().is_empty());
+    let state_of = |queue: &str| QueueState { queue: queue.into(), ..state(5) };
+    for i in 0..50 {
+        assert_eq!(rules.decide_task_count(&format!("q{i}"), &state_of(&format!("q{i}"))).value, 9);
+    }
+    assert_eq!(rules.decide_task_count("other", &state_of("other")).value, 7);
+    let shared = rules.status("q7").unwrap();
+    assert_eq!(shared.shared_by, 50);
+    assert!(shared.instance_memory_bytes > 0, "the status reports the instance's memory");
+    assert_eq!(shared.decisions, 1, "counters stay per queue");
+    assert_eq!(rules.status("other").unwrap().shared_by, 1);
+}
+
+/// The listener's typed handle: no name lookup that panics on an unknown queue.
+#[test]
+fn queue_handles_decide_and_unknown_queues_get_the_built_in_rule() {
+    let rules = loaded(guests::FIXED_TASKS, RuleLimits::default());
+    let handle = rules.queue(QUEUE).expect("configured");
+    assert_eq!(handle.decide_task_count(&state(5)).value, 7);
+    assert_eq!(handle.status().decisions, 1);
+    assert!(rules.queue("nope").is_none());
+    assert!(rules.status("nope").is_none());
+    let decision = rules.decide_task_count("nope", &state(5));
+    assert_eq!((decision.value, decision.source), (10, DecisionSource::BuiltIn));
+}
+
+/// Item 12: a 2 s setup deadline was reported as "ran past its deadline of 10ms".
+#[test]
+fn setup_faults_name_the_setup_limit() {
+    let limits = RuleLimits { setup_deadline: Duration::from_millis(300), ..RuleLimits::default() };
+    let rules = rules_for(engine(limits), Some(Path::new(guests::SLOW_SETUP)), &[("setup_ms", "60000")]);
+    let errors = rules.load_all();
+    let error = format!("{:#}", errors[0]);
+    assert!(error.contains("setup (instantiation and configure) deadline of 300ms"), "{error}");
+    assert!(!error.contains("10ms"), "{error}");
+}
+
+/// Item 12: a memory-limit fault printed seven lines of wasm backtrace before its cause.
+#[test]
+fn a_memory_limit_fault_gives_its_reason_first() {
+    let limits = RuleLimits { call_deadline: Duration::from_secs(5), ..RuleLimits::default() };
+    let rules = loaded(guests::MEMORY_BOMB, limits);
+    rules.decide_task_count(QUEUE, &state(5));
+    let error = rules.status(QUEUE).unwrap().last_error.unwrap();
+    assert!(error.starts_with("memory limit"), "{error}");
+    assert!(!error.contains("backtrace") && !error.contains('\n'), "{error}");
+}
+
+/// Item 12: a rule's panic message was only at DEBUG; the WARN line said "unreachable".
+#[test]
+fn a_rules_panic_message_is_in_its_warn_line() {
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = Captured::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt().with_max_level(tracing::Level::WARN).with_ansi(false).with_writer(move || writer.clone()).finish();
+    let rules = loaded(guests::TRAP, RuleLimits::default());
+    tracing::subscriber::with_default(subscriber, || rules.decide_task_count(QUEUE, &state(42)));
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let line = text.lines().find(|l| l.contains("rule faulted")).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("WARN") && line.contains("this rule always fails"), "{line}");
+    // And a panic in configure is quoted in the load error.
+    let rules = rules_for(engine(RuleLimits::default()), Some(Path::new(guests::SLOW_SETUP)), &[("panic_in_configure", "1")]);
+    let error = format!("{:#}", rules.load_all()[0]);
+    assert!(error.contains("configure exploded on purpose"), "{error}");
+}
+
+/// An unreadable rule file was reported as "does not exist".
+#[test]
+fn an_unreadable_rule_file_is_reported_with_its_reason() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cases: [(&str, &dyn Fn(&Path) -> std::io::Result<()>, &str); 4] = [
+        ("looping-link.wasm", &|p| std::os::unix::fs::symlink(p, p), "symbolic links"),
+        ("a-directory.wasm", &|p| std::fs::create_dir(p), "is a directory"),
+        ("dangling-link.wasm", &|p| std::os::unix::fs::symlink(p.with_extension("gone"), p), "which does not exist"),
+        ("missing.wasm", &|_| Ok(()), "does not exist"),
+    ];
+    for (name, make, reason) in cases {
+        let path = dir.path().join(name);
+        make(&path)?;
+        let rules = rules_for(engine(RuleLimits::default()), Some(&path), &[]);
+        let error = format!("{:#}", rules.load_all().pop().expect("must fail"));
+        assert!(error.contains(reason), "{name}: {error}");
+        assert_eq!(rules.status(QUEUE).unwrap().last_error.as_deref(), Some(error.as_str()), "{name}");
+    }
+    Ok(())
+}
+
+/// A panic on the host side of a rule call is contained: a fault, the built-in decides.
+#[test]
+fn a_host_panic_while_calling_a_rule_is_a_fault_not_a_crash() {
+    let rules = loaded(guests::FIXED_TASKS, RuleLimits::default());
+    let handle = rules.queue(QUEUE).unwrap();
+    handle.inject_host_panic();
+    let decision = handle.decide_task_count(&state(500));
+    assert_eq!((decision.value, decision.source), (paper::optimal_dequeue_task_count(&state(500)), DecisionSource::Fallback));
+    let status = handle.status();
+    assert_eq!(status.faults, 1);
+    assert!(status.last_error.unwrap().contains("host panicked"));
+    wait_for("the rebuild", || handle.decide_task_count(&state(5)).source == DecisionSource::Rule);
+    assert_eq!(handle.decide_task_count(&state(5)).value, 7);
 }

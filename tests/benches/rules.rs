@@ -3,7 +3,13 @@
 //! - decision calls on a reused instance (Rust, Python, JavaScript rules) against the same
 //!   logic as a native Rust function, in the same run;
 //! - rule file written → new rule deciding, over many swaps, with a decider running alongside;
-//! - compile time, cached load time (new engine, disk cache) and instance memory per rule.
+//! - compile time, cached load time (new engine, disk cache) and instance memory per rule;
+//! - each in a fresh process (this binary run again with `--section NAME`), so that one
+//!   figure's memory is not another's: idle CPU and file reads with a 25 MB rule deployed
+//!   and watched (`idle`), RSS across 20 swaps of a 25 MB rule (`swaps`), and RSS of 1,000
+//!   queues on the Python example rule (`python-queues`).
+//!
+//! `EBB_BENCH_SECTIONS=idle,swaps,python-queues` runs only those process sections.
 
 use std::hint::black_box;
 use std::path::Path;
@@ -19,13 +25,202 @@ use serde_json::{Value, json};
 const QUEUE: &str = "bench";
 
 fn main() {
-    let swaps: usize = std::env::var("EBB_BENCH_SWAPS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
-    let report = json!({
-        "decision_call": decision_calls(),
-        "hot_swap": hot_swaps(swaps),
-        "load": loads(),
-    });
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--section") {
+        let report = match args[at + 1].as_str() {
+            "idle" => idle(),
+            "swaps" => swap_memory(),
+            "python-queues" => python_queues(),
+            other => panic!("unknown section {other}"),
+        };
+        println!("{}", serde_json::to_string(&report).unwrap());
+        return;
+    }
+    let process_sections = std::env::var("EBB_BENCH_SECTIONS").ok();
+    let mut report = json!({});
+    if process_sections.is_none() {
+        let swaps: usize = std::env::var("EBB_BENCH_SWAPS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+        report["decision_call"] = decision_calls();
+        report["hot_swap"] = hot_swaps(swaps);
+        report["load"] = loads();
+    }
+    let sections = process_sections.unwrap_or_else(|| "idle,swaps,python-queues".into());
+    for section in sections.split(',').filter(|s| !s.is_empty()) {
+        let out = std::process::Command::new(std::env::current_exe().unwrap()).args(["--section", section]).output().unwrap();
+        assert!(out.status.success(), "section {section} failed: {}", String::from_utf8_lossy(&out.stderr));
+        let line = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_string();
+        report[section] = serde_json::from_str(&line).unwrap();
+    }
     println!("{}", serde_json::to_string_pretty(&report).unwrap());
+}
+
+/// Resident memory of this process, in MiB.
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap().trim().trim_end_matches(" kB").trim().parse().unwrap();
+    (kib / 1024.0 * 10.0).round() / 10.0
+}
+
+/// CPU time (user + system) this process has used.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    // utime and stime are fields 14 and 15 of the line (11 and 12 after the command); ticks of 10 ms.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+/// Bytes this process has read through read(2) and friends (`rchar`), page cache included.
+fn read_chars() -> u64 {
+    let io = std::fs::read_to_string("/proc/self/io").unwrap();
+    io.lines().find_map(|l| l.strip_prefix("rchar:")).unwrap().trim().parse().unwrap()
+}
+
+/// A component with an extra custom section: the same rule, a different sha256.
+fn version_of(bytes: &[u8], version: u64) -> Vec<u8> {
+    fn leb(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let name = b"ebb-bench-version";
+    let mut content = Vec::new();
+    leb(name.len(), &mut content);
+    content.extend_from_slice(name);
+    content.extend_from_slice(&version.to_le_bytes());
+    let mut out = bytes.to_vec();
+    out.push(0);
+    leb(content.len(), &mut out);
+    out.extend_from_slice(&content);
+    out
+}
+
+fn sha_of(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir).unwrap().flatten().map(|e| e.metadata().unwrap().len()).sum()
+}
+
+/// The host's setup: a cache dir, a rules folder watched with the service's debounce.
+struct Deployed {
+    dir: tempfile::TempDir,
+    cache: tempfile::TempDir,
+    set: Arc<RuleSet>,
+    _watcher: ebb::rules::RuleWatcher,
+}
+
+fn deployed(bytes: &[u8]) -> Deployed {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let path = dir.path().canonicalize().unwrap().join("rule.wasm");
+    std::fs::write(&path, bytes).unwrap();
+    let engine = RuleEngine::new(RuleLimits::default(), Some(cache.path().into())).unwrap();
+    let set = Arc::new(RuleSet::new(engine, [QueueRuleConfig { queue: QUEUE.into(), rule: Some(path), params: vec![] }]));
+    assert!(set.load_all().is_empty());
+    let watcher = set.watch(dir.path(), Duration::from_millis(30)).unwrap();
+    Deployed { dir, cache, set, _watcher: watcher }
+}
+
+impl Deployed {
+    /// Deploys `bytes` (write aside, rename) and waits until the rule decides.
+    fn deploy(&self, bytes: &[u8]) -> Duration {
+        let staging = self.dir.path().join("rule.wasm.partial");
+        std::fs::write(&staging, bytes).unwrap();
+        let started = Instant::now();
+        std::fs::rename(&staging, self.dir.path().join("rule.wasm")).unwrap();
+        let sha = sha_of(bytes);
+        while self.set.status(QUEUE).unwrap().sha256.as_deref() != Some(sha.as_str()) {
+            assert!(started.elapsed() < Duration::from_secs(120), "the deploy never took effect");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(self.set.decide_task_count(QUEUE, &state(5)).source, DecisionSource::Rule);
+        started.elapsed()
+    }
+}
+
+/// A 25 MB rule deployed, changed once, then nothing happens for 10 s.
+fn idle() -> Value {
+    let bytes = std::fs::read(guests::PADDED).unwrap();
+    let host = deployed(&bytes);
+    host.deploy(&version_of(&bytes, 1));
+    std::thread::sleep(Duration::from_secs(1));
+    let (reads, chars, cpu) = (host.set.file_reads(), read_chars(), cpu_time());
+    let window = Duration::from_secs(10);
+    std::thread::sleep(window);
+    let cpu_used = cpu_time() - cpu;
+    json!({
+        "rule_bytes": bytes.len(),
+        "window_s": window.as_secs(),
+        "rule_file_reads": host.set.file_reads() - reads,
+        "bytes_read": read_chars() - chars,
+        "cpu_percent_of_one_core": round3(cpu_used.as_secs_f64() / window.as_secs_f64() * 100.0),
+    })
+}
+
+/// 20 versions of a 25 MB rule deployed in turn, as an operator would.
+fn swap_memory() -> Value {
+    let bytes = std::fs::read(guests::PADDED).unwrap();
+    let host = deployed(&bytes);
+    let rss_loaded = rss_mib();
+    let mut swap_ms = Vec::new();
+    let mut rss_after = Vec::new();
+    for version in 1..=20 {
+        swap_ms.push(round3(host.deploy(&version_of(&bytes, version)).as_secs_f64() * 1e3));
+        rss_after.push(rss_mib());
+    }
+    json!({
+        "rule_bytes": bytes.len(),
+        "rss_mib_loaded": rss_loaded,
+        "rss_mib_after_first_swap": rss_after[0],
+        "rss_mib_after_20_swaps": rss_after[19],
+        "rss_mib_after_each_swap": rss_after,
+        "growth_first_to_20th_percent": round3((rss_after[19] / rss_after[0] - 1.0) * 100.0),
+        "cache_dir_mib": round3(dir_bytes(host.cache.path()) as f64 / (1 << 20) as f64),
+        "compiled_in_memory": host.set.engine().compiled_in_memory(),
+        "swap_ms": swap_ms,
+    })
+}
+
+/// 1,000 queues on the Python example rule with the same parameters, each deciding once.
+fn python_queues() -> Value {
+    let rss_start = rss_mib();
+    let cache = tempfile::tempdir().unwrap();
+    let engine = RuleEngine::new(RuleLimits::default(), Some(cache.path().into())).unwrap();
+    let queues = (0..1000).map(|i| QueueRuleConfig {
+        queue: format!("q{i}"),
+        rule: Some(guests::PYTHON_DRAIN_TIME.into()),
+        params: vec![("target_drain_s".into(), "5".into())],
+    });
+    let set = RuleSet::new(engine, queues);
+    let started = Instant::now();
+    assert!(set.load_all().is_empty());
+    let load = started.elapsed();
+    let started = Instant::now();
+    for i in 0..1000 {
+        let queue = format!("q{i}");
+        let decision = set.decide_task_count(&queue, &QueueState { queue: queue.clone(), ..state(i) });
+        assert_eq!(decision.source, DecisionSource::Rule);
+    }
+    let decide_all = started.elapsed();
+    let status = set.status("q0").unwrap();
+    json!({
+        "queues": 1000,
+        "rss_mib_before": rss_start,
+        "rss_mib_after": rss_mib(),
+        "load_s": round3(load.as_secs_f64()),
+        "one_decision_per_queue_ms": round3(decide_all.as_secs_f64() * 1e3),
+        "instance_memory_mib": round3(status.instance_memory_bytes as f64 / (1 << 20) as f64),
+        "shared_by": status.shared_by,
+    })
 }
 
 fn state(i: u64) -> QueueState {

@@ -1,11 +1,11 @@
 //! One wasmtime engine for the process: compiling (with a sha256-keyed cache), validating
 //! and instantiating rule components under limits.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, Result, bail};
@@ -35,8 +35,11 @@ pub struct RuleLimits {
     pub stack_bytes: usize,
     /// Largest rule file accepted, in bytes.
     pub max_file_bytes: u64,
-    /// Consecutive faulty calls after which a rule is quarantined until its file changes.
+    /// Consecutive faulty calls after which a rule is quarantined until its file's content changes.
     pub quarantine_after: u32,
+    /// Most bytes the on-disk compiled-rule cache may hold. Rules in use are never evicted,
+    /// even when they alone exceed it; unused ones go oldest first.
+    pub cache_max_bytes: u64,
 }
 
 impl Default for RuleLimits {
@@ -50,6 +53,7 @@ impl Default for RuleLimits {
             stack_bytes: 512 << 10,
             max_file_bytes: 64 << 20,
             quarantine_after: 5,
+            cache_max_bytes: 256 << 20,
         }
     }
 }
@@ -114,13 +118,41 @@ pub struct CompiledRule {
     pre: ScalingRulePre<RuleHost>,
 }
 
+/// How many compiled rules no queue uses stay in memory, for a quick swap back.
+const KEEP_UNUSED_IN_MEMORY: usize = 1;
+/// How many compiled rules no queue uses stay in the disk cache (within `cache_max_bytes`).
+const KEEP_UNUSED_ON_DISK: usize = 3;
+
+/// The compiled components the engine holds: every rule in use, plus a few recent ones.
+#[derive(Default)]
+struct Compiled {
+    /// By sha256.
+    components: HashMap<String, Component>,
+    /// sha256s, least recently used first.
+    recent: Vec<String>,
+    /// The rules handed out, to tell which are in use.
+    handed_out: Vec<(String, Weak<CompiledRule>)>,
+}
+
+impl Compiled {
+    fn touch(&mut self, sha256: &str) {
+        self.recent.retain(|s| s != sha256);
+        self.recent.push(sha256.to_string());
+    }
+
+    fn in_use(&mut self) -> HashSet<String> {
+        self.handed_out.retain(|(_, rule)| rule.strong_count() > 0);
+        self.handed_out.iter().map(|(sha, _)| sha.clone()).collect()
+    }
+}
+
 /// The process-wide rule engine.
 pub struct RuleEngine {
     engine: Engine,
     linker: Linker<RuleHost>,
     limits: RuleLimits,
     cache_dir: Option<PathBuf>,
-    compiled: Mutex<HashMap<String, Component>>,
+    compiled: Mutex<Compiled>,
     ticker_stop: Arc<AtomicBool>,
 }
 
@@ -128,6 +160,15 @@ impl Drop for RuleEngine {
     fn drop(&mut self) {
         self.ticker_stop.store(true, Ordering::Relaxed);
     }
+}
+
+/// What a rule is doing when it faults: the limits differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Instantiation and `configure`.
+    Setup,
+    /// A decision call.
+    Call,
 }
 
 impl RuleEngine {
@@ -161,12 +202,10 @@ impl RuleEngine {
     /// Reads, compiles and validates the rule at `path`. Fails, naming the file and the
     /// reason, on anything that is not a loadable `ebb:rules` component.
     pub fn load_file(&self, path: &Path) -> Result<Arc<CompiledRule>> {
-        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let size = std::fs::metadata(path).with_context(|| format!("failed to read rule {}", path.display()))?.len();
-        if size > self.limits.max_file_bytes {
-            bail!("rule {name} is {size} bytes, over the limit of {} bytes", self.limits.max_file_bytes);
-        }
-        let bytes = std::fs::read(path).with_context(|| format!("failed to read rule {}", path.display()))?;
+        let name = file_name(path);
+        let Some(bytes) = read_rule_file(path, self.limits.max_file_bytes)? else {
+            bail!("rule file {} does not exist", path.display());
+        };
         self.load_bytes(&name, &bytes).with_context(|| format!("failed to load rule {name}"))
     }
 
@@ -189,9 +228,9 @@ impl RuleEngine {
         check_signatures(&self.engine, &ty)?;
         let instance_pre = self.linker.instantiate_pre(&component).map_err(anyhow::Error::from).context("its imports cannot be satisfied (a rule gets no capabilities)")?;
         let pre = ScalingRulePre::new(instance_pre).map_err(anyhow::Error::from).context("its exports do not match the ebb:rules/scaling-rule world")?;
-        Ok(Arc::new(CompiledRule {
+        let rule = Arc::new(CompiledRule {
             name: name.to_string(),
-            sha256,
+            sha256: sha256.clone(),
             size: bytes.len() as u64,
             compile_time,
             from_cache,
@@ -199,12 +238,18 @@ impl RuleEngine {
             imports,
             exports,
             pre,
-        }))
+        });
+        lock(&self.compiled).handed_out.push((sha256, Arc::downgrade(&rule)));
+        Ok(rule)
     }
 
     fn compile(&self, sha256: &str, bytes: &[u8]) -> Result<(Component, bool)> {
-        if let Some(component) = self.compiled.lock().unwrap().get(sha256) {
-            return Ok((component.clone(), true));
+        {
+            let mut compiled = lock(&self.compiled);
+            if let Some(component) = compiled.components.get(sha256).cloned() {
+                compiled.touch(sha256);
+                return Ok((component, true));
+            }
         }
         let cached_file = self.cache_dir.as_ref().map(|dir| dir.join(format!("{sha256}-{}.cwasm", self.engine_fingerprint())));
         if let Some(file) = cached_file.as_ref().filter(|f| f.exists()) {
@@ -212,7 +257,9 @@ impl RuleEngine {
             // (the file name carries the engine fingerprint) keyed by the source's sha256.
             match unsafe { Component::deserialize_file(&self.engine, file) } {
                 Ok(component) => {
-                    self.compiled.lock().unwrap().insert(sha256.to_string(), component.clone());
+                    // The modification time orders the disk cache by last use.
+                    let _ = std::fs::File::options().append(true).open(file).and_then(|f| f.set_modified(SystemTime::now()));
+                    self.remember(sha256, &component);
                     return Ok((component, true));
                 }
                 Err(e) => tracing::warn!(file = %file.display(), "ignoring unreadable cached rule: {e:#}"),
@@ -224,8 +271,42 @@ impl RuleEngine {
                 tracing::warn!(file = %file.display(), "could not cache compiled rule: {e:#}");
             }
         }
-        self.compiled.lock().unwrap().insert(sha256.to_string(), component.clone());
+        self.remember(sha256, &component);
         Ok((component, false))
+    }
+
+    fn remember(&self, sha256: &str, component: &Component) {
+        let mut compiled = lock(&self.compiled);
+        compiled.components.insert(sha256.to_string(), component.clone());
+        compiled.touch(sha256);
+    }
+
+    /// Frees the compiled rules no [`CompiledRule`] handed out is using any more, except the
+    /// most recent one (a quick swap back), and trims the disk cache: rules in use stay, a
+    /// few recent unused ones stay within [`RuleLimits::cache_max_bytes`], the rest go.
+    /// [`RuleSet`](super::RuleSet) calls it after every swap.
+    pub fn evict_unused(&self) {
+        let in_use = {
+            let mut compiled = lock(&self.compiled);
+            let in_use = compiled.in_use();
+            let unused: Vec<String> = compiled.recent.iter().filter(|s| !in_use.contains(*s)).cloned().collect();
+            let evicted = &unused[..unused.len().saturating_sub(KEEP_UNUSED_IN_MEMORY)];
+            for sha in evicted {
+                compiled.components.remove(sha);
+            }
+            compiled.recent.retain(|s| !evicted.contains(s));
+            in_use
+        };
+        if let Some(dir) = &self.cache_dir {
+            if let Err(error) = trim_disk_cache(dir, &in_use, self.limits.cache_max_bytes) {
+                tracing::warn!(dir = %dir.display(), "could not trim the rule cache: {error:#}");
+            }
+        }
+    }
+
+    /// How many compiled rules the engine holds in memory (in use or kept for a swap back).
+    pub fn compiled_in_memory(&self) -> usize {
+        lock(&self.compiled).components.len()
     }
 
     fn engine_fingerprint(&self) -> String {
@@ -241,24 +322,95 @@ impl RuleEngine {
             wasi: capability_free_wasi(&output),
             table: ResourceTable::new(),
             limiter: MemoryLimiter { cap: self.limits.memory_bytes, held: 0 },
-            output,
+            output: output.clone(),
         };
         let mut store = Store::new(&self.engine, host);
         store.limiter(|host| &mut host.limiter);
         store.epoch_deadline_trap();
         store.set_fuel(self.limits.setup_fuel).map_err(anyhow::Error::from)?;
         store.set_epoch_deadline(deadline_ticks(self.limits.setup_deadline));
-        let bindings = rule.pre.instantiate(&mut store).map_err(|e| describe_fault(e, &self.limits)).context("instantiation failed")?;
-        let configured = bindings
-            .ebb_rules_decisions()
-            .call_configure(&mut store, params)
-            .map_err(|e| describe_fault(e, &self.limits))
-            .context("configure failed")?;
+        let fault = |e| with_output(describe_fault(e, Phase::Setup, &self.limits), &output);
+        let bindings = rule.pre.instantiate(&mut store).map_err(fault).context("instantiation failed")?;
+        let configured = bindings.ebb_rules_decisions().call_configure(&mut store, params).map_err(fault).context("configure failed")?;
         if let Err(message) = configured {
             bail!("the rule rejected its parameters: {message}");
         }
         Ok(RuleInstance { store, bindings, call_fuel: self.limits.call_fuel, call_ticks: deadline_ticks(self.limits.call_deadline), limits: self.limits.clone() })
     }
+}
+
+/// A poisoned lock only means a panic elsewhere: the data under it is still consistent here.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+/// Reads a rule file: `None` if nothing is there, an error with the real reason if
+/// something is there but cannot be read (a directory, a dangling or looping link, no
+/// permission, too large).
+pub(crate) fn read_rule_file(path: &Path, max_bytes: u64) -> Result<Option<Vec<u8>>> {
+    let shown = path.display();
+    let link = match std::fs::symlink_metadata(path) {
+        Ok(link) => link,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => bail!("cannot read rule file {shown}: {e}"),
+    };
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if link.file_type().is_symlink() && e.kind() == std::io::ErrorKind::NotFound => {
+            let target = std::fs::read_link(path).map(|t| t.display().to_string()).unwrap_or_default();
+            bail!("rule file {shown} is a symbolic link to {target}, which does not exist")
+        }
+        Err(e) => bail!("cannot read rule file {shown}: {e}"),
+    };
+    if meta.is_dir() {
+        bail!("rule file {shown} is a directory, not a file");
+    }
+    if meta.len() > max_bytes {
+        bail!("rule {} is {} bytes, over the limit of {max_bytes} bytes", file_name(path), meta.len());
+    }
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => bail!("cannot read rule file {shown}: {e}"),
+    }
+}
+
+/// Deletes cached artifacts no rule in use needs: all but the [`KEEP_UNUSED_ON_DISK`] most
+/// recently used unused ones, then more, oldest first, while the cache is over `max_bytes`.
+fn trim_disk_cache(dir: &Path, in_use: &HashSet<String>, max_bytes: u64) -> Result<()> {
+    let mut total = 0u64;
+    let mut unused = Vec::new();
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(stem) = name.strip_suffix(".cwasm") else { continue };
+        let Ok(meta) = entry.metadata() else { continue };
+        total += meta.len();
+        let sha = stem.split('-').next().unwrap_or_default();
+        if !in_use.contains(sha) {
+            unused.push((meta.modified().unwrap_or(SystemTime::UNIX_EPOCH), meta.len(), entry.path()));
+        }
+    }
+    // Newest first: keep the first few, then drop from the end while over the bound.
+    unused.sort_by(|a, b| b.0.cmp(&a.0));
+    while let Some((_, len, path)) = unused.last().cloned() {
+        if unused.len() <= KEEP_UNUSED_ON_DISK && total <= max_bytes {
+            break;
+        }
+        unused.pop();
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                total -= len;
+                tracing::debug!(file = %path.display(), "evicted a compiled rule no queue uses");
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => total -= len,
+            Err(e) => return Err(e).with_context(|| format!("failed to remove {}", path.display())),
+        }
+    }
+    Ok(())
 }
 
 /// A live, configured rule instance. Not shared: callers hold it behind a lock.
@@ -284,7 +436,7 @@ impl RuleInstance {
         self.bindings
             .ebb_rules_decisions()
             .call_optimal_dequeue_task_count(&mut self.store, &state)
-            .map_err(|e| describe_fault(e, &self.limits))
+            .map_err(|e| with_output(describe_fault(e, Phase::Call, &self.limits), &self.store.data().output))
     }
 
     /// `on-queue-empty`, raw (unclamped). Any error means the instance is unusable.
@@ -295,7 +447,7 @@ impl RuleInstance {
             .ebb_rules_decisions()
             .call_on_queue_empty(&mut self.store, &ctx)
             .map(Into::into)
-            .map_err(|e| describe_fault(e, &self.limits))
+            .map_err(|e| with_output(describe_fault(e, Phase::Call, &self.limits), &self.store.data().output))
     }
 
     /// What the rule wrote to stdout/stderr since the last look.
@@ -366,20 +518,37 @@ fn check_signatures(engine: &Engine, ty: &wasmtime::component::types::Component)
     Ok(())
 }
 
-/// Turns a wasmtime error into one that says which limit was hit, in words.
-fn describe_fault(error: wasmtime::Error, limits: &RuleLimits) -> anyhow::Error {
+/// Turns a wasmtime error into one whose message is the reason, in words, naming the
+/// limit of the phase that applied. The wasm backtrace goes to the DEBUG log, not the message.
+pub(crate) fn describe_fault(error: wasmtime::Error, phase: Phase, limits: &RuleLimits) -> anyhow::Error {
     let error = anyhow::Error::from(error);
+    let (deadline, fuel, which) = match phase {
+        Phase::Setup => (limits.setup_deadline, limits.setup_fuel, "setup (instantiation and configure)"),
+        Phase::Call => (limits.call_deadline, limits.call_fuel, "call"),
+    };
     let reason = match error.downcast_ref::<Trap>() {
-        Some(Trap::Interrupt) => format!("ran past its deadline of {:?}", limits.call_deadline),
-        Some(Trap::OutOfFuel) => format!("ran out of fuel ({} units)", limits.call_fuel),
+        Some(Trap::Interrupt) => format!("ran past its {which} deadline of {deadline:?}"),
+        Some(Trap::OutOfFuel) => format!("ran out of its {which} fuel ({fuel} units)"),
         Some(Trap::StackOverflow) => format!("overflowed its stack ({} bytes)", limits.stack_bytes),
         Some(trap) => format!("trapped: {trap}"),
         None => match error.downcast_ref::<wasmtime_wasi::I32Exit>() {
             Some(exit) => format!("called exit({}), which rules may not do", exit.0),
-            None => return error,
+            None => match error.chain().map(|e| e.to_string()).find(|m| m.starts_with("memory limit")) {
+                Some(memory) => memory,
+                None => error.root_cause().to_string(),
+            },
         },
     };
-    error.context(reason)
+    tracing::debug!(%reason, details = %format!("{error:#}"), "rule fault details");
+    anyhow::anyhow!(reason)
+}
+
+/// Adds what the rule wrote just before it faulted (a panic message, a traceback) to `error`.
+fn with_output(error: anyhow::Error, output: &CapturedOutput) -> anyhow::Error {
+    match output.last_words() {
+        Some(words) => anyhow::anyhow!("{error:#}; the rule wrote: {words}"),
+        None => error,
+    }
 }
 
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {

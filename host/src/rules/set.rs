@@ -1,16 +1,28 @@
-//! One rule slot per queue: the current rule, its instance, faults and clamps.
+//! The rules of every queue on the host.
+//!
+//! Queues that name the same rule file with the same parameters form one *rule group*
+//! and share one configured instance (rules are pure decisions), so memory grows with the
+//! number of distinct rules, not with the number of queues. Each queue keeps its own
+//! counters and clamps; faults and quarantine belong to the group.
+//!
+//! Locks: a group's instance lock is held during a decision call (bounded by the call
+//! deadline); its status lock is only ever held for a few field updates, never across a
+//! rule call or an instantiation, so [`QueueRules::status`] never waits on a rule. After a
+//! fault the instance is rebuilt on a thread of its own while the built-in rule decides.
 
 use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use anyhow::{Context as _, Result};
 use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState, paper};
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 
-use super::engine::{CompiledRule, RuleEngine, RuleInstance};
+use super::engine::{CompiledRule, RuleEngine, RuleInstance, lock, read_rule_file};
 use super::stderr::OutputLogger;
 
 /// Which rule a queue uses, from the host configuration.
@@ -30,9 +42,11 @@ pub struct QueueRuleConfig {
 pub enum DecisionSource {
     /// The queue's WASM rule.
     Rule,
-    /// The built-in rule, because the queue has no rule, its file is gone, or it is quarantined.
+    /// The built-in rule, because the queue has no rule, its file is gone, it is
+    /// quarantined, or its instance is being rebuilt after a fault.
     BuiltIn,
-    /// The built-in rule, because the WASM rule faulted on this call.
+    /// The built-in rule, because the WASM rule faulted on this call (or the host panicked
+    /// while calling it).
     Fallback,
 }
 
@@ -56,60 +70,144 @@ pub struct RuleStatus {
     pub sha256: Option<String>,
     /// When the rule in use was loaded.
     pub loaded_at: Option<SystemTime>,
-    /// Whether the rule is quarantined (the built-in decides until the file changes).
+    /// Whether the rule is quarantined (the built-in decides until the file's content changes).
     pub quarantined: bool,
-    /// Decisions made, by any source.
+    /// Decisions made for this queue, by any source.
     pub decisions: u64,
-    /// Calls in which the rule faulted (trap, deadline, fuel, memory, exit).
+    /// This queue's calls in which the rule faulted (trap, deadline, fuel, memory, exit, or
+    /// a host panic while calling it).
     pub faults: u64,
     /// Decisions clamped into the queue's bounds.
     pub clamps: u64,
     /// The last load or call error, if any.
     pub last_error: Option<String>,
+    /// Bytes of linear memory the rule's instance holds; the instance is shared by
+    /// `shared_by` queues, so count it once per rule, not per queue. 0 without an instance.
+    pub instance_memory_bytes: u64,
+    /// How many queues share this queue's rule instance (same file, same parameters),
+    /// this one included.
+    pub shared_by: usize,
+    /// True while the instance is being rebuilt after a fault (the built-in rule decides).
+    pub rebuilding: bool,
 }
 
+/// A configured instance and the rule it is an instance of.
+struct Live {
+    rule: Arc<CompiledRule>,
+    instance: RuleInstance,
+}
+
+/// Held during a decision call.
 #[derive(Default)]
-struct SlotState {
-    rule: Option<Arc<CompiledRule>>,
-    instance: Option<RuleInstance>,
-    consecutive_faults: u32,
-    quarantined: bool,
-    last_error: Option<String>,
+struct InstanceSlot {
+    live: Option<Live>,
     output_logger: OutputLogger,
 }
 
+/// Held only for field updates.
+#[derive(Default)]
+struct GroupStatus {
+    rule: Option<Arc<CompiledRule>>,
+    /// Bumped by every swap, so a rebuild started before it is discarded.
+    generation: u64,
+    quarantined: bool,
+    rebuilding: bool,
+    last_error: Option<String>,
+}
+
+/// The queues that use the same rule file with the same parameters, and their instance.
+struct RuleGroup {
+    engine: Arc<RuleEngine>,
+    path: Option<PathBuf>,
+    params: Vec<(String, String)>,
+    queues: Vec<String>,
+    slot: Mutex<InstanceSlot>,
+    status: Mutex<GroupStatus>,
+    consecutive_faults: AtomicU32,
+    memory_bytes: AtomicU64,
+}
+
 struct QueueSlot {
-    config: QueueRuleConfig,
-    state: Mutex<SlotState>,
+    name: String,
+    group: Arc<RuleGroup>,
     decisions: AtomicU64,
     faults: AtomicU64,
     clamps: AtomicU64,
+    inject_panic: AtomicBool,
+}
+
+/// One queue's rules: a cheap, cloneable handle from [`RuleSet::queue`]. Decisions are
+/// synchronous and may block for up to the call deadline (and while another queue that
+/// shares the instance is deciding): from async code, call them through `spawn_blocking`.
+#[derive(Clone)]
+pub struct QueueRules {
+    slot: Arc<QueueSlot>,
+}
+
+/// What the set last saw in a rule file, so that an event that changed nothing does nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seen {
+    Missing,
+    Content(String),
+    Unreadable(String),
 }
 
 /// The rules of every queue on this host.
 pub struct RuleSet {
     engine: Arc<RuleEngine>,
-    slots: HashMap<String, QueueSlot>,
+    queues: HashMap<String, QueueRules>,
+    groups: Vec<Arc<RuleGroup>>,
+    seen: Mutex<HashMap<PathBuf, Seen>>,
+    file_reads: AtomicU64,
+    swaps: AtomicU64,
 }
 
 impl RuleSet {
     /// Slots for these queues, all on the built-in rule until [`RuleSet::load_all`] or a
-    /// file event loads their rule.
+    /// file event loads their rule. Queues with the same rule file and the same parameters
+    /// share one rule instance.
     pub fn new(engine: Arc<RuleEngine>, queues: impl IntoIterator<Item = QueueRuleConfig>) -> Self {
-        let slots = queues
+        let mut groups: Vec<Arc<RuleGroup>> = Vec::new();
+        let mut members: HashMap<(Option<PathBuf>, Vec<(String, String)>), (usize, Vec<String>)> = HashMap::new();
+        let mut configs = Vec::new();
+        for config in queues {
+            let mut params = config.params.clone();
+            params.sort();
+            let next = members.len();
+            let entry = members.entry((config.rule.clone(), params)).or_insert_with(|| (next, Vec::new()));
+            entry.1.push(config.queue.clone());
+            configs.push((entry.0, config));
+        }
+        let mut ordered: Vec<_> = members.into_iter().collect();
+        ordered.sort_by_key(|(_, (index, _))| *index);
+        for ((path, _), (_, queues)) in ordered {
+            let params = configs.iter().find(|(_, c)| c.queue == queues[0]).map(|(_, c)| c.params.clone()).unwrap_or_default();
+            groups.push(Arc::new(RuleGroup {
+                engine: engine.clone(),
+                path,
+                params,
+                queues,
+                slot: Mutex::default(),
+                status: Mutex::default(),
+                consecutive_faults: AtomicU32::new(0),
+                memory_bytes: AtomicU64::new(0),
+            }));
+        }
+        let queues = configs
             .into_iter()
-            .map(|config| {
+            .map(|(index, config)| {
                 let slot = QueueSlot {
-                    config,
-                    state: Mutex::default(),
+                    name: config.queue.clone(),
+                    group: groups[index].clone(),
                     decisions: AtomicU64::new(0),
                     faults: AtomicU64::new(0),
                     clamps: AtomicU64::new(0),
+                    inject_panic: AtomicBool::new(false),
                 };
-                (slot.config.queue.clone(), slot)
+                (config.queue, QueueRules { slot: Arc::new(slot) })
             })
             .collect();
-        RuleSet { engine, slots }
+        RuleSet { engine, queues, groups, seen: Mutex::default(), file_reads: AtomicU64::new(0), swaps: AtomicU64::new(0) }
     }
 
     /// The engine the rules run on.
@@ -117,15 +215,17 @@ impl RuleSet {
         &self.engine
     }
 
+    /// The rules of `queue`, or `None` if it was not configured.
+    pub fn queue(&self, queue: &str) -> Option<QueueRules> {
+        self.queues.get(queue).cloned()
+    }
+
     /// Loads every rule file a queue names. Each failure is returned (the queue stays on
     /// the built-in rule); `ebb check` reports them, `ebb run` logs them and carries on.
     pub fn load_all(&self) -> Vec<anyhow::Error> {
-        let mut paths: Vec<&PathBuf> = self.slots.values().filter_map(|s| s.config.rule.as_ref()).collect();
-        paths.sort();
-        paths.dedup();
-        paths
+        self.rule_files()
             .into_iter()
-            .filter_map(|path| match self.apply_file(path) {
+            .filter_map(|path| match self.apply_file(&path) {
                 Ok(Some(_)) => None,
                 Ok(None) => Some(anyhow::anyhow!("rule file {} does not exist", path.display())),
                 Err(error) => Some(error),
@@ -135,156 +235,395 @@ impl RuleSet {
 
     /// The rule files some queue names.
     pub fn rule_files(&self) -> Vec<PathBuf> {
-        let mut paths: Vec<PathBuf> = self.slots.values().filter_map(|s| s.config.rule.clone()).collect();
+        let mut paths: Vec<PathBuf> = self.groups.iter().filter_map(|g| g.path.clone()).collect();
         paths.sort();
         paths.dedup();
         paths
     }
 
+    /// How many times the set has read a rule file's content (at load, and when a file
+    /// event came). While nothing changes in the rules folder, this does not move.
+    pub fn file_reads(&self) -> u64 {
+        self.file_reads.load(Ordering::Relaxed)
+    }
+
+    /// How many times a new rule version was swapped in for some queues (or a removed file
+    /// put them back on the built-in rule).
+    pub fn swaps(&self) -> u64 {
+        self.swaps.load(Ordering::Relaxed)
+    }
+
     /// Brings the queues that name `path` up to date with the file: loads, validates and
-    /// configures the new rule for each of them, then swaps it in for all of them at once.
+    /// configures the new rule for each of their groups, then swaps it in for all of them.
     /// If anything fails, every queue keeps its current rule. A missing file puts its
-    /// queues back on the built-in rule. Returns the rule now in use, if any.
+    /// queues back on the built-in rule. Content identical to the rule in use changes
+    /// nothing (a quarantine holds). Returns the rule now in use, if any.
     pub fn apply_file(&self, path: &Path) -> Result<Option<Arc<CompiledRule>>> {
-        let users: Vec<&QueueSlot> = self.slots.values().filter(|s| s.config.rule.as_deref() == Some(path)).collect();
-        if !path.exists() {
-            for slot in &users {
-                let mut state = slot.state.lock().unwrap();
-                if state.rule.is_some() {
-                    tracing::warn!(queue = %slot.config.queue, rule = %path.display(), "rule file removed; using the built-in rule");
-                }
-                *state = SlotState { last_error: Some(format!("rule file {} is missing", path.display())), ..SlotState::default() };
+        match self.read(path) {
+            Ok(None) => {
+                self.remove(path);
+                Ok(None)
             }
-            return Ok(None);
+            Ok(Some(bytes)) => self.apply_bytes(path, &bytes),
+            Err(error) => {
+                self.record_error(path, &error);
+                Err(error)
+            }
         }
-        let result = self.prepare(path, &users);
-        let (rule, instances) = match result {
+    }
+
+    /// Reads `path` and remembers what it held.
+    fn read(&self, path: &Path) -> Result<Option<Vec<u8>>> {
+        let read = read_rule_file(path, self.engine.limits().max_file_bytes);
+        let seen = match &read {
+            Ok(None) => Seen::Missing,
+            Ok(Some(bytes)) => {
+                self.file_reads.fetch_add(1, Ordering::Relaxed);
+                Seen::Content(hex::encode(Sha256::digest(bytes)))
+            }
+            Err(error) => Seen::Unreadable(format!("{error:#}")),
+        };
+        lock(&self.seen).insert(path.to_path_buf(), seen);
+        read
+    }
+
+    /// A file event for `path`: re-reads it and acts only if what it holds changed since
+    /// the set last looked (so the set's own reads, or a rewrite of the same bytes, do nothing).
+    pub(crate) fn refresh(&self, path: &Path) {
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let before = lock(&self.seen).get(path).cloned();
+        let read = self.read(path);
+        if lock(&self.seen).get(path) == before.as_ref() {
+            tracing::trace!(rule = %name, "file event without a change of content");
+            return;
+        }
+        let used = self.groups.iter().any(|g| g.path.as_deref() == Some(path));
+        match read {
+            Ok(None) if used => self.remove(path),
+            Ok(None) => {}
+            Ok(Some(bytes)) if used => {
+                if let Err(error) = self.apply_bytes(path, &bytes) {
+                    tracing::warn!(rule = %name, "keeping the current rule: {error:#}");
+                }
+            }
+            Ok(Some(bytes)) => {
+                match self.engine.load_bytes(&name, &bytes) {
+                    Ok(rule) => tracing::info!(rule = %name, sha256 = %&rule.sha256[..12], "rule compiled; no queue uses it"),
+                    Err(error) => tracing::warn!(rule = %name, "failed to load rule {name}: {error:#}"),
+                }
+                self.engine.evict_unused();
+            }
+            Err(error) => {
+                tracing::warn!(rule = %name, "keeping the current rule: {error:#}");
+                if used {
+                    self.record_error(path, &error);
+                }
+            }
+        }
+    }
+
+    fn users(&self, path: &Path) -> Vec<&Arc<RuleGroup>> {
+        self.groups.iter().filter(|g| g.path.as_deref() == Some(path)).collect()
+    }
+
+    fn record_error(&self, path: &Path, error: &anyhow::Error) {
+        let message = format!("{error:#}");
+        for group in self.users(path) {
+            lock(&group.status).last_error = Some(message.clone());
+        }
+    }
+
+    fn remove(&self, path: &Path) {
+        let mut old = Vec::new();
+        for group in self.users(path) {
+            let mut slot = lock(&group.slot);
+            let mut status = lock(&group.status);
+            if status.rule.is_some() {
+                tracing::warn!(queues = %group.label(), rule = %path.display(), "rule file removed; using the built-in rule");
+                self.swaps.fetch_add(1, Ordering::Relaxed);
+            }
+            old.push((slot.live.take(), status.rule.take()));
+            status.generation += 1;
+            status.quarantined = false;
+            status.rebuilding = false;
+            status.last_error = Some(format!("rule file {} does not exist", path.display()));
+            group.consecutive_faults.store(0, Ordering::Relaxed);
+            group.memory_bytes.store(0, Ordering::Relaxed);
+        }
+        drop(old);
+        self.engine.evict_unused();
+    }
+
+    fn apply_bytes(&self, path: &Path, bytes: &[u8]) -> Result<Option<Arc<CompiledRule>>> {
+        let users = self.users(path);
+        let sha256 = hex::encode(Sha256::digest(bytes));
+        let unchanged = !users.is_empty() && users.iter().all(|g| lock(&g.status).rule.as_ref().is_some_and(|r| r.sha256 == sha256));
+        if unchanged {
+            return Ok(lock(&users[0].status).rule.clone());
+        }
+        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let prepared = self.engine.load_bytes(&name, bytes).with_context(|| format!("failed to load rule {name}")).and_then(|rule| {
+            let instances = users
+                .iter()
+                .map(|group| self.engine.instantiate(&rule, &group.params).with_context(|| format!("rule {} cannot serve {}", rule.name, group.label())))
+                .collect::<Result<Vec<_>>>()?;
+            Ok((rule, instances))
+        });
+        let (rule, instances) = match prepared {
             Ok(prepared) => prepared,
             Err(error) => {
-                let message = format!("{error:#}");
-                for slot in &users {
-                    slot.state.lock().unwrap().last_error = Some(message.clone());
-                }
+                self.record_error(path, &error);
+                self.engine.evict_unused();
                 return Err(error);
             }
         };
-        for (slot, instance) in users.iter().zip(instances) {
-            let mut state = slot.state.lock().unwrap();
-            let previous = state.rule.as_ref().map(|r| r.sha256.clone());
-            *state = SlotState { rule: Some(rule.clone()), instance: Some(instance), ..SlotState::default() };
+        let mut old = Vec::new();
+        for (group, instance) in users.iter().zip(instances) {
+            let memory = instance.memory_bytes() as u64;
+            let mut slot = lock(&group.slot);
+            let mut status = lock(&group.status);
+            let previous = status.rule.as_ref().map(|r| r.sha256.clone());
+            old.push((slot.live.replace(Live { rule: rule.clone(), instance }), status.rule.replace(rule.clone())));
+            status.generation += 1;
+            status.quarantined = false;
+            status.rebuilding = false;
+            status.last_error = None;
+            group.consecutive_faults.store(0, Ordering::Relaxed);
+            group.memory_bytes.store(memory, Ordering::Relaxed);
             if previous.as_deref() != Some(rule.sha256.as_str()) {
-                tracing::info!(queue = %slot.config.queue, rule = %rule.name, sha256 = %&rule.sha256[..12], from_cache = rule.from_cache, "rule loaded");
+                tracing::info!(queues = %group.label(), rule = %rule.name, sha256 = %&rule.sha256[..12], from_cache = rule.from_cache, "rule loaded");
             }
         }
+        self.swaps.fetch_add(1, Ordering::Relaxed);
+        // The previous versions go now, and with them (past a small LRU) their compiled code.
+        drop(old);
+        self.engine.evict_unused();
         Ok(Some(rule))
     }
 
-    fn prepare(&self, path: &Path, users: &[&QueueSlot]) -> Result<(Arc<CompiledRule>, Vec<RuleInstance>)> {
-        let rule = self.engine.load_file(path)?;
-        let instances = users
-            .iter()
-            .map(|slot| {
-                self.engine
-                    .instantiate(&rule, &slot.config.params)
-                    .with_context(|| format!("rule {} cannot serve queue {}", rule.name, slot.config.queue))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok((rule, instances))
-    }
-
-    /// `GetOptimalDequeueTaskCount` for `queue`, clamped to `[min_tasks, max_tasks]`.
-    ///
-    /// # Panics
-    /// If `queue` was not configured.
+    /// `GetOptimalDequeueTaskCount` for `queue`, clamped to `[min_tasks, max_tasks]`. An
+    /// unknown queue gets the built-in rule's decision.
     pub fn decide_task_count(&self, queue: &str, state: &QueueState) -> Decision<u32> {
-        let slot = self.slot(queue);
-        let (raw, source) = self.decide(slot, |i| i.optimal_dequeue_task_count(state), || paper::optimal_dequeue_task_count(state));
-        let value = raw.clamp(state.min_tasks, state.max_tasks.max(state.min_tasks));
-        slot.finish(Decision { value, source, clamped: value != raw })
+        match self.queues.get(queue) {
+            Some(rules) => rules.decide_task_count(state),
+            None => clamp_task_count(paper::optimal_dequeue_task_count(state), DecisionSource::BuiltIn, state),
+        }
     }
 
     /// `QueueEmpty` for `queue`: the delay is clamped to `[min_interval_ms, max_interval_ms]`.
-    ///
-    /// # Panics
-    /// If `queue` was not configured.
+    /// An unknown queue gets the built-in rule's decision.
     pub fn decide_queue_empty(&self, queue: &str, ctx: &IdleContext) -> Decision<IdleDecision> {
-        let slot = self.slot(queue);
-        let (raw, source) = self.decide(slot, |i| i.on_queue_empty(ctx), || paper::on_queue_empty(ctx));
-        let delay_ms = raw.delay_ms.clamp(ctx.min_interval_ms, ctx.max_interval_ms.max(ctx.min_interval_ms));
-        let value = IdleDecision { delay_ms, stop: raw.stop };
-        slot.finish(Decision { value, source, clamped: delay_ms != raw.delay_ms })
+        match self.queues.get(queue) {
+            Some(rules) => rules.decide_queue_empty(ctx),
+            None => clamp_idle(paper::on_queue_empty(ctx), DecisionSource::BuiltIn, ctx),
+        }
     }
 
-    /// The rule state of `queue`, or `None` if it is not configured.
+    /// The rule state of `queue`, or `None` if it is not configured. Never waits on a rule.
     pub fn status(&self, queue: &str) -> Option<RuleStatus> {
-        let slot = self.slots.get(queue)?;
-        let state = slot.state.lock().unwrap();
-        Some(RuleStatus {
-            file: state.rule.as_ref().map(|r| r.name.clone()),
-            sha256: state.rule.as_ref().map(|r| r.sha256.clone()),
-            loaded_at: state.rule.as_ref().map(|r| r.loaded_at),
-            quarantined: state.quarantined,
+        self.queues.get(queue).map(QueueRules::status)
+    }
+}
+
+fn clamp_task_count(raw: u32, source: DecisionSource, state: &QueueState) -> Decision<u32> {
+    let value = raw.clamp(state.min_tasks, state.max_tasks.max(state.min_tasks));
+    Decision { value, source, clamped: value != raw }
+}
+
+fn clamp_idle(raw: IdleDecision, source: DecisionSource, ctx: &IdleContext) -> Decision<IdleDecision> {
+    let delay_ms = raw.delay_ms.clamp(ctx.min_interval_ms, ctx.max_interval_ms.max(ctx.min_interval_ms));
+    Decision { value: IdleDecision { delay_ms, stop: raw.stop }, source, clamped: delay_ms != raw.delay_ms }
+}
+
+impl QueueRules {
+    /// The queue's name.
+    pub fn queue_name(&self) -> &str {
+        &self.slot.name
+    }
+
+    /// `GetOptimalDequeueTaskCount`, clamped to `[min_tasks, max_tasks]`.
+    pub fn decide_task_count(&self, state: &QueueState) -> Decision<u32> {
+        let (raw, source) = self.decide(|i| i.optimal_dequeue_task_count(state), || paper::optimal_dequeue_task_count(state));
+        self.finish(clamp_task_count(raw, source, state))
+    }
+
+    /// `QueueEmpty`: the delay is clamped to `[min_interval_ms, max_interval_ms]`.
+    pub fn decide_queue_empty(&self, ctx: &IdleContext) -> Decision<IdleDecision> {
+        let (raw, source) = self.decide(|i| i.on_queue_empty(ctx), || paper::on_queue_empty(ctx));
+        self.finish(clamp_idle(raw, source, ctx))
+    }
+
+    /// The queue's rule state. Never waits on a rule call or an instantiation.
+    pub fn status(&self) -> RuleStatus {
+        let slot = &self.slot;
+        let group = &slot.group;
+        let status = lock(&group.status);
+        RuleStatus {
+            file: status.rule.as_ref().map(|r| r.name.clone()),
+            sha256: status.rule.as_ref().map(|r| r.sha256.clone()),
+            loaded_at: status.rule.as_ref().map(|r| r.loaded_at),
+            quarantined: status.quarantined,
             decisions: slot.decisions.load(Ordering::Relaxed),
             faults: slot.faults.load(Ordering::Relaxed),
             clamps: slot.clamps.load(Ordering::Relaxed),
-            last_error: state.last_error.clone(),
-        })
-    }
-
-    fn slot(&self, queue: &str) -> &QueueSlot {
-        self.slots.get(queue).unwrap_or_else(|| panic!("queue {queue} has no rule slot"))
-    }
-
-    fn decide<T>(
-        &self,
-        slot: &QueueSlot,
-        call: impl FnOnce(&mut RuleInstance) -> Result<T>,
-        built_in: impl FnOnce() -> T,
-    ) -> (T, DecisionSource) {
-        let mut guard = slot.state.lock().unwrap();
-        let state = &mut *guard;
-        let Some(rule) = state.rule.clone() else { return (built_in(), DecisionSource::BuiltIn) };
-        if state.quarantined {
-            return (built_in(), DecisionSource::BuiltIn);
+            last_error: status.last_error.clone(),
+            instance_memory_bytes: group.memory_bytes.load(Ordering::Relaxed),
+            shared_by: group.queues.len(),
+            rebuilding: status.rebuilding,
         }
-        let instance = match state.instance.take() {
-            Some(instance) => Ok(instance),
-            // The previous call trapped: a trapped instance cannot be entered again.
-            None => self.engine.instantiate(&rule, &slot.config.params),
-        };
-        let outcome = instance.and_then(|mut instance| {
-            let result = call(&mut instance);
-            state.output_logger.drain(instance.output(), &slot.config.queue, &rule.name);
-            result.map(|value| (value, instance))
-        });
-        match outcome {
-            Ok((value, instance)) => {
-                state.instance = Some(instance);
-                state.consecutive_faults = 0;
-                (value, DecisionSource::Rule)
+    }
+
+    /// Fault injection for tests: the next call into the rule panics on the host side.
+    #[doc(hidden)]
+    pub fn inject_host_panic(&self) {
+        self.slot.inject_panic.store(true, Ordering::Relaxed);
+    }
+
+    fn finish<T>(&self, decision: Decision<T>) -> Decision<T> {
+        self.slot.decisions.fetch_add(1, Ordering::Relaxed);
+        if decision.clamped {
+            self.slot.clamps.fetch_add(1, Ordering::Relaxed);
+        }
+        decision
+    }
+
+    fn decide<T>(&self, call: impl FnOnce(&mut RuleInstance) -> Result<T>, built_in: impl FnOnce() -> T) -> (T, DecisionSource) {
+        let slot = &*self.slot;
+        let group = &slot.group;
+        match catch_unwind(AssertUnwindSafe(|| group.call(slot, call))) {
+            Ok(Called::Decided(value)) => (value, DecisionSource::Rule),
+            Ok(Called::NoInstance) => {
+                group.rebuild_if_needed();
+                (built_in(), DecisionSource::BuiltIn)
             }
-            Err(error) => {
+            Ok(Called::Faulted) => (built_in(), DecisionSource::Fallback),
+            Err(panic) => {
+                // The instance may be half-way through anything: drop it, count a fault.
+                let mut instance = lock(&group.slot);
+                let rule = instance.live.take().map(|l| l.rule.name.clone()).unwrap_or_default();
                 slot.faults.fetch_add(1, Ordering::Relaxed);
-                state.consecutive_faults += 1;
-                let reason = format!("{error:#}");
-                tracing::warn!(queue = %slot.config.queue, rule = %rule.name, %reason, "rule faulted; the built-in rule decides this call");
-                if state.consecutive_faults >= self.engine.limits().quarantine_after {
-                    state.quarantined = true;
-                    tracing::warn!(queue = %slot.config.queue, rule = %rule.name, faults = state.consecutive_faults, "rule quarantined until its file changes");
-                }
-                state.last_error = Some(reason);
+                group.fault(&slot.name, &rule, format!("the host panicked while calling the rule: {}", panic_message(&*panic)));
+                drop(instance);
                 (built_in(), DecisionSource::Fallback)
             }
         }
     }
 }
 
-impl QueueSlot {
-    fn finish<T>(&self, decision: Decision<T>) -> Decision<T> {
-        self.decisions.fetch_add(1, Ordering::Relaxed);
-        if decision.clamped {
-            self.clamps.fetch_add(1, Ordering::Relaxed);
+enum Called<T> {
+    Decided(T),
+    NoInstance,
+    Faulted,
+}
+
+impl RuleGroup {
+    fn label(&self) -> String {
+        match self.queues.as_slice() {
+            [one] => format!("queue {one}"),
+            many if many.len() <= 3 => format!("queues {}", many.join(", ")),
+            many => format!("queues {} and {} more", many[..3].join(", "), many.len() - 3),
         }
-        decision
     }
+
+    fn call<T>(self: &Arc<Self>, queue: &QueueSlot, call: impl FnOnce(&mut RuleInstance) -> Result<T>) -> Called<T> {
+        let mut guard = lock(&self.slot);
+        let slot = &mut *guard;
+        let Some(live) = slot.live.as_mut() else { return Called::NoInstance };
+        if queue.inject_panic.swap(false, Ordering::Relaxed) {
+            panic!("fault injected by a test");
+        }
+        let result = call(&mut live.instance);
+        slot.output_logger.drain(live.instance.output(), &queue.name, &live.rule.name);
+        match result {
+            Ok(value) => {
+                self.memory_bytes.store(live.instance.memory_bytes() as u64, Ordering::Relaxed);
+                self.consecutive_faults.store(0, Ordering::Relaxed);
+                Called::Decided(value)
+            }
+            Err(error) => {
+                // A trapped instance cannot be entered again.
+                let rule = live.rule.name.clone();
+                slot.live = None;
+                self.memory_bytes.store(0, Ordering::Relaxed);
+                queue.faults.fetch_add(1, Ordering::Relaxed);
+                self.fault(&queue.name, &rule, format!("{error:#}"));
+                Called::Faulted
+            }
+        }
+    }
+
+    /// Counts a fault; quarantines the rule at the limit (saying so once), otherwise starts
+    /// rebuilding its instance off the decision path.
+    fn fault(self: &Arc<Self>, queue: &str, rule: &str, reason: String) {
+        let faults = self.consecutive_faults.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::warn!(queue, rule, %reason, "rule faulted; the built-in rule decides this call");
+        let quarantine = {
+            let mut status = lock(&self.status);
+            status.last_error = Some(reason);
+            let quarantine = faults >= self.engine.limits().quarantine_after && !status.quarantined && status.rule.is_some();
+            status.quarantined |= quarantine;
+            quarantine
+        };
+        if quarantine {
+            tracing::warn!(queues = %self.label(), rule, faults, "rule quarantined until its file's content changes; the built-in rule decides");
+        } else {
+            self.rebuild_if_needed();
+        }
+    }
+
+    /// Starts rebuilding the instance on a thread of its own, unless one is on the way, the
+    /// group has no rule, or it is quarantined.
+    fn rebuild_if_needed(self: &Arc<Self>) {
+        let (rule, generation) = {
+            let mut status = lock(&self.status);
+            if status.rebuilding || status.quarantined {
+                return;
+            }
+            let Some(rule) = status.rule.clone() else { return };
+            status.rebuilding = true;
+            (rule, status.generation)
+        };
+        let group = self.clone();
+        let spawned = std::thread::Builder::new().name("ebb-rule-rebuild".into()).spawn(move || group.rebuild(rule, generation));
+        if let Err(error) = spawned {
+            tracing::warn!(queues = %self.label(), "could not start rebuilding a rule instance: {error}");
+            lock(&self.status).rebuilding = false;
+        }
+    }
+
+    fn rebuild(self: Arc<Self>, rule: Arc<CompiledRule>, generation: u64) {
+        let built = catch_unwind(AssertUnwindSafe(|| self.engine.instantiate(&rule, &self.params)))
+            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the host panicked: {}", panic_message(&*panic))));
+        let mut slot = lock(&self.slot);
+        let mut status = lock(&self.status);
+        if status.generation != generation {
+            return; // a swap came first; it reset the flags
+        }
+        status.rebuilding = false;
+        match built {
+            Ok(instance) if slot.live.is_none() && !status.quarantined => {
+                self.memory_bytes.store(instance.memory_bytes() as u64, Ordering::Relaxed);
+                slot.live = Some(Live { rule, instance });
+            }
+            Ok(_) => {}
+            Err(error) => {
+                drop(status);
+                drop(slot);
+                // Counted like a faulty call; the next decision tries again (or quarantine holds).
+                let faults = self.consecutive_faults.fetch_add(1, Ordering::Relaxed) + 1;
+                let reason = format!("its instance could not be rebuilt: {error:#}");
+                tracing::warn!(queues = %self.label(), rule = %rule.name, %reason, "rule faulted; the built-in rule decides");
+                let mut status = lock(&self.status);
+                status.last_error = Some(reason);
+                if faults >= self.engine.limits().quarantine_after && !status.quarantined && status.generation == generation {
+                    status.quarantined = true;
+                    tracing::warn!(queues = %self.label(), rule = %rule.name, faults, "rule quarantined until its file's content changes; the built-in rule decides");
+                }
+            }
+        }
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_else(|| "(no message)".into())
 }

@@ -16,6 +16,9 @@ const CAPTURE_BYTES: usize = 4096;
 /// Lines logged per window per rule instance; the rest are counted, not logged.
 const LINES_PER_WINDOW: u32 = 20;
 const WINDOW: Duration = Duration::from_secs(10);
+/// Lines and bytes of a rule's output quoted in a fault's message.
+const LAST_WORDS_LINES: usize = 3;
+const LAST_WORDS_BYTES: usize = 400;
 
 /// The sink a rule's output streams write into. Cloning shares the buffer.
 #[derive(Clone, Default)]
@@ -31,16 +34,30 @@ struct Captured {
 
 impl CapturedOutput {
     fn append(&self, data: &[u8]) {
-        let mut captured = self.buffer.lock().unwrap();
+        let mut captured = self.buffer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let room = CAPTURE_BYTES.saturating_sub(captured.bytes.len());
         let kept = room.min(data.len());
         captured.bytes.extend_from_slice(&data[..kept]);
         captured.dropped += (data.len() - kept) as u64;
     }
 
+    /// The last few lines written since the last take (a panic message, the end of a
+    /// traceback), on one line, for a fault's WARN line; `None` if the rule wrote nothing.
+    pub fn last_words(&self) -> Option<String> {
+        let captured = self.buffer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let text = String::from_utf8_lossy(&captured.bytes);
+        let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with("note: run with `RUST_BACKTRACE")).collect();
+        let words = lines[lines.len().saturating_sub(LAST_WORDS_LINES)..].join(" | ");
+        if words.is_empty() {
+            return None;
+        }
+        let cut = (0..=words.len().min(LAST_WORDS_BYTES)).rev().find(|&i| words.is_char_boundary(i)).unwrap_or(0);
+        Some(if cut < words.len() { format!("{}…", &words[..cut]) } else { words })
+    }
+
     /// Takes what was written since the last call: the bytes kept and how many were dropped.
     fn take(&self) -> (Vec<u8>, u64) {
-        let mut captured = self.buffer.lock().unwrap();
+        let mut captured = self.buffer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         (std::mem::take(&mut captured.bytes), std::mem::take(&mut captured.dropped))
     }
 }

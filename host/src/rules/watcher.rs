@@ -1,15 +1,26 @@
 //! Hot reload: watch the rules folder and swap rules in when their files change.
+//!
+//! Only events that can change what a file holds count (writes, close-after-write,
+//! creations, renames, removals, permission changes); opening and reading a file, which
+//! the host itself does, are ignored. A burst of events is applied after `debounce`
+//! without events, or at the latest [`MAX_DEBOUNCE_DELAY`] after its first event, and a
+//! file is re-applied only when its content's sha256 changed.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
-use notify::{RecursiveMode, Watcher as _};
+use notify::event::{AccessKind, AccessMode, MetadataKind, ModifyKind};
+use notify::{EventKind, RecursiveMode, Watcher as _};
 
 use super::set::RuleSet;
+
+/// The longest a burst of file events can delay applying them: a folder written without
+/// pause is still applied this often.
+pub const MAX_DEBOUNCE_DELAY: Duration = Duration::from_secs(1);
 
 /// Watches a rules folder while it lives; dropping it stops the watch.
 pub struct RuleWatcher {
@@ -18,18 +29,20 @@ pub struct RuleWatcher {
 
 impl RuleSet {
     /// Watches `dir` (not recursively). When `.wasm` files change, waits until no event has
-    /// come for `debounce`, then applies each changed file to the queues that use it
-    /// ([`RuleSet::apply_file`]); a file no queue uses is still compiled, to report
-    /// problems early and warm the cache. Work runs on a thread of its own.
+    /// come for `debounce` (or [`MAX_DEBOUNCE_DELAY`] since the first event of the burst,
+    /// whichever comes first), then applies each changed file whose content changed to the
+    /// queues that use it; a file no queue uses is still compiled, to report problems
+    /// early and warm the cache. Work runs on a thread of its own.
     pub fn watch(self: &Arc<Self>, dir: &Path, debounce: Duration) -> Result<RuleWatcher> {
         let dir = dir.canonicalize().with_context(|| format!("failed to open rules folder {}", dir.display()))?;
         let (events_tx, events) = mpsc::channel::<PathBuf>();
         let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
-            Ok(event) => {
+            Ok(event) if may_change_content(&event.kind) => {
                 for path in event.paths.into_iter().filter(|p| is_rule_file(p)) {
                     let _ = events_tx.send(path);
                 }
             }
+            Ok(_) => {}
             Err(error) => tracing::warn!("rules folder watch error: {error}"),
         })
         .context("failed to start watching the rules folder")?;
@@ -42,42 +55,124 @@ impl RuleSet {
             .spawn(move || {
                 let span = tracing::info_span!("rule_watcher", dir = %dir.display());
                 let _entered = span.enter();
-                while let Ok(first) = events.recv() {
-                    let mut changed = BTreeSet::from([first]);
-                    loop {
-                        match events.recv_timeout(debounce) {
-                            Ok(path) => {
-                                changed.insert(path);
-                            }
-                            Err(RecvTimeoutError::Timeout) => break,
-                            Err(RecvTimeoutError::Disconnected) => return,
+                let mut burst = Debounce::new(debounce, MAX_DEBOUNCE_DELAY.max(debounce));
+                let mut changed = BTreeSet::new();
+                loop {
+                    let next = match burst.remaining(Instant::now()) {
+                        None => events.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                        Some(left) if left.is_zero() => Err(RecvTimeoutError::Timeout),
+                        Some(left) => events.recv_timeout(left),
+                    };
+                    match next {
+                        Ok(path) => {
+                            changed.insert(path);
+                            burst.event(Instant::now());
                         }
-                    }
-                    let Some(rules) = rules.upgrade() else { return };
-                    for path in changed {
-                        rules.on_file_event(&dir.join(path.file_name().unwrap_or_default()));
+                        Err(RecvTimeoutError::Timeout) => {
+                            burst.clear();
+                            let Some(rules) = rules.upgrade() else { return };
+                            for path in std::mem::take(&mut changed) {
+                                rules.refresh(&dir.join(path.file_name().unwrap_or_default()));
+                            }
+                        }
+                        Err(RecvTimeoutError::Disconnected) => return,
                     }
                 }
             })
             .context("failed to start the rule watcher thread")?;
         Ok(RuleWatcher { _watcher: watcher })
     }
+}
 
-    fn on_file_event(&self, path: &Path) {
-        let name = path.file_name().unwrap_or_default().to_string_lossy();
-        if self.rule_files().iter().any(|p| p == path) {
-            if let Err(error) = self.apply_file(path) {
-                tracing::warn!(rule = %name, "keeping the current rule: {error:#}");
-            }
-        } else if path.exists() {
-            match self.engine().load_file(path) {
-                Ok(rule) => tracing::info!(rule = %name, sha256 = %&rule.sha256[..12], "rule compiled; no queue uses it"),
-                Err(error) => tracing::warn!(rule = %name, "{error:#}"),
-            }
-        }
+/// Whether an event may have changed a file's content (or whether it can be read). Opening,
+/// reading and closing without writing, which the host's own reads cause, do not.
+fn may_change_content(kind: &EventKind) -> bool {
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        EventKind::Modify(ModifyKind::Metadata(MetadataKind::AccessTime)) => false,
+        _ => true,
     }
 }
 
 fn is_rule_file(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "wasm")
+}
+
+/// When a burst of events is due: `quiet` after its last event, but no later than
+/// `max_delay` after its first.
+#[derive(Debug)]
+struct Debounce {
+    quiet: Duration,
+    max_delay: Duration,
+    burst: Option<(Instant, Instant)>,
+}
+
+impl Debounce {
+    fn new(quiet: Duration, max_delay: Duration) -> Self {
+        Debounce { quiet, max_delay, burst: None }
+    }
+
+    fn event(&mut self, now: Instant) {
+        let first = self.burst.map_or(now, |(first, _)| first);
+        self.burst = Some((first, now));
+    }
+
+    /// Time left before the pending burst is due (zero: due now); `None` without one.
+    fn remaining(&self, now: Instant) -> Option<Duration> {
+        let (first, last) = self.burst?;
+        Some((last + self.quiet).min(first + self.max_delay).saturating_duration_since(now))
+    }
+
+    fn clear(&mut self) {
+        self.burst = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_quiet_burst_is_due_after_the_debounce() {
+        let start = Instant::now();
+        let mut d = Debounce::new(30 * MS, 1000 * MS);
+        assert_eq!(d.remaining(start), None);
+        d.event(start);
+        d.event(start + 10 * MS);
+        assert_eq!(d.remaining(start + 10 * MS), Some(30 * MS));
+        assert_eq!(d.remaining(start + 40 * MS), Some(Duration::ZERO));
+        d.clear();
+        assert_eq!(d.remaining(start + 50 * MS), None);
+    }
+
+    #[test]
+    fn events_without_pause_are_due_after_the_max_delay() {
+        let start = Instant::now();
+        let mut d = Debounce::new(30 * MS, 1000 * MS);
+        let mut now = start;
+        // An event every 20 ms never leaves 30 ms of quiet, yet the burst comes due at 1 s.
+        while d.remaining(now) != Some(Duration::ZERO) {
+            d.event(now);
+            now += 20 * MS;
+            assert!(now <= start + 1020 * MS, "never due");
+        }
+        assert!(now >= start + 1000 * MS);
+    }
+
+    #[test]
+    fn only_events_that_can_change_content_count() {
+        use notify::event::{CreateKind, DataChange, RemoveKind, RenameMode};
+        assert!(!may_change_content(&EventKind::Access(AccessKind::Open(AccessMode::Any))));
+        assert!(!may_change_content(&EventKind::Access(AccessKind::Close(AccessMode::Read))));
+        assert!(!may_change_content(&EventKind::Access(AccessKind::Read)));
+        assert!(!may_change_content(&EventKind::Modify(ModifyKind::Metadata(MetadataKind::AccessTime))));
+        assert!(may_change_content(&EventKind::Access(AccessKind::Close(AccessMode::Write))));
+        assert!(may_change_content(&EventKind::Create(CreateKind::File)));
+        assert!(may_change_content(&EventKind::Modify(ModifyKind::Data(DataChange::Any))));
+        assert!(may_change_content(&EventKind::Modify(ModifyKind::Name(RenameMode::To))));
+        assert!(may_change_content(&EventKind::Remove(RemoveKind::File)));
+    }
 }

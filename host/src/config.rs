@@ -11,8 +11,9 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 
+use crate::http::ApiLimits;
 use crate::listener::QueueSettings;
-use crate::queue::MAX_BATCH;
+use crate::queue::{MAX_BATCH, MAX_VISIBILITY};
 use crate::rules::{QueueRuleConfig, RuleLimits};
 
 /// Environment variable that supplies the API token (overrides `api.token`).
@@ -28,7 +29,8 @@ pub struct ConfigFile {
     /// Watched folder of rule components. Default `rules`.
     #[serde(default = "defaults::rules_dir")]
     pub rules_dir: PathBuf,
-    /// Largest message body accepted, in bytes. Default 65536 (Azure's limit).
+    /// Largest message body accepted, in bytes, 1 to 1 MiB (also the API's body limit).
+    /// Default 65536 (Azure's limit).
     #[serde(default = "defaults::max_message_bytes")]
     pub max_message_bytes: usize,
     /// How long shutdown waits for in-flight messages before releasing them. Default `30s`.
@@ -54,11 +56,19 @@ pub struct ApiFile {
     pub listen: String,
     /// Bearer token required on every request (or set `EBB_API_TOKEN`). Default: none.
     pub token: Option<String>,
+    /// How long a client may take to send a request's headers (idle keep-alive time
+    /// included) before its connection is closed. Default `10s`.
+    #[serde(default = "defaults::header_read_timeout", with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// How long a connection may stay without traffic, no request being answered, before
+    /// it is closed. Default `60s`.
+    #[serde(default = "defaults::idle_timeout", with = "humantime_serde")]
+    pub idle_timeout: Duration,
 }
 
 impl Default for ApiFile {
     fn default() -> Self {
-        ApiFile { listen: defaults::listen(), token: None }
+        ApiFile { listen: defaults::listen(), token: None, header_read_timeout: defaults::header_read_timeout(), idle_timeout: defaults::idle_timeout() }
     }
 }
 
@@ -123,7 +133,7 @@ pub struct QueueFile {
     #[serde(default = "defaults::max_dequeue_count")]
     pub max_dequeue_count: u32,
     /// Whether pushed messages and notifications wake the queue, so idle tasks may all stop. Default false.
-    #[serde(default)]
+    #[serde(default = "defaults::push")]
     pub push: bool,
     /// Least time between two task-count decisions. Default `1s`.
     #[serde(default = "defaults::scale_interval", with = "humantime_serde")]
@@ -148,9 +158,15 @@ pub struct HandlerFile {
     pub timeout: Duration,
 }
 
+/// Defaults of the file form. Each value is written once: the runtime types' `Default`
+/// ([`QueueSettings`], [`RuleLimits`], [`ApiLimits`]) hold theirs, and these read them.
 mod defaults {
     use std::path::PathBuf;
     use std::time::Duration;
+
+    use crate::http::ApiLimits;
+    use crate::listener::QueueSettings;
+    use crate::rules::RuleLimits;
 
     pub fn data_dir() -> PathBuf {
         "ebb-data".into()
@@ -167,51 +183,108 @@ mod defaults {
     pub fn listen() -> String {
         "127.0.0.1:7070".into()
     }
+    pub fn header_read_timeout() -> Duration {
+        ApiLimits::default().header_read_timeout
+    }
+    pub fn idle_timeout() -> Duration {
+        ApiLimits::default().idle_timeout
+    }
     pub fn call_deadline() -> Duration {
-        Duration::from_millis(10)
+        RuleLimits::default().call_deadline
     }
     pub fn call_fuel() -> u64 {
-        10_000_000
+        RuleLimits::default().call_fuel
     }
     pub fn memory_mib() -> usize {
-        64
+        RuleLimits::default().memory_bytes >> 20
     }
     pub fn quarantine_after() -> u32 {
-        5
+        RuleLimits::default().quarantine_after
     }
     pub fn batch_size() -> u32 {
-        32
+        QueueSettings::default().batch_size
     }
     pub fn min_tasks() -> u32 {
-        1
+        QueueSettings::default().min_tasks
     }
     pub fn max_tasks() -> u32 {
-        32
+        QueueSettings::default().max_tasks
     }
     pub fn min_polling_interval() -> Duration {
-        Duration::from_millis(100)
+        QueueSettings::default().min_polling_interval
     }
     pub fn max_polling_interval() -> Duration {
-        Duration::from_secs(60)
+        QueueSettings::default().max_polling_interval
     }
     pub fn visibility_timeout() -> Duration {
-        Duration::from_secs(1)
+        QueueSettings::default().visibility_timeout
     }
     pub fn max_retry_delay() -> Duration {
-        Duration::from_secs(600)
+        QueueSettings::default().max_retry_delay
     }
     pub fn lease_duration() -> Duration {
-        Duration::from_secs(30)
+        QueueSettings::default().lease_duration
     }
     pub fn max_dequeue_count() -> u32 {
-        5
+        QueueSettings::default().max_dequeue_count
+    }
+    pub fn push() -> bool {
+        QueueSettings::default().push_enabled
     }
     pub fn scale_interval() -> Duration {
-        Duration::from_secs(1)
+        QueueSettings::default().scale_interval
     }
     pub fn handler_timeout() -> Duration {
         Duration::from_secs(30)
     }
+}
+
+/// Largest `max_message_bytes`: 1 MiB, the largest request body the API accepts.
+pub const MAX_MESSAGE_BYTES_LIMIT: usize = 1 << 20;
+/// Longest polling interval, scale interval, drain, handler or API timeout.
+pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+/// Longest rule call deadline: a decision is meant to take microseconds.
+pub const MAX_CALL_DEADLINE: Duration = Duration::from_secs(1);
+/// Most linear memory per rule instance, in MiB.
+pub const MAX_MEMORY_MIB: usize = 4096;
+/// Longest queue name: Azure's 63 less the 7 of `-poison`, which names its poison queue.
+pub const MAX_QUEUE_NAME_LEN: usize = 56;
+
+/// The least a duration may be, for [`check_duration`].
+enum AtLeast {
+    /// Zero is fine.
+    Zero,
+    /// More than zero.
+    AboveZero,
+    /// At least this much.
+    Duration(Duration),
+}
+
+/// Checks that `key`'s `value` is at least `min` and at most `max`, naming the key and the bounds.
+fn check_duration(key: &str, value: Duration, min: AtLeast, max: Duration) -> Result<()> {
+    let show = |d: Duration| humantime::format_duration(d).to_string();
+    let (ok, bounds) = match min {
+        AtLeast::Zero => (value <= max, format!("at most {}", show(max))),
+        AtLeast::AboveZero => (!value.is_zero() && value <= max, format!("more than 0s and at most {}", show(max))),
+        AtLeast::Duration(min) => (min <= value && value <= max, format!("{} to {}", show(min), show(max))),
+    };
+    if !ok {
+        bail!("{key}: must be {bounds}, got {}", show(value));
+    }
+    Ok(())
+}
+
+/// `key` names a folder: it must be one, or not exist yet (then it is created), never a file.
+fn check_folder(key: &str, path: &Path) -> Result<()> {
+    if let Some(existing) = path.ancestors().find(|a| a.symlink_metadata().is_ok())
+        && !existing.is_dir()
+    {
+        if existing == path {
+            bail!("{key}: {} is a file, not a folder", path.display());
+        }
+        bail!("{key}: {} cannot be a folder: {} is a file", path.display(), existing.display());
+    }
+    Ok(())
 }
 
 /// A validated configuration, ready to run.
@@ -229,6 +302,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// API token, if any.
     pub token: Option<String>,
+    /// The API server's limits (`max_body_bytes` is `max_message_bytes`).
+    pub api_limits: ApiLimits,
     /// Rule limits.
     pub rule_limits: RuleLimits,
     /// The queues.
@@ -269,17 +344,38 @@ impl ConfigFile {
     fn validate(self, base: &Path, env_token: Option<String>) -> Result<Config> {
         let listen: SocketAddr =
             self.api.listen.parse().map_err(|_| anyhow::anyhow!("api.listen: {:?} is not an address like 127.0.0.1:7070", self.api.listen))?;
-        let token = env_token.filter(|t| !t.is_empty()).or(self.api.token);
+        if self.api.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            bail!("api.token: is empty or blank; set a token, or remove the key to run without one");
+        }
+        let env_token = env_token.filter(|t| !t.is_empty());
+        if env_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            bail!("{TOKEN_ENV}: is blank; set a token, or unset the variable");
+        }
+        let token = env_token.or(self.api.token);
         if !listen.ip().is_loopback() && token.is_none() {
             bail!("api.listen: {listen} is not a loopback address, so api.token (or {TOKEN_ENV}) is required");
         }
-        if self.max_message_bytes == 0 {
-            bail!("max_message_bytes: must be more than 0");
+        check_duration("api.header_read_timeout", self.api.header_read_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
+        check_duration("api.idle_timeout", self.api.idle_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
+        if !(1..=MAX_MESSAGE_BYTES_LIMIT).contains(&self.max_message_bytes) {
+            bail!(
+                "max_message_bytes: must be 1 to {MAX_MESSAGE_BYTES_LIMIT} bytes (1 MiB, the largest body the API accepts), got {}",
+                self.max_message_bytes
+            );
         }
-        if self.rule_limits.memory_mib == 0 || self.rule_limits.call_fuel == 0 || self.rule_limits.call_deadline.is_zero() {
-            bail!("rule_limits: call_deadline, call_fuel and memory_mib must be more than 0");
+        check_duration("drain_timeout", self.drain_timeout, AtLeast::Zero, MAX_INTERVAL)?;
+        let limits = &self.rule_limits;
+        check_duration("rule_limits.call_deadline", limits.call_deadline, AtLeast::AboveZero, MAX_CALL_DEADLINE)?;
+        if limits.call_fuel == 0 {
+            bail!("rule_limits.call_fuel: must be more than 0");
         }
+        if !(1..=MAX_MEMORY_MIB).contains(&limits.memory_mib) {
+            bail!("rule_limits.memory_mib: must be 1 to {MAX_MEMORY_MIB}, got {}", limits.memory_mib);
+        }
+        let data_dir = base.join(&self.data_dir);
+        check_folder("data_dir", &data_dir)?;
         let rules_dir = base.join(&self.rules_dir);
+        check_folder("rules_dir", &rules_dir)?;
         let mut queues = Vec::new();
         for (name, queue) in self.queues {
             queues.push(queue.validate(&name, &rules_dir).with_context(|| format!("queues.{name}"))?);
@@ -288,12 +384,17 @@ impl ConfigFile {
             bail!("queues: configure at least one queue ([queues.<name>] with a handler)");
         }
         Ok(Config {
-            data_dir: base.join(self.data_dir),
+            data_dir,
             rules_dir,
             max_message_bytes: self.max_message_bytes,
             drain_timeout: self.drain_timeout,
             listen,
             token,
+            api_limits: ApiLimits {
+                max_body_bytes: self.max_message_bytes,
+                header_read_timeout: self.api.header_read_timeout,
+                idle_timeout: self.api.idle_timeout,
+            },
             rule_limits: RuleLimits {
                 call_deadline: self.rule_limits.call_deadline,
                 call_fuel: self.rule_limits.call_fuel,
@@ -306,11 +407,28 @@ impl ConfigFile {
     }
 }
 
-/// Queue names as Azure allows them: 3–63 lowercase letters, digits and single dashes.
+/// Queue names as Azure allows them (3 to 63 lowercase letters, digits and single dashes),
+/// at most [`MAX_QUEUE_NAME_LEN`] long so that `<name>-poison` is one too.
 fn check_queue_name(name: &str) -> Result<()> {
     let ok_chars = name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-    if !(3..=56).contains(&name.len()) || !ok_chars || name.starts_with('-') || name.ends_with('-') || name.contains("--") {
-        bail!("{name:?} is not a valid queue name: 3 to 56 lowercase letters, digits and single dashes (\"-poison\" is added for its poison queue)");
+    if !(3..=MAX_QUEUE_NAME_LEN).contains(&name.len()) || !ok_chars || name.starts_with('-') || name.ends_with('-') || name.contains("--") {
+        bail!(
+            "{name:?} is not a valid queue name: 3 to {MAX_QUEUE_NAME_LEN} lowercase letters, digits and single dashes (\"-poison\" is added for its poison queue)"
+        );
+    }
+    Ok(())
+}
+
+/// The handler URL: http or https, with a host written out (`http:///work` is rejected,
+/// although URL parsing would take `work` for the host).
+fn check_handler_url(text: &str) -> Result<()> {
+    let url = reqwest::Url::parse(text).map_err(|e| anyhow::anyhow!("handler.url: {text:?} is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        bail!("handler.url: {text:?} must be http or https");
+    }
+    let authority = text.split_once("://").map_or("", |(_, rest)| rest.split(['/', '?', '#']).next().unwrap_or(""));
+    if authority.is_empty() || url.host_str().is_none_or(str::is_empty) {
+        bail!("handler.url: {text:?} has no host; write it as http://host:port/path");
     }
     Ok(())
 }
@@ -330,15 +448,15 @@ impl QueueFile {
         if self.min_tasks == 0 && !self.push {
             bail!("min_tasks: 0 needs push = true (without push notifications, nothing would notice new messages)");
         }
-        if self.min_polling_interval.is_zero() {
-            bail!("min_polling_interval: must be more than 0");
-        }
+        check_duration("min_polling_interval", self.min_polling_interval, AtLeast::AboveZero, MAX_INTERVAL)?;
+        check_duration("max_polling_interval", self.max_polling_interval, AtLeast::AboveZero, MAX_INTERVAL)?;
         if self.min_polling_interval > self.max_polling_interval {
             bail!("min_polling_interval: {} is more than max_polling_interval ({})", humantime::format_duration(self.min_polling_interval), humantime::format_duration(self.max_polling_interval));
         }
-        if self.lease_duration < Duration::from_secs(1) {
-            bail!("lease_duration: must be at least 1s");
-        }
+        check_duration("lease_duration", self.lease_duration, AtLeast::Duration(Duration::from_secs(1)), MAX_VISIBILITY)?;
+        check_duration("visibility_timeout", self.visibility_timeout, AtLeast::AboveZero, MAX_VISIBILITY)?;
+        check_duration("max_retry_delay", self.max_retry_delay, AtLeast::Zero, MAX_VISIBILITY)?;
+        check_duration("scale_interval", self.scale_interval, AtLeast::Zero, MAX_INTERVAL)?;
         if self.max_dequeue_count == 0 {
             bail!("max_dequeue_count: must be at least 1");
         }
@@ -352,10 +470,8 @@ impl QueueFile {
                 Some(rules_dir.join(file))
             }
         };
-        let url = reqwest::Url::parse(&self.handler.url).map_err(|e| anyhow::anyhow!("handler.url: {:?} is not a URL: {e}", self.handler.url))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            bail!("handler.url: {:?} must be http or https", self.handler.url);
-        }
+        check_handler_url(&self.handler.url)?;
+        check_duration("handler.timeout", self.handler.timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
         Ok(QueueConfig {
             name: name.to_string(),
             settings: QueueSettings {
@@ -370,7 +486,7 @@ impl QueueFile {
                 max_dequeue_count: self.max_dequeue_count,
                 push_enabled: self.push,
                 scale_interval: self.scale_interval,
-                random_seed: None,
+                ..QueueSettings::default()
             },
             rule: QueueRuleConfig { queue: name.to_string(), rule, params: self.rule_params.into_iter().collect() },
             handler_url: self.handler.url,

@@ -1,28 +1,47 @@
 //! The HTTP API: `GET /status`, `GET /metrics`, `GET /healthz`,
 //! `POST /queues/{name}/messages`, `POST /queues/{name}/notify`.
 //! When a token is configured, every route but `/healthz` requires `Authorization: Bearer <token>`.
+//!
+//! Every error answer is JSON, `{"error": "<reason>"}`. [`serve`] runs the API on hyper with a
+//! header-read timeout and an idle timeout per connection ([`ApiLimits`]), so slow or idle
+//! clients cannot hold connections open forever.
 
 use std::collections::BTreeMap;
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{Path, Query, Request, State};
-use axum::http::{StatusCode, header};
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Extension, Path, RawQuery, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use serde::Deserialize;
 use serde_json::json;
+use sha2::{Digest as _, Sha256};
+use subtle::ConstantTimeEq as _;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::health::Health;
 use crate::listener::{Listener, ListenerStatus};
-use crate::queue::{QueueClient, QueueError};
+use crate::queue::{MAX_VISIBILITY, QueueClient, QueueError};
 
 /// What the API serves.
 pub struct Api {
@@ -36,22 +55,246 @@ pub struct Api {
     pub health: Health,
 }
 
-/// The API's routes.
-pub fn router(api: Arc<Api>) -> Router {
+/// Limits of the HTTP server (config keys `max_message_bytes`, `[api] header_read_timeout`
+/// and `[api] idle_timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiLimits {
+    /// Largest request body, in bytes: the largest message (`max_message_bytes`). Default 65536.
+    pub max_body_bytes: usize,
+    /// How long a client may take to send a request's headers (from the first wait for them,
+    /// idle keep-alive time included) before its connection is closed. Default 10 s.
+    pub header_read_timeout: Duration,
+    /// How long a connection may go without a byte read or written before it is closed (a
+    /// request whose body stops coming, a client that stops reading). Default 60 s.
+    pub idle_timeout: Duration,
+}
+
+impl Default for ApiLimits {
+    fn default() -> Self {
+        ApiLimits {
+            max_body_bytes: crate::queue::embedded::DEFAULT_MAX_MESSAGE_BYTES,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Serves the API on `listener` until `shutdown` is cancelled, then stops accepting, lets
+/// every open connection finish its request in progress (idle ones close at once) and returns.
+pub async fn serve(listener: TcpListener, api: Arc<Api>, shutdown: CancellationToken, limits: ApiLimits) -> anyhow::Result<()> {
+    let router = router(api, limits);
+    let connections = TaskTracker::new();
+    loop {
+        let stream = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => stream,
+                Err(error) => {
+                    // Out of file descriptors, or a connection reset before it was accepted:
+                    // not the server's end. Pause briefly so a full table is not spun on.
+                    tracing::debug!("API accept failed: {error}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        connections.spawn(serve_connection(stream, router.clone(), shutdown.clone(), limits));
+    }
+    drop(listener);
+    connections.close();
+    connections.wait().await;
+    Ok(())
+}
+
+/// One connection: HTTP/1.1 with keep-alive, the header-read timeout, the idle timeout, and a
+/// graceful close on shutdown.
+async fn serve_connection(stream: TcpStream, router: Router, shutdown: CancellationToken, limits: ApiLimits) {
+    let activity = Arc::new(Activity::new());
+    let io = TokioIo::new(Tracked { inner: stream, activity: activity.clone() });
+    let service = hyper::service::service_fn(move |request: Request<Incoming>| tower_service::Service::call(&mut router.clone(), request));
+    let mut builder = http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+    let connection = builder.serve_connection(io, service);
+    tokio::pin!(connection);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(error) = result {
+                    tracing::debug!("API connection ended: {error}");
+                }
+                return;
+            }
+            () = shutdown.cancelled(), if !closing => {
+                connection.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            () = activity.idle_for(limits.idle_timeout) => {
+                tracing::debug!("closing an API connection idle for {}", humantime::format_duration(limits.idle_timeout));
+                return;
+            }
+        }
+    }
+}
+
+/// When a connection last moved a byte.
+struct Activity {
+    start: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity { start: Instant::now(), last_ms: AtomicU64::new(0) }
+    }
+
+    fn touch(&self) {
+        let now = self.start.elapsed().as_millis() as u64;
+        self.last_ms.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// Completes once no byte has moved for `timeout`.
+    async fn idle_for(&self, timeout: Duration) {
+        loop {
+            let deadline = self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed)) + timeout;
+            if deadline <= Instant::now() {
+                return;
+            }
+            tokio::time::sleep_until(deadline).await;
+        }
+    }
+}
+
+/// A stream that records its activity.
+struct Tracked {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let result = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.activity.touch();
+        }
+        result
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
+            this.activity.touch();
+        }
+        result
+    }
+
+    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
+            this.activity.touch();
+        }
+        result
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// The API's routes, with the body limit of `limits`.
+pub fn router(api: Arc<Api>, limits: ApiLimits) -> Router {
     let authenticated = Router::new()
         .route("/status", get(status))
         .route("/metrics", get(metrics))
         .route("/queues/{name}/messages", post(send))
         .route("/queues/{name}/notify", post(notify))
         .layer(middleware::from_fn_with_state(api.clone(), require_token));
-    Router::new().route("/healthz", get(healthz)).merge(authenticated).with_state(api)
+    Router::new()
+        .route("/healthz", get(healthz))
+        .merge(authenticated)
+        .with_state(api)
+        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        .layer(middleware::from_fn_with_state(limits, reject_declared_large_bodies))
+        .layer(Extension(limits))
+        .layer(middleware::from_fn(json_errors))
+}
+
+/// `{"error": reason}` with `status`.
+fn error(status: StatusCode, reason: impl Into<String>) -> Response {
+    (status, Json(json!({ "error": reason.into() }))).into_response()
+}
+
+/// Turns every error answer that is not JSON yet (axum's empty 404 and 405, plain-text
+/// rejections) into `{"error": reason}`, keeping its status and headers (`Allow` on a 405).
+async fn json_errors(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 64 << 10).await.map(|b| String::from_utf8_lossy(&b).trim().to_string()).unwrap_or_default();
+    let reason = match status {
+        StatusCode::NOT_FOUND => format!("no route {method} {path}"),
+        StatusCode::METHOD_NOT_ALLOWED => {
+            let allowed = parts.headers.get(header::ALLOW).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+            format!("{method} is not allowed on {path} (allowed: {allowed})")
+        }
+        _ if !text.is_empty() => text,
+        _ => status.canonical_reason().unwrap_or("error").to_lowercase(),
+    };
+    let body = serde_json::to_vec(&json!({ "error": reason })).unwrap_or_default();
+    parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(body))
+}
+
+/// The 413 answer to a body larger than the limit.
+fn too_large(limits: ApiLimits) -> Response {
+    error(StatusCode::PAYLOAD_TOO_LARGE, format!("the message is larger than max_message_bytes ({} bytes)", limits.max_body_bytes))
+}
+
+/// Answers 413 at once to a request whose Content-Length is over the limit, without reading
+/// its body (the body limit catches chunked bodies as they are read).
+async fn reject_declared_large_bodies(State(limits): State<ApiLimits>, request: Request, next: Next) -> Response {
+    let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limits.max_body_bytes as u64) {
+        return too_large(limits);
+    }
+    next.run(request).await
+}
+
+/// True when `given` is the token, compared in constant time (both sides hashed first, so
+/// neither the content nor the length of the token leaks through timing).
+fn token_matches(token: &str, given: Option<&str>) -> bool {
+    let expected = Sha256::digest(token.as_bytes());
+    let given = Sha256::digest(given.unwrap_or_default().as_bytes());
+    bool::from(expected.as_slice().ct_eq(given.as_slice()))
 }
 
 async fn require_token(State(api): State<Arc<Api>>, request: Request, next: Next) -> Response {
     if let Some(token) = &api.token {
         let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(token.as_str()) {
-            return (StatusCode::UNAUTHORIZED, Json(json!({ "error": "missing or wrong API token (Authorization: Bearer <token>)" }))).into_response();
+        if given.is_none() || !token_matches(token, given) {
+            return error(StatusCode::UNAUTHORIZED, "missing or wrong API token (Authorization: Bearer <token>)");
         }
     }
     next.run(request).await
@@ -74,18 +317,47 @@ async fn status(State(api): State<Arc<Api>>) -> Json<serde_json::Value> {
     Json(json!({ "queues": statuses(&api) }))
 }
 
-#[derive(Deserialize)]
-struct SendOptions {
-    /// Invisible for this many milliseconds. Default 0.
-    #[serde(default)]
-    delay_ms: u64,
+/// Parses the query of `POST /queues/{name}/messages`: only `delay_ms`, a whole number of
+/// milliseconds up to [`MAX_VISIBILITY`].
+fn parse_send_query(query: Option<&str>) -> Result<Duration, String> {
+    let mut delay = None;
+    for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key != "delay_ms" {
+            return Err(format!("unknown query parameter {key:?} (this route takes only delay_ms)"));
+        }
+        if delay.is_some() {
+            return Err("delay_ms: given more than once".into());
+        }
+        let ms: u64 = value.parse().map_err(|_| format!("delay_ms: {value:?} is not a whole number of milliseconds"))?;
+        if u128::from(ms) > MAX_VISIBILITY.as_millis() {
+            return Err(format!("delay_ms: {ms} is more than {} (7 days), the longest a message may stay invisible", MAX_VISIBILITY.as_millis()));
+        }
+        delay = Some(Duration::from_millis(ms));
+    }
+    Ok(delay.unwrap_or_default())
 }
 
-async fn send(State(api): State<Arc<Api>>, Path(name): Path<String>, Query(options): Query<SendOptions>, body: Bytes) -> Response {
+async fn send(
+    State(api): State<Arc<Api>>,
+    Extension(limits): Extension<ApiLimits>,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let Some(queue) = api.queues.get(&name) else {
-        return (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no queue named {name} on this host") }))).into_response();
+        return error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host"));
     };
-    match queue.put(&body, std::time::Duration::from_millis(options.delay_ms)).await {
+    let delay = match parse_send_query(query.as_deref()) {
+        Ok(delay) => delay,
+        Err(reason) => return error(StatusCode::BAD_REQUEST, reason),
+    };
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => return too_large(limits),
+        Err(rejection) => return error(rejection.status(), rejection.body_text()),
+    };
+    match queue.put(&body, delay).await {
         Ok(id) => {
             // The host saw the message arrive: no need to wait for a poll to notice it.
             if let Some(listener) = api.listeners.get(&name) {
@@ -93,8 +365,8 @@ async fn send(State(api): State<Arc<Api>>, Path(name): Path<String>, Query(optio
             }
             (StatusCode::CREATED, Json(json!({ "id": id }))).into_response()
         }
-        Err(error @ QueueError::MessageTooLarge { .. }) => (StatusCode::PAYLOAD_TOO_LARGE, Json(json!({ "error": error.to_string() }))).into_response(),
-        Err(error) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": error.to_string() }))).into_response(),
+        Err(e @ QueueError::MessageTooLarge { .. }) => error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }
 
@@ -104,7 +376,7 @@ async fn notify(State(api): State<Arc<Api>>, Path(name): Path<String>) -> Respon
             listener.work_detected();
             StatusCode::ACCEPTED.into_response()
         }
-        None => (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no queue named {name} on this host") }))).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host")),
     }
 }
 
@@ -163,7 +435,30 @@ async fn metrics(State(api): State<Arc<Api>>) -> Response {
     }
     let mut text = String::new();
     if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &registry) {
-        return (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response();
+        return self::error(StatusCode::INTERNAL_SERVER_ERROR, error.to_string());
     }
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_takes_only_a_delay_of_at_most_seven_days() {
+        assert_eq!(parse_send_query(None), Ok(Duration::ZERO));
+        assert_eq!(parse_send_query(Some("delay_ms=250")), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_send_query(Some("delay_ms=604800000")), Ok(MAX_VISIBILITY));
+        for bad in ["delay_ms=604800001", "delay_ms=18446744073709551615", "delay_ms=x", "delay_ms=", "delay_ms=-1", "delay=1", "delay_ms=1&delay_ms=1"] {
+            assert!(parse_send_query(Some(bad)).is_err(), "{bad} was taken");
+        }
+    }
+
+    #[test]
+    fn the_token_matches_only_itself() {
+        assert!(token_matches("s3cret", Some("s3cret")));
+        for wrong in [None, Some(""), Some("s3cre"), Some("s3cret "), Some("S3cret"), Some("s3cret-and-more")] {
+            assert!(!token_matches("s3cret", wrong), "{wrong:?}");
+        }
+    }
 }

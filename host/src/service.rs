@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::handler::HttpHandler;
 use crate::health::Health;
-use crate::http::{Api, router};
+use crate::http::{Api, ApiLimits};
 use crate::listener::{Listener, ListenerStatus};
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::queue::{Metered, QueueClient, RetryPolicy, Retrying, SystemClock};
@@ -77,8 +77,10 @@ impl Service {
         let api_addr = tcp.local_addr()?;
         let api_stop = CancellationToken::new();
         let stop = api_stop.clone();
+        // The API takes the largest message as its largest body.
+        let limits = ApiLimits { max_body_bytes: config.max_message_bytes, ..config.api_limits };
         let api_task = tokio::spawn(async move {
-            if let Err(error) = axum::serve(tcp, router(api)).with_graceful_shutdown(stop.cancelled_owned()).await {
+            if let Err(error) = crate::http::serve(tcp, api, stop, limits).await {
                 tracing::error!("API server failed: {error}");
             }
         });

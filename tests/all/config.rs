@@ -53,3 +53,125 @@ fn the_token_can_come_from_the_environment() {
     let config = Config::parse(text, Path::new("/srv"), Some("s3cret".into())).unwrap();
     assert_eq!(config.token.as_deref(), Some("s3cret"));
 }
+
+#[test]
+fn a_data_dir_or_rules_dir_that_is_a_file_is_rejected_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a-file"), "not a folder").unwrap();
+    let queue = "[queues.orders]\nhandler = { url = \"http://127.0.0.1:8080/work\" }\n";
+    for (key, value, expected) in [
+        ("data_dir", "a-file", "data_dir: {dir}/a-file is a file, not a folder"),
+        ("rules_dir", "a-file", "rules_dir: {dir}/a-file is a file, not a folder"),
+        ("data_dir", "a-file/data", "data_dir: {dir}/a-file/data cannot be a folder: {dir}/a-file is a file"),
+    ] {
+        let config = dir.path().join("ebb.toml");
+        std::fs::write(&config, format!("{key} = \"{value}\"\n{queue}")).unwrap();
+        let error = format!("{:#}", Config::load(&config).unwrap_err());
+        let expected = expected.replace("{dir}", &dir.path().display().to_string());
+        assert!(error.ends_with(&expected), "{key} = {value:?}: {error}");
+    }
+    // Folders that exist, or do not exist yet, are fine.
+    std::fs::create_dir(dir.path().join("rules")).unwrap();
+    std::fs::write(dir.path().join("ebb.toml"), format!("data_dir = \"new/data\"\n{queue}")).unwrap();
+    Config::load(&dir.path().join("ebb.toml")).unwrap();
+}
+
+#[test]
+fn bounds_are_inclusive_at_their_limits() {
+    let text = "max_message_bytes = 1048576\ndrain_timeout = \"1h\"\n[rule_limits]\ncall_deadline = \"1s\"\nmemory_mib = 4096\n\
+                [queues.orders]\nlease_duration = \"7days\"\nvisibility_timeout = \"7days\"\nmax_retry_delay = \"7days\"\n\
+                max_polling_interval = \"1h\"\nscale_interval = \"1h\"\nhandler = { url = \"https://app.example:8443/work\", timeout = \"1h\" }\n";
+    let config = Config::parse(text, Path::new("/srv/ebb"), None).unwrap();
+    assert_eq!(config.max_message_bytes, 1 << 20);
+    assert_eq!(config.api_limits.max_body_bytes, 1 << 20, "the API's body limit is the largest message");
+    assert_eq!(config.queues[0].settings.lease_duration, ebb::queue::MAX_VISIBILITY);
+}
+
+/// The documented value of every key (`docs/config.md`, the tables' default column) is the
+/// code's: defaults are written once in the code, and the docs must follow.
+#[test]
+fn the_documented_defaults_are_the_code_defaults() {
+    use std::time::Duration;
+
+    #[derive(Debug)]
+    enum Code {
+        Duration(Duration),
+        Number(u64),
+        Text(String),
+        Bool(bool),
+        Absent,
+    }
+    let docs = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.md")).unwrap();
+    let config = Config::parse("[queues.orders]\nhandler = { url = \"http://127.0.0.1:8080/work\" }\n", Path::new("/srv/ebb"), None).unwrap();
+    let queue = &config.queues[0];
+    let (s, limits, api) = (&queue.settings, &config.rule_limits, &config.api_limits);
+    let code = |section: &str, key: &str| -> Code {
+        match (section, key) {
+            ("Top level", "data_dir") => Code::Text(config.data_dir.strip_prefix("/srv/ebb").unwrap().display().to_string()),
+            ("Top level", "rules_dir") => Code::Text(config.rules_dir.strip_prefix("/srv/ebb").unwrap().display().to_string()),
+            ("Top level", "max_message_bytes") => Code::Number(config.max_message_bytes as u64),
+            ("Top level", "drain_timeout") => Code::Duration(config.drain_timeout),
+            ("`[api]`", "listen") => Code::Text(config.listen.to_string()),
+            ("`[api]`", "token") => config.token.clone().map_or(Code::Absent, Code::Text),
+            ("`[api]`", "header_read_timeout") => Code::Duration(api.header_read_timeout),
+            ("`[api]`", "idle_timeout") => Code::Duration(api.idle_timeout),
+            ("`[rule_limits]`", "call_deadline") => Code::Duration(limits.call_deadline),
+            ("`[rule_limits]`", "call_fuel") => Code::Number(limits.call_fuel),
+            ("`[rule_limits]`", "memory_mib") => Code::Number((limits.memory_bytes >> 20) as u64),
+            ("`[rule_limits]`", "quarantine_after") => Code::Number(limits.quarantine_after.into()),
+            ("`[queues.<name>]`", key) => match key {
+                "batch_size" => Code::Number(s.batch_size.into()),
+                "min_tasks" => Code::Number(s.min_tasks.into()),
+                "max_tasks" => Code::Number(s.max_tasks.into()),
+                "min_polling_interval" => Code::Duration(s.min_polling_interval),
+                "max_polling_interval" => Code::Duration(s.max_polling_interval),
+                "visibility_timeout" => Code::Duration(s.visibility_timeout),
+                "max_retry_delay" => Code::Duration(s.max_retry_delay),
+                "lease_duration" => Code::Duration(s.lease_duration),
+                "max_dequeue_count" => Code::Number(s.max_dequeue_count.into()),
+                "push" => Code::Bool(s.push_enabled),
+                "scale_interval" => Code::Duration(s.scale_interval),
+                "rule" => queue.rule.rule.as_ref().map_or(Code::Absent, |p| Code::Text(p.display().to_string())),
+                "rule_params" if queue.rule.params.is_empty() => Code::Absent,
+                "handler.url" => Code::Absent, // required
+                "handler.timeout" => Code::Duration(queue.handler_timeout),
+                _ => panic!("docs/config.md documents queues.{key}: add it to this test"),
+            },
+            _ => panic!("docs/config.md documents {key} under {section}: add it to this test"),
+        }
+    };
+    let mut section = String::new();
+    let mut checked = 0;
+    let mut wrong = Vec::new();
+    for line in docs.lines() {
+        if let Some(title) = line.strip_prefix("## ") {
+            section = title.trim().to_string();
+            continue;
+        }
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if cells.len() < 5 || !cells[1].starts_with('`') {
+            continue;
+        }
+        let key = cells[1].trim_matches('`');
+        let documented = cells[3].trim_matches('`').trim_matches('"');
+        let matches = match code(&section, key) {
+            Code::Duration(d) => humantime::parse_duration(documented).ok() == Some(d),
+            Code::Number(n) => documented.parse::<u64>().ok() == Some(n),
+            Code::Text(t) => documented == t,
+            Code::Bool(b) => documented.parse::<bool>().ok() == Some(b),
+            Code::Absent => ["none", "built-in", "required"].contains(&documented),
+        };
+        if !matches {
+            wrong.push(format!("{section} {key}: documented {documented:?}, code has {:?}", code(&section, key)));
+        }
+        checked += 1;
+    }
+    assert!(checked >= 30, "found only {checked} documented keys");
+    assert!(wrong.is_empty(), "docs/config.md disagrees with the code:\n{}", wrong.join("\n"));
+    // The queue name length, too.
+    let max = ebb::config::MAX_QUEUE_NAME_LEN;
+    assert!(docs.contains(&format!("3 to {max} lowercase letters")), "docs/config.md states another queue name length than {max}");
+    let name = |len: usize| format!("[queues.{}]\nhandler = {{ url = \"http://127.0.0.1:8080/work\" }}\n", "q".repeat(len));
+    assert!(Config::parse(&name(max), Path::new("/srv"), None).is_ok());
+    assert!(Config::parse(&name(max + 1), Path::new("/srv"), None).is_err());
+}

@@ -1,3 +1,4 @@
+mod api;
 mod binary;
 mod config;
 mod decorators;

@@ -98,27 +98,97 @@ pub async fn status(config_path: &Path, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&body)?);
         return Ok(());
     }
-    println!("{:<20} {:>8} {:>13} {:>9} {:>10} {:>7} {:>8} {:>10} {:>10}  rule", "queue", "depth", "tasks a/t/pk", "in-flight", "processed", "failed", "poisoned", "storage tx", "empty gets");
+    let columns = [
+        ("queue", Align::Left),
+        ("depth", Align::Right),
+        ("tasks a/t/pk", Align::Right),
+        ("in-flight", Align::Right),
+        ("processed", Align::Right),
+        ("failed", Align::Right),
+        ("poisoned", Align::Right),
+        ("storage tx", Align::Right),
+        ("empty gets", Align::Right),
+        ("rule", Align::Left),
+    ];
+    let mut rows = Vec::new();
     for q in body["queues"].as_array().into_iter().flatten() {
         let tx = &q["transactions"];
-        let total: u64 = ["puts", "gets_with_messages", "gets_empty", "deletes", "updates", "counts", "creates"].iter().map(|k| tx[k].as_u64().unwrap_or(0)).sum();
+        let counts = ["puts", "gets_with_messages", "gets_empty", "deletes", "updates", "counts", "creates"].map(|k| tx[k].as_u64());
+        let total = if counts.iter().all(Option::is_none) { "-".to_string() } else { counts.iter().flatten().sum::<u64>().to_string() };
         let rule = q["rule"]["file"].as_str().map_or("built-in".to_string(), |f| {
             let sha = q["rule"]["sha256"].as_str().unwrap_or("");
             format!("{f} ({})", &sha[..sha.len().min(12)])
         });
         let source = q["last_task_count"]["source"].as_str().unwrap_or("-");
-        println!(
-            "{:<20} {:>8} {:>13} {:>9} {:>10} {:>7} {:>8} {:>10} {:>10}  {rule}, last decision: {source}",
-            q["queue"].as_str().unwrap_or("?"),
-            q["approximate_depth"],
-            format!("{}/{}/{}", q["active_tasks"], q["target_tasks"], q["peak_tasks"]),
-            q["in_flight"],
-            q["processed"],
-            q["failed"],
-            q["poisoned"],
+        rows.push(vec![
+            cell(&q["queue"]),
+            cell(&q["approximate_depth"]),
+            format!("{}/{}/{}", cell(&q["active_tasks"]), cell(&q["target_tasks"]), cell(&q["peak_tasks"])),
+            cell(&q["in_flight"]),
+            cell(&q["processed"]),
+            cell(&q["failed"]),
+            cell(&q["poisoned"]),
             total,
-            tx["gets_empty"].as_u64().unwrap_or(0),
-        );
+            cell(&tx["gets_empty"]),
+            format!("{rule}, last decision: {source}"),
+        ]);
     }
+    print!("{}", table(&columns, &rows));
     Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum Align {
+    Left,
+    Right,
+}
+
+/// A JSON value as a table cell: strings without quotes, `-` for null or missing.
+fn cell(value: &Value) -> String {
+    match value {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Columns as wide as their widest cell or title, one space apart; the last is not padded.
+fn table(columns: &[(&str, Align)], rows: &[Vec<String>]) -> String {
+    let widths: Vec<usize> =
+        columns.iter().enumerate().map(|(i, (title, _))| rows.iter().map(|r| r[i].chars().count()).chain([title.chars().count()]).max().unwrap_or(0)).collect();
+    let line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        for (i, (text, (_, align))) in cells.iter().zip(columns).enumerate() {
+            let last = i + 1 == columns.len();
+            if i > 0 {
+                out.push(' ');
+            }
+            let pad = " ".repeat(widths[i] - text.chars().count());
+            match align {
+                Align::Left if last => out.push_str(text),
+                Align::Left => out.push_str(&format!("{text}{pad}")),
+                Align::Right => out.push_str(&format!("{pad}{text}")),
+            }
+        }
+        out.push('\n');
+        out
+    };
+    let mut out = line(columns.iter().map(|(title, _)| *title).collect());
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_columns_line_up_with_the_header_and_null_is_a_dash() {
+        let columns = [("queue", Align::Left), ("depth", Align::Right), ("rule", Align::Left)];
+        let rows = vec![vec!["a-very-long-queue-name".to_string(), cell(&Value::Null), "built-in".into()], vec!["q".into(), cell(&serde_json::json!(12345678)), "x".into()]];
+        let text = table(&columns, &rows);
+        assert_eq!(text, "queue                     depth rule\na-very-long-queue-name        - built-in\nq                      12345678 x\n");
+    }
 }

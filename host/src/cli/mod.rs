@@ -107,8 +107,23 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
+/// The log filter: `EBB_LOG` if set (ebb's own name, kept as an alias), else `RUST_LOG` (the
+/// ecosystem's convention), else the command's default. Both take `tracing` filter directives,
+/// e.g. `warn,ebb=debug`. An invalid filter is reported and the default used.
+fn log_filter(ebb_log: Option<String>, rust_log: Option<String>, default_level: &str) -> tracing_subscriber::EnvFilter {
+    let Some((variable, directives)) =
+        [("EBB_LOG", ebb_log), ("RUST_LOG", rust_log)].into_iter().find_map(|(name, value)| value.filter(|v| !v.trim().is_empty()).map(|v| (name, v)))
+    else {
+        return default_level.into();
+    };
+    tracing_subscriber::EnvFilter::try_new(&directives).unwrap_or_else(|error| {
+        eprintln!("warning: {variable}={directives:?} is not a log filter ({error}); using {default_level:?}");
+        default_level.into()
+    })
+}
+
 fn init_logging(default_level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("EBB_LOG").unwrap_or_else(|_| default_level.into());
+    let filter = log_filter(std::env::var("EBB_LOG").ok(), std::env::var("RUST_LOG").ok(), default_level);
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
@@ -118,4 +133,19 @@ fn parse_key_value(text: &str) -> Result<(String, String), String> {
         .map(|(k, v)| (k.trim().to_string(), v.to_string()))
         .filter(|(k, _)| !k.is_empty())
         .ok_or_else(|| format!("expected key=value, got {text:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+
+    #[test]
+    fn the_log_filter_comes_from_ebb_log_then_rust_log_then_the_default() {
+        let filter = |ebb: Option<&str>, rust: Option<&str>| log_filter(ebb.map(Into::into), rust.map(Into::into), "info").to_string();
+        assert_eq!(filter(None, None), "info");
+        assert_eq!(filter(None, Some("warn,ebb=debug")), "warn,ebb=debug");
+        assert_eq!(filter(Some("error"), Some("warn")), "error");
+        assert_eq!(filter(Some(""), Some("warn")), "warn", "an empty EBB_LOG is as if unset");
+        assert_eq!(filter(None, Some("ebb=[[[")), "info", "an invalid filter falls back to the default");
+    }
 }

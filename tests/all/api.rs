@@ -1,0 +1,416 @@
+//! The HTTP API: every error answer is JSON with a reason, the body limit comes from the
+//! config, slow and idle connections are closed (header-read and idle timeouts), and, through
+//! the binary, the log filter from `RUST_LOG` and the `ebb status` table.
+//!
+//! The in-process tests run on tokio's paused clock; the binary tests use short real timeouts.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail, ensure};
+use ebb::health::Health;
+use ebb::http::{Api, ApiLimits};
+use ebb::queue::memory::MemoryQueue;
+use ebb::queue::{QueueClient, TokioClock};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+const EBB: &str = env!("CARGO_BIN_EXE_ebb-under-test");
+const TOKEN: &str = "t0ken";
+
+/// An HTTP answer read off a raw connection.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    headers: BTreeMap<String, String>,
+    body: String,
+}
+
+impl Answer {
+    /// The `error` of a JSON error answer; fails unless the answer is one.
+    fn error(&self) -> Result<String> {
+        ensure!(self.headers.get("content-type").is_some_and(|t| t.starts_with("application/json")), "not JSON: {self:?}");
+        let value: serde_json::Value = serde_json::from_str(&self.body).with_context(|| format!("not JSON: {self:?}"))?;
+        let reason = value["error"].as_str().with_context(|| format!("no error string: {self:?}"))?;
+        ensure!(!reason.trim().is_empty(), "an empty reason: {self:?}");
+        Ok(reason.to_string())
+    }
+}
+
+/// Sends `request` as is on a new connection and reads one answer (headers, then a body of
+/// its Content-Length, or up to the end of the stream).
+async fn raw(addr: SocketAddr, request: &[u8]) -> Result<Answer> {
+    let mut stream = TcpStream::connect(addr).await?;
+    stream.write_all(request).await?;
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let read = async {
+        loop {
+            if let Some(end) = bytes.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&bytes[..end]).to_string();
+                let mut lines = head.lines();
+                let status: u16 = lines.next().and_then(|l| l.split(' ').nth(1)).context("no status line")?.parse()?;
+                let headers: BTreeMap<String, String> =
+                    lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string())).collect();
+                let length: Option<usize> = headers.get("content-length").map(|l| l.parse()).transpose()?;
+                if length.is_none_or(|length| bytes.len() >= end + 4 + length) {
+                    let body = &bytes[end + 4..];
+                    let body = String::from_utf8_lossy(&body[..length.unwrap_or(body.len()).min(body.len())]).to_string();
+                    return Ok(Answer { status, headers, body });
+                }
+            }
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                bail!("the connection closed before a whole answer: {:?}", String::from_utf8_lossy(&bytes));
+            }
+            bytes.extend_from_slice(&chunk[..n]);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), read).await.context("no answer within 30 s")?
+}
+
+fn get(path: &str, token: Option<&str>) -> Vec<u8> {
+    request("GET", path, token, b"")
+}
+
+fn request(method: &str, path: &str, token: Option<&str>, body: &[u8]) -> Vec<u8> {
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let mut bytes = format!("{method} {path} HTTP/1.1\r\nHost: ebb\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n", body.len()).into_bytes();
+    bytes.extend_from_slice(body);
+    bytes
+}
+
+/// A POST with a chunked body (no Content-Length), in chunks of 10 bytes.
+fn chunked(path: &str, body: &[u8]) -> Vec<u8> {
+    let mut bytes = format!("POST {path} HTTP/1.1\r\nHost: ebb\r\nAuthorization: Bearer {TOKEN}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n").into_bytes();
+    for chunk in body.chunks(10) {
+        bytes.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        bytes.extend_from_slice(chunk);
+        bytes.extend_from_slice(b"\r\n");
+    }
+    bytes.extend_from_slice(b"0\r\n\r\n");
+    bytes
+}
+
+/// Waits until the server closes `stream` (end of stream or reset), discarding what it sends.
+async fn closed(stream: &mut TcpStream) {
+    let mut buf = [0u8; 1024];
+    while let Ok(n) = stream.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+/// An API with one in-memory queue, `orders`, and no listener, served in process with `limits`.
+async fn serve(limits: ApiLimits) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<Result<()>>) {
+    let queue: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("orders", Arc::new(TokioClock::new()), limits.max_body_bytes));
+    let queues = BTreeMap::from([("orders".to_string(), queue)]);
+    let api = Arc::new(Api { listeners: BTreeMap::new(), queues, token: Some(TOKEN.into()), health: Health::default() });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(ebb::http::serve(listener, api, shutdown.clone(), limits));
+    (addr, shutdown, task)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_slow_to_send_its_headers_is_closed_at_the_header_read_timeout() -> Result<()> {
+    let limits = ApiLimits { header_read_timeout: Duration::from_secs(10), idle_timeout: Duration::from_secs(60), ..ApiLimits::default() };
+    let (addr, _shutdown, _task) = serve(limits).await;
+    let stream = TcpStream::connect(addr).await?;
+    let started = Instant::now();
+    let (mut read, mut write) = stream.into_split();
+    write.write_all(b"GET /status HTTP/1.1\r\nHost: ebb\r\n").await?;
+    // One more header line every 2 s: each keeps bytes coming, none completes the head.
+    let trickle = async {
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            if write.write_all(b"X-Slow: 1\r\n").await.is_err() {
+                break;
+            }
+        }
+    };
+    let closed = async {
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = read.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    tokio::select! { () = trickle => bail!("never closed"), () = closed => {} }
+    let elapsed = started.elapsed();
+    ensure!(elapsed >= Duration::from_secs(10) && elapsed < Duration::from_secs(11), "closed after {elapsed:?}, the timeout is 10 s");
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_connection_that_moves_no_byte_is_closed_at_the_idle_timeout() -> Result<()> {
+    let limits = ApiLimits { header_read_timeout: Duration::from_secs(10), idle_timeout: Duration::from_secs(60), ..ApiLimits::default() };
+    let (addr, _shutdown, _task) = serve(limits).await;
+    // Whole headers, then a body that never comes: the header timeout no longer applies.
+    let mut stream = TcpStream::connect(addr).await?;
+    let started = Instant::now();
+    stream.write_all(format!("POST /queues/orders/messages HTTP/1.1\r\nHost: ebb\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 10\r\n\r\nabc").as_bytes()).await?;
+    closed(&mut stream).await;
+    let elapsed = started.elapsed();
+    ensure!(elapsed >= Duration::from_secs(60) && elapsed < Duration::from_secs(61), "closed after {elapsed:?}, the idle timeout is 60 s");
+
+    // A kept-alive connection after its answer waits for the next request's headers: the
+    // header timeout closes it.
+    let mut stream = TcpStream::connect(addr).await?;
+    stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: ebb\r\n\r\n").await?;
+    let started = Instant::now();
+    closed(&mut stream).await;
+    let elapsed = started.elapsed();
+    ensure!(elapsed >= Duration::from_secs(10) && elapsed < Duration::from_secs(11), "idle keep-alive closed after {elapsed:?}");
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_closes_idle_connections_and_serve_returns() -> Result<()> {
+    let (addr, shutdown, task) = serve(ApiLimits::default()).await;
+    let mut stream = TcpStream::connect(addr).await?;
+    stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: ebb\r\n\r\n").await?;
+    let mut buf = [0u8; 256];
+    let n = stream.read(&mut buf).await?;
+    ensure!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&buf[..n]));
+    let started = Instant::now();
+    shutdown.cancel();
+    task.await??;
+    closed(&mut stream).await;
+    ensure!(started.elapsed() < Duration::from_secs(1), "shutdown waited {:?} for an idle connection", started.elapsed());
+    ensure!(TcpStream::connect(addr).await.is_err(), "still accepting after shutdown");
+    Ok(())
+}
+
+#[tokio::test]
+async fn errors_of_the_router_itself_are_json() -> Result<()> {
+    let (addr, shutdown, _task) = serve(ApiLimits { max_body_bytes: 100, ..ApiLimits::default() }).await;
+    let cases = [
+        (get("/nope", Some(TOKEN)), 404, "no route GET /nope"),
+        (get("/status", None), 401, "token"),
+        (get("/status", Some("t0kem")), 401, "token"),
+        (get("/status", Some("t0ken-and-more")), 401, "token"),
+        (request("POST", "/status", Some(TOKEN), b""), 405, "POST is not allowed on /status (allowed: GET"),
+        (get("/queues/orders/messages", Some(TOKEN)), 405, "allowed: POST"),
+        (request("POST", "/queues/nope/messages", Some(TOKEN), b"x"), 404, "no queue named nope"),
+        (request("POST", "/queues/orders/messages", Some(TOKEN), &[b'x'; 101]), 413, "max_message_bytes (100 bytes)"),
+        (chunked("/queues/orders/messages", &[b'x'; 101]), 413, "max_message_bytes (100 bytes)"),
+        (request("POST", "/queues/orders/messages?delay_ms=604800001", Some(TOKEN), b"x"), 400, "7 days"),
+    ];
+    for (request, status, reason) in cases {
+        let answer = raw(addr, &request).await?;
+        ensure!(answer.status == status, "{}: {answer:?}", String::from_utf8_lossy(&request));
+        let error = answer.error()?;
+        ensure!(error.contains(reason), "{error:?} should say {reason:?}");
+    }
+    shutdown.cancel();
+    Ok(())
+}
+
+// ---- Through the binary ----
+
+/// An `ebb run` on a temporary folder, with a handler app that answers 200.
+struct Host {
+    dir: tempfile::TempDir,
+    api: SocketAddr,
+    child: Option<Child>,
+}
+
+impl Host {
+    /// `top` goes before `[api]`, `api` inside it; `env` is added to a clean environment.
+    async fn start(top: &str, api: &str, env: &[(&str, &str)]) -> Result<Host> {
+        let app = TcpListener::bind("127.0.0.1:0").await?;
+        let app_addr = app.local_addr()?;
+        let router = axum::Router::new().route("/work", axum::routing::post(|| async { "ok" }));
+        tokio::spawn(async move { axum::serve(app, router).await });
+        let dir = tempfile::tempdir()?;
+        let api_addr: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let config = format!(
+            "{top}\n[api]\nlisten = \"{api_addr}\"\ntoken = \"{TOKEN}\"\n{api}\n\n[queues.orders]\nhandler = {{ url = \"http://{app_addr}/work\" }}\n"
+        );
+        std::fs::write(dir.path().join("ebb.toml"), config)?;
+        let log = std::fs::File::create(dir.path().join("host.log"))?;
+        let mut command = Command::new(EBB);
+        command.arg("run").arg("--config").arg(dir.path().join("ebb.toml")).stdout(Stdio::null()).stderr(log);
+        for variable in ["RUST_LOG", "EBB_LOG", "EBB_API_TOKEN"] {
+            command.env_remove(variable);
+        }
+        command.envs(env.iter().copied());
+        let mut host = Host { child: Some(command.spawn()?), dir, api: api_addr };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while raw(host.api, &get("/healthz", None)).await.map(|a| a.status).ok() != Some(200) {
+            if let Some(status) = host.child.as_mut().unwrap().try_wait()? {
+                bail!("ebb run exited with {status}: {}", host.log());
+            }
+            ensure!(Instant::now() < deadline, "the host's API did not come up: {}", host.log());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(host)
+    }
+
+    fn config(&self) -> PathBuf {
+        self.dir.path().join("ebb.toml")
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("host.log")).unwrap_or_default()
+    }
+
+    /// SIGTERM, then waits for a clean exit; returns the log.
+    async fn stop(mut self) -> Result<String> {
+        let mut child = self.child.take().unwrap();
+        ensure!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status()?.success());
+        let status = tokio::task::spawn_blocking(move || child.wait()).await??;
+        ensure!(status.success(), "graceful shutdown exits 0, got {status}: {}", self.log());
+        Ok(self.log())
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_answer_of_the_api_is_json_with_a_reason() -> Result<()> {
+    let host = Host::start("max_message_bytes = 1000", "", &[]).await?;
+    let post = |query: &str, body: &[u8]| request("POST", &format!("/queues/orders/messages{query}"), Some(TOKEN), body);
+    let too_large_headers_only =
+        format!("POST /queues/orders/messages HTTP/1.1\r\nHost: ebb\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 3000000\r\n\r\n").into_bytes();
+    let cases = [
+        (get("/nope", Some(TOKEN)), 404, "no route GET /nope"),
+        (request("POST", "/queues/nope/messages", Some(TOKEN), b"x"), 404, "no queue named nope"),
+        (get("/queues/orders/messages", Some(TOKEN)), 405, "allowed: POST"),
+        (get("/status", None), 401, "token"),
+        (get("/status", Some("wrong")), 401, "token"),
+        (post("", &[b'x'; 1001]), 413, "max_message_bytes (1000 bytes)"),
+        (too_large_headers_only, 413, "max_message_bytes (1000 bytes)"),
+        (post("?delay_ms=abc", b"x"), 400, "delay_ms: \"abc\" is not a whole number"),
+        (post("?delay_ms=-1", b"x"), 400, "delay_ms"),
+        (post("?delay_ms=18446744073709551615", b"x"), 400, "7 days"),
+        (post("?delay_ms=604800001", b"x"), 400, "7 days"),
+        (post("?delay_ms=18446744073709551616", b"x"), 400, "delay_ms"),
+        (post("?delay=5", b"x"), 400, "unknown query parameter \"delay\""),
+        (post("?delay_ms=1&delay_ms=2", b"x"), 400, "more than once"),
+    ];
+    for (request, status, reason) in cases {
+        let answer = raw(host.api, &request).await?;
+        let shown = String::from_utf8_lossy(&request[..request.len().min(120)]).to_string();
+        ensure!(answer.status == status, "{shown}: expected {status}, got {answer:?}");
+        let error = answer.error().with_context(|| shown.clone())?;
+        ensure!(error.contains(reason), "{shown}: {error:?} should say {reason:?}");
+    }
+    // The largest allowed message and delay are taken; the host still works afterwards.
+    ensure!(raw(host.api, &post("?delay_ms=604800000", &[b'x'; 1000])).await?.status == 201);
+    ensure!(raw(host.api, &post("", b"x")).await?.status == 201);
+    ensure!(raw(host.api, &get("/healthz", None)).await?.status == 200);
+    host.stop().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_slow_clients_are_closed_within_the_header_read_timeout() -> Result<()> {
+    let host = Host::start("", "header_read_timeout = \"1s\"\nidle_timeout = \"3s\"", &[]).await?;
+    let started = Instant::now();
+    let mut clients = Vec::new();
+    for i in 0..100 {
+        let mut stream = TcpStream::connect(host.api).await?;
+        clients.push(tokio::spawn(async move {
+            // Headers, one line every 200 ms, never finished.
+            let _ = stream.write_all(format!("GET /status HTTP/1.1\r\nHost: ebb\r\nX-Client: {i}\r\n").as_bytes()).await;
+            let (mut read, mut write) = stream.into_split();
+            let trickle = async {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    if write.write_all(b"X-Slow: 1\r\n").await.is_err() {
+                        break;
+                    }
+                }
+            };
+            let closed = async {
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = read.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            };
+            tokio::select! { () = trickle => {}, () = closed => {} }
+            started.elapsed()
+        }));
+    }
+    // Meanwhile the API answers others.
+    ensure!(raw(host.api, &get("/healthz", None)).await?.status == 200);
+    for client in clients {
+        let elapsed = tokio::time::timeout(Duration::from_secs(15), client).await.context("a slow client was never closed")??;
+        ensure!(elapsed < Duration::from_secs(6), "a slow client was closed only after {elapsed:?} (header_read_timeout is 1s)");
+    }
+    // A request whose body never comes is closed by the idle timeout.
+    let mut stream = TcpStream::connect(host.api).await?;
+    let started = Instant::now();
+    stream.write_all(format!("POST /queues/orders/messages HTTP/1.1\r\nHost: ebb\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 10\r\n\r\n").as_bytes()).await?;
+    tokio::time::timeout(Duration::from_secs(15), closed(&mut stream)).await.context("a stalled body was never closed")?;
+    let elapsed = started.elapsed();
+    ensure!(elapsed >= Duration::from_secs(2) && elapsed < Duration::from_secs(8), "a stalled body was closed after {elapsed:?} (idle_timeout is 3s)");
+    host.stop().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_filter_is_read_from_rust_log_and_ebb_log_wins() -> Result<()> {
+    let default = Host::start("", "", &[]).await?.stop().await?;
+    ensure!(default.contains("API listening"), "ebb run logs at info by default:\n{default}");
+    let quiet = Host::start("", "", &[("RUST_LOG", "warn")]).await?.stop().await?;
+    ensure!(!quiet.contains("API listening") && !quiet.contains(" INFO "), "RUST_LOG=warn still logged INFO:\n{quiet}");
+    let alias = Host::start("", "", &[("RUST_LOG", "warn"), ("EBB_LOG", "info")]).await?.stop().await?;
+    ensure!(alias.contains("API listening"), "EBB_LOG=info should win over RUST_LOG=warn:\n{alias}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_table_lines_up_with_its_header() -> Result<()> {
+    let host = Host::start("", "", &[]).await?;
+    for _ in 0..3 {
+        ensure!(raw(host.api, &request("POST", "/queues/orders/messages", Some(TOKEN), b"hello")).await?.status == 201);
+    }
+    let output = Command::new(EBB).arg("status").arg("--config").arg(host.config()).env_remove("RUST_LOG").env_remove("EBB_LOG").output()?;
+    ensure!(output.status.success(), "ebb status failed: {}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8(output.stdout)?;
+    let mut lines = text.lines();
+    let header = lines.next().context("no header")?;
+    let row = lines.next().context("no row")?;
+    // Where each header title ends (right-aligned columns) or starts (left-aligned ones).
+    let titles = ["queue", "depth", "tasks a/t/pk", "in-flight", "processed", "failed", "poisoned", "storage tx", "empty gets", "rule"];
+    let title_at: Vec<usize> = titles.iter().map(|t| header.find(t).unwrap_or_else(|| panic!("no {t} in {header:?}"))).collect();
+    // The row's cells: the first nine have no spaces; the rule column is the rest.
+    let mut cells = Vec::new();
+    let mut from = 0;
+    for _ in 0..9 {
+        let start = from + row[from..].find(|c: char| c != ' ').context("a short row")?;
+        let end = row[start..].find(' ').map_or(row.len(), |n| start + n);
+        cells.push((start, end));
+        from = end;
+    }
+    let rule_start = from + row[from..].find(|c: char| c != ' ').context("no rule column")?;
+    ensure!(cells[0].0 == title_at[0], "queue is not under its title:\n{text}");
+    for i in 1..9 {
+        ensure!(cells[i].1 == title_at[i] + titles[i].len(), "{} does not end under its title:\n{text}", titles[i]);
+    }
+    ensure!(rule_start == title_at[9], "rule is not under its title:\n{text}");
+    ensure!(row.starts_with("orders ") && row[rule_start..].starts_with("built-in"), "{text}");
+    host.stop().await?;
+    Ok(())
+}

@@ -88,6 +88,9 @@ pub struct RuleLimitsFile {
     /// Consecutive faults before a rule is quarantined. Default 5.
     #[serde(default = "defaults::quarantine_after")]
     pub quarantine_after: u32,
+    /// Size bound of the compiled-rule cache on disk, in MiB. Default 256.
+    #[serde(default = "defaults::cache_mib")]
+    pub cache_mib: u64,
 }
 
 impl Default for RuleLimitsFile {
@@ -97,6 +100,7 @@ impl Default for RuleLimitsFile {
             call_fuel: defaults::call_fuel(),
             memory_mib: defaults::memory_mib(),
             quarantine_after: defaults::quarantine_after(),
+            cache_mib: defaults::cache_mib(),
         }
     }
 }
@@ -201,6 +205,9 @@ mod defaults {
     pub fn quarantine_after() -> u32 {
         RuleLimits::default().quarantine_after
     }
+    pub fn cache_mib() -> u64 {
+        RuleLimits::default().cache_max_bytes >> 20
+    }
     pub fn batch_size() -> u32 {
         QueueSettings::default().batch_size
     }
@@ -247,6 +254,8 @@ pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
 pub const MAX_CALL_DEADLINE: Duration = Duration::from_secs(1);
 /// Most linear memory per rule instance, in MiB.
 pub const MAX_MEMORY_MIB: usize = 4096;
+/// Largest compiled-rule cache, in MiB (64 GiB).
+pub const MAX_CACHE_MIB: u64 = 65536;
 /// Longest queue name: Azure's 63 less the 7 of `-poison`, which names its poison queue.
 pub const MAX_QUEUE_NAME_LEN: usize = 56;
 
@@ -372,6 +381,9 @@ impl ConfigFile {
         if !(1..=MAX_MEMORY_MIB).contains(&limits.memory_mib) {
             bail!("rule_limits.memory_mib: must be 1 to {MAX_MEMORY_MIB}, got {}", limits.memory_mib);
         }
+        if !(1..=MAX_CACHE_MIB).contains(&limits.cache_mib) {
+            bail!("rule_limits.cache_mib: must be 1 to {MAX_CACHE_MIB}, got {}", limits.cache_mib);
+        }
         let data_dir = base.join(&self.data_dir);
         check_folder("data_dir", &data_dir)?;
         let rules_dir = base.join(&self.rules_dir);
@@ -400,6 +412,7 @@ impl ConfigFile {
                 call_fuel: self.rule_limits.call_fuel,
                 memory_bytes: self.rule_limits.memory_mib << 20,
                 quarantine_after: self.rule_limits.quarantine_after,
+                cache_max_bytes: self.rule_limits.cache_mib << 20,
                 ..RuleLimits::default()
             },
             queues,

@@ -255,7 +255,9 @@ async fn json_errors(request: Request, next: Next) -> Response {
     let reason = match status {
         StatusCode::NOT_FOUND => format!("no route {method} {path}"),
         StatusCode::METHOD_NOT_ALLOWED => {
-            let allowed = parts.headers.get(header::ALLOW).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+            // axum drops the Allow header when a layer wraps the route, so it comes from here.
+            let allowed = allowed_methods(&path);
+            parts.headers.insert(header::ALLOW, HeaderValue::from_static(allowed));
             format!("{method} is not allowed on {path} (allowed: {allowed})")
         }
         _ if !text.is_empty() => text,
@@ -265,6 +267,11 @@ async fn json_errors(request: Request, next: Next) -> Response {
     parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(parts, Body::from(body))
+}
+
+/// The methods a route of [`router`] takes.
+fn allowed_methods(path: &str) -> &'static str {
+    if path.starts_with("/queues/") { "POST" } else { "GET" }
 }
 
 /// The 413 answer to a body larger than the limit.
@@ -403,13 +410,18 @@ async fn metrics(State(api): State<Arc<Api>>) -> Response {
         registry.register(name, help, family.clone());
         family
     };
-    let depth = gauge(&mut registry, "queue_depth", "Approximate messages in the queue at the last scaling decision");
+    let depth = gauge(&mut registry, "queue_depth", "Approximate messages in the queue (current on the embedded store; see depth_as_of in /status)");
     let active = gauge(&mut registry, "active_tasks", "Dequeue tasks running");
     let target = gauge(&mut registry, "target_tasks", "The rule's last task count");
     let in_flight = gauge(&mut registry, "in_flight", "Messages being handled");
     let processed = counter(&mut registry, "messages_processed", "Messages handled and deleted");
     let failed = counter(&mut registry, "messages_failed", "Handler failures");
     let poisoned = counter(&mut registry, "messages_poisoned", "Messages moved to the poison queue");
+    let poisoned_corrupt = counter(&mut registry, "messages_poisoned_corrupt", "Messages poisoned because their stored body failed its checksum");
+    let poisoned_body_only = counter(&mut registry, "messages_poisoned_body_only", "Poisoned messages moved as the bare body because the envelope did not fit");
+    let handler_panics = counter(&mut registry, "handler_panics", "Handler calls that panicked (counted as failures)");
+    let task_panics = counter(&mut registry, "task_panics", "Dequeue or scaler tasks that panicked and were restarted");
+    let rule_call_panics = counter(&mut registry, "rule_call_panics", "Rule calls whose blocking task panicked (the built-in rule decided)");
     let faults = counter(&mut registry, "rule_faults", "Rule calls that faulted (the built-in rule decided)");
     let clamps = counter(&mut registry, "rule_clamps", "Rule decisions clamped into the queue's bounds");
     let transactions = Family::<TransactionLabel, Counter>::default();
@@ -423,6 +435,11 @@ async fn metrics(State(api): State<Arc<Api>>) -> Response {
         processed.get_or_create(&label).inc_by(s.processed);
         failed.get_or_create(&label).inc_by(s.failed);
         poisoned.get_or_create(&label).inc_by(s.poisoned);
+        poisoned_corrupt.get_or_create(&label).inc_by(s.poisoned_corrupt);
+        poisoned_body_only.get_or_create(&label).inc_by(s.poisoned_body_only);
+        handler_panics.get_or_create(&label).inc_by(s.handler_panics);
+        task_panics.get_or_create(&label).inc_by(s.task_panics);
+        rule_call_panics.get_or_create(&label).inc_by(s.rule_call_panics);
         if let Some(rule) = &s.rule {
             faults.get_or_create(&label).inc_by(rule.faults);
             clamps.get_or_create(&label).inc_by(rule.clamps);

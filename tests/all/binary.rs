@@ -250,3 +250,73 @@ async fn a_second_signal_exits_at_once_and_the_message_comes_back() {
     drop(app);
     assert_eq!(store_count(&site.dir.path().join("ebb-data")).await, 1, "not deleted: it comes back when its lease runs out");
 }
+
+/// Flips one letter inside every stored copy of `marker` in the store file.
+fn damage_on_disk(data_dir: &Path, marker: &[u8]) {
+    let path = data_dir.join(ebb::queue::embedded::STORE_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mut flipped = 0;
+    for at in 0..bytes.len() - marker.len() {
+        if &bytes[at..at + marker.len()] == marker {
+            bytes[at + marker.len() / 2] ^= 0x20;
+            flipped += 1;
+        }
+    }
+    assert!(flipped > 0, "the marker is stored as is");
+    std::fs::write(&path, &bytes).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_store_file_stops_the_host_with_a_clear_error_not_a_panic() {
+    let (_app, app_addr) = App::start(Duration::ZERO).await;
+    let site = Site::new(app_addr, "30s");
+    site.ebb(&["send", "orders", "one of many", "--count", "200"]);
+    let path = site.dir.path().join("ebb-data").join(ebb::queue::embedded::STORE_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mut rng = fastrand::Rng::with_seed(11);
+    for byte in &mut bytes[4096..] {
+        *byte = rng.u8(..);
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let output = Command::new(EBB).arg("run").arg("--config").arg(site.config()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.contains(&path.display().to_string()) && stderr.contains("is damaged") && stderr.contains("move the file aside"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_damaged_on_disk_goes_to_poison_as_corrupt_and_never_to_the_app() {
+    let (app, app_addr) = App::start(Duration::ZERO).await;
+    let site = Site::new(app_addr, "30s");
+    let marker = "MARKER-0123456789-abcdefghijklmnopqrstuvwxyz";
+    site.ebb(&["send", "orders", marker]);
+    site.ebb(&["send", "orders", "intact"]);
+    damage_on_disk(&site.dir.path().join("ebb-data"), marker.as_bytes());
+    let mut host = site.start_host().await;
+    wait_until("the damaged message poisoned", || async { site.status().await["queues"][0]["poisoned_corrupt"] == 1 }).await;
+    wait_until("the intact message handled", || async { app.bodies().contains("intact") }).await;
+    assert_eq!(app.seen.lock().unwrap().len(), 1, "the app saw only the intact message: {:?}", app.bodies());
+    let status = site.status().await;
+    let reason = status["queues"][0]["recent_poison"][0]["reason"].as_str().unwrap().to_string();
+    assert!(reason.starts_with("corrupt"), "{status}");
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reports_the_current_depth_not_the_last_decisions() {
+    let (_app, app_addr) = App::start(Duration::ZERO).await;
+    let site = Site::new(app_addr, "30s");
+    let mut host = site.start_host().await;
+    site.ebb(&["send", "orders", "ten", "--count", "10"]);
+    wait_until("10 processed", || async { site.status().await["queues"][0]["processed"] == 10 }).await;
+    let status = site.status().await;
+    assert_eq!(status["queues"][0]["approximate_depth"], 0, "{status}");
+    assert!(status["queues"][0]["depth_as_of"].is_string(), "says how old the figure is: {status}");
+    let table = String::from_utf8(site.ebb(&["status"]).stdout).unwrap();
+    let row = table.lines().find(|l| l.starts_with("orders")).unwrap();
+    assert!(row.split_whitespace().nth(1) == Some("0"), "the table's depth column: {table}");
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+}

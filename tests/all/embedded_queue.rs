@@ -3,7 +3,9 @@
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+use std::ops::Bound;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -164,3 +166,217 @@ async fn a_second_process_cannot_open_an_owned_data_directory() {
     assert!(stderr.contains("is in use by another ebb process"), "{stderr}");
 }
 
+
+#[tokio::test]
+async fn delays_and_visibilities_past_seven_days_saturate_and_the_writer_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap();
+    let queue = store.queue("work");
+    queue.create_if_missing().await.unwrap();
+    for huge in [Duration::MAX, Duration::from_millis(u64::MAX), Duration::from_secs(u64::MAX / 1000 + 1)] {
+        queue.put(b"later", huge).await.unwrap();
+    }
+    queue.put(b"now", Duration::ZERO).await.unwrap();
+    let got = queue.get(32, Duration::MAX).await.unwrap();
+    assert_eq!(got.len(), 1, "only the undelayed message is visible");
+    let receipt = queue.update_visibility(&got[0].id, &got[0].pop_receipt, Duration::from_millis(u64::MAX)).await.unwrap();
+    queue.delete(&got[0].id, &receipt).await.unwrap();
+    // The writer still serves every kind of call.
+    queue.put(b"after", Duration::ZERO).await.unwrap();
+    assert_eq!(queue.get(32, Duration::from_secs(30)).await.unwrap().len(), 1);
+    assert_eq!(queue.approximate_count().await.unwrap(), 4);
+}
+
+/// A file backend whose writes, syncs and resizes fail while `failing` is set: a disk that
+/// fills up or goes read-only for a while.
+#[derive(Debug)]
+struct FlakyBackend {
+    file: redb::backends::FileBackend,
+    failing: Arc<AtomicBool>,
+}
+
+impl FlakyBackend {
+    fn check(&self) -> std::io::Result<()> {
+        if self.failing.load(Ordering::SeqCst) {
+            Err(std::io::Error::other("injected: no space left on device"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl redb::StorageBackend for FlakyBackend {
+    fn len(&self) -> std::io::Result<u64> {
+        self.file.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.file.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.check()?;
+        self.file.set_len(len)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.check()?;
+        self.file.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.check()?;
+        self.file.write(offset, data)
+    }
+    fn close(&self) -> std::io::Result<()> {
+        self.file.close()
+    }
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, redb::BackendError> {
+        self.file.try_lock_range(start, end)
+    }
+    fn try_lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, redb::BackendError> {
+        self.file.try_lock_shared_range(start, end)
+    }
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.file.lock_range(start, end)
+    }
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.file.lock_shared_range(start, end)
+    }
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.file.unlock_range(start, end)
+    }
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, redb::BackendError> {
+        self.file.query_lock_range(start, end)
+    }
+}
+
+async fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !condition() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_store_whose_writes_fail_for_a_while_recovers_without_losing_an_acknowledged_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let failing = Arc::new(AtomicBool::new(false));
+    let health = ebb::health::Health::default();
+    let options = EmbeddedOptions { health: health.clone(), ..EmbeddedOptions::default() };
+    let flag = failing.clone();
+    let store = EmbeddedStore::open_with_backend(dir.path(), options, move |path| {
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
+        let file = redb::backends::FileBackend::new(file).map_err(std::io::Error::other)?;
+        Ok(FlakyBackend { file, failing: flag.clone() })
+    })
+    .unwrap();
+    let queue = store.queue("work");
+    queue.create_if_missing().await.unwrap();
+    let mut acknowledged = BTreeSet::new();
+    for i in 0..20 {
+        acknowledged.insert(queue.put(format!("before {i}").as_bytes(), Duration::ZERO).await.unwrap());
+    }
+
+    failing.store(true, Ordering::SeqCst);
+    let mut refused = 0;
+    for i in 0..10 {
+        match queue.put(format!("during {i}").as_bytes(), Duration::ZERO).await {
+            Ok(id) => _ = acknowledged.insert(id),
+            Err(_) => refused += 1,
+        }
+    }
+    assert!(refused > 0, "puts fail while the disk does");
+    assert!(queue.get(32, Duration::from_secs(30)).await.is_err(), "no dequeuing while nothing can be committed");
+    assert!(!health.is_healthy(), "the host says it is unhealthy");
+    let problem = health.problems()["store"].clone();
+    assert!(problem.contains("queues.redb") && problem.contains("injected: no space left on device"), "{problem}");
+
+    failing.store(false, Ordering::SeqCst);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let id = loop {
+        match queue.put(b"after", Duration::ZERO).await {
+            Ok(id) => break id,
+            Err(error) => assert!(std::time::Instant::now() < deadline, "the store never recovered: {error:#}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    acknowledged.insert(id);
+    wait_for("the host is healthy again", || health.is_healthy()).await;
+
+    let mut drained = BTreeSet::new();
+    loop {
+        let got = queue.get(32, Duration::from_secs(600)).await.unwrap();
+        if got.is_empty() {
+            break;
+        }
+        for message in got {
+            drained.insert(message.id.clone());
+            queue.delete(&message.id, &message.pop_receipt).await.unwrap();
+        }
+    }
+    let lost: Vec<_> = acknowledged.difference(&drained).collect();
+    assert!(lost.is_empty(), "acknowledged puts lost: {lost:?}");
+}
+
+#[tokio::test]
+async fn a_damaged_store_file_is_a_clear_error_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap();
+        let queue = store.queue("work");
+        queue.create_if_missing().await.unwrap();
+        for i in 0..200 {
+            queue.put(format!("message {i}").as_bytes(), Duration::ZERO).await.unwrap();
+        }
+    }
+    let path = dir.path().join(ebb::queue::embedded::STORE_FILE);
+    let original = std::fs::read(&path).unwrap();
+    // The whole file (its header is no longer redb's), then only the pages after the header
+    // (which made redb panic at open).
+    for damage_from in [0, 4096] {
+        let mut bytes = original.clone();
+        let mut rng = fastrand::Rng::with_seed(11);
+        for byte in &mut bytes[damage_from..] {
+            *byte = rng.u8(..);
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let error = match EmbeddedStore::open(dir.path(), EmbeddedOptions::default()) {
+            Ok(_) => panic!("a file with random bytes from {damage_from} opened as a store"),
+            Err(error) => format!("{error:#}"),
+        };
+        assert!(error.contains(&path.display().to_string()), "names the file: {error}");
+        assert!(error.contains("damaged") && error.contains("backup"), "says what to do: {error}");
+    }
+}
+
+#[tokio::test]
+async fn a_body_changed_on_disk_is_delivered_marked_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = b"MARKER-0123456789-abcdefghijklmnopqrstuvwxyz";
+    {
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap();
+        let queue = store.queue("work");
+        queue.create_if_missing().await.unwrap();
+        queue.put(marker, Duration::ZERO).await.unwrap();
+        queue.put(b"an intact neighbour", Duration::ZERO).await.unwrap();
+    }
+    let path = dir.path().join(ebb::queue::embedded::STORE_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mut flipped = 0;
+    for at in 0..bytes.len() - marker.len() {
+        if &bytes[at..at + marker.len()] == marker {
+            bytes[at + 20] ^= 0x20; // one letter changes case
+            flipped += 1;
+        }
+    }
+    assert!(flipped > 0, "the body is stored as is");
+    std::fs::write(&path, &bytes).unwrap();
+
+    let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap();
+    let queue = store.queue("work");
+    let got = queue.get(32, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(got.len(), 2);
+    let damaged = got.iter().find(|m| m.body != b"an intact neighbour").unwrap();
+    let defect = damaged.defect.as_deref().unwrap_or_default();
+    assert!(defect.starts_with("corrupt"), "flagged, not delivered as if whole: {defect:?}");
+    let intact = got.iter().find(|m| m.body == b"an intact neighbour").unwrap();
+    assert_eq!(intact.defect, None);
+}

@@ -2,7 +2,7 @@
 //! lease renewal and shutdown, on the in-memory backend (the embedded queue's semantics).
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,8 +17,8 @@ use tokio::time::{Instant, sleep};
 
 const QUEUE: &str = "work";
 
-/// Handles a message by sleeping for the milliseconds in its body ("sleep 500"), or fails
-/// when the body says "fail".
+/// Handles a message by sleeping for the milliseconds in its body ("sleep 500"), fails when
+/// the body starts with "fail", and panics when it says "panic".
 #[derive(Default)]
 struct TestHandler {
     calls: AtomicU64,
@@ -29,7 +29,10 @@ impl Handler for TestHandler {
     async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let body = String::from_utf8_lossy(&message.body).into_owned();
-        if body == "fail" {
+        if body == "panic" {
+            panic!("handler bug on try {}", message.dequeue_count);
+        }
+        if body.starts_with("fail") {
             Err(anyhow::anyhow!("boom on try {}", message.dequeue_count))
         } else {
             let ms: u64 = body.strip_prefix("sleep ").and_then(|n| n.parse().ok()).unwrap_or(0);
@@ -39,10 +42,13 @@ impl Handler for TestHandler {
     }
 }
 
-/// Records when each get happened and what it returned.
+/// Records when each get happened and what it returned; panics in the next get when told
+/// to, and marks a message whose body is "corrupt-me" as the embedded store marks a body
+/// that fails its checksum.
 struct RecordingQueue {
     inner: MemoryQueue,
     gets: Mutex<Vec<(Instant, usize)>>,
+    panic_in_next_get: AtomicBool,
 }
 
 #[async_trait]
@@ -57,7 +63,15 @@ impl QueueClient for RecordingQueue {
         self.inner.put(body, delay).await
     }
     async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
-        let got = self.inner.get(max, visibility).await?;
+        if self.panic_in_next_get.swap(false, Ordering::Relaxed) {
+            panic!("queue client bug");
+        }
+        let mut got = self.inner.get(max, visibility).await?;
+        for message in &mut got {
+            if message.body == b"corrupt-me" {
+                message.defect = Some("corrupt: the body fails its checksum".into());
+            }
+        }
         self.gets.lock().unwrap().push((Instant::now(), got.len()));
         Ok(got)
     }
@@ -82,7 +96,7 @@ struct Fixture {
 
 fn fixture(settings: QueueSettings, rule: Option<PathBuf>) -> Fixture {
     let clock = Arc::new(TokioClock::new());
-    let queue = Arc::new(RecordingQueue { inner: MemoryQueue::new(QUEUE, clock.clone(), 65536), gets: Mutex::default() });
+    let queue = Arc::new(RecordingQueue { inner: MemoryQueue::new(QUEUE, clock.clone(), 65536), gets: Mutex::default(), panic_in_next_get: AtomicBool::new(false) });
     let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
     let handler = Arc::new(TestHandler::default());
     let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
@@ -250,4 +264,77 @@ async fn shutdown_drains_in_flight_messages_and_releases_the_rest() {
     let again = f.queue.inner.get(32, Duration::from_secs(30)).await.unwrap();
     assert_eq!(again.len(), 1);
     assert_eq!((again[0].id.as_str(), again[0].dequeue_count), (slow.as_str(), 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_handler_is_a_failure_retried_then_poisoned() {
+    let settings = QueueSettings { max_dequeue_count: 3, visibility_timeout: Duration::from_secs(2), ..Default::default() };
+    let f = fixture(settings, None);
+    f.listener.start();
+    f.queue.put(b"panic", Duration::ZERO).await.unwrap();
+    put(f.queue.as_ref(), "sleep 10", 5).await;
+    sleep(Duration::from_secs(120)).await;
+    // Each try reached the handler: the claim was released after each panic.
+    assert_eq!(f.handler.calls.load(Ordering::Relaxed), 3 + 5);
+    let status = f.listener.status();
+    assert_eq!((status.handler_panics, status.failed, status.poisoned, status.processed), (3, 3, 1, 5), "{status:?}");
+    assert_eq!(status.in_flight, 0, "no claim or task slot leaked");
+    assert_eq!(status.task_panics, 0, "the task itself survived");
+    assert!(status.recent_poison[0].reason.contains("handler panicked: handler bug on try 3"), "{:?}", status.recent_poison);
+    assert_eq!(f.poison.approximate_count().await.unwrap(), 1);
+    // The task that ran the panicking handler still dequeues.
+    put(f.queue.as_ref(), "sleep 10", 3).await;
+    sleep(Duration::from_secs(60)).await;
+    assert_eq!(f.listener.status().processed, 8);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_message_too_large_for_the_envelope_is_poisoned_as_its_bare_body() {
+    let settings = QueueSettings { max_dequeue_count: 2, visibility_timeout: Duration::from_secs(2), ..Default::default() };
+    let f = fixture(settings, None);
+    f.listener.start();
+    let mut body = b"fail".to_vec();
+    body.resize(65536, b'x');
+    let id = f.queue.put(&body, Duration::ZERO).await.unwrap();
+    sleep(Duration::from_secs(120)).await;
+    assert_eq!(f.handler.calls.load(Ordering::Relaxed), 2, "not retried past max_dequeue_count");
+    assert_eq!(f.queue.inner.approximate_count().await.unwrap(), 0, "moved out of the queue");
+    let poisoned = f.poison.get(32, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(poisoned.len(), 1);
+    assert!(poisoned[0].body == body, "the poison queue holds the body as it was");
+    let status = f.listener.status();
+    assert_eq!((status.poisoned, status.poisoned_body_only), (1, 1));
+    let record = &status.recent_poison[0];
+    assert_eq!((record.id.as_str(), record.form), (id.as_str(), ebb::listener::PoisonForm::Body));
+    assert!(record.reason.contains("boom on try 2"), "the reason is kept where an operator finds it: {record:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_queue_client_restarts_the_task_and_is_counted() {
+    let f = fixture(QueueSettings::default(), None);
+    f.listener.start();
+    sleep(Duration::from_secs(1)).await;
+    f.queue.panic_in_next_get.store(true, Ordering::Relaxed);
+    sleep(Duration::from_secs(120)).await;
+    let status = f.listener.status();
+    assert_eq!(status.task_panics, 1, "{status:?}");
+    assert_eq!(status.active_tasks, 1, "the floor task was started again");
+    put(f.queue.as_ref(), "sleep 10", 10).await;
+    f.listener.work_detected();
+    sleep(Duration::from_secs(60)).await;
+    assert_eq!(f.listener.status().processed, 10, "the queue is still served");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_whose_body_fails_its_checksum_goes_to_poison_never_to_the_handler() {
+    let f = fixture(QueueSettings::default(), None);
+    f.listener.start();
+    f.queue.put(b"corrupt-me", Duration::ZERO).await.unwrap();
+    sleep(Duration::from_secs(30)).await;
+    assert_eq!(f.handler.calls.load(Ordering::Relaxed), 0);
+    let status = f.listener.status();
+    assert_eq!((status.poisoned, status.poisoned_corrupt, status.failed), (1, 1, 0), "{status:?}");
+    assert!(status.recent_poison[0].reason.starts_with("corrupt"), "{:?}", status.recent_poison);
+    assert_eq!(f.queue.inner.approximate_count().await.unwrap(), 0);
+    assert_eq!(f.poison.approximate_count().await.unwrap(), 1);
 }

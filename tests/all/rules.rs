@@ -405,20 +405,29 @@ fn rewriting_the_same_bytes_does_not_reapply_the_rule() {
 }
 
 /// Item 7: a folder written every 20 ms never went quiet for the debounce, so no change
-/// was ever applied. The wait is bounded by MAX_DEBOUNCE_DELAY.
+/// was ever applied. The wait is bounded by MAX_DEBOUNCE_DELAY, so it is applied while the
+/// writes go on. (How soon is a figure for a benchmark, not a timed test: compiling the rule
+/// takes seconds on a loaded machine.)
 #[test]
 fn a_folder_written_without_pause_is_still_applied() {
-    let w = watched_with(guests::PAPER_DEFAULT, RuleLimits::default(), Duration::from_millis(100));
+    // A quiet period as long as the bound: writes every 20 ms never leave one.
+    let debounce = ebb::rules::MAX_DEBOUNCE_DELAY;
+    let w = watched_with(guests::PAPER_DEFAULT, RuleLimits::default(), debounce);
     let staging = w.dir.path().join("rule.wasm.partial");
     let bytes = std::fs::read(guests::FIXED_TASKS).unwrap();
     let started = Instant::now();
+    let mut last_write = Instant::now();
+    let mut longest_gap = Duration::ZERO;
     while w.sha() != Some(sha_of(guests::FIXED_TASKS)) {
-        assert!(started.elapsed() < Duration::from_secs(10), "never applied while the folder was busy");
+        assert!(started.elapsed() < Duration::from_secs(60), "never applied while the folder was busy");
         std::fs::write(&staging, &bytes).unwrap();
         std::fs::rename(&staging, w.rule_path()).unwrap();
+        longest_gap = longest_gap.max(last_write.elapsed());
+        last_write = Instant::now();
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(started.elapsed() < ebb::rules::MAX_DEBOUNCE_DELAY + Duration::from_secs(2), "{:?}", started.elapsed());
+    // Otherwise the folder did go quiet, and the plain debounce could have applied it.
+    assert!(longest_gap < debounce / 2, "the writes paused for {longest_gap:?}: inconclusive");
 }
 
 /// Item 8: every re-apply reset the quarantine (a trapping rule faulted 791 times in 20 s).

@@ -17,6 +17,7 @@
 //! the database; if it cannot, the store reports the problem in [`Health`] once, answers
 //! every call with a transient "unavailable" error, and keeps trying to reopen.
 
+use std::io::ErrorKind;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -310,7 +311,7 @@ impl QueueClient for EmbeddedQueue {
 fn open_database(opener: &Opener, file: &Path) -> anyhow::Result<(Arc<Database>, u64)> {
     let opened = match quietly(|| opener()) {
         Ok(opened) => opened,
-        Err(panic) => return Err(anyhow!("{}", panic_message(&*panic))).with_context(|| damaged(file)),
+        Err(panic) => return Err(anyhow!("reading it failed: {}", panic_message(&*panic))).with_context(|| damaged(file)),
     };
     let db = match opened {
         Ok(db) => db,
@@ -318,6 +319,10 @@ fn open_database(opener: &Opener, file: &Path) -> anyhow::Result<(Arc<Database>,
             "data directory {} is in use by another ebb process (one process owns a data directory)",
             file.parent().unwrap_or(file).display()
         ),
+        // redb reports some damage (a wrong magic number) as invalid data.
+        Err(DatabaseError::Storage(StorageError::Io(error))) if matches!(error.kind(), ErrorKind::InvalidData | ErrorKind::UnexpectedEof) => {
+            return Err(anyhow!(error)).with_context(|| damaged(file));
+        }
         Err(DatabaseError::Storage(StorageError::Io(error))) => {
             return Err(anyhow!(error)).with_context(|| format!("failed to open queue store {}", file.display()));
         }
@@ -325,7 +330,7 @@ fn open_database(opener: &Opener, file: &Path) -> anyhow::Result<(Arc<Database>,
     };
     let next_seq = match quietly(|| prepare(&db)) {
         Ok(prepared) => prepared.with_context(|| format!("failed to prepare queue store {}", file.display()))?,
-        Err(panic) => return Err(anyhow!("{}", panic_message(&*panic))).with_context(|| damaged(file)),
+        Err(panic) => return Err(anyhow!("reading it failed: {}", panic_message(&*panic))).with_context(|| damaged(file)),
     };
     Ok((Arc::new(db), next_seq))
 }

@@ -329,7 +329,7 @@ pub struct QueueConfig {
     /// Its rule (path in the rules folder) and parameters.
     pub rule: QueueRuleConfig,
     /// Handler URL.
-    pub handler_url: String,
+    pub handler_url: reqwest::Url,
     /// Handler timeout.
     pub handler_timeout: Duration,
 }
@@ -434,7 +434,7 @@ fn check_queue_name(name: &str) -> Result<()> {
 
 /// The handler URL: http or https, with a host written out (`http:///work` is rejected,
 /// although URL parsing would take `work` for the host).
-fn check_handler_url(text: &str) -> Result<()> {
+fn parse_handler_url(text: &str) -> Result<reqwest::Url> {
     let url = reqwest::Url::parse(text).map_err(|e| anyhow::anyhow!("handler.url: {text:?} is not a URL: {e}"))?;
     if !matches!(url.scheme(), "http" | "https") {
         bail!("handler.url: {text:?} must be http or https");
@@ -443,7 +443,7 @@ fn check_handler_url(text: &str) -> Result<()> {
     if authority.is_empty() || url.host_str().is_none_or(str::is_empty) {
         bail!("handler.url: {text:?} has no host; write it as http://host:port/path");
     }
-    Ok(())
+    Ok(url)
 }
 
 impl QueueFile {
@@ -483,7 +483,7 @@ impl QueueFile {
                 Some(rules_dir.join(file))
             }
         };
-        check_handler_url(&self.handler.url)?;
+        let handler_url = parse_handler_url(&self.handler.url)?;
         check_duration("handler.timeout", self.handler.timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
         Ok(QueueConfig {
             name: name.to_string(),
@@ -502,7 +502,7 @@ impl QueueFile {
                 ..QueueSettings::default()
             },
             rule: QueueRuleConfig { queue: name.to_string(), rule, params: self.rule_params.into_iter().collect() },
-            handler_url: self.handler.url,
+            handler_url,
             handler_timeout: self.handler.timeout,
         })
     }

@@ -61,7 +61,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
             name: QUEUE.into(),
             settings: QueueSettings { max_polling_interval: Duration::from_secs(5), ..QueueSettings::default() },
             rule: QueueRuleConfig { queue: QUEUE.into(), rule: Some(rule_file.clone()), params: vec![] },
-            handler_url: format!("http://{app}/work"),
+            handler_url: format!("http://{app}/work").parse()?,
             handler_timeout: Duration::from_secs(30),
         }],
     };

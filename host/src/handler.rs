@@ -6,13 +6,15 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Context as _, bail};
 use async_trait::async_trait;
 
+use crate::queue::MessageId;
+
 /// A message handed to a handler.
 #[derive(Debug, Clone)]
 pub struct IncomingMessage {
     /// The queue it came from.
     pub queue: String,
     /// Its id in that queue.
-    pub id: String,
+    pub id: MessageId,
     /// How many times it has been leased, this time included (1 on the first try).
     pub dequeue_count: u32,
     /// When it was put.
@@ -55,8 +57,7 @@ pub struct HttpHandler {
 
 impl HttpHandler {
     /// A handler posting to `url`, giving up on a request after `timeout`.
-    pub fn new(url: &str, timeout: Duration) -> anyhow::Result<Self> {
-        let url = reqwest::Url::parse(url).with_context(|| format!("invalid handler url {url:?}"))?;
+    pub fn new(url: reqwest::Url, timeout: Duration) -> anyhow::Result<Self> {
         let client = reqwest::Client::builder().build().context("failed to create the HTTP client")?;
         Ok(HttpHandler { client, url, timeout })
     }
@@ -70,7 +71,7 @@ impl Handler for HttpHandler {
             .post(self.url.clone())
             .timeout(self.timeout)
             .header("ebb-queue", &message.queue)
-            .header("ebb-message-id", &message.id)
+            .header("ebb-message-id", message.id.as_str())
             .header("ebb-dequeue-count", message.dequeue_count.to_string())
             .header("ebb-inserted-at", humantime::format_rfc3339_millis(message.inserted_at).to_string())
             .body(message.body.clone())

@@ -59,8 +59,13 @@ impl Service {
             queue.create_if_missing().await.with_context(|| format!("failed to create queue {}", queue_config.name))?;
             let poison: Arc<dyn QueueClient> = Arc::new(Retrying::new(store.queue(&format!("{}-poison", queue_config.name)), RetryPolicy::default()));
             poison.create_if_missing().await?;
-            let handler = Arc::new(HttpHandler::new(&queue_config.handler_url, queue_config.handler_timeout)?);
-            let listener = Listener::new(queue.clone(), poison, handler, rules.clone(), queue_config.settings.clone(), Some(transactions));
+            let handler = Arc::new(HttpHandler::new(queue_config.handler_url.clone(), queue_config.handler_timeout)?);
+            let queue_rules = rules.queue(&queue_config.name).with_context(|| format!("queue {} has no rule slot", queue_config.name))?;
+            let listener = Listener::builder(queue.clone(), poison, handler)
+                .rules(queue_rules)
+                .settings(queue_config.settings.clone())
+                .transactions(transactions)
+                .build();
             listener.start();
             tracing::info!(queue = %queue_config.name, handler = %queue_config.handler_url, "listening");
             queues.insert(queue_config.name.clone(), queue);

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ebb::queue::memory::MemoryQueue;
-use ebb::queue::{Message, Metered, QueueClient, QueueError, RetryPolicy, Retrying, TokioClock};
+use ebb::queue::{Message, MessageId, Metered, PopReceipt, QueueClient, QueueError, RetryPolicy, Retrying, TokioClock};
 
 /// Fails the next `failures` gets with the error `make` builds, then delegates.
 struct Flaky {
@@ -24,7 +24,7 @@ impl QueueClient for Flaky {
     async fn create_if_missing(&self) -> Result<(), QueueError> {
         Ok(())
     }
-    async fn put(&self, body: &[u8], delay: Duration) -> Result<String, QueueError> {
+    async fn put(&self, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
         self.inner.put(body, delay).await
     }
     async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
@@ -34,10 +34,10 @@ impl QueueClient for Flaky {
         }
         self.inner.get(max, visibility).await
     }
-    async fn delete(&self, id: &str, receipt: &str) -> Result<(), QueueError> {
+    async fn delete(&self, id: &MessageId, receipt: &PopReceipt) -> Result<(), QueueError> {
         self.inner.delete(id, receipt).await
     }
-    async fn update_visibility(&self, id: &str, receipt: &str, visibility: Duration) -> Result<String, QueueError> {
+    async fn update_visibility(&self, id: &MessageId, receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
         self.inner.update_visibility(id, receipt, visibility).await
     }
     async fn approximate_count(&self) -> Result<u64, QueueError> {

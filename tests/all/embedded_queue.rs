@@ -143,7 +143,7 @@ async fn sigkill_mid_batch_loses_no_message() {
         }
         for message in messages {
             released_leases += usize::from(message.dequeue_count == 2);
-            assert!(drained.insert(message.id.clone()), "{} came back twice", message.id);
+            assert!(drained.insert(message.id.to_string()), "{} came back twice", message.id);
             queue.delete(&message.id, &message.pop_receipt).await.unwrap();
         }
     }

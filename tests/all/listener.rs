@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use ebb::handler::{Handler, IncomingMessage};
 use ebb::listener::{Listener, QueueSettings};
 use ebb::queue::memory::MemoryQueue;
-use ebb::queue::{Message, QueueClient, QueueError, TokioClock};
+use ebb::queue::{Message, MessageId, PopReceipt, QueueClient, QueueError, TokioClock};
 use ebb::rules::{QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
 use ebb_tests::guests;
 use tokio::time::{Instant, sleep};
@@ -59,7 +59,7 @@ impl QueueClient for RecordingQueue {
     async fn create_if_missing(&self) -> Result<(), QueueError> {
         self.inner.create_if_missing().await
     }
-    async fn put(&self, body: &[u8], delay: Duration) -> Result<String, QueueError> {
+    async fn put(&self, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
         self.inner.put(body, delay).await
     }
     async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
@@ -75,10 +75,10 @@ impl QueueClient for RecordingQueue {
         self.gets.lock().unwrap().push((Instant::now(), got.len()));
         Ok(got)
     }
-    async fn delete(&self, id: &str, receipt: &str) -> Result<(), QueueError> {
+    async fn delete(&self, id: &MessageId, receipt: &PopReceipt) -> Result<(), QueueError> {
         self.inner.delete(id, receipt).await
     }
-    async fn update_visibility(&self, id: &str, receipt: &str, visibility: Duration) -> Result<String, QueueError> {
+    async fn update_visibility(&self, id: &MessageId, receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
         self.inner.update_visibility(id, receipt, visibility).await
     }
     async fn approximate_count(&self) -> Result<u64, QueueError> {
@@ -103,7 +103,7 @@ fn fixture(settings: QueueSettings, rule: Option<PathBuf>) -> Fixture {
     let rules = Arc::new(RuleSet::new(engine, [QueueRuleConfig { queue: QUEUE.into(), rule, params: vec![] }]));
     assert!(rules.load_all().is_empty());
     let settings = QueueSettings { random_seed: Some(7), ..settings };
-    let listener = Listener::new(queue.clone(), poison.clone(), handler.clone(), rules.clone(), settings, None);
+    let listener = Listener::builder(queue.clone(), poison.clone(), handler.clone()).rules(rules.queue(QUEUE).unwrap()).settings(settings).build();
     Fixture { queue, poison, handler, rules, listener }
 }
 

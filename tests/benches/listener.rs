@@ -17,7 +17,7 @@ use ebb::listener::{Listener, QueueSettings};
 use ebb::queue::embedded::{EmbeddedOptions, EmbeddedStore};
 use ebb::queue::memory::MemoryQueue;
 use ebb::queue::{Metered, QueueClient, TokioClock};
-use ebb::rules::{QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
+use ebb::rules::{QueueRuleConfig, QueueRules, RuleEngine, RuleLimits, RuleSet};
 use ebb_tests::baselines::{BODY, raw_redb_processing};
 use serde_json::json;
 
@@ -32,9 +32,10 @@ impl Handler for Noop {
     }
 }
 
-fn rules(queue: &str) -> Arc<RuleSet> {
+fn rules(queue: &str) -> QueueRules {
     let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
-    Arc::new(RuleSet::new(engine, [QueueRuleConfig { queue: queue.into(), rule: None, params: vec![] }]))
+    let set = RuleSet::new(engine, [QueueRuleConfig { queue: queue.into(), rule: None, params: vec![] }]);
+    set.queue(queue).expect("the queue was configured")
 }
 
 fn main() {
@@ -72,7 +73,7 @@ async fn end_to_end(max_tasks: u32) -> serde_json::Value {
     let poison = Arc::new(store.queue("bench-poison"));
     poison.create_if_missing().await.unwrap();
     let settings = QueueSettings { max_tasks, min_tasks: max_tasks, ..Default::default() };
-    let listener = Listener::new(Arc::new(metered), poison, Arc::new(Noop), rules("bench"), settings, None);
+    let listener = Listener::builder(Arc::new(metered), poison, Arc::new(Noop)).rules(rules("bench")).settings(settings).build();
     let started = Instant::now();
     listener.start();
     while listener.status().processed < MESSAGES as u64 {
@@ -98,7 +99,7 @@ async fn idle_hour() -> serde_json::Value {
     let transactions = metered.transactions();
     let poison = Arc::new(MemoryQueue::new("idle-poison", clock, 65536));
     let settings = QueueSettings { random_seed: Some(1), ..Default::default() };
-    let listener = Listener::new(Arc::new(metered), poison, Arc::new(Noop), rules("idle"), settings, None);
+    let listener = Listener::builder(Arc::new(metered), poison, Arc::new(Noop)).rules(rules("idle")).settings(settings).build();
     listener.start();
     tokio::time::sleep(Duration::from_secs(3600)).await;
     let tx = transactions.snapshot();
@@ -131,7 +132,7 @@ async fn burst_reaction() -> serde_json::Value {
         }
     }
     let settings = QueueSettings { max_tasks: 32, ..Default::default() };
-    let listener = Listener::new(queue.clone(), poison, Arc::new(Slow), rules("burst"), settings, None);
+    let listener = Listener::builder(queue.clone(), poison, Arc::new(Slow)).rules(rules("burst")).settings(settings).build();
     listener.start();
     tokio::time::sleep(Duration::from_secs(10)).await; // idle: back-off has grown
     let landed = Instant::now();

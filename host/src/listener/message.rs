@@ -10,7 +10,7 @@ use futures::FutureExt as _;
 
 use crate::handler::IncomingMessage;
 use crate::panics::panic_message;
-use crate::queue::{Message, QueueError};
+use crate::queue::{Message, MessageId, PopReceipt, QueueError};
 
 use super::Shared;
 use super::state::PoisonForm;
@@ -110,7 +110,7 @@ impl Shared {
     /// between duplicates rather than loses it. The poison queue gets a JSON envelope with
     /// the reason; when that does not fit its size limit, the body as it is (as Azure
     /// Functions moves it), and the reason stays in the log, the status and the metrics.
-    async fn poison(&self, message: &IncomingMessage, receipt: &str, reason: &str) {
+    async fn poison(&self, message: &IncomingMessage, receipt: &PopReceipt, reason: &str) {
         let envelope = serde_json::to_vec(&PoisonEnvelope::new(message, reason)).expect("the envelope serialises");
         let mut form = PoisonForm::Envelope;
         let mut put = self.poison.put(&envelope, Duration::ZERO).await;
@@ -143,7 +143,7 @@ pub struct PoisonEnvelope {
     /// The queue the message came from.
     pub queue: String,
     /// Its id there.
-    pub original_id: String,
+    pub original_id: MessageId,
     /// Times it was leased.
     pub dequeue_count: u32,
     /// The last handler error.

@@ -26,7 +26,7 @@ use crate::handler::Handler;
 use crate::log_limit::LogLimiter;
 use crate::panics::panic_message;
 use crate::queue::{Clock as _, QueueClient, SystemClock, Transactions};
-use crate::rules::{Decision, DecisionSource, IdleContext, IdleDecision, QueueState, RuleSet};
+use crate::rules::{DecisionSource, IdleContext, QueueRules, QueueState, built_in_queue_empty, built_in_task_count};
 
 pub use settings::QueueSettings;
 pub use state::{ListenerStatus, PoisonForm, PoisonRecord, RecordedDecision};
@@ -46,7 +46,8 @@ struct Shared {
     queue: Arc<dyn QueueClient>,
     poison: Arc<dyn QueueClient>,
     handler: Arc<dyn Handler>,
-    rules: Arc<RuleSet>,
+    /// The queue's rule; `None`: the built-in rule decides.
+    rules: Option<QueueRules>,
     settings: QueueSettings,
     transactions: Option<Arc<Transactions>>,
     counters: Counters,
@@ -87,17 +88,40 @@ impl Drop for TaskSlot<'_> {
     }
 }
 
-impl Listener {
-    /// A listener on `queue` (its poison queue is `poison`); no task runs until [`Listener::start`].
-    /// `transactions`, if given, are the storage counters reported in the status.
-    pub fn new(
-        queue: Arc<dyn QueueClient>,
-        poison: Arc<dyn QueueClient>,
-        handler: Arc<dyn Handler>,
-        rules: Arc<RuleSet>,
-        settings: QueueSettings,
-        transactions: Option<Arc<Transactions>>,
-    ) -> Self {
+/// Builds a [`Listener`]: the queue, its poison queue and the handler are required; the
+/// rule (default: the built-in one), the settings (default: [`QueueSettings::default`]) and
+/// the transaction counters shown in the status (default: none) are not.
+pub struct ListenerBuilder {
+    queue: Arc<dyn QueueClient>,
+    poison: Arc<dyn QueueClient>,
+    handler: Arc<dyn Handler>,
+    rules: Option<QueueRules>,
+    settings: QueueSettings,
+    transactions: Option<Arc<Transactions>>,
+}
+
+impl ListenerBuilder {
+    /// The rule that decides the task count and the idle sleeps (from [`crate::rules::RuleSet::queue`]).
+    pub fn rules(mut self, rules: QueueRules) -> Self {
+        self.rules = Some(rules);
+        self
+    }
+
+    /// The queue's settings.
+    pub fn settings(mut self, settings: QueueSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// Storage counters to report in the status.
+    pub fn transactions(mut self, transactions: Arc<Transactions>) -> Self {
+        self.transactions = Some(transactions);
+        self
+    }
+
+    /// The listener; no task runs until [`Listener::start`].
+    pub fn build(self) -> Listener {
+        let ListenerBuilder { queue, poison, handler, rules, settings, transactions } = self;
         let seed = settings.random_seed.unwrap_or_else(|| fastrand::u64(..));
         Listener {
             shared: Arc::new(Shared {
@@ -118,6 +142,13 @@ impl Listener {
                 storage_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
             }),
         }
+    }
+}
+
+impl Listener {
+    /// A builder for a listener on `queue`, whose poisoned messages go to `poison`.
+    pub fn builder(queue: Arc<dyn QueueClient>, poison: Arc<dyn QueueClient>, handler: Arc<dyn Handler>) -> ListenerBuilder {
+        ListenerBuilder { queue, poison, handler, rules: None, settings: QueueSettings::default(), transactions: None }
     }
 
     /// The queue's name.
@@ -329,16 +360,18 @@ impl Shared {
             timestamp_ms: SystemClock.now_ms(),
             random: self.random(),
         };
-        let rules = self.rules.clone();
-        let call_ctx = ctx.clone();
-        // Rules are synchronous and may block up to their deadline: off the async threads.
-        let decision = match tokio::task::spawn_blocking(move || rules.decide_queue_empty(&call_ctx.queue, &call_ctx)).await {
-            Ok(decision) => decision,
-            Err(error) => {
-                self.rule_call_failed(&error);
-                let raw = ebb_rules_sdk::paper::on_queue_empty(&ctx);
-                let delay_ms = raw.delay_ms.clamp(ctx.min_interval_ms, ctx.max_interval_ms.max(ctx.min_interval_ms));
-                Decision { value: IdleDecision { delay_ms, stop: raw.stop }, source: DecisionSource::Fallback, clamped: delay_ms != raw.delay_ms }
+        let decision = match self.rules.clone() {
+            None => built_in_queue_empty(&ctx, DecisionSource::BuiltIn),
+            Some(rules) => {
+                let call_ctx = ctx.clone();
+                // Rules are synchronous and may block up to their deadline: off the async threads.
+                match tokio::task::spawn_blocking(move || rules.decide_queue_empty(&call_ctx)).await {
+                    Ok(decision) => decision,
+                    Err(error) => {
+                        self.rule_call_failed(&error);
+                        built_in_queue_empty(&ctx, DecisionSource::Fallback)
+                    }
+                }
             }
         };
         self.counters.record_queue_empty(decision);
@@ -391,15 +424,17 @@ impl Shared {
             timestamp_ms: SystemClock.now_ms(),
             random: self.random(),
         };
-        let rules = self.rules.clone();
-        let call_state = state.clone();
-        let decision = match tokio::task::spawn_blocking(move || rules.decide_task_count(&call_state.queue, &call_state)).await {
-            Ok(decision) => decision,
-            Err(error) => {
-                self.rule_call_failed(&error);
-                let raw = ebb_rules_sdk::paper::optimal_dequeue_task_count(&state);
-                let value = raw.clamp(state.min_tasks, state.max_tasks.max(state.min_tasks));
-                Decision { value, source: DecisionSource::Fallback, clamped: value != raw }
+        let decision = match self.rules.clone() {
+            None => built_in_task_count(&state, DecisionSource::BuiltIn),
+            Some(rules) => {
+                let call_state = state.clone();
+                match tokio::task::spawn_blocking(move || rules.decide_task_count(&call_state)).await {
+                    Ok(decision) => decision,
+                    Err(error) => {
+                        self.rule_call_failed(&error);
+                        built_in_task_count(&state, DecisionSource::Fallback)
+                    }
+                }
             }
         };
         self.counters.record_task_count(decision);

@@ -9,7 +9,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::queue::TransactionCounts;
-use crate::rules::{Decision, IdleDecision, RuleStatus};
+use crate::rules::{Decision, IdleDecision, QueueRules, RuleStatus};
 
 use super::Shared;
 
@@ -286,7 +286,7 @@ impl Shared {
             handler_panics: load64(&c.handler_panics),
             task_panics: load64(&c.task_panics),
             rule_call_panics: load64(&c.rule_call_panics),
-            rule: self.rules.status(self.queue.name()),
+            rule: self.rules.as_ref().map(QueueRules::status),
             last_task_count: decisions.task_count.clone(),
             last_queue_empty: decisions.queue_empty.clone(),
             transactions: self.transactions.as_ref().map(|t| t.snapshot()),

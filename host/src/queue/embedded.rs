@@ -33,7 +33,7 @@ use redb::{
 use tokio::sync::oneshot;
 
 use super::clock::{Clock, SystemClock, system_time};
-use super::{MAX_BATCH, MAX_VISIBILITY, Message, QueueClient, QueueError};
+use super::{MAX_BATCH, MAX_VISIBILITY, Message, MessageId, PopReceipt, QueueClient, QueueError};
 use crate::health::Health;
 use crate::log_limit::LogLimiter;
 use crate::panics::{panic_message, quietly};
@@ -230,11 +230,11 @@ impl EmbeddedQueue {
 }
 
 fn parse_id(id: &str) -> Result<u64, QueueError> {
-    id.parse().map_err(|_| QueueError::StaleReceipt { id: id.to_string() })
+    id.parse().map_err(|_| QueueError::StaleReceipt { id: id.into() })
 }
 
 fn parse_receipt(id: &str, receipt: &str) -> Result<u64, QueueError> {
-    u64::from_str_radix(receipt, 16).map_err(|_| QueueError::StaleReceipt { id: id.to_string() })
+    u64::from_str_radix(receipt, 16).map_err(|_| QueueError::StaleReceipt { id: id.into() })
 }
 
 #[async_trait]
@@ -253,14 +253,14 @@ impl QueueClient for EmbeddedQueue {
         }
     }
 
-    async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<String, QueueError> {
+    async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<MessageId, QueueError> {
         let limit = self.store.shared.options.max_message_bytes;
         if body.len() > limit {
             return Err(QueueError::MessageTooLarge { size: body.len(), limit });
         }
         let op = Op::Put { queue: self.id()?, now_ms: self.store.now_ms(), body: body.to_vec(), delay_ms: bounded_ms(initial_visibility) };
         match self.store.call(op).await? {
-            Reply::Id(id) => Ok(id),
+            Reply::Id(id) => Ok(MessageId::from(id)),
             _ => unreachable!("put replies with an id"),
         }
     }
@@ -276,12 +276,12 @@ impl QueueClient for EmbeddedQueue {
         }
     }
 
-    async fn delete(&self, id: &str, pop_receipt: &str) -> Result<(), QueueError> {
+    async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError> {
         let op = Op::Delete { queue: self.id()?, seq: parse_id(id)?, receipt: parse_receipt(id, pop_receipt)? };
         self.store.call(op).await.map(drop)
     }
 
-    async fn update_visibility(&self, id: &str, pop_receipt: &str, visibility: Duration) -> Result<String, QueueError> {
+    async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
         let op = Op::Update {
             queue: self.id()?,
             seq: parse_id(id)?,
@@ -290,7 +290,7 @@ impl QueueClient for EmbeddedQueue {
             visibility_ms: bounded_ms(visibility),
         };
         match self.store.call(op).await? {
-            Reply::Receipt(receipt) => Ok(receipt),
+            Reply::Receipt(receipt) => Ok(PopReceipt::from(receipt)),
             _ => unreachable!("update replies with a receipt"),
         }
     }
@@ -721,8 +721,8 @@ fn apply(t: &mut Tables<'_>, op: Op, next_seq: &mut u64) -> anyhow::Result<Resul
                 t.messages.insert((queue, seq), header.encode(&body).as_slice())?;
                 t.visible.insert((queue, header.visible_at_ms, seq), ())?;
                 leased.push(Message {
-                    id: seq.to_string(),
-                    pop_receipt: format!("{:016x}", header.receipt),
+                    id: seq.to_string().into(),
+                    pop_receipt: format!("{:016x}", header.receipt).into(),
                     dequeue_count: header.dequeue_count,
                     inserted_at: system_time(header.inserted_at_ms),
                     next_visible_at: system_time(header.visible_at_ms),
@@ -759,7 +759,7 @@ fn apply(t: &mut Tables<'_>, op: Op, next_seq: &mut u64) -> anyhow::Result<Resul
 
 /// The header of a message whose current receipt is `receipt`, or (inner) a stale-receipt error.
 fn leased_header(t: &Tables<'_>, queue: u32, seq: u64, receipt: u64) -> anyhow::Result<Result<Header, QueueError>> {
-    let stale = || QueueError::StaleReceipt { id: seq.to_string() };
+    let stale = || QueueError::StaleReceipt { id: seq.to_string().into() };
     let Some(stored) = t.messages.get((queue, seq))? else { return Ok(Err(stale())) };
     match Header::decode(stored.value()) {
         Some(header) if header.receipt == receipt && receipt != 0 => Ok(Ok(header)),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::clock::{Clock, system_time};
-use super::{MAX_BATCH, MAX_VISIBILITY, Message, QueueClient, QueueError};
+use super::{MAX_BATCH, MAX_VISIBILITY, Message, MessageId, PopReceipt, QueueClient, QueueError};
 
 #[derive(Default)]
 struct State {
@@ -41,7 +41,7 @@ impl MemoryQueue {
     }
 
     fn leased(state: &State, id: &str, receipt: &str) -> Result<u64, QueueError> {
-        let stale = || QueueError::StaleReceipt { id: id.to_string() };
+        let stale = || QueueError::StaleReceipt { id: id.into() };
         let seq: u64 = id.parse().map_err(|_| stale())?;
         let receipt = u64::from_str_radix(receipt, 16).map_err(|_| stale())?;
         match state.messages.get(&seq) {
@@ -61,7 +61,7 @@ impl QueueClient for MemoryQueue {
         Ok(())
     }
 
-    async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<String, QueueError> {
+    async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<MessageId, QueueError> {
         if body.len() > self.max_message_bytes {
             return Err(QueueError::MessageTooLarge { size: body.len(), limit: self.max_message_bytes });
         }
@@ -72,7 +72,7 @@ impl QueueClient for MemoryQueue {
         let visible_at_ms = now.saturating_add(initial_visibility.min(MAX_VISIBILITY).as_millis() as u64);
         state.messages.insert(seq, Stored { visible_at_ms, inserted_at_ms: now, receipt: 0, dequeue_count: 0, body: body.to_vec() });
         state.visible.insert((visible_at_ms, seq));
-        Ok(seq.to_string())
+        Ok(seq.to_string().into())
     }
 
     async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
@@ -90,8 +90,8 @@ impl QueueClient for MemoryQueue {
             stored.receipt = fastrand::u64(1..);
             stored.dequeue_count = stored.dequeue_count.saturating_add(1);
             leased.push(Message {
-                id: key.1.to_string(),
-                pop_receipt: format!("{:016x}", stored.receipt),
+                id: key.1.to_string().into(),
+                pop_receipt: format!("{:016x}", stored.receipt).into(),
                 dequeue_count: stored.dequeue_count,
                 inserted_at: system_time(stored.inserted_at_ms),
                 next_visible_at: system_time(stored.visible_at_ms),
@@ -104,7 +104,7 @@ impl QueueClient for MemoryQueue {
         Ok(leased)
     }
 
-    async fn delete(&self, id: &str, pop_receipt: &str) -> Result<(), QueueError> {
+    async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError> {
         let mut state = self.state.lock().unwrap();
         let seq = Self::leased(&state, id, pop_receipt)?;
         let stored = state.messages.remove(&seq).expect("checked above");
@@ -112,7 +112,7 @@ impl QueueClient for MemoryQueue {
         Ok(())
     }
 
-    async fn update_visibility(&self, id: &str, pop_receipt: &str, visibility: Duration) -> Result<String, QueueError> {
+    async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
         let now = self.clock.now_ms();
         let mut state = self.state.lock().unwrap();
         let seq = Self::leased(&state, id, pop_receipt)?;
@@ -123,7 +123,7 @@ impl QueueClient for MemoryQueue {
         let (new, receipt) = ((stored.visible_at_ms, seq), stored.receipt);
         state.visible.remove(&old);
         state.visible.insert(new);
-        Ok(format!("{receipt:016x}"))
+        Ok(format!("{receipt:016x}").into())
     }
 
     async fn approximate_count(&self) -> Result<u64, QueueError> {

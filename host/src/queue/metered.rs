@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::Serialize;
 
-use super::{Message, QueueClient, QueueError};
+use super::{Message, MessageId, PopReceipt, QueueClient, QueueError};
 
 /// Live counters, shared with whoever reports them.
 #[derive(Debug, Default)]
@@ -105,7 +105,7 @@ impl<Q: QueueClient> QueueClient for Metered<Q> {
         self.count(&self.transactions.creates, result)
     }
 
-    async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<String, QueueError> {
+    async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<MessageId, QueueError> {
         let result = self.inner.put(body, initial_visibility).await;
         self.count(&self.transactions.puts, result)
     }
@@ -119,12 +119,12 @@ impl<Q: QueueClient> QueueClient for Metered<Q> {
         self.count(counter, result)
     }
 
-    async fn delete(&self, id: &str, pop_receipt: &str) -> Result<(), QueueError> {
+    async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError> {
         let result = self.inner.delete(id, pop_receipt).await;
         self.count(&self.transactions.deletes, result)
     }
 
-    async fn update_visibility(&self, id: &str, pop_receipt: &str, visibility: Duration) -> Result<String, QueueError> {
+    async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
         let result = self.inner.update_visibility(id, pop_receipt, visibility).await;
         self.count(&self.transactions.updates, result)
     }

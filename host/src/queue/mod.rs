@@ -28,14 +28,85 @@ pub const MAX_BATCH: u32 = 32;
 /// longer values to it; the API and the config reject them with the reason.
 pub const MAX_VISIBILITY: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// Defines a string newtype for a value the queue service issues and the host only passes
+/// back: comparable, printable, readable as `&str`, never built from arbitrary text by mistake.
+macro_rules! opaque_string {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            /// The value as the service issued it.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(value: String) -> Self {
+                $name(value)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(value: &str) -> Self {
+                $name(value.to_string())
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(value: $name) -> String {
+                value.0
+            }
+        }
+
+        impl std::ops::Deref for $name {
+            type Target = str;
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+    };
+}
+
+opaque_string!(
+    /// Identifies a message within its queue.
+    MessageId
+);
+opaque_string!(
+    /// Proves one lease of a message: deleting it or changing its visibility needs the
+    /// receipt of its latest lease or update.
+    PopReceipt
+);
+
 /// A leased message. Its `pop_receipt` proves the lease: delete it, or change its
 /// visibility, with this receipt. A later lease issues a new receipt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
     /// Identifies the message within its queue.
-    pub id: String,
+    pub id: MessageId,
     /// Proves this lease; a stale receipt cannot delete or update.
-    pub pop_receipt: String,
+    pub pop_receipt: PopReceipt,
     /// How many times the message has been leased, this lease included.
     pub dequeue_count: u32,
     /// When the message was put.
@@ -63,7 +134,7 @@ pub enum QueueError {
     #[error("stale pop receipt for message {id}: it was leased again or deleted")]
     StaleReceipt {
         /// The message id.
-        id: String,
+        id: MessageId,
     },
     /// The body is over the queue's size limit.
     #[error("message of {size} bytes is over the limit of {limit} bytes")]
@@ -95,18 +166,18 @@ pub trait QueueClient: Send + Sync + 'static {
     async fn create_if_missing(&self) -> Result<(), QueueError>;
 
     /// Adds a message, invisible for `initial_visibility` (zero: visible at once). Returns its id.
-    async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<String, QueueError>;
+    async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<MessageId, QueueError>;
 
     /// Leases up to `max` (1..=32) visible messages, oldest first (roughly), each for
     /// `visibility`. An empty result means no message is visible now.
     async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError>;
 
     /// Deletes a leased message. Fails with [`QueueError::StaleReceipt`] if the lease is lost.
-    async fn delete(&self, id: &str, pop_receipt: &str) -> Result<(), QueueError>;
+    async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError>;
 
     /// Sets a leased message's visibility to `visibility` from now (zero: release it now;
     /// longer: renew the lease). Returns the new pop receipt.
-    async fn update_visibility(&self, id: &str, pop_receipt: &str, visibility: Duration) -> Result<String, QueueError>;
+    async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError>;
 
     /// Approximate number of messages in the queue, visible or not.
     async fn approximate_count(&self) -> Result<u64, QueueError>;

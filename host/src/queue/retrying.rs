@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Message, QueueClient, QueueError};
+use super::{Message, MessageId, PopReceipt, QueueClient, QueueError};
 
 /// How transient errors are retried.
 #[derive(Debug, Clone)]
@@ -81,7 +81,7 @@ impl<Q: QueueClient> QueueClient for Retrying<Q> {
         self.run("create", |q| q.create_if_missing()).await
     }
 
-    async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<String, QueueError> {
+    async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<MessageId, QueueError> {
         self.run("put", |q| q.put(body, initial_visibility)).await
     }
 
@@ -89,11 +89,11 @@ impl<Q: QueueClient> QueueClient for Retrying<Q> {
         self.run("get", |q| q.get(max, visibility)).await
     }
 
-    async fn delete(&self, id: &str, pop_receipt: &str) -> Result<(), QueueError> {
+    async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError> {
         self.run("delete", |q| q.delete(id, pop_receipt)).await
     }
 
-    async fn update_visibility(&self, id: &str, pop_receipt: &str, visibility: Duration) -> Result<String, QueueError> {
+    async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
         self.run("update", |q| q.update_visibility(id, pop_receipt, visibility)).await
     }
 

@@ -406,7 +406,7 @@ impl RuleSet {
     pub fn decide_task_count(&self, queue: &str, state: &QueueState) -> Decision<u32> {
         match self.queues.get(queue) {
             Some(rules) => rules.decide_task_count(state),
-            None => clamp_task_count(paper::optimal_dequeue_task_count(state), DecisionSource::BuiltIn, state),
+            None => built_in_task_count(state, DecisionSource::BuiltIn),
         }
     }
 
@@ -415,7 +415,7 @@ impl RuleSet {
     pub fn decide_queue_empty(&self, queue: &str, ctx: &IdleContext) -> Decision<IdleDecision> {
         match self.queues.get(queue) {
             Some(rules) => rules.decide_queue_empty(ctx),
-            None => clamp_idle(paper::on_queue_empty(ctx), DecisionSource::BuiltIn, ctx),
+            None => built_in_queue_empty(ctx, DecisionSource::BuiltIn),
         }
     }
 
@@ -423,6 +423,17 @@ impl RuleSet {
     pub fn status(&self, queue: &str) -> Option<RuleStatus> {
         self.queues.get(queue).map(QueueRules::status)
     }
+}
+
+/// The built-in (paper's) `GetOptimalDequeueTaskCount`, clamped to the queue's bounds: what
+/// decides when a queue has no rule, or when no rule call could be made.
+pub fn built_in_task_count(state: &QueueState, source: DecisionSource) -> Decision<u32> {
+    clamp_task_count(paper::optimal_dequeue_task_count(state), source, state)
+}
+
+/// The built-in (paper's) `QueueEmpty`, clamped to the queue's polling intervals.
+pub fn built_in_queue_empty(ctx: &IdleContext, source: DecisionSource) -> Decision<IdleDecision> {
+    clamp_idle(paper::on_queue_empty(ctx), source, ctx)
 }
 
 fn clamp_task_count(raw: u32, source: DecisionSource, state: &QueueState) -> Decision<u32> {

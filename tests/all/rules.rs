@@ -109,8 +109,8 @@ fn trapping_rule_falls_back_and_is_quarantined_after_repeated_faults() {
     assert_eq!(rules.status(QUEUE).unwrap().faults, 3);
 }
 
-#[test]
-fn rule_output_goes_to_the_debug_log_with_the_queue_and_rule_name() {
+/// What `f` logs at `level` and above, as text.
+fn captured_log(level: tracing::Level, f: impl FnOnce()) -> String {
     #[derive(Clone, Default)]
     struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
     impl std::io::Write for Captured {
@@ -124,10 +124,17 @@ fn rule_output_goes_to_the_debug_log_with_the_queue_and_rule_name() {
     }
     let log = Captured::default();
     let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt().with_max_level(tracing::Level::DEBUG).with_ansi(false).with_writer(move || writer.clone()).finish();
+    let subscriber = tracing_subscriber::fmt().with_max_level(level).with_ansi(false).with_writer(move || writer.clone()).finish();
+    tracing::subscriber::with_default(subscriber, f);
+    String::from_utf8(log.0.lock().unwrap().clone()).unwrap()
+}
+
+#[test]
+fn rule_output_goes_to_the_debug_log_with_the_queue_and_rule_name() {
     let rules = loaded(guests::TRAP, RuleLimits::default());
-    tracing::subscriber::with_default(subscriber, || rules.decide_task_count(QUEUE, &state(42)));
-    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let text = captured_log(tracing::Level::DEBUG, || {
+        rules.decide_task_count(QUEUE, &state(42));
+    });
     let line = text.lines().find(|l| l.contains("rule output: about to fail at depth 42")).unwrap_or_else(|| panic!("{text}"));
     assert!(line.contains("DEBUG") && line.contains("rule=\"trap.wasm\"") && line.contains("queue=\"orders\""), "{line}");
 }
@@ -496,30 +503,6 @@ fn a_slow_to_instantiate_faulty_rule_stalls_neither_decisions_nor_status() {
     assert!((1..=4).contains(&faults), "{faults} faults");
 }
 
-/// A component with an extra custom section: the same rule, a different sha256.
-fn version_of(bytes: &[u8], version: u64) -> Vec<u8> {
-    fn leb(mut n: usize, out: &mut Vec<u8>) {
-        loop {
-            let byte = (n & 0x7f) as u8;
-            n >>= 7;
-            if n == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
-    }
-    let name = b"ebb-test-version";
-    let mut content = Vec::new();
-    leb(name.len(), &mut content);
-    content.extend_from_slice(name);
-    content.extend_from_slice(&version.to_le_bytes());
-    let mut out = bytes.to_vec();
-    out.push(0);
-    leb(content.len(), &mut out);
-    out.extend_from_slice(&content);
-    out
-}
 
 fn cache_files(dir: &Path) -> Vec<(String, u64)> {
     std::fs::read_dir(dir).unwrap().flatten().map(|e| (e.file_name().to_string_lossy().into_owned(), e.metadata().unwrap().len())).collect()
@@ -535,7 +518,7 @@ fn old_rule_versions_are_evicted_from_memory_and_disk() -> Result<()> {
     let rules = rules_for(engine.clone(), Some(&path), &[]);
     let bytes = std::fs::read(guests::FIXED_TASKS)?;
     for version in 0..8 {
-        std::fs::write(&path, version_of(&bytes, version))?;
+        std::fs::write(&path, ebb_tests::version_of(&bytes, version))?;
         rules.apply_file(&path)?;
         assert_eq!(rules.decide_task_count(QUEUE, &state(5)).value, 7);
     }
@@ -543,7 +526,7 @@ fn old_rule_versions_are_evicted_from_memory_and_disk() -> Result<()> {
     let files = cache_files(cache.path());
     assert!(files.len() <= 4, "in use + three recent: {files:?}");
     // The previous version comes back from memory, without compiling.
-    std::fs::write(&path, version_of(&bytes, 6))?;
+    std::fs::write(&path, ebb_tests::version_of(&bytes, 6))?;
     assert!(rules.apply_file(&path)?.unwrap().from_cache);
     Ok(())
 }
@@ -556,13 +539,13 @@ fn the_disk_cache_is_bounded_in_bytes() -> Result<()> {
     let path = dir.path().join("rule.wasm");
     let bytes = std::fs::read(guests::FIXED_TASKS)?;
     // Learn one artifact's size, then allow about two.
-    RuleEngine::new(RuleLimits::default(), Some(cache.path().into()))?.load_bytes("probe.wasm", &version_of(&bytes, 999))?;
+    RuleEngine::new(RuleLimits::default(), Some(cache.path().into()))?.load_bytes("probe.wasm", &ebb_tests::version_of(&bytes, 999))?;
     let artifact = cache_files(cache.path())[0].1;
     std::fs::remove_dir_all(cache.path())?;
     let limits = RuleLimits { cache_max_bytes: artifact * 2 + artifact / 2, ..RuleLimits::default() };
     let rules = rules_for(RuleEngine::new(limits, Some(cache.path().into()))?, Some(&path), &[]);
     for version in 0..6 {
-        std::fs::write(&path, version_of(&bytes, version))?;
+        std::fs::write(&path, ebb_tests::version_of(&bytes, version))?;
         rules.apply_file(&path)?;
         let total: u64 = cache_files(cache.path()).iter().map(|f| f.1).sum();
         assert!(total <= artifact * 2 + artifact / 2, "cache holds {total} bytes after version {version}");
@@ -632,23 +615,10 @@ fn a_memory_limit_fault_gives_its_reason_first() {
 /// Item 12: a rule's panic message was only at DEBUG; the WARN line said "unreachable".
 #[test]
 fn a_rules_panic_message_is_in_its_warn_line() {
-    #[derive(Clone, Default)]
-    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Captured {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let log = Captured::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt().with_max_level(tracing::Level::WARN).with_ansi(false).with_writer(move || writer.clone()).finish();
     let rules = loaded(guests::TRAP, RuleLimits::default());
-    tracing::subscriber::with_default(subscriber, || rules.decide_task_count(QUEUE, &state(42)));
-    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let text = captured_log(tracing::Level::WARN, || {
+        rules.decide_task_count(QUEUE, &state(42));
+    });
     let line = text.lines().find(|l| l.contains("rule faulted")).unwrap_or_else(|| panic!("{text}"));
     assert!(line.contains("WARN") && line.contains("this rule always fails"), "{line}");
     // And a panic in configure is quoted in the load error.

@@ -76,30 +76,6 @@ fn read_chars() -> u64 {
     io.lines().find_map(|l| l.strip_prefix("rchar:")).unwrap().trim().parse().unwrap()
 }
 
-/// A component with an extra custom section: the same rule, a different sha256.
-fn version_of(bytes: &[u8], version: u64) -> Vec<u8> {
-    fn leb(mut n: usize, out: &mut Vec<u8>) {
-        loop {
-            let byte = (n & 0x7f) as u8;
-            n >>= 7;
-            if n == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
-    }
-    let name = b"ebb-bench-version";
-    let mut content = Vec::new();
-    leb(name.len(), &mut content);
-    content.extend_from_slice(name);
-    content.extend_from_slice(&version.to_le_bytes());
-    let mut out = bytes.to_vec();
-    out.push(0);
-    leb(content.len(), &mut out);
-    out.extend_from_slice(&content);
-    out
-}
 
 fn sha_of(bytes: &[u8]) -> String {
     use sha2::Digest;
@@ -151,7 +127,7 @@ impl Deployed {
 fn idle() -> Value {
     let bytes = std::fs::read(guests::PADDED).unwrap();
     let host = deployed(&bytes);
-    host.deploy(&version_of(&bytes, 1));
+    host.deploy(&ebb_tests::version_of(&bytes, 1));
     std::thread::sleep(Duration::from_secs(1));
     let (reads, chars, cpu) = (host.set.file_reads(), read_chars(), cpu_time());
     let window = Duration::from_secs(10);
@@ -174,7 +150,7 @@ fn swap_memory() -> Value {
     let mut swap_ms = Vec::new();
     let mut rss_after = Vec::new();
     for version in 1..=20 {
-        swap_ms.push(round3(host.deploy(&version_of(&bytes, version)).as_secs_f64() * 1e3));
+        swap_ms.push(round3(host.deploy(&ebb_tests::version_of(&bytes, version)).as_secs_f64() * 1e3));
         rss_after.push(rss_mib());
     }
     json!({

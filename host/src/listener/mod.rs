@@ -26,7 +26,7 @@ use crate::handler::Handler;
 use crate::log_limit::LogLimiter;
 use crate::panics::panic_message;
 use crate::queue::{Clock as _, QueueClient, SystemClock, Transactions};
-use crate::rules::{DecisionSource, IdleContext, QueueRules, QueueState, built_in_queue_empty, built_in_task_count};
+use crate::rules::{Decision, DecisionSource, IdleContext, QueueRules, QueueState, built_in_queue_empty, built_in_task_count};
 
 pub use settings::QueueSettings;
 pub use state::{ListenerStatus, PoisonForm, PoisonRecord, RecordedDecision};
@@ -360,22 +360,30 @@ impl Shared {
             timestamp_ms: SystemClock.now_ms(),
             random: self.random(),
         };
-        let decision = match self.rules.clone() {
-            None => built_in_queue_empty(&ctx, DecisionSource::BuiltIn),
-            Some(rules) => {
-                let call_ctx = ctx.clone();
-                // Rules are synchronous and may block up to their deadline: off the async threads.
-                match tokio::task::spawn_blocking(move || rules.decide_queue_empty(&call_ctx)).await {
-                    Ok(decision) => decision,
-                    Err(error) => {
-                        self.rule_call_failed(&error);
-                        built_in_queue_empty(&ctx, DecisionSource::Fallback)
-                    }
-                }
-            }
-        };
+        let decision = self.ask_rule(ctx, QueueRules::decide_queue_empty, built_in_queue_empty).await;
         self.counters.record_queue_empty(decision);
         decision.value
+    }
+
+    /// Asks the queue's rule, off the async threads (rules are synchronous and may block up
+    /// to their deadline). The built-in rule decides when the queue has no rule, or when the
+    /// call's thread panicked.
+    async fn ask_rule<I, T>(&self, input: I, call: fn(&QueueRules, &I) -> Decision<T>, built_in: fn(&I, DecisionSource) -> Decision<T>) -> Decision<T>
+    where
+        I: Clone + Send + 'static,
+        T: Send + 'static,
+    {
+        let Some(rules) = self.rules.clone() else {
+            return built_in(&input, DecisionSource::BuiltIn);
+        };
+        let call_input = input.clone();
+        match tokio::task::spawn_blocking(move || call(&rules, &call_input)).await {
+            Ok(decision) => decision,
+            Err(error) => {
+                self.rule_call_failed(&error);
+                built_in(&input, DecisionSource::Fallback)
+            }
+        }
     }
 
     /// A rule call's blocking task panicked or was cancelled: the built-in rule decides.
@@ -424,19 +432,7 @@ impl Shared {
             timestamp_ms: SystemClock.now_ms(),
             random: self.random(),
         };
-        let decision = match self.rules.clone() {
-            None => built_in_task_count(&state, DecisionSource::BuiltIn),
-            Some(rules) => {
-                let call_state = state.clone();
-                match tokio::task::spawn_blocking(move || rules.decide_task_count(&call_state)).await {
-                    Ok(decision) => decision,
-                    Err(error) => {
-                        self.rule_call_failed(&error);
-                        built_in_task_count(&state, DecisionSource::Fallback)
-                    }
-                }
-            }
-        };
+        let decision = self.ask_rule(state, QueueRules::decide_task_count, built_in_task_count).await;
         self.counters.record_task_count(decision);
         let target = decision.value;
         self.counters.target_tasks.store(target, Ordering::Relaxed);

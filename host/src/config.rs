@@ -256,6 +256,8 @@ pub const MAX_CALL_DEADLINE: Duration = Duration::from_secs(1);
 pub const MAX_MEMORY_MIB: usize = 4096;
 /// Largest compiled-rule cache, in MiB (64 GiB).
 pub const MAX_CACHE_MIB: u64 = 65536;
+/// Most dequeue tasks per queue (each holds up to `batch_size` messages in flight).
+pub const MAX_TASKS: u32 = 1024;
 /// Longest queue name: Azure's 63 less the 7 of `-poison`, which names its poison queue.
 pub const MAX_QUEUE_NAME_LEN: usize = 56;
 
@@ -263,7 +265,7 @@ pub const MAX_QUEUE_NAME_LEN: usize = 56;
 enum AtLeast {
     /// Zero is fine.
     Zero,
-    /// More than zero.
+    /// At least a millisecond (the unit the listener and rules work in).
     AboveZero,
     /// At least this much.
     Duration(Duration),
@@ -274,7 +276,7 @@ fn check_duration(key: &str, value: Duration, min: AtLeast, max: Duration) -> Re
     let show = |d: Duration| humantime::format_duration(d).to_string();
     let (ok, bounds) = match min {
         AtLeast::Zero => (value <= max, format!("at most {}", show(max))),
-        AtLeast::AboveZero => (!value.is_zero() && value <= max, format!("more than 0s and at most {}", show(max))),
+        AtLeast::AboveZero => (Duration::from_millis(1) <= value && value <= max, format!("1ms to {}", show(max))),
         AtLeast::Duration(min) => (min <= value && value <= max, format!("{} to {}", show(min), show(max))),
     };
     if !ok {
@@ -360,6 +362,14 @@ impl ConfigFile {
         if env_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
             bail!("{TOKEN_ENV}: is blank; set a token, or unset the variable");
         }
+        // It travels in an HTTP header, where only visible ASCII is safe.
+        let visible_ascii = |t: &str| t.bytes().all(|b| b.is_ascii_graphic());
+        if self.api.token.as_deref().is_some_and(|t| !visible_ascii(t)) {
+            bail!("api.token: use visible ASCII characters only (no spaces, no accents): it is sent in an HTTP header");
+        }
+        if env_token.as_deref().is_some_and(|t| !visible_ascii(t)) {
+            bail!("{TOKEN_ENV}: use visible ASCII characters only (no spaces, no accents): it is sent in an HTTP header");
+        }
         let token = env_token.or(self.api.token);
         if !listen.ip().is_loopback() && token.is_none() {
             bail!("api.listen: {listen} is not a loopback address, so api.token (or {TOKEN_ENV}) is required");
@@ -388,6 +398,11 @@ impl ConfigFile {
         check_folder("data_dir", &data_dir)?;
         let rules_dir = base.join(&self.rules_dir);
         check_folder("rules_dir", &rules_dir)?;
+        for name in self.queues.keys() {
+            if let Some(owner) = name.strip_suffix("-poison").filter(|owner| self.queues.contains_key(*owner)) {
+                bail!("queues.{name}: this name is taken by the poison queue of queues.{owner}");
+            }
+        }
         let mut queues = Vec::new();
         for (name, queue) in self.queues {
             queues.push(queue.validate(&name, &rules_dir).with_context(|| format!("queues.{name}"))?);
@@ -452,8 +467,8 @@ impl QueueFile {
         if !(1..=MAX_BATCH).contains(&self.batch_size) {
             bail!("batch_size: must be 1 to {MAX_BATCH}, got {}", self.batch_size);
         }
-        if self.max_tasks == 0 {
-            bail!("max_tasks: must be at least 1");
+        if !(1..=MAX_TASKS).contains(&self.max_tasks) {
+            bail!("max_tasks: must be 1 to {MAX_TASKS}, got {}", self.max_tasks);
         }
         if self.min_tasks > self.max_tasks {
             bail!("min_tasks: {} is more than max_tasks ({})", self.min_tasks, self.max_tasks);

@@ -47,20 +47,72 @@ pub trait Handler: Send + Sync + 'static {
     async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()>;
 }
 
-/// POSTs the body to a URL; a 2xx answer is success, anything else (or the timeout) failure.
+/// The host could not call the handler for a reason of its own (it ran out of file
+/// descriptors): not the message's fault, so the try does not count towards poisoning.
+#[derive(Debug, thiserror::Error)]
+#[error("the host could not call the handler: {0:#}")]
+pub struct HostError(pub anyhow::Error);
+
+/// How much of a failing handler's answer is kept for the error message.
+const ERROR_BODY_BYTES: usize = 4096;
+/// How much of it is quoted.
+const ERROR_QUOTE_CHARS: usize = 200;
+
+/// POSTs the body to a URL; a 2xx answer is success, anything else (a redirect included: a
+/// redirected POST would arrive as a GET without the body) or the timeout is a failure.
 /// Headers: `ebb-queue`, `ebb-message-id`, `ebb-dequeue-count`, `ebb-inserted-at` (RFC 3339).
 pub struct HttpHandler {
     client: reqwest::Client,
     url: reqwest::Url,
+    /// The URL with its password masked, for logs and errors.
+    shown_url: String,
     timeout: Duration,
 }
 
 impl HttpHandler {
     /// A handler posting to `url`, giving up on a request after `timeout`.
     pub fn new(url: reqwest::Url, timeout: Duration) -> anyhow::Result<Self> {
-        let client = reqwest::Client::builder().build().context("failed to create the HTTP client")?;
-        Ok(HttpHandler { client, url, timeout })
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .context("failed to create the HTTP client")?;
+        Ok(HttpHandler { client, shown_url: masked(&url), url, timeout })
     }
+}
+
+/// `url` with its password, if any, replaced by `***`.
+pub fn masked(url: &reqwest::Url) -> String {
+    let mut shown = url.clone();
+    if shown.password().is_some() {
+        let _ = shown.set_password(Some("***"));
+    }
+    shown.to_string()
+}
+
+/// True when an error comes from the host lacking a resource (file descriptors).
+fn is_host_resource_error(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if let Some(io) = error.downcast_ref::<std::io::Error>()
+            && matches!(io.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+        {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
+/// Reads at most `limit` bytes of a body (a failing handler may answer with gigabytes).
+async fn body_prefix(mut response: reqwest::Response, limit: usize) -> Vec<u8> {
+    let mut kept = Vec::new();
+    while kept.len() < limit {
+        match response.chunk().await {
+            Ok(Some(chunk)) => kept.extend_from_slice(&chunk[..chunk.len().min(limit - kept.len())]),
+            _ => break,
+        }
+    }
+    kept
 }
 
 #[async_trait]
@@ -76,13 +128,28 @@ impl Handler for HttpHandler {
             .header("ebb-inserted-at", humantime::format_rfc3339_millis(message.inserted_at).to_string())
             .body(message.body.clone())
             .send()
-            .await
-            .with_context(|| format!("handler {} did not answer", self.url))?;
+            .await;
+        let response = match response {
+            Ok(response) => response,
+            Err(error) => {
+                // reqwest puts the URL, password included, in its errors.
+                let error = error.without_url();
+                let failure = anyhow::Error::new(error).context(format!("handler {} did not answer", self.shown_url));
+                if is_host_resource_error(failure.as_ref()) {
+                    return Err(HostError(failure).into());
+                }
+                return Err(failure);
+            }
+        };
         let status = response.status();
+        if status.is_redirection() {
+            let to = response.headers().get(reqwest::header::LOCATION).and_then(|v| v.to_str().ok()).unwrap_or("?").to_string();
+            bail!("handler {} answered {status} (to {to}); ebb does not follow redirects: set handler.url to the final address", self.shown_url);
+        }
         if !status.is_success() {
-            let text = response.text().await.unwrap_or_default();
-            let text: String = text.chars().take(200).collect();
-            bail!("handler {} answered {status}: {text}", self.url);
+            let text = String::from_utf8_lossy(&body_prefix(response, ERROR_BODY_BYTES).await).into_owned();
+            let text: String = text.chars().take(ERROR_QUOTE_CHARS).collect();
+            bail!("handler {} answered {status}: {text}", self.shown_url);
         }
         Ok(())
     }

@@ -420,6 +420,7 @@ async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let poisoned_corrupt = counter(&mut registry, "messages_poisoned_corrupt", "Messages poisoned because their stored body failed its checksum");
     let poisoned_body_only = counter(&mut registry, "messages_poisoned_body_only", "Poisoned messages moved as the bare body because the envelope did not fit");
     let handler_panics = counter(&mut registry, "handler_panics", "Handler calls that panicked (counted as failures)");
+    let host_errors = counter(&mut registry, "handler_host_errors", "Handler calls the host could not make (out of file descriptors); retried, never poisoned for");
     let task_panics = counter(&mut registry, "task_panics", "Dequeue or scaler tasks that panicked and were restarted");
     let rule_call_panics = counter(&mut registry, "rule_call_panics", "Rule calls whose blocking task panicked (the built-in rule decided)");
     let faults = counter(&mut registry, "rule_faults", "Rule calls that faulted (the built-in rule decided)");
@@ -439,6 +440,7 @@ async fn metrics(State(api): State<Arc<Api>>) -> Response {
         poisoned_body_only.get_or_create(&label).inc_by(s.poisoned_body_only);
         handler_panics.get_or_create(&label).inc_by(s.handler_panics);
         task_panics.get_or_create(&label).inc_by(s.task_panics);
+        host_errors.get_or_create(&label).inc_by(s.host_errors);
         rule_call_panics.get_or_create(&label).inc_by(s.rule_call_panics);
         if let Some(rule) = &s.rule {
             faults.get_or_create(&label).inc_by(rule.faults);

@@ -67,7 +67,7 @@ impl Service {
                 .transactions(transactions)
                 .build();
             listener.start();
-            tracing::info!(queue = %queue_config.name, handler = %queue_config.handler_url, "listening");
+            tracing::info!(queue = %queue_config.name, handler = %crate::handler::masked(&queue_config.handler_url), "listening");
             queues.insert(queue_config.name.clone(), queue);
             listeners.push(listener);
         }

@@ -320,3 +320,33 @@ async fn status_reports_the_current_depth_not_the_last_decisions() {
     signal(&host, "-TERM");
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
 }
+
+/// Review defect: `ebb send --count 0` through the API still sent one message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_count_zero_is_refused_and_sends_nothing() {
+    let (app, app_addr) = App::start(Duration::ZERO).await;
+    let site = Site::new(app_addr, "30s");
+    let mut host = site.start_host().await;
+    let output = Command::new(EBB).args(["send", "orders", "none", "--count", "0", "--config"]).arg(site.config()).output().unwrap();
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--count"), "{output:?}");
+    site.ebb(&["send", "orders", "one"]);
+    wait_until("the one message handled", || async { app.seen.lock().unwrap().len() == 1 }).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(app.bodies(), BTreeSet::from(["one".to_string()]));
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+}
+
+/// Review defect: ANSI colour codes went into the log when stderr was a file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_has_no_colour_codes_when_stderr_is_a_file() {
+    let (_app, app_addr) = App::start(Duration::ZERO).await;
+    let site = Site::new(app_addr, "30s");
+    let mut host = site.start_host().await;
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+    let log = std::fs::read_to_string(site.dir.path().join("host.log")).unwrap();
+    assert!(log.contains("listening"), "{log}");
+    assert!(!log.contains('\u{1b}'), "escape codes in the log: {log:?}");
+}

@@ -22,6 +22,8 @@ const QUEUE: &str = "work";
 #[derive(Default)]
 struct TestHandler {
     calls: AtomicU64,
+    /// While above zero, each call fails as the host's own error (out of file descriptors).
+    host_errors_left: AtomicU64,
 }
 
 #[async_trait]
@@ -29,6 +31,10 @@ impl Handler for TestHandler {
     async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let body = String::from_utf8_lossy(&message.body).into_owned();
+        if self.host_errors_left.load(Ordering::Relaxed) > 0 {
+            self.host_errors_left.fetch_sub(1, Ordering::Relaxed);
+            return Err(ebb::handler::HostError(anyhow::anyhow!("Too many open files (os error 24)")).into());
+        }
         if body == "panic" {
             panic!("handler bug on try {}", message.dequeue_count);
         }
@@ -337,4 +343,35 @@ async fn a_message_whose_body_fails_its_checksum_goes_to_poison_never_to_the_han
     assert!(status.recent_poison[0].reason.starts_with("corrupt"), "{:?}", status.recent_poison);
     assert_eq!(f.queue.inner.approximate_count().await.unwrap(), 0);
     assert_eq!(f.poison.approximate_count().await.unwrap(), 1);
+}
+
+/// Review defect: with the host out of file descriptors, every message's tries failed and a
+/// healthy app's messages were all poisoned.
+#[tokio::test(start_paused = true)]
+async fn the_hosts_own_errors_never_poison_a_message() {
+    let settings = QueueSettings { max_dequeue_count: 2, visibility_timeout: Duration::from_secs(1), ..Default::default() };
+    let f = fixture(settings, None);
+    f.handler.host_errors_left.store(6, Ordering::Relaxed);
+    f.listener.start();
+    f.queue.put(b"sleep 10", Duration::ZERO).await.unwrap();
+    sleep(Duration::from_secs(120)).await;
+    let status = f.listener.status();
+    assert_eq!((status.host_errors, status.poisoned, status.failed, status.processed), (6, 0, 0, 1), "{status:?}");
+    assert_eq!(f.poison.approximate_count().await.unwrap(), 0);
+}
+
+/// Review defect: 3,000 messages poisoned in a burst wrote ~1,000 WARN lines a second.
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_poisoned_messages_does_not_flood_the_log() {
+    let log = ebb_tests::LogCapture::default();
+    let _guard = log.start(tracing::Level::WARN);
+    let settings = QueueSettings { max_dequeue_count: 1, ..Default::default() };
+    let f = fixture(settings, None);
+    f.listener.start();
+    put(f.queue.as_ref(), "fail", 300).await;
+    f.listener.work_detected();
+    sleep(Duration::from_secs(30)).await;
+    assert_eq!(f.listener.status().poisoned, 300, "every one moved");
+    let lines = log.text().lines().filter(|l| l.contains("moved to the poison queue")).count();
+    assert!((1..=10).contains(&lines), "{lines} poison lines");
 }

@@ -3,6 +3,7 @@ mod binary;
 mod config;
 mod decorators;
 mod embedded_queue;
+mod handler;
 mod listener;
 mod rule_languages;
 mod rules;

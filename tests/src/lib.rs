@@ -32,3 +32,31 @@ pub fn version_of(bytes: &[u8], version: u64) -> Vec<u8> {
     out.extend_from_slice(&content);
     out
 }
+
+/// Collects what is logged while it is the thread's default subscriber, as text.
+#[derive(Clone, Default)]
+pub struct LogCapture(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl LogCapture {
+    /// Captures events at `level` and above on this thread until the guard is dropped.
+    pub fn start(&self, level: tracing::Level) -> tracing::subscriber::DefaultGuard {
+        let writer = self.clone();
+        let subscriber = tracing_subscriber::fmt().with_max_level(level).with_ansi(false).with_writer(move || writer.clone()).finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    /// Everything captured so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for LogCapture {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

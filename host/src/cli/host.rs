@@ -44,7 +44,7 @@ pub fn check(config_path: &Path) -> Result<()> {
             Some(path) => path.display().to_string(),
             None => "built-in (the paper's rule)".into(),
         };
-        println!("queue {}: rule {rule}, tasks {}..{}, handler {}", queue.name, queue.settings.min_tasks, queue.settings.max_tasks, queue.handler_url);
+        println!("queue {}: rule {rule}, tasks {}..{}, handler {}", queue.name, queue.settings.min_tasks, queue.settings.max_tasks, crate::handler::masked(&queue.handler_url));
     }
     for problem in &problems {
         eprintln!("error: {problem:#}");

@@ -54,8 +54,8 @@ enum Command {
         queue: String,
         /// The message body; read from stdin when absent.
         body: Option<String>,
-        /// How many copies to send.
-        #[arg(long, default_value_t = 1)]
+        /// How many copies to send (at least 1).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
         count: u64,
         /// The configuration file.
         #[arg(long, short, default_value = "ebb.toml")]
@@ -124,7 +124,9 @@ fn log_filter(ebb_log: Option<String>, rust_log: Option<String>, default_level: 
 
 fn init_logging(default_level: &str) {
     let filter = log_filter(std::env::var("EBB_LOG").ok(), std::env::var("RUST_LOG").ok(), default_level);
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    // Colours only on a terminal: not into log files and journals.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
 }
 
 /// Parses `key=value` (for `--param`).

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::anyhow;
 use futures::FutureExt as _;
 
-use crate::handler::IncomingMessage;
+use crate::handler::{HostError, IncomingMessage};
 use crate::panics::panic_message;
 use crate::queue::{Message, MessageId, PopReceipt, QueueError};
 
@@ -81,6 +81,17 @@ impl Shared {
                     tracing::warn!(id = %incoming.id, "handled, but the delete failed: {error}");
                 }
             }
+            Outcome::Handled(Err(error)) if error.is::<HostError>() => {
+                // Not the message's fault: retried later, never poisoned for it.
+                counters.host_errors.fetch_add(1, Ordering::Relaxed);
+                let delay = self.settings.retry_delay(1);
+                if let Some(suppressed) = self.failure_log.allow() {
+                    tracing::warn!(id = %incoming.id, ?delay, suppressed, "{error:#}; the message is retried later and this try does not count towards poisoning");
+                }
+                if let Err(error) = self.queue.update_visibility(&incoming.id, &receipt, delay).await {
+                    tracing::warn!(id = %incoming.id, "could not set the retry delay (the lease will run out instead): {error}");
+                }
+            }
             Outcome::Handled(Err(error)) => {
                 counters.record_failure(latency);
                 let reason = format!("{error:#}");
@@ -121,13 +132,16 @@ impl Shared {
         match put {
             Ok(_) => {
                 self.counters.record_poison(&message.id, reason, form);
-                tracing::warn!(
-                    id = %message.id,
-                    dequeue_count = message.dequeue_count,
-                    poison_queue = %self.poison.name(),
-                    form = form.as_str(),
-                    "message moved to the poison queue: {reason}"
-                );
+                if let Some(suppressed) = self.poison_log.allow() {
+                    tracing::warn!(
+                        id = %message.id,
+                        dequeue_count = message.dequeue_count,
+                        poison_queue = %self.poison.name(),
+                        form = form.as_str(),
+                        suppressed,
+                        "message moved to the poison queue: {reason}"
+                    );
+                }
                 if let Err(error) = self.queue.delete(&message.id, receipt).await {
                     tracing::warn!(id = %message.id, "poisoned, but the delete failed (it may be poisoned twice): {error}");
                 }

@@ -63,6 +63,8 @@ struct Shared {
     random: Mutex<fastrand::Rng>,
     /// Handler failures and retries are logged at WARN, this many per window.
     failure_log: LogLimiter,
+    /// Poisonings, likewise (each one's reason stays in the status and the metrics).
+    poison_log: LogLimiter,
     /// Failed gets, likewise.
     storage_log: LogLimiter,
 }
@@ -139,6 +141,7 @@ impl ListenerBuilder {
                 tasks: TaskTracker::new(),
                 random: Mutex::new(fastrand::Rng::with_seed(seed)),
                 failure_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
+                poison_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
                 storage_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
             }),
         }

@@ -28,6 +28,7 @@ pub(super) struct Counters {
     pub storage_errors: AtomicU64,
     pub work_detected: AtomicU64,
     pub handler_panics: AtomicU64,
+    pub host_errors: AtomicU64,
     pub task_panics: AtomicU64,
     pub rule_call_panics: AtomicU64,
     pub last_depth: AtomicU64,
@@ -237,6 +238,9 @@ pub struct ListenerStatus {
     pub work_detected: u64,
     /// Handler calls that panicked (counted as failures too).
     pub handler_panics: u64,
+    /// Handler calls the host itself could not make (out of file descriptors): retried,
+    /// not counted as failures, never a reason to poison.
+    pub host_errors: u64,
     /// Dequeue tasks or scalers that panicked (and were restarted).
     pub task_panics: u64,
     /// Rule calls whose blocking task panicked (the built-in rule decided).
@@ -284,6 +288,7 @@ impl Shared {
             storage_errors: load64(&c.storage_errors),
             work_detected: load64(&c.work_detected),
             handler_panics: load64(&c.handler_panics),
+            host_errors: load64(&c.host_errors),
             task_panics: load64(&c.task_panics),
             rule_call_panics: load64(&c.rule_call_panics),
             rule: self.rules.as_ref().map(QueueRules::status),

@@ -1,0 +1,89 @@
+//! The HTTP handler against real local servers: redirects, huge error bodies, credentials.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use axum::body::Body;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use futures::StreamExt;
+use ebb::handler::{Handler, HttpHandler, IncomingMessage};
+
+async fn serve(router: axum::Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    addr
+}
+
+fn message() -> IncomingMessage {
+    IncomingMessage { queue: "orders".into(), id: "1".into(), dequeue_count: 1, inserted_at: SystemTime::now(), body: b"{\"order\":42}".to_vec() }
+}
+
+/// Review defect: a 301 was followed as a GET without the body, and the 200 of that GET
+/// deleted the message as handled.
+#[tokio::test]
+async fn a_redirect_is_a_failure_not_followed() {
+    let landed = Arc::new(AtomicU64::new(0));
+    let counter = landed.clone();
+    let router = axum::Router::new()
+        .route("/old", axum::routing::post(|| async { (StatusCode::MOVED_PERMANENTLY, [(header::LOCATION, "/landing")]) }))
+        .route(
+            "/landing",
+            axum::routing::get(move || {
+                counter.fetch_add(1, Ordering::Relaxed);
+                async { "hi" }
+            }),
+        );
+    let addr = serve(router).await;
+    let handler = HttpHandler::new(format!("http://{addr}/old").parse().unwrap(), Duration::from_secs(5)).unwrap();
+    let error = format!("{:#}", handler.handle(&message()).await.unwrap_err());
+    assert!(error.contains("301") && error.contains("does not follow redirects"), "{error}");
+    assert_eq!(landed.load(Ordering::Relaxed), 0, "the redirect was not followed");
+}
+
+/// Review defect: a failing handler's whole answer was read into memory (a 2 GB error page
+/// took the host to 8.6 GB).
+#[tokio::test]
+async fn only_the_start_of_a_huge_error_answer_is_read() {
+    const CHUNK: usize = 64 << 10;
+    const CHUNKS: u64 = 4096; // 256 MiB
+    let produced = Arc::new(AtomicU64::new(0));
+    let counter = produced.clone();
+    let router = axum::Router::new().route(
+        "/work",
+        axum::routing::post(move || {
+            let counter = counter.clone();
+            async move {
+                let chunks = futures::stream::iter(0..CHUNKS).map(move |_| {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    Ok::<_, std::io::Error>(vec![b'x'; CHUNK])
+                });
+                (StatusCode::INTERNAL_SERVER_ERROR, Body::from_stream(chunks)).into_response()
+            }
+        }),
+    );
+    let addr = serve(router).await;
+    let handler = HttpHandler::new(format!("http://{addr}/work").parse().unwrap(), Duration::from_secs(60)).unwrap();
+    let error = format!("{:#}", handler.handle(&message()).await.unwrap_err());
+    assert!(error.contains("500") && error.contains("xxxx"), "{error}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let read_mib = produced.load(Ordering::Relaxed) * CHUNK as u64 >> 20;
+    assert!(read_mib < 32, "{read_mib} MiB of the answer were produced: it was read far past its start");
+}
+
+/// Review defect: the password of a handler URL was in every failure line.
+#[tokio::test]
+async fn a_handler_urls_password_never_reaches_an_error() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let handler = HttpHandler::new(format!("http://user:hunter2@{closed}/work").parse().unwrap(), Duration::from_secs(5)).unwrap();
+    let error = format!("{:#} / {:?}", handler.handle(&message()).await.unwrap_err(), handler.handle(&message()).await.unwrap_err());
+    assert!(!error.contains("hunter2"), "{error}");
+    assert!(error.contains("user:***@"), "the URL is still named: {error}");
+    let router = axum::Router::new().route("/work", axum::routing::post(|| async { (StatusCode::BAD_GATEWAY, "down") }));
+    let addr = serve(router).await;
+    let handler = HttpHandler::new(format!("http://user:hunter2@{addr}/work").parse().unwrap(), Duration::from_secs(5)).unwrap();
+    let error = format!("{:#}", handler.handle(&message()).await.unwrap_err());
+    assert!(error.contains("502") && !error.contains("hunter2"), "{error}");
+}

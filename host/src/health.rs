@@ -11,12 +11,10 @@ pub struct Health {
 }
 
 impl Health {
-    /// Records that `component` cannot work, and why. Returns true if this is news (the
-    /// component was fine, or had another reason), so callers log a problem once.
+    /// Records that `component` cannot work, and why (the latest reason replaces an earlier
+    /// one). Returns true if this is news (the component was fine), so callers log it once.
     pub fn set_problem(&self, component: &str, reason: impl Into<String>) -> bool {
-        let reason = reason.into();
-        let previous = self.problems.lock().unwrap().insert(component.to_string(), reason.clone());
-        previous.as_deref() != Some(reason.as_str())
+        self.problems.lock().unwrap().insert(component.to_string(), reason.into()).is_none()
     }
 
     /// Records that `component` works again. Returns true if it had a problem.

@@ -316,6 +316,38 @@ async fn a_store_whose_writes_fail_for_a_while_recovers_without_losing_an_acknow
     assert!(lost.is_empty(), "acknowledged puts lost: {lost:?}");
 }
 
+/// Review defect: a full disk logged ~18 lines a second (every reopen, and "commits keep
+/// failing" again with each new count), with no traffic at all.
+#[tokio::test]
+async fn a_store_that_keeps_failing_logs_a_few_lines_not_one_per_try() {
+    let log = ebb_tests::LogCapture::default();
+    let _guard = log.start(tracing::Level::INFO);
+    let dir = tempfile::tempdir().unwrap();
+    let failing = Arc::new(AtomicBool::new(false));
+    let flag = failing.clone();
+    let store = EmbeddedStore::open_with_backend(dir.path(), EmbeddedOptions::default(), move |path| {
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
+        let file = redb::backends::FileBackend::new(file).map_err(std::io::Error::other)?;
+        Ok(FlakyBackend { file, failing: flag.clone() })
+    })
+    .unwrap();
+    let queue = store.queue("work");
+    queue.create_if_missing().await.unwrap();
+    failing.store(true, Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    let mut tries = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        let _ = queue.put(b"x", Duration::ZERO).await;
+        tries += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let file = dir.path().display().to_string();
+    let text = log.text();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(&file)).collect();
+    assert!(tries >= 10, "{tries} tries");
+    assert!(!lines.is_empty() && lines.len() <= 8, "{} lines for {tries} failing tries:\n{}", lines.len(), lines.join("\n"));
+}
+
 #[tokio::test]
 async fn a_damaged_store_file_is_a_clear_error_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -63,7 +63,11 @@ const REOPEN_INTERVAL: Duration = Duration::from_secs(1);
 /// each reopen succeeded (a full disk).
 const FAILED_COMMITS_UNHEALTHY: u32 = 3;
 /// Commit failures logged per minute; the rest are counted in the next line.
-static COMMIT_FAILURE_LOG: LogLimiter = LogLimiter::new(5, Duration::from_secs(60));
+/// Lines per minute about failing commits and reopens: a full disk fails every commit.
+const STORAGE_LOG_LINES: u32 = 5;
+/// Successful commits in a row after which a store that kept failing is healthy again
+/// (a nearly full disk lets small commits through between failures).
+const COMMITS_TO_RECOVER: u32 = 3;
 
 /// Options of an embedded store.
 #[derive(Clone)]
@@ -147,10 +151,14 @@ impl EmbeddedStore {
             health: options.health.clone(),
             next_reopen: Instant::now(),
             failed_commits: 0,
+            good_commits: 0,
+            log: LogLimiter::new(STORAGE_LOG_LINES, Duration::from_secs(60)),
         };
+        // The writer logs where the store was opened would (a test's or a command's subscriber).
+        let dispatch = tracing::dispatcher::get_default(Clone::clone);
         let thread = std::thread::Builder::new()
             .name("ebb-queue-writer".into())
-            .spawn(move || writer.run(requests))
+            .spawn(move || tracing::dispatcher::with_default(&dispatch, || writer.run(requests)))
             .context("failed to start the queue writer")?;
         Ok(EmbeddedStore {
             shared: Arc::new(Shared { dir: dir.to_path_buf(), file, db: slot, writer: Some(sender), writer_thread: Some(thread), options }),
@@ -425,6 +433,8 @@ struct Writer {
     /// While the database is not open: when to try again.
     next_reopen: Instant,
     failed_commits: u32,
+    good_commits: u32,
+    log: LogLimiter,
 }
 
 /// The message header stored before the body.
@@ -551,17 +561,19 @@ impl Writer {
         };
         match catch_unwind(AssertUnwindSafe(|| self.commit(&db, ops))) {
             Ok(Ok(results)) => {
-                if self.failed_commits >= FAILED_COMMITS_UNHEALTHY && self.health.clear_problem("store") {
+                self.failed_commits = 0;
+                self.good_commits = self.good_commits.saturating_add(1);
+                if self.good_commits >= COMMITS_TO_RECOVER && self.health.clear_problem("store") {
                     tracing::info!(file = %self.file.display(), "queue store commits succeed again");
                 }
-                self.failed_commits = 0;
                 results
             }
             Ok(Err(error)) => {
                 drop(db);
                 let reason = format!("{error:#}");
-                self.failed_commits += 1;
-                if let Some(suppressed) = COMMIT_FAILURE_LOG.allow() {
+                self.failed_commits = self.failed_commits.saturating_add(1);
+                self.good_commits = 0;
+                if let Some(suppressed) = self.log.allow() {
                     tracing::error!(file = %self.file.display(), suppressed, "queue store commit failed, reopening it: {reason}");
                 }
                 self.reopen_after_failure(&reason);
@@ -660,7 +672,9 @@ impl Writer {
         self.next_seq = next_seq;
         *self.slot.write().unwrap_or_else(PoisonError::into_inner) = Some(db.clone());
         self.db = Some(db);
-        tracing::warn!(file = %self.file.display(), "queue store reopened after a failed commit");
+        if let Some(suppressed) = self.log.allow() {
+            tracing::warn!(file = %self.file.display(), suppressed, "queue store reopened after a failed commit");
+        }
         Ok(())
     }
 }

@@ -64,11 +64,20 @@ pub struct ApiFile {
     /// it is closed. Default `60s`.
     #[serde(default = "defaults::idle_timeout", with = "humantime_serde")]
     pub idle_timeout: Duration,
+    /// Most connections open at once; more wait in the kernel's backlog. Default 256.
+    #[serde(default = "defaults::max_connections")]
+    pub max_connections: usize,
 }
 
 impl Default for ApiFile {
     fn default() -> Self {
-        ApiFile { listen: defaults::listen(), token: None, header_read_timeout: defaults::header_read_timeout(), idle_timeout: defaults::idle_timeout() }
+        ApiFile {
+            listen: defaults::listen(),
+            token: None,
+            header_read_timeout: defaults::header_read_timeout(),
+            idle_timeout: defaults::idle_timeout(),
+            max_connections: defaults::max_connections(),
+        }
     }
 }
 
@@ -193,6 +202,9 @@ mod defaults {
     pub fn idle_timeout() -> Duration {
         ApiLimits::default().idle_timeout
     }
+    pub fn max_connections() -> usize {
+        ApiLimits::default().max_connections
+    }
     pub fn call_deadline() -> Duration {
         RuleLimits::default().call_deadline
     }
@@ -256,6 +268,8 @@ pub const MAX_CALL_DEADLINE: Duration = Duration::from_secs(1);
 pub const MAX_MEMORY_MIB: usize = 4096;
 /// Largest compiled-rule cache, in MiB (64 GiB).
 pub const MAX_CACHE_MIB: u64 = 65536;
+/// Most API connections at once (each holds a file descriptor; the handler calls need theirs).
+pub const MAX_API_CONNECTIONS: usize = 16384;
 /// Most dequeue tasks per queue (each holds up to `batch_size` messages in flight).
 pub const MAX_TASKS: u32 = 1024;
 /// Longest queue name: Azure's 63 less the 7 of `-poison`, which names its poison queue.
@@ -376,6 +390,9 @@ impl ConfigFile {
         }
         check_duration("api.header_read_timeout", self.api.header_read_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
         check_duration("api.idle_timeout", self.api.idle_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
+        if !(1..=MAX_API_CONNECTIONS).contains(&self.api.max_connections) {
+            bail!("api.max_connections: must be 1 to {MAX_API_CONNECTIONS}, got {}", self.api.max_connections);
+        }
         if !(1..=MAX_MESSAGE_BYTES_LIMIT).contains(&self.max_message_bytes) {
             bail!(
                 "max_message_bytes: must be 1 to {MAX_MESSAGE_BYTES_LIMIT} bytes (1 MiB, the largest body the API accepts), got {}",
@@ -421,6 +438,7 @@ impl ConfigFile {
                 max_body_bytes: self.max_message_bytes,
                 header_read_timeout: self.api.header_read_timeout,
                 idle_timeout: self.api.idle_timeout,
+                max_connections: self.api.max_connections,
             },
             rule_limits: RuleLimits {
                 call_deadline: self.rule_limits.call_deadline,

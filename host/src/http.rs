@@ -67,6 +67,10 @@ pub struct ApiLimits {
     /// How long a connection may go without a byte read or written before it is closed (a
     /// request whose body stops coming, a client that stops reading). Default 60 s.
     pub idle_timeout: Duration,
+    /// Most connections open at once; further clients wait in the kernel's backlog, so a
+    /// flood of idle connections cannot take the file descriptors the host needs to call
+    /// its handlers. Default 256.
+    pub max_connections: usize,
 }
 
 impl Default for ApiLimits {
@@ -75,6 +79,7 @@ impl Default for ApiLimits {
             max_body_bytes: crate::queue::embedded::DEFAULT_MAX_MESSAGE_BYTES,
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            max_connections: 256,
         }
     }
 }
@@ -84,7 +89,13 @@ impl Default for ApiLimits {
 pub async fn serve(listener: TcpListener, api: Arc<Api>, shutdown: CancellationToken, limits: ApiLimits) -> anyhow::Result<()> {
     let router = router(api, limits);
     let connections = TaskTracker::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     loop {
+        // Accept only with a free slot: the rest wait in the backlog, holding no descriptor of ours.
+        let slot = tokio::select! {
+            () = shutdown.cancelled() => break,
+            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+        };
         let stream = tokio::select! {
             () = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
@@ -99,7 +110,11 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, shutdown: CancellationT
             },
         };
         let _ = stream.set_nodelay(true);
-        connections.spawn(serve_connection(stream, router.clone(), shutdown.clone(), limits));
+        let connection = serve_connection(stream, router.clone(), shutdown.clone(), limits);
+        connections.spawn(async move {
+            connection.await;
+            drop(slot);
+        });
     }
     drop(listener);
     connections.close();
@@ -328,15 +343,18 @@ async fn status(State(api): State<Arc<Api>>) -> Json<serde_json::Value> {
 /// milliseconds up to [`MAX_VISIBILITY`].
 fn parse_send_query(query: Option<&str>) -> Result<Duration, String> {
     let mut delay = None;
-    for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+    for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         if key != "delay_ms" {
             return Err(format!("unknown query parameter {key:?} (this route takes only delay_ms)"));
         }
         if delay.is_some() {
             return Err("delay_ms: given more than once".into());
         }
-        let ms: u64 = value.parse().map_err(|_| format!("delay_ms: {value:?} is not a whole number of milliseconds"))?;
+        // Digits only: u64's parser would take a sign.
+        let ms: u64 = Some(value.as_ref())
+            .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("delay_ms: {value:?} is not a whole number of milliseconds"))?;
         if u128::from(ms) > MAX_VISIBILITY.as_millis() {
             return Err(format!("delay_ms: {ms} is more than {} (7 days), the longest a message may stay invisible", MAX_VISIBILITY.as_millis()));
         }
@@ -377,7 +395,10 @@ async fn send(
     }
 }
 
-async fn notify(State(api): State<Arc<Api>>, Path(name): Path<String>) -> Response {
+async fn notify(State(api): State<Arc<Api>>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
+    if let Some((key, _)) = form_urlencoded::parse(query.unwrap_or_default().as_bytes()).next() {
+        return error(StatusCode::BAD_REQUEST, format!("unknown query parameter {key:?} (this route takes none)"));
+    }
     match api.listeners.get(&name) {
         Some(listener) => {
             listener.work_detected();
@@ -468,7 +489,9 @@ mod tests {
         assert_eq!(parse_send_query(None), Ok(Duration::ZERO));
         assert_eq!(parse_send_query(Some("delay_ms=250")), Ok(Duration::from_millis(250)));
         assert_eq!(parse_send_query(Some("delay_ms=604800000")), Ok(MAX_VISIBILITY));
-        for bad in ["delay_ms=604800001", "delay_ms=18446744073709551615", "delay_ms=x", "delay_ms=", "delay_ms=-1", "delay=1", "delay_ms=1&delay_ms=1"] {
+        // Percent-encoded digits are digits.
+        assert_eq!(parse_send_query(Some("delay_ms=%31%30")), Ok(Duration::from_millis(10)));
+        for bad in ["delay_ms=604800001", "delay_ms=18446744073709551615", "delay_ms=x", "delay_ms=", "delay_ms=-1", "delay_ms=+1", "delay_ms=%2B1", "delay=1", "delay_ms=1&delay_ms=1", "delay_%6Ds=1&x"] {
             assert!(parse_send_query(Some(bad)).is_err(), "{bad} was taken");
         }
     }

@@ -115,6 +115,7 @@ fn the_documented_defaults_are_the_code_defaults() {
             ("`[api]`", "token") => config.token.clone().map_or(Code::Absent, Code::Text),
             ("`[api]`", "header_read_timeout") => Code::Duration(api.header_read_timeout),
             ("`[api]`", "idle_timeout") => Code::Duration(api.idle_timeout),
+            ("`[api]`", "max_connections") => Code::Number(api.max_connections as u64),
             ("`[rule_limits]`", "call_deadline") => Code::Duration(limits.call_deadline),
             ("`[rule_limits]`", "call_fuel") => Code::Number(limits.call_fuel),
             ("`[rule_limits]`", "memory_mib") => Code::Number((limits.memory_bytes >> 20) as u64),

@@ -14,6 +14,7 @@ use serde::Deserialize;
 use crate::http::ApiLimits;
 use crate::listener::QueueSettings;
 use crate::queue::{MAX_BATCH, MAX_VISIBILITY};
+use crate::queue::partitioned::{MAX_PARTITIONS, partition_name};
 use crate::rules::{QueueRuleConfig, RuleLimits};
 
 /// Environment variable that supplies the API token (overrides `api.token`).
@@ -151,6 +152,10 @@ pub struct QueueFile {
     /// Least time between two task-count decisions. Default `1s`.
     #[serde(default = "defaults::scale_interval", with = "humantime_serde")]
     pub scale_interval: Duration,
+    /// One logical queue over this many partition queues `<name>-0` … `<name>-(N-1)`, each
+    /// with its own listener and rule decisions. Default 1 (no partitions).
+    #[serde(default = "defaults::partitions")]
+    pub partitions: u32,
     /// Rule file name in `rules_dir`. Default: the built-in rule (the paper's).
     pub rule: Option<String>,
     /// Parameters passed to the rule's `configure`. Default: none.
@@ -253,6 +258,9 @@ mod defaults {
     pub fn scale_interval() -> Duration {
         QueueSettings::default().scale_interval
     }
+    pub fn partitions() -> u32 {
+        1
+    }
     pub fn handler_timeout() -> Duration {
         Duration::from_secs(30)
     }
@@ -348,6 +356,20 @@ pub struct QueueConfig {
     pub handler_url: reqwest::Url,
     /// Handler timeout.
     pub handler_timeout: Duration,
+    /// Partition queues (1: the queue is not partitioned).
+    pub partitions: u32,
+}
+
+impl QueueConfig {
+    /// The storage queues the listeners work on: the queue itself, or its partitions.
+    pub fn storage_queues(&self) -> Vec<String> {
+        if self.partitions <= 1 { vec![self.name.clone()] } else { (0..self.partitions).map(|i| partition_name(&self.name, i)).collect() }
+    }
+
+    /// Its poison queue (one for all partitions).
+    pub fn poison_queue(&self) -> String {
+        format!("{}-poison", self.name)
+    }
 }
 
 impl Config {
@@ -415,14 +437,19 @@ impl ConfigFile {
         check_folder("data_dir", &data_dir)?;
         let rules_dir = base.join(&self.rules_dir);
         check_folder("rules_dir", &rules_dir)?;
-        for name in self.queues.keys() {
-            if let Some(owner) = name.strip_suffix("-poison").filter(|owner| self.queues.contains_key(*owner)) {
-                bail!("queues.{name}: this name is taken by the poison queue of queues.{owner}");
-            }
-        }
         let mut queues = Vec::new();
         for (name, queue) in self.queues {
             queues.push(queue.validate(&name, &rules_dir).with_context(|| format!("queues.{name}"))?);
+        }
+        // Every storage queue (queues, partitions, poison queues) belongs to one configured queue.
+        let mut owners: BTreeMap<String, &str> = BTreeMap::new();
+        for queue in &queues {
+            for (storage, role) in queue.storage_queues().into_iter().map(|s| (s, "")).chain([(queue.poison_queue(), "the poison queue of ")]) {
+                if let Some(other) = owners.insert(storage.clone(), &queue.name) {
+                    let (first, second) = if other < queue.name.as_str() { (other, queue.name.as_str()) } else { (queue.name.as_str(), other) };
+                    bail!("queues.{second}: its storage queue {storage} is also used by queues.{first} ({role}or a partition)");
+                }
+            }
         }
         if queues.is_empty() {
             bail!("queues: configure at least one queue ([queues.<name>] with a handler)");
@@ -506,6 +533,9 @@ impl QueueFile {
         if self.max_dequeue_count == 0 {
             bail!("max_dequeue_count: must be at least 1");
         }
+        if !(1..=MAX_PARTITIONS).contains(&self.partitions) {
+            bail!("partitions: must be 1 to {MAX_PARTITIONS}, got {}", self.partitions);
+        }
         let rule = match self.rule {
             None if !self.rule_params.is_empty() => bail!("rule_params: given, but no rule is set (the built-in rule takes no parameters)"),
             None => None,
@@ -537,6 +567,7 @@ impl QueueFile {
             rule: QueueRuleConfig { queue: name.to_string(), rule, params: self.rule_params.into_iter().collect() },
             handler_url,
             handler_timeout: self.handler.timeout,
+            partitions: self.partitions,
         })
     }
 }

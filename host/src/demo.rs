@@ -63,6 +63,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
             rule: QueueRuleConfig { queue: QUEUE.into(), rule: Some(rule_file.clone()), params: vec![] },
             handler_url: format!("http://{app}/work").parse()?,
             handler_timeout: Duration::from_secs(30),
+            partitions: 1,
         }],
     };
     let service = Service::start(&config).await?;

@@ -45,9 +45,9 @@ use crate::queue::{MAX_VISIBILITY, QueueClient, QueueError};
 
 /// What the API serves.
 pub struct Api {
-    /// Listeners by queue name.
-    pub listeners: BTreeMap<String, Listener>,
-    /// Queue clients by queue name (for sends).
+    /// Listeners by (logical) queue name: one, or one per partition.
+    pub listeners: BTreeMap<String, Vec<Listener>>,
+    /// Queue clients by (logical) queue name, for sends: a partitioned queue spreads them.
     pub queues: BTreeMap<String, Arc<dyn QueueClient>>,
     /// Required bearer token, if any.
     pub token: Option<String>,
@@ -332,11 +332,28 @@ async fn healthz(State(api): State<Arc<Api>>) -> Response {
 }
 
 fn statuses(api: &Api) -> Vec<ListenerStatus> {
-    api.listeners.values().map(Listener::status).collect()
+    api.listeners.values().flatten().map(Listener::status).collect()
+}
+
+/// The sums over a partitioned queue's partitions.
+fn partitioned_status(queue: &str, listeners: &[Listener]) -> serde_json::Value {
+    let statuses: Vec<ListenerStatus> = listeners.iter().map(Listener::status).collect();
+    let sum = |f: fn(&ListenerStatus) -> u64| statuses.iter().map(f).fold(0u64, u64::saturating_add);
+    json!({
+        "queue": queue,
+        "partitions": statuses.iter().map(|s| s.queue.clone()).collect::<Vec<_>>(),
+        "approximate_depth": sum(|s| s.approximate_depth),
+        "active_tasks": sum(|s| s.active_tasks.into()),
+        "in_flight": sum(|s| s.in_flight.into()),
+        "processed": sum(|s| s.processed),
+        "failed": sum(|s| s.failed),
+        "poisoned": sum(|s| s.poisoned),
+    })
 }
 
 async fn status(State(api): State<Arc<Api>>) -> Json<serde_json::Value> {
-    Json(json!({ "queues": statuses(&api) }))
+    let partitioned: Vec<_> = api.listeners.iter().filter(|(_, l)| l.len() > 1).map(|(queue, l)| partitioned_status(queue, l)).collect();
+    Json(json!({ "queues": statuses(&api), "partitioned": partitioned }))
 }
 
 /// Parses the query of `POST /queues/{name}/messages`: only `delay_ms`, a whole number of
@@ -385,7 +402,7 @@ async fn send(
     match queue.put(&body, delay).await {
         Ok(id) => {
             // The host saw the message arrive: no need to wait for a poll to notice it.
-            if let Some(listener) = api.listeners.get(&name) {
+            for listener in api.listeners.get(&name).into_iter().flatten() {
                 listener.work_detected();
             }
             (StatusCode::CREATED, Json(json!({ "id": id }))).into_response()
@@ -400,8 +417,10 @@ async fn notify(State(api): State<Arc<Api>>, Path(name): Path<String>, RawQuery(
         return error(StatusCode::BAD_REQUEST, format!("unknown query parameter {key:?} (this route takes none)"));
     }
     match api.listeners.get(&name) {
-        Some(listener) => {
-            listener.work_detected();
+        Some(listeners) => {
+            for listener in listeners {
+                listener.work_detected();
+            }
             StatusCode::ACCEPTED.into_response()
         }
         None => error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host")),

@@ -14,6 +14,7 @@ use crate::health::Health;
 use crate::http::{Api, ApiLimits};
 use crate::listener::{Listener, ListenerStatus};
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
+use crate::queue::partitioned::Partitioned;
 use crate::queue::{Metered, QueueClient, RetryPolicy, Retrying, SystemClock};
 use crate::rules::{QueueRuleConfig, RuleEngine, RuleSet, RuleWatcher};
 
@@ -40,9 +41,11 @@ impl Service {
         std::fs::create_dir_all(&config.rules_dir).with_context(|| format!("failed to create rules folder {}", config.rules_dir.display()))?;
         let rules_dir = config.rules_dir.canonicalize()?;
         let engine = RuleEngine::new(config.rule_limits.clone(), Some(config.data_dir.join("rule-cache")))?;
-        let queue_rules = config.queues.iter().map(|q| QueueRuleConfig {
-            rule: q.rule.rule.as_ref().and_then(|p| p.file_name()).map(|name| rules_dir.join(name)),
-            ..q.rule.clone()
+        // One rule slot per storage queue: each partition decides on its own state (queues
+        // with the same file and parameters share one instance).
+        let queue_rules = config.queues.iter().flat_map(|q| {
+            let rule = q.rule.rule.as_ref().and_then(|p| p.file_name()).map(|name| rules_dir.join(name));
+            q.storage_queues().into_iter().map(move |queue| QueueRuleConfig { queue, rule: rule.clone(), params: q.rule.params.clone() })
         });
         let rules = Arc::new(RuleSet::new(engine, queue_rules));
         for error in rules.load_all() {
@@ -50,30 +53,35 @@ impl Service {
         }
         let watcher = rules.watch(&rules_dir, RULE_DEBOUNCE)?;
 
-        let mut listeners = Vec::new();
+        let mut listeners: BTreeMap<String, Vec<Listener>> = BTreeMap::new();
         let mut queues: BTreeMap<String, Arc<dyn QueueClient>> = BTreeMap::new();
         for queue_config in &config.queues {
-            let metered = Metered::new(store.queue(&queue_config.name));
-            let transactions = metered.transactions();
-            let queue: Arc<dyn QueueClient> = Arc::new(Retrying::new(metered, RetryPolicy::default()));
-            queue.create_if_missing().await.with_context(|| format!("failed to create queue {}", queue_config.name))?;
-            let poison: Arc<dyn QueueClient> = Arc::new(Retrying::new(store.queue(&format!("{}-poison", queue_config.name)), RetryPolicy::default()));
-            poison.create_if_missing().await?;
+            let poison: Arc<dyn QueueClient> = Arc::new(Retrying::new(store.queue(&queue_config.poison_queue()), RetryPolicy::default()));
+            poison.create_if_missing().await.with_context(|| format!("failed to create queue {}", queue_config.poison_queue()))?;
             let handler = Arc::new(HttpHandler::new(queue_config.handler_url.clone(), queue_config.handler_timeout)?);
-            let queue_rules = rules.queue(&queue_config.name).with_context(|| format!("queue {} has no rule slot", queue_config.name))?;
-            let listener = Listener::builder(queue.clone(), poison, handler)
-                .rules(queue_rules)
-                .settings(queue_config.settings.clone())
-                .transactions(transactions)
-                .build();
-            listener.start();
-            tracing::info!(queue = %queue_config.name, handler = %crate::handler::masked(&queue_config.handler_url), "listening");
-            queues.insert(queue_config.name.clone(), queue);
-            listeners.push(listener);
+            let mut partitions = Vec::new();
+            for name in queue_config.storage_queues() {
+                let metered = Metered::new(store.queue(&name));
+                let transactions = metered.transactions();
+                let queue: Arc<dyn QueueClient> = Arc::new(Retrying::new(metered, RetryPolicy::default()));
+                queue.create_if_missing().await.with_context(|| format!("failed to create queue {name}"))?;
+                let queue_rules = rules.queue(&name).with_context(|| format!("queue {name} has no rule slot"))?;
+                let listener = Listener::builder(queue.clone(), poison.clone(), handler.clone())
+                    .rules(queue_rules)
+                    .settings(queue_config.settings.clone())
+                    .transactions(transactions)
+                    .build();
+                listener.start();
+                tracing::info!(queue = %name, handler = %crate::handler::masked(&queue_config.handler_url), "listening");
+                listeners.entry(queue_config.name.clone()).or_default().push(listener);
+                partitions.push(queue);
+            }
+            let logical = if partitions.len() == 1 { partitions.remove(0) } else { Arc::new(Partitioned::new(&queue_config.name, partitions)) };
+            queues.insert(queue_config.name.clone(), logical);
         }
 
         let api = Arc::new(Api {
-            listeners: listeners.iter().map(|l| (l.queue_name().to_string(), l.clone())).collect(),
+            listeners: listeners.clone(),
             queues,
             token: config.token.clone(),
             health,
@@ -90,6 +98,7 @@ impl Service {
             }
         });
         tracing::info!(%api_addr, "API listening");
+        let listeners = listeners.into_values().flatten().collect();
         Ok(Service { listeners, api_addr, api_stop, api_task, drain_timeout: config.drain_timeout, _watcher: watcher, store })
     }
 

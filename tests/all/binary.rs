@@ -350,3 +350,30 @@ async fn the_log_has_no_colour_codes_when_stderr_is_a_file() {
     assert!(log.contains("listening"), "{log}");
     assert!(!log.contains('\u{1b}'), "escape codes in the log: {log:?}");
 }
+
+/// Issue 9, partitioned queues on the embedded backend: one logical queue over three
+/// partition queues, sends spread over them (API and direct), one listener and one rule
+/// slot per partition, and the sums in `/status`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_queue_spreads_messages_and_sums_its_status() {
+    let (app, app_addr) = App::start(Duration::ZERO).await;
+    let site = Site::new(app_addr, "30s");
+    let config = std::fs::read_to_string(site.config()).unwrap().replace("[queues.orders]\n", "[queues.orders]\npartitions = 3\n");
+    std::fs::write(site.config(), config).unwrap();
+    site.ebb(&["send", "orders", "direct", "--count", "30"]);
+    let mut host = site.start_host().await;
+    site.ebb(&["send", "orders", "via-api", "--count", "30"]);
+    wait_until("60 messages handled", || async { app.seen.lock().unwrap().len() >= 60 }).await;
+    let status = site.status().await;
+    let queues = status["queues"].as_array().unwrap();
+    let names: Vec<&str> = queues.iter().map(|q| q["queue"].as_str().unwrap()).collect();
+    assert_eq!(names, ["orders-0", "orders-1", "orders-2"], "{status}");
+    for queue in queues {
+        assert!(queue["processed"].as_u64().unwrap() >= 10, "each partition took its share: {status}");
+        assert_eq!(queue["rule"]["file"], "orders.wasm", "each partition has the rule: {status}");
+    }
+    let logical = &status["partitioned"][0];
+    assert_eq!((logical["queue"].as_str(), logical["processed"].as_u64()), (Some("orders"), Some(60)), "{status}");
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+}

@@ -133,6 +133,7 @@ fn the_documented_defaults_are_the_code_defaults() {
                 "max_dequeue_count" => Code::Number(s.max_dequeue_count.into()),
                 "push" => Code::Bool(s.push_enabled),
                 "scale_interval" => Code::Duration(s.scale_interval),
+                "partitions" => Code::Number(queue.partitions.into()),
                 "rule" => queue.rule.rule.as_ref().map_or(Code::Absent, |p| Code::Text(p.display().to_string())),
                 "rule_params" if queue.rule.params.is_empty() => Code::Absent,
                 "handler.url" => Code::Absent, // required

@@ -71,6 +71,35 @@ mod memory_conformance {
     ebb_tests::queue_conformance!(#[tokio::test(start_paused = true)]; super::memory);
 }
 
+/// A logical queue over three partitions must behave as one queue.
+struct Partitions(Arc<TokioClock>);
+
+#[async_trait]
+impl Backend for Partitions {
+    async fn queue(&self, name: &str) -> Arc<dyn QueueClient> {
+        let partitions = (0..3)
+            .map(|i| Arc::new(ebb::queue::memory::MemoryQueue::new(&format!("{name}-{i}"), self.0.clone(), DEFAULT_MAX_MESSAGE_BYTES)) as Arc<dyn QueueClient>)
+            .collect();
+        Arc::new(ebb::queue::partitioned::Partitioned::new(name, partitions))
+    }
+
+    async fn pass(&self, duration: Duration) {
+        tokio::time::advance(duration).await;
+    }
+
+    fn max_message_bytes(&self) -> usize {
+        DEFAULT_MAX_MESSAGE_BYTES
+    }
+}
+
+async fn partitions() -> Partitions {
+    Partitions(Arc::new(TokioClock::new()))
+}
+
+mod partitioned_conformance {
+    ebb_tests::queue_conformance!(#[tokio::test(start_paused = true)]; super::partitions);
+}
+
 /// A clock an hour ahead: every lease taken before a crash has run out.
 struct AnHourLater;
 

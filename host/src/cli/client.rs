@@ -3,6 +3,7 @@
 
 use std::io::Read as _;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
@@ -11,6 +12,7 @@ use serde_json::Value;
 
 use crate::config::Config;
 use crate::queue::QueueClient;
+use crate::queue::partitioned::Partitioned;
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
 
 fn api_base(config: &Config) -> String {
@@ -31,9 +33,9 @@ fn client(config: &Config) -> Result<reqwest::Client> {
 
 pub async fn send(config_path: &Path, queue: &str, count: u64, body: Option<String>) -> Result<()> {
     let config = Config::load(config_path)?;
-    if !config.queues.iter().any(|q| q.name == queue) {
+    let Some(queue_config) = config.queues.iter().find(|q| q.name == queue) else {
         bail!("queue {queue} is not configured in {}", config_path.display());
-    }
+    };
     let body = match body {
         Some(body) => body.into_bytes(),
         None => {
@@ -49,7 +51,9 @@ pub async fn send(config_path: &Path, queue: &str, count: u64, body: Option<Stri
         Err(error) if error.is_connect() => {
             let store = EmbeddedStore::open(&config.data_dir, EmbeddedOptions { max_message_bytes: config.max_message_bytes, ..Default::default() })
                 .context("no host answers on the API, and the data directory could not be opened")?;
-            let target = store.queue(queue);
+            let partitions: Vec<Arc<dyn QueueClient>> =
+                queue_config.storage_queues().iter().map(|name| Arc::new(store.queue(name)) as Arc<dyn QueueClient>).collect();
+            let target = Partitioned::new(queue, partitions);
             target.create_if_missing().await?;
             let puts = futures::stream::iter(0..count).map(|_| target.put(&body, Duration::ZERO)).buffer_unordered(256);
             let results: Vec<_> = puts.collect().await;

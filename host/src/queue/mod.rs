@@ -10,6 +10,7 @@
 pub mod clock;
 pub mod embedded;
 pub mod memory;
+pub mod partitioned;
 mod metered;
 mod retrying;
 

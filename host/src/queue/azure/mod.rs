@@ -29,7 +29,7 @@ use anyhow::anyhow;
 use async_trait::async_trait;
 use azure_core::error::ErrorKind;
 use azure_core::http::headers::HeaderName;
-use azure_core::http::{ClientOptions, RetryOptions, StatusCode};
+use azure_core::http::{ClientOptions, RetryOptions, StatusCode, Transport};
 use azure_storage_queue::models::{QueueClientGetPropertiesResultHeaders, QueueClientReceiveMessagesOptions, QueueClientSendMessageOptions, QueueMessage};
 use azure_storage_queue::{QueueClient as SdkQueueClient, QueueClientOptions};
 
@@ -45,6 +45,14 @@ pub const API_VERSION: &str = "2026-04-06";
 /// How long one storage call may take before it counts as a transient failure.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long an idle connection stays in the pool: under the 5 s keep-alive of Node's HTTP
+/// server (Azurite), so a poll after a pause never picks a connection the server is closing
+/// (which fails the call). Real Azure keeps idle connections longer; raise it there.
+pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// How long connecting may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 const POP_RECEIPT: HeaderName = HeaderName::from_static("x-ms-popreceipt");
 
 /// Options of an Azure queue.
@@ -55,11 +63,13 @@ pub struct AzureOptions {
     /// Longest a storage call may take (connect, send, read the answer) before it fails
     /// as transient.
     pub request_timeout: Duration,
+    /// How long an idle connection is kept for reuse.
+    pub pool_idle_timeout: Duration,
 }
 
 impl Default for AzureOptions {
     fn default() -> Self {
-        AzureOptions { encoding: Encoding::default(), request_timeout: DEFAULT_REQUEST_TIMEOUT }
+        AzureOptions { encoding: Encoding::default(), request_timeout: DEFAULT_REQUEST_TIMEOUT, pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT }
     }
 }
 
@@ -108,7 +118,15 @@ impl AzureQueue {
     /// [`QueueClient::create_if_missing`]). Fails if the name is not a valid queue name.
     pub fn new(account: &AzureAccount, name: &str, options: AzureOptions) -> anyhow::Result<Self> {
         check_queue_name(name)?;
-        let mut client_options = ClientOptions { retry: RetryOptions::none(), ..ClientOptions::default() };
+        let http = azure_reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT.min(options.request_timeout))
+            .timeout(options.request_timeout)
+            .pool_idle_timeout(options.pool_idle_timeout)
+            .redirect(azure_reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| anyhow!("queue {name} on account {}: cannot build the HTTP client: {e}", account.name()))?;
+        let mut client_options =
+            ClientOptions { retry: RetryOptions::none(), transport: Some(Transport::new(Arc::new(http))), ..ClientOptions::default() };
         let mut sas = None;
         match account.credential() {
             Credential::SharedKey(key) => client_options.per_try_policies.push(Arc::new(auth::SharedKeyPolicy::new(account.name(), key.clone()))),
@@ -144,7 +162,13 @@ impl AzureQueue {
         let context = format!("queue {} on account {}: {}", self.name, self.account, call.verb());
         let ErrorKind::HttpResponse { status, error_code, .. } = error.kind() else {
             let transient = matches!(error.kind(), ErrorKind::Io | ErrorKind::Connection);
-            let text = self.scrub(&format!("{error:#}"));
+            let mut text = error.to_string();
+            let mut source = std::error::Error::source(error);
+            while let Some(cause) = source {
+                text.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            let text = self.scrub(&text);
             let error = anyhow!("{context}: {text}");
             return if transient { QueueError::Transient(error) } else { QueueError::Fatal(error) };
         };

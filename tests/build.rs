@@ -6,6 +6,9 @@
 //!   with rustup when missing).
 //! - Python and JavaScript example rules, with pinned componentize-py and componentize-qjs
 //!   installed into `<target>/guest-tools/` on first use.
+//! - Azurite (the Azure Storage emulator) for the Azure queue tests, pinned by
+//!   `tests/azurite/package-lock.json`, installed into `<target>/azurite/` with `npm ci`
+//!   whenever the lock changes; its path is `AZURITE_QUEUE` in `$OUT_DIR/azurite.rs`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -51,6 +54,34 @@ fn main() {
         constants.push_str(&format!("pub const {name}: &str = {:?};\n", path.display().to_string()));
     }
     std::fs::write(out_dir.join("guests.rs"), constants).unwrap();
+
+    println!("cargo:rerun-if-changed={}", root.join("tests/azurite").display());
+    let azurite = install_azurite(&root.join("tests/azurite"), &out_dir.ancestors().nth(4).unwrap().join("azurite"));
+    std::fs::write(out_dir.join("azurite.rs"), format!("pub const AZURITE_QUEUE: &str = {:?};\n", path_str(&azurite))).unwrap();
+}
+
+/// Azurite from npm, exactly as `tests/azurite/package-lock.json` pins it, in a
+/// node_modules of its own; reinstalled when the lock changes. Returns `azurite-queue`.
+fn install_azurite(pinned: &Path, prefix: &Path) -> PathBuf {
+    let tool = prefix.join("node_modules/.bin/azurite-queue");
+    let lock = std::fs::read(pinned.join("package-lock.json")).expect("tests/azurite/package-lock.json is missing");
+    let installed_lock = prefix.join("installed-package-lock.json");
+    if tool.exists() && std::fs::read(&installed_lock).ok().as_ref() == Some(&lock) {
+        return tool;
+    }
+    std::fs::create_dir_all(prefix).unwrap();
+    for file in ["package.json", "package-lock.json"] {
+        std::fs::copy(pinned.join(file), prefix.join(file)).unwrap();
+    }
+    let status = Command::new("npm")
+        .args(["ci", "--no-audit", "--no-fund", "--silent", "--prefix"])
+        .arg(prefix)
+        .status()
+        .unwrap_or_else(|e| panic!("failed to start npm to install Azurite for the Azure queue tests (install Node.js 20+ and npm): {e}"));
+    assert!(status.success(), "npm ci of Azurite into {} failed ({status})", prefix.display());
+    assert!(tool.exists(), "npm ci did not install {}", tool.display());
+    std::fs::write(&installed_lock, &lock).unwrap();
+    tool
 }
 
 /// Pinned guest toolchains, from PyPI and npm.

@@ -1,4 +1,5 @@
 mod api;
+mod azure_queue;
 mod binary;
 mod config;
 mod decorators;

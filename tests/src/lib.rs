@@ -1,5 +1,6 @@
 //! Shared helpers for the end-to-end tests in `tests/all`.
 
+pub mod azurite;
 pub mod baselines;
 pub mod conformance;
 

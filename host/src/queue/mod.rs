@@ -3,10 +3,12 @@
 //! decorators that wrap any backend.
 //!
 //! - [`embedded`]: a durable queue in a local data directory (redb), nothing to install.
+//! - [`azure`]: Azure Storage Queues (and Azurite), over the official SDK.
 //! - [`Retrying`]: retries transient errors with jittered exponential back-off.
 //! - [`Metered`]: counts every storage call by kind and by whether it returned work: the
 //!   transactions the paper's cost model bills.
 
+pub mod azure;
 pub mod clock;
 pub mod embedded;
 pub mod memory;

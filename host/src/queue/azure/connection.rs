@@ -1,0 +1,319 @@
+//! Where the account is and how to authenticate to it: parsed from a connection string, or
+//! built from an account name, key and optional endpoint. Secrets are never printed.
+
+use anyhow::{Context as _, anyhow, bail};
+use azure_core::credentials::Secret;
+use azure_core::http::Url;
+
+/// Azurite's well-known development account (public, documented by Microsoft).
+pub const DEVELOPMENT_ACCOUNT: &str = "devstoreaccount1";
+/// Azurite's well-known development account key (public, documented by Microsoft).
+pub const DEVELOPMENT_KEY: &str = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+/// Azurite's default queue endpoint.
+pub const DEVELOPMENT_QUEUE_ENDPOINT: &str = "http://127.0.0.1:10001/devstoreaccount1";
+
+/// How requests prove who they are.
+#[derive(Clone)]
+pub enum Credential {
+    /// The account key (base64): every request is signed with it.
+    SharedKey(Secret),
+    /// A shared access signature (the query string, without `?`): appended to every URL.
+    Sas(Secret),
+}
+
+/// A storage account's queue service and the credential to use.
+#[derive(Clone)]
+pub struct AzureAccount {
+    name: String,
+    endpoint: Url,
+    credential: Credential,
+}
+
+impl std::fmt::Debug for AzureAccount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let credential = match self.credential {
+            Credential::SharedKey(_) => "SharedKey(<redacted>)",
+            Credential::Sas(_) => "Sas(<redacted>)",
+        };
+        f.debug_struct("AzureAccount").field("name", &self.name).field("endpoint", &self.endpoint.as_str()).field("credential", &credential).finish()
+    }
+}
+
+impl AzureAccount {
+    /// An account with its key. `endpoint` is the queue service URL (for Azurite,
+    /// `http://127.0.0.1:10001/devstoreaccount1`); `None` means
+    /// `https://<account>.queue.core.windows.net`.
+    pub fn with_key(account: &str, key: &str, endpoint: Option<&str>) -> anyhow::Result<Self> {
+        check_account(account)?;
+        let key = parse_key(key)?;
+        let endpoint = match endpoint {
+            Some(endpoint) => parse_endpoint(endpoint)?,
+            None => parse_endpoint(&format!("https://{account}.queue.core.windows.net"))?,
+        };
+        Ok(AzureAccount { name: account.to_string(), endpoint, credential: Credential::SharedKey(key) })
+    }
+
+    /// Azurite's development account on its default endpoint.
+    pub fn development_storage() -> Self {
+        Self::with_key(DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY, Some(DEVELOPMENT_QUEUE_ENDPOINT)).expect("the development account is valid")
+    }
+
+    /// Parses an Azure Storage connection string: `AccountName=…;AccountKey=…` (with
+    /// `DefaultEndpointsProtocol`, `EndpointSuffix` or `QueueEndpoint`),
+    /// `SharedAccessSignature=…` with `QueueEndpoint` (or `AccountName`), or
+    /// `UseDevelopmentStorage=true`. Errors name the missing or bad part, never a secret.
+    pub fn from_connection_string(text: &str) -> anyhow::Result<Self> {
+        let mut protocol = None;
+        let mut name = None;
+        let mut key = None;
+        let mut sas = None;
+        let mut queue_endpoint = None;
+        let mut suffix = None;
+        let mut development = false;
+        for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            let Some((setting, value)) = part.split_once('=') else {
+                // Never echo the part: it may be a secret pasted without its name.
+                bail!("connection string: a part has no '=' (expected Name=value pairs separated by ';')");
+            };
+            let value = value.trim();
+            match setting.trim().to_ascii_lowercase().as_str() {
+                "defaultendpointsprotocol" => protocol = Some(value.to_string()),
+                "accountname" => name = Some(value.to_string()),
+                "accountkey" => key = Some(value.to_string()),
+                "sharedaccesssignature" => sas = Some(value.to_string()),
+                "queueendpoint" => queue_endpoint = Some(value.to_string()),
+                "endpointsuffix" => suffix = Some(value.to_string()),
+                "usedevelopmentstorage" => match value.to_ascii_lowercase().as_str() {
+                    "true" => development = true,
+                    "false" => {}
+                    _ => bail!("connection string: UseDevelopmentStorage must be true or false"),
+                },
+                // Other services' settings: allowed in a shared connection string, unused here.
+                "blobendpoint" | "tableendpoint" | "fileendpoint" | "blobsecondaryendpoint" | "queuesecondaryendpoint" | "tablesecondaryendpoint"
+                | "filesecondaryendpoint" | "developmentstorageproxyuri" => {}
+                // Name it only if it looks like a setting name: a bare secret ending in '='
+                // splits like one.
+                other if other.len() <= 32 && other.chars().all(|c| c.is_ascii_alphabetic()) => {
+                    bail!("connection string: unknown setting {other:?}")
+                }
+                _ => bail!("connection string: a part is not a known Name=value setting (not shown: it may be a secret)"),
+            }
+        }
+        if development {
+            if name.is_some() || key.is_some() || sas.is_some() {
+                bail!("connection string: UseDevelopmentStorage=true takes no AccountName, AccountKey or SharedAccessSignature");
+            }
+            let endpoint = queue_endpoint.as_deref().unwrap_or(DEVELOPMENT_QUEUE_ENDPOINT);
+            return Self::with_key(DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY, Some(endpoint));
+        }
+        let protocol = protocol.unwrap_or_else(|| "https".into());
+        if protocol != "https" && protocol != "http" {
+            bail!("connection string: DefaultEndpointsProtocol must be https or http, not {protocol:?}");
+        }
+        let default_endpoint =
+            |name: &str| format!("{protocol}://{name}.queue.{}", suffix.as_deref().unwrap_or("core.windows.net"));
+        match (key, sas) {
+            (Some(_), Some(_)) => bail!("connection string: give AccountKey or SharedAccessSignature, not both"),
+            (Some(key), None) => {
+                let name = name.ok_or_else(|| anyhow!("connection string: AccountKey needs an AccountName"))?;
+                let endpoint = queue_endpoint.unwrap_or_else(|| default_endpoint(&name));
+                Self::with_key(&name, &key, Some(&endpoint))
+            }
+            (None, Some(sas)) => {
+                let endpoint = match (queue_endpoint, &name) {
+                    (Some(endpoint), _) => endpoint,
+                    (None, Some(name)) => default_endpoint(name),
+                    (None, None) => bail!("connection string: SharedAccessSignature needs a QueueEndpoint (or an AccountName)"),
+                };
+                let endpoint = parse_endpoint(&endpoint)?;
+                let name = match name {
+                    Some(name) => name,
+                    None => account_from_endpoint(&endpoint)
+                        .ok_or_else(|| anyhow!("connection string: cannot tell the account from QueueEndpoint {endpoint}; add AccountName"))?,
+                };
+                check_account(&name)?;
+                let sas = sas.trim_start_matches('?');
+                if !sas.contains("sig=") {
+                    bail!("connection string: SharedAccessSignature has no sig= part");
+                }
+                Ok(AzureAccount { name, endpoint, credential: Credential::Sas(Secret::new(sas.to_string())) })
+            }
+            (None, None) => bail!("connection string: no credential: give AccountKey, SharedAccessSignature or UseDevelopmentStorage=true"),
+        }
+    }
+
+    /// The account's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The queue service endpoint (no secret in it).
+    pub fn endpoint(&self) -> &Url {
+        &self.endpoint
+    }
+
+    /// The credential.
+    pub fn credential(&self) -> &Credential {
+        &self.credential
+    }
+
+    /// The URL of queue `name`, with the SAS in its query if the credential is one.
+    pub(crate) fn queue_url(&self, name: &str) -> anyhow::Result<Url> {
+        let mut url = self.endpoint.clone();
+        let path = format!("{}/{name}", url.path().trim_end_matches('/'));
+        url.set_path(&path);
+        if let Credential::Sas(sas) = &self.credential {
+            url.set_query(Some(sas.secret()));
+        }
+        Ok(url)
+    }
+}
+
+fn check_account(account: &str) -> anyhow::Result<()> {
+    if account.is_empty() || !account.chars().all(|c| c.is_ascii_alphanumeric()) {
+        bail!("storage account name {account:?} is invalid: use lowercase letters and digits");
+    }
+    Ok(())
+}
+
+fn parse_key(key: &str) -> anyhow::Result<Secret> {
+    if key.is_empty() {
+        bail!("the account key is empty");
+    }
+    azure_core::base64::decode(key).map_err(|_| anyhow!("the account key is not valid base64 (copy it from the portal's Access keys page)"))?;
+    Ok(Secret::new(key.to_string()))
+}
+
+fn parse_endpoint(endpoint: &str) -> anyhow::Result<Url> {
+    let url = Url::parse(endpoint).with_context(|| format!("queue endpoint {endpoint:?} is not a URL"))?;
+    if url.scheme() != "http" && url.scheme() != "https" {
+        bail!("queue endpoint {endpoint:?} must be http or https");
+    }
+    if url.query().is_some() {
+        bail!("queue endpoint must not carry a query: put a SAS in SharedAccessSignature");
+    }
+    if url.cannot_be_a_base() || url.host().is_none() {
+        bail!("queue endpoint {endpoint:?} has no host");
+    }
+    Ok(url)
+}
+
+/// `https://acct.queue.core.windows.net` → `acct`; `http://127.0.0.1:10001/acct` → `acct`.
+fn account_from_endpoint(url: &Url) -> Option<String> {
+    let host = url.host_str()?;
+    if let Some((first, rest)) = host.split_once('.')
+        && rest.starts_with("queue.")
+    {
+        return Some(first.to_string());
+    }
+    url.path_segments()?.find(|s| !s.is_empty()).map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "c2VjcmV0LWtleS1ieXRlcw==";
+
+    fn parse(text: &str) -> Result<AzureAccount, String> {
+        AzureAccount::from_connection_string(text).map_err(|e| format!("{e:#}"))
+    }
+
+    #[test]
+    fn connection_strings_parse() {
+        struct Case {
+            name: &'static str,
+            text: String,
+            account: &'static str,
+            endpoint: &'static str,
+            sas: bool,
+        }
+        let cases = [
+            Case {
+                name: "account and key: the public endpoint",
+                text: format!("DefaultEndpointsProtocol=https;AccountName=orders;AccountKey={KEY};EndpointSuffix=core.windows.net"),
+                account: "orders",
+                endpoint: "https://orders.queue.core.windows.net/",
+                sas: false,
+            },
+            Case {
+                name: "explicit queue endpoint (Azurite)",
+                text: format!("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={KEY};QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1;"),
+                account: "devstoreaccount1",
+                endpoint: "http://127.0.0.1:10001/devstoreaccount1",
+                sas: false,
+            },
+            Case {
+                name: "another cloud's suffix",
+                text: format!("AccountName=orders;AccountKey={KEY};EndpointSuffix=core.chinacloudapi.cn"),
+                account: "orders",
+                endpoint: "https://orders.queue.core.chinacloudapi.cn/",
+                sas: false,
+            },
+            Case {
+                name: "development storage",
+                text: "UseDevelopmentStorage=true".into(),
+                account: "devstoreaccount1",
+                endpoint: "http://127.0.0.1:10001/devstoreaccount1",
+                sas: false,
+            },
+            Case {
+                name: "SAS with a queue endpoint",
+                text: "QueueEndpoint=https://orders.queue.core.windows.net;SharedAccessSignature=?sv=2022-11-02&ss=q&sig=abc%3D".into(),
+                account: "orders",
+                endpoint: "https://orders.queue.core.windows.net/",
+                sas: true,
+            },
+        ];
+        for case in cases {
+            let account = parse(&case.text).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+            assert_eq!(account.name(), case.account, "{}", case.name);
+            assert_eq!(account.endpoint().as_str(), case.endpoint, "{}", case.name);
+            assert_eq!(matches!(account.credential(), Credential::Sas(_)), case.sas, "{}", case.name);
+        }
+    }
+
+    #[test]
+    fn bad_connection_strings_name_the_part_and_never_the_secret() {
+        let cases = [
+            ("no credential", "AccountName=orders".to_string(), "no credential"),
+            ("key without account", format!("AccountKey={KEY}"), "needs an AccountName"),
+            ("key not base64", "AccountName=orders;AccountKey=not*base64!secretvalue".into(), "not valid base64"),
+            ("both credentials", format!("AccountName=orders;AccountKey={KEY};SharedAccessSignature=sig=x"), "not both"),
+            ("SAS without endpoint", "SharedAccessSignature=sv=1&sig=secretvalue".into(), "needs a QueueEndpoint"),
+            ("unknown setting", format!("AccountName=orders;AccountKey={KEY};Colour=blue"), "unknown setting \"colour\""),
+            ("bare secret", format!("AccountName=orders;{KEY}x"), "not a known Name=value setting"),
+            ("bare secret without padding", "AccountName=orders;c2VjcmV0dmFsdWU".into(), "has no '='"),
+            ("bad protocol", format!("DefaultEndpointsProtocol=ftp;AccountName=orders;AccountKey={KEY}"), "https or http"),
+            ("bad endpoint", format!("AccountName=orders;AccountKey={KEY};QueueEndpoint=nowhere"), "QueueEndpoint"),
+            ("bad account", format!("AccountName=Or_ders;AccountKey={KEY}"), "account name"),
+        ];
+        for (name, text, expected) in cases {
+            let error = parse(&text).err().unwrap_or_else(|| panic!("{name}: parsed"));
+            assert!(error.contains(expected) || (name == "bad endpoint" && error.contains("not a URL")), "{name}: {error}");
+            for secret in [KEY, "secretvalue", "not*base64"] {
+                assert!(!error.contains(secret), "{name}: the error shows a secret: {error}");
+            }
+        }
+    }
+
+    #[test]
+    fn debug_redacts_the_key_and_the_sas() {
+        let keyed = parse(&format!("AccountName=orders;AccountKey={KEY}")).unwrap();
+        let sas = parse("QueueEndpoint=https://orders.queue.core.windows.net;SharedAccessSignature=sv=1&sig=secretvalue").unwrap();
+        for account in [keyed, sas] {
+            let shown = format!("{account:?}");
+            assert!(!shown.contains(KEY) && !shown.contains("secretvalue") && shown.contains("<redacted>"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn queue_urls_are_path_style_for_azurite_and_carry_the_sas() {
+        let azurite = AzureAccount::development_storage();
+        assert_eq!(azurite.queue_url("orders").unwrap().as_str(), "http://127.0.0.1:10001/devstoreaccount1/orders");
+        let public = AzureAccount::with_key("acct", KEY, None).unwrap();
+        assert_eq!(public.queue_url("orders").unwrap().as_str(), "https://acct.queue.core.windows.net/orders");
+        let sas = parse("QueueEndpoint=https://acct.queue.core.windows.net/;SharedAccessSignature=sv=1&sig=abc").unwrap();
+        assert_eq!(sas.queue_url("orders").unwrap().as_str(), "https://acct.queue.core.windows.net/orders?sv=1&sig=abc");
+    }
+}

@@ -1,0 +1,369 @@
+//! Azure Storage Queues, over the official `azure_storage_queue` SDK.
+//!
+//! - Auth: Shared Key, signed per try by our own pipeline policy ([`auth`]: the SDK has
+//!   none), or a SAS in the URL. Settings come from a connection string or an account, key
+//!   and endpoint ([`AzureAccount`]); secrets are never printed.
+//! - Retries: the SDK's are off. [`Retrying`](super::Retrying) retries our
+//!   [`QueueError::Transient`] errors; every call is bounded by a request timeout, so a hung
+//!   connection is a transient error, not a stuck task.
+//! - Errors by HTTP status: 408/429/5xx and connection failures are transient; a lost
+//!   lease (404 `MessageNotFound`, 400 `PopReceiptMismatch`) on delete or update is
+//!   [`QueueError::StaleReceipt`]; 413 is [`QueueError::MessageTooLarge`]; any other 4xx is
+//!   fatal, naming the queue, the account and the service's error code.
+//! - Bodies: base64 by default (what Azure Functions and the SDKs write), or plain text
+//!   ([`Encoding`]). Azure's 64 KiB limit applies to the encoded text. A message whose
+//!   text does not decode is delivered with a [`Message::defect`], never dropped.
+//! - Messages are put with no expiry (`messagettl=-1`): a worker queue must not lose
+//!   unprocessed messages after Azure's default of 7 days.
+//!
+//! Tested against Azurite 3.37 (`tests/all/azure_queue.rs`).
+
+mod auth;
+mod connection;
+mod encoding;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::anyhow;
+use async_trait::async_trait;
+use azure_core::error::ErrorKind;
+use azure_core::http::headers::HeaderName;
+use azure_core::http::{ClientOptions, RetryOptions, StatusCode, Transport};
+use azure_storage_queue::models::{QueueClientGetPropertiesResultHeaders, QueueClientReceiveMessagesOptions, QueueClientSendMessageOptions, QueueMessage};
+use azure_storage_queue::{QueueClient as SdkQueueClient, QueueClientOptions};
+
+pub use connection::{AzureAccount, Credential, DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY, DEVELOPMENT_QUEUE_ENDPOINT};
+pub use encoding::{Encoding, MAX_ENCODED_BYTES};
+
+use super::{MAX_BATCH, MAX_VISIBILITY, Message, MessageId, PopReceipt, QueueClient, QueueError};
+
+/// The storage service version every request asks for (`x-ms-version`): the SDK's own
+/// default, which Azurite supports from 3.37.0.
+pub const API_VERSION: &str = "2026-04-06";
+
+/// How long one storage call may take before it counts as a transient failure.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long an idle connection stays in the pool: under the 5 s keep-alive of Node's HTTP
+/// server (Azurite), so a poll after a pause never picks a connection the server is closing
+/// (which fails the call). Real Azure keeps idle connections longer; raise it there.
+pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// How long connecting may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+const POP_RECEIPT: HeaderName = HeaderName::from_static("x-ms-popreceipt");
+
+/// Options of an Azure queue.
+#[derive(Debug, Clone)]
+pub struct AzureOptions {
+    /// How bodies are written as message text.
+    pub encoding: Encoding,
+    /// Longest a storage call may take (connect, send, read the answer) before it fails
+    /// as transient.
+    pub request_timeout: Duration,
+    /// How long an idle connection is kept for reuse.
+    pub pool_idle_timeout: Duration,
+}
+
+impl Default for AzureOptions {
+    fn default() -> Self {
+        AzureOptions { encoding: Encoding::default(), request_timeout: DEFAULT_REQUEST_TIMEOUT, pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT }
+    }
+}
+
+/// One queue of an Azure Storage account.
+pub struct AzureQueue {
+    name: String,
+    account: String,
+    client: SdkQueueClient,
+    options: AzureOptions,
+    /// The SAS, to scrub from transport errors (which quote the URL).
+    sas: Option<String>,
+}
+
+impl std::fmt::Debug for AzureQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AzureQueue").field("name", &self.name).field("account", &self.account).field("options", &self.options).finish()
+    }
+}
+
+/// Which call failed, for classifying its error.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Create,
+    Put,
+    Get,
+    Delete,
+    Update,
+    Count,
+}
+
+impl Call {
+    fn verb(self) -> &'static str {
+        match self {
+            Call::Create => "create",
+            Call::Put => "put",
+            Call::Get => "get",
+            Call::Delete => "delete",
+            Call::Update => "update visibility",
+            Call::Count => "read the message count",
+        }
+    }
+}
+
+impl AzureQueue {
+    /// A handle on queue `name` of `account` (create it with
+    /// [`QueueClient::create_if_missing`]). Fails if the name is not a valid queue name.
+    pub fn new(account: &AzureAccount, name: &str, options: AzureOptions) -> anyhow::Result<Self> {
+        check_queue_name(name)?;
+        let http = azure_reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT.min(options.request_timeout))
+            .timeout(options.request_timeout)
+            .pool_idle_timeout(options.pool_idle_timeout)
+            .redirect(azure_reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| anyhow!("queue {name} on account {}: cannot build the HTTP client: {e}", account.name()))?;
+        let mut client_options =
+            ClientOptions { retry: RetryOptions::none(), transport: Some(Transport::new(Arc::new(http))), ..ClientOptions::default() };
+        let mut sas = None;
+        match account.credential() {
+            Credential::SharedKey(key) => client_options.per_try_policies.push(Arc::new(auth::SharedKeyPolicy::new(account.name(), key.clone()))),
+            Credential::Sas(token) => sas = Some(token.secret().to_string()),
+        }
+        let sdk_options = QueueClientOptions { client_options, version: API_VERSION.to_string() };
+        let client = SdkQueueClient::new(account.queue_url(name)?, None, Some(sdk_options))
+            .map_err(|e| anyhow!("queue {name} on account {}: {e}", account.name()))?;
+        Ok(AzureQueue { name: name.to_string(), account: account.name().to_string(), client, options, sas })
+    }
+
+    /// The storage account's name.
+    pub fn account(&self) -> &str {
+        &self.account
+    }
+
+    /// Runs one storage call under the request timeout and classifies its failure.
+    async fn call<T>(&self, call: Call, id: Option<&MessageId>, work: impl Future<Output = azure_core::Result<T>>) -> Result<T, QueueError> {
+        match tokio::time::timeout(self.options.request_timeout, work).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(self.classify(call, id, &error)),
+            Err(_) => Err(QueueError::Transient(anyhow!(
+                "queue {} on account {}: {}: no answer within {:?}",
+                self.name,
+                self.account,
+                call.verb(),
+                self.options.request_timeout
+            ))),
+        }
+    }
+
+    fn classify(&self, call: Call, id: Option<&MessageId>, error: &azure_core::Error) -> QueueError {
+        let context = format!("queue {} on account {}: {}", self.name, self.account, call.verb());
+        let ErrorKind::HttpResponse { status, error_code, .. } = error.kind() else {
+            let transient = matches!(error.kind(), ErrorKind::Io | ErrorKind::Connection);
+            let mut text = error.to_string();
+            let mut source = std::error::Error::source(error);
+            while let Some(cause) = source {
+                text.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            let text = self.scrub(&text);
+            let error = anyhow!("{context}: {text}");
+            return if transient { QueueError::Transient(error) } else { QueueError::Fatal(error) };
+        };
+        let code = error_code.as_deref().unwrap_or("no error code");
+        let status_number = u16::from(*status);
+        let described = anyhow!("{context}: {code} ({status_number})");
+        match (*status, code) {
+            (StatusCode::NotFound, "MessageNotFound") | (StatusCode::BadRequest, "PopReceiptMismatch")
+                if matches!(call, Call::Delete | Call::Update) =>
+            {
+                QueueError::StaleReceipt { id: id.cloned().unwrap_or_else(|| MessageId::from("")) }
+            }
+            (StatusCode::PayloadTooLarge, _) | (_, "RequestBodyTooLarge") => {
+                let limit = self.options.encoding.max_body_bytes();
+                QueueError::MessageTooLarge { size: limit + 1, limit }
+            }
+            (StatusCode::RequestTimeout | StatusCode::TooManyRequests, _)
+            | (StatusCode::InternalServerError | StatusCode::BadGateway | StatusCode::ServiceUnavailable | StatusCode::GatewayTimeout, _) => {
+                QueueError::Transient(described)
+            }
+            (StatusCode::Forbidden, "AuthenticationFailed") => {
+                let what = if self.sas.is_some() { "the shared access signature" } else { "the account key" };
+                QueueError::Fatal(anyhow!("queue {} on account {}: AuthenticationFailed (403): check {what}", self.name, self.account))
+            }
+            (StatusCode::NotFound, "QueueNotFound") => QueueError::Fatal(anyhow!(
+                "queue {} on account {}: QueueNotFound (404): the queue does not exist (create it first)",
+                self.name,
+                self.account
+            )),
+            _ => QueueError::Fatal(described),
+        }
+    }
+
+    /// `text` with the SAS signature, if any, replaced.
+    fn scrub(&self, text: &str) -> String {
+        match &self.sas {
+            Some(sas) if !sas.is_empty() => text.replace(sas.as_str(), "<sas redacted>"),
+            _ => text.to_string(),
+        }
+    }
+}
+
+/// Azure's rules for queue names: 3–63 characters, lowercase letters, digits and single
+/// hyphens, starting and ending with a letter or digit.
+fn check_queue_name(name: &str) -> anyhow::Result<()> {
+    let valid = (3..=63).contains(&name.len())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && !name.contains("--");
+    if valid {
+        Ok(())
+    } else {
+        Err(anyhow!(
+            "{name:?} is not a valid Azure queue name: 3 to 63 lowercase letters, digits and single hyphens, starting and ending with a letter or digit"
+        ))
+    }
+}
+
+/// Whole seconds for the service, rounded up, at most 7 days.
+fn seconds_up(duration: Duration) -> i32 {
+    let capped = duration.min(MAX_VISIBILITY);
+    let seconds = capped.as_secs() + u64::from(capped.subsec_nanos() > 0);
+    seconds.min(MAX_VISIBILITY.as_secs()) as i32
+}
+
+fn system_time(time: Option<azure_core::time::OffsetDateTime>) -> SystemTime {
+    time.map_or(SystemTime::UNIX_EPOCH, SystemTime::from)
+}
+
+#[async_trait]
+impl QueueClient for AzureQueue {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn create_if_missing(&self) -> Result<(), QueueError> {
+        match self.call(Call::Create, None, self.client.create(None)).await {
+            Ok(_) => Ok(()),
+            // It exists with other metadata: still a queue we can use.
+            Err(QueueError::Fatal(error)) if error.to_string().contains("QueueAlreadyExists") => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<MessageId, QueueError> {
+        let text = self.options.encoding.encode(body)?;
+        let content = QueueMessage { message_text: Some(text) }
+            .try_into()
+            .map_err(|e: azure_core::Error| QueueError::Fatal(anyhow!("queue {}: cannot write the message as XML: {e}", self.name)))?;
+        let options = QueueClientSendMessageOptions {
+            visibility_timeout: (!initial_visibility.is_zero()).then(|| seconds_up(initial_visibility)),
+            message_time_to_live: Some(-1),
+            ..Default::default()
+        };
+        let sent = match self.call(Call::Put, None, self.client.send_message(content, Some(options))).await {
+            Err(QueueError::MessageTooLarge { .. }) => {
+                return Err(QueueError::MessageTooLarge { size: body.len(), limit: self.options.encoding.max_body_bytes() });
+            }
+            other => other?,
+        };
+        let sent = sent.into_model().and_then(|list| list.into_message()).map_err(|e| self.classify(Call::Put, None, &e))?;
+        sent.message_id
+            .map(MessageId::from)
+            .ok_or_else(|| QueueError::Fatal(anyhow!("queue {} on account {}: put: the answer has no message id", self.name, self.account)))
+    }
+
+    async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
+        if max == 0 || max > MAX_BATCH {
+            return Err(QueueError::BadBatchSize(max));
+        }
+        let options = QueueClientReceiveMessagesOptions {
+            number_of_messages: Some(max as i32),
+            visibility_timeout: Some(seconds_up(visibility).max(1)),
+            ..Default::default()
+        };
+        let received = self.call(Call::Get, None, self.client.receive_messages(Some(options))).await?;
+        let received = received.into_model().map_err(|e| self.classify(Call::Get, None, &e))?;
+        let mut messages = Vec::new();
+        for item in received.items.unwrap_or_default() {
+            let (Some(id), Some(pop_receipt)) = (item.message_id, item.pop_receipt) else {
+                return Err(QueueError::Fatal(anyhow!(
+                    "queue {} on account {}: get: a message came without its id or pop receipt",
+                    self.name,
+                    self.account
+                )));
+            };
+            let (body, defect) = self.options.encoding.decode(item.message_text.unwrap_or_default());
+            messages.push(Message {
+                id: id.into(),
+                pop_receipt: pop_receipt.into(),
+                dequeue_count: item.dequeue_count.unwrap_or(1).clamp(0, i64::from(u32::MAX)) as u32,
+                inserted_at: system_time(item.insertion_time),
+                next_visible_at: system_time(item.time_next_visible),
+                body,
+                defect,
+            });
+        }
+        Ok(messages)
+    }
+
+    async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError> {
+        self.call(Call::Delete, Some(id), self.client.delete_message(id, pop_receipt, None)).await?;
+        Ok(())
+    }
+
+    async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
+        let seconds = seconds_up(visibility);
+        let response = self.call(Call::Update, Some(id), self.client.update_message(id, pop_receipt, seconds, None)).await?;
+        match response.headers().get_optional_str(&POP_RECEIPT) {
+            Some(receipt) => Ok(PopReceipt::from(receipt)),
+            None => Err(QueueError::Fatal(anyhow!(
+                "queue {} on account {}: update visibility: the answer has no x-ms-popreceipt header",
+                self.name,
+                self.account
+            ))),
+        }
+    }
+
+    async fn approximate_count(&self) -> Result<u64, QueueError> {
+        let response = self.call(Call::Count, None, self.client.get_properties(None)).await?;
+        match response.approximate_messages_count() {
+            Ok(Some(count)) => Ok(count.max(0) as u64),
+            Ok(None) => Err(QueueError::Fatal(anyhow!(
+                "queue {} on account {}: the answer has no x-ms-approximate-messages-count header",
+                self.name,
+                self.account
+            ))),
+            Err(error) => Err(self.classify(Call::Count, None, &error)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_round_up_to_whole_seconds_and_saturate_at_seven_days() {
+        assert_eq!(seconds_up(Duration::ZERO), 0);
+        assert_eq!(seconds_up(Duration::from_millis(1)), 1);
+        assert_eq!(seconds_up(Duration::from_millis(1500)), 2);
+        assert_eq!(seconds_up(Duration::from_secs(30)), 30);
+        assert_eq!(seconds_up(MAX_VISIBILITY), 604_800);
+        assert_eq!(seconds_up(Duration::MAX), 604_800);
+    }
+
+    #[test]
+    fn queue_names_follow_azure_rules() {
+        for good in ["orders", "a-1", "abc", &"a".repeat(63)] {
+            assert!(check_queue_name(good).is_ok(), "{good}");
+        }
+        for bad in ["ab", "Orders", "-ab", "ab-", "a--b", "a_b", &"a".repeat(64)] {
+            let error = check_queue_name(bad).unwrap_err().to_string();
+            assert!(error.contains("not a valid Azure queue name"), "{bad}: {error}");
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! The Azure Storage Queues backend against a real Azurite (started by the tests): the
+//! conformance suite, and what only Azure has: auth errors, encodings, the limit on
+//! encoded size, fail-fast without the SDK's retries.
+//!
+//! The suite's `pass` sleeps for real (Azurite runs on the wall clock), so the cases that
+//! let 20 s or 60 s pass take that long; they run in parallel.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use async_trait::async_trait;
+use ebb::queue::azure::{AzureAccount, AzureOptions, AzureQueue, DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY, Encoding};
+use ebb::queue::{QueueClient, QueueError, RetryPolicy, Retrying};
+use ebb_tests::azurite::{Azurite, free_port, unique_queue_name};
+use ebb_tests::conformance::Backend;
+
+struct Azure {
+    account: AzureAccount,
+}
+
+#[async_trait]
+impl Backend for Azure {
+    async fn queue(&self, name: &str) -> Arc<dyn QueueClient> {
+        let queue = AzureQueue::new(&self.account, &unique_queue_name(name), AzureOptions::default()).unwrap();
+        queue.create_if_missing().await.unwrap();
+        Arc::new(queue)
+    }
+
+    async fn pass(&self, duration: Duration) {
+        tokio::time::sleep(duration).await;
+    }
+
+    fn max_message_bytes(&self) -> usize {
+        Encoding::Base64.max_body_bytes()
+    }
+}
+
+async fn azure() -> Azure {
+    Azure { account: Azurite::shared().account() }
+}
+
+mod conformance {
+    ebb_tests::queue_conformance!(#[tokio::test]; super::azure);
+}
+
+async fn queue_with(stem: &str, encoding: Encoding) -> AzureQueue {
+    let options = AzureOptions { encoding, ..AzureOptions::default() };
+    let queue = AzureQueue::new(&Azurite::shared().account(), &unique_queue_name(stem), options).unwrap();
+    queue.create_if_missing().await.unwrap();
+    queue
+}
+
+/// Another client on the same Azure queue, with another encoding.
+fn same_queue(queue: &AzureQueue, encoding: Encoding) -> AzureQueue {
+    AzureQueue::new(&Azurite::shared().account(), queue.name(), AzureOptions { encoding, ..AzureOptions::default() }).unwrap()
+}
+
+#[tokio::test]
+async fn a_receipt_from_before_a_re_lease_is_the_typed_stale_receipt_error() {
+    let queue = queue_with("stale", Encoding::Base64).await;
+    queue.put(b"m", Duration::ZERO).await.unwrap();
+    let first = queue.get(1, Duration::from_secs(1)).await.unwrap().remove(0);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let second = queue.get(1, Duration::from_secs(30)).await.unwrap().remove(0);
+    assert_eq!((second.id.as_str(), second.dequeue_count), (first.id.as_str(), 2));
+    for error in [
+        queue.delete(&first.id, &first.pop_receipt).await.unwrap_err(),
+        queue.update_visibility(&first.id, &first.pop_receipt, Duration::from_secs(5)).await.unwrap_err(),
+    ] {
+        assert!(matches!(&error, QueueError::StaleReceipt { id } if *id == first.id), "{error:?}");
+    }
+    queue.delete(&second.id, &second.pop_receipt).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_wrong_account_key_is_one_fatal_error_naming_the_account_and_authentication_failed() {
+    let wrong_key = "d3Jvbmcta2V5LXdyb25nLWtleS13cm9uZy1rZXktd3Jvbmcta2V5LXdyb25nLWtleQ==";
+    assert_ne!(wrong_key, DEVELOPMENT_KEY);
+    let account = AzureAccount::with_key(DEVELOPMENT_ACCOUNT, wrong_key, Some(&Azurite::shared().endpoint())).unwrap();
+    let queue = AzureQueue::new(&account, &unique_queue_name("orders"), AzureOptions::default()).unwrap();
+    // Through the retry decorator: a fatal error is not retried.
+    let policy = RetryPolicy { max_attempts: 5, base_delay: Duration::from_millis(10), max_delay: Duration::from_millis(50) };
+    let retrying = Retrying::new(queue, policy);
+    let error = retrying.create_if_missing().await.unwrap_err();
+    assert!(matches!(error, QueueError::Fatal(_)), "{error:?}");
+    assert_eq!(retrying.retries(), 0, "authentication is not retried");
+    let text = format!("{error:#} {error:?}");
+    assert!(text.contains(DEVELOPMENT_ACCOUNT) && text.contains("AuthenticationFailed") && text.contains("check the account key"), "{text}");
+    assert!(!text.contains(wrong_key) && !text.contains(&wrong_key[..20]), "the key leaked: {text}");
+    for error in [retrying.put(b"m", Duration::ZERO).await.unwrap_err(), retrying.get(1, Duration::from_secs(1)).await.unwrap_err()] {
+        assert!(format!("{error:#}").contains("AuthenticationFailed (403)"), "{error:#}");
+    }
+}
+
+#[tokio::test]
+async fn binary_bodies_round_trip_as_base64() {
+    let queue = queue_with("binary", Encoding::Base64).await;
+    let body: Vec<u8> = (0..=255u8).rev().chain(0..=255).collect();
+    queue.put(&body, Duration::ZERO).await.unwrap();
+    let got = queue.get(1, Duration::from_secs(30)).await.unwrap().remove(0);
+    assert_eq!((got.body, got.defect), (body, None));
+}
+
+#[tokio::test]
+async fn markup_round_trips_as_plain_text_with_no_encoding() {
+    let queue = queue_with("plain", Encoding::None).await;
+    for text in ["<a & b>", "<?xml version=\"1.0\"?><x a='1'>&amp;</x>", "naïve – ünïcödé ✓"] {
+        queue.put(text.as_bytes(), Duration::ZERO).await.unwrap();
+        let got = queue.get(1, Duration::from_secs(30)).await.unwrap().remove(0);
+        assert_eq!((String::from_utf8(got.body).unwrap().as_str(), got.defect), (text, None));
+        queue.delete(&got.id, &got.pop_receipt).await.unwrap();
+    }
+    let error = queue.put(&[0xff, 0x00, 0xfe], Duration::ZERO).await.unwrap_err();
+    assert!(matches!(&error, QueueError::Fatal(e) if e.to_string().contains("not valid UTF-8")), "{error:?}");
+}
+
+#[tokio::test]
+async fn text_that_is_not_base64_comes_back_with_a_defect_not_dropped() {
+    let writer = queue_with("foreign", Encoding::None).await;
+    writer.put(b"plain text, not base64!", Duration::ZERO).await.unwrap();
+    let reader = same_queue(&writer, Encoding::Base64);
+    let got = reader.get(32, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(got.len(), 1, "delivered, not dropped");
+    let defect = got[0].defect.as_deref().unwrap_or_default();
+    assert!(defect.starts_with("undecodable: "), "{defect:?}");
+    assert_eq!(got[0].body, b"plain text, not base64!", "the raw text is kept for the poison queue");
+}
+
+#[tokio::test]
+async fn leases_map_dequeue_count_insertion_and_next_visible_times() {
+    let queue = queue_with("times", Encoding::Base64).await;
+    let before = SystemTime::now() - Duration::from_secs(2);
+    queue.put(b"m", Duration::ZERO).await.unwrap();
+    let got = queue.get(1, Duration::from_millis(20_500)).await.unwrap().remove(0);
+    let after = SystemTime::now() + Duration::from_secs(2);
+    assert_eq!(got.dequeue_count, 1);
+    assert!(got.inserted_at >= before && got.inserted_at <= after, "{:?}", got.inserted_at);
+    let lease = got.next_visible_at.duration_since(got.inserted_at).unwrap();
+    assert!(lease >= Duration::from_secs(20) && lease <= Duration::from_secs(24), "rounded up to 21 s: {lease:?}");
+    assert_eq!(queue.approximate_count().await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn with_nothing_listening_a_get_fails_fast_as_transient() {
+    let endpoint = format!("http://127.0.0.1:{}/{DEVELOPMENT_ACCOUNT}", free_port());
+    let account = AzureAccount::with_key(DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY, Some(&endpoint)).unwrap();
+    let queue = AzureQueue::new(&account, "orders", AzureOptions::default()).unwrap();
+    let started = Instant::now();
+    let error = queue.get(32, Duration::from_secs(30)).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(error.is_transient(), "{error:?}");
+    assert!(took < Duration::from_secs(5), "the SDK retried: {took:?}");
+    let text = format!("{error:#}");
+    assert!(text.contains("orders") && text.contains(DEVELOPMENT_ACCOUNT), "{text}");
+}
+
+#[tokio::test]
+async fn the_64_kib_limit_applies_to_the_encoded_text() {
+    for (encoding, limit) in [(Encoding::Base64, 49_152), (Encoding::None, 65_536)] {
+        let queue = queue_with("limit", encoding).await;
+        assert_eq!(encoding.max_body_bytes(), limit);
+        queue.put(&vec![b'x'; limit], Duration::ZERO).await.unwrap_or_else(|e| panic!("{encoding:?}: Azurite refused {limit} bytes: {e:#}"));
+        match queue.put(&vec![b'x'; limit + 1], Duration::ZERO).await {
+            Err(QueueError::MessageTooLarge { size, limit: l }) => assert_eq!((size, l), (limit + 1, limit)),
+            other => panic!("{encoding:?}: expected MessageTooLarge, got {other:?}"),
+        }
+        let got = queue.get(32, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].body.len(), limit);
+    }
+}
+
+#[tokio::test]
+async fn a_missing_queue_is_a_fatal_error_naming_it() {
+    let queue = AzureQueue::new(&Azurite::shared().account(), &unique_queue_name("never-created"), AzureOptions::default()).unwrap();
+    let error = queue.get(1, Duration::from_secs(1)).await.unwrap_err();
+    let text = format!("{error:#}");
+    assert!(matches!(error, QueueError::Fatal(_)) && text.contains("QueueNotFound") && text.contains(queue.name()), "{text}");
+    queue.create_if_missing().await.unwrap();
+    queue.create_if_missing().await.unwrap();
+    assert!(queue.get(1, Duration::from_secs(1)).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn use_development_storage_reaches_azurite_with_the_well_known_key() {
+    let azurite = Azurite::shared();
+    let account =
+        AzureAccount::from_connection_string(&format!("UseDevelopmentStorage=true;QueueEndpoint={}", azurite.endpoint())).unwrap();
+    let queue = AzureQueue::new(&account, &unique_queue_name("dev"), AzureOptions::default()).unwrap();
+    queue.create_if_missing().await.unwrap();
+    let id = queue.put(b"hi", Duration::ZERO).await.unwrap();
+    let got = queue.get(1, Duration::from_secs(30)).await.unwrap().remove(0);
+    assert_eq!(got.id, id);
+    let renewed = queue.update_visibility(&got.id, &got.pop_receipt, Duration::from_millis(200)).await.unwrap();
+    queue.delete(&got.id, &renewed).await.unwrap();
+    assert_eq!(queue.approximate_count().await.unwrap(), 0);
+}

@@ -1,0 +1,130 @@
+//! Azurite, the Azure Storage emulator, for the Azure queue tests: the queue service on a
+//! free port with in-memory storage. `tests/build.rs` installs the pinned version.
+//!
+//! Without Node.js the tests fail (they never skip) with a message saying what is missing.
+
+use std::io::{Read, Seek};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use ebb::queue::azure::{AzureAccount, DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY};
+
+include!(concat!(env!("OUT_DIR"), "/azurite.rs"));
+
+/// How long Azurite may take to answer on its port.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A running Azurite queue service; stopped on drop, and when the test process exits
+/// (however it exits: the process holds the write end of a pipe that Azurite's guard reads).
+pub struct Azurite {
+    port: u16,
+    child: Child,
+    guard: Option<ChildStdin>,
+}
+
+impl Azurite {
+    /// Starts Azurite on a free port and waits until it answers. Panics, saying why, if it
+    /// cannot (no Node.js, or it exits).
+    pub fn start() -> Azurite {
+        let port = free_port();
+        // Its output goes to a file (a pipe nobody reads could fill and stall it).
+        let log = tempfile::tempfile().expect("a temporary file for Azurite's output");
+        // `sh` starts Azurite in the background and waits on its stdin; when this process
+        // closes the pipe (on drop, or by exiting, even killed), it stops Azurite.
+        let guard = r#""$@" & azurite=$!; read _; kill $azurite 2>/dev/null; wait $azurite"#;
+        let mut child = Command::new("sh")
+            .args(["-c", guard, "azurite-guard", AZURITE_QUEUE])
+            .args(["--queueHost", "127.0.0.1", "--queuePort", &port.to_string(), "--inMemoryPersistence", "--disableTelemetry", "--silent"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(log.try_clone().expect("a second handle on the log file"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("failed to start {AZURITE_QUEUE} under sh: {e}"));
+        let guard = child.stdin.take();
+        let address = SocketAddr::from(([127, 0, 0, 1], port));
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_ok() {
+                return Azurite { port, child, guard };
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                let mut stderr = String::new();
+                let mut log = log;
+                let _ = log.rewind();
+                let _ = log.read_to_string(&mut stderr);
+                panic!(
+                    "Azurite ({AZURITE_QUEUE}) exited ({status}) before answering on port {port}; it needs Node.js 20+ on PATH. Its output:\n{stderr}"
+                );
+            }
+            assert!(Instant::now() < deadline, "Azurite did not answer on port {port} within {START_TIMEOUT:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// One Azurite for the whole test process, started on first use. Give each test its
+    /// own queue ([`unique_queue_name`]).
+    pub fn shared() -> &'static Azurite {
+        static SHARED: OnceLock<Azurite> = OnceLock::new();
+        SHARED.get_or_init(Azurite::start)
+    }
+
+    /// The port the queue service listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The queue endpoint (path style: `http://127.0.0.1:<port>/devstoreaccount1`).
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}/{DEVELOPMENT_ACCOUNT}", self.port)
+    }
+
+    /// A connection string for the development account on this Azurite.
+    pub fn connection_string(&self) -> String {
+        format!("DefaultEndpointsProtocol=http;AccountName={DEVELOPMENT_ACCOUNT};AccountKey={DEVELOPMENT_KEY};QueueEndpoint={}", self.endpoint())
+    }
+
+    /// The development account on this Azurite.
+    pub fn account(&self) -> AzureAccount {
+        AzureAccount::from_connection_string(&self.connection_string()).expect("the development connection string parses")
+    }
+}
+
+impl Drop for Azurite {
+    fn drop(&mut self) {
+        self.guard.take(); // EOF: the guard stops Azurite
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A port nobody listens on now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free local port")
+}
+
+/// A valid Azure queue name, unique in this process and across processes: `<stem>-<pid>-<n>`
+/// with the stem reduced to lowercase letters, digits and single hyphens.
+pub fn unique_queue_name(stem: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let mut clean = String::new();
+    for c in stem.chars().map(|c| c.to_ascii_lowercase()) {
+        let c = if c.is_ascii_lowercase() || c.is_ascii_digit() { c } else { '-' };
+        if !(c == '-' && (clean.is_empty() || clean.ends_with('-'))) {
+            clean.push(c);
+        }
+    }
+    clean.truncate(40);
+    let clean = clean.trim_end_matches('-');
+    let clean = if clean.is_empty() { "q" } else { clean };
+    format!("{clean}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}

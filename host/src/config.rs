@@ -14,6 +14,7 @@ use serde::Deserialize;
 use crate::http::ApiLimits;
 use crate::listener::QueueSettings;
 use crate::queue::{MAX_BATCH, MAX_VISIBILITY};
+use crate::queue::azure::{AzureAccount, Encoding};
 use crate::queue::partitioned::{MAX_PARTITIONS, partition_name};
 use crate::rules::{QueueRuleConfig, RuleLimits};
 
@@ -43,9 +44,109 @@ pub struct ConfigFile {
     /// Limits every rule runs under.
     #[serde(default)]
     pub rule_limits: RuleLimitsFile,
+    /// The Azure Storage account of queues with `backend = "azure"` (a queue may name its own).
+    pub azure: Option<AzureFile>,
     /// The queues to listen to, by name.
     #[serde(default)]
     pub queues: BTreeMap<String, QueueFile>,
+}
+
+/// `[azure]` or `[queues.<name>.azure]`: one way to reach the account, and the encoding.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AzureFile {
+    /// A connection string (`AccountName=…;AccountKey=…;…`, `UseDevelopmentStorage=true`, or
+    /// with `SharedAccessSignature=…`).
+    pub connection_string: Option<String>,
+    /// The environment variable holding the connection string (keeps the secret out of the file).
+    pub connection_string_env: Option<String>,
+    /// The account name (with `key` or `key_env`).
+    pub account: Option<String>,
+    /// The account key.
+    pub key: Option<String>,
+    /// The environment variable holding the account key.
+    pub key_env: Option<String>,
+    /// The queue endpoint, e.g. `https://myaccount.queue.core.windows.net` (default from the account name).
+    pub endpoint: Option<String>,
+    /// How bodies are written as message text: `base64` (default: Azure Functions' and the
+    /// SDKs' convention) or `none` (UTF-8 text).
+    pub message_encoding: Option<MessageEncoding>,
+}
+
+/// `message_encoding`.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum MessageEncoding {
+    /// Base64 of the bytes.
+    Base64,
+    /// The bytes as UTF-8 text.
+    None,
+}
+
+/// Where a queue's messages live.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// The embedded store in `data_dir`.
+    #[default]
+    Embedded,
+    /// An Azure Storage account.
+    Azure,
+}
+
+/// A validated backend.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// The embedded store in `data_dir`.
+    Embedded,
+    /// An Azure Storage account; the `Debug` form of the account hides its secret.
+    Azure {
+        /// The account and its credential.
+        account: AzureAccount,
+        /// How bodies are written.
+        encoding: Encoding,
+    },
+}
+
+impl AzureFile {
+    /// The account these keys name, or the key and the reason they do not.
+    fn account(&self, key: &str) -> Result<(AzureAccount, Encoding)> {
+        let env = |var_key: &str, var: &str| -> Result<String> {
+            std::env::var(var).map_err(|_| anyhow::anyhow!("{key}.{var_key}: the environment variable {var} is not set"))
+        };
+        let sources = [self.connection_string.is_some(), self.connection_string_env.is_some(), self.account.is_some()];
+        let account = match sources {
+            [true, false, false] => AzureAccount::from_connection_string(self.connection_string.as_deref().unwrap_or_default())
+                .with_context(|| format!("{key}.connection_string"))?,
+            [false, true, false] => {
+                let var = self.connection_string_env.as_deref().unwrap_or_default();
+                AzureAccount::from_connection_string(&env("connection_string_env", var)?)
+                    .with_context(|| format!("{key}.connection_string_env: the connection string in {var}"))?
+            }
+            [false, false, true] => {
+                let name = self.account.as_deref().unwrap_or_default();
+                let secret = match (&self.key, &self.key_env) {
+                    (Some(secret), None) => secret.clone(),
+                    (None, Some(var)) => env("key_env", var)?,
+                    _ => bail!("{key}.account: give the account key as exactly one of key or key_env"),
+                };
+                AzureAccount::with_key(name, &secret, self.endpoint.as_deref()).with_context(|| format!("{key}.account"))?
+            }
+            [false, false, false] => bail!("{key}: give one of connection_string, connection_string_env, or account with key or key_env"),
+            _ => bail!("{key}: give only one of connection_string, connection_string_env, or account"),
+        };
+        if (self.key.is_some() || self.key_env.is_some()) && self.account.is_none() {
+            bail!("{key}.key: goes with account, not with a connection string");
+        }
+        if self.endpoint.is_some() && self.account.is_none() {
+            bail!("{key}.endpoint: goes with account (a connection string carries its own QueueEndpoint)");
+        }
+        let encoding = match self.message_encoding.unwrap_or(MessageEncoding::Base64) {
+            MessageEncoding::Base64 => Encoding::Base64,
+            MessageEncoding::None => Encoding::None,
+        };
+        Ok((account, encoding))
+    }
 }
 
 /// `[api]`.
@@ -163,6 +264,11 @@ pub struct QueueFile {
     pub rule_params: BTreeMap<String, String>,
     /// Where messages go.
     pub handler: HandlerFile,
+    /// Where the queue lives: `embedded` (default) or `azure`.
+    #[serde(default)]
+    pub backend: BackendKind,
+    /// This queue's own Azure account (default: the host-wide `[azure]`).
+    pub azure: Option<AzureFile>,
 }
 
 /// `[queues.<name>.handler]`.
@@ -358,6 +464,8 @@ pub struct QueueConfig {
     pub handler_timeout: Duration,
     /// Partition queues (1: the queue is not partitioned).
     pub partitions: u32,
+    /// Where its messages live.
+    pub backend: Backend,
 }
 
 impl QueueConfig {
@@ -439,7 +547,7 @@ impl ConfigFile {
         check_folder("rules_dir", &rules_dir)?;
         let mut queues = Vec::new();
         for (name, queue) in self.queues {
-            queues.push(queue.validate(&name, &rules_dir).with_context(|| format!("queues.{name}"))?);
+            queues.push(queue.validate(&name, &rules_dir, self.azure.as_ref()).with_context(|| format!("queues.{name}"))?);
         }
         // Every storage queue (queues, partitions, poison queues) belongs to one configured queue.
         let mut owners: BTreeMap<String, &str> = BTreeMap::new();
@@ -507,7 +615,20 @@ fn parse_handler_url(text: &str) -> Result<reqwest::Url> {
 }
 
 impl QueueFile {
-    fn validate(self, name: &str, rules_dir: &Path) -> Result<QueueConfig> {
+    fn validate(self, name: &str, rules_dir: &Path, host_azure: Option<&AzureFile>) -> Result<QueueConfig> {
+        let backend = match (self.backend, &self.azure, host_azure) {
+            (BackendKind::Embedded, Some(_), _) => bail!("azure: set backend = \"azure\" to use it"),
+            (BackendKind::Embedded, None, _) => Backend::Embedded,
+            (BackendKind::Azure, Some(own), _) => {
+                let (account, encoding) = own.account("azure")?;
+                Backend::Azure { account, encoding }
+            }
+            (BackendKind::Azure, None, Some(host)) => {
+                let (account, encoding) = host.account("[azure]")?;
+                Backend::Azure { account, encoding }
+            }
+            (BackendKind::Azure, None, None) => bail!("backend: \"azure\" needs an [azure] section, or [queues.{name}.azure]"),
+        };
         check_queue_name(name)?;
         if !(1..=MAX_BATCH).contains(&self.batch_size) {
             bail!("batch_size: must be 1 to {MAX_BATCH}, got {}", self.batch_size);
@@ -568,6 +689,7 @@ impl QueueFile {
             handler_url,
             handler_timeout: self.handler.timeout,
             partitions: self.partitions,
+            backend,
         })
     }
 }

@@ -64,6 +64,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
             handler_url: format!("http://{app}/work").parse()?,
             handler_timeout: Duration::from_secs(30),
             partitions: 1,
+            backend: crate::config::Backend::Embedded,
         }],
     };
     let service = Service::start(&config).await?;

@@ -8,7 +8,9 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{Backend, Config};
+use crate::listener::QueueSettings;
+use crate::queue::azure::{AzureOptions, AzureQueue};
 use crate::handler::HttpHandler;
 use crate::health::Health;
 use crate::http::{Api, ApiLimits};
@@ -20,6 +22,18 @@ use crate::rules::{QueueRuleConfig, RuleEngine, RuleSet, RuleWatcher};
 
 /// Debounce of rule file events.
 const RULE_DEBOUNCE: Duration = Duration::from_millis(30);
+
+/// Queue `name` of a backend, undecorated (`store`: the open embedded store, needed only
+/// by the embedded backend).
+pub fn storage_queue(backend: &Backend, store: Option<&EmbeddedStore>, name: &str) -> Result<Arc<dyn QueueClient>> {
+    Ok(match backend {
+        Backend::Embedded => Arc::new(store.context("the embedded store is not open")?.queue(name)),
+        Backend::Azure { account, encoding } => {
+            let options = AzureOptions { encoding: *encoding, ..AzureOptions::default() };
+            Arc::new(AzureQueue::new(account, name, options).with_context(|| format!("queue {name} on Azure account {}", account.name()))?)
+        }
+    })
+}
 
 /// A started host.
 pub struct Service {
@@ -56,19 +70,20 @@ impl Service {
         let mut listeners: BTreeMap<String, Vec<Listener>> = BTreeMap::new();
         let mut queues: BTreeMap<String, Arc<dyn QueueClient>> = BTreeMap::new();
         for queue_config in &config.queues {
-            let poison: Arc<dyn QueueClient> = Arc::new(Retrying::new(store.queue(&queue_config.poison_queue()), RetryPolicy::default()));
+            let poison: Arc<dyn QueueClient> =
+                Arc::new(Retrying::new(storage_queue(&queue_config.backend, Some(&store), &queue_config.poison_queue())?, RetryPolicy::default()));
             poison.create_if_missing().await.with_context(|| format!("failed to create queue {}", queue_config.poison_queue()))?;
             let handler = Arc::new(HttpHandler::new(queue_config.handler_url.clone(), queue_config.handler_timeout)?);
             let mut partitions = Vec::new();
             for name in queue_config.storage_queues() {
-                let metered = Metered::new(store.queue(&name));
+                let metered = Metered::new(storage_queue(&queue_config.backend, Some(&store), &name)?);
                 let transactions = metered.transactions();
                 let queue: Arc<dyn QueueClient> = Arc::new(Retrying::new(metered, RetryPolicy::default()));
                 queue.create_if_missing().await.with_context(|| format!("failed to create queue {name}"))?;
                 let queue_rules = rules.queue(&name).with_context(|| format!("queue {name} has no rule slot"))?;
                 let listener = Listener::builder(queue.clone(), poison.clone(), handler.clone())
                     .rules(queue_rules)
-                    .settings(queue_config.settings.clone())
+                    .settings(QueueSettings { poison_envelope: matches!(queue_config.backend, Backend::Embedded), ..queue_config.settings.clone() })
                     .transactions(transactions)
                     .build();
                 listener.start();

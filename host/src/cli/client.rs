@@ -3,14 +3,13 @@
 
 use std::io::Read as _;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use futures::StreamExt as _;
 use serde_json::Value;
 
-use crate::config::Config;
+use crate::config::{Backend, Config};
 use crate::queue::QueueClient;
 use crate::queue::partitioned::Partitioned;
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
@@ -49,16 +48,28 @@ pub async fn send(config_path: &Path, queue: &str, count: u64, body: Option<Stri
     let first = http.post(&url).body(body.clone()).send().await;
     match first {
         Err(error) if error.is_connect() => {
-            let store = EmbeddedStore::open(&config.data_dir, EmbeddedOptions { max_message_bytes: config.max_message_bytes, ..Default::default() })
-                .context("no host answers on the API, and the data directory could not be opened")?;
-            let partitions: Vec<Arc<dyn QueueClient>> =
-                queue_config.storage_queues().iter().map(|name| Arc::new(store.queue(name)) as Arc<dyn QueueClient>).collect();
+            let store = match queue_config.backend {
+                Backend::Embedded => Some(
+                    EmbeddedStore::open(&config.data_dir, EmbeddedOptions { max_message_bytes: config.max_message_bytes, ..Default::default() })
+                        .context("no host answers on the API, and the data directory could not be opened")?,
+                ),
+                Backend::Azure { .. } => None,
+            };
+            let partitions = queue_config
+                .storage_queues()
+                .iter()
+                .map(|name| crate::service::storage_queue(&queue_config.backend, store.as_ref(), name))
+                .collect::<Result<Vec<_>>>()?;
             let target = Partitioned::new(queue, partitions);
             target.create_if_missing().await?;
             let puts = futures::stream::iter(0..count).map(|_| target.put(&body, Duration::ZERO)).buffer_unordered(256);
             let results: Vec<_> = puts.collect().await;
             results.into_iter().collect::<Result<Vec<_>, _>>()?;
-            println!("sent {count} message{} to {queue} (no host running: written to {})", plural(count), config.data_dir.display());
+            let written_to = match &queue_config.backend {
+                Backend::Embedded => config.data_dir.display().to_string(),
+                Backend::Azure { account, .. } => format!("Azure account {}", account.name()),
+            };
+            println!("sent {count} message{} to {queue} (no host running: written to {written_to})", plural(count));
         }
         first => {
             check_response(first?).await?;

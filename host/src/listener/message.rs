@@ -122,13 +122,18 @@ impl Shared {
     /// the reason; when that does not fit its size limit, the body as it is (as Azure
     /// Functions moves it), and the reason stays in the log, the status and the metrics.
     async fn poison(&self, message: &IncomingMessage, receipt: &PopReceipt, reason: &str) {
-        let envelope = serde_json::to_vec(&PoisonEnvelope::new(message, reason)).expect("the envelope serialises");
-        let mut form = PoisonForm::Envelope;
-        let mut put = self.poison.put(&envelope, Duration::ZERO).await;
-        if let Err(QueueError::MessageTooLarge { .. }) = put {
-            form = PoisonForm::Body;
-            put = self.poison.put(&message.body, Duration::ZERO).await;
+        let (mut form, mut put) = (PoisonForm::Body, None);
+        if self.settings.poison_envelope {
+            let envelope = serde_json::to_vec(&PoisonEnvelope::new(message, reason)).expect("the envelope serialises");
+            match self.poison.put(&envelope, Duration::ZERO).await {
+                Err(QueueError::MessageTooLarge { .. }) => {}
+                other => (form, put) = (PoisonForm::Envelope, Some(other)),
+            }
         }
+        let put = match put {
+            Some(put) => put,
+            None => self.poison.put(&message.body, Duration::ZERO).await,
+        };
         match put {
             Ok(_) => {
                 self.counters.record_poison(&message.id, reason, form);

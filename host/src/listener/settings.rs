@@ -29,6 +29,11 @@ pub struct QueueSettings {
     pub scale_interval: Duration,
     /// Seed for the random values passed to rules (None: random). Simulations set it.
     pub random_seed: Option<u64>,
+    /// What the poison queue receives: a JSON envelope with the reason (the embedded
+    /// store's default), or the original body only (Azure: what Azure Functions does, so
+    /// tools that requeue poisoned messages work; the reason stays in the log, the status
+    /// and the metrics).
+    pub poison_envelope: bool,
 }
 
 impl Default for QueueSettings {
@@ -46,6 +51,7 @@ impl Default for QueueSettings {
             push_enabled: false,
             scale_interval: Duration::from_secs(1),
             random_seed: None,
+            poison_envelope: true,
         }
     }
 }

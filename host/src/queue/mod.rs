@@ -192,3 +192,32 @@ pub trait QueueClient: Send + Sync + 'static {
         None
     }
 }
+
+/// A shared client is a client: decorators can wrap whichever backend a queue was given.
+#[async_trait]
+impl QueueClient for std::sync::Arc<dyn QueueClient> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    async fn create_if_missing(&self) -> Result<(), QueueError> {
+        (**self).create_if_missing().await
+    }
+    async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<MessageId, QueueError> {
+        (**self).put(body, initial_visibility).await
+    }
+    async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
+        (**self).get(max, visibility).await
+    }
+    async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError> {
+        (**self).delete(id, pop_receipt).await
+    }
+    async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
+        (**self).update_visibility(id, pop_receipt, visibility).await
+    }
+    async fn approximate_count(&self) -> Result<u64, QueueError> {
+        (**self).approximate_count().await
+    }
+    fn local_count(&self) -> Option<u64> {
+        (**self).local_count()
+    }
+}

@@ -320,3 +320,46 @@ async fn status_reports_the_current_depth_not_the_last_decisions() {
     signal(&host, "-TERM");
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
 }
+
+/// Defect 1 (rules review): bytes n/4..n/2 of a compiled rule in `data/rule-cache` overwritten
+/// made every `ebb run` exit 139 (SIGSEGV) with nothing on stderr. Now the damaged file is
+/// detected by its checksum, deleted with a WARN, and the rule recompiled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_rule_cache_is_recompiled_not_a_crash() {
+    let (_app, app_addr) = App::start(Duration::ZERO).await;
+    let site = Site::new(app_addr, "30s");
+    let mut host = site.start_host().await;
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+    let cache = site.dir.path().join("ebb-data/rule-cache");
+    let files: Vec<PathBuf> = std::fs::read_dir(&cache).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "cwasm")).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    let n = bytes.len();
+    let mut rng = fastrand::Rng::with_seed(3);
+    bytes[n / 4..n / 2].iter_mut().for_each(|b| *b = rng.u8(..));
+    std::fs::write(&files[0], &bytes).unwrap();
+
+    let mut host = site.start_host().await;
+    wait_until("the rule in use", || async { site.status().await["queues"][0]["rule"]["file"] == "orders.wasm" }).await;
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+    let log = without_colours(&std::fs::read_to_string(site.dir.path().join("host.log")).unwrap());
+    let warn = log.lines().find(|l| l.contains("WARN") && l.contains("damaged")).unwrap_or_else(|| panic!("{log}"));
+    assert!(warn.contains(&files[0].display().to_string()) && warn.contains("recompiling"), "{warn}");
+    assert!(log.contains("from_cache=false"), "{log}");
+}
+
+/// `text` without its ANSI colour sequences (the host colours its log).
+fn without_colours(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            chars.by_ref().find(|c| c.is_ascii_alphabetic());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}

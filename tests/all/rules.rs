@@ -662,3 +662,52 @@ fn a_host_panic_while_calling_a_rule_is_a_fault_not_a_crash() {
     wait_for("the rebuild", || handle.decide_task_count(&state(5)).source == DecisionSource::Rule);
     assert_eq!(handle.decide_task_count(&state(5)).value, 7);
 }
+
+/// Defect 1 (hostile review of the binary): a damaged compiled-rule cache file was
+/// deserialised as is. Random bytes in its middle made `ebb run` segfault on every start;
+/// one flipped byte went unnoticed and the corrupted machine code ran (`from_cache` true).
+/// Now each cache file carries a sha256 that is checked before deserialising: a damaged
+/// file is deleted with a WARN naming it, and the rule is recompiled (and cached again).
+#[test]
+fn a_damaged_cache_file_is_detected_deleted_and_recompiled() -> Result<()> {
+    let cache = tempfile::tempdir()?;
+    let bytes = std::fs::read(guests::FIXED_TASKS)?;
+    let new_engine = || RuleEngine::new(RuleLimits::default(), Some(cache.path().into()));
+    assert!(!new_engine()?.load_bytes("rule.wasm", &bytes)?.from_cache, "first load compiles");
+    assert!(new_engine()?.load_bytes("rule.wasm", &bytes)?.from_cache, "an intact cache file is used");
+    let files = cache_files(cache.path());
+    assert_eq!(files.len(), 1, "{files:?}");
+    let file = cache.path().join(&files[0].0);
+    // The single flipped byte first: on unchecked code it is the one that does not crash.
+    let damages: [(&str, &dyn Fn(&mut Vec<u8>)); 3] = [
+        ("one flipped byte", &|b| {
+            let at = b.len() / 2;
+            b[at] ^= 0x01;
+        }),
+        ("random bytes over n/4..n/2", &|b| {
+            let mut rng = fastrand::Rng::with_seed(7);
+            let n = b.len();
+            b[n / 4..n / 2].iter_mut().for_each(|x| *x = rng.u8(..));
+        }),
+        ("truncated", &|b| b.truncate(b.len() / 3)),
+    ];
+    for (what, damage) in damages {
+        let mut stored = std::fs::read(&file)?;
+        damage(&mut stored);
+        std::fs::write(&file, &stored)?;
+        let engine = new_engine()?;
+        let mut loaded = None;
+        let log = captured_log(tracing::Level::WARN, || loaded = Some(engine.load_bytes("rule.wasm", &bytes)));
+        let rule = loaded.unwrap()?;
+        assert!(!rule.from_cache, "{what}: recompiled, not loaded from the damaged file");
+        let warns: Vec<&str> = log.lines().filter(|l| l.contains("WARN")).collect();
+        assert_eq!(warns.len(), 1, "{what}: one WARN: {log}");
+        assert!(warns[0].contains(&file.display().to_string()) && warns[0].contains("recompiling"), "{what}: {log}");
+        // The recompiled rule works, and the rewritten cache file is intact.
+        let rules = RuleSet::new(engine, [QueueRuleConfig { queue: QUEUE.into(), rule: Some(PathBuf::from(guests::FIXED_TASKS)), params: vec![] }]);
+        assert!(rules.load_all().is_empty());
+        assert_eq!(rules.decide_task_count(QUEUE, &state(5)), ebb::rules::Decision { value: 7, source: DecisionSource::Rule, clamped: false });
+        assert!(new_engine()?.load_bytes("rule.wasm", &bytes)?.from_cache, "{what}: the cache file was written again");
+    }
+    Ok(())
+}

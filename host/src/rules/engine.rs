@@ -252,28 +252,61 @@ impl RuleEngine {
             }
         }
         let cached_file = self.cache_dir.as_ref().map(|dir| dir.join(format!("{sha256}-{}.cwasm", self.engine_fingerprint())));
-        if let Some(file) = cached_file.as_ref().filter(|f| f.exists()) {
-            // SAFETY: the cache holds only artifacts this engine configuration serialised
-            // (the file name carries the engine fingerprint) keyed by the source's sha256.
-            match unsafe { Component::deserialize_file(&self.engine, file) } {
-                Ok(component) => {
-                    // The modification time orders the disk cache by last use.
-                    let _ = std::fs::File::options().append(true).open(file).and_then(|f| f.set_modified(SystemTime::now()));
-                    self.remember(sha256, &component);
-                    return Ok((component, true));
-                }
-                Err(e) => tracing::warn!(file = %file.display(), "ignoring unreadable cached rule: {e:#}"),
+        if let Some(file) = &cached_file {
+            if let Some(component) = self.load_cached(file) {
+                self.remember(sha256, &component);
+                return Ok((component, true));
             }
         }
         let component = Component::new(&self.engine, bytes).map_err(anyhow::Error::from).context("it is not a valid component")?;
         if let Some(file) = cached_file {
-            if let Err(e) = write_atomically(&file, &component.serialize().map_err(anyhow::Error::from)?) {
+            if let Err(e) = write_atomically(&file, &with_checksum(component.serialize().map_err(anyhow::Error::from)?)) {
                 tracing::warn!(file = %file.display(), "could not cache compiled rule: {e:#}");
             }
         }
         self.remember(sha256, &component);
         release_free_memory();
         Ok((component, false))
+    }
+
+    /// The component cached in `file`, if it is there and intact. Compiled code is trusted
+    /// as is by wasmtime (damaged bytes crash the process or run corrupted machine code), so
+    /// the file's checksum is verified first, on the bytes in memory that are then
+    /// deserialised: nothing can change between the check and the load. A damaged file is
+    /// deleted (the caller recompiles and writes it again).
+    fn load_cached(&self, file: &Path) -> Option<Component> {
+        let stored = match std::fs::read(file) {
+            Ok(stored) => stored,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                tracing::warn!(file = %file.display(), "cannot read a cached compiled rule ({e}); recompiling");
+                return None;
+            }
+        };
+        let Some(artifact) = verified_artifact(&stored) else {
+            tracing::warn!(file = %file.display(), "cached compiled rule is damaged (its checksum does not match); deleting it and recompiling");
+            if let Err(e) = std::fs::remove_file(file) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(file = %file.display(), "could not delete the damaged cached rule: {e}");
+                }
+            }
+            return None;
+        };
+        // SAFETY: `artifact` is exactly the bytes this engine configuration serialised (the
+        // file name carries the engine fingerprint, the sha256 trailer was just verified on
+        // these bytes in memory), keyed by the source's sha256.
+        match unsafe { Component::deserialize(&self.engine, artifact) } {
+            Ok(component) => {
+                // The modification time orders the disk cache by last use.
+                let _ = std::fs::File::options().append(true).open(file).and_then(|f| f.set_modified(SystemTime::now()));
+                Some(component)
+            }
+            Err(e) => {
+                tracing::warn!(file = %file.display(), "ignoring an unloadable cached rule ({e:#}); recompiling");
+                let _ = std::fs::remove_file(file);
+                None
+            }
+        }
     }
 
     fn remember(&self, sha256: &str, component: &Component) {
@@ -553,6 +586,26 @@ fn with_output(error: anyhow::Error, output: &CapturedOutput) -> anyhow::Error {
     }
 }
 
+/// Marks the end of a cached artifact: `artifact ‖ sha256(artifact) ‖ CACHE_TRAILER`.
+const CACHE_TRAILER: &[u8; 16] = b"ebb-cwasm-sha256";
+
+/// A serialised component with its checksum appended, as the disk cache stores it.
+fn with_checksum(mut artifact: Vec<u8>) -> Vec<u8> {
+    let digest = Sha256::digest(&artifact);
+    artifact.extend_from_slice(&digest);
+    artifact.extend_from_slice(CACHE_TRAILER);
+    artifact
+}
+
+/// The artifact inside a cache file's bytes, if its checksum matches; `None` for a damaged,
+/// truncated, or unmarked (older) file.
+fn verified_artifact(stored: &[u8]) -> Option<&[u8]> {
+    let body = stored.strip_suffix(CACHE_TRAILER.as_slice())?;
+    let split = body.len().checked_sub(32)?;
+    let (artifact, digest) = body.split_at(split);
+    (Sha256::digest(artifact).as_slice() == digest).then_some(artifact)
+}
+
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes)?;
@@ -569,5 +622,24 @@ fn release_free_memory() {
     // SAFETY: malloc_trim only releases free memory; it takes the allocator's own locks.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cache_file_is_accepted_only_with_its_checksum_intact() {
+        let stored = with_checksum(b"compiled code".to_vec());
+        assert_eq!(verified_artifact(&stored), Some(&b"compiled code"[..]));
+        for at in [0, 5, stored.len() - 20, stored.len() - 1] {
+            let mut damaged = stored.clone();
+            damaged[at] ^= 1;
+            assert_eq!(verified_artifact(&damaged), None, "byte {at} flipped");
+        }
+        assert_eq!(verified_artifact(&stored[..stored.len() - 1]), None, "truncated");
+        assert_eq!(verified_artifact(b"compiled code"), None, "no checksum (an older cache file)");
+        assert_eq!(verified_artifact(b""), None);
     }
 }

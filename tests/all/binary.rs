@@ -363,3 +363,58 @@ fn without_colours(text: &str) -> String {
     }
     out
 }
+
+/// Runs `ebb` with `args`, killing it after `limit`: `None` if it had not exited by then.
+fn ebb_within(args: &[&std::ffi::OsStr], limit: Duration) -> Option<Output> {
+    let mut child = Command::new(EBB).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+/// Defect 2 (rules review): `ebb rule check` and `ebb check` hung on a FIFO, and
+/// `ebb rule check /dev/zero` read until it held 4 GB. Each now exits 1 at once, naming the
+/// file and saying it is not a regular file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule_check_and_check_refuse_fifos_and_devices_at_once() {
+    use std::ffi::OsStr;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.wasm");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let zero_link = dir.path().join("zero.wasm");
+    std::os::unix::fs::symlink("/dev/zero", &zero_link).unwrap();
+    // The FIFO first: on code that blocks on it, the test fails by the time limit, not by memory.
+    let cases: [(&Path, &str); 3] = [
+        (&fifo, "is a FIFO (named pipe), not a regular file"),
+        (&zero_link, "is a symbolic link to /dev/zero, which is a character device, not a regular file"),
+        (Path::new("/dev/zero"), "is a character device, not a regular file"),
+    ];
+    for (path, reason) in cases {
+        for command in ["check", "eval"] {
+            let mut args = vec![OsStr::new("rule"), OsStr::new(command), path.as_os_str()];
+            if command == "eval" {
+                args.extend([OsStr::new("--task-count"), OsStr::new("{}")]);
+            }
+            let output = ebb_within(&args, Duration::from_secs(10)).unwrap_or_else(|| panic!("ebb rule {command} {} hung", path.display()));
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(1), "{stderr}");
+            assert!(stderr.contains(&path.display().to_string()) && stderr.contains(reason), "ebb rule {command}: {stderr}");
+        }
+    }
+    let (_app, app_addr) = App::start(Duration::ZERO).await;
+    let site = Site::new(app_addr, "30s");
+    let rule = site.dir.path().join("rules/orders.wasm");
+    std::fs::remove_file(&rule).unwrap();
+    assert!(Command::new("mkfifo").arg(&rule).status().unwrap().success());
+    let output = ebb_within(&[OsStr::new("check"), OsStr::new("--config"), site.config().as_os_str()], Duration::from_secs(10)).expect("ebb check hung on a FIFO");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("orders.wasm") && stderr.contains("FIFO"), "{stderr}");
+}

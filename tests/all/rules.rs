@@ -711,3 +711,51 @@ fn a_damaged_cache_file_is_detected_deleted_and_recompiled() -> Result<()> {
     }
     Ok(())
 }
+
+/// Makes a FIFO at `path` (with the `mkfifo` tool: the tests do not link libc).
+fn mkfifo(path: &Path) {
+    let status = std::process::Command::new("mkfifo").arg(path).status().expect("mkfifo runs");
+    assert!(status.success(), "mkfifo {}", path.display());
+}
+
+/// Defect 2 (rules review): the size check trusted the metadata length, 0 for FIFOs and
+/// devices. A FIFO named `rule.wasm` blocked the watcher thread forever in `open` (no later
+/// file was ever applied), and a link to `/dev/zero` was read until memory ran out (15 GB).
+/// Now anything that is not a regular file (after following links) is refused with the
+/// reason, without blocking and without reading it, and the watcher carries on.
+#[test]
+fn fifos_and_links_to_devices_are_refused_and_the_watcher_keeps_working() {
+    let w = watched(guests::PAPER_DEFAULT);
+    let last_error = || w.rules.status(QUEUE).unwrap().last_error.unwrap_or_default();
+    // FIFO first: on code that opens it blocking, this fails by timing out, not by eating memory.
+    let staged = w.dir.path().join("staged");
+    mkfifo(&staged);
+    std::fs::rename(&staged, w.rule_path()).unwrap();
+    wait_for("the FIFO to be refused", || last_error().contains("FIFO"));
+    let error = last_error();
+    assert!(error.contains(&w.rule_path().display().to_string()) && error.contains("not a regular file"), "{error}");
+    assert_eq!(w.sha(), Some(sha_of(guests::PAPER_DEFAULT)), "the old rule stays");
+    w.deploy(guests::FIXED_TASKS);
+    wait_for("a valid file written after the FIFO to be applied", || w.sha() == Some(sha_of(guests::FIXED_TASKS)));
+
+    std::os::unix::fs::symlink("/dev/zero", &staged).unwrap();
+    std::fs::rename(&staged, w.rule_path()).unwrap();
+    wait_for("the link to /dev/zero to be refused", || last_error().contains("character device"));
+    let error = last_error();
+    assert!(error.contains("symbolic link to /dev/zero") && error.contains("not a regular file"), "{error}");
+    assert_eq!(w.rules.decide_task_count(QUEUE, &state(5)).value, 7, "the old rule stays");
+    w.deploy(guests::PAPER_DEFAULT);
+    wait_for("a valid file written after the link to be applied", || w.sha() == Some(sha_of(guests::PAPER_DEFAULT)));
+
+    // And straight through a rule set's load, as `ebb check` and `ebb rule eval` do it.
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.wasm");
+    mkfifo(&fifo);
+    let zero = dir.path().join("zero.wasm");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    for (path, reason) in [(&fifo, "is a FIFO (named pipe), not a regular file"), (&zero, "which is a character device, not a regular file")] {
+        let rules = rules_for(engine(RuleLimits::default()), Some(path), &[]);
+        let error = format!("{:#}", rules.load_all().pop().expect("must fail"));
+        assert!(error.contains(&path.display().to_string()) && error.contains(reason), "{error}");
+    }
+}

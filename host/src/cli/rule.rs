@@ -65,7 +65,8 @@ fn check(file: &Path, params: Vec<(String, String)>) -> Result<()> {
 
 fn eval(file: &Path, task_count: Option<String>, queue_empty: Option<String>, params: Vec<(String, String)>) -> Result<()> {
     let engine = RuleEngine::new(RuleLimits::default(), None)?;
-    let file = file.canonicalize().with_context(|| format!("failed to read rule {}", file.display()))?;
+    // Absolute, but not resolved: errors name the file as given (a link, not its target).
+    let file = std::path::absolute(file).with_context(|| format!("failed to read rule {}", file.display()))?;
     let queue = "eval";
     let rules = RuleSet::new(engine, [QueueRuleConfig { queue: queue.into(), rule: Some(file), params }]);
     if let Some(error) = rules.load_all().into_iter().next() {

@@ -759,3 +759,24 @@ fn fifos_and_links_to_devices_are_refused_and_the_watcher_keeps_working() {
         assert!(error.contains(&path.display().to_string()) && error.contains(reason), "{error}");
     }
 }
+
+/// Defect 3 (rules review): every `*.wasm` dropped into the rules folder was read and
+/// compiled, used or not; with 300 unused files there, a swap of the rule in use took
+/// effect ~49 s later. Now files no queue uses are neither read nor compiled.
+#[test]
+fn files_no_queue_uses_are_neither_read_nor_compiled() {
+    let w = watched(guests::PAPER_DEFAULT);
+    let (reads, compilations) = (w.rules.file_reads(), w.rules.engine().compilations());
+    let bytes = std::fs::read(guests::FIXED_TASKS).unwrap();
+    for version in 0..40 {
+        // Named to sort before rule.wasm: the order a burst's files are handled in.
+        std::fs::write(w.dir.path().join(format!("copy-{version}.wasm")), ebb_tests::version_of(&bytes, version)).unwrap();
+    }
+    w.deploy(guests::FIXED_TASKS);
+    wait_for("the rule in use to swap", || w.sha() == Some(sha_of(guests::FIXED_TASKS)));
+    std::thread::sleep(Duration::from_millis(300)); // any straggling burst
+    let read = w.rules.file_reads() - reads;
+    assert!(read <= 2, "{read} file reads: only the rule in use is read (once, maybe twice if its events were split)");
+    assert_eq!(w.rules.engine().compilations() - compilations, 1, "only the rule in use is compiled");
+    assert_eq!(w.rules.decide_task_count(QUEUE, &state(5)).value, 7);
+}

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -153,6 +153,7 @@ pub struct RuleEngine {
     limits: RuleLimits,
     cache_dir: Option<PathBuf>,
     compiled: Mutex<Compiled>,
+    compilations: AtomicU64,
     ticker_stop: Arc<AtomicBool>,
 }
 
@@ -191,7 +192,7 @@ impl RuleEngine {
         }
         let ticker_stop = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.clone(), ticker_stop.clone())?;
-        Ok(Arc::new(RuleEngine { engine, linker, limits, cache_dir, compiled: Mutex::default(), ticker_stop }))
+        Ok(Arc::new(RuleEngine { engine, linker, limits, cache_dir, compiled: Mutex::default(), compilations: AtomicU64::new(0), ticker_stop }))
     }
 
     /// The limits every rule runs under.
@@ -258,6 +259,7 @@ impl RuleEngine {
                 return Ok((component, true));
             }
         }
+        self.compilations.fetch_add(1, Ordering::Relaxed);
         let component = Component::new(&self.engine, bytes).map_err(anyhow::Error::from).context("it is not a valid component")?;
         if let Some(file) = cached_file {
             if let Err(e) = write_atomically(&file, &with_checksum(component.serialize().map_err(anyhow::Error::from)?)) {
@@ -337,6 +339,11 @@ impl RuleEngine {
                 tracing::warn!(dir = %dir.display(), "could not trim the rule cache: {error:#}");
             }
         }
+    }
+
+    /// How many times the engine has compiled a rule (neither memory nor the disk cache had it).
+    pub fn compilations(&self) -> u64 {
+        self.compilations.load(Ordering::Relaxed)
     }
 
     /// How many compiled rules the engine holds in memory (in use or kept for a swap back).

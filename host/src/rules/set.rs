@@ -288,36 +288,30 @@ impl RuleSet {
     }
 
     /// A file event for `path`: re-reads it and acts only if what it holds changed since
-    /// the set last looked (so the set's own reads, or a rewrite of the same bytes, do nothing).
+    /// the set last looked (so the set's own reads, or a rewrite of the same bytes, do
+    /// nothing). A file no queue uses is not read at all.
     pub(crate) fn refresh(&self, path: &Path) {
         let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if self.users(path).is_empty() {
+            tracing::debug!(rule = %name, "ignoring a rule file no queue uses");
+            return;
+        }
         let before = lock(&self.seen).get(path).cloned();
         let read = self.read(path);
         if lock(&self.seen).get(path) == before.as_ref() {
             tracing::trace!(rule = %name, "file event without a change of content");
             return;
         }
-        let used = self.groups.iter().any(|g| g.path.as_deref() == Some(path));
         match read {
-            Ok(None) if used => self.remove(path),
-            Ok(None) => {}
-            Ok(Some(bytes)) if used => {
+            Ok(None) => self.remove(path),
+            Ok(Some(bytes)) => {
                 if let Err(error) = self.apply_bytes(path, &bytes) {
                     tracing::warn!(rule = %name, "keeping the current rule: {error:#}");
                 }
             }
-            Ok(Some(bytes)) => {
-                match self.engine.load_bytes(&name, &bytes) {
-                    Ok(rule) => tracing::info!(rule = %name, sha256 = %&rule.sha256[..12], "rule compiled; no queue uses it"),
-                    Err(error) => tracing::warn!(rule = %name, "failed to load rule {name}: {error:#}"),
-                }
-                self.engine.evict_unused();
-            }
             Err(error) => {
                 tracing::warn!(rule = %name, "keeping the current rule: {error:#}");
-                if used {
-                    self.record_error(path, &error);
-                }
+                self.record_error(path, &error);
             }
         }
     }

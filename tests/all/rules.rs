@@ -780,3 +780,27 @@ fn files_no_queue_uses_are_neither_read_nor_compiled() {
     assert_eq!(w.rules.engine().compilations() - compilations, 1, "only the rule in use is compiled");
     assert_eq!(w.rules.decide_task_count(QUEUE, &state(5)).value, 7);
 }
+
+/// Defect 4 (rules review): with `quarantine_after = 4294967295`, a trapping rule polled
+/// every millisecond logged ~270 "rule faulted" WARN lines a second. The line is now rate
+/// limited per rule (10 a minute); the fault counters stay exact.
+#[test]
+fn a_rule_faulting_on_every_call_does_not_flood_the_log() {
+    let rules = loaded(guests::TRAP, RuleLimits { quarantine_after: u32::MAX, ..RuleLimits::default() });
+    let mut fallbacks = 0;
+    let log = captured_log(tracing::Level::WARN, || {
+        while fallbacks < 1000 {
+            // Between faults the instance is rebuilt off the decision path (the built-in decides).
+            if rules.decide_task_count(QUEUE, &state(5)).source == DecisionSource::Fallback {
+                fallbacks += 1;
+            }
+            wait_for("the rebuild", || !rules.status(QUEUE).unwrap().rebuilding);
+        }
+    });
+    let warns = log.lines().filter(|l| l.contains("WARN")).count();
+    assert!(warns <= 11, "{warns} WARN lines for 1,000 faults:\n{}", log.lines().take(20).collect::<Vec<_>>().join("\n"));
+    assert!(warns >= 1 && log.contains("this rule always fails"), "the first faults are still logged, with the reason: {log}");
+    let status = rules.status(QUEUE).unwrap();
+    assert_eq!(status.faults, 1000, "every fault is counted");
+    assert!(!status.quarantined);
+}

@@ -24,6 +24,7 @@ use sha2::{Digest, Sha256};
 
 use super::engine::{CompiledRule, RuleEngine, RuleInstance, lock, read_rule_file};
 use super::stderr::OutputLogger;
+use crate::log_limit::LogLimiter;
 
 /// Which rule a queue uses, from the host configuration.
 #[derive(Debug, Clone)]
@@ -125,7 +126,16 @@ struct RuleGroup {
     status: Mutex<GroupStatus>,
     consecutive_faults: AtomicU32,
     memory_bytes: AtomicU64,
+    /// Bounds the "rule faulted" WARN lines: a rule that faults on every call, polled
+    /// every millisecond with a high `quarantine_after`, would otherwise flood the log.
+    fault_log: LogLimiter,
 }
+
+/// At most this many "rule faulted" WARN lines per rule group per [`FAULT_LOG_WINDOW`]; the
+/// rest are counted (exactly, in the status) and the next line logged says how many were left out.
+const FAULT_LOG_LINES: u32 = 10;
+/// See [`FAULT_LOG_LINES`].
+const FAULT_LOG_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
 
 struct QueueSlot {
     name: String,
@@ -191,6 +201,7 @@ impl RuleSet {
                 status: Mutex::default(),
                 consecutive_faults: AtomicU32::new(0),
                 memory_bytes: AtomicU64::new(0),
+                fault_log: LogLimiter::new(FAULT_LOG_LINES, FAULT_LOG_WINDOW),
             }));
         }
         let queues = configs
@@ -561,7 +572,17 @@ impl RuleGroup {
     /// rebuilding its instance off the decision path.
     fn fault(self: &Arc<Self>, queue: &str, rule: &str, reason: String) {
         let faults = self.consecutive_faults.fetch_add(1, Ordering::Relaxed) + 1;
-        tracing::warn!(queue, rule, %reason, "rule faulted; the built-in rule decides this call");
+        match self.fault_log.allow() {
+            Some(0) => tracing::warn!(queue, rule, %reason, "rule faulted; the built-in rule decides this call"),
+            Some(suppressed) => tracing::warn!(
+                queue,
+                rule,
+                %reason,
+                suppressed,
+                "rule faulted; the built-in rule decides this call ({suppressed} more fault lines of this rule were suppressed; its status counts every fault)"
+            ),
+            None => {}
+        }
         let quarantine = {
             let mut status = lock(&self.status);
             status.last_error = Some(reason);
@@ -617,7 +638,17 @@ impl RuleGroup {
                 // Counted like a faulty call; the next decision tries again (or quarantine holds).
                 let faults = self.consecutive_faults.fetch_add(1, Ordering::Relaxed) + 1;
                 let reason = format!("its instance could not be rebuilt: {error:#}");
-                tracing::warn!(queues = %self.label(), rule = %rule.name, %reason, "rule faulted; the built-in rule decides");
+                match self.fault_log.allow() {
+                    Some(0) => tracing::warn!(queues = %self.label(), rule = %rule.name, %reason, "rule faulted; the built-in rule decides"),
+                    Some(suppressed) => tracing::warn!(
+                        queues = %self.label(),
+                        rule = %rule.name,
+                        %reason,
+                        suppressed,
+                        "rule faulted; the built-in rule decides ({suppressed} more fault lines of this rule were suppressed)"
+                    ),
+                    None => {}
+                }
                 let mut status = lock(&self.status);
                 status.last_error = Some(reason);
                 if faults >= self.engine.limits().quarantine_after && !status.quarantined && status.generation == generation {

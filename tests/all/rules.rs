@@ -804,3 +804,20 @@ fn a_rule_faulting_on_every_call_does_not_flood_the_log() {
     assert_eq!(status.faults, 1000, "every fault is counted");
     assert!(!status.quarantined);
 }
+
+/// Defect 5 (rules review): `/status` showed `rule.loaded_at` as
+/// `{"secs_since_epoch": …, "nanos_since_epoch": …}` while its other times are RFC 3339.
+#[test]
+fn a_rules_load_time_is_serialised_as_rfc_3339() {
+    let rules = loaded(guests::FIXED_TASKS, RuleLimits::default());
+    let status = rules.status(QUEUE).unwrap();
+    let json = serde_json::to_value(&status).unwrap();
+    let text = json["loaded_at"].as_str().unwrap_or_else(|| panic!("loaded_at is not a string: {json}"));
+    let parsed = humantime::parse_rfc3339(text).unwrap_or_else(|e| panic!("{text:?} is not RFC 3339: {e}"));
+    let loaded_at = status.loaded_at.unwrap();
+    let apart = parsed.duration_since(loaded_at).or_else(|_| loaded_at.duration_since(parsed)).unwrap();
+    assert!(apart < Duration::from_secs(1), "{text} is the load time");
+    // No rule in use: null, as before.
+    let built_in = rules_for(rules.engine().clone(), None, &[]);
+    assert_eq!(serde_json::to_value(built_in.status(QUEUE).unwrap()).unwrap()["loaded_at"], serde_json::Value::Null);
+}

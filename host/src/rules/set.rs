@@ -69,7 +69,8 @@ pub struct RuleStatus {
     pub file: Option<String>,
     /// Hex sha256 of the rule in use.
     pub sha256: Option<String>,
-    /// When the rule in use was loaded.
+    /// When the rule in use was loaded (RFC 3339 in JSON, like the other times of `/status`).
+    #[serde(with = "humantime_serde")]
     pub loaded_at: Option<SystemTime>,
     /// Whether the rule is quarantined (the built-in decides until the file's content changes).
     pub quarantined: bool,

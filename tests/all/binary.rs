@@ -418,3 +418,21 @@ async fn rule_check_and_check_refuse_fifos_and_devices_at_once() {
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("orders.wasm") && stderr.contains("FIFO"), "{stderr}");
 }
+
+/// Defect 6 (rules review): `ebb rule eval` on a rule that traps exited 0 and printed the
+/// built-in rule's decision (`"source": "fallback"`), so an author could miss the fault. It
+/// still prints the JSON, but exits 1 with the fault's reason on stderr.
+#[test]
+fn rule_eval_of_a_faulting_rule_exits_1_with_the_reason() {
+    for decision in [["--task-count", r#"{"approximate_depth": 42}"#], ["--queue-empty", "{}"]] {
+        let output = ebb_raw(&["rule", "eval", guests::TRAP, decision[0], decision[1]]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{decision:?}: {stderr}");
+        let printed: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(printed["source"], "fallback", "{decision:?}: the decision is still printed");
+        assert!(stderr.contains("the rule faulted") && stderr.contains("trapped") && stderr.contains("this rule always fails"), "{decision:?}: {stderr}");
+    }
+    // A rule that decides still exits 0.
+    let output = ebb_raw(&["rule", "eval", guests::FIXED_TASKS, "--task-count", "{}"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+}

@@ -430,7 +430,10 @@ fn rule_eval_of_a_faulting_rule_exits_1_with_the_reason() {
         assert_eq!(output.status.code(), Some(1), "{decision:?}: {stderr}");
         let printed: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
         assert_eq!(printed["source"], "fallback", "{decision:?}: the decision is still printed");
-        assert!(stderr.contains("the rule faulted") && stderr.contains("trapped") && stderr.contains("this rule always fails"), "{decision:?}: {stderr}");
+        // The reason: its trap, or (on a machine too loaded to run it in 10 ms) the deadline.
+        let error = stderr.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("{decision:?}: {stderr}"));
+        let reason_given = (error.contains("trapped") && error.contains("this rule always fails")) || error.contains("deadline");
+        assert!(error.contains("the rule faulted") && reason_given, "{decision:?}: {stderr}");
     }
     // A rule that decides still exits 0.
     let output = ebb_raw(&["rule", "eval", guests::FIXED_TASKS, "--task-count", "{}"]);

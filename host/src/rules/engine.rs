@@ -253,11 +253,13 @@ impl RuleEngine {
             }
         }
         let cached_file = self.cache_dir.as_ref().map(|dir| dir.join(format!("{sha256}-{}.cwasm", self.engine_fingerprint())));
-        if let Some(file) = &cached_file {
-            if let Some(component) = self.load_cached(file) {
-                self.remember(sha256, &component);
-                return Ok((component, true));
-            }
+        if let Some(file) = &cached_file
+            && let Some(component) = self.load_cached(file)
+        {
+            self.remember(sha256, &component);
+            // The file's bytes were read into memory to be checked: give them back.
+            release_free_memory();
+            return Ok((component, true));
         }
         self.compilations.fetch_add(1, Ordering::Relaxed);
         let component = Component::new(&self.engine, bytes).map_err(anyhow::Error::from).context("it is not a valid component")?;
@@ -287,10 +289,10 @@ impl RuleEngine {
         };
         let Some(artifact) = verified_artifact(&stored) else {
             tracing::warn!(file = %file.display(), "cached compiled rule is damaged (its checksum does not match); deleting it and recompiling");
-            if let Err(e) = std::fs::remove_file(file) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    tracing::warn!(file = %file.display(), "could not delete the damaged cached rule: {e}");
-                }
+            if let Err(e) = std::fs::remove_file(file)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(file = %file.display(), "could not delete the damaged cached rule: {e}");
             }
             return None;
         };

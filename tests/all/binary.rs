@@ -377,3 +377,122 @@ async fn a_partitioned_queue_spreads_messages_and_sums_its_status() {
     signal(&host, "-TERM");
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
 }
+
+/// Defect 1 (rules review): bytes n/4..n/2 of a compiled rule in `data/rule-cache` overwritten
+/// made every `ebb run` exit 139 (SIGSEGV) with nothing on stderr. Now the damaged file is
+/// detected by its checksum, deleted with a WARN, and the rule recompiled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_rule_cache_is_recompiled_not_a_crash() {
+    let (_app, app_addr) = App::start(Duration::ZERO).await;
+    let site = Site::new(app_addr, "30s");
+    let mut host = site.start_host().await;
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+    let cache = site.dir.path().join("ebb-data/rule-cache");
+    let files: Vec<PathBuf> = std::fs::read_dir(&cache).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "cwasm")).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    let n = bytes.len();
+    let mut rng = fastrand::Rng::with_seed(3);
+    bytes[n / 4..n / 2].iter_mut().for_each(|b| *b = rng.u8(..));
+    std::fs::write(&files[0], &bytes).unwrap();
+
+    let mut host = site.start_host().await;
+    wait_until("the rule in use", || async { site.status().await["queues"][0]["rule"]["file"] == "orders.wasm" }).await;
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+    let log = without_colours(&std::fs::read_to_string(site.dir.path().join("host.log")).unwrap());
+    let warn = log.lines().find(|l| l.contains("WARN") && l.contains("damaged")).unwrap_or_else(|| panic!("{log}"));
+    assert!(warn.contains(&files[0].display().to_string()) && warn.contains("recompiling"), "{warn}");
+    assert!(log.contains("from_cache=false"), "{log}");
+}
+
+/// `text` without its ANSI colour sequences (the host colours its log).
+fn without_colours(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            chars.by_ref().find(|c| c.is_ascii_alphabetic());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Runs `ebb` with `args`, killing it after `limit`: `None` if it had not exited by then.
+fn ebb_within(args: &[&std::ffi::OsStr], limit: Duration) -> Option<Output> {
+    let mut child = Command::new(EBB).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+/// Defect 2 (rules review): `ebb rule check` and `ebb check` hung on a FIFO, and
+/// `ebb rule check /dev/zero` read until it held 4 GB. Each now exits 1 at once, naming the
+/// file and saying it is not a regular file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule_check_and_check_refuse_fifos_and_devices_at_once() {
+    use std::ffi::OsStr;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.wasm");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let zero_link = dir.path().join("zero.wasm");
+    std::os::unix::fs::symlink("/dev/zero", &zero_link).unwrap();
+    // The FIFO first: on code that blocks on it, the test fails by the time limit, not by memory.
+    let cases: [(&Path, &str); 3] = [
+        (&fifo, "is a FIFO (named pipe), not a regular file"),
+        (&zero_link, "is a symbolic link to /dev/zero, which is a character device, not a regular file"),
+        (Path::new("/dev/zero"), "is a character device, not a regular file"),
+    ];
+    for (path, reason) in cases {
+        for command in ["check", "eval"] {
+            let mut args = vec![OsStr::new("rule"), OsStr::new(command), path.as_os_str()];
+            if command == "eval" {
+                args.extend([OsStr::new("--task-count"), OsStr::new("{}")]);
+            }
+            let output = ebb_within(&args, Duration::from_secs(10)).unwrap_or_else(|| panic!("ebb rule {command} {} hung", path.display()));
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(1), "{stderr}");
+            assert!(stderr.contains(&path.display().to_string()) && stderr.contains(reason), "ebb rule {command}: {stderr}");
+        }
+    }
+    let (_app, app_addr) = App::start(Duration::ZERO).await;
+    let site = Site::new(app_addr, "30s");
+    let rule = site.dir.path().join("rules/orders.wasm");
+    std::fs::remove_file(&rule).unwrap();
+    assert!(Command::new("mkfifo").arg(&rule).status().unwrap().success());
+    let output = ebb_within(&[OsStr::new("check"), OsStr::new("--config"), site.config().as_os_str()], Duration::from_secs(10)).expect("ebb check hung on a FIFO");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("orders.wasm") && stderr.contains("FIFO"), "{stderr}");
+}
+
+/// Defect 6 (rules review): `ebb rule eval` on a rule that traps exited 0 and printed the
+/// built-in rule's decision (`"source": "fallback"`), so an author could miss the fault. It
+/// still prints the JSON, but exits 1 with the fault's reason on stderr.
+#[test]
+fn rule_eval_of_a_faulting_rule_exits_1_with_the_reason() {
+    for decision in [["--task-count", r#"{"approximate_depth": 42}"#], ["--queue-empty", "{}"]] {
+        let output = ebb_raw(&["rule", "eval", guests::TRAP, decision[0], decision[1]]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{decision:?}: {stderr}");
+        let printed: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(printed["source"], "fallback", "{decision:?}: the decision is still printed");
+        // The reason: its trap, or (on a machine too loaded to run it in 10 ms) the deadline.
+        let error = stderr.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("{decision:?}: {stderr}"));
+        let reason_given = (error.contains("trapped") && error.contains("this rule always fails")) || error.contains("deadline");
+        assert!(error.contains("the rule faulted") && reason_given, "{decision:?}: {stderr}");
+    }
+    // A rule that decides still exits 0.
+    let output = ebb_raw(&["rule", "eval", guests::FIXED_TASKS, "--task-count", "{}"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+}

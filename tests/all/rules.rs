@@ -662,3 +662,162 @@ fn a_host_panic_while_calling_a_rule_is_a_fault_not_a_crash() {
     wait_for("the rebuild", || handle.decide_task_count(&state(5)).source == DecisionSource::Rule);
     assert_eq!(handle.decide_task_count(&state(5)).value, 7);
 }
+
+/// Defect 1 (hostile review of the binary): a damaged compiled-rule cache file was
+/// deserialised as is. Random bytes in its middle made `ebb run` segfault on every start;
+/// one flipped byte went unnoticed and the corrupted machine code ran (`from_cache` true).
+/// Now each cache file carries a sha256 that is checked before deserialising: a damaged
+/// file is deleted with a WARN naming it, and the rule is recompiled (and cached again).
+#[test]
+fn a_damaged_cache_file_is_detected_deleted_and_recompiled() -> Result<()> {
+    let cache = tempfile::tempdir()?;
+    let bytes = std::fs::read(guests::FIXED_TASKS)?;
+    let new_engine = || RuleEngine::new(RuleLimits::default(), Some(cache.path().into()));
+    assert!(!new_engine()?.load_bytes("rule.wasm", &bytes)?.from_cache, "first load compiles");
+    assert!(new_engine()?.load_bytes("rule.wasm", &bytes)?.from_cache, "an intact cache file is used");
+    let files = cache_files(cache.path());
+    assert_eq!(files.len(), 1, "{files:?}");
+    let file = cache.path().join(&files[0].0);
+    // The single flipped byte first: on unchecked code it is the one that does not crash.
+    let damages: [(&str, &dyn Fn(&mut Vec<u8>)); 3] = [
+        ("one flipped byte", &|b| {
+            let at = b.len() / 2;
+            b[at] ^= 0x01;
+        }),
+        ("random bytes over n/4..n/2", &|b| {
+            let mut rng = fastrand::Rng::with_seed(7);
+            let n = b.len();
+            b[n / 4..n / 2].iter_mut().for_each(|x| *x = rng.u8(..));
+        }),
+        ("truncated", &|b| b.truncate(b.len() / 3)),
+    ];
+    for (what, damage) in damages {
+        let mut stored = std::fs::read(&file)?;
+        damage(&mut stored);
+        std::fs::write(&file, &stored)?;
+        let engine = new_engine()?;
+        let mut loaded = None;
+        let log = captured_log(tracing::Level::WARN, || loaded = Some(engine.load_bytes("rule.wasm", &bytes)));
+        let rule = loaded.unwrap()?;
+        assert!(!rule.from_cache, "{what}: recompiled, not loaded from the damaged file");
+        let warns: Vec<&str> = log.lines().filter(|l| l.contains("WARN")).collect();
+        assert_eq!(warns.len(), 1, "{what}: one WARN: {log}");
+        assert!(warns[0].contains(&file.display().to_string()) && warns[0].contains("recompiling"), "{what}: {log}");
+        // The recompiled rule works, and the rewritten cache file is intact.
+        let rules = RuleSet::new(engine, [QueueRuleConfig { queue: QUEUE.into(), rule: Some(PathBuf::from(guests::FIXED_TASKS)), params: vec![] }]);
+        assert!(rules.load_all().is_empty());
+        assert_eq!(rules.decide_task_count(QUEUE, &state(5)), ebb::rules::Decision { value: 7, source: DecisionSource::Rule, clamped: false });
+        assert!(new_engine()?.load_bytes("rule.wasm", &bytes)?.from_cache, "{what}: the cache file was written again");
+    }
+    Ok(())
+}
+
+/// Makes a FIFO at `path` (with the `mkfifo` tool: the tests do not link libc).
+fn mkfifo(path: &Path) {
+    let status = std::process::Command::new("mkfifo").arg(path).status().expect("mkfifo runs");
+    assert!(status.success(), "mkfifo {}", path.display());
+}
+
+/// Defect 2 (rules review): the size check trusted the metadata length, 0 for FIFOs and
+/// devices. A FIFO named `rule.wasm` blocked the watcher thread forever in `open` (no later
+/// file was ever applied), and a link to `/dev/zero` was read until memory ran out (15 GB).
+/// Now anything that is not a regular file (after following links) is refused with the
+/// reason, without blocking and without reading it, and the watcher carries on.
+#[test]
+fn fifos_and_links_to_devices_are_refused_and_the_watcher_keeps_working() {
+    let w = watched(guests::PAPER_DEFAULT);
+    let last_error = || w.rules.status(QUEUE).unwrap().last_error.unwrap_or_default();
+    // FIFO first: on code that opens it blocking, this fails by timing out, not by eating memory.
+    let staged = w.dir.path().join("staged");
+    mkfifo(&staged);
+    std::fs::rename(&staged, w.rule_path()).unwrap();
+    wait_for("the FIFO to be refused", || last_error().contains("FIFO"));
+    let error = last_error();
+    assert!(error.contains(&w.rule_path().display().to_string()) && error.contains("not a regular file"), "{error}");
+    assert_eq!(w.sha(), Some(sha_of(guests::PAPER_DEFAULT)), "the old rule stays");
+    w.deploy(guests::FIXED_TASKS);
+    wait_for("a valid file written after the FIFO to be applied", || w.sha() == Some(sha_of(guests::FIXED_TASKS)));
+
+    std::os::unix::fs::symlink("/dev/zero", &staged).unwrap();
+    std::fs::rename(&staged, w.rule_path()).unwrap();
+    wait_for("the link to /dev/zero to be refused", || last_error().contains("character device"));
+    let error = last_error();
+    assert!(error.contains("symbolic link to /dev/zero") && error.contains("not a regular file"), "{error}");
+    assert_eq!(w.rules.decide_task_count(QUEUE, &state(5)).value, 7, "the old rule stays");
+    w.deploy(guests::PAPER_DEFAULT);
+    wait_for("a valid file written after the link to be applied", || w.sha() == Some(sha_of(guests::PAPER_DEFAULT)));
+
+    // And straight through a rule set's load, as `ebb check` and `ebb rule eval` do it.
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.wasm");
+    mkfifo(&fifo);
+    let zero = dir.path().join("zero.wasm");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    for (path, reason) in [(&fifo, "is a FIFO (named pipe), not a regular file"), (&zero, "which is a character device, not a regular file")] {
+        let rules = rules_for(engine(RuleLimits::default()), Some(path), &[]);
+        let error = format!("{:#}", rules.load_all().pop().expect("must fail"));
+        assert!(error.contains(&path.display().to_string()) && error.contains(reason), "{error}");
+    }
+}
+
+/// Defect 3 (rules review): every `*.wasm` dropped into the rules folder was read and
+/// compiled, used or not; with 300 unused files there, a swap of the rule in use took
+/// effect ~49 s later. Now files no queue uses are neither read nor compiled.
+#[test]
+fn files_no_queue_uses_are_neither_read_nor_compiled() {
+    let w = watched(guests::PAPER_DEFAULT);
+    let (reads, compilations) = (w.rules.file_reads(), w.rules.engine().compilations());
+    let bytes = std::fs::read(guests::FIXED_TASKS).unwrap();
+    for version in 0..40 {
+        // Named to sort before rule.wasm: the order a burst's files are handled in.
+        std::fs::write(w.dir.path().join(format!("copy-{version}.wasm")), ebb_tests::version_of(&bytes, version)).unwrap();
+    }
+    w.deploy(guests::FIXED_TASKS);
+    wait_for("the rule in use to swap", || w.sha() == Some(sha_of(guests::FIXED_TASKS)));
+    std::thread::sleep(Duration::from_millis(300)); // any straggling burst
+    let read = w.rules.file_reads() - reads;
+    assert!(read <= 2, "{read} file reads: only the rule in use is read (once, maybe twice if its events were split)");
+    assert_eq!(w.rules.engine().compilations() - compilations, 1, "only the rule in use is compiled");
+    assert_eq!(w.rules.decide_task_count(QUEUE, &state(5)).value, 7);
+}
+
+/// Defect 4 (rules review): with `quarantine_after = 4294967295`, a trapping rule polled
+/// every millisecond logged ~270 "rule faulted" WARN lines a second. The line is now rate
+/// limited per rule (10 a minute); the fault counters stay exact.
+#[test]
+fn a_rule_faulting_on_every_call_does_not_flood_the_log() {
+    let rules = loaded(guests::TRAP, RuleLimits { quarantine_after: u32::MAX, ..RuleLimits::default() });
+    let mut fallbacks = 0;
+    let log = captured_log(tracing::Level::WARN, || {
+        while fallbacks < 1000 {
+            // Between faults the instance is rebuilt off the decision path (the built-in decides).
+            if rules.decide_task_count(QUEUE, &state(5)).source == DecisionSource::Fallback {
+                fallbacks += 1;
+            }
+            wait_for("the rebuild", || !rules.status(QUEUE).unwrap().rebuilding);
+        }
+    });
+    let warns = log.lines().filter(|l| l.contains("WARN")).count();
+    assert!(warns <= 11, "{warns} WARN lines for 1,000 faults:\n{}", log.lines().take(20).collect::<Vec<_>>().join("\n"));
+    assert!(warns >= 1 && log.contains("rule faulted") && log.contains("reason="), "the first faults are still logged, with the reason: {log}");
+    let status = rules.status(QUEUE).unwrap();
+    assert_eq!(status.faults, 1000, "every fault is counted");
+    assert!(!status.quarantined);
+}
+
+/// Defect 5 (rules review): `/status` showed `rule.loaded_at` as
+/// `{"secs_since_epoch": …, "nanos_since_epoch": …}` while its other times are RFC 3339.
+#[test]
+fn a_rules_load_time_is_serialised_as_rfc_3339() {
+    let rules = loaded(guests::FIXED_TASKS, RuleLimits::default());
+    let status = rules.status(QUEUE).unwrap();
+    let json = serde_json::to_value(&status).unwrap();
+    let text = json["loaded_at"].as_str().unwrap_or_else(|| panic!("loaded_at is not a string: {json}"));
+    let parsed = humantime::parse_rfc3339(text).unwrap_or_else(|e| panic!("{text:?} is not RFC 3339: {e}"));
+    let loaded_at = status.loaded_at.unwrap();
+    let apart = parsed.duration_since(loaded_at).or_else(|_| loaded_at.duration_since(parsed)).unwrap();
+    assert!(apart < Duration::from_secs(1), "{text} is the load time");
+    // No rule in use: null, as before.
+    let built_in = rules_for(rules.engine().clone(), None, &[]);
+    assert_eq!(serde_json::to_value(built_in.status(QUEUE).unwrap()).unwrap()["loaded_at"], serde_json::Value::Null);
+}

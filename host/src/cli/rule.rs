@@ -8,7 +8,7 @@ use clap::{ArgGroup, Subcommand};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::rules::{IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleSet};
+use crate::rules::{DecisionSource, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleSet};
 
 #[derive(Debug, Subcommand)]
 pub enum RuleCommand {
@@ -22,6 +22,8 @@ pub enum RuleCommand {
         params: Vec<(String, String)>,
     },
     /// Ask a rule for one decision and print it as JSON (with its source and any clamp).
+    /// Exits with 1 and the reason when the rule faulted (the JSON then shows the built-in
+    /// rule's decision, with source "fallback").
     #[command(group(ArgGroup::new("decision").required(true).args(["task_count", "queue_empty"])))]
     Eval {
         /// The rule component (.wasm).
@@ -65,24 +67,32 @@ fn check(file: &Path, params: Vec<(String, String)>) -> Result<()> {
 
 fn eval(file: &Path, task_count: Option<String>, queue_empty: Option<String>, params: Vec<(String, String)>) -> Result<()> {
     let engine = RuleEngine::new(RuleLimits::default(), None)?;
-    let file = file.canonicalize().with_context(|| format!("failed to read rule {}", file.display()))?;
+    // Absolute, but not resolved: errors name the file as given (a link, not its target).
+    let file = std::path::absolute(file).with_context(|| format!("failed to read rule {}", file.display()))?;
     let queue = "eval";
     let rules = RuleSet::new(engine, [QueueRuleConfig { queue: queue.into(), rule: Some(file), params }]);
     if let Some(error) = rules.load_all().into_iter().next() {
         return Err(error);
     }
-    let output = if let Some(text) = task_count {
+    let (output, source) = if let Some(text) = task_count {
         let defaults = json!({ "queue": queue, "min_tasks": 1, "max_tasks": 100, "active_tasks": 1, "random": 1u64 << 63 });
         let state: QueueState = with_defaults(&text, defaults, "--task-count")?;
-        serde_json::to_value(rules.decide_task_count(&state.queue, &QueueState { queue: queue.into(), ..state }))?
+        let decision = rules.decide_task_count(queue, &QueueState { queue: queue.into(), ..state });
+        (serde_json::to_value(decision)?, decision.source)
     } else if let Some(text) = queue_empty {
         let defaults = json!({ "queue": queue, "idle_count": 1, "active_tasks": 1, "min_interval_ms": 100, "max_interval_ms": 60000, "random": 1u64 << 63 });
         let ctx: IdleContext = with_defaults(&text, defaults, "--queue-empty")?;
-        serde_json::to_value(rules.decide_queue_empty(queue, &IdleContext { queue: queue.into(), ..ctx }))?
+        let decision = rules.decide_queue_empty(queue, &IdleContext { queue: queue.into(), ..ctx });
+        (serde_json::to_value(decision)?, decision.source)
     } else {
         unreachable!("clap requires one of the two")
     };
     println!("{}", serde_json::to_string_pretty(&output)?);
+    // The decision printed is the built-in rule's, not the rule's: an author must not miss it.
+    if source != DecisionSource::Rule {
+        let reason = rules.status(queue).and_then(|s| s.last_error).unwrap_or_else(|| "no reason recorded".into());
+        bail!("the rule faulted, so the decision above is the built-in rule's ({}): {reason}", serde_json::to_value(source)?.as_str().unwrap_or_default());
+    }
     Ok(())
 }
 

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -153,6 +153,7 @@ pub struct RuleEngine {
     limits: RuleLimits,
     cache_dir: Option<PathBuf>,
     compiled: Mutex<Compiled>,
+    compilations: AtomicU64,
     ticker_stop: Arc<AtomicBool>,
 }
 
@@ -191,7 +192,7 @@ impl RuleEngine {
         }
         let ticker_stop = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.clone(), ticker_stop.clone())?;
-        Ok(Arc::new(RuleEngine { engine, linker, limits, cache_dir, compiled: Mutex::default(), ticker_stop }))
+        Ok(Arc::new(RuleEngine { engine, linker, limits, cache_dir, compiled: Mutex::default(), compilations: AtomicU64::new(0), ticker_stop }))
     }
 
     /// The limits every rule runs under.
@@ -252,28 +253,64 @@ impl RuleEngine {
             }
         }
         let cached_file = self.cache_dir.as_ref().map(|dir| dir.join(format!("{sha256}-{}.cwasm", self.engine_fingerprint())));
-        if let Some(file) = cached_file.as_ref().filter(|f| f.exists()) {
-            // SAFETY: the cache holds only artifacts this engine configuration serialised
-            // (the file name carries the engine fingerprint) keyed by the source's sha256.
-            match unsafe { Component::deserialize_file(&self.engine, file) } {
-                Ok(component) => {
-                    // The modification time orders the disk cache by last use.
-                    let _ = std::fs::File::options().append(true).open(file).and_then(|f| f.set_modified(SystemTime::now()));
-                    self.remember(sha256, &component);
-                    return Ok((component, true));
-                }
-                Err(e) => tracing::warn!(file = %file.display(), "ignoring unreadable cached rule: {e:#}"),
-            }
+        if let Some(file) = &cached_file
+            && let Some(component) = self.load_cached(file)
+        {
+            self.remember(sha256, &component);
+            // The file's bytes were read into memory to be checked: give them back.
+            release_free_memory();
+            return Ok((component, true));
         }
+        self.compilations.fetch_add(1, Ordering::Relaxed);
         let component = Component::new(&self.engine, bytes).map_err(anyhow::Error::from).context("it is not a valid component")?;
         if let Some(file) = cached_file {
-            if let Err(e) = write_atomically(&file, &component.serialize().map_err(anyhow::Error::from)?) {
+            if let Err(e) = write_atomically(&file, &with_checksum(component.serialize().map_err(anyhow::Error::from)?)) {
                 tracing::warn!(file = %file.display(), "could not cache compiled rule: {e:#}");
             }
         }
         self.remember(sha256, &component);
         release_free_memory();
         Ok((component, false))
+    }
+
+    /// The component cached in `file`, if it is there and intact. Compiled code is trusted
+    /// as is by wasmtime (damaged bytes crash the process or run corrupted machine code), so
+    /// the file's checksum is verified first, on the bytes in memory that are then
+    /// deserialised: nothing can change between the check and the load. A damaged file is
+    /// deleted (the caller recompiles and writes it again).
+    fn load_cached(&self, file: &Path) -> Option<Component> {
+        let stored = match std::fs::read(file) {
+            Ok(stored) => stored,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                tracing::warn!(file = %file.display(), "cannot read a cached compiled rule ({e}); recompiling");
+                return None;
+            }
+        };
+        let Some(artifact) = verified_artifact(&stored) else {
+            tracing::warn!(file = %file.display(), "cached compiled rule is damaged (its checksum does not match); deleting it and recompiling");
+            if let Err(e) = std::fs::remove_file(file)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(file = %file.display(), "could not delete the damaged cached rule: {e}");
+            }
+            return None;
+        };
+        // SAFETY: `artifact` is exactly the bytes this engine configuration serialised (the
+        // file name carries the engine fingerprint, the sha256 trailer was just verified on
+        // these bytes in memory), keyed by the source's sha256.
+        match unsafe { Component::deserialize(&self.engine, artifact) } {
+            Ok(component) => {
+                // The modification time orders the disk cache by last use.
+                let _ = std::fs::File::options().append(true).open(file).and_then(|f| f.set_modified(SystemTime::now()));
+                Some(component)
+            }
+            Err(e) => {
+                tracing::warn!(file = %file.display(), "ignoring an unloadable cached rule ({e:#}); recompiling");
+                let _ = std::fs::remove_file(file);
+                None
+            }
+        }
     }
 
     fn remember(&self, sha256: &str, component: &Component) {
@@ -304,6 +341,11 @@ impl RuleEngine {
                 tracing::warn!(dir = %dir.display(), "could not trim the rule cache: {error:#}");
             }
         }
+    }
+
+    /// How many times the engine has compiled a rule (neither memory nor the disk cache had it).
+    pub fn compilations(&self) -> u64 {
+        self.compilations.load(Ordering::Relaxed)
     }
 
     /// How many compiled rules the engine holds in memory (in use or kept for a swap back).
@@ -352,33 +394,85 @@ fn file_name(path: &Path) -> String {
 
 /// Reads a rule file: `None` if nothing is there, an error with the real reason if
 /// something is there but cannot be read (a directory, a dangling or looping link, no
-/// permission, too large).
+/// permission, too large, or anything else that is not a regular file: a FIFO, a device,
+/// a socket, or a link to one).
+///
+/// Never blocks and never reads more than `max_bytes + 1` bytes: the file is opened with
+/// `O_NONBLOCK` (opening a FIFO would otherwise wait for a writer), checked again with
+/// `fstat` on the opened handle (the path may have been replaced since it was looked at),
+/// and read through a bound (a device's reported size says nothing of what it yields).
 pub(crate) fn read_rule_file(path: &Path, max_bytes: u64) -> Result<Option<Vec<u8>>> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+
     let shown = path.display();
     let link = match std::fs::symlink_metadata(path) {
         Ok(link) => link,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => bail!("cannot read rule file {shown}: {e}"),
     };
+    let target = || std::fs::read_link(path).map(|t| t.display().to_string()).unwrap_or_default();
     let meta = match std::fs::metadata(path) {
         Ok(meta) => meta,
         Err(e) if link.file_type().is_symlink() && e.kind() == std::io::ErrorKind::NotFound => {
-            let target = std::fs::read_link(path).map(|t| t.display().to_string()).unwrap_or_default();
-            bail!("rule file {shown} is a symbolic link to {target}, which does not exist")
+            bail!("rule file {shown} is a symbolic link to {}, which does not exist", target())
         }
         Err(e) => bail!("cannot read rule file {shown}: {e}"),
     };
     if meta.is_dir() {
         bail!("rule file {shown} is a directory, not a file");
     }
+    let not_regular = |meta: &std::fs::Metadata| -> Option<String> {
+        let kind = file_kind(meta)?;
+        Some(if link.file_type().is_symlink() {
+            format!("rule file {shown} is a symbolic link to {}, which is {kind}, not a regular file", target())
+        } else {
+            format!("rule file {shown} is {kind}, not a regular file")
+        })
+    };
+    if let Some(reason) = not_regular(&meta) {
+        bail!("{reason}");
+    }
     if meta.len() > max_bytes {
         bail!("rule {} is {} bytes, over the limit of {max_bytes} bytes", file_name(path), meta.len());
     }
-    match std::fs::read(path) {
-        Ok(bytes) => Ok(Some(bytes)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+    let file = match std::fs::File::options().read(true).custom_flags(libc::O_NONBLOCK).open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => bail!("cannot read rule file {shown}: {e}"),
+    };
+    // The path may name something else by now: what counts is what was opened.
+    let opened = file.metadata().with_context(|| format!("cannot read rule file {shown}"))?;
+    if let Some(reason) = not_regular(&opened) {
+        bail!("{reason}");
     }
+    let mut bytes = Vec::with_capacity(opened.len().min(max_bytes) as usize);
+    file.take(max_bytes.saturating_add(1)).read_to_end(&mut bytes).with_context(|| format!("cannot read rule file {shown}"))?;
+    if bytes.len() as u64 > max_bytes {
+        bail!("rule {} is over the limit of {max_bytes} bytes", file_name(path));
+    }
+    Ok(Some(bytes))
+}
+
+/// What `meta` describes, in words, when it is not a regular file.
+fn file_kind(meta: &std::fs::Metadata) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt as _;
+    let kind = meta.file_type();
+    Some(if kind.is_file() {
+        return None;
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "not a file"
+    })
 }
 
 /// Deletes cached artifacts no rule in use needs: all but the [`KEEP_UNUSED_ON_DISK`] most
@@ -553,6 +647,26 @@ fn with_output(error: anyhow::Error, output: &CapturedOutput) -> anyhow::Error {
     }
 }
 
+/// Marks the end of a cached artifact: `artifact ‖ sha256(artifact) ‖ CACHE_TRAILER`.
+const CACHE_TRAILER: &[u8; 16] = b"ebb-cwasm-sha256";
+
+/// A serialised component with its checksum appended, as the disk cache stores it.
+fn with_checksum(mut artifact: Vec<u8>) -> Vec<u8> {
+    let digest = Sha256::digest(&artifact);
+    artifact.extend_from_slice(&digest);
+    artifact.extend_from_slice(CACHE_TRAILER);
+    artifact
+}
+
+/// The artifact inside a cache file's bytes, if its checksum matches; `None` for a damaged,
+/// truncated, or unmarked (older) file.
+fn verified_artifact(stored: &[u8]) -> Option<&[u8]> {
+    let body = stored.strip_suffix(CACHE_TRAILER.as_slice())?;
+    let split = body.len().checked_sub(32)?;
+    let (artifact, digest) = body.split_at(split);
+    (Sha256::digest(artifact).as_slice() == digest).then_some(artifact)
+}
+
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes)?;
@@ -569,5 +683,24 @@ fn release_free_memory() {
     // SAFETY: malloc_trim only releases free memory; it takes the allocator's own locks.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cache_file_is_accepted_only_with_its_checksum_intact() {
+        let stored = with_checksum(b"compiled code".to_vec());
+        assert_eq!(verified_artifact(&stored), Some(&b"compiled code"[..]));
+        for at in [0, 5, stored.len() - 20, stored.len() - 1] {
+            let mut damaged = stored.clone();
+            damaged[at] ^= 1;
+            assert_eq!(verified_artifact(&damaged), None, "byte {at} flipped");
+        }
+        assert_eq!(verified_artifact(&stored[..stored.len() - 1]), None, "truncated");
+        assert_eq!(verified_artifact(b"compiled code"), None, "no checksum (an older cache file)");
+        assert_eq!(verified_artifact(b""), None);
     }
 }

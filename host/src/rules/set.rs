@@ -24,6 +24,7 @@ use sha2::{Digest, Sha256};
 
 use super::engine::{CompiledRule, RuleEngine, RuleInstance, lock, read_rule_file};
 use super::stderr::OutputLogger;
+use crate::log_limit::LogLimiter;
 
 /// Which rule a queue uses, from the host configuration.
 #[derive(Debug, Clone)]
@@ -68,7 +69,8 @@ pub struct RuleStatus {
     pub file: Option<String>,
     /// Hex sha256 of the rule in use.
     pub sha256: Option<String>,
-    /// When the rule in use was loaded.
+    /// When the rule in use was loaded (RFC 3339 in JSON, like the other times of `/status`).
+    #[serde(with = "humantime_serde")]
     pub loaded_at: Option<SystemTime>,
     /// Whether the rule is quarantined (the built-in decides until the file's content changes).
     pub quarantined: bool,
@@ -125,7 +127,16 @@ struct RuleGroup {
     status: Mutex<GroupStatus>,
     consecutive_faults: AtomicU32,
     memory_bytes: AtomicU64,
+    /// Bounds the "rule faulted" WARN lines: a rule that faults on every call, polled
+    /// every millisecond with a high `quarantine_after`, would otherwise flood the log.
+    fault_log: LogLimiter,
 }
+
+/// At most this many "rule faulted" WARN lines per rule group per [`FAULT_LOG_WINDOW`]; the
+/// rest are counted (exactly, in the status) and the next line logged says how many were left out.
+const FAULT_LOG_LINES: u32 = 10;
+/// See [`FAULT_LOG_LINES`].
+const FAULT_LOG_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
 
 struct QueueSlot {
     name: String,
@@ -191,6 +202,7 @@ impl RuleSet {
                 status: Mutex::default(),
                 consecutive_faults: AtomicU32::new(0),
                 memory_bytes: AtomicU64::new(0),
+                fault_log: LogLimiter::new(FAULT_LOG_LINES, FAULT_LOG_WINDOW),
             }));
         }
         let queues = configs
@@ -288,36 +300,30 @@ impl RuleSet {
     }
 
     /// A file event for `path`: re-reads it and acts only if what it holds changed since
-    /// the set last looked (so the set's own reads, or a rewrite of the same bytes, do nothing).
+    /// the set last looked (so the set's own reads, or a rewrite of the same bytes, do
+    /// nothing). A file no queue uses is not read at all.
     pub(crate) fn refresh(&self, path: &Path) {
         let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if self.users(path).is_empty() {
+            tracing::debug!(rule = %name, "ignoring a rule file no queue uses");
+            return;
+        }
         let before = lock(&self.seen).get(path).cloned();
         let read = self.read(path);
         if lock(&self.seen).get(path) == before.as_ref() {
             tracing::trace!(rule = %name, "file event without a change of content");
             return;
         }
-        let used = self.groups.iter().any(|g| g.path.as_deref() == Some(path));
         match read {
-            Ok(None) if used => self.remove(path),
-            Ok(None) => {}
-            Ok(Some(bytes)) if used => {
+            Ok(None) => self.remove(path),
+            Ok(Some(bytes)) => {
                 if let Err(error) = self.apply_bytes(path, &bytes) {
                     tracing::warn!(rule = %name, "keeping the current rule: {error:#}");
                 }
             }
-            Ok(Some(bytes)) => {
-                match self.engine.load_bytes(&name, &bytes) {
-                    Ok(rule) => tracing::info!(rule = %name, sha256 = %&rule.sha256[..12], "rule compiled; no queue uses it"),
-                    Err(error) => tracing::warn!(rule = %name, "failed to load rule {name}: {error:#}"),
-                }
-                self.engine.evict_unused();
-            }
             Err(error) => {
                 tracing::warn!(rule = %name, "keeping the current rule: {error:#}");
-                if used {
-                    self.record_error(path, &error);
-                }
+                self.record_error(path, &error);
             }
         }
     }
@@ -567,7 +573,17 @@ impl RuleGroup {
     /// rebuilding its instance off the decision path.
     fn fault(self: &Arc<Self>, queue: &str, rule: &str, reason: String) {
         let faults = self.consecutive_faults.fetch_add(1, Ordering::Relaxed) + 1;
-        tracing::warn!(queue, rule, %reason, "rule faulted; the built-in rule decides this call");
+        match self.fault_log.allow() {
+            Some(0) => tracing::warn!(queue, rule, %reason, "rule faulted; the built-in rule decides this call"),
+            Some(suppressed) => tracing::warn!(
+                queue,
+                rule,
+                %reason,
+                suppressed,
+                "rule faulted; the built-in rule decides this call ({suppressed} more fault lines of this rule were suppressed; its status counts every fault)"
+            ),
+            None => {}
+        }
         let quarantine = {
             let mut status = lock(&self.status);
             status.last_error = Some(reason);
@@ -623,7 +639,17 @@ impl RuleGroup {
                 // Counted like a faulty call; the next decision tries again (or quarantine holds).
                 let faults = self.consecutive_faults.fetch_add(1, Ordering::Relaxed) + 1;
                 let reason = format!("its instance could not be rebuilt: {error:#}");
-                tracing::warn!(queues = %self.label(), rule = %rule.name, %reason, "rule faulted; the built-in rule decides");
+                match self.fault_log.allow() {
+                    Some(0) => tracing::warn!(queues = %self.label(), rule = %rule.name, %reason, "rule faulted; the built-in rule decides"),
+                    Some(suppressed) => tracing::warn!(
+                        queues = %self.label(),
+                        rule = %rule.name,
+                        %reason,
+                        suppressed,
+                        "rule faulted; the built-in rule decides ({suppressed} more fault lines of this rule were suppressed)"
+                    ),
+                    None => {}
+                }
                 let mut status = lock(&self.status);
                 status.last_error = Some(reason);
                 if faults >= self.engine.limits().quarantine_after && !status.quarantined && status.generation == generation {

@@ -6,7 +6,8 @@
 //! without events, or at the latest [`MAX_DEBOUNCE_DELAY`] after its first event, and a
 //! file is re-applied only when its content's sha256 changed.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -28,18 +29,31 @@ pub struct RuleWatcher {
 }
 
 impl RuleSet {
-    /// Watches `dir` (not recursively). When `.wasm` files change, waits until no event has
-    /// come for `debounce` (or [`MAX_DEBOUNCE_DELAY`] since the first event of the burst,
-    /// whichever comes first), then applies each changed file whose content changed to the
-    /// queues that use it; a file no queue uses is still compiled, to report problems
-    /// early and warm the cache. Work runs on a thread of its own.
+    /// Watches `dir` (not recursively). When a rule file some queue uses changes, waits
+    /// until no event has come for `debounce` (or [`MAX_DEBOUNCE_DELAY`] since the first
+    /// event of the burst, whichever comes first), then applies each changed file whose
+    /// content changed to the queues that use it. Files no queue uses are ignored (never
+    /// read or compiled), so however many of them arrive, a swap waits for none of them.
+    /// Work runs on a thread of its own.
     pub fn watch(self: &Arc<Self>, dir: &Path, debounce: Duration) -> Result<RuleWatcher> {
         let dir = dir.canonicalize().with_context(|| format!("failed to open rules folder {}", dir.display()))?;
+        // The files of this folder some queue uses, by name, with the path the set knows them by.
+        let used: HashMap<OsString, PathBuf> = self
+            .rule_files()
+            .into_iter()
+            .filter(|path| path.parent().and_then(|parent| parent.canonicalize().ok()).as_deref() == Some(dir.as_path()))
+            .filter_map(|path| Some((path.file_name()?.to_os_string(), path)))
+            .collect();
         let (events_tx, events) = mpsc::channel::<PathBuf>();
         let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
             Ok(event) if may_change_content(&event.kind) => {
                 for path in event.paths.into_iter().filter(|p| is_rule_file(p)) {
-                    let _ = events_tx.send(path);
+                    match path.file_name().and_then(|name| used.get(name)) {
+                        Some(used) => {
+                            let _ = events_tx.send(used.clone());
+                        }
+                        None => tracing::debug!(file = %path.display(), "ignoring a change to a rule file no queue uses"),
+                    }
                 }
             }
             Ok(_) => {}
@@ -72,7 +86,7 @@ impl RuleSet {
                             burst.clear();
                             let Some(rules) = rules.upgrade() else { return };
                             for path in std::mem::take(&mut changed) {
-                                rules.refresh(&dir.join(path.file_name().unwrap_or_default()));
+                                rules.refresh(&path);
                             }
                         }
                         Err(RecvTimeoutError::Disconnected) => return,

@@ -496,3 +496,40 @@ fn rule_eval_of_a_faulting_rule_exits_1_with_the_reason() {
     let output = ebb_raw(&["rule", "eval", guests::FIXED_TASKS, "--task-count", "{}"]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
 }
+
+/// Issue 9 through the binary on Azurite: `ebb check` reaches the queues, `ebb run` handles
+/// what `ebb send` put, and a wrong account key is one clear error that never shows the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_azure_queue_through_the_binary() {
+    let azurite = ebb_tests::azurite::Azurite::shared();
+    let (app, app_addr) = App::start(Duration::ZERO).await;
+    let site = Site::new(app_addr, "30s");
+    let plain = std::fs::read_to_string(site.config()).unwrap();
+    let with_azure = |connection: &str| {
+        format!("{}\n[azure]\nconnection_string = \"{connection}\"\n", plain.replace("[queues.orders]\n", "[queues.orders]\nbackend = \"azure\"\npartitions = 2\n"))
+    };
+    std::fs::write(site.config(), with_azure(&azurite.connection_string())).unwrap();
+    let checked = String::from_utf8(site.ebb(&["check"]).stdout).unwrap();
+    assert!(checked.contains("queue orders-0: reached on Azure") && checked.contains("queue orders-poison: reached on Azure"), "{checked}");
+
+    let mut host = site.start_host().await;
+    site.ebb(&["send", "orders", "to-azure", "--count", "20"]);
+    wait_until("20 messages handled", || async { app.seen.lock().unwrap().len() >= 20 }).await;
+    let status = site.status().await;
+    assert_eq!(status["partitioned"][0]["processed"], 20, "{status}");
+    assert!(status["queues"][0]["transactions"]["gets_with_messages"].as_u64().unwrap() > 0, "{status}");
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+
+    // A wrong key: `ebb check` and `ebb run` fail once, clearly, without the key.
+    let wrong_key = "d3Jvbmcta2V5LXdyb25nLWtleS13cm9uZy1rZXktd3Jvbmcta2V5";
+    let connection = azurite.connection_string().replace(ebb::queue::azure::DEVELOPMENT_KEY, wrong_key);
+    std::fs::write(site.config(), with_azure(&connection)).unwrap();
+    for command in ["check", "run"] {
+        let output = Command::new(EBB).arg(command).arg("--config").arg(site.config()).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "ebb {command}: {stderr}");
+        assert!(stderr.contains("AuthenticationFailed") && stderr.contains("devstoreaccount1"), "ebb {command}: {stderr}");
+        assert!(!stderr.contains(wrong_key) && !stderr.contains(ebb::queue::azure::DEVELOPMENT_KEY), "ebb {command} shows a key: {stderr}");
+    }
+}

@@ -121,6 +121,8 @@ fn the_documented_defaults_are_the_code_defaults() {
             ("`[rule_limits]`", "memory_mib") => Code::Number((limits.memory_bytes >> 20) as u64),
             ("`[rule_limits]`", "quarantine_after") => Code::Number(limits.quarantine_after.into()),
             ("`[rule_limits]`", "cache_mib") => Code::Number(limits.cache_max_bytes >> 20),
+            ("`[azure]`", "message_encoding") => Code::Text("base64".into()),
+            ("`[azure]`", _) => Code::Absent,
             ("`[queues.<name>]`", key) => match key {
                 "batch_size" => Code::Number(s.batch_size.into()),
                 "min_tasks" => Code::Number(s.min_tasks.into()),
@@ -134,6 +136,7 @@ fn the_documented_defaults_are_the_code_defaults() {
                 "push" => Code::Bool(s.push_enabled),
                 "scale_interval" => Code::Duration(s.scale_interval),
                 "partitions" => Code::Number(queue.partitions.into()),
+                "backend" => Code::Text(if matches!(queue.backend, ebb::config::Backend::Embedded) { "embedded" } else { "azure" }.into()),
                 "rule" => queue.rule.rule.as_ref().map_or(Code::Absent, |p| Code::Text(p.display().to_string())),
                 "rule_params" if queue.rule.params.is_empty() => Code::Absent,
                 "handler.url" => Code::Absent, // required

@@ -375,3 +375,19 @@ async fn a_burst_of_poisoned_messages_does_not_flood_the_log() {
     let lines = log.text().lines().filter(|l| l.contains("moved to the poison queue")).count();
     assert!((1..=10).contains(&lines), "{lines} poison lines");
 }
+
+/// Azure's poison queue gets the original body (what Azure Functions writes, so tools that
+/// requeue poisoned messages work); the reason stays in the status.
+#[tokio::test(start_paused = true)]
+async fn without_the_envelope_the_poison_queue_gets_the_original_body() {
+    let settings = QueueSettings { max_dequeue_count: 1, poison_envelope: false, ..Default::default() };
+    let f = fixture(settings, None);
+    f.listener.start();
+    f.queue.put(b"fail: the original", Duration::ZERO).await.unwrap();
+    sleep(Duration::from_secs(30)).await;
+    let poisoned = f.poison.get(32, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(poisoned.len(), 1);
+    assert_eq!(poisoned[0].body, b"fail: the original");
+    let status = f.listener.status();
+    assert!(status.recent_poison[0].reason.contains("boom on try 1"), "{:?}", status.recent_poison);
+}

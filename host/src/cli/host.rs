@@ -4,7 +4,9 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 
-use crate::config::Config;
+use crate::config::{Backend, Config};
+use crate::queue::QueueClient as _;
+use crate::service::storage_queue;
 use crate::rules::{RuleEngine, RuleSet};
 use crate::service::Service;
 
@@ -34,6 +36,40 @@ async fn wait_for_signal() -> Result<()> {
     Ok(())
 }
 
+/// Reaches every Azure queue of the config with a read (its message count): the credential
+/// works and may read. Each failure names the queue, the account and what is missing.
+fn check_azure_queues(config: &Config) -> Vec<anyhow::Error> {
+    let azure: Vec<_> = config.queues.iter().filter(|q| matches!(q.backend, Backend::Azure { .. })).collect();
+    if azure.is_empty() {
+        return Vec::new();
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => return vec![error.into()],
+    };
+    let mut problems = Vec::new();
+    for queue in azure {
+        for name in queue.storage_queues().into_iter().chain([queue.poison_queue()]) {
+            let checked = runtime.block_on(async {
+                let client = storage_queue(&queue.backend, None, &name)?;
+                match client.approximate_count().await {
+                    Ok(count) => {
+                        println!("queue {name}: reached on Azure, {count} message{}", if count == 1 { "" } else { "s" });
+                        Ok(())
+                    }
+                    Err(error) if format!("{error}").contains("QueueNotFound") => {
+                        println!("queue {name}: reached on Azure; it does not exist yet (ebb run creates it)");
+                        Ok(())
+                    }
+                    Err(error) => Err(anyhow::Error::new(error)),
+                }
+            });
+            problems.extend(checked.err());
+        }
+    }
+    problems
+}
+
 pub fn check(config_path: &Path) -> Result<()> {
     let config = Config::load(config_path)?;
     let engine = RuleEngine::new(config.rule_limits.clone(), None)?;
@@ -46,6 +82,8 @@ pub fn check(config_path: &Path) -> Result<()> {
         };
         println!("queue {}: rule {rule}, tasks {}..{}, handler {}", queue.name, queue.settings.min_tasks, queue.settings.max_tasks, crate::handler::masked(&queue.handler_url));
     }
+    let mut problems = problems;
+    problems.extend(check_azure_queues(&config));
     for problem in &problems {
         eprintln!("error: {problem:#}");
     }

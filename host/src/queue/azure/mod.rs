@@ -111,6 +111,17 @@ impl Call {
             Call::Count => "read the message count",
         }
     }
+
+    /// The permission the call needs, as a SAS `sp` letter and its name.
+    fn permission(self) -> &'static str {
+        match self {
+            Call::Create => "create the queue (an account-level permission: a queue SAS cannot; create it beforehand)",
+            Call::Put => "a (add)",
+            Call::Get | Call::Delete => "p (process)",
+            Call::Update => "u (update)",
+            Call::Count => "r (read)",
+        }
+    }
 }
 
 impl AzureQueue {
@@ -193,6 +204,13 @@ impl AzureQueue {
                 let what = if self.sas.is_some() { "the shared access signature" } else { "the account key" };
                 QueueError::Fatal(anyhow!("queue {} on account {}: AuthenticationFailed (403): check {what}", self.name, self.account))
             }
+            (StatusCode::Forbidden, "AuthorizationPermissionMismatch" | "AuthorizationFailure") => QueueError::Fatal(anyhow!(
+                "queue {} on account {}: {code} (403): the credential lacks the permission to {}: it needs {}",
+                self.name,
+                self.account,
+                call.verb(),
+                call.permission()
+            )),
             (StatusCode::NotFound, "QueueNotFound") => QueueError::Fatal(anyhow!(
                 "queue {} on account {}: QueueNotFound (404): the queue does not exist (create it first)",
                 self.name,

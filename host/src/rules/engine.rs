@@ -118,8 +118,10 @@ pub struct CompiledRule {
     pre: ScalingRulePre<RuleHost>,
 }
 
-/// How many compiled rules no queue uses stay in memory, for a quick swap back.
-const KEEP_UNUSED_IN_MEMORY: usize = 1;
+/// How many compiled rules no queue uses stay in memory. None: a swap back loads from the
+/// disk cache (a fraction of a millisecond for a Rust rule, ~20 ms for a Python one), and a
+/// large rule's old versions do not hold its size in memory each.
+const KEEP_UNUSED_IN_MEMORY: usize = 0;
 /// How many compiled rules no queue uses stay in the disk cache (within `cache_max_bytes`).
 const KEEP_UNUSED_ON_DISK: usize = 3;
 
@@ -678,7 +680,7 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
 /// component) allocates hundreds of MB of temporary buffers, and glibc keeps freed heap
 /// memory (its mmap threshold grows after large frees), so without this the resident size
 /// stays at the compile's peak and grows with each swap of a new rule version.
-fn release_free_memory() {
+pub(crate) fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free memory; it takes the allocator's own locks.
     unsafe {

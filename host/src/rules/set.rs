@@ -22,7 +22,7 @@ use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState, paper};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::engine::{CompiledRule, RuleEngine, RuleInstance, lock, read_rule_file};
+use super::engine::{CompiledRule, RuleEngine, RuleInstance, lock, read_rule_file, release_free_memory};
 use super::stderr::OutputLogger;
 use crate::log_limit::LogLimiter;
 
@@ -276,7 +276,12 @@ impl RuleSet {
                 self.remove(path);
                 Ok(None)
             }
-            Ok(Some(bytes)) => self.apply_bytes(path, &bytes),
+            Ok(Some(bytes)) => {
+                let applied = self.apply_bytes(path, &bytes);
+                drop(bytes);
+                release_free_memory();
+                applied
+            }
             Err(error) => {
                 self.record_error(path, &error);
                 Err(error)
@@ -320,6 +325,9 @@ impl RuleSet {
                 if let Err(error) = self.apply_bytes(path, &bytes) {
                     tracing::warn!(rule = %name, "keeping the current rule: {error:#}");
                 }
+                // The file's bytes (as large as the rule) are freed only now.
+                drop(bytes);
+                release_free_memory();
             }
             Err(error) => {
                 tracing::warn!(rule = %name, "keeping the current rule: {error:#}");

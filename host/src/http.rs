@@ -294,14 +294,30 @@ fn too_large(limits: ApiLimits) -> Response {
     error(StatusCode::PAYLOAD_TOO_LARGE, format!("the message is larger than max_message_bytes ({} bytes)", limits.max_body_bytes))
 }
 
-/// Answers 413 at once to a request whose Content-Length is over the limit, without reading
-/// its body (the body limit catches chunked bodies as they are read).
+/// Of a body declared over the limit, how much is read and thrown away before the 413, and
+/// for how long: a client still writing its body when the connection closes sees a reset
+/// instead of the answer.
+const DISCARD_BYTES: u64 = 1 << 20;
+const DISCARD_TIME: Duration = Duration::from_secs(1);
+
+/// Answers 413 to a request whose Content-Length is over the limit without keeping its body
+/// (the body limit catches chunked bodies as they are read). A body not much over the limit
+/// is read and discarded first (at most [`DISCARD_BYTES`] for [`DISCARD_TIME`]), so the
+/// client gets to read the answer.
 async fn reject_declared_large_bodies(State(limits): State<ApiLimits>, request: Request, next: Next) -> Response {
     let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > limits.max_body_bytes as u64) {
-        return too_large(limits);
+    let Some(declared) = declared.filter(|length| *length > limits.max_body_bytes as u64) else {
+        return next.run(request).await;
+    };
+    if declared <= limits.max_body_bytes as u64 + DISCARD_BYTES {
+        let mut body = request.into_body().into_data_stream();
+        let _ = tokio::time::timeout(DISCARD_TIME, async {
+            use futures::StreamExt as _;
+            while let Some(Ok(_)) = body.next().await {}
+        })
+        .await;
     }
-    next.run(request).await
+    too_large(limits)
 }
 
 /// True when `given` is the token, compared in constant time (both sides hashed first, so

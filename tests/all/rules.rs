@@ -299,7 +299,10 @@ fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
 
 #[test]
 fn swaps_under_concurrent_decisions_fail_no_decision() {
-    let w = watched(guests::PAPER_DEFAULT);
+    // A generous deadline: this is about swaps, and on a loaded machine a 10 ms call can be
+    // descheduled past its deadline (a fault, rightly, but not the one tested here).
+    let limits = RuleLimits { call_deadline: Duration::from_secs(1), ..RuleLimits::default() };
+    let w = watched_with(guests::PAPER_DEFAULT, limits, Duration::from_millis(20));
     let stop = Arc::new(AtomicBool::new(false));
     let not_from_rule = Arc::new(AtomicU64::new(0));
     let deciders: Vec<_> = (0..3)
@@ -522,10 +525,10 @@ fn old_rule_versions_are_evicted_from_memory_and_disk() -> Result<()> {
         rules.apply_file(&path)?;
         assert_eq!(rules.decide_task_count(QUEUE, &state(5)).value, 7);
     }
-    assert_eq!(engine.compiled_in_memory(), 1, "only the rule in use stays in memory");
+    assert!(engine.compiled_in_memory() <= 2, "in use + one small one for a swap back, not {}", engine.compiled_in_memory());
     let files = cache_files(cache.path());
     assert!(files.len() <= 4, "in use + three recent: {files:?}");
-    // The previous version comes back from the disk cache, without compiling.
+    // The previous version comes back from memory, without compiling.
     std::fs::write(&path, ebb_tests::version_of(&bytes, 6))?;
     assert!(rules.apply_file(&path)?.unwrap().from_cache);
     Ok(())

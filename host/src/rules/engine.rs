@@ -118,10 +118,11 @@ pub struct CompiledRule {
     pre: ScalingRulePre<RuleHost>,
 }
 
-/// How many compiled rules no queue uses stay in memory. None: a swap back loads from the
-/// disk cache (a fraction of a millisecond for a Rust rule, ~20 ms for a Python one), and a
-/// large rule's old versions do not hold its size in memory each.
-const KEEP_UNUSED_IN_MEMORY: usize = 0;
+/// How many compiled rules no queue uses stay in memory, for a quick swap back...
+const KEEP_UNUSED_IN_MEMORY: usize = 1;
+/// ...if their compiled images take no more than this: a large rule's previous version
+/// is not worth its size in memory (a swap back to it loads from the disk cache).
+const KEEP_UNUSED_IN_MEMORY_BYTES: usize = 8 << 20;
 /// How many compiled rules no queue uses stay in the disk cache (within `cache_max_bytes`).
 const KEEP_UNUSED_ON_DISK: usize = 3;
 
@@ -260,7 +261,7 @@ impl RuleEngine {
         {
             self.remember(sha256, &component);
             // The file's bytes were read into memory to be checked: give them back.
-            release_free_memory();
+            release_free_memory_after(image_bytes(&component));
             return Ok((component, true));
         }
         self.compilations.fetch_add(1, Ordering::Relaxed);
@@ -271,7 +272,7 @@ impl RuleEngine {
             }
         }
         self.remember(sha256, &component);
-        release_free_memory();
+        release_free_memory_after(bytes.len());
         Ok((component, false))
     }
 
@@ -330,14 +331,27 @@ impl RuleEngine {
             let mut compiled = lock(&self.compiled);
             let in_use = compiled.in_use();
             let unused: Vec<String> = compiled.recent.iter().filter(|s| !in_use.contains(*s)).cloned().collect();
-            let evicted = &unused[..unused.len().saturating_sub(KEEP_UNUSED_IN_MEMORY)];
+            // `recent` runs from least to most recently used: keep the last few that fit.
+            let mut kept = 0;
+            let mut kept_bytes = 0;
+            let mut keep_from = unused.len();
+            for sha in unused.iter().rev() {
+                let size = compiled.components.get(sha).map_or(0, image_bytes);
+                if kept == KEEP_UNUSED_IN_MEMORY || kept_bytes + size > KEEP_UNUSED_IN_MEMORY_BYTES {
+                    break;
+                }
+                (kept, kept_bytes, keep_from) = (kept + 1, kept_bytes + size, keep_from - 1);
+            }
+            let evicted = &unused[..keep_from];
+            let mut freed = 0;
             for sha in evicted {
-                compiled.components.remove(sha);
+                freed += compiled.components.remove(sha).map_or(0, |c| image_bytes(&c));
             }
             compiled.recent.retain(|s| !evicted.contains(s));
-            in_use
+            (in_use, freed)
         };
-        release_free_memory();
+        let (in_use, freed) = in_use;
+        release_free_memory_after(freed);
         if let Some(dir) = &self.cache_dir {
             if let Err(error) = trim_disk_cache(dir, &in_use, self.limits.cache_max_bytes) {
                 tracing::warn!(dir = %dir.display(), "could not trim the rule cache: {error:#}");
@@ -680,7 +694,24 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
 /// component) allocates hundreds of MB of temporary buffers, and glibc keeps freed heap
 /// memory (its mmap threshold grows after large frees), so without this the resident size
 /// stays at the compile's peak and grows with each swap of a new rule version.
-pub(crate) fn release_free_memory() {
+/// The size of a compiled component's image in memory.
+fn image_bytes(component: &Component) -> usize {
+    let range = component.image_range();
+    (range.end as usize).saturating_sub(range.start as usize)
+}
+
+/// [`release_free_memory`] when `freed` bytes are worth it: trimming walks the allocator's
+/// heaps (milliseconds), so small rules, swapped often, skip it.
+pub(crate) fn release_free_memory_after(freed: usize) {
+    if freed >= TRIM_AFTER_BYTES {
+        release_free_memory();
+    }
+}
+
+/// Below this, memory freed by a rule's compile, load or eviction is left to the allocator.
+const TRIM_AFTER_BYTES: usize = 4 << 20;
+
+fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free memory; it takes the allocator's own locks.
     unsafe {

@@ -22,7 +22,7 @@ use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState, paper};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::engine::{CompiledRule, RuleEngine, RuleInstance, lock, read_rule_file, release_free_memory};
+use super::engine::{CompiledRule, RuleEngine, RuleInstance, lock, read_rule_file, release_free_memory_after};
 use super::stderr::OutputLogger;
 use crate::log_limit::LogLimiter;
 
@@ -278,8 +278,9 @@ impl RuleSet {
             }
             Ok(Some(bytes)) => {
                 let applied = self.apply_bytes(path, &bytes);
+                let freed = bytes.len();
                 drop(bytes);
-                release_free_memory();
+                release_free_memory_after(freed);
                 applied
             }
             Err(error) => {
@@ -326,8 +327,9 @@ impl RuleSet {
                     tracing::warn!(rule = %name, "keeping the current rule: {error:#}");
                 }
                 // The file's bytes (as large as the rule) are freed only now.
+                let freed = bytes.len();
                 drop(bytes);
-                release_free_memory();
+                release_free_memory_after(freed);
             }
             Err(error) => {
                 tracing::warn!(rule = %name, "keeping the current rule: {error:#}");

@@ -221,12 +221,37 @@ async fn delays_and_visibilities_past_seven_days_saturate_and_the_writer_keeps_s
 #[derive(Debug)]
 struct FlakyBackend {
     file: redb::backends::FileBackend,
-    failing: Arc<AtomicBool>,
+    faults: Arc<Faults>,
+}
+
+/// What a [`FlakyBackend`] does wrong.
+#[derive(Debug, Default)]
+struct Faults {
+    /// Writes, syncs and resizes fail while set.
+    failing: AtomicBool,
+    /// The next write panics (a bug in the storage layer).
+    panic_next: AtomicBool,
+}
+
+/// A store on a [`FlakyBackend`], and the switch of its faults.
+fn flaky_store(dir: &std::path::Path, options: EmbeddedOptions) -> (EmbeddedStore, Arc<Faults>) {
+    let faults = Arc::new(Faults::default());
+    let shared = faults.clone();
+    let store = EmbeddedStore::open_with_backend(dir, options, move |path| {
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
+        let file = redb::backends::FileBackend::new(file).map_err(std::io::Error::other)?;
+        Ok(FlakyBackend { file, faults: shared.clone() })
+    })
+    .unwrap();
+    (store, faults)
 }
 
 impl FlakyBackend {
     fn check(&self) -> std::io::Result<()> {
-        if self.failing.load(Ordering::SeqCst) {
+        if self.faults.panic_next.swap(false, Ordering::SeqCst) {
+            panic!("injected: a storage bug");
+        }
+        if self.faults.failing.load(Ordering::SeqCst) {
             Err(std::io::Error::other("injected: no space left on device"))
         } else {
             Ok(())
@@ -287,16 +312,9 @@ async fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
 #[tokio::test]
 async fn a_store_whose_writes_fail_for_a_while_recovers_without_losing_an_acknowledged_message() {
     let dir = tempfile::tempdir().unwrap();
-    let failing = Arc::new(AtomicBool::new(false));
     let health = ebb::health::Health::default();
     let options = EmbeddedOptions { health: health.clone(), ..EmbeddedOptions::default() };
-    let flag = failing.clone();
-    let store = EmbeddedStore::open_with_backend(dir.path(), options, move |path| {
-        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
-        let file = redb::backends::FileBackend::new(file).map_err(std::io::Error::other)?;
-        Ok(FlakyBackend { file, failing: flag.clone() })
-    })
-    .unwrap();
+    let (store, faults) = flaky_store(dir.path(), options);
     let queue = store.queue("work");
     queue.create_if_missing().await.unwrap();
     let mut acknowledged = BTreeSet::new();
@@ -304,7 +322,7 @@ async fn a_store_whose_writes_fail_for_a_while_recovers_without_losing_an_acknow
         acknowledged.insert(queue.put(format!("before {i}").as_bytes(), Duration::ZERO).await.unwrap());
     }
 
-    failing.store(true, Ordering::SeqCst);
+    faults.failing.store(true, Ordering::SeqCst);
     let mut refused = 0;
     for i in 0..10 {
         match queue.put(format!("during {i}").as_bytes(), Duration::ZERO).await {
@@ -318,7 +336,7 @@ async fn a_store_whose_writes_fail_for_a_while_recovers_without_losing_an_acknow
     let problem = health.problems()["store"].clone();
     assert!(problem.contains("queues.redb") && problem.contains("injected: no space left on device"), "{problem}");
 
-    failing.store(false, Ordering::SeqCst);
+    faults.failing.store(false, Ordering::SeqCst);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let id = loop {
         match queue.put(b"after", Duration::ZERO).await {
@@ -352,17 +370,10 @@ async fn a_store_that_keeps_failing_logs_a_few_lines_not_one_per_try() {
     let log = ebb_tests::LogCapture::default();
     let _guard = log.start(tracing::Level::INFO);
     let dir = tempfile::tempdir().unwrap();
-    let failing = Arc::new(AtomicBool::new(false));
-    let flag = failing.clone();
-    let store = EmbeddedStore::open_with_backend(dir.path(), EmbeddedOptions::default(), move |path| {
-        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
-        let file = redb::backends::FileBackend::new(file).map_err(std::io::Error::other)?;
-        Ok(FlakyBackend { file, failing: flag.clone() })
-    })
-    .unwrap();
+    let (store, faults) = flaky_store(dir.path(), EmbeddedOptions::default());
     let queue = store.queue("work");
     queue.create_if_missing().await.unwrap();
-    failing.store(true, Ordering::SeqCst);
+    faults.failing.store(true, Ordering::SeqCst);
     let started = std::time::Instant::now();
     let mut tries = 0;
     while started.elapsed() < Duration::from_secs(3) {
@@ -440,4 +451,27 @@ async fn a_body_changed_on_disk_is_delivered_marked_corrupt() {
     assert!(defect.starts_with("corrupt"), "flagged, not delivered as if whole: {defect:?}");
     let intact = got.iter().find(|m| m.body == b"an intact neighbour").unwrap();
     assert_eq!(intact.defect, None);
+}
+
+/// Item 1: a panic while committing one group stopped the writer thread; every later call
+/// answered "the queue writer has stopped". Now only that group fails.
+#[tokio::test]
+async fn a_panic_while_committing_fails_that_group_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, faults) = flaky_store(dir.path(), EmbeddedOptions::default());
+    let queue = store.queue("work");
+    queue.create_if_missing().await.unwrap();
+    let kept = queue.put(b"before", Duration::ZERO).await.unwrap();
+    faults.panic_next.store(true, Ordering::SeqCst);
+    // (The panic's message is printed: it happens on the writer's thread.)
+    assert!(queue.put(b"during", Duration::ZERO).await.is_err(), "the put whose commit panicked fails");
+    // The writer goes on (reopening the database if redb refuses it after the panic).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while queue.put(b"after", Duration::ZERO).await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "the writer never served again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let got = queue.get(32, Duration::from_secs(30)).await.unwrap();
+    assert!(got.iter().any(|m| m.id == kept), "the acknowledged put survived");
+    assert!(got.iter().any(|m| m.body == b"after"));
 }

@@ -391,3 +391,22 @@ async fn without_the_envelope_the_poison_queue_gets_the_original_body() {
     let status = f.listener.status();
     assert!(status.recent_poison[0].reason.contains("boom on try 1"), "{:?}", status.recent_poison);
 }
+
+/// Item 15: handler failures were logged at DEBUG only, so at the default level a failing
+/// app was invisible until a message was poisoned. Now at WARN, rate-limited.
+#[tokio::test(start_paused = true)]
+async fn handler_failures_are_warnings_and_do_not_flood_the_log() {
+    let log = ebb_tests::LogCapture::default();
+    let _guard = log.start(tracing::Level::WARN);
+    let settings = QueueSettings { max_dequeue_count: 100, visibility_timeout: Duration::from_millis(10), ..Default::default() };
+    let f = fixture(settings, None);
+    f.listener.start();
+    put(f.queue.as_ref(), "fail", 50).await;
+    f.listener.work_detected();
+    sleep(Duration::from_secs(20)).await;
+    assert!(f.listener.status().failed >= 200, "{:?}", f.listener.status().failed);
+    let text = log.text();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("handler failed, retrying later")).collect();
+    assert!(!lines.is_empty() && lines.len() <= 10, "{} lines", lines.len());
+    assert!(lines[0].contains("WARN") && lines[0].contains("boom on try"), "{}", lines[0]);
+}

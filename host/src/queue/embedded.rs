@@ -587,7 +587,15 @@ impl Writer {
             }
             Err(panic) => {
                 let reason = panic_message(&*panic);
-                tracing::error!(file = %self.file.display(), "the queue writer panicked on a group of {count} changes (they fail; the writer goes on): {reason}");
+                if let Some(suppressed) = self.log.allow() {
+                    tracing::error!(file = %self.file.display(), suppressed, "the queue writer panicked on a group of {count} changes (they fail; the store is reopened): {reason}");
+                }
+                // A panic inside redb leaves its locks poisoned: every later commit would
+                // panic too. Start again from the file, as after an I/O error.
+                drop(db);
+                self.failed_commits = self.failed_commits.saturating_add(1);
+                self.good_commits = 0;
+                self.reopen_after_failure(&format!("a panic: {reason}"));
                 (0..count).map(|_| Err(QueueError::Fatal(anyhow!("the queue writer failed on this change: {reason}")))).collect()
             }
         }
@@ -657,7 +665,8 @@ impl Writer {
             loop {
                 match Arc::try_unwrap(old) {
                     Ok(db) => {
-                        drop(db);
+                        // A database whose locks a panic poisoned may panic as it closes.
+                        let _ = quietly(move || drop(db));
                         break;
                     }
                     Err(shared) if Instant::now() < deadline => {

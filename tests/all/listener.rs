@@ -410,3 +410,26 @@ async fn handler_failures_are_warnings_and_do_not_flood_the_log() {
     assert!(!lines.is_empty() && lines.len() <= 10, "{} lines", lines.len());
     assert!(lines[0].contains("WARN") && lines[0].contains("boom on try"), "{}", lines[0]);
 }
+
+/// Item 4: on a backend whose count is a billed call, the status depth was refreshed only at
+/// scaling decisions. Now watching the status counts again when the figure is older than
+/// DEPTH_MAX_AGE, at most once per that time, and says how old it is.
+#[tokio::test(start_paused = true)]
+async fn a_remote_queues_status_depth_is_refreshed_when_stale() {
+    let f = fixture(QueueSettings::default(), None);
+    assert_eq!(f.queue.local_count(), None, "the fixture queue counts like a remote one");
+    put(f.queue.as_ref(), "sleep 10", 5).await;
+    let first = f.listener.status();
+    assert_eq!((first.approximate_depth, first.depth_as_of), (0, None), "nothing counted yet");
+    sleep(Duration::from_millis(10)).await;
+    let counted = f.listener.status();
+    assert_eq!(counted.approximate_depth, 5);
+    assert!(counted.depth_as_of.is_some());
+    put(f.queue.as_ref(), "sleep 10", 5).await;
+    sleep(Duration::from_millis(10)).await;
+    assert_eq!(f.listener.status().approximate_depth, 5, "fresh enough: no second count yet");
+    sleep(ebb::listener::DEPTH_MAX_AGE).await;
+    f.listener.status();
+    sleep(Duration::from_millis(10)).await;
+    assert_eq!(f.listener.status().approximate_depth, 10, "counted again once stale");
+}

@@ -35,6 +35,9 @@ use state::Counters;
 /// Log lines per window for repeated failures (handler failures, failed gets).
 const FAILURE_LOG_LINES: u32 = 10;
 const FAILURE_LOG_WINDOW: Duration = Duration::from_secs(60);
+/// The oldest depth figure the status shows on a backend whose count is billed, before it
+/// counts again.
+pub const DEPTH_MAX_AGE: Duration = Duration::from_secs(30);
 
 /// One queue's listener. Cheap to clone (shared state).
 #[derive(Clone)]
@@ -65,6 +68,8 @@ struct Shared {
     failure_log: LogLimiter,
     /// Poisonings, likewise (each one's reason stays in the status and the metrics).
     poison_log: LogLimiter,
+    /// When the depth was last counted (remote backends: each count is a billed call).
+    depth_counted: Mutex<Option<tokio::time::Instant>>,
     /// Failed gets, likewise.
     storage_log: LogLimiter,
 }
@@ -142,6 +147,7 @@ impl ListenerBuilder {
                 random: Mutex::new(fastrand::Rng::with_seed(seed)),
                 failure_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
                 poison_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
+                depth_counted: Mutex::new(None),
                 storage_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
             }),
         }
@@ -194,8 +200,36 @@ impl Listener {
     }
 
     /// `QueryState()`: the listener's state, for status and metrics.
+    ///
+    /// On a backend whose count is a billed call (Azure), the depth is the last count made:
+    /// a scaling decision's, or one this starts in the background when the last is older
+    /// than [`DEPTH_MAX_AGE`] (so watching the status costs at most one count per that
+    /// time; `depth_as_of` says how old the figure is).
     pub fn status(&self) -> ListenerStatus {
+        self.refresh_depth_if_stale();
         self.shared.status()
+    }
+
+    fn refresh_depth_if_stale(&self) {
+        let shared = &self.shared;
+        if shared.queue.local_count().is_some() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        {
+            let mut counted = shared.depth_counted.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if counted.is_some_and(|at| at.elapsed() < DEPTH_MAX_AGE) {
+                return;
+            }
+            *counted = Some(tokio::time::Instant::now());
+        }
+        let shared = shared.clone();
+        runtime.spawn(async move {
+            match shared.queue.approximate_count().await {
+                Ok(depth) => shared.counters.record_depth(depth, SystemTime::now()),
+                Err(error) => tracing::debug!("could not refresh the depth for the status: {error}"),
+            }
+        });
     }
 
     /// Stops taking new batches, lets in-flight messages finish for up to `drain_timeout`,
@@ -420,6 +454,7 @@ impl Shared {
             }
         };
         self.counters.record_depth(depth, SystemTime::now());
+        *self.depth_counted.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tokio::time::Instant::now());
         let window = self.counters.take_window();
         let state = QueueState {
             queue: self.queue.name().to_string(),

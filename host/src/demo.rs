@@ -29,6 +29,8 @@ pub struct DemoOptions {
     pub burst: u64,
     /// Messages per second in the trickle phase.
     pub trickle_per_sec: u64,
+    /// Run the queue on Azurite (Azure's emulator) instead of the embedded store.
+    pub azurite: bool,
 }
 
 /// The example rules the demo uses, built from `example-rules/`.
@@ -46,6 +48,11 @@ pub async fn run(options: DemoOptions) -> Result<()> {
     std::fs::copy(&rules.first, &rule_file)?;
     let names = [(sha256(&rules.first)?, "paper-default"), (sha256(&rules.second)?, "proportional")];
 
+    let azurite = if options.azurite { Some(Azurite::start()?) } else { None };
+    let backend = match &azurite {
+        Some(azurite) => crate::config::Backend::Azure { account: azurite.account()?, encoding: crate::queue::azure::Encoding::Base64 },
+        None => crate::config::Backend::Embedded,
+    };
     let processed_by_app = Arc::new(AtomicU64::new(0));
     let app = start_app(options.processing_time, processed_by_app.clone()).await?;
     let config = Config {
@@ -64,14 +71,23 @@ pub async fn run(options: DemoOptions) -> Result<()> {
             handler_url: format!("http://{app}/work").parse()?,
             handler_timeout: Duration::from_secs(30),
             partitions: 1,
-            backend: crate::config::Backend::Embedded,
+            backend,
         }],
+    };
+    // The demo's own display of the depth: not through the host's metered client, so the
+    // transactions shown are the host's only.
+    let display_queue = match &azurite {
+        Some(_) => Some(crate::service::storage_queue(&config.queues[0].backend, None, QUEUE)?),
+        None => None,
     };
     let service = Service::start(&config).await?;
     let api = service.api_addr();
+    let store = match &azurite {
+        Some(azurite) => format!("Azurite at {} (every call a billed transaction on Azure)", azurite.endpoint),
+        None => format!("the embedded store in {}", config.data_dir.display()),
+    };
     println!(
-        "ebb demo: queue {QUEUE} on the embedded store in {}, rule {} from the watched folder {}, app at http://{app}/work ({} ms a message)",
-        config.data_dir.display(),
+        "ebb demo: queue {QUEUE} on {store}, rule {} from the watched folder {}, app at http://{app}/work ({} ms a message)",
         rule_file.file_name().unwrap().to_string_lossy(),
         rules_dir.display(),
         options.processing_time.as_millis()
@@ -96,7 +112,10 @@ pub async fn run(options: DemoOptions) -> Result<()> {
             println!("-- deployed the proportional rule over demo.wasm (write aside + rename); the host swaps it in while it works");
         }
         let status = service.status().remove(0);
-        let depth = service.depth(QUEUE).await?;
+        let depth = match &display_queue {
+            Some(queue) => queue.approximate_count().await?,
+            None => service.depth(QUEUE).await?,
+        };
         println!("{}", live_line(started.elapsed(), depth, &status, last.as_ref(), &names));
         last = Some(status);
     }
@@ -216,6 +235,66 @@ fn sha256(path: &Path) -> Result<String> {
 }
 
 /// Adds the wasm32-wasip2 target if missing and builds the Rust example rules.
+/// Azure's emulator, for `--backend azurite`: installed from npm (pinned by the tests'
+/// `tests/azurite/package-lock.json`) into `target/azurite`, started on a free port, stopped
+/// on drop.
+struct Azurite {
+    child: std::process::Child,
+    endpoint: String,
+}
+
+impl Azurite {
+    fn start() -> Result<Azurite> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
+        let prefix = root.join("target/azurite");
+        let tool = prefix.join("node_modules/.bin/azurite-queue");
+        if !tool.exists() {
+            println!("installing Azurite from npm into {} (npm ci)", prefix.display());
+            std::fs::create_dir_all(&prefix)?;
+            for file in ["package.json", "package-lock.json"] {
+                std::fs::copy(root.join("tests/azurite").join(file), prefix.join(file)).with_context(|| format!("the demo installs Azurite from tests/azurite/{file}"))?;
+            }
+            let status = Command::new("npm")
+                .args(["ci", "--no-audit", "--no-fund", "--silent", "--prefix"])
+                .arg(&prefix)
+                .status()
+                .context("--backend azurite needs Node.js 20+ and npm: failed to run npm")?;
+            if !status.success() {
+                bail!("npm ci of Azurite into {} failed ({status})", prefix.display());
+            }
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let child = Command::new(&tool)
+            .args(["--queueHost", "127.0.0.1", "--queuePort", &port.to_string(), "--inMemoryPersistence", "--disableTelemetry", "--silent"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .with_context(|| format!("failed to start {} (needs Node.js 20+)", tool.display()))?;
+        let mut azurite = Azurite { child, endpoint: format!("http://127.0.0.1:{port}/{}", crate::queue::azure::DEVELOPMENT_ACCOUNT) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(status) = azurite.child.try_wait()? {
+                bail!("Azurite exited ({status}) before answering on port {port}");
+            }
+            if Instant::now() > deadline {
+                bail!("Azurite did not answer on port {port} within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(azurite)
+    }
+
+    fn account(&self) -> Result<crate::queue::azure::AzureAccount> {
+        crate::queue::azure::AzureAccount::with_key(crate::queue::azure::DEVELOPMENT_ACCOUNT, crate::queue::azure::DEVELOPMENT_KEY, Some(&self.endpoint))
+    }
+}
+
+impl Drop for Azurite {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn build_example_rules() -> Result<DemoRules> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
     let workspace = root.join("example-rules");

@@ -43,6 +43,9 @@ pub struct Service {
     api_task: tokio::task::JoinHandle<()>,
     drain_timeout: Duration,
     _watcher: RuleWatcher,
+    /// The rule set: the listeners hold only their queues' handles and the watcher only a
+    /// weak reference, so without this the set (and every rule swap) would be gone.
+    _rules: Arc<RuleSet>,
     store: EmbeddedStore,
 }
 
@@ -114,7 +117,7 @@ impl Service {
         });
         tracing::info!(%api_addr, "API listening");
         let listeners = listeners.into_values().flatten().collect();
-        Ok(Service { listeners, api_addr, api_stop, api_task, drain_timeout: config.drain_timeout, _watcher: watcher, store })
+        Ok(Service { listeners, api_addr, api_stop, api_task, drain_timeout: config.drain_timeout, _watcher: watcher, _rules: rules, store })
     }
 
     /// Where the API listens.

@@ -533,3 +533,22 @@ async fn an_azure_queue_through_the_binary() {
         assert!(!stderr.contains(wrong_key) && !stderr.contains(ebb::queue::azure::DEVELOPMENT_KEY), "ebb {command} shows a key: {stderr}");
     }
 }
+
+/// A rule deployed into the running host's folder (write aside, rename) is swapped in. (The
+/// rule set was once dropped after start-up, leaving the watcher nothing to apply to.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_deployed_into_the_running_hosts_folder_is_swapped_in() {
+    use sha2::Digest as _;
+    let (_app, app_addr) = App::start(Duration::ZERO).await;
+    let site = Site::new(app_addr, "30s");
+    let mut host = site.start_host().await;
+    let sha = |path: &str| hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()));
+    assert_eq!(site.status().await["queues"][0]["rule"]["sha256"], sha(guests::PAPER_DEFAULT));
+    let staging = site.dir.path().join("rules/orders.wasm.partial");
+    std::fs::copy(guests::FIXED_TASKS, &staging).unwrap();
+    std::fs::rename(&staging, site.dir.path().join("rules/orders.wasm")).unwrap();
+    let wanted = sha(guests::FIXED_TASKS);
+    wait_until("the new rule in use", || async { site.status().await["queues"][0]["rule"]["sha256"] == wanted.as_str() }).await;
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+}

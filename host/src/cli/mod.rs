@@ -34,6 +34,11 @@ enum Command {
         /// Messages per second in the trickle phase.
         #[arg(long, default_value_t = 20)]
         trickle: u64,
+        /// Where the demo queue lives: `embedded`, or `azurite` (Azure's emulator, installed
+        /// from npm into target/azurite on first use; needs Node.js 20+), to see the Azure path
+        /// and its billed transactions.
+        #[arg(long, default_value = "embedded", value_parser = ["embedded", "azurite"])]
+        backend: String,
     },
     /// Run the host: listen to every configured queue until SIGINT or SIGTERM.
     Run {
@@ -86,8 +91,8 @@ pub fn main(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Rule(command) => rule::run(command),
         Command::Check { config } => host::check(&config),
-        Command::Demo { duration, processing_time, burst, trickle } => {
-            let options = crate::demo::DemoOptions { duration, processing_time, burst, trickle_per_sec: trickle };
+        Command::Demo { duration, processing_time, burst, trickle, backend } => {
+            let options = crate::demo::DemoOptions { duration, processing_time, burst, trickle_per_sec: trickle, azurite: backend == "azurite" };
             runtime().and_then(|rt| rt.block_on(crate::demo::run(options)))
         }
         Command::Run { config } => runtime().and_then(|rt| rt.block_on(host::run(&config))),

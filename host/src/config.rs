@@ -545,6 +545,11 @@ impl ConfigFile {
         check_folder("data_dir", &data_dir)?;
         let rules_dir = base.join(&self.rules_dir);
         check_folder("rules_dir", &rules_dir)?;
+        for name in self.queues.keys() {
+            if let Some(owner) = name.strip_suffix("-poison").filter(|owner| self.queues.contains_key(*owner)) {
+                bail!("queues.{name}: this name is taken by the poison queue of queues.{owner}");
+            }
+        }
         let mut queues = Vec::new();
         for (name, queue) in self.queues {
             queues.push(queue.validate(&name, &rules_dir, self.azure.as_ref()).with_context(|| format!("queues.{name}"))?);

@@ -148,7 +148,8 @@ impl Handler for HttpHandler {
         }
         if !status.is_success() {
             let text = String::from_utf8_lossy(&body_prefix(response, ERROR_BODY_BYTES).await).into_owned();
-            let text: String = text.chars().take(ERROR_QUOTE_CHARS).collect();
+            // Control characters escaped: an answer must not write lines of its own into the log.
+            let text: String = text.chars().take(ERROR_QUOTE_CHARS).flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect();
             bail!("handler {} answered {status}: {text}", self.shown_url);
         }
         Ok(())

@@ -87,3 +87,15 @@ async fn a_handler_urls_password_never_reaches_an_error() {
     let error = format!("{:#}", handler.handle(&message()).await.unwrap_err());
     assert!(error.contains("502") && !error.contains("hunter2"), "{error}");
 }
+
+/// Second review: CR and LF in a failing answer were written into the log as they were,
+/// so an app could forge log lines.
+#[tokio::test]
+async fn a_failing_answer_cannot_write_lines_into_the_log() {
+    let router = axum::Router::new().route("/work", axum::routing::post(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "oops\r\n2026-01-01T00:00:00Z  INFO ebb: fake line\n") }));
+    let addr = serve(router).await;
+    let handler = HttpHandler::new(format!("http://{addr}/work").parse().unwrap(), Duration::from_secs(5)).unwrap();
+    let error = format!("{:#}", handler.handle(&message()).await.unwrap_err());
+    assert!(!error.contains('\n') && !error.contains('\r'), "{error:?}");
+    assert!(error.contains("oops\\r\\n2026"), "escaped, still readable: {error}");
+}

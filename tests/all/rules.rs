@@ -824,3 +824,36 @@ fn a_rules_load_time_is_serialised_as_rfc_3339() {
     let built_in = rules_for(rules.engine().clone(), None, &[]);
     assert_eq!(serde_json::to_value(built_in.status(QUEUE).unwrap()).unwrap()["loaded_at"], serde_json::Value::Null);
 }
+
+/// Second review: a FIFO or a link to /dev/zero in place of a compiled rule in the cache
+/// hung the host at start or took gigabytes; the cache gets the rule files' refusal.
+#[test]
+fn a_cache_file_that_is_not_a_regular_file_is_refused_and_the_rule_recompiled() -> Result<()> {
+    let cache = tempfile::tempdir()?;
+    let bytes = std::fs::read(guests::FIXED_TASKS)?;
+    let new_engine = || RuleEngine::new(RuleLimits::default(), Some(cache.path().into()));
+    assert!(!new_engine()?.load_bytes("rule.wasm", &bytes)?.from_cache);
+    let file = cache.path().join(&cache_files(cache.path())[0].0);
+    for replace in ["fifo", "/dev/zero"] {
+        std::fs::remove_file(&file)?;
+        if replace == "fifo" {
+            assert!(std::process::Command::new("mkfifo").arg(&file).status()?.success());
+        } else {
+            std::os::unix::fs::symlink(replace, &file)?;
+        }
+        let (done, finished) = std::sync::mpsc::channel();
+        let engine = new_engine()?;
+        let source = bytes.clone();
+        let loader = std::thread::spawn(move || {
+            let loaded = engine.load_bytes("rule.wasm", &source).map(|r| r.from_cache);
+            let _ = done.send(());
+            loaded
+        });
+        finished.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| panic!("{replace}: loading hung"));
+        assert!(!loader.join().unwrap()?, "{replace}: recompiled, not read from the cache");
+        let _ = std::fs::remove_file(&file);
+        // Put an intact cache file back for the next case.
+        assert!(!new_engine()?.load_bytes("rule.wasm", &bytes)?.from_cache);
+    }
+    Ok(())
+}

@@ -88,7 +88,7 @@ pub fn check(config_path: &Path) -> Result<()> {
         eprintln!("error: {problem:#}");
     }
     if !problems.is_empty() {
-        bail!("{} rule problem{} in {}", problems.len(), if problems.len() == 1 { "" } else { "s" }, config_path.display());
+        bail!("{} problem{} with {}", problems.len(), if problems.len() == 1 { "" } else { "s" }, config_path.display());
     }
     println!("{} is valid", config_path.display());
     Ok(())

@@ -282,11 +282,12 @@ impl RuleEngine {
     /// deserialised: nothing can change between the check and the load. A damaged file is
     /// deleted (the caller recompiles and writes it again).
     fn load_cached(&self, file: &Path) -> Option<Component> {
-        let stored = match std::fs::read(file) {
-            Ok(stored) => stored,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        // The same refusal of FIFOs, devices and endless files as for rule files.
+        let stored = match read_rule_file(file, MAX_CACHED_BYTES) {
+            Ok(Some(stored)) => stored,
+            Ok(None) => return None,
             Err(e) => {
-                tracing::warn!(file = %file.display(), "cannot read a cached compiled rule ({e}); recompiling");
+                tracing::warn!(file = %file.display(), "cannot read a cached compiled rule ({e:#}); recompiling");
                 return None;
             }
         };
@@ -707,6 +708,9 @@ pub(crate) fn release_free_memory_after(freed: usize) {
         release_free_memory();
     }
 }
+
+/// Largest compiled rule read from the cache (a compiled Python rule is ~100 MB).
+const MAX_CACHED_BYTES: u64 = 1 << 30;
 
 /// Below this, memory freed by a rule's compile, load or eviction is left to the allocator.
 const TRIM_AFTER_BYTES: usize = 4 << 20;

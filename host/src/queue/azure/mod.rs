@@ -220,12 +220,46 @@ impl AzureQueue {
         }
     }
 
-    /// `text` with the SAS signature, if any, replaced.
+    /// `text` with the SAS, if any, replaced, and any `sig=` value (the SAS's secret part,
+    /// wherever the URL's query order put it) redacted.
     fn scrub(&self, text: &str) -> String {
-        match &self.sas {
+        let text = match &self.sas {
             Some(sas) if !sas.is_empty() => text.replace(sas.as_str(), "<sas redacted>"),
             _ => text.to_string(),
+        };
+        redact_signatures(&text)
+    }
+}
+
+/// Replaces the value of every `sig=` query parameter in `text` with `<redacted>`.
+pub fn redact_signatures(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("sig=") {
+        let starts_param = at == 0 || rest[..at].ends_with(['?', '&', ';', ' ', '(']);
+        out.push_str(&rest[..at + 4]);
+        rest = &rest[at + 4..];
+        if starts_param {
+            let end = rest.find(|c: char| matches!(c, '&' | ';' | ')' | '"' | '\'' | ' ') || c.is_whitespace()).unwrap_or(rest.len());
+            out.push_str("<redacted>");
+            rest = &rest[end..];
         }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::redact_signatures;
+
+    #[test]
+    fn every_sig_value_is_redacted_wherever_it_stands() {
+        let url = "error sending request (http://127.0.0.1:1/a/q?comp=metadata&sig=SECRET%2BSIG&sv=2020) then sig=OTHER;x";
+        let redacted = redact_signatures(url);
+        assert!(!redacted.contains("SECRET") && !redacted.contains("OTHER"), "{redacted}");
+        assert!(redacted.contains("comp=metadata&sig=<redacted>&sv=2020)"), "{redacted}");
+        assert_eq!(redact_signatures("design=1"), "design=1", "only a parameter named sig");
     }
 }
 

@@ -1,4 +1,5 @@
 mod api;
+mod azure_hosts;
 mod azure_queue;
 mod binary;
 mod config;

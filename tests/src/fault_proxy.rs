@@ -46,6 +46,8 @@ struct Shared {
     rng: Mutex<fastrand::Rng>,
     counters: Counters,
     client: reqwest::Client,
+    /// Requests answered by the service: (method, path without the query, status).
+    log: Mutex<Vec<(String, String, u16)>>,
 }
 
 /// The proxy; it stops when dropped.
@@ -75,6 +77,7 @@ impl FaultProxy {
             rng: Mutex::new(fastrand::Rng::with_seed(seed)),
             counters: Counters::default(),
             client: reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap(),
+            log: Mutex::default(),
         });
         let accepting = shared.clone();
         let task = tokio::spawn(async move {
@@ -104,6 +107,12 @@ impl FaultProxy {
     /// The development account through the proxy.
     pub fn account(&self) -> ebb::queue::azure::AzureAccount {
         ebb::queue::azure::AzureAccount::from_connection_string(&self.connection_string()).expect("the connection string parses")
+    }
+
+    /// The requests the service answered (dropped answers included): method, path without
+    /// the query, status.
+    pub fn answered(&self) -> Vec<(String, String, u16)> {
+        self.shared.log.lock().unwrap().clone()
     }
 
     /// What it did so far.
@@ -218,6 +227,8 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream) {
 /// Sends `request` upstream; the answer as bytes to write back, with a `Content-Length`.
 async fn forward(shared: &Shared, request: Request) -> Option<Vec<u8>> {
     let method = reqwest::Method::from_bytes(request.method.as_bytes()).ok()?;
+    let path = request.target.split('?').next().unwrap_or_default().to_string();
+    let logged_method = request.method.clone();
     let mut upstream = shared.client.request(method, format!("{}{}", shared.upstream, request.target));
     for (name, value) in &request.headers {
         let skip = ["host", "connection", "content-length", "transfer-encoding"].iter().any(|h| name.eq_ignore_ascii_case(h));
@@ -228,6 +239,7 @@ async fn forward(shared: &Shared, request: Request) -> Option<Vec<u8>> {
     upstream = upstream.body(request.body);
     let answer = upstream.send().await.ok()?;
     let status = answer.status();
+    shared.log.lock().unwrap().push((logged_method, path, status.as_u16()));
     let mut head = format!("HTTP/1.1 {} {}\r\n", status.as_u16(), status.canonical_reason().unwrap_or("Unknown"));
     for (name, value) in answer.headers() {
         let skip = ["connection", "content-length", "transfer-encoding", "keep-alive"].iter().any(|h| name.as_str().eq_ignore_ascii_case(h));

@@ -99,10 +99,12 @@ async fn behind_a_proxy_failing_a_fifth_of_requests_no_message_is_lost_or_delete
     for body in &sent {
         assert!(successes.contains_key(body), "{body} lost");
     }
-    // Every tenth body failed once: each was still there for its retry (not deleted before
-    // its handler succeeded), and none went to poison.
+    // The first try of every tenth body fails (unless a get whose answer the proxy dropped
+    // had already counted its first dequeue): each was still there for its retry, not
+    // deleted before its handler succeeded, and none went to poison.
     let failures = handler.failures.lock().unwrap().clone();
-    assert_eq!(failures.len(), MESSAGES / 10, "{failures:?}");
+    assert!(!failures.is_empty() && failures.len() <= MESSAGES / 10, "{failures:?}");
+    assert!(failures.keys().all(|body| successes.contains_key(body)));
     assert_eq!(poison_direct.approximate_count().await.unwrap(), 0, "nothing poisoned");
     let counts = proxy.counts();
     let duplicates: u32 = successes.values().map(|n| n - 1).sum();

@@ -79,8 +79,8 @@ fn main() {
         }
         let best = |runs: &[f64]| runs.iter().cloned().fold(0.0, f64::max);
         let listener_best = best(&listener_runs.iter().map(|r| r.0).collect::<Vec<_>>());
-        let raw_best = best(&raw_runs);
-        let (_, tx_per_message, tx) = listener_runs.last().cloned().unwrap();
+        let raw_best = best(&raw_runs.iter().map(|r| r.0).collect::<Vec<_>>());
+        let (_, tx_per_message, tx, _) = listener_runs.last().cloned().unwrap();
         let two_hosts = hosts(&account, messages).await;
         let faults = faulty(&azurite, messages / 3).await;
         let idle = idle_window(&account, Duration::from_secs(idle_secs)).await;
@@ -89,7 +89,9 @@ fn main() {
             "tasks": TASKS,
             "throughput": {
                 "listener_msg_per_s": listener_runs.iter().map(|r| r.0.round()).collect::<Vec<_>>(),
-                "raw_loop_msg_per_s": raw_runs.iter().map(|r| r.round()).collect::<Vec<_>>(),
+                "raw_loop_msg_per_s": raw_runs.iter().map(|r| r.0.round()).collect::<Vec<_>>(),
+                "raw_loop_failed_calls": raw_runs.iter().map(|r| r.1).collect::<Vec<_>>(),
+                "listener_storage_errors": listener_runs.iter().map(|r| r.3).collect::<Vec<_>>(),
                 "ratio_best_listener_to_best_raw": (listener_best / raw_best * 100.0).round() / 100.0,
             },
             "storage_tx_per_message": tx_per_message,
@@ -144,7 +146,7 @@ fn busy_settings() -> QueueSettings {
 }
 
 /// Listener throughput (msg/s), transactions per message, and the counts.
-async fn listener_throughput(account: &AzureAccount, messages: usize) -> (f64, f64, TransactionCounts) {
+async fn listener_throughput(account: &AzureAccount, messages: usize) -> (f64, f64, TransactionCounts, u64) {
     let name = filled_queue(account, "bench-listener", messages).await;
     let handler = Arc::new(Counting::default());
     let (listener, transactions) = listener_on(account, &name, handler, busy_settings());
@@ -155,33 +157,42 @@ async fn listener_throughput(account: &AzureAccount, messages: usize) -> (f64, f
     }
     let elapsed = started.elapsed();
     let tx = transactions.snapshot();
+    let storage_errors = listener.status().storage_errors;
     listener.shutdown(Duration::from_secs(5)).await;
     let consuming = tx.gets_with_messages + tx.gets_empty + tx.deletes + tx.updates + tx.counts;
-    (messages as f64 / elapsed.as_secs_f64(), (consuming as f64 / messages as f64 * 1000.0).round() / 1000.0, tx)
+    (messages as f64 / elapsed.as_secs_f64(), (consuming as f64 / messages as f64 * 1000.0).round() / 1000.0, tx, storage_errors)
 }
 
-/// The baseline: `TASKS` loops on the bare client (no listener, no retries, no metering),
-/// each getting 32 and deleting them concurrently, until every message is deleted.
-async fn raw_loop(account: &AzureAccount, messages: usize) -> f64 {
+/// The baseline: `TASKS` loops on the client (no listener, no metering; the same retry
+/// decorator as the host, since Azurite refuses connections now and then at this
+/// concurrency), each getting 32 and deleting them concurrently, until all are deleted.
+/// Returns msg/s and the calls that failed even after retries.
+async fn raw_loop(account: &AzureAccount, messages: usize) -> (f64, usize) {
     let name = filled_queue(account, "bench-raw", messages).await;
-    let queue = Arc::new(AzureQueue::new(account, &name, AzureOptions::default()).unwrap());
+    let queue = Arc::new(Retrying::new(AzureQueue::new(account, &name, AzureOptions::default()).unwrap(), RetryPolicy::default()));
     let done = Arc::new(AtomicUsize::new(0));
+    let errors = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let workers = (0..TASKS).map(|_| {
-        let (queue, done) = (queue.clone(), done.clone());
+        let (queue, done, errors) = (queue.clone(), done.clone(), errors.clone());
         tokio::spawn(async move {
             while done.load(Ordering::Relaxed) < messages {
-                let batch = queue.get(32, Duration::from_secs(30)).await.unwrap();
+                let Ok(batch) = queue.get(32, Duration::from_secs(30)).await else {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
                 let deletes = batch.iter().map(|m| queue.delete(&m.id, &m.pop_receipt));
                 for result in futures::future::join_all(deletes).await {
-                    result.unwrap();
-                    done.fetch_add(1, Ordering::Relaxed);
+                    match result {
+                        Ok(()) => done.fetch_add(1, Ordering::Relaxed),
+                        Err(_) => errors.fetch_add(1, Ordering::Relaxed),
+                    };
                 }
             }
         })
     });
     futures::future::join_all(workers).await;
-    messages as f64 / started.elapsed().as_secs_f64()
+    (messages as f64 / started.elapsed().as_secs_f64(), errors.load(Ordering::Relaxed))
 }
 
 /// One listener, then two ("hosts": separate clients, counters and tasks) on one queue.

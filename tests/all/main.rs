@@ -1,4 +1,6 @@
 mod api;
+mod azure_faults;
+mod azure_hosts;
 mod azure_queue;
 mod binary;
 mod config;

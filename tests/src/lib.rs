@@ -3,6 +3,7 @@
 pub mod azurite;
 pub mod baselines;
 pub mod conformance;
+pub mod fault_proxy;
 
 /// Paths of the rule components built by `build.rs`, one constant per guest.
 pub mod guests {

@@ -1,0 +1,255 @@
+//! A faulty network in front of Azurite: an HTTP/1.1 proxy on 127.0.0.1 that, for a seeded
+//! random share of requests, answers `503 ServerBusy` (as Azure does when a partition is hot)
+//! or drops the connection, before or after forwarding the request (so the service may have
+//! done the work and the client never hears of it). Everything else is forwarded.
+//!
+//! It speaks just enough HTTP for the Azure SDK's requests: a head, then a body of
+//! `Content-Length` bytes; responses go back with a `Content-Length`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// What the proxy did, request by request.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct FaultCounts {
+    /// Requests forwarded and answered.
+    pub forwarded: u64,
+    /// Requests answered `503 ServerBusy` without forwarding.
+    pub server_busy: u64,
+    /// Connections closed before the request was forwarded.
+    pub dropped_before: u64,
+    /// Requests forwarded, then the connection closed without the answer.
+    pub dropped_after: u64,
+}
+
+impl FaultCounts {
+    /// Requests that met a fault.
+    pub fn faults(&self) -> u64 {
+        self.server_busy + self.dropped_before + self.dropped_after
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    forwarded: AtomicU64,
+    server_busy: AtomicU64,
+    dropped_before: AtomicU64,
+    dropped_after: AtomicU64,
+}
+
+struct Shared {
+    upstream: String,
+    fault_share: f64,
+    rng: Mutex<fastrand::Rng>,
+    counters: Counters,
+    client: reqwest::Client,
+    /// Requests answered by the service: (method, path without the query, status).
+    log: Mutex<Vec<(String, String, u16)>>,
+}
+
+/// The proxy; it stops when dropped.
+pub struct FaultProxy {
+    port: u16,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+enum Fate {
+    Forward,
+    Busy,
+    DropBefore,
+    DropAfter,
+}
+
+impl FaultProxy {
+    /// Starts a proxy to `upstream_port` on 127.0.0.1 that faults `fault_share` (0..=1) of
+    /// requests, split evenly between 503 ServerBusy and dropped connections (half of those
+    /// before forwarding, half after), chosen by a generator seeded with `seed`.
+    pub async fn start(upstream_port: u16, fault_share: f64, seed: u64) -> FaultProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a local port for the fault proxy");
+        let port = listener.local_addr().unwrap().port();
+        let shared = Arc::new(Shared {
+            upstream: format!("http://127.0.0.1:{upstream_port}"),
+            fault_share,
+            rng: Mutex::new(fastrand::Rng::with_seed(seed)),
+            counters: Counters::default(),
+            client: reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap(),
+            log: Mutex::default(),
+        });
+        let accepting = shared.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(serve(accepting.clone(), stream));
+            }
+        });
+        FaultProxy { port, shared, task }
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The queue endpoint through the proxy, for the development account.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}/{}", self.port, ebb::queue::azure::DEVELOPMENT_ACCOUNT)
+    }
+
+    /// A connection string for the development account through the proxy.
+    pub fn connection_string(&self) -> String {
+        use ebb::queue::azure::{DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY};
+        format!("DefaultEndpointsProtocol=http;AccountName={DEVELOPMENT_ACCOUNT};AccountKey={DEVELOPMENT_KEY};QueueEndpoint={}", self.endpoint())
+    }
+
+    /// The development account through the proxy.
+    pub fn account(&self) -> ebb::queue::azure::AzureAccount {
+        ebb::queue::azure::AzureAccount::from_connection_string(&self.connection_string()).expect("the connection string parses")
+    }
+
+    /// The requests the service answered (dropped answers included): method, path without
+    /// the query, status.
+    pub fn answered(&self) -> Vec<(String, String, u16)> {
+        self.shared.log.lock().unwrap().clone()
+    }
+
+    /// What it did so far.
+    pub fn counts(&self) -> FaultCounts {
+        let c = &self.shared.counters;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        FaultCounts {
+            forwarded: load(&c.forwarded),
+            server_busy: load(&c.server_busy),
+            dropped_before: load(&c.dropped_before),
+            dropped_after: load(&c.dropped_after),
+        }
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A parsed request: method, path and query, headers, body.
+struct Request {
+    method: String,
+    target: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+/// Reads one request from `stream` (None at the end of the connection or on nonsense).
+async fn read_request(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<Request> {
+    let head_end = loop {
+        if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        let mut chunk = [0u8; 8192];
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buffer[..head_end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let mut request_line = lines.next()?.split(' ');
+    let (method, target) = (request_line.next()?.to_string(), request_line.next()?.to_string());
+    let headers: Vec<(String, String)> =
+        lines.filter(|l| !l.is_empty()).filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_string(), v.trim().to_string())).collect();
+    let length: usize = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("content-length")).and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+    while buffer.len() < head_end + length {
+        let mut chunk = [0u8; 8192];
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+    }
+    let body = buffer[head_end..head_end + length].to_vec();
+    buffer.drain(..head_end + length);
+    Some(Request { method, target, headers, body })
+}
+
+async fn serve(shared: Arc<Shared>, mut stream: TcpStream) {
+    let mut buffer = Vec::new();
+    while let Some(request) = read_request(&mut stream, &mut buffer).await {
+        let fate = {
+            let mut rng = shared.rng.lock().unwrap();
+            let roll = rng.f64();
+            let share = shared.fault_share;
+            if roll >= share {
+                Fate::Forward
+            } else if roll < share / 2.0 {
+                Fate::Busy
+            } else if roll < share * 0.75 {
+                Fate::DropBefore
+            } else {
+                Fate::DropAfter
+            }
+        };
+        let counters = &shared.counters;
+        match fate {
+            Fate::Busy => {
+                counters.server_busy.fetch_add(1, Ordering::Relaxed);
+                let body = "\u{feff}<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>ServerBusy</Code><Message>The server is busy (fault proxy).</Message></Error>";
+                let response = format!(
+                    "HTTP/1.1 503 The server is busy.\r\nContent-Type: application/xml\r\nx-ms-error-code: ServerBusy\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                if stream.write_all(response.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+            Fate::DropBefore => {
+                counters.dropped_before.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            Fate::Forward | Fate::DropAfter => {
+                let Some(response) = forward(&shared, request).await else { return };
+                if matches!(fate, Fate::DropAfter) {
+                    counters.dropped_after.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                counters.forwarded.fetch_add(1, Ordering::Relaxed);
+                if stream.write_all(&response).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Sends `request` upstream; the answer as bytes to write back, with a `Content-Length`.
+async fn forward(shared: &Shared, request: Request) -> Option<Vec<u8>> {
+    let method = reqwest::Method::from_bytes(request.method.as_bytes()).ok()?;
+    let path = request.target.split('?').next().unwrap_or_default().to_string();
+    let logged_method = request.method.clone();
+    let mut upstream = shared.client.request(method, format!("{}{}", shared.upstream, request.target));
+    for (name, value) in &request.headers {
+        let skip = ["host", "connection", "content-length", "transfer-encoding"].iter().any(|h| name.eq_ignore_ascii_case(h));
+        if !skip {
+            upstream = upstream.header(name.as_str(), value.as_str());
+        }
+    }
+    upstream = upstream.body(request.body);
+    let answer = upstream.send().await.ok()?;
+    let status = answer.status();
+    shared.log.lock().unwrap().push((logged_method, path, status.as_u16()));
+    let mut head = format!("HTTP/1.1 {} {}\r\n", status.as_u16(), status.canonical_reason().unwrap_or("Unknown"));
+    for (name, value) in answer.headers() {
+        let skip = ["connection", "content-length", "transfer-encoding", "keep-alive"].iter().any(|h| name.as_str().eq_ignore_ascii_case(h));
+        if !skip {
+            head.push_str(&format!("{}: {}\r\n", name, value.to_str().unwrap_or_default()));
+        }
+    }
+    let body = answer.bytes().await.ok()?;
+    head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    let mut out = head.into_bytes();
+    out.extend_from_slice(&body);
+    Some(out)
+}

@@ -70,10 +70,12 @@ fn main() {
     let report = runtime.block_on(async {
         // Warm Azurite up (Node's JIT) first, then alternate listener and raw loop, twice,
         // so a drift of the machine hits both.
+        eprintln!("warm-up");
         raw_loop(&account, messages).await;
         let mut listener_runs = Vec::new();
         let mut raw_runs = Vec::new();
-        for _ in 0..2 {
+        for run in 0..2 {
+            eprintln!("listener and raw loop, run {run}");
             listener_runs.push(listener_throughput(&account, messages).await);
             raw_runs.push(raw_loop(&account, messages).await);
         }
@@ -81,8 +83,11 @@ fn main() {
         let listener_best = best(&listener_runs.iter().map(|r| r.0).collect::<Vec<_>>());
         let raw_best = best(&raw_runs.iter().map(|r| r.0).collect::<Vec<_>>());
         let (_, tx_per_message, tx, _) = listener_runs.last().cloned().unwrap();
+        eprintln!("two hosts vs one");
         let two_hosts = hosts(&account, messages).await;
+        eprintln!("fault proxy");
         let faults = faulty(&azurite, messages / 3).await;
+        eprintln!("idle window");
         let idle = idle_window(&account, Duration::from_secs(idle_secs)).await;
         json!({
             "messages": messages,

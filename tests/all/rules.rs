@@ -111,22 +111,12 @@ fn trapping_rule_falls_back_and_is_quarantined_after_repeated_faults() {
 
 /// What `f` logs at `level` and above, as text.
 fn captured_log(level: tracing::Level, f: impl FnOnce()) -> String {
-    #[derive(Clone, Default)]
-    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Captured {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
+    let log = ebb_tests::LogCapture::default();
+    {
+        let _guard = log.start(level);
+        f();
     }
-    let log = Captured::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt().with_max_level(level).with_ansi(false).with_writer(move || writer.clone()).finish();
-    tracing::subscriber::with_default(subscriber, f);
-    String::from_utf8(log.0.lock().unwrap().clone()).unwrap()
+    log.text()
 }
 
 #[test]

@@ -20,7 +20,8 @@ pub fn panic_message(payload: &(dyn Any + Send)) -> String {
 static HOOK_SWAP: Mutex<()> = Mutex::new(());
 
 /// Runs `f`, catching a panic without printing it: for a panic the caller reports as an
-/// error itself (a damaged store file makes redb panic at open).
+/// error itself (a damaged store file makes redb panic at open). `f` must not wait on
+/// another thread that calls `quietly`: the hook swap is serialised, so that would deadlock.
 pub fn quietly<T>(f: impl FnOnce() -> T) -> std::thread::Result<T> {
     let _swap = HOOK_SWAP.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let hook = std::panic::take_hook();

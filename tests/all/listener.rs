@@ -433,3 +433,95 @@ async fn a_remote_queues_status_depth_is_refreshed_when_stale() {
     sleep(Duration::from_millis(10)).await;
     assert_eq!(f.listener.status().approximate_depth, 10, "counted again once stale");
 }
+
+/// A queue on slow storage: every get's answer arrives `get_delay` after the service
+/// leased the messages, every update reaches the service `update_delay` after it was sent.
+struct SlowStorage {
+    inner: Arc<MemoryQueue>,
+    get_delay: Duration,
+    update_delay: Duration,
+}
+
+#[async_trait]
+impl QueueClient for SlowStorage {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    async fn create_if_missing(&self) -> Result<(), QueueError> {
+        self.inner.create_if_missing().await
+    }
+    async fn put(&self, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
+        self.inner.put(body, delay).await
+    }
+    async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
+        let got = self.inner.get(max, visibility).await;
+        sleep(self.get_delay).await;
+        got
+    }
+    async fn delete(&self, id: &MessageId, receipt: &PopReceipt) -> Result<(), QueueError> {
+        self.inner.delete(id, receipt).await
+    }
+    async fn update_visibility(&self, id: &MessageId, receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
+        sleep(self.update_delay).await;
+        self.inner.update_visibility(id, receipt, visibility).await
+    }
+    async fn approximate_count(&self) -> Result<u64, QueueError> {
+        self.inner.approximate_count().await
+    }
+}
+
+/// Counts the times a body was handled while another handler (on any host) held it.
+#[derive(Default)]
+struct OverlapHandler {
+    active: Mutex<std::collections::BTreeSet<Vec<u8>>>,
+    overlaps: AtomicU64,
+    done: AtomicU64,
+}
+
+#[async_trait]
+impl Handler for OverlapHandler {
+    async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
+        if !self.active.lock().unwrap().insert(message.body.clone()) {
+            self.overlaps.fetch_add(1, Ordering::Relaxed);
+        }
+        sleep(Duration::from_secs(12)).await;
+        self.active.lock().unwrap().remove(&message.body);
+        self.done.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// The lease is the service's, and it starts when the service answers the get, not when the
+/// answer arrives: with gets that take 6 s of a 10 s lease and renewals that take 3 s to
+/// arrive, a host renewing "half a lease after the handler started" renews too late and a
+/// second host leases and handles the same message while the first still works on it.
+#[tokio::test(start_paused = true)]
+async fn slow_storage_calls_never_let_the_lease_lapse_under_a_running_handler() {
+    let clock = Arc::new(TokioClock::new());
+    let shared = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
+    let handler = Arc::new(OverlapHandler::default());
+    let settings = QueueSettings {
+        lease_duration: Duration::from_secs(10),
+        min_polling_interval: Duration::from_millis(100),
+        max_polling_interval: Duration::from_millis(500),
+        random_seed: Some(3),
+        ..Default::default()
+    };
+    let hosts: Vec<Listener> = (0..2)
+        .map(|_| {
+            let slow = Arc::new(SlowStorage { inner: shared.clone(), get_delay: Duration::from_secs(6), update_delay: Duration::from_secs(3) });
+            Listener::builder(slow, poison.clone(), handler.clone()).settings(settings.clone()).build()
+        })
+        .collect();
+    for i in 0..3 {
+        shared.put(format!("m-{i}").as_bytes(), Duration::ZERO).await.unwrap();
+    }
+    hosts.iter().for_each(Listener::start);
+    sleep(Duration::from_secs(120)).await;
+    assert_eq!(handler.overlaps.load(Ordering::Relaxed), 0, "a message was handled by two hosts at once");
+    assert_eq!(handler.done.load(Ordering::Relaxed), 3, "each message handled once");
+    assert_eq!(shared.approximate_count().await.unwrap(), 0, "all deleted");
+    let renewals: u64 = hosts.iter().map(|h| h.status().lease_renewals).sum();
+    assert!(renewals >= 3, "the leases were renewed: {renewals}");
+}

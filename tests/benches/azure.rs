@@ -82,7 +82,7 @@ fn main() {
         let best = |runs: &[f64]| runs.iter().cloned().fold(0.0, f64::max);
         let listener_best = best(&listener_runs.iter().map(|r| r.0).collect::<Vec<_>>());
         let raw_best = best(&raw_runs.iter().map(|r| r.0).collect::<Vec<_>>());
-        let (_, tx_per_message, tx, _) = listener_runs.last().cloned().unwrap();
+        let (_, tx_per_message, tx, _, _) = listener_runs.last().cloned().unwrap();
         eprintln!("two hosts vs one");
         let two_hosts = hosts(&account, messages).await;
         eprintln!("fault proxy");
@@ -100,6 +100,7 @@ fn main() {
                 "ratio_best_listener_to_best_raw": (listener_best / raw_best * 100.0).round() / 100.0,
             },
             "storage_tx_per_message": tx_per_message,
+            "storage_tx_per_message_at_load": listener_runs.iter().map(|r| r.4).collect::<Vec<_>>(),
             "transactions": tx,
             "two_hosts_vs_one": two_hosts,
             "behind_fault_proxy": faults,
@@ -150,22 +151,37 @@ fn busy_settings() -> QueueSettings {
     QueueSettings { min_tasks: TASKS, max_tasks: TASKS, ..QueueSettings::default() }
 }
 
-/// Listener throughput (msg/s), transactions per message, and the counts.
-async fn listener_throughput(account: &AzureAccount, messages: usize) -> (f64, f64, TransactionCounts, u64) {
+/// Listener throughput (msg/s), transactions per message over the whole drain and at load
+/// (between 10 % and 90 % processed: the tasks' final empty gets are idle cost, measured
+/// by the idle window), and the counts.
+async fn listener_throughput(account: &AzureAccount, messages: usize) -> (f64, f64, TransactionCounts, u64, f64) {
     let name = filled_queue(account, "bench-listener", messages).await;
     let handler = Arc::new(Counting::default());
     let (listener, transactions) = listener_on(account, &name, handler, busy_settings());
+    let consuming = |tx: &TransactionCounts| tx.gets_with_messages + tx.gets_empty + tx.deletes + tx.updates + tx.counts;
     let started = Instant::now();
     listener.start();
-    while listener.status().processed < messages as u64 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    let mut marks = [None, None];
+    loop {
+        let processed = listener.status().processed;
+        for (mark, share) in marks.iter_mut().zip([0.1, 0.9]) {
+            if mark.is_none() && processed as f64 >= messages as f64 * share {
+                *mark = Some((processed, consuming(&transactions.snapshot())));
+            }
+        }
+        if processed >= messages as u64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let elapsed = started.elapsed();
     let tx = transactions.snapshot();
     let storage_errors = listener.status().storage_errors;
     listener.shutdown(Duration::from_secs(5)).await;
-    let consuming = tx.gets_with_messages + tx.gets_empty + tx.deletes + tx.updates + tx.counts;
-    (messages as f64 / elapsed.as_secs_f64(), (consuming as f64 / messages as f64 * 1000.0).round() / 1000.0, tx, storage_errors)
+    let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    let [(p10, t10), (p90, t90)] = marks.map(Option::unwrap);
+    let at_load = round((t90 - t10) as f64 / (p90 - p10).max(1) as f64);
+    (messages as f64 / elapsed.as_secs_f64(), round(consuming(&tx) as f64 / messages as f64), tx, storage_errors, at_load)
 }
 
 /// The baseline: `TASKS` loops on the client (no listener, no metering; the same retry
@@ -239,17 +255,25 @@ async fn faulty(azurite: &Azurite, messages: usize) -> serde_json::Value {
         let (listener, _) = listener_on(&proxy.account(), &name, handler.clone(), settings);
         let started = Instant::now();
         listener.start();
+        let mut to_90_percent = None;
         while handler.seen.lock().unwrap().len() < messages {
+            if to_90_percent.is_none() && handler.seen.lock().unwrap().len() * 10 >= messages * 9 {
+                to_90_percent = Some(started.elapsed());
+            }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let elapsed = started.elapsed();
         listener.shutdown(Duration::from_secs(5)).await;
         let counts = proxy.counts();
+        let to_90_percent = to_90_percent.unwrap_or(elapsed);
         runs.push(json!({
             "fault_share": share,
             "msg_per_s": (messages as f64 / elapsed.as_secs_f64()).round(),
+            "msg_per_s_first_90_percent": (messages as f64 * 0.9 / to_90_percent.as_secs_f64()).round(),
+            "last_10_percent_s": ((elapsed - to_90_percent).as_secs_f64() * 10.0).round() / 10.0,
             "duplicates": handler.duplicates(),
             "requests_faulted": counts.faults(),
+            "get_answers_dropped": counts.dropped_get_answers,
             "requests_forwarded": counts.forwarded,
         }));
     }

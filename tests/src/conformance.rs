@@ -27,6 +27,7 @@ macro_rules! queue_conformance {
             put_get_delete_round_trip,
             leased_message_reappears_after_visibility_timeout,
             stale_receipt_cannot_delete_or_update,
+            malformed_receipt_or_id_is_a_stale_receipt,
             release_makes_visible_and_renewal_extends_lease,
             get_takes_at_most_32_and_rejects_bad_batch_sizes,
             empty_get_returns_nothing,
@@ -91,6 +92,25 @@ pub async fn stale_receipt_cannot_delete_or_update(backend: &impl Backend) {
     queue.delete(&second.id, &second.pop_receipt).await.unwrap();
     let gone = queue.delete(&second.id, &second.pop_receipt).await.unwrap_err();
     assert!(matches!(gone, QueueError::StaleReceipt { .. }), "deleting twice: {gone}");
+}
+
+/// A receipt or id that was never issued (garbage from a caller, a receipt from another
+/// backend) is a lost lease, like any stale receipt: never a fatal error that stops a task,
+/// and the message stays leased to its holder.
+pub async fn malformed_receipt_or_id_is_a_stale_receipt(backend: &impl Backend) {
+    let queue = backend.queue("malformed").await;
+    queue.put(b"m", Duration::ZERO).await.unwrap();
+    let leased = queue.get(1, LEASE).await.unwrap().remove(0);
+    let garbage_receipt = ebb::queue::PopReceipt::from("not a receipt%00");
+    let garbage_id = ebb::queue::MessageId::from("not an id");
+    for (id, receipt) in [(&leased.id, &garbage_receipt), (&garbage_id, &leased.pop_receipt), (&garbage_id, &garbage_receipt)] {
+        let error = queue.delete(id, receipt).await.unwrap_err();
+        assert!(matches!(error, QueueError::StaleReceipt { .. }), "delete {id} with {receipt:?}: {error}");
+        let error = queue.update_visibility(id, receipt, Duration::ZERO).await.unwrap_err();
+        assert!(matches!(error, QueueError::StaleReceipt { .. }), "update {id} with {receipt:?}: {error}");
+    }
+    assert!(queue.get(1, LEASE).await.unwrap().is_empty(), "the message is still leased to its holder");
+    queue.delete(&leased.id, &leased.pop_receipt).await.unwrap();
 }
 
 pub async fn release_makes_visible_and_renewal_extends_lease(backend: &impl Backend) {

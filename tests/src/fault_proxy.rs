@@ -23,6 +23,9 @@ pub struct FaultCounts {
     pub dropped_before: u64,
     /// Requests forwarded, then the connection closed without the answer.
     pub dropped_after: u64,
+    /// Of those, gets of messages: the service leased them and nobody heard of it, so they
+    /// come back only when that lease runs out.
+    pub dropped_get_answers: u64,
 }
 
 impl FaultCounts {
@@ -38,6 +41,7 @@ struct Counters {
     server_busy: AtomicU64,
     dropped_before: AtomicU64,
     dropped_after: AtomicU64,
+    dropped_get_answers: AtomicU64,
 }
 
 struct Shared {
@@ -124,6 +128,7 @@ impl FaultProxy {
             server_busy: load(&c.server_busy),
             dropped_before: load(&c.dropped_before),
             dropped_after: load(&c.dropped_after),
+            dropped_get_answers: load(&c.dropped_get_answers),
         }
     }
 }
@@ -210,9 +215,13 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream) {
                 return;
             }
             Fate::Forward | Fate::DropAfter => {
+                let gets_messages = request.method == "GET" && request.target.split('?').next().unwrap_or_default().ends_with("/messages");
                 let Some(response) = forward(&shared, request).await else { return };
                 if matches!(fate, Fate::DropAfter) {
                     counters.dropped_after.fetch_add(1, Ordering::Relaxed);
+                    if gets_messages {
+                        counters.dropped_get_answers.fetch_add(1, Ordering::Relaxed);
+                    }
                     return;
                 }
                 counters.forwarded.fetch_add(1, Ordering::Relaxed);

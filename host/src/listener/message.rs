@@ -3,7 +3,10 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant, SystemTime};
+use std::pin::Pin;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
 
 use anyhow::anyhow;
 use futures::FutureExt as _;
@@ -13,7 +16,50 @@ use crate::panics::panic_message;
 use crate::queue::{Message, MessageId, PopReceipt, QueueError};
 
 use super::Shared;
-use super::state::PoisonForm;
+use super::state::{Counters, PoisonForm};
+
+/// Our lease on a message: its latest receipt, when it runs out at the latest, and when to
+/// renew it next.
+struct Lease {
+    receipt: PopReceipt,
+    until: Instant,
+    next_renewal: Instant,
+    /// Another lease replaced ours: the service gave the message to someone else.
+    lost: bool,
+}
+
+impl Lease {
+    fn new(receipt: PopReceipt, until: Instant, duration: Duration) -> Self {
+        Lease { receipt, until, next_renewal: half_way(until, duration), lost: false }
+    }
+
+    /// Takes in the answer to a renewal sent at `sent`.
+    fn renewed(&mut self, message: &IncomingMessage, sent: Instant, duration: Duration, renewed: Result<PopReceipt, QueueError>, counters: &Counters) {
+        match renewed {
+            Ok(receipt) => {
+                self.receipt = receipt;
+                self.until = sent + duration;
+                self.next_renewal = half_way(self.until, duration);
+                counters.lease_renewals.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(QueueError::StaleReceipt { .. }) => {
+                self.lost = true;
+                counters.leases_lost.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(id = %message.id, "lease lost before it could be renewed (storage calls slower than half the lease?); the message may be handled elsewhere");
+            }
+            Err(error) => {
+                // Retried (the queue's decorator retried already) well before the lease runs out.
+                self.next_renewal = Instant::now() + duration / 10;
+                tracing::warn!(id = %message.id, "lease renewal failed: {error}");
+            }
+        }
+    }
+}
+
+/// Half a lease of `duration` before `until`.
+fn half_way(until: Instant, duration: Duration) -> Instant {
+    until.checked_sub(duration / 2).unwrap_or(until)
+}
 
 enum Outcome {
     Handled(anyhow::Result<()>),
@@ -22,7 +68,9 @@ enum Outcome {
 }
 
 impl Shared {
-    pub(super) async fn process(&self, message: Message) {
+    /// Processes one leased message; `leased_until` is when its lease runs out at the
+    /// latest, counted from when the get was sent.
+    pub(super) async fn process(&self, message: Message, leased_until: Instant) {
         let counters = &self.counters;
         // Released when processing ends, however it ends (a panic, a drop at shutdown).
         let Some(_claim) = counters.claim(&message.id) else {
@@ -38,13 +86,23 @@ impl Shared {
             inserted_at: message.inserted_at,
             body: message.body,
         };
-        let mut receipt = message.pop_receipt;
+        let duration = self.settings.lease_duration;
+        let mut lease = Lease::new(message.pop_receipt, leased_until, duration);
         if let Some(defect) = message.defect {
             // A body the store cannot vouch for never reaches the handler.
-            self.poison(&incoming, &receipt, &defect).await;
+            self.poison(&incoming, &lease.receipt, &defect).await;
             return;
         }
-        let lease = self.settings.lease_duration;
+        if lease.until.saturating_duration_since(Instant::now()) < duration / 2 {
+            // The get was slow: most of the lease went by before the message arrived. Renew
+            // before the handler starts, so it never runs on a lease about to lapse.
+            let sent = Instant::now();
+            let renewed = self.queue.update_visibility(&incoming.id, &lease.receipt, duration).await;
+            lease.renewed(&incoming, sent, duration, renewed, counters);
+            if lease.lost {
+                return;
+            }
+        }
         let started = Instant::now();
         // A panicking handler is a failing handler: retried, then poisoned.
         let handling = AssertUnwindSafe(self.handler.handle(&incoming)).catch_unwind().map(|result| {
@@ -54,22 +112,43 @@ impl Shared {
             })
         });
         tokio::pin!(handling);
-        let outcome = loop {
+        // Renewals run beside the handler (never pausing it) at half the lease, counted from
+        // when the last renewal was sent. One still in flight when the handler ends is awaited:
+        // its new receipt is the one the delete needs.
+        let mut renewal: Option<Pin<Box<dyn Future<Output = (Instant, Result<PopReceipt, QueueError>)> + Send + '_>>> = None;
+        let mut outcome = None;
+        loop {
             tokio::select! {
-                result = &mut handling => break Outcome::Handled(result),
-                // Renew at half the lease, so a slow handler never loses its message.
-                _ = tokio::time::sleep(lease / 2) => {
-                    match self.queue.update_visibility(&incoming.id, &receipt, lease).await {
-                        Ok(renewed) => {
-                            receipt = renewed;
-                            counters.lease_renewals.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(error) => tracing::warn!(id = %incoming.id, "lease renewal failed: {error}"),
+                result = &mut handling, if outcome.is_none() => {
+                    outcome = Some(Outcome::Handled(result));
+                    if renewal.is_none() {
+                        break;
                     }
                 }
-                _ = self.abandon.cancelled() => break Outcome::Abandoned,
+                (sent, renewed) = async { renewal.as_mut().expect("guarded").await }, if renewal.is_some() => {
+                    renewal = None;
+                    lease.renewed(&incoming, sent, duration, renewed, counters);
+                    if outcome.is_some() {
+                        break;
+                    }
+                }
+                _ = tokio::time::sleep_until(lease.next_renewal), if renewal.is_none() && outcome.is_none() && !lease.lost => {
+                    let (queue, id, receipt) = (&self.queue, &incoming.id, lease.receipt.clone());
+                    renewal = Some(Box::pin(async move {
+                        let sent = Instant::now();
+                        (sent, queue.update_visibility(id, &receipt, duration).await)
+                    }));
+                }
+                _ = self.abandon.cancelled(), if outcome.is_none() => {
+                    outcome = Some(Outcome::Abandoned);
+                    if renewal.is_none() {
+                        break;
+                    }
+                }
             }
-        };
+        }
+        let outcome = outcome.expect("the loop ends with an outcome");
+        let mut receipt = lease.receipt;
         let latency = started.elapsed();
         match outcome {
             Outcome::Handled(Ok(())) => {

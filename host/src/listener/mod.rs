@@ -339,6 +339,9 @@ impl Shared {
                 slot.given_back();
                 return;
             }
+            // The service's lease starts when it answers, somewhere after this: counting
+            // it from here errs on the safe side when storage calls are slow.
+            let asked_at = tokio::time::Instant::now();
             let batch = tokio::select! {
                 batch = self.queue.get(self.settings.batch_size, lease) => batch,
                 _ = self.stopping.cancelled() => break,
@@ -366,7 +369,8 @@ impl Shared {
                     // the task count adapting (the scaler coalesces the raises).
                     self.work_found();
                     idle_count = 0;
-                    let processing = messages.into_iter().map(|message| self.process(message));
+                    let leased_until = asked_at + lease;
+                    let processing = messages.into_iter().map(|message| self.process(message, leased_until));
                     futures::future::join_all(processing).await;
                 }
                 Err(error) => {

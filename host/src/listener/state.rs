@@ -25,6 +25,7 @@ pub(super) struct Counters {
     pub poisoned: AtomicU64,
     pub released_on_shutdown: AtomicU64,
     pub lease_renewals: AtomicU64,
+    pub leases_lost: AtomicU64,
     pub storage_errors: AtomicU64,
     pub work_detected: AtomicU64,
     pub handler_panics: AtomicU64,
@@ -232,6 +233,8 @@ pub struct ListenerStatus {
     pub released_on_shutdown: u64,
     /// Lease renewals for slow handlers.
     pub lease_renewals: u64,
+    /// Leases found lost (another lease replaced ours) before or while the handler ran.
+    pub leases_lost: u64,
     /// Failed gets.
     pub storage_errors: u64,
     /// Work-detected events raised.
@@ -285,6 +288,7 @@ impl Shared {
             recent_poison: poison.recent.iter().cloned().collect(),
             released_on_shutdown: load64(&c.released_on_shutdown),
             lease_renewals: load64(&c.lease_renewals),
+            leases_lost: load64(&c.leases_lost),
             storage_errors: load64(&c.storage_errors),
             work_detected: load64(&c.work_detected),
             handler_panics: load64(&c.handler_panics),

@@ -7,7 +7,8 @@
 //!   [`QueueError::Transient`] errors; every call is bounded by a request timeout, so a hung
 //!   connection is a transient error, not a stuck task.
 //! - Errors by HTTP status: 408/429/5xx and connection failures are transient; a lost
-//!   lease (404 `MessageNotFound`, 400 `PopReceiptMismatch`) on delete or update is
+//!   lease (404 `MessageNotFound`, 400 `PopReceiptMismatch`, or 400 `InvalidQueryParameterValue`
+//!   for a receipt never issued) on delete or update is
 //!   [`QueueError::StaleReceipt`]; 413 is [`QueueError::MessageTooLarge`]; any other 4xx is
 //!   fatal, naming the queue, the account and the service's error code.
 //! - Bodies: base64 by default (what Azure Functions and the SDKs write), or plain text
@@ -187,7 +188,9 @@ impl AzureQueue {
         let status_number = u16::from(*status);
         let described = anyhow!("{context}: {code} ({status_number})");
         match (*status, code) {
-            (StatusCode::NotFound, "MessageNotFound") | (StatusCode::BadRequest, "PopReceiptMismatch")
+            // The visibility we send is always in range (`seconds_up`), so a bad query
+            // parameter on a delete or an update is the receipt: one never issued is a lost lease.
+            (StatusCode::NotFound, "MessageNotFound") | (StatusCode::BadRequest, "PopReceiptMismatch" | "InvalidQueryParameterValue")
                 if matches!(call, Call::Delete | Call::Update) =>
             {
                 QueueError::StaleReceipt { id: id.cloned().unwrap_or_else(|| MessageId::from("")) }
@@ -397,6 +400,21 @@ impl QueueClient for AzureQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Azure answers a receipt it never issued with 400 `InvalidQueryParameterValue`
+    /// (Azurite answers `MessageNotFound`, so the conformance suite cannot show this one).
+    #[test]
+    fn a_receipt_the_service_calls_invalid_is_a_lost_lease_on_delete_and_update_only() {
+        let queue = AzureQueue::new(&AzureAccount::development_storage(), "orders", AzureOptions::default()).unwrap();
+        let error = |status, code: &str| azure_core::Error::with_message(ErrorKind::HttpResponse { status, error_code: Some(code.into()), raw_response: None }, "answer");
+        let id = MessageId::from("m");
+        for call in [Call::Delete, Call::Update] {
+            let classified = queue.classify(call, Some(&id), &error(StatusCode::BadRequest, "InvalidQueryParameterValue"));
+            assert!(matches!(classified, QueueError::StaleReceipt { .. }), "{classified}");
+        }
+        let classified = queue.classify(Call::Get, None, &error(StatusCode::BadRequest, "InvalidQueryParameterValue"));
+        assert!(matches!(classified, QueueError::Fatal(_)), "a get's bad parameter is ours to fix: {classified}");
+    }
 
     #[test]
     fn durations_round_up_to_whole_seconds_and_saturate_at_seven_days() {

@@ -208,3 +208,37 @@ async fn a_sas_signature_never_appears_in_an_error() {
         assert!(!text.contains("SECRETSIG"), "{text}");
     }
 }
+
+/// A SAS from a connection string works against Azurite end to end, and a SAS without
+/// the `p` (process) permission fails a get with one fatal error that names the permission
+/// (what `ebb check` reports).
+#[tokio::test]
+async fn a_sas_works_and_a_missing_permission_is_named() {
+    let azurite = Azurite::shared();
+    let name = unique_queue_name("sas");
+    AzureQueue::new(&azurite.account(), &name, AzureOptions::default()).unwrap().create_if_missing().await.unwrap();
+    let expiry = std::time::SystemTime::now() + Duration::from_secs(3600);
+    let with = |permissions: &str| {
+        let sas = azurite.account().account_sas(permissions, expiry).unwrap();
+        let account = AzureAccount::from_connection_string(&format!("SharedAccessSignature={sas};QueueEndpoint={}", azurite.endpoint())).unwrap();
+        AzureQueue::new(&account, &name, AzureOptions::default()).unwrap()
+    };
+    let full = with("raupc");
+    full.put(b"through a sas", Duration::ZERO).await.unwrap();
+    assert_eq!(full.approximate_count().await.unwrap(), 1);
+    let read_and_add = with("ra");
+    read_and_add.put(b"second", Duration::ZERO).await.unwrap();
+    let error = read_and_add.get(32, Duration::from_secs(30)).await.unwrap_err();
+    let text = format!("{error:#}");
+    assert!(matches!(error, QueueError::Fatal(_)), "{text}");
+    assert!(text.contains("AuthorizationPermissionMismatch") && text.contains("p (process)"), "{text}");
+    let got = full.get(32, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(got.len(), 2, "the refused get took nothing");
+    for message in got {
+        full.delete(&message.id, &message.pop_receipt).await.unwrap();
+    }
+    let wrong = azurite.account().account_sas("raupc", expiry).unwrap().replace("sig=", "sig=AAAA");
+    let account = AzureAccount::from_connection_string(&format!("SharedAccessSignature={wrong};QueueEndpoint={}", azurite.endpoint())).unwrap();
+    let error = AzureQueue::new(&account, &name, AzureOptions::default()).unwrap().approximate_count().await.unwrap_err();
+    assert!(format!("{error:#}").contains("shared access signature"), "{error:#}");
+}

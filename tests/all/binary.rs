@@ -518,6 +518,7 @@ async fn an_azure_queue_through_the_binary() {
     std::fs::write(site.config(), with_azure(&azurite.connection_string())).unwrap();
     let checked = String::from_utf8(site.ebb(&["check"]).stdout).unwrap();
     assert!(checked.contains("queue orders-0: reached on Azure") && checked.contains("queue orders-poison: reached on Azure"), "{checked}");
+    assert!(!checked.contains("may read"), "the queues do not exist yet, nothing to probe: {checked}");
 
     let mut host = site.start_host().await;
     site.ebb(&["send", "orders", "to-azure", "--count", "20"]);
@@ -528,6 +529,8 @@ async fn an_azure_queue_through_the_binary() {
     assert!(status["queues"][0]["transactions"]["gets_with_messages"].as_u64().unwrap() > 0, "{status}");
     signal(&host, "-TERM");
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+    let checked = String::from_utf8(site.ebb(&["check"]).stdout).unwrap();
+    assert!(checked.contains("queue orders-1: reached on Azure, 0 messages; may read, process and update"), "{checked}");
 
     // A wrong key: `ebb check` and `ebb run` fail once, clearly, without the key.
     let wrong_key = "d3Jvbmcta2V5LXdyb25nLWtleS13cm9uZy1rZXktd3Jvbmcta2V5";
@@ -540,6 +543,17 @@ async fn an_azure_queue_through_the_binary() {
         assert!(stderr.contains("AuthenticationFailed") && stderr.contains("devstoreaccount1"), "ebb {command}: {stderr}");
         assert!(!stderr.contains(wrong_key) && !stderr.contains(ebb::queue::azure::DEVELOPMENT_KEY), "ebb {command} shows a key: {stderr}");
     }
+
+    // A SAS that may read, add and update but not process: `ebb check` names the missing
+    // permission (probed with a message that does not exist: nothing in the queue changes).
+    let expiry = std::time::SystemTime::now() + Duration::from_secs(3600);
+    let sas = azurite.account().account_sas("rau", expiry).unwrap();
+    std::fs::write(site.config(), with_azure(&format!("SharedAccessSignature={sas};QueueEndpoint={}", azurite.endpoint()))).unwrap();
+    let output = Command::new(EBB).arg("check").arg("--config").arg(site.config()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("AuthorizationPermissionMismatch") && stderr.contains("it needs p (process)"), "{stderr}");
+    assert!(!stderr.contains(sas.split("sig=").nth(1).unwrap()), "the SAS's signature is shown: {stderr}");
 }
 
 /// A rule deployed into the running host's folder (write aside, rename) is swapped in. (The

@@ -1,11 +1,12 @@
 //! `ebb run` and `ebb check`.
 
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{Result, bail};
 
 use crate::config::{Backend, Config};
-use crate::queue::QueueClient as _;
+use crate::queue::{MessageId, PopReceipt, QueueClient as _, QueueError};
 use crate::service::storage_queue;
 use crate::rules::{RuleEngine, RuleSet};
 use crate::service::Service;
@@ -36,8 +37,11 @@ async fn wait_for_signal() -> Result<()> {
     Ok(())
 }
 
-/// Reaches every Azure queue of the config with a read (its message count): the credential
-/// works and may read. Each failure names the queue, the account and what is missing.
+/// Reaches every Azure queue of the config with a read (its message count), then probes
+/// the permissions a host needs without touching a message: a delete and an update of a
+/// message that does not exist answer "not found" when allowed and 403 when not. (Adding
+/// cannot be probed without adding; a missing `a` shows at the first send.) Each failure
+/// names the queue, the account and what is missing.
 fn check_azure_queues(config: &Config) -> Vec<anyhow::Error> {
     let azure: Vec<_> = config.queues.iter().filter(|q| matches!(q.backend, Backend::Azure { .. })).collect();
     if azure.is_empty() {
@@ -52,17 +56,26 @@ fn check_azure_queues(config: &Config) -> Vec<anyhow::Error> {
         for name in queue.storage_queues().into_iter().chain([queue.poison_queue()]) {
             let checked = runtime.block_on(async {
                 let client = storage_queue(&queue.backend, None, &name)?;
-                match client.approximate_count().await {
-                    Ok(count) => {
-                        println!("queue {name}: reached on Azure, {count} message{}", if count == 1 { "" } else { "s" });
-                        Ok(())
-                    }
+                let count = match client.approximate_count().await {
+                    Ok(count) => count,
                     Err(error) if format!("{error}").contains("QueueNotFound") => {
                         println!("queue {name}: reached on Azure; it does not exist yet (ebb run creates it)");
-                        Ok(())
+                        return Ok(());
                     }
-                    Err(error) => Err(anyhow::Error::new(error)),
+                    Err(error) => return Err(anyhow::Error::new(error)),
+                };
+                let (nobody, no_receipt) = (MessageId::from("00000000-0000-0000-0000-000000000000"), PopReceipt::from("AAAAAAAAAAAAAAAAAAAAAA=="));
+                for probe in [
+                    client.delete(&nobody, &no_receipt).await.map(|_| ()),
+                    client.update_visibility(&nobody, &no_receipt, Duration::ZERO).await.map(|_| ()),
+                ] {
+                    match probe {
+                        Ok(()) | Err(QueueError::StaleReceipt { .. }) => {}
+                        Err(error) => return Err(anyhow::Error::new(error)),
+                    }
                 }
+                println!("queue {name}: reached on Azure, {count} message{}; may read, process and update", if count == 1 { "" } else { "s" });
+                Ok(())
             });
             problems.extend(checked.err());
         }

@@ -157,6 +157,17 @@ impl AzureAccount {
         &self.credential
     }
 
+    /// An account SAS for the queue service, signed with the account's key, valid until
+    /// `expiry`: `permissions` are Azure's letters (`r` read/peek, `a` add, `u` update,
+    /// `p` process: get and delete, `c` create, `l` list), for containers and objects, https
+    /// and http. The answer is the SAS query (no leading `?`), for `SharedAccessSignature=`.
+    pub fn account_sas(&self, permissions: &str, expiry: std::time::SystemTime) -> anyhow::Result<String> {
+        let Credential::SharedKey(key) = &self.credential else {
+            bail!("account {}: signing a SAS needs the account key", self.name);
+        };
+        super::auth::account_sas(&self.name, key, permissions, expiry)
+    }
+
     /// The URL of queue `name`, with the SAS in its query if the credential is one.
     pub(crate) fn queue_url(&self, name: &str) -> anyhow::Result<Url> {
         let mut url = self.endpoint.clone();

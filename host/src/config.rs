@@ -14,7 +14,7 @@ use serde::Deserialize;
 use crate::http::ApiLimits;
 use crate::listener::QueueSettings;
 use crate::queue::{MAX_BATCH, MAX_VISIBILITY};
-use crate::queue::azure::{AzureAccount, Encoding};
+use crate::queue::azure::{AzureAccount, Encoding, EntraMethod, EntraOptions};
 use crate::queue::partitioned::{MAX_PARTITIONS, partition_name};
 use crate::rules::{QueueRuleConfig, RuleLimits};
 
@@ -68,6 +68,18 @@ pub struct AzureFile {
     pub key_env: Option<String>,
     /// The queue endpoint, e.g. `https://myaccount.queue.core.windows.net` (default from the account name).
     pub endpoint: Option<String>,
+    /// With `account`, instead of a key: an Entra ID identity (`managed-identity`,
+    /// `workload-identity`, `azure-cli`, `developer-tools`, `client-secret`).
+    pub credential: Option<EntraMethod>,
+    /// The identity's client id (a user-assigned managed identity, a workload identity, a service principal).
+    pub client_id: Option<String>,
+    /// The tenant id (`client-secret`; optional for `workload-identity` and `azure-cli`).
+    pub tenant_id: Option<String>,
+    /// The environment variable holding a service principal's secret (`client-secret`).
+    pub client_secret_env: Option<String>,
+    /// A PEM file of extra trusted root certificates for an https endpoint (a private CA;
+    /// relative to the config file).
+    pub ca_file: Option<PathBuf>,
     /// How bodies are written as message text: `base64` (default: Azure Functions' and the
     /// SDKs' convention) or `none` (UTF-8 text).
     pub message_encoding: Option<MessageEncoding>,
@@ -110,7 +122,7 @@ pub enum Backend {
 
 impl AzureFile {
     /// The account these keys name, or the key and the reason they do not.
-    fn account(&self, key: &str) -> Result<(AzureAccount, Encoding)> {
+    fn account(&self, key: &str, base: &Path) -> Result<(AzureAccount, Encoding)> {
         let env = |var_key: &str, var: &str| -> Result<String> {
             std::env::var(var).map_err(|_| anyhow::anyhow!("{key}.{var_key}: the environment variable {var} is not set"))
         };
@@ -123,21 +135,49 @@ impl AzureFile {
                 AzureAccount::from_connection_string(&env("connection_string_env", var)?)
                     .with_context(|| format!("{key}.connection_string_env: the connection string in {var}"))?
             }
+            [false, false, true] if self.credential.is_some() => {
+                let name = self.account.as_deref().unwrap_or_default();
+                let method = self.credential.unwrap_or(EntraMethod::ManagedIdentity);
+                if self.key.is_some() || self.key_env.is_some() {
+                    bail!("{key}.credential: give an account key or an Entra ID credential, not both");
+                }
+                let client_secret = match &self.client_secret_env {
+                    Some(var) => Some(azure_core::credentials::Secret::new(env("client_secret_env", var)?)),
+                    None => None,
+                };
+                let options = EntraOptions { client_id: self.client_id.clone(), tenant_id: self.tenant_id.clone(), client_secret };
+                AzureAccount::with_entra(name, method, options, self.endpoint.as_deref()).with_context(|| format!("{key}.credential"))?
+            }
             [false, false, true] => {
                 let name = self.account.as_deref().unwrap_or_default();
                 let secret = match (&self.key, &self.key_env) {
                     (Some(secret), None) => secret.clone(),
                     (None, Some(var)) => env("key_env", var)?,
-                    _ => bail!("{key}.account: give the account key as exactly one of key or key_env"),
+                    _ => bail!("{key}.account: give the account key as exactly one of key or key_env, or an Entra ID credential"),
                 };
                 AzureAccount::with_key(name, &secret, self.endpoint.as_deref()).with_context(|| format!("{key}.account"))?
             }
-            [false, false, false] => bail!("{key}: give one of connection_string, connection_string_env, or account with key or key_env"),
+            [false, false, false] => bail!("{key}: give one of connection_string, connection_string_env, or account with key, key_env or credential"),
             _ => bail!("{key}: give only one of connection_string, connection_string_env, or account"),
         };
         if (self.key.is_some() || self.key_env.is_some()) && self.account.is_none() {
             bail!("{key}.key: goes with account, not with a connection string");
         }
+        if self.credential.is_none() {
+            for (name, given) in [("client_id", self.client_id.is_some()), ("tenant_id", self.tenant_id.is_some()), ("client_secret_env", self.client_secret_env.is_some())] {
+                if given {
+                    bail!("{key}.{name}: goes with credential (an Entra ID identity)");
+                }
+            }
+        }
+        let account = match &self.ca_file {
+            Some(file) => {
+                let path = base.join(file);
+                let pem = read_bounded(&path, MAX_CA_FILE_BYTES).with_context(|| format!("{key}.ca_file: {}", path.display()))?;
+                account.with_root_certificate(&pem).with_context(|| format!("{key}.ca_file: {}", path.display()))?
+            }
+            None => account,
+        };
         if self.endpoint.is_some() && self.account.is_none() {
             bail!("{key}.endpoint: goes with account (a connection string carries its own QueueEndpoint)");
         }
@@ -414,6 +454,25 @@ fn check_duration(key: &str, value: Duration, min: AtLeast, max: Duration) -> Re
 }
 
 /// `key` names a folder: it must be one, or not exist yet (then it is created), never a file.
+/// Largest `ca_file`: a bundle of a few hundred certificates.
+const MAX_CA_FILE_BYTES: u64 = 1 << 20;
+
+/// A small regular file's bytes, never blocking on a FIFO or reading a device without end.
+fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::File::options().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    if !file.metadata()?.is_file() {
+        bail!("not a regular file");
+    }
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        bail!("larger than {limit} bytes");
+    }
+    Ok(bytes)
+}
+
 fn check_folder(key: &str, path: &Path) -> Result<()> {
     if let Some(existing) = path.ancestors().find(|a| a.symlink_metadata().is_ok())
         && !existing.is_dir()
@@ -552,7 +611,7 @@ impl ConfigFile {
         }
         let mut queues = Vec::new();
         for (name, queue) in self.queues {
-            queues.push(queue.validate(&name, &rules_dir, self.azure.as_ref()).with_context(|| format!("queues.{name}"))?);
+            queues.push(queue.validate(&name, base, &rules_dir, self.azure.as_ref()).with_context(|| format!("queues.{name}"))?);
         }
         // Every storage queue (queues, partitions, poison queues) belongs to one configured queue.
         let mut owners: BTreeMap<String, &str> = BTreeMap::new();
@@ -620,16 +679,16 @@ fn parse_handler_url(text: &str) -> Result<reqwest::Url> {
 }
 
 impl QueueFile {
-    fn validate(self, name: &str, rules_dir: &Path, host_azure: Option<&AzureFile>) -> Result<QueueConfig> {
+    fn validate(self, name: &str, base: &Path, rules_dir: &Path, host_azure: Option<&AzureFile>) -> Result<QueueConfig> {
         let backend = match (self.backend, &self.azure, host_azure) {
             (BackendKind::Embedded, Some(_), _) => bail!("azure: set backend = \"azure\" to use it"),
             (BackendKind::Embedded, None, _) => Backend::Embedded,
             (BackendKind::Azure, Some(own), _) => {
-                let (account, encoding) = own.account("azure")?;
+                let (account, encoding) = own.account("azure", base)?;
                 Backend::Azure { account, encoding }
             }
             (BackendKind::Azure, None, Some(host)) => {
-                let (account, encoding) = host.account("[azure]")?;
+                let (account, encoding) = host.account("[azure]", base)?;
                 Backend::Azure { account, encoding }
             }
             (BackendKind::Azure, None, None) => bail!("backend: \"azure\" needs an [azure] section, or [queues.{name}.azure]"),

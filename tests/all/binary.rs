@@ -51,6 +51,8 @@ impl App {
 struct Site {
     dir: tempfile::TempDir,
     api: SocketAddr,
+    /// `PATH` for the processes it starts (default: the test's own).
+    path: Option<std::ffi::OsString>,
 }
 
 impl Site {
@@ -63,7 +65,16 @@ impl Site {
             "drain_timeout = \"10s\"\n[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n\n[queues.orders]\nrule = \"orders.wasm\"\nlease_duration = \"{lease}\"\nmax_polling_interval = \"2s\"\nhandler = {{ url = \"http://{app}/work\" }}\n"
         );
         std::fs::write(dir.path().join("ebb.toml"), config).unwrap();
-        Site { dir, api }
+        Site { dir, api, path: None }
+    }
+
+    /// A command running the binary, with this site's `PATH`.
+    fn command(&self) -> Command {
+        let mut command = Command::new(EBB);
+        if let Some(path) = &self.path {
+            command.env("PATH", path);
+        }
+        command
     }
 
     fn config(&self) -> PathBuf {
@@ -71,14 +82,14 @@ impl Site {
     }
 
     fn ebb(&self, args: &[&str]) -> Output {
-        let output = Command::new(EBB).args(args).arg("--config").arg(self.config()).output().unwrap();
+        let output = self.command().args(args).arg("--config").arg(self.config()).output().unwrap();
         assert!(output.status.success(), "ebb {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
         output
     }
 
     async fn start_host(&self) -> Child {
         let log = std::fs::File::create(self.dir.path().join("host.log")).unwrap();
-        let child = Command::new(EBB).arg("run").arg("--config").arg(self.config()).stdout(Stdio::null()).stderr(log).spawn().unwrap();
+        let child = self.command().arg("run").arg("--config").arg(self.config()).stdout(Stdio::null()).stderr(log).spawn().unwrap();
         let url = format!("http://{}/healthz", self.api);
         wait_until("the host's API", || async { reqwest::get(&url).await.is_ok_and(|r| r.status().is_success()) }).await;
         child
@@ -573,4 +584,87 @@ async fn a_rule_deployed_into_the_running_hosts_folder_is_swapped_in() {
     wait_until("the new rule in use", || async { site.status().await["queues"][0]["rule"]["sha256"] == wanted.as_str() }).await;
     signal(&host, "-TERM");
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+}
+
+/// An Entra ID token as Azure issues it (Azurite's `--oauth basic` checks the issuer, the
+/// audience and the times, not the signature).
+fn entra_token(audience: &str) -> String {
+    use azure_core::base64::encode_url_safe as base64url;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let header = base64url(br#"{"typ":"JWT","alg":"RS256"}"#);
+    let claims = serde_json::json!({
+        "aud": audience,
+        "iss": "https://sts.windows.net/72f988bf-86f1-41af-91ab-2d7cd011db47/",
+        "iat": now - 60, "nbf": now - 60, "exp": now + 3600,
+        "oid": "00000000-0000-0000-0000-00000000e0b0", "tid": "72f988bf-86f1-41af-91ab-2d7cd011db47",
+    });
+    format!("{header}.{}.c2lnbmF0dXJl", base64url(claims.to_string().as_bytes()))
+}
+
+/// Issue 9, Entra ID: `credential = "azure-cli"` takes its token from `az account
+/// get-access-token` (here a stand-in `az` on the host's PATH that prints a token as the
+/// Azure CLI does, and records that it was asked) and reaches Azurite over https (its
+/// self-signed certificate trusted through `ca_file`) with `--oauth basic`: `ebb check`,
+/// `ebb send` and `ebb run` work. A token for another audience is one clear error naming
+/// the credential.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entra_id_identity_reaches_azure_over_https() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let scratch = tempfile::tempdir().unwrap();
+    let azurite = ebb_tests::azurite::Azurite::start_https_oauth(scratch.path());
+    let (app, app_addr) = App::start(Duration::ZERO).await;
+    let mut site = Site::new(app_addr, "30s");
+    let bin = site.dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let asked = site.dir.path().join("az-asked");
+    let az_answer = site.dir.path().join("az-answer.json");
+    let write_token = |audience: &str| {
+        let expires = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 3600;
+        let answer = serde_json::json!({ "accessToken": entra_token(audience), "expires_on": expires, "tokenType": "Bearer" });
+        std::fs::write(&az_answer, answer.to_string()).unwrap();
+    };
+    write_token("https://storage.azure.com");
+    let script = format!("#!/bin/sh\necho \"$@\" >> {}\ncat {}\n", asked.display(), az_answer.display());
+    std::fs::write(bin.join("az"), script).unwrap();
+    std::fs::set_permissions(bin.join("az"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    site.path = Some(format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()).into());
+
+    let plain = std::fs::read_to_string(site.config()).unwrap();
+    let config = format!(
+        "{}\n[azure]\naccount = \"devstoreaccount1\"\ncredential = \"azure-cli\"\nendpoint = \"{}\"\nca_file = \"{}\"\n",
+        plain.replace("[queues.orders]\n", "[queues.orders]\nbackend = \"azure\"\n"),
+        azurite.endpoint(),
+        azurite.certificate().unwrap().display()
+    );
+    std::fs::write(site.config(), config).unwrap();
+    // The queue exists beforehand (creating queues needs a role the host may not have).
+    let admin = ebb::queue::azure::AzureAccount::with_key(
+        ebb::queue::azure::DEVELOPMENT_ACCOUNT,
+        ebb::queue::azure::DEVELOPMENT_KEY,
+        Some(&azurite.endpoint()),
+    )
+    .unwrap()
+    .with_root_certificate(&std::fs::read(azurite.certificate().unwrap()).unwrap())
+    .unwrap();
+    for name in ["orders", "orders-poison"] {
+        use ebb::queue::QueueClient as _;
+        ebb::queue::azure::AzureQueue::new(&admin, name, Default::default()).unwrap().create_if_missing().await.unwrap();
+    }
+
+    let checked = String::from_utf8(site.ebb(&["check"]).stdout).unwrap();
+    assert!(checked.contains("queue orders: reached on Azure, 0 messages; may read, process and update"), "{checked}");
+    let mut host = site.start_host().await;
+    site.ebb(&["send", "orders", "with-a-token", "--count", "5"]);
+    wait_until("5 messages handled", || async { app.seen.lock().unwrap().len() >= 5 }).await;
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+    let asked = std::fs::read_to_string(&asked).unwrap();
+    assert!(asked.contains("account get-access-token") && asked.contains("https://storage.azure.com/.default"), "{asked}");
+
+    write_token("https://some-other-service.example");
+    let output = site.command().arg("check").arg("--config").arg(site.config()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("azure-cli"), "the error names the credential: {stderr}");
+    assert!(!stderr.contains("c2lnbmF0dXJl"), "the token is shown: {stderr}");
 }

@@ -23,12 +23,33 @@ pub struct Azurite {
     port: u16,
     child: Child,
     guard: Option<ChildStdin>,
+    /// Its https certificate (PEM file), when it serves https.
+    certificate: Option<std::path::PathBuf>,
 }
 
 impl Azurite {
     /// Starts Azurite on a free port and waits until it answers. Panics, saying why, if it
     /// cannot (no Node.js, or it exits).
     pub fn start() -> Azurite {
+        Azurite::start_with(&[], None)
+    }
+
+    /// Starts Azurite over https (a fresh self-signed certificate for 127.0.0.1, written
+    /// into `dir`) with Entra ID (OAuth) tokens accepted: Azurite checks a token's issuer,
+    /// audience and times, not its signature (`--oauth basic`).
+    pub fn start_https_oauth(dir: &std::path::Path) -> Azurite {
+        let key = rcgen::KeyPair::generate().expect("a key pair");
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).expect("certificate parameters");
+        params.subject_alt_names.push(rcgen::SanType::IpAddress(std::net::IpAddr::from([127, 0, 0, 1])));
+        let certificate = params.self_signed(&key).expect("a self-signed certificate");
+        let (cert_path, key_path) = (dir.join("azurite-cert.pem"), dir.join("azurite-key.pem"));
+        std::fs::write(&cert_path, certificate.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        let (cert, key) = (cert_path.to_str().unwrap(), key_path.to_str().unwrap());
+        Azurite::start_with(&["--oauth", "basic", "--cert", cert, "--key", key], Some(cert_path.clone()))
+    }
+
+    fn start_with(extra: &[&str], certificate: Option<std::path::PathBuf>) -> Azurite {
         let port = free_port();
         // Its output goes to a file (a pipe nobody reads could fill and stall it).
         let log = tempfile::tempfile().expect("a temporary file for Azurite's output");
@@ -38,6 +59,7 @@ impl Azurite {
         let mut child = Command::new("sh")
             .args(["-c", guard, "azurite-guard", AZURITE_QUEUE])
             .args(["--queueHost", "127.0.0.1", "--queuePort", &port.to_string(), "--inMemoryPersistence", "--disableTelemetry", "--silent"])
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(log.try_clone().expect("a second handle on the log file"))
@@ -48,7 +70,7 @@ impl Azurite {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_ok() {
-                return Azurite { port, child, guard };
+                return Azurite { port, child, guard, certificate };
             }
             if let Ok(Some(status)) = child.try_wait() {
                 let mut stderr = String::new();
@@ -76,9 +98,15 @@ impl Azurite {
         self.port
     }
 
-    /// The queue endpoint (path style: `http://127.0.0.1:<port>/devstoreaccount1`).
+    /// The queue endpoint (path style: `http://127.0.0.1:<port>/devstoreaccount1`, or https).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}/{DEVELOPMENT_ACCOUNT}", self.port)
+        let scheme = if self.certificate.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}/{DEVELOPMENT_ACCOUNT}", self.port)
+    }
+
+    /// The https certificate's PEM file, when it serves https (trust it with `ca_file`).
+    pub fn certificate(&self) -> Option<&std::path::Path> {
+        self.certificate.as_deref()
     }
 
     /// A connection string for the development account on this Azurite.

@@ -62,3 +62,4 @@ impl std::io::Write for LogCapture {
         Ok(())
     }
 }
+

@@ -148,7 +148,7 @@ impl Shared {
             }
         }
         let outcome = outcome.expect("the loop ends with an outcome");
-        let mut receipt = lease.receipt;
+        let receipt = lease.receipt;
         let latency = started.elapsed();
         match outcome {
             Outcome::Handled(Ok(())) => {

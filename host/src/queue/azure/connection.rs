@@ -1,8 +1,10 @@
 //! Where the account is and how to authenticate to it: parsed from a connection string, or
 //! built from an account name, key and optional endpoint. Secrets are never printed.
 
+use std::sync::Arc;
+
 use anyhow::{Context as _, anyhow, bail};
-use azure_core::credentials::Secret;
+use azure_core::credentials::{Secret, TokenCredential};
 use azure_core::http::Url;
 
 /// Azurite's well-known development account (public, documented by Microsoft).
@@ -19,6 +21,48 @@ pub enum Credential {
     SharedKey(Secret),
     /// A shared access signature (the query string, without `?`): appended to every URL.
     Sas(Secret),
+    /// An Entra ID (Azure AD) token, from the identity `EntraMethod` names (https only).
+    Entra(EntraMethod, Arc<dyn TokenCredential>),
+}
+
+/// Where an Entra ID token comes from (the `azure_identity` credentials).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EntraMethod {
+    /// The VM's, App Service's or container's managed identity (a user-assigned one with `client_id`).
+    ManagedIdentity,
+    /// Kubernetes workload identity (`AZURE_CLIENT_ID`, `AZURE_TENANT_ID`, `AZURE_FEDERATED_TOKEN_FILE`).
+    WorkloadIdentity,
+    /// The signed-in Azure CLI (`az account get-access-token`), for development.
+    AzureCli,
+    /// The Azure CLI, then the Azure Developer CLI, for development.
+    DeveloperTools,
+    /// A service principal's secret (`tenant_id`, `client_id`, and the secret).
+    ClientSecret,
+}
+
+impl EntraMethod {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EntraMethod::ManagedIdentity => "managed-identity",
+            EntraMethod::WorkloadIdentity => "workload-identity",
+            EntraMethod::AzureCli => "azure-cli",
+            EntraMethod::DeveloperTools => "developer-tools",
+            EntraMethod::ClientSecret => "client-secret",
+        }
+    }
+}
+
+/// What an Entra identity needs beyond its method.
+#[derive(Debug, Clone, Default)]
+pub struct EntraOptions {
+    /// A user-assigned managed identity's, a workload identity's or a service principal's client id.
+    pub client_id: Option<String>,
+    /// The tenant (directory) id.
+    pub tenant_id: Option<String>,
+    /// A service principal's secret (`client-secret` only).
+    pub client_secret: Option<Secret>,
 }
 
 /// A storage account's queue service and the credential to use.
@@ -27,6 +71,8 @@ pub struct AzureAccount {
     name: String,
     endpoint: Url,
     credential: Credential,
+    /// An extra trusted root for an https endpoint (PEM), e.g. a private CA.
+    root_certificate: Option<Arc<[u8]>>,
 }
 
 impl std::fmt::Debug for AzureAccount {
@@ -34,6 +80,7 @@ impl std::fmt::Debug for AzureAccount {
         let credential = match self.credential {
             Credential::SharedKey(_) => "SharedKey(<redacted>)",
             Credential::Sas(_) => "Sas(<redacted>)",
+            Credential::Entra(method, _) => method.as_str(),
         };
         f.debug_struct("AzureAccount").field("name", &self.name).field("endpoint", &self.endpoint.as_str()).field("credential", &credential).finish()
     }
@@ -50,7 +97,73 @@ impl AzureAccount {
             Some(endpoint) => parse_endpoint(endpoint)?,
             None => parse_endpoint(&format!("https://{account}.queue.core.windows.net"))?,
         };
-        Ok(AzureAccount { name: account.to_string(), endpoint, credential: Credential::SharedKey(key) })
+        Ok(AzureAccount { name: account.to_string(), endpoint, credential: Credential::SharedKey(key), root_certificate: None })
+    }
+
+    /// An account reached with an Entra ID token from `method`. The endpoint must be https
+    /// (tokens never travel in the clear); `None` means `https://<account>.queue.core.windows.net`.
+    /// The identity needs a data role on the account, e.g. "Storage Queue Data Message Processor"
+    /// (get, delete, update), "Storage Queue Data Message Sender" (add) or "Storage Queue Data
+    /// Contributor" (all, and create).
+    pub fn with_entra(account: &str, method: EntraMethod, options: EntraOptions, endpoint: Option<&str>) -> anyhow::Result<Self> {
+        use azure_identity::{
+            AzureCliCredential, ClientSecretCredential, DeveloperToolsCredential, ManagedIdentityCredential, ManagedIdentityCredentialOptions,
+            UserAssignedId, WorkloadIdentityCredential, WorkloadIdentityCredentialOptions,
+        };
+        check_account(account)?;
+        let endpoint = match endpoint {
+            Some(endpoint) => parse_endpoint(endpoint)?,
+            None => parse_endpoint(&format!("https://{account}.queue.core.windows.net"))?,
+        };
+        if endpoint.scheme() != "https" {
+            bail!("queue endpoint {endpoint} must be https with an Entra ID credential (tokens never travel in the clear)");
+        }
+        let unused = |what: &str, given: bool| if given { Err(anyhow!("{what} does not go with credential = \"{}\"", method.as_str())) } else { Ok(()) };
+        let made = match method {
+            EntraMethod::ManagedIdentity => {
+                unused("tenant_id", options.tenant_id.is_some())?;
+                unused("client_secret", options.client_secret.is_some())?;
+                let user_assigned_id = options.client_id.map(UserAssignedId::ClientId);
+                ManagedIdentityCredential::new(Some(ManagedIdentityCredentialOptions { user_assigned_id, ..Default::default() })).map(|c| c as Arc<dyn TokenCredential>)
+            }
+            EntraMethod::WorkloadIdentity => {
+                unused("client_secret", options.client_secret.is_some())?;
+                let options = WorkloadIdentityCredentialOptions { client_id: options.client_id, tenant_id: options.tenant_id, ..Default::default() };
+                WorkloadIdentityCredential::new(Some(options)).map(|c| c as Arc<dyn TokenCredential>)
+            }
+            EntraMethod::AzureCli | EntraMethod::DeveloperTools => {
+                unused("client_id", options.client_id.is_some())?;
+                unused("client_secret", options.client_secret.is_some())?;
+                if method == EntraMethod::AzureCli {
+                    let options = azure_identity::AzureCliCredentialOptions { tenant_id: options.tenant_id, ..Default::default() };
+                    AzureCliCredential::new(Some(options)).map(|c| c as Arc<dyn TokenCredential>)
+                } else {
+                    unused("tenant_id", options.tenant_id.is_some())?;
+                    DeveloperToolsCredential::new(None).map(|c| c as Arc<dyn TokenCredential>)
+                }
+            }
+            EntraMethod::ClientSecret => {
+                let (Some(tenant), Some(client), Some(secret)) = (options.tenant_id, options.client_id, options.client_secret) else {
+                    bail!("credential = \"client-secret\" needs tenant_id, client_id and the secret");
+                };
+                ClientSecretCredential::new(&tenant, client, secret, None).map(|c| c as Arc<dyn TokenCredential>)
+            }
+        };
+        let token = made.map_err(|e| anyhow!("Entra ID credential {}: {e}", method.as_str()))?;
+        Ok(AzureAccount { name: account.to_string(), endpoint, credential: Credential::Entra(method, token), root_certificate: None })
+    }
+
+    /// Trusts `pem` (one or more certificates) as an extra root for this account's https
+    /// endpoint, besides the system's roots.
+    pub fn with_root_certificate(mut self, pem: &[u8]) -> anyhow::Result<Self> {
+        azure_reqwest::Certificate::from_pem_bundle(pem).map_err(|e| anyhow!("not a PEM certificate: {e}"))?;
+        self.root_certificate = Some(Arc::from(pem));
+        Ok(self)
+    }
+
+    /// The extra trusted root, if any (PEM).
+    pub(crate) fn root_certificate(&self) -> Option<&[u8]> {
+        self.root_certificate.as_deref()
     }
 
     /// Azurite's development account on its default endpoint.
@@ -136,7 +249,7 @@ impl AzureAccount {
                 if !sas.contains("sig=") {
                     bail!("connection string: SharedAccessSignature has no sig= part");
                 }
-                Ok(AzureAccount { name, endpoint, credential: Credential::Sas(Secret::new(sas.to_string())) })
+                Ok(AzureAccount { name, endpoint, credential: Credential::Sas(Secret::new(sas.to_string())), root_certificate: None })
             }
             (None, None) => bail!("connection string: no credential: give AccountKey, SharedAccessSignature or UseDevelopmentStorage=true"),
         }

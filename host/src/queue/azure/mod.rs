@@ -34,7 +34,7 @@ use azure_core::http::{ClientOptions, RetryOptions, StatusCode, Transport};
 use azure_storage_queue::models::{QueueClientGetPropertiesResultHeaders, QueueClientReceiveMessagesOptions, QueueClientSendMessageOptions, QueueMessage};
 use azure_storage_queue::{QueueClient as SdkQueueClient, QueueClientOptions};
 
-pub use connection::{AzureAccount, Credential, DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY, DEVELOPMENT_QUEUE_ENDPOINT};
+pub use connection::{AzureAccount, Credential, EntraMethod, EntraOptions, DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY, DEVELOPMENT_QUEUE_ENDPOINT};
 pub use encoding::{Encoding, MAX_ENCODED_BYTES};
 
 use super::{MAX_BATCH, MAX_VISIBILITY, Message, MessageId, PopReceipt, QueueClient, QueueError};
@@ -82,6 +82,15 @@ pub struct AzureQueue {
     options: AzureOptions,
     /// The SAS, to scrub from transport errors (which quote the URL).
     sas: Option<String>,
+    /// What a 403 should tell the user to check.
+    credential: CredentialKind,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum CredentialKind {
+    SharedKey,
+    Sas,
+    Entra(EntraMethod),
 }
 
 impl std::fmt::Debug for AzureQueue {
@@ -123,6 +132,16 @@ impl Call {
             Call::Count => "r (read)",
         }
     }
+
+    /// The Entra ID data role that allows the call.
+    fn role(self) -> &'static str {
+        match self {
+            Call::Create => "the Storage Queue Data Contributor role (or create the queue beforehand)",
+            Call::Put => "the Storage Queue Data Message Sender (or Contributor) role",
+            Call::Get | Call::Delete | Call::Update => "the Storage Queue Data Message Processor (or Contributor) role",
+            Call::Count => "the Storage Queue Data Reader (or Contributor) role",
+        }
+    }
 }
 
 impl AzureQueue {
@@ -134,20 +153,34 @@ impl AzureQueue {
             .connect_timeout(CONNECT_TIMEOUT.min(options.request_timeout))
             .timeout(options.request_timeout)
             .pool_idle_timeout(options.pool_idle_timeout)
-            .redirect(azure_reqwest::redirect::Policy::none())
+            .redirect(azure_reqwest::redirect::Policy::none());
+        let http = match account.root_certificate() {
+            Some(pem) => azure_reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| anyhow!("queue {name} on account {}: the extra root certificate: {e}", account.name()))?
+                .into_iter()
+                .fold(http, |builder, certificate| builder.add_root_certificate(certificate)),
+            None => http,
+        };
+        let http = http
             .build()
             .map_err(|e| anyhow!("queue {name} on account {}: cannot build the HTTP client: {e}", account.name()))?;
         let mut client_options =
             ClientOptions { retry: RetryOptions::none(), transport: Some(Transport::new(Arc::new(http))), ..ClientOptions::default() };
-        let mut sas = None;
+        let (mut sas, mut entra) = (None, None);
         match account.credential() {
             Credential::SharedKey(key) => client_options.per_try_policies.push(Arc::new(auth::SharedKeyPolicy::new(account.name(), key.clone()))),
             Credential::Sas(token) => sas = Some(token.secret().to_string()),
+            Credential::Entra(_, token) => entra = Some(token.clone()),
         }
         let sdk_options = QueueClientOptions { client_options, version: API_VERSION.to_string() };
-        let client = SdkQueueClient::new(account.queue_url(name)?, None, Some(sdk_options))
+        let client = SdkQueueClient::new(account.queue_url(name)?, entra, Some(sdk_options))
             .map_err(|e| anyhow!("queue {name} on account {}: {e}", account.name()))?;
-        Ok(AzureQueue { name: name.to_string(), account: account.name().to_string(), client, options, sas })
+        let credential = match account.credential() {
+            Credential::SharedKey(_) => CredentialKind::SharedKey,
+            Credential::Sas(_) => CredentialKind::Sas,
+            Credential::Entra(method, _) => CredentialKind::Entra(*method),
+        };
+        Ok(AzureQueue { name: name.to_string(), account: account.name().to_string(), client, options, sas, credential })
     }
 
     /// The storage account's name.
@@ -204,16 +237,25 @@ impl AzureQueue {
                 QueueError::Transient(described)
             }
             (StatusCode::Forbidden, "AuthenticationFailed") => {
-                let what = if self.sas.is_some() { "the shared access signature" } else { "the account key" };
+                let what = match self.credential {
+                    CredentialKind::SharedKey => "the account key".to_string(),
+                    CredentialKind::Sas => "the shared access signature".to_string(),
+                    CredentialKind::Entra(method) => format!("the Entra ID token from {} (its tenant and audience)", method.as_str()),
+                };
                 QueueError::Fatal(anyhow!("queue {} on account {}: AuthenticationFailed (403): check {what}", self.name, self.account))
             }
-            (StatusCode::Forbidden, "AuthorizationPermissionMismatch" | "AuthorizationFailure") => QueueError::Fatal(anyhow!(
-                "queue {} on account {}: {code} (403): the credential lacks the permission to {}: it needs {}",
-                self.name,
-                self.account,
-                call.verb(),
-                call.permission()
-            )),
+            (StatusCode::Forbidden, "AuthorizationPermissionMismatch" | "AuthorizationFailure") => {
+                let needs = match self.credential {
+                    CredentialKind::Entra(_) => call.role(),
+                    _ => call.permission(),
+                };
+                QueueError::Fatal(anyhow!(
+                    "queue {} on account {}: {code} (403): the credential lacks the permission to {}: it needs {needs}",
+                    self.name,
+                    self.account,
+                    call.verb(),
+                ))
+            }
             (StatusCode::NotFound, "QueueNotFound") => QueueError::Fatal(anyhow!(
                 "queue {} on account {}: QueueNotFound (404): the queue does not exist (create it first)",
                 self.name,

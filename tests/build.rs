@@ -58,6 +58,8 @@ fn main() {
     println!("cargo:rerun-if-changed={}", root.join("tests/azurite").display());
     let azurite = install_azurite(&root.join("tests/azurite"), &out_dir.ancestors().nth(4).unwrap().join("azurite"));
     std::fs::write(out_dir.join("azurite.rs"), format!("pub const AZURITE_QUEUE: &str = {:?};\n", path_str(&azurite))).unwrap();
+    let redis = ensure_redis_server();
+    std::fs::write(out_dir.join("redis.rs"), format!("pub const REDIS_SERVER: &str = {:?};\n", path_str(&redis))).unwrap();
 }
 
 /// Azurite from npm, exactly as `tests/azurite/package-lock.json` pins it, in a
@@ -82,6 +84,29 @@ fn install_azurite(pinned: &Path, prefix: &Path) -> PathBuf {
     assert!(tool.exists(), "npm ci did not install {}", tool.display());
     std::fs::write(&installed_lock, &lock).unwrap();
     tool
+}
+
+/// Debian's `redis-server` (the push-notification bus tests start their own on a free
+/// port): installed with apt when it is not on the machine. CI runs as root on a Debian
+/// machine; elsewhere, install the `redis-server` package.
+fn ensure_redis_server() -> PathBuf {
+    let found = || {
+        ["/usr/bin/redis-server", "/usr/local/bin/redis-server"].into_iter().map(PathBuf::from).find(|p| {
+            Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success())
+        })
+    };
+    if let Some(path) = found() {
+        return path;
+    }
+    let apt = |args: &[&str]| {
+        Command::new("apt-get").args(args).env("DEBIAN_FRONTEND", "noninteractive").status().is_ok_and(|s| s.success())
+    };
+    let install = ["install", "-y", "-q", "--no-install-recommends", "redis-server"];
+    if !apt(&install) {
+        // A fresh machine may have no package lists yet.
+        assert!(apt(&["update", "-q"]) && apt(&install), "apt-get install redis-server failed: the bus tests need Debian's redis-server (run as root, or install it)");
+    }
+    found().expect("apt-get installed redis-server, but /usr/bin/redis-server does not run")
 }
 
 /// Pinned guest toolchains, from PyPI and npm.

@@ -46,9 +46,62 @@ pub struct ConfigFile {
     pub rule_limits: RuleLimitsFile,
     /// The Azure Storage account of queues with `backend = "azure"` (a queue may name its own).
     pub azure: Option<AzureFile>,
+    /// Push notifications across hosts.
+    pub bus: Option<BusFile>,
     /// The queues to listen to, by name.
     #[serde(default)]
     pub queues: BTreeMap<String, QueueFile>,
+}
+
+/// `[bus]`: the publish/subscribe engine that carries push notifications between hosts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BusFile {
+    /// `redis://[:password@]host:port[/db]` or `rediss://…` (TLS).
+    pub redis_url: Option<String>,
+    /// The environment variable holding the Redis URL (keeps a password out of the file).
+    pub redis_url_env: Option<String>,
+    /// Channel names: `<channel_prefix><queue>`. Default `ebb:queue:`.
+    #[serde(default = "defaults::channel_prefix")]
+    pub channel_prefix: String,
+}
+
+/// A validated `[bus]`; its `Debug` form hides the URL (it may carry a password).
+#[derive(Clone)]
+pub struct BusConfig {
+    /// The Redis URL.
+    pub redis_url: String,
+    /// Channel names: `<channel_prefix><queue>`.
+    pub channel_prefix: String,
+}
+
+impl std::fmt::Debug for BusConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BusConfig").field("redis_url", &"<redacted>").field("channel_prefix", &self.channel_prefix).finish()
+    }
+}
+
+impl BusConfig {
+    /// The engine it names (nothing is connected yet).
+    pub fn engine(&self) -> Result<std::sync::Arc<dyn crate::bus::PubSub>> {
+        Ok(std::sync::Arc::new(crate::bus::redis::RedisPubSub::new(&self.redis_url)?))
+    }
+}
+
+impl BusFile {
+    fn validate(self) -> Result<BusConfig> {
+        let redis_url = match (self.redis_url, self.redis_url_env) {
+            (Some(url), None) => url,
+            (None, Some(var)) => std::env::var(&var).map_err(|_| anyhow::anyhow!("bus.redis_url_env: the environment variable {var} is not set"))?,
+            _ => bail!("bus: give the Redis URL as exactly one of redis_url or redis_url_env"),
+        };
+        crate::bus::redis::RedisPubSub::new(&redis_url).context("bus.redis_url")?;
+        let prefix = self.channel_prefix;
+        if prefix.is_empty() || prefix.len() > 200 || prefix.chars().any(|c| c.is_whitespace() || c.is_control() || c == '*' || c == '?' || c == '[') {
+            bail!("bus.channel_prefix: {prefix:?} must be 1 to 200 characters without spaces, control characters or glob characters (* ? [)");
+        }
+        Ok(BusConfig { redis_url, channel_prefix: prefix })
+    }
 }
 
 /// `[azure]` or `[queues.<name>.azure]`: one way to reach the account, and the encoding.
@@ -344,6 +397,10 @@ mod defaults {
     pub fn drain_timeout() -> Duration {
         Duration::from_secs(30)
     }
+    pub fn channel_prefix() -> String {
+        "ebb:queue:".to_string()
+    }
+
     pub fn listen() -> String {
         "127.0.0.1:7070".into()
     }
@@ -453,7 +510,6 @@ fn check_duration(key: &str, value: Duration, min: AtLeast, max: Duration) -> Re
     Ok(())
 }
 
-/// `key` names a folder: it must be one, or not exist yet (then it is created), never a file.
 /// Largest `ca_file`: a bundle of a few hundred certificates.
 const MAX_CA_FILE_BYTES: u64 = 1 << 20;
 
@@ -473,6 +529,7 @@ fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// `key` names a folder: it must be one, or not exist yet (then it is created), never a file.
 fn check_folder(key: &str, path: &Path) -> Result<()> {
     if let Some(existing) = path.ancestors().find(|a| a.symlink_metadata().is_ok())
         && !existing.is_dir()
@@ -498,6 +555,8 @@ pub struct Config {
     pub drain_timeout: Duration,
     /// API address.
     pub listen: SocketAddr,
+    /// Push notifications across hosts, if configured.
+    pub bus: Option<BusConfig>,
     /// API token, if any.
     pub token: Option<String>,
     /// The API server's limits (`max_body_bytes` is `max_message_bytes`).
@@ -626,12 +685,14 @@ impl ConfigFile {
         if queues.is_empty() {
             bail!("queues: configure at least one queue ([queues.<name>] with a handler)");
         }
+        let bus = self.bus.map(BusFile::validate).transpose()?;
         Ok(Config {
             data_dir,
             rules_dir,
             max_message_bytes: self.max_message_bytes,
             drain_timeout: self.drain_timeout,
             listen,
+            bus,
             token,
             api_limits: ApiLimits {
                 max_body_bytes: self.max_message_bytes,

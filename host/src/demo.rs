@@ -56,6 +56,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
     let processed_by_app = Arc::new(AtomicU64::new(0));
     let app = start_app(options.processing_time, processed_by_app.clone()).await?;
     let config = Config {
+        bus: None,
         data_dir: work.path().join("data"),
         rules_dir: rules_dir.clone(),
         max_message_bytes: crate::queue::embedded::DEFAULT_MAX_MESSAGE_BYTES,

@@ -53,6 +53,8 @@ pub struct Api {
     pub token: Option<String>,
     /// The host's health, answered by `/healthz`.
     pub health: Health,
+    /// Push notifications to the other hosts, if a bus is configured.
+    pub bus: Option<Arc<crate::bus::Bus>>,
 }
 
 /// Limits of the HTTP server (config keys `max_message_bytes`, `[api] header_read_timeout`
@@ -369,7 +371,8 @@ fn partitioned_status(queue: &str, listeners: &[Listener]) -> serde_json::Value 
 
 async fn status(State(api): State<Arc<Api>>) -> Json<serde_json::Value> {
     let partitioned: Vec<_> = api.listeners.iter().filter(|(_, l)| l.len() > 1).map(|(queue, l)| partitioned_status(queue, l)).collect();
-    Json(json!({ "queues": statuses(&api), "partitioned": partitioned }))
+    let bus = api.bus.as_ref().map(|b| b.status());
+    Json(json!({ "queues": statuses(&api), "partitioned": partitioned, "bus": bus }))
 }
 
 /// Parses the query of `POST /queues/{name}/messages`: only `delay_ms`, a whole number of
@@ -421,6 +424,9 @@ async fn send(
             for listener in api.listeners.get(&name).into_iter().flatten() {
                 listener.work_detected();
             }
+            if let Some(bus) = &api.bus {
+                bus.publish(&name, Some(1));
+            }
             (StatusCode::CREATED, Json(json!({ "id": id }))).into_response()
         }
         Err(e @ QueueError::MessageTooLarge { .. }) => error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),
@@ -436,6 +442,10 @@ async fn notify(State(api): State<Arc<Api>>, Path(name): Path<String>, RawQuery(
         Some(listeners) => {
             for listener in listeners {
                 listener.work_detected();
+            }
+            // Messages put straight into storage concern every host on the queue.
+            if let Some(bus) = &api.bus {
+                bus.publish(&name, None);
             }
             StatusCode::ACCEPTED.into_response()
         }
@@ -508,6 +518,23 @@ async fn metrics(State(api): State<Arc<Api>>) -> Response {
             for (kind, n) in [("put", t.puts), ("get", t.gets_with_messages), ("get_empty", t.gets_empty), ("delete", t.deletes), ("update", t.updates), ("count", t.counts), ("create", t.creates)] {
                 transactions.get_or_create(&TransactionLabel { queue: s.queue.clone(), kind }).inc_by(n);
             }
+        }
+    }
+    if let Some(bus) = api.bus.as_ref().map(|b| b.status()) {
+        let connected = Gauge::<i64>::default();
+        connected.set(i64::from(bus.connected));
+        registry.register("bus_connected", "1 while subscribed to push notifications from other hosts", connected);
+        for (name, help, value) in [
+            ("bus_received", "Push notifications received and delivered", bus.received),
+            ("bus_published", "Push notifications published", bus.published),
+            ("bus_publish_failures", "Publishes that failed (the message was stored; hosts find it by polling)", bus.publish_failures),
+            ("bus_dropped", "Push notifications dropped because the publish backlog was full", bus.dropped),
+            ("bus_outages", "Times the subscription was lost", bus.outages),
+            ("bus_ignored", "Payloads ignored: not the trigger JSON, too long, or naming another queue", bus.ignored),
+        ] {
+            let counter = Counter::<u64>::default();
+            counter.inc_by(value);
+            registry.register(name, help, counter);
         }
     }
     let mut text = String::new();

@@ -1,5 +1,6 @@
 //! ebb: queue workers whose scaling decisions are hot-swapped WebAssembly rules.
 
+pub mod bus;
 pub mod cli;
 pub mod config;
 pub mod demo;

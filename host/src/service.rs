@@ -8,7 +8,8 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Backend, Config};
+use crate::bus::Bus;
+use crate::config::{Backend, BusConfig, Config};
 use crate::listener::QueueSettings;
 use crate::queue::azure::{AzureOptions, AzureQueue};
 use crate::handler::HttpHandler;
@@ -47,6 +48,22 @@ pub struct Service {
     /// weak reference, so without this the set (and every rule swap) would be gone.
     _rules: Arc<RuleSet>,
     store: EmbeddedStore,
+    bus: Option<Arc<Bus>>,
+}
+
+/// Subscribes to every queue's channel: a trigger wakes the queue's listeners (each
+/// partition's); the bus's state tells them whether pushes can arrive.
+fn start_bus(config: &BusConfig, listeners: &BTreeMap<String, Vec<Listener>>) -> Result<Bus> {
+    let engine = config.engine()?;
+    let by_queue = listeners.clone();
+    let deliver: crate::bus::Deliver = Arc::new(move |trigger| {
+        for listener in by_queue.get(&trigger.queue).into_iter().flatten() {
+            listener.work_detected();
+        }
+    });
+    let all: Vec<Listener> = listeners.values().flatten().cloned().collect();
+    let available: crate::bus::Availability = Arc::new(move |available| all.iter().for_each(|l| l.set_push_available(available)));
+    Ok(Bus::start(engine, &config.channel_prefix, listeners.keys().cloned().collect(), deliver, available))
 }
 
 impl Service {
@@ -89,6 +106,10 @@ impl Service {
                     .settings(QueueSettings { poison_envelope: matches!(queue_config.backend, Backend::Embedded), ..queue_config.settings.clone() })
                     .transactions(transactions)
                     .build();
+                if config.bus.is_some() {
+                    // Until the bus is subscribed, other hosts' pushes cannot arrive: poll.
+                    listener.set_push_available(false);
+                }
                 listener.start();
                 tracing::info!(queue = %name, handler = %crate::handler::masked(&queue_config.handler_url), "listening");
                 listeners.entry(queue_config.name.clone()).or_default().push(listener);
@@ -98,11 +119,16 @@ impl Service {
             queues.insert(queue_config.name.clone(), logical);
         }
 
+        let bus = match &config.bus {
+            Some(bus) => Some(Arc::new(start_bus(bus, &listeners)?)),
+            None => None,
+        };
         let api = Arc::new(Api {
             listeners: listeners.clone(),
             queues,
             token: config.token.clone(),
             health,
+            bus: bus.clone(),
         });
         let tcp = tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("failed to listen on {}", config.listen))?;
         let api_addr = tcp.local_addr()?;
@@ -117,7 +143,7 @@ impl Service {
         });
         tracing::info!(%api_addr, "API listening");
         let listeners = listeners.into_values().flatten().collect();
-        Ok(Service { listeners, api_addr, api_stop, api_task, drain_timeout: config.drain_timeout, _watcher: watcher, _rules: rules, store })
+        Ok(Service { listeners, api_addr, api_stop, api_task, drain_timeout: config.drain_timeout, _watcher: watcher, _rules: rules, store, bus })
     }
 
     /// Where the API listens.
@@ -144,5 +170,13 @@ impl Service {
         futures::future::join_all(self.listeners.iter().map(|l| l.shutdown(drain))).await;
         self.api_stop.cancel();
         let _ = self.api_task.await;
+        if let Some(bus) = &self.bus {
+            bus.stop();
+        }
+    }
+
+    /// The bus's state, if there is one.
+    pub fn bus_status(&self) -> Option<crate::bus::BusStatus> {
+        self.bus.as_ref().map(|b| b.status())
     }
 }

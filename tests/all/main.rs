@@ -3,6 +3,7 @@ mod azure_faults;
 mod azure_hosts;
 mod azure_queue;
 mod binary;
+mod bus;
 mod config;
 mod decorators;
 mod embedded_queue;

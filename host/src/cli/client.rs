@@ -70,6 +70,15 @@ pub async fn send(config_path: &Path, queue: &str, count: u64, body: Option<Stri
                 Backend::Azure { account, .. } => format!("Azure account {}", account.name()),
             };
             println!("sent {count} message{} to {queue} (no host running: written to {written_to})", plural(count));
+            // Hosts elsewhere listening on the queue hear of it at once.
+            if let Some(bus) = &config.bus {
+                let trigger = crate::bus::Trigger { queue: queue.to_string(), count: Some(count) };
+                let engine = bus.engine()?;
+                match crate::bus::publish_once(&*engine, &bus.channel_prefix, &trigger).await {
+                    Ok(()) => println!("notified the hosts on {}{queue} via {}", bus.channel_prefix, engine.describe()),
+                    Err(error) => eprintln!("warning: could not notify the hosts (they find the messages by polling): {error:#}"),
+                }
+            }
         }
         first => {
             check_response(first?).await?;
@@ -149,6 +158,19 @@ pub async fn status(config_path: &Path, json: bool) -> Result<()> {
         ]);
     }
     print!("{}", table(&columns, &rows));
+    let bus = &body["bus"];
+    if bus.is_object() {
+        let state = if bus["connected"] == true { "subscribed" } else { "DOWN (queues poll)" };
+        println!(
+            "bus {}: {state}; received {}, published {}, publish failures {}, outages {}, ignored {}",
+            cell(&bus["engine"]),
+            cell(&bus["received"]),
+            cell(&bus["published"]),
+            cell(&bus["publish_failures"]),
+            cell(&bus["outages"]),
+            cell(&bus["ignored"])
+        );
+    }
     Ok(())
 }
 

@@ -12,7 +12,7 @@ mod settings;
 mod state;
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -72,6 +72,9 @@ struct Shared {
     depth_counted: Mutex<Option<tokio::time::Instant>>,
     /// Failed gets, likewise.
     storage_log: LogLimiter,
+    /// Whether pushes can reach the queue now (false while the bus between hosts is down:
+    /// then a `push` queue polls as a pull queue does).
+    push_available: AtomicBool,
 }
 
 /// A dequeue task's slot in `active_tasks`, given back when the task ends however it
@@ -149,6 +152,7 @@ impl ListenerBuilder {
                 poison_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
                 depth_counted: Mutex::new(None),
                 storage_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
+                push_available: AtomicBool::new(true),
             }),
         }
     }
@@ -197,6 +201,21 @@ impl Listener {
     /// and asks the scaler to decide the task count.
     pub fn work_detected(&self) {
         self.shared.work_detected();
+    }
+
+    /// Whether push notifications can reach this queue now. While they cannot (the bus
+    /// between hosts is down), a `push` queue keeps a polling task and its rule is told push
+    /// is off, so messages are found with the rule's back-off; when they can again, idle
+    /// tasks may stop as the rule says.
+    pub fn set_push_available(&self, available: bool) {
+        let shared = &self.shared;
+        if shared.push_available.swap(available, Ordering::AcqRel) == available || !shared.settings.push_enabled {
+            return;
+        }
+        if !available && !shared.stopping.is_cancelled() {
+            let active = shared.counters.active_tasks.load(Ordering::Acquire);
+            shared.start_tasks(shared.floor().saturating_sub(active));
+        }
     }
 
     /// `QueryState()`: the listener's state, for status and metrics.
@@ -250,7 +269,12 @@ impl Listener {
 impl Shared {
     /// Fewest tasks: `min_tasks`, and at least one polling task unless pushes can wake the queue.
     fn floor(&self) -> u32 {
-        if self.settings.push_enabled { self.settings.min_tasks } else { self.settings.min_tasks.max(1) }
+        if self.push_enabled() { self.settings.min_tasks } else { self.settings.min_tasks.max(1) }
+    }
+
+    /// Push is configured and can reach the queue now.
+    fn push_enabled(&self) -> bool {
+        self.settings.push_enabled && self.push_available.load(Ordering::Acquire)
     }
 
     fn start_tasks(self: &Arc<Self>, n: u32) {
@@ -397,7 +421,7 @@ impl Shared {
             active_tasks: self.counters.active_tasks.load(Ordering::Relaxed),
             min_interval_ms: self.settings.min_polling_interval.as_millis() as u64,
             max_interval_ms: self.settings.max_polling_interval.as_millis() as u64,
-            push_enabled: self.settings.push_enabled,
+            push_enabled: self.push_enabled(),
             timestamp_ms: SystemClock.now_ms(),
             random: self.random(),
         };
@@ -470,7 +494,7 @@ impl Shared {
             throughput_per_sec: window.throughput_per_sec,
             mean_handler_latency_ms: window.mean_handler_latency_ms,
             recent_failures: window.failures,
-            push_enabled: self.settings.push_enabled,
+            push_enabled: self.push_enabled(),
             timestamp_ms: SystemClock.now_ms(),
             random: self.random(),
         };

@@ -1,0 +1,66 @@
+//! Redis pub/sub as the bus: a local `redis-server`, or Azure Cache for Redis (`rediss://`,
+//! TLS with the system's roots).
+
+use anyhow::Context as _;
+use async_trait::async_trait;
+use futures::StreamExt as _;
+use futures::stream::BoxStream;
+use redis::aio::MultiplexedConnection;
+
+use super::PubSub;
+
+/// A Redis server's pub/sub.
+pub struct RedisPubSub {
+    client: redis::Client,
+    described: String,
+    /// The publishing connection, opened on first use and again after a failure.
+    publisher: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+}
+
+impl RedisPubSub {
+    /// A Redis at `url` (`redis://[:password@]host:port[/db]` or `rediss://…`); nothing is
+    /// connected yet.
+    pub fn new(url: &str) -> anyhow::Result<Self> {
+        let client = redis::Client::open(url).map_err(|e| anyhow::anyhow!("not a Redis URL (redis://[:password@]host:port[/db] or rediss://…): {}", e.category()))?;
+        let scheme = url.split_once("://").map_or("redis", |(scheme, _)| scheme);
+        let described = format!("{scheme}://{}", client.get_connection_info().addr());
+        Ok(RedisPubSub { client, described, publisher: tokio::sync::Mutex::new(None) })
+    }
+}
+
+#[async_trait]
+impl PubSub for RedisPubSub {
+    fn describe(&self) -> String {
+        self.described.clone()
+    }
+
+    async fn publish(&self, channel: &str, payload: &[u8]) -> anyhow::Result<()> {
+        let mut publisher = self.publisher.lock().await;
+        // A kept connection may have died with the server since (an outage): then one more
+        // try on a fresh connection.
+        let tries = if publisher.is_some() { 2 } else { 1 };
+        let mut last_error = None;
+        for _ in 0..tries {
+            let connection = match publisher.as_mut() {
+                Some(connection) => connection,
+                None => publisher.insert(self.client.get_multiplexed_async_connection().await.with_context(|| format!("cannot connect to {}", self.described))?),
+            };
+            let published: redis::RedisResult<i64> = redis::cmd("PUBLISH").arg(channel).arg(payload).query_async(connection).await;
+            match published {
+                Ok(_) => return Ok(()),
+                Err(error) => {
+                    *publisher = None;
+                    last_error = Some(error);
+                }
+            }
+        }
+        let error = last_error.expect("at least one try");
+        Err(anyhow::anyhow!("{}: PUBLISH {channel}: {error}", self.described))
+    }
+
+    async fn subscribe(&self, channels: &[String]) -> anyhow::Result<BoxStream<'static, (String, Vec<u8>)>> {
+        let mut pubsub = self.client.get_async_pubsub().await.with_context(|| format!("cannot connect to {}", self.described))?;
+        pubsub.subscribe(channels).await.with_context(|| format!("{}: SUBSCRIBE", self.described))?;
+        Ok(pubsub.into_on_message().map(|message| (message.get_channel_name().to_string(), message.get_payload_bytes().to_vec())).boxed())
+    }
+}

@@ -1,0 +1,101 @@
+//! Issue 10, push across hosts: the bus over a real Redis (Debian's `redis-server`, started
+//! by the test). Every host subscribed to a queue's channel hears a trigger, whoever
+//! publishes it; anything else on the channel is ignored and counted; an outage tells the
+//! listeners push is unavailable, and the bus comes back by itself.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ebb::bus::redis::RedisPubSub;
+use ebb::bus::{Bus, PubSub, Trigger};
+use ebb_tests::redis::RedisServer;
+
+struct Host {
+    bus: Bus,
+    delivered: Arc<Mutex<Vec<Trigger>>>,
+    availability: Arc<Mutex<Vec<bool>>>,
+}
+
+fn host(url: &str) -> Host {
+    let delivered = Arc::new(Mutex::new(Vec::new()));
+    let availability = Arc::new(Mutex::new(Vec::new()));
+    let (d, a) = (delivered.clone(), availability.clone());
+    let engine: Arc<dyn PubSub> = Arc::new(RedisPubSub::new(url).unwrap());
+    let bus = Bus::start(
+        engine,
+        "ebb:queue:",
+        vec!["orders".into(), "invoices".into()],
+        Arc::new(move |t: &Trigger| d.lock().unwrap().push(t.clone())),
+        Arc::new(move |up| a.lock().unwrap().push(up)),
+    );
+    Host { bus, delivered, availability }
+}
+
+async fn wait_for(what: &str, limit: Duration, condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn triggers_reach_every_host_and_an_outage_falls_back_to_polling_then_recovers() {
+    let mut redis = RedisServer::start();
+    let hosts = [host(&redis.url()), host(&redis.url())];
+    wait_for("both hosts subscribed", Duration::from_secs(10), || hosts.iter().all(|h| h.bus.status().connected)).await;
+    assert!(hosts.iter().all(|h| *h.availability.lock().unwrap() == [true]));
+
+    // A host publishes (as the API does after a send): every host hears it, itself included.
+    hosts[0].bus.publish("orders", Some(2));
+    wait_for("the trigger on both hosts", Duration::from_secs(5), || hosts.iter().all(|h| h.delivered.lock().unwrap().len() == 1)).await;
+    assert_eq!(hosts[1].delivered.lock().unwrap()[0], Trigger { queue: "orders".into(), count: Some(2) });
+    assert_eq!(hosts[0].bus.status().published, 1);
+
+    // Any app may publish the documented JSON on the queue's channel.
+    let app = RedisPubSub::new(&redis.url()).unwrap();
+    app.publish("ebb:queue:invoices", br#"{"queue": "invoices"}"#).await.unwrap();
+    wait_for("the app's trigger", Duration::from_secs(5), || hosts.iter().all(|h| h.delivered.lock().unwrap().len() == 2)).await;
+    // Anything else on a channel is ignored and counted, never delivered.
+    for junk in [&b"wake up"[..], br#"{"queue": "orders"}"#, &vec![b'{'; 10_000]] {
+        app.publish("ebb:queue:invoices", junk).await.unwrap();
+    }
+    wait_for("the junk counted", Duration::from_secs(5), || hosts.iter().all(|h| h.bus.status().ignored == 3)).await;
+    assert!(hosts.iter().all(|h| h.delivered.lock().unwrap().len() == 2));
+
+    // An outage: the listeners are told push is unavailable (so they poll).
+    redis.stop();
+    wait_for("the outage noticed", Duration::from_secs(10), || hosts.iter().all(|h| h.availability.lock().unwrap().last() == Some(&false))).await;
+    assert!(hosts.iter().all(|h| !h.bus.status().connected && h.bus.status().outages == 1));
+    // Publishing during the outage never waits; the failure is counted.
+    let started = Instant::now();
+    for _ in 0..100 {
+        hosts[0].bus.publish("orders", None);
+    }
+    assert!(started.elapsed() < Duration::from_secs(1), "publish waited on a dead bus: {:?}", started.elapsed());
+    wait_for("publish failures counted", Duration::from_secs(10), || hosts[0].bus.status().publish_failures >= 1).await;
+
+    // Back by itself.
+    redis.resume();
+    wait_for("both hosts subscribed again", Duration::from_secs(30), || hosts.iter().all(|h| h.bus.status().connected)).await;
+    assert!(hosts.iter().all(|h| h.availability.lock().unwrap().last() == Some(&true)));
+    let before: Vec<usize> = hosts.iter().map(|h| h.delivered.lock().unwrap().len()).collect();
+    app.publish("ebb:queue:orders", br#"{"queue": "orders", "count": 1}"#).await.unwrap();
+    wait_for("a trigger after the outage", Duration::from_secs(5), || {
+        hosts.iter().zip(&before).all(|(h, n)| h.delivered.lock().unwrap().len() > *n)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_bus_that_never_connects_keeps_the_listeners_polling_and_logs_once() {
+    let capture = ebb_tests::LogCapture::default();
+    let _guard = capture.start(tracing::Level::WARN);
+    let url = format!("redis://127.0.0.1:{}/", ebb_tests::azurite::free_port());
+    let h = host(&url);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(*h.availability.lock().unwrap(), [false], "told once that push is unavailable");
+    assert!(!h.bus.status().connected);
+    let text = capture.text();
+    assert_eq!(text.matches("cannot subscribe to push notifications").count(), 1, "one line per outage, not per attempt:\n{text}");
+}

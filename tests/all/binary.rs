@@ -668,3 +668,70 @@ async fn an_entra_id_identity_reaches_azure_over_https() {
     assert!(stderr.contains("azure-cli"), "the error names the credential: {stderr}");
     assert!(!stderr.contains("c2lnbmF0dXJl"), "the token is shown: {stderr}");
 }
+
+/// Issue 10 through the binary: a host whose queue has `push = true` and `min_tasks = 0`
+/// on Azure (Azurite) with a `[bus]` on Redis. Idle, it runs no task; a message put straight
+/// into storage by another process is picked up when that process publishes the trigger
+/// (a raw Redis publish, as any app may, or `ebb send` with no host at its API); while
+/// Redis is down the host polls (a message with no trigger is still found); it comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_across_hosts_over_redis_with_zero_idle_tasks_and_polling_through_an_outage() {
+    use ebb::bus::PubSub as _;
+    use ebb::queue::QueueClient as _;
+    let azurite = ebb_tests::azurite::Azurite::shared();
+    let mut redis = ebb_tests::redis::RedisServer::start();
+    let queue = ebb_tests::azurite::unique_queue_name("pushed");
+    let (app, app_addr) = App::start(Duration::ZERO).await;
+    let site = Site::new(app_addr, "30s");
+    let plain = std::fs::read_to_string(site.config()).unwrap();
+    let queue_section = format!("[queues.{queue}]\nbackend = \"azure\"\npush = true\nmin_tasks = 0\nmin_polling_interval = \"100ms\"\n");
+    let config = format!(
+        "{}\n[azure]\nconnection_string = \"{}\"\n\n[bus]\nredis_url = \"{}\"\n",
+        plain.replace("[queues.orders]\n", &queue_section).replace("max_polling_interval = \"2s\"", "max_polling_interval = \"1s\""),
+        azurite.connection_string(),
+        redis.url()
+    );
+    std::fs::write(site.config(), &config).unwrap();
+    let direct = ebb::queue::azure::AzureQueue::new(&azurite.account(), &queue, Default::default()).unwrap();
+    direct.create_if_missing().await.unwrap();
+
+    let mut host = site.start_host().await;
+    let queue_status = |status: &serde_json::Value| status["queues"][0].clone();
+    wait_until("subscribed, and no idle task left", || async {
+        let status = site.status().await;
+        status["bus"]["connected"] == true && queue_status(&status)["active_tasks"] == 0
+    })
+    .await;
+
+    // Another process stores a message and publishes the trigger on the queue's channel.
+    direct.put(b"pushed-by-an-app", Duration::ZERO).await.unwrap();
+    let publisher = ebb::bus::redis::RedisPubSub::new(&redis.url()).unwrap();
+    publisher.publish(&format!("ebb:queue:{queue}"), format!(r#"{{"queue":"{queue}","count":1}}"#).as_bytes()).await.unwrap();
+    wait_until("the pushed message handled", || async { app.bodies().contains("pushed-by-an-app") }).await;
+
+    // `ebb send` from a machine with no host at its API writes to Azure and publishes.
+    let sender = site.dir.path().join("sender.toml");
+    let dead_api = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    std::fs::write(&sender, config.replace(&site.api.to_string(), &dead_api.to_string())).unwrap();
+    wait_until("idle again", || async { queue_status(&site.status().await)["active_tasks"] == 0 }).await;
+    let sent = site.command().args(["send", &queue, "sent-from-elsewhere", "--config"]).arg(&sender).output().unwrap();
+    assert!(sent.status.success(), "{}", String::from_utf8_lossy(&sent.stderr));
+    assert!(String::from_utf8_lossy(&sent.stdout).contains("notified the hosts"), "{}", String::from_utf8_lossy(&sent.stdout));
+    wait_until("the sent message handled", || async { app.bodies().contains("sent-from-elsewhere") }).await;
+
+    // Redis goes down: the host polls, so a message nobody announces is still handled.
+    redis.stop();
+    wait_until("the outage seen and a polling task started", || async {
+        let status = site.status().await;
+        status["bus"]["connected"] == false && queue_status(&status)["active_tasks"].as_u64() >= Some(1)
+    })
+    .await;
+    direct.put(b"unannounced", Duration::ZERO).await.unwrap();
+    wait_until("the unannounced message handled by polling", || async { app.bodies().contains("unannounced") }).await;
+    redis.resume();
+    wait_until("subscribed again", || async { site.status().await["bus"]["connected"] == true }).await;
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+    let log = std::fs::read_to_string(site.dir.path().join("host.log")).unwrap();
+    assert_eq!(log.matches("push notifications lost").count(), 1, "the outage is logged once:\n{log}");
+}

@@ -103,6 +103,12 @@ fn the_documented_defaults_are_the_code_defaults() {
     }
     let docs = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.md")).unwrap();
     let config = Config::parse("[queues.orders]\nhandler = { url = \"http://127.0.0.1:8080/work\" }\n", Path::new("/srv/ebb"), None).unwrap();
+    let with_bus = Config::parse(
+        "[bus]\nredis_url = \"redis://127.0.0.1:6379/\"\n[queues.orders]\nhandler = { url = \"http://127.0.0.1:8080/work\" }\n",
+        Path::new("/srv/ebb"),
+        None,
+    )
+    .unwrap();
     let queue = &config.queues[0];
     let (s, limits, api) = (&queue.settings, &config.rule_limits, &config.api_limits);
     let code = |section: &str, key: &str| -> Code {
@@ -123,6 +129,8 @@ fn the_documented_defaults_are_the_code_defaults() {
             ("`[rule_limits]`", "cache_mib") => Code::Number(limits.cache_max_bytes >> 20),
             ("`[azure]`", "message_encoding") => Code::Text("base64".into()),
             ("`[azure]`", _) => Code::Absent,
+            ("`[bus]`", "channel_prefix") => Code::Text(with_bus.bus.as_ref().unwrap().channel_prefix.clone()),
+            ("`[bus]`", _) => Code::Absent,
             ("`[queues.<name>]`", key) => match key {
                 "batch_size" => Code::Number(s.batch_size.into()),
                 "min_tasks" => Code::Number(s.min_tasks.into()),

@@ -64,3 +64,20 @@ impl PubSub for RedisPubSub {
         Ok(pubsub.into_on_message().map(|message| (message.get_channel_name().to_string(), message.get_payload_bytes().to_vec())).boxed())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_description_never_shows_a_password_and_bad_urls_are_refused() {
+        let engine = RedisPubSub::new("redis://:s3cret@cache.example:6380/2").unwrap();
+        assert_eq!(engine.describe(), "redis://cache.example:6380");
+        let tls = RedisPubSub::new("rediss://user:s3cret@cache.example:6380").unwrap();
+        assert_eq!(tls.describe(), "rediss://cache.example:6380");
+        for bad in ["http://cache.example", "cache.example:6379", "redis://:s3cret@[::1"] {
+            let error = RedisPubSub::new(bad).err().unwrap_or_else(|| panic!("{bad} was taken"));
+            assert!(!format!("{error:#}").contains("s3cret"), "{error:#}");
+        }
+    }
+}

@@ -57,6 +57,7 @@ fn start_bus(config: &BusConfig, listeners: &BTreeMap<String, Vec<Listener>>) ->
     let engine = config.engine()?;
     let by_queue = listeners.clone();
     let deliver: crate::bus::Deliver = Arc::new(move |trigger| {
+        tracing::debug!(queue = %trigger.queue, count = ?trigger.count, "push notification");
         for listener in by_queue.get(&trigger.queue).into_iter().flatten() {
             listener.work_detected();
         }

@@ -525,3 +525,34 @@ async fn slow_storage_calls_never_let_the_lease_lapse_under_a_running_handler() 
     let renewals: u64 = hosts.iter().map(|h| h.status().lease_renewals).sum();
     assert!(renewals >= 3, "the leases were renewed: {renewals}");
 }
+
+/// A push to a queue running no task starts one at once: the scaler may be inside its
+/// coalescing interval (one decision per `scale_interval`), and waiting for it made a
+/// pushed message wait up to that long (seen as ~450 ms pickups at the 1 s default).
+#[tokio::test(start_paused = true)]
+async fn a_push_to_a_queue_with_no_task_is_picked_up_at_once_even_between_scaler_decisions() {
+    let settings = QueueSettings {
+        push_enabled: true,
+        min_tasks: 0,
+        scale_interval: Duration::from_secs(10),
+        min_polling_interval: Duration::from_millis(100),
+        max_polling_interval: Duration::from_millis(400),
+        ..Default::default()
+    };
+    let f = fixture(settings, None);
+    f.listener.start();
+    f.queue.put(b"first", Duration::ZERO).await.unwrap();
+    f.listener.work_detected();
+    sleep(Duration::from_secs(4)).await;
+    assert_eq!(f.listener.status().processed, 1);
+    assert_eq!(f.listener.status().active_tasks, 0, "idle tasks stopped (push variant)");
+    // The scaler decided at the first push and again when the batch was found; it is
+    // inside its 10 s interval now.
+    f.queue.put(b"second", Duration::ZERO).await.unwrap();
+    let pushed = Instant::now();
+    f.listener.work_detected();
+    while f.handler.calls.load(Ordering::Relaxed) < 2 {
+        sleep(Duration::from_millis(1)).await;
+    }
+    assert!(pushed.elapsed() < Duration::from_millis(50), "picked up {:?} after the push", pushed.elapsed());
+}

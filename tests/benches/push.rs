@@ -70,7 +70,12 @@ async fn start_host(queue: &str, push: bool, azurite: &Azurite, redis: &RedisSer
         redis.url()
     );
     std::fs::write(dir.path().join("ebb.toml"), config).unwrap();
-    let child = Command::new(EBB).arg("run").arg("--config").arg(dir.path().join("ebb.toml")).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    // `EBB_BENCH_PUSH_LOG=<file>` keeps the host's log (with `RUST_LOG` as the host reads it).
+    let log = match std::env::var_os("EBB_BENCH_PUSH_LOG") {
+        Some(path) => Stdio::from(std::fs::File::options().create(true).append(true).open(path).unwrap()),
+        None => Stdio::null(),
+    };
+    let child = Command::new(EBB).arg("run").arg("--config").arg(dir.path().join("ebb.toml")).stdout(Stdio::null()).stderr(log).spawn().unwrap();
     let host = Host { child, api, _dir: dir };
     wait_until(Duration::from_secs(30), || async { reqwest::get(format!("http://{api}/healthz")).await.is_ok_and(|r| r.status().is_success()) }).await;
     host
@@ -118,6 +123,9 @@ async fn measure(push: bool, samples: usize, azurite: &Azurite, redis: &RedisSer
         let body = format!("sample-{i}");
         direct.put(body.as_bytes(), Duration::ZERO).await.unwrap();
         let sent = Instant::now();
+        if std::env::var_os("EBB_BENCH_PUSH_LOG").is_some() {
+            eprintln!("{} sent {body}", humantime::format_rfc3339_micros(std::time::SystemTime::now()));
+        }
         if push {
             publisher.publish(&channel, format!(r#"{{"queue":"{queue}","count":1}}"#).as_bytes()).await.unwrap();
         }

@@ -332,10 +332,16 @@ impl Shared {
     }
 
     /// A push: messages arrived from outside. One idle task is enough to pick them up; if
-    /// more are needed, the scaler's decision wakes or starts them.
-    fn work_detected(&self) {
+    /// more are needed, the scaler's decision wakes or starts them. With no task at all (an
+    /// idle push queue), one starts at once: the scaler may be inside its coalescing
+    /// interval, and the message would wait for it.
+    fn work_detected(self: &Arc<Self>) {
         self.work_found();
-        self.wake.notify_one();
+        if self.counters.active_tasks.load(Ordering::Acquire) == 0 && !self.stopping.is_cancelled() {
+            self.start_tasks(1);
+        } else {
+            self.wake.notify_one();
+        }
     }
 
     /// A task found messages: ask the scaler, without waking idle tasks (the scaler wakes as

@@ -58,6 +58,17 @@ fn main() {
     println!("cargo:rerun-if-changed={}", root.join("tests/azurite").display());
     let azurite = install_azurite(&root.join("tests/azurite"), &out_dir.ancestors().nth(4).unwrap().join("azurite"));
     std::fs::write(out_dir.join("azurite.rs"), format!("pub const AZURITE_QUEUE: &str = {:?};\n", path_str(&azurite))).unwrap();
+    println!("cargo:rerun-if-changed={}", root.join("tests/azure-sdk").display());
+    let azure_python = azure_sdk_python(&tools, &root.join("tests/azure-sdk/requirements.txt"));
+    std::fs::write(
+        out_dir.join("azure_sdk.rs"),
+        format!(
+            "pub const AZURE_SDK_PYTHON: &str = {:?};\npub const AZURE_SDK_INTEROP: &str = {:?};\n",
+            path_str(&azure_python),
+            path_str(&root.join("tests/azure-sdk/interop.py"))
+        ),
+    )
+    .unwrap();
     let redis = ensure_redis_server();
     std::fs::write(out_dir.join("redis.rs"), format!("pub const REDIS_SERVER: &str = {:?};\n", path_str(&redis))).unwrap();
 }
@@ -124,6 +135,22 @@ fn componentize_py(tools: &Path) -> PathBuf {
         std::fs::write(&marker, "").unwrap();
     }
     tool
+}
+
+/// A Python with the official Azure Storage Queues SDK (pinned in `requirements`), in a
+/// venv of its own, installed again when the requirements change.
+fn azure_sdk_python(tools: &Path, requirements: &Path) -> PathBuf {
+    let venv = tools.join("azure-py");
+    let python = venv.join("bin/python");
+    let wanted = std::fs::read(requirements).expect("tests/azure-sdk/requirements.txt is missing");
+    let marker = venv.join("installed-requirements.txt");
+    if python.exists() && std::fs::read(&marker).ok().as_ref() == Some(&wanted) {
+        return python;
+    }
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv), "python3 -m venv (for the Azure SDK)");
+    run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", "-r"]).arg(requirements), "pip install the Azure Storage Queues SDK");
+    std::fs::write(&marker, &wanted).unwrap();
+    python
 }
 
 /// componentize-qjs in a node_modules of its own, installed on first use.

@@ -7,6 +7,11 @@ pub mod fault_proxy;
 pub mod redis;
 
 /// Paths of the rule components built by `build.rs`, one constant per guest.
+/// The official Azure Storage Queues SDK for Python and `tests/azure-sdk/interop.py`.
+pub mod azure_sdk {
+    include!(concat!(env!("OUT_DIR"), "/azure_sdk.rs"));
+}
+
 pub mod guests {
     include!(concat!(env!("OUT_DIR"), "/guests.rs"));
 }

@@ -2,6 +2,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod cost;
 pub mod demo;
 pub mod handler;
 pub mod health;

@@ -112,7 +112,7 @@ async fn closed(stream: &mut (impl tokio::io::AsyncRead + Unpin)) {
 async fn serve(limits: ApiLimits) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<Result<()>>) {
     let queue: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("orders", Arc::new(TokioClock::new()), limits.max_body_bytes));
     let queues = BTreeMap::from([("orders".to_string(), queue)]);
-    let api = Arc::new(Api { listeners: BTreeMap::new(), queues, token: Some(TOKEN.into()), health: Health::default() });
+    let api = Arc::new(Api { listeners: BTreeMap::new(), queues, token: Some(TOKEN.into()), health: Health::default(), price_per_10k_transactions: ebb::cost::PAPER_PRICE_PER_10K });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();

@@ -13,3 +13,4 @@ pub mod panics;
 pub mod queue;
 pub mod rules;
 pub mod service;
+pub mod simulate;

@@ -40,6 +40,9 @@ pub struct SimulateArgs {
     /// Notify the listener of every arrival (as `ebb send` and the API do), for every rule.
     #[arg(long)]
     notify: bool,
+    /// The safety poll of push rules (1s to 24h; default 1h, the config's default).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    safety_poll: Option<Duration>,
     /// Stop a rule's run with an error after this much real time.
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     max_wall: Duration,
@@ -79,6 +82,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         seed: args.seed,
         notify: args.notify,
         max_wall: args.max_wall,
+        safety_poll: args.safety_poll,
     };
     let mut report = simulate::run(&options)?;
     if let Some(chart) = &args.chart {

@@ -375,7 +375,8 @@ impl Shared {
             if self.stopping.is_cancelled() {
                 break;
             }
-            if self.try_retire() {
+            // A probe looks once before anything else (the target may be zero tasks).
+            if !probe && self.try_retire() {
                 tracing::debug!("retiring: more tasks than the rule's count");
                 slot.given_back();
                 return;

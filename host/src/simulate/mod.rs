@@ -64,6 +64,8 @@ pub struct SimOptions {
     pub notify: bool,
     /// Real time one rule's run may take before it is stopped with an error.
     pub max_wall: Duration,
+    /// The safety poll of push rules (default: the config's default, 1 h).
+    pub safety_poll: Option<Duration>,
 }
 
 impl SimOptions {
@@ -79,6 +81,7 @@ impl SimOptions {
             seed: 1,
             notify: false,
             max_wall: Duration::from_secs(600),
+            safety_poll: None,
         }
     }
 
@@ -94,6 +97,11 @@ impl SimOptions {
         }
         if !(self.price_per_10k.is_finite() && (0.0..=crate::config::MAX_PRICE_PER_10K).contains(&self.price_per_10k)) {
             bail!("--price: must be 0 to {} US dollars per 10,000 transactions, got {}", crate::config::MAX_PRICE_PER_10K, self.price_per_10k);
+        }
+        if let Some(interval) = self.safety_poll
+            && !(Duration::from_secs(1)..=crate::config::MAX_SAFETY_POLL).contains(&interval)
+        {
+            bail!("--safety-poll: must be 1s to 24h, got {}", humantime::format_duration(interval));
         }
         if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&self.max_wall) {
             bail!("--max-wall: must be 1s to 1h, got {}", humantime::format_duration(self.max_wall));
@@ -273,7 +281,10 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
         latencies_ms: Mutex::default(),
         handled: AtomicU64::new(0),
     });
-    let settings = crate::listener::QueueSettings { random_seed: Some(options.seed), ..rule.settings() };
+    let mut settings = crate::listener::QueueSettings { random_seed: Some(options.seed), ..rule.settings() };
+    if let Some(interval) = options.safety_poll {
+        settings.safety_poll = interval;
+    }
     let mut builder = Listener::builder(queue.clone(), poison, handler.clone()).settings(settings).transactions(transactions.clone());
     if let Some(native) = rule.native() {
         builder = builder.native_rule(native);
@@ -322,7 +333,7 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
                 "stopped after {} of real time at {} of {} simulated (--max-wall): the rule polls too often to simulate this long",
                 humantime::format_duration(options.max_wall),
                 humantime::format_duration(Duration::from_secs(at.as_secs())),
-                humantime::format_duration(workload.duration)
+                scenario::show_duration(workload.duration)
             );
         }
         at = (at + step).min(workload.duration);

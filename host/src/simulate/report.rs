@@ -7,7 +7,7 @@ pub fn table(report: &SimReport) -> String {
     let mut out = format!(
         "scenario {} ({} simulated, {} messages), handler {}, ${} per 10,000 transactions, $/month for {} listener{}\n",
         report.scenario,
-        humantime::format_duration(std::time::Duration::from_secs(report.duration_secs as u64)),
+        super::scenario::show_duration(std::time::Duration::from_secs_f64(report.duration_secs)),
         report.messages,
         report.handler_time,
         report.price_per_10k_transactions,

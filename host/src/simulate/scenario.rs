@@ -88,7 +88,7 @@ impl Scenario {
         if let Some(d) = duration
             && !(Duration::from_secs(1)..=MAX_DURATION).contains(&d)
         {
-            bail!("--duration: must be 1s to {}, got {}", humantime::format_duration(MAX_DURATION), humantime::format_duration(d));
+            bail!("--duration: must be 1s to 31 days, got {}", show_duration(d));
         }
         let hour = Duration::from_secs(3600);
         let mut rng = fastrand::Rng::with_seed(seed);
@@ -126,6 +126,15 @@ impl Scenario {
             bail!("{}: {} messages is more than the {MAX_MESSAGES} a run may hold", workload.name, workload.messages());
         }
         Ok(workload)
+    }
+}
+
+/// A duration for a message: whole days as days (humantime would say months).
+pub fn show_duration(d: Duration) -> String {
+    if d.as_secs() >= 86_400 && d.as_secs() % 86_400 == 0 && d.subsec_nanos() == 0 {
+        format!("{} days", d.as_secs() / 86_400)
+    } else {
+        humantime::format_duration(d).to_string()
     }
 }
 

@@ -21,6 +21,8 @@ pub const RATE_BUCKET: Duration = Duration::from_secs(10);
 /// How far back the live rates look.
 pub const RATE_WINDOW: Duration = Duration::from_secs(600);
 const BUCKETS: u64 = RATE_WINDOW.as_secs() / RATE_BUCKET.as_secs();
+/// The shortest time a rate is divided by.
+const MIN_RATE_SPAN: Duration = Duration::from_secs(60);
 
 /// Live counters, shared with whoever reports them.
 #[derive(Debug)]
@@ -90,14 +92,16 @@ impl Recent {
         // Whole buckets `first..index`, and the current one up to now.
         let window = elapsed.saturating_sub(RATE_BUCKET.saturating_mul(first as u32));
         let (all, idle) = self.buckets.iter().filter(|b| b.0 >= first).fold((0, 0), |(a, i), b| (a + b.1, i + b.2));
-        let hours = window.as_secs_f64() / 3600.0;
+        // At least a minute, so the first seconds after a start (a create, a few fast polls)
+        // are not projected into a huge hourly rate.
+        let hours = window.max(MIN_RATE_SPAN).as_secs_f64() / 3600.0;
         let per_hour = |n: u64| if hours > 0.0 { n as f64 / hours } else { 0.0 };
         TransactionRates { window_secs: window.as_secs_f64(), all_per_hour: per_hour(all), idle_per_hour: per_hour(idle) }
     }
 }
 
 /// Transactions per hour over the last [`RATE_WINDOW`] (or since the counters were made,
-/// when that is shorter).
+/// when that is shorter, but divided by at least a minute).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct TransactionRates {
     /// The time the rates are taken over, in seconds.
@@ -280,12 +284,16 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn early_rates_are_taken_over_the_time_since_start() {
+    async fn early_rates_are_taken_over_the_time_since_start_but_at_least_a_minute() {
         let t = Transactions::default();
         tokio::time::advance(Duration::from_secs(36)).await;
         t.record_recent(true);
         let rates = t.rates();
         assert_eq!(rates.window_secs, 36.0);
-        assert!((rates.idle_per_hour - 100.0).abs() < 1e-9, "{rates:?}");
+        assert!((rates.idle_per_hour - 60.0).abs() < 1e-9, "one in (at least) a minute: {rates:?}");
+        tokio::time::advance(Duration::from_secs(84)).await;
+        t.record_recent(false);
+        let rates = t.rates();
+        assert!((rates.all_per_hour - 60.0).abs() < 1e-9 && (rates.idle_per_hour - 30.0).abs() < 1e-9, "two in two minutes: {rates:?}");
     }
 }

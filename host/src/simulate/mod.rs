@@ -149,6 +149,8 @@ pub struct RuleReport {
     pub idle_transactions: u64,
     /// The rest: puts, gets with messages, deletes, updates, counts that found messages, creates.
     pub useful_transactions: u64,
+    /// Idle transactions per simulated hour.
+    pub idle_transactions_per_hour: f64,
     /// By kind.
     pub transactions: TransactionCounts,
     /// A 30-day month of runs like this one for all the listeners, in US dollars (a run of
@@ -359,6 +361,7 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
         billed_transactions: billed,
         idle_transactions: idle,
         useful_transactions: billed - idle,
+        idle_transactions_per_hour: idle as f64 / (workload.duration.as_secs_f64() / 3600.0),
         transactions: counts,
         usd_per_month: monthly(billed) * options.listeners as f64,
         idle_usd_per_month: monthly(idle) * options.listeners as f64,

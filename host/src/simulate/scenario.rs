@@ -155,11 +155,12 @@ fn poisson(rng: &mut fastrand::Rng, from: Duration, to: Duration, per_sec: f64, 
 /// decimal number; count 1 to [`MAX_COUNT_PER_LINE`], default 1). Blank lines and lines
 /// starting with `#` are skipped; a first line that does not start with a number is a header.
 pub fn read_trace(path: &Path) -> Result<Vec<Arrival>> {
-    let file = std::fs::File::open(path).with_context(|| format!("--trace: cannot open {}", path.display()))?;
-    let metadata = file.metadata().with_context(|| format!("--trace: cannot read {}", path.display()))?;
+    // Looked at before opening: opening a FIFO would wait for a writer.
+    let metadata = std::fs::metadata(path).with_context(|| format!("--trace: cannot open {}", path.display()))?;
     if !metadata.is_file() {
         bail!("--trace: {} is not a regular file", path.display());
     }
+    let file = std::fs::File::open(path).with_context(|| format!("--trace: cannot open {}", path.display()))?;
     let mut bytes = Vec::new();
     file.take(MAX_TRACE_BYTES + 1).read_to_end(&mut bytes).with_context(|| format!("--trace: cannot read {}", path.display()))?;
     if bytes.len() as u64 > MAX_TRACE_BYTES {
@@ -309,6 +310,10 @@ mod tests {
         file.set_len(MAX_TRACE_BYTES + 1).unwrap();
         assert!(format!("{:#}", read_trace(&big).unwrap_err()).contains("larger than 64 MiB"));
         assert!(format!("{:#}", read_trace(dir.path()).unwrap_err()).contains("not a regular file"));
+        // A FIFO is refused at once, not waited on.
+        let fifo = dir.path().join("fifo");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        assert!(format!("{:#}", read_trace(&fifo).unwrap_err()).contains("not a regular file"));
     }
 
     #[test]

@@ -530,3 +530,38 @@ async fn a_panicking_native_rule_is_contained_and_the_built_in_decides() {
     assert_eq!(status.last_queue_empty.unwrap().decision.source, ebb::rules::DecisionSource::Fallback);
     assert_eq!(status.task_panics, 0, "no task died of it");
 }
+
+/// Records the time each `QueueEmpty` decision is told, and otherwise decides like the paper.
+#[derive(Default)]
+struct TimeRecordingRule {
+    told_ms: Mutex<Vec<u64>>,
+}
+
+impl ebb::rules::NativeRule for TimeRecordingRule {
+    fn name(&self) -> &str {
+        "time-recording"
+    }
+    fn optimal_dequeue_task_count(&self, state: &ebb::rules::QueueState) -> u32 {
+        ebb_rules_sdk::paper::optimal_dequeue_task_count(state)
+    }
+    fn on_queue_empty(&self, ctx: &ebb::rules::IdleContext) -> ebb::rules::IdleDecision {
+        self.told_ms.lock().unwrap().push(ctx.timestamp_ms);
+        ebb_rules_sdk::paper::on_queue_empty(ctx)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn rules_are_told_the_listeners_clock_so_a_simulated_hour_is_an_hour() {
+    let clock = Arc::new(TokioClock::new());
+    let queue = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock.clone(), 65536));
+    let rule = Arc::new(TimeRecordingRule::default());
+    let listener = Listener::builder(queue, poison, Arc::new(TestHandler::default())).native_rule(rule.clone()).clock(clock).build();
+    let real = std::time::Instant::now();
+    listener.start();
+    sleep(Duration::from_secs(3600)).await;
+    let told = rule.told_ms.lock().unwrap().clone();
+    let span_ms = told.last().unwrap() - told.first().unwrap();
+    assert!(span_ms > 3_500_000, "the rule saw {span_ms} ms pass in a simulated hour");
+    assert!(real.elapsed() < Duration::from_secs(60), "in much less real time");
+}

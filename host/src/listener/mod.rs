@@ -25,7 +25,7 @@ use tracing::Instrument as _;
 use crate::handler::Handler;
 use crate::log_limit::LogLimiter;
 use crate::panics::panic_message;
-use crate::queue::{Clock as _, QueueClient, SystemClock, Transactions};
+use crate::queue::{Clock, QueueClient, SystemClock, Transactions};
 use crate::rules::{
     Decision, DecisionSource, IdleContext, NativeRule, QueueRules, QueueState, built_in_queue_empty, built_in_task_count, native_queue_empty, native_task_count,
 };
@@ -55,6 +55,8 @@ struct Shared {
     rules: Option<QueueRules>,
     /// A rule in Rust, which decides instead of `rules` when set.
     native: Option<Arc<dyn NativeRule>>,
+    /// The time rules are told (`timestamp_ms`).
+    clock: Arc<dyn Clock>,
     settings: QueueSettings,
     transactions: Option<Arc<Transactions>>,
     counters: Counters,
@@ -108,11 +110,19 @@ pub struct ListenerBuilder {
     handler: Arc<dyn Handler>,
     rules: Option<QueueRules>,
     native: Option<Arc<dyn NativeRule>>,
+    clock: Arc<dyn Clock>,
     settings: QueueSettings,
     transactions: Option<Arc<Transactions>>,
 }
 
 impl ListenerBuilder {
+    /// The clock whose time the rules are told (default: the system's; a simulation gives
+    /// its paused clock, so a time-of-day rule sees simulated time).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
     /// A rule written in Rust that decides instead of a WASM rule (embedding, simulations).
     pub fn native_rule(mut self, rule: Arc<dyn NativeRule>) -> Self {
         self.native = Some(rule);
@@ -139,7 +149,7 @@ impl ListenerBuilder {
 
     /// The listener; no task runs until [`Listener::start`].
     pub fn build(self) -> Listener {
-        let ListenerBuilder { queue, poison, handler, rules, native, settings, transactions } = self;
+        let ListenerBuilder { queue, poison, handler, rules, native, clock, settings, transactions } = self;
         let seed = settings.random_seed.unwrap_or_else(|| fastrand::u64(..));
         Listener {
             shared: Arc::new(Shared {
@@ -148,6 +158,7 @@ impl ListenerBuilder {
                 handler,
                 rules,
                 native,
+                clock,
                 settings,
                 transactions,
                 counters: Counters::default(),
@@ -169,7 +180,7 @@ impl ListenerBuilder {
 impl Listener {
     /// A builder for a listener on `queue`, whose poisoned messages go to `poison`.
     pub fn builder(queue: Arc<dyn QueueClient>, poison: Arc<dyn QueueClient>, handler: Arc<dyn Handler>) -> ListenerBuilder {
-        ListenerBuilder { queue, poison, handler, rules: None, native: None, settings: QueueSettings::default(), transactions: None }
+        ListenerBuilder { queue, poison, handler, rules: None, native: None, clock: Arc::new(SystemClock), settings: QueueSettings::default(), transactions: None }
     }
 
     /// The queue's name.
@@ -443,7 +454,7 @@ impl Shared {
             min_interval_ms: self.settings.min_polling_interval.as_millis() as u64,
             max_interval_ms: self.settings.max_polling_interval.as_millis() as u64,
             push_enabled: self.settings.push_enabled,
-            timestamp_ms: SystemClock.now_ms(),
+            timestamp_ms: self.clock.now_ms(),
             random: self.random(),
         };
         let decision = self.ask_rule(ctx, QueueRules::decide_queue_empty, native_queue_empty, built_in_queue_empty).await;
@@ -533,7 +544,7 @@ impl Shared {
             mean_handler_latency_ms: window.mean_handler_latency_ms,
             recent_failures: window.failures,
             push_enabled: self.settings.push_enabled,
-            timestamp_ms: SystemClock.now_ms(),
+            timestamp_ms: self.clock.now_ms(),
             random: self.random(),
         };
         let decision = self.ask_rule(state, QueueRules::decide_task_count, native_task_count, built_in_task_count).await;

@@ -268,6 +268,7 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
     let workload = &options.workload;
     let start = tokio::time::Instant::now();
     let clock = Arc::new(TokioClock::new());
+    let clock_for_rules: Arc<dyn crate::queue::Clock> = clock.clone();
     let memory = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), crate::queue::embedded::DEFAULT_MAX_MESSAGE_BYTES));
     let backend: Arc<dyn QueueClient> = memory.clone();
     // The same decorators as `ebb run`: retries around metering around the backend.
@@ -287,7 +288,7 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
     if let Some(interval) = options.safety_poll {
         settings.safety_poll = interval;
     }
-    let mut builder = Listener::builder(queue.clone(), poison, handler.clone()).settings(settings).transactions(transactions.clone());
+    let mut builder = Listener::builder(queue.clone(), poison, handler.clone()).settings(settings).transactions(transactions.clone()).clock(clock_for_rules);
     if let Some(native) = rule.native() {
         builder = builder.native_rule(native);
     }

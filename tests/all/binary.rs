@@ -381,6 +381,10 @@ async fn a_partitioned_queue_spreads_messages_and_sums_its_status() {
     }
     let logical = &status["partitioned"][0];
     assert_eq!((logical["queue"].as_str(), logical["processed"].as_u64()), (Some("orders"), Some(60)), "{status}");
+    // The cost of the logical queue sums its partitions' (each has its puts, gets and deletes).
+    let partition_rate = |q: &serde_json::Value| q["cost"]["transactions_per_hour"].as_f64().unwrap();
+    let largest = queues.iter().map(partition_rate).fold(0.0, f64::max);
+    assert!(largest > 0.0 && logical["cost"]["transactions_per_hour"].as_f64().unwrap() > largest, "{status}");
     signal(&host, "-TERM");
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
 }

@@ -141,3 +141,23 @@ fn a_rule_that_polls_too_often_to_simulate_is_stopped_by_the_wall_clock_guard() 
     let error = format!("{:#}", simulate::run(&options).unwrap_err());
     assert!(error.contains("stopped after 1s of real time") && error.contains("--max-wall"), "{error}");
 }
+
+#[test]
+fn on_the_paper_billing_day_push_costs_almost_nothing_in_the_quiet_hours() {
+    let workload = Scenario::PaperBilling.workload(None, 1).unwrap();
+    let report = simulate::run(&SimOptions::new(workload, vec![RuleChoice::Fixed1s, RuleChoice::PaperPush])).unwrap();
+    // Transactions between two simulated times, from the samples.
+    let between = |rule: &simulate::RuleReport, from_h: f64, to_h: f64| {
+        let at = |h: f64| rule.samples.iter().take_while(|s| s.t_secs <= h * 3600.0).last().unwrap().transactions;
+        at(to_h) - at(from_h)
+    };
+    let quiet = |rule: &simulate::RuleReport| between(rule, 0.0, 9.0) + between(rule, 10.0, 14.0) + between(rule, 15.0, 24.0);
+    let (fixed, push) = (&report.rules[0], &report.rules[1]);
+    assert_eq!(fixed.handled, fixed.messages);
+    assert_eq!(push.handled, push.messages);
+    // The paper's naive listener: a get a second through the 22 quiet hours.
+    assert!(within(quiet(fixed) as f64, 79_200.0, 0.01), "{}", quiet(fixed));
+    // Push: the safety polls and the back-off tails after each busy hour.
+    assert!(quiet(push) < 200, "{}", quiet(push));
+    assert!(push.latency.unwrap().p99_ms < 1000, "{:?}", push.latency);
+}

@@ -8,6 +8,9 @@ use plotters::prelude::*;
 
 use super::{Sample, SimReport};
 
+/// A panel: its caption and the value it plots.
+type Panel = (&'static str, fn(&Sample) -> f64);
+
 const COLOURS: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
@@ -35,7 +38,7 @@ pub fn render_svg(report: &SimReport) -> Result<String> {
         let root = root.titled(&title, ("sans-serif", 22)).map_err(|e| anyhow!("drawing the chart: {e}"))?;
         let panels = root.split_evenly((3, 1));
         let hours = (report.duration_secs / 3600.0).max(1e-3);
-        let series: [(&str, fn(&Sample) -> f64); 3] = [
+        let series: [Panel; 3] = [
             ("backlog (messages)", |s| s.backlog as f64),
             ("dequeue tasks", |s| f64::from(s.tasks)),
             ("billed transactions (cumulative)", |s| s.transactions as f64),

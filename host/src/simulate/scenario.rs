@@ -131,7 +131,7 @@ impl Scenario {
 
 /// A duration for a message: whole days as days (humantime would say months).
 pub fn show_duration(d: Duration) -> String {
-    if d.as_secs() >= 86_400 && d.as_secs() % 86_400 == 0 && d.subsec_nanos() == 0 {
+    if d.as_secs() >= 86_400 && d.as_secs().is_multiple_of(86_400) && d.subsec_nanos() == 0 {
         format!("{} days", d.as_secs() / 86_400)
     } else {
         humantime::format_duration(d).to_string()

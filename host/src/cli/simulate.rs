@@ -31,10 +31,11 @@ pub struct SimulateArgs {
     /// How many listeners the monthly cost is for (1 to 1,000,000).
     #[arg(long, default_value_t = 1)]
     listeners: u64,
-    /// US dollars per 10,000 storage transactions (default: the paper's 0.01).
+    /// US dollars per 10,000 storage transactions (the paper's price by default).
     #[arg(long, default_value_t = crate::cost::PAPER_PRICE_PER_10K)]
     price: f64,
-    /// Seed of every random choice: the same seed gives the same run.
+    /// Seed of every random choice: the same seed gives the same run (to within a few
+    /// transactions: tokio picks among ready branches of a `select!` at random).
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Notify the listener of every arrival (as `ebb send` and the API do), for every rule.

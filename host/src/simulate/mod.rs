@@ -115,7 +115,8 @@ impl SimOptions {
 pub struct Sample {
     /// Simulated seconds from the start.
     pub t_secs: f64,
-    /// Messages in the queue (visible and leased).
+    /// The most messages in the queue (visible and leased) since the previous sample: a
+    /// burst drained between two samples still shows.
     pub backlog: u64,
     /// Dequeue tasks running.
     pub tasks: u32,
@@ -299,8 +300,10 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
     listener.start();
 
     let peak_backlog = Arc::new(AtomicU64::new(0));
+    // The most since the last sample.
+    let sample_backlog = Arc::new(AtomicU64::new(0));
     let producer = {
-        let (queue, memory, listener, peak_backlog) = (queue.clone(), memory.clone(), listener.clone(), peak_backlog.clone());
+        let (queue, memory, listener, peak_backlog, sample_backlog) = (queue.clone(), memory.clone(), listener.clone(), peak_backlog.clone(), sample_backlog.clone());
         let arrivals = workload.arrivals.clone();
         let notify = options.notify || rule.push();
         tokio::spawn(async move {
@@ -312,7 +315,9 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
                         tracing::error!("simulated put failed: {error}");
                     }
                 }
-                peak_backlog.fetch_max(memory.local_count().unwrap_or(0), Ordering::Relaxed);
+                let backlog = memory.local_count().unwrap_or(0);
+                peak_backlog.fetch_max(backlog, Ordering::Relaxed);
+                sample_backlog.fetch_max(backlog, Ordering::Relaxed);
                 if notify {
                     listener.work_detected();
                 }
@@ -325,8 +330,9 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
     let mut at = Duration::ZERO;
     loop {
         let status = listener.status();
-        let backlog = memory.local_count().unwrap_or(0);
-        peak_backlog.fetch_max(backlog, Ordering::Relaxed);
+        let now = memory.local_count().unwrap_or(0);
+        peak_backlog.fetch_max(now, Ordering::Relaxed);
+        let backlog = sample_backlog.swap(0, Ordering::Relaxed).max(now);
         samples.push(Sample { t_secs: at.as_secs_f64(), backlog, tasks: status.active_tasks, transactions: transactions.snapshot().total() });
         if at >= workload.duration {
             break;

@@ -161,3 +161,23 @@ fn on_the_paper_billing_day_push_costs_almost_nothing_in_the_quiet_hours() {
     assert!(quiet(push) < 200, "{}", quiet(push));
     assert!(push.latency.unwrap().p99_ms < 1000, "{:?}", push.latency);
 }
+
+#[test]
+fn the_example_paper_rule_follows_the_papers_push_variant_like_the_built_in() {
+    // Both let the last task stop when push is on: an idle day costs the safety polls only.
+    let workload = Scenario::Idle.workload(Some(Duration::from_secs(24 * 3600)), 1).unwrap();
+    let rules = vec![RuleChoice::PaperPush, RuleChoice::parse(&format!("push:{}", guests::PAPER_DEFAULT)).unwrap()];
+    let report = simulate::run(&SimOptions::new(workload, rules)).unwrap();
+    assert_eq!(report.rules[1].rule, "paper_default.wasm (push)");
+    for rule in &report.rules {
+        assert_eq!((rule.idle_transactions, rule.safety_polls), (24, 24), "{}", rule.rule);
+    }
+    // And after a burst, both shrink back to zero tasks.
+    let workload = Scenario::Burst.workload(Some(Duration::from_secs(1800)), 1).unwrap();
+    let rules = vec![RuleChoice::PaperPush, RuleChoice::parse(&format!("push:{}", guests::PAPER_DEFAULT)).unwrap()];
+    let report = simulate::run(&SimOptions::new(workload, rules)).unwrap();
+    for rule in &report.rules {
+        assert_eq!(rule.handled, 5000, "{}", rule.rule);
+        assert_eq!(rule.samples.last().unwrap().tasks, 0, "{}: no task left polling", rule.rule);
+    }
+}

@@ -18,8 +18,9 @@ pub struct SimulateArgs {
     /// Arrivals from a CSV file: one line per arrival, `seconds[,count]` (seconds from the start).
     #[arg(long)]
     trace: Option<PathBuf>,
-    /// A rule: `fixed-1s`, `functions`, `paper`, `paper-push`, or a rule component `FILE.wasm`.
-    /// Repeat to compare. Default: all four built-ins.
+    /// A rule: `fixed-1s`, `functions`, `paper`, `paper-push`, a rule component `FILE.wasm`
+    /// (pull), or `push:FILE.wasm` (push, zero idle tasks, as `paper-push`). Repeat to
+    /// compare. Default: all four built-ins.
     #[arg(long = "rule")]
     rules: Vec<String>,
     /// How long to simulate (default: the scenario's own; a trace's last arrival + 10 min).

@@ -16,7 +16,6 @@ pub mod report;
 pub mod rules;
 pub mod scenario;
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -202,8 +201,8 @@ pub struct SimReport {
 /// Runs every rule over the workload, one after the other.
 pub fn run(options: &SimOptions) -> Result<SimReport> {
     options.check()?;
-    let wasm: Vec<PathBuf> = options.rules.iter().filter_map(|r| if let RuleChoice::Wasm(p) = r { Some(p.clone()) } else { None }).collect();
-    let engine = if wasm.is_empty() { None } else { Some(RuleEngine::new(RuleLimits::default(), None)?) };
+    let any_wasm = options.rules.iter().any(|r| r.wasm().is_some());
+    let engine = if any_wasm { Some(RuleEngine::new(RuleLimits::default(), None)?) } else { None };
     let mut reports = Vec::new();
     for rule in &options.rules {
         let report = run_rule(rule, engine.as_ref(), options).with_context(|| format!("simulating rule {}", rule.name()))?;
@@ -223,8 +222,8 @@ pub fn run(options: &SimOptions) -> Result<SimReport> {
 
 fn run_rule(rule: &RuleChoice, engine: Option<&Arc<RuleEngine>>, options: &SimOptions) -> Result<RuleReport> {
     // A WASM rule is loaded (and rejected with the reason) before any time runs.
-    let rule_set = match (rule, engine) {
-        (RuleChoice::Wasm(path), Some(engine)) => {
+    let rule_set = match (rule.wasm(), engine) {
+        (Some(path), Some(engine)) => {
             let path = path.canonicalize().with_context(|| format!("--rule: cannot open {}", path.display()))?;
             let set = RuleSet::new(engine.clone(), [QueueRuleConfig { queue: QUEUE.into(), rule: Some(path), params: vec![] }]);
             if let Some(error) = set.load_all().into_iter().next() {

@@ -26,6 +26,8 @@ pub enum RuleChoice {
     PaperPush,
     /// A rule component, with the default queue settings (pull).
     Wasm(PathBuf),
+    /// A rule component with push, as `paper-push` (`push:FILE.wasm`).
+    WasmPush(PathBuf),
 }
 
 impl RuleChoice {
@@ -36,8 +38,11 @@ impl RuleChoice {
             "functions" => RuleChoice::Functions,
             "paper" => RuleChoice::Paper,
             "paper-push" => RuleChoice::PaperPush,
-            path if path.ends_with(".wasm") => RuleChoice::Wasm(PathBuf::from(path)),
-            other => bail!("--rule: {other:?} is neither a built-in ({}) nor a .wasm file", BUILT_INS.join(", ")),
+            path if path.ends_with(".wasm") => match path.strip_prefix("push:") {
+                Some(path) => RuleChoice::WasmPush(PathBuf::from(path)),
+                None => RuleChoice::Wasm(PathBuf::from(path)),
+            },
+            other => bail!("--rule: {other:?} is neither a built-in ({}) nor a .wasm file (push:FILE.wasm with push)", BUILT_INS.join(", ")),
         })
     }
 
@@ -48,13 +53,22 @@ impl RuleChoice {
             RuleChoice::Functions => "functions".into(),
             RuleChoice::Paper => "paper".into(),
             RuleChoice::PaperPush => "paper-push".into(),
-            RuleChoice::Wasm(path) => path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned()),
+            RuleChoice::Wasm(path) => file_name(path),
+            RuleChoice::WasmPush(path) => format!("{} (push)", file_name(path)),
         }
     }
 
     /// Whether the publisher notifies the listener of each arrival (push).
     pub fn push(&self) -> bool {
-        matches!(self, RuleChoice::PaperPush)
+        matches!(self, RuleChoice::PaperPush | RuleChoice::WasmPush(_))
+    }
+
+    /// The rule component, if the rule is one.
+    pub fn wasm(&self) -> Option<&PathBuf> {
+        match self {
+            RuleChoice::Wasm(path) | RuleChoice::WasmPush(path) => Some(path),
+            _ => None,
+        }
     }
 
     /// The listener settings the rule runs with.
@@ -77,7 +91,7 @@ impl RuleChoice {
                 ..defaults
             },
             RuleChoice::Paper | RuleChoice::Wasm(_) => defaults,
-            RuleChoice::PaperPush => QueueSettings { min_tasks: 0, push_enabled: true, ..defaults },
+            RuleChoice::PaperPush | RuleChoice::WasmPush(_) => QueueSettings { min_tasks: 0, push_enabled: true, ..defaults },
         }
     }
 
@@ -90,6 +104,10 @@ impl RuleChoice {
             _ => None,
         }
     }
+}
+
+fn file_name(path: &std::path::Path) -> String {
+    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
 }
 
 /// One task that never stops, a fixed sleep after each empty get.
@@ -156,6 +174,8 @@ mod tests {
             assert_eq!(RuleChoice::parse(name).unwrap().name(), *name);
         }
         assert_eq!(RuleChoice::parse("rules/my.wasm").unwrap(), RuleChoice::Wasm("rules/my.wasm".into()));
+        let push = RuleChoice::parse("push:rules/my.wasm").unwrap();
+        assert_eq!((push.name().as_str(), push.push(), push.settings().min_tasks), ("my.wasm (push)", true, 0));
         assert!(RuleChoice::parse("fixed-2s").is_err());
     }
 }

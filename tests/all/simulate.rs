@@ -181,3 +181,4 @@ fn the_example_paper_rule_follows_the_papers_push_variant_like_the_built_in() {
         assert_eq!(rule.samples.last().unwrap().tasks, 0, "{}: no task left polling", rule.rule);
     }
 }
+

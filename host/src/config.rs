@@ -38,6 +38,10 @@ pub struct ConfigFile {
     /// How long shutdown waits for in-flight messages before releasing them. Default `30s`.
     #[serde(default = "defaults::drain_timeout", with = "humantime_serde")]
     pub drain_timeout: Duration,
+    /// What the storage service charges per 10,000 transactions, in US dollars, for the
+    /// live cost figures. Default 0.01 (the whitepaper's price), 0 to 100.
+    #[serde(default = "defaults::price_per_10k_transactions")]
+    pub price_per_10k_transactions: f64,
     /// The HTTP API.
     #[serde(default)]
     pub api: ApiFile,
@@ -343,6 +347,11 @@ pub struct QueueFile {
     /// Whether pushed messages and notifications wake the queue, so idle tasks may all stop. Default false.
     #[serde(default = "defaults::push")]
     pub push: bool,
+    /// With `push = true`: while no task runs, one get at start-up and then one per this
+    /// interval, so a message whose notification was lost waits at most this long.
+    /// Default `1h`, `1s` to `24h`.
+    #[serde(default, with = "humantime_serde")]
+    pub safety_poll: Option<Duration>,
     /// Least time between two task-count decisions. Default `1s`.
     #[serde(default = "defaults::scale_interval", with = "humantime_serde")]
     pub scale_interval: Duration,
@@ -401,6 +410,9 @@ mod defaults {
         "ebb:queue:".to_string()
     }
 
+    pub fn price_per_10k_transactions() -> f64 {
+        crate::cost::PAPER_PRICE_PER_10K
+    }
     pub fn listen() -> String {
         "127.0.0.1:7070".into()
     }
@@ -481,6 +493,10 @@ pub const MAX_MEMORY_MIB: usize = 4096;
 pub const MAX_CACHE_MIB: u64 = 65536;
 /// Most API connections at once (each holds a file descriptor; the handler calls need theirs).
 pub const MAX_API_CONNECTIONS: usize = 16384;
+/// Longest safety poll interval (push mode).
+pub const MAX_SAFETY_POLL: Duration = Duration::from_secs(24 * 3600);
+/// Highest price per 10,000 transactions, in US dollars (today's prices are cents).
+pub const MAX_PRICE_PER_10K: f64 = 100.0;
 /// Most dequeue tasks per queue (each holds up to `batch_size` messages in flight).
 pub const MAX_TASKS: u32 = 1024;
 /// Longest queue name: Azure's 63 less the 7 of `-poison`, which names its poison queue.
@@ -553,6 +569,8 @@ pub struct Config {
     pub max_message_bytes: usize,
     /// Shutdown's drain timeout.
     pub drain_timeout: Duration,
+    /// US dollars per 10,000 storage transactions, for the cost figures.
+    pub price_per_10k_transactions: f64,
     /// API address.
     pub listen: SocketAddr,
     /// Push notifications across hosts, if configured.
@@ -648,6 +666,10 @@ impl ConfigFile {
             );
         }
         check_duration("drain_timeout", self.drain_timeout, AtLeast::Zero, MAX_INTERVAL)?;
+        let price = self.price_per_10k_transactions;
+        if !(price.is_finite() && (0.0..=MAX_PRICE_PER_10K).contains(&price)) {
+            bail!("price_per_10k_transactions: must be 0 to {MAX_PRICE_PER_10K} (US dollars per 10,000 transactions), got {price}");
+        }
         let limits = &self.rule_limits;
         check_duration("rule_limits.call_deadline", limits.call_deadline, AtLeast::AboveZero, MAX_CALL_DEADLINE)?;
         if limits.call_fuel == 0 {
@@ -691,6 +713,7 @@ impl ConfigFile {
             rules_dir,
             max_message_bytes: self.max_message_bytes,
             drain_timeout: self.drain_timeout,
+            price_per_10k_transactions: price,
             listen,
             bus,
             token,
@@ -776,6 +799,14 @@ impl QueueFile {
         check_duration("visibility_timeout", self.visibility_timeout, AtLeast::AboveZero, MAX_VISIBILITY)?;
         check_duration("max_retry_delay", self.max_retry_delay, AtLeast::Zero, MAX_VISIBILITY)?;
         check_duration("scale_interval", self.scale_interval, AtLeast::Zero, MAX_INTERVAL)?;
+        let safety_poll = match self.safety_poll {
+            Some(_) if !self.push => bail!("safety_poll: only applies with push = true (without push a task always polls)"),
+            Some(interval) => {
+                check_duration("safety_poll", interval, AtLeast::Duration(Duration::from_secs(1)), MAX_SAFETY_POLL)?;
+                interval
+            }
+            None => QueueSettings::default().safety_poll,
+        };
         if self.max_dequeue_count == 0 {
             bail!("max_dequeue_count: must be at least 1");
         }
@@ -807,6 +838,7 @@ impl QueueFile {
                 max_retry_delay: self.max_retry_delay,
                 max_dequeue_count: self.max_dequeue_count,
                 push_enabled: self.push,
+                safety_poll,
                 scale_interval: self.scale_interval,
                 ..QueueSettings::default()
             },

@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::cost::CostStatus;
 use crate::health::Health;
 use crate::listener::{Listener, ListenerStatus};
 use crate::queue::{MAX_VISIBILITY, QueueClient, QueueError};
@@ -55,6 +56,9 @@ pub struct Api {
     pub health: Health,
     /// Push notifications to the other hosts, if a bus is configured.
     pub bus: Option<Arc<crate::bus::Bus>>,
+    /// US dollars per 10,000 storage transactions, for the cost figures of `/status` and
+    /// `/metrics` (config `price_per_10k_transactions`).
+    pub price_per_10k_transactions: f64,
 }
 
 /// Limits of the HTTP server (config keys `max_message_bytes`, `[api] header_read_timeout`
@@ -353,9 +357,15 @@ fn statuses(api: &Api) -> Vec<ListenerStatus> {
     api.listeners.values().flatten().map(Listener::status).collect()
 }
 
+/// A queue's live cost figures (`None` when its transactions are not metered).
+fn queue_cost(status: &ListenerStatus, price: f64) -> Option<CostStatus> {
+    status.transaction_rates.map(|rates| CostStatus::new(rates, price))
+}
+
 /// The sums over a partitioned queue's partitions.
-fn partitioned_status(queue: &str, listeners: &[Listener]) -> serde_json::Value {
+fn partitioned_status(queue: &str, listeners: &[Listener], price: f64) -> serde_json::Value {
     let statuses: Vec<ListenerStatus> = listeners.iter().map(Listener::status).collect();
+    let costs: Vec<CostStatus> = statuses.iter().filter_map(|s| queue_cost(s, price)).collect();
     let sum = |f: fn(&ListenerStatus) -> u64| statuses.iter().map(f).fold(0u64, u64::saturating_add);
     json!({
         "queue": queue,
@@ -366,13 +376,26 @@ fn partitioned_status(queue: &str, listeners: &[Listener]) -> serde_json::Value 
         "processed": sum(|s| s.processed),
         "failed": sum(|s| s.failed),
         "poisoned": sum(|s| s.poisoned),
+        "cost": CostStatus::total(&costs, price),
     })
 }
 
 async fn status(State(api): State<Arc<Api>>) -> Json<serde_json::Value> {
-    let partitioned: Vec<_> = api.listeners.iter().filter(|(_, l)| l.len() > 1).map(|(queue, l)| partitioned_status(queue, l)).collect();
+    let price = api.price_per_10k_transactions;
+    let partitioned: Vec<_> = api.listeners.iter().filter(|(_, l)| l.len() > 1).map(|(queue, l)| partitioned_status(queue, l, price)).collect();
+    let mut costs = Vec::new();
+    let queues: Vec<serde_json::Value> = statuses(&api)
+        .into_iter()
+        .map(|s| {
+            let cost = queue_cost(&s, price);
+            costs.extend(cost);
+            let mut value = serde_json::to_value(&s).unwrap_or_default();
+            value["cost"] = json!(cost);
+            value
+        })
+        .collect();
     let bus = api.bus.as_ref().map(|b| b.status());
-    Json(json!({ "queues": statuses(&api), "partitioned": partitioned, "bus": bus }))
+    Json(json!({ "queues": queues, "partitioned": partitioned, "cost": CostStatus::total(&costs, price), "bus": bus }))
 }
 
 /// Parses the query of `POST /queues/{name}/messages`: only `delay_ms`, a whole number of
@@ -459,6 +482,17 @@ struct QueueLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RateLabel {
+    queue: String,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TransactionLabel {
     queue: String,
     kind: &'static str,
@@ -492,9 +526,30 @@ async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let rule_call_panics = counter(&mut registry, "rule_call_panics", "Rule calls whose blocking task panicked (the built-in rule decided)");
     let faults = counter(&mut registry, "rule_faults", "Rule calls that faulted (the built-in rule decided)");
     let clamps = counter(&mut registry, "rule_clamps", "Rule decisions clamped into the queue's bounds");
+    let safety_polls = counter(&mut registry, "safety_polls", "Safety polls (push mode: a get while no task ran)");
     let transactions = Family::<TransactionLabel, Counter>::default();
     registry.register("storage_transactions", "Storage transactions (billed calls) by kind", transactions.clone());
+    let rate = Family::<RateLabel, Gauge<f64, AtomicU64>>::default();
+    registry.register("transactions_per_hour", "Billed transactions per hour over the last 10 minutes: all, or idle (empty gets and counts that found the queue empty)", rate.clone());
+    let monthly = Family::<RateLabel, Gauge<f64, AtomicU64>>::default();
+    registry.register("projected_usd_per_month", "A 30-day month at the current transaction rate, in US dollars: all, or the idle part", monthly.clone());
+    let host_rate = Family::<KindLabel, Gauge<f64, AtomicU64>>::default();
+    registry.register("host_transactions_per_hour", "Billed transactions per hour of every queue of the host: all, or idle", host_rate.clone());
+    let host_monthly = Family::<KindLabel, Gauge<f64, AtomicU64>>::default();
+    registry.register("host_projected_usd_per_month", "A 30-day month at the host's current transaction rate, in US dollars: all, or the idle part", host_monthly.clone());
+    let price = Gauge::<f64, AtomicU64>::default();
+    registry.register("price_per_10k_transactions_usd", "The price the cost figures use, US dollars per 10,000 transactions", price.clone());
+    price.set(api.price_per_10k_transactions);
+    let mut costs = Vec::new();
     for s in statuses(&api) {
+        if let Some(cost) = queue_cost(&s, api.price_per_10k_transactions) {
+            for (kind, per_hour, usd) in [("all", cost.transactions_per_hour, cost.usd_per_month), ("idle", cost.idle_transactions_per_hour, cost.idle_usd_per_month)] {
+                rate.get_or_create(&RateLabel { queue: s.queue.clone(), kind }).set(per_hour);
+                monthly.get_or_create(&RateLabel { queue: s.queue.clone(), kind }).set(usd);
+            }
+            costs.push(cost);
+        }
+        safety_polls.get_or_create(&QueueLabel { queue: s.queue.clone() }).inc_by(s.safety_polls);
         let label = QueueLabel { queue: s.queue.clone() };
         depth.get_or_create(&label).set(s.approximate_depth as i64);
         active.get_or_create(&label).set(s.active_tasks.into());
@@ -536,6 +591,11 @@ async fn metrics(State(api): State<Arc<Api>>) -> Response {
             counter.inc_by(value);
             registry.register(name, help, counter);
         }
+    }
+    let total = CostStatus::total(&costs, api.price_per_10k_transactions);
+    for (kind, per_hour, usd) in [("all", total.transactions_per_hour, total.usd_per_month), ("idle", total.idle_transactions_per_hour, total.idle_usd_per_month)] {
+        host_rate.get_or_create(&KindLabel { kind }).set(per_hour);
+        host_monthly.get_or_create(&KindLabel { kind }).set(usd);
     }
     let mut text = String::new();
     if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &registry) {

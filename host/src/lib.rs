@@ -3,6 +3,7 @@
 pub mod bus;
 pub mod cli;
 pub mod config;
+pub mod cost;
 pub mod demo;
 pub mod handler;
 pub mod health;
@@ -13,3 +14,4 @@ pub mod panics;
 pub mod queue;
 pub mod rules;
 pub mod service;
+pub mod simulate;

@@ -130,6 +130,7 @@ impl Service {
             token: config.token.clone(),
             health,
             bus: bus.clone(),
+            price_per_10k_transactions: config.price_per_10k_transactions,
         });
         let tcp = tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("failed to listen on {}", config.listen))?;
         let api_addr = tcp.local_addr()?;

@@ -112,7 +112,14 @@ async fn closed(stream: &mut (impl tokio::io::AsyncRead + Unpin)) {
 async fn serve(limits: ApiLimits) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<Result<()>>) {
     let queue: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("orders", Arc::new(TokioClock::new()), limits.max_body_bytes));
     let queues = BTreeMap::from([("orders".to_string(), queue)]);
-    let api = Arc::new(Api { listeners: BTreeMap::new(), queues, token: Some(TOKEN.into()), health: Health::default(), bus: None });
+    let api = Arc::new(Api {
+        listeners: BTreeMap::new(),
+        queues,
+        token: Some(TOKEN.into()),
+        health: Health::default(),
+        bus: None,
+        price_per_10k_transactions: ebb::cost::PAPER_PRICE_PER_10K,
+    });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
@@ -384,12 +391,12 @@ async fn the_status_table_lines_up_with_its_header() -> Result<()> {
     let header = lines.next().context("no header")?;
     let row = lines.next().context("no row")?;
     // Where each header title ends (right-aligned columns) or starts (left-aligned ones).
-    let titles = ["queue", "depth", "tasks a/t/pk", "in-flight", "processed", "failed", "poisoned", "storage tx", "empty gets", "rule"];
+    let titles = ["queue", "depth", "tasks a/t/pk", "in-flight", "processed", "failed", "poisoned", "storage tx", "empty gets", "tx/h all/idle", "$/month", "rule"];
     let title_at: Vec<usize> = titles.iter().map(|t| header.find(t).unwrap_or_else(|| panic!("no {t} in {header:?}"))).collect();
-    // The row's cells: the first nine have no spaces; the rule column is the rest.
+    // The row's cells: the first eleven have no spaces; the rule column is the rest.
     let mut cells = Vec::new();
     let mut from = 0;
-    for _ in 0..9 {
+    for _ in 0..11 {
         let start = from + row[from..].find(|c: char| c != ' ').context("a short row")?;
         let end = row[start..].find(' ').map_or(row.len(), |n| start + n);
         cells.push((start, end));
@@ -397,10 +404,10 @@ async fn the_status_table_lines_up_with_its_header() -> Result<()> {
     }
     let rule_start = from + row[from..].find(|c: char| c != ' ').context("no rule column")?;
     ensure!(cells[0].0 == title_at[0], "queue is not under its title:\n{text}");
-    for i in 1..9 {
+    for i in 1..11 {
         ensure!(cells[i].1 == title_at[i] + titles[i].len(), "{} does not end under its title:\n{text}", titles[i]);
     }
-    ensure!(rule_start == title_at[9], "rule is not under its title:\n{text}");
+    ensure!(rule_start == title_at[11], "rule is not under its title:\n{text}");
     ensure!(row.starts_with("orders ") && row[rule_start..].starts_with("built-in"), "{text}");
     host.stop().await?;
     Ok(())

@@ -392,6 +392,10 @@ async fn a_partitioned_queue_spreads_messages_and_sums_its_status() {
     }
     let logical = &status["partitioned"][0];
     assert_eq!((logical["queue"].as_str(), logical["processed"].as_u64()), (Some("orders"), Some(60)), "{status}");
+    // The cost of the logical queue sums its partitions' (each has its puts, gets and deletes).
+    let partition_rate = |q: &serde_json::Value| q["cost"]["transactions_per_hour"].as_f64().unwrap();
+    let largest = queues.iter().map(partition_rate).fold(0.0, f64::max);
+    assert!(largest > 0.0 && logical["cost"]["transactions_per_hour"].as_f64().unwrap() > largest, "{status}");
     signal(&host, "-TERM");
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
 }
@@ -734,4 +738,87 @@ async fn push_across_hosts_over_redis_with_zero_idle_tasks_and_polling_through_a
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
     let log = std::fs::read_to_string(site.dir.path().join("host.log")).unwrap();
     assert_eq!(log.matches("push notifications lost").count(), 1, "the outage is logged once:\n{log}");
+}
+
+/// A site with one queue `orders` on the built-in rule, with these extra queue keys.
+fn built_in_site(app: SocketAddr, queue_keys: &str) -> Site {
+    let dir = tempfile::tempdir().unwrap();
+    let api: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let config = format!(
+        "drain_timeout = \"10s\"\n[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n\n[queues.orders]\n{queue_keys}handler = {{ url = \"http://{app}/work\" }}\n"
+    );
+    std::fs::write(dir.path().join("ebb.toml"), config).unwrap();
+    Site { dir, api, path: None }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_idle_push_queue_through_the_binary_polls_at_start_and_shows_its_cost() {
+    let (app, app_addr) = App::start(Duration::from_millis(1)).await;
+    let site = built_in_site(app_addr, "push = true\nmin_tasks = 0\nmax_polling_interval = \"1s\"\nsafety_poll = \"1h\"\n");
+    // Sent while no host runs: no notification reaches anyone.
+    site.ebb(&["send", "orders", "while-down", "--count", "3"]);
+    let mut host = site.start_host().await;
+    wait_until("the messages sent while the host was down", || async { app.seen.lock().unwrap().len() >= 3 }).await;
+    wait_until("every task stopped", || async { site.status().await["queues"][0]["active_tasks"] == 0 }).await;
+    let status = site.status().await;
+    let queue = &status["queues"][0];
+    assert_eq!(queue["safety_polls"], 1, "the start-up poll: {queue}");
+    // A send through the API notifies the queue: picked up with no task running.
+    site.ebb(&["send", "orders", "pushed"]);
+    wait_until("the pushed message", || async { app.bodies().contains("pushed") }).await;
+
+    // The live cost figures, per queue and in total.
+    let status = site.status().await;
+    let cost = &status["queues"][0]["cost"];
+    assert_eq!(cost["price_per_10k_transactions"], 0.01);
+    assert!(cost["transactions_per_hour"].as_f64().unwrap() > 0.0, "{cost}");
+    assert!(cost["idle_transactions_per_hour"].as_f64().unwrap() > 0.0, "the empty gets: {cost}");
+    assert_eq!(status["cost"]["usd_per_month"], cost["usd_per_month"], "one queue: the total is the queue");
+    let table = String::from_utf8(site.ebb(&["status"]).stdout).unwrap();
+    assert!(table.contains("tx/h all/idle") && table.contains("\ntotal: ") && table.contains("per 10,000 transactions"), "{table}");
+    let metrics = reqwest::Client::new().get(format!("http://{}/metrics", site.api)).bearer_auth(TOKEN).send().await.unwrap().text().await.unwrap();
+    for line in ["ebb_projected_usd_per_month{queue=\"orders\",kind=\"idle\"}", "ebb_host_transactions_per_hour{kind=\"all\"}", "ebb_safety_polls_total{queue=\"orders\"} 1", "ebb_price_per_10k_transactions_usd 0.01"] {
+        assert!(metrics.contains(line), "missing {line} in\n{metrics}");
+    }
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_simulator_agrees_with_the_real_binary_within_five_percent() {
+    let (app, app_addr) = App::start(Duration::from_millis(1)).await;
+    let site = built_in_site(app_addr, "");
+    // A trickle of 60 messages, one every 250 ms from 1 s on, over a 25 s run.
+    let arrivals: Vec<f64> = (0..60).map(|i| 1.0 + f64::from(i) * 0.25).collect();
+    let run = Duration::from_secs(25);
+    let mut host = site.start_host().await;
+    let start = tokio::time::Instant::now();
+    for (i, at) in arrivals.iter().enumerate() {
+        tokio::time::sleep_until(start + Duration::from_secs_f64(*at)).await;
+        assert_eq!(site.post(format!("m{i}")).await, reqwest::StatusCode::CREATED);
+    }
+    tokio::time::sleep_until(start + run).await;
+    let status = site.status().await;
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+    assert_eq!(app.seen.lock().unwrap().len(), 60);
+    let tx = &status["queues"][0]["transactions"];
+    let real: u64 = ["puts", "gets_with_messages", "gets_empty", "deletes", "updates", "counts", "creates"].iter().map(|k| tx[*k].as_u64().unwrap()).sum();
+
+    // The same arrivals through the simulator: the built-in rule, each send notifying the
+    // queue as the API does, a 1 ms handler.
+    let trace = site.dir.path().join("trace.csv");
+    std::fs::write(&trace, arrivals.iter().map(|a| format!("{a}\n")).collect::<String>()).unwrap();
+    let output = Command::new(EBB)
+        .args(["simulate", "--trace", trace.to_str().unwrap(), "--duration", "25s", "--rule", "paper", "--notify", "--handler-time", "1ms", "--json"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let simulated: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let rule = &simulated["rules"][0];
+    assert_eq!(rule["handled"], 60);
+    let sim = rule["billed_transactions"].as_u64().unwrap();
+    let difference = (sim as f64 - real as f64).abs() / real as f64;
+    println!("transactions: simulated {sim} {}, real {real} {tx}", rule["transactions"]);
+    assert!(difference <= 0.05, "simulated {sim} transactions ({}), real {real} ({tx}): {:.1} % apart", rule["transactions"], difference * 100.0);
 }

@@ -99,6 +99,7 @@ fn the_documented_defaults_are_the_code_defaults() {
         Number(u64),
         Text(String),
         Bool(bool),
+        Float(f64),
         Absent,
     }
     let docs = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.md")).unwrap();
@@ -117,6 +118,7 @@ fn the_documented_defaults_are_the_code_defaults() {
             ("Top level", "rules_dir") => Code::Text(config.rules_dir.strip_prefix("/srv/ebb").unwrap().display().to_string()),
             ("Top level", "max_message_bytes") => Code::Number(config.max_message_bytes as u64),
             ("Top level", "drain_timeout") => Code::Duration(config.drain_timeout),
+            ("Top level", "price_per_10k_transactions") => Code::Float(config.price_per_10k_transactions),
             ("`[api]`", "listen") => Code::Text(config.listen.to_string()),
             ("`[api]`", "token") => config.token.clone().map_or(Code::Absent, Code::Text),
             ("`[api]`", "header_read_timeout") => Code::Duration(api.header_read_timeout),
@@ -142,6 +144,7 @@ fn the_documented_defaults_are_the_code_defaults() {
                 "lease_duration" => Code::Duration(s.lease_duration),
                 "max_dequeue_count" => Code::Number(s.max_dequeue_count.into()),
                 "push" => Code::Bool(s.push_enabled),
+                "safety_poll" => Code::Duration(s.safety_poll),
                 "scale_interval" => Code::Duration(s.scale_interval),
                 "partitions" => Code::Number(queue.partitions.into()),
                 "backend" => Code::Text(if matches!(queue.backend, ebb::config::Backend::Embedded) { "embedded" } else { "azure" }.into()),
@@ -173,6 +176,7 @@ fn the_documented_defaults_are_the_code_defaults() {
             Code::Number(n) => documented.parse::<u64>().ok() == Some(n),
             Code::Text(t) => documented == t,
             Code::Bool(b) => documented.parse::<bool>().ok() == Some(b),
+            Code::Float(f) => documented.parse::<f64>().ok() == Some(f),
             Code::Absent => ["none", "built-in", "required"].contains(&documented),
         };
         if !matches {

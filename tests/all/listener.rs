@@ -556,3 +556,135 @@ async fn a_push_to_a_queue_with_no_task_is_picked_up_at_once_even_between_scaler
     }
     assert!(pushed.elapsed() < Duration::from_millis(50), "picked up {:?} after the push", pushed.elapsed());
 }
+
+/// A push queue with no task: the settings of a zero-idle queue.
+fn zero_idle(safety_poll: Duration) -> QueueSettings {
+    QueueSettings { push_enabled: true, min_tasks: 0, safety_poll, ..Default::default() }
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_push_and_no_task_messages_queued_before_the_start_are_picked_up_at_once() {
+    let f = fixture(zero_idle(Duration::from_secs(3600)), None);
+    put(f.queue.as_ref(), "sleep 5", 40).await;
+    f.listener.start();
+    sleep(Duration::from_secs(5)).await;
+    let status = f.listener.status();
+    assert_eq!(status.processed, 40, "the start-up poll found them without a notification");
+    assert_eq!(status.safety_polls, 1);
+    // Then the tasks back off and stop: nothing polls until the next safety poll.
+    sleep(Duration::from_secs(600)).await;
+    assert_eq!(f.listener.status().active_tasks, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_notification_delays_a_message_by_at_most_the_safety_poll() {
+    let f = fixture(zero_idle(Duration::from_secs(600)), None);
+    f.listener.start();
+    sleep(Duration::from_secs(30)).await;
+    assert_eq!(f.listener.status().active_tasks, 0, "the start-up poll found nothing and stopped");
+    // Sent without a notification (or its notification was lost).
+    let sent_at = Instant::now();
+    put(f.queue.as_ref(), "hello", 1).await;
+    sleep(Duration::from_secs(300)).await;
+    assert_eq!(f.listener.status().processed, 0, "nothing looks before the safety poll");
+    while f.listener.status().processed == 0 {
+        assert!(sent_at.elapsed() <= Duration::from_secs(601), "not picked up within the safety poll");
+        sleep(Duration::from_secs(1)).await;
+    }
+    assert!(sent_at.elapsed() >= Duration::from_secs(569), "picked up by the safety poll at 600 s, not before");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_push_queue_costs_one_get_per_safety_poll() {
+    let f = fixture(zero_idle(Duration::from_secs(3600)), None);
+    f.listener.start();
+    sleep(Duration::from_secs(24 * 3600 - 1)).await;
+    let gets = f.queue.gets.lock().unwrap().clone();
+    // The start-up poll and one per hour: 24 in a day, each one get.
+    assert_eq!(gets.len(), 24, "{gets:?}");
+    assert!(gets.iter().all(|(_, found)| *found == 0));
+    assert_eq!(f.listener.status().safety_polls, 24);
+    assert_eq!(f.listener.status().active_tasks, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_safety_poll_while_tasks_run_or_without_push() {
+    // Push with a task kept: it polls, so no safety poll is needed.
+    let settings = QueueSettings { min_tasks: 1, ..zero_idle(Duration::from_secs(60)) };
+    let f = fixture(settings, None);
+    f.listener.start();
+    sleep(Duration::from_secs(600)).await;
+    assert_eq!(f.listener.status().safety_polls, 0);
+    // Pull: the polling task is the safety.
+    let f = fixture(QueueSettings { safety_poll: Duration::from_secs(60), ..Default::default() }, None);
+    f.listener.start();
+    sleep(Duration::from_secs(600)).await;
+    assert_eq!(f.listener.status().safety_polls, 0);
+}
+
+/// Panics in every decision: a native rule with a bug.
+struct PanickingRule;
+
+impl ebb::rules::NativeRule for PanickingRule {
+    fn name(&self) -> &str {
+        "panicking"
+    }
+    fn optimal_dequeue_task_count(&self, _state: &ebb::rules::QueueState) -> u32 {
+        panic!("rule bug in the task count")
+    }
+    fn on_queue_empty(&self, _ctx: &ebb::rules::IdleContext) -> ebb::rules::IdleDecision {
+        panic!("rule bug when empty")
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_native_rule_is_contained_and_the_built_in_decides() {
+    let clock = Arc::new(TokioClock::new());
+    let queue = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
+    let handler = Arc::new(TestHandler::default());
+    let listener = Listener::builder(queue.clone(), poison, handler).native_rule(Arc::new(PanickingRule)).build();
+    listener.start();
+    put(queue.as_ref(), "sleep 1", 50).await;
+    sleep(Duration::from_secs(120)).await;
+    let status = listener.status();
+    assert_eq!(status.processed, 50);
+    assert!(status.rule_call_panics >= 2, "{}", status.rule_call_panics);
+    assert_eq!(status.last_queue_empty.unwrap().decision.source, ebb::rules::DecisionSource::Fallback);
+    assert_eq!(status.task_panics, 0, "no task died of it");
+}
+
+/// Records the time each `QueueEmpty` decision is told, and otherwise decides like the paper.
+#[derive(Default)]
+struct TimeRecordingRule {
+    told_ms: Mutex<Vec<u64>>,
+}
+
+impl ebb::rules::NativeRule for TimeRecordingRule {
+    fn name(&self) -> &str {
+        "time-recording"
+    }
+    fn optimal_dequeue_task_count(&self, state: &ebb::rules::QueueState) -> u32 {
+        ebb_rules_sdk::paper::optimal_dequeue_task_count(state)
+    }
+    fn on_queue_empty(&self, ctx: &ebb::rules::IdleContext) -> ebb::rules::IdleDecision {
+        self.told_ms.lock().unwrap().push(ctx.timestamp_ms);
+        ebb_rules_sdk::paper::on_queue_empty(ctx)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn rules_are_told_the_listeners_clock_so_a_simulated_hour_is_an_hour() {
+    let clock = Arc::new(TokioClock::new());
+    let queue = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock.clone(), 65536));
+    let rule = Arc::new(TimeRecordingRule::default());
+    let listener = Listener::builder(queue, poison, Arc::new(TestHandler::default())).native_rule(rule.clone()).clock(clock).build();
+    let real = std::time::Instant::now();
+    listener.start();
+    sleep(Duration::from_secs(3600)).await;
+    let told = rule.told_ms.lock().unwrap().clone();
+    let span_ms = told.last().unwrap() - told.first().unwrap();
+    assert!(span_ms > 3_500_000, "the rule saw {span_ms} ms pass in a simulated hour");
+    assert!(real.elapsed() < Duration::from_secs(60), "in much less real time");
+}

@@ -11,3 +11,4 @@ mod handler;
 mod listener;
 mod rule_languages;
 mod rules;
+mod simulate;

@@ -132,6 +132,8 @@ pub async fn status(config_path: &Path, json: bool) -> Result<()> {
         ("poisoned", Align::Right),
         ("storage tx", Align::Right),
         ("empty gets", Align::Right),
+        ("tx/h all/idle", Align::Right),
+        ("$/month", Align::Right),
         ("rule", Align::Left),
     ];
     let mut rows = Vec::new();
@@ -154,6 +156,8 @@ pub async fn status(config_path: &Path, json: bool) -> Result<()> {
             cell(&q["poisoned"]),
             total,
             cell(&tx["gets_empty"]),
+            rates(&q["cost"]),
+            dollars(&q["cost"]["usd_per_month"]),
             format!("{rule}, last decision: {source}"),
         ]);
     }
@@ -171,7 +175,37 @@ pub async fn status(config_path: &Path, json: bool) -> Result<()> {
             cell(&bus["ignored"])
         );
     }
+    let total = &body["cost"];
+    if total.is_object() {
+        println!(
+            "total: {} transactions/h ({} idle), ${} a month at this rate (${} of it idle), at ${} per 10,000 transactions",
+            rate(&total["transactions_per_hour"]),
+            rate(&total["idle_transactions_per_hour"]),
+            dollars(&total["usd_per_month"]),
+            dollars(&total["idle_usd_per_month"]),
+            total["price_per_10k_transactions"].as_f64().map_or("-".into(), |p| p.to_string()),
+        );
+    }
     Ok(())
+}
+
+/// A rate per hour, rounded to a whole transaction.
+fn rate(value: &Value) -> String {
+    value.as_f64().map_or("-".into(), |v| format!("{v:.0}"))
+}
+
+/// `all/idle` transactions per hour of a `cost` object.
+fn rates(cost: &Value) -> String {
+    if cost.is_object() { format!("{}/{}", rate(&cost["transactions_per_hour"]), rate(&cost["idle_transactions_per_hour"])) } else { "-".into() }
+}
+
+/// US dollars, to the cent (to the tenth of a cent under a cent).
+fn dollars(value: &Value) -> String {
+    match value.as_f64() {
+        Some(v) if v != 0.0 && v.abs() < 0.01 => format!("{v:.4}"),
+        Some(v) => format!("{v:.2}"),
+        None => "-".into(),
+    }
 }
 
 #[derive(Clone, Copy)]

@@ -3,6 +3,7 @@
 mod client;
 mod host;
 mod rule;
+mod simulate;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -78,6 +79,9 @@ enum Command {
     /// Work with rule components: check one, or ask it for a decision.
     #[command(subcommand)]
     Rule(rule::RuleCommand),
+    /// Compare rules over a scenario on the real listener, the in-memory queue and a paused
+    /// clock (a simulated day takes seconds): billed transactions, $/month, pickup latency.
+    Simulate(simulate::SimulateArgs),
 }
 
 /// Runs the command line; errors are printed with their causes and exit with code 1.
@@ -90,6 +94,7 @@ pub fn main(cli: Cli) -> ExitCode {
     });
     let result = match cli.command {
         Command::Rule(command) => rule::run(command),
+        Command::Simulate(args) => simulate::run(args),
         Command::Check { config } => host::check(&config),
         Command::Demo { duration, processing_time, burst, trickle, backend } => {
             let options = crate::demo::DemoOptions { duration, processing_time, burst, trickle_per_sec: trickle, azurite: backend == "azurite" };

@@ -25,8 +25,10 @@ use tracing::Instrument as _;
 use crate::handler::Handler;
 use crate::log_limit::LogLimiter;
 use crate::panics::panic_message;
-use crate::queue::{Clock as _, QueueClient, SystemClock, Transactions};
-use crate::rules::{Decision, DecisionSource, IdleContext, QueueRules, QueueState, built_in_queue_empty, built_in_task_count};
+use crate::queue::{Clock, QueueClient, SystemClock, Transactions};
+use crate::rules::{
+    Decision, DecisionSource, IdleContext, NativeRule, QueueRules, QueueState, built_in_queue_empty, built_in_task_count, native_queue_empty, native_task_count,
+};
 
 pub use settings::QueueSettings;
 pub use state::{ListenerStatus, PoisonForm, PoisonRecord, RecordedDecision};
@@ -51,6 +53,10 @@ struct Shared {
     handler: Arc<dyn Handler>,
     /// The queue's rule; `None`: the built-in rule decides.
     rules: Option<QueueRules>,
+    /// A rule in Rust, which decides instead of `rules` when set.
+    native: Option<Arc<dyn NativeRule>>,
+    /// The time rules are told (`timestamp_ms`).
+    clock: Arc<dyn Clock>,
     settings: QueueSettings,
     transactions: Option<Arc<Transactions>>,
     counters: Counters,
@@ -106,11 +112,26 @@ pub struct ListenerBuilder {
     poison: Arc<dyn QueueClient>,
     handler: Arc<dyn Handler>,
     rules: Option<QueueRules>,
+    native: Option<Arc<dyn NativeRule>>,
+    clock: Arc<dyn Clock>,
     settings: QueueSettings,
     transactions: Option<Arc<Transactions>>,
 }
 
 impl ListenerBuilder {
+    /// The clock whose time the rules are told (default: the system's; a simulation gives
+    /// its paused clock, so a time-of-day rule sees simulated time).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// A rule written in Rust that decides instead of a WASM rule (embedding, simulations).
+    pub fn native_rule(mut self, rule: Arc<dyn NativeRule>) -> Self {
+        self.native = Some(rule);
+        self
+    }
+
     /// The rule that decides the task count and the idle sleeps (from [`crate::rules::RuleSet::queue`]).
     pub fn rules(mut self, rules: QueueRules) -> Self {
         self.rules = Some(rules);
@@ -131,7 +152,7 @@ impl ListenerBuilder {
 
     /// The listener; no task runs until [`Listener::start`].
     pub fn build(self) -> Listener {
-        let ListenerBuilder { queue, poison, handler, rules, settings, transactions } = self;
+        let ListenerBuilder { queue, poison, handler, rules, native, clock, settings, transactions } = self;
         let seed = settings.random_seed.unwrap_or_else(|| fastrand::u64(..));
         Listener {
             shared: Arc::new(Shared {
@@ -139,6 +160,8 @@ impl ListenerBuilder {
                 poison,
                 handler,
                 rules,
+                native,
+                clock,
                 settings,
                 transactions,
                 counters: Counters::default(),
@@ -161,7 +184,7 @@ impl ListenerBuilder {
 impl Listener {
     /// A builder for a listener on `queue`, whose poisoned messages go to `poison`.
     pub fn builder(queue: Arc<dyn QueueClient>, poison: Arc<dyn QueueClient>, handler: Arc<dyn Handler>) -> ListenerBuilder {
-        ListenerBuilder { queue, poison, handler, rules: None, settings: QueueSettings::default(), transactions: None }
+        ListenerBuilder { queue, poison, handler, rules: None, native: None, clock: Arc::new(SystemClock), settings: QueueSettings::default(), transactions: None }
     }
 
     /// The queue's name.
@@ -170,7 +193,9 @@ impl Listener {
     }
 
     /// Starts the scaler and the initial dequeue tasks: `min_tasks`, and at least one unless
-    /// push notifications can wake the queue.
+    /// push notifications can wake the queue. With push, also the safety poll: while no task
+    /// runs, one get now (messages queued before the start) and one per `safety_poll`
+    /// (messages whose notification was lost).
     pub fn start(&self) {
         let shared = self.shared.clone();
         let span = tracing::info_span!("scaler", queue = %self.queue_name());
@@ -190,6 +215,11 @@ impl Listener {
         let initial = self.shared.floor();
         self.shared.counters.target_tasks.store(initial, Ordering::Relaxed);
         self.start_tasks(initial);
+        if self.shared.settings.push_enabled {
+            let shared = self.shared.clone();
+            let span = tracing::info_span!("safety_poll", queue = %self.queue_name());
+            self.shared.tasks.spawn(shared.run_safety_poll().instrument(span));
+        }
     }
 
     /// `StartListener(n)`: starts `n` more dequeue tasks (never beyond `max_tasks`).
@@ -278,6 +308,12 @@ impl Shared {
     }
 
     fn start_tasks(self: &Arc<Self>, n: u32) {
+        self.spawn_tasks(n, false);
+    }
+
+    /// Starts `n` dequeue tasks; a `probe` task stops at its first empty get (when the
+    /// floor allows), so a safety poll of an empty queue costs one get.
+    fn spawn_tasks(self: &Arc<Self>, n: u32, probe: bool) {
         let counters = &self.counters;
         for _ in 0..n {
             // Reserve a slot first, so concurrent starts never exceed max_tasks.
@@ -291,7 +327,7 @@ impl Shared {
             let span = tracing::info_span!("dequeue_task", queue = %self.queue.name(), task = task_number);
             self.tasks.spawn(
                 async move {
-                    if let Err(panic) = AssertUnwindSafe(shared.clone().run_task()).catch_unwind().await {
+                    if let Err(panic) = AssertUnwindSafe(shared.clone().run_task(probe)).catch_unwind().await {
                         // Its slot was given back as it unwound; keep the floor running.
                         shared.task_panicked("a dequeue task", &*panic);
                         if !shared.stopping.is_cancelled() {
@@ -355,7 +391,23 @@ impl Shared {
         self.random.lock().unwrap().u64(..)
     }
 
-    async fn run_task(self: Arc<Self>) {
+    /// The safety poll (push mode): while no dequeue task runs, a probe task looks at the
+    /// queue at start-up and then once per `safety_poll`.
+    async fn run_safety_poll(self: Arc<Self>) {
+        loop {
+            if self.counters.active_tasks.load(Ordering::Acquire) == 0 {
+                self.counters.safety_polls.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!("safety poll: no task is running, looking at the queue once");
+                self.spawn_tasks(1, true);
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.settings.safety_poll) => {}
+                _ = self.stopping.cancelled() => return,
+            }
+        }
+    }
+
+    async fn run_task(self: Arc<Self>, mut probe: bool) {
         let slot = TaskSlot { counters: &self.counters, held: true };
         let mut idle_count = 0u32;
         let mut consecutive_errors = 0u32;
@@ -364,7 +416,8 @@ impl Shared {
             if self.stopping.is_cancelled() {
                 break;
             }
-            if self.try_retire() {
+            // A probe looks once before anything else (the target may be zero tasks).
+            if !probe && self.try_retire() {
                 tracing::debug!("retiring: more tasks than the rule's count");
                 slot.given_back();
                 return;
@@ -380,6 +433,11 @@ impl Shared {
                 Ok(messages) if messages.is_empty() => {
                     consecutive_errors = 0;
                     idle_count = idle_count.saturating_add(1);
+                    if probe && self.try_stop_idle() {
+                        tracing::debug!("safety poll found the queue empty");
+                        slot.given_back();
+                        return;
+                    }
                     let decision = self.decide_queue_empty(idle_count).await;
                     if decision.stop && self.try_stop_idle() {
                         tracing::debug!(idle_count, "stopping: the rule retired this idle task");
@@ -395,6 +453,8 @@ impl Shared {
                 }
                 Ok(messages) => {
                     consecutive_errors = 0;
+                    // Found work: from now on an ordinary task, stopped by the rule.
+                    probe = false;
                     // After idling this is the paper's QueueWorkDetected; while busy it keeps
                     // the task count adapting (the scaler coalesces the raises).
                     self.work_found();
@@ -428,10 +488,10 @@ impl Shared {
             min_interval_ms: self.settings.min_polling_interval.as_millis() as u64,
             max_interval_ms: self.settings.max_polling_interval.as_millis() as u64,
             push_enabled: self.push_enabled(),
-            timestamp_ms: SystemClock.now_ms(),
+            timestamp_ms: self.clock.now_ms(),
             random: self.random(),
         };
-        let decision = self.ask_rule(ctx, QueueRules::decide_queue_empty, built_in_queue_empty).await;
+        let decision = self.ask_rule(ctx, QueueRules::decide_queue_empty, native_queue_empty, built_in_queue_empty).await;
         self.counters.record_queue_empty(decision);
         decision.value
     }
@@ -439,11 +499,28 @@ impl Shared {
     /// Asks the queue's rule, off the async threads (rules are synchronous and may block up
     /// to their deadline). The built-in rule decides when the queue has no rule, or when the
     /// call's thread panicked.
-    async fn ask_rule<I, T>(&self, input: I, call: fn(&QueueRules, &I) -> Decision<T>, built_in: fn(&I, DecisionSource) -> Decision<T>) -> Decision<T>
+    async fn ask_rule<I, T>(
+        &self,
+        input: I,
+        call: fn(&QueueRules, &I) -> Decision<T>,
+        native: fn(&dyn NativeRule, &I) -> Decision<T>,
+        built_in: fn(&I, DecisionSource) -> Decision<T>,
+    ) -> Decision<T>
     where
         I: Clone + Send + 'static,
         T: Send + 'static,
     {
+        if let Some(rule) = &self.native {
+            // In-process and fast: no blocking thread, but a panic is still contained.
+            return match std::panic::catch_unwind(AssertUnwindSafe(|| native(&**rule, &input))) {
+                Ok(decision) => decision,
+                Err(panic) => {
+                    self.counters.rule_call_panics.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!("the native rule {} panicked; the built-in rule decided instead: {}", rule.name(), panic_message(&*panic));
+                    built_in(&input, DecisionSource::Fallback)
+                }
+            };
+        }
         let Some(rules) = self.rules.clone() else {
             return built_in(&input, DecisionSource::BuiltIn);
         };
@@ -501,10 +578,10 @@ impl Shared {
             mean_handler_latency_ms: window.mean_handler_latency_ms,
             recent_failures: window.failures,
             push_enabled: self.push_enabled(),
-            timestamp_ms: SystemClock.now_ms(),
+            timestamp_ms: self.clock.now_ms(),
             random: self.random(),
         };
-        let decision = self.ask_rule(state, QueueRules::decide_task_count, built_in_task_count).await;
+        let decision = self.ask_rule(state, QueueRules::decide_task_count, native_task_count, built_in_task_count).await;
         self.counters.record_task_count(decision);
         let target = decision.value;
         self.counters.target_tasks.store(target, Ordering::Relaxed);

@@ -25,6 +25,10 @@ pub struct QueueSettings {
     pub max_dequeue_count: u32,
     /// Whether push notifications wake this queue (then idle tasks may all stop).
     pub push_enabled: bool,
+    /// With `push_enabled`: while no task runs, one get at start-up and then one per this
+    /// interval, so messages queued before the start, or whose notification was lost, wait
+    /// at most this long.
+    pub safety_poll: Duration,
     /// Least time between two task-count decisions.
     pub scale_interval: Duration,
     /// Seed for the random values passed to rules (None: random). Simulations set it.
@@ -49,6 +53,7 @@ impl Default for QueueSettings {
             max_retry_delay: Duration::from_secs(600),
             max_dequeue_count: 5,
             push_enabled: false,
+            safety_poll: Duration::from_secs(3600),
             scale_interval: Duration::from_secs(1),
             random_seed: None,
             poison_envelope: true,

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::queue::TransactionCounts;
+use crate::queue::{TransactionCounts, TransactionRates};
 use crate::rules::{Decision, IdleDecision, QueueRules, RuleStatus};
 
 use super::Shared;
@@ -28,6 +28,7 @@ pub(super) struct Counters {
     pub leases_lost: AtomicU64,
     pub storage_errors: AtomicU64,
     pub work_detected: AtomicU64,
+    pub safety_polls: AtomicU64,
     pub handler_panics: AtomicU64,
     pub host_errors: AtomicU64,
     pub task_panics: AtomicU64,
@@ -239,6 +240,9 @@ pub struct ListenerStatus {
     pub storage_errors: u64,
     /// Work-detected events raised.
     pub work_detected: u64,
+    /// Safety polls made (push mode: a get while no task ran, at start-up and then once
+    /// per `safety_poll`).
+    pub safety_polls: u64,
     /// Handler calls that panicked (counted as failures too).
     pub handler_panics: u64,
     /// Handler calls the host itself could not make (out of file descriptors): retried,
@@ -256,6 +260,8 @@ pub struct ListenerStatus {
     pub last_queue_empty: Option<RecordedDecision<IdleDecision>>,
     /// Storage transactions by kind, if metered.
     pub transactions: Option<TransactionCounts>,
+    /// All and idle transactions per hour over the last ten minutes, if metered.
+    pub transaction_rates: Option<TransactionRates>,
 }
 
 impl Shared {
@@ -291,6 +297,7 @@ impl Shared {
             leases_lost: load64(&c.leases_lost),
             storage_errors: load64(&c.storage_errors),
             work_detected: load64(&c.work_detected),
+            safety_polls: load64(&c.safety_polls),
             handler_panics: load64(&c.handler_panics),
             host_errors: load64(&c.host_errors),
             task_panics: load64(&c.task_panics),
@@ -299,6 +306,7 @@ impl Shared {
             last_task_count: decisions.task_count.clone(),
             last_queue_empty: decisions.queue_empty.clone(),
             transactions: self.transactions.as_ref().map(|t| t.snapshot()),
+            transaction_rates: self.transactions.as_ref().map(|t| t.rates()),
         }
     }
 }

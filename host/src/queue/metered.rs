@@ -1,8 +1,14 @@
 //! Counts storage transactions: every call to the backend, by kind and by whether it
 //! returned work. These are what the paper's cost model bills (empty gets included).
+//!
+//! Besides the totals, the counters keep the last [`RATE_WINDOW`] in buckets of
+//! [`RATE_BUCKET`] (on tokio's clock, so a simulation's paused clock drives them), for the
+//! live rates: all transactions per hour, and idle ones (empty gets, and counts that found
+//! the queue empty).
 
-use std::sync::Arc;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,8 +16,16 @@ use serde::Serialize;
 
 use super::{Message, MessageId, PopReceipt, QueueClient, QueueError};
 
+/// Width of one bucket of the rate window.
+pub const RATE_BUCKET: Duration = Duration::from_secs(10);
+/// How far back the live rates look.
+pub const RATE_WINDOW: Duration = Duration::from_secs(600);
+const BUCKETS: u64 = RATE_WINDOW.as_secs() / RATE_BUCKET.as_secs();
+/// The shortest time a rate is divided by.
+const MIN_RATE_SPAN: Duration = Duration::from_secs(60);
+
 /// Live counters, shared with whoever reports them.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Transactions {
     puts: AtomicU64,
     gets_with_messages: AtomicU64,
@@ -19,8 +33,83 @@ pub struct Transactions {
     deletes: AtomicU64,
     updates: AtomicU64,
     counts: AtomicU64,
+    counts_empty: AtomicU64,
     creates: AtomicU64,
     failed: AtomicU64,
+    recent: Mutex<Recent>,
+}
+
+impl Default for Transactions {
+    fn default() -> Self {
+        let zero = || AtomicU64::new(0);
+        Transactions {
+            puts: zero(),
+            gets_with_messages: zero(),
+            gets_empty: zero(),
+            deletes: zero(),
+            updates: zero(),
+            counts: zero(),
+            counts_empty: zero(),
+            creates: zero(),
+            failed: zero(),
+            recent: Mutex::new(Recent { start: tokio::time::Instant::now(), buckets: VecDeque::new() }),
+        }
+    }
+}
+
+/// Transactions per bucket since `start`: (bucket index, all, idle), oldest first, only
+/// buckets that saw a call, none older than the window.
+#[derive(Debug)]
+struct Recent {
+    start: tokio::time::Instant,
+    buckets: VecDeque<(u64, u64, u64)>,
+}
+
+impl Recent {
+    fn index(&self, now: tokio::time::Instant) -> u64 {
+        (now.saturating_duration_since(self.start).as_millis() / RATE_BUCKET.as_millis()) as u64
+    }
+
+    fn record(&mut self, idle: bool) {
+        let index = self.index(tokio::time::Instant::now());
+        match self.buckets.back_mut() {
+            Some(bucket) if bucket.0 == index => {
+                bucket.1 += 1;
+                bucket.2 += u64::from(idle);
+            }
+            _ => self.buckets.push_back((index, 1, u64::from(idle))),
+        }
+        while self.buckets.front().is_some_and(|b| b.0 + BUCKETS <= index) {
+            self.buckets.pop_front();
+        }
+    }
+
+    fn rates(&self) -> TransactionRates {
+        let now = tokio::time::Instant::now();
+        let elapsed = now.saturating_duration_since(self.start);
+        let index = self.index(now);
+        let first = (index + 1).saturating_sub(BUCKETS);
+        // Whole buckets `first..index`, and the current one up to now.
+        let window = elapsed.saturating_sub(RATE_BUCKET.saturating_mul(first as u32));
+        let (all, idle) = self.buckets.iter().filter(|b| b.0 >= first).fold((0, 0), |(a, i), b| (a + b.1, i + b.2));
+        // At least a minute, so the first seconds after a start (a create, a few fast polls)
+        // are not projected into a huge hourly rate.
+        let hours = window.max(MIN_RATE_SPAN).as_secs_f64() / 3600.0;
+        let per_hour = |n: u64| if hours > 0.0 { n as f64 / hours } else { 0.0 };
+        TransactionRates { window_secs: window.as_secs_f64(), all_per_hour: per_hour(all), idle_per_hour: per_hour(idle) }
+    }
+}
+
+/// Transactions per hour over the last [`RATE_WINDOW`] (or since the counters were made,
+/// when that is shorter, but divided by at least a minute).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct TransactionRates {
+    /// The time the rates are taken over, in seconds.
+    pub window_secs: f64,
+    /// Every billed transaction, per hour.
+    pub all_per_hour: f64,
+    /// Idle ones per hour: empty gets, and counts that found the queue empty.
+    pub idle_per_hour: f64,
 }
 
 /// A snapshot of [`Transactions`].
@@ -38,6 +127,8 @@ pub struct TransactionCounts {
     pub updates: u64,
     /// Approximate-count queries.
     pub counts: u64,
+    /// Of those, the ones that found the queue empty (idle transactions).
+    pub counts_empty: u64,
     /// Create-if-missing calls.
     pub creates: u64,
     /// Calls that failed (also counted under their kind: a failed call is still billed).
@@ -48,6 +139,12 @@ impl TransactionCounts {
     /// Every billed transaction.
     pub fn total(&self) -> u64 {
         self.puts + self.gets_with_messages + self.gets_empty + self.deletes + self.updates + self.counts + self.creates
+    }
+
+    /// The transactions that did no useful work: empty gets, and counts that found the
+    /// queue empty.
+    pub fn idle(&self) -> u64 {
+        self.gets_empty + self.counts_empty
     }
 }
 
@@ -62,9 +159,19 @@ impl Transactions {
             deletes: load(&self.deletes),
             updates: load(&self.updates),
             counts: load(&self.counts),
+            counts_empty: load(&self.counts_empty),
             creates: load(&self.creates),
             failed: load(&self.failed),
         }
+    }
+
+    /// All and idle transactions per hour over the last [`RATE_WINDOW`].
+    pub fn rates(&self) -> TransactionRates {
+        self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner).rates()
+    }
+
+    fn record_recent(&self, idle: bool) {
+        self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner).record(idle);
     }
 }
 
@@ -86,7 +193,12 @@ impl<Q: QueueClient> Metered<Q> {
     }
 
     fn count<T>(&self, counter: &AtomicU64, result: Result<T, QueueError>) -> Result<T, QueueError> {
+        self.count_as(counter, false, result)
+    }
+
+    fn count_as<T>(&self, counter: &AtomicU64, idle: bool, result: Result<T, QueueError>) -> Result<T, QueueError> {
         counter.fetch_add(1, Ordering::Relaxed);
+        self.transactions.record_recent(idle);
         if result.is_err() {
             self.transactions.failed.fetch_add(1, Ordering::Relaxed);
         }
@@ -112,11 +224,11 @@ impl<Q: QueueClient> QueueClient for Metered<Q> {
 
     async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
         let result = self.inner.get(max, visibility).await;
-        let counter = match &result {
-            Ok(messages) if !messages.is_empty() => &self.transactions.gets_with_messages,
-            _ => &self.transactions.gets_empty,
+        let (counter, idle) = match &result {
+            Ok(messages) if !messages.is_empty() => (&self.transactions.gets_with_messages, false),
+            _ => (&self.transactions.gets_empty, true),
         };
-        self.count(counter, result)
+        self.count_as(counter, idle, result)
     }
 
     async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError> {
@@ -131,11 +243,57 @@ impl<Q: QueueClient> QueueClient for Metered<Q> {
 
     async fn approximate_count(&self) -> Result<u64, QueueError> {
         let result = self.inner.approximate_count().await;
-        self.count(&self.transactions.counts, result)
+        let empty = matches!(result, Ok(0));
+        if empty {
+            self.transactions.counts_empty.fetch_add(1, Ordering::Relaxed);
+        }
+        self.count_as(&self.transactions.counts, empty, result)
     }
 
     fn local_count(&self) -> Option<u64> {
         // Free by definition: not a billed transaction, so not counted.
         self.inner.local_count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn rates_cover_the_last_ten_minutes_and_split_idle_from_all() {
+        let t = Transactions::default();
+        // One idle transaction per minute for an hour, and 30 useful ones in the last minute.
+        for _ in 0..60 {
+            tokio::time::advance(Duration::from_secs(60)).await;
+            t.record_recent(true);
+        }
+        for _ in 0..30 {
+            t.record_recent(false);
+        }
+        let rates = t.rates();
+        // The window is the last 59 whole buckets and the current one so far.
+        assert!((590.0..=600.0).contains(&rates.window_secs), "{rates:?}");
+        // 10 idle in the window (one per minute) → about 60/h; 40 in all → about 240/h.
+        let per_hour = |n: f64| n / rates.window_secs * 3600.0;
+        assert!((rates.idle_per_hour - per_hour(10.0)).abs() < 1e-9, "{rates:?}");
+        assert!((rates.all_per_hour - per_hour(40.0)).abs() < 1e-9, "{rates:?}");
+        // Ten quiet minutes later the window is empty.
+        tokio::time::advance(Duration::from_secs(600)).await;
+        assert_eq!(t.rates().all_per_hour, 0.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn early_rates_are_taken_over_the_time_since_start_but_at_least_a_minute() {
+        let t = Transactions::default();
+        tokio::time::advance(Duration::from_secs(36)).await;
+        t.record_recent(true);
+        let rates = t.rates();
+        assert_eq!(rates.window_secs, 36.0);
+        assert!((rates.idle_per_hour - 60.0).abs() < 1e-9, "one in (at least) a minute: {rates:?}");
+        tokio::time::advance(Duration::from_secs(84)).await;
+        t.record_recent(false);
+        let rates = t.rates();
+        assert!((rates.all_per_hour - 60.0).abs() < 1e-9 && (rates.idle_per_hour - 30.0).abs() < 1e-9, "two in two minutes: {rates:?}");
     }
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 
 pub use clock::{Clock, SystemClock, TokioClock};
-pub use metered::{Metered, TransactionCounts, Transactions};
+pub use metered::{Metered, RATE_BUCKET, RATE_WINDOW, TransactionCounts, TransactionRates, Transactions};
 pub use retrying::{RetryPolicy, Retrying};
 
 /// Azure's limit on a get: at most 32 messages.

@@ -15,7 +15,10 @@ mod watcher;
 
 pub use bindings::{CONTRACT_INTERFACE, CONTRACT_VERSION};
 pub use engine::{CompiledRule, RuleEngine, RuleInstance, RuleLimits};
-pub use set::{Decision, DecisionSource, QueueRuleConfig, QueueRules, RuleSet, RuleStatus, built_in_queue_empty, built_in_task_count};
+pub use set::{
+    Decision, DecisionSource, NativeRule, QueueRuleConfig, QueueRules, RuleSet, RuleStatus, built_in_queue_empty, built_in_task_count, native_queue_empty,
+    native_task_count,
+};
 pub use watcher::{MAX_DEBOUNCE_DELAY, RuleWatcher};
 
 pub use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState};

@@ -452,6 +452,29 @@ pub fn built_in_queue_empty(ctx: &IdleContext, source: DecisionSource) -> Decisi
     clamp_idle(paper::on_queue_empty(ctx), source, ctx)
 }
 
+/// A scaling rule written in Rust and run in the host, without a sandbox: for embedding
+/// ebb as a library, and for the simulator's baselines (`ebb simulate --rule fixed-1s`).
+/// Its decisions are clamped like a WASM rule's; a panic in it is contained by the
+/// listener (the built-in rule decides that call).
+pub trait NativeRule: Send + Sync + 'static {
+    /// A short name, for reports.
+    fn name(&self) -> &str;
+    /// `GetOptimalDequeueTaskCount`, before the clamp to `[min_tasks, max_tasks]`.
+    fn optimal_dequeue_task_count(&self, state: &QueueState) -> u32;
+    /// `QueueEmpty`, before the delay's clamp to the polling interval range.
+    fn on_queue_empty(&self, ctx: &IdleContext) -> IdleDecision;
+}
+
+/// A native rule's task count, clamped to the queue's bounds.
+pub fn native_task_count(rule: &dyn NativeRule, state: &QueueState) -> Decision<u32> {
+    clamp_task_count(rule.optimal_dequeue_task_count(state), DecisionSource::Rule, state)
+}
+
+/// A native rule's `QueueEmpty`, clamped to the queue's polling intervals.
+pub fn native_queue_empty(rule: &dyn NativeRule, ctx: &IdleContext) -> Decision<IdleDecision> {
+    clamp_idle(rule.on_queue_empty(ctx), DecisionSource::Rule, ctx)
+}
+
 fn clamp_task_count(raw: u32, source: DecisionSource, state: &QueueState) -> Decision<u32> {
     let value = raw.clamp(state.min_tasks, state.max_tasks.max(state.min_tasks));
     Decision { value, source, clamped: value != raw }

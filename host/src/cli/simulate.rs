@@ -1,0 +1,107 @@
+//! `ebb simulate`: compare rules over a scenario on the real listener, in simulated time.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use clap::Args;
+
+use crate::simulate::{self, HandlerTime, RuleChoice, Scenario, SimOptions};
+
+/// `ebb simulate` arguments.
+#[derive(Debug, Args)]
+pub struct SimulateArgs {
+    /// A named scenario: `paper-billing` (a day busy 2 of 24 hours), `burst`, `trickle`,
+    /// `idle`. Default `paper-billing` unless `--trace` is given.
+    #[arg(long, conflicts_with = "trace")]
+    scenario: Option<String>,
+    /// Arrivals from a CSV file: one line per arrival, `seconds[,count]` (seconds from the start).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// A rule: `fixed-1s`, `functions`, `paper`, `paper-push`, a rule component `FILE.wasm`
+    /// (pull), or `push:FILE.wasm` (push, zero idle tasks, as `paper-push`). Repeat to
+    /// compare. Default: all four built-ins.
+    #[arg(long = "rule")]
+    rules: Vec<String>,
+    /// How long to simulate (default: the scenario's own; a trace's last arrival + 10 min).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    duration: Option<Duration>,
+    /// Handler time per message: `20ms` (fixed), `10ms..200ms` (uniform), `exp:50ms` (exponential).
+    #[arg(long, default_value = "20ms")]
+    handler_time: String,
+    /// How many listeners the monthly cost is for (1 to 1,000,000).
+    #[arg(long, default_value_t = 1)]
+    listeners: u64,
+    /// US dollars per 10,000 storage transactions (the paper's price by default).
+    #[arg(long, default_value_t = crate::cost::PAPER_PRICE_PER_10K)]
+    price: f64,
+    /// Seed of every random choice: the same seed gives the same run (to within a few
+    /// transactions: tokio picks among ready branches of a `select!` at random).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Notify the listener of every arrival (as `ebb send` and the API do), for every rule.
+    #[arg(long)]
+    notify: bool,
+    /// The safety poll of push rules (1s to 24h; default 1h, the config's default).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    safety_poll: Option<Duration>,
+    /// Stop a rule's run with an error after this much real time.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    max_wall: Duration,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Include the samples over time in the JSON.
+    #[arg(long, requires = "json")]
+    samples: bool,
+    /// Write an SVG chart of backlog, tasks and cumulative transactions to this file.
+    #[arg(long)]
+    chart: Option<PathBuf>,
+}
+
+pub fn run(args: SimulateArgs) -> Result<()> {
+    let scenario = match (&args.scenario, &args.trace) {
+        (_, Some(path)) => Scenario::Trace(path.clone()),
+        (Some(name), None) => Scenario::named(name)?,
+        (None, None) => Scenario::PaperBilling,
+    };
+    let rules = if args.rules.is_empty() {
+        simulate::rules::BUILT_INS.iter().map(|name| RuleChoice::parse(name)).collect::<Result<Vec<_>>>()?
+    } else {
+        args.rules.iter().map(|text| RuleChoice::parse(text)).collect::<Result<Vec<_>>>()?
+    };
+    if let Some(chart) = &args.chart
+        && chart.extension().is_none_or(|e| e != "svg")
+    {
+        bail!("--chart: {} must end in .svg (the chart is SVG)", chart.display());
+    }
+    let options = SimOptions {
+        workload: scenario.workload(args.duration, args.seed)?,
+        rules,
+        handler_time: HandlerTime::parse(&args.handler_time)?,
+        listeners: args.listeners,
+        price_per_10k: args.price,
+        seed: args.seed,
+        notify: args.notify,
+        max_wall: args.max_wall,
+        safety_poll: args.safety_poll,
+    };
+    let mut report = simulate::run(&options)?;
+    if let Some(chart) = &args.chart {
+        simulate::chart::write_svg(&report, chart)?;
+    }
+    if args.json {
+        if !args.samples {
+            for rule in &mut report.rules {
+                rule.samples.clear();
+            }
+        }
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", simulate::report::table(&report));
+        if let Some(chart) = &args.chart {
+            println!("chart: {}", chart.display());
+        }
+    }
+    Ok(())
+}

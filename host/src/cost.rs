@@ -1,0 +1,91 @@
+//! The paper's cost model: every storage transaction is billed, a get that returns nothing
+//! included. Turns transaction counts and rates into US dollars.
+
+use serde::Serialize;
+
+use crate::queue::TransactionRates;
+
+/// The whitepaper's price: US$0.01 per 10,000 storage transactions.
+pub const PAPER_PRICE_PER_10K: f64 = 0.01;
+
+/// The paper's month: 30 days (its $2.38 = 79,200 / 10,000 × $0.01 × 30 days).
+pub const HOURS_PER_MONTH: f64 = 30.0 * 24.0;
+
+/// What `transactions` cost at `price_per_10k` US dollars per 10,000.
+pub fn usd(transactions: f64, price_per_10k: f64) -> f64 {
+    transactions / 10_000.0 * price_per_10k
+}
+
+/// What a steady `per_hour` rate costs in a (30-day) month.
+pub fn usd_per_month(per_hour: f64, price_per_10k: f64) -> f64 {
+    usd(per_hour * HOURS_PER_MONTH, price_per_10k)
+}
+
+/// Live cost figures of a queue (or of the whole host): the recent transaction rates and
+/// what a month at those rates would cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct CostStatus {
+    /// The price used, in US dollars per 10,000 transactions.
+    pub price_per_10k_transactions: f64,
+    /// The time the rates are taken over, in seconds (the last 10 minutes, or since start).
+    pub window_secs: f64,
+    /// Every billed transaction, per hour.
+    pub transactions_per_hour: f64,
+    /// Idle transactions (empty gets, and counts that found the queue empty), per hour.
+    pub idle_transactions_per_hour: f64,
+    /// A month at the current rate of all transactions, in US dollars.
+    pub usd_per_month: f64,
+    /// Of that, the idle transactions' part: what doing nothing costs at this rate.
+    pub idle_usd_per_month: f64,
+}
+
+impl CostStatus {
+    /// The figures for `rates` at `price_per_10k`.
+    pub fn new(rates: TransactionRates, price_per_10k: f64) -> CostStatus {
+        CostStatus {
+            price_per_10k_transactions: price_per_10k,
+            window_secs: rates.window_secs,
+            transactions_per_hour: rates.all_per_hour,
+            idle_transactions_per_hour: rates.idle_per_hour,
+            usd_per_month: usd_per_month(rates.all_per_hour, price_per_10k),
+            idle_usd_per_month: usd_per_month(rates.idle_per_hour, price_per_10k),
+        }
+    }
+
+    /// The sum of several queues' figures (the window is the longest of theirs).
+    pub fn total<'a>(parts: impl IntoIterator<Item = &'a CostStatus>, price_per_10k: f64) -> CostStatus {
+        parts.into_iter().fold(CostStatus { price_per_10k_transactions: price_per_10k, ..CostStatus::default() }, |sum, part| CostStatus {
+            price_per_10k_transactions: price_per_10k,
+            window_secs: sum.window_secs.max(part.window_secs),
+            transactions_per_hour: sum.transactions_per_hour + part.transactions_per_hour,
+            idle_transactions_per_hour: sum.idle_transactions_per_hour + part.idle_transactions_per_hour,
+            usd_per_month: sum.usd_per_month + part.usd_per_month,
+            idle_usd_per_month: sum.idle_usd_per_month + part.idle_usd_per_month,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_papers_idle_thread_costs_two_dollars_thirty_eight_a_month() {
+        // 22 idle hours a day at one get per second.
+        let per_day = 22.0 * 3600.0;
+        assert_eq!(per_day, 79_200.0);
+        let per_month = usd(per_day * 30.0, PAPER_PRICE_PER_10K);
+        assert!((per_month - 2.376).abs() < 1e-9, "{per_month}");
+        assert_eq!(format!("{per_month:.2}"), "2.38");
+    }
+
+    #[test]
+    fn a_steady_rate_is_projected_over_thirty_days() {
+        let rates = TransactionRates { window_secs: 600.0, all_per_hour: 3600.0, idle_per_hour: 60.0 };
+        let cost = CostStatus::new(rates, 0.01);
+        assert!((cost.usd_per_month - 2.592).abs() < 1e-9, "{cost:?}");
+        assert!((cost.idle_usd_per_month - 0.0432).abs() < 1e-9, "{cost:?}");
+        let total = CostStatus::total([&cost, &cost], 0.01);
+        assert!((total.usd_per_month - 5.184).abs() < 1e-9 && total.window_secs == 600.0, "{total:?}");
+    }
+}

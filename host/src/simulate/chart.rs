@@ -1,0 +1,81 @@
+//! `--chart out.svg`: backlog, tasks and cumulative transactions over time, every rule side
+//! by side (one line per rule in each panel).
+
+use std::path::Path;
+
+use anyhow::{Result, anyhow};
+use plotters::prelude::*;
+
+use super::{Sample, SimReport};
+
+/// A panel: its caption and the value it plots.
+type Panel = (&'static str, fn(&Sample) -> f64);
+
+const COLOURS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+];
+
+/// Writes the chart as SVG to `path`.
+pub fn write_svg(report: &SimReport, path: &Path) -> Result<()> {
+    let svg = render_svg(report)?;
+    std::fs::write(path, svg).map_err(|e| anyhow!("--chart: cannot write {}: {e}", path.display()))
+}
+
+/// The chart as SVG text.
+pub fn render_svg(report: &SimReport) -> Result<String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (1100, 960)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| anyhow!("drawing the chart: {e}"))?;
+        let title = format!("ebb simulate: {} ({} messages)", report.scenario, report.messages);
+        let root = root.titled(&title, ("sans-serif", 22)).map_err(|e| anyhow!("drawing the chart: {e}"))?;
+        let panels = root.split_evenly((3, 1));
+        let hours = (report.duration_secs / 3600.0).max(1e-3);
+        let series: [Panel; 3] = [
+            ("backlog (messages, the most in each interval)", |s| s.backlog as f64),
+            ("dequeue tasks", |s| f64::from(s.tasks)),
+            ("billed transactions (cumulative)", |s| s.transactions as f64),
+        ];
+        for (panel, (label, value)) in panels.iter().zip(series) {
+            let top = report.rules.iter().flat_map(|r| r.samples.iter().map(value)).fold(0.0f64, f64::max).max(1.0) * 1.05;
+            let mut chart = ChartBuilder::on(panel)
+                .caption(label, ("sans-serif", 16))
+                .margin(8)
+                .x_label_area_size(28)
+                .y_label_area_size(70)
+                .build_cartesian_2d(0f64..hours, 0f64..top)
+                .map_err(|e| anyhow!("drawing the chart: {e}"))?;
+            chart
+                .configure_mesh()
+                .x_desc("simulated hours")
+                .y_label_formatter(&|v| format!("{v:.0}"))
+                .draw()
+                .map_err(|e| anyhow!("drawing the chart: {e}"))?;
+            for (index, rule) in report.rules.iter().enumerate() {
+                let colour = COLOURS[index % COLOURS.len()];
+                let points = rule.samples.iter().map(|s| (s.t_secs / 3600.0, value(s)));
+                chart
+                    .draw_series(LineSeries::new(points, colour.stroke_width(2)))
+                    .map_err(|e| anyhow!("drawing the chart: {e}"))?
+                    .label(rule.rule.clone())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2)));
+            }
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .position(SeriesLabelPosition::UpperLeft)
+                .draw()
+                .map_err(|e| anyhow!("drawing the chart: {e}"))?;
+        }
+        root.present().map_err(|e| anyhow!("drawing the chart: {e}"))?;
+    }
+    Ok(svg)
+}

@@ -1,0 +1,392 @@
+//! `ebb simulate`: the real listener (its tasks, the rules, the decorators, the metering)
+//! over the in-memory queue under tokio's paused clock, so a simulated day takes seconds.
+//!
+//! Each rule runs on its own current-thread runtime whose clock starts paused: whenever
+//! every task waits, tokio moves the clock to the next timer. The in-memory queue reads
+//! the same clock ([`TokioClock`]), so leases and visibility follow simulated time. A WASM
+//! rule's calls run on tokio's blocking pool, which holds the clock still while they run
+//! (a call takes real microseconds and no simulated time); its deadline is real time.
+//!
+//! A producer puts each arrival's messages at its time (and, for push rules, notifies the
+//! listener as a publisher would); the handler sleeps a handler time drawn from the
+//! distribution and records the pickup latency (arrival → handler start).
+
+pub mod chart;
+pub mod report;
+pub mod rules;
+pub mod scenario;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use async_trait::async_trait;
+use serde::Serialize;
+
+use crate::cost::PAPER_PRICE_PER_10K;
+use crate::handler::{Handler, IncomingMessage};
+use crate::listener::Listener;
+use crate::queue::memory::MemoryQueue;
+use crate::queue::{Metered, QueueClient, RetryPolicy, Retrying, TokioClock, TransactionCounts};
+use crate::rules::{QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
+
+pub use rules::RuleChoice;
+pub use scenario::{Arrival, HandlerTime, Scenario, Workload};
+
+/// The simulated queue's name.
+pub const QUEUE: &str = "simulated";
+/// Most listeners `--listeners` takes.
+pub const MAX_LISTENERS: u64 = 1_000_000;
+/// Most rules in one run.
+pub const MAX_RULES: usize = 16;
+/// Points per rule in the chart (and in `--json`'s samples).
+pub const SAMPLES: u32 = 720;
+/// How often, in simulated time, a run looks at the real clock (`--max-wall`).
+const WALL_CHECK: Duration = Duration::from_secs(1);
+
+/// What to simulate.
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    /// The arrivals and the run's length.
+    pub workload: Workload,
+    /// The rules to compare, each in a run of its own.
+    pub rules: Vec<RuleChoice>,
+    /// The handler's time per message.
+    pub handler_time: HandlerTime,
+    /// Listeners the monthly cost is given for (each on its own queue, all alike).
+    pub listeners: u64,
+    /// US dollars per 10,000 transactions.
+    pub price_per_10k: f64,
+    /// Seed of every random choice (jitter, handler times).
+    pub seed: u64,
+    /// Notify the listener of each arrival for every rule (as the HTTP API does), not
+    /// only for push rules.
+    pub notify: bool,
+    /// Real time one rule's run may take before it is stopped with an error.
+    pub max_wall: Duration,
+    /// The safety poll of push rules (default: the config's default, 1 h).
+    pub safety_poll: Option<Duration>,
+}
+
+impl SimOptions {
+    /// Options for `workload` with one rule and the defaults: 20 ms handler, 1 listener,
+    /// the paper's price, seed 1.
+    pub fn new(workload: Workload, rules: Vec<RuleChoice>) -> SimOptions {
+        SimOptions {
+            workload,
+            rules,
+            handler_time: HandlerTime::Fixed(Duration::from_millis(20)),
+            listeners: 1,
+            price_per_10k: PAPER_PRICE_PER_10K,
+            seed: 1,
+            notify: false,
+            max_wall: Duration::from_secs(600),
+            safety_poll: None,
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.rules.is_empty() {
+            bail!("--rule: name at least one rule");
+        }
+        if self.rules.len() > MAX_RULES {
+            bail!("--rule: at most {MAX_RULES} rules in one run, got {}", self.rules.len());
+        }
+        if !(1..=MAX_LISTENERS).contains(&self.listeners) {
+            bail!("--listeners: must be 1 to {MAX_LISTENERS}, got {}", self.listeners);
+        }
+        if !(self.price_per_10k.is_finite() && (0.0..=crate::config::MAX_PRICE_PER_10K).contains(&self.price_per_10k)) {
+            bail!("--price: must be 0 to {} US dollars per 10,000 transactions, got {}", crate::config::MAX_PRICE_PER_10K, self.price_per_10k);
+        }
+        if let Some(interval) = self.safety_poll
+            && !(Duration::from_secs(1)..=crate::config::MAX_SAFETY_POLL).contains(&interval)
+        {
+            bail!("--safety-poll: must be 1s to 24h, got {}", humantime::format_duration(interval));
+        }
+        if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&self.max_wall) {
+            bail!("--max-wall: must be 1s to 1h, got {}", humantime::format_duration(self.max_wall));
+        }
+        Ok(())
+    }
+}
+
+/// A point of a rule's run, for the chart.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Sample {
+    /// Simulated seconds from the start.
+    pub t_secs: f64,
+    /// The most messages in the queue (visible and leased) since the previous sample: a
+    /// burst drained between two samples still shows.
+    pub backlog: u64,
+    /// Dequeue tasks running.
+    pub tasks: u32,
+    /// Billed transactions so far.
+    pub transactions: u64,
+}
+
+/// Pickup latencies, arrival → handler start, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Latency {
+    /// Median.
+    pub p50_ms: u64,
+    /// 99th percentile.
+    pub p99_ms: u64,
+    /// Longest.
+    pub max_ms: u64,
+}
+
+/// One rule's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct RuleReport {
+    /// The rule's name.
+    pub rule: String,
+    /// Messages that arrived.
+    pub messages: u64,
+    /// Messages whose handling started before the end of the run.
+    pub handled: u64,
+    /// Every billed transaction.
+    pub billed_transactions: u64,
+    /// Of those, idle ones: empty gets, and counts that found the queue empty.
+    pub idle_transactions: u64,
+    /// The rest: puts, gets with messages, deletes, updates, counts that found messages, creates.
+    pub useful_transactions: u64,
+    /// Idle transactions per simulated hour.
+    pub idle_transactions_per_hour: f64,
+    /// By kind.
+    pub transactions: TransactionCounts,
+    /// A 30-day month of runs like this one for all the listeners, in US dollars (a run of
+    /// up to a day is taken as a whole day's activity, as the paper counts its 22 idle
+    /// hours; a longer run is averaged per day).
+    pub usd_per_month: f64,
+    /// The idle transactions' part of it.
+    pub idle_usd_per_month: f64,
+    /// The monthly cost of one listener.
+    pub usd_per_month_per_listener: f64,
+    /// Pickup latency; `None` when no message was handled.
+    pub latency: Option<Latency>,
+    /// Most dequeue tasks at once.
+    pub peak_tasks: u32,
+    /// Most messages in the queue at once.
+    pub peak_backlog: u64,
+    /// Safety polls made (push rules).
+    pub safety_polls: u64,
+    /// Simulated time, in seconds.
+    pub simulated_secs: f64,
+    /// Real time the run took, in seconds.
+    pub wall_secs: f64,
+    /// The run over time.
+    pub samples: Vec<Sample>,
+}
+
+/// The whole result.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimReport {
+    /// The scenario's name, or the trace file's.
+    pub scenario: String,
+    /// Simulated seconds per run.
+    pub duration_secs: f64,
+    /// Messages in the scenario.
+    pub messages: u64,
+    /// The handler-time distribution.
+    pub handler_time: String,
+    /// Listeners the monthly cost is for.
+    pub listeners: u64,
+    /// The price used.
+    pub price_per_10k_transactions: f64,
+    /// The seed.
+    pub seed: u64,
+    /// One per rule, in the order given.
+    pub rules: Vec<RuleReport>,
+}
+
+/// Runs every rule over the workload, one after the other.
+pub fn run(options: &SimOptions) -> Result<SimReport> {
+    options.check()?;
+    let any_wasm = options.rules.iter().any(|r| r.wasm().is_some());
+    let engine = if any_wasm { Some(RuleEngine::new(RuleLimits::default(), None)?) } else { None };
+    let mut reports = Vec::new();
+    for rule in &options.rules {
+        let report = run_rule(rule, engine.as_ref(), options).with_context(|| format!("simulating rule {}", rule.name()))?;
+        reports.push(report);
+    }
+    Ok(SimReport {
+        scenario: options.workload.name.clone(),
+        duration_secs: options.workload.duration.as_secs_f64(),
+        messages: options.workload.messages(),
+        handler_time: options.handler_time.to_string(),
+        listeners: options.listeners,
+        price_per_10k_transactions: options.price_per_10k,
+        seed: options.seed,
+        rules: reports,
+    })
+}
+
+fn run_rule(rule: &RuleChoice, engine: Option<&Arc<RuleEngine>>, options: &SimOptions) -> Result<RuleReport> {
+    // A WASM rule is loaded (and rejected with the reason) before any time runs.
+    let rule_set = match (rule.wasm(), engine) {
+        (Some(path), Some(engine)) => {
+            let path = path.canonicalize().with_context(|| format!("--rule: cannot open {}", path.display()))?;
+            let set = RuleSet::new(engine.clone(), [QueueRuleConfig { queue: QUEUE.into(), rule: Some(path), params: vec![] }]);
+            if let Some(error) = set.load_all().into_iter().next() {
+                return Err(error.context("--rule"));
+            }
+            Some(Arc::new(set))
+        }
+        _ => None,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build()?;
+    let wall = std::time::Instant::now();
+    let mut report = runtime.block_on(simulate(rule, rule_set, options, wall))?;
+    report.wall_secs = wall.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// The handler of a simulation: sleeps a drawn handler time, records pickup latencies.
+struct SimHandler {
+    start: tokio::time::Instant,
+    time: HandlerTime,
+    rng: Mutex<fastrand::Rng>,
+    latencies_ms: Mutex<Vec<u64>>,
+    handled: AtomicU64,
+}
+
+#[async_trait]
+impl Handler for SimHandler {
+    async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
+        let now_ms = self.start.elapsed().as_millis() as u64;
+        let arrived_ms: u64 = std::str::from_utf8(&message.body).ok().and_then(|b| b.parse().ok()).unwrap_or(now_ms);
+        if message.dequeue_count == 1 {
+            self.latencies_ms.lock().unwrap().push(now_ms.saturating_sub(arrived_ms));
+            self.handled.fetch_add(1, Ordering::Relaxed);
+        }
+        let time = self.time.sample(&mut self.rng.lock().unwrap());
+        tokio::time::sleep(time).await;
+        Ok(())
+    }
+}
+
+async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &SimOptions, wall: std::time::Instant) -> Result<RuleReport> {
+    let workload = &options.workload;
+    let start = tokio::time::Instant::now();
+    let clock = Arc::new(TokioClock::new());
+    let clock_for_rules: Arc<dyn crate::queue::Clock> = clock.clone();
+    let memory = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), crate::queue::embedded::DEFAULT_MAX_MESSAGE_BYTES));
+    let backend: Arc<dyn QueueClient> = memory.clone();
+    // The same decorators as `ebb run`: retries around metering around the backend.
+    let metered = Metered::new(backend);
+    let transactions = metered.transactions();
+    let queue: Arc<dyn QueueClient> = Arc::new(Retrying::new(metered, RetryPolicy::default()));
+    queue.create_if_missing().await?;
+    let poison: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("simulated-poison", clock, crate::queue::embedded::DEFAULT_MAX_MESSAGE_BYTES));
+    let handler = Arc::new(SimHandler {
+        start,
+        time: options.handler_time,
+        rng: Mutex::new(fastrand::Rng::with_seed(options.seed)),
+        latencies_ms: Mutex::default(),
+        handled: AtomicU64::new(0),
+    });
+    let mut settings = crate::listener::QueueSettings { random_seed: Some(options.seed), ..rule.settings() };
+    if let Some(interval) = options.safety_poll {
+        settings.safety_poll = interval;
+    }
+    let mut builder = Listener::builder(queue.clone(), poison, handler.clone()).settings(settings).transactions(transactions.clone()).clock(clock_for_rules);
+    if let Some(native) = rule.native() {
+        builder = builder.native_rule(native);
+    }
+    if let Some(set) = &rule_set {
+        builder = builder.rules(set.queue(QUEUE).context("the rule set has no slot for the simulated queue")?);
+    }
+    let listener = builder.build();
+    listener.start();
+
+    let peak_backlog = Arc::new(AtomicU64::new(0));
+    // The most since the last sample.
+    let sample_backlog = Arc::new(AtomicU64::new(0));
+    let producer = {
+        let (queue, memory, listener, peak_backlog, sample_backlog) = (queue.clone(), memory.clone(), listener.clone(), peak_backlog.clone(), sample_backlog.clone());
+        let arrivals = workload.arrivals.clone();
+        let notify = options.notify || rule.push();
+        tokio::spawn(async move {
+            for arrival in arrivals {
+                tokio::time::sleep_until(start + arrival.at).await;
+                let body = (start.elapsed().as_millis() as u64).to_string();
+                for _ in 0..arrival.count {
+                    if let Err(error) = queue.put(body.as_bytes(), Duration::ZERO).await {
+                        tracing::error!("simulated put failed: {error}");
+                    }
+                }
+                let backlog = memory.local_count().unwrap_or(0);
+                peak_backlog.fetch_max(backlog, Ordering::Relaxed);
+                sample_backlog.fetch_max(backlog, Ordering::Relaxed);
+                if notify {
+                    listener.work_detected();
+                }
+            }
+        })
+    };
+
+    let step = (workload.duration / SAMPLES).max(Duration::from_millis(100));
+    let mut samples = Vec::with_capacity(SAMPLES as usize + 2);
+    let mut at = Duration::ZERO;
+    loop {
+        let status = listener.status();
+        let now = memory.local_count().unwrap_or(0);
+        peak_backlog.fetch_max(now, Ordering::Relaxed);
+        let backlog = sample_backlog.swap(0, Ordering::Relaxed).max(now);
+        samples.push(Sample { t_secs: at.as_secs_f64(), backlog, tasks: status.active_tasks, transactions: transactions.snapshot().total() });
+        if at >= workload.duration {
+            break;
+        }
+        let next = (at + step).min(workload.duration);
+        // Up to the next sample, look at the real clock each simulated second: a rule that
+        // polls every millisecond may take long in real time to reach the next sample.
+        while at < next {
+            if wall.elapsed() > options.max_wall {
+                producer.abort();
+                listener.shutdown(Duration::ZERO).await;
+                bail!(
+                    "stopped after {} of real time at {} of {} simulated (--max-wall): the rule polls too often to simulate this long",
+                    humantime::format_duration(options.max_wall),
+                    humantime::format_duration(Duration::from_secs(at.as_secs())),
+                    scenario::show_duration(workload.duration)
+                );
+            }
+            at = (at + WALL_CHECK).min(next);
+            tokio::time::sleep_until(start + at).await;
+        }
+    }
+    producer.abort();
+    let status = listener.status();
+    let counts = transactions.snapshot();
+    listener.shutdown(Duration::from_secs(60)).await;
+
+    let mut latencies = std::mem::take(&mut *handler.latencies_ms.lock().unwrap());
+    latencies.sort_unstable();
+    let percentile = |p: f64| latencies[((p / 100.0 * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len()) - 1];
+    let latency = (!latencies.is_empty()).then(|| Latency { p50_ms: percentile(50.0), p99_ms: percentile(99.0), max_ms: *latencies.last().unwrap_or(&0) });
+    let days = (workload.duration.as_secs_f64() / 86_400.0).max(1.0);
+    let monthly = |transactions: u64| crate::cost::usd(transactions as f64 / days * 30.0, options.price_per_10k);
+    let billed = counts.total();
+    let idle = counts.idle();
+    Ok(RuleReport {
+        rule: rule.name(),
+        messages: workload.messages(),
+        handled: handler.handled.load(Ordering::Relaxed),
+        billed_transactions: billed,
+        idle_transactions: idle,
+        useful_transactions: billed - idle,
+        idle_transactions_per_hour: idle as f64 / (workload.duration.as_secs_f64() / 3600.0),
+        transactions: counts,
+        usd_per_month: monthly(billed) * options.listeners as f64,
+        idle_usd_per_month: monthly(idle) * options.listeners as f64,
+        usd_per_month_per_listener: monthly(billed),
+        latency,
+        peak_tasks: status.peak_tasks,
+        peak_backlog: peak_backlog.load(Ordering::Relaxed),
+        safety_polls: status.safety_polls,
+        simulated_secs: workload.duration.as_secs_f64(),
+        wall_secs: 0.0,
+        samples,
+    })
+}

@@ -1,0 +1,59 @@
+//! The table `ebb simulate` prints.
+
+use super::SimReport;
+
+/// The report as a table, one row per rule, with a heading line.
+pub fn table(report: &SimReport) -> String {
+    let mut out = format!(
+        "scenario {} ({} simulated, {} messages), handler {}, ${} per 10,000 transactions, $/month for {} listener{}\n",
+        report.scenario,
+        super::scenario::show_duration(std::time::Duration::from_secs_f64(report.duration_secs)),
+        report.messages,
+        report.handler_time,
+        report.price_per_10k_transactions,
+        report.listeners,
+        if report.listeners == 1 { "" } else { "s" },
+    );
+    let titles = ["rule", "billed", "idle", "useful", "$/month", "idle $/month", "p50 ms", "p99 ms", "max ms", "peak tasks", "peak backlog", "handled", "wall s"];
+    let rows: Vec<Vec<String>> = report
+        .rules
+        .iter()
+        .map(|r| {
+            let latency = |f: fn(&super::Latency) -> u64| r.latency.as_ref().map_or("-".to_string(), |l| f(l).to_string());
+            vec![
+                r.rule.clone(),
+                r.billed_transactions.to_string(),
+                r.idle_transactions.to_string(),
+                r.useful_transactions.to_string(),
+                format!("{:.2}", r.usd_per_month),
+                format!("{:.2}", r.idle_usd_per_month),
+                latency(|l| l.p50_ms),
+                latency(|l| l.p99_ms),
+                latency(|l| l.max_ms),
+                r.peak_tasks.to_string(),
+                r.peak_backlog.to_string(),
+                format!("{}/{}", r.handled, r.messages),
+                format!("{:.2}", r.wall_secs),
+            ]
+        })
+        .collect();
+    let widths: Vec<usize> = (0..titles.len()).map(|i| rows.iter().map(|r| r[i].chars().count()).chain([titles[i].len()]).max().unwrap_or(0)).collect();
+    let line = |cells: Vec<&str>| {
+        let mut text = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            let pad = " ".repeat(widths[i] - cell.chars().count());
+            if i == 0 {
+                text.push_str(&format!("{cell}{pad}"));
+            } else {
+                text.push_str(&format!("  {pad}{cell}"));
+            }
+        }
+        text.push('\n');
+        text
+    };
+    out.push_str(&line(titles.to_vec()));
+    for row in &rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}

@@ -1,0 +1,181 @@
+//! The rules a simulation compares: built-in baselines and WASM rule files.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+
+use crate::listener::QueueSettings;
+use crate::rules::{IdleContext, IdleDecision, NativeRule, QueueState};
+
+/// The built-in names `--rule` takes.
+pub const BUILT_INS: &[&str] = &["fixed-1s", "functions", "paper", "paper-push"];
+
+/// One rule to simulate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuleChoice {
+    /// The paper's naive listener: one thread, a get every second.
+    Fixed1s,
+    /// Azure Functions' queue trigger: one poller per instance, batches of 16, a delay that
+    /// starts at 100 ms and doubles (±20 % jitter) up to 60 s after each empty get.
+    Functions,
+    /// The built-in rule (the paper's), pull: at least one task polls.
+    Paper,
+    /// The built-in rule with push: zero idle tasks, the publisher notifies, a safety poll
+    /// each hour.
+    PaperPush,
+    /// A rule component, with the default queue settings (pull).
+    Wasm(PathBuf),
+    /// A rule component with push, as `paper-push` (`push:FILE.wasm`).
+    WasmPush(PathBuf),
+}
+
+impl RuleChoice {
+    /// A built-in name, or a path to a `.wasm` file.
+    pub fn parse(text: &str) -> Result<RuleChoice> {
+        Ok(match text {
+            "fixed-1s" => RuleChoice::Fixed1s,
+            "functions" => RuleChoice::Functions,
+            "paper" => RuleChoice::Paper,
+            "paper-push" => RuleChoice::PaperPush,
+            path if path.ends_with(".wasm") => match path.strip_prefix("push:") {
+                Some(path) => RuleChoice::WasmPush(PathBuf::from(path)),
+                None => RuleChoice::Wasm(PathBuf::from(path)),
+            },
+            other => bail!("--rule: {other:?} is neither a built-in ({}) nor a .wasm file (push:FILE.wasm with push)", BUILT_INS.join(", ")),
+        })
+    }
+
+    /// Its name in reports.
+    pub fn name(&self) -> String {
+        match self {
+            RuleChoice::Fixed1s => "fixed-1s".into(),
+            RuleChoice::Functions => "functions".into(),
+            RuleChoice::Paper => "paper".into(),
+            RuleChoice::PaperPush => "paper-push".into(),
+            RuleChoice::Wasm(path) => file_name(path),
+            RuleChoice::WasmPush(path) => format!("{} (push)", file_name(path)),
+        }
+    }
+
+    /// Whether the publisher notifies the listener of each arrival (push).
+    pub fn push(&self) -> bool {
+        matches!(self, RuleChoice::PaperPush | RuleChoice::WasmPush(_))
+    }
+
+    /// The rule component, if the rule is one.
+    pub fn wasm(&self) -> Option<&PathBuf> {
+        match self {
+            RuleChoice::Wasm(path) | RuleChoice::WasmPush(path) => Some(path),
+            _ => None,
+        }
+    }
+
+    /// The listener settings the rule runs with.
+    pub fn settings(&self) -> QueueSettings {
+        let defaults = QueueSettings::default();
+        match self {
+            RuleChoice::Fixed1s => QueueSettings {
+                min_tasks: 1,
+                max_tasks: 1,
+                min_polling_interval: Duration::from_secs(1),
+                max_polling_interval: Duration::from_secs(1),
+                ..defaults
+            },
+            RuleChoice::Functions => QueueSettings {
+                batch_size: 16,
+                min_tasks: 1,
+                max_tasks: 1,
+                min_polling_interval: Duration::from_millis(100),
+                max_polling_interval: Duration::from_secs(60),
+                ..defaults
+            },
+            RuleChoice::Paper | RuleChoice::Wasm(_) => defaults,
+            RuleChoice::PaperPush | RuleChoice::WasmPush(_) => QueueSettings { min_tasks: 0, push_enabled: true, ..defaults },
+        }
+    }
+
+    /// The native rule that decides, if the rule is one (`None`: the built-in rule, or a
+    /// WASM rule).
+    pub fn native(&self) -> Option<std::sync::Arc<dyn NativeRule>> {
+        match self {
+            RuleChoice::Fixed1s => Some(std::sync::Arc::new(FixedInterval { name: "fixed-1s", interval_ms: 1000 })),
+            RuleChoice::Functions => Some(std::sync::Arc::new(FunctionsBackoff)),
+            _ => None,
+        }
+    }
+}
+
+fn file_name(path: &std::path::Path) -> String {
+    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+/// One task that never stops, a fixed sleep after each empty get.
+#[derive(Debug, Clone, Copy)]
+pub struct FixedInterval {
+    /// Its name in reports.
+    pub name: &'static str,
+    /// The sleep after an empty get, in milliseconds.
+    pub interval_ms: u64,
+}
+
+impl NativeRule for FixedInterval {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn optimal_dequeue_task_count(&self, _state: &QueueState) -> u32 {
+        1
+    }
+    fn on_queue_empty(&self, _ctx: &IdleContext) -> IdleDecision {
+        IdleDecision { delay_ms: self.interval_ms, stop: false }
+    }
+}
+
+/// Azure Functions' polling (its `RandomizedExponentialBackoffStrategy`): after the n-th
+/// empty get in a row, `min_interval × 2^n` with ±20 % jitter, at most `max_interval`;
+/// the poller never stops and is always one.
+#[derive(Debug, Clone, Copy)]
+pub struct FunctionsBackoff;
+
+impl NativeRule for FunctionsBackoff {
+    fn name(&self) -> &str {
+        "functions"
+    }
+    fn optimal_dequeue_task_count(&self, _state: &QueueState) -> u32 {
+        1
+    }
+    fn on_queue_empty(&self, ctx: &IdleContext) -> IdleDecision {
+        let jitter = ebb_rules_sdk::backoff::uniform(ctx.random, 0.8, 1.2);
+        let doubled = ctx.min_interval_ms as f64 * 2f64.powi(ctx.idle_count.min(64) as i32) * jitter;
+        let delay_ms = if doubled >= ctx.max_interval_ms as f64 { ctx.max_interval_ms } else { doubled.round() as u64 };
+        IdleDecision { delay_ms, stop: false }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn functions_doubles_from_200ms_to_the_minute() {
+        let ctx = |idle_count, random| IdleContext { idle_count, min_interval_ms: 100, max_interval_ms: 60_000, random, ..Default::default() };
+        let mid = 1u64 << 63;
+        assert_eq!(FunctionsBackoff.on_queue_empty(&ctx(1, mid)).delay_ms, 200);
+        assert_eq!(FunctionsBackoff.on_queue_empty(&ctx(2, mid)).delay_ms, 400);
+        assert_eq!(FunctionsBackoff.on_queue_empty(&ctx(1, 0)).delay_ms, 160, "−20 %");
+        assert_eq!(FunctionsBackoff.on_queue_empty(&ctx(20, u64::MAX)).delay_ms, 60_000);
+        assert_eq!(FunctionsBackoff.on_queue_empty(&ctx(u32::MAX, u64::MAX)).delay_ms, 60_000);
+        assert!(!FunctionsBackoff.on_queue_empty(&ctx(30, 0)).stop);
+    }
+
+    #[test]
+    fn names_parse_and_others_are_refused() {
+        for name in BUILT_INS {
+            assert_eq!(RuleChoice::parse(name).unwrap().name(), *name);
+        }
+        assert_eq!(RuleChoice::parse("rules/my.wasm").unwrap(), RuleChoice::Wasm("rules/my.wasm".into()));
+        let push = RuleChoice::parse("push:rules/my.wasm").unwrap();
+        assert_eq!((push.name().as_str(), push.push(), push.settings().min_tasks), ("my.wasm (push)", true, 0));
+        assert!(RuleChoice::parse("fixed-2s").is_err());
+    }
+}

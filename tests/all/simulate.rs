@@ -1,0 +1,184 @@
+//! `ebb simulate`: the real listener on a paused clock reproduces the paper's figures, runs
+//! WASM rules, and meets the idle goals; through the binary, its outputs and its refusals.
+
+use std::process::Command;
+use std::time::Duration;
+
+use ebb::simulate::{self, RuleChoice, Scenario, SimOptions};
+use ebb_tests::guests;
+
+const EBB: &str = env!("CARGO_BIN_EXE_ebb-under-test");
+
+fn within(actual: f64, expected: f64, tolerance: f64) -> bool {
+    (actual - expected).abs() <= expected.abs() * tolerance
+}
+
+fn idle_run(duration: Duration, rules: &[&str], listeners: u64) -> simulate::SimReport {
+    let workload = Scenario::Idle.workload(Some(duration), 1).unwrap();
+    let rules = rules.iter().map(|r| RuleChoice::parse(r).unwrap()).collect();
+    simulate::run(&SimOptions { listeners, ..SimOptions::new(workload, rules) }).unwrap()
+}
+
+#[test]
+fn fixed_1s_idle_for_22_hours_bills_the_papers_79200_transactions_and_dollars() {
+    let report = idle_run(Duration::from_secs(22 * 3600), &["fixed-1s"], 200);
+    let fixed = &report.rules[0];
+    assert!(within(fixed.billed_transactions as f64, 79_200.0, 0.01), "{}", fixed.billed_transactions);
+    assert!(within(fixed.idle_transactions as f64, 79_200.0, 0.01), "{}", fixed.idle_transactions);
+    // $2.38 a month per thread: 79,200 / 10,000 × $0.01 × 30 days.
+    assert!(within(fixed.usd_per_month_per_listener, 2.376, 0.01), "{}", fixed.usd_per_month_per_listener);
+    assert_eq!(format!("{:.2}", fixed.idle_usd_per_month / 200.0), "2.38");
+    // For 200 threads: 200 × $2.376 = $475.20. The paper prints $457.20, a transposition of
+    // these digits: its own formula (79,200 / 10,000 × $0.01 × 30 days × 200) gives $475.20.
+    assert!(within(fixed.idle_usd_per_month, 475.20, 0.01), "{}", fixed.idle_usd_per_month);
+    assert!(fixed.wall_secs < 30.0, "a simulated 22 h took {} s", fixed.wall_secs);
+}
+
+#[test]
+fn idle_goals_pull_polls_at_most_60_an_hour_and_push_once_per_safety_poll() {
+    let report = idle_run(Duration::from_secs(24 * 3600), &["paper", "paper-push", "functions"], 200);
+    let per_hour = |i: usize| report.rules[i].idle_transactions as f64 / 24.0;
+    // Pull with the default rule: the back-off holds at 1 min → 60 an hour (plus the first
+    // minute's fast polls, spread over the day).
+    assert!(per_hour(0) <= 61.0, "paper pull: {} idle gets an hour", per_hour(0));
+    // Push: no task; the start-up poll and one safety poll an hour.
+    assert_eq!(report.rules[1].idle_transactions, 24);
+    assert_eq!(report.rules[1].safety_polls, 24);
+    // Azure Functions' back-off holds at its 1 min maximum too.
+    assert!(per_hour(2) <= 61.0, "functions: {}", per_hour(2));
+    // 200 idle push listeners: 24 transactions a day each → $0.144 a month at $0.01/10,000.
+    assert!(within(report.rules[1].idle_usd_per_month, 0.144, 0.01), "{}", report.rules[1].idle_usd_per_month);
+}
+
+#[test]
+fn a_wasm_rule_decides_under_the_paused_clock_like_the_built_in_it_copies() {
+    let workload = Scenario::Burst.workload(Some(Duration::from_secs(1800)), 7).unwrap();
+    let rules = vec![RuleChoice::Paper, RuleChoice::Wasm(guests::PAPER_DEFAULT.into())];
+    let report = simulate::run(&SimOptions { seed: 7, ..SimOptions::new(workload, rules) }).unwrap();
+    let (built_in, wasm) = (&report.rules[0], &report.rules[1]);
+    assert_eq!(wasm.handled, 5000);
+    // The example rule is the paper's rule compiled to WASM: the same decisions from the
+    // same random values, so the same run.
+    assert!(within(wasm.billed_transactions as f64, built_in.billed_transactions as f64, 0.01), "{} vs {}", wasm.billed_transactions, built_in.billed_transactions);
+    assert!(wasm.peak_tasks > 1, "the rule's task count was followed");
+    assert!(wasm.wall_secs < 60.0);
+}
+
+#[test]
+fn push_picks_up_at_once_and_pull_within_its_back_off() {
+    // The hour's trickle, and two minutes for the last arrivals to be picked up.
+    let workload = Scenario::Trickle.workload(Some(Duration::from_secs(3720)), 3).unwrap();
+    let report = simulate::run(&SimOptions::new(workload, vec![RuleChoice::Paper, RuleChoice::PaperPush])).unwrap();
+    let (pull, push) = (&report.rules[0], &report.rules[1]);
+    assert_eq!((pull.handled, push.handled), (pull.messages, push.messages));
+    let (pull_latency, push_latency) = (pull.latency.unwrap(), push.latency.unwrap());
+    assert_eq!(push_latency.max_ms, 0, "notified: picked up the moment it arrives");
+    assert!(pull_latency.p50_ms > 0 && pull_latency.max_ms <= 60_000, "{pull_latency:?}");
+}
+
+fn ebb(args: &[&str]) -> std::process::Output {
+    Command::new(EBB).arg("simulate").args(args).output().unwrap()
+}
+
+#[test]
+fn simulate_prints_a_table_json_and_an_svg_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let chart = dir.path().join("out.svg");
+    let output = ebb(&["--scenario", "burst", "--rule", "paper", "--rule", "fixed-1s", "--chart", chart.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let table = String::from_utf8(output.stdout).unwrap();
+    assert!(table.contains("scenario burst") && table.contains("\npaper ") && table.contains("\nfixed-1s "), "{table}");
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("backlog") && svg.contains("fixed-1s"), "{}", &svg[..svg.len().min(300)]);
+
+    let trace = dir.path().join("arrivals.csv");
+    std::fs::write(&trace, "seconds,count\n1,10\n2.5\n").unwrap();
+    let output = ebb(&["--trace", trace.to_str().unwrap(), "--rule", "paper-push", "--listeners", "200", "--json"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["messages"], 11);
+    assert_eq!(json["duration_secs"], 602.5, "the last arrival + 10 min");
+    let rule = &json["rules"][0];
+    assert_eq!(rule["rule"], "paper-push");
+    assert_eq!(rule["handled"], 11);
+    for key in ["billed_transactions", "idle_transactions", "useful_transactions", "usd_per_month", "peak_tasks", "peak_backlog", "simulated_secs", "wall_secs"] {
+        assert!(rule[key].is_number(), "{key} in {rule}");
+    }
+    assert!(rule["latency"]["p99_ms"].is_number());
+}
+
+#[test]
+fn simulate_refuses_hostile_inputs_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad_trace = dir.path().join("bad.csv");
+    std::fs::write(&bad_trace, "1\n2,lots\n").unwrap();
+    for (args, expected) in [
+        (vec!["--listeners", "0"], "--listeners: must be 1 to 1000000"),
+        (vec!["--duration", "40days"], "--duration: must be 1s to 31 days, got 40 days"),
+        (vec!["--handler-time", "2h"], "--handler-time: 2h is more than 10m"),
+        (vec!["--rule", "fixed-2s"], "--rule: \"fixed-2s\" is neither a built-in"),
+        (vec!["--rule", "/nonexistent/rule.wasm"], "--rule: cannot open /nonexistent/rule.wasm"),
+        (vec!["--scenario", "monday"], "unknown scenario \"monday\""),
+        (vec!["--price=-1"], "--price: must be 0 to 100"),
+        (vec!["--price=NaN"], "--price: must be 0 to 100"),
+        (vec!["--safety-poll", "2days"], "--safety-poll: must be 1s to 24h"),
+        (vec!["--chart", "out.png"], "--chart: out.png must end in .svg"),
+        (vec!["--trace", bad_trace.to_str().unwrap()], "line 2: the count must be a whole number"),
+        (vec!["--trace", dir.path().to_str().unwrap()], "is not a regular file"),
+    ] {
+        let output = ebb(&args);
+        assert_eq!(output.status.code(), Some(1), "{args:?} should fail");
+        let error = String::from_utf8_lossy(&output.stderr);
+        assert!(error.contains(expected), "{args:?}: {error}");
+    }
+}
+
+#[test]
+fn a_rule_that_polls_too_often_to_simulate_is_stopped_by_the_wall_clock_guard() {
+    // 31 days of one get a second is 2.7 million gets: more than a second of real time.
+    let workload = Scenario::Idle.workload(Some(Duration::from_secs(31 * 86_400)), 1).unwrap();
+    let options = SimOptions { max_wall: Duration::from_secs(1), ..SimOptions::new(workload, vec![RuleChoice::Fixed1s]) };
+    let error = format!("{:#}", simulate::run(&options).unwrap_err());
+    assert!(error.contains("stopped after 1s of real time") && error.contains("--max-wall"), "{error}");
+}
+
+#[test]
+fn on_the_paper_billing_day_push_costs_almost_nothing_in_the_quiet_hours() {
+    let workload = Scenario::PaperBilling.workload(None, 1).unwrap();
+    let report = simulate::run(&SimOptions::new(workload, vec![RuleChoice::Fixed1s, RuleChoice::PaperPush])).unwrap();
+    // Transactions between two simulated times, from the samples.
+    let between = |rule: &simulate::RuleReport, from_h: f64, to_h: f64| {
+        let at = |h: f64| rule.samples.iter().take_while(|s| s.t_secs <= h * 3600.0).last().unwrap().transactions;
+        at(to_h) - at(from_h)
+    };
+    let quiet = |rule: &simulate::RuleReport| between(rule, 0.0, 9.0) + between(rule, 10.0, 14.0) + between(rule, 15.0, 24.0);
+    let (fixed, push) = (&report.rules[0], &report.rules[1]);
+    assert_eq!(fixed.handled, fixed.messages);
+    assert_eq!(push.handled, push.messages);
+    // The paper's naive listener: a get a second through the 22 quiet hours.
+    assert!(within(quiet(fixed) as f64, 79_200.0, 0.01), "{}", quiet(fixed));
+    // Push: the safety polls and the back-off tails after each busy hour.
+    assert!(quiet(push) < 200, "{}", quiet(push));
+    assert!(push.latency.unwrap().p99_ms < 1000, "{:?}", push.latency);
+}
+
+#[test]
+fn the_example_paper_rule_follows_the_papers_push_variant_like_the_built_in() {
+    // Both let the last task stop when push is on: an idle day costs the safety polls only.
+    let workload = Scenario::Idle.workload(Some(Duration::from_secs(24 * 3600)), 1).unwrap();
+    let rules = vec![RuleChoice::PaperPush, RuleChoice::parse(&format!("push:{}", guests::PAPER_DEFAULT)).unwrap()];
+    let report = simulate::run(&SimOptions::new(workload, rules)).unwrap();
+    assert_eq!(report.rules[1].rule, "paper_default.wasm (push)");
+    for rule in &report.rules {
+        assert_eq!((rule.idle_transactions, rule.safety_polls), (24, 24), "{}", rule.rule);
+    }
+    // And after a burst, both shrink back to zero tasks.
+    let workload = Scenario::Burst.workload(Some(Duration::from_secs(1800)), 1).unwrap();
+    let rules = vec![RuleChoice::PaperPush, RuleChoice::parse(&format!("push:{}", guests::PAPER_DEFAULT)).unwrap()];
+    let report = simulate::run(&SimOptions::new(workload, rules)).unwrap();
+    for rule in &report.rules {
+        assert_eq!(rule.handled, 5000, "{}", rule.rule);
+        assert_eq!(rule.samples.last().unwrap().tasks, 0, "{}: no task left polling", rule.rule);
+    }
+}
+

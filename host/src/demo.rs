@@ -62,6 +62,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
         drain_timeout: Duration::from_secs(10),
         listen: "127.0.0.1:0".parse()?,
         token: None,
+        scaler: None,
         api_limits: crate::http::ApiLimits::default(),
         rule_limits: RuleLimits::default(),
         queues: vec![QueueConfig {

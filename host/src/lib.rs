@@ -11,4 +11,5 @@ pub mod log_limit;
 pub mod panics;
 pub mod queue;
 pub mod rules;
+pub mod scaler;
 pub mod service;

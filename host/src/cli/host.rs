@@ -26,6 +26,19 @@ pub async fn run(config_path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `ebb scaler`: KEDA's external scaler without processing, until SIGINT or SIGTERM.
+pub async fn scaler(config_path: &Path) -> Result<()> {
+    let config = Config::load(config_path)?;
+    crate::scaler::run_scaler_only(&config, async {
+        if let Err(error) = wait_for_signal().await {
+            tracing::error!("cannot wait for signals: {error}");
+        }
+    })
+    .await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
 /// SIGINT or SIGTERM.
 async fn wait_for_signal() -> Result<()> {
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

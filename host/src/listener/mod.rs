@@ -58,6 +58,9 @@ struct Shared {
     work: Notify,
     /// Wakes idle tasks early (push notifications).
     wake: Notify,
+    /// Bumped by every work-detected event, for watchers outside (the KEDA scaler's
+    /// `StreamIsActive`).
+    work_events: tokio::sync::watch::Sender<u64>,
     /// Stop taking new batches.
     stopping: CancellationToken,
     /// Drain time is over: release what is still in flight.
@@ -141,6 +144,7 @@ impl ListenerBuilder {
                 counters: Counters::default(),
                 work: Notify::new(),
                 wake: Notify::new(),
+                work_events: tokio::sync::watch::Sender::new(0),
                 stopping: CancellationToken::new(),
                 abandon: CancellationToken::new(),
                 tasks: TaskTracker::new(),
@@ -197,6 +201,18 @@ impl Listener {
     /// and asks the scaler to decide the task count.
     pub fn work_detected(&self) {
         self.shared.work_detected();
+    }
+
+    /// A receiver that sees every work-detected event (a task finding messages, a push),
+    /// as a counter that goes up: for watchers outside the listener, like the KEDA scaler.
+    pub fn work_events(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.work_events.subscribe()
+    }
+
+    /// Time spent in the handler so far, over every message (with `processed` and `failed`
+    /// of the status, the mean latency over any window).
+    pub fn handler_time(&self) -> Duration {
+        Duration::from_micros(self.shared.counters.handler_micros())
     }
 
     /// `QueryState()`: the listener's state, for status and metrics.
@@ -319,6 +335,7 @@ impl Shared {
     fn work_found(&self) {
         self.counters.work_detected.fetch_add(1, Ordering::Relaxed);
         self.work.notify_one();
+        self.work_events.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     fn random(&self) -> u64 {

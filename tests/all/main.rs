@@ -10,3 +10,4 @@ mod handler;
 mod listener;
 mod rule_languages;
 mod rules;
+mod scaler;

@@ -261,3 +261,89 @@ async fn ebb_scaler_watches_the_queues_without_processing_them() {
     assert!(app.seen.lock().unwrap().is_empty(), "a scaler-only host processes nothing");
     host.stop().await;
 }
+
+// ---- in process: the metric's limits ----
+
+mod in_process {
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use ebb::config::Config;
+    use ebb::queue::memory::MemoryQueue;
+    use ebb::queue::{QueueClient, SystemClock};
+    use ebb::rules::{DecisionSource, QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
+    use ebb::scaler::{ACTIVITY_HOLD, Counted, ScalerQueue, Source, rule_slot};
+    use ebb_tests::guests;
+
+    /// Queue `orders` (max_tasks 4, so one instance runs 4 tasks) with `rule` and `params`,
+    /// over a memory queue holding `depth` messages, counted once; at most 5 instances.
+    async fn scaler_queue(rule: &str, params: &[(&str, &str)], depth: usize) -> (ScalerQueue, RuleSet) {
+        let text = "[scaler]\nlisten = \"127.0.0.1:0\"\nmax_instances = 5\n[queues.orders]\nmax_tasks = 4\nhandler = { url = \"http://127.0.0.1:9/work\" }\n";
+        let config = Config::parse(text, Path::new("/srv"), None).unwrap();
+        let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
+        let params = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let rules = RuleSet::new(engine, [QueueRuleConfig { queue: rule_slot("orders"), rule: Some(rule.into()), params }]);
+        assert!(rules.load_all().is_empty());
+        let memory: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("orders", Arc::new(SystemClock), 65536));
+        for _ in 0..depth {
+            memory.put(b"m", Duration::ZERO).await.unwrap();
+        }
+        let counted = Arc::new(Counted::new(vec![memory]));
+        assert_eq!(counted.count().await, depth as u64);
+        let settings = config.scaler.clone().unwrap();
+        let queue = ScalerQueue::new(&config.queues[0], Source::Counted(counted), rules.queue(&rule_slot("orders")), &settings, config.rule_limits.call_deadline);
+        (queue, rules)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hundred_concurrent_metric_calls_make_one_rule_call() {
+        let (queue, rules) = scaler_queue(guests::PROPORTIONAL, &[("per_task", "10")], 95).await;
+        let queue = Arc::new(queue);
+        let calls = (0..100).map(|_| {
+            let queue = queue.clone();
+            tokio::spawn(async move { queue.metric().await })
+        });
+        for metric in futures::future::join_all(calls).await {
+            let metric = metric.unwrap();
+            assert_eq!((metric.tasks, metric.instances, metric.source), (10, 3, DecisionSource::Rule), "ceil(95 / 10) tasks, ceil(10 / 4) instances");
+        }
+        assert_eq!(rules.status(&rule_slot("orders")).unwrap().decisions, 1, "one rule call answered them all");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_metric_never_asks_for_more_than_max_instances() {
+        let (queue, _rules) = scaler_queue(guests::FIXED_TASKS, &[("tasks", "4000000000")], 0).await;
+        let metric = queue.metric().await;
+        assert_eq!((metric.tasks, metric.instances), (20, 5), "clamped to 4 tasks × 5 instances");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rule_that_never_answers_holds_a_metric_call_no_longer_than_its_deadline_and_the_built_in_rule_answers() {
+        let (queue, rules) = scaler_queue(guests::LOOP_FOREVER, &[], 150).await;
+        for _ in 0..3 {
+            let started = std::time::Instant::now();
+            let metric = queue.metric().await;
+            // The deadline is 10 ms; allow for a loaded machine, but far below a second.
+            assert!(started.elapsed() < Duration::from_millis(500), "took {:?}", started.elapsed());
+            assert_ne!(metric.source, DecisionSource::Rule);
+            assert_eq!((metric.tasks, metric.instances), (20, 5), "the paper's rule at 150: 50 tasks, clamped to 4 × 5");
+            tokio::time::sleep(ebb::scaler::METRIC_CACHE).await;
+        }
+        assert!(rules.status(&rule_slot("orders")).unwrap().faults >= 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn work_detected_keeps_an_empty_queue_active_for_the_activity_hold() {
+        let (queue, _rules) = scaler_queue(guests::PAPER_DEFAULT, &[], 0).await;
+        let mut events = queue.work_events();
+        assert!(!queue.is_active());
+        queue.note_work();
+        assert!(events.has_changed().unwrap(), "stream watchers hear of it at once");
+        assert!(queue.is_active());
+        tokio::time::advance(ACTIVITY_HOLD - Duration::from_millis(1)).await;
+        assert!(queue.is_active());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(!queue.is_active(), "nothing queued or in flight, no work for {ACTIVITY_HOLD:?}");
+    }
+}

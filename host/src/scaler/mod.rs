@@ -98,6 +98,18 @@ impl Counted {
         let depths = partitions.iter().map(|_| AtomicU64::new(0)).collect();
         Counted { partitions, depths }
     }
+
+    /// Counts every partition now (one storage call each; billed on Azure) and returns the
+    /// total. A failed count keeps that partition's last figure (and is logged).
+    pub async fn count(&self) -> u64 {
+        for (partition, depth) in self.partitions.iter().zip(&self.depths) {
+            match partition.approximate_count().await {
+                Ok(count) => depth.store(count, Ordering::Relaxed),
+                Err(error) => tracing::warn!(partition = partition.name(), "count failed; the scaler keeps the last count: {error}"),
+            }
+        }
+        self.depths.iter().map(|d| d.load(Ordering::Relaxed)).fold(0, u64::saturating_add)
+    }
 }
 
 /// The state the metric and activity are computed from, summed over partitions.

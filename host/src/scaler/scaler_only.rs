@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use anyhow::{Context as _, Result};
 use tokio_util::sync::CancellationToken;
@@ -83,13 +82,7 @@ pub async fn run_scaler_only(config: &Config, shutdown: impl std::future::Future
                         _ = tick.tick() => {}
                         () = stop.cancelled() => return,
                     }
-                    for (partition, depth) in counted.partitions.iter().zip(&counted.depths) {
-                        match partition.approximate_count().await {
-                            Ok(count) => depth.store(count, Ordering::Relaxed),
-                            Err(error) => tracing::warn!(partition = partition.name(), "count failed; the scaler keeps the last count: {error}"),
-                        }
-                    }
-                    if counted.depths.iter().any(|d| d.load(Ordering::Relaxed) > 0) {
+                    if counted.count().await > 0 {
                         queue.note_work();
                     }
                 }

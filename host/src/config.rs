@@ -539,6 +539,12 @@ impl Config {
         let file: ConfigFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
         let scaler = file.scaler.validate(env_scaler_token)?;
         let mut config = file.validate(base, env_token)?;
+        if let Some(scaler) = &scaler
+            && scaler.listen == config.listen
+            && scaler.listen.port() != 0
+        {
+            bail!("scaler.listen: {} is api.listen too; give the scaler an address of its own", scaler.listen);
+        }
         config.scaler = scaler;
         Ok(config)
     }

@@ -182,7 +182,7 @@ pub struct ScalerQueue {
     work: watch::Sender<u64>,
     last_work: Mutex<Option<Instant>>,
     window: Mutex<Window>,
-    cache: Mutex<Option<Cached>>,
+    cache: Arc<Mutex<Option<Cached>>>,
     deciding: Arc<tokio::sync::Mutex<()>>,
 }
 
@@ -205,7 +205,7 @@ impl ScalerQueue {
             work: watch::Sender::new(0),
             last_work: Mutex::new(None),
             window: Mutex::default(),
-            cache: Mutex::new(None),
+            cache: Arc::new(Mutex::new(None)),
             deciding: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
@@ -249,7 +249,13 @@ impl ScalerQueue {
                 }
             }
             Source::Counted(counted) => {
-                s.depth = counted.depths.iter().map(|d| d.load(Ordering::Relaxed)).fold(0, u64::saturating_add);
+                // A free local read where there is one (the embedded store), else the last count.
+                s.depth = counted
+                    .partitions
+                    .iter()
+                    .zip(&counted.depths)
+                    .map(|(partition, last)| partition.local_count().unwrap_or_else(|| last.load(Ordering::Relaxed)))
+                    .fold(0, u64::saturating_add);
             }
         }
         s
@@ -300,8 +306,7 @@ impl ScalerQueue {
     }
 
     fn metric_of(&self, decision: Decision<u32>, stale: bool) -> InstanceMetric {
-        let instances = decision.value.div_ceil(self.tasks_per_instance).min(self.max_instances);
-        InstanceMetric { instances, tasks: decision.value, source: decision.source, stale }
+        instance_metric(decision, self.tasks_per_instance, self.max_instances, stale)
     }
 
     /// Desired instances now. Asks the rule at most once per [`METRIC_CACHE`] while the
@@ -334,12 +339,17 @@ impl ScalerQueue {
             return metric;
         }
         let call_state = state.clone();
+        let (cache, per_instance, max_instances) = (self.cache.clone(), self.tasks_per_instance, self.max_instances);
+        // The answer is cached by the call itself: one that ends after its caller gave up
+        // still serves the next callers, rather than a second call being made.
         let call = tokio::task::spawn_blocking(move || {
             let _one_call_at_a_time = guard;
-            rules.decide_task_count(&call_state)
+            let metric = instance_metric(rules.decide_task_count(&call_state), per_instance, max_instances, false);
+            *lock(&cache) = Some(Cached { at: Instant::now(), key, metric });
+            metric
         });
         match tokio::time::timeout_at(deadline, call).await {
-            Ok(Ok(decision)) => self.remember(key, self.metric_of(decision, false)),
+            Ok(Ok(metric)) => metric,
             Ok(Err(error)) => {
                 tracing::error!(queue = %self.name, "the scaler's rule call failed; the built-in rule decided: {error}");
                 self.metric_of(built_in_task_count(&state, DecisionSource::Fallback), false)
@@ -368,6 +378,12 @@ impl ScalerQueue {
     }
 }
 
+/// ⌈`decision` ÷ `per_instance`⌉ instances, at most `max_instances`.
+fn instance_metric(decision: Decision<u32>, per_instance: u32, max_instances: u32, stale: bool) -> InstanceMetric {
+    let instances = decision.value.div_ceil(per_instance.max(1)).min(max_instances);
+    InstanceMetric { instances, tasks: decision.value, source: decision.source, stale }
+}
+
 /// Every queue the scaler answers for, and the tasks that feed their work events.
 pub struct Scaler {
     queues: BTreeMap<String, Arc<ScalerQueue>>,
@@ -387,26 +403,34 @@ impl Scaler {
             tasks: TaskTracker::new(),
         });
         for queue in scaler.queues.values() {
-            let Source::Listeners(listeners) = &queue.source else { continue };
-            for listener in listeners {
-                let mut events = listener.work_events();
-                let (queue, stop) = (queue.clone(), scaler.stop.clone());
-                let span = tracing::info_span!("scaler_work_events", queue = %queue.name);
-                scaler.tasks.spawn(
-                    async move {
-                        loop {
-                            tokio::select! {
-                                changed = events.changed() => if changed.is_err() { return },
-                                () = stop.cancelled() => return,
-                            }
-                            queue.note_work();
-                        }
-                    }
-                    .instrument(span),
-                );
+            if let Source::Listeners(listeners) = &queue.source {
+                for listener in listeners {
+                    scaler.forward_work(queue.name(), listener);
+                }
             }
         }
         scaler
+    }
+
+    /// Makes `listener`'s work-detected events (a task finding messages, a send or a
+    /// notification through the API) work detected on queue `name`, until [`Scaler::stop`].
+    pub fn forward_work(&self, name: &str, listener: &Listener) {
+        let Some(queue) = self.queues.get(name).cloned() else { return };
+        let mut events = listener.work_events();
+        let stop = self.stop.clone();
+        let span = tracing::info_span!("scaler_work_events", queue = %name);
+        self.tasks.spawn(
+            async move {
+                loop {
+                    tokio::select! {
+                        changed = events.changed() => if changed.is_err() { return },
+                        () = stop.cancelled() => return,
+                    }
+                    queue.note_work();
+                }
+            }
+            .instrument(span),
+        );
     }
 
     /// The queue named `name`.

@@ -3,8 +3,10 @@
 //!
 //! It opens no dequeue task and calls no handler. Each storage queue is counted every
 //! `[scaler] poll_interval` (one billed count on Azure; a free read on the embedded store);
-//! a count above zero is work detected. The HTTP API runs too, so sends through it land in
-//! the queues (and are seen at the next count).
+//! a count above zero is work detected. The HTTP API runs too: a send or a notification
+//! through it (`POST /queues/{name}/messages`, `/notify`) is work detected at once. Its
+//! listeners are never started: they only carry those events, and `/status` shows them
+//! with no task running.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,7 +18,9 @@ use tracing::Instrument as _;
 
 use super::{Counted, Scaler, ScalerQueue, Source, rule_slot};
 use crate::config::Config;
+use crate::handler::HttpHandler;
 use crate::health::Health;
+use crate::listener::Listener;
 use crate::http::{Api, ApiLimits};
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::queue::{QueueClient, RetryPolicy, Retrying, SystemClock};
@@ -46,12 +50,19 @@ pub async fn run_scaler_only(config: &Config, shutdown: impl std::future::Future
     let counters = TaskTracker::new();
     let mut queues = Vec::new();
     let mut logical: BTreeMap<String, Arc<dyn QueueClient>> = BTreeMap::new();
+    let mut idle_listeners: BTreeMap<String, Vec<Listener>> = BTreeMap::new();
     let mut watched = Vec::new();
     for queue_config in &config.queues {
+        let poison: Arc<dyn QueueClient> =
+            Arc::new(Retrying::new(storage_queue(&queue_config.backend, Some(&store), &queue_config.poison_queue())?, RetryPolicy::default()));
+        let handler = Arc::new(HttpHandler::new(queue_config.handler_url.clone(), queue_config.handler_timeout)?);
         let mut partitions: Vec<Arc<dyn QueueClient>> = Vec::new();
         for name in queue_config.storage_queues() {
             let queue: Arc<dyn QueueClient> = Arc::new(Retrying::new(storage_queue(&queue_config.backend, Some(&store), &name)?, RetryPolicy::default()));
             queue.create_if_missing().await.with_context(|| format!("failed to create queue {name}"))?;
+            // Never started: no dequeue task, no handler call.
+            let listener = Listener::builder(queue.clone(), poison.clone(), handler.clone()).settings(queue_config.settings.clone()).build();
+            idle_listeners.entry(queue_config.name.clone()).or_default().push(listener);
             partitions.push(queue);
         }
         let sender: Arc<dyn QueueClient> =
@@ -64,6 +75,11 @@ pub async fn run_scaler_only(config: &Config, shutdown: impl std::future::Future
         queues.push(scaler_queue);
     }
     let scaler = Scaler::new(queues, settings.token.clone());
+    for (name, listeners) in &idle_listeners {
+        for listener in listeners {
+            scaler.forward_work(name, listener);
+        }
+    }
     for counted in watched {
         let name = counted.partitions.first().map(|p| p.name().to_string()).unwrap_or_default();
         let queue = scaler.queues.values().find(|q| match &q.source {
@@ -96,7 +112,7 @@ pub async fn run_scaler_only(config: &Config, shutdown: impl std::future::Future
     tracing::info!(scaler_addr = %tcp.local_addr()?, "scaler listening (scaler-only: no message is processed)");
     let server = tokio::spawn(super::serve(tcp, scaler.clone(), stop.clone()));
 
-    let api = Arc::new(Api { listeners: BTreeMap::new(), queues: logical, token: config.token.clone(), health });
+    let api = Arc::new(Api { listeners: idle_listeners, queues: logical, token: config.token.clone(), health });
     let api_tcp = tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("failed to listen on {}", config.listen))?;
     tracing::info!(api_addr = %api_tcp.local_addr()?, "API listening");
     let limits = ApiLimits { max_body_bytes: config.max_message_bytes, ..config.api_limits };

@@ -27,6 +27,9 @@ pub const MAX_STREAMS: usize = 1024;
 /// How often an open `StreamIsActive` re-reads the queue's state to see it go inactive
 /// (going active is pushed at once, by the work-detected event).
 pub const STREAM_RECHECK: Duration = Duration::from_secs(1);
+/// Most connections open at once; further clients wait in the kernel's backlog (KEDA holds
+/// one connection per scaler address).
+pub const MAX_CONNECTIONS: usize = 256;
 /// Longest time a unary call may take before it is answered `DEADLINE_EXCEEDED`.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -45,9 +48,8 @@ struct Service {
 /// stream ends and the server returns.
 pub async fn serve(listener: TcpListener, scaler: Arc<Scaler>, shutdown: CancellationToken) -> anyhow::Result<()> {
     let service = Service { scaler, streams: Arc::new(Semaphore::new(MAX_STREAMS)), stop: shutdown.clone() };
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let incoming = limited(listener, Arc::new(Semaphore::new(MAX_CONNECTIONS)));
     tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .timeout(CALL_TIMEOUT)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
@@ -56,6 +58,65 @@ pub async fn serve(listener: TcpListener, scaler: Arc<Scaler>, shutdown: Cancell
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await
         .context("the scaler's gRPC server failed")
+}
+
+/// Accepted connections, at most `slots` open at once: a connection holds its slot until it
+/// closes, and no connection is accepted without one.
+fn limited(listener: TcpListener, slots: Arc<Semaphore>) -> impl Stream<Item = std::io::Result<Limited>> {
+    futures::stream::unfold((listener, slots), |(listener, slots)| async move {
+        let slot = slots.clone().acquire_owned().await.expect("the semaphore is never closed");
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    return Some((Ok(Limited { stream, _slot: slot }), (listener, slots)));
+                }
+                Err(error) => {
+                    // Out of descriptors, or reset before accepted: not the server's end.
+                    tracing::debug!("scaler accept failed: {error}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    })
+}
+
+/// A connection and its slot.
+struct Limited {
+    stream: tokio::net::TcpStream,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl tonic::transport::server::Connected for Limited {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl tokio::io::AsyncRead for Limited {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Limited {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &[u8]) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
 }
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;

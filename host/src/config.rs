@@ -554,22 +554,7 @@ impl ConfigFile {
     fn validate(self, base: &Path, env_token: Option<String>) -> Result<Config> {
         let listen: SocketAddr =
             self.api.listen.parse().map_err(|_| anyhow::anyhow!("api.listen: {:?} is not an address like 127.0.0.1:7070", self.api.listen))?;
-        if self.api.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
-            bail!("api.token: is empty or blank; set a token, or remove the key to run without one");
-        }
-        let env_token = env_token.filter(|t| !t.is_empty());
-        if env_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
-            bail!("{TOKEN_ENV}: is blank; set a token, or unset the variable");
-        }
-        // It travels in an HTTP header, where only visible ASCII is safe.
-        let visible_ascii = |t: &str| t.bytes().all(|b| b.is_ascii_graphic());
-        if self.api.token.as_deref().is_some_and(|t| !visible_ascii(t)) {
-            bail!("api.token: use visible ASCII characters only (no spaces, no accents): it is sent in an HTTP header");
-        }
-        if env_token.as_deref().is_some_and(|t| !visible_ascii(t)) {
-            bail!("{TOKEN_ENV}: use visible ASCII characters only (no spaces, no accents): it is sent in an HTTP header");
-        }
-        let token = env_token.or(self.api.token);
+        let token = check_token("api.token", self.api.token, TOKEN_ENV, env_token)?;
         if !listen.ip().is_loopback() && token.is_none() {
             bail!("api.listen: {listen} is not a loopback address, so api.token (or {TOKEN_ENV}) is required");
         }
@@ -682,10 +667,10 @@ fn check_token(key: &str, file: Option<String>, env: &str, from_env: Option<Stri
     }
     let visible_ascii = |t: &str| t.bytes().all(|b| b.is_ascii_graphic());
     if file.as_deref().is_some_and(|t| !visible_ascii(t)) {
-        bail!("{key}: use visible ASCII characters only (no spaces, no accents): it is sent in a header");
+        bail!("{key}: use visible ASCII characters only (no spaces, no accents): it is sent in an HTTP header");
     }
     if from_env.as_deref().is_some_and(|t| !visible_ascii(t)) {
-        bail!("{env}: use visible ASCII characters only (no spaces, no accents): it is sent in a header");
+        bail!("{env}: use visible ASCII characters only (no spaces, no accents): it is sent in an HTTP header");
     }
     Ok(from_env.or(file))
 }

@@ -128,7 +128,8 @@ impl Service {
         if let Some(token) = &self.scaler.token {
             let header = request.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
             let metadata = ["token", "tokenFromEnv"].iter().find_map(|k| object.scaler_metadata.get(*k)).map(String::as_str);
-            if !header.or(metadata).is_some_and(|given| crate::http::token_matches(token, Some(given))) {
+            let matches = |given: Option<&str>| given.is_some_and(|given| crate::http::token_matches(token, Some(given)));
+            if !matches(header) && !matches(metadata) {
                 return Err(Status::unauthenticated(
                     "missing or wrong scaler token (authorization: Bearer <token>, or the trigger metadata's token or tokenFromEnv)",
                 ));

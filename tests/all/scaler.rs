@@ -382,6 +382,41 @@ mod in_process {
         assert!(rules.status(&rule_slot("orders")).unwrap().faults >= 1);
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn streams_beyond_the_limit_are_refused_until_one_closes() {
+        use ebb::scaler::{ExternalScalerClient, MAX_STREAMS, ScaledObjectRef};
+        let dir = tempfile::tempdir().unwrap();
+        let text = "[api]\nlisten = \"127.0.0.1:0\"\n[scaler]\nlisten = \"127.0.0.1:0\"\n[queues.orders]\nhandler = { url = \"http://127.0.0.1:9/work\" }\n";
+        let config = Config::parse(text, dir.path(), None).unwrap();
+        let service = ebb::service::Service::start(&config).await.unwrap();
+        let endpoint = format!("http://{}", service.scaler_addr().unwrap());
+        // One connection, as KEDA holds.
+        let channel = tonic::transport::Endpoint::from_shared(endpoint).unwrap().connect().await.unwrap();
+        let mut client = ExternalScalerClient::new(channel);
+        let object = ScaledObjectRef { scaler_metadata: [("queue".to_string(), "orders".to_string())].into(), ..Default::default() };
+        let mut streams = Vec::new();
+        for _ in 0..MAX_STREAMS {
+            let mut stream = client.stream_is_active(object.clone()).await.unwrap().into_inner();
+            assert!(!stream.message().await.unwrap().unwrap().result);
+            streams.push(stream);
+        }
+        let refused = client.stream_is_active(object.clone()).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused}");
+        // Unary calls still go through beside them.
+        assert!(!client.is_active(object.clone()).await.unwrap().into_inner().result);
+        drop(streams.pop());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match client.stream_is_active(object.clone()).await {
+                Ok(_) => break,
+                Err(status) => assert!(status.code() == tonic::Code::ResourceExhausted && std::time::Instant::now() < deadline, "{status}"),
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(streams);
+        service.shutdown().await;
+    }
+
     #[tokio::test(start_paused = true)]
     async fn work_detected_keeps_an_empty_queue_active_for_the_activity_hold() {
         let (queue, _rules) = scaler_queue(guests::PAPER_DEFAULT, &[], 0).await;

@@ -95,6 +95,10 @@ pub fn check(config_path: &Path) -> Result<()> {
         };
         println!("queue {}: rule {rule}, tasks {}..{}, handler {}", queue.name, queue.settings.min_tasks, queue.settings.max_tasks, crate::handler::masked(&queue.handler_url));
     }
+    if let Some(scaler) = &config.scaler {
+        let token = if scaler.token.is_some() { "token required" } else { "no token" };
+        println!("scaler: KEDA external scaler on {} ({token}), at most {} instances per queue", scaler.listen, scaler.max_instances);
+    }
     let mut problems = problems;
     problems.extend(check_azure_queues(&config));
     for problem in &problems {

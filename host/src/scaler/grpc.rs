@@ -54,6 +54,8 @@ pub async fn serve(listener: TcpListener, scaler: Arc<Scaler>, shutdown: Cancell
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .concurrency_limit_per_connection(256)
+        // Room for every stream on one connection (as KEDA holds one), plus unary calls.
+        .max_concurrent_streams(Some(MAX_STREAMS as u32 * 2))
         .add_service(ExternalScalerServer::new(service))
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await

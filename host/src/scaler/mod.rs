@@ -39,7 +39,7 @@ use crate::listener::Listener;
 use crate::queue::QueueClient;
 use crate::rules::{Decision, DecisionSource, QueueRules, QueueState, built_in_task_count};
 
-pub use grpc::serve;
+pub use grpc::{MAX_CONNECTIONS, MAX_STREAMS, metric_name, serve};
 pub use proto::external_scaler_client::ExternalScalerClient;
 pub use proto::{GetMetricSpecResponse, GetMetricsRequest, GetMetricsResponse, IsActiveResponse, MetricSpec, MetricValue, ScaledObjectRef};
 pub use scaler_only::run_scaler_only;

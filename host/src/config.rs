@@ -21,6 +21,9 @@ use crate::rules::{QueueRuleConfig, RuleLimits};
 /// Environment variable that supplies the API token (overrides `api.token`).
 pub const TOKEN_ENV: &str = "EBB_API_TOKEN";
 
+/// Environment variable that supplies the scaler token (overrides `scaler.token`).
+pub const SCALER_TOKEN_ENV: &str = "EBB_SCALER_TOKEN";
+
 /// The whole file.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,6 +48,9 @@ pub struct ConfigFile {
     /// The HTTP API.
     #[serde(default)]
     pub api: ApiFile,
+    /// KEDA's external scaler (gRPC), off unless `listen` is set.
+    #[serde(default)]
+    pub scaler: ScalerFile,
     /// Limits every rule runs under.
     #[serde(default)]
     pub rule_limits: RuleLimitsFile,
@@ -280,6 +286,31 @@ impl Default for ApiFile {
     }
 }
 
+/// `[scaler]`: KEDA's external-scaler gRPC service (see `docs/kubernetes.md`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScalerFile {
+    /// Address to serve the scaler on. Default: none (the scaler is off). A non-loopback
+    /// address needs a token.
+    pub listen: Option<String>,
+    /// Token every call must carry (`authorization: Bearer <token>` or the ScaledObject's
+    /// `token`/`tokenFromEnv` metadata), or set `EBB_SCALER_TOKEN`. Default: none.
+    pub token: Option<String>,
+    /// Most instances the metric asks for, 1 to 10000. Default 100.
+    #[serde(default = "defaults::max_instances")]
+    pub max_instances: u32,
+    /// `ebb scaler` only: how often each storage queue is counted (one billed count on
+    /// Azure). Default `1s`; `100ms` to `1h`.
+    #[serde(default = "defaults::scaler_poll_interval", with = "humantime_serde")]
+    pub poll_interval: Duration,
+}
+
+impl Default for ScalerFile {
+    fn default() -> Self {
+        ScalerFile { listen: None, token: None, max_instances: defaults::max_instances(), poll_interval: defaults::scaler_poll_interval() }
+    }
+}
+
 /// `[rule_limits]`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -425,6 +456,12 @@ mod defaults {
     pub fn max_connections() -> usize {
         ApiLimits::default().max_connections
     }
+    pub fn max_instances() -> u32 {
+        crate::scaler::ScalerSettings::default().max_instances
+    }
+    pub fn scaler_poll_interval() -> Duration {
+        crate::scaler::ScalerSettings::default().poll_interval
+    }
     pub fn call_deadline() -> Duration {
         RuleLimits::default().call_deadline
     }
@@ -497,6 +534,8 @@ pub const MAX_API_CONNECTIONS: usize = 16384;
 pub const MAX_SAFETY_POLL: Duration = Duration::from_secs(24 * 3600);
 /// Highest price per 10,000 transactions, in US dollars (today's prices are cents).
 pub const MAX_PRICE_PER_10K: f64 = 100.0;
+/// Most instances the scaler's metric asks for.
+pub const MAX_INSTANCES: u32 = 10_000;
 /// Most dequeue tasks per queue (each holds up to `batch_size` messages in flight).
 pub const MAX_TASKS: u32 = 1024;
 /// Longest queue name: Azure's 63 less the 7 of `-poison`, which names its poison queue.
@@ -577,6 +616,8 @@ pub struct Config {
     pub bus: Option<BusConfig>,
     /// API token, if any.
     pub token: Option<String>,
+    /// KEDA's external scaler: `None` when off.
+    pub scaler: Option<crate::scaler::ScalerSettings>,
     /// The API server's limits (`max_body_bytes` is `max_message_bytes`).
     pub api_limits: ApiLimits,
     /// Rule limits.
@@ -621,13 +662,27 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path).with_context(|| format!("failed to read config {}", path.display()))?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Config::parse(&text, &base, std::env::var(TOKEN_ENV).ok()).with_context(|| format!("invalid config {}", path.display()))
+        Config::parse_with_env(&text, &base, std::env::var(TOKEN_ENV).ok(), std::env::var(SCALER_TOKEN_ENV).ok()).with_context(|| format!("invalid config {}", path.display()))
     }
 
     /// Parses and validates config text; relative paths are taken from `base`.
     pub fn parse(text: &str, base: &Path, env_token: Option<String>) -> Result<Config> {
+        Config::parse_with_env(text, base, env_token, None)
+    }
+
+    /// [`Config::parse`], with the scaler token's variable too (`EBB_SCALER_TOKEN`).
+    pub fn parse_with_env(text: &str, base: &Path, env_token: Option<String>, env_scaler_token: Option<String>) -> Result<Config> {
         let file: ConfigFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
-        file.validate(base, env_token)
+        let scaler = file.scaler.validate(env_scaler_token)?;
+        let mut config = file.validate(base, env_token)?;
+        if let Some(scaler) = &scaler
+            && scaler.listen == config.listen
+            && scaler.listen.port() != 0
+        {
+            bail!("scaler.listen: {} is api.listen too; give the scaler an address of its own", scaler.listen);
+        }
+        config.scaler = scaler;
+        Ok(config)
     }
 }
 
@@ -635,22 +690,7 @@ impl ConfigFile {
     fn validate(self, base: &Path, env_token: Option<String>) -> Result<Config> {
         let listen: SocketAddr =
             self.api.listen.parse().map_err(|_| anyhow::anyhow!("api.listen: {:?} is not an address like 127.0.0.1:7070", self.api.listen))?;
-        if self.api.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
-            bail!("api.token: is empty or blank; set a token, or remove the key to run without one");
-        }
-        let env_token = env_token.filter(|t| !t.is_empty());
-        if env_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
-            bail!("{TOKEN_ENV}: is blank; set a token, or unset the variable");
-        }
-        // It travels in an HTTP header, where only visible ASCII is safe.
-        let visible_ascii = |t: &str| t.bytes().all(|b| b.is_ascii_graphic());
-        if self.api.token.as_deref().is_some_and(|t| !visible_ascii(t)) {
-            bail!("api.token: use visible ASCII characters only (no spaces, no accents): it is sent in an HTTP header");
-        }
-        if env_token.as_deref().is_some_and(|t| !visible_ascii(t)) {
-            bail!("{TOKEN_ENV}: use visible ASCII characters only (no spaces, no accents): it is sent in an HTTP header");
-        }
-        let token = env_token.or(self.api.token);
+        let token = check_token("api.token", self.api.token, TOKEN_ENV, env_token)?;
         if !listen.ip().is_loopback() && token.is_none() {
             bail!("api.listen: {listen} is not a loopback address, so api.token (or {TOKEN_ENV}) is required");
         }
@@ -717,6 +757,7 @@ impl ConfigFile {
             listen,
             bus,
             token,
+            scaler: None,
             api_limits: ApiLimits {
                 max_body_bytes: self.max_message_bytes,
                 header_read_timeout: self.api.header_read_timeout,
@@ -734,6 +775,47 @@ impl ConfigFile {
             queues,
         })
     }
+}
+
+impl ScalerFile {
+    fn validate(&self, env_token: Option<String>) -> Result<Option<crate::scaler::ScalerSettings>> {
+        if !(1..=MAX_INSTANCES).contains(&self.max_instances) {
+            bail!("scaler.max_instances: must be 1 to {MAX_INSTANCES}, got {}", self.max_instances);
+        }
+        check_duration("scaler.poll_interval", self.poll_interval, AtLeast::Duration(Duration::from_millis(100)), MAX_INTERVAL)?;
+        let token = check_token("scaler.token", self.token.clone(), SCALER_TOKEN_ENV, env_token)?;
+        let Some(text) = &self.listen else {
+            if token.is_some() && self.token.is_some() {
+                bail!("scaler.token: set, but scaler.listen is not (the scaler is off); set scaler.listen or remove the token");
+            }
+            return Ok(None);
+        };
+        let listen: SocketAddr = text.parse().map_err(|_| anyhow::anyhow!("scaler.listen: {text:?} is not an address like 127.0.0.1:7071"))?;
+        if !listen.ip().is_loopback() && token.is_none() {
+            bail!("scaler.listen: {listen} is not a loopback address, so scaler.token (or {SCALER_TOKEN_ENV}) is required");
+        }
+        Ok(Some(crate::scaler::ScalerSettings { listen, token, max_instances: self.max_instances, poll_interval: self.poll_interval }))
+    }
+}
+
+/// A token from the file (`key`) or the environment (`env`, which wins): neither empty nor
+/// blank, visible ASCII only (it travels in a header).
+fn check_token(key: &str, file: Option<String>, env: &str, from_env: Option<String>) -> Result<Option<String>> {
+    if file.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        bail!("{key}: is empty or blank; set a token, or remove the key to run without one");
+    }
+    let from_env = from_env.filter(|t| !t.is_empty());
+    if from_env.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        bail!("{env}: is blank; set a token, or unset the variable");
+    }
+    let visible_ascii = |t: &str| t.bytes().all(|b| b.is_ascii_graphic());
+    if file.as_deref().is_some_and(|t| !visible_ascii(t)) {
+        bail!("{key}: use visible ASCII characters only (no spaces, no accents): it is sent in an HTTP header");
+    }
+    if from_env.as_deref().is_some_and(|t| !visible_ascii(t)) {
+        bail!("{env}: use visible ASCII characters only (no spaces, no accents): it is sent in an HTTP header");
+    }
+    Ok(from_env.or(file))
 }
 
 /// Queue names as Azure allows them (3 to 63 lowercase letters, digits and single dashes),

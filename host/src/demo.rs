@@ -64,6 +64,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
         price_per_10k_transactions: crate::cost::PAPER_PRICE_PER_10K,
         listen: "127.0.0.1:0".parse()?,
         token: None,
+        scaler: None,
         api_limits: crate::http::ApiLimits::default(),
         rule_limits: RuleLimits::default(),
         queues: vec![QueueConfig {

@@ -328,7 +328,7 @@ async fn reject_declared_large_bodies(State(limits): State<ApiLimits>, request: 
 
 /// True when `given` is the token, compared in constant time (both sides hashed first, so
 /// neither the content nor the length of the token leaks through timing).
-fn token_matches(token: &str, given: Option<&str>) -> bool {
+pub(crate) fn token_matches(token: &str, given: Option<&str>) -> bool {
     let expected = Sha256::digest(token.as_bytes());
     let given = Sha256::digest(given.unwrap_or_default().as_bytes());
     bool::from(expected.as_slice().ct_eq(given.as_slice()))

@@ -13,5 +13,6 @@ pub mod log_limit;
 pub mod panics;
 pub mod queue;
 pub mod rules;
+pub mod scaler;
 pub mod service;
 pub mod simulate;

@@ -22,7 +22,7 @@ use crate::queue::{Metered, QueueClient, RetryPolicy, Retrying, SystemClock};
 use crate::rules::{QueueRuleConfig, RuleEngine, RuleSet, RuleWatcher};
 
 /// Debounce of rule file events.
-const RULE_DEBOUNCE: Duration = Duration::from_millis(30);
+pub(crate) const RULE_DEBOUNCE: Duration = Duration::from_millis(30);
 
 /// Queue `name` of a backend, undecorated (`store`: the open embedded store, needed only
 /// by the embedded backend).
@@ -42,6 +42,7 @@ pub struct Service {
     api_addr: SocketAddr,
     api_stop: CancellationToken,
     api_task: tokio::task::JoinHandle<()>,
+    scaler: Option<RunningScaler>,
     drain_timeout: Duration,
     _watcher: RuleWatcher,
     /// The rule set: the listeners hold only their queues' handles and the watcher only a
@@ -78,9 +79,13 @@ impl Service {
         let engine = RuleEngine::new(config.rule_limits.clone(), Some(config.data_dir.join("rule-cache")))?;
         // One rule slot per storage queue: each partition decides on its own state (queues
         // with the same file and parameters share one instance).
+        // With the KEDA scaler on, one more slot per logical queue, where the scaler decides
+        // for the whole queue (same file and parameters: it shares the listeners' instance).
+        let scaler_on = config.scaler.is_some();
         let queue_rules = config.queues.iter().flat_map(|q| {
             let rule = q.rule.rule.as_ref().and_then(|p| p.file_name()).map(|name| rules_dir.join(name));
-            q.storage_queues().into_iter().map(move |queue| QueueRuleConfig { queue, rule: rule.clone(), params: q.rule.params.clone() })
+            let scaler_slot = scaler_on.then(|| crate::scaler::rule_slot(&q.name));
+            q.storage_queues().into_iter().chain(scaler_slot).map(move |queue| QueueRuleConfig { queue, rule: rule.clone(), params: q.rule.params.clone() })
         });
         let rules = Arc::new(RuleSet::new(engine, queue_rules));
         for error in rules.load_all() {
@@ -124,6 +129,10 @@ impl Service {
             Some(bus) => Some(Arc::new(start_bus(bus, &listeners)?)),
             None => None,
         };
+        let scaler = match &config.scaler {
+            Some(settings) => Some(start_scaler(config, settings, &listeners, &rules).await?),
+            None => None,
+        };
         let api = Arc::new(Api {
             listeners: listeners.clone(),
             queues,
@@ -145,12 +154,17 @@ impl Service {
         });
         tracing::info!(%api_addr, "API listening");
         let listeners = listeners.into_values().flatten().collect();
-        Ok(Service { listeners, api_addr, api_stop, api_task, drain_timeout: config.drain_timeout, _watcher: watcher, _rules: rules, store, bus })
+        Ok(Service { listeners, api_addr, api_stop, api_task, scaler, drain_timeout: config.drain_timeout, _watcher: watcher, _rules: rules, store, bus })
     }
 
     /// Where the API listens.
     pub fn api_addr(&self) -> SocketAddr {
         self.api_addr
+    }
+
+    /// Where KEDA's external scaler listens, when `[scaler] listen` is set.
+    pub fn scaler_addr(&self) -> Option<SocketAddr> {
+        self.scaler.as_ref().map(|s| s.addr)
     }
 
     /// Every queue's state.
@@ -175,10 +189,53 @@ impl Service {
         if let Some(bus) = &self.bus {
             bus.stop();
         }
+        if let Some(scaler) = self.scaler {
+            scaler.stop.cancel();
+            let _ = scaler.task.await;
+            scaler.scaler.stop().await;
+        }
     }
 
     /// The bus's state, if there is one.
     pub fn bus_status(&self) -> Option<crate::bus::BusStatus> {
         self.bus.as_ref().map(|b| b.status())
     }
+}
+
+/// KEDA's external scaler, serving.
+struct RunningScaler {
+    addr: SocketAddr,
+    scaler: Arc<crate::scaler::Scaler>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Starts KEDA's external scaler over the listeners (by logical queue).
+async fn start_scaler(
+    config: &Config,
+    settings: &crate::scaler::ScalerSettings,
+    listeners: &BTreeMap<String, Vec<Listener>>,
+    rules: &RuleSet,
+) -> Result<RunningScaler> {
+    use crate::scaler::{Scaler, ScalerQueue, Source, rule_slot};
+    let queues = config
+        .queues
+        .iter()
+        .map(|q| {
+            let source = Source::Listeners(listeners.get(&q.name).cloned().unwrap_or_default());
+            ScalerQueue::new(q, source, rules.queue(&rule_slot(&q.name)), settings, config.rule_limits.call_deadline)
+        })
+        .collect();
+    let scaler = Scaler::new(queues, settings.token.clone());
+    let tcp = tokio::net::TcpListener::bind(settings.listen).await.with_context(|| format!("scaler.listen: failed to listen on {}", settings.listen))?;
+    let addr = tcp.local_addr()?;
+    let stop = CancellationToken::new();
+    let (serving, serve_stop) = (scaler.clone(), stop.clone());
+    let task = tokio::spawn(async move {
+        if let Err(error) = crate::scaler::serve(tcp, serving, serve_stop).await {
+            tracing::error!("{error:#}");
+        }
+    });
+    tracing::info!(%addr, "KEDA external scaler listening");
+    Ok(RunningScaler { addr, scaler, stop, task })
 }

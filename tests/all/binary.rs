@@ -12,17 +12,17 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 use ebb_tests::guests;
 
-const EBB: &str = env!("CARGO_BIN_EXE_ebb-under-test");
+pub(crate) const EBB: &str = env!("CARGO_BIN_EXE_ebb-under-test");
 const TOKEN: &str = "t0ken";
 
 /// The application the host forwards messages to: records (message id, body), answers 200.
 #[derive(Clone, Default)]
-struct App {
-    seen: Arc<Mutex<Vec<(String, String)>>>,
+pub(crate) struct App {
+    pub(crate) seen: Arc<Mutex<Vec<(String, String)>>>,
 }
 
 impl App {
-    async fn start(delay: Duration) -> (App, SocketAddr) {
+    pub(crate) async fn start(delay: Duration) -> (App, SocketAddr) {
         let app = App::default();
         let record = app.clone();
         let router = axum::Router::new().route(
@@ -106,7 +106,7 @@ impl Site {
     }
 }
 
-async fn wait_until<F: Future<Output = bool>>(what: &str, mut condition: impl FnMut() -> F) {
+pub(crate) async fn wait_until<F: Future<Output = bool>>(what: &str, mut condition: impl FnMut() -> F) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !condition().await {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -114,7 +114,7 @@ async fn wait_until<F: Future<Output = bool>>(what: &str, mut condition: impl Fn
     }
 }
 
-fn signal(child: &Child, name: &str) {
+pub(crate) fn signal(child: &Child, name: &str) {
     assert!(Command::new("kill").args([name, &child.id().to_string()]).status().unwrap().success());
 }
 

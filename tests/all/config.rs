@@ -112,6 +112,9 @@ fn the_documented_defaults_are_the_code_defaults() {
     .unwrap();
     let queue = &config.queues[0];
     let (s, limits, api) = (&queue.settings, &config.rule_limits, &config.api_limits);
+    // The scaler is off by default; its other keys' defaults, once it is on.
+    let scaler_on = "[scaler]\nlisten = \"127.0.0.1:7071\"\n[queues.orders]\nhandler = { url = \"http://127.0.0.1:8080/work\" }\n";
+    let scaler = Config::parse(scaler_on, Path::new("/srv/ebb"), None).unwrap().scaler.unwrap();
     let code = |section: &str, key: &str| -> Code {
         match (section, key) {
             ("Top level", "data_dir") => Code::Text(config.data_dir.strip_prefix("/srv/ebb").unwrap().display().to_string()),
@@ -124,6 +127,10 @@ fn the_documented_defaults_are_the_code_defaults() {
             ("`[api]`", "header_read_timeout") => Code::Duration(api.header_read_timeout),
             ("`[api]`", "idle_timeout") => Code::Duration(api.idle_timeout),
             ("`[api]`", "max_connections") => Code::Number(api.max_connections as u64),
+            ("`[scaler]`", "listen") => config.scaler.as_ref().map_or(Code::Absent, |s| Code::Text(s.listen.to_string())),
+            ("`[scaler]`", "token") => scaler.token.clone().map_or(Code::Absent, Code::Text),
+            ("`[scaler]`", "max_instances") => Code::Number(scaler.max_instances.into()),
+            ("`[scaler]`", "poll_interval") => Code::Duration(scaler.poll_interval),
             ("`[rule_limits]`", "call_deadline") => Code::Duration(limits.call_deadline),
             ("`[rule_limits]`", "call_fuel") => Code::Number(limits.call_fuel),
             ("`[rule_limits]`", "memory_mib") => Code::Number((limits.memory_bytes >> 20) as u64),

@@ -12,3 +12,4 @@ mod listener;
 mod rule_languages;
 mod rules;
 mod simulate;
+mod scaler;

@@ -16,6 +16,12 @@ pub mod guests {
     include!(concat!(env!("OUT_DIR"), "/guests.rs"));
 }
 
+/// Python with grpcio (pinned in `tests/scaler/requirements.txt`) and the stubs grpcio-tools
+/// generated from `host/proto/externalscaler.proto`.
+pub mod python_grpc {
+    include!(concat!(env!("OUT_DIR"), "/python_grpc.rs"));
+}
+
 /// A component with an extra custom section: the same rule, a different sha256.
 pub fn version_of(bytes: &[u8], version: u64) -> Vec<u8> {
     fn leb(mut n: usize, out: &mut Vec<u8>) {

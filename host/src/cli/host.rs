@@ -27,6 +27,19 @@ pub async fn run(config_path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `ebb scaler`: KEDA's external scaler without processing, until SIGINT or SIGTERM.
+pub async fn scaler(config_path: &Path) -> Result<()> {
+    let config = Config::load(config_path)?;
+    crate::scaler::run_scaler_only(&config, async {
+        if let Err(error) = wait_for_signal().await {
+            tracing::error!("cannot wait for signals: {error}");
+        }
+    })
+    .await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
 /// SIGINT or SIGTERM.
 async fn wait_for_signal() -> Result<()> {
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -94,6 +107,10 @@ pub fn check(config_path: &Path) -> Result<()> {
             None => "built-in (the paper's rule)".into(),
         };
         println!("queue {}: rule {rule}, tasks {}..{}, handler {}", queue.name, queue.settings.min_tasks, queue.settings.max_tasks, crate::handler::masked(&queue.handler_url));
+    }
+    if let Some(scaler) = &config.scaler {
+        let token = if scaler.token.is_some() { "token required" } else { "no token" };
+        println!("scaler: KEDA external scaler on {} ({token}), at most {} instances per queue", scaler.listen, scaler.max_instances);
     }
     let mut problems = problems;
     problems.extend(check_azure_queues(&config));

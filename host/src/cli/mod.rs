@@ -47,6 +47,14 @@ enum Command {
         #[arg(long, short, default_value = "ebb.toml")]
         config: PathBuf,
     },
+    /// Serve KEDA's external scaler only: watch every configured queue (counting it every
+    /// `[scaler] poll_interval`) without processing any message, so that something answers
+    /// KEDA while the workers are scaled to zero. Needs `[scaler] listen`.
+    Scaler {
+        /// The configuration file.
+        #[arg(long, short, default_value = "ebb.toml")]
+        config: PathBuf,
+    },
     /// Validate a configuration file and the rules it names, without running anything.
     Check {
         /// The configuration file.
@@ -88,7 +96,7 @@ enum Command {
 pub fn main(cli: Cli) -> ExitCode {
     // Author commands print their own results; only warnings belong on stderr.
     init_logging(match cli.command {
-        Command::Run { .. } => "info",
+        Command::Run { .. } | Command::Scaler { .. } => "info",
         Command::Demo { .. } => "ebb=warn",
         _ => "warn",
     });
@@ -101,6 +109,7 @@ pub fn main(cli: Cli) -> ExitCode {
             runtime().and_then(|rt| rt.block_on(crate::demo::run(options)))
         }
         Command::Run { config } => runtime().and_then(|rt| rt.block_on(host::run(&config))),
+        Command::Scaler { config } => runtime().and_then(|rt| rt.block_on(host::scaler(&config))),
         Command::Send { queue, body, count, config } => runtime().and_then(|rt| rt.block_on(client::send(&config, &queue, count, body))),
         Command::Status { json, config } => runtime().and_then(|rt| rt.block_on(client::status(&config, json))),
     };

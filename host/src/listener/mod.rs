@@ -64,6 +64,9 @@ struct Shared {
     work: Notify,
     /// Wakes idle tasks early (push notifications).
     wake: Notify,
+    /// Bumped by every work-detected event, for watchers outside (the KEDA scaler's
+    /// `StreamIsActive`).
+    work_events: tokio::sync::watch::Sender<u64>,
     /// Stop taking new batches.
     stopping: CancellationToken,
     /// Drain time is over: release what is still in flight.
@@ -81,6 +84,8 @@ struct Shared {
     /// Whether pushes can reach the queue now (false while the bus between hosts is down:
     /// then a `push` queue polls as a pull queue does).
     push_available: AtomicBool,
+    /// Set by `start`: a listener never started (`ebb scaler`'s) only carries events.
+    started: AtomicBool,
 }
 
 /// A dequeue task's slot in `active_tasks`, given back when the task ends however it
@@ -167,6 +172,7 @@ impl ListenerBuilder {
                 counters: Counters::default(),
                 work: Notify::new(),
                 wake: Notify::new(),
+                work_events: tokio::sync::watch::Sender::new(0),
                 stopping: CancellationToken::new(),
                 abandon: CancellationToken::new(),
                 tasks: TaskTracker::new(),
@@ -176,6 +182,7 @@ impl ListenerBuilder {
                 depth_counted: Mutex::new(None),
                 storage_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
                 push_available: AtomicBool::new(true),
+                started: AtomicBool::new(false),
             }),
         }
     }
@@ -197,6 +204,7 @@ impl Listener {
     /// runs, one get now (messages queued before the start) and one per `safety_poll`
     /// (messages whose notification was lost).
     pub fn start(&self) {
+        self.shared.started.store(true, Ordering::Release);
         let shared = self.shared.clone();
         let span = tracing::info_span!("scaler", queue = %self.queue_name());
         self.shared.tasks.spawn(
@@ -246,6 +254,18 @@ impl Listener {
             let active = shared.counters.active_tasks.load(Ordering::Acquire);
             shared.start_tasks(shared.floor().saturating_sub(active));
         }
+    }
+
+    /// A receiver that sees every work-detected event (a task finding messages, a push),
+    /// as a counter that goes up: for watchers outside the listener, like the KEDA scaler.
+    pub fn work_events(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.work_events.subscribe()
+    }
+
+    /// Time spent in the handler so far, over every message (with `processed` and `failed`
+    /// of the status, the mean latency over any window).
+    pub fn handler_time(&self) -> Duration {
+        Duration::from_micros(self.shared.counters.handler_micros())
     }
 
     /// `QueryState()`: the listener's state, for status and metrics.
@@ -373,7 +393,7 @@ impl Shared {
     /// interval, and the message would wait for it.
     fn work_detected(self: &Arc<Self>) {
         self.work_found();
-        if self.counters.active_tasks.load(Ordering::Acquire) == 0 && !self.stopping.is_cancelled() {
+        if self.started.load(Ordering::Acquire) && self.counters.active_tasks.load(Ordering::Acquire) == 0 && !self.stopping.is_cancelled() {
             self.start_tasks(1);
         } else {
             self.wake.notify_one();
@@ -385,6 +405,7 @@ impl Shared {
     fn work_found(&self) {
         self.counters.work_detected.fetch_add(1, Ordering::Relaxed);
         self.work.notify_one();
+        self.work_events.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     fn random(&self) -> u64 {

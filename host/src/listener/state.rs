@@ -159,6 +159,11 @@ impl Counters {
         self.last_depth_at_ms.store(ms, Ordering::Relaxed);
     }
 
+    /// Microseconds spent in the handler, over every message.
+    pub fn handler_micros(&self) -> u64 {
+        self.handler_micros.load(Ordering::Relaxed)
+    }
+
     pub fn record_success(&self, latency: Duration) {
         self.processed.fetch_add(1, Ordering::Relaxed);
         self.handler_micros.fetch_add(latency.as_micros() as u64, Ordering::Relaxed);

@@ -49,12 +49,13 @@ impl Handler for TestHandler {
 }
 
 /// Records when each get happened and what it returned; panics in the next get when told
-/// to, and marks a message whose body is "corrupt-me" as the embedded store marks a body
+/// to, fails the next `failures_left` gets with a transient error, and marks a message whose body is "corrupt-me" as the embedded store marks a body
 /// that fails its checksum.
 struct RecordingQueue {
     inner: MemoryQueue,
     gets: Mutex<Vec<(Instant, usize)>>,
     panic_in_next_get: AtomicBool,
+    failures_left: AtomicU64,
 }
 
 #[async_trait]
@@ -71,6 +72,9 @@ impl QueueClient for RecordingQueue {
     async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
         if self.panic_in_next_get.swap(false, Ordering::Relaxed) {
             panic!("queue client bug");
+        }
+        if self.failures_left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok() {
+            return Err(QueueError::Transient(anyhow::anyhow!("storage unavailable")));
         }
         let mut got = self.inner.get(max, visibility).await?;
         for message in &mut got {
@@ -102,7 +106,7 @@ struct Fixture {
 
 fn fixture(settings: QueueSettings, rule: Option<PathBuf>) -> Fixture {
     let clock = Arc::new(TokioClock::new());
-    let queue = Arc::new(RecordingQueue { inner: MemoryQueue::new(QUEUE, clock.clone(), 65536), gets: Mutex::default(), panic_in_next_get: AtomicBool::new(false) });
+    let queue = Arc::new(RecordingQueue { inner: MemoryQueue::new(QUEUE, clock.clone(), 65536), gets: Mutex::default(), panic_in_next_get: AtomicBool::new(false), failures_left: AtomicU64::new(0) });
     let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
     let handler = Arc::new(TestHandler::default());
     let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
@@ -687,4 +691,18 @@ async fn rules_are_told_the_listeners_clock_so_a_simulated_hour_is_an_hour() {
     let span_ms = told.last().unwrap() - told.first().unwrap();
     assert!(span_ms > 3_500_000, "the rule saw {span_ms} ms pass in a simulated hour");
     assert!(real.elapsed() < Duration::from_secs(60), "in much less real time");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_start_up_poll_that_meets_a_storage_outage_keeps_trying_until_it_looks() {
+    let f = fixture(zero_idle(Duration::from_secs(3600)), None);
+    f.queue.failures_left.store(5, Ordering::Relaxed);
+    put(f.queue.as_ref(), "sent while the host was down", 1).await;
+    let listener = f.listener;
+    listener.start();
+    sleep(Duration::from_secs(120)).await;
+    let status = listener.status();
+    assert_eq!(status.storage_errors, 5);
+    assert_eq!(status.processed, 1, "the probe retried with back-off and found the message");
+    assert_eq!(status.safety_polls, 1, "one probe, not one per failure");
 }

@@ -284,6 +284,26 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn idle_transactions_are_empty_gets_and_counts_that_found_nothing() {
+        let clock = Arc::new(crate::queue::TokioClock::new());
+        let queue = Metered::new(crate::queue::memory::MemoryQueue::new("metered", clock, 1024));
+        let t = queue.transactions();
+        assert_eq!(queue.approximate_count().await.unwrap(), 0);
+        assert!(queue.get(32, Duration::from_secs(30)).await.unwrap().is_empty());
+        queue.put(b"work", Duration::ZERO).await.unwrap();
+        assert_eq!(queue.approximate_count().await.unwrap(), 1);
+        let got = queue.get(32, Duration::from_secs(30)).await.unwrap();
+        queue.delete(&got[0].id, &got[0].pop_receipt).await.unwrap();
+        let counts = t.snapshot();
+        assert_eq!((counts.counts, counts.counts_empty, counts.gets_empty, counts.gets_with_messages), (2, 1, 1, 1));
+        assert_eq!((counts.idle(), counts.total()), (2, 6));
+        // The rates see the same split.
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let rates = t.rates();
+        assert!((rates.idle_per_hour - 120.0).abs() < 1e-9 && (rates.all_per_hour - 360.0).abs() < 1e-9, "{rates:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn early_rates_are_taken_over_the_time_since_start_but_at_least_a_minute() {
         let t = Transactions::default();
         tokio::time::advance(Duration::from_secs(36)).await;

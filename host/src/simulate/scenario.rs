@@ -172,6 +172,8 @@ pub fn read_trace(path: &Path) -> Result<Vec<Arrival>> {
 
 /// Parses trace text (see [`read_trace`]).
 pub fn parse_trace(text: &str) -> Result<Vec<Arrival>> {
+    // A spreadsheet's export may start with a byte-order mark.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut arrivals = Vec::new();
     let mut total = 0u64;
     let mut seen_content = false;
@@ -279,6 +281,9 @@ mod tests {
     fn a_trace_takes_seconds_and_counts_a_header_and_comments() {
         let arrivals = parse_trace("seconds,count\n# a comment\n\n2.5,3\n1\n").unwrap();
         assert_eq!(arrivals, vec![Arrival { at: Duration::from_secs(1), count: 1 }, Arrival { at: Duration::from_millis(2500), count: 3 }]);
+        // Windows line ends and a byte-order mark (no header: the first line is an arrival).
+        let arrivals = parse_trace("\u{feff}1,2\r\n3\r\n").unwrap();
+        assert_eq!(arrivals, vec![Arrival { at: Duration::from_secs(1), count: 2 }, Arrival { at: Duration::from_secs(3), count: 1 }]);
     }
 
     #[test]

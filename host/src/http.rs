@@ -441,7 +441,14 @@ async fn send(
         Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => return too_large(limits),
         Err(rejection) => return error(rejection.status(), rejection.body_text()),
     };
-    match queue.put(&body, delay).await {
+    // Storage that stalls (each try may wait its request timeout, and retries add up) must
+    // still get the client an answer, before its connection times out or the client gives up.
+    let deadline = SEND_DEADLINE.min(limits.idle_timeout / 2);
+    let put = match tokio::time::timeout(deadline, queue.put(&body, delay)).await {
+        Ok(put) => put,
+        Err(_) => Err(QueueError::Transient(anyhow::anyhow!("storage did not answer within {}", humantime::format_duration(deadline)))),
+    };
+    match put {
         Ok(id) => {
             // The host saw the message arrive: no need to wait for a poll to notice it.
             for listener in api.listeners.get(&name).into_iter().flatten() {
@@ -453,9 +460,15 @@ async fn send(
             (StatusCode::CREATED, Json(json!({ "id": id }))).into_response()
         }
         Err(e @ QueueError::MessageTooLarge { .. }) => error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),
+        // The sender's to fix: retrying the same body can never work.
+        Err(e @ QueueError::InvalidBody(_)) => error(StatusCode::BAD_REQUEST, e.to_string()),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }
+
+/// The longest a send waits for storage before answering 503 (at most half the API's
+/// `idle_timeout`; under `ebb send`'s 30 s).
+const SEND_DEADLINE: Duration = Duration::from_secs(20);
 
 async fn notify(State(api): State<Arc<Api>>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
     if let Some((key, _)) = form_urlencoded::parse(query.unwrap_or_default().as_bytes()).next() {

@@ -110,7 +110,11 @@ async fn closed(stream: &mut (impl tokio::io::AsyncRead + Unpin)) {
 
 /// An API with one in-memory queue, `orders`, and no listener, served in process with `limits`.
 async fn serve(limits: ApiLimits) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<Result<()>>) {
-    let queue: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("orders", Arc::new(TokioClock::new()), limits.max_body_bytes));
+    serve_queue(limits, Arc::new(MemoryQueue::new("orders", Arc::new(TokioClock::new()), limits.max_body_bytes))).await
+}
+
+/// An API with `queue` as `orders`.
+async fn serve_queue(limits: ApiLimits, queue: Arc<dyn QueueClient>) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<Result<()>>) {
     let queues = BTreeMap::from([("orders".to_string(), queue)]);
     let api = Arc::new(Api {
         listeners: BTreeMap::new(),
@@ -431,5 +435,58 @@ async fn connections_past_the_limit_wait_until_one_closes() -> Result<()> {
     ensure!(answer.status == 200, "{answer:?}");
     shutdown.cancel();
     task.await??;
+    Ok(())
+}
+
+/// A queue whose puts never answer (stalled storage), or always refuse the body.
+struct Refusing {
+    stall: bool,
+}
+
+#[async_trait::async_trait]
+impl QueueClient for Refusing {
+    fn name(&self) -> &str {
+        "orders"
+    }
+    async fn create_if_missing(&self) -> Result<(), ebb::queue::QueueError> {
+        Ok(())
+    }
+    async fn put(&self, _: &[u8], _: Duration) -> Result<ebb::queue::MessageId, ebb::queue::QueueError> {
+        if self.stall {
+            std::future::pending::<()>().await;
+        }
+        Err(ebb::queue::QueueError::InvalidBody("it holds the character U+0000".into()))
+    }
+    async fn get(&self, _: u32, _: Duration) -> Result<Vec<ebb::queue::Message>, ebb::queue::QueueError> {
+        Ok(vec![])
+    }
+    async fn delete(&self, _: &ebb::queue::MessageId, _: &ebb::queue::PopReceipt) -> Result<(), ebb::queue::QueueError> {
+        Ok(())
+    }
+    async fn update_visibility(&self, _: &ebb::queue::MessageId, r: &ebb::queue::PopReceipt, _: Duration) -> Result<ebb::queue::PopReceipt, ebb::queue::QueueError> {
+        Ok(r.clone())
+    }
+    async fn approximate_count(&self) -> Result<u64, ebb::queue::QueueError> {
+        Ok(0)
+    }
+}
+
+/// Review (session 4): a send to stalled storage got no answer at all (the connection was
+/// closed at the idle timeout, 60 s, after the retries' request timeouts added up), and a
+/// body the queue can never store answered 503, which clients retry.
+#[tokio::test(start_paused = true)]
+async fn a_send_to_stalled_storage_answers_503_in_time_and_an_impossible_body_400() -> Result<()> {
+    let limits = ApiLimits::default();
+    let (addr, _shutdown, _task) = serve_queue(limits, Arc::new(Refusing { stall: true })).await;
+    let started = Instant::now();
+    let answer = raw(addr, &request("POST", "/queues/orders/messages", Some(TOKEN), b"x")).await?;
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert!(answer.error()?.contains("did not answer within"), "{answer:?}");
+    assert!(started.elapsed() < limits.idle_timeout, "answered after {:?}", started.elapsed());
+
+    let (addr, _shutdown, _task) = serve_queue(limits, Arc::new(Refusing { stall: false })).await;
+    let answer = raw(addr, &request("POST", "/queues/orders/messages", Some(TOKEN), b"x")).await?;
+    assert_eq!(answer.status, 400, "{answer:?}");
+    assert!(answer.error()?.contains("U+0000"), "{answer:?}");
     Ok(())
 }

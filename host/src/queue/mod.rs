@@ -147,6 +147,10 @@ pub enum QueueError {
         /// The limit in bytes.
         limit: usize,
     },
+    /// The body cannot be a message of this queue at all (not text, where the queue
+    /// stores text): the sender's to fix, never worth retrying.
+    #[error("the body cannot be stored in this queue: {0}")]
+    InvalidBody(String),
     /// A get asked for more than [`MAX_BATCH`] messages (or none).
     #[error("a get takes 1 to {MAX_BATCH} messages, not {0}")]
     BadBatchSize(u32),

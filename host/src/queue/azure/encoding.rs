@@ -1,11 +1,15 @@
 //! How a body becomes a message's text, and back.
 
-use anyhow::anyhow;
-
 use crate::queue::QueueError;
 
 /// Azure's limit on a message's text (after encoding), in bytes.
 pub const MAX_ENCODED_BYTES: usize = 64 * 1024;
+
+/// Characters XML 1.0 can carry: tab, line feed, carriage return, and U+0020 up, less
+/// U+FFFE and U+FFFF (a Rust string holds no surrogates).
+fn allowed_in_xml(c: char) -> bool {
+    matches!(c, '\t' | '\n' | '\r') || (c >= ' ' && c != '\u{FFFE}' && c != '\u{FFFF}')
+}
 
 /// How bodies are written as message text.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -39,9 +43,15 @@ impl Encoding {
         match self {
             Encoding::Base64 => Ok(azure_core::base64::encode(body)),
             Encoding::None => match std::str::from_utf8(body) {
-                Ok(text) => Ok(text.to_string()),
-                Err(error) => Err(QueueError::Fatal(anyhow!(
-                    "the body is not valid UTF-8 ({error}); a queue with message encoding \"none\" sends text: use base64 for binary bodies"
+                Ok(text) => match text.chars().find(|&c| !allowed_in_xml(c)) {
+                    None => Ok(text.to_string()),
+                    Some(c) => Err(QueueError::InvalidBody(format!(
+                        "it holds the character U+{:04X}, which XML (the message text) cannot carry; a queue with message encoding \"none\" sends text: use base64 for such bodies",
+                        c as u32
+                    ))),
+                },
+                Err(error) => Err(QueueError::InvalidBody(format!(
+                    "it is not valid UTF-8 ({error}); a queue with message encoding \"none\" sends text: use base64 for binary bodies"
                 ))),
             },
         }
@@ -51,7 +61,8 @@ impl Encoding {
     pub(crate) fn decode(self, text: String) -> (Vec<u8>, Option<String>) {
         match self {
             Encoding::None => (text.into_bytes(), None),
-            Encoding::Base64 => match azure_core::base64::decode(text.trim()) {
+            // MIME-style base64 (line breaks every 76 characters) is what some writers send.
+            Encoding::Base64 => match azure_core::base64::decode(text.split_ascii_whitespace().collect::<String>()) {
                 Ok(body) => (body, None),
                 Err(error) => {
                     let defect = format!("undecodable: the message text is not base64 ({error}); was it put with another encoding?");
@@ -80,10 +91,28 @@ mod tests {
         assert!(defect.unwrap().starts_with("undecodable: "));
     }
 
+    /// Review (session 4): invalid UTF-8 was a fatal storage error (the API answered 503, a
+    /// retryable status), and control characters were accepted, then every get of the
+    /// message failed on the service (Azurite answers 500), so it was never delivered.
     #[test]
-    fn none_refuses_bytes_that_are_not_utf8() {
-        assert!(matches!(Encoding::None.encode(&[0xff, 0xfe]), Err(QueueError::Fatal(_))));
-        assert_eq!(Encoding::None.encode(b"<a & b>").unwrap(), "<a & b>");
+    fn none_refuses_bytes_that_are_not_utf8_or_not_xml_characters_as_an_invalid_body() {
+        assert!(matches!(Encoding::None.encode(&[0xff, 0xfe]), Err(QueueError::InvalidBody(_))));
+        for bad in ["a\u{0}b", "\u{b}", "x\u{1f}", "\u{fffe}"] {
+            let error = Encoding::None.encode(bad.as_bytes()).unwrap_err();
+            assert!(matches!(error, QueueError::InvalidBody(ref reason) if reason.contains("U+")), "{bad:?}: {error}");
+        }
+        assert_eq!(Encoding::None.encode(b"<a & b>\t\r\n").unwrap(), "<a & b>\t\r\n");
+        assert_eq!(Encoding::None.encode("héllo ✓ \u{10000}".as_bytes()).unwrap(), "héllo ✓ \u{10000}");
+    }
+
+    /// Review (session 4): base64 broken into lines (MIME style, as Python's
+    /// `base64.encodebytes` writes it) went to poison as undecodable.
+    #[test]
+    fn base64_with_line_breaks_decodes() {
+        let body: Vec<u8> = (0..=255).cycle().take(200).collect();
+        let text = Encoding::Base64.encode(&body).unwrap();
+        let mime: String = text.as_bytes().chunks(76).map(|line| format!("{}\n", std::str::from_utf8(line).unwrap())).collect();
+        assert_eq!(Encoding::Base64.decode(mime), (body, None));
     }
 
     #[test]

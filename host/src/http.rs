@@ -534,6 +534,7 @@ async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let poisoned_body_only = counter(&mut registry, "messages_poisoned_body_only", "Poisoned messages moved as the bare body because the envelope did not fit");
     let handler_panics = counter(&mut registry, "handler_panics", "Handler calls that panicked (counted as failures)");
     let host_errors = counter(&mut registry, "handler_host_errors", "Handler calls the host could not make (out of file descriptors); retried, never poisoned for");
+    let poison_failures = counter(&mut registry, "poison_failures", "Poisonings the poison queue refused (the message stays, tried again after max_retry_delay)");
     let leases_lost = counter(&mut registry, "leases_lost", "Leases another lease replaced before or while the handler ran (storage slower than half the lease)");
     let task_panics = counter(&mut registry, "task_panics", "Dequeue or scaler tasks that panicked and were restarted");
     let rule_call_panics = counter(&mut registry, "rule_call_panics", "Rule calls whose blocking task panicked (the built-in rule decided)");
@@ -576,6 +577,7 @@ async fn metrics(State(api): State<Arc<Api>>) -> Response {
         handler_panics.get_or_create(&label).inc_by(s.handler_panics);
         task_panics.get_or_create(&label).inc_by(s.task_panics);
         leases_lost.get_or_create(&label).inc_by(s.leases_lost);
+        poison_failures.get_or_create(&label).inc_by(s.poison_failures);
         host_errors.get_or_create(&label).inc_by(s.host_errors);
         rule_call_panics.get_or_create(&label).inc_by(s.rule_call_panics);
         if let Some(rule) = &s.rule {

@@ -706,3 +706,35 @@ async fn a_start_up_poll_that_meets_a_storage_outage_keeps_trying_until_it_looks
     assert_eq!(status.processed, 1, "the probe retried with back-off and found the message");
     assert_eq!(status.safety_polls, 1, "one probe, not one per failure");
 }
+
+/// Review (session 4): a message the poison queue refuses (on Azure: 60,000 bytes of text
+/// that is not base64, too large once encoded for the poison queue) came back at every
+/// lease, failed to poison again, and logged an ERROR each time, forever.
+#[tokio::test(start_paused = true)]
+async fn a_message_the_poison_queue_refuses_waits_the_longest_retry_delay_and_logs_little() {
+    let capture = ebb_tests::LogCapture::default();
+    let _guard = capture.start(tracing::Level::WARN);
+    let clock = Arc::new(TokioClock::new());
+    let queue = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock, 8));
+    let handler = Arc::new(TestHandler::default());
+    let settings = QueueSettings {
+        max_dequeue_count: 1,
+        lease_duration: Duration::from_secs(2),
+        max_retry_delay: Duration::from_secs(300),
+        poison_envelope: false,
+        ..Default::default()
+    };
+    let listener = Listener::builder(queue.clone(), poison.clone(), handler.clone()).settings(settings).build();
+    queue.put(b"fail: too long for the poison queue", Duration::ZERO).await.unwrap();
+    listener.start();
+    sleep(Duration::from_secs(290)).await;
+    assert_eq!(handler.calls.load(Ordering::Relaxed), 1, "not re-leased every 2 s lease");
+    assert_eq!(listener.status().poison_failures, 1);
+    assert_eq!(queue.approximate_count().await.unwrap(), 1, "the message is kept");
+    // Visible again at 300 s; found within the idle back-off (at most a minute).
+    sleep(Duration::from_secs(80)).await;
+    assert_eq!(listener.status().poison_failures, 2, "poisoning tried again after max_retry_delay");
+    let log = capture.text();
+    assert_eq!(log.matches("cannot poison").count(), 2, "{log}");
+}

@@ -230,7 +230,19 @@ impl Shared {
                     tracing::warn!(id = %message.id, "poisoned, but the delete failed (it may be poisoned twice): {error}");
                 }
             }
-            Err(error) => tracing::error!(id = %message.id, "cannot poison, leaving the message in place (tried again after its lease): {error}"),
+            Err(error) => {
+                // Left in place, but out of the way for the longest retry delay: a message the
+                // poison queue refuses (too large once encoded, the queue gone) would
+                // otherwise come back at every lease, and with it this line.
+                self.counters.poison_failures.fetch_add(1, Ordering::Relaxed);
+                let delay = self.settings.max_retry_delay;
+                if let Some(suppressed) = self.poison_log.allow() {
+                    tracing::error!(id = %message.id, ?delay, suppressed, "cannot poison ({reason}), leaving the message in place, tried again after {delay:?}: {error}");
+                }
+                if let Err(error) = self.queue.update_visibility(&message.id, receipt, delay).await {
+                    tracing::debug!(id = %message.id, "could not set the delay before the next poisoning try (it comes back after its lease): {error}");
+                }
+            }
         }
     }
 }

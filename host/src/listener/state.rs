@@ -26,6 +26,7 @@ pub(super) struct Counters {
     pub released_on_shutdown: AtomicU64,
     pub lease_renewals: AtomicU64,
     pub leases_lost: AtomicU64,
+    pub poison_failures: AtomicU64,
     pub storage_errors: AtomicU64,
     pub work_detected: AtomicU64,
     pub safety_polls: AtomicU64,
@@ -241,6 +242,8 @@ pub struct ListenerStatus {
     pub lease_renewals: u64,
     /// Leases found lost (another lease replaced ours) before or while the handler ran.
     pub leases_lost: u64,
+    /// Poisonings the poison queue refused (the message stays, tried again after `max_retry_delay`).
+    pub poison_failures: u64,
     /// Failed gets.
     pub storage_errors: u64,
     /// Work-detected events raised.
@@ -300,6 +303,7 @@ impl Shared {
             released_on_shutdown: load64(&c.released_on_shutdown),
             lease_renewals: load64(&c.lease_renewals),
             leases_lost: load64(&c.leases_lost),
+            poison_failures: load64(&c.poison_failures),
             storage_errors: load64(&c.storage_errors),
             work_detected: load64(&c.work_detected),
             safety_polls: load64(&c.safety_polls),

@@ -305,6 +305,16 @@ async fn ebb_scaler_counts_azure_queues_to_find_work_sent_around_it() {
     host.stop().await;
 }
 
+#[test]
+fn ebb_scaler_without_a_scaler_address_says_which_key_to_set() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ebb.toml"), "[queues.orders]\nhandler = { url = \"http://127.0.0.1:9/work\" }\n").unwrap();
+    let output = Command::new(EBB).args(["scaler", "--config"]).arg(dir.path().join("ebb.toml")).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert!(error.contains("scaler.listen: not set"), "{error}");
+}
+
 // ---- in process: the metric's limits ----
 
 mod in_process {

@@ -222,6 +222,10 @@ async fn stream_is_active_pushes_activation_when_a_message_is_sent_and_deactivat
     assert!(next(&mut stream).await, "a send activates");
     wait_until("the message handled", || async { !app.seen.lock().unwrap().is_empty() }).await;
     assert!(!next(&mut stream).await, "once the work is done (and the activity hold is over), inactive again");
+    // A push notification (what a producer or the Redis bus sends) activates too.
+    let notify = reqwest::Client::new().post(format!("http://{}/queues/orders/notify", site.api)).bearer_auth(API_TOKEN).send().await.unwrap();
+    assert_eq!(notify.status(), reqwest::StatusCode::ACCEPTED);
+    assert!(next(&mut stream).await, "a notification activates");
 
     let mut specs = client.stream_metric_spec(object("orders")).await.unwrap().into_inner();
     let spec = specs.message().await.unwrap().unwrap();

@@ -197,6 +197,10 @@ async fn calls_without_the_token_or_with_a_wrong_queue_or_metric_get_a_clear_err
     let error = client.is_active(object("nope")).await.unwrap_err();
     assert_eq!(error.code(), Code::NotFound);
     assert!(error.message().contains("no queue named \"nope\"") && error.message().contains("orders"), "{}", error.message());
+    // A hostile queue name: refused, and not echoed back whole.
+    let error = client.is_active(object(&"x".repeat(1 << 20))).await.unwrap_err();
+    assert_eq!(error.code(), Code::NotFound);
+    assert!(error.message().len() < 300, "{} bytes", error.message().len());
     let mut no_queue = object("orders");
     no_queue.scaler_metadata.remove("queue");
     let error = client.get_metric_spec(no_queue).await.unwrap_err();

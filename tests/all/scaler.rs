@@ -323,6 +323,38 @@ fn ebb_scaler_without_a_scaler_address_says_which_key_to_set() {
     assert!(error.contains("scaler.listen: not set"), "{error}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_azure_a_thousand_scaler_calls_bill_no_count_beyond_the_cached_one() {
+    use ebb_tests::azurite::{Azurite, unique_queue_name};
+
+    let azurite = Azurite::shared();
+    let (_app, app_addr) = App::start(Duration::from_millis(1)).await;
+    let site = Site::new(app_addr);
+    let queue = unique_queue_name("scaler-bill");
+    let config = std::fs::read_to_string(site.dir.path().join("ebb.toml")).unwrap().replace("[queues.orders]\n", &format!("[queues.{queue}]\nbackend = \"azure\"\n"));
+    std::fs::write(site.dir.path().join("ebb.toml"), format!("{config}[azure]\nconnection_string = \"{}\"\n", azurite.connection_string())).unwrap();
+    let host = site.start("run").await;
+    let mut client = site.client().await;
+    let counts = || async {
+        let body = reqwest::Client::new().get(format!("http://{}/status", site.api)).bearer_auth(API_TOKEN).send().await.unwrap().bytes().await.unwrap();
+        let status: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        status["queues"].as_array().unwrap().iter().map(|q| q["transactions"]["counts"].as_u64().unwrap()).sum::<u64>()
+    };
+    // The status's own depth refresh (one count per partition, then at most one per 30 s).
+    let _ = counts().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = counts().await;
+    assert!(before >= 1, "counts are metered (the status's refresh made some)");
+    for _ in 0..500 {
+        assert!(client.is_active(object(&queue)).await.is_ok());
+        let request = GetMetricsRequest { scaled_object_ref: Some(object(&queue)), metric_name: String::new() };
+        assert!(client.get_metrics(request).await.is_ok());
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(counts().await, before, "1,000 scaler calls made no count of their own (the cached depth answered)");
+    host.stop().await;
+}
+
 // ---- in process: the metric's limits ----
 
 mod in_process {
@@ -438,7 +470,7 @@ mod in_process {
     #[tokio::test(start_paused = true)]
     async fn work_detected_keeps_an_empty_queue_active_for_the_activity_hold() {
         let (queue, _rules) = scaler_queue(guests::PAPER_DEFAULT, &[], 0).await;
-        let mut events = queue.work_events();
+        let events = queue.work_events();
         assert!(!queue.is_active());
         queue.note_work();
         assert!(events.has_changed().unwrap(), "stream watchers hear of it at once");

@@ -197,6 +197,10 @@ async fn calls_without_the_token_or_with_a_wrong_queue_or_metric_get_a_clear_err
     let error = client.is_active(object("nope")).await.unwrap_err();
     assert_eq!(error.code(), Code::NotFound);
     assert!(error.message().contains("no queue named \"nope\"") && error.message().contains("orders"), "{}", error.message());
+    // A hostile queue name: refused, and not echoed back whole.
+    let error = client.is_active(object(&"x".repeat(1 << 20))).await.unwrap_err();
+    assert_eq!(error.code(), Code::NotFound);
+    assert!(error.message().len() < 300, "{} bytes", error.message().len());
     let mut no_queue = object("orders");
     no_queue.scaler_metadata.remove("queue");
     let error = client.get_metric_spec(no_queue).await.unwrap_err();
@@ -222,6 +226,10 @@ async fn stream_is_active_pushes_activation_when_a_message_is_sent_and_deactivat
     assert!(next(&mut stream).await, "a send activates");
     wait_until("the message handled", || async { !app.seen.lock().unwrap().is_empty() }).await;
     assert!(!next(&mut stream).await, "once the work is done (and the activity hold is over), inactive again");
+    // A push notification (what a producer or the Redis bus sends) activates too.
+    let notify = reqwest::Client::new().post(format!("http://{}/queues/orders/notify", site.api)).bearer_auth(API_TOKEN).send().await.unwrap();
+    assert_eq!(notify.status(), reqwest::StatusCode::ACCEPTED);
+    assert!(next(&mut stream).await, "a notification activates");
 
     let mut specs = client.stream_metric_spec(object("orders")).await.unwrap().into_inner();
     let spec = specs.message().await.unwrap().unwrap();
@@ -302,6 +310,48 @@ async fn ebb_scaler_counts_azure_queues_to_find_work_sent_around_it() {
     }
     assert!(app.seen.lock().unwrap().is_empty(), "a scaler-only host processes nothing");
     assert_eq!(partition.approximate_count().await.unwrap(), 101, "and takes nothing off the queue");
+    host.stop().await;
+}
+
+#[test]
+fn ebb_scaler_without_a_scaler_address_says_which_key_to_set() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ebb.toml"), "[queues.orders]\nhandler = { url = \"http://127.0.0.1:9/work\" }\n").unwrap();
+    let output = Command::new(EBB).args(["scaler", "--config"]).arg(dir.path().join("ebb.toml")).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert!(error.contains("scaler.listen: not set"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_azure_a_thousand_scaler_calls_bill_no_count_beyond_the_cached_one() {
+    use ebb_tests::azurite::{Azurite, unique_queue_name};
+
+    let azurite = Azurite::shared();
+    let (_app, app_addr) = App::start(Duration::from_millis(1)).await;
+    let site = Site::new(app_addr);
+    let queue = unique_queue_name("scaler-bill");
+    let config = std::fs::read_to_string(site.dir.path().join("ebb.toml")).unwrap().replace("[queues.orders]\n", &format!("[queues.{queue}]\nbackend = \"azure\"\n"));
+    std::fs::write(site.dir.path().join("ebb.toml"), format!("{config}[azure]\nconnection_string = \"{}\"\n", azurite.connection_string())).unwrap();
+    let host = site.start("run").await;
+    let mut client = site.client().await;
+    let counts = || async {
+        let body = reqwest::Client::new().get(format!("http://{}/status", site.api)).bearer_auth(API_TOKEN).send().await.unwrap().bytes().await.unwrap();
+        let status: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        status["queues"].as_array().unwrap().iter().map(|q| q["transactions"]["counts"].as_u64().unwrap()).sum::<u64>()
+    };
+    // The status's own depth refresh (one count per partition, then at most one per 30 s).
+    let _ = counts().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = counts().await;
+    assert!(before >= 1, "counts are metered (the status's refresh made some)");
+    for _ in 0..500 {
+        assert!(client.is_active(object(&queue)).await.is_ok());
+        let request = GetMetricsRequest { scaled_object_ref: Some(object(&queue)), metric_name: String::new() };
+        assert!(client.get_metrics(request).await.is_ok());
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(counts().await, before, "1,000 scaler calls made no count of their own (the cached depth answered)");
     host.stop().await;
 }
 
@@ -420,7 +470,7 @@ mod in_process {
     #[tokio::test(start_paused = true)]
     async fn work_detected_keeps_an_empty_queue_active_for_the_activity_hold() {
         let (queue, _rules) = scaler_queue(guests::PAPER_DEFAULT, &[], 0).await;
-        let mut events = queue.work_events();
+        let events = queue.work_events();
         assert!(!queue.is_active());
         queue.note_work();
         assert!(events.has_changed().unwrap(), "stream watchers hear of it at once");

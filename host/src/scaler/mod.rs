@@ -349,7 +349,10 @@ impl ScalerQueue {
             metric
         });
         match tokio::time::timeout_at(deadline, call).await {
-            Ok(Ok(metric)) => metric,
+            Ok(Ok(metric)) => {
+                tracing::debug!(queue = %self.name, depth = snapshot.depth, tasks = metric.tasks, instances = metric.instances, source = ?metric.source, "scaler metric");
+                metric
+            }
             Ok(Err(error)) => {
                 tracing::error!(queue = %self.name, "the scaler's rule call failed; the built-in rule decided: {error}");
                 self.metric_of(built_in_task_count(&state, DecisionSource::Fallback), false)

@@ -128,16 +128,19 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 /// The log filter: `EBB_LOG` if set (ebb's own name, kept as an alias), else `RUST_LOG` (the
 /// ecosystem's convention), else the command's default. Both take `tracing` filter directives,
-/// e.g. `warn,ebb=debug`. An invalid filter is reported and the default used.
+/// e.g. `warn,ebb=debug`. An invalid filter is reported and the default used. The default
+/// keeps the Azure SDK's own request log at `warn`: it logs every failed try at `info`, a
+/// line per try per task during an outage, which ebb reports itself, rate-limited.
 fn log_filter(ebb_log: Option<String>, rust_log: Option<String>, default_level: &str) -> tracing_subscriber::EnvFilter {
+    let default = || tracing_subscriber::EnvFilter::new(format!("{default_level},typespec_client_core=warn,azure_core=warn"));
     let Some((variable, directives)) =
         [("EBB_LOG", ebb_log), ("RUST_LOG", rust_log)].into_iter().find_map(|(name, value)| value.filter(|v| !v.trim().is_empty()).map(|v| (name, v)))
     else {
-        return default_level.into();
+        return default();
     };
     tracing_subscriber::EnvFilter::try_new(&directives).unwrap_or_else(|error| {
         eprintln!("warning: {variable}={directives:?} is not a log filter ({error}); using {default_level:?}");
-        default_level.into()
+        default()
     })
 }
 
@@ -163,11 +166,12 @@ mod tests {
     #[test]
     fn the_log_filter_comes_from_ebb_log_then_rust_log_then_the_default() {
         let filter = |ebb: Option<&str>, rust: Option<&str>| log_filter(ebb.map(Into::into), rust.map(Into::into), "info").to_string();
-        assert_eq!(filter(None, None), "info");
+        let default = tracing_subscriber::EnvFilter::new("info,typespec_client_core=warn,azure_core=warn").to_string();
+        assert_eq!(filter(None, None), default, "the Azure SDK's per-try request log stays at warn");
         // EnvFilter prints its directives in its own order.
         assert_eq!(filter(None, Some("warn,ebb=debug")), tracing_subscriber::EnvFilter::new("warn,ebb=debug").to_string());
         assert_eq!(filter(Some("error"), Some("warn")), "error");
         assert_eq!(filter(Some(""), Some("warn")), "warn", "an empty EBB_LOG is as if unset");
-        assert_eq!(filter(None, Some("ebb=[[[")), "info", "an invalid filter falls back to the default");
+        assert_eq!(filter(None, Some("ebb=[[[")), default, "an invalid filter falls back to the default");
     }
 }

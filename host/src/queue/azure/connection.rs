@@ -156,7 +156,14 @@ impl AzureAccount {
     /// Trusts `pem` (one or more certificates) as an extra root for this account's https
     /// endpoint, besides the system's roots.
     pub fn with_root_certificate(mut self, pem: &[u8]) -> anyhow::Result<Self> {
-        azure_reqwest::Certificate::from_pem_bundle(pem).map_err(|e| anyhow!("not a PEM certificate: {e}"))?;
+        let certificates = azure_reqwest::Certificate::from_pem_bundle(pem).map_err(|e| anyhow!("not a PEM certificate: {e}"))?;
+        if certificates.is_empty() {
+            bail!("no PEM certificate in it (-----BEGIN CERTIFICATE----- …)");
+        }
+        // Parsed once more the way the client is built, so a damaged certificate fails here.
+        certificates.into_iter().try_fold(azure_reqwest::Client::builder(), |builder, c| Ok::<_, anyhow::Error>(builder.add_root_certificate(c)))?
+            .build()
+            .map_err(|e| anyhow!("not a usable certificate: {e}"))?;
         self.root_certificate = Some(Arc::from(pem));
         Ok(self)
     }
@@ -316,6 +323,9 @@ fn parse_endpoint(endpoint: &str) -> anyhow::Result<Url> {
     if url.query().is_some() {
         bail!("queue endpoint must not carry a query: put a SAS in SharedAccessSignature");
     }
+    if !url.username().is_empty() || url.password().is_some() {
+        bail!("queue endpoint must not carry a user name or password: give the credential as a key, a SAS or an Entra ID identity");
+    }
     if url.cannot_be_a_base() || url.host().is_none() {
         bail!("queue endpoint {endpoint:?} has no host");
     }
@@ -411,6 +421,8 @@ mod tests {
             ("bad protocol", format!("DefaultEndpointsProtocol=ftp;AccountName=orders;AccountKey={KEY}"), "https or http"),
             ("bad endpoint", format!("AccountName=orders;AccountKey={KEY};QueueEndpoint=nowhere"), "QueueEndpoint"),
             ("bad account", format!("AccountName=Or_ders;AccountKey={KEY}"), "account name"),
+            // Review (session 4): user info was taken and ended as a misleading 403.
+            ("user info", format!("AccountName=orders;AccountKey={KEY};QueueEndpoint=http://bob:secretvalue@127.0.0.1:1/orders"), "user name or password"),
         ];
         for (name, text, expected) in cases {
             let error = parse(&text).err().unwrap_or_else(|| panic!("{name}: parsed"));
@@ -418,6 +430,20 @@ mod tests {
             for secret in [KEY, "secretvalue", "not*base64"] {
                 assert!(!error.contains(secret), "{name}: the error shows a secret: {error}");
             }
+        }
+    }
+
+    /// Review (session 4): an empty file, text that is not a certificate, or a PEM block of
+    /// garbage passed as `ca_file` and failed only later, as an opaque TLS or builder error.
+    #[test]
+    fn a_root_certificate_must_hold_a_certificate() {
+        let account = parse(&format!("AccountName=orders;AccountKey={KEY}")).unwrap();
+        for (name, pem) in [
+            ("empty", String::new()),
+            ("not PEM", "just some text\n".into()),
+            ("garbage in a PEM block", "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n".into()),
+        ] {
+            assert!(account.clone().with_root_certificate(pem.as_bytes()).is_err(), "{name} was taken");
         }
     }
 

@@ -87,6 +87,21 @@ async fn triggers_reach_every_host_and_an_outage_falls_back_to_polling_then_reco
     .await;
 }
 
+/// Review (session 4): a stalled Redis (SIGSTOP; or a route that drops packets silently)
+/// never ended the subscription, so the bus said "connected" for ever while push queues
+/// idled at zero tasks and nothing found new messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_redis_is_an_outage_within_seconds() {
+    let redis = RedisServer::start();
+    let h = host(&redis.url());
+    wait_for("subscribed", Duration::from_secs(10), || h.bus.status().connected).await;
+    redis.freeze();
+    wait_for("the stall seen as an outage", Duration::from_secs(15), || !h.bus.status().connected).await;
+    assert_eq!(h.availability.lock().unwrap().last(), Some(&false), "the listeners are told to poll");
+    redis.thaw();
+    wait_for("subscribed again", Duration::from_secs(30), || h.bus.status().connected).await;
+}
+
 #[tokio::test]
 async fn a_bus_that_never_connects_keeps_the_listeners_polling_and_logs_once() {
     let capture = ebb_tests::LogCapture::default();

@@ -44,6 +44,24 @@ impl RedisServer {
         }
     }
 
+    /// Stops the server's process without closing anything (SIGSTOP): connections stay open
+    /// and nothing answers, like a stalled server or a silently dropped route.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen server go on (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        // The server's process title (it sets its own), never the guard shell's command line.
+        let pattern = format!("redis-server 127.0.0.1:{}$", self.port);
+        let status = Command::new("pkill").args([signal, "-f", &pattern]).status().expect("pkill runs");
+        assert!(status.success(), "no redis-server on port {} to signal", self.port);
+    }
+
     /// Starts it again on the same port.
     pub fn resume(&mut self) {
         self.stop();

@@ -9,6 +9,10 @@ use redis::aio::MultiplexedConnection;
 
 use super::PubSub;
 
+/// How often an idle subscription is pinged, and how long an answer may take.
+const PING_EVERY: std::time::Duration = std::time::Duration::from_secs(3);
+const PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A Redis server's pub/sub.
 pub struct RedisPubSub {
     client: redis::Client,
@@ -61,7 +65,35 @@ impl PubSub for RedisPubSub {
     async fn subscribe(&self, channels: &[String]) -> anyhow::Result<BoxStream<'static, (String, Vec<u8>)>> {
         let mut pubsub = self.client.get_async_pubsub().await.with_context(|| format!("cannot connect to {}", self.described))?;
         pubsub.subscribe(channels).await.with_context(|| format!("{}: SUBSCRIBE", self.described))?;
-        Ok(pubsub.into_on_message().map(|message| (message.get_channel_name().to_string(), message.get_payload_bytes().to_vec())).boxed())
+        let (mut sink, messages) = pubsub.split();
+        // A stalled server or a silently dropped connection (a load balancer that sends no
+        // reset) never ends the stream by itself: ping it, and end the stream when a ping
+        // goes unanswered, so the bus reports the outage and the queues poll.
+        let lost = tokio_util::sync::CancellationToken::new();
+        let pinger = lost.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(PING_EVERY) => {}
+                    _ = pinger.cancelled() => return,
+                }
+                let answered = tokio::time::timeout(PING_TIMEOUT, sink.ping::<redis::Value>()).await;
+                if !matches!(answered, Ok(Ok(_))) {
+                    pinger.cancel();
+                    return;
+                }
+            }
+        });
+        // Dropping the stream (a reconnection, a stop) stops the pings.
+        let stop_pings = lost.clone().drop_guard();
+        let until_lost = lost.cancelled_owned();
+        Ok(messages
+            .map(move |message| {
+                let _ = &stop_pings;
+                (message.get_channel_name().to_string(), message.get_payload_bytes().to_vec())
+            })
+            .take_until(until_lost)
+            .boxed())
     }
 }
 

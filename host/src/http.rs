@@ -450,9 +450,10 @@ async fn send(
     };
     match put {
         Ok(id) => {
-            // The host saw the message arrive: no need to wait for a poll to notice it.
+            // The host saw the message arrive: no need to wait for a poll to notice it (a
+            // delayed one, once its delay is over).
             for listener in api.listeners.get(&name).into_iter().flatten() {
-                listener.work_detected();
+                listener.work_detected_after(delay);
             }
             if let Some(bus) = &api.bus {
                 bus.publish(&name, Some(1));

@@ -738,3 +738,27 @@ async fn a_message_the_poison_queue_refuses_waits_the_longest_retry_delay_and_lo
     let log = capture.text();
     assert_eq!(log.matches("cannot poison").count(), 2, "{log}");
 }
+
+/// Review (session 4): with push and no task, a message this host hid itself (a retry
+/// delay after a failure, a send with a delay) became visible again unannounced, and
+/// waited for the next safety poll (an hour by default), or for ever before there was one.
+#[tokio::test(start_paused = true)]
+async fn with_push_and_no_task_a_retried_message_is_picked_up_when_its_retry_delay_ends() {
+    let settings = QueueSettings {
+        push_enabled: true,
+        min_tasks: 0,
+        visibility_timeout: Duration::from_secs(20),
+        max_polling_interval: Duration::from_millis(400),
+        safety_poll: Duration::from_secs(3600),
+        ..Default::default()
+    };
+    let f = fixture(settings, None);
+    f.listener.start();
+    f.queue.put(b"fail: once", Duration::ZERO).await.unwrap();
+    f.listener.work_detected();
+    sleep(Duration::from_secs(5)).await;
+    assert_eq!(f.handler.calls.load(Ordering::Relaxed), 1);
+    assert_eq!(f.listener.status().active_tasks, 0, "every task stopped while the message is hidden");
+    sleep(Duration::from_secs(17)).await;
+    assert_eq!(f.handler.calls.load(Ordering::Relaxed), 2, "tried again when its 20 s retry delay ended, not at the safety poll");
+}

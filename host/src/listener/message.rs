@@ -2,6 +2,7 @@
 //! success, release with a retry delay on failure, or poison after `max_dequeue_count`.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::pin::Pin;
 use std::time::{Duration, SystemTime};
@@ -70,7 +71,7 @@ enum Outcome {
 impl Shared {
     /// Processes one leased message; `leased_until` is when its lease runs out at the
     /// latest, counted from when the get was sent.
-    pub(super) async fn process(&self, message: Message, leased_until: Instant) {
+    pub(super) async fn process(self: &Arc<Self>, message: Message, leased_until: Instant) {
         let counters = &self.counters;
         // Released when processing ends, however it ends (a panic, a drop at shutdown).
         let Some(_claim) = counters.claim(&message.id) else {
@@ -167,8 +168,12 @@ impl Shared {
                 if let Some(suppressed) = self.failure_log.allow() {
                     tracing::warn!(id = %incoming.id, ?delay, suppressed, "{error:#}; the message is retried later and this try does not count towards poisoning");
                 }
-                if let Err(error) = self.queue.update_visibility(&incoming.id, &receipt, delay).await {
-                    tracing::warn!(id = %incoming.id, "could not set the retry delay (the lease will run out instead): {error}");
+                match self.queue.update_visibility(&incoming.id, &receipt, delay).await {
+                    Ok(_) => self.wake_after(delay),
+                    Err(error) => {
+                        tracing::warn!(id = %incoming.id, "could not set the retry delay (the lease will run out instead): {error}");
+                        self.wake_after(self.settings.lease_duration);
+                    }
                 }
             }
             Outcome::Handled(Err(error)) => {
@@ -181,8 +186,12 @@ impl Shared {
                     if let Some(suppressed) = self.failure_log.allow() {
                         tracing::warn!(id = %incoming.id, dequeue_count = incoming.dequeue_count, ?delay, suppressed, "handler failed, retrying later: {reason}");
                     }
-                    if let Err(error) = self.queue.update_visibility(&incoming.id, &receipt, delay).await {
-                        tracing::warn!(id = %incoming.id, "could not set the retry delay (the lease will run out instead): {error}");
+                    match self.queue.update_visibility(&incoming.id, &receipt, delay).await {
+                        Ok(_) => self.wake_after(delay),
+                        Err(error) => {
+                            tracing::warn!(id = %incoming.id, "could not set the retry delay (the lease will run out instead): {error}");
+                            self.wake_after(self.settings.lease_duration);
+                        }
                     }
                 }
             }
@@ -200,7 +209,7 @@ impl Shared {
     /// between duplicates rather than loses it. The poison queue gets a JSON envelope with
     /// the reason; when that does not fit its size limit, the body as it is (as Azure
     /// Functions moves it), and the reason stays in the log, the status and the metrics.
-    async fn poison(&self, message: &IncomingMessage, receipt: &PopReceipt, reason: &str) {
+    async fn poison(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, reason: &str) {
         let (mut form, mut put) = (PoisonForm::Body, None);
         if self.settings.poison_envelope {
             let envelope = serde_json::to_vec(&PoisonEnvelope::new(message, reason)).expect("the envelope serialises");
@@ -239,8 +248,12 @@ impl Shared {
                 if let Some(suppressed) = self.poison_log.allow() {
                     tracing::error!(id = %message.id, ?delay, suppressed, "cannot poison ({reason}), leaving the message in place, tried again after {delay:?}: {error}");
                 }
-                if let Err(error) = self.queue.update_visibility(&message.id, receipt, delay).await {
-                    tracing::debug!(id = %message.id, "could not set the delay before the next poisoning try (it comes back after its lease): {error}");
+                match self.queue.update_visibility(&message.id, receipt, delay).await {
+                    Ok(_) => self.wake_after(delay),
+                    Err(error) => {
+                        tracing::debug!(id = %message.id, "could not set the delay before the next poisoning try (it comes back after its lease): {error}");
+                        self.wake_after(self.settings.lease_duration);
+                    }
                 }
             }
         }

@@ -12,7 +12,7 @@ mod settings;
 mod state;
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -86,7 +86,12 @@ struct Shared {
     push_available: AtomicBool,
     /// Set by `start`: a listener never started (`ebb scaler`'s) only carries events.
     started: AtomicBool,
+    /// Wake-ups waiting for hidden messages to become visible (`wake_after`).
+    wake_timers: AtomicU32,
 }
+
+/// Most wake-ups waiting at once per queue.
+const MAX_WAKE_TIMERS: u32 = 1024;
 
 /// A dequeue task's slot in `active_tasks`, given back when the task ends however it
 /// ends (a panic included), unless the task gave it back itself when it retired.
@@ -183,6 +188,7 @@ impl ListenerBuilder {
                 storage_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
                 push_available: AtomicBool::new(true),
                 started: AtomicBool::new(false),
+                wake_timers: AtomicU32::new(0),
             }),
         }
     }
@@ -239,6 +245,16 @@ impl Listener {
     /// and asks the scaler to decide the task count.
     pub fn work_detected(&self) {
         self.shared.work_detected();
+    }
+
+    /// Messages arrive hidden for `delay` (a delayed send): with push, the queue is woken
+    /// when they become visible.
+    pub fn work_detected_after(&self, delay: Duration) {
+        if delay.is_zero() {
+            self.shared.work_detected();
+        } else {
+            self.shared.wake_after(delay);
+        }
     }
 
     /// Whether push notifications can reach this queue now. While they cannot (the bus
@@ -398,6 +414,28 @@ impl Shared {
         } else {
             self.wake.notify_one();
         }
+    }
+
+    /// With push, a message this host hid (a retry delay, a delayed send) is visible again
+    /// after `delay` and no notification will say so: wake the queue then, rather than at
+    /// the next safety poll. At most [`MAX_WAKE_TIMERS`] wait at once; past that, the
+    /// safety poll finds the rest.
+    fn wake_after(self: &Arc<Self>, delay: Duration) {
+        if !self.settings.push_enabled || self.stopping.is_cancelled() {
+            return;
+        }
+        let reserved = self.wake_timers.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < MAX_WAKE_TIMERS).then_some(n + 1));
+        if reserved.is_err() {
+            return;
+        }
+        let shared = self.clone();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => shared.work_detected(),
+                _ = shared.stopping.cancelled() => {}
+            }
+            shared.wake_timers.fetch_sub(1, Ordering::AcqRel);
+        });
     }
 
     /// A task found messages: ask the scaler, without waking idle tasks (the scaler wakes as

@@ -699,6 +699,8 @@ async fn push_across_hosts_over_redis_with_zero_idle_tasks_and_polling_through_a
     let direct = ebb::queue::azure::AzureQueue::new(&azurite.account(), &queue, Default::default()).unwrap();
     direct.create_if_missing().await.unwrap();
 
+    let checked = String::from_utf8(site.ebb(&["check"]).stdout).unwrap();
+    assert!(checked.contains(&format!("bus: redis://127.0.0.1:{} answers", redis.port())), "{checked}");
     let mut host = site.start_host().await;
     let queue_status = |status: &serde_json::Value| status["queues"][0].clone();
     wait_until("subscribed, and no idle task left", || async {
@@ -730,6 +732,10 @@ async fn push_across_hosts_over_redis_with_zero_idle_tasks_and_polling_through_a
         status["bus"]["connected"] == false && queue_status(&status)["active_tasks"].as_u64() >= Some(1)
     })
     .await;
+    let output = site.command().arg("check").arg("--config").arg(site.config()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "ebb check with Redis down: {stderr}");
+    assert!(stderr.contains("bus: push notifications between hosts would not work"), "{stderr}");
     direct.put(b"unannounced", Duration::ZERO).await.unwrap();
     wait_until("the unannounced message handled by polling", || async { app.bodies().contains("unannounced") }).await;
     redis.resume();

@@ -56,6 +56,8 @@ pub trait PubSub: Send + Sync + 'static {
     fn describe(&self) -> String;
     /// Publishes `payload` on `channel`: one attempt.
     async fn publish(&self, channel: &str, payload: &[u8]) -> anyhow::Result<()>;
+    /// Reaches the engine once (connects and asks it to answer), for `ebb check`.
+    async fn reach(&self) -> anyhow::Result<()>;
     /// Subscribes to `channels`: the (channel, payload) pairs that arrive, until the
     /// connection is lost (the stream ends).
     async fn subscribe(&self, channels: &[String]) -> anyhow::Result<BoxStream<'static, (String, Vec<u8>)>>;
@@ -166,6 +168,14 @@ impl Drop for Bus {
 pub async fn publish_once(engine: &dyn PubSub, prefix: &str, trigger: &Trigger) -> anyhow::Result<()> {
     let payload = serde_json::to_vec(trigger)?;
     match tokio::time::timeout(ATTEMPT_TIMEOUT, engine.publish(&format!("{prefix}{}", trigger.queue), &payload)).await {
+        Ok(result) => result,
+        Err(_) => anyhow::bail!("{}: no answer within {ATTEMPT_TIMEOUT:?}", engine.describe()),
+    }
+}
+
+/// Reaches the engine once, bounded (for `ebb check`).
+pub async fn reach(engine: &dyn PubSub) -> anyhow::Result<()> {
+    match tokio::time::timeout(ATTEMPT_TIMEOUT, engine.reach()).await {
         Ok(result) => result,
         Err(_) => anyhow::bail!("{}: no answer within {ATTEMPT_TIMEOUT:?}", engine.describe()),
     }

@@ -62,6 +62,12 @@ impl PubSub for RedisPubSub {
         Err(anyhow::anyhow!("{}: PUBLISH {channel}: {error}", self.described))
     }
 
+    async fn reach(&self) -> anyhow::Result<()> {
+        let mut connection = self.client.get_multiplexed_async_connection().await.with_context(|| format!("cannot connect to {}", self.described))?;
+        let _: redis::Value = redis::cmd("PING").query_async(&mut connection).await.map_err(|e| anyhow::anyhow!("{}: PING: {e}", self.described))?;
+        Ok(())
+    }
+
     async fn subscribe(&self, channels: &[String]) -> anyhow::Result<BoxStream<'static, (String, Vec<u8>)>> {
         let mut pubsub = self.client.get_async_pubsub().await.with_context(|| format!("cannot connect to {}", self.described))?;
         pubsub.subscribe(channels).await.with_context(|| format!("{}: SUBSCRIBE", self.described))?;

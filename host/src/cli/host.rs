@@ -114,6 +114,17 @@ pub fn check(config_path: &Path) -> Result<()> {
     }
     let mut problems = problems;
     problems.extend(check_azure_queues(&config));
+    if let Some(bus) = &config.bus {
+        let reached = bus.engine().and_then(|engine| {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(crate::bus::reach(&*engine))?;
+            Ok(engine.describe())
+        });
+        match reached {
+            Ok(described) => println!("bus: {described} answers; hosts publish and subscribe on {}<queue>", bus.channel_prefix),
+            Err(error) => problems.push(error.context("bus: push notifications between hosts would not work (queues would poll)")),
+        }
+    }
     for problem in &problems {
         eprintln!("error: {problem:#}");
     }

@@ -111,7 +111,7 @@ async fn markup_round_trips_as_plain_text_with_no_encoding() {
         queue.delete(&got.id, &got.pop_receipt).await.unwrap();
     }
     let error = queue.put(&[0xff, 0x00, 0xfe], Duration::ZERO).await.unwrap_err();
-    assert!(matches!(&error, QueueError::Fatal(e) if e.to_string().contains("not valid UTF-8")), "{error:?}");
+    assert!(matches!(&error, QueueError::InvalidBody(reason) if reason.contains("not valid UTF-8")), "{error:?}");
 }
 
 #[tokio::test]

@@ -53,7 +53,7 @@ impl Default for QueueSettings {
             max_retry_delay: Duration::from_secs(600),
             max_dequeue_count: 5,
             push_enabled: false,
-            safety_poll: Duration::from_secs(3600),
+            safety_poll: Duration::from_secs(2 * 3600),
             scale_interval: Duration::from_secs(1),
             random_seed: None,
             poison_envelope: true,

@@ -193,6 +193,15 @@ async fn calls_without_the_token_or_with_a_wrong_queue_or_metric_get_a_clear_err
     let mut request = tonic::Request::new(no_token.clone());
     request.metadata_mut().insert("authorization", format!("Bearer {SCALER_TOKEN}").parse().unwrap());
     assert!(client.is_active(request).await.is_ok());
+    // Review (session 4): the scheme is case-insensitive, and a wrong `token` beside a right
+    // `tokenFromEnv` does not hide it.
+    let mut request = tonic::Request::new(no_token.clone());
+    request.metadata_mut().insert("authorization", format!("bearer {SCALER_TOKEN}").parse().unwrap());
+    assert!(client.is_active(request).await.is_ok());
+    let mut both = no_token.clone();
+    both.scaler_metadata.insert("token".into(), "sc4ler-not".into());
+    both.scaler_metadata.insert("tokenFromEnv".into(), SCALER_TOKEN.into());
+    assert!(client.is_active(both).await.is_ok());
 
     let error = client.is_active(object("nope")).await.unwrap_err();
     assert_eq!(error.code(), Code::NotFound);
@@ -464,6 +473,42 @@ mod in_process {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         drop(streams);
+        service.shutdown().await;
+    }
+
+    /// Review (session 4): connections that send nothing held every connection slot for
+    /// as long as they stayed open (six minutes and counting), so KEDA could not get in.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn silent_connections_cannot_lock_keda_out_of_the_scaler() {
+        use ebb::scaler::{ExternalScalerClient, MAX_CONNECTIONS, ScaledObjectRef};
+        use tokio::io::AsyncReadExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let text = "[api]\nlisten = \"127.0.0.1:0\"\n[scaler]\nlisten = \"127.0.0.1:0\"\n[queues.orders]\nhandler = { url = \"http://127.0.0.1:9/work\" }\n";
+        let config = Config::parse(text, dir.path(), None).unwrap();
+        let service = ebb::service::Service::start(&config).await.unwrap();
+        let address = service.scaler_addr().unwrap();
+        let mut silent = Vec::new();
+        for _ in 0..MAX_CONNECTIONS + 8 {
+            silent.push(tokio::net::TcpStream::connect(address).await.unwrap());
+        }
+        let started = std::time::Instant::now();
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}")).unwrap().connect_timeout(Duration::from_secs(20));
+        let mut client = ExternalScalerClient::new(endpoint.connect().await.unwrap());
+        let object = ScaledObjectRef { scaler_metadata: [("queue".to_string(), "orders".to_string())].into(), ..Default::default() };
+        let answer = tokio::time::timeout(Duration::from_secs(20), client.is_active(object)).await;
+        assert!(matches!(answer, Ok(Ok(_))), "KEDA's call after {:?}: {answer:?}", started.elapsed());
+        // The silent ones were closed (after the server's own HTTP/2 settings).
+        let mut buf = [0u8; 256];
+        let closed = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match silent[0].read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "a silent connection is still open after {:?}", started.elapsed());
         service.shutdown().await;
     }
 

@@ -71,7 +71,8 @@ fn limited(listener: TcpListener, slots: Arc<Semaphore>) -> impl Stream<Item = s
             match listener.accept().await {
                 Ok((stream, _)) => {
                     let _ = stream.set_nodelay(true);
-                    return Some((Ok(Limited { stream, _slot: slot }), (listener, slots)));
+                    let silence = Some(Box::pin(tokio::time::sleep(FIRST_BYTES_DEADLINE)));
+                    return Some((Ok(Limited { stream, _slot: slot, silence }), (listener, slots)));
                 }
                 Err(error) => {
                     // Out of descriptors, or reset before accepted: not the server's end.
@@ -83,10 +84,16 @@ fn limited(listener: TcpListener, slots: Arc<Semaphore>) -> impl Stream<Item = s
     })
 }
 
+/// How long a new connection may stay silent: one that sends nothing (a half-open or
+/// hostile client) would otherwise hold its slot for ever, and enough of them lock KEDA out.
+const FIRST_BYTES_DEADLINE: Duration = Duration::from_secs(5);
+
 /// A connection and its slot.
 struct Limited {
     stream: tokio::net::TcpStream,
     _slot: OwnedSemaphorePermit,
+    /// Until the first bytes arrive: when it fires first, the connection is closed.
+    silence: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl tonic::transport::server::Connected for Limited {
@@ -99,7 +106,16 @@ impl tonic::transport::server::Connected for Limited {
 
 impl tokio::io::AsyncRead for Limited {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> std::task::Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if self.silence.is_some() {
+            if buf.filled().len() > before {
+                self.silence = None;
+            } else if read.is_pending() && self.silence.as_mut().is_some_and(|s| s.as_mut().poll(cx).is_ready()) {
+                return std::task::Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the client sent nothing")));
+            }
+        }
+        read
     }
 }
 
@@ -128,10 +144,17 @@ impl Service {
     fn queue<T>(&self, request: &Request<T>, object: Option<&ScaledObjectRef>) -> Result<Arc<ScalerQueue>, Status> {
         let object = object.ok_or_else(|| Status::invalid_argument("scaledObjectRef: missing"))?;
         if let Some(token) = &self.scaler.token {
-            let header = request.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-            let metadata = ["token", "tokenFromEnv"].iter().find_map(|k| object.scaler_metadata.get(*k)).map(String::as_str);
+            // The auth scheme is case-insensitive (RFC 7235); any of the token's places may carry it.
+            let header = request
+                .metadata()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.split_once(' '))
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, given)| given.trim());
+            let metadata = ["token", "tokenFromEnv"].iter().filter_map(|k| object.scaler_metadata.get(*k)).map(String::as_str);
             let matches = |given: Option<&str>| given.is_some_and(|given| crate::http::token_matches(token, Some(given)));
-            if !matches(header) && !matches(metadata) {
+            if !matches(header) && !metadata.into_iter().any(|given| matches(Some(given))) {
                 return Err(Status::unauthenticated(
                     "missing or wrong scaler token (authorization: Bearer <token>, or the trigger metadata's token or tokenFromEnv)",
                 ));

@@ -14,6 +14,11 @@ pub fn table(report: &SimReport) -> String {
         report.listeners,
         if report.listeners == 1 { "" } else { "s" },
     );
+    if report.duration_secs < 86_400.0 {
+        // The paper's framing: 22 idle hours a day, the rest not counted. A shorter run is
+        // taken as a whole day's activity, not as a rate.
+        out.push_str("($/month counts this run as a whole day's activity, 30 times over: the rest of each day costs nothing)\n");
+    }
     let titles = ["rule", "billed", "idle", "useful", "$/month", "idle $/month", "p50 ms", "p99 ms", "max ms", "peak tasks", "peak backlog", "handled", "wall s"];
     let rows: Vec<Vec<String>> = report
         .rules

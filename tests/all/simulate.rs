@@ -113,6 +113,8 @@ fn simulate_refuses_hostile_inputs_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let bad_trace = dir.path().join("bad.csv");
     std::fs::write(&bad_trace, "1\n2,lots\n").unwrap();
+    let fifo = dir.path().join("chart.svg");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     for (args, expected) in [
         (vec!["--listeners", "0"], "--listeners: must be 1 to 1000000"),
         (vec!["--duration", "40days"], "--duration: must be 1s to 31 days, got 40 days"),
@@ -124,6 +126,9 @@ fn simulate_refuses_hostile_inputs_with_the_reason() {
         (vec!["--price=NaN"], "--price: must be 0 to 100"),
         (vec!["--safety-poll", "2days"], "--safety-poll: must be 1s to 24h"),
         (vec!["--chart", "out.png"], "--chart: out.png must end in .svg"),
+        // Review (session 4): these were found only after the whole run (and a FIFO hung).
+        (vec!["--chart", "/nonexistent/chart.svg"], "--chart: cannot write /nonexistent/chart.svg"),
+        (vec!["--chart", fifo.to_str().unwrap()], "is not a regular file"),
         (vec!["--trace", bad_trace.to_str().unwrap()], "line 2: the count must be a whole number"),
         (vec!["--trace", dir.path().to_str().unwrap()], "is not a regular file"),
     ] {

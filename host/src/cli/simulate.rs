@@ -70,10 +70,21 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     } else {
         args.rules.iter().map(|text| RuleChoice::parse(text)).collect::<Result<Vec<_>>>()?
     };
-    if let Some(chart) = &args.chart
-        && chart.extension().is_none_or(|e| e != "svg")
-    {
-        bail!("--chart: {} must end in .svg (the chart is SVG)", chart.display());
+    if let Some(chart) = &args.chart {
+        if chart.extension().is_none_or(|e| e != "svg") {
+            bail!("--chart: {} must end in .svg (the chart is SVG)", chart.display());
+        }
+        // Found before the run, not after it: a path that cannot take the chart would throw
+        // the finished run away (and a FIFO there would hang the write).
+        if std::fs::metadata(chart).is_ok_and(|meta| !meta.is_file()) {
+            bail!("--chart: {} is not a regular file", chart.display());
+        }
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(chart)
+            .map_err(|e| anyhow::anyhow!("--chart: cannot write {}: {e}", chart.display()))?;
     }
     let options = SimOptions {
         workload: scenario.workload(args.duration, args.seed)?,

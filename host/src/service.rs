@@ -36,6 +36,27 @@ pub fn storage_queue(backend: &Backend, store: Option<&EmbeddedStore>, name: &st
     })
 }
 
+/// What every host mode opens first: its health, the embedded store, the rules folder
+/// (created if missing) and the rule engine with its compiled-rule cache.
+pub(crate) struct HostParts {
+    pub health: Health,
+    pub store: EmbeddedStore,
+    pub rules_dir: std::path::PathBuf,
+    pub engine: Arc<RuleEngine>,
+}
+
+impl HostParts {
+    pub fn open(config: &Config) -> Result<HostParts> {
+        let health = Health::default();
+        let options = EmbeddedOptions { max_message_bytes: config.max_message_bytes, clock: Arc::new(SystemClock), health: health.clone() };
+        let store = EmbeddedStore::open(&config.data_dir, options)?;
+        std::fs::create_dir_all(&config.rules_dir).with_context(|| format!("failed to create rules folder {}", config.rules_dir.display()))?;
+        let rules_dir = config.rules_dir.canonicalize()?;
+        let engine = RuleEngine::new(config.rule_limits.clone(), Some(config.data_dir.join("rule-cache")))?;
+        Ok(HostParts { health, store, rules_dir, engine })
+    }
+}
+
 /// A started host.
 pub struct Service {
     listeners: Vec<Listener>,
@@ -71,12 +92,7 @@ fn start_bus(config: &BusConfig, listeners: &BTreeMap<String, Vec<Listener>>) ->
 impl Service {
     /// Opens the store, loads and watches the rules, starts every listener and the API.
     pub async fn start(config: &Config) -> Result<Service> {
-        let health = Health::default();
-        let options = EmbeddedOptions { max_message_bytes: config.max_message_bytes, clock: Arc::new(SystemClock), health: health.clone() };
-        let store = EmbeddedStore::open(&config.data_dir, options)?;
-        std::fs::create_dir_all(&config.rules_dir).with_context(|| format!("failed to create rules folder {}", config.rules_dir.display()))?;
-        let rules_dir = config.rules_dir.canonicalize()?;
-        let engine = RuleEngine::new(config.rule_limits.clone(), Some(config.data_dir.join("rule-cache")))?;
+        let HostParts { health, store, rules_dir, engine } = HostParts::open(config)?;
         // One rule slot per storage queue: each partition decides on its own state (queues
         // with the same file and parameters share one instance).
         // With the KEDA scaler on, one more slot per logical queue, where the scaler decides
@@ -196,10 +212,6 @@ impl Service {
         }
     }
 
-    /// The bus's state, if there is one.
-    pub fn bus_status(&self) -> Option<crate::bus::BusStatus> {
-        self.bus.as_ref().map(|b| b.status())
-    }
 }
 
 /// KEDA's external scaler, serving.

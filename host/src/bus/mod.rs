@@ -103,7 +103,6 @@ pub type Availability = Arc<dyn Fn(bool) + Send + Sync>;
 /// A running bus: a subscriber for this host's queues and a publisher.
 pub struct Bus {
     engine: Arc<dyn PubSub>,
-    prefix: String,
     outbox: mpsc::Sender<Trigger>,
     counters: Arc<Counters>,
     stop: CancellationToken,
@@ -121,7 +120,7 @@ impl Bus {
             subscribe_forever(engine.clone(), prefix.to_string(), queues, deliver, available, counters.clone(), stop.clone()).instrument(span.clone()),
         );
         tokio::spawn(publish_forever(engine.clone(), prefix.to_string(), inbox, counters.clone(), stop.clone()).instrument(span));
-        Bus { engine, prefix: prefix.to_string(), outbox, counters, stop }
+        Bus { engine, outbox, counters, stop }
     }
 
     /// Queues a notification for every host listening on `queue`; never waits.
@@ -129,11 +128,6 @@ impl Bus {
         if self.outbox.try_send(Trigger { queue: queue.to_string(), count }).is_err() {
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
         }
-    }
-
-    /// The channel of `queue`.
-    pub fn channel(&self, queue: &str) -> String {
-        format!("{}{queue}", self.prefix)
     }
 
     /// What the bus did so far.

@@ -19,23 +19,16 @@ use tracing::Instrument as _;
 use super::{Counted, Scaler, ScalerQueue, Source, rule_slot};
 use crate::config::Config;
 use crate::handler::HttpHandler;
-use crate::health::Health;
 use crate::listener::Listener;
 use crate::http::{Api, ApiLimits};
-use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
-use crate::queue::{QueueClient, RetryPolicy, Retrying, SystemClock};
-use crate::rules::{QueueRuleConfig, RuleEngine, RuleSet};
+use crate::queue::{QueueClient, RetryPolicy, Retrying};
+use crate::rules::{QueueRuleConfig, RuleSet};
 use crate::service::storage_queue;
 
 /// Runs `ebb scaler` until `shutdown` completes.
 pub async fn run_scaler_only(config: &Config, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
     let settings = config.scaler.clone().context("scaler.listen: not set; `ebb scaler` serves KEDA's external scaler and needs an address")?;
-    let health = Health::default();
-    let options = EmbeddedOptions { max_message_bytes: config.max_message_bytes, clock: Arc::new(SystemClock), health: health.clone() };
-    let store = EmbeddedStore::open(&config.data_dir, options)?;
-    std::fs::create_dir_all(&config.rules_dir).with_context(|| format!("failed to create rules folder {}", config.rules_dir.display()))?;
-    let rules_dir = config.rules_dir.canonicalize()?;
-    let engine = RuleEngine::new(config.rule_limits.clone(), Some(config.data_dir.join("rule-cache")))?;
+    let crate::service::HostParts { health, store, rules_dir, engine } = crate::service::HostParts::open(config)?;
     let slots = config.queues.iter().map(|q| {
         let rule = q.rule.rule.as_ref().and_then(|p| p.file_name()).map(|name| rules_dir.join(name));
         QueueRuleConfig { queue: rule_slot(&q.name), rule, params: q.rule.params.clone() }

@@ -145,7 +145,7 @@ async fn measure(push: bool, samples: usize, azurite: &Azurite, redis: &RedisSer
 }
 
 fn main() {
-    let samples = std::env::var("EBB_BENCH_PUSH_SAMPLES").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
+    let samples = std::env::var("EBB_BENCH_PUSH_SAMPLES").ok().and_then(|v| v.parse().ok()).unwrap_or(50usize).clamp(1, 10_000);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let azurite = Azurite::start();
     let redis = RedisServer::start();

@@ -5,9 +5,5 @@ fn main() {
     let proto = "proto/externalscaler.proto";
     println!("cargo:rerun-if-changed={proto}");
     let descriptors = protox::compile([proto], ["proto"]).expect("proto/externalscaler.proto does not compile");
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
-        .compile_fds(descriptors)
-        .expect("generating the external-scaler gRPC code failed");
+    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(descriptors).expect("generating the external-scaler gRPC code failed");
 }

@@ -128,20 +128,22 @@ fn install_azurite(pinned: &Path, prefix: &Path) -> PathBuf {
 /// machine; elsewhere, install the `redis-server` package.
 fn ensure_redis_server() -> PathBuf {
     let found = || {
-        ["/usr/bin/redis-server", "/usr/local/bin/redis-server"].into_iter().map(PathBuf::from).find(|p| {
-            Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success())
-        })
+        ["/usr/bin/redis-server", "/usr/local/bin/redis-server"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()))
     };
     if let Some(path) = found() {
         return path;
     }
-    let apt = |args: &[&str]| {
-        Command::new("apt-get").args(args).env("DEBIAN_FRONTEND", "noninteractive").status().is_ok_and(|s| s.success())
-    };
+    let apt = |args: &[&str]| Command::new("apt-get").args(args).env("DEBIAN_FRONTEND", "noninteractive").status().is_ok_and(|s| s.success());
     let install = ["install", "-y", "-q", "--no-install-recommends", "redis-server"];
     if !apt(&install) {
         // A fresh machine may have no package lists yet.
-        assert!(apt(&["update", "-q"]) && apt(&install), "apt-get install redis-server failed: the bus tests need Debian's redis-server (run as root, or install it)");
+        assert!(
+            apt(&["update", "-q"]) && apt(&install),
+            "apt-get install redis-server failed: the bus tests need Debian's redis-server (run as root, or install it)"
+        );
     }
     found().expect("apt-get installed redis-server, but /usr/bin/redis-server does not run")
 }
@@ -212,10 +214,7 @@ fn ensure_wasm_target() {
 /// Builds a guest workspace in release mode and returns (package name, component path).
 fn build_rust_workspace(workspace: &Path, target_dir: &Path) -> Vec<(String, PathBuf)> {
     let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cargo
-        .current_dir(workspace)
-        .args(["build", "--release", "--target", "wasm32-wasip2", "--workspace"])
-        .env("CARGO_TARGET_DIR", target_dir);
+    cargo.current_dir(workspace).args(["build", "--release", "--target", "wasm32-wasip2", "--workspace"]).env("CARGO_TARGET_DIR", target_dir);
     // The outer build's flags and profile settings are for the host, not for the guests.
     for (key, _) in std::env::vars() {
         if key.starts_with("CARGO_ENCODED_RUSTFLAGS") || key == "RUSTFLAGS" || key.starts_with("CARGO_PROFILE_") || key == "CARGO_BUILD_TARGET" {

@@ -13,9 +13,9 @@ use serde::Deserialize;
 
 use crate::http::ApiLimits;
 use crate::listener::QueueSettings;
-use crate::queue::{MAX_BATCH, MAX_VISIBILITY};
 use crate::queue::azure::{AzureAccount, Encoding, EntraMethod, EntraOptions};
 use crate::queue::partitioned::{MAX_PARTITIONS, partition_name};
+use crate::queue::{MAX_BATCH, MAX_VISIBILITY};
 use crate::rules::{QueueRuleConfig, RuleLimits};
 
 /// Environment variable that supplies the API token (overrides `api.token`).
@@ -227,7 +227,9 @@ impl AzureFile {
             bail!("{key}.key: goes with account, not with a connection string");
         }
         if self.credential.is_none() {
-            for (name, given) in [("client_id", self.client_id.is_some()), ("tenant_id", self.tenant_id.is_some()), ("client_secret_env", self.client_secret_env.is_some())] {
+            for (name, given) in
+                [("client_id", self.client_id.is_some()), ("tenant_id", self.tenant_id.is_some()), ("client_secret_env", self.client_secret_env.is_some())]
+            {
                 if given {
                     bail!("{key}.{name}: goes with credential (an Entra ID identity)");
                 }
@@ -662,7 +664,8 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path).with_context(|| format!("failed to read config {}", path.display()))?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Config::parse_with_env(&text, &base, std::env::var(TOKEN_ENV).ok(), std::env::var(SCALER_TOKEN_ENV).ok()).with_context(|| format!("invalid config {}", path.display()))
+        Config::parse_with_env(&text, &base, std::env::var(TOKEN_ENV).ok(), std::env::var(SCALER_TOKEN_ENV).ok())
+            .with_context(|| format!("invalid config {}", path.display()))
     }
 
     /// Parses and validates config text; relative paths are taken from `base`.
@@ -700,10 +703,7 @@ impl ConfigFile {
             bail!("api.max_connections: must be 1 to {MAX_API_CONNECTIONS}, got {}", self.api.max_connections);
         }
         if !(1..=MAX_MESSAGE_BYTES_LIMIT).contains(&self.max_message_bytes) {
-            bail!(
-                "max_message_bytes: must be 1 to {MAX_MESSAGE_BYTES_LIMIT} bytes (1 MiB, the largest body the API accepts), got {}",
-                self.max_message_bytes
-            );
+            bail!("max_message_bytes: must be 1 to {MAX_MESSAGE_BYTES_LIMIT} bytes (1 MiB, the largest body the API accepts), got {}", self.max_message_bytes);
         }
         check_duration("drain_timeout", self.drain_timeout, AtLeast::Zero, MAX_INTERVAL)?;
         let price = self.price_per_10k_transactions;
@@ -875,7 +875,11 @@ impl QueueFile {
         check_duration("min_polling_interval", self.min_polling_interval, AtLeast::AboveZero, MAX_INTERVAL)?;
         check_duration("max_polling_interval", self.max_polling_interval, AtLeast::AboveZero, MAX_INTERVAL)?;
         if self.min_polling_interval > self.max_polling_interval {
-            bail!("min_polling_interval: {} is more than max_polling_interval ({})", humantime::format_duration(self.min_polling_interval), humantime::format_duration(self.max_polling_interval));
+            bail!(
+                "min_polling_interval: {} is more than max_polling_interval ({})",
+                humantime::format_duration(self.min_polling_interval),
+                humantime::format_duration(self.max_polling_interval)
+            );
         }
         check_duration("lease_duration", self.lease_duration, AtLeast::Duration(Duration::from_secs(1)), MAX_VISIBILITY)?;
         check_duration("visibility_timeout", self.visibility_timeout, AtLeast::AboveZero, MAX_VISIBILITY)?;

@@ -175,7 +175,13 @@ fn print_summary(s: &ListenerStatus, handled_by_app: u64, duration: Duration) {
         println!("gets + deletes per message: {:.3} (the paper's floor: 1/32 get + 1 delete = 1.031)", consuming as f64 / s.processed as f64);
     }
     if let Some(rule) = rule {
-        println!("rule decisions:           {} ({} clamped, {} faults), rule in use: {}", rule.decisions, rule.clamps, rule.faults, rule.file.unwrap_or_else(|| "built-in".into()));
+        println!(
+            "rule decisions:           {} ({} clamped, {} faults), rule in use: {}",
+            rule.decisions,
+            rule.clamps,
+            rule.faults,
+            rule.file.unwrap_or_else(|| "built-in".into())
+        );
     }
 }
 
@@ -198,7 +204,15 @@ async fn start_app(processing_time: Duration, processed: Arc<AtomicU64>) -> Resu
 }
 
 /// Posts through the host's API, as clients would: a burst, a trickle, a second burst.
-async fn generate_load(api: std::net::SocketAddr, options: DemoOptions, burst_at: Duration, trickle_from: Duration, trickle_to: Duration, second_burst_at: Duration, started: Instant) {
+async fn generate_load(
+    api: std::net::SocketAddr,
+    options: DemoOptions,
+    burst_at: Duration,
+    trickle_from: Duration,
+    trickle_to: Duration,
+    second_burst_at: Duration,
+    started: Instant,
+) {
     let client = reqwest::Client::new();
     let url = format!("http://{api}/queues/{QUEUE}/messages");
     let send = |n: u64| {
@@ -255,7 +269,8 @@ impl Azurite {
             println!("installing Azurite from npm into {} (npm ci)", prefix.display());
             std::fs::create_dir_all(&prefix)?;
             for file in ["package.json", "package-lock.json"] {
-                std::fs::copy(root.join("tests/azurite").join(file), prefix.join(file)).with_context(|| format!("the demo installs Azurite from tests/azurite/{file}"))?;
+                std::fs::copy(root.join("tests/azurite").join(file), prefix.join(file))
+                    .with_context(|| format!("the demo installs Azurite from tests/azurite/{file}"))?;
             }
             let status = Command::new("npm")
                 .args(["ci", "--no-audit", "--no-fund", "--silent", "--prefix"])

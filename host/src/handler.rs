@@ -72,10 +72,7 @@ pub struct HttpHandler {
 impl HttpHandler {
     /// A handler posting to `url`, giving up on a request after `timeout`.
     pub fn new(url: reqwest::Url, timeout: Duration) -> anyhow::Result<Self> {
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .context("failed to create the HTTP client")?;
+        let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().context("failed to create the HTTP client")?;
         Ok(HttpHandler { client, shown_url: masked(&url), url, timeout })
     }
 }
@@ -149,7 +146,8 @@ impl Handler for HttpHandler {
         if !status.is_success() {
             let text = String::from_utf8_lossy(&body_prefix(response, ERROR_BODY_BYTES).await).into_owned();
             // Control characters escaped: an answer must not write lines of its own into the log.
-            let text: String = text.chars().take(ERROR_QUOTE_CHARS).flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect();
+            let text: String =
+                text.chars().take(ERROR_QUOTE_CHARS).flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect();
             bail!("handler {} answered {status}: {text}", self.shown_url);
         }
         Ok(())

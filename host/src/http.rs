@@ -534,9 +534,12 @@ async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let poisoned_corrupt = counter(&mut registry, "messages_poisoned_corrupt", "Messages poisoned because their stored body failed its checksum");
     let poisoned_body_only = counter(&mut registry, "messages_poisoned_body_only", "Poisoned messages moved as the bare body because the envelope did not fit");
     let handler_panics = counter(&mut registry, "handler_panics", "Handler calls that panicked (counted as failures)");
-    let host_errors = counter(&mut registry, "handler_host_errors", "Handler calls the host could not make (out of file descriptors); retried, never poisoned for");
-    let poison_failures = counter(&mut registry, "poison_failures", "Poisonings the poison queue refused (the message stays, tried again after max_retry_delay)");
-    let leases_lost = counter(&mut registry, "leases_lost", "Leases another lease replaced before or while the handler ran (storage slower than half the lease)");
+    let host_errors =
+        counter(&mut registry, "handler_host_errors", "Handler calls the host could not make (out of file descriptors); retried, never poisoned for");
+    let poison_failures =
+        counter(&mut registry, "poison_failures", "Poisonings the poison queue refused (the message stays, tried again after max_retry_delay)");
+    let leases_lost =
+        counter(&mut registry, "leases_lost", "Leases another lease replaced before or while the handler ran (storage slower than half the lease)");
     let task_panics = counter(&mut registry, "task_panics", "Dequeue or scaler tasks that panicked and were restarted");
     let rule_call_panics = counter(&mut registry, "rule_call_panics", "Rule calls whose blocking task panicked (the built-in rule decided)");
     let faults = counter(&mut registry, "rule_faults", "Rule calls that faulted (the built-in rule decided)");
@@ -545,20 +548,30 @@ async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let transactions = Family::<TransactionLabel, Counter>::default();
     registry.register("storage_transactions", "Storage transactions (billed calls) by kind", transactions.clone());
     let rate = Family::<RateLabel, Gauge<f64, AtomicU64>>::default();
-    registry.register("transactions_per_hour", "Billed transactions per hour over the last 10 minutes: all, or idle (empty gets and counts that found the queue empty)", rate.clone());
+    registry.register(
+        "transactions_per_hour",
+        "Billed transactions per hour over the last 10 minutes: all, or idle (empty gets and counts that found the queue empty)",
+        rate.clone(),
+    );
     let monthly = Family::<RateLabel, Gauge<f64, AtomicU64>>::default();
     registry.register("projected_usd_per_month", "A 30-day month at the current transaction rate, in US dollars: all, or the idle part", monthly.clone());
     let host_rate = Family::<KindLabel, Gauge<f64, AtomicU64>>::default();
     registry.register("host_transactions_per_hour", "Billed transactions per hour of every queue of the host: all, or idle", host_rate.clone());
     let host_monthly = Family::<KindLabel, Gauge<f64, AtomicU64>>::default();
-    registry.register("host_projected_usd_per_month", "A 30-day month at the host's current transaction rate, in US dollars: all, or the idle part", host_monthly.clone());
+    registry.register(
+        "host_projected_usd_per_month",
+        "A 30-day month at the host's current transaction rate, in US dollars: all, or the idle part",
+        host_monthly.clone(),
+    );
     let price = Gauge::<f64, AtomicU64>::default();
     registry.register("price_per_10k_transactions_usd", "The price the cost figures use, US dollars per 10,000 transactions", price.clone());
     price.set(api.price_per_10k_transactions);
     let mut costs = Vec::new();
     for s in statuses(&api) {
         if let Some(cost) = queue_cost(&s, api.price_per_10k_transactions) {
-            for (kind, per_hour, usd) in [("all", cost.transactions_per_hour, cost.usd_per_month), ("idle", cost.idle_transactions_per_hour, cost.idle_usd_per_month)] {
+            for (kind, per_hour, usd) in
+                [("all", cost.transactions_per_hour, cost.usd_per_month), ("idle", cost.idle_transactions_per_hour, cost.idle_usd_per_month)]
+            {
                 rate.get_or_create(&RateLabel { queue: s.queue.clone(), kind }).set(per_hour);
                 monthly.get_or_create(&RateLabel { queue: s.queue.clone(), kind }).set(usd);
             }
@@ -586,7 +599,15 @@ async fn metrics(State(api): State<Arc<Api>>) -> Response {
             clamps.get_or_create(&label).inc_by(rule.clamps);
         }
         if let Some(t) = s.transactions {
-            for (kind, n) in [("put", t.puts), ("get", t.gets_with_messages), ("get_empty", t.gets_empty), ("delete", t.deletes), ("update", t.updates), ("count", t.counts), ("create", t.creates)] {
+            for (kind, n) in [
+                ("put", t.puts),
+                ("get", t.gets_with_messages),
+                ("get_empty", t.gets_empty),
+                ("delete", t.deletes),
+                ("update", t.updates),
+                ("count", t.counts),
+                ("create", t.creates),
+            ] {
                 transactions.get_or_create(&TransactionLabel { queue: s.queue.clone(), kind }).inc_by(n);
             }
         }
@@ -609,7 +630,9 @@ async fn metrics(State(api): State<Arc<Api>>) -> Response {
         }
     }
     let total = CostStatus::total(&costs, api.price_per_10k_transactions);
-    for (kind, per_hour, usd) in [("all", total.transactions_per_hour, total.usd_per_month), ("idle", total.idle_transactions_per_hour, total.idle_usd_per_month)] {
+    for (kind, per_hour, usd) in
+        [("all", total.transactions_per_hour, total.usd_per_month), ("idle", total.idle_transactions_per_hour, total.idle_usd_per_month)]
+    {
         host_rate.get_or_create(&KindLabel { kind }).set(per_hour);
         host_monthly.get_or_create(&KindLabel { kind }).set(usd);
     }
@@ -631,7 +654,18 @@ mod tests {
         assert_eq!(parse_send_query(Some("delay_ms=604800000")), Ok(MAX_VISIBILITY));
         // Percent-encoded digits are digits.
         assert_eq!(parse_send_query(Some("delay_ms=%31%30")), Ok(Duration::from_millis(10)));
-        for bad in ["delay_ms=604800001", "delay_ms=18446744073709551615", "delay_ms=x", "delay_ms=", "delay_ms=-1", "delay_ms=+1", "delay_ms=%2B1", "delay=1", "delay_ms=1&delay_ms=1", "delay_%6Ds=1&x"] {
+        for bad in [
+            "delay_ms=604800001",
+            "delay_ms=18446744073709551615",
+            "delay_ms=x",
+            "delay_ms=",
+            "delay_ms=-1",
+            "delay_ms=+1",
+            "delay_ms=%2B1",
+            "delay=1",
+            "delay_ms=1&delay_ms=1",
+            "delay_%6Ds=1&x",
+        ] {
             assert!(parse_send_query(Some(bad)).is_err(), "{bad} was taken");
         }
     }

@@ -10,12 +10,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bus::Bus;
 use crate::config::{Backend, BusConfig, Config};
-use crate::listener::QueueSettings;
-use crate::queue::azure::{AzureOptions, AzureQueue};
 use crate::handler::HttpHandler;
 use crate::health::Health;
 use crate::http::{Api, ApiLimits};
+use crate::listener::QueueSettings;
 use crate::listener::{Listener, ListenerStatus};
+use crate::queue::azure::{AzureOptions, AzureQueue};
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::queue::partitioned::Partitioned;
 use crate::queue::{Metered, QueueClient, RetryPolicy, Retrying, SystemClock};
@@ -211,7 +211,6 @@ impl Service {
             scaler.scaler.stop().await;
         }
     }
-
 }
 
 /// KEDA's external scaler, serving.

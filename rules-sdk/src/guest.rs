@@ -71,15 +71,11 @@ macro_rules! export_rule {
             struct EbbRuleExport;
 
             impl $crate::bindings::exports::ebb::rules::decisions::Guest for EbbRuleExport {
-                fn configure(
-                    params: ::std::vec::Vec<(::std::string::String, ::std::string::String)>,
-                ) -> ::core::result::Result<(), ::std::string::String> {
+                fn configure(params: ::std::vec::Vec<(::std::string::String, ::std::string::String)>) -> ::core::result::Result<(), ::std::string::String> {
                     EBB_RULE.with(|rule| $crate::ScalingRule::configure(&mut *rule.borrow_mut(), &params))
                 }
 
-                fn optimal_dequeue_task_count(
-                    state: $crate::bindings::exports::ebb::rules::decisions::QueueState,
-                ) -> u32 {
+                fn optimal_dequeue_task_count(state: $crate::bindings::exports::ebb::rules::decisions::QueueState) -> u32 {
                     let state: $crate::QueueState = state.into();
                     EBB_RULE.with(|rule| $crate::ScalingRule::optimal_dequeue_task_count(&*rule.borrow(), &state))
                 }
@@ -92,7 +88,7 @@ macro_rules! export_rule {
                 }
             }
 
-            $crate::bindings::__export_scaling_rule!(EbbRuleExport with_types_in $crate::bindings);
+    $crate::bindings::__export_scaling_rule!(EbbRuleExport with_types_in $crate::bindings);
         };
     };
 }

@@ -1,6 +1,6 @@
 //! The whitepaper's rule: the defaults of [`crate::ScalingRule`], and the host's built-in rule.
 
-use crate::backoff::{jittered_exponential, PAPER_JITTER_MS};
+use crate::backoff::{PAPER_JITTER_MS, jittered_exponential};
 use crate::thresholds::tasks_for;
 use crate::{IdleContext, IdleDecision, QueueState};
 
@@ -23,13 +23,7 @@ pub fn optimal_dequeue_task_count(state: &QueueState) -> u32 {
 /// Tasks reach the maximum interval at different idle counts, so a listener shrinks
 /// gradually to one polling task, or to none when push notifications can wake it.
 pub fn on_queue_empty(ctx: &IdleContext) -> IdleDecision {
-    let delay_ms = jittered_exponential(
-        ctx.idle_count,
-        ctx.min_interval_ms,
-        ctx.max_interval_ms,
-        PAPER_JITTER_MS,
-        ctx.random,
-    );
+    let delay_ms = jittered_exponential(ctx.idle_count, ctx.min_interval_ms, ctx.max_interval_ms, PAPER_JITTER_MS, ctx.random);
     let stop = delay_ms >= ctx.max_interval_ms && (ctx.active_tasks > 1 || ctx.push_enabled);
     IdleDecision { delay_ms, stop }
 }
@@ -39,14 +33,7 @@ mod tests {
     use super::*;
 
     fn idle(idle_count: u32, active_tasks: u32, random: u64) -> IdleContext {
-        IdleContext {
-            idle_count,
-            active_tasks,
-            min_interval_ms: 100,
-            max_interval_ms: 60_000,
-            random,
-            ..Default::default()
-        }
+        IdleContext { idle_count, active_tasks, min_interval_ms: 100, max_interval_ms: 60_000, random, ..Default::default() }
     }
 
     #[test]

@@ -45,9 +45,7 @@ impl<'a> ParamReader<'a> {
     pub fn get<T: FromStr>(&mut self, key: &'a str) -> Result<Option<T>, String> {
         match self.raw(key) {
             None => Ok(None),
-            Some(text) => text.trim().parse().map(Some).map_err(|_| {
-                format!("parameter {key:?}: cannot read {text:?} as {}", short_type_name::<T>())
-            }),
+            Some(text) => text.trim().parse().map(Some).map_err(|_| format!("parameter {key:?}: cannot read {text:?} as {}", short_type_name::<T>())),
         }
     }
 
@@ -66,8 +64,7 @@ impl<'a> ParamReader<'a> {
 
     /// Fails if a parameter was given that no call above asked for.
     pub fn finish(self) -> Result<(), String> {
-        let unknown: BTreeSet<&str> =
-            self.params.iter().map(|(k, _)| k.as_str()).filter(|k| !self.asked.contains(k)).collect();
+        let unknown: BTreeSet<&str> = self.params.iter().map(|(k, _)| k.as_str()).filter(|k| !self.asked.contains(k)).collect();
         if unknown.is_empty() {
             return Ok(());
         }

@@ -31,13 +31,8 @@ impl DynThresholdTable {
             if saw_otherwise {
                 return Err(format!("row {n} ({row:?}) follows the final `*:tasks` row"));
             }
-            let (depth, tasks) = row
-                .split_once(':')
-                .ok_or_else(|| format!("row {n} ({row:?}) is not `depth:tasks`"))?;
-            let tasks: u32 = tasks
-                .trim()
-                .parse()
-                .map_err(|_| format!("row {n} ({row:?}): tasks must be a whole number"))?;
+            let (depth, tasks) = row.split_once(':').ok_or_else(|| format!("row {n} ({row:?}) is not `depth:tasks`"))?;
+            let tasks: u32 = tasks.trim().parse().map_err(|_| format!("row {n} ({row:?}): tasks must be a whole number"))?;
             let depth = match depth.trim() {
                 "*" => {
                     saw_otherwise = true;

@@ -88,7 +88,8 @@ fn request(method: &str, path: &str, token: Option<&str>, body: &[u8]) -> Vec<u8
 
 /// A POST with a chunked body (no Content-Length), in chunks of 10 bytes.
 fn chunked(path: &str, body: &[u8]) -> Vec<u8> {
-    let mut bytes = format!("POST {path} HTTP/1.1\r\nHost: ebb\r\nAuthorization: Bearer {TOKEN}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n").into_bytes();
+    let mut bytes =
+        format!("POST {path} HTTP/1.1\r\nHost: ebb\r\nAuthorization: Bearer {TOKEN}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n").into_bytes();
     for chunk in body.chunks(10) {
         bytes.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
         bytes.extend_from_slice(chunk);
@@ -162,7 +163,9 @@ async fn a_connection_that_moves_no_byte_is_closed_at_the_idle_timeout() -> Resu
     // Whole headers, then a body that never comes: the header timeout no longer applies.
     let mut stream = TcpStream::connect(addr).await?;
     let started = Instant::now();
-    stream.write_all(format!("POST /queues/orders/messages HTTP/1.1\r\nHost: ebb\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 10\r\n\r\nabc").as_bytes()).await?;
+    stream
+        .write_all(format!("POST /queues/orders/messages HTTP/1.1\r\nHost: ebb\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 10\r\n\r\nabc").as_bytes())
+        .await?;
     closed(&mut stream).await;
     let elapsed = started.elapsed();
     ensure!(elapsed >= Duration::from_secs(60) && elapsed < Duration::from_secs(61), "closed after {elapsed:?}, the idle timeout is 60 s");
@@ -238,9 +241,8 @@ impl Host {
         tokio::spawn(async move { axum::serve(app, router).await });
         let dir = tempfile::tempdir()?;
         let api_addr: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let config = format!(
-            "{top}\n[api]\nlisten = \"{api_addr}\"\ntoken = \"{TOKEN}\"\n{api}\n\n[queues.orders]\nhandler = {{ url = \"http://{app_addr}/work\" }}\n"
-        );
+        let config =
+            format!("{top}\n[api]\nlisten = \"{api_addr}\"\ntoken = \"{TOKEN}\"\n{api}\n\n[queues.orders]\nhandler = {{ url = \"http://{app_addr}/work\" }}\n");
         std::fs::write(dir.path().join("ebb.toml"), config)?;
         let log = std::fs::File::create(dir.path().join("host.log"))?;
         let mut command = Command::new(EBB);
@@ -363,7 +365,9 @@ async fn a_hundred_slow_clients_are_closed_within_the_header_read_timeout() -> R
     // A request whose body never comes is closed by the idle timeout.
     let mut stream = TcpStream::connect(host.api).await?;
     let started = Instant::now();
-    stream.write_all(format!("POST /queues/orders/messages HTTP/1.1\r\nHost: ebb\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 10\r\n\r\n").as_bytes()).await?;
+    stream
+        .write_all(format!("POST /queues/orders/messages HTTP/1.1\r\nHost: ebb\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 10\r\n\r\n").as_bytes())
+        .await?;
     tokio::time::timeout(Duration::from_secs(15), closed(&mut stream)).await.context("a stalled body was never closed")?;
     let elapsed = started.elapsed();
     ensure!(elapsed >= Duration::from_secs(2) && elapsed < Duration::from_secs(8), "a stalled body was closed after {elapsed:?} (idle_timeout is 3s)");
@@ -395,7 +399,8 @@ async fn the_status_table_lines_up_with_its_header() -> Result<()> {
     let header = lines.next().context("no header")?;
     let row = lines.next().context("no row")?;
     // Where each header title ends (right-aligned columns) or starts (left-aligned ones).
-    let titles = ["queue", "depth", "tasks a/t/pk", "in-flight", "processed", "failed", "poisoned", "storage tx", "empty gets", "tx/h all/idle", "$/month", "rule"];
+    let titles =
+        ["queue", "depth", "tasks a/t/pk", "in-flight", "processed", "failed", "poisoned", "storage tx", "empty gets", "tx/h all/idle", "$/month", "rule"];
     let title_at: Vec<usize> = titles.iter().map(|t| header.find(t).unwrap_or_else(|| panic!("no {t} in {header:?}"))).collect();
     // The row's cells: the first eleven have no spaces; the rule column is the rest.
     let mut cells = Vec::new();
@@ -463,7 +468,12 @@ impl QueueClient for Refusing {
     async fn delete(&self, _: &ebb::queue::MessageId, _: &ebb::queue::PopReceipt) -> Result<(), ebb::queue::QueueError> {
         Ok(())
     }
-    async fn update_visibility(&self, _: &ebb::queue::MessageId, r: &ebb::queue::PopReceipt, _: Duration) -> Result<ebb::queue::PopReceipt, ebb::queue::QueueError> {
+    async fn update_visibility(
+        &self,
+        _: &ebb::queue::MessageId,
+        r: &ebb::queue::PopReceipt,
+        _: Duration,
+    ) -> Result<ebb::queue::PopReceipt, ebb::queue::QueueError> {
         Ok(r.clone())
     }
     async fn approximate_count(&self) -> Result<u64, ebb::queue::QueueError> {

@@ -111,5 +111,9 @@ async fn behind_a_proxy_failing_a_fifth_of_requests_no_message_is_lost_or_delete
     assert!(counts.faults() > 0 && counts.server_busy > 0 && counts.dropped_before > 0 && counts.dropped_after > 0, "{counts:?}");
     let share = counts.faults() as f64 / (counts.faults() + counts.forwarded) as f64;
     assert!((0.1..0.3).contains(&share), "about a fifth of requests faulted: {counts:?}");
-    eprintln!("{MESSAGES} messages through the fault proxy in {took:?}: {counts:?} ({:.1} % faulted), retries {}, {duplicates} handled twice (a delete whose answer was lost)", share * 100.0, queue.retries());
+    eprintln!(
+        "{MESSAGES} messages through the fault proxy in {took:?}: {counts:?} ({:.1} % faulted), retries {}, {duplicates} handled twice (a delete whose answer was lost)",
+        share * 100.0,
+        queue.retries()
+    );
 }

@@ -184,8 +184,7 @@ async fn a_missing_queue_is_a_fatal_error_naming_it() {
 #[tokio::test]
 async fn use_development_storage_reaches_azurite_with_the_well_known_key() {
     let azurite = Azurite::shared();
-    let account =
-        AzureAccount::from_connection_string(&format!("UseDevelopmentStorage=true;QueueEndpoint={}", azurite.endpoint())).unwrap();
+    let account = AzureAccount::from_connection_string(&format!("UseDevelopmentStorage=true;QueueEndpoint={}", azurite.endpoint())).unwrap();
     let queue = AzureQueue::new(&account, &unique_queue_name("dev"), AzureOptions::default()).unwrap();
     queue.create_if_missing().await.unwrap();
     let id = queue.put(b"hi", Duration::ZERO).await.unwrap();
@@ -203,7 +202,11 @@ async fn a_sas_signature_never_appears_in_an_error() {
     let endpoint = format!("http://127.0.0.1:{}/{DEVELOPMENT_ACCOUNT}", free_port());
     let account = AzureAccount::from_connection_string(&format!("SharedAccessSignature=sv=2020-08-04&sig=SECRETSIG%2Bx;QueueEndpoint={endpoint}")).unwrap();
     let queue = AzureQueue::new(&account, "orders", AzureOptions::default()).unwrap();
-    for error in [queue.get(32, Duration::from_secs(30)).await.unwrap_err(), queue.approximate_count().await.unwrap_err(), queue.put(b"x", Duration::ZERO).await.unwrap_err()] {
+    for error in [
+        queue.get(32, Duration::from_secs(30)).await.unwrap_err(),
+        queue.approximate_count().await.unwrap_err(),
+        queue.put(b"x", Duration::ZERO).await.unwrap_err(),
+    ] {
         let text = format!("{error:#} {error:?}");
         assert!(!text.contains("SECRETSIG"), "{text}");
     }

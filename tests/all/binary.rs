@@ -492,7 +492,8 @@ async fn rule_check_and_check_refuse_fifos_and_devices_at_once() {
     let rule = site.dir.path().join("rules/orders.wasm");
     std::fs::remove_file(&rule).unwrap();
     assert!(Command::new("mkfifo").arg(&rule).status().unwrap().success());
-    let output = ebb_within(&[OsStr::new("check"), OsStr::new("--config"), site.config().as_os_str()], Duration::from_secs(10)).expect("ebb check hung on a FIFO");
+    let output =
+        ebb_within(&[OsStr::new("check"), OsStr::new("--config"), site.config().as_os_str()], Duration::from_secs(10)).expect("ebb check hung on a FIFO");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("orders.wasm") && stderr.contains("FIFO"), "{stderr}");
@@ -528,7 +529,10 @@ async fn an_azure_queue_through_the_binary() {
     let site = Site::new(app_addr, "30s");
     let plain = std::fs::read_to_string(site.config()).unwrap();
     let with_azure = |connection: &str| {
-        format!("{}\n[azure]\nconnection_string = \"{connection}\"\n", plain.replace("[queues.orders]\n", "[queues.orders]\nbackend = \"azure\"\npartitions = 2\n"))
+        format!(
+            "{}\n[azure]\nconnection_string = \"{connection}\"\n",
+            plain.replace("[queues.orders]\n", "[queues.orders]\nbackend = \"azure\"\npartitions = 2\n")
+        )
     };
     std::fs::write(site.config(), with_azure(&azurite.connection_string())).unwrap();
     let checked = String::from_utf8(site.ebb(&["check"]).stdout).unwrap();
@@ -642,14 +646,11 @@ async fn an_entra_id_identity_reaches_azure_over_https() {
     );
     std::fs::write(site.config(), config).unwrap();
     // The queue exists beforehand (creating queues needs a role the host may not have).
-    let admin = ebb::queue::azure::AzureAccount::with_key(
-        ebb::queue::azure::DEVELOPMENT_ACCOUNT,
-        ebb::queue::azure::DEVELOPMENT_KEY,
-        Some(&azurite.endpoint()),
-    )
-    .unwrap()
-    .with_root_certificate(&std::fs::read(azurite.certificate().unwrap()).unwrap())
-    .unwrap();
+    let admin =
+        ebb::queue::azure::AzureAccount::with_key(ebb::queue::azure::DEVELOPMENT_ACCOUNT, ebb::queue::azure::DEVELOPMENT_KEY, Some(&azurite.endpoint()))
+            .unwrap()
+            .with_root_certificate(&std::fs::read(azurite.certificate().unwrap()).unwrap())
+            .unwrap();
     for name in ["orders", "orders-poison"] {
         use ebb::queue::QueueClient as _;
         ebb::queue::azure::AzureQueue::new(&admin, name, Default::default()).unwrap().create_if_missing().await.unwrap();
@@ -783,7 +784,12 @@ async fn a_zero_idle_push_queue_through_the_binary_polls_at_start_and_shows_its_
     let table = String::from_utf8(site.ebb(&["status"]).stdout).unwrap();
     assert!(table.contains("tx/h all/idle") && table.contains("\ntotal: ") && table.contains("per 10,000 transactions"), "{table}");
     let metrics = reqwest::Client::new().get(format!("http://{}/metrics", site.api)).bearer_auth(TOKEN).send().await.unwrap().text().await.unwrap();
-    for line in ["ebb_projected_usd_per_month{queue=\"orders\",kind=\"idle\"}", "ebb_host_transactions_per_hour{kind=\"all\"}", "ebb_safety_polls_total{queue=\"orders\"} 1", "ebb_price_per_10k_transactions_usd 0.01"] {
+    for line in [
+        "ebb_projected_usd_per_month{queue=\"orders\",kind=\"idle\"}",
+        "ebb_host_transactions_per_hour{kind=\"all\"}",
+        "ebb_safety_polls_total{queue=\"orders\"} 1",
+        "ebb_price_per_10k_transactions_usd 0.01",
+    ] {
         assert!(metrics.contains(line), "missing {line} in\n{metrics}");
     }
     signal(&host, "-TERM");

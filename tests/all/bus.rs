@@ -81,10 +81,7 @@ async fn triggers_reach_every_host_and_an_outage_falls_back_to_polling_then_reco
     assert!(hosts.iter().all(|h| h.availability.lock().unwrap().last() == Some(&true)));
     let before: Vec<usize> = hosts.iter().map(|h| h.delivered.lock().unwrap().len()).collect();
     app.publish("ebb:queue:orders", br#"{"queue": "orders", "count": 1}"#).await.unwrap();
-    wait_for("a trigger after the outage", Duration::from_secs(5), || {
-        hosts.iter().zip(&before).all(|(h, n)| h.delivered.lock().unwrap().len() > *n)
-    })
-    .await;
+    wait_for("a trigger after the outage", Duration::from_secs(5), || hosts.iter().zip(&before).all(|(h, n)| h.delivered.lock().unwrap().len() > *n)).await;
 }
 
 /// Review (session 4): a stalled Redis (SIGSTOP; or a route that drops packets silently)

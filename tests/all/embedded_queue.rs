@@ -2,8 +2,8 @@
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::ops::Bound;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -125,11 +125,7 @@ async fn sigkill_mid_batch_loses_no_message() {
         assert_eq!(ids.iter().collect::<BTreeSet<_>>().len(), total);
     } // closed: the worker can own the directory
 
-    let mut worker = Command::new(env!("CARGO_BIN_EXE_queue-crash-worker"))
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_queue-crash-worker")).arg(dir.path()).stdout(Stdio::piped()).spawn().unwrap();
     let mut lines = BufReader::new(worker.stdout.take().unwrap()).lines();
     let (mut attempted, mut acked) = (BTreeSet::new(), BTreeSet::new());
     let (mut batch, mut deleted_in_batch, mut batches) = (0, 0, 0);
@@ -195,7 +191,6 @@ async fn a_second_process_cannot_open_an_owned_data_directory() {
     assert!(stderr.contains("is in use by another ebb process"), "{stderr}");
 }
 
-
 #[tokio::test]
 async fn delays_and_visibilities_past_seven_days_saturate_and_the_writer_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();
@@ -251,11 +246,7 @@ impl FlakyBackend {
         if self.faults.panic_next.swap(false, Ordering::SeqCst) {
             panic!("injected: a storage bug");
         }
-        if self.faults.failing.load(Ordering::SeqCst) {
-            Err(std::io::Error::other("injected: no space left on device"))
-        } else {
-            Ok(())
-        }
+        if self.faults.failing.load(Ordering::SeqCst) { Err(std::io::Error::other("injected: no space left on device")) } else { Ok(()) }
     }
 }
 

@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime};
 use axum::body::Body;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
-use futures::StreamExt;
 use ebb::handler::{Handler, HttpHandler, IncomingMessage};
+use futures::StreamExt;
 
 async fn serve(router: axum::Router) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -27,15 +27,13 @@ fn message() -> IncomingMessage {
 async fn a_redirect_is_a_failure_not_followed() {
     let landed = Arc::new(AtomicU64::new(0));
     let counter = landed.clone();
-    let router = axum::Router::new()
-        .route("/old", axum::routing::post(|| async { (StatusCode::MOVED_PERMANENTLY, [(header::LOCATION, "/landing")]) }))
-        .route(
-            "/landing",
-            axum::routing::get(move || {
-                counter.fetch_add(1, Ordering::Relaxed);
-                async { "hi" }
-            }),
-        );
+    let router = axum::Router::new().route("/old", axum::routing::post(|| async { (StatusCode::MOVED_PERMANENTLY, [(header::LOCATION, "/landing")]) })).route(
+        "/landing",
+        axum::routing::get(move || {
+            counter.fetch_add(1, Ordering::Relaxed);
+            async { "hi" }
+        }),
+    );
     let addr = serve(router).await;
     let handler = HttpHandler::new(format!("http://{addr}/old").parse().unwrap(), Duration::from_secs(5)).unwrap();
     let error = format!("{:#}", handler.handle(&message()).await.unwrap_err());
@@ -92,7 +90,8 @@ async fn a_handler_urls_password_never_reaches_an_error() {
 /// so an app could forge log lines.
 #[tokio::test]
 async fn a_failing_answer_cannot_write_lines_into_the_log() {
-    let router = axum::Router::new().route("/work", axum::routing::post(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "oops\r\n2026-01-01T00:00:00Z  INFO ebb: fake line\n") }));
+    let router = axum::Router::new()
+        .route("/work", axum::routing::post(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "oops\r\n2026-01-01T00:00:00Z  INFO ebb: fake line\n") }));
     let addr = serve(router).await;
     let handler = HttpHandler::new(format!("http://{addr}/work").parse().unwrap(), Duration::from_secs(5)).unwrap();
     let error = format!("{:#}", handler.handle(&message()).await.unwrap_err());

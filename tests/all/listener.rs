@@ -106,7 +106,12 @@ struct Fixture {
 
 fn fixture(settings: QueueSettings, rule: Option<PathBuf>) -> Fixture {
     let clock = Arc::new(TokioClock::new());
-    let queue = Arc::new(RecordingQueue { inner: MemoryQueue::new(QUEUE, clock.clone(), 65536), gets: Mutex::default(), panic_in_next_get: AtomicBool::new(false), failures_left: AtomicU64::new(0) });
+    let queue = Arc::new(RecordingQueue {
+        inner: MemoryQueue::new(QUEUE, clock.clone(), 65536),
+        gets: Mutex::default(),
+        panic_in_next_get: AtomicBool::new(false),
+        failures_left: AtomicU64::new(0),
+    });
     let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
     let handler = Arc::new(TestHandler::default());
     let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
@@ -232,7 +237,13 @@ async fn failing_messages_reach_the_poison_queue_after_max_dequeue_count_with_th
 
 #[tokio::test(start_paused = true)]
 async fn retries_wait_longer_with_each_failure() {
-    let settings = QueueSettings { max_dequeue_count: 10, visibility_timeout: Duration::from_secs(4), min_polling_interval: Duration::from_millis(10), max_polling_interval: Duration::from_millis(100), ..Default::default() };
+    let settings = QueueSettings {
+        max_dequeue_count: 10,
+        visibility_timeout: Duration::from_secs(4),
+        min_polling_interval: Duration::from_millis(10),
+        max_polling_interval: Duration::from_millis(100),
+        ..Default::default()
+    };
     let f = fixture(settings, None);
     f.listener.start();
     f.queue.put(b"fail", Duration::ZERO).await.unwrap();

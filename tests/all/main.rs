@@ -11,5 +11,5 @@ mod handler;
 mod listener;
 mod rule_languages;
 mod rules;
-mod simulate;
 mod scaler;
+mod simulate;

@@ -31,7 +31,8 @@ fn assert_paper_back_off(set: &RuleSet) {
     for idle_count in 0..=20 {
         for random in [0, 1 << 63, u64::MAX] {
             for active_tasks in [1, 3] {
-                let ctx = IdleContext { queue: QUEUE.into(), idle_count, active_tasks, min_interval_ms: 100, max_interval_ms: 60_000, random, ..Default::default() };
+                let ctx =
+                    IdleContext { queue: QUEUE.into(), idle_count, active_tasks, min_interval_ms: 100, max_interval_ms: 60_000, random, ..Default::default() };
                 let decision = set.decide_queue_empty(QUEUE, &ctx);
                 assert_eq!(decision.source, DecisionSource::Rule);
                 assert_eq!(decision.value, built_in.decide_queue_empty(QUEUE, &ctx).value, "idle {idle_count}, random {random}");

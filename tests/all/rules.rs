@@ -34,15 +34,7 @@ fn state(depth: u64) -> QueueState {
 }
 
 fn idle(idle_count: u32, random: u64) -> IdleContext {
-    IdleContext {
-        queue: QUEUE.into(),
-        idle_count,
-        active_tasks: 2,
-        min_interval_ms: 100,
-        max_interval_ms: 60_000,
-        random,
-        ..Default::default()
-    }
+    IdleContext { queue: QUEUE.into(), idle_count, active_tasks: 2, min_interval_ms: 100, max_interval_ms: 60_000, random, ..Default::default() }
 }
 
 fn load_error(guest: &str) -> String {
@@ -495,7 +487,6 @@ fn a_slow_to_instantiate_faulty_rule_stalls_neither_decisions_nor_status() {
     let faults = rules.status(QUEUE).unwrap().faults;
     assert!((1..=4).contains(&faults), "{faults} faults");
 }
-
 
 fn cache_files(dir: &Path) -> Vec<(String, u64)> {
     std::fs::read_dir(dir).unwrap().flatten().map(|e| (e.file_name().to_string_lossy().into_owned(), e.metadata().unwrap().len())).collect()

@@ -296,7 +296,8 @@ async fn ebb_scaler_counts_azure_queues_to_find_work_sent_around_it() {
     let (app, app_addr) = App::start(Duration::from_millis(1)).await;
     let site = Site::with_poll_interval(app_addr, "100ms");
     let queue = unique_queue_name("scaler");
-    let config = std::fs::read_to_string(site.dir.path().join("ebb.toml")).unwrap().replace("[queues.orders]\n", &format!("[queues.{queue}]\nbackend = \"azure\"\n"));
+    let config =
+        std::fs::read_to_string(site.dir.path().join("ebb.toml")).unwrap().replace("[queues.orders]\n", &format!("[queues.{queue}]\nbackend = \"azure\"\n"));
     let config = format!("{config}[azure]\nconnection_string = \"{}\"\n", azurite.connection_string());
     std::fs::write(site.dir.path().join("ebb.toml"), config).unwrap();
     let host = site.start("scaler").await;
@@ -340,7 +341,8 @@ async fn on_azure_a_thousand_scaler_calls_bill_no_count_beyond_the_cached_one() 
     let (_app, app_addr) = App::start(Duration::from_millis(1)).await;
     let site = Site::new(app_addr);
     let queue = unique_queue_name("scaler-bill");
-    let config = std::fs::read_to_string(site.dir.path().join("ebb.toml")).unwrap().replace("[queues.orders]\n", &format!("[queues.{queue}]\nbackend = \"azure\"\n"));
+    let config =
+        std::fs::read_to_string(site.dir.path().join("ebb.toml")).unwrap().replace("[queues.orders]\n", &format!("[queues.{queue}]\nbackend = \"azure\"\n"));
     std::fs::write(site.dir.path().join("ebb.toml"), format!("{config}[azure]\nconnection_string = \"{}\"\n", azurite.connection_string())).unwrap();
     let host = site.start("run").await;
     let mut client = site.client().await;
@@ -394,7 +396,8 @@ mod in_process {
         let counted = Arc::new(Counted::new(vec![memory]));
         assert_eq!(counted.count().await, depth as u64);
         let settings = config.scaler.clone().unwrap();
-        let queue = ScalerQueue::new(&config.queues[0], Source::Counted(counted), rules.queue(&rule_slot("orders")), &settings, config.rule_limits.call_deadline);
+        let queue =
+            ScalerQueue::new(&config.queues[0], Source::Counted(counted), rules.queue(&rule_slot("orders")), &settings, config.rule_limits.call_deadline);
         (queue, rules)
     }
 

@@ -60,7 +60,12 @@ fn a_wasm_rule_decides_under_the_paused_clock_like_the_built_in_it_copies() {
     assert_eq!(wasm.handled, 5000);
     // The example rule is the paper's rule compiled to WASM: the same decisions from the
     // same random values, so the same run.
-    assert!(within(wasm.billed_transactions as f64, built_in.billed_transactions as f64, 0.01), "{} vs {}", wasm.billed_transactions, built_in.billed_transactions);
+    assert!(
+        within(wasm.billed_transactions as f64, built_in.billed_transactions as f64, 0.01),
+        "{} vs {}",
+        wasm.billed_transactions,
+        built_in.billed_transactions
+    );
     assert!(wasm.peak_tasks > 1, "the rule's task count was followed");
     assert!(wasm.wall_secs < 60.0);
 }
@@ -102,7 +107,8 @@ fn simulate_prints_a_table_json_and_an_svg_chart() {
     let rule = &json["rules"][0];
     assert_eq!(rule["rule"], "paper-push");
     assert_eq!(rule["handled"], 11);
-    for key in ["billed_transactions", "idle_transactions", "useful_transactions", "usd_per_month", "peak_tasks", "peak_backlog", "simulated_secs", "wall_secs"] {
+    for key in ["billed_transactions", "idle_transactions", "useful_transactions", "usd_per_month", "peak_tasks", "peak_backlog", "simulated_secs", "wall_secs"]
+    {
         assert!(rule[key].is_number(), "{key} in {rule}");
     }
     assert!(rule["latency"]["p99_ms"].is_number());
@@ -187,4 +193,3 @@ fn the_example_paper_rule_follows_the_papers_push_variant_like_the_built_in() {
         assert_eq!(rule.samples.last().unwrap().tasks, 0, "{}: no task left polling", rule.rule);
     }
 }
-

@@ -76,7 +76,6 @@ fn read_chars() -> u64 {
     io.lines().find_map(|l| l.strip_prefix("rchar:")).unwrap().trim().parse().unwrap()
 }
 
-
 fn sha_of(bytes: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(bytes))
@@ -200,7 +199,15 @@ fn python_queues() -> Value {
 }
 
 fn state(i: u64) -> QueueState {
-    QueueState { queue: QUEUE.into(), approximate_depth: i % 2000, min_tasks: 1, max_tasks: 100, active_tasks: 1, random: i.wrapping_mul(0x9E37_79B9_7F4A_7C15), ..Default::default() }
+    QueueState {
+        queue: QUEUE.into(),
+        approximate_depth: i % 2000,
+        min_tasks: 1,
+        max_tasks: 100,
+        active_tasks: 1,
+        random: i.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        ..Default::default()
+    }
 }
 
 /// Percentiles of per-call latencies in microseconds.

@@ -133,4 +133,3 @@ where
     });
     futures::future::join_all(callers).await.into_iter().flat_map(Result::unwrap).collect()
 }
-

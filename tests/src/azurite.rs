@@ -77,9 +77,7 @@ impl Azurite {
                 let mut log = log;
                 let _ = log.rewind();
                 let _ = log.read_to_string(&mut stderr);
-                panic!(
-                    "Azurite ({AZURITE_QUEUE}) exited ({status}) before answering on port {port}; it needs Node.js 20+ on PATH. Its output:\n{stderr}"
-                );
+                panic!("Azurite ({AZURITE_QUEUE}) exited ({status}) before answering on port {port}; it needs Node.js 20+ on PATH. Its output:\n{stderr}");
             }
             assert!(Instant::now() < deadline, "Azurite did not answer on port {port} within {START_TIMEOUT:?}");
             std::thread::sleep(Duration::from_millis(50));

@@ -68,4 +68,3 @@ pub fn raw_redb_processing(depth: usize, processed: usize) -> f64 {
     }
     done as f64 / started.elapsed().as_secs_f64()
 }
-

@@ -74,4 +74,3 @@ impl std::io::Write for LogCapture {
         Ok(())
     }
 }
-

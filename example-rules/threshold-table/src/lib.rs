@@ -20,11 +20,7 @@ struct ThresholdTable {
 
 impl Default for ThresholdTable {
     fn default() -> Self {
-        ThresholdTable {
-            table: DynThresholdTable::parse("100:10, 1000:50, *:100").expect("the default table parses"),
-            step_ms: (80.0, 120.0),
-            keep_tasks: 1,
-        }
+        ThresholdTable { table: DynThresholdTable::parse("100:10, 1000:50, *:100").expect("the default table parses"), step_ms: (80.0, 120.0), keep_tasks: 1 }
     }
 }
 

@@ -25,7 +25,8 @@ impl RedisPubSub {
     /// A Redis at `url` (`redis://[:password@]host:port[/db]` or `rediss://…`); nothing is
     /// connected yet.
     pub fn new(url: &str) -> anyhow::Result<Self> {
-        let client = redis::Client::open(url).map_err(|e| anyhow::anyhow!("not a Redis URL (redis://[:password@]host:port[/db] or rediss://…): {}", e.category()))?;
+        let client =
+            redis::Client::open(url).map_err(|e| anyhow::anyhow!("not a Redis URL (redis://[:password@]host:port[/db] or rediss://…): {}", e.category()))?;
         let scheme = url.split_once("://").map_or("redis", |(scheme, _)| scheme);
         let described = format!("{scheme}://{}", client.get_connection_info().addr());
         Ok(RedisPubSub { client, described, publisher: tokio::sync::Mutex::new(None) })
@@ -47,7 +48,9 @@ impl PubSub for RedisPubSub {
         for _ in 0..tries {
             let connection = match publisher.as_mut() {
                 Some(connection) => connection,
-                None => publisher.insert(self.client.get_multiplexed_async_connection().await.with_context(|| format!("cannot connect to {}", self.described))?),
+                None => {
+                    publisher.insert(self.client.get_multiplexed_async_connection().await.with_context(|| format!("cannot connect to {}", self.described))?)
+                }
             };
             let published: redis::RedisResult<i64> = redis::cmd("PUBLISH").arg(channel).arg(payload).query_async(connection).await;
             match published {

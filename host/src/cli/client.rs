@@ -11,8 +11,8 @@ use serde_json::Value;
 
 use crate::config::{Backend, Config};
 use crate::queue::QueueClient;
-use crate::queue::partitioned::Partitioned;
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
+use crate::queue::partitioned::Partitioned;
 
 fn api_base(config: &Config) -> String {
     let mut addr = config.listen;
@@ -258,7 +258,10 @@ mod tests {
     #[test]
     fn table_columns_line_up_with_the_header_and_null_is_a_dash() {
         let columns = [("queue", Align::Left), ("depth", Align::Right), ("rule", Align::Left)];
-        let rows = vec![vec!["a-very-long-queue-name".to_string(), cell(&Value::Null), "built-in".into()], vec!["q".into(), cell(&serde_json::json!(12345678)), "x".into()]];
+        let rows = vec![
+            vec!["a-very-long-queue-name".to_string(), cell(&Value::Null), "built-in".into()],
+            vec!["q".into(), cell(&serde_json::json!(12345678)), "x".into()],
+        ];
         let text = table(&columns, &rows);
         assert_eq!(text, "queue                     depth rule\na-very-long-queue-name        - built-in\nq                      12345678 x\n");
     }

@@ -7,9 +7,9 @@ use anyhow::{Result, bail};
 
 use crate::config::{Backend, Config};
 use crate::queue::{MessageId, PopReceipt, QueueClient as _, QueueError};
-use crate::service::storage_queue;
 use crate::rules::{RuleEngine, RuleSet};
 use crate::service::Service;
+use crate::service::storage_queue;
 
 pub async fn run(config_path: &Path) -> Result<()> {
     let config = Config::load(config_path)?;
@@ -78,10 +78,9 @@ fn check_azure_queues(config: &Config) -> Vec<anyhow::Error> {
                     Err(error) => return Err(anyhow::Error::new(error)),
                 };
                 let (nobody, no_receipt) = (MessageId::from("00000000-0000-0000-0000-000000000000"), PopReceipt::from("AAAAAAAAAAAAAAAAAAAAAA=="));
-                for probe in [
-                    client.delete(&nobody, &no_receipt).await.map(|_| ()),
-                    client.update_visibility(&nobody, &no_receipt, Duration::ZERO).await.map(|_| ()),
-                ] {
+                for probe in
+                    [client.delete(&nobody, &no_receipt).await.map(|_| ()), client.update_visibility(&nobody, &no_receipt, Duration::ZERO).await.map(|_| ())]
+                {
                     match probe {
                         Ok(()) | Err(QueueError::StaleReceipt { .. }) => {}
                         Err(error) => return Err(anyhow::Error::new(error)),
@@ -106,7 +105,13 @@ pub fn check(config_path: &Path) -> Result<()> {
             Some(path) => path.display().to_string(),
             None => "built-in (the paper's rule)".into(),
         };
-        println!("queue {}: rule {rule}, tasks {}..{}, handler {}", queue.name, queue.settings.min_tasks, queue.settings.max_tasks, crate::handler::masked(&queue.handler_url));
+        println!(
+            "queue {}: rule {rule}, tasks {}..{}, handler {}",
+            queue.name,
+            queue.settings.min_tasks,
+            queue.settings.max_tasks,
+            crate::handler::masked(&queue.handler_url)
+        );
     }
     if let Some(scaler) = &config.scaler {
         let token = if scaler.token.is_some() { "token required" } else { "no token" };

@@ -2,9 +2,9 @@
 //! success, release with a retry delay on failure, or poison after `max_dequeue_count`.
 
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::pin::Pin;
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;

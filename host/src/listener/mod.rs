@@ -31,8 +31,8 @@ use crate::rules::{
 };
 
 pub use settings::QueueSettings;
-pub use state::{ListenerStatus, PoisonForm, PoisonRecord, RecordedDecision};
 use state::Counters;
+pub use state::{ListenerStatus, PoisonForm, PoisonRecord, RecordedDecision};
 
 /// Log lines per window for repeated failures (handler failures, failed gets).
 const FAILURE_LOG_LINES: u32 = 10;
@@ -197,7 +197,16 @@ impl ListenerBuilder {
 impl Listener {
     /// A builder for a listener on `queue`, whose poisoned messages go to `poison`.
     pub fn builder(queue: Arc<dyn QueueClient>, poison: Arc<dyn QueueClient>, handler: Arc<dyn Handler>) -> ListenerBuilder {
-        ListenerBuilder { queue, poison, handler, rules: None, native: None, clock: Arc::new(SystemClock), settings: QueueSettings::default(), transactions: None }
+        ListenerBuilder {
+            queue,
+            poison,
+            handler,
+            rules: None,
+            native: None,
+            clock: Arc::new(SystemClock),
+            settings: QueueSettings::default(),
+            transactions: None,
+        }
     }
 
     /// The queue's name.
@@ -353,9 +362,8 @@ impl Shared {
         let counters = &self.counters;
         for _ in 0..n {
             // Reserve a slot first, so concurrent starts never exceed max_tasks.
-            let reserved = counters.active_tasks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| {
-                (active < self.settings.max_tasks).then_some(active + 1)
-            });
+            let reserved =
+                counters.active_tasks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active < self.settings.max_tasks).then_some(active + 1));
             let Ok(previous) = reserved else { return };
             counters.peak_tasks.fetch_max(previous + 1, Ordering::Relaxed);
             let task_number = counters.tasks_started.fetch_add(1, Ordering::Relaxed) + 1;
@@ -387,20 +395,14 @@ impl Shared {
     /// Gives up this task's slot if there are more tasks than the target (after a scale-down).
     fn try_retire(&self) -> bool {
         let target = self.counters.target_tasks.load(Ordering::Relaxed).max(self.floor());
-        self.counters
-            .active_tasks
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active > target).then(|| active - 1))
-            .is_ok()
+        self.counters.active_tasks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active > target).then(|| active - 1)).is_ok()
     }
 
     /// Gives up this task's slot when the rule says an idle task stops, keeping the floor
     /// (one polling task in pull mode).
     fn try_stop_idle(&self) -> bool {
         let floor = self.floor();
-        self.counters
-            .active_tasks
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active > floor).then(|| active - 1))
-            .is_ok()
+        self.counters.active_tasks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active > floor).then(|| active - 1)).is_ok()
     }
 
     /// A push: messages arrived from outside. One idle task is enough to pick them up; if

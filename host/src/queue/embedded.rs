@@ -160,9 +160,7 @@ impl EmbeddedStore {
             .name("ebb-queue-writer".into())
             .spawn(move || tracing::dispatcher::with_default(&dispatch, || writer.run(requests)))
             .context("failed to start the queue writer")?;
-        Ok(EmbeddedStore {
-            shared: Arc::new(Shared { dir: dir.to_path_buf(), file, db: slot, writer: Some(sender), writer_thread: Some(thread), options }),
-        })
+        Ok(EmbeddedStore { shared: Arc::new(Shared { dir: dir.to_path_buf(), file, db: slot, writer: Some(sender), writer_thread: Some(thread), options }) })
     }
 
     /// The data directory.
@@ -323,10 +321,9 @@ fn open_database(opener: &Opener, file: &Path) -> anyhow::Result<(Arc<Database>,
     };
     let db = match opened {
         Ok(db) => db,
-        Err(DatabaseError::DatabaseAlreadyOpen) => anyhow::bail!(
-            "data directory {} is in use by another ebb process (one process owns a data directory)",
-            file.parent().unwrap_or(file).display()
-        ),
+        Err(DatabaseError::DatabaseAlreadyOpen) => {
+            anyhow::bail!("data directory {} is in use by another ebb process (one process owns a data directory)", file.parent().unwrap_or(file).display())
+        }
         // redb reports some damage (a wrong magic number) as invalid data.
         Err(DatabaseError::Storage(StorageError::Io(error))) if matches!(error.kind(), ErrorKind::InvalidData | ErrorKind::UnexpectedEof) => {
             return Err(anyhow!(error)).with_context(|| damaged(file));
@@ -633,7 +630,9 @@ impl Writer {
         }
         let problem = format!("queue store {} cannot be reopened after a failed commit ({cause}): {last}", self.file.display());
         if self.health.set_problem("store", problem.clone()) {
-            tracing::error!("{problem}; dequeuing stops until it can be reopened (trying every {REOPEN_INTERVAL:?}); messages handled meanwhile come back after their lease");
+            tracing::error!(
+                "{problem}; dequeuing stops until it can be reopened (trying every {REOPEN_INTERVAL:?}); messages handled meanwhile come back after their lease"
+            );
         }
         self.next_reopen = Instant::now() + REOPEN_INTERVAL;
     }
@@ -689,12 +688,7 @@ impl Writer {
 }
 
 fn open_tables(txn: &WriteTransaction) -> anyhow::Result<Tables<'_>> {
-    Ok(Tables {
-        queues: txn.open_table(QUEUES)?,
-        messages: txn.open_table(MESSAGES)?,
-        visible: txn.open_table(VISIBLE)?,
-        counts: txn.open_table(COUNTS)?,
-    })
+    Ok(Tables { queues: txn.open_table(QUEUES)?, messages: txn.open_table(MESSAGES)?, visible: txn.open_table(VISIBLE)?, counts: txn.open_table(COUNTS)? })
 }
 
 /// Applies one op. The outer error is a storage failure (abort the transaction); the inner

@@ -12,8 +12,8 @@ pub mod azure;
 pub mod clock;
 pub mod embedded;
 pub mod memory;
-pub mod partitioned;
 mod metered;
+pub mod partitioned;
 mod retrying;
 
 use std::time::{Duration, SystemTime};

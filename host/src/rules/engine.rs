@@ -180,11 +180,7 @@ impl RuleEngine {
     /// so that a restart or a re-deploy of a known rule skips compilation.
     pub fn new(limits: RuleLimits, cache_dir: Option<PathBuf>) -> Result<Arc<Self>> {
         let mut config = Config::new();
-        config
-            .wasm_component_model(true)
-            .epoch_interruption(true)
-            .consume_fuel(true)
-            .max_wasm_stack(limits.stack_bytes);
+        config.wasm_component_model(true).epoch_interruption(true).consume_fuel(true).max_wasm_stack(limits.stack_bytes);
         let engine = Engine::new(&config).map_err(anyhow::Error::from).context("failed to create the wasm engine")?;
         let mut linker = Linker::new(&engine);
         // Toolchains import WASI even for pure code; link it against an empty context so
@@ -230,7 +226,8 @@ impl RuleEngine {
         let exports: Vec<String> = ty.exports(&self.engine).map(|(n, _)| n.to_string()).collect();
         check_contract_version(&exports)?;
         check_signatures(&self.engine, &ty)?;
-        let instance_pre = self.linker.instantiate_pre(&component).map_err(anyhow::Error::from).context("its imports cannot be satisfied (a rule gets no capabilities)")?;
+        let instance_pre =
+            self.linker.instantiate_pre(&component).map_err(anyhow::Error::from).context("its imports cannot be satisfied (a rule gets no capabilities)")?;
         let pre = ScalingRulePre::new(instance_pre).map_err(anyhow::Error::from).context("its exports do not match the ebb:rules/scaling-rule world")?;
         let rule = Arc::new(CompiledRule {
             name: name.to_string(),
@@ -396,7 +393,13 @@ impl RuleEngine {
         if let Err(message) = configured {
             bail!("the rule rejected its parameters: {message}");
         }
-        Ok(RuleInstance { store, bindings, call_fuel: self.limits.call_fuel, call_ticks: deadline_ticks(self.limits.call_deadline), limits: self.limits.clone() })
+        Ok(RuleInstance {
+            store,
+            bindings,
+            call_fuel: self.limits.call_fuel,
+            call_ticks: deadline_ticks(self.limits.call_deadline),
+            limits: self.limits.clone(),
+        })
     }
 }
 

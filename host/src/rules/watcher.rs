@@ -60,9 +60,7 @@ impl RuleSet {
             Err(error) => tracing::warn!("rules folder watch error: {error}"),
         })
         .context("failed to start watching the rules folder")?;
-        watcher
-            .watch(&dir, RecursiveMode::NonRecursive)
-            .with_context(|| format!("failed to watch rules folder {}", dir.display()))?;
+        watcher.watch(&dir, RecursiveMode::NonRecursive).with_context(|| format!("failed to watch rules folder {}", dir.display()))?;
         let rules = Arc::downgrade(self);
         std::thread::Builder::new()
             .name("ebb-rule-watch".into())

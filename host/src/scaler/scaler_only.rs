@@ -19,8 +19,8 @@ use tracing::Instrument as _;
 use super::{Counted, Scaler, ScalerQueue, Source, rule_slot};
 use crate::config::Config;
 use crate::handler::HttpHandler;
-use crate::listener::Listener;
 use crate::http::{Api, ApiLimits};
+use crate::listener::Listener;
 use crate::queue::{QueueClient, RetryPolicy, Retrying};
 use crate::rules::{QueueRuleConfig, RuleSet};
 use crate::service::storage_queue;
@@ -58,12 +58,20 @@ pub async fn run_scaler_only(config: &Config, shutdown: impl std::future::Future
             idle_listeners.entry(queue_config.name.clone()).or_default().push(listener);
             partitions.push(queue);
         }
-        let sender: Arc<dyn QueueClient> =
-            if partitions.len() == 1 { partitions[0].clone() } else { Arc::new(crate::queue::partitioned::Partitioned::new(&queue_config.name, partitions.clone())) };
+        let sender: Arc<dyn QueueClient> = if partitions.len() == 1 {
+            partitions[0].clone()
+        } else {
+            Arc::new(crate::queue::partitioned::Partitioned::new(&queue_config.name, partitions.clone()))
+        };
         logical.insert(queue_config.name.clone(), sender);
         let counted = Arc::new(Counted::new(partitions));
-        let scaler_queue =
-            ScalerQueue::new(queue_config, Source::Counted(counted.clone()), rules.queue(&rule_slot(&queue_config.name)), &settings, config.rule_limits.call_deadline);
+        let scaler_queue = ScalerQueue::new(
+            queue_config,
+            Source::Counted(counted.clone()),
+            rules.queue(&rule_slot(&queue_config.name)),
+            &settings,
+            config.rule_limits.call_deadline,
+        );
         watched.push(counted);
         queues.push(scaler_queue);
     }

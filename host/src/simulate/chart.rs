@@ -52,12 +52,7 @@ pub fn render_svg(report: &SimReport) -> Result<String> {
                 .y_label_area_size(70)
                 .build_cartesian_2d(0f64..hours, 0f64..top)
                 .map_err(|e| anyhow!("drawing the chart: {e}"))?;
-            chart
-                .configure_mesh()
-                .x_desc("simulated hours")
-                .y_label_formatter(&|v| format!("{v:.0}"))
-                .draw()
-                .map_err(|e| anyhow!("drawing the chart: {e}"))?;
+            chart.configure_mesh().x_desc("simulated hours").y_label_formatter(&|v| format!("{v:.0}")).draw().map_err(|e| anyhow!("drawing the chart: {e}"))?;
             for (index, rule) in report.rules.iter().enumerate() {
                 let colour = COLOURS[index % COLOURS.len()];
                 let points = rule.samples.iter().map(|s| (s.t_secs / 3600.0, value(s)));

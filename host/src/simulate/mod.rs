@@ -304,7 +304,8 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
     // The most since the last sample.
     let sample_backlog = Arc::new(AtomicU64::new(0));
     let producer = {
-        let (queue, memory, listener, peak_backlog, sample_backlog) = (queue.clone(), memory.clone(), listener.clone(), peak_backlog.clone(), sample_backlog.clone());
+        let (queue, memory, listener, peak_backlog, sample_backlog) =
+            (queue.clone(), memory.clone(), listener.clone(), peak_backlog.clone(), sample_backlog.clone());
         let arrivals = workload.arrivals.clone();
         let notify = options.notify || rule.push();
         tokio::spawn(async move {

@@ -19,7 +19,8 @@ pub fn table(report: &SimReport) -> String {
         // taken as a whole day's activity, not as a rate.
         out.push_str("($/month counts this run as a whole day's activity, 30 times over: the rest of each day costs nothing)\n");
     }
-    let titles = ["rule", "billed", "idle", "useful", "$/month", "idle $/month", "p50 ms", "p99 ms", "max ms", "peak tasks", "peak backlog", "handled", "wall s"];
+    let titles =
+        ["rule", "billed", "idle", "useful", "$/month", "idle $/month", "p50 ms", "p99 ms", "max ms", "peak tasks", "peak backlog", "handled", "wall s"];
     let rows: Vec<Vec<String>> = report
         .rules
         .iter()

@@ -95,8 +95,7 @@ pub(crate) fn string_to_sign(account: &str, method: &str, url: &Url, headers: &[
         out.push('\n');
     }
     // Canonicalized headers: every x-ms-* header, lower-cased, sorted, value trimmed.
-    let mut ms: Vec<(String, &str)> =
-        headers.iter().map(|(n, v)| (n.to_ascii_lowercase(), v.trim())).filter(|(n, _)| n.starts_with("x-ms-")).collect();
+    let mut ms: Vec<(String, &str)> = headers.iter().map(|(n, v)| (n.to_ascii_lowercase(), v.trim())).filter(|(n, _)| n.starts_with("x-ms-")).collect();
     ms.sort();
     for (name, value) in ms {
         out.push_str(&format!("{name}:{value}\n"));

@@ -107,8 +107,8 @@ impl AzureAccount {
     /// Contributor" (all, and create).
     pub fn with_entra(account: &str, method: EntraMethod, options: EntraOptions, endpoint: Option<&str>) -> anyhow::Result<Self> {
         use azure_identity::{
-            AzureCliCredential, ClientSecretCredential, DeveloperToolsCredential, ManagedIdentityCredential, ManagedIdentityCredentialOptions,
-            UserAssignedId, WorkloadIdentityCredential, WorkloadIdentityCredentialOptions,
+            AzureCliCredential, ClientSecretCredential, DeveloperToolsCredential, ManagedIdentityCredential, ManagedIdentityCredentialOptions, UserAssignedId,
+            WorkloadIdentityCredential, WorkloadIdentityCredentialOptions,
         };
         check_account(account)?;
         let endpoint = match endpoint {
@@ -124,7 +124,8 @@ impl AzureAccount {
                 unused("tenant_id", options.tenant_id.is_some())?;
                 unused("client_secret", options.client_secret.is_some())?;
                 let user_assigned_id = options.client_id.map(UserAssignedId::ClientId);
-                ManagedIdentityCredential::new(Some(ManagedIdentityCredentialOptions { user_assigned_id, ..Default::default() })).map(|c| c as Arc<dyn TokenCredential>)
+                ManagedIdentityCredential::new(Some(ManagedIdentityCredentialOptions { user_assigned_id, ..Default::default() }))
+                    .map(|c| c as Arc<dyn TokenCredential>)
             }
             EntraMethod::WorkloadIdentity => {
                 unused("client_secret", options.client_secret.is_some())?;
@@ -161,7 +162,9 @@ impl AzureAccount {
             bail!("no PEM certificate in it (-----BEGIN CERTIFICATE----- …)");
         }
         // Parsed once more the way the client is built, so a damaged certificate fails here.
-        certificates.into_iter().try_fold(azure_reqwest::Client::builder(), |builder, c| Ok::<_, anyhow::Error>(builder.add_root_certificate(c)))?
+        certificates
+            .into_iter()
+            .try_fold(azure_reqwest::Client::builder(), |builder, c| Ok::<_, anyhow::Error>(builder.add_root_certificate(c)))?
             .build()
             .map_err(|e| anyhow!("not a usable certificate: {e}"))?;
         self.root_certificate = Some(Arc::from(pem));
@@ -209,8 +212,14 @@ impl AzureAccount {
                     _ => bail!("connection string: UseDevelopmentStorage must be true or false"),
                 },
                 // Other services' settings: allowed in a shared connection string, unused here.
-                "blobendpoint" | "tableendpoint" | "fileendpoint" | "blobsecondaryendpoint" | "queuesecondaryendpoint" | "tablesecondaryendpoint"
-                | "filesecondaryendpoint" | "developmentstorageproxyuri" => {}
+                "blobendpoint"
+                | "tableendpoint"
+                | "fileendpoint"
+                | "blobsecondaryendpoint"
+                | "queuesecondaryendpoint"
+                | "tablesecondaryendpoint"
+                | "filesecondaryendpoint"
+                | "developmentstorageproxyuri" => {}
                 // Name it only if it looks like a setting name: a bare secret ending in '='
                 // splits like one.
                 other if other.len() <= 32 && other.chars().all(|c| c.is_ascii_alphabetic()) => {
@@ -230,8 +239,7 @@ impl AzureAccount {
         if protocol != "https" && protocol != "http" {
             bail!("connection string: DefaultEndpointsProtocol must be https or http, not {protocol:?}");
         }
-        let default_endpoint =
-            |name: &str| format!("{protocol}://{name}.queue.{}", suffix.as_deref().unwrap_or("core.windows.net"));
+        let default_endpoint = |name: &str| format!("{protocol}://{name}.queue.{}", suffix.as_deref().unwrap_or("core.windows.net"));
         match (key, sas) {
             (Some(_), Some(_)) => bail!("connection string: give AccountKey or SharedAccessSignature, not both"),
             (Some(key), None) => {
@@ -372,7 +380,9 @@ mod tests {
             },
             Case {
                 name: "explicit queue endpoint (Azurite)",
-                text: format!("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={KEY};QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1;"),
+                text: format!(
+                    "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={KEY};QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1;"
+                ),
                 account: "devstoreaccount1",
                 endpoint: "http://127.0.0.1:10001/devstoreaccount1",
                 sas: false,

@@ -34,7 +34,7 @@ use azure_core::http::{ClientOptions, RetryOptions, StatusCode, Transport};
 use azure_storage_queue::models::{QueueClientGetPropertiesResultHeaders, QueueClientReceiveMessagesOptions, QueueClientSendMessageOptions, QueueMessage};
 use azure_storage_queue::{QueueClient as SdkQueueClient, QueueClientOptions};
 
-pub use connection::{AzureAccount, Credential, EntraMethod, EntraOptions, DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY, DEVELOPMENT_QUEUE_ENDPOINT};
+pub use connection::{AzureAccount, Credential, DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY, DEVELOPMENT_QUEUE_ENDPOINT, EntraMethod, EntraOptions};
 pub use encoding::{Encoding, MAX_ENCODED_BYTES};
 
 use super::{MAX_BATCH, MAX_VISIBILITY, Message, MessageId, PopReceipt, QueueClient, QueueError};
@@ -161,11 +161,8 @@ impl AzureQueue {
                 .fold(http, |builder, certificate| builder.add_root_certificate(certificate)),
             None => http,
         };
-        let http = http
-            .build()
-            .map_err(|e| anyhow!("queue {name} on account {}: cannot build the HTTP client: {e}", account.name()))?;
-        let mut client_options =
-            ClientOptions { retry: RetryOptions::none(), transport: Some(Transport::new(Arc::new(http))), ..ClientOptions::default() };
+        let http = http.build().map_err(|e| anyhow!("queue {name} on account {}: cannot build the HTTP client: {e}", account.name()))?;
+        let mut client_options = ClientOptions { retry: RetryOptions::none(), transport: Some(Transport::new(Arc::new(http))), ..ClientOptions::default() };
         let (mut sas, mut entra) = (None, None);
         match account.credential() {
             Credential::SharedKey(key) => client_options.per_try_policies.push(Arc::new(auth::SharedKeyPolicy::new(account.name(), key.clone()))),
@@ -173,8 +170,8 @@ impl AzureQueue {
             Credential::Entra(_, token) => entra = Some(token.clone()),
         }
         let sdk_options = QueueClientOptions { client_options, version: API_VERSION.to_string() };
-        let client = SdkQueueClient::new(account.queue_url(name)?, entra, Some(sdk_options))
-            .map_err(|e| anyhow!("queue {name} on account {}: {e}", account.name()))?;
+        let client =
+            SdkQueueClient::new(account.queue_url(name)?, entra, Some(sdk_options)).map_err(|e| anyhow!("queue {name} on account {}: {e}", account.name()))?;
         let credential = match account.credential() {
             Credential::SharedKey(_) => CredentialKind::SharedKey,
             Credential::Sas(_) => CredentialKind::Sas,
@@ -256,11 +253,9 @@ impl AzureQueue {
                     call.verb(),
                 ))
             }
-            (StatusCode::NotFound, "QueueNotFound") => QueueError::Fatal(anyhow!(
-                "queue {} on account {}: QueueNotFound (404): the queue does not exist (create it first)",
-                self.name,
-                self.account
-            )),
+            (StatusCode::NotFound, "QueueNotFound") => {
+                QueueError::Fatal(anyhow!("queue {} on account {}: QueueNotFound (404): the queue does not exist (create it first)", self.name, self.account))
+            }
             _ => QueueError::Fatal(described),
         }
     }
@@ -387,11 +382,7 @@ impl QueueClient for AzureQueue {
         let mut messages = Vec::new();
         for item in received.items.unwrap_or_default() {
             let (Some(id), Some(pop_receipt)) = (item.message_id, item.pop_receipt) else {
-                return Err(QueueError::Fatal(anyhow!(
-                    "queue {} on account {}: get: a message came without its id or pop receipt",
-                    self.name,
-                    self.account
-                )));
+                return Err(QueueError::Fatal(anyhow!("queue {} on account {}: get: a message came without its id or pop receipt", self.name, self.account)));
             };
             let (body, defect) = self.options.encoding.decode(item.message_text.unwrap_or_default());
             messages.push(Message {
@@ -417,11 +408,9 @@ impl QueueClient for AzureQueue {
         let response = self.call(Call::Update, Some(id), self.client.update_message(id, pop_receipt, seconds, None)).await?;
         match response.headers().get_optional_str(&POP_RECEIPT) {
             Some(receipt) => Ok(PopReceipt::from(receipt)),
-            None => Err(QueueError::Fatal(anyhow!(
-                "queue {} on account {}: update visibility: the answer has no x-ms-popreceipt header",
-                self.name,
-                self.account
-            ))),
+            None => {
+                Err(QueueError::Fatal(anyhow!("queue {} on account {}: update visibility: the answer has no x-ms-popreceipt header", self.name, self.account)))
+            }
         }
     }
 
@@ -429,11 +418,9 @@ impl QueueClient for AzureQueue {
         let response = self.call(Call::Count, None, self.client.get_properties(None)).await?;
         match response.approximate_messages_count() {
             Ok(Some(count)) => Ok(count.max(0) as u64),
-            Ok(None) => Err(QueueError::Fatal(anyhow!(
-                "queue {} on account {}: the answer has no x-ms-approximate-messages-count header",
-                self.name,
-                self.account
-            ))),
+            Ok(None) => {
+                Err(QueueError::Fatal(anyhow!("queue {} on account {}: the answer has no x-ms-approximate-messages-count header", self.name, self.account)))
+            }
             Err(error) => Err(self.classify(Call::Count, None, &error)),
         }
     }
@@ -448,7 +435,9 @@ mod tests {
     #[test]
     fn a_receipt_the_service_calls_invalid_is_a_lost_lease_on_delete_and_update_only() {
         let queue = AzureQueue::new(&AzureAccount::development_storage(), "orders", AzureOptions::default()).unwrap();
-        let error = |status, code: &str| azure_core::Error::with_message(ErrorKind::HttpResponse { status, error_code: Some(code.into()), raw_response: None }, "answer");
+        let error = |status, code: &str| {
+            azure_core::Error::with_message(ErrorKind::HttpResponse { status, error_code: Some(code.into()), raw_response: None }, "answer")
+        };
         let id = MessageId::from("m");
         for call in [Call::Delete, Call::Update] {
             let classified = queue.classify(call, Some(&id), &error(StatusCode::BadRequest, "InvalidQueryParameterValue"));

@@ -11,7 +11,6 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 
-use crate::http::ApiLimits;
 use crate::listener::QueueSettings;
 use crate::queue::azure::{AzureAccount, Encoding, EntraMethod, EntraOptions};
 use crate::queue::partitioned::{MAX_PARTITIONS, partition_name};
@@ -423,7 +422,7 @@ mod defaults {
     use std::path::PathBuf;
     use std::time::Duration;
 
-    use crate::http::ApiLimits;
+    use super::{ApiLimits, ScalerSettings};
     use crate::listener::QueueSettings;
     use crate::rules::RuleLimits;
 
@@ -459,10 +458,10 @@ mod defaults {
         ApiLimits::default().max_connections
     }
     pub fn max_instances() -> u32 {
-        crate::scaler::ScalerSettings::default().max_instances
+        ScalerSettings::default().max_instances
     }
     pub fn scaler_poll_interval() -> Duration {
-        crate::scaler::ScalerSettings::default().poll_interval
+        ScalerSettings::default().poll_interval
     }
     pub fn call_deadline() -> Duration {
         RuleLimits::default().call_deadline
@@ -619,7 +618,7 @@ pub struct Config {
     /// API token, if any.
     pub token: Option<String>,
     /// KEDA's external scaler: `None` when off.
-    pub scaler: Option<crate::scaler::ScalerSettings>,
+    pub scaler: Option<ScalerSettings>,
     /// The API server's limits (`max_body_bytes` is `max_message_bytes`).
     pub api_limits: ApiLimits,
     /// Rule limits.
@@ -778,7 +777,7 @@ impl ConfigFile {
 }
 
 impl ScalerFile {
-    fn validate(&self, env_token: Option<String>) -> Result<Option<crate::scaler::ScalerSettings>> {
+    fn validate(&self, env_token: Option<String>) -> Result<Option<ScalerSettings>> {
         if !(1..=MAX_INSTANCES).contains(&self.max_instances) {
             bail!("scaler.max_instances: must be 1 to {MAX_INSTANCES}, got {}", self.max_instances);
         }
@@ -794,7 +793,7 @@ impl ScalerFile {
         if !listen.ip().is_loopback() && token.is_none() {
             bail!("scaler.listen: {listen} is not a loopback address, so scaler.token (or {SCALER_TOKEN_ENV}) is required");
         }
-        Ok(Some(crate::scaler::ScalerSettings { listen, token, max_instances: self.max_instances, poll_interval: self.poll_interval }))
+        Ok(Some(ScalerSettings { listen, token, max_instances: self.max_instances, poll_interval: self.poll_interval }))
     }
 }
 
@@ -934,5 +933,53 @@ impl QueueFile {
             partitions: self.partitions,
             backend,
         })
+    }
+}
+
+/// Limits of the HTTP server (config keys `max_message_bytes`, `[api] header_read_timeout`
+/// and `[api] idle_timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiLimits {
+    /// Largest request body, in bytes: the largest message (`max_message_bytes`). Default 65536.
+    pub max_body_bytes: usize,
+    /// How long a client may take to send a request's headers (from the first wait for them,
+    /// idle keep-alive time included) before its connection is closed. Default 10 s.
+    pub header_read_timeout: Duration,
+    /// How long a connection may go without a byte read or written before it is closed (a
+    /// request whose body stops coming, a client that stops reading). Default 60 s.
+    pub idle_timeout: Duration,
+    /// Most connections open at once; further clients wait in the kernel's backlog, so a
+    /// flood of idle connections cannot take the file descriptors the host needs to call
+    /// its handlers. Default 256.
+    pub max_connections: usize,
+}
+
+impl Default for ApiLimits {
+    fn default() -> Self {
+        ApiLimits {
+            max_body_bytes: crate::queue::embedded::DEFAULT_MAX_MESSAGE_BYTES,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 256,
+        }
+    }
+}
+
+/// `[scaler]`, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScalerSettings {
+    /// Where the gRPC service listens.
+    pub listen: SocketAddr,
+    /// Token every call must carry, if any.
+    pub token: Option<String>,
+    /// Most instances the metric asks for. Default 100.
+    pub max_instances: u32,
+    /// `ebb scaler`: how often each storage queue is counted. Default 1 s.
+    pub poll_interval: Duration,
+}
+
+impl Default for ScalerSettings {
+    fn default() -> Self {
+        ScalerSettings { listen: SocketAddr::from(([127, 0, 0, 1], 7071)), token: None, max_instances: 100, poll_interval: Duration::from_secs(1) }
     }
 }

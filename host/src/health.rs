@@ -32,3 +32,102 @@ impl Health {
         self.problems.lock().unwrap().is_empty()
     }
 }
+
+/// Longest reason kept for a problem, in bytes: storage error texts come from outside (a
+/// proxy's page, a hostile server) and are shown in `/readyz`, `/status` and logs.
+pub const MAX_REASON_BYTES: usize = 512;
+
+/// `reason` cut to at most [`MAX_REASON_BYTES`] (on a character boundary), marked when cut.
+pub fn truncate_reason(reason: &str) -> String {
+    if reason.len() <= MAX_REASON_BYTES {
+        return reason.to_string();
+    }
+    let mut end = MAX_REASON_BYTES;
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes cut)", &reason[..end], reason.len() - end)
+}
+
+/// What a queue needs before it can work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadinessPart {
+    /// Its storage answers.
+    Storage,
+    /// Its rule is loaded (or it runs the built-in rule by choice).
+    Rule,
+}
+
+/// Whether each queue can do its work now (`/readyz`), apart from whether the process is
+/// sound ([`Health`], `/healthz`). A queue is ready when none of its parts has a problem.
+/// Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness {
+    queues: Arc<Mutex<BTreeMap<String, BTreeMap<ReadinessPart, String>>>>,
+}
+
+/// One queue's readiness, as `/readyz` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct QueueReadiness {
+    /// True when no part has a problem.
+    pub ready: bool,
+    /// Each part's problem (truncated to [`MAX_REASON_BYTES`]).
+    pub problems: BTreeMap<ReadinessPart, String>,
+}
+
+impl Readiness {
+    /// Adds `queue`, ready until a problem is recorded (re-adding keeps its problems).
+    pub fn add_queue(&self, queue: &str) {
+        self.queues.lock().unwrap().entry(queue.to_string()).or_default();
+    }
+
+    /// Records that `part` of `queue` cannot work and why (truncated). Returns true if this
+    /// is news (the part was fine), so callers log it once.
+    pub fn set_problem(&self, queue: &str, part: ReadinessPart, reason: &str) -> bool {
+        self.queues.lock().unwrap().entry(queue.to_string()).or_default().insert(part, truncate_reason(reason)).is_none()
+    }
+
+    /// Records that `part` of `queue` works. Returns true if it had a problem.
+    pub fn clear_problem(&self, queue: &str, part: ReadinessPart) -> bool {
+        self.queues.lock().unwrap().get_mut(queue).is_some_and(|problems| problems.remove(&part).is_some())
+    }
+
+    /// Every queue's readiness, by name.
+    pub fn snapshot(&self) -> BTreeMap<String, QueueReadiness> {
+        let queues = self.queues.lock().unwrap();
+        queues.iter().map(|(name, problems)| (name.clone(), QueueReadiness { ready: problems.is_empty(), problems: problems.clone() })).collect()
+    }
+
+    /// True when every queue is ready.
+    pub fn is_ready(&self) -> bool {
+        self.queues.lock().unwrap().values().all(BTreeMap::is_empty)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hostile_reason_is_cut_on_a_character_boundary() {
+        let reason = "é".repeat(10_000);
+        let cut = truncate_reason(&reason);
+        assert!(cut.len() < MAX_REASON_BYTES + 40, "{} bytes", cut.len());
+        assert!(cut.ends_with("bytes cut)"));
+        assert_eq!(truncate_reason("short"), "short");
+    }
+
+    #[test]
+    fn a_queue_is_ready_until_a_part_has_a_problem_and_again_when_it_clears() {
+        let readiness = Readiness::default();
+        readiness.add_queue("orders");
+        assert!(readiness.is_ready());
+        assert!(readiness.set_problem("orders", ReadinessPart::Storage, "connection refused"));
+        assert!(!readiness.set_problem("orders", ReadinessPart::Storage, "still refused"));
+        assert!(!readiness.is_ready());
+        assert_eq!(readiness.snapshot()["orders"].problems[&ReadinessPart::Storage], "still refused");
+        assert!(readiness.clear_problem("orders", ReadinessPart::Storage));
+        assert!(readiness.is_ready());
+    }
+}

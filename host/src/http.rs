@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use crate::config::ApiLimits;
 use crate::cost::CostStatus;
 use crate::health::Health;
 use crate::listener::{Listener, ListenerStatus};
@@ -59,35 +60,6 @@ pub struct Api {
     /// US dollars per 10,000 storage transactions, for the cost figures of `/status` and
     /// `/metrics` (config `price_per_10k_transactions`).
     pub price_per_10k_transactions: f64,
-}
-
-/// Limits of the HTTP server (config keys `max_message_bytes`, `[api] header_read_timeout`
-/// and `[api] idle_timeout`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ApiLimits {
-    /// Largest request body, in bytes: the largest message (`max_message_bytes`). Default 65536.
-    pub max_body_bytes: usize,
-    /// How long a client may take to send a request's headers (from the first wait for them,
-    /// idle keep-alive time included) before its connection is closed. Default 10 s.
-    pub header_read_timeout: Duration,
-    /// How long a connection may go without a byte read or written before it is closed (a
-    /// request whose body stops coming, a client that stops reading). Default 60 s.
-    pub idle_timeout: Duration,
-    /// Most connections open at once; further clients wait in the kernel's backlog, so a
-    /// flood of idle connections cannot take the file descriptors the host needs to call
-    /// its handlers. Default 256.
-    pub max_connections: usize,
-}
-
-impl Default for ApiLimits {
-    fn default() -> Self {
-        ApiLimits {
-            max_body_bytes: crate::queue::embedded::DEFAULT_MAX_MESSAGE_BYTES,
-            header_read_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-            max_connections: 256,
-        }
-    }
 }
 
 /// Serves the API on `listener` until `shutdown` is cancelled, then stops accepting, lets

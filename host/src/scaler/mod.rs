@@ -23,7 +23,6 @@ mod proto;
 mod scaler_only;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -35,6 +34,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 use crate::config::QueueConfig;
+pub use crate::config::ScalerSettings;
 use crate::listener::Listener;
 use crate::queue::QueueClient;
 use crate::rules::{Decision, DecisionSource, QueueRules, QueueState, built_in_task_count};
@@ -51,25 +51,6 @@ pub const ACTIVITY_HOLD: Duration = Duration::from_secs(5);
 pub const METRIC_CACHE: Duration = Duration::from_secs(1);
 /// The metric's throughput and latency are measured over windows of at least this long.
 const WINDOW: Duration = Duration::from_secs(1);
-
-/// `[scaler]`, validated.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScalerSettings {
-    /// Where the gRPC service listens.
-    pub listen: SocketAddr,
-    /// Token every call must carry, if any.
-    pub token: Option<String>,
-    /// Most instances the metric asks for. Default 100.
-    pub max_instances: u32,
-    /// `ebb scaler`: how often each storage queue is counted. Default 1 s.
-    pub poll_interval: Duration,
-}
-
-impl Default for ScalerSettings {
-    fn default() -> Self {
-        ScalerSettings { listen: SocketAddr::from(([127, 0, 0, 1], 7071)), token: None, max_instances: 100, poll_interval: Duration::from_secs(1) }
-    }
-}
 
 /// The rule slot name the scaler decides in for a queue: its own counters, the same rule
 /// instance as the queue's listeners (same file, same parameters). `/` never occurs in a

@@ -6,7 +6,7 @@ use serde::Serialize;
 use crate::queue::TransactionRates;
 
 /// The whitepaper's price: US$0.01 per 10,000 storage transactions.
-pub const PAPER_PRICE_PER_10K: f64 = 0.01;
+pub const PAPER_PRICE_PER_10K: f64 = crate::defaults::PRICE_PER_10K_TRANSACTIONS;
 
 /// The paper's month: 30 days (its $2.38 = 79,200 / 10,000 × $0.01 × 30 days).
 pub const HOURS_PER_MONTH: f64 = 30.0 * 24.0;

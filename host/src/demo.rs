@@ -12,9 +12,10 @@ use anyhow::{Context as _, Result, bail};
 use futures::StreamExt as _;
 
 use crate::config::{Config, QueueConfig};
+use crate::host::Host;
 use crate::listener::{ListenerStatus, QueueSettings};
 use crate::rules::{QueueRuleConfig, RuleLimits};
-use crate::service::Service;
+use crate::service::Role;
 
 const QUEUE: &str = "demo";
 
@@ -65,7 +66,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
         listen: "127.0.0.1:0".parse()?,
         token: None,
         scaler: None,
-        api_limits: crate::http::ApiLimits::default(),
+        api_limits: crate::config::ApiLimits::default(),
         rule_limits: RuleLimits::default(),
         queues: vec![QueueConfig {
             name: QUEUE.into(),
@@ -83,7 +84,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
         Some(_) => Some(crate::service::storage_queue(&config.queues[0].backend, None, QUEUE)?),
         None => None,
     };
-    let service = Service::start(&config).await?;
+    let service = Host::start(&config, Role::Worker).await?;
     let api = service.api_addr();
     let store = match &azurite {
         Some(azurite) => format!("Azurite at {} (every call a billed transaction on Azure)", azurite.endpoint),

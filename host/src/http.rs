@@ -43,18 +43,21 @@ pub use crate::config::ApiLimits;
 use crate::cost::CostStatus;
 use crate::health::Health;
 use crate::listener::{Listener, ListenerStatus};
-use crate::queue::{MAX_VISIBILITY, QueueClient, QueueError};
+use crate::queue::{MAX_VISIBILITY, QueueError};
+use crate::service::QueueHandle;
 
 /// What the API serves.
 pub struct Api {
     /// Listeners by (logical) queue name: one, or one per partition.
     pub listeners: BTreeMap<String, Vec<Listener>>,
-    /// Queue clients by (logical) queue name, for sends: a partitioned queue spreads them.
-    pub queues: BTreeMap<String, Arc<dyn QueueClient>>,
+    /// Queue handles by (logical) queue name: sends and notifications go through them.
+    pub handles: BTreeMap<String, QueueHandle>,
     /// Required bearer token, if any.
     pub token: Option<String>,
     /// The host's health, answered by `/healthz`.
     pub health: Health,
+    /// Each queue's readiness, answered by `/readyz`.
+    pub readiness: crate::health::Readiness,
     /// Push notifications to the other hosts, if a bus is configured.
     pub bus: Option<Arc<crate::bus::Bus>>,
     /// US dollars per 10,000 storage transactions, for the cost figures of `/status` and
@@ -401,7 +404,7 @@ async fn send(
     RawQuery(query): RawQuery,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let Some(queue) = api.queues.get(&name) else {
+    let Some(queue) = api.handles.get(&name) else {
         return error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host"));
     };
     let delay = match parse_send_query(query.as_deref()) {
@@ -415,23 +418,9 @@ async fn send(
     };
     // Storage that stalls (each try may wait its request timeout, and retries add up) must
     // still get the client an answer, before its connection times out or the client gives up.
-    let deadline = SEND_DEADLINE.min(limits.idle_timeout / 2);
-    let put = match tokio::time::timeout(deadline, queue.put(&body, delay)).await {
-        Ok(put) => put,
-        Err(_) => Err(QueueError::Transient(anyhow::anyhow!("storage did not answer within {}", humantime::format_duration(deadline)))),
-    };
+    let put = queue.send(&body, delay, limits.idle_timeout / 2).await;
     match put {
-        Ok(id) => {
-            // The host saw the message arrive: no need to wait for a poll to notice it (a
-            // delayed one, once its delay is over).
-            for listener in api.listeners.get(&name).into_iter().flatten() {
-                listener.work_detected_after(delay);
-            }
-            if let Some(bus) = &api.bus {
-                bus.publish(&name, Some(1));
-            }
-            (StatusCode::CREATED, Json(json!({ "id": id }))).into_response()
-        }
+        Ok(id) => (StatusCode::CREATED, Json(json!({ "id": id }))).into_response(),
         Err(e @ QueueError::MessageTooLarge { .. }) => error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),
         // The sender's to fix: retrying the same body can never work.
         Err(e @ QueueError::InvalidBody(_)) => error(StatusCode::BAD_REQUEST, e.to_string()),
@@ -439,23 +428,13 @@ async fn send(
     }
 }
 
-/// The longest a send waits for storage before answering 503 (at most half the API's
-/// `idle_timeout`; under `ebb send`'s 30 s).
-const SEND_DEADLINE: Duration = Duration::from_secs(20);
-
 async fn notify(State(api): State<Arc<Api>>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
     if let Some((key, _)) = form_urlencoded::parse(query.unwrap_or_default().as_bytes()).next() {
         return error(StatusCode::BAD_REQUEST, format!("unknown query parameter {key:?} (this route takes none)"));
     }
-    match api.listeners.get(&name) {
-        Some(listeners) => {
-            for listener in listeners {
-                listener.work_detected();
-            }
-            // Messages put straight into storage concern every host on the queue.
-            if let Some(bus) = &api.bus {
-                bus.publish(&name, None);
-            }
+    match api.handles.get(&name) {
+        Some(queue) => {
+            queue.notify();
             StatusCode::ACCEPTED.into_response()
         }
         None => error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host")),

@@ -116,12 +116,13 @@ async fn serve(limits: ApiLimits) -> (SocketAddr, CancellationToken, tokio::task
 
 /// An API with `queue` as `orders`.
 async fn serve_queue(limits: ApiLimits, queue: Arc<dyn QueueClient>) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<Result<()>>) {
-    let queues = BTreeMap::from([("orders".to_string(), queue)]);
+    let handles = BTreeMap::from([("orders".to_string(), ebb::service::QueueHandle::new("orders", queue, Vec::new()))]);
     let api = Arc::new(Api {
         listeners: BTreeMap::new(),
-        queues,
+        handles,
         token: Some(TOKEN.into()),
         health: Health::default(),
+        readiness: Default::default(),
         bus: None,
         price_per_10k_transactions: ebb::cost::PAPER_PRICE_PER_10K,
     });

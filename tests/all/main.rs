@@ -8,6 +8,7 @@ mod config;
 mod decorators;
 mod embedded_queue;
 mod handler;
+mod kubernetes;
 mod listener;
 mod rule_languages;
 mod rules;

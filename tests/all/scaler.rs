@@ -377,7 +377,8 @@ mod in_process {
     use ebb::queue::memory::MemoryQueue;
     use ebb::queue::{QueueClient, SystemClock};
     use ebb::rules::{DecisionSource, QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
-    use ebb::scaler::{ACTIVITY_HOLD, Counted, ScalerQueue, Source, rule_slot};
+    use ebb::scaler::{ACTIVITY_HOLD, Counted, ScalerQueue, Source};
+    use ebb::service::scaler_rule_slot as rule_slot;
     use ebb_tests::guests;
 
     /// Queue `orders` (max_tasks 4, so one instance runs 4 tasks) with `rule` and `params`,
@@ -450,7 +451,7 @@ mod in_process {
         let dir = tempfile::tempdir().unwrap();
         let text = "[api]\nlisten = \"127.0.0.1:0\"\n[scaler]\nlisten = \"127.0.0.1:0\"\n[queues.orders]\nhandler = { url = \"http://127.0.0.1:9/work\" }\n";
         let config = Config::parse(text, dir.path(), None).unwrap();
-        let service = ebb::service::Service::start(&config).await.unwrap();
+        let service = ebb::host::Host::start(&config, ebb::service::Role::Worker).await.unwrap();
         let endpoint = format!("http://{}", service.scaler_addr().unwrap());
         // One connection, as KEDA holds.
         let channel = tonic::transport::Endpoint::from_shared(endpoint).unwrap().connect().await.unwrap();
@@ -488,7 +489,7 @@ mod in_process {
         let dir = tempfile::tempdir().unwrap();
         let text = "[api]\nlisten = \"127.0.0.1:0\"\n[scaler]\nlisten = \"127.0.0.1:0\"\n[queues.orders]\nhandler = { url = \"http://127.0.0.1:9/work\" }\n";
         let config = Config::parse(text, dir.path(), None).unwrap();
-        let service = ebb::service::Service::start(&config).await.unwrap();
+        let service = ebb::host::Host::start(&config, ebb::service::Role::Worker).await.unwrap();
         let address = service.scaler_addr().unwrap();
         let mut silent = Vec::new();
         for _ in 0..MAX_CONNECTIONS + 8 {

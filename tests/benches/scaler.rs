@@ -12,8 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ebb::config::Config;
+use ebb::host::Host;
 use ebb::scaler::{ExternalScalerClient, GetMetricsRequest, ScaledObjectRef};
-use ebb::service::Service;
+use ebb::service::Role;
 use serde_json::json;
 use tonic::transport::Channel;
 
@@ -62,7 +63,7 @@ async fn run(queues: usize) -> serde_json::Value {
         text.push_str(&format!("[queues.q{i:04}]\nhandler = {{ url = \"http://{app}/work\" }}\n"));
     }
     let config = Config::parse(&text, dir.path(), None).unwrap();
-    let service = Service::start(&config).await.unwrap();
+    let service = Host::start(&config, Role::Worker).await.unwrap();
     let (api, scaler) = (service.api_addr(), service.scaler_addr().unwrap());
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{scaler}")).unwrap().connect().await.unwrap();
     let mut client = ExternalScalerClient::new(channel.clone());

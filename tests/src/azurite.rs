@@ -31,7 +31,20 @@ impl Azurite {
     /// Starts Azurite on a free port and waits until it answers. Panics, saying why, if it
     /// cannot (no Node.js, or it exits).
     pub fn start() -> Azurite {
-        Azurite::start_with(&[], None)
+        Azurite::start_with(free_port(), &[], None)
+    }
+
+    /// Starts Azurite on `port` (a host may have been pointed at it before it ran).
+    pub fn start_on(port: u16) -> Azurite {
+        Azurite::start_with(port, &[], None)
+    }
+
+    /// A connection string for the development account on an Azurite at `port` over http,
+    /// whether or not one runs there.
+    pub fn connection_string_for(port: u16) -> String {
+        format!(
+            "DefaultEndpointsProtocol=http;AccountName={DEVELOPMENT_ACCOUNT};AccountKey={DEVELOPMENT_KEY};QueueEndpoint=http://127.0.0.1:{port}/{DEVELOPMENT_ACCOUNT}"
+        )
     }
 
     /// Starts Azurite over https (a fresh self-signed certificate for 127.0.0.1, written
@@ -46,11 +59,10 @@ impl Azurite {
         std::fs::write(&cert_path, certificate.pem()).unwrap();
         std::fs::write(&key_path, key.serialize_pem()).unwrap();
         let (cert, key) = (cert_path.to_str().unwrap(), key_path.to_str().unwrap());
-        Azurite::start_with(&["--oauth", "basic", "--cert", cert, "--key", key], Some(cert_path.clone()))
+        Azurite::start_with(free_port(), &["--oauth", "basic", "--cert", cert, "--key", key], Some(cert_path.clone()))
     }
 
-    fn start_with(extra: &[&str], certificate: Option<std::path::PathBuf>) -> Azurite {
-        let port = free_port();
+    fn start_with(port: u16, extra: &[&str], certificate: Option<std::path::PathBuf>) -> Azurite {
         // Its output goes to a file (a pipe nobody reads could fill and stall it).
         let log = tempfile::tempfile().expect("a temporary file for Azurite's output");
         // `sh` starts Azurite in the background and waits on its stdin; when this process

@@ -106,6 +106,7 @@ pub struct Bus {
     outbox: mpsc::Sender<Trigger>,
     counters: Arc<Counters>,
     stop: CancellationToken,
+    tasks: tokio_util::task::TaskTracker,
 }
 
 impl Bus {
@@ -116,11 +117,11 @@ impl Bus {
         let stop = CancellationToken::new();
         let (outbox, inbox) = mpsc::channel(PUBLISH_BACKLOG);
         let span = tracing::info_span!("bus", engine = %engine.describe());
-        tokio::spawn(
-            subscribe_forever(engine.clone(), prefix.to_string(), queues, deliver, available, counters.clone(), stop.clone()).instrument(span.clone()),
-        );
-        tokio::spawn(publish_forever(engine.clone(), prefix.to_string(), inbox, counters.clone(), stop.clone()).instrument(span));
-        Bus { engine, outbox, counters, stop }
+        let tasks = tokio_util::task::TaskTracker::new();
+        tasks.spawn(subscribe_forever(engine.clone(), prefix.to_string(), queues, deliver, available, counters.clone(), stop.clone()).instrument(span.clone()));
+        tasks.spawn(publish_forever(engine.clone(), prefix.to_string(), inbox, counters.clone(), stop.clone()).instrument(span));
+        tasks.close();
+        Bus { engine, outbox, counters, stop, tasks }
     }
 
     /// Queues a notification for every host listening on `queue`; never waits.
@@ -149,6 +150,12 @@ impl Bus {
     /// Stops subscribing and publishing.
     pub fn stop(&self) {
         self.stop.cancel();
+    }
+
+    /// Stops subscribing and publishing, and waits for both to end.
+    pub async fn shutdown(&self) {
+        self.stop.cancel();
+        self.tasks.wait().await;
     }
 }
 

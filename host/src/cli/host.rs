@@ -6,23 +6,24 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 
 use crate::config::{Backend, Config};
+use crate::host::Host;
 use crate::queue::{MessageId, PopReceipt, QueueClient as _, QueueError};
 use crate::rules::{RuleEngine, RuleSet};
-use crate::service::Service;
-use crate::service::storage_queue;
+use crate::service::{Role, storage_queue};
 
 pub async fn run(config_path: &Path) -> Result<()> {
     let config = Config::load(config_path)?;
-    let service = Service::start(&config).await?;
-    wait_for_signal().await?;
+    // Listening before the API answers: a signal that arrives once it does is a shutdown.
+    let mut signals = Signals::listen()?;
+    let host = Host::start(&config, Role::Worker).await?;
+    signals.next().await;
     tracing::info!(drain_timeout = ?config.drain_timeout, "shutting down: draining in-flight messages (a second signal exits at once)");
-    tokio::spawn(async {
-        if wait_for_signal().await.is_ok() {
-            eprintln!("second signal: exiting now; messages in flight come back when their lease runs out");
-            std::process::exit(130);
-        }
+    tokio::spawn(async move {
+        signals.next().await;
+        eprintln!("second signal: exiting now; messages in flight come back when their lease runs out");
+        std::process::exit(130);
     });
-    service.shutdown().await;
+    host.shutdown().await;
     tracing::info!("stopped");
     Ok(())
 }
@@ -30,24 +31,33 @@ pub async fn run(config_path: &Path) -> Result<()> {
 /// `ebb scaler`: KEDA's external scaler without processing, until SIGINT or SIGTERM.
 pub async fn scaler(config_path: &Path) -> Result<()> {
     let config = Config::load(config_path)?;
-    crate::scaler::run_scaler_only(&config, async {
-        if let Err(error) = wait_for_signal().await {
-            tracing::error!("cannot wait for signals: {error}");
-        }
-    })
-    .await?;
+    let mut signals = Signals::listen()?;
+    let host = Host::start(&config, Role::Watcher).await?;
+    signals.next().await;
+    host.shutdown().await;
     tracing::info!("stopped");
     Ok(())
 }
 
-/// SIGINT or SIGTERM.
-async fn wait_for_signal() -> Result<()> {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        result = tokio::signal::ctrl_c() => result?,
-        _ = terminate.recv() => {}
+/// SIGINT and SIGTERM, caught from when [`Signals::listen`] returns.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn listen() -> Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals { interrupt: signal(SignalKind::interrupt())?, terminate: signal(SignalKind::terminate())? })
     }
-    Ok(())
+
+    /// The next SIGINT or SIGTERM.
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
 }
 
 /// Reaches every Azure queue of the config with a read (its message count), then probes

@@ -42,19 +42,20 @@ pub struct QueueSettings {
 
 impl Default for QueueSettings {
     fn default() -> Self {
+        use crate::defaults as d;
         QueueSettings {
-            batch_size: 32,
-            min_tasks: 1,
-            max_tasks: 32,
-            min_polling_interval: Duration::from_millis(100),
-            max_polling_interval: Duration::from_secs(60),
-            lease_duration: Duration::from_secs(30),
-            visibility_timeout: Duration::from_secs(1),
-            max_retry_delay: Duration::from_secs(600),
-            max_dequeue_count: 5,
-            push_enabled: false,
-            safety_poll: Duration::from_secs(2 * 3600),
-            scale_interval: Duration::from_secs(1),
+            batch_size: d::BATCH_SIZE,
+            min_tasks: d::MIN_TASKS,
+            max_tasks: d::MAX_TASKS,
+            min_polling_interval: d::MIN_POLLING_INTERVAL,
+            max_polling_interval: d::MAX_POLLING_INTERVAL,
+            lease_duration: d::LEASE_DURATION,
+            visibility_timeout: d::VISIBILITY_TIMEOUT,
+            max_retry_delay: d::MAX_RETRY_DELAY,
+            max_dequeue_count: d::MAX_DEQUEUE_COUNT,
+            push_enabled: d::PUSH,
+            safety_poll: d::SAFETY_POLL,
+            scale_interval: d::SCALE_INTERVAL,
             random_seed: None,
             poison_envelope: true,
         }

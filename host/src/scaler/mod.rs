@@ -16,11 +16,11 @@
 //!   call deadline (past it, the last answer or the built-in rule's stands).
 //!
 //! [`Scaler`] holds the queues; [`serve`] runs the gRPC server; `ebb scaler` (no
-//! processing, queues counted every `poll_interval`) is [`run_scaler_only`].
+//! processing, queues counted every `poll_interval`) is [`start`] on a watcher service.
 
 mod grpc;
 mod proto;
-mod scaler_only;
+mod start;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,7 +42,7 @@ use crate::rules::{Decision, DecisionSource, QueueRules, QueueState, built_in_ta
 pub use grpc::{MAX_CONNECTIONS, MAX_STREAMS, metric_name, serve};
 pub use proto::external_scaler_client::ExternalScalerClient;
 pub use proto::{GetMetricSpecResponse, GetMetricsRequest, GetMetricsResponse, IsActiveResponse, MetricSpec, MetricValue, ScaledObjectRef};
-pub use scaler_only::run_scaler_only;
+pub use start::{RunningScaler, start};
 
 /// A queue stays active this long after work was last detected, even when its depth reads
 /// 0 (a count on Azure may be older than the message that just arrived).
@@ -51,13 +51,6 @@ pub const ACTIVITY_HOLD: Duration = Duration::from_secs(5);
 pub const METRIC_CACHE: Duration = Duration::from_secs(1);
 /// The metric's throughput and latency are measured over windows of at least this long.
 const WINDOW: Duration = Duration::from_secs(1);
-
-/// The rule slot name the scaler decides in for a queue: its own counters, the same rule
-/// instance as the queue's listeners (same file, same parameters). `/` never occurs in a
-/// queue name, so it cannot collide with one.
-pub fn rule_slot(queue: &str) -> String {
-    format!("{queue}/instances")
-}
 
 /// Where a queue's live state comes from.
 pub enum Source {
@@ -173,7 +166,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl ScalerQueue {
     /// The scaler's view of `config`'s queue: its state from `source`, its decisions from
-    /// `rules` (the slot [`rule_slot`] names; `None`: the built-in rule).
+    /// `rules` (the slot [`crate::service::scaler_rule_slot`] names; `None`: the built-in rule).
     pub fn new(config: &QueueConfig, source: Source, rules: Option<QueueRules>, settings: &ScalerSettings, call_deadline: Duration) -> ScalerQueue {
         ScalerQueue {
             name: config.name.clone(),
@@ -389,18 +382,18 @@ impl Scaler {
         for queue in scaler.queues.values() {
             if let Source::Listeners(listeners) = &queue.source {
                 for listener in listeners {
-                    scaler.forward_work(queue.name(), listener);
+                    scaler.forward_events(queue.name(), listener.work_events());
                 }
             }
         }
         scaler
     }
 
-    /// Makes `listener`'s work-detected events (a task finding messages, a send or a
-    /// notification through the API) work detected on queue `name`, until [`Scaler::stop`].
-    pub fn forward_work(&self, name: &str, listener: &Listener) {
+    /// Makes the work-detected events of `events` (a listener's task finding messages; a
+    /// queue handle's sends, notifications and bus triggers) work detected on queue `name`,
+    /// until [`Scaler::stop`].
+    pub fn forward_events(&self, name: &str, mut events: watch::Receiver<u64>) {
         let Some(queue) = self.queues.get(name).cloned() else { return };
-        let mut events = listener.work_events();
         let stop = self.stop.clone();
         let span = tracing::info_span!("scaler_work_events", queue = %name);
         self.tasks.spawn(

@@ -1,0 +1,131 @@
+//! The bounds of every value and the checks that name the key and the reason.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+
+/// Largest `max_message_bytes`: 1 MiB, the largest request body the API accepts.
+pub const MAX_MESSAGE_BYTES_LIMIT: usize = 1 << 20;
+/// Longest polling interval, scale interval, drain, handler or API timeout.
+pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+/// Longest rule call deadline: a decision is meant to take microseconds.
+pub const MAX_CALL_DEADLINE: Duration = Duration::from_secs(1);
+/// Most linear memory per rule instance, in MiB.
+pub const MAX_MEMORY_MIB: usize = 4096;
+/// Largest compiled-rule cache, in MiB (64 GiB).
+pub const MAX_CACHE_MIB: u64 = 65536;
+/// Most API connections at once (each holds a file descriptor; the handler calls need theirs).
+pub const MAX_API_CONNECTIONS: usize = 16384;
+/// Longest safety poll interval (push mode).
+pub const MAX_SAFETY_POLL: Duration = Duration::from_secs(24 * 3600);
+/// Highest price per 10,000 transactions, in US dollars (today's prices are cents).
+pub const MAX_PRICE_PER_10K: f64 = 100.0;
+/// Most instances the scaler's metric asks for.
+pub const MAX_INSTANCES: u32 = 10_000;
+/// Most dequeue tasks per queue (each holds up to `batch_size` messages in flight).
+pub const MAX_TASKS: u32 = 1024;
+/// Longest queue name: Azure's 63 less the 7 of `-poison`, which names its poison queue.
+pub const MAX_QUEUE_NAME_LEN: usize = 56;
+
+/// The least a duration may be, for [`check_duration`].
+pub(super) enum AtLeast {
+    /// Zero is fine.
+    Zero,
+    /// At least a millisecond (the unit the listener and rules work in).
+    AboveZero,
+    /// At least this much.
+    Duration(Duration),
+}
+
+/// Checks that `key`'s `value` is at least `min` and at most `max`, naming the key and the bounds.
+pub(super) fn check_duration(key: &str, value: Duration, min: AtLeast, max: Duration) -> Result<()> {
+    let show = |d: Duration| humantime::format_duration(d).to_string();
+    let (ok, bounds) = match min {
+        AtLeast::Zero => (value <= max, format!("at most {}", show(max))),
+        AtLeast::AboveZero => (Duration::from_millis(1) <= value && value <= max, format!("1ms to {}", show(max))),
+        AtLeast::Duration(min) => (min <= value && value <= max, format!("{} to {}", show(min), show(max))),
+    };
+    if !ok {
+        bail!("{key}: must be {bounds}, got {}", show(value));
+    }
+    Ok(())
+}
+
+/// Largest `ca_file`: a bundle of a few hundred certificates.
+pub(super) const MAX_CA_FILE_BYTES: u64 = 1 << 20;
+
+/// A small regular file's bytes, never blocking on a FIFO or reading a device without end.
+pub(super) fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::File::options().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    if !file.metadata()?.is_file() {
+        bail!("not a regular file");
+    }
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        bail!("larger than {limit} bytes");
+    }
+    Ok(bytes)
+}
+
+/// `key` names a folder: it must be one, or not exist yet (then it is created), never a file.
+pub(super) fn check_folder(key: &str, path: &Path) -> Result<()> {
+    if let Some(existing) = path.ancestors().find(|a| a.symlink_metadata().is_ok())
+        && !existing.is_dir()
+    {
+        if existing == path {
+            bail!("{key}: {} is a file, not a folder", path.display());
+        }
+        bail!("{key}: {} cannot be a folder: {} is a file", path.display(), existing.display());
+    }
+    Ok(())
+}
+
+/// A token from the file (`key`) or the environment (`env`, which wins): neither empty nor
+/// blank, visible ASCII only (it travels in a header).
+pub(super) fn check_token(key: &str, file: Option<String>, env: &str, from_env: Option<String>) -> Result<Option<String>> {
+    if file.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        bail!("{key}: is empty or blank; set a token, or remove the key to run without one");
+    }
+    let from_env = from_env.filter(|t| !t.is_empty());
+    if from_env.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        bail!("{env}: is blank; set a token, or unset the variable");
+    }
+    let visible_ascii = |t: &str| t.bytes().all(|b| b.is_ascii_graphic());
+    if file.as_deref().is_some_and(|t| !visible_ascii(t)) {
+        bail!("{key}: use visible ASCII characters only (no spaces, no accents): it is sent in an HTTP header");
+    }
+    if from_env.as_deref().is_some_and(|t| !visible_ascii(t)) {
+        bail!("{env}: use visible ASCII characters only (no spaces, no accents): it is sent in an HTTP header");
+    }
+    Ok(from_env.or(file))
+}
+
+/// Queue names as Azure allows them (3 to 63 lowercase letters, digits and single dashes),
+/// at most [`MAX_QUEUE_NAME_LEN`] long so that `<name>-poison` is one too.
+pub(super) fn check_queue_name(name: &str) -> Result<()> {
+    let ok_chars = name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !(3..=MAX_QUEUE_NAME_LEN).contains(&name.len()) || !ok_chars || name.starts_with('-') || name.ends_with('-') || name.contains("--") {
+        bail!(
+            "{name:?} is not a valid queue name: 3 to {MAX_QUEUE_NAME_LEN} lowercase letters, digits and single dashes (\"-poison\" is added for its poison queue)"
+        );
+    }
+    Ok(())
+}
+
+/// The handler URL: http or https, with a host written out (`http:///work` is rejected,
+/// although URL parsing would take `work` for the host).
+pub(super) fn parse_handler_url(text: &str) -> Result<reqwest::Url> {
+    let url = reqwest::Url::parse(text).map_err(|e| anyhow::anyhow!("handler.url: {text:?} is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        bail!("handler.url: {text:?} must be http or https");
+    }
+    let authority = text.split_once("://").map_or("", |(_, rest)| rest.split(['/', '?', '#']).next().unwrap_or(""));
+    if authority.is_empty() || url.host_str().is_none_or(str::is_empty) {
+        bail!("handler.url: {text:?} has no host; write it as http://host:port/path");
+    }
+    Ok(url)
+}

@@ -1,0 +1,311 @@
+//! The file form of `ebb.toml`: serde structs, unknown keys rejected, units and defaults
+//! in every doc. Validation turns them into the runtime types (see `validate.rs`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::backend::{AzureFile, BackendKind};
+use super::bus::BusFile;
+use serde::Deserialize;
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Folder of the embedded queue store. Default `ebb-data`.
+    #[serde(default = "serde_defaults::data_dir")]
+    pub data_dir: PathBuf,
+    /// Watched folder of rule components. Default `rules`.
+    #[serde(default = "serde_defaults::rules_dir")]
+    pub rules_dir: PathBuf,
+    /// Largest message body accepted, in bytes, 1 to 1 MiB (also the API's body limit).
+    /// Default 65536 (Azure's limit).
+    #[serde(default = "serde_defaults::max_message_bytes")]
+    pub max_message_bytes: usize,
+    /// How long shutdown waits for in-flight messages before releasing them. Default `30s`.
+    #[serde(default = "serde_defaults::drain_timeout", with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// What the storage service charges per 10,000 transactions, in US dollars, for the
+    /// live cost figures. Default 0.01 (the whitepaper's price), 0 to 100.
+    #[serde(default = "serde_defaults::price_per_10k_transactions")]
+    pub price_per_10k_transactions: f64,
+    /// The HTTP API.
+    #[serde(default)]
+    pub api: ApiFile,
+    /// KEDA's external scaler (gRPC), off unless `listen` is set.
+    #[serde(default)]
+    pub scaler: ScalerFile,
+    /// Limits every rule runs under.
+    #[serde(default)]
+    pub rule_limits: RuleLimitsFile,
+    /// The Azure Storage account of queues with `backend = "azure"` (a queue may name its own).
+    pub azure: Option<AzureFile>,
+    /// Push notifications across hosts.
+    pub bus: Option<BusFile>,
+    /// The queues to listen to, by name.
+    #[serde(default)]
+    pub queues: BTreeMap<String, QueueFile>,
+}
+
+/// `[api]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiFile {
+    /// Address to listen on. Default `127.0.0.1:7070`. A non-loopback address needs a token.
+    #[serde(default = "serde_defaults::listen")]
+    pub listen: String,
+    /// Bearer token required on every request (or set `EBB_API_TOKEN`). Default: none.
+    pub token: Option<String>,
+    /// How long a client may take to send a request's headers (idle keep-alive time
+    /// included) before its connection is closed. Default `10s`.
+    #[serde(default = "serde_defaults::header_read_timeout", with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// How long a connection may stay without traffic, no request being answered, before
+    /// it is closed. Default `60s`.
+    #[serde(default = "serde_defaults::idle_timeout", with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Most connections open at once; more wait in the kernel's backlog. Default 256.
+    #[serde(default = "serde_defaults::max_connections")]
+    pub max_connections: usize,
+}
+
+impl Default for ApiFile {
+    fn default() -> Self {
+        ApiFile {
+            listen: serde_defaults::listen(),
+            token: None,
+            header_read_timeout: serde_defaults::header_read_timeout(),
+            idle_timeout: serde_defaults::idle_timeout(),
+            max_connections: serde_defaults::max_connections(),
+        }
+    }
+}
+
+/// `[scaler]`: KEDA's external-scaler gRPC service (see `docs/kubernetes.md`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScalerFile {
+    /// Address to serve the scaler on. Default: none (the scaler is off). A non-loopback
+    /// address needs a token.
+    pub listen: Option<String>,
+    /// Token every call must carry (`authorization: Bearer <token>` or the ScaledObject's
+    /// `token`/`tokenFromEnv` metadata), or set `EBB_SCALER_TOKEN`. Default: none.
+    pub token: Option<String>,
+    /// Most instances the metric asks for, 1 to 10000. Default 100.
+    #[serde(default = "serde_defaults::max_instances")]
+    pub max_instances: u32,
+    /// `ebb scaler` only: how often each storage queue is counted (one billed count on
+    /// Azure). Default `1s`; `100ms` to `1h`.
+    #[serde(default = "serde_defaults::scaler_poll_interval", with = "humantime_serde")]
+    pub poll_interval: Duration,
+}
+
+impl Default for ScalerFile {
+    fn default() -> Self {
+        ScalerFile { listen: None, token: None, max_instances: serde_defaults::max_instances(), poll_interval: serde_defaults::scaler_poll_interval() }
+    }
+}
+
+/// `[rule_limits]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleLimitsFile {
+    /// Wall-clock budget of one decision. Default `10ms`.
+    #[serde(default = "serde_defaults::call_deadline", with = "humantime_serde")]
+    pub call_deadline: Duration,
+    /// Fuel (≈ wasm instructions) of one decision. Default 10000000.
+    #[serde(default = "serde_defaults::call_fuel")]
+    pub call_fuel: u64,
+    /// Linear memory per rule instance, in MiB. Default 64.
+    #[serde(default = "serde_defaults::memory_mib")]
+    pub memory_mib: usize,
+    /// Consecutive faults before a rule is quarantined. Default 5.
+    #[serde(default = "serde_defaults::quarantine_after")]
+    pub quarantine_after: u32,
+    /// Size bound of the compiled-rule cache on disk, in MiB. Default 256.
+    #[serde(default = "serde_defaults::cache_mib")]
+    pub cache_mib: u64,
+}
+
+impl Default for RuleLimitsFile {
+    fn default() -> Self {
+        RuleLimitsFile {
+            call_deadline: serde_defaults::call_deadline(),
+            call_fuel: serde_defaults::call_fuel(),
+            memory_mib: serde_defaults::memory_mib(),
+            quarantine_after: serde_defaults::quarantine_after(),
+            cache_mib: serde_defaults::cache_mib(),
+        }
+    }
+}
+
+/// `[queues.<name>]`. Names follow Azure Functions' `host.json` queue settings where one exists.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueFile {
+    /// Messages per get, 1 to 32. Default 32.
+    #[serde(default = "serde_defaults::batch_size")]
+    pub batch_size: u32,
+    /// Fewest dequeue tasks. Default 1 (0 allowed with `push = true`).
+    #[serde(default = "serde_defaults::min_tasks")]
+    pub min_tasks: u32,
+    /// Most dequeue tasks. Default 32.
+    #[serde(default = "serde_defaults::max_tasks")]
+    pub max_tasks: u32,
+    /// Shortest sleep after an empty get. Default `100ms`.
+    #[serde(default = "serde_defaults::min_polling_interval", with = "humantime_serde")]
+    pub min_polling_interval: Duration,
+    /// Longest sleep after an empty get. Default `1m` (as Azure Functions).
+    #[serde(default = "serde_defaults::max_polling_interval", with = "humantime_serde")]
+    pub max_polling_interval: Duration,
+    /// Retry delay after a handler failure, doubled with each further try. Default `1s`.
+    #[serde(default = "serde_defaults::visibility_timeout", with = "humantime_serde")]
+    pub visibility_timeout: Duration,
+    /// Cap on the retry delay. Default `10m`.
+    #[serde(default = "serde_defaults::max_retry_delay", with = "humantime_serde")]
+    pub max_retry_delay: Duration,
+    /// Lease a get takes on its messages, renewed at half while the handler runs. Default `30s`.
+    #[serde(default = "serde_defaults::lease_duration", with = "humantime_serde")]
+    pub lease_duration: Duration,
+    /// Tries before a message moves to `<queue>-poison`. Default 5 (as Azure Functions).
+    #[serde(default = "serde_defaults::max_dequeue_count")]
+    pub max_dequeue_count: u32,
+    /// Whether pushed messages and notifications wake the queue, so idle tasks may all stop. Default false.
+    #[serde(default = "serde_defaults::push")]
+    pub push: bool,
+    /// With `push = true`: while no task runs, one get at start-up and then one per this
+    /// interval, so a message whose notification was lost waits at most this long.
+    /// Default `2h`, `1s` to `24h`.
+    #[serde(default, with = "humantime_serde")]
+    pub safety_poll: Option<Duration>,
+    /// Least time between two task-count decisions. Default `1s`.
+    #[serde(default = "serde_defaults::scale_interval", with = "humantime_serde")]
+    pub scale_interval: Duration,
+    /// One logical queue over this many partition queues `<name>-0` … `<name>-(N-1)`, each
+    /// with its own listener and rule decisions. Default 1 (no partitions).
+    #[serde(default = "serde_defaults::partitions")]
+    pub partitions: u32,
+    /// Rule file name in `rules_dir`. Default: the built-in rule (the paper's).
+    pub rule: Option<String>,
+    /// Parameters passed to the rule's `configure`. Default: none.
+    #[serde(default)]
+    pub rule_params: BTreeMap<String, String>,
+    /// Where messages go.
+    pub handler: HandlerFile,
+    /// Where the queue lives: `embedded` (default) or `azure`.
+    #[serde(default)]
+    pub backend: BackendKind,
+    /// This queue's own Azure account (default: the host-wide `[azure]`).
+    pub azure: Option<AzureFile>,
+}
+
+/// `[queues.<name>.handler]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandlerFile {
+    /// URL each message is POSTed to; a 2xx answer is success.
+    pub url: String,
+    /// How long one POST may take before it counts as a failure. Default `30s`.
+    #[serde(default = "serde_defaults::handler_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+/// serde's defaults of the file form: the values of [`crate::defaults`].
+pub(super) mod serde_defaults {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use crate::defaults as d;
+
+    pub fn data_dir() -> PathBuf {
+        d::DATA_DIR.into()
+    }
+    pub fn rules_dir() -> PathBuf {
+        d::RULES_DIR.into()
+    }
+    pub fn max_message_bytes() -> usize {
+        d::MAX_MESSAGE_BYTES
+    }
+    pub fn drain_timeout() -> Duration {
+        d::DRAIN_TIMEOUT
+    }
+    pub fn channel_prefix() -> String {
+        d::CHANNEL_PREFIX.to_string()
+    }
+    pub fn price_per_10k_transactions() -> f64 {
+        d::PRICE_PER_10K_TRANSACTIONS
+    }
+    pub fn listen() -> String {
+        d::API_LISTEN.into()
+    }
+    pub fn header_read_timeout() -> Duration {
+        d::HEADER_READ_TIMEOUT
+    }
+    pub fn idle_timeout() -> Duration {
+        d::IDLE_TIMEOUT
+    }
+    pub fn max_connections() -> usize {
+        d::MAX_CONNECTIONS
+    }
+    pub fn max_instances() -> u32 {
+        d::MAX_INSTANCES
+    }
+    pub fn scaler_poll_interval() -> Duration {
+        d::SCALER_POLL_INTERVAL
+    }
+    pub fn call_deadline() -> Duration {
+        d::CALL_DEADLINE
+    }
+    pub fn call_fuel() -> u64 {
+        d::CALL_FUEL
+    }
+    pub fn memory_mib() -> usize {
+        d::MEMORY_MIB
+    }
+    pub fn quarantine_after() -> u32 {
+        d::QUARANTINE_AFTER
+    }
+    pub fn cache_mib() -> u64 {
+        d::CACHE_MIB
+    }
+    pub fn batch_size() -> u32 {
+        d::BATCH_SIZE
+    }
+    pub fn min_tasks() -> u32 {
+        d::MIN_TASKS
+    }
+    pub fn max_tasks() -> u32 {
+        d::MAX_TASKS
+    }
+    pub fn min_polling_interval() -> Duration {
+        d::MIN_POLLING_INTERVAL
+    }
+    pub fn max_polling_interval() -> Duration {
+        d::MAX_POLLING_INTERVAL
+    }
+    pub fn visibility_timeout() -> Duration {
+        d::VISIBILITY_TIMEOUT
+    }
+    pub fn max_retry_delay() -> Duration {
+        d::MAX_RETRY_DELAY
+    }
+    pub fn lease_duration() -> Duration {
+        d::LEASE_DURATION
+    }
+    pub fn max_dequeue_count() -> u32 {
+        d::MAX_DEQUEUE_COUNT
+    }
+    pub fn push() -> bool {
+        d::PUSH
+    }
+    pub fn scale_interval() -> Duration {
+        d::SCALE_INTERVAL
+    }
+    pub fn partitions() -> u32 {
+        d::PARTITIONS
+    }
+    pub fn handler_timeout() -> Duration {
+        d::HANDLER_TIMEOUT
+    }
+}

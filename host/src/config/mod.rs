@@ -1,0 +1,141 @@
+//! `ebb.toml`: the file form (serde, unknown keys rejected, units in every doc) and its
+//! validation into the runtime types. Every error names the key and the reason.
+//!
+//! Relative paths are relative to the folder of the config file.
+
+//!
+//! Where the configuration sits: above the parts whose settings it builds (`queue`,
+//! `rules`, `bus`, `listener`), below what assembles and runs them (`service`, `host`,
+//! `http`, `scaler`, the CLI). Settings of the parts above it ([`ApiLimits`],
+//! [`ScalerSettings`]) are defined here, so no import runs back up. Every default lives
+//! once, in [`crate::defaults`].
+//!
+//! - `file.rs`: the file form (serde);
+//! - `validate.rs`, `queue.rs`: its validation into [`Config`] and [`QueueConfig`];
+//! - `backend.rs`, `bus.rs`: the Azure account and the bus;
+//! - `checks.rs`: the bounds of every value;
+//! - `settings.rs`: the API server's and the scaler's settings.
+
+mod backend;
+mod bus;
+mod checks;
+mod file;
+mod queue;
+mod settings;
+mod validate;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::listener::QueueSettings;
+use crate::queue::partitioned::partition_name;
+use crate::rules::{QueueRuleConfig, RuleLimits};
+
+pub use backend::{AzureFile, Backend, BackendKind, MessageEncoding};
+pub use bus::BusConfig;
+pub use bus::BusFile;
+pub use checks::{
+    MAX_API_CONNECTIONS, MAX_CACHE_MIB, MAX_CALL_DEADLINE, MAX_INSTANCES, MAX_INTERVAL, MAX_MEMORY_MIB, MAX_MESSAGE_BYTES_LIMIT, MAX_PRICE_PER_10K,
+    MAX_QUEUE_NAME_LEN, MAX_SAFETY_POLL, MAX_TASKS,
+};
+pub use file::{ApiFile, ConfigFile, HandlerFile, QueueFile, RuleLimitsFile, ScalerFile};
+pub use settings::{ApiLimits, ScalerSettings};
+
+/// Environment variable that supplies the API token (overrides `api.token`).
+pub const TOKEN_ENV: &str = "EBB_API_TOKEN";
+
+/// Environment variable that supplies the scaler token (overrides `scaler.token`).
+pub const SCALER_TOKEN_ENV: &str = "EBB_SCALER_TOKEN";
+
+/// A validated configuration, ready to run.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Folder of the embedded queue store.
+    pub data_dir: PathBuf,
+    /// Watched rules folder.
+    pub rules_dir: PathBuf,
+    /// Largest message body, in bytes.
+    pub max_message_bytes: usize,
+    /// Shutdown's drain timeout.
+    pub drain_timeout: Duration,
+    /// US dollars per 10,000 storage transactions, for the cost figures.
+    pub price_per_10k_transactions: f64,
+    /// API address.
+    pub listen: SocketAddr,
+    /// Push notifications across hosts, if configured.
+    pub bus: Option<BusConfig>,
+    /// API token, if any.
+    pub token: Option<String>,
+    /// KEDA's external scaler: `None` when off.
+    pub scaler: Option<ScalerSettings>,
+    /// The API server's limits (`max_body_bytes` is `max_message_bytes`).
+    pub api_limits: ApiLimits,
+    /// Rule limits.
+    pub rule_limits: RuleLimits,
+    /// The queues.
+    pub queues: Vec<QueueConfig>,
+}
+
+/// One validated queue.
+#[derive(Debug, Clone)]
+pub struct QueueConfig {
+    /// Its name.
+    pub name: String,
+    /// Listener settings.
+    pub settings: QueueSettings,
+    /// Its rule (path in the rules folder) and parameters.
+    pub rule: QueueRuleConfig,
+    /// Handler URL.
+    pub handler_url: reqwest::Url,
+    /// Handler timeout.
+    pub handler_timeout: Duration,
+    /// Partition queues (1: the queue is not partitioned).
+    pub partitions: u32,
+    /// Where its messages live.
+    pub backend: Backend,
+}
+
+impl QueueConfig {
+    /// The storage queues the listeners work on: the queue itself, or its partitions.
+    pub fn storage_queues(&self) -> Vec<String> {
+        if self.partitions <= 1 { vec![self.name.clone()] } else { (0..self.partitions).map(|i| partition_name(&self.name, i)).collect() }
+    }
+
+    /// Its poison queue (one for all partitions).
+    pub fn poison_queue(&self) -> String {
+        format!("{}-poison", self.name)
+    }
+}
+
+impl Config {
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("failed to read config {}", path.display()))?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Config::parse_with_env(&text, &base, std::env::var(TOKEN_ENV).ok(), std::env::var(SCALER_TOKEN_ENV).ok())
+            .with_context(|| format!("invalid config {}", path.display()))
+    }
+
+    /// Parses and validates config text; relative paths are taken from `base`.
+    pub fn parse(text: &str, base: &Path, env_token: Option<String>) -> Result<Config> {
+        Config::parse_with_env(text, base, env_token, None)
+    }
+
+    /// [`Config::parse`], with the scaler token's variable too (`EBB_SCALER_TOKEN`).
+    pub fn parse_with_env(text: &str, base: &Path, env_token: Option<String>, env_scaler_token: Option<String>) -> Result<Config> {
+        let file: ConfigFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+        let scaler = file.scaler.validate(env_scaler_token)?;
+        let mut config = file.validate(base, env_token)?;
+        if let Some(scaler) = &scaler
+            && scaler.listen == config.listen
+            && scaler.listen.port() != 0
+        {
+            bail!("scaler.listen: {} is api.listen too; give the scaler an address of its own", scaler.listen);
+        }
+        config.scaler = scaler;
+        Ok(config)
+    }
+}

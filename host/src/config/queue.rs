@@ -1,0 +1,108 @@
+//! `[queues.<name>]`, validated into a [`QueueConfig`].
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+
+use super::QueueConfig;
+use super::backend::{AzureFile, Backend, BackendKind};
+use super::checks::{AtLeast, MAX_INTERVAL, MAX_SAFETY_POLL, MAX_TASKS, check_duration, check_queue_name, parse_handler_url};
+use super::file::QueueFile;
+use crate::listener::QueueSettings;
+use crate::queue::partitioned::MAX_PARTITIONS;
+use crate::queue::{MAX_BATCH, MAX_VISIBILITY};
+use crate::rules::QueueRuleConfig;
+
+impl QueueFile {
+    pub(super) fn validate(self, name: &str, base: &Path, rules_dir: &Path, host_azure: Option<&AzureFile>) -> Result<QueueConfig> {
+        let backend = match (self.backend, &self.azure, host_azure) {
+            (BackendKind::Embedded, Some(_), _) => bail!("azure: set backend = \"azure\" to use it"),
+            (BackendKind::Embedded, None, _) => Backend::Embedded,
+            (BackendKind::Azure, Some(own), _) => {
+                let (account, encoding) = own.account("azure", base)?;
+                Backend::Azure { account, encoding }
+            }
+            (BackendKind::Azure, None, Some(host)) => {
+                let (account, encoding) = host.account("[azure]", base)?;
+                Backend::Azure { account, encoding }
+            }
+            (BackendKind::Azure, None, None) => bail!("backend: \"azure\" needs an [azure] section, or [queues.{name}.azure]"),
+        };
+        check_queue_name(name)?;
+        if !(1..=MAX_BATCH).contains(&self.batch_size) {
+            bail!("batch_size: must be 1 to {MAX_BATCH}, got {}", self.batch_size);
+        }
+        if !(1..=MAX_TASKS).contains(&self.max_tasks) {
+            bail!("max_tasks: must be 1 to {MAX_TASKS}, got {}", self.max_tasks);
+        }
+        if self.min_tasks > self.max_tasks {
+            bail!("min_tasks: {} is more than max_tasks ({})", self.min_tasks, self.max_tasks);
+        }
+        if self.min_tasks == 0 && !self.push {
+            bail!("min_tasks: 0 needs push = true (without push notifications, nothing would notice new messages)");
+        }
+        check_duration("min_polling_interval", self.min_polling_interval, AtLeast::AboveZero, MAX_INTERVAL)?;
+        check_duration("max_polling_interval", self.max_polling_interval, AtLeast::AboveZero, MAX_INTERVAL)?;
+        if self.min_polling_interval > self.max_polling_interval {
+            bail!(
+                "min_polling_interval: {} is more than max_polling_interval ({})",
+                humantime::format_duration(self.min_polling_interval),
+                humantime::format_duration(self.max_polling_interval)
+            );
+        }
+        check_duration("lease_duration", self.lease_duration, AtLeast::Duration(Duration::from_secs(1)), MAX_VISIBILITY)?;
+        check_duration("visibility_timeout", self.visibility_timeout, AtLeast::AboveZero, MAX_VISIBILITY)?;
+        check_duration("max_retry_delay", self.max_retry_delay, AtLeast::Zero, MAX_VISIBILITY)?;
+        check_duration("scale_interval", self.scale_interval, AtLeast::Zero, MAX_INTERVAL)?;
+        let safety_poll = match self.safety_poll {
+            Some(_) if !self.push => bail!("safety_poll: only applies with push = true (without push a task always polls)"),
+            Some(interval) => {
+                check_duration("safety_poll", interval, AtLeast::Duration(Duration::from_secs(1)), MAX_SAFETY_POLL)?;
+                interval
+            }
+            None => crate::defaults::SAFETY_POLL,
+        };
+        if self.max_dequeue_count == 0 {
+            bail!("max_dequeue_count: must be at least 1");
+        }
+        if !(1..=MAX_PARTITIONS).contains(&self.partitions) {
+            bail!("partitions: must be 1 to {MAX_PARTITIONS}, got {}", self.partitions);
+        }
+        let rule = match self.rule {
+            None if !self.rule_params.is_empty() => bail!("rule_params: given, but no rule is set (the built-in rule takes no parameters)"),
+            None => None,
+            Some(file) => {
+                if file.contains('/') || file.contains('\\') || !file.ends_with(".wasm") {
+                    bail!("rule: {file:?} must be a .wasm file name inside rules_dir, without a path");
+                }
+                Some(rules_dir.join(file))
+            }
+        };
+        let handler_url = parse_handler_url(&self.handler.url)?;
+        check_duration("handler.timeout", self.handler.timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
+        Ok(QueueConfig {
+            name: name.to_string(),
+            settings: QueueSettings {
+                batch_size: self.batch_size,
+                min_tasks: self.min_tasks,
+                max_tasks: self.max_tasks,
+                min_polling_interval: self.min_polling_interval,
+                max_polling_interval: self.max_polling_interval,
+                lease_duration: self.lease_duration,
+                visibility_timeout: self.visibility_timeout,
+                max_retry_delay: self.max_retry_delay,
+                max_dequeue_count: self.max_dequeue_count,
+                push_enabled: self.push,
+                safety_poll,
+                scale_interval: self.scale_interval,
+                ..QueueSettings::default()
+            },
+            rule: QueueRuleConfig { queue: name.to_string(), rule, params: self.rule_params.into_iter().collect() },
+            handler_url,
+            handler_timeout: self.handler.timeout,
+            partitions: self.partitions,
+            backend,
+        })
+    }
+}

@@ -1,0 +1,108 @@
+//! A running host: its service, its API and, when configured, KEDA's external scaler.
+//! Starts in order: the ports are bound first (a bind failure starts no work), then the
+//! servers, then the service's work; stops everything it started, and waits for it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::http::Api;
+use crate::listener::ListenerStatus;
+use crate::scaler::RunningScaler;
+use crate::service::{Role, Service};
+
+/// A started host.
+pub struct Host {
+    service: Service,
+    api_addr: SocketAddr,
+    api_stop: CancellationToken,
+    api_task: tokio::task::JoinHandle<()>,
+    scaler: Option<RunningScaler>,
+}
+
+impl Host {
+    /// Opens the service for `role`, binds the API (and the scaler, when `[scaler] listen`
+    /// is set; a watcher needs it), serves them, then starts the work.
+    pub async fn start(config: &Config, role: Role) -> Result<Host> {
+        if role == Role::Watcher && config.scaler.is_none() {
+            anyhow::bail!("scaler.listen: not set; `ebb scaler` serves KEDA's external scaler and needs an address");
+        }
+        let service = Service::open(config, role).await?;
+        let api_tcp = tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("api.listen: failed to listen on {}", config.listen))?;
+        let scaler_tcp = match &config.scaler {
+            Some(settings) => {
+                Some(tokio::net::TcpListener::bind(settings.listen).await.with_context(|| format!("scaler.listen: failed to listen on {}", settings.listen))?)
+            }
+            None => None,
+        };
+        let api_addr = api_tcp.local_addr()?;
+        let api = Arc::new(Api {
+            listeners: service.listeners(),
+            handles: service.handles(),
+            token: config.token.clone(),
+            health: service.health().clone(),
+            readiness: service.readiness().clone(),
+            bus: service.bus().cloned(),
+            price_per_10k_transactions: config.price_per_10k_transactions,
+        });
+        let api_stop = CancellationToken::new();
+        let stop = api_stop.clone();
+        // The API takes the largest message as its largest body.
+        let limits = crate::config::ApiLimits { max_body_bytes: config.max_message_bytes, ..config.api_limits };
+        let api_task = tokio::spawn(async move {
+            if let Err(error) = crate::http::serve(api_tcp, api, stop, limits).await {
+                tracing::error!("API server failed: {error}");
+            }
+        });
+        tracing::info!(%api_addr, "API listening");
+        let scaler = match (scaler_tcp, &config.scaler) {
+            (Some(tcp), Some(settings)) => Some(crate::scaler::start(&service, settings, config.rule_limits.call_deadline, tcp)?),
+            _ => None,
+        };
+        let host = Host { service, api_addr, api_stop, api_task, scaler };
+        if let Err(error) = host.service.start_work().await {
+            host.shutdown().await;
+            return Err(error);
+        }
+        Ok(host)
+    }
+
+    /// Where the API listens.
+    pub fn api_addr(&self) -> SocketAddr {
+        self.api_addr
+    }
+
+    /// Where KEDA's external scaler listens, when `[scaler] listen` is set.
+    pub fn scaler_addr(&self) -> Option<SocketAddr> {
+        self.scaler.as_ref().map(RunningScaler::addr)
+    }
+
+    /// The service.
+    pub fn service(&self) -> &Service {
+        &self.service
+    }
+
+    /// Every storage queue's state.
+    pub fn status(&self) -> Vec<ListenerStatus> {
+        self.service.status()
+    }
+
+    /// A queue's approximate depth now, without a billed call (see [`Service::depth`]).
+    pub async fn depth(&self, queue: &str) -> Result<u64> {
+        self.service.depth(queue).await
+    }
+
+    /// Drains the work (see [`Service::shutdown`]), then stops the API and the scaler, and
+    /// waits for every task.
+    pub async fn shutdown(self) {
+        self.service.shutdown().await;
+        self.api_stop.cancel();
+        let _ = self.api_task.await;
+        if let Some(scaler) = self.scaler {
+            scaler.stop().await;
+        }
+    }
+}

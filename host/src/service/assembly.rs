@@ -1,0 +1,98 @@
+//! One assembly of a queue's client stack, for every caller (run, `ebb scaler`, demo,
+//! simulate, check, `ebb send` without a host): the backend, then metering (every call a
+//! counted, billed transaction), then retries of transient errors, then the partitions as
+//! one logical queue. Each caller says what differs in [`StackOptions`].
+
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result};
+
+use crate::config::{Backend, QueueConfig};
+use crate::queue::azure::{AzureOptions, AzureQueue};
+use crate::queue::embedded::EmbeddedStore;
+use crate::queue::partitioned::Partitioned;
+use crate::queue::{Metered, QueueClient, RetryPolicy, Retrying, Transactions};
+
+/// Opens a storage queue of some backend by name, undecorated.
+pub type OpenQueue<'a> = dyn Fn(&str) -> Result<Arc<dyn QueueClient>> + 'a;
+
+/// Queue `name` of a backend, undecorated (`store`: the open embedded store, needed only
+/// by the embedded backend).
+pub fn storage_queue(backend: &Backend, store: Option<&EmbeddedStore>, name: &str) -> Result<Arc<dyn QueueClient>> {
+    Ok(match backend {
+        Backend::Embedded => Arc::new(store.context("the embedded store is not open")?.queue(name)),
+        Backend::Azure { account, encoding } => {
+            let options = AzureOptions { encoding: *encoding, ..AzureOptions::default() };
+            Arc::new(AzureQueue::new(account, name, options).with_context(|| format!("queue {name} on Azure account {}", account.name()))?)
+        }
+    })
+}
+
+/// What differs between callers.
+#[derive(Debug, Clone, Default)]
+pub struct StackOptions {
+    /// Count every storage call by kind (the partitions' transactions, for status, metrics
+    /// and cost). The poison queue is never metered: it is not the queue's traffic.
+    pub metered: bool,
+    /// Retry transient errors with this policy; `None`: one try.
+    pub retry: Option<RetryPolicy>,
+}
+
+/// One partition's client, decorated, and its transaction counters when metered.
+#[derive(Clone)]
+pub struct PartitionClient {
+    /// The decorated client.
+    pub client: Arc<dyn QueueClient>,
+    /// Its counters, when the stack is metered.
+    pub transactions: Option<Arc<Transactions>>,
+}
+
+/// A queue's assembled clients.
+#[derive(Clone)]
+pub struct QueueStack {
+    /// One per storage queue (the queue itself, or each partition), in partition order.
+    pub partitions: Vec<PartitionClient>,
+    /// The poison queue, decorated as the partitions are (but never metered).
+    pub poison: Arc<dyn QueueClient>,
+    /// The logical queue: the only partition, or all of them as one ([`Partitioned`]).
+    pub logical: Arc<dyn QueueClient>,
+}
+
+impl QueueStack {
+    /// Assembles `queue`'s stack over the storage queues `open` gives.
+    pub fn assemble(queue: &QueueConfig, open: &OpenQueue<'_>, options: &StackOptions) -> Result<QueueStack> {
+        let retrying = |client: Arc<dyn QueueClient>| -> Arc<dyn QueueClient> {
+            match &options.retry {
+                Some(policy) => Arc::new(Retrying::new(client, policy.clone())),
+                None => client,
+            }
+        };
+        let mut partitions = Vec::new();
+        for name in queue.storage_queues() {
+            let backend = open(&name)?;
+            let (client, transactions) = if options.metered {
+                let metered = Metered::new(backend);
+                let transactions = metered.transactions();
+                (Arc::new(metered) as Arc<dyn QueueClient>, Some(transactions))
+            } else {
+                (backend, None)
+            };
+            partitions.push(PartitionClient { client: retrying(client), transactions });
+        }
+        let poison = retrying(open(&queue.poison_queue())?);
+        let logical = match partitions.as_slice() {
+            [only] => only.client.clone(),
+            all => Arc::new(Partitioned::new(&queue.name, all.iter().map(|p| p.client.clone()).collect())),
+        };
+        Ok(QueueStack { partitions, poison, logical })
+    }
+
+    /// Creates the poison queue and every partition where missing.
+    pub async fn create_if_missing(&self) -> Result<(), crate::queue::QueueError> {
+        self.poison.create_if_missing().await?;
+        for partition in &self.partitions {
+            partition.client.create_if_missing().await?;
+        }
+        Ok(())
+    }
+}

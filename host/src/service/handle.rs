@@ -1,0 +1,100 @@
+//! A queue handle: the one code path for "a message was sent" and "messages were put
+//! straight into storage", whatever the host's role (`run`, `ebb scaler`, demo). The API,
+//! the bus and the CLI call it; it wakes this host's listeners, tells watchers (the KEDA
+//! scaler) that work arrived, and publishes the news on the bus for every other host.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::bus::Bus;
+use crate::listener::Listener;
+use crate::queue::{MessageId, QueueClient, QueueError};
+
+/// The longest a send waits for storage before giving up with a transient error (storage
+/// that stalls must still get the sender an answer).
+pub const SEND_DEADLINE: Duration = Duration::from_secs(20);
+
+/// A logical queue's handle. Cheap to clone.
+#[derive(Clone)]
+pub struct QueueHandle {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: String,
+    sender: Arc<dyn QueueClient>,
+    listeners: Vec<Listener>,
+    bus: std::sync::OnceLock<Arc<Bus>>,
+    work: watch::Sender<u64>,
+}
+
+impl QueueHandle {
+    /// A handle sending through `sender` (the logical queue) and waking `listeners` (none
+    /// on a host that does not process).
+    pub fn new(name: &str, sender: Arc<dyn QueueClient>, listeners: Vec<Listener>) -> QueueHandle {
+        let (work, _) = watch::channel(0);
+        QueueHandle { inner: Arc::new(Inner { name: name.to_string(), sender, listeners, bus: std::sync::OnceLock::new(), work }) }
+    }
+
+    /// From now on, sends and notifications are published on `bus` too (set once: the bus
+    /// delivers to the handles, so it starts after them).
+    pub(crate) fn attach_bus(&self, bus: Arc<Bus>) {
+        let _ = self.inner.bus.set(bus);
+    }
+
+    /// The queue's (logical) name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// This host's listeners on the queue (one per partition; none on `ebb scaler`).
+    pub fn listeners(&self) -> &[Listener] {
+        &self.inner.listeners
+    }
+
+    /// Puts `body`, hidden for `delay`, within `deadline` (at most [`SEND_DEADLINE`]); then
+    /// the queue learns of it at once: nobody waits for a poll.
+    pub async fn send(&self, body: &[u8], delay: Duration, deadline: Duration) -> Result<MessageId, QueueError> {
+        let deadline = deadline.min(SEND_DEADLINE);
+        let id = match tokio::time::timeout(deadline, self.inner.sender.put(body, delay)).await {
+            Ok(put) => put?,
+            Err(_) => return Err(QueueError::Transient(anyhow::anyhow!("storage did not answer within {}", humantime::format_duration(deadline)))),
+        };
+        self.wake(delay);
+        self.publish(Some(1));
+        Ok(id)
+    }
+
+    /// Messages were put straight into storage (by another program): wake this host's
+    /// listeners and tell every other host.
+    pub fn notify(&self) {
+        self.wake(Duration::ZERO);
+        self.publish(None);
+    }
+
+    /// Another host said messages arrived (a bus trigger): wake this host only.
+    pub fn delivered(&self) {
+        self.wake(Duration::ZERO);
+    }
+
+    /// Every work-detected event of this handle (sends, notifications, bus triggers), as a
+    /// counter that goes up: for watchers like the KEDA scaler.
+    pub fn work_events(&self) -> watch::Receiver<u64> {
+        self.inner.work.subscribe()
+    }
+
+    fn wake(&self, delay: Duration) {
+        for listener in &self.inner.listeners {
+            listener.work_detected_after(delay);
+        }
+        self.inner.work.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn publish(&self, count: Option<u64>) {
+        if let Some(bus) = self.inner.bus.get() {
+            bus.publish(&self.inner.name, count);
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! The service: what a host runs, assembled from its configuration. The embedded store, the
+//! rules and their watcher, each queue's client stack ([`QueueStack`]) and handle
+//! ([`QueueHandle`]), one listener per storage queue, the bus, health and readiness.
+//!
+//! Opening a service starts no work: [`Service::start_work`] does, once the host's ports
+//! are bound (see [`crate::host`]). A queue whose storage does not answer at start-up is
+//! not ready (`/readyz`) and is retried with back-off; its listeners start when it answers.
+
+mod assembly;
+mod handle;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument as _;
+
+pub use assembly::{OpenQueue, PartitionClient, QueueStack, StackOptions, storage_queue};
+pub use handle::{QueueHandle, SEND_DEADLINE};
+
+use crate::bus::Bus;
+use crate::config::{Backend, BusConfig, Config, QueueConfig};
+use crate::handler::HttpHandler;
+use crate::health::{Health, Readiness, ReadinessPart};
+use crate::listener::{Listener, ListenerStatus, QueueSettings};
+use crate::log_limit::LogLimiter;
+use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
+use crate::queue::{QueueError, RetryPolicy, SystemClock};
+use crate::rules::{QueueRuleConfig, RuleEngine, RuleSet, RuleWatcher};
+
+/// Debounce of rule file events.
+pub(crate) const RULE_DEBOUNCE: Duration = Duration::from_millis(30);
+
+/// Back-off between start-up attempts on storage that does not answer: from the first to
+/// the longest.
+const START_RETRY_MIN: Duration = Duration::from_millis(500);
+const START_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// What a host does with its queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `ebb run`: dequeue tasks, handler calls, the rules deciding.
+    Worker,
+    /// `ebb scaler`: watches the queues for KEDA without processing: no listener, no
+    /// handler call. Sends and notifications through its API still reach every host.
+    Watcher,
+}
+
+/// The rule slot name the KEDA scaler decides in for a queue: its own counters, the same
+/// rule instance as the queue's listeners (same file, same parameters). `/` never occurs
+/// in a queue name, so it cannot collide with one.
+pub fn scaler_rule_slot(queue: &str) -> String {
+    format!("{queue}/instances")
+}
+
+/// What every host mode opens first: its health, the embedded store, the rules folder
+/// (created if missing) and the rule engine with its compiled-rule cache.
+pub(crate) struct HostParts {
+    pub health: Health,
+    pub store: EmbeddedStore,
+    pub rules_dir: std::path::PathBuf,
+    pub engine: Arc<RuleEngine>,
+}
+
+impl HostParts {
+    pub fn open(config: &Config) -> Result<HostParts> {
+        let health = Health::default();
+        let options = EmbeddedOptions { max_message_bytes: config.max_message_bytes, clock: Arc::new(SystemClock), health: health.clone() };
+        let store = EmbeddedStore::open(&config.data_dir, options)?;
+        std::fs::create_dir_all(&config.rules_dir).with_context(|| format!("failed to create rules folder {}", config.rules_dir.display()))?;
+        let rules_dir = config.rules_dir.canonicalize()?;
+        let engine = RuleEngine::new(config.rule_limits.clone(), Some(config.data_dir.join("rule-cache")))?;
+        Ok(HostParts { health, store, rules_dir, engine })
+    }
+}
+
+/// One logical queue of the service.
+pub struct ServiceQueue {
+    /// Its configuration.
+    pub config: QueueConfig,
+    /// Its clients.
+    pub stack: QueueStack,
+    /// Its handle (send, notify, work events).
+    pub handle: QueueHandle,
+}
+
+/// An opened service.
+pub struct Service {
+    role: Role,
+    drain_timeout: Duration,
+    health: Health,
+    readiness: Readiness,
+    store: EmbeddedStore,
+    rules: Arc<RuleSet>,
+    _watcher: RuleWatcher,
+    queues: BTreeMap<String, ServiceQueue>,
+    bus: Option<Arc<Bus>>,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Service {
+    /// Opens the store, loads and watches the rules, assembles every queue and its handle
+    /// and (for a worker) its listeners, and starts the bus. Touches no queue in storage
+    /// and starts no dequeue task: see [`Service::start_work`].
+    pub async fn open(config: &Config, role: Role) -> Result<Service> {
+        let HostParts { health, store, rules_dir, engine } = HostParts::open(config)?;
+        let rules = Arc::new(RuleSet::new(engine, rule_slots(config, role, &rules_dir)));
+        for error in rules.load_all() {
+            tracing::warn!("{error:#}; the queue uses the built-in rule until the file is fixed");
+        }
+        let watcher = rules.watch(&rules_dir, RULE_DEBOUNCE)?;
+        let readiness = Readiness::default();
+        let mut queues = BTreeMap::new();
+        for queue_config in &config.queues {
+            let open = |name: &str| storage_queue(&queue_config.backend, Some(&store), name);
+            let stack = QueueStack::assemble(queue_config, &open, &StackOptions { metered: true, retry: Some(RetryPolicy::default()) })?;
+            let listeners = match role {
+                Role::Worker => worker_listeners(queue_config, &stack, &rules, config.bus.is_some())?,
+                Role::Watcher => Vec::new(),
+            };
+            let handle = QueueHandle::new(&queue_config.name, stack.logical.clone(), listeners);
+            readiness.add_queue(&queue_config.name);
+            queues.insert(queue_config.name.clone(), ServiceQueue { config: queue_config.clone(), stack, handle });
+        }
+        let bus = match &config.bus {
+            Some(bus) => Some(Arc::new(start_bus(bus, &queues)?)),
+            None => None,
+        };
+        for queue in queues.values() {
+            if let Some(bus) = &bus {
+                queue.handle.attach_bus(bus.clone());
+            }
+        }
+        Ok(Service {
+            role,
+            drain_timeout: config.drain_timeout,
+            health,
+            readiness,
+            store,
+            rules,
+            _watcher: watcher,
+            queues,
+            bus,
+            stop: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+        })
+    }
+
+    /// Creates every queue in storage where missing and starts its listeners. A fatal
+    /// storage error (a wrong key, a missing permission) fails at once, naming the queue; a
+    /// queue whose storage does not answer is marked not ready and retried in the
+    /// background with back-off, and its listeners start when it answers.
+    pub async fn start_work(&self) -> Result<()> {
+        for queue in self.queues.values() {
+            match queue.stack.create_if_missing().await {
+                Ok(()) => self.queue_started(queue),
+                Err(error) if error.is_transient() => {
+                    self.not_reachable(queue, &error);
+                    let retry = StartRetry { queue: queue.handle.clone(), stack: queue.stack.clone(), service: self.starter() };
+                    let span = tracing::info_span!("start_retry", queue = %queue.config.name);
+                    self.tasks.spawn(retry.run().instrument(span));
+                }
+                Err(error) => return Err(anyhow::Error::new(error).context(format!("failed to create queue {}", queue.config.name))),
+            }
+        }
+        Ok(())
+    }
+
+    fn starter(&self) -> Starter {
+        Starter { readiness: self.readiness.clone(), health: self.health.clone(), stop: self.stop.clone(), role: self.role }
+    }
+
+    fn queue_started(&self, queue: &ServiceQueue) {
+        self.starter().started(&queue.handle);
+    }
+
+    fn not_reachable(&self, queue: &ServiceQueue, error: &QueueError) {
+        self.readiness.set_problem(&queue.config.name, ReadinessPart::Storage, &format!("{error}"));
+        tracing::warn!(queue = %queue.config.name, "storage does not answer at start-up: {error}; retrying in the background (the queue is not ready)");
+    }
+
+    /// What the host does with its queues.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The service's queues, by logical name.
+    pub fn queues(&self) -> &BTreeMap<String, ServiceQueue> {
+        &self.queues
+    }
+
+    /// Every queue's handle, by logical name.
+    pub fn handles(&self) -> BTreeMap<String, QueueHandle> {
+        self.queues.iter().map(|(name, q)| (name.clone(), q.handle.clone())).collect()
+    }
+
+    /// Every queue's listeners, by logical name (none on a watcher).
+    pub fn listeners(&self) -> BTreeMap<String, Vec<Listener>> {
+        self.queues.iter().map(|(name, q)| (name.clone(), q.handle.listeners().to_vec())).collect()
+    }
+
+    /// The process's health (`/healthz`).
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
+    /// Each queue's readiness (`/readyz`).
+    pub fn readiness(&self) -> &Readiness {
+        &self.readiness
+    }
+
+    /// The bus, when configured.
+    pub fn bus(&self) -> Option<&Arc<Bus>> {
+        self.bus.as_ref()
+    }
+
+    /// The rules of every queue.
+    pub fn rules(&self) -> &Arc<RuleSet> {
+        &self.rules
+    }
+
+    /// Every storage queue's state (one per partition).
+    pub fn status(&self) -> Vec<ListenerStatus> {
+        self.queues.values().flat_map(|q| q.handle.listeners().iter().map(Listener::status)).collect()
+    }
+
+    /// A queue's approximate depth now, read without counting a storage transaction
+    /// (for displays; the listener's own counts are metered).
+    pub async fn depth(&self, queue: &str) -> Result<u64> {
+        use crate::queue::QueueClient as _;
+        Ok(self.store.queue(queue).approximate_count().await?)
+    }
+
+    /// Stops start-up retries, stops dequeuing, drains in-flight messages (releasing what
+    /// outlasts the drain timeout), stops the bus, and waits for all of it.
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+        let drain = self.drain_timeout;
+        futures::future::join_all(self.queues.values().flat_map(|q| q.handle.listeners()).map(|l| l.shutdown(drain))).await;
+        if let Some(bus) = &self.bus {
+            bus.shutdown().await;
+        }
+    }
+}
+
+/// What a background start-up retry needs of the service.
+#[derive(Clone)]
+struct Starter {
+    readiness: Readiness,
+    health: Health,
+    stop: CancellationToken,
+    role: Role,
+}
+
+impl Starter {
+    fn started(&self, handle: &QueueHandle) {
+        if self.readiness.clear_problem(handle.name(), ReadinessPart::Storage) {
+            tracing::info!(queue = %handle.name(), "storage answers: the queue is ready");
+        }
+        if self.role == Role::Worker {
+            for listener in handle.listeners() {
+                listener.start();
+                tracing::info!(queue = %listener.queue_name(), "listening");
+            }
+        }
+    }
+}
+
+/// Retries a queue's creation until its storage answers, then starts it.
+struct StartRetry {
+    queue: QueueHandle,
+    stack: QueueStack,
+    service: Starter,
+}
+
+impl StartRetry {
+    async fn run(self) {
+        let limiter = LogLimiter::new(1, Duration::from_secs(30));
+        let mut delay = START_RETRY_MIN;
+        loop {
+            let wait = delay.mul_f64(0.5 + fastrand::f64() / 2.0);
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.service.stop.cancelled() => return,
+            }
+            match self.stack.create_if_missing().await {
+                Ok(()) => return self.service.started(&self.queue),
+                Err(error) if error.is_transient() => {
+                    self.service.readiness.set_problem(self.queue.name(), ReadinessPart::Storage, &format!("{error}"));
+                    delay = delay.saturating_mul(2).min(START_RETRY_MAX);
+                    if let Some(suppressed) = limiter.allow() {
+                        tracing::warn!(suppressed, "storage still does not answer: {error}; next try within {}", humantime::format_duration(delay));
+                    }
+                }
+                Err(error) => {
+                    // A wrong key or a lost permission after start: nothing a retry fixes.
+                    let reason = format!("failed to create queue {}: {error}", self.queue.name());
+                    self.service.readiness.set_problem(self.queue.name(), ReadinessPart::Storage, &reason);
+                    self.service.health.set_problem(&format!("queue {}", self.queue.name()), crate::health::truncate_reason(&reason));
+                    tracing::error!("{reason}; the queue stays stopped until the host restarts");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The rule slots: a worker decides per storage queue (each partition on its own state;
+/// queues with the same file and parameters share one instance); with the KEDA scaler on,
+/// one more per logical queue, for the whole queue.
+fn rule_slots(config: &Config, role: Role, rules_dir: &std::path::Path) -> Vec<QueueRuleConfig> {
+    let mut slots = Vec::new();
+    for q in &config.queues {
+        let rule = q.rule.rule.as_ref().and_then(|p| p.file_name()).map(|name| rules_dir.join(name));
+        if role == Role::Worker {
+            slots.extend(q.storage_queues().into_iter().map(|queue| QueueRuleConfig { queue, rule: rule.clone(), params: q.rule.params.clone() }));
+        }
+        if config.scaler.is_some() {
+            slots.push(QueueRuleConfig { queue: scaler_rule_slot(&q.name), rule, params: q.rule.params.clone() });
+        }
+    }
+    slots
+}
+
+/// A worker's listeners on `queue`, one per partition, not started.
+fn worker_listeners(queue: &QueueConfig, stack: &QueueStack, rules: &RuleSet, with_bus: bool) -> Result<Vec<Listener>> {
+    let handler = Arc::new(HttpHandler::new(queue.handler_url.clone(), queue.handler_timeout)?);
+    let mut listeners = Vec::new();
+    for partition in &stack.partitions {
+        let name = partition.client.name().to_string();
+        let queue_rules = rules.queue(&name).with_context(|| format!("queue {name} has no rule slot"))?;
+        let mut builder = Listener::builder(partition.client.clone(), stack.poison.clone(), handler.clone())
+            .rules(queue_rules)
+            .settings(QueueSettings { poison_envelope: matches!(queue.backend, Backend::Embedded), ..queue.settings.clone() });
+        if let Some(transactions) = &partition.transactions {
+            builder = builder.transactions(transactions.clone());
+        }
+        let listener = builder.build();
+        if with_bus {
+            // Until the bus is subscribed, other hosts' pushes cannot arrive: poll.
+            listener.set_push_available(false);
+        }
+        listeners.push(listener);
+    }
+    Ok(listeners)
+}
+
+/// Subscribes to every queue's channel: a trigger reaches the queue's handle (which wakes
+/// its listeners and watchers); the bus's state tells the listeners whether pushes can arrive.
+fn start_bus(config: &BusConfig, queues: &BTreeMap<String, ServiceQueue>) -> Result<Bus> {
+    let engine = config.engine()?;
+    let handles: BTreeMap<String, QueueHandle> = queues.iter().map(|(name, q)| (name.clone(), q.handle.clone())).collect();
+    let listeners: Vec<Listener> = handles.values().flat_map(|h| h.listeners().to_vec()).collect();
+    let names = handles.keys().cloned().collect();
+    let deliver: crate::bus::Deliver = Arc::new(move |trigger| {
+        tracing::debug!(queue = %trigger.queue, count = ?trigger.count, "push notification");
+        if let Some(handle) = handles.get(&trigger.queue) {
+            handle.delivered();
+        }
+    });
+    let available: crate::bus::Availability = Arc::new(move |available| listeners.iter().for_each(|l| l.set_push_available(available)));
+    Ok(Bus::start(engine, &config.channel_prefix, names, deliver, available))
+}

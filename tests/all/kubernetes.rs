@@ -1,0 +1,195 @@
+//! Issue 25, ready for Kubernetes, through the real binary against a real Azurite and Redis:
+//! a send through `ebb scaler` wakes a worker idle at zero tasks, and a host whose storage
+//! is down at start-up waits for it (not ready), instead of exiting.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ebb_tests::azurite::{Azurite, free_port, unique_queue_name};
+use ebb_tests::redis::RedisServer;
+
+use crate::binary::{App, EBB, signal, wait_until};
+
+const TOKEN: &str = "t0ken";
+
+/// A running `ebb`, killed if the test fails before stopping it.
+struct Running {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Running {
+    fn start(dir: &std::path::Path, command: &str, config: &str) -> Running {
+        let config_path = dir.join(format!("{command}.toml"));
+        std::fs::write(&config_path, config).unwrap();
+        let log = dir.join(format!("{command}.log"));
+        let child = Command::new(EBB)
+            .arg(command)
+            .arg("--config")
+            .arg(&config_path)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Running { child: Some(child), log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// True while the process runs.
+    fn alive(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| c.try_wait().unwrap().is_none())
+    }
+
+    async fn stop(mut self) {
+        let child = self.child.take().unwrap();
+        signal(&child, "-TERM");
+        let log = self.log();
+        let exit = tokio::task::spawn_blocking(move || {
+            let mut child = child;
+            child.wait().unwrap()
+        })
+        .await
+        .unwrap();
+        assert!(exit.success(), "the host exits 0 on SIGTERM: {exit:?}\n{log}");
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], free_port()))
+}
+
+async fn get_json(url: &str) -> Option<(u16, serde_json::Value)> {
+    let response = reqwest::Client::new().get(url).bearer_auth(TOKEN).send().await.ok()?;
+    let status = response.status().as_u16();
+    Some((status, serde_json::from_slice(&response.bytes().await.ok()?).ok()?))
+}
+
+async fn bus_connected(api: SocketAddr) -> bool {
+    get_json(&format!("http://{api}/status")).await.is_some_and(|(_, status)| status["bus"]["connected"] == true)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_or_notify_through_the_scaler_host_wakes_a_worker_idle_at_zero_tasks() {
+    let azurite = Azurite::start();
+    let redis = RedisServer::start();
+    let (app, app_addr) = App::start(Duration::from_millis(1)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let queue = unique_queue_name("wake-from-zero");
+    let azure = format!("[azure]\nconnection_string = \"{}\"\n[bus]\nredis_url = \"{}\"\n", azurite.connection_string(), redis.url());
+    // The safety poll is an hour: only a push can wake the worker within the test.
+    let queue_section =
+        format!("[queues.{queue}]\nbackend = \"azure\"\npush = true\nmin_tasks = 0\nsafety_poll = \"1h\"\nhandler = {{ url = \"http://{app_addr}/work\" }}\n");
+    let (worker_api, scaler_api, scaler_grpc) = (free_addr(), free_addr(), free_addr());
+    let worker = Running::start(
+        dir.path(),
+        "run",
+        &format!("data_dir = \"worker-data\"\n[api]\nlisten = \"{worker_api}\"\ntoken = \"{TOKEN}\"\n{azure}{queue_section}"),
+    );
+    let scaler = Running::start(
+        dir.path(),
+        "scaler",
+        &format!(
+            "data_dir = \"scaler-data\"\n[api]\nlisten = \"{scaler_api}\"\ntoken = \"{TOKEN}\"\n[scaler]\nlisten = \"{scaler_grpc}\"\n{azure}{queue_section}"
+        ),
+    );
+    wait_until("the worker's bus", || bus_connected(worker_api)).await;
+    wait_until("the scaler host's bus", || bus_connected(scaler_api)).await;
+    // Let the worker's start-up poll pass, so it runs no task.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let client = reqwest::Client::new();
+    let sent = client.post(format!("http://{scaler_api}/queues/{queue}/messages")).bearer_auth(TOKEN).body("via-scaler").send().await.unwrap();
+    assert_eq!(sent.status(), reqwest::StatusCode::CREATED);
+    let start = Instant::now();
+    wait_until("the worker to handle the message sent to the scaler host", || async { app.seen.lock().unwrap().iter().any(|(_, b)| b == "via-scaler") }).await;
+    assert!(start.elapsed() < Duration::from_secs(10), "woken by the push, not a poll: {:?}", start.elapsed());
+
+    // Put straight into storage by another program, then announced through the scaler host.
+    let direct = ebb::queue::azure::AzureQueue::new(&azurite.account(), &queue, Default::default()).unwrap();
+    use ebb::queue::QueueClient as _;
+    direct.put(b"put-directly", Duration::ZERO).await.unwrap();
+    let notified = client.post(format!("http://{scaler_api}/queues/{queue}/notify")).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(notified.status(), reqwest::StatusCode::ACCEPTED);
+    wait_until("the worker to handle the message announced to the scaler host", || async { app.seen.lock().unwrap().iter().any(|(_, b)| b == "put-directly") })
+        .await;
+    let (_, status) = get_json(&format!("http://{scaler_api}/status")).await.unwrap();
+    assert!(status["bus"]["published"].as_u64().unwrap() >= 2, "the scaler host published both: {status}");
+    scaler.stop().await;
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_storage_is_down_at_start_waits_not_ready_then_delivers_everything() {
+    let (app, app_addr) = App::start(Duration::from_millis(1)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let api = free_addr();
+    let queue = unique_queue_name("down-at-start");
+    let config = format!(
+        "[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n[azure]\nconnection_string = \"{}\"\n\
+         [queues.{queue}]\nbackend = \"azure\"\nmax_polling_interval = \"1s\"\nhandler = {{ url = \"http://{app_addr}/work\" }}\n",
+        Azurite::connection_string_for(port)
+    );
+    let mut host = Running::start(dir.path(), "run", &config);
+    wait_until("the API, with storage down", || async { reqwest::get(format!("http://{api}/healthz")).await.is_ok_and(|r| r.status().is_success()) }).await;
+    let ready = format!("http://{api}/readyz");
+    let (status, body) = get_json(&ready).await.unwrap();
+    assert_eq!(status, 503, "not ready while storage is down: {body}");
+    assert_eq!(body["queues"][&queue]["ready"], false, "{body}");
+    // Storage stays down for 30 s (the issue's case): the host must not exit.
+    let down = Instant::now();
+    while down.elapsed() < Duration::from_secs(30) {
+        assert!(host.alive(), "the host exited while storage was down:\n{}", host.log());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (status, _) = get_json(&ready).await.unwrap();
+    assert_eq!(status, 503);
+    let azurite = Azurite::start_on(port);
+    let up = Instant::now();
+    wait_until("ready after storage came up", || async { get_json(&ready).await.is_some_and(|(status, _)| status == 200) }).await;
+    assert!(up.elapsed() < Duration::from_secs(15), "ready within the start-up back-off: {:?}", up.elapsed());
+    let client = reqwest::Client::new();
+    for i in 0..20 {
+        let sent = client.post(format!("http://{api}/queues/{queue}/messages")).bearer_auth(TOKEN).body(format!("m{i}")).send().await.unwrap();
+        assert_eq!(sent.status(), reqwest::StatusCode::CREATED);
+    }
+    wait_until("all 20 delivered", || async { app.seen.lock().unwrap().len() >= 20 }).await;
+    let bodies: std::collections::BTreeSet<String> = app.seen.lock().unwrap().iter().map(|(_, b)| b.clone()).collect();
+    assert_eq!(bodies.len(), 20, "every message sent after recovery delivered once");
+    host.stop().await;
+    drop(azurite);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_account_key_at_start_still_exits_at_once_naming_the_queue() {
+    let azurite = Azurite::start();
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = azurite.connection_string().replace("AccountKey=", "AccountKey=AAAA");
+    let config = format!(
+        "[api]\nlisten = \"{}\"\n[azure]\nconnection_string = \"{wrong}\"\n[queues.orders]\nbackend = \"azure\"\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n",
+        free_addr()
+    );
+    let mut host = Running::start(dir.path(), "run", &config);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while host.alive() {
+        assert!(Instant::now() < deadline, "a fatal storage error must end the host:\n{}", host.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let exit = host.child.take().unwrap().wait().unwrap();
+    assert_eq!(exit.code(), Some(1));
+    assert!(host.log().contains("queue orders"), "the error names the queue:\n{}", host.log());
+}

@@ -13,4 +13,5 @@ mod listener;
 mod rule_languages;
 mod rules;
 mod scaler;
+mod shape;
 mod simulate;

@@ -8,7 +8,10 @@
 //!   host runs no task at all, publishes the trigger on the queue's channel; the latency is
 //!   publish → handler start;
 //! - pull (same rule and intervals, `push = false`): at a random point of the idle
-//!   back-off; the latency is put → handler start.
+//!   back-off; the latency is put → handler start;
+//! - push through a scaler host (issue 25): the worker as for push, and `ebb scaler` (no
+//!   processing) on the same queue and bus; the message is sent to the scaler host's API,
+//!   and the latency is send → handler start on the worker.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -60,12 +63,18 @@ impl Drop for Host {
     }
 }
 
-async fn start_host(queue: &str, push: bool, azurite: &Azurite, redis: &RedisServer, app: SocketAddr) -> Host {
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// `ebb <command>` (`run`, or `scaler` for a host that only watches) on `queue`.
+async fn start_host(command: &str, queue: &str, push: bool, azurite: &Azurite, redis: &RedisServer, app: SocketAddr) -> Host {
     let dir = tempfile::tempdir().unwrap();
-    let api: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let api = free_addr();
     let push_keys = if push { "push = true\nmin_tasks = 0\n" } else { "" };
+    let scaler = if command == "scaler" { format!("[scaler]\nlisten = \"{}\"\n", free_addr()) } else { String::new() };
     let config = format!(
-        "[api]\nlisten = \"{api}\"\n\n[azure]\nconnection_string = \"{}\"\n\n[bus]\nredis_url = \"{}\"\n\n[queues.{queue}]\nbackend = \"azure\"\n{push_keys}min_polling_interval = \"100ms\"\nmax_polling_interval = \"1s\"\nhandler = {{ url = \"http://{app}/work\" }}\n",
+        "{scaler}[api]\nlisten = \"{api}\"\n\n[azure]\nconnection_string = \"{}\"\n\n[bus]\nredis_url = \"{}\"\n\n[queues.{queue}]\nbackend = \"azure\"\n{push_keys}min_polling_interval = \"100ms\"\nmax_polling_interval = \"1s\"\nhandler = {{ url = \"http://{app}/work\" }}\n",
         azurite.connection_string(),
         redis.url()
     );
@@ -75,7 +84,7 @@ async fn start_host(queue: &str, push: bool, azurite: &Azurite, redis: &RedisSer
         Some(path) => Stdio::from(std::fs::File::options().create(true).append(true).open(path).unwrap()),
         None => Stdio::null(),
     };
-    let child = Command::new(EBB).arg("run").arg("--config").arg(dir.path().join("ebb.toml")).stdout(Stdio::null()).stderr(log).spawn().unwrap();
+    let child = Command::new(EBB).arg(command).arg("--config").arg(dir.path().join("ebb.toml")).stdout(Stdio::null()).stderr(log).spawn().unwrap();
     let host = Host { child, api, _dir: dir };
     wait_until(Duration::from_secs(30), || async { reqwest::get(format!("http://{api}/healthz")).await.is_ok_and(|r| r.status().is_success()) }).await;
     host
@@ -99,12 +108,34 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     (sorted[index] * 10.0).round() / 10.0
 }
 
-async fn measure(push: bool, samples: usize, azurite: &Azurite, redis: &RedisServer) -> serde_json::Value {
-    let queue = unique_queue_name(if push { "bench-push" } else { "bench-pull" });
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Push,
+    Pull,
+    /// Push, the message sent to a scaler host's API.
+    ThroughScaler,
+}
+
+async fn measure(mode: Mode, samples: usize, azurite: &Azurite, redis: &RedisServer) -> serde_json::Value {
+    let push = mode != Mode::Pull;
+    let queue = unique_queue_name(match mode {
+        Mode::Push => "bench-push",
+        Mode::Pull => "bench-pull",
+        Mode::ThroughScaler => "bench-via-scaler",
+    });
     let direct = AzureQueue::new(&azurite.account(), &queue, Default::default()).unwrap();
     direct.create_if_missing().await.unwrap();
     let (arrivals, app) = handler_app().await;
-    let host = start_host(&queue, push, azurite, redis, app).await;
+    let host = start_host("run", &queue, push, azurite, redis, app).await;
+    let scaler_host = match mode {
+        Mode::ThroughScaler => {
+            let scaler_host = start_host("scaler", &queue, push, azurite, redis, app).await;
+            wait_until(Duration::from_secs(30), || async { queue_status(scaler_host.api).await["bus"]["connected"] == true }).await;
+            Some(scaler_host)
+        }
+        _ => None,
+    };
+    let http = reqwest::Client::new();
     let publisher = ebb::bus::redis::RedisPubSub::new(&redis.url()).unwrap();
     let channel = format!("ebb:queue:{queue}");
     let mut latencies_ms = Vec::new();
@@ -121,22 +152,38 @@ async fn measure(push: bool, samples: usize, azurite: &Azurite, redis: &RedisSer
             tokio::time::sleep(Duration::from_millis(fastrand::u64(0..2500))).await;
         }
         let body = format!("sample-{i}");
-        direct.put(body.as_bytes(), Duration::ZERO).await.unwrap();
-        let sent = Instant::now();
+        // Through a scaler host the clock starts at the send; otherwise once the message is stored.
+        let sent = match &scaler_host {
+            Some(scaler_host) => {
+                let sent = Instant::now();
+                let url = format!("http://{}/queues/{queue}/messages", scaler_host.api);
+                assert!(http.post(url).body(body.clone()).send().await.unwrap().status().is_success());
+                sent
+            }
+            None => {
+                direct.put(body.as_bytes(), Duration::ZERO).await.unwrap();
+                Instant::now()
+            }
+        };
         if std::env::var_os("EBB_BENCH_PUSH_LOG").is_some() {
             eprintln!("{} sent {body}", humantime::format_rfc3339_micros(std::time::SystemTime::now()));
         }
-        if push {
+        if mode == Mode::Push {
             publisher.publish(&channel, format!(r#"{{"queue":"{queue}","count":1}}"#).as_bytes()).await.unwrap();
         }
         wait_until(Duration::from_secs(30), || async { arrivals.lock().unwrap().contains_key(&body) }).await;
         let arrived = arrivals.lock().unwrap()[&body];
         latencies_ms.push(arrived.duration_since(sent).as_secs_f64() * 1000.0);
     }
+    drop(scaler_host);
     drop(host);
     latencies_ms.sort_by(f64::total_cmp);
     json!({
-        "mode": if push { "push (Redis, zero idle tasks)" } else { "pull (one polling task, back-off 100 ms to 1 s)" },
+        "mode": match mode {
+            Mode::Push => "push (Redis, zero idle tasks)",
+            Mode::Pull => "pull (one polling task, back-off 100 ms to 1 s)",
+            Mode::ThroughScaler => "push, sent to a scaler host's API (send -> handler on the worker)",
+        },
         "samples": samples,
         "p50_ms": percentile(&latencies_ms, 0.5),
         "p99_ms": percentile(&latencies_ms, 0.99),
@@ -151,10 +198,12 @@ fn main() {
     let redis = RedisServer::start();
     let report = runtime.block_on(async {
         eprintln!("push");
-        let push = measure(true, samples, &azurite, &redis).await;
+        let push = measure(Mode::Push, samples, &azurite, &redis).await;
+        eprintln!("push through a scaler host");
+        let through_scaler = measure(Mode::ThroughScaler, samples, &azurite, &redis).await;
         eprintln!("pull");
-        let pull = measure(false, samples, &azurite, &redis).await;
-        json!({ "pickup_latency": [push, pull] })
+        let pull = measure(Mode::Pull, samples, &azurite, &redis).await;
+        json!({ "pickup_latency": [push, through_scaler, pull] })
     });
     println!("{}", serde_json::to_string_pretty(&report).unwrap());
 }

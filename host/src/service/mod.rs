@@ -37,7 +37,7 @@ pub(crate) const RULE_DEBOUNCE: Duration = Duration::from_millis(30);
 /// Back-off between start-up attempts on storage that does not answer: from the first to
 /// the longest.
 const START_RETRY_MIN: Duration = Duration::from_millis(500);
-const START_RETRY_MAX: Duration = Duration::from_secs(30);
+const START_RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// What a host does with its queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

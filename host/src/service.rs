@@ -124,7 +124,7 @@ impl Service {
                 queue.create_if_missing().await.with_context(|| format!("failed to create queue {name}"))?;
                 let queue_rules = rules.queue(&name).with_context(|| format!("queue {name} has no rule slot"))?;
                 let listener = Listener::builder(queue.clone(), poison.clone(), handler.clone())
-                    .rules(queue_rules)
+                    .decider(Arc::new(queue_rules))
                     .settings(QueueSettings { poison_envelope: matches!(queue_config.backend, Backend::Embedded), ..queue_config.settings.clone() })
                     .transactions(transactions)
                     .build();

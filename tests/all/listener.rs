@@ -118,7 +118,7 @@ fn fixture(settings: QueueSettings, rule: Option<PathBuf>) -> Fixture {
     let rules = Arc::new(RuleSet::new(engine, [QueueRuleConfig { queue: QUEUE.into(), rule, params: vec![] }]));
     assert!(rules.load_all().is_empty());
     let settings = QueueSettings { random_seed: Some(7), ..settings };
-    let listener = Listener::builder(queue.clone(), poison.clone(), handler.clone()).rules(rules.queue(QUEUE).unwrap()).settings(settings).build();
+    let listener = Listener::builder(queue.clone(), poison.clone(), handler.clone()).decider(Arc::new(rules.queue(QUEUE).unwrap())).settings(settings).build();
     Fixture { queue, poison, handler, rules, listener }
 }
 
@@ -658,7 +658,7 @@ async fn a_panicking_native_rule_is_contained_and_the_built_in_decides() {
     let queue = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
     let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
     let handler = Arc::new(TestHandler::default());
-    let listener = Listener::builder(queue.clone(), poison, handler).native_rule(Arc::new(PanickingRule)).build();
+    let listener = Listener::builder(queue.clone(), poison, handler).decider(Arc::new(PanickingRule)).build();
     listener.start();
     put(queue.as_ref(), "sleep 1", 50).await;
     sleep(Duration::from_secs(120)).await;
@@ -694,7 +694,7 @@ async fn rules_are_told_the_listeners_clock_so_a_simulated_hour_is_an_hour() {
     let queue = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
     let poison = Arc::new(MemoryQueue::new("work-poison", clock.clone(), 65536));
     let rule = Arc::new(TimeRecordingRule::default());
-    let listener = Listener::builder(queue, poison, Arc::new(TestHandler::default())).native_rule(rule.clone()).clock(clock).build();
+    let listener = Listener::builder(queue, poison, Arc::new(TestHandler::default())).decider(rule.clone()).clock(clock).build();
     let real = std::time::Instant::now();
     listener.start();
     sleep(Duration::from_secs(3600)).await;

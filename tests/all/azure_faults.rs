@@ -77,7 +77,7 @@ async fn behind_a_proxy_failing_a_fifth_of_requests_no_message_is_lost_or_delete
         random_seed: Some(9),
         ..QueueSettings::default()
     };
-    let listener = Listener::builder(queue.clone(), poison, handler.clone()).rules(rules.queue(&name).unwrap()).settings(settings).build();
+    let listener = Listener::builder(queue.clone(), poison, handler.clone()).decider(Arc::new(rules.queue(&name).unwrap())).settings(settings).build();
     let started = Instant::now();
     listener.start();
     let deadline = Instant::now() + Duration::from_secs(120);

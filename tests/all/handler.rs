@@ -67,7 +67,7 @@ async fn only_the_start_of_a_huge_error_answer_is_read() {
     let error = format!("{:#}", handler.handle(&message()).await.unwrap_err());
     assert!(error.contains("500") && error.contains("xxxx"), "{error}");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let read_mib = produced.load(Ordering::Relaxed) * CHUNK as u64 >> 20;
+    let read_mib = (produced.load(Ordering::Relaxed) * CHUNK as u64) >> 20;
     assert!(read_mib < 32, "{read_mib} MiB of the answer were produced: it was read far past its start");
 }
 

@@ -118,7 +118,7 @@ fn fixture(settings: QueueSettings, rule: Option<PathBuf>) -> Fixture {
     let rules = Arc::new(RuleSet::new(engine, [QueueRuleConfig { queue: QUEUE.into(), rule, params: vec![] }]));
     assert!(rules.load_all().is_empty());
     let settings = QueueSettings { random_seed: Some(7), ..settings };
-    let listener = Listener::builder(queue.clone(), poison.clone(), handler.clone()).rules(rules.queue(QUEUE).unwrap()).settings(settings).build();
+    let listener = Listener::builder(queue.clone(), poison.clone(), handler.clone()).decider(Arc::new(rules.queue(QUEUE).unwrap())).settings(settings).build();
     Fixture { queue, poison, handler, rules, listener }
 }
 
@@ -658,7 +658,7 @@ async fn a_panicking_native_rule_is_contained_and_the_built_in_decides() {
     let queue = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
     let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
     let handler = Arc::new(TestHandler::default());
-    let listener = Listener::builder(queue.clone(), poison, handler).native_rule(Arc::new(PanickingRule)).build();
+    let listener = Listener::builder(queue.clone(), poison, handler).decider(Arc::new(PanickingRule)).build();
     listener.start();
     put(queue.as_ref(), "sleep 1", 50).await;
     sleep(Duration::from_secs(120)).await;
@@ -694,7 +694,7 @@ async fn rules_are_told_the_listeners_clock_so_a_simulated_hour_is_an_hour() {
     let queue = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
     let poison = Arc::new(MemoryQueue::new("work-poison", clock.clone(), 65536));
     let rule = Arc::new(TimeRecordingRule::default());
-    let listener = Listener::builder(queue, poison, Arc::new(TestHandler::default())).native_rule(rule.clone()).clock(clock).build();
+    let listener = Listener::builder(queue, poison, Arc::new(TestHandler::default())).decider(rule.clone()).clock(clock).build();
     let real = std::time::Instant::now();
     listener.start();
     sleep(Duration::from_secs(3600)).await;
@@ -702,6 +702,72 @@ async fn rules_are_told_the_listeners_clock_so_a_simulated_hour_is_an_hour() {
     let span_ms = told.last().unwrap() - told.first().unwrap();
     assert!(span_ms > 3_500_000, "the rule saw {span_ms} ms pass in a simulated hour");
     assert!(real.elapsed() < Duration::from_secs(60), "in much less real time");
+}
+
+/// Decides through the `Decider` seam itself: always `max_tasks`, idle as the paper, on
+/// whichever thread the listener asks on (recorded), with a status of its own.
+struct ThreadRecordingDecider {
+    may_block: bool,
+    threads: Mutex<Vec<std::thread::ThreadId>>,
+}
+
+impl ebb::rules::Decider for ThreadRecordingDecider {
+    fn decide_task_count(&self, state: &ebb::rules::QueueState) -> ebb::rules::Decision<u32> {
+        self.threads.lock().unwrap().push(std::thread::current().id());
+        ebb::rules::Decision { value: state.max_tasks, source: ebb::rules::DecisionSource::Rule, clamped: false }
+    }
+    fn decide_queue_empty(&self, ctx: &ebb::rules::IdleContext) -> ebb::rules::Decision<ebb::rules::IdleDecision> {
+        self.threads.lock().unwrap().push(std::thread::current().id());
+        ebb::rules::Decider::decide_queue_empty(&ebb::rules::BuiltInRule, ctx)
+    }
+    fn status(&self) -> Option<ebb::rules::RuleStatus> {
+        Some(ebb::rules::RuleStatus {
+            file: Some("thread-recording".into()),
+            sha256: None,
+            loaded_at: None,
+            quarantined: false,
+            decisions: self.threads.lock().unwrap().len() as u64,
+            faults: 0,
+            clamps: 0,
+            last_error: None,
+            instance_memory_bytes: 0,
+            shared_by: 1,
+            rebuilding: false,
+        })
+    }
+    fn may_block(&self) -> bool {
+        self.may_block
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_builders_decider_decides_shows_its_status_and_is_asked_off_the_async_thread_only_if_it_may_block() {
+    let test_thread = std::thread::current().id();
+    for may_block in [true, false] {
+        let clock = Arc::new(TokioClock::new());
+        let queue = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
+        let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
+        let decider = Arc::new(ThreadRecordingDecider { may_block, threads: Mutex::default() });
+        let settings = QueueSettings { max_tasks: 3, ..Default::default() };
+        let listener = Listener::builder(queue.clone(), poison, Arc::new(TestHandler::default())).decider(decider.clone()).settings(settings).build();
+        listener.start();
+        put(queue.as_ref(), "sleep 1000", 30).await;
+        sleep(Duration::from_secs(60)).await;
+        let status = listener.status();
+        assert_eq!(status.processed, 30);
+        let task_count = status.last_task_count.expect("a task count was decided").decision;
+        assert_eq!((task_count.value, task_count.source), (3, ebb::rules::DecisionSource::Rule), "the decider's count, not the paper's");
+        assert_eq!(status.peak_tasks, 3);
+        assert_eq!(status.rule.expect("the decider's status is shown").file.as_deref(), Some("thread-recording"));
+        let threads = decider.threads.lock().unwrap().clone();
+        assert!(threads.len() >= 2, "{threads:?}");
+        if may_block {
+            assert!(threads.iter().all(|t| *t != test_thread), "a decider that may block is asked on the blocking pool");
+        } else {
+            assert!(threads.iter().all(|t| *t == test_thread), "a decider that answers at once is asked where the listener runs");
+        }
+        listener.shutdown(Duration::from_secs(1)).await;
+    }
 }
 
 #[tokio::test(start_paused = true)]

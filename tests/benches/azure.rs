@@ -143,7 +143,7 @@ fn host_queue(account: &AzureAccount, name: &str) -> (Arc<dyn QueueClient>, Arc<
 fn listener_on(account: &AzureAccount, name: &str, handler: Arc<dyn Handler>, settings: QueueSettings) -> (Listener, Arc<ebb::queue::Transactions>) {
     let (queue, transactions) = host_queue(account, name);
     let (poison, _) = host_queue(account, &format!("{name}-poison"));
-    let listener = Listener::builder(queue, poison, handler).rules(rules(name)).settings(settings).transactions(transactions.clone()).build();
+    let listener = Listener::builder(queue, poison, handler).decider(Arc::new(rules(name))).settings(settings).transactions(transactions.clone()).build();
     (listener, transactions)
 }
 

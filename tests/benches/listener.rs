@@ -73,7 +73,7 @@ async fn end_to_end(max_tasks: u32) -> serde_json::Value {
     let poison = Arc::new(store.queue("bench-poison"));
     poison.create_if_missing().await.unwrap();
     let settings = QueueSettings { max_tasks, min_tasks: max_tasks, ..Default::default() };
-    let listener = Listener::builder(Arc::new(metered), poison, Arc::new(Noop)).rules(rules("bench")).settings(settings).build();
+    let listener = Listener::builder(Arc::new(metered), poison, Arc::new(Noop)).decider(Arc::new(rules("bench"))).settings(settings).build();
     let started = Instant::now();
     listener.start();
     while listener.status().processed < MESSAGES as u64 {
@@ -99,7 +99,7 @@ async fn idle_hour() -> serde_json::Value {
     let transactions = metered.transactions();
     let poison = Arc::new(MemoryQueue::new("idle-poison", clock, 65536));
     let settings = QueueSettings { random_seed: Some(1), ..Default::default() };
-    let listener = Listener::builder(Arc::new(metered), poison, Arc::new(Noop)).rules(rules("idle")).settings(settings).build();
+    let listener = Listener::builder(Arc::new(metered), poison, Arc::new(Noop)).decider(Arc::new(rules("idle"))).settings(settings).build();
     listener.start();
     tokio::time::sleep(Duration::from_secs(3600)).await;
     let tx = transactions.snapshot();
@@ -132,7 +132,7 @@ async fn burst_reaction() -> serde_json::Value {
         }
     }
     let settings = QueueSettings { max_tasks: 32, ..Default::default() };
-    let listener = Listener::builder(queue.clone(), poison, Arc::new(Slow)).rules(rules("burst")).settings(settings).build();
+    let listener = Listener::builder(queue.clone(), poison, Arc::new(Slow)).decider(Arc::new(rules("burst"))).settings(settings).build();
     listener.start();
     tokio::time::sleep(Duration::from_secs(10)).await; // idle: back-off has grown
     let landed = Instant::now();

@@ -65,7 +65,7 @@ impl Default for QueueSettings {
 impl QueueSettings {
     /// The delay before retry after the `dequeue_count`-th failure: `visibility_timeout ×
     /// 2^(dequeue_count − 1)`, capped at `max_retry_delay`.
-    pub fn retry_delay(&self, dequeue_count: u32) -> Duration {
+    pub(crate) fn retry_delay(&self, dequeue_count: u32) -> Duration {
         let doublings = dequeue_count.saturating_sub(1).min(30);
         self.visibility_timeout.saturating_mul(1 << doublings).min(self.max_retry_delay)
     }

@@ -8,12 +8,14 @@
 //! from async code, call them through `tokio::task::spawn_blocking`.
 
 mod bindings;
+mod decider;
 mod engine;
 mod set;
 mod stderr;
 mod watcher;
 
 pub use bindings::{CONTRACT_INTERFACE, CONTRACT_VERSION};
+pub use decider::{BuiltInRule, Decider};
 pub use engine::{CompiledRule, RuleEngine, RuleInstance, RuleLimits};
 pub use set::{
     Decision, DecisionSource, NativeRule, QueueRuleConfig, QueueRules, RuleSet, RuleStatus, built_in_queue_empty, built_in_task_count, native_queue_empty,

@@ -336,7 +336,7 @@ fn worker_listeners(queue: &QueueConfig, stack: &QueueStack, rules: &RuleSet, wi
         let name = partition.client.name().to_string();
         let queue_rules = rules.queue(&name).with_context(|| format!("queue {name} has no rule slot"))?;
         let mut builder = Listener::builder(partition.client.clone(), stack.poison.clone(), handler.clone())
-            .rules(queue_rules)
+            .decider(Arc::new(queue_rules))
             .settings(QueueSettings { poison_envelope: matches!(queue.backend, Backend::Embedded), ..queue.settings.clone() });
         if let Some(transactions) = &partition.transactions {
             builder = builder.transactions(transactions.clone());

@@ -290,14 +290,12 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
     if let Some(interval) = options.safety_poll {
         settings.safety_poll = interval;
     }
-    let mut builder = Listener::builder(queue.clone(), poison, handler.clone()).settings(settings).transactions(transactions.clone()).clock(clock_for_rules);
-    if let Some(native) = rule.native() {
-        builder = builder.native_rule(native);
-    }
-    if let Some(set) = &rule_set {
-        builder = builder.rules(set.queue(QUEUE).context("the rule set has no slot for the simulated queue")?);
-    }
-    let listener = builder.build();
+    let listener = Listener::builder(queue.clone(), poison, handler.clone())
+        .decider(rule.decider(rule_set.as_deref())?)
+        .settings(settings)
+        .transactions(transactions.clone())
+        .clock(clock_for_rules)
+        .build();
     listener.start();
 
     let peak_backlog = Arc::new(AtomicU64::new(0));

@@ -1,12 +1,13 @@
 //! The rules a simulation compares: built-in baselines and WASM rule files.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context as _, Result, bail};
 
 use crate::listener::QueueSettings;
-use crate::rules::{IdleContext, IdleDecision, NativeRule, QueueState};
+use crate::rules::{BuiltInRule, Decider, IdleContext, IdleDecision, NativeRule, QueueState, RuleSet};
 
 /// The built-in names `--rule` takes.
 pub const BUILT_INS: &[&str] = &["fixed-1s", "functions", "paper", "paper-push"];
@@ -95,14 +96,15 @@ impl RuleChoice {
         }
     }
 
-    /// The native rule that decides, if the rule is one (`None`: the built-in rule, or a
-    /// WASM rule).
-    pub fn native(&self) -> Option<std::sync::Arc<dyn NativeRule>> {
-        match self {
-            RuleChoice::Fixed1s => Some(std::sync::Arc::new(FixedInterval { name: "fixed-1s", interval_ms: 1000 })),
-            RuleChoice::Functions => Some(std::sync::Arc::new(FunctionsBackoff)),
-            _ => None,
-        }
+    /// What decides: the baseline written in Rust, the rule component's slot in `rule_set`
+    /// (loaded by the caller), or the built-in rule.
+    pub fn decider(&self, rule_set: Option<&RuleSet>) -> Result<Arc<dyn Decider>> {
+        Ok(match (self, rule_set) {
+            (RuleChoice::Fixed1s, _) => Arc::new(FixedInterval { name: "fixed-1s", interval_ms: 1000 }),
+            (RuleChoice::Functions, _) => Arc::new(FunctionsBackoff),
+            (_, Some(set)) => Arc::new(set.queue(super::QUEUE).context("the rule set has no slot for the simulated queue")?),
+            (_, None) => Arc::new(BuiltInRule),
+        })
     }
 }
 

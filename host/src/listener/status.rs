@@ -1,58 +1,19 @@
-//! Counters behind `QueryState`, and the recent window the task-count rule sees.
+//! `QueryState()`: what the status shows of a listener, and the depth figure it carries.
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
-use tokio::time::Instant;
 
 use crate::queue::{TransactionCounts, TransactionRates};
-use crate::rules::{Decision, IdleDecision, QueueRules, RuleStatus};
+use crate::rules::{Decision, IdleDecision, RuleStatus};
 
 use super::Shared;
 
-#[derive(Default)]
-pub(super) struct Counters {
-    pub active_tasks: AtomicU32,
-    pub target_tasks: AtomicU32,
-    pub peak_tasks: AtomicU32,
-    pub tasks_started: AtomicU64,
-    pub in_flight: AtomicU32,
-    pub processed: AtomicU64,
-    pub failed: AtomicU64,
-    pub poisoned: AtomicU64,
-    pub released_on_shutdown: AtomicU64,
-    pub lease_renewals: AtomicU64,
-    pub leases_lost: AtomicU64,
-    pub poison_failures: AtomicU64,
-    pub storage_errors: AtomicU64,
-    pub work_detected: AtomicU64,
-    pub safety_polls: AtomicU64,
-    pub handler_panics: AtomicU64,
-    pub host_errors: AtomicU64,
-    pub task_panics: AtomicU64,
-    pub rule_call_panics: AtomicU64,
-    pub last_depth: AtomicU64,
-    /// When `last_depth` was read, in ms since the epoch (0: never).
-    pub last_depth_at_ms: AtomicU64,
-    handler_micros: AtomicU64,
-    poison: Mutex<PoisonLog>,
-    claimed: Mutex<HashSet<String>>,
-    window: Mutex<Option<WindowStart>>,
-    decisions: Mutex<Decisions>,
-}
-
-/// How many recent poisonings the status keeps.
-const RECENT_POISON: usize = 10;
-
-#[derive(Default)]
-struct PoisonLog {
-    corrupt: u64,
-    body_only: u64,
-    recent: VecDeque<PoisonRecord>,
-}
+/// The oldest depth figure the status shows on a backend whose count is billed, before it
+/// counts again.
+pub const DEPTH_MAX_AGE: Duration = Duration::from_secs(30);
 
 /// What the poison queue received for a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -65,7 +26,7 @@ pub enum PoisonForm {
 }
 
 impl PoisonForm {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             PoisonForm::Envelope => "envelope",
             PoisonForm::Body => "body",
@@ -87,27 +48,6 @@ pub struct PoisonRecord {
     pub at: SystemTime,
 }
 
-/// A message claimed for handling on this host, released when dropped (however its
-/// processing ends: success, failure, a panic, or the task being dropped).
-pub(super) struct Claim<'a> {
-    counters: &'a Counters,
-    id: String,
-}
-
-impl Drop for Claim<'_> {
-    fn drop(&mut self) {
-        if self.counters.claimed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&self.id) {
-            self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-}
-
-#[derive(Default)]
-struct Decisions {
-    task_count: Option<RecordedDecision<u32>>,
-    queue_empty: Option<RecordedDecision<IdleDecision>>,
-}
-
 /// A decision and when it was made.
 #[derive(Debug, Clone, Serialize)]
 pub struct RecordedDecision<T> {
@@ -117,92 +57,6 @@ pub struct RecordedDecision<T> {
     /// When it was made.
     #[serde(with = "humantime_serde")]
     pub at: SystemTime,
-}
-
-#[derive(Clone, Copy)]
-struct WindowStart {
-    at: Instant,
-    processed: u64,
-    failed: u64,
-    handler_micros: u64,
-}
-
-pub(super) struct Window {
-    pub throughput_per_sec: f64,
-    pub mean_handler_latency_ms: f64,
-    pub failures: u32,
-}
-
-impl Counters {
-    /// Marks a message as being handled here until the claim is dropped; `None` if it already is.
-    pub fn claim(&self, id: &str) -> Option<Claim<'_>> {
-        if !self.claimed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id.to_string()) {
-            return None;
-        }
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        Some(Claim { counters: self, id: id.to_string() })
-    }
-
-    pub fn record_poison(&self, id: &str, reason: &str, form: PoisonForm) {
-        self.poisoned.fetch_add(1, Ordering::Relaxed);
-        let mut log = self.poison.lock().unwrap();
-        log.corrupt += u64::from(reason.starts_with("corrupt"));
-        log.body_only += u64::from(form == PoisonForm::Body);
-        if log.recent.len() == RECENT_POISON {
-            log.recent.pop_front();
-        }
-        log.recent.push_back(PoisonRecord { id: id.to_string(), reason: reason.to_string(), form, at: SystemTime::now() });
-    }
-
-    pub fn record_depth(&self, depth: u64, at: SystemTime) {
-        self.last_depth.store(depth, Ordering::Relaxed);
-        let ms = at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        self.last_depth_at_ms.store(ms, Ordering::Relaxed);
-    }
-
-    /// Microseconds spent in the handler, over every message.
-    pub fn handler_micros(&self) -> u64 {
-        self.handler_micros.load(Ordering::Relaxed)
-    }
-
-    pub fn record_success(&self, latency: Duration) {
-        self.processed.fetch_add(1, Ordering::Relaxed);
-        self.handler_micros.fetch_add(latency.as_micros() as u64, Ordering::Relaxed);
-    }
-
-    pub fn record_failure(&self, latency: Duration) {
-        self.failed.fetch_add(1, Ordering::Relaxed);
-        self.handler_micros.fetch_add(latency.as_micros() as u64, Ordering::Relaxed);
-    }
-
-    pub fn record_task_count(&self, decision: Decision<u32>) {
-        self.decisions.lock().unwrap().task_count = Some(RecordedDecision { decision, at: SystemTime::now() });
-    }
-
-    pub fn record_queue_empty(&self, decision: Decision<IdleDecision>) {
-        self.decisions.lock().unwrap().queue_empty = Some(RecordedDecision { decision, at: SystemTime::now() });
-    }
-
-    /// Throughput, latency and failures since the previous call (the rule's recent window).
-    pub fn take_window(&self) -> Window {
-        let now = WindowStart {
-            at: Instant::now(),
-            processed: self.processed.load(Ordering::Relaxed),
-            failed: self.failed.load(Ordering::Relaxed),
-            handler_micros: self.handler_micros.load(Ordering::Relaxed),
-        };
-        let previous = self.window.lock().unwrap().replace(now);
-        let Some(previous) = previous else {
-            return Window { throughput_per_sec: 0.0, mean_handler_latency_ms: 0.0, failures: 0 };
-        };
-        let seconds = now.at.duration_since(previous.at).as_secs_f64();
-        let finished = (now.processed - previous.processed) + (now.failed - previous.failed);
-        Window {
-            throughput_per_sec: if seconds > 0.0 { (now.processed - previous.processed) as f64 / seconds } else { 0.0 },
-            mean_handler_latency_ms: if finished > 0 { (now.handler_micros - previous.handler_micros) as f64 / finished as f64 / 1e3 } else { 0.0 },
-            failures: (now.failed - previous.failed).min(u32::MAX as u64) as u32,
-        }
-    }
 }
 
 /// `QueryState()` for one queue.
@@ -273,6 +127,29 @@ pub struct ListenerStatus {
 }
 
 impl Shared {
+    /// On a backend whose count is a billed call, starts a count in the background when
+    /// the last one is older than [`DEPTH_MAX_AGE`].
+    pub(super) fn refresh_depth_if_stale(self: &Arc<Self>) {
+        if self.queue.local_count().is_some() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        {
+            let mut counted = self.depth_counted.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if counted.is_some_and(|at| at.elapsed() < DEPTH_MAX_AGE) {
+                return;
+            }
+            *counted = Some(tokio::time::Instant::now());
+        }
+        let shared = self.clone();
+        runtime.spawn(async move {
+            match shared.queue.approximate_count().await {
+                Ok(depth) => shared.counters.record_depth(depth, SystemTime::now()),
+                Err(error) => tracing::debug!("could not refresh the depth for the status: {error}"),
+            }
+        });
+    }
+
     pub(super) fn status(&self) -> ListenerStatus {
         let c = &self.counters;
         let load32 = |a: &AtomicU32| a.load(Ordering::Relaxed);
@@ -284,8 +161,8 @@ impl Shared {
                 (load64(&c.last_depth), (at_ms > 0).then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(at_ms)))
             }
         };
-        let poison = c.poison.lock().unwrap();
-        let decisions = c.decisions.lock().unwrap();
+        let poison = c.poisonings();
+        let (last_task_count, last_queue_empty) = c.last_decisions();
         ListenerStatus {
             queue: self.queue.name().to_string(),
             approximate_depth,
@@ -299,7 +176,7 @@ impl Shared {
             poisoned: load64(&c.poisoned),
             poisoned_corrupt: poison.corrupt,
             poisoned_body_only: poison.body_only,
-            recent_poison: poison.recent.iter().cloned().collect(),
+            recent_poison: poison.recent,
             released_on_shutdown: load64(&c.released_on_shutdown),
             lease_renewals: load64(&c.lease_renewals),
             leases_lost: load64(&c.leases_lost),
@@ -311,9 +188,9 @@ impl Shared {
             host_errors: load64(&c.host_errors),
             task_panics: load64(&c.task_panics),
             rule_call_panics: load64(&c.rule_call_panics),
-            rule: self.rules.as_ref().map(QueueRules::status),
-            last_task_count: decisions.task_count.clone(),
-            last_queue_empty: decisions.queue_empty.clone(),
+            rule: self.decider.status(),
+            last_task_count,
+            last_queue_empty,
             transactions: self.transactions.as_ref().map(|t| t.snapshot()),
             transaction_rates: self.transactions.as_ref().map(|t| t.rates()),
         }

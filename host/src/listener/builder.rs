@@ -1,0 +1,110 @@
+//! Building a listener: what it requires, and what it may be given instead of the defaults.
+
+use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::handler::Handler;
+use crate::log_limit::LogLimiter;
+use crate::queue::{Clock, QueueClient, SystemClock, Transactions};
+use crate::rules::{BuiltInRule, Decider};
+
+use super::counters::Counters;
+use super::{Listener, QueueSettings, Shared};
+
+/// Log lines per window for repeated failures (handler failures, failed gets, poisonings).
+const FAILURE_LOG_LINES: u32 = 10;
+const FAILURE_LOG_WINDOW: Duration = Duration::from_secs(60);
+
+/// Builds a [`Listener`]: the queue, its poison queue and the handler are required; the
+/// rule (default: the built-in one), the settings (default: [`QueueSettings::default`]) and
+/// the transaction counters shown in the status (default: none) are not.
+pub struct ListenerBuilder {
+    queue: Arc<dyn QueueClient>,
+    poison: Arc<dyn QueueClient>,
+    handler: Arc<dyn Handler>,
+    decider: Arc<dyn Decider>,
+    clock: Arc<dyn Clock>,
+    settings: QueueSettings,
+    transactions: Option<Arc<Transactions>>,
+}
+
+impl Listener {
+    /// A builder for a listener on `queue`, whose poisoned messages go to `poison`.
+    pub fn builder(queue: Arc<dyn QueueClient>, poison: Arc<dyn QueueClient>, handler: Arc<dyn Handler>) -> ListenerBuilder {
+        ListenerBuilder {
+            queue,
+            poison,
+            handler,
+            decider: Arc::new(BuiltInRule),
+            clock: Arc::new(SystemClock),
+            settings: QueueSettings::default(),
+            transactions: None,
+        }
+    }
+}
+
+impl ListenerBuilder {
+    /// The clock whose time the rules are told (default: the system's; a simulation gives
+    /// its paused clock, so a time-of-day rule sees simulated time).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// What decides the task count and the idle sleeps: the queue's WASM rules (from
+    /// [`crate::rules::RuleSet::queue`]), a rule in Rust ([`crate::rules::NativeRule`]), or
+    /// by default the built-in rule.
+    pub fn decider(mut self, decider: Arc<dyn Decider>) -> Self {
+        self.decider = decider;
+        self
+    }
+
+    /// The queue's settings.
+    pub fn settings(mut self, settings: QueueSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// Storage counters to report in the status.
+    pub fn transactions(mut self, transactions: Arc<Transactions>) -> Self {
+        self.transactions = Some(transactions);
+        self
+    }
+
+    /// The listener; no task runs until [`Listener::start`].
+    pub fn build(self) -> Listener {
+        let ListenerBuilder { queue, poison, handler, decider, clock, settings, transactions } = self;
+        let seed = settings.random_seed.unwrap_or_else(|| fastrand::u64(..));
+        Listener {
+            shared: Arc::new(Shared {
+                queue,
+                poison,
+                handler,
+                decider,
+                clock,
+                settings,
+                transactions,
+                counters: Counters::default(),
+                work: Notify::new(),
+                wake: Notify::new(),
+                work_events: tokio::sync::watch::Sender::new(0),
+                stopping: CancellationToken::new(),
+                abandon: CancellationToken::new(),
+                tasks: TaskTracker::new(),
+                random: Mutex::new(fastrand::Rng::with_seed(seed)),
+                failure_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
+                poison_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
+                depth_counted: Mutex::new(None),
+                storage_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
+                push_available: AtomicBool::new(true),
+                started: AtomicBool::new(false),
+                wake_timers: AtomicU32::new(0),
+            }),
+        }
+    }
+}

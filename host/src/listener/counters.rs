@@ -1,0 +1,180 @@
+//! The counters behind `QueryState()`, the messages claimed on this host, and the recent
+//! window the task-count rule sees.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use crate::rules::{Decision, IdleDecision};
+
+use super::status::{PoisonForm, PoisonRecord, RecordedDecision};
+
+#[derive(Default)]
+pub(super) struct Counters {
+    pub active_tasks: AtomicU32,
+    pub target_tasks: AtomicU32,
+    pub peak_tasks: AtomicU32,
+    pub tasks_started: AtomicU64,
+    pub in_flight: AtomicU32,
+    pub processed: AtomicU64,
+    pub failed: AtomicU64,
+    pub poisoned: AtomicU64,
+    pub released_on_shutdown: AtomicU64,
+    pub lease_renewals: AtomicU64,
+    pub leases_lost: AtomicU64,
+    pub poison_failures: AtomicU64,
+    pub storage_errors: AtomicU64,
+    pub work_detected: AtomicU64,
+    pub safety_polls: AtomicU64,
+    pub handler_panics: AtomicU64,
+    pub host_errors: AtomicU64,
+    pub task_panics: AtomicU64,
+    pub rule_call_panics: AtomicU64,
+    pub last_depth: AtomicU64,
+    /// When `last_depth` was read, in ms since the epoch (0: never).
+    pub last_depth_at_ms: AtomicU64,
+    handler_micros: AtomicU64,
+    poison: Mutex<PoisonLog>,
+    claimed: Mutex<HashSet<String>>,
+    window: Mutex<Option<WindowStart>>,
+    decisions: Mutex<Decisions>,
+}
+
+/// How many recent poisonings the status keeps.
+const RECENT_POISON: usize = 10;
+
+#[derive(Default)]
+struct PoisonLog {
+    corrupt: u64,
+    body_only: u64,
+    recent: VecDeque<PoisonRecord>,
+}
+
+/// The poisonings the status shows.
+pub(super) struct Poisonings {
+    pub corrupt: u64,
+    pub body_only: u64,
+    /// The last ones, oldest first.
+    pub recent: Vec<PoisonRecord>,
+}
+
+/// A message claimed for handling on this host, released when dropped (however its
+/// processing ends: success, failure, a panic, or the task being dropped).
+pub(super) struct Claim<'a> {
+    counters: &'a Counters,
+    id: String,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if self.counters.claimed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&self.id) {
+            self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[derive(Default)]
+struct Decisions {
+    task_count: Option<RecordedDecision<u32>>,
+    queue_empty: Option<RecordedDecision<IdleDecision>>,
+}
+
+#[derive(Clone, Copy)]
+struct WindowStart {
+    at: Instant,
+    processed: u64,
+    failed: u64,
+    handler_micros: u64,
+}
+
+pub(super) struct Window {
+    pub throughput_per_sec: f64,
+    pub mean_handler_latency_ms: f64,
+    pub failures: u32,
+}
+
+impl Counters {
+    /// Marks a message as being handled here until the claim is dropped; `None` if it already is.
+    pub fn claim(&self, id: &str) -> Option<Claim<'_>> {
+        if !self.claimed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id.to_string()) {
+            return None;
+        }
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        Some(Claim { counters: self, id: id.to_string() })
+    }
+
+    pub fn record_poison(&self, id: &str, reason: &str, form: PoisonForm) {
+        self.poisoned.fetch_add(1, Ordering::Relaxed);
+        let mut log = self.poison.lock().unwrap();
+        log.corrupt += u64::from(reason.starts_with("corrupt"));
+        log.body_only += u64::from(form == PoisonForm::Body);
+        if log.recent.len() == RECENT_POISON {
+            log.recent.pop_front();
+        }
+        log.recent.push_back(PoisonRecord { id: id.to_string(), reason: reason.to_string(), form, at: SystemTime::now() });
+    }
+
+    pub fn poisonings(&self) -> Poisonings {
+        let log = self.poison.lock().unwrap();
+        Poisonings { corrupt: log.corrupt, body_only: log.body_only, recent: log.recent.iter().cloned().collect() }
+    }
+
+    /// The last task-count and queue-empty decisions.
+    pub fn last_decisions(&self) -> (Option<RecordedDecision<u32>>, Option<RecordedDecision<IdleDecision>>) {
+        let decisions = self.decisions.lock().unwrap();
+        (decisions.task_count.clone(), decisions.queue_empty.clone())
+    }
+
+    pub fn record_depth(&self, depth: u64, at: SystemTime) {
+        self.last_depth.store(depth, Ordering::Relaxed);
+        let ms = at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        self.last_depth_at_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Microseconds spent in the handler, over every message.
+    pub fn handler_micros(&self) -> u64 {
+        self.handler_micros.load(Ordering::Relaxed)
+    }
+
+    pub fn record_success(&self, latency: Duration) {
+        self.processed.fetch_add(1, Ordering::Relaxed);
+        self.handler_micros.fetch_add(latency.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    pub fn record_failure(&self, latency: Duration) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        self.handler_micros.fetch_add(latency.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    pub fn record_task_count(&self, decision: Decision<u32>) {
+        self.decisions.lock().unwrap().task_count = Some(RecordedDecision { decision, at: SystemTime::now() });
+    }
+
+    pub fn record_queue_empty(&self, decision: Decision<IdleDecision>) {
+        self.decisions.lock().unwrap().queue_empty = Some(RecordedDecision { decision, at: SystemTime::now() });
+    }
+
+    /// Throughput, latency and failures since the previous call (the rule's recent window).
+    pub fn take_window(&self) -> Window {
+        let now = WindowStart {
+            at: Instant::now(),
+            processed: self.processed.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            handler_micros: self.handler_micros.load(Ordering::Relaxed),
+        };
+        let previous = self.window.lock().unwrap().replace(now);
+        let Some(previous) = previous else {
+            return Window { throughput_per_sec: 0.0, mean_handler_latency_ms: 0.0, failures: 0 };
+        };
+        let seconds = now.at.duration_since(previous.at).as_secs_f64();
+        let finished = (now.processed - previous.processed) + (now.failed - previous.failed);
+        Window {
+            throughput_per_sec: if seconds > 0.0 { (now.processed - previous.processed) as f64 / seconds } else { 0.0 },
+            mean_handler_latency_ms: if finished > 0 { (now.handler_micros - previous.handler_micros) as f64 / finished as f64 / 1e3 } else { 0.0 },
+            failures: (now.failed - previous.failed).min(u32::MAX as u64) as u32,
+        }
+    }
+}

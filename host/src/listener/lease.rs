@@ -1,0 +1,129 @@
+//! Keeping our lease on a message while its handler runs: renewed at half the lease,
+//! beside the handler (never pausing it), and before it starts when the get was slow.
+
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::anyhow;
+use futures::FutureExt as _;
+use tokio::time::Instant;
+
+use crate::handler::IncomingMessage;
+use crate::panics::panic_message;
+use crate::queue::{PopReceipt, QueueError};
+
+use super::Shared;
+use super::counters::Counters;
+use super::process::Outcome;
+
+/// Our lease on a message: its latest receipt, when it runs out at the latest, and when to
+/// renew it next.
+pub(super) struct Lease {
+    pub(super) receipt: PopReceipt,
+    until: Instant,
+    next_renewal: Instant,
+    /// Another lease replaced ours: the service gave the message to someone else.
+    lost: bool,
+}
+
+impl Lease {
+    pub(super) fn new(receipt: PopReceipt, until: Instant, duration: Duration) -> Self {
+        Lease { receipt, until, next_renewal: half_way(until, duration), lost: false }
+    }
+
+    /// Takes in the answer to a renewal sent at `sent`.
+    fn renewed(&mut self, message: &IncomingMessage, sent: Instant, duration: Duration, renewed: Result<PopReceipt, QueueError>, counters: &Counters) {
+        match renewed {
+            Ok(receipt) => {
+                self.receipt = receipt;
+                self.until = sent + duration;
+                self.next_renewal = half_way(self.until, duration);
+                counters.lease_renewals.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(QueueError::StaleReceipt { .. }) => {
+                self.lost = true;
+                counters.leases_lost.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(id = %message.id, "lease lost before it could be renewed (storage calls slower than half the lease?); the message may be handled elsewhere");
+            }
+            Err(error) => {
+                // Retried (the queue's decorator retried already) well before the lease runs out.
+                self.next_renewal = Instant::now() + duration / 10;
+                tracing::warn!(id = %message.id, "lease renewal failed: {error}");
+            }
+        }
+    }
+}
+
+/// Half a lease of `duration` before `until`.
+fn half_way(until: Instant, duration: Duration) -> Instant {
+    until.checked_sub(duration / 2).unwrap_or(until)
+}
+
+/// A renewal on its way: when it was sent, and the answer.
+type Renewal<'a> = Pin<Box<dyn Future<Output = (Instant, Result<PopReceipt, QueueError>)> + Send + 'a>>;
+
+impl Shared {
+    /// When the get was slow and most of the lease went by before the message arrived,
+    /// renews it before the handler starts, so the handler never runs on a lease about to
+    /// lapse. False when the lease turned out to be lost.
+    pub(super) async fn renew_if_lapsing(&self, message: &IncomingMessage, lease: &mut Lease) -> bool {
+        let duration = self.settings.lease_duration;
+        if lease.until.saturating_duration_since(Instant::now()) < duration / 2 {
+            let sent = Instant::now();
+            let renewed = self.queue.update_visibility(&message.id, &lease.receipt, duration).await;
+            lease.renewed(message, sent, duration, renewed, &self.counters);
+        }
+        !lease.lost
+    }
+
+    /// Runs the handler with renewals beside it, counted from when the last renewal was
+    /// sent, until the handler ends or shutdown abandons it. A renewal still in flight then
+    /// is awaited: its new receipt is the one the delete needs.
+    pub(super) async fn handle_under_lease(&self, message: &IncomingMessage, lease: &mut Lease) -> Outcome {
+        let counters = &self.counters;
+        let duration = self.settings.lease_duration;
+        // A panicking handler is a failing handler: retried, then poisoned.
+        let handling = AssertUnwindSafe(self.handler.handle(message)).catch_unwind().map(|result| {
+            result.unwrap_or_else(|panic| {
+                counters.handler_panics.fetch_add(1, Ordering::Relaxed);
+                Err(anyhow!("handler panicked: {}", panic_message(&*panic)))
+            })
+        });
+        tokio::pin!(handling);
+        let mut renewal: Option<Renewal<'_>> = None;
+        let mut outcome = None;
+        loop {
+            tokio::select! {
+                result = &mut handling, if outcome.is_none() => {
+                    outcome = Some(Outcome::Handled(result));
+                    if renewal.is_none() {
+                        break;
+                    }
+                }
+                (sent, renewed) = async { renewal.as_mut().expect("guarded").await }, if renewal.is_some() => {
+                    renewal = None;
+                    lease.renewed(message, sent, duration, renewed, counters);
+                    if outcome.is_some() {
+                        break;
+                    }
+                }
+                _ = tokio::time::sleep_until(lease.next_renewal), if renewal.is_none() && outcome.is_none() && !lease.lost => {
+                    let (queue, id, receipt) = (&self.queue, &message.id, lease.receipt.clone());
+                    renewal = Some(Box::pin(async move {
+                        let sent = Instant::now();
+                        (sent, queue.update_visibility(id, &receipt, duration).await)
+                    }));
+                }
+                _ = self.abandon.cancelled(), if outcome.is_none() => {
+                    outcome = Some(Outcome::Abandoned);
+                    if renewal.is_none() {
+                        break;
+                    }
+                }
+            }
+        }
+        outcome.expect("the loop ends with an outcome")
+    }
+}

@@ -1,0 +1,103 @@
+//! Moving a message that cannot be handled (failed `max_dequeue_count` times, or corrupt)
+//! to the poison queue, and what the poison queue receives for it.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use crate::handler::IncomingMessage;
+use crate::queue::{MessageId, PopReceipt, QueueError};
+
+use super::Shared;
+use super::status::PoisonForm;
+
+impl Shared {
+    /// Put in the poison queue first, deleted here after, so a crash in between duplicates
+    /// rather than loses it. The poison queue gets a JSON envelope with the reason; when
+    /// that does not fit its size limit, the body as it is (as Azure Functions moves it),
+    /// and the reason stays in the log, the status and the metrics.
+    pub(super) async fn poison(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, reason: &str) {
+        let (mut form, mut put) = (PoisonForm::Body, None);
+        if self.settings.poison_envelope {
+            let envelope = serde_json::to_vec(&PoisonEnvelope::new(message, reason)).expect("the envelope serialises");
+            match self.poison.put(&envelope, Duration::ZERO).await {
+                Err(QueueError::MessageTooLarge { .. }) => {}
+                other => (form, put) = (PoisonForm::Envelope, Some(other)),
+            }
+        }
+        let put = match put {
+            Some(put) => put,
+            None => self.poison.put(&message.body, Duration::ZERO).await,
+        };
+        match put {
+            Ok(_) => {
+                self.counters.record_poison(&message.id, reason, form);
+                if let Some(suppressed) = self.poison_log.allow() {
+                    tracing::warn!(
+                        id = %message.id,
+                        dequeue_count = message.dequeue_count,
+                        poison_queue = %self.poison.name(),
+                        form = form.as_str(),
+                        suppressed,
+                        "message moved to the poison queue: {reason}"
+                    );
+                }
+                if let Err(error) = self.queue.delete(&message.id, receipt).await {
+                    tracing::warn!(id = %message.id, "poisoned, but the delete failed (it may be poisoned twice): {error}");
+                }
+            }
+            Err(error) => {
+                // Left in place, but out of the way for the longest retry delay: a message the
+                // poison queue refuses (too large once encoded, the queue gone) would
+                // otherwise come back at every lease, and with it this line.
+                self.counters.poison_failures.fetch_add(1, Ordering::Relaxed);
+                let delay = self.settings.max_retry_delay;
+                if let Some(suppressed) = self.poison_log.allow() {
+                    tracing::error!(id = %message.id, ?delay, suppressed, "cannot poison ({reason}), leaving the message in place, tried again after {delay:?}: {error}");
+                }
+                if let Err(error) = self.hide_for(&message.id, receipt, delay).await {
+                    tracing::debug!(id = %message.id, "could not set the delay before the next poisoning try (it comes back after its lease): {error}");
+                }
+            }
+        }
+    }
+}
+
+/// What `<queue>-poison` holds for each poisoned message (JSON).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct PoisonEnvelope {
+    /// The queue the message came from.
+    pub queue: String,
+    /// Its id there.
+    pub original_id: MessageId,
+    /// Times it was leased.
+    pub dequeue_count: u32,
+    /// The last handler error.
+    pub error: String,
+    /// When it was put, RFC 3339.
+    pub inserted_at: String,
+    /// When it was poisoned, RFC 3339.
+    pub poisoned_at: String,
+    /// The body, if it is UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    /// The body as hex, if it is not UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_hex: Option<String>,
+}
+
+impl PoisonEnvelope {
+    fn new(message: &IncomingMessage, reason: &str) -> Self {
+        let text = String::from_utf8(message.body.clone()).ok();
+        PoisonEnvelope {
+            queue: message.queue.clone(),
+            original_id: message.id.clone(),
+            dequeue_count: message.dequeue_count,
+            error: reason.to_string(),
+            inserted_at: humantime::format_rfc3339_millis(message.inserted_at).to_string(),
+            poisoned_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            body_hex: text.is_none().then(|| hex::encode(&message.body)),
+            body: text,
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! Processing a batch: each message goes to the handler under its lease, then its outcome
+//! settles it: deleted on success, hidden for a retry delay on failure, poisoned after
+//! `max_dequeue_count`, released at once when shutdown's drain time runs out.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::handler::{HostError, IncomingMessage};
+use crate::queue::{Message, MessageId, PopReceipt, QueueError};
+
+use super::Shared;
+use super::lease::Lease;
+
+/// How handling a message ended.
+pub(super) enum Outcome {
+    Handled(anyhow::Result<()>),
+    /// Shutdown's drain time ran out while the handler was still working.
+    Abandoned,
+}
+
+impl Shared {
+    /// Processes a batch's messages side by side; `leased_until` is when their lease runs
+    /// out at the latest, counted from when the get was sent.
+    pub(super) async fn process_batch(self: &Arc<Self>, messages: Vec<Message>, leased_until: Instant) {
+        let processing = messages.into_iter().map(|message| self.process(message, leased_until));
+        futures::future::join_all(processing).await;
+    }
+
+    async fn process(self: &Arc<Self>, message: Message, leased_until: Instant) {
+        // Released when processing ends, however it ends (a panic, a drop at shutdown).
+        let Some(_claim) = self.counters.claim(&message.id) else {
+            // Our own lease on it expired and we leased it again: it is already being handled
+            // here. Leave this lease to run out rather than handling it twice at once.
+            tracing::warn!(id = %message.id, "message is already being handled on this host; skipping the duplicate lease");
+            return;
+        };
+        let Message { id, pop_receipt, dequeue_count, inserted_at, body, defect, .. } = message;
+        let incoming = IncomingMessage { queue: self.queue.name().to_string(), id, dequeue_count, inserted_at, body };
+        let mut lease = Lease::new(pop_receipt, leased_until, self.settings.lease_duration);
+        if let Some(defect) = defect {
+            // A body the store cannot vouch for never reaches the handler.
+            self.poison(&incoming, &lease.receipt, &defect).await;
+            return;
+        }
+        if !self.renew_if_lapsing(&incoming, &mut lease).await {
+            return;
+        }
+        let started = Instant::now();
+        let outcome = self.handle_under_lease(&incoming, &mut lease).await;
+        self.settle(&incoming, &lease.receipt, outcome, started.elapsed()).await;
+    }
+
+    /// Acts on how handling ended, with the latest receipt.
+    async fn settle(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, outcome: Outcome, latency: Duration) {
+        match outcome {
+            Outcome::Handled(Ok(())) => {
+                // Counted once the delete has returned: `processed` means handled and deleted.
+                let deleted = self.queue.delete(&message.id, receipt).await;
+                self.counters.record_success(latency);
+                if let Err(error) = deleted {
+                    // The work was done; the message may be handled again (at least once).
+                    tracing::warn!(id = %message.id, "handled, but the delete failed: {error}");
+                }
+            }
+            Outcome::Handled(Err(error)) if error.is::<HostError>() => {
+                // Not the message's fault: retried later, never poisoned for it.
+                self.counters.host_errors.fetch_add(1, Ordering::Relaxed);
+                let delay = self.settings.retry_delay(1);
+                if let Some(suppressed) = self.failure_log.allow() {
+                    tracing::warn!(id = %message.id, ?delay, suppressed, "{error:#}; the message is retried later and this try does not count towards poisoning");
+                }
+                self.retry_later(message, receipt, delay).await;
+            }
+            Outcome::Handled(Err(error)) => {
+                self.counters.record_failure(latency);
+                let reason = format!("{error:#}");
+                if message.dequeue_count >= self.settings.max_dequeue_count {
+                    self.poison(message, receipt, &reason).await;
+                } else {
+                    let delay = self.settings.retry_delay(message.dequeue_count);
+                    if let Some(suppressed) = self.failure_log.allow() {
+                        tracing::warn!(id = %message.id, dequeue_count = message.dequeue_count, ?delay, suppressed, "handler failed, retrying later: {reason}");
+                    }
+                    self.retry_later(message, receipt, delay).await;
+                }
+            }
+            Outcome::Abandoned => {
+                self.counters.released_on_shutdown.fetch_add(1, Ordering::Relaxed);
+                if let Err(error) = self.queue.update_visibility(&message.id, receipt, Duration::ZERO).await {
+                    tracing::warn!(id = %message.id, "could not release on shutdown (visible again when the lease runs out): {error}");
+                }
+            }
+        }
+    }
+
+    /// Hides a failed message for its retry delay.
+    async fn retry_later(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, delay: Duration) {
+        if let Err(error) = self.hide_for(&message.id, receipt, delay).await {
+            tracing::warn!(id = %message.id, "could not set the retry delay (the lease will run out instead): {error}");
+        }
+    }
+
+    /// Hides a message for `delay`, and (with push) wakes the queue when it is visible again.
+    /// If the delay cannot be set, the message comes back when our lease runs out: the wake
+    /// waits for that instead.
+    pub(super) async fn hide_for(self: &Arc<Self>, id: &MessageId, receipt: &PopReceipt, delay: Duration) -> Result<(), QueueError> {
+        let hidden = self.queue.update_visibility(id, receipt, delay).await;
+        self.wake_after(if hidden.is_ok() { delay } else { self.settings.lease_duration });
+        hidden.map(drop)
+    }
+}

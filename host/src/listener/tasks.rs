@@ -1,0 +1,174 @@
+//! The dequeue task loop: get a batch, process it or back off as the rule says, and retire
+//! when there are more tasks than the rule's count. Each task holds a slot in
+//! `active_tasks`, so concurrent starts never exceed `max_tasks`.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::FutureExt as _;
+use tracing::Instrument as _;
+
+use crate::panics::panic_message;
+use crate::queue::RetryPolicy;
+
+use super::Shared;
+use super::counters::Counters;
+
+/// A dequeue task's slot in `active_tasks`, given back when the task ends however it
+/// ends (a panic included), unless the task gave it back itself when it retired.
+struct TaskSlot<'a> {
+    counters: &'a Counters,
+    held: bool,
+}
+
+impl TaskSlot<'_> {
+    fn given_back(mut self) {
+        self.held = false;
+    }
+}
+
+impl Drop for TaskSlot<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            self.counters.active_tasks.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Shared {
+    /// Fewest tasks: `min_tasks`, and at least one polling task unless pushes can wake the queue.
+    pub(super) fn floor(&self) -> u32 {
+        if self.push_enabled() { self.settings.min_tasks } else { self.settings.min_tasks.max(1) }
+    }
+
+    /// Push is configured and can reach the queue now.
+    pub(super) fn push_enabled(&self) -> bool {
+        self.settings.push_enabled && self.push_available.load(Ordering::Acquire)
+    }
+
+    pub(super) fn start_tasks(self: &Arc<Self>, n: u32) {
+        self.spawn_tasks(n, false);
+    }
+
+    /// Starts `n` dequeue tasks; a `probe` task stops at its first empty get (when the
+    /// floor allows), so a safety poll of an empty queue costs one get.
+    pub(super) fn spawn_tasks(self: &Arc<Self>, n: u32, probe: bool) {
+        let counters = &self.counters;
+        for _ in 0..n {
+            // Reserve a slot first, so concurrent starts never exceed max_tasks.
+            let reserved =
+                counters.active_tasks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active < self.settings.max_tasks).then_some(active + 1));
+            let Ok(previous) = reserved else { return };
+            counters.peak_tasks.fetch_max(previous + 1, Ordering::Relaxed);
+            let task_number = counters.tasks_started.fetch_add(1, Ordering::Relaxed) + 1;
+            let shared = self.clone();
+            let span = tracing::info_span!("dequeue_task", queue = %self.queue.name(), task = task_number);
+            self.tasks.spawn(
+                async move {
+                    if let Err(panic) = AssertUnwindSafe(shared.clone().run_task(probe)).catch_unwind().await {
+                        // Its slot was given back as it unwound; keep the floor running.
+                        shared.task_panicked("a dequeue task", &*panic);
+                        if !shared.stopping.is_cancelled() {
+                            let active = shared.counters.active_tasks.load(Ordering::Acquire);
+                            shared.start_tasks(shared.floor().saturating_sub(active));
+                        }
+                    }
+                }
+                .instrument(span),
+            );
+        }
+    }
+
+    /// Surfaces a panic that escaped a task (as Vector re-raises task panics): counted in
+    /// the status and logged at ERROR.
+    pub(super) fn task_panicked(&self, task: &str, panic: &(dyn std::any::Any + Send)) {
+        self.counters.task_panics.fetch_add(1, Ordering::Relaxed);
+        tracing::error!("{task} panicked and was restarted: {}", panic_message(panic));
+    }
+
+    /// Gives up this task's slot if there are more tasks than the target (after a scale-down).
+    fn try_retire(&self) -> bool {
+        let target = self.counters.target_tasks.load(Ordering::Relaxed).max(self.floor());
+        self.counters.active_tasks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active > target).then(|| active - 1)).is_ok()
+    }
+
+    /// Gives up this task's slot when the rule says an idle task stops, keeping the floor
+    /// (one polling task in pull mode).
+    fn try_stop_idle(&self) -> bool {
+        let floor = self.floor();
+        self.counters.active_tasks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active > floor).then(|| active - 1)).is_ok()
+    }
+
+    async fn run_task(self: Arc<Self>, mut probe: bool) {
+        let slot = TaskSlot { counters: &self.counters, held: true };
+        let mut idle_count = 0u32;
+        let mut consecutive_errors = 0u32;
+        let lease = self.settings.lease_duration;
+        loop {
+            if self.stopping.is_cancelled() {
+                break;
+            }
+            // A probe looks once before anything else (the target may be zero tasks).
+            if !probe && self.try_retire() {
+                tracing::debug!("retiring: more tasks than the rule's count");
+                slot.given_back();
+                return;
+            }
+            // The service's lease starts when it answers, somewhere after this: counting
+            // it from here errs on the safe side when storage calls are slow.
+            let asked_at = tokio::time::Instant::now();
+            let batch = tokio::select! {
+                batch = self.queue.get(self.settings.batch_size, lease) => batch,
+                _ = self.stopping.cancelled() => break,
+            };
+            match batch {
+                Ok(messages) if messages.is_empty() => {
+                    consecutive_errors = 0;
+                    idle_count = idle_count.saturating_add(1);
+                    if probe && self.try_stop_idle() {
+                        tracing::debug!("safety poll found the queue empty");
+                        slot.given_back();
+                        return;
+                    }
+                    let decision = self.decide_queue_empty(idle_count).await;
+                    if decision.stop && self.try_stop_idle() {
+                        tracing::debug!(idle_count, "stopping: the rule retired this idle task");
+                        slot.given_back();
+                        return;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(decision.delay_ms)) => {}
+                        // Woken early; the back-off restarts only if this task finds messages.
+                        _ = self.wake.notified() => {}
+                        _ = self.stopping.cancelled() => break,
+                    }
+                }
+                Ok(messages) => {
+                    consecutive_errors = 0;
+                    // Found work: from now on an ordinary task, stopped by the rule.
+                    probe = false;
+                    // After idling this is the paper's QueueWorkDetected; while busy it keeps
+                    // the task count adapting (the scaler coalesces the raises).
+                    self.work_found();
+                    idle_count = 0;
+                    self.process_batch(messages, asked_at + lease).await;
+                }
+                Err(error) => {
+                    consecutive_errors += 1;
+                    self.counters.storage_errors.fetch_add(1, Ordering::Relaxed);
+                    let delay = RetryPolicy::default().delay(consecutive_errors).min(self.settings.max_polling_interval);
+                    if let Some(suppressed) = self.storage_log.allow() {
+                        tracing::warn!(?delay, suppressed, "get failed: {error}");
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = self.stopping.cancelled() => break,
+                    }
+                }
+            }
+        }
+        drop(slot);
+    }
+}

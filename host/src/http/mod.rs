@@ -1,0 +1,48 @@
+//! The HTTP API: `GET /status`, `GET /metrics`, `GET /healthz`,
+//! `POST /queues/{name}/messages`, `POST /queues/{name}/notify`.
+//! When a token is configured, every route but `/healthz` requires `Authorization: Bearer <token>`.
+//!
+//! Every error answer is JSON, `{"error": "<reason>"}`. [`serve`] runs the API on hyper with a
+//! header-read timeout and an idle timeout per connection ([`ApiLimits`]), so slow or idle
+//! clients cannot hold connections open forever.
+//!
+//! - `server`: connections and their limits;
+//! - `auth`: the bearer token;
+//! - `errors`: the JSON error answer;
+//! - `body_limit`: the 413 for bodies over the limit;
+//! - `routes`: one file per route family (messages and notify, status, metrics, health).
+
+mod auth;
+mod body_limit;
+mod errors;
+mod routes;
+mod server;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+pub(crate) use auth::token_matches;
+pub use routes::router;
+pub use server::serve;
+
+pub use crate::config::ApiLimits;
+use crate::health::Health;
+use crate::listener::Listener;
+use crate::queue::QueueClient;
+
+/// What the API serves.
+pub struct Api {
+    /// Listeners by (logical) queue name: one, or one per partition.
+    pub listeners: BTreeMap<String, Vec<Listener>>,
+    /// Queue clients by (logical) queue name, for sends: a partitioned queue spreads them.
+    pub queues: BTreeMap<String, Arc<dyn QueueClient>>,
+    /// Required bearer token, if any.
+    pub token: Option<String>,
+    /// The host's health, answered by `/healthz`.
+    pub health: Health,
+    /// Push notifications to the other hosts, if a bus is configured.
+    pub bus: Option<Arc<crate::bus::Bus>>,
+    /// US dollars per 10,000 storage transactions, for the cost figures of `/status` and
+    /// `/metrics` (config `price_per_10k_transactions`).
+    pub price_per_10k_transactions: f64,
+}

@@ -270,9 +270,20 @@ pub struct ApiFile {
     /// it is closed. Default `60s`.
     #[serde(default = "defaults::idle_timeout", with = "humantime_serde")]
     pub idle_timeout: Duration,
-    /// Most connections open at once; more wait in the kernel's backlog. Default 256.
+    /// How long a client may take to send a request's body once its headers are in (with
+    /// `header_read_timeout`, how long a whole request may take to arrive); then 408 and the
+    /// connection is closed. Default `30s`.
+    #[serde(default = "defaults::body_read_timeout", with = "humantime_serde")]
+    pub body_read_timeout: Duration,
+    /// Most connections open at once; when all are open, the one that has waited longest for
+    /// a request is closed for a newcomer, or, all being inside requests, newcomers wait in the
+    /// kernel's backlog. Default 256.
     #[serde(default = "defaults::max_connections")]
     pub max_connections: usize,
+    /// Of `max_connections`, how many other requests never take, so `/healthz` and `/readyz`
+    /// always find a connection; a request finding the rest taken gets 503. Default 8 (at
+    /// most half of `max_connections`).
+    pub probe_connections: Option<usize>,
 }
 
 impl Default for ApiFile {
@@ -282,7 +293,9 @@ impl Default for ApiFile {
             token: None,
             header_read_timeout: defaults::header_read_timeout(),
             idle_timeout: defaults::idle_timeout(),
+            body_read_timeout: defaults::body_read_timeout(),
             max_connections: defaults::max_connections(),
+            probe_connections: None,
         }
     }
 }
@@ -453,6 +466,9 @@ mod defaults {
     }
     pub fn idle_timeout() -> Duration {
         ApiLimits::default().idle_timeout
+    }
+    pub fn body_read_timeout() -> Duration {
+        ApiLimits::default().body_read_timeout
     }
     pub fn max_connections() -> usize {
         ApiLimits::default().max_connections
@@ -661,7 +677,7 @@ impl QueueConfig {
 impl Config {
     /// Reads and validates `path`.
     pub fn load(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("failed to read config {}", path.display()))?;
+        let text = crate::input::read_text("config", path, crate::input::MAX_CONFIG_BYTES)?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Config::parse_with_env(&text, &base, std::env::var(TOKEN_ENV).ok(), std::env::var(SCALER_TOKEN_ENV).ok())
             .with_context(|| format!("invalid config {}", path.display()))
@@ -701,6 +717,14 @@ impl ConfigFile {
         if !(1..=MAX_API_CONNECTIONS).contains(&self.api.max_connections) {
             bail!("api.max_connections: must be 1 to {MAX_API_CONNECTIONS}, got {}", self.api.max_connections);
         }
+        check_duration("api.body_read_timeout", self.api.body_read_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
+        let probe_connections = match self.api.probe_connections {
+            Some(n) if n >= self.api.max_connections => {
+                bail!("api.probe_connections: must be less than api.max_connections ({}), got {n}", self.api.max_connections)
+            }
+            Some(n) => n,
+            None => ApiLimits::default().probe_connections.min(self.api.max_connections / 2),
+        };
         if !(1..=MAX_MESSAGE_BYTES_LIMIT).contains(&self.max_message_bytes) {
             bail!("max_message_bytes: must be 1 to {MAX_MESSAGE_BYTES_LIMIT} bytes (1 MiB, the largest body the API accepts), got {}", self.max_message_bytes);
         }
@@ -761,7 +785,9 @@ impl ConfigFile {
                 max_body_bytes: self.max_message_bytes,
                 header_read_timeout: self.api.header_read_timeout,
                 idle_timeout: self.api.idle_timeout,
+                body_read_timeout: self.api.body_read_timeout,
                 max_connections: self.api.max_connections,
+                probe_connections,
             },
             rule_limits: RuleLimits {
                 call_deadline: self.rule_limits.call_deadline,
@@ -936,8 +962,8 @@ impl QueueFile {
     }
 }
 
-/// Limits of the HTTP server (config keys `max_message_bytes`, `[api] header_read_timeout`
-/// and `[api] idle_timeout`).
+/// Limits of the HTTP server (config keys `max_message_bytes` and `[api]`'s timeouts and
+/// connection counts).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ApiLimits {
     /// Largest request body, in bytes: the largest message (`max_message_bytes`). Default 65536.
@@ -948,10 +974,26 @@ pub struct ApiLimits {
     /// How long a connection may go without a byte read or written before it is closed (a
     /// request whose body stops coming, a client that stops reading). Default 60 s.
     pub idle_timeout: Duration,
-    /// Most connections open at once; further clients wait in the kernel's backlog, so a
-    /// flood of idle connections cannot take the file descriptors the host needs to call
-    /// its handlers. Default 256.
+    /// How long a client may take to send a request's body once its headers are in; then
+    /// 408 and the connection closes (a body sent a byte at a time holds no slot for long).
+    /// Default 30 s.
+    pub body_read_timeout: Duration,
+    /// Most connections open at once, so a flood of connections cannot take the file
+    /// descriptors the host needs to call its handlers. When all are open, the one that has
+    /// waited longest for a request is closed for the newcomer; all being inside requests,
+    /// newcomers wait in the kernel's backlog. Default 256.
     pub max_connections: usize,
+    /// Connections kept for the probes (`/healthz`, `/readyz`): other requests are answered
+    /// on at most `max_connections - probe_connections` connections at once, and get 503
+    /// beyond. Default 8.
+    pub probe_connections: usize,
+}
+
+impl ApiLimits {
+    /// How many requests other than probes are answered at once (at least 1).
+    pub fn request_slots(&self) -> usize {
+        self.max_connections.saturating_sub(self.probe_connections).max(1)
+    }
 }
 
 impl Default for ApiLimits {
@@ -960,7 +1002,9 @@ impl Default for ApiLimits {
             max_body_bytes: crate::queue::embedded::DEFAULT_MAX_MESSAGE_BYTES,
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            body_read_timeout: Duration::from_secs(30),
             max_connections: 256,
+            probe_connections: 8,
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod demo;
 pub mod handler;
 pub mod health;
 pub mod http;
+pub(crate) mod input;
 pub mod listener;
 pub mod log_limit;
 pub mod panics;

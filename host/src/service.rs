@@ -157,7 +157,7 @@ impl Service {
             bus: bus.clone(),
             price_per_10k_transactions: config.price_per_10k_transactions,
         });
-        let tcp = tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("failed to listen on {}", config.listen))?;
+        let tcp = crate::http::bind(config.listen).with_context(|| format!("failed to listen on {}", config.listen))?;
         let api_addr = tcp.local_addr()?;
         let api_stop = CancellationToken::new();
         let stop = api_stop.clone();

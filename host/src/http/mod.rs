@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 pub(crate) use auth::token_matches;
 pub use routes::router;
-pub use server::serve;
+pub use server::{LISTEN_BACKLOG, bind, serve};
 
 pub use crate::config::ApiLimits;
 use crate::health::Health;

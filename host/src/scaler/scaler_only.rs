@@ -121,7 +121,7 @@ pub async fn run_scaler_only(config: &Config, shutdown: impl std::future::Future
         bus: None,
         price_per_10k_transactions: config.price_per_10k_transactions,
     });
-    let api_tcp = tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("failed to listen on {}", config.listen))?;
+    let api_tcp = crate::http::bind(config.listen).with_context(|| format!("failed to listen on {}", config.listen))?;
     tracing::info!(api_addr = %api_tcp.local_addr()?, "API listening");
     let limits = ApiLimits { max_body_bytes: config.max_message_bytes, ..config.api_limits };
     let api_task = tokio::spawn(crate::http::serve(api_tcp, api, stop.clone(), limits));

@@ -154,6 +154,7 @@ impl Service {
             queues,
             token: config.token.clone(),
             health,
+            readiness: Default::default(),
             bus: bus.clone(),
             price_per_10k_transactions: config.price_per_10k_transactions,
         });

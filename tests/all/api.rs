@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail, ensure};
-use ebb::health::Health;
+use ebb::health::{Health, Readiness, ReadinessPart};
 use ebb::http::{Api, ApiLimits};
 use ebb::queue::memory::MemoryQueue;
 use ebb::queue::{QueueClient, TokioClock};
@@ -120,12 +120,22 @@ async fn serve(limits: ApiLimits) -> (SocketAddr, CancellationToken, tokio::task
 
 /// An API with `queue` as `orders`.
 async fn serve_queue(limits: ApiLimits, queue: Arc<dyn QueueClient>) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<Result<()>>) {
+    serve_api(limits, queue, Readiness::default()).await
+}
+
+/// An API with `queue` as `orders` and `readiness` for `/readyz`.
+async fn serve_api(
+    limits: ApiLimits,
+    queue: Arc<dyn QueueClient>,
+    readiness: Readiness,
+) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<Result<()>>) {
     let queues = BTreeMap::from([("orders".to_string(), queue)]);
     let api = Arc::new(Api {
         listeners: BTreeMap::new(),
         queues,
         token: Some(TOKEN.into()),
         health: Health::default(),
+        readiness,
         bus: None,
         price_per_10k_transactions: ebb::cost::PAPER_PRICE_PER_10K,
     });
@@ -204,6 +214,44 @@ async fn shutdown_closes_idle_connections_and_serve_returns() -> Result<()> {
     closed(&mut stream).await;
     ensure!(started.elapsed() < Duration::from_secs(1), "shutdown waited {:?} for an idle connection", started.elapsed());
     ensure!(TcpStream::connect(addr).await.is_err(), "still accepting after shutdown");
+    Ok(())
+}
+
+/// Issue 25: liveness apart from readiness. `/readyz` answers 200 when every queue is ready
+/// and 503 with each queue's reasons when one is not; like `/healthz` it needs no token, but
+/// without it shows only each queue's `ready`. It reads no query.
+#[tokio::test(start_paused = true)]
+async fn readyz_answers_per_queue_and_shows_reasons_only_with_the_token() -> Result<()> {
+    let readiness = Readiness::default();
+    readiness.add_queue("orders");
+    readiness.add_queue("invoices");
+    let queue = Arc::new(MemoryQueue::new("orders", Arc::new(TokioClock::new()), 1000));
+    let (addr, _shutdown, _task) = serve_api(ApiLimits::default(), queue, readiness.clone()).await;
+    let json = |answer: &Answer| -> Result<serde_json::Value> { Ok(serde_json::from_str(&answer.body)?) };
+
+    let answer = raw(addr, &get("/readyz", None)).await?;
+    ensure!(answer.status == 200, "{answer:?}");
+    ensure!(json(&answer)? == serde_json::json!({ "ready": true, "queues": { "invoices": { "ready": true }, "orders": { "ready": true } } }), "{answer:?}");
+
+    let reason = "connection refused by 10.0.0.7:10001 (account prodstore)";
+    readiness.set_problem("orders", ReadinessPart::Storage, reason);
+    let long_query = format!("/readyz?{}", "x=1&".repeat(10_000));
+    for (path, token) in [("/readyz", None), ("/readyz", Some("wrong")), (long_query.as_str(), None)] {
+        let answer = raw(addr, &get(path, token)).await?;
+        ensure!(answer.status == 503 && answer.error()?.contains("not every queue is ready"), "{answer:?}");
+        let body = json(&answer)?;
+        ensure!(body["queues"] == serde_json::json!({ "invoices": { "ready": true }, "orders": { "ready": false } }), "{answer:?}");
+        ensure!(!answer.body.contains("refused"), "the reason shown without the token: {answer:?}");
+    }
+    let answer = raw(addr, &get("/readyz", Some(TOKEN))).await?;
+    ensure!(answer.status == 503, "{answer:?}");
+    let body = json(&answer)?;
+    ensure!(body["queues"]["orders"] == serde_json::json!({ "ready": false, "problems": { "storage": reason } }), "{answer:?}");
+    ensure!(body["queues"]["invoices"]["ready"] == true, "{answer:?}");
+
+    readiness.clear_problem("orders", ReadinessPart::Storage);
+    let answer = raw(addr, &get("/readyz", Some(TOKEN))).await?;
+    ensure!(answer.status == 200 && json(&answer)?["ready"] == true, "{answer:?}");
     Ok(())
 }
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
 use sha2::{Digest as _, Sha256};
@@ -20,12 +20,22 @@ pub(crate) fn token_matches(token: &str, given: Option<&str>) -> bool {
     bool::from(expected.as_slice().ct_eq(given.as_slice()))
 }
 
+/// The token a request carries (`Authorization: Bearer <token>`), if any.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "))
+}
+
+/// True when no token is configured or the request carries it.
+pub(super) fn authorized(api: &Api, headers: &HeaderMap) -> bool {
+    api.token.as_ref().is_none_or(|token| {
+        let given = bearer(headers);
+        given.is_some() && token_matches(token, given)
+    })
+}
+
 pub(super) async fn require_token(State(api): State<Arc<Api>>, request: Request, next: Next) -> Response {
-    if let Some(token) = &api.token {
-        let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-        if given.is_none() || !token_matches(token, given) {
-            return error(StatusCode::UNAUTHORIZED, "missing or wrong API token (Authorization: Bearer <token>)");
-        }
+    if !authorized(&api, request.headers()) {
+        return error(StatusCode::UNAUTHORIZED, "missing or wrong API token (Authorization: Bearer <token>)");
     }
     next.run(request).await
 }

@@ -118,6 +118,7 @@ pub async fn run_scaler_only(config: &Config, shutdown: impl std::future::Future
         queues: logical,
         token: config.token.clone(),
         health,
+        readiness: Default::default(),
         bus: None,
         price_per_10k_transactions: config.price_per_10k_transactions,
     });

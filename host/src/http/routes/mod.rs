@@ -27,6 +27,7 @@ pub fn router(api: Arc<Api>, limits: ApiLimits) -> Router {
         .layer(middleware::from_fn_with_state(api.clone(), require_token));
     Router::new()
         .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
         .merge(authenticated)
         .with_state(api)
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))

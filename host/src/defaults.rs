@@ -22,8 +22,12 @@ pub const API_LISTEN: &str = "127.0.0.1:7070";
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// `[api] idle_timeout`.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// `[api] body_read_timeout`.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// `[api] max_connections`.
 pub const MAX_CONNECTIONS: usize = 256;
+/// `[api] probe_connections` (at most half of `max_connections`).
+pub const PROBE_CONNECTIONS: usize = 8;
 
 /// `[scaler] listen`, when a test or tool needs an address (the scaler is off by default).
 pub const SCALER_LISTEN: &str = "127.0.0.1:7071";
@@ -88,6 +92,7 @@ pub(crate) fn documented() -> Vec<(&'static str, &'static str, String)> {
         ("`[api]`", "listen", format!("\"{API_LISTEN}\"")),
         ("`[api]`", "header_read_timeout", d(HEADER_READ_TIMEOUT)),
         ("`[api]`", "idle_timeout", d(IDLE_TIMEOUT)),
+        ("`[api]`", "body_read_timeout", d(BODY_READ_TIMEOUT)),
         ("`[api]`", "max_connections", MAX_CONNECTIONS.to_string()),
         ("`[scaler]`", "max_instances", MAX_INSTANCES.to_string()),
         ("`[scaler]`", "poll_interval", d(SCALER_POLL_INTERVAL)),

@@ -31,7 +31,7 @@ impl Host {
             anyhow::bail!("scaler.listen: not set; `ebb scaler` serves KEDA's external scaler and needs an address");
         }
         let service = Service::open(config, role).await?;
-        let api_tcp = tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("api.listen: failed to listen on {}", config.listen))?;
+        let api_tcp = crate::http::bind(config.listen).with_context(|| format!("api.listen: failed to listen on {}", config.listen))?;
         let scaler_tcp = match &config.scaler {
             Some(settings) => {
                 Some(tokio::net::TcpListener::bind(settings.listen).await.with_context(|| format!("scaler.listen: failed to listen on {}", settings.listen))?)

@@ -5,7 +5,7 @@
 //! its own layer (a test in `tests/all/shape.rs` checks it).
 //!
 //! 1. **Vocabulary**: [`defaults`] (every default, once), [`health`] (liveness and
-//!    readiness), [`log_limit`], [`panics`].
+//!    readiness), `input` (bounded reads of files and stdin), [`log_limit`], [`panics`].
 //! 2. **Parts**: [`queue`] (the storage seam, backends and decorators), [`rules`] (the
 //!    WASM engine, the rule slots, the watcher), [`bus`] (push between hosts),
 //!    [`handler`] (where messages go), [`cost`].
@@ -27,6 +27,7 @@ pub mod handler;
 pub mod health;
 pub mod host;
 pub mod http;
+pub(crate) mod input;
 pub mod listener;
 pub mod log_limit;
 pub mod panics;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail, ensure};
-use ebb::health::Health;
+use ebb::health::{Health, Readiness, ReadinessPart};
 use ebb::http::{Api, ApiLimits};
 use ebb::queue::memory::MemoryQueue;
 use ebb::queue::{QueueClient, TokioClock};
@@ -48,9 +48,14 @@ impl Answer {
 async fn raw(addr: SocketAddr, request: &[u8]) -> Result<Answer> {
     let mut stream = TcpStream::connect(addr).await?;
     stream.write_all(request).await?;
+    tokio::time::timeout(Duration::from_secs(30), read_answer(&mut stream)).await.context("no answer within 30 s")?
+}
+
+/// Reads one answer off `stream` (see [`raw`]).
+async fn read_answer(stream: &mut (impl tokio::io::AsyncRead + Unpin)) -> Result<Answer> {
     let mut bytes = Vec::new();
     let mut chunk = [0u8; 8192];
-    let read = async {
+    {
         loop {
             if let Some(end) = bytes.windows(4).position(|w| w == b"\r\n\r\n") {
                 let head = String::from_utf8_lossy(&bytes[..end]).to_string();
@@ -71,8 +76,7 @@ async fn raw(addr: SocketAddr, request: &[u8]) -> Result<Answer> {
             }
             bytes.extend_from_slice(&chunk[..n]);
         }
-    };
-    tokio::time::timeout(Duration::from_secs(30), read).await.context("no answer within 30 s")?
+    }
 }
 
 fn get(path: &str, token: Option<&str>) -> Vec<u8> {
@@ -116,17 +120,26 @@ async fn serve(limits: ApiLimits) -> (SocketAddr, CancellationToken, tokio::task
 
 /// An API with `queue` as `orders`.
 async fn serve_queue(limits: ApiLimits, queue: Arc<dyn QueueClient>) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<Result<()>>) {
+    serve_api(limits, queue, Readiness::default()).await
+}
+
+/// An API with `queue` as `orders` and `readiness` for `/readyz`.
+async fn serve_api(
+    limits: ApiLimits,
+    queue: Arc<dyn QueueClient>,
+    readiness: Readiness,
+) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<Result<()>>) {
     let handles = BTreeMap::from([("orders".to_string(), ebb::service::QueueHandle::new("orders", queue, Vec::new()))]);
     let api = Arc::new(Api {
         listeners: BTreeMap::new(),
         handles,
         token: Some(TOKEN.into()),
         health: Health::default(),
-        readiness: Default::default(),
+        readiness,
         bus: None,
         price_per_10k_transactions: ebb::cost::PAPER_PRICE_PER_10K,
     });
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = ebb::http::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(ebb::http::serve(listener, api, shutdown.clone(), limits));
@@ -159,7 +172,12 @@ async fn a_client_slow_to_send_its_headers_is_closed_at_the_header_read_timeout(
 
 #[tokio::test(start_paused = true)]
 async fn a_connection_that_moves_no_byte_is_closed_at_the_idle_timeout() -> Result<()> {
-    let limits = ApiLimits { header_read_timeout: Duration::from_secs(10), idle_timeout: Duration::from_secs(60), ..ApiLimits::default() };
+    let limits = ApiLimits {
+        header_read_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(60),
+        body_read_timeout: Duration::from_secs(600),
+        ..ApiLimits::default()
+    };
     let (addr, _shutdown, _task) = serve(limits).await;
     // Whole headers, then a body that never comes: the header timeout no longer applies.
     let mut stream = TcpStream::connect(addr).await?;
@@ -196,6 +214,154 @@ async fn shutdown_closes_idle_connections_and_serve_returns() -> Result<()> {
     closed(&mut stream).await;
     ensure!(started.elapsed() < Duration::from_secs(1), "shutdown waited {:?} for an idle connection", started.elapsed());
     ensure!(TcpStream::connect(addr).await.is_err(), "still accepting after shutdown");
+    Ok(())
+}
+
+/// Issue 25: liveness apart from readiness. `/readyz` answers 200 when every queue is ready
+/// and 503 with each queue's reasons when one is not; like `/healthz` it needs no token, but
+/// without it shows only each queue's `ready`. It reads no query.
+#[tokio::test(start_paused = true)]
+async fn readyz_answers_per_queue_and_shows_reasons_only_with_the_token() -> Result<()> {
+    let readiness = Readiness::default();
+    readiness.add_queue("orders");
+    readiness.add_queue("invoices");
+    let queue = Arc::new(MemoryQueue::new("orders", Arc::new(TokioClock::new()), 1000));
+    let (addr, _shutdown, _task) = serve_api(ApiLimits::default(), queue, readiness.clone()).await;
+    let json = |answer: &Answer| -> Result<serde_json::Value> { Ok(serde_json::from_str(&answer.body)?) };
+
+    let answer = raw(addr, &get("/readyz", None)).await?;
+    ensure!(answer.status == 200, "{answer:?}");
+    ensure!(json(&answer)? == serde_json::json!({ "ready": true, "queues": { "invoices": { "ready": true }, "orders": { "ready": true } } }), "{answer:?}");
+
+    let reason = "connection refused by 10.0.0.7:10001 (account prodstore)";
+    readiness.set_problem("orders", ReadinessPart::Storage, reason);
+    let long_query = format!("/readyz?{}", "x=1&".repeat(10_000));
+    for (path, token) in [("/readyz", None), ("/readyz", Some("wrong")), (long_query.as_str(), None)] {
+        let answer = raw(addr, &get(path, token)).await?;
+        ensure!(answer.status == 503 && answer.error()?.contains("not every queue is ready"), "{answer:?}");
+        let body = json(&answer)?;
+        ensure!(body["queues"] == serde_json::json!({ "invoices": { "ready": true }, "orders": { "ready": false } }), "{answer:?}");
+        ensure!(!answer.body.contains("refused"), "the reason shown without the token: {answer:?}");
+    }
+    let answer = raw(addr, &get("/readyz", Some(TOKEN))).await?;
+    ensure!(answer.status == 503, "{answer:?}");
+    let body = json(&answer)?;
+    ensure!(body["queues"]["orders"] == serde_json::json!({ "ready": false, "problems": { "storage": reason } }), "{answer:?}");
+    ensure!(body["queues"]["invoices"]["ready"] == true, "{answer:?}");
+
+    readiness.clear_problem("orders", ReadinessPart::Storage);
+    let answer = raw(addr, &get("/readyz", Some(TOKEN))).await?;
+    ensure!(answer.status == 200 && json(&answer)?["ready"] == true, "{answer:?}");
+    Ok(())
+}
+
+/// The head of a POST whose body of `length` bytes is still to come.
+fn post_head(length: usize) -> Vec<u8> {
+    format!("POST /queues/orders/messages HTTP/1.1\r\nHost: ebb\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {length}\r\n\r\n").into_bytes()
+}
+
+/// Issue 18: a body sent a byte every 5 s was never idle, so it held its connection for as
+/// long as the client liked. Its body must arrive within `body_read_timeout`.
+#[tokio::test(start_paused = true)]
+async fn a_body_sent_a_byte_at_a_time_gets_408_at_the_body_read_timeout() -> Result<()> {
+    let limits = ApiLimits { body_read_timeout: Duration::from_secs(30), ..ApiLimits::default() };
+    let (addr, _shutdown, _task) = serve(limits).await;
+    let (mut read, mut write) = TcpStream::connect(addr).await?.into_split();
+    write.write_all(&post_head(1000)).await?;
+    let started = Instant::now();
+    let dribble = async {
+        for _ in 0..1000 {
+            if write.write_all(b"x").await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+    };
+    let answer = tokio::select! {
+        () = dribble => bail!("the body was still being taken after 5000 s"),
+        answer = read_answer(&mut read) => answer?,
+    };
+    let elapsed = started.elapsed();
+    ensure!(answer.status == 408 && answer.error()?.contains("body_read_timeout (30s)"), "{answer:?}");
+    ensure!(elapsed >= Duration::from_secs(30) && elapsed < Duration::from_secs(31), "answered after {elapsed:?}, the timeout is 30 s");
+    ensure!(answer.headers.get("connection").is_some_and(|c| c == "close"), "{answer:?}");
+    Ok(())
+}
+
+/// Issue 18: 256 connections sending a body at a byte per 5 s held every API slot and
+/// `/healthz` timed out. Other requests leave `probe_connections` to the probes.
+/// (Real clock: the goal is a second of real time.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_answers_within_a_second_while_slow_bodies_take_every_connection() -> Result<()> {
+    let limits = ApiLimits { max_connections: 8, probe_connections: 2, ..ApiLimits::default() };
+    let (addr, shutdown, task) = serve(limits).await;
+    let mut slow = Vec::new();
+    for _ in 0..limits.max_connections {
+        let mut stream = TcpStream::connect(addr).await?;
+        stream.write_all(&post_head(1000)).await?;
+        slow.push(stream);
+    }
+    let dribble = tokio::spawn(async move {
+        loop {
+            for stream in &mut slow {
+                let _ = stream.write_all(b"x").await;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let answer = tokio::time::timeout(Duration::from_secs(1), raw(addr, &get("/healthz", None))).await.context("/healthz did not answer within 1 s")??;
+        ensure!(answer.status == 200, "{answer:?}");
+        eprintln!("/healthz answered in {:?} beside {} slow bodies", started.elapsed(), limits.max_connections);
+    }
+    // A request that is not a probe finds every other slot taken.
+    let answer = tokio::time::timeout(Duration::from_secs(1), raw(addr, &get("/status", Some(TOKEN)))).await.context("/status got no answer within 1 s")??;
+    ensure!(answer.status == 503 && answer.error()?.contains("busy"), "{answer:?}");
+    dribble.abort();
+    shutdown.cancel();
+    task.await??;
+    Ok(())
+}
+
+/// Issue 18: 1,000 idle connections delayed `/healthz` by 20 s: past `max_connections`
+/// clients waited in a backlog of 128 until the header timeout closed the idle ones. The
+/// connection that has waited longest for a request now makes room for a newcomer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_answers_within_a_second_after_a_thousand_idle_connections() -> Result<()> {
+    let limits = ApiLimits { max_connections: 16, ..ApiLimits::default() };
+    let (addr, shutdown, task) = serve(limits).await;
+    let connects = (0..1000).map(|_| tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr)));
+    let idle: Vec<_> = futures::future::join_all(connects).await.into_iter().filter_map(|c| c.ok().and_then(Result::ok)).collect();
+    let started = std::time::Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(1), raw(addr, &get("/healthz", None))).await.context("/healthz did not answer within 1 s")??;
+    ensure!(answer.status == 200, "{answer:?}");
+    eprintln!("/healthz answered in {:?} after {} idle connections", started.elapsed(), idle.len());
+    drop(idle);
+    shutdown.cancel();
+    task.await??;
+    Ok(())
+}
+
+/// Issue 18: a client announcing a body over the limit with `Expect: 100-continue` was told
+/// to send it (`100 Continue`), then refused. It gets 413 at once.
+#[tokio::test(start_paused = true)]
+async fn an_oversized_body_announced_with_expect_100_continue_gets_413_and_no_100() -> Result<()> {
+    let limits = ApiLimits::default();
+    let (addr, _shutdown, _task) = serve(limits).await;
+    for length in [limits.max_body_bytes + 1, limits.max_body_bytes * 100] {
+        let head = format!(
+            "POST /queues/orders/messages HTTP/1.1\r\nHost: ebb\r\nAuthorization: Bearer {TOKEN}\r\nExpect: 100-continue\r\nContent-Length: {length}\r\n\r\n"
+        );
+        let answer = raw(addr, head.as_bytes()).await?;
+        ensure!(answer.status == 413 && answer.error()?.contains("max_message_bytes"), "Content-Length {length}: {answer:?}");
+    }
+    // Within the limit, the client is asked for its body.
+    let head =
+        format!("POST /queues/orders/messages HTTP/1.1\r\nHost: ebb\r\nAuthorization: Bearer {TOKEN}\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n");
+    let answer = raw(addr, head.as_bytes()).await?;
+    ensure!(answer.status == 100, "{answer:?}");
     Ok(())
 }
 
@@ -424,21 +590,45 @@ async fn the_status_table_lines_up_with_its_header() -> Result<()> {
 }
 
 /// Review defect: ~21,000 idle connections took every file descriptor, and the handler calls
-/// failed with "Too many open files". Past `max_connections`, clients wait in the backlog.
+/// failed with "Too many open files". At most `max_connections` are open: past it, the one
+/// that has waited longest for a request is closed for the newcomer.
 /// (Real clock: a closed connection is noticed by real I/O.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_past_the_limit_wait_until_one_closes() -> Result<()> {
-    let limits = ApiLimits { max_connections: 2, ..ApiLimits::default() };
+async fn past_the_limit_the_connection_waiting_longest_makes_room() -> Result<()> {
+    let limits = ApiLimits { max_connections: 2, probe_connections: 1, ..ApiLimits::default() };
     let (addr, shutdown, task) = serve(limits).await;
-    let first = TcpStream::connect(addr).await?;
-    let _second = TcpStream::connect(addr).await?;
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    let mut first = TcpStream::connect(addr).await?;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut second = TcpStream::connect(addr).await?;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let answer = tokio::time::timeout(Duration::from_secs(1), raw(addr, &get("/healthz", None))).await.context("the newcomer was not served")??;
+    ensure!(answer.status == 200, "{answer:?}");
+    tokio::time::timeout(Duration::from_secs(1), closed(&mut first)).await.context("the oldest idle connection is still open")?;
+    let mut buf = [0u8; 16];
+    ensure!(tokio::time::timeout(Duration::from_millis(200), second.read(&mut buf)).await.is_err(), "the younger idle connection was closed too");
+    shutdown.cancel();
+    task.await??;
+    Ok(())
+}
+
+/// With every connection inside a request, nothing can make room: a newcomer waits in the
+/// backlog until a request ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_every_connection_is_inside_a_request_a_newcomer_waits() -> Result<()> {
+    let limits = ApiLimits { max_connections: 2, probe_connections: 0, ..ApiLimits::default() };
+    let (addr, shutdown, task) = serve(limits).await;
+    let mut first = TcpStream::connect(addr).await?;
+    first.write_all(&post_head(100)).await?;
+    let mut second = TcpStream::connect(addr).await?;
+    second.write_all(&post_head(100)).await?;
+    tokio::time::sleep(Duration::from_millis(20)).await;
     let third = tokio::spawn(async move { raw(addr, &get("/healthz", None)).await });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    ensure!(!third.is_finished(), "a third connection was served while two were open");
+    ensure!(!third.is_finished(), "a third connection was served while two requests were in progress");
     drop(first);
-    let answer = tokio::time::timeout(Duration::from_secs(20), third).await.context("still waiting after a slot freed")???;
+    let answer = tokio::time::timeout(Duration::from_secs(5), third).await.context("still waiting after a request ended")???;
     ensure!(answer.status == 200, "{answer:?}");
+    drop(second);
     shutdown.cancel();
     task.await??;
     Ok(())

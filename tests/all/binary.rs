@@ -834,3 +834,199 @@ async fn the_simulator_agrees_with_the_real_binary_within_five_percent() {
     println!("transactions: simulated {sim} {}, real {real} {tx}", rule["transactions"]);
     assert!(difference <= 0.05, "simulated {sim} transactions ({}), real {real} ({tx}): {:.1} % apart", rule["transactions"], difference * 100.0);
 }
+
+/// The binary these tests run: `EBB_UNDER_TEST` when set (to show a test failing on an older
+/// build), else this build's.
+fn ebb_under_test() -> std::ffi::OsString {
+    std::env::var_os("EBB_UNDER_TEST").unwrap_or_else(|| EBB.into())
+}
+
+/// Runs `ebb` with `args` and `stdin`, its data segment capped at 1 GiB (code that reads
+/// without end fails on memory instead of taking the machine), killed after `limit`:
+/// `None` if it had not exited by then.
+fn ebb_capped(args: &[&std::ffi::OsStr], stdin: Stdio, limit: Duration) -> Option<Output> {
+    let mut child = Command::new("prlimit")
+        .arg(format!("--data={}", 1u64 << 30))
+        .arg("--")
+        .arg(ebb_under_test())
+        .args(args)
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+/// Issue 18: `ebb send < /dev/zero` grew to 7 GB, a config that is a symbolic link to
+/// /dev/zero did the same, a FIFO as config hung, and `send --count` had no bound. Each
+/// ends at once with an error naming the input and the limit.
+#[test]
+fn unbounded_inputs_to_the_cli_end_at_once_with_a_clear_error() {
+    use std::ffi::OsStr;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("ebb.toml");
+    std::fs::write(&config, "[api]\nlisten = \"127.0.0.1:9\"\n[queues.orders]\nhandler = { url = \"http://127.0.0.1:9/work\" }\n").unwrap();
+    let fifo = dir.path().join("fifo.toml");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let zero = dir.path().join("zero.toml");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    let (config, fifo, zero) = (config.as_os_str(), fifo.as_os_str(), zero.as_os_str());
+    let show = |path: &OsStr| path.to_string_lossy().into_owned();
+    let dev_zero = || Stdio::from(std::fs::File::open("/dev/zero").unwrap());
+    // The FIFOs first: on code that blocks on them, the test fails by the time limit, not by memory.
+    let cases: Vec<(Vec<&OsStr>, Stdio, i32, String)> = vec![
+        (
+            vec![OsStr::new("check"), OsStr::new("--config"), fifo],
+            Stdio::null(),
+            1,
+            format!("config {} is a FIFO (named pipe), not a regular file", show(fifo)),
+        ),
+        (vec![OsStr::new("status"), OsStr::new("--config"), fifo], Stdio::null(), 1, format!("config {} is a FIFO (named pipe)", show(fifo))),
+        (vec![OsStr::new("simulate"), OsStr::new("--trace"), fifo], Stdio::null(), 1, format!("{} is not a regular file", show(fifo))),
+        (
+            vec![OsStr::new("check"), OsStr::new("--config"), zero],
+            Stdio::null(),
+            1,
+            format!("config {} is a symbolic link to /dev/zero, which is a character device, not a regular file", show(zero)),
+        ),
+        (vec![OsStr::new("send"), OsStr::new("orders"), OsStr::new("x"), OsStr::new("--config"), zero], Stdio::null(), 1, "/dev/zero".into()),
+        (
+            vec![OsStr::new("send"), OsStr::new("orders"), OsStr::new("--config"), config],
+            dev_zero(),
+            1,
+            "the message (max_message_bytes: 65536 bytes) on stdin is over the limit of 65536 bytes".into(),
+        ),
+        (
+            vec![
+                OsStr::new("send"),
+                OsStr::new("orders"),
+                OsStr::new("x"),
+                OsStr::new("--count"),
+                OsStr::new("18446744073709551615"),
+                OsStr::new("--config"),
+                config,
+            ],
+            Stdio::null(),
+            2,
+            "18446744073709551615 is not in 1..=1000000".into(),
+        ),
+    ];
+    for (args, stdin, code, expected) in cases {
+        let started = Instant::now();
+        let output = ebb_capped(&args, stdin, Duration::from_secs(20)).unwrap_or_else(|| panic!("ebb {args:?} still ran after 20 s"));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(code), "ebb {args:?}: {stderr}");
+        assert!(stderr.contains(&expected), "ebb {args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "ebb {args:?}: {stderr}");
+        eprintln!("ebb {args:?}: exit {code} in {:?}", started.elapsed());
+    }
+}
+
+/// Issue 25: `ebb check | head -1` and `ebb status | head -1` panicked with a backtrace
+/// (broken pipe). A command whose output is closed ends quietly: status 0, or killed by
+/// SIGPIPE as `cat` would be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_whose_output_is_closed_end_quietly() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let status = serde_json::json!({ "queues": [{ "queue": "orders", "approximate_depth": 3 }], "cost": null, "bus": null });
+    let router = axum::Router::new()
+        .route("/status", axum::routing::get(move || async move { axum::Json(status.clone()) }))
+        .route("/queues/orders/messages", axum::routing::post(|| async { (StatusCode::CREATED, axum::Json(serde_json::json!({ "id": "1" }))) }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let api = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("ebb.toml");
+    std::fs::write(&config, format!("[api]\nlisten = \"{api}\"\n[queues.orders]\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n")).unwrap();
+    for args in [&["check"][..], &["status"], &["status", "--json"], &["send", "orders", "x"], &["simulate", "--scenario", "idle", "--duration", "1m"]] {
+        let config = config.clone();
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let output = tokio::task::spawn_blocking(move || {
+            // A reader that has gone: the first line printed meets a closed pipe.
+            let (reader, writer) = std::io::pipe().unwrap();
+            drop(reader);
+            let mut command = Command::new(ebb_under_test());
+            command.args(&args);
+            if args[0] != "simulate" {
+                command.arg("--config").arg(&config);
+            }
+            command.stdout(writer).stderr(Stdio::piped()).output().unwrap()
+        })
+        .await
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let quiet = output.status.success() || output.status.signal() == Some(13);
+        assert!(quiet && !stderr.contains("panicked"), "ebb {:?}: {:?}, {stderr}", output.status, output.status.signal());
+    }
+}
+
+/// Issue 25: `ebb check` exited 1 on a single 503 from storage, where `ebb run` retries. It
+/// retries transient errors too, within a bounded time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_retries_a_503_from_storage() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let azurite = ebb_tests::azurite::Azurite::shared();
+    // In front of Azurite: the first request is answered 503 ServerBusy, the rest pass.
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_port = proxy.local_addr().unwrap().port();
+    let upstream = azurite.port();
+    let busy_answers = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counted = busy_answers.clone();
+    tokio::spawn(async move {
+        let mut first = true;
+        loop {
+            let (mut client, _) = proxy.accept().await.unwrap();
+            if std::mem::take(&mut first) {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && client.read(&mut byte).await.unwrap_or(0) == 1 {
+                    head.push(byte[0]);
+                }
+                let body = "<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>ServerBusy</Code><Message>busy</Message></Error>";
+                let answer = format!(
+                    "HTTP/1.1 503 The server is busy.\r\nContent-Type: application/xml\r\nx-ms-error-code: ServerBusy\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = client.write_all(answer.as_bytes()).await;
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                continue;
+            }
+            tokio::spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    use ebb::queue::azure::{DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY};
+    let connection = format!(
+        "DefaultEndpointsProtocol=http;AccountName={DEVELOPMENT_ACCOUNT};AccountKey={DEVELOPMENT_KEY};QueueEndpoint=http://127.0.0.1:{proxy_port}/{DEVELOPMENT_ACCOUNT}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("ebb.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[azure]\nconnection_string = \"{connection}\"\n[queues.{}]\nbackend = \"azure\"\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n",
+            ebb_tests::azurite::unique_queue_name("check")
+        ),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let output = tokio::task::spawn_blocking(move || Command::new(ebb_under_test()).arg("check").arg("--config").arg(&config).output().unwrap()).await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(busy_answers.load(std::sync::atomic::Ordering::Relaxed), 1, "the proxy answered 503 once");
+    assert!(output.status.success(), "ebb check failed on one 503: {stderr}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("reached on Azure"), "{output:?}");
+    assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
+}

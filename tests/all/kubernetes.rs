@@ -133,7 +133,6 @@ async fn a_send_or_notify_through_the_scaler_host_wakes_a_worker_idle_at_zero_ta
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs /readyz, which lands with the http branch"]
 async fn a_host_whose_storage_is_down_at_start_waits_not_ready_then_delivers_everything() {
     let (app, app_addr) = App::start(Duration::from_millis(1)).await;
     let dir = tempfile::tempdir().unwrap();

@@ -1,7 +1,6 @@
 //! `ebb send` and `ebb status`: talk to the running host's API, or (send) write the store
 //! directly when no host is up.
 
-use std::io::Read as _;
 use std::path::Path;
 use std::time::Duration;
 
@@ -37,11 +36,7 @@ pub async fn send(config_path: &Path, queue: &str, count: u64, body: Option<Stri
     };
     let body = match body {
         Some(body) => body.into_bytes(),
-        None => {
-            let mut bytes = Vec::new();
-            std::io::stdin().read_to_end(&mut bytes).context("failed to read the message from stdin")?;
-            bytes
-        }
+        None => crate::input::read_stdin(&format!("the message (max_message_bytes: {} bytes)", config.max_message_bytes), config.max_message_bytes as u64)?,
     };
     let http = client(&config)?;
     let url = format!("{}/queues/{queue}/messages", api_base(&config));
@@ -62,9 +57,10 @@ pub async fn send(config_path: &Path, queue: &str, count: u64, body: Option<Stri
                 .collect::<Result<Vec<_>>>()?;
             let target = Partitioned::new(queue, partitions);
             target.create_if_missing().await?;
-            let puts = futures::stream::iter(0..count).map(|_| target.put(&body, Duration::ZERO)).buffer_unordered(256);
-            let results: Vec<_> = puts.collect().await;
-            results.into_iter().collect::<Result<Vec<_>, _>>()?;
+            let mut puts = futures::stream::iter(0..count).map(|_| target.put(&body, Duration::ZERO)).buffer_unordered(256);
+            while let Some(put) = puts.next().await {
+                put?;
+            }
             let written_to = match &queue_config.backend {
                 Backend::Embedded => config.data_dir.display().to_string(),
                 Backend::Azure { account, .. } => format!("Azure account {}", account.name()),
@@ -82,14 +78,15 @@ pub async fn send(config_path: &Path, queue: &str, count: u64, body: Option<Stri
         }
         first => {
             check_response(first?).await?;
-            let rest = futures::stream::iter(1..count)
+            let mut rest = futures::stream::iter(1..count)
                 .map(|_| {
                     let request = http.post(&url).body(body.clone());
                     async move { check_response(request.send().await?).await }
                 })
                 .buffer_unordered(64);
-            let results: Vec<_> = rest.collect().await;
-            results.into_iter().collect::<Result<Vec<_>>>()?;
+            while let Some(sent) = rest.next().await {
+                sent?;
+            }
             println!("sent {count} message{} to {queue} via {}", plural(count), api_base(&config));
         }
     }

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 
-use crate::config::{Backend, Config};
+use crate::config::{Backend, Config, QueueConfig};
 use crate::host::Host;
-use crate::queue::{MessageId, PopReceipt, QueueClient as _, QueueError};
+use crate::queue::{MessageId, PopReceipt, QueueClient as _, QueueError, RetryPolicy, Retrying};
 use crate::rules::{RuleEngine, RuleSet};
 use crate::service::{Role, storage_queue};
 
@@ -60,11 +60,20 @@ impl Signals {
     }
 }
 
+/// How `ebb check` retries a transient storage error (503 ServerBusy, a dropped connection),
+/// as `run` does, within [`CHECK_STORAGE_DEADLINE`] per storage queue.
+const CHECK_RETRY: RetryPolicy = RetryPolicy { max_attempts: 8, base_delay: Duration::from_millis(200), max_delay: Duration::from_secs(3) };
+
+/// The longest `ebb check` spends reaching one storage queue, retries included (the queues are
+/// checked at once, so this bounds the whole storage check).
+const CHECK_STORAGE_DEADLINE: Duration = Duration::from_secs(20);
+
 /// Reaches every Azure queue of the config with a read (its message count), then probes
 /// the permissions a host needs without touching a message: a delete and an update of a
 /// message that does not exist answer "not found" when allowed and 403 when not. (Adding
 /// cannot be probed without adding; a missing `a` shows at the first send.) Each failure
-/// names the queue, the account and what is missing.
+/// names the queue, the account and what is missing. Transient errors are retried, within
+/// [`CHECK_STORAGE_DEADLINE`].
 fn check_azure_queues(config: &Config) -> Vec<anyhow::Error> {
     let azure: Vec<_> = config.queues.iter().filter(|q| matches!(q.backend, Backend::Azure { .. })).collect();
     if azure.is_empty() {
@@ -74,35 +83,44 @@ fn check_azure_queues(config: &Config) -> Vec<anyhow::Error> {
         Ok(runtime) => runtime,
         Err(error) => return vec![error.into()],
     };
+    let names = azure.iter().flat_map(|queue| queue.storage_queues().into_iter().chain([queue.poison_queue()]).map(move |name| (*queue, name)));
+    let checks = names.map(|(queue, name)| async move {
+        match tokio::time::timeout(CHECK_STORAGE_DEADLINE, check_azure_queue(queue, &name)).await {
+            Ok(checked) => checked,
+            Err(_) => Err(anyhow::anyhow!(
+                "queue {name}: storage did not answer within {} (transient errors retried)",
+                humantime::format_duration(CHECK_STORAGE_DEADLINE)
+            )),
+        }
+    });
     let mut problems = Vec::new();
-    for queue in azure {
-        for name in queue.storage_queues().into_iter().chain([queue.poison_queue()]) {
-            let checked = runtime.block_on(async {
-                let client = storage_queue(&queue.backend, None, &name)?;
-                let count = match client.approximate_count().await {
-                    Ok(count) => count,
-                    Err(error) if format!("{error}").contains("QueueNotFound") => {
-                        println!("queue {name}: reached on Azure; it does not exist yet (ebb run creates it)");
-                        return Ok(());
-                    }
-                    Err(error) => return Err(anyhow::Error::new(error)),
-                };
-                let (nobody, no_receipt) = (MessageId::from("00000000-0000-0000-0000-000000000000"), PopReceipt::from("AAAAAAAAAAAAAAAAAAAAAA=="));
-                for probe in
-                    [client.delete(&nobody, &no_receipt).await.map(|_| ()), client.update_visibility(&nobody, &no_receipt, Duration::ZERO).await.map(|_| ())]
-                {
-                    match probe {
-                        Ok(()) | Err(QueueError::StaleReceipt { .. }) => {}
-                        Err(error) => return Err(anyhow::Error::new(error)),
-                    }
-                }
-                println!("queue {name}: reached on Azure, {count} message{}; may read, process and update", if count == 1 { "" } else { "s" });
-                Ok(())
-            });
-            problems.extend(checked.err());
+    for checked in runtime.block_on(futures::future::join_all(checks)) {
+        match checked {
+            Ok(line) => println!("{line}"),
+            Err(error) => problems.push(error),
         }
     }
     problems
+}
+
+/// One storage queue of [`check_azure_queues`]: the line to print, or what is wrong.
+async fn check_azure_queue(queue: &QueueConfig, name: &str) -> Result<String> {
+    let client = Retrying::new(storage_queue(&queue.backend, None, name)?, CHECK_RETRY);
+    let count = match client.approximate_count().await {
+        Ok(count) => count,
+        Err(error) if format!("{error}").contains("QueueNotFound") => {
+            return Ok(format!("queue {name}: reached on Azure; it does not exist yet (ebb run creates it)"));
+        }
+        Err(error) => return Err(anyhow::Error::new(error)),
+    };
+    let (nobody, no_receipt) = (MessageId::from("00000000-0000-0000-0000-000000000000"), PopReceipt::from("AAAAAAAAAAAAAAAAAAAAAA=="));
+    for probe in [client.delete(&nobody, &no_receipt).await.map(|_| ()), client.update_visibility(&nobody, &no_receipt, Duration::ZERO).await.map(|_| ())] {
+        match probe {
+            Ok(()) | Err(QueueError::StaleReceipt { .. }) => {}
+            Err(error) => return Err(anyhow::Error::new(error)),
+        }
+    }
+    Ok(format!("queue {name}: reached on Azure, {count} message{}; may read, process and update", if count == 1 { "" } else { "s" }))
 }
 
 pub fn check(config_path: &Path) -> Result<()> {

@@ -66,10 +66,10 @@ enum Command {
     Send {
         /// The queue.
         queue: String,
-        /// The message body; read from stdin when absent.
+        /// The message body; read from stdin when absent (at most `max_message_bytes`).
         body: Option<String>,
-        /// How many copies to send (at least 1).
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+        /// How many copies to send, 1 to 1,000,000.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=MAX_SEND_COUNT))]
         count: u64,
         /// The configuration file.
         #[arg(long, short, default_value = "ebb.toml")]
@@ -92,8 +92,14 @@ enum Command {
     Simulate(simulate::SimulateArgs),
 }
 
+/// Most copies one `ebb send` sends.
+const MAX_SEND_COUNT: u64 = 1_000_000;
+
 /// Runs the command line; errors are printed with their causes and exit with code 1.
 pub fn main(cli: Cli) -> ExitCode {
+    if !matches!(cli.command, Command::Run { .. } | Command::Scaler { .. }) {
+        end_quietly_when_output_closes();
+    }
     // Author commands print their own results; only warnings belong on stderr.
     init_logging(match cli.command {
         Command::Run { .. } | Command::Scaler { .. } => "info",
@@ -119,6 +125,18 @@ pub fn main(cli: Cli) -> ExitCode {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A command whose output another program reads (`ebb check | head -1`) ends quietly, as
+/// `cat` does, when that program stops reading: SIGPIPE's default action ends the process.
+/// Rust ignores SIGPIPE, so `println!` would panic on the closed pipe instead. Not for `run`
+/// and `scaler`: a host must outlive a closed stderr. (Sockets are written with
+/// `MSG_NOSIGNAL`, so a peer closing its connection raises no SIGPIPE.)
+fn end_quietly_when_output_closes() {
+    // SAFETY: setting a signal's disposition to its default, before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

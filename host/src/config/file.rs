@@ -65,9 +65,20 @@ pub struct ApiFile {
     /// it is closed. Default `60s`.
     #[serde(default = "serde_defaults::idle_timeout", with = "humantime_serde")]
     pub idle_timeout: Duration,
-    /// Most connections open at once; more wait in the kernel's backlog. Default 256.
+    /// How long a client may take to send a request's body once its headers are in (with
+    /// `header_read_timeout`, how long a whole request may take to arrive); then 408 and the
+    /// connection is closed. Default `30s`.
+    #[serde(default = "serde_defaults::body_read_timeout", with = "humantime_serde")]
+    pub body_read_timeout: Duration,
+    /// Most connections open at once; when all are open, the one that has waited longest for
+    /// a request is closed for a newcomer, or, all being inside requests, newcomers wait in the
+    /// kernel's backlog. Default 256.
     #[serde(default = "serde_defaults::max_connections")]
     pub max_connections: usize,
+    /// Of `max_connections`, how many other requests never take, so `/healthz` and `/readyz`
+    /// always find a connection; a request finding the rest taken gets 503. Default 8 (at
+    /// most half of `max_connections`).
+    pub probe_connections: Option<usize>,
 }
 
 impl Default for ApiFile {
@@ -77,7 +88,9 @@ impl Default for ApiFile {
             token: None,
             header_read_timeout: serde_defaults::header_read_timeout(),
             idle_timeout: serde_defaults::idle_timeout(),
+            body_read_timeout: serde_defaults::body_read_timeout(),
             max_connections: serde_defaults::max_connections(),
+            probe_connections: None,
         }
     }
 }
@@ -244,6 +257,9 @@ pub(super) mod serde_defaults {
     }
     pub fn idle_timeout() -> Duration {
         d::IDLE_TIMEOUT
+    }
+    pub fn body_read_timeout() -> Duration {
+        d::BODY_READ_TIMEOUT
     }
     pub fn max_connections() -> usize {
         d::MAX_CONNECTIONS

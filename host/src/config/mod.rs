@@ -113,7 +113,7 @@ impl QueueConfig {
 impl Config {
     /// Reads and validates `path`.
     pub fn load(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("failed to read config {}", path.display()))?;
+        let text = crate::input::read_text("config", path, crate::input::MAX_CONFIG_BYTES)?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Config::parse_with_env(&text, &base, std::env::var(TOKEN_ENV).ok(), std::env::var(SCALER_TOKEN_ENV).ok())
             .with_context(|| format!("invalid config {}", path.display()))

@@ -4,8 +4,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// Limits of the HTTP server (config keys `max_message_bytes`, `[api] header_read_timeout`
-/// and `[api] idle_timeout`).
+/// Limits of the HTTP server (config keys `max_message_bytes` and `[api]`'s timeouts and
+/// connection counts).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ApiLimits {
     /// Largest request body, in bytes: the largest message (`max_message_bytes`). Default 65536.
@@ -16,10 +16,26 @@ pub struct ApiLimits {
     /// How long a connection may go without a byte read or written before it is closed (a
     /// request whose body stops coming, a client that stops reading). Default 60 s.
     pub idle_timeout: Duration,
-    /// Most connections open at once; further clients wait in the kernel's backlog, so a
-    /// flood of idle connections cannot take the file descriptors the host needs to call
-    /// its handlers. Default 256.
+    /// How long a client may take to send a request's body once its headers are in; then
+    /// 408 and the connection closes (a body sent a byte at a time holds no slot for long).
+    /// Default 30 s.
+    pub body_read_timeout: Duration,
+    /// Most connections open at once, so a flood of connections cannot take the file
+    /// descriptors the host needs to call its handlers. When all are open, the one that has
+    /// waited longest for a request is closed for the newcomer; all being inside requests,
+    /// newcomers wait in the kernel's backlog. Default 256.
     pub max_connections: usize,
+    /// Connections kept for the probes (`/healthz`, `/readyz`): other requests are answered
+    /// on at most `max_connections - probe_connections` connections at once, and get 503
+    /// beyond. Default 8.
+    pub probe_connections: usize,
+}
+
+impl ApiLimits {
+    /// How many requests other than probes are answered at once (at least 1).
+    pub fn request_slots(&self) -> usize {
+        self.max_connections.saturating_sub(self.probe_connections).max(1)
+    }
 }
 
 impl Default for ApiLimits {
@@ -28,7 +44,9 @@ impl Default for ApiLimits {
             max_body_bytes: crate::defaults::MAX_MESSAGE_BYTES,
             header_read_timeout: crate::defaults::HEADER_READ_TIMEOUT,
             idle_timeout: crate::defaults::IDLE_TIMEOUT,
+            body_read_timeout: crate::defaults::BODY_READ_TIMEOUT,
             max_connections: crate::defaults::MAX_CONNECTIONS,
+            probe_connections: crate::defaults::PROBE_CONNECTIONS,
         }
     }
 }

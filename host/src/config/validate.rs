@@ -30,6 +30,14 @@ impl ConfigFile {
         if !(1..=MAX_API_CONNECTIONS).contains(&self.api.max_connections) {
             bail!("api.max_connections: must be 1 to {MAX_API_CONNECTIONS}, got {}", self.api.max_connections);
         }
+        check_duration("api.body_read_timeout", self.api.body_read_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
+        let probe_connections = match self.api.probe_connections {
+            Some(n) if n >= self.api.max_connections => {
+                bail!("api.probe_connections: must be less than api.max_connections ({}), got {n}", self.api.max_connections)
+            }
+            Some(n) => n,
+            None => crate::defaults::PROBE_CONNECTIONS.min(self.api.max_connections / 2),
+        };
         if !(1..=MAX_MESSAGE_BYTES_LIMIT).contains(&self.max_message_bytes) {
             bail!("max_message_bytes: must be 1 to {MAX_MESSAGE_BYTES_LIMIT} bytes (1 MiB, the largest body the API accepts), got {}", self.max_message_bytes);
         }
@@ -90,7 +98,9 @@ impl ConfigFile {
                 max_body_bytes: self.max_message_bytes,
                 header_read_timeout: self.api.header_read_timeout,
                 idle_timeout: self.api.idle_timeout,
+                body_read_timeout: self.api.body_read_timeout,
                 max_connections: self.api.max_connections,
+                probe_connections,
             },
             rule_limits: RuleLimits {
                 call_deadline: self.rule_limits.call_deadline,

@@ -1,0 +1,171 @@
+//! `GET /metrics`: Prometheus/OpenMetrics text.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::status::{queue_cost, statuses};
+use crate::cost::CostStatus;
+use crate::http::Api;
+use crate::http::errors;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabel {
+    queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RateLabel {
+    queue: String,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransactionLabel {
+    queue: String,
+    kind: &'static str,
+}
+
+pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
+    let mut registry = Registry::with_prefix("ebb");
+    let gauge = |registry: &mut Registry, name: &str, help: &str| {
+        let family = Family::<QueueLabel, Gauge>::default();
+        registry.register(name, help, family.clone());
+        family
+    };
+    let counter = |registry: &mut Registry, name: &str, help: &str| {
+        let family = Family::<QueueLabel, Counter>::default();
+        registry.register(name, help, family.clone());
+        family
+    };
+    let depth = gauge(&mut registry, "queue_depth", "Approximate messages in the queue (current on the embedded store; see depth_as_of in /status)");
+    let active = gauge(&mut registry, "active_tasks", "Dequeue tasks running");
+    let target = gauge(&mut registry, "target_tasks", "The rule's last task count");
+    let in_flight = gauge(&mut registry, "in_flight", "Messages being handled");
+    let processed = counter(&mut registry, "messages_processed", "Messages handled and deleted");
+    let failed = counter(&mut registry, "messages_failed", "Handler failures");
+    let poisoned = counter(&mut registry, "messages_poisoned", "Messages moved to the poison queue");
+    let poisoned_corrupt = counter(&mut registry, "messages_poisoned_corrupt", "Messages poisoned because their stored body failed its checksum");
+    let poisoned_body_only = counter(&mut registry, "messages_poisoned_body_only", "Poisoned messages moved as the bare body because the envelope did not fit");
+    let handler_panics = counter(&mut registry, "handler_panics", "Handler calls that panicked (counted as failures)");
+    let host_errors =
+        counter(&mut registry, "handler_host_errors", "Handler calls the host could not make (out of file descriptors); retried, never poisoned for");
+    let poison_failures =
+        counter(&mut registry, "poison_failures", "Poisonings the poison queue refused (the message stays, tried again after max_retry_delay)");
+    let leases_lost =
+        counter(&mut registry, "leases_lost", "Leases another lease replaced before or while the handler ran (storage slower than half the lease)");
+    let task_panics = counter(&mut registry, "task_panics", "Dequeue or scaler tasks that panicked and were restarted");
+    let rule_call_panics = counter(&mut registry, "rule_call_panics", "Rule calls whose blocking task panicked (the built-in rule decided)");
+    let faults = counter(&mut registry, "rule_faults", "Rule calls that faulted (the built-in rule decided)");
+    let clamps = counter(&mut registry, "rule_clamps", "Rule decisions clamped into the queue's bounds");
+    let safety_polls = counter(&mut registry, "safety_polls", "Safety polls (push mode: a get while no task ran)");
+    let transactions = Family::<TransactionLabel, Counter>::default();
+    registry.register("storage_transactions", "Storage transactions (billed calls) by kind", transactions.clone());
+    let rate = Family::<RateLabel, Gauge<f64, AtomicU64>>::default();
+    registry.register(
+        "transactions_per_hour",
+        "Billed transactions per hour over the last 10 minutes: all, or idle (empty gets and counts that found the queue empty)",
+        rate.clone(),
+    );
+    let monthly = Family::<RateLabel, Gauge<f64, AtomicU64>>::default();
+    registry.register("projected_usd_per_month", "A 30-day month at the current transaction rate, in US dollars: all, or the idle part", monthly.clone());
+    let host_rate = Family::<KindLabel, Gauge<f64, AtomicU64>>::default();
+    registry.register("host_transactions_per_hour", "Billed transactions per hour of every queue of the host: all, or idle", host_rate.clone());
+    let host_monthly = Family::<KindLabel, Gauge<f64, AtomicU64>>::default();
+    registry.register(
+        "host_projected_usd_per_month",
+        "A 30-day month at the host's current transaction rate, in US dollars: all, or the idle part",
+        host_monthly.clone(),
+    );
+    let price = Gauge::<f64, AtomicU64>::default();
+    registry.register("price_per_10k_transactions_usd", "The price the cost figures use, US dollars per 10,000 transactions", price.clone());
+    price.set(api.price_per_10k_transactions);
+    let mut costs = Vec::new();
+    for s in statuses(&api) {
+        if let Some(cost) = queue_cost(&s, api.price_per_10k_transactions) {
+            for (kind, per_hour, usd) in
+                [("all", cost.transactions_per_hour, cost.usd_per_month), ("idle", cost.idle_transactions_per_hour, cost.idle_usd_per_month)]
+            {
+                rate.get_or_create(&RateLabel { queue: s.queue.clone(), kind }).set(per_hour);
+                monthly.get_or_create(&RateLabel { queue: s.queue.clone(), kind }).set(usd);
+            }
+            costs.push(cost);
+        }
+        safety_polls.get_or_create(&QueueLabel { queue: s.queue.clone() }).inc_by(s.safety_polls);
+        let label = QueueLabel { queue: s.queue.clone() };
+        depth.get_or_create(&label).set(s.approximate_depth as i64);
+        active.get_or_create(&label).set(s.active_tasks.into());
+        target.get_or_create(&label).set(s.target_tasks.into());
+        in_flight.get_or_create(&label).set(s.in_flight.into());
+        processed.get_or_create(&label).inc_by(s.processed);
+        failed.get_or_create(&label).inc_by(s.failed);
+        poisoned.get_or_create(&label).inc_by(s.poisoned);
+        poisoned_corrupt.get_or_create(&label).inc_by(s.poisoned_corrupt);
+        poisoned_body_only.get_or_create(&label).inc_by(s.poisoned_body_only);
+        handler_panics.get_or_create(&label).inc_by(s.handler_panics);
+        task_panics.get_or_create(&label).inc_by(s.task_panics);
+        leases_lost.get_or_create(&label).inc_by(s.leases_lost);
+        poison_failures.get_or_create(&label).inc_by(s.poison_failures);
+        host_errors.get_or_create(&label).inc_by(s.host_errors);
+        rule_call_panics.get_or_create(&label).inc_by(s.rule_call_panics);
+        if let Some(rule) = &s.rule {
+            faults.get_or_create(&label).inc_by(rule.faults);
+            clamps.get_or_create(&label).inc_by(rule.clamps);
+        }
+        if let Some(t) = s.transactions {
+            for (kind, n) in [
+                ("put", t.puts),
+                ("get", t.gets_with_messages),
+                ("get_empty", t.gets_empty),
+                ("delete", t.deletes),
+                ("update", t.updates),
+                ("count", t.counts),
+                ("create", t.creates),
+            ] {
+                transactions.get_or_create(&TransactionLabel { queue: s.queue.clone(), kind }).inc_by(n);
+            }
+        }
+    }
+    if let Some(bus) = api.bus.as_ref().map(|b| b.status()) {
+        let connected = Gauge::<i64>::default();
+        connected.set(i64::from(bus.connected));
+        registry.register("bus_connected", "1 while subscribed to push notifications from other hosts", connected);
+        for (name, help, value) in [
+            ("bus_received", "Push notifications received and delivered", bus.received),
+            ("bus_published", "Push notifications published", bus.published),
+            ("bus_publish_failures", "Publishes that failed (the message was stored; hosts find it by polling)", bus.publish_failures),
+            ("bus_dropped", "Push notifications dropped because the publish backlog was full", bus.dropped),
+            ("bus_outages", "Times the subscription was lost", bus.outages),
+            ("bus_ignored", "Payloads ignored: not the trigger JSON, too long, or naming another queue", bus.ignored),
+        ] {
+            let counter = Counter::<u64>::default();
+            counter.inc_by(value);
+            registry.register(name, help, counter);
+        }
+    }
+    let total = CostStatus::total(&costs, api.price_per_10k_transactions);
+    for (kind, per_hour, usd) in
+        [("all", total.transactions_per_hour, total.usd_per_month), ("idle", total.idle_transactions_per_hour, total.idle_usd_per_month)]
+    {
+        host_rate.get_or_create(&KindLabel { kind }).set(per_hour);
+        host_monthly.get_or_create(&KindLabel { kind }).set(usd);
+    }
+    let mut text = String::new();
+    if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &registry) {
+        return errors::error(StatusCode::INTERNAL_SERVER_ERROR, error.to_string());
+    }
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+}

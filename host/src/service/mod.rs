@@ -123,7 +123,8 @@ impl Service {
                 Role::Watcher => Vec::new(),
             };
             let handle = QueueHandle::new(&queue_config.name, stack.logical.clone(), listeners);
-            readiness.add_queue(&queue_config.name);
+            // Not ready until its storage has answered (see start_work).
+            readiness.set_problem(&queue_config.name, ReadinessPart::Storage, "storage not reached yet");
             queues.insert(queue_config.name.clone(), ServiceQueue { config: queue_config.clone(), stack, handle });
         }
         let bus = match &config.bus {

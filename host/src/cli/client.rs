@@ -10,8 +10,9 @@ use serde_json::Value;
 
 use crate::config::{Backend, Config};
 use crate::queue::QueueClient;
+use crate::queue::RetryPolicy;
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
-use crate::queue::partitioned::Partitioned;
+use crate::service::{QueueStack, StackOptions};
 
 fn api_base(config: &Config) -> String {
     let mut addr = config.listen;
@@ -50,13 +51,10 @@ pub async fn send(config_path: &Path, queue: &str, count: u64, body: Option<Stri
                 ),
                 Backend::Azure { .. } => None,
             };
-            let partitions = queue_config
-                .storage_queues()
-                .iter()
-                .map(|name| crate::service::storage_queue(&queue_config.backend, store.as_ref(), name))
-                .collect::<Result<Vec<_>>>()?;
-            let target = Partitioned::new(queue, partitions);
-            target.create_if_missing().await?;
+            let open = |name: &str| crate::service::storage_queue(&queue_config.backend, store.as_ref(), name);
+            let stack = QueueStack::assemble(queue_config, &open, &StackOptions { metered: false, retry: Some(RetryPolicy::default()) })?;
+            stack.create_if_missing().await?;
+            let target = stack.logical;
             let mut puts = futures::stream::iter(0..count).map(|_| target.put(&body, Duration::ZERO)).buffer_unordered(256);
             while let Some(put) = puts.next().await {
                 put?;

@@ -61,6 +61,12 @@ pub struct QueueStack {
 impl QueueStack {
     /// Assembles `queue`'s stack over the storage queues `open` gives.
     pub fn assemble(queue: &QueueConfig, open: &OpenQueue<'_>, options: &StackOptions) -> Result<QueueStack> {
+        QueueStack::assemble_named(&queue.name, &queue.storage_queues(), &queue.poison_queue(), open, options)
+    }
+
+    /// Assembles the stack of logical queue `name` over storage queues `storage` and poison
+    /// queue `poison` (for callers without a [`QueueConfig`], like the simulator).
+    pub fn assemble_named(name: &str, storage: &[String], poison: &str, open: &OpenQueue<'_>, options: &StackOptions) -> Result<QueueStack> {
         let retrying = |client: Arc<dyn QueueClient>| -> Arc<dyn QueueClient> {
             match &options.retry {
                 Some(policy) => Arc::new(Retrying::new(client, policy.clone())),
@@ -68,8 +74,8 @@ impl QueueStack {
             }
         };
         let mut partitions = Vec::new();
-        for name in queue.storage_queues() {
-            let backend = open(&name)?;
+        for storage_name in storage {
+            let backend = open(storage_name)?;
             let (client, transactions) = if options.metered {
                 let metered = Metered::new(backend);
                 let transactions = metered.transactions();
@@ -79,10 +85,10 @@ impl QueueStack {
             };
             partitions.push(PartitionClient { client: retrying(client), transactions });
         }
-        let poison = retrying(open(&queue.poison_queue())?);
+        let poison = retrying(open(poison)?);
         let logical = match partitions.as_slice() {
             [only] => only.client.clone(),
-            all => Arc::new(Partitioned::new(&queue.name, all.iter().map(|p| p.client.clone()).collect())),
+            all => Arc::new(Partitioned::new(name, all.iter().map(|p| p.client.clone()).collect())),
         };
         Ok(QueueStack { partitions, poison, logical })
     }

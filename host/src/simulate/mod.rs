@@ -28,14 +28,17 @@ use crate::cost::PAPER_PRICE_PER_10K;
 use crate::handler::{Handler, IncomingMessage};
 use crate::listener::Listener;
 use crate::queue::memory::MemoryQueue;
-use crate::queue::{Metered, QueueClient, RetryPolicy, Retrying, TokioClock, TransactionCounts};
+use crate::queue::{QueueClient, RetryPolicy, TokioClock, TransactionCounts};
 use crate::rules::{QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
+use crate::service::{QueueStack, StackOptions};
 
 pub use rules::RuleChoice;
 pub use scenario::{Arrival, HandlerTime, Scenario, Workload};
 
 /// The simulated queue's name.
 pub const QUEUE: &str = "simulated";
+/// The simulated queue's poison queue.
+const POISON_QUEUE: &str = "simulated-poison";
 /// Most listeners `--listeners` takes.
 pub const MAX_LISTENERS: u64 = 1_000_000;
 /// Most rules in one run.
@@ -271,14 +274,16 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
     let start = tokio::time::Instant::now();
     let clock = Arc::new(TokioClock::new());
     let clock_for_rules: Arc<dyn crate::queue::Clock> = clock.clone();
-    let memory = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), crate::queue::embedded::DEFAULT_MAX_MESSAGE_BYTES));
-    let backend: Arc<dyn QueueClient> = memory.clone();
-    // The same decorators as `ebb run`: retries around metering around the backend.
-    let metered = Metered::new(backend);
-    let transactions = metered.transactions();
-    let queue: Arc<dyn QueueClient> = Arc::new(Retrying::new(metered, RetryPolicy::default()));
-    queue.create_if_missing().await?;
-    let poison: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("simulated-poison", clock, crate::queue::embedded::DEFAULT_MAX_MESSAGE_BYTES));
+    let memory = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), crate::defaults::MAX_MESSAGE_BYTES));
+    let poison_memory: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new(POISON_QUEUE, clock, crate::defaults::MAX_MESSAGE_BYTES));
+    let open = |name: &str| -> Result<Arc<dyn QueueClient>> { Ok(if name == POISON_QUEUE { poison_memory.clone() } else { memory.clone() }) };
+    // The same stack as `ebb run`: retries around metering around the backend.
+    let stack =
+        QueueStack::assemble_named(QUEUE, &[QUEUE.to_string()], POISON_QUEUE, &open, &StackOptions { metered: true, retry: Some(RetryPolicy::default()) })?;
+    stack.create_if_missing().await?;
+    let queue = stack.logical.clone();
+    let transactions = stack.partitions[0].transactions.clone().context("the simulated queue is metered")?;
+    let poison = stack.poison.clone();
     let handler = Arc::new(SimHandler {
         start,
         time: options.handler_time,

@@ -1,6 +1,6 @@
 //! A running host: its service, its API and, when configured, KEDA's external scaler.
 //! Starts in order: the ports are bound first (a bind failure starts no work), then the
-//! servers, then the service's work; stops everything it started, and waits for it.
+//! service's work, then the servers; stops everything it started, and waits for it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,7 +25,7 @@ pub struct Host {
 
 impl Host {
     /// Opens the service for `role`, binds the API (and the scaler, when `[scaler] listen`
-    /// is set; a watcher needs it), serves them, then starts the work.
+    /// is set; a watcher needs it), starts the work, then serves them.
     pub async fn start(config: &Config, role: Role) -> Result<Host> {
         if role == Role::Watcher && config.scaler.is_none() {
             anyhow::bail!("scaler.listen: not set; `ebb scaler` serves KEDA's external scaler and needs an address");
@@ -39,6 +39,13 @@ impl Host {
             None => None,
         };
         let api_addr = api_tcp.local_addr()?;
+        // The ports are ours: now the work may start. A queue whose storage does not answer
+        // yet is retried in the background (not ready), so this returns soon; the first
+        // requests, waiting in the backlog meanwhile, find the queues created.
+        if let Err(error) = service.start_work().await {
+            service.shutdown().await;
+            return Err(error);
+        }
         let api = Arc::new(Api {
             listeners: service.listeners(),
             handles: service.handles(),
@@ -62,12 +69,7 @@ impl Host {
             (Some(tcp), Some(settings)) => Some(crate::scaler::start(&service, settings, config.rule_limits.call_deadline, tcp)?),
             _ => None,
         };
-        let host = Host { service, api_addr, api_stop, api_task, scaler };
-        if let Err(error) = host.service.start_work().await {
-            host.shutdown().await;
-            return Err(error);
-        }
-        Ok(host)
+        Ok(Host { service, api_addr, api_stop, api_task, scaler })
     }
 
     /// Where the API listens.

@@ -4,6 +4,7 @@ mod azure_hosts;
 mod azure_queue;
 mod binary;
 mod bus;
+mod check_and_run;
 mod config;
 mod decorators;
 mod embedded_queue;

@@ -125,6 +125,8 @@ async fn check_azure_queue(queue: &QueueConfig, name: &str) -> Result<String> {
 
 pub fn check(config_path: &Path) -> Result<()> {
     let config = Config::load(config_path)?;
+    // The same check of the folders as `ebb run` makes before it opens them.
+    config.check_folders()?;
     let engine = RuleEngine::new(config.rule_limits.clone(), None)?;
     let rules = RuleSet::new(engine, config.queues.iter().map(|q| q.rule.clone()));
     let problems = rules.load_all();

@@ -71,8 +71,29 @@ pub(super) fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// `key` names a folder: it must be one, or not exist yet (then it is created), never a file.
-pub(super) fn check_folder(key: &str, path: &Path) -> Result<()> {
+/// Longest path the host takes, in bytes (Linux's `PATH_MAX`).
+pub const MAX_PATH_BYTES: usize = 4096;
+/// Longest name of one path component, in bytes (Linux's `NAME_MAX`).
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// `key` names a folder (`given` as written, `path` resolved against the config's folder):
+/// written out, a path the system can open, and one folder, or not existing yet (then it is
+/// created), never a file.
+pub(super) fn check_folder(key: &str, given: &Path, path: &Path) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt as _;
+    if given.as_os_str().is_empty() {
+        bail!("{key}: is empty; name a folder (\".\" for the config file's own)");
+    }
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.contains(&0) {
+        bail!("{key}: contains a NUL character, which no path may hold");
+    }
+    if bytes.len() > MAX_PATH_BYTES {
+        bail!("{key}: is {} bytes long; a path may be at most {MAX_PATH_BYTES}", bytes.len());
+    }
+    if let Some(long) = path.components().map(|c| c.as_os_str().as_bytes()).find(|c| c.len() > MAX_NAME_BYTES) {
+        bail!("{key}: has a name of {} bytes; each name in a path may be at most {MAX_NAME_BYTES}", long.len());
+    }
     if let Some(existing) = path.ancestors().find(|a| a.symlink_metadata().is_ok())
         && !existing.is_dir()
     {

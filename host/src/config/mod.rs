@@ -119,6 +119,20 @@ impl Config {
             .with_context(|| format!("invalid config {}", path.display()))
     }
 
+    /// Whether the host can use its folders: `data_dir` and `rules_dir` are folders it can
+    /// write in, or can be created where it can write. `ebb run` and `ebb check` both ask;
+    /// nothing is created or left behind.
+    pub fn check_folders(&self) -> Result<()> {
+        for (key, path) in [("data_dir", &self.data_dir), ("rules_dir", &self.rules_dir)] {
+            let existing = path.ancestors().find(|a| a.is_dir()).unwrap_or(Path::new("/"));
+            tempfile::tempfile_in(existing).map_err(|error| {
+                let what = if existing == path.as_path() { "cannot be written in".to_string() } else { format!("cannot be created in {}", existing.display()) };
+                anyhow::anyhow!("{key}: {} {what}: {error}", path.display())
+            })?;
+        }
+        Ok(())
+    }
+
     /// Parses and validates config text; relative paths are taken from `base`.
     pub fn parse(text: &str, base: &Path, env_token: Option<String>) -> Result<Config> {
         Config::parse_with_env(text, base, env_token, None)

@@ -58,9 +58,9 @@ impl ConfigFile {
             bail!("rule_limits.cache_mib: must be 1 to {MAX_CACHE_MIB}, got {}", limits.cache_mib);
         }
         let data_dir = base.join(&self.data_dir);
-        check_folder("data_dir", &data_dir)?;
+        check_folder("data_dir", &self.data_dir, &data_dir)?;
         let rules_dir = base.join(&self.rules_dir);
-        check_folder("rules_dir", &rules_dir)?;
+        check_folder("rules_dir", &self.rules_dir, &rules_dir)?;
         for name in self.queues.keys() {
             if let Some(owner) = name.strip_suffix("-poison").filter(|owner| self.queues.contains_key(*owner)) {
                 bail!("queues.{name}: this name is taken by the poison queue of queues.{owner}");

@@ -67,6 +67,7 @@ pub(crate) struct HostParts {
 
 impl HostParts {
     pub fn open(config: &Config) -> Result<HostParts> {
+        config.check_folders()?;
         let health = Health::default();
         let options = EmbeddedOptions { max_message_bytes: config.max_message_bytes, clock: Arc::new(SystemClock), health: health.clone() };
         let store = EmbeddedStore::open(&config.data_dir, options)?;

@@ -1,0 +1,83 @@
+//! Issue 18: `ebb check` and `ebb run` call the same validation, so what one refuses the
+//! other refuses too, with the same words; and what `run` survives (a rule file that is
+//! missing or not a file: the built-in rule decides until it is fixed), `check` names.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::binary::EBB;
+
+/// Runs `ebb <command> --config <config>`; `run` is stopped after `within` if it has not
+/// exited by then (it started: the case was not refused).
+fn ebb(command: &str, config: &std::path::Path, within: Duration) -> (Option<i32>, String) {
+    let mut child = Command::new(EBB).arg(command).arg("--config").arg(config).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let deadline = Instant::now() + within;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            let output: Output = child.wait_with_output().unwrap();
+            let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+            return (output.status.code(), text);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            return (None, String::from_utf8_lossy(&output.stderr).into_owned());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn config(dir: &std::path::Path, top: &str) -> std::path::PathBuf {
+    let port = ebb_tests::azurite::free_port();
+    let path = dir.join("ebb.toml");
+    std::fs::write(&path, format!("{top}\n[api]\nlisten = \"127.0.0.1:{port}\"\n[queues.orders]\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n")).unwrap();
+    path
+}
+
+#[test]
+fn check_and_run_refuse_the_same_folders_with_the_same_words() {
+    let long = format!("data_dir = \"{}\"", "d/".repeat(2500));
+    let cases = [
+        ("rules_dir = \"\"", "rules_dir: is empty"),
+        ("data_dir = \"\"", "data_dir: is empty"),
+        ("data_dir = \"a\\u0000b\"", "data_dir: contains a NUL character"),
+        (long.as_str(), "data_dir: is 5"),
+        ("data_dir = \"/proc/ebb-data\"", "data_dir: /proc/ebb-data cannot be created in /proc"),
+        ("rules_dir = \"/proc/self/ebb-rules\"", "rules_dir: /proc/self/ebb-rules cannot be created in"),
+    ];
+    for (top, reason) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let path = config(dir.path(), top);
+        for command in ["check", "run"] {
+            let (code, text) = ebb(command, &path, Duration::from_secs(20));
+            assert_eq!(code, Some(1), "ebb {command} with {top:.60}: must refuse, got {code:?}:\n{text}");
+            assert!(text.contains(reason), "ebb {command} with {top:.60}: expected {reason:?} in:\n{text}");
+        }
+    }
+}
+
+#[test]
+fn a_missing_or_fifo_rule_file_is_named_by_check_and_run_decides_with_the_built_in_rule() {
+    for make in ["missing", "fifo"] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("rules")).unwrap();
+        let rule = dir.path().join("rules/orders.wasm");
+        if make == "fifo" {
+            assert!(Command::new("mkfifo").arg(&rule).status().unwrap().success());
+        }
+        let port = ebb_tests::azurite::free_port();
+        let path = dir.path().join("ebb.toml");
+        std::fs::write(
+            &path,
+            format!("[api]\nlisten = \"127.0.0.1:{port}\"\n[queues.orders]\nrule = \"orders.wasm\"\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n"),
+        )
+        .unwrap();
+        let (code, checked) = ebb("check", &path, Duration::from_secs(20));
+        assert_eq!(code, Some(1), "ebb check with a {make} rule file:\n{checked}");
+        assert!(checked.contains("orders.wasm"), "{checked}");
+        // `run` starts (the built-in rule decides meanwhile) and says why.
+        let (code, ran) = ebb("run", &path, Duration::from_secs(3));
+        assert_eq!(code, None, "ebb run with a {make} rule file should keep running:\n{ran}");
+        assert!(ran.contains("orders.wasm") && ran.contains("built-in rule"), "{ran}");
+    }
+}

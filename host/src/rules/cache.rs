@@ -68,10 +68,10 @@ impl RuleEngine {
         }
         self.compilations.fetch_add(1, Ordering::Relaxed);
         let component = Component::new(&self.engine, bytes).map_err(anyhow::Error::from).context("it is not a valid component")?;
-        if let Some(file) = cached_file {
-            if let Err(e) = write_atomically(&file, &with_checksum(component.serialize().map_err(anyhow::Error::from)?)) {
-                tracing::warn!(file = %file.display(), "could not cache compiled rule: {e:#}");
-            }
+        if let Some(file) = cached_file
+            && let Err(e) = write_atomically(&file, &with_checksum(component.serialize().map_err(anyhow::Error::from)?))
+        {
+            tracing::warn!(file = %file.display(), "could not cache compiled rule: {e:#}");
         }
         self.remember(sha256, &component);
         release_free_memory_after(bytes.len());
@@ -155,10 +155,10 @@ impl RuleEngine {
         };
         let (in_use, freed) = in_use;
         release_free_memory_after(freed);
-        if let Some(dir) = &self.cache_dir {
-            if let Err(error) = trim_disk_cache(dir, &in_use, self.limits.cache_max_bytes) {
-                tracing::warn!(dir = %dir.display(), "could not trim the rule cache: {error:#}");
-            }
+        if let Some(dir) = &self.cache_dir
+            && let Err(error) = trim_disk_cache(dir, &in_use, self.limits.cache_max_bytes)
+        {
+            tracing::warn!(dir = %dir.display(), "could not trim the rule cache: {error:#}");
         }
     }
 
@@ -195,7 +195,7 @@ fn trim_disk_cache(dir: &Path, in_use: &HashSet<String>, max_bytes: u64) -> Resu
         }
     }
     // Newest first: keep the first few, then drop from the end while over the bound.
-    unused.sort_by(|a, b| b.0.cmp(&a.0));
+    unused.sort_by_key(|entry| std::cmp::Reverse(entry.0));
     while let Some((_, len, path)) = unused.last().cloned() {
         if unused.len() <= KEEP_UNUSED_ON_DISK && total <= max_bytes {
             break;

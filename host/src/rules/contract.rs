@@ -7,7 +7,7 @@ use super::bindings::{CONTRACT_INTERFACE, CONTRACT_VERSION, wit};
 
 pub(super) fn check_contract_version(exports: &[String]) -> Result<()> {
     let wanted = format!("{CONTRACT_INTERFACE}@{CONTRACT_VERSION}");
-    if exports.iter().any(|e| *e == wanted) {
+    if exports.contains(&wanted) {
         return Ok(());
     }
     if let Some(other) = exports.iter().find(|e| e.starts_with(&format!("{CONTRACT_INTERFACE}@"))) {

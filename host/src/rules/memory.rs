@@ -2,10 +2,6 @@
 
 use wasmtime::component::Component;
 
-/// Gives memory freed by the allocator back to the system. Compiling a large rule (a 25 MB
-/// component) allocates hundreds of MB of temporary buffers, and glibc keeps freed heap
-/// memory (its mmap threshold grows after large frees), so without this the resident size
-/// stays at the compile's peak and grows with each swap of a new rule version.
 /// The size of a compiled component's image in memory.
 pub(super) fn image_bytes(component: &Component) -> usize {
     let range = component.image_range();
@@ -23,6 +19,10 @@ pub(crate) fn release_free_memory_after(freed: usize) {
 /// Below this, memory freed by a rule's compile, load or eviction is left to the allocator.
 const TRIM_AFTER_BYTES: usize = 4 << 20;
 
+/// Gives memory freed by the allocator back to the system. Compiling a large rule (a 25 MB
+/// component) allocates hundreds of MB of temporary buffers, and glibc keeps freed heap
+/// memory (its mmap threshold grows after large frees), so without this the resident size
+/// stays at the compile's peak and grows with each swap of a new rule version.
 fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free memory; it takes the allocator's own locks.

@@ -1,11 +1,21 @@
 //! Scaling rules: WebAssembly components that decide how many dequeue tasks a queue runs
 //! and what a task does when the queue is empty, with the paper's rule built in.
 //!
-//! [`RuleEngine`] compiles and runs components under limits; [`RuleSet`] keeps one
-//! configured instance per queue, falls back to the built-in rule when a rule faults,
-//! clamps every decision to the queue's bounds, and swaps rules in when their files change
-//! ([`RuleSet::watch`]). Calls are synchronous and may block for up to the call deadline:
-//! from async code, call them through `tokio::task::spawn_blocking`.
+//! Calls are synchronous and may block for up to the call deadline: from async code, call
+//! them through `tokio::task::spawn_blocking`. The files, along the way a rule goes:
+//!
+//! - `file`: reading a rule file (regular files only, bounded, never blocking);
+//! - `engine`: the process-wide [`RuleEngine`], compiling and validating a component into a
+//!   [`CompiledRule`]; `contract` checks it against `ebb:rules`; `cache` keeps compiled
+//!   components in memory and on disk; `memory` gives freed memory back;
+//! - `limits`: [`RuleLimits`]; `sandbox`: what a rule can reach (no capability, a fixed
+//!   clock and random source, a memory cap); `instance`: a live, configured
+//!   [`RuleInstance`] and its calls; `fault`: a fault, in words;
+//! - `decision`: a [`Decision`], its [`DecisionSource`], the clamp, the built-in rule and
+//!   [`NativeRule`]s;
+//! - `slot`: one queue's [`QueueRules`] and the group sharing its instance (fallback,
+//!   rebuild, quarantine); `set`: the [`RuleSet`] of every queue, loading and swapping
+//!   rules; `watcher`: hot reload from the rules folder; `stderr`: a rule's output, logged.
 
 mod bindings;
 mod cache;

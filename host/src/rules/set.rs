@@ -62,7 +62,9 @@ impl RuleSet {
     /// share one rule instance.
     pub fn new(engine: Arc<RuleEngine>, queues: impl IntoIterator<Item = QueueRuleConfig>) -> Self {
         let mut groups: Vec<Arc<RuleGroup>> = Vec::new();
-        let mut members: HashMap<(Option<PathBuf>, Vec<(String, String)>), (usize, Vec<String>)> = HashMap::new();
+        // (rule file, sorted parameters) -> (group index, its queues)
+        type Members = HashMap<(Option<PathBuf>, Vec<(String, String)>), (usize, Vec<String>)>;
+        let mut members: Members = HashMap::new();
         let mut configs = Vec::new();
         for config in queues {
             let mut params = config.params.clone();

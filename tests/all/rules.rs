@@ -160,6 +160,44 @@ fn rule_gets_no_files_sockets_env_or_args_and_cannot_exit_the_host() {
     assert!(rules.status(QUEUE).unwrap().last_error.unwrap().contains("called exit("));
 }
 
+/// An instance of the capability probe whose task count is what it reads from `source`.
+fn probe_reading(engine: &RuleEngine, source: &str) -> Result<ebb::rules::RuleInstance> {
+    let rule = engine.load_file(Path::new(guests::CAPABILITY_PROBE))?;
+    engine.instantiate(&rule, &[("read".to_string(), source.to_string())])
+}
+
+/// Hole (issue 18): rules could read the host's clocks, so a rule's decisions depended on
+/// when it ran, and a simulation could not replay them. Now both clocks stand still.
+#[test]
+fn the_clocks_a_rule_reads_stand_still() -> Result<()> {
+    let engine = engine(RuleLimits::default());
+    for clock in ["wall-clock", "monotonic-clock"] {
+        let mut instance = probe_reading(&engine, clock)?;
+        let first = instance.optimal_dequeue_task_count(&state(5))?;
+        std::thread::sleep(Duration::from_millis(20));
+        let second = instance.optimal_dequeue_task_count(&state(5))?;
+        assert_eq!(first, second, "the {clock} moved between two calls 20 ms apart");
+        let other = probe_reading(&engine, clock)?.optimal_dequeue_task_count(&state(5))?;
+        assert_eq!(first, other, "another instance reads another {clock}");
+    }
+    Ok(())
+}
+
+/// Hole (issue 18): rules could read the host's random source, so two runs of a simulation
+/// with the same seed differed. Now every instance reads the same bytes (the randomness a
+/// rule should use comes in each call's `random`).
+#[test]
+fn every_rule_instance_reads_the_same_random_bytes() -> Result<()> {
+    let engine = engine(RuleLimits::default());
+    for source in ["random", "hash-seed"] {
+        let mut one = probe_reading(&engine, source)?;
+        let mut two = probe_reading(&engine, source)?;
+        let (a, b) = (one.optimal_dequeue_task_count(&state(5))?, two.optimal_dequeue_task_count(&state(5))?);
+        assert_eq!(a, b, "two instances read different {source} values");
+    }
+    Ok(())
+}
+
 #[test]
 fn non_wasm_truncated_and_oversized_files_are_rejected_with_the_reason() -> Result<()> {
     let dir = tempfile::tempdir()?;

@@ -104,9 +104,7 @@ impl Service {
             q.storage_queues().into_iter().chain(scaler_slot).map(move |queue| QueueRuleConfig { queue, rule: rule.clone(), params: q.rule.params.clone() })
         });
         let rules = Arc::new(RuleSet::new(engine, queue_rules));
-        for error in rules.load_all() {
-            tracing::warn!("{error:#}; the queue uses the built-in rule until the file is fixed");
-        }
+        rules.load_all_in_background();
         let watcher = rules.watch(&rules_dir, RULE_DEBOUNCE)?;
 
         let mut listeners: BTreeMap<String, Vec<Listener>> = BTreeMap::new();

@@ -1,5 +1,12 @@
 //! The compiled-rule cache: compiled components in memory (every rule in use, plus a few
 //! recent ones) and on disk, by sha256, with a checksum.
+//!
+//! A compiled artifact is named `<sha256 of the rule>-<engine fingerprint>.cwasm`, where the
+//! fingerprint hashes wasmtime's `precompile_compatibility_hash` (its version, the compiler's
+//! settings and the CPU features it targets), so an artifact is only ever loaded by an engine
+//! that could have written it. They are looked for in the engine's cache folder
+//! (`<data_dir>/rule-cache`, written and trimmed by the host) and then beside the rule file
+//! (artifacts shipped with the rules, written by `ebb rule compile --out`, read only).
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
@@ -11,11 +18,21 @@ use std::time::SystemTime;
 use anyhow::{Context as _, Result};
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
+use wasmtime::{Engine, Precompiled};
 
 use super::engine::{CompiledRule, RuleEngine};
 use super::file::read_rule_file;
 use super::lock;
 use super::memory::{image_bytes, release_free_memory_after};
+
+/// What to do with a damaged cached artifact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Damaged {
+    /// Delete it: the host's own cache, written again after the compile.
+    Delete,
+    /// Leave it: a shipped artifact, not the host's to change.
+    Keep,
+}
 
 /// How many compiled rules no queue uses stay in memory, for a quick swap back...
 const KEEP_UNUSED_IN_MEMORY: usize = 1;
@@ -49,7 +66,10 @@ impl Compiled {
 }
 
 impl RuleEngine {
-    pub(super) fn compile(&self, sha256: &str, bytes: &[u8]) -> Result<(Component, bool)> {
+    /// The compiled component of the rule `bytes` (of hex sha256 `sha256`) and whether it came
+    /// from a cache: memory, the cache folder, or a shipped artifact in `beside` (the rule
+    /// file's folder); compiled (and written to the cache folder) when none has it.
+    pub(super) fn compile(&self, sha256: &str, bytes: &[u8], beside: Option<&Path>) -> Result<(Component, bool)> {
         {
             let mut compiled = lock(&self.compiled);
             if let Some(component) = compiled.components.get(sha256).cloned() {
@@ -57,10 +77,18 @@ impl RuleEngine {
                 return Ok((component, true));
             }
         }
-        let cached_file = self.cache_dir.as_ref().map(|dir| dir.join(format!("{sha256}-{}.cwasm", self.engine_fingerprint())));
-        if let Some(file) = &cached_file
-            && let Some(component) = self.load_cached(file)
-        {
+        let cached_file = self.cache_dir.as_ref().map(|dir| dir.join(self.artifact_name(sha256)));
+        let shipped_file = beside.filter(|dir| Some(*dir) != self.cache_dir.as_deref()).map(|dir| dir.join(self.artifact_name(sha256)));
+        let from_cache = cached_file.as_ref().and_then(|file| self.load_cached(file, Damaged::Delete));
+        let found = from_cache.or_else(|| {
+            let file = shipped_file.as_ref()?;
+            let shipped = self.load_cached(file, Damaged::Keep);
+            if shipped.is_none() {
+                self.warn_of_foreign_artifacts(file.parent()?, sha256);
+            }
+            shipped
+        });
+        if let Some(component) = found {
             self.remember(sha256, &component);
             // The file's bytes were read into memory to be checked: give them back.
             release_free_memory_after(image_bytes(&component));
@@ -82,8 +110,9 @@ impl RuleEngine {
     /// as is by wasmtime (damaged bytes crash the process or run corrupted machine code), so
     /// the file's checksum is verified first, on the bytes in memory that are then
     /// deserialised: nothing can change between the check and the load. A damaged file is
-    /// deleted (the caller recompiles and writes it again).
-    pub(super) fn load_cached(&self, file: &Path) -> Option<Component> {
+    /// ignored with a warning, and deleted from the host's own cache (the caller recompiles
+    /// and writes it again).
+    pub(super) fn load_cached(&self, file: &Path, damaged: Damaged) -> Option<Component> {
         // The same refusal of FIFOs, devices and endless files as for rule files.
         let stored = match read_rule_file(file, MAX_CACHED_BYTES) {
             Ok(Some(stored)) => stored,
@@ -94,6 +123,10 @@ impl RuleEngine {
             }
         };
         let Some(artifact) = verified_artifact(&stored) else {
+            if damaged == Damaged::Keep {
+                tracing::warn!(file = %file.display(), "ignoring a damaged compiled rule (its checksum does not match); compiling the rule");
+                return None;
+            }
             tracing::warn!(file = %file.display(), "cached compiled rule is damaged (its checksum does not match); deleting it and recompiling");
             if let Err(e) = std::fs::remove_file(file)
                 && e.kind() != std::io::ErrorKind::NotFound
@@ -102,6 +135,15 @@ impl RuleEngine {
             }
             return None;
         };
+        // A last check that the bytes are this engine's kind of artifact (deserialising
+        // checks the version and settings again, and fails with the reason).
+        if Engine::detect_precompiled(artifact) != Some(Precompiled::Component) {
+            tracing::warn!(file = %file.display(), "ignoring a compiled rule that is not a wasmtime component artifact; compiling the rule");
+            if damaged == Damaged::Delete {
+                let _ = std::fs::remove_file(file);
+            }
+            return None;
+        }
         // SAFETY: `artifact` is exactly the bytes this engine configuration serialised (the
         // file name carries the engine fingerprint, the sha256 trailer was just verified on
         // these bytes in memory), keyed by the source's sha256.
@@ -112,8 +154,10 @@ impl RuleEngine {
                 Some(component)
             }
             Err(e) => {
-                tracing::warn!(file = %file.display(), "ignoring an unloadable cached rule ({e:#}); recompiling");
-                let _ = std::fs::remove_file(file);
+                tracing::warn!(file = %file.display(), "ignoring an unloadable compiled rule ({e:#}); compiling the rule");
+                if damaged == Damaged::Delete {
+                    let _ = std::fs::remove_file(file);
+                }
                 None
             }
         }
@@ -170,6 +214,34 @@ impl RuleEngine {
     /// How many compiled rules the engine holds in memory (in use or kept for a swap back).
     pub fn compiled_in_memory(&self) -> usize {
         lock(&self.compiled).components.len()
+    }
+
+    /// The file name of the compiled artifact of the rule of hex sha256 `sha256`, for this
+    /// engine (as the cache and `ebb rule compile` write it).
+    pub fn artifact_file_name(&self, sha256: &str) -> String {
+        self.artifact_name(sha256)
+    }
+
+    /// The name of the compiled artifact of the rule of hex sha256 `sha256` for this engine.
+    pub(super) fn artifact_name(&self, sha256: &str) -> String {
+        format!("{sha256}-{}.cwasm", self.engine_fingerprint())
+    }
+
+    /// Warns when `dir` holds an artifact of this rule compiled by another engine (another
+    /// wasmtime version, other settings, or a CPU with other features): it is ignored.
+    fn warn_of_foreign_artifacts(&self, dir: &Path, sha256: &str) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        let ours = self.artifact_name(sha256);
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name != ours && name.starts_with(sha256) && name.ends_with(".cwasm") {
+                tracing::warn!(
+                    file = %entry.path().display(),
+                    expected = %ours,
+                    "ignoring a compiled rule made by another build of ebb or wasmtime, or for another CPU (its engine fingerprint differs); compiling the rule"
+                );
+            }
+        }
     }
 
     pub(super) fn engine_fingerprint(&self) -> String {

@@ -13,6 +13,9 @@ pub enum DecisionSource {
     /// The built-in rule, because the queue has no rule, its file is gone, it is
     /// quarantined, or its instance is being rebuilt after a fault.
     BuiltIn,
+    /// The built-in rule, because the queue's rule is still being compiled: at start-up a
+    /// queue works at once and takes its rule when the compile ends.
+    Compiling,
     /// The built-in rule, because the WASM rule faulted on this call (or the host panicked
     /// while calling it).
     Fallback,

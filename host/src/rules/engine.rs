@@ -91,11 +91,17 @@ impl RuleEngine {
         let Some(bytes) = read_rule_file(path, self.limits.max_file_bytes)? else {
             bail!("rule file {} does not exist", path.display());
         };
-        self.load_bytes(&name, &bytes).with_context(|| format!("failed to load rule {name}"))
+        self.load_bytes_beside(&name, &bytes, path.parent()).with_context(|| format!("failed to load rule {name}"))
     }
 
     /// Compiles (or fetches from the cache) and validates a rule from its bytes.
     pub fn load_bytes(&self, name: &str, bytes: &[u8]) -> Result<Arc<CompiledRule>> {
+        self.load_bytes_beside(name, bytes, None)
+    }
+
+    /// [`RuleEngine::load_bytes`] of a rule read from a file in `folder`, where a compiled
+    /// artifact may have been shipped beside it (see `ebb rule compile --out`).
+    pub(crate) fn load_bytes_beside(&self, name: &str, bytes: &[u8], folder: Option<&Path>) -> Result<Arc<CompiledRule>> {
         if bytes.len() as u64 > self.limits.max_file_bytes {
             bail!("{} bytes, over the limit of {} bytes", bytes.len(), self.limits.max_file_bytes);
         }
@@ -104,7 +110,7 @@ impl RuleEngine {
         }
         let sha256 = hex::encode(Sha256::digest(bytes));
         let started = Instant::now();
-        let (component, from_cache) = self.compile(&sha256, bytes)?;
+        let (component, from_cache) = self.compile(&sha256, bytes, folder)?;
         let compile_time = started.elapsed();
         let ty = component.component_type();
         let imports: Vec<String> = ty.imports(&self.engine).map(|(n, _)| n.to_string()).collect();

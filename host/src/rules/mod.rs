@@ -36,10 +36,11 @@ mod watcher;
 pub use bindings::{CONTRACT_INTERFACE, CONTRACT_VERSION};
 pub use decision::{Decision, DecisionSource, NativeRule, built_in_queue_empty, built_in_task_count, native_queue_empty, native_task_count};
 pub use engine::{CompiledRule, RuleEngine};
+pub(crate) use file::read_rule_file;
 pub use instance::RuleInstance;
 pub use limits::RuleLimits;
 pub use set::{QueueRuleConfig, RuleSet};
-pub use slot::{QueueRules, RuleStatus};
+pub use slot::{QueueRules, RuleLoad, RuleStatus};
 pub use watcher::{MAX_DEBOUNCE_DELAY, RuleWatcher};
 
 pub use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState};

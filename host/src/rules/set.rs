@@ -11,6 +11,7 @@
 //! fault the instance is rebuilt on a thread of its own while the built-in rule decides.
 
 use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,7 +25,7 @@ use super::engine::{CompiledRule, RuleEngine};
 use super::file::read_rule_file;
 use super::lock;
 use super::memory::release_free_memory_after;
-use super::slot::{FAULT_LOG_LINES, FAULT_LOG_WINDOW, Live, QueueRules, QueueSlot, RuleGroup, RuleStatus};
+use super::slot::{FAULT_LOG_LINES, FAULT_LOG_WINDOW, Live, QueueRules, QueueSlot, RuleGroup, RuleLoad, RuleStatus, panic_message};
 use crate::log_limit::LogLimiter;
 
 /// Which rule a queue uses, from the host configuration.
@@ -54,6 +55,9 @@ pub struct RuleSet {
     seen: Mutex<HashMap<PathBuf, Seen>>,
     file_reads: AtomicU64,
     swaps: AtomicU64,
+    /// One per rule file: held while the file is applied, so that a slow start-up compile and
+    /// a file event for the same file apply in turn (the newer content last).
+    applying: HashMap<PathBuf, Mutex<()>>,
 }
 
 impl RuleSet {
@@ -99,12 +103,14 @@ impl RuleSet {
                     decisions: AtomicU64::new(0),
                     faults: AtomicU64::new(0),
                     clamps: AtomicU64::new(0),
+                    while_compiling: AtomicU64::new(0),
                     inject_panic: AtomicBool::new(false),
                 };
                 (config.queue, QueueRules { slot: Arc::new(slot) })
             })
             .collect();
-        RuleSet { engine, queues, groups, seen: Mutex::default(), file_reads: AtomicU64::new(0), swaps: AtomicU64::new(0) }
+        let applying = groups.iter().filter_map(|g| g.path.clone()).map(|path| (path, Mutex::default())).collect();
+        RuleSet { engine, queues, groups, seen: Mutex::default(), file_reads: AtomicU64::new(0), swaps: AtomicU64::new(0), applying }
     }
 
     /// The engine the rules run on.
@@ -128,6 +134,62 @@ impl RuleSet {
                 Err(error) => Some(error),
             })
             .collect()
+    }
+
+    /// Starts loading every rule file a queue names, each on a thread of its own, and returns
+    /// at once: until a queue's rule is ready its decisions come from the built-in rule, with
+    /// source [`DecisionSource::Compiling`], and [`QueueRules::load`] says
+    /// [`RuleLoad::Compiling`]; then the rule is swapped in as a hot swap does. A failure is
+    /// logged and kept (`RuleLoad::Failed`); the queue stays on the built-in rule until the
+    /// file is fixed. This is how a host starts: a rule that takes seconds to compile (a
+    /// Python rule on an empty cache) delays nothing.
+    pub fn load_all_in_background(self: &Arc<Self>) {
+        for path in self.rule_files() {
+            for group in self.users(&path) {
+                lock(&group.status).compiling = true;
+            }
+            let set = self.clone();
+            let loading = path.clone();
+            let spawned = std::thread::Builder::new().name("ebb-rule-load".into()).spawn(move || set.load_in_background(&loading));
+            if let Err(error) = spawned {
+                let error = anyhow::anyhow!("could not start loading rule {}: {error}", path.display());
+                tracing::warn!("{error:#}; the queue uses the built-in rule");
+                self.record_error(&path, &error);
+                self.users(&path).iter().for_each(|group| lock(&group.status).compiling = false);
+            }
+        }
+    }
+
+    fn load_in_background(&self, path: &Path) {
+        let started = std::time::Instant::now();
+        let loaded = catch_unwind(AssertUnwindSafe(|| self.apply_file(path)))
+            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the host panicked while loading rule {}: {}", path.display(), panic_message(&*panic))));
+        let error = match loaded {
+            Ok(Some(rule)) => {
+                let elapsed = started.elapsed();
+                tracing::info!(rule = %rule.name, from_cache = rule.from_cache, ?elapsed, "rule ready; its queues no longer use the built-in rule");
+                None
+            }
+            Ok(None) => Some(anyhow::anyhow!("rule file {} does not exist", path.display())),
+            Err(error) => Some(error),
+        };
+        if let Some(error) = &error {
+            tracing::warn!("{error:#}; the queue uses the built-in rule until the file is fixed");
+            self.record_error(path, error);
+        }
+        for group in self.users(path) {
+            lock(&group.status).compiling = false;
+        }
+    }
+
+    /// Whether `queue`'s rule is loaded, still compiling, or failed; `None` for an unknown queue.
+    pub fn load_state(&self, queue: &str) -> Option<RuleLoad> {
+        self.queues.get(queue).map(QueueRules::load)
+    }
+
+    /// Held while `path` is applied (`None` for a file no queue names).
+    fn applying(&self, path: &Path) -> Option<std::sync::MutexGuard<'_, ()>> {
+        self.applying.get(path).map(lock)
     }
 
     /// The rule files some queue names.
@@ -156,6 +218,7 @@ impl RuleSet {
     /// queues back on the built-in rule. Content identical to the rule in use changes
     /// nothing (a quarantine holds). Returns the rule now in use, if any.
     pub fn apply_file(&self, path: &Path) -> Result<Option<Arc<CompiledRule>>> {
+        let _applying = self.applying(path);
         match self.read(path) {
             Ok(None) => {
                 self.remove(path);
@@ -199,6 +262,7 @@ impl RuleSet {
             tracing::debug!(rule = %name, "ignoring a rule file no queue uses");
             return;
         }
+        let _applying = self.applying(path);
         let before = lock(&self.seen).get(path).cloned();
         let read = self.read(path);
         if lock(&self.seen).get(path) == before.as_ref() {
@@ -263,7 +327,7 @@ impl RuleSet {
             return Ok(lock(&users[0].status).rule.clone());
         }
         let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let prepared = self.engine.load_bytes(&name, bytes).with_context(|| format!("failed to load rule {name}")).and_then(|rule| {
+        let prepared = self.engine.load_bytes_beside(&name, bytes, path.parent()).with_context(|| format!("failed to load rule {name}")).and_then(|rule| {
             let instances = users
                 .iter()
                 .map(|group| self.engine.instantiate(&rule, &group.params).with_context(|| format!("rule {} cannot serve {}", rule.name, group.label())))

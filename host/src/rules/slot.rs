@@ -47,6 +47,27 @@ pub struct RuleStatus {
     pub shared_by: usize,
     /// True while the instance is being rebuilt after a fault (the built-in rule decides).
     pub rebuilding: bool,
+    /// True while the queue's rule is being compiled at start-up (the built-in rule decides,
+    /// with source `compiling`).
+    pub compiling: bool,
+    /// Decisions the built-in rule made for this queue because its rule was still compiling.
+    pub decisions_while_compiling: u64,
+}
+
+/// Whether a queue's rule is ready to decide, for readiness probes (`/readyz`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "state", content = "reason")]
+pub enum RuleLoad {
+    /// The queue names no rule file: the built-in rule decides, by choice.
+    BuiltIn,
+    /// The queue's rule is being compiled; the built-in rule decides meanwhile.
+    Compiling,
+    /// The queue's rule is in use (a quarantine or a rebuild after a fault does not change
+    /// this: the queue still works, and its status says so).
+    Loaded,
+    /// The queue's rule could not be loaded, for this reason; the built-in rule decides until
+    /// the file is fixed (a hot swap then loads it).
+    Failed(String),
 }
 
 /// A configured instance and the rule it is an instance of.
@@ -70,6 +91,8 @@ pub(super) struct GroupStatus {
     pub(super) generation: u64,
     pub(super) quarantined: bool,
     pub(super) rebuilding: bool,
+    /// Set while a load started by [`super::RuleSet::load_all_in_background`] runs.
+    pub(super) compiling: bool,
     pub(super) last_error: Option<String>,
 }
 
@@ -100,6 +123,7 @@ pub(super) struct QueueSlot {
     pub(super) decisions: AtomicU64,
     pub(super) faults: AtomicU64,
     pub(super) clamps: AtomicU64,
+    pub(super) while_compiling: AtomicU64,
     pub(super) inject_panic: AtomicBool,
 }
 
@@ -146,6 +170,24 @@ impl QueueRules {
             instance_memory_bytes: group.memory_bytes.load(Ordering::Relaxed),
             shared_by: group.queues.len(),
             rebuilding: status.rebuilding,
+            compiling: status.compiling,
+            decisions_while_compiling: slot.while_compiling.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether the queue's rule is loaded, still compiling, or failed (and why). Never waits
+    /// on a rule.
+    pub fn load(&self) -> RuleLoad {
+        let group = &self.slot.group;
+        let status = lock(&group.status);
+        if status.rule.is_some() {
+            RuleLoad::Loaded
+        } else if status.compiling {
+            RuleLoad::Compiling
+        } else if group.path.is_none() {
+            RuleLoad::BuiltIn
+        } else {
+            RuleLoad::Failed(status.last_error.clone().unwrap_or_else(|| "its rule was never loaded".into()))
         }
     }
 
@@ -169,6 +211,10 @@ impl QueueRules {
         match catch_unwind(AssertUnwindSafe(|| group.call(slot, call))) {
             Ok(Called::Decided(value)) => (value, DecisionSource::Rule),
             Ok(Called::NoInstance) => {
+                if lock(&group.status).compiling {
+                    slot.while_compiling.fetch_add(1, Ordering::Relaxed);
+                    return (built_in(), DecisionSource::Compiling);
+                }
                 group.rebuild_if_needed();
                 (built_in(), DecisionSource::BuiltIn)
             }
@@ -320,6 +366,6 @@ impl RuleGroup {
     }
 }
 
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_else(|| "(no message)".into())
 }

@@ -34,9 +34,7 @@ pub async fn run_scaler_only(config: &Config, shutdown: impl std::future::Future
         QueueRuleConfig { queue: rule_slot(&q.name), rule, params: q.rule.params.clone() }
     });
     let rules = Arc::new(RuleSet::new(engine, slots));
-    for error in rules.load_all() {
-        tracing::warn!("{error:#}; the scaler uses the built-in rule until the file is fixed");
-    }
+    rules.load_all_in_background();
     let _watcher = rules.watch(&rules_dir, crate::service::RULE_DEBOUNCE)?;
 
     let stop = CancellationToken::new();

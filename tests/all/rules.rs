@@ -969,3 +969,34 @@ fn a_compiled_artifact_shipped_beside_the_rule_is_used_unless_damaged_or_foreign
     assert!(log.text().contains("another build of ebb or wasmtime"), "{}", log.text());
     Ok(())
 }
+
+/// `ebb rule compile`: into a folder shipped with the rules (`--out`), then used by a host
+/// with an empty cache; or into the configuration's cache (`<data_dir>/rule-cache`).
+#[test]
+fn rule_compile_prepares_artifacts_a_host_with_an_empty_cache_uses() -> Result<()> {
+    let ebb = |args: &[&std::ffi::OsStr]| {
+        let output = std::process::Command::new(crate::binary::EBB).arg("rule").arg("compile").args(args).output().unwrap();
+        assert!(output.status.success(), "ebb rule compile {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let dir = tempfile::tempdir()?;
+    let rules_dir = dir.path().join("rules");
+    std::fs::create_dir_all(&rules_dir)?;
+    assert!(ebb(&[rules_dir.as_os_str(), "--out".as_ref(), rules_dir.as_os_str()]).contains("no rule"), "an empty folder is not a failure");
+    let rule = rules_dir.join("orders.wasm");
+    std::fs::copy(guests::FIXED_TASKS, &rule)?;
+    let printed = ebb(&[rules_dir.as_os_str(), "--out".as_ref(), rules_dir.as_os_str()]);
+    assert!(printed.contains("orders.wasm: compiled"), "{printed}");
+    assert!(ebb(&[rule.as_os_str(), "--out".as_ref(), rules_dir.as_os_str()]).contains("already compiled"));
+    let engine = RuleEngine::new(RuleLimits::default(), Some(dir.path().join("empty-cache")))?;
+    assert!(engine.load_file(&rule)?.from_cache, "the shipped artifact is used");
+    assert_eq!(engine.compilations(), 0);
+
+    let config = dir.path().join("ebb.toml");
+    let data = dir.path().join("data");
+    std::fs::write(&config, format!("data_dir = \"{}\"\n[queues.orders]\nhandler = {{ url = \"http://127.0.0.1:1/\" }}\n", data.display()))?;
+    let printed = ebb(&[rule.as_os_str(), "--config".as_ref(), config.as_os_str()]);
+    assert!(printed.contains(&data.join("rule-cache").display().to_string()), "{printed}");
+    assert_eq!(cache_files(&data.join("rule-cache")).len(), 1);
+    Ok(())
+}

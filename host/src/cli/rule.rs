@@ -92,6 +92,11 @@ fn compile(files: &[PathBuf], out: Option<PathBuf>, config: Option<PathBuf>) -> 
             rules.push(file.clone());
         }
     }
+    if rules.is_empty() && files.iter().all(|f| f.is_dir()) {
+        // An image's rules folder may hold none yet: nothing to do is not a failure.
+        println!("no rule (*.wasm) to compile in {}", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "));
+        return Ok(());
+    }
     if rules.is_empty() {
         bail!("no rule (*.wasm) to compile in {}", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "));
     }

@@ -653,7 +653,8 @@ fn a_rules_panic_message_is_in_its_warn_line() {
 #[test]
 fn an_unreadable_rule_file_is_reported_with_its_reason() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let cases: [(&str, &dyn Fn(&Path) -> std::io::Result<()>, &str); 4] = [
+    type Make = dyn Fn(&Path) -> std::io::Result<()>;
+    let cases: [(&str, &Make, &str); 4] = [
         ("looping-link.wasm", &|p| std::os::unix::fs::symlink(p, p), "symbolic links"),
         ("a-directory.wasm", &|p| std::fs::create_dir(p), "is a directory"),
         ("dangling-link.wasm", &|p| std::os::unix::fs::symlink(p.with_extension("gone"), p), "which does not exist"),
@@ -701,7 +702,8 @@ fn a_damaged_cache_file_is_detected_deleted_and_recompiled() -> Result<()> {
     assert_eq!(files.len(), 1, "{files:?}");
     let file = cache.path().join(&files[0].0);
     // The single flipped byte first: on unchecked code it is the one that does not crash.
-    let damages: [(&str, &dyn Fn(&mut Vec<u8>)); 3] = [
+    type Damage = dyn Fn(&mut Vec<u8>);
+    let damages: [(&str, &Damage); 3] = [
         ("one flipped byte", &|b| {
             let at = b.len() / 2;
             b[at] ^= 0x01;

@@ -62,9 +62,20 @@ pub enum ReadinessPart {
 /// Whether each queue can do its work now (`/readyz`), apart from whether the process is
 /// sound ([`Health`], `/healthz`). A queue is ready when none of its parts has a problem.
 /// Cheap to clone.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Readiness {
     queues: Arc<Mutex<BTreeMap<String, BTreeMap<ReadinessPart, String>>>>,
+    checks: Arc<Mutex<Vec<ReadinessCheck>>>,
+}
+
+/// A part whose state is read when readiness is asked, not recorded as it changes: the
+/// problem it reports now, if any.
+type ReadinessCheck = (String, ReadinessPart, Arc<dyn Fn() -> Option<String> + Send + Sync>);
+
+impl std::fmt::Debug for Readiness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Readiness").field("queues", &self.snapshot()).finish()
+    }
 }
 
 /// One queue's readiness, as `/readyz` shows it.
@@ -93,15 +104,28 @@ impl Readiness {
         self.queues.lock().unwrap().get_mut(queue).is_some_and(|problems| problems.remove(&part).is_some())
     }
 
+    /// Asks `check` for `part` of `queue` whenever readiness is asked (a rule that is still
+    /// compiling, say): its answer is the part's problem, if any.
+    pub fn add_check(&self, queue: &str, part: ReadinessPart, check: impl Fn() -> Option<String> + Send + Sync + 'static) {
+        self.add_queue(queue);
+        self.checks.lock().unwrap().push((queue.to_string(), part, Arc::new(check)));
+    }
+
     /// Every queue's readiness, by name.
     pub fn snapshot(&self) -> BTreeMap<String, QueueReadiness> {
-        let queues = self.queues.lock().unwrap();
-        queues.iter().map(|(name, problems)| (name.clone(), QueueReadiness { ready: problems.is_empty(), problems: problems.clone() })).collect()
+        let mut queues = self.queues.lock().unwrap().clone();
+        let checks = self.checks.lock().unwrap().clone();
+        for (queue, part, check) in checks {
+            if let Some(problem) = check() {
+                queues.entry(queue).or_default().entry(part).or_insert_with(|| truncate_reason(&problem));
+            }
+        }
+        queues.into_iter().map(|(name, problems)| (name, QueueReadiness { ready: problems.is_empty(), problems })).collect()
     }
 
     /// True when every queue is ready.
     pub fn is_ready(&self) -> bool {
-        self.queues.lock().unwrap().values().all(BTreeMap::is_empty)
+        self.snapshot().values().all(|queue| queue.ready)
     }
 }
 
@@ -128,6 +152,17 @@ mod tests {
         assert!(!readiness.is_ready());
         assert_eq!(readiness.snapshot()["orders"].problems[&ReadinessPart::Storage], "still refused");
         assert!(readiness.clear_problem("orders", ReadinessPart::Storage));
+        assert!(readiness.is_ready());
+    }
+
+    #[test]
+    fn a_check_is_asked_each_time_readiness_is() {
+        let readiness = Readiness::default();
+        let compiling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let state = compiling.clone();
+        readiness.add_check("orders", ReadinessPart::Rule, move || state.load(std::sync::atomic::Ordering::Relaxed).then(|| "compiling".to_string()));
+        assert_eq!(readiness.snapshot()["orders"].problems[&ReadinessPart::Rule], "compiling");
+        compiling.store(false, std::sync::atomic::Ordering::Relaxed);
         assert!(readiness.is_ready());
     }
 }

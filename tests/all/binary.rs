@@ -584,7 +584,9 @@ async fn a_rule_deployed_into_the_running_hosts_folder_is_swapped_in() {
     let site = Site::new(app_addr, "30s");
     let mut host = site.start_host().await;
     let sha = |path: &str| hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()));
-    assert_eq!(site.status().await["queues"][0]["rule"]["sha256"], sha(guests::PAPER_DEFAULT));
+    // Rules load in the background at start-up.
+    let first = sha(guests::PAPER_DEFAULT);
+    wait_until("the rule in use", || async { site.status().await["queues"][0]["rule"]["sha256"] == first.as_str() }).await;
     let staging = site.dir.path().join("rules/orders.wasm.partial");
     std::fs::copy(guests::FIXED_TASKS, &staging).unwrap();
     std::fs::rename(&staging, site.dir.path().join("rules/orders.wasm")).unwrap();

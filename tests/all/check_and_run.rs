@@ -30,7 +30,8 @@ fn ebb(command: &str, config: &std::path::Path, within: Duration) -> (Option<i32
 fn config(dir: &std::path::Path, top: &str) -> std::path::PathBuf {
     let port = ebb_tests::azurite::free_port();
     let path = dir.join("ebb.toml");
-    std::fs::write(&path, format!("{top}\n[api]\nlisten = \"127.0.0.1:{port}\"\n[queues.orders]\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n")).unwrap();
+    std::fs::write(&path, format!("{top}\n[api]\nlisten = \"127.0.0.1:{port}\"\n[queues.orders]\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n"))
+        .unwrap();
     path
 }
 

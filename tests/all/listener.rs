@@ -733,6 +733,8 @@ impl ebb::rules::Decider for ThreadRecordingDecider {
             instance_memory_bytes: 0,
             shared_by: 1,
             rebuilding: false,
+            compiling: false,
+            decisions_while_compiling: 0,
         })
     }
     fn may_block(&self) -> bool {

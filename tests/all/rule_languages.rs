@@ -90,3 +90,82 @@ fn compiled_rules_are_cached_by_sha256_across_engines() -> Result<()> {
     assert!(second.compile_time < first.compile_time, "{:?} (cached) vs {:?}", second.compile_time, first.compile_time);
     Ok(())
 }
+
+/// Issue 25 (start fast whatever the rule): `ebb run` with a Python rule on an empty compile
+/// cache answered nothing until the compile ended (7.2 s). Now the API answers and a message
+/// is delivered while the rule compiles, decided by the built-in rule (`compiling`, counted);
+/// then the rule is swapped in and reported in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_with_a_slow_to_compile_rule_delivers_before_the_compile_ends() {
+    use crate::binary::{App, EBB, signal};
+    let (app, app_addr) = App::start(std::time::Duration::ZERO).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("rules")).unwrap();
+    std::fs::copy(guests::PYTHON_DRAIN_TIME, dir.path().join("rules/orders.wasm")).unwrap();
+    let api = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let config = format!(
+        "data_dir = \"{data}\"\nrules_dir = \"{rules}\"\n[api]\nlisten = \"{api}\"\ntoken = \"t\"\n\n[queues.orders]\nrule = \"orders.wasm\"\nhandler = {{ url = \"http://{app_addr}/work\" }}\n",
+        data = dir.path().join("data").display(),
+        rules = dir.path().join("rules").display(),
+    );
+    std::fs::write(dir.path().join("ebb.toml"), config).unwrap();
+    let log = std::fs::File::create(dir.path().join("host.log")).unwrap();
+    let host = std::process::Command::new(EBB)
+        .arg("run")
+        .arg("--config")
+        .arg(dir.path().join("ebb.toml"))
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    // Killed if an assertion fails (a graceful stop is asserted at the end).
+    let mut host = KillOnDrop(Some(host));
+    let client = reqwest::Client::new();
+    let status = || async {
+        let response = client.get(format!("http://{api}/status")).bearer_auth("t").send().await.ok()?;
+        serde_json::from_slice::<serde_json::Value>(&response.bytes().await.ok()?).ok()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    let wait = |what: &str| assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+    while status().await.is_none() {
+        wait("the API");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let sent = client.post(format!("http://{api}/queues/orders/messages")).bearer_auth("t").body("early").send().await.unwrap();
+    assert!(sent.status().is_success(), "{sent:?}");
+    while app.seen.lock().unwrap().is_empty() {
+        wait("the message");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let queue = status().await.unwrap()["queues"][0].clone();
+    assert_eq!(queue["rule"]["compiling"], true, "the message was delivered while the rule compiled: {queue}");
+    assert!(queue["rule"]["decisions_while_compiling"].as_u64().unwrap() >= 1, "{queue}");
+    let source = |q: &serde_json::Value| {
+        [&q["last_task_count"], &q["last_queue_empty"]].iter().filter_map(|d| d["source"].as_str()).map(String::from).collect::<Vec<_>>()
+    };
+    assert!(source(&queue).iter().all(|s| s == "compiling") && !source(&queue).is_empty(), "{queue}");
+
+    loop {
+        let queue = status().await.unwrap()["queues"][0].clone();
+        if queue["rule"]["file"] == "orders.wasm" {
+            assert_eq!(queue["rule"]["compiling"], false, "{queue}");
+            break;
+        }
+        wait("the Python rule in use");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let mut host = host.0.take().unwrap();
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+}
+
+struct KillOnDrop(Option<std::process::Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use ebb::rules::{DecisionSource, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleSet};
+use ebb::rules::{DecisionSource, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleLoad, RuleSet};
 use ebb_rules_sdk::paper;
 use ebb_tests::guests;
 
@@ -158,6 +158,44 @@ fn rule_gets_no_files_sockets_env_or_args_and_cannot_exit_the_host() {
     let decision = rules.decide_queue_empty(QUEUE, &idle(1, 0));
     assert_eq!(decision.source, DecisionSource::Fallback);
     assert!(rules.status(QUEUE).unwrap().last_error.unwrap().contains("called exit("));
+}
+
+/// An instance of the capability probe whose task count is what it reads from `source`.
+fn probe_reading(engine: &RuleEngine, source: &str) -> Result<ebb::rules::RuleInstance> {
+    let rule = engine.load_file(Path::new(guests::CAPABILITY_PROBE))?;
+    engine.instantiate(&rule, &[("read".to_string(), source.to_string())])
+}
+
+/// Hole (issue 18): rules could read the host's clocks, so a rule's decisions depended on
+/// when it ran, and a simulation could not replay them. Now both clocks stand still.
+#[test]
+fn the_clocks_a_rule_reads_stand_still() -> Result<()> {
+    let engine = engine(RuleLimits::default());
+    for clock in ["wall-clock", "monotonic-clock"] {
+        let mut instance = probe_reading(&engine, clock)?;
+        let first = instance.optimal_dequeue_task_count(&state(5))?;
+        std::thread::sleep(Duration::from_millis(20));
+        let second = instance.optimal_dequeue_task_count(&state(5))?;
+        assert_eq!(first, second, "the {clock} moved between two calls 20 ms apart");
+        let other = probe_reading(&engine, clock)?.optimal_dequeue_task_count(&state(5))?;
+        assert_eq!(first, other, "another instance reads another {clock}");
+    }
+    Ok(())
+}
+
+/// Hole (issue 18): rules could read the host's random source, so two runs of a simulation
+/// with the same seed differed. Now every instance reads the same bytes (the randomness a
+/// rule should use comes in each call's `random`).
+#[test]
+fn every_rule_instance_reads_the_same_random_bytes() -> Result<()> {
+    let engine = engine(RuleLimits::default());
+    for source in ["random", "hash-seed"] {
+        let mut one = probe_reading(&engine, source)?;
+        let mut two = probe_reading(&engine, source)?;
+        let (a, b) = (one.optimal_dequeue_task_count(&state(5))?, two.optimal_dequeue_task_count(&state(5))?);
+        assert_eq!(a, b, "two instances read different {source} values");
+    }
+    Ok(())
 }
 
 #[test]
@@ -615,7 +653,8 @@ fn a_rules_panic_message_is_in_its_warn_line() {
 #[test]
 fn an_unreadable_rule_file_is_reported_with_its_reason() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let cases: [(&str, &dyn Fn(&Path) -> std::io::Result<()>, &str); 4] = [
+    type Make = dyn Fn(&Path) -> std::io::Result<()>;
+    let cases: [(&str, &Make, &str); 4] = [
         ("looping-link.wasm", &|p| std::os::unix::fs::symlink(p, p), "symbolic links"),
         ("a-directory.wasm", &|p| std::fs::create_dir(p), "is a directory"),
         ("dangling-link.wasm", &|p| std::os::unix::fs::symlink(p.with_extension("gone"), p), "which does not exist"),
@@ -663,7 +702,8 @@ fn a_damaged_cache_file_is_detected_deleted_and_recompiled() -> Result<()> {
     assert_eq!(files.len(), 1, "{files:?}");
     let file = cache.path().join(&files[0].0);
     // The single flipped byte first: on unchecked code it is the one that does not crash.
-    let damages: [(&str, &dyn Fn(&mut Vec<u8>)); 3] = [
+    type Damage = dyn Fn(&mut Vec<u8>);
+    let damages: [(&str, &Damage); 3] = [
         ("one flipped byte", &|b| {
             let at = b.len() / 2;
             b[at] ^= 0x01;
@@ -836,5 +876,129 @@ fn a_cache_file_that_is_not_a_regular_file_is_refused_and_the_rule_recompiled() 
         // Put an intact cache file back for the next case.
         assert!(!new_engine()?.load_bytes("rule.wasm", &bytes)?.from_cache);
     }
+    Ok(())
+}
+
+/// Issue 25 (start fast whatever the rule): a host waited for every rule's compile before
+/// anything answered. Now loading runs in the background: a queue decides with the built-in
+/// rule meanwhile (source `compiling`, counted), then takes its rule as a hot swap does.
+#[test]
+fn while_its_rule_loads_a_queue_decides_with_the_built_in_rule_then_takes_it() {
+    let rules = Arc::new(rules_for(engine(RuleLimits::default()), Some(Path::new(guests::SLOW_SETUP)), &[("setup_ms", "1000"), ("tasks", "9")]));
+    let started = Instant::now();
+    rules.load_all_in_background();
+    assert!(started.elapsed() < Duration::from_millis(500), "loading blocked for {:?}", started.elapsed());
+    assert_eq!(rules.load_state(QUEUE), Some(RuleLoad::Compiling));
+    let decision = rules.decide_task_count(QUEUE, &state(500));
+    assert_eq!((decision.value, decision.source), (paper::optimal_dequeue_task_count(&state(500)), DecisionSource::Compiling));
+    let status = rules.status(QUEUE).unwrap();
+    assert!(status.compiling && status.file.is_none(), "{status:?}");
+    assert_eq!(status.decisions_while_compiling, 1);
+
+    wait_for("the rule to load", || rules.load_state(QUEUE) == Some(RuleLoad::Loaded));
+    assert_eq!(rules.decide_task_count(QUEUE, &state(500)).source, DecisionSource::Rule);
+    assert_eq!(rules.decide_task_count(QUEUE, &state(500)).value, 9);
+    let status = rules.status(QUEUE).unwrap();
+    assert!(!status.compiling && status.file.is_some(), "{status:?}");
+    assert_eq!(status.decisions_while_compiling, 1, "decisions by the rule are not counted as made while compiling");
+}
+
+/// What readiness (`/readyz`) reads: a rule that fails in the background says why, and a
+/// queue without a rule file is on the built-in rule by choice.
+#[test]
+fn a_rule_that_fails_to_load_in_the_background_says_why() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let broken = dir.path().join("broken.wasm");
+    std::fs::write(&broken, b"not wasm at all")?;
+    let engine = engine(RuleLimits::default());
+    let configs = [
+        QueueRuleConfig { queue: "broken".into(), rule: Some(broken), params: vec![] },
+        QueueRuleConfig { queue: "missing".into(), rule: Some(dir.path().join("missing.wasm")), params: vec![] },
+        QueueRuleConfig { queue: "plain".into(), rule: None, params: vec![] },
+    ];
+    let rules = Arc::new(RuleSet::new(engine, configs));
+    rules.load_all_in_background();
+    wait_for("both loads to end", || ["broken", "missing"].iter().all(|q| rules.load_state(q) != Some(RuleLoad::Compiling)));
+    let reason = |queue: &str| match rules.load_state(queue) {
+        Some(RuleLoad::Failed(reason)) => reason,
+        other => panic!("{queue}: {other:?}"),
+    };
+    assert!(reason("broken").contains("not a WebAssembly file"), "{}", reason("broken"));
+    assert!(reason("missing").contains("does not exist"), "{}", reason("missing"));
+    assert_eq!(rules.load_state("plain"), Some(RuleLoad::BuiltIn));
+    assert_eq!(rules.load_state("nope"), None);
+    assert_eq!(rules.decide_task_count("broken", &state(5)).source, DecisionSource::BuiltIn);
+    Ok(())
+}
+
+/// Issue 25: an artifact compiled ahead (`ebb rule compile --out`) and shipped beside the rule
+/// is used, so a host with an empty cache compiles nothing; a damaged one, or one made by
+/// another engine, is ignored with a warning and the rule compiled as if it were not there.
+#[test]
+fn a_compiled_artifact_shipped_beside_the_rule_is_used_unless_damaged_or_foreign() -> Result<()> {
+    let rules_dir = tempfile::tempdir()?;
+    let rule = rules_dir.path().join("rule.wasm");
+    std::fs::copy(guests::FIXED_TASKS, &rule)?;
+    // Ahead of time: compile into the rules folder, as `ebb rule compile --out` does.
+    RuleEngine::new(RuleLimits::default(), Some(rules_dir.path().into()))?.load_file(&rule)?;
+    let shipped: Vec<PathBuf> =
+        cache_files(rules_dir.path()).into_iter().filter(|(name, _)| name.ends_with(".cwasm")).map(|(name, _)| rules_dir.path().join(name)).collect();
+    assert_eq!(shipped.len(), 1, "{shipped:?}");
+    let intact = std::fs::read(&shipped[0])?;
+    let start = |cache: &Path| -> Result<(bool, u64)> {
+        let engine = RuleEngine::new(RuleLimits::default(), Some(cache.into()))?;
+        let loaded = engine.load_file(&rule)?;
+        Ok((loaded.from_cache, engine.compilations()))
+    };
+    assert_eq!(start(tempfile::tempdir()?.path())?, (true, 0), "the shipped artifact is used");
+
+    let mut damaged = intact.clone();
+    let middle = damaged.len() / 2;
+    damaged[middle] ^= 1;
+    std::fs::write(&shipped[0], &damaged)?;
+    let log = ebb_tests::LogCapture::default();
+    let _guard = log.start(tracing::Level::WARN);
+    assert_eq!(start(tempfile::tempdir()?.path())?, (false, 1), "a damaged artifact is ignored");
+    assert!(log.text().contains("damaged"), "{}", log.text());
+    assert_eq!(std::fs::read(&shipped[0])?, damaged, "a shipped artifact is not the host's to delete");
+
+    // Another engine's artifact of the same rule: its fingerprint (in the name) differs.
+    std::fs::remove_file(&shipped[0])?;
+    let name = shipped[0].file_name().unwrap().to_string_lossy().into_owned();
+    let sha = name.split('-').next().unwrap();
+    std::fs::write(rules_dir.path().join(format!("{sha}-0123456789abcdef.cwasm")), &intact)?;
+    assert_eq!(start(tempfile::tempdir()?.path())?, (false, 1), "a foreign artifact is ignored");
+    assert!(log.text().contains("another build of ebb or wasmtime"), "{}", log.text());
+    Ok(())
+}
+
+/// `ebb rule compile`: into a folder shipped with the rules (`--out`), then used by a host
+/// with an empty cache; or into the configuration's cache (`<data_dir>/rule-cache`).
+#[test]
+fn rule_compile_prepares_artifacts_a_host_with_an_empty_cache_uses() -> Result<()> {
+    let ebb = |args: &[&std::ffi::OsStr]| {
+        let output = std::process::Command::new(crate::binary::EBB).arg("rule").arg("compile").args(args).output().unwrap();
+        assert!(output.status.success(), "ebb rule compile {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let dir = tempfile::tempdir()?;
+    let rules_dir = dir.path().join("rules");
+    std::fs::create_dir_all(&rules_dir)?;
+    assert!(ebb(&[rules_dir.as_os_str(), "--out".as_ref(), rules_dir.as_os_str()]).contains("no rule"), "an empty folder is not a failure");
+    let rule = rules_dir.join("orders.wasm");
+    std::fs::copy(guests::FIXED_TASKS, &rule)?;
+    let printed = ebb(&[rules_dir.as_os_str(), "--out".as_ref(), rules_dir.as_os_str()]);
+    assert!(printed.contains("orders.wasm: compiled"), "{printed}");
+    assert!(ebb(&[rule.as_os_str(), "--out".as_ref(), rules_dir.as_os_str()]).contains("already compiled"));
+    let engine = RuleEngine::new(RuleLimits::default(), Some(dir.path().join("empty-cache")))?;
+    assert!(engine.load_file(&rule)?.from_cache, "the shipped artifact is used");
+    assert_eq!(engine.compilations(), 0);
+
+    let config = dir.path().join("ebb.toml");
+    let data = dir.path().join("data");
+    std::fs::write(&config, format!("data_dir = \"{}\"\n[queues.orders]\nhandler = {{ url = \"http://127.0.0.1:1/\" }}\n", data.display()))?;
+    let printed = ebb(&[rule.as_os_str(), "--config".as_ref(), config.as_os_str()]);
+    assert!(printed.contains(&data.join("rule-cache").display().to_string()), "{printed}");
+    assert_eq!(cache_files(&data.join("rule-cache")).len(), 1);
     Ok(())
 }

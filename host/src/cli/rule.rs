@@ -1,4 +1,4 @@
-//! `ebb rule check` and `ebb rule eval`.
+//! `ebb rule check`, `ebb rule eval` and `ebb rule compile`.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -38,13 +38,83 @@ pub enum RuleCommand {
         #[arg(long = "param", value_name = "KEY=VALUE", value_parser = super::parse_key_value)]
         params: Vec<(String, String)>,
     },
+    /// Compile rules ahead, so that a host starting with an empty cache finds them compiled:
+    /// into the host's compiled-rule cache (`<data_dir>/rule-cache` of the configuration),
+    /// or with `--out` into a folder (ship the artifacts beside the rules: the host looks
+    /// there too). An artifact is only used by an ebb built with the same wasmtime, settings
+    /// and CPU features; any other is ignored with a warning and the rule compiled at start.
+    Compile {
+        /// Rule components (.wasm), or folders whose `*.wasm` files are all compiled.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// The folder to write the compiled artifacts into, instead of the configuration's cache.
+        #[arg(long, value_name = "FOLDER")]
+        out: Option<PathBuf>,
+        /// The configuration file, for `data_dir` and the rule limits (without `--out`).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
 }
 
 pub fn run(command: RuleCommand) -> Result<()> {
     match command {
         RuleCommand::Check { file, params } => check(&file, params),
         RuleCommand::Eval { file, task_count, queue_empty, params } => eval(&file, task_count, queue_empty, params),
+        RuleCommand::Compile { files, out, config } => compile(&files, out, config),
     }
+}
+
+fn compile(files: &[PathBuf], out: Option<PathBuf>, config: Option<PathBuf>) -> Result<()> {
+    let config = match (&config, &out) {
+        (Some(path), _) => Some(crate::config::Config::load(path)?),
+        (None, None) => Some(crate::config::Config::load(Path::new("ebb.toml")).context("without --out, the cache is the configuration's (--config)")?),
+        (None, Some(_)) => None,
+    };
+    let limits = config.as_ref().map_or_else(RuleLimits::default, |c| c.rule_limits.clone());
+    let folder = match (out, &config) {
+        (Some(out), _) => out,
+        (None, Some(config)) => config.data_dir.join("rule-cache"),
+        (None, None) => unreachable!("a configuration is loaded without --out"),
+    };
+    let engine = RuleEngine::new(limits, Some(folder.clone()))?;
+    let mut rules = Vec::new();
+    for file in files {
+        if file.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(file)
+                .with_context(|| format!("failed to read rules folder {}", file.display()))?
+                .flatten()
+                .map(|entry| entry.path())
+                .filter(|path| path.extension().is_some_and(|e| e == "wasm"))
+                .collect();
+            found.sort();
+            rules.extend(found);
+        } else {
+            rules.push(file.clone());
+        }
+    }
+    if rules.is_empty() && files.iter().all(|f| f.is_dir()) {
+        // An image's rules folder may hold none yet: nothing to do is not a failure.
+        println!("no rule (*.wasm) to compile in {}", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "));
+        return Ok(());
+    }
+    if rules.is_empty() {
+        bail!("no rule (*.wasm) to compile in {}", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "));
+    }
+    for file in rules {
+        let started = Instant::now();
+        // Compiled alone (not beside itself): an artifact shipped beside it is not a reason to skip.
+        let bytes =
+            crate::rules::read_rule_file(&file, engine.limits().max_file_bytes)?.with_context(|| format!("rule file {} does not exist", file.display()))?;
+        let name = file.file_name().map_or_else(|| file.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let rule = engine.load_bytes(&name, &bytes).with_context(|| format!("failed to compile rule {}", file.display()))?;
+        let artifact = folder.join(engine.artifact_file_name(&rule.sha256));
+        if !artifact.is_file() {
+            bail!("rule {} compiled, but its artifact could not be written to {} (see the warning above)", file.display(), folder.display());
+        }
+        let how = if rule.from_cache { "already compiled" } else { "compiled" };
+        println!("{}: {how} in {:.1} ms -> {}", file.display(), started.elapsed().as_secs_f64() * 1e3, artifact.display());
+    }
+    Ok(())
 }
 
 fn check(file: &Path, params: Vec<(String, String)>) -> Result<()> {

@@ -42,8 +42,7 @@ pub struct SimulateArgs {
     /// Notify the listener of every arrival (as `ebb send` and the API do), for every rule.
     #[arg(long)]
     notify: bool,
-    /// The safety poll of push rules (1s to 24h; default 1h, the config's default).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = humantime::parse_duration, help = safety_poll_help())]
     safety_poll: Option<Duration>,
     /// Stop a rule's run with an error after this much real time.
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
@@ -115,4 +114,9 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `--safety-poll`'s help, with the default the config uses.
+fn safety_poll_help() -> String {
+    format!("The safety poll of push rules (1s to 24h; default {}, the config's default)", humantime::format_duration(crate::defaults::SAFETY_POLL))
 }

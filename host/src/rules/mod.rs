@@ -1,26 +1,53 @@
 //! Scaling rules: WebAssembly components that decide how many dequeue tasks a queue runs
 //! and what a task does when the queue is empty, with the paper's rule built in.
 //!
-//! [`RuleEngine`] compiles and runs components under limits; [`RuleSet`] keeps one
-//! configured instance per queue, falls back to the built-in rule when a rule faults,
-//! clamps every decision to the queue's bounds, and swaps rules in when their files change
-//! ([`RuleSet::watch`]). Calls are synchronous and may block for up to the call deadline:
-//! from async code, call them through `tokio::task::spawn_blocking`.
+//! Calls are synchronous and may block for up to the call deadline: from async code, call
+//! them through `tokio::task::spawn_blocking`. The files, along the way a rule goes:
+//!
+//! - `file`: reading a rule file (regular files only, bounded, never blocking);
+//! - `engine`: the process-wide [`RuleEngine`], compiling and validating a component into a
+//!   [`CompiledRule`]; `contract` checks it against `ebb:rules`; `cache` keeps compiled
+//!   components in memory and on disk; `memory` gives freed memory back;
+//! - `limits`: [`RuleLimits`]; `sandbox`: what a rule can reach (no capability, a fixed
+//!   clock and random source, a memory cap); `instance`: a live, configured
+//!   [`RuleInstance`] and its calls; `fault`: a fault, in words;
+//! - `decision`: a [`Decision`], its [`DecisionSource`], the clamp, the built-in rule and
+//!   [`NativeRule`]s;
+//! - `slot`: one queue's [`QueueRules`] and the group sharing its instance (fallback,
+//!   rebuild, quarantine); `set`: the [`RuleSet`] of every queue, loading and swapping
+//!   rules; `watcher`: hot reload from the rules folder; `stderr`: a rule's output, logged.
 
 mod bindings;
+mod cache;
+mod contract;
 mod decider;
+mod decision;
 mod engine;
+mod fault;
+mod file;
+mod instance;
+mod limits;
+mod memory;
+mod sandbox;
 mod set;
+mod slot;
 mod stderr;
 mod watcher;
 
 pub use bindings::{CONTRACT_INTERFACE, CONTRACT_VERSION};
 pub use decider::{BuiltInRule, Decider};
-pub use engine::{CompiledRule, RuleEngine, RuleInstance, RuleLimits};
-pub use set::{
-    Decision, DecisionSource, NativeRule, QueueRuleConfig, QueueRules, RuleSet, RuleStatus, built_in_queue_empty, built_in_task_count, native_queue_empty,
-    native_task_count,
-};
+pub use decision::{Decision, DecisionSource, NativeRule, built_in_queue_empty, built_in_task_count, native_queue_empty, native_task_count};
+pub use engine::{CompiledRule, RuleEngine};
+pub(crate) use file::read_rule_file;
+pub use instance::RuleInstance;
+pub use limits::RuleLimits;
+pub use set::{QueueRuleConfig, RuleSet};
+pub use slot::{QueueRules, RuleLoad, RuleStatus};
 pub use watcher::{MAX_DEBOUNCE_DELAY, RuleWatcher};
 
 pub use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState};
+
+/// A poisoned lock only means a panic elsewhere: the data under it is still consistent here.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -29,7 +29,7 @@ use crate::listener::{Listener, ListenerStatus, QueueSettings};
 use crate::log_limit::LogLimiter;
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::queue::{QueueError, RetryPolicy, SystemClock};
-use crate::rules::{QueueRuleConfig, RuleEngine, RuleSet, RuleWatcher};
+use crate::rules::{QueueRuleConfig, QueueRules, RuleEngine, RuleLoad, RuleSet, RuleWatcher};
 
 /// Debounce of rule file events.
 pub(crate) const RULE_DEBOUNCE: Duration = Duration::from_millis(30);
@@ -110,9 +110,7 @@ impl Service {
     pub async fn open(config: &Config, role: Role) -> Result<Service> {
         let HostParts { health, store, rules_dir, engine } = HostParts::open(config)?;
         let rules = Arc::new(RuleSet::new(engine, rule_slots(config, role, &rules_dir)));
-        for error in rules.load_all() {
-            tracing::warn!("{error:#}; the queue uses the built-in rule until the file is fixed");
-        }
+        rules.load_all_in_background();
         let watcher = rules.watch(&rules_dir, RULE_DEBOUNCE)?;
         let readiness = Readiness::default();
         let mut queues = BTreeMap::new();
@@ -124,8 +122,11 @@ impl Service {
                 Role::Watcher => Vec::new(),
             };
             let handle = QueueHandle::new(&queue_config.name, stack.logical.clone(), listeners);
-            // Not ready until its storage has answered (see start_work).
+            // Not ready until its storage has answered (see start_work), nor while its rule is
+            // compiling or cannot load (the built-in rule decides meanwhile).
             readiness.set_problem(&queue_config.name, ReadinessPart::Storage, "storage not reached yet");
+            let slots: Vec<QueueRules> = rule_slot_names(queue_config, role, config.scaler.is_some()).iter().filter_map(|slot| rules.queue(slot)).collect();
+            readiness.add_check(&queue_config.name, ReadinessPart::Rule, move || slots.iter().find_map(rule_problem));
             queues.insert(queue_config.name.clone(), ServiceQueue { config: queue_config.clone(), stack, handle });
         }
         let bus = match &config.bus {
@@ -328,6 +329,24 @@ fn rule_slots(config: &Config, role: Role, rules_dir: &std::path::Path) -> Vec<Q
         }
     }
     slots
+}
+
+/// The rule slots of `queue` on a host of `role` (see [`rule_slots`]).
+fn rule_slot_names(queue: &QueueConfig, role: Role, scaler: bool) -> Vec<String> {
+    let mut names = if role == Role::Worker { queue.storage_queues() } else { Vec::new() };
+    if scaler {
+        names.push(scaler_rule_slot(&queue.name));
+    }
+    names
+}
+
+/// Why a queue's rule slot is not ready, if it is not.
+fn rule_problem(rules: &QueueRules) -> Option<String> {
+    match rules.load() {
+        RuleLoad::BuiltIn | RuleLoad::Loaded => None,
+        RuleLoad::Compiling => Some("its rule is compiling (the built-in rule decides meanwhile)".into()),
+        RuleLoad::Failed(reason) => Some(format!("its rule cannot load (the built-in rule decides): {reason}")),
+    }
 }
 
 /// A worker's listeners on `queue`, one per partition, not started.

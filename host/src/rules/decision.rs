@@ -1,0 +1,77 @@
+//! Decisions: where each came from, the clamp into the queue's bounds, the built-in
+//! (paper's) rule, and native rules.
+
+use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState, paper};
+use serde::Serialize;
+
+/// Where a decision came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DecisionSource {
+    /// The queue's WASM rule.
+    Rule,
+    /// The built-in rule, because the queue has no rule, its file is gone, it is
+    /// quarantined, or its instance is being rebuilt after a fault.
+    BuiltIn,
+    /// The built-in rule, because the queue's rule is still being compiled: at start-up a
+    /// queue works at once and takes its rule when the compile ends.
+    Compiling,
+    /// The built-in rule, because the WASM rule faulted on this call (or the host panicked
+    /// while calling it).
+    Fallback,
+}
+
+/// A decision, where it came from, and whether the host had to clamp it into bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Decision<T> {
+    /// The decision, after clamping.
+    pub value: T,
+    /// Who made it.
+    pub source: DecisionSource,
+    /// True when the raw decision was out of the queue's bounds and was clamped.
+    pub clamped: bool,
+}
+
+/// The built-in (paper's) `GetOptimalDequeueTaskCount`, clamped to the queue's bounds: what
+/// decides when a queue has no rule, or when no rule call could be made.
+pub fn built_in_task_count(state: &QueueState, source: DecisionSource) -> Decision<u32> {
+    clamp_task_count(paper::optimal_dequeue_task_count(state), source, state)
+}
+
+/// The built-in (paper's) `QueueEmpty`, clamped to the queue's polling intervals.
+pub fn built_in_queue_empty(ctx: &IdleContext, source: DecisionSource) -> Decision<IdleDecision> {
+    clamp_idle(paper::on_queue_empty(ctx), source, ctx)
+}
+
+/// A scaling rule written in Rust and run in the host, without a sandbox: for embedding
+/// ebb as a library, and for the simulator's baselines (`ebb simulate --rule fixed-1s`).
+/// Its decisions are clamped like a WASM rule's; a panic in it is contained by the
+/// listener (the built-in rule decides that call).
+pub trait NativeRule: Send + Sync + 'static {
+    /// A short name, for reports.
+    fn name(&self) -> &str;
+    /// `GetOptimalDequeueTaskCount`, before the clamp to `[min_tasks, max_tasks]`.
+    fn optimal_dequeue_task_count(&self, state: &QueueState) -> u32;
+    /// `QueueEmpty`, before the delay's clamp to the polling interval range.
+    fn on_queue_empty(&self, ctx: &IdleContext) -> IdleDecision;
+}
+
+/// A native rule's task count, clamped to the queue's bounds.
+pub fn native_task_count(rule: &dyn NativeRule, state: &QueueState) -> Decision<u32> {
+    clamp_task_count(rule.optimal_dequeue_task_count(state), DecisionSource::Rule, state)
+}
+
+/// A native rule's `QueueEmpty`, clamped to the queue's polling intervals.
+pub fn native_queue_empty(rule: &dyn NativeRule, ctx: &IdleContext) -> Decision<IdleDecision> {
+    clamp_idle(rule.on_queue_empty(ctx), DecisionSource::Rule, ctx)
+}
+
+pub(super) fn clamp_task_count(raw: u32, source: DecisionSource, state: &QueueState) -> Decision<u32> {
+    let value = raw.clamp(state.min_tasks, state.max_tasks.max(state.min_tasks));
+    Decision { value, source, clamped: value != raw }
+}
+
+pub(super) fn clamp_idle(raw: IdleDecision, source: DecisionSource, ctx: &IdleContext) -> Decision<IdleDecision> {
+    let delay_ms = raw.delay_ms.clamp(ctx.min_interval_ms, ctx.max_interval_ms.max(ctx.min_interval_ms));
+    Decision { value: IdleDecision { delay_ms, stop: raw.stop }, source, clamped: delay_ms != raw.delay_ms }
+}

@@ -1,0 +1,92 @@
+//! A live rule instance: instantiation and `configure` under the setup limits, decision
+//! calls under the per-call fuel and deadline.
+
+use anyhow::{Context as _, Result, bail};
+use wasmtime::Store;
+use wasmtime::component::ResourceTable;
+
+use super::bindings::ScalingRule;
+use super::engine::{CompiledRule, RuleEngine, deadline_ticks};
+use super::fault::{Phase, describe_fault, with_output};
+use super::limits::RuleLimits;
+use super::sandbox::{MemoryLimiter, RuleHost, capability_free_wasi};
+use super::stderr::CapturedOutput;
+
+impl RuleEngine {
+    /// A fresh instance of `rule`, configured with `params`, under the setup limits.
+    pub fn instantiate(&self, rule: &CompiledRule, params: &[(String, String)]) -> Result<RuleInstance> {
+        let output = CapturedOutput::default();
+        let host = RuleHost {
+            wasi: capability_free_wasi(&output),
+            table: ResourceTable::new(),
+            limiter: MemoryLimiter { cap: self.limits.memory_bytes, held: 0 },
+            output: output.clone(),
+        };
+        let mut store = Store::new(&self.engine, host);
+        store.limiter(|host| &mut host.limiter);
+        store.epoch_deadline_trap();
+        store.set_fuel(self.limits.setup_fuel).map_err(anyhow::Error::from)?;
+        store.set_epoch_deadline(deadline_ticks(self.limits.setup_deadline));
+        let fault = |e| with_output(describe_fault(e, Phase::Setup, &self.limits), &output);
+        let bindings = rule.pre.instantiate(&mut store).map_err(fault).context("instantiation failed")?;
+        let configured = bindings.ebb_rules_decisions().call_configure(&mut store, params).map_err(fault).context("configure failed")?;
+        if let Err(message) = configured {
+            bail!("the rule rejected its parameters: {message}");
+        }
+        Ok(RuleInstance {
+            store,
+            bindings,
+            call_fuel: self.limits.call_fuel,
+            call_ticks: deadline_ticks(self.limits.call_deadline),
+            limits: self.limits.clone(),
+        })
+    }
+}
+
+/// A live, configured rule instance. Not shared: callers hold it behind a lock.
+pub struct RuleInstance {
+    pub(super) store: Store<RuleHost>,
+    pub(super) bindings: ScalingRule,
+    pub(super) call_fuel: u64,
+    pub(super) call_ticks: u64,
+    pub(super) limits: RuleLimits,
+}
+
+impl RuleInstance {
+    fn arm(&mut self) -> Result<()> {
+        self.store.set_fuel(self.call_fuel).map_err(anyhow::Error::from)?;
+        self.store.set_epoch_deadline(self.call_ticks);
+        Ok(())
+    }
+
+    /// `optimal-dequeue-task-count`, raw (unclamped). Any error means the instance is unusable.
+    pub fn optimal_dequeue_task_count(&mut self, state: &ebb_rules_sdk::QueueState) -> Result<u32> {
+        self.arm()?;
+        let state = state.into();
+        self.bindings
+            .ebb_rules_decisions()
+            .call_optimal_dequeue_task_count(&mut self.store, &state)
+            .map_err(|e| with_output(describe_fault(e, Phase::Call, &self.limits), &self.store.data().output))
+    }
+
+    /// `on-queue-empty`, raw (unclamped). Any error means the instance is unusable.
+    pub fn on_queue_empty(&mut self, ctx: &ebb_rules_sdk::IdleContext) -> Result<ebb_rules_sdk::IdleDecision> {
+        self.arm()?;
+        let ctx = ctx.into();
+        self.bindings
+            .ebb_rules_decisions()
+            .call_on_queue_empty(&mut self.store, &ctx)
+            .map(Into::into)
+            .map_err(|e| with_output(describe_fault(e, Phase::Call, &self.limits), &self.store.data().output))
+    }
+
+    /// What the rule wrote to stdout/stderr since the last look.
+    pub(crate) fn output(&self) -> &CapturedOutput {
+        &self.store.data().output
+    }
+
+    /// Bytes of linear memory the instance holds (for reports).
+    pub fn memory_bytes(&self) -> usize {
+        self.store.data().limiter.held
+    }
+}

@@ -973,22 +973,24 @@ async fn commands_whose_output_is_closed_end_quietly() {
 }
 
 /// Issue 25: `ebb check` exited 1 on a single 503 from storage, where `ebb run` retries. It
-/// retries transient errors too, within a bounded time.
+/// retries transient errors too, within a bounded time: storage that is always busy fails it
+/// in well under a minute.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_retries_a_503_from_storage() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let azurite = ebb_tests::azurite::Azurite::shared();
-    // In front of Azurite: the first request is answered 503 ServerBusy, the rest pass.
+    use std::sync::atomic::{AtomicU32, Ordering};
+    // In front of Azurite: `busy_left` connections are answered 503 ServerBusy, the rest pass.
     let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let proxy_port = proxy.local_addr().unwrap().port();
     let upstream = azurite.port();
-    let busy_answers = Arc::new(std::sync::atomic::AtomicU32::new(0));
-    let counted = busy_answers.clone();
+    let busy_answers = Arc::new(AtomicU32::new(0));
+    let busy_left = Arc::new(AtomicU32::new(1));
+    let (counted, left) = (busy_answers.clone(), busy_left.clone());
     tokio::spawn(async move {
-        let mut first = true;
         loop {
             let (mut client, _) = proxy.accept().await.unwrap();
-            if std::mem::take(&mut first) {
+            if left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok() {
                 let mut head = Vec::new();
                 let mut byte = [0u8; 1];
                 while !head.ends_with(b"\r\n\r\n") && client.read(&mut byte).await.unwrap_or(0) == 1 {
@@ -1000,7 +1002,7 @@ async fn check_retries_a_503_from_storage() {
                     body.len()
                 );
                 let _ = client.write_all(answer.as_bytes()).await;
-                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                counted.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             tokio::spawn(async move {
@@ -1024,11 +1026,23 @@ async fn check_retries_a_503_from_storage() {
         ),
     )
     .unwrap();
-    let started = Instant::now();
-    let output = tokio::task::spawn_blocking(move || Command::new(ebb_under_test()).arg("check").arg("--config").arg(&config).output().unwrap()).await.unwrap();
+    let check = || {
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || Command::new(ebb_under_test()).arg("check").arg("--config").arg(&config).output().unwrap())
+    };
+    let output = check().await.unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(busy_answers.load(std::sync::atomic::Ordering::Relaxed), 1, "the proxy answered 503 once");
+    assert_eq!(busy_answers.load(Ordering::Relaxed), 1, "the proxy answered 503 once");
     assert!(output.status.success(), "ebb check failed on one 503: {stderr}");
     assert!(String::from_utf8_lossy(&output.stdout).contains("reached on Azure"), "{output:?}");
-    assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
+
+    busy_left.store(u32::MAX, Ordering::Relaxed);
+    let started = Instant::now();
+    let output = check().await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("ServerBusy") || stderr.contains("did not answer within"), "{stderr}");
+    assert!(busy_answers.load(Ordering::Relaxed) > 3, "retried: {} busy answers", busy_answers.load(Ordering::Relaxed));
+    assert!(started.elapsed() < Duration::from_secs(40), "an always busy storage held ebb check for {:?}", started.elapsed());
+    eprintln!("ebb check against always-busy storage failed after {:?}", started.elapsed());
 }

@@ -236,7 +236,14 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, connection: Ar
                 closing = true;
                 drop_at = Some(Instant::now() + EVICT_GRACE);
             }
-            () = sleep_until(drop_at) => break,
+            () = sleep_until(drop_at) => {
+                // A request that arrived as it was asked to close is answered; anything else
+                // (headers still coming, an unread body) is dropped.
+                if connection.waiting_since.lock().unwrap().is_some() {
+                    break;
+                }
+                drop_at = None;
+            }
             () = activity.idle_for(limits.idle_timeout) => {
                 tracing::debug!("closing an API connection idle for {}", humantime::format_duration(limits.idle_timeout));
                 break;

@@ -19,10 +19,12 @@
 //!
 //! Files: `store` opens a data directory and passes changes to the writer; `queue` is one
 //! queue's [`QueueClient`](super::QueueClient); `opening` checks and prepares the file;
-//! `writer` commits groups of changes; `changes` applies each change to the `tables`;
+//! `writer` commits groups of changes; `changes` applies each change (`leasing` the
+//! get and visibility updates) to the `tables`;
 //! `record` is a message's stored form.
 
 mod changes;
+mod leasing;
 mod opening;
 mod queue;
 mod record;

@@ -10,15 +10,17 @@ use redb::{Database, DatabaseError, StorageBackend};
 use tokio::sync::oneshot;
 
 use super::changes::{Op, Reply};
-use super::opening::open_database;
+use super::opening::{create_if_absent, open_database};
 use super::queue::EmbeddedQueue;
 use super::writer::{Request, STORAGE_LOG_LINES, Writer};
 use super::{EmbeddedOptions, STORE_FILE};
 use crate::log_limit::LogLimiter;
 use crate::queue::QueueError;
 
-/// Opens the database: at start, and again after a failed commit.
-pub(super) type Opener = Arc<dyn Fn() -> Result<Database, DatabaseError> + Send + Sync>;
+/// Opens the database in a file, initialising it if the file is empty: at start, and again
+/// after a failed commit (only ever on a file [`open_database`] has checked), and to create
+/// a new store in a fresh file.
+pub(super) type Opener = Arc<dyn Fn(&Path) -> Result<Database, DatabaseError> + Send + Sync>;
 /// The open database, shared by the writer and readers; `None` while it is being reopened
 /// or cannot be.
 pub(super) type DatabaseSlot = Arc<RwLock<Option<Arc<Database>>>>;
@@ -49,27 +51,28 @@ impl Drop for Shared {
 }
 
 impl EmbeddedStore {
-    /// Opens (creating if needed) the store in `dir`.
+    /// Opens the store in `dir`, creating it if `dir` has no store file. A store file that is
+    /// not a valid store (empty, another kind of file, truncated, damaged) is refused with an
+    /// error naming it and how to recover; it is never overwritten.
     pub fn open(dir: &Path, options: EmbeddedOptions) -> anyhow::Result<Self> {
-        let file = dir.join(STORE_FILE);
-        Self::open_with(dir, options, Arc::new(move || Database::create(&file)))
+        Self::open_with(dir, options, Arc::new(|path: &Path| Database::create(path)))
     }
 
-    /// Opens (creating if needed) the store in `dir` on a storage backend of the caller's:
-    /// `make_backend` gets the store file's path at each open (the first, and reopens after
-    /// a failed commit). For other media, and for injecting faults in tests.
+    /// As [`EmbeddedStore::open`], on a storage backend of the caller's over the store file:
+    /// `make_backend` gets the file's path at each open (the first, and reopens after a
+    /// failed commit). For injecting faults in tests.
     pub fn open_with_backend<B: StorageBackend>(
         dir: &Path,
         options: EmbeddedOptions,
         make_backend: impl Fn(&Path) -> std::io::Result<B> + Send + Sync + 'static,
     ) -> anyhow::Result<Self> {
-        let file = dir.join(STORE_FILE);
-        Self::open_with(dir, options, Arc::new(move || Database::builder().create_with_backend(make_backend(&file)?)))
+        Self::open_with(dir, options, Arc::new(move |path: &Path| Database::builder().create_with_backend(make_backend(path)?)))
     }
 
     fn open_with(dir: &Path, options: EmbeddedOptions, opener: Opener) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("failed to create data directory {}", dir.display()))?;
         let file = dir.join(STORE_FILE);
+        create_if_absent(&opener, &file)?;
         let (db, next_seq) = open_database(&opener, &file)?;
         let slot: DatabaseSlot = Arc::new(RwLock::new(Some(db.clone())));
         let (sender, requests) = mpsc::channel();

@@ -367,7 +367,8 @@ async fn status(State(api): State<Arc<Api>>) -> Json<serde_json::Value> {
         })
         .collect();
     let bus = api.bus.as_ref().map(|b| b.status());
-    Json(json!({ "queues": queues, "partitioned": partitioned, "cost": CostStatus::total(&costs, price), "bus": bus }))
+    let storage = crate::storage_metrics::status(api.queues.values());
+    Json(json!({ "queues": queues, "partitioned": partitioned, "cost": CostStatus::total(&costs, price), "bus": bus, "storage": storage }))
 }
 
 /// Parses the query of `POST /queues/{name}/messages`: only `delay_ms`, a whole number of
@@ -601,6 +602,7 @@ async fn metrics(State(api): State<Arc<Api>>) -> Response {
             registry.register(name, help, counter);
         }
     }
+    crate::storage_metrics::register(&mut registry, api.queues.values(), &statuses(&api));
     let total = CostStatus::total(&costs, api.price_per_10k_transactions);
     for (kind, per_hour, usd) in
         [("all", total.transactions_per_hour, total.usd_per_month), ("idle", total.idle_transactions_per_hour, total.idle_usd_per_month)]

@@ -16,3 +16,4 @@ pub mod rules;
 pub mod scaler;
 pub mod service;
 pub mod simulate;
+mod storage_metrics;

@@ -31,7 +31,7 @@ impl Handler for Recording {
         let body = String::from_utf8(message.body.clone())?;
         tokio::time::sleep(Duration::from_millis(2)).await;
         let number: u32 = body.trim_start_matches("m-").parse()?;
-        if number % 10 == 0 && message.dequeue_count == 1 {
+        if number.is_multiple_of(10) && message.dequeue_count == 1 {
             *self.failures.lock().unwrap().entry(body.clone()).or_default() += 1;
             anyhow::bail!("the first try of {body} fails");
         }

@@ -130,7 +130,7 @@ async fn sigkill_mid_batch_loses_no_message() {
     let (mut attempted, mut acked) = (BTreeSet::new(), BTreeSet::new());
     let (mut batch, mut deleted_in_batch, mut batches) = (0, 0, 0);
     // Let a few batches finish, then kill the worker in the middle of one.
-    while let Some(line) = lines.next() {
+    for line in lines.by_ref() {
         let line = line.unwrap();
         if let Some(n) = line.strip_prefix("leased ") {
             (batch, deleted_in_batch) = (n.parse().unwrap(), 0);

@@ -207,7 +207,8 @@ impl AzureQueue {
                 text.push_str(&format!(": {cause}"));
                 source = cause.source();
             }
-            let text = self.scrub(&text);
+            // Transport errors quote what a proxy or a hostile server sent: cut them.
+            let text = crate::health::truncate_reason(&self.scrub(&text));
             let class = match transient {
                 true if text.contains("timed out") || text.contains("deadline has elapsed") => FailureClass::Timeout,
                 true => FailureClass::Connection,
@@ -216,7 +217,8 @@ impl AzureQueue {
             let error = classified(class, format!("{context}: {text}"));
             return if transient { QueueError::Transient(error) } else { QueueError::Fatal(error) };
         };
-        let code = error_code.as_deref().unwrap_or("no error code");
+        let code = error_code.as_deref().map(crate::health::truncate_reason);
+        let code = code.as_deref().unwrap_or("no error code");
         let status_number = u16::from(*status);
         let class = match (*status, code) {
             (StatusCode::TooManyRequests | StatusCode::ServiceUnavailable, _) => FailureClass::Throttled,
@@ -482,7 +484,10 @@ mod tests {
             assert_eq!((error.failure_class(), error.is_transient()), (Some(class), transient), "{status} {code}: {error}");
             assert!(error.to_string().contains(code) || code == "no code" || class == FailureClass::Other, "{error}");
         }
+        let hostile = answer(StatusCode::ServiceUnavailable, &"X".repeat(100_000)).to_string();
+        assert!(hostile.len() < 1_000, "a huge error code is cut: {} bytes", hostile.len());
         let io = |kind, text: &str| queue.classify(Call::Delete, None, &azure_core::Error::with_message(kind, text.to_string()));
+        assert!(io(ErrorKind::Io, &"connection reset ".repeat(10_000)).to_string().len() < 1_000, "a huge transport error is cut");
         assert_eq!(io(ErrorKind::Io, "connection closed before message completed").failure_class(), Some(FailureClass::Connection));
         assert_eq!(io(ErrorKind::Io, "error sending request: operation timed out").failure_class(), Some(FailureClass::Timeout));
     }

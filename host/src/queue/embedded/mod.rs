@@ -12,16 +12,17 @@
 //! batch share an fsync.
 //!
 //! Failures: each body carries a CRC-32 checksum; a body that fails it is delivered with a
-//! [`Message::defect`](super::Message::defect) (the listener poisons it, never hands it to the handler). A commit
-//! that fails (an I/O error leaves redb refusing every later call) makes the writer reopen
-//! the database; if it cannot, the store reports the problem in [`Health`] once, answers
-//! every call with a transient "unavailable" error, and keeps trying to reopen.
+//! [`Message::defect`](super::Message::defect) (the listener poisons it, never hands it to
+//! the handler). A commit that fails (an I/O error leaves redb refusing every later call)
+//! makes the writer reopen the database; if it cannot, the store reports the problem in
+//! [`Health`] once, answers every call with a transient "unavailable" error, and keeps
+//! trying to reopen. A new store is created only where no file is; an existing file that is
+//! not a valid store (empty, truncated, another kind of file) is refused and never written.
 //!
 //! Files: `store` opens a data directory and passes changes to the writer; `queue` is one
-//! queue's [`QueueClient`](super::QueueClient); `opening` checks and prepares the file;
-//! `writer` commits groups of changes; `changes` applies each change (`leasing` the
-//! get and visibility updates) to the `tables`;
-//! `record` is a message's stored form.
+//! queue's [`QueueClient`](super::QueueClient); `opening` checks, creates and prepares the
+//! file; `writer` commits groups of changes; `changes` applies each change to the `tables`
+//! (`leasing`: gets, visibility updates, receipts); `record` is a message's stored form.
 
 mod changes;
 mod leasing;

@@ -32,8 +32,8 @@ const REOPEN_INTERVAL: Duration = Duration::from_secs(1);
 /// Consecutive failed commits after which the host reports itself unhealthy even though
 /// each reopen succeeded (a full disk).
 const FAILED_COMMITS_UNHEALTHY: u32 = 3;
-/// Commit failures logged per minute; the rest are counted in the next line.
-/// Lines per minute about failing commits and reopens: a full disk fails every commit.
+/// Lines per minute about failing commits and reopens (a full disk fails every commit); the
+/// rest are counted in the next line.
 pub(super) const STORAGE_LOG_LINES: u32 = 5;
 /// Successful commits in a row after which a store that kept failing is healthy again
 /// (a nearly full disk lets small commits through between failures).

@@ -130,7 +130,7 @@ async fn sigkill_mid_batch_loses_no_message() {
     let (mut attempted, mut acked) = (BTreeSet::new(), BTreeSet::new());
     let (mut batch, mut deleted_in_batch, mut batches) = (0, 0, 0);
     // Let a few batches finish, then kill the worker in the middle of one.
-    while let Some(line) = lines.next() {
+    for line in lines.by_ref() {
         let line = line.unwrap();
         if let Some(n) = line.strip_prefix("leased ") {
             (batch, deleted_in_batch) = (n.parse().unwrap(), 0);
@@ -408,6 +408,86 @@ async fn a_damaged_store_file_is_a_clear_error_naming_the_file() {
         assert!(error.contains(&path.display().to_string()), "names the file: {error}");
         assert!(error.contains("damaged") && error.contains("backup"), "says what to do: {error}");
     }
+}
+
+/// A store of 200 acknowledged messages, closed; its file's path and bytes.
+async fn a_store_with_messages(dir: &std::path::Path) -> (std::path::PathBuf, Vec<u8>) {
+    {
+        let store = EmbeddedStore::open(dir, EmbeddedOptions::default()).unwrap();
+        let queue = store.queue("work");
+        queue.create_if_missing().await.unwrap();
+        for i in 0..200 {
+            queue.put(format!("message {i}").as_bytes(), Duration::ZERO).await.unwrap();
+        }
+    }
+    let path = dir.join(ebb::queue::embedded::STORE_FILE);
+    let bytes = std::fs::read(&path).unwrap();
+    (path, bytes)
+}
+
+/// Opens the store in `dir`, which must fail; the error text.
+fn refused_open(dir: &std::path::Path, what: &str) -> String {
+    match EmbeddedStore::open(dir, EmbeddedOptions::default()) {
+        Ok(_) => panic!("{what} opened as a store"),
+        Err(error) => format!("{error:#}"),
+    }
+}
+
+/// Issue 18's hole: a store file cut to 0 bytes (a crash, a bad copy) was initialised as a new,
+/// empty store, and its acknowledged messages were gone without a word. An existing file
+/// that is not a valid store is refused, named, with the way to recover, and left unchanged.
+#[tokio::test]
+async fn a_store_file_that_is_not_a_valid_store_is_refused_and_left_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, original) = a_store_with_messages(dir.path()).await;
+    let mut rng = fastrand::Rng::with_seed(18);
+    let garbage: Vec<u8> = (0..original.len()).map(|_| rng.u8(..)).collect();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("an empty file", Vec::new()),
+        ("random bytes", garbage),
+        ("a text file", b"not a store\n".to_vec()),
+        ("the first 4 KiB of a store", original[..4096].to_vec()),
+        ("the first half of a store", original[..original.len() / 2].to_vec()),
+        ("a store missing its last page", original[..original.len() - 4096].to_vec()),
+    ];
+    let mut wrong = Vec::new();
+    for (what, bytes) in cases {
+        std::fs::write(&path, &bytes).unwrap();
+        let error = match EmbeddedStore::open(dir.path(), EmbeddedOptions::default()) {
+            Ok(_) => String::new(),
+            Err(error) => format!("{error:#}"),
+        };
+        if !error.contains(&path.display().to_string()) || !error.contains("backup") || !error.contains("move the file aside") {
+            wrong.push(format!("{what}: not refused with the file's name and how to recover: {error:?}"));
+        }
+        if std::fs::read(&path).unwrap() != bytes {
+            wrong.push(format!("{what}: the file was changed"));
+        }
+        // Refused again on the next start: nothing was initialised in its place.
+        if EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).is_ok() {
+            wrong.push(format!("{what}: opened on the second try"));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    std::fs::write(&path, b"").unwrap();
+    assert!(refused_open(dir.path(), "an empty file").contains("empty (0 bytes)"));
+}
+
+#[tokio::test]
+async fn a_new_store_is_created_only_where_no_file_is_and_keeps_its_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = a_store_with_messages(dir.path()).await;
+    assert!(!dir.path().join(format!("{}.new", ebb::queue::embedded::STORE_FILE)).exists(), "no creation leftover");
+    let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap();
+    assert_eq!(store.queue("work").approximate_count().await.unwrap(), 200, "reopened, not recreated");
+    drop(store);
+    // A leftover of a creation that crashed half-way is not a store: it is replaced.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(dir.path().join(format!("{}.new", ebb::queue::embedded::STORE_FILE)), b"half").unwrap();
+    let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap();
+    let queue = store.queue("work");
+    queue.create_if_missing().await.unwrap();
+    assert_eq!(queue.approximate_count().await.unwrap(), 0);
 }
 
 #[tokio::test]

@@ -26,6 +26,8 @@ pub struct FaultCounts {
     /// Of those, gets of messages: the service leased them and nobody heard of it, so they
     /// come back only when that lease runs out.
     pub dropped_get_answers: u64,
+    /// Of those, deletes: the service deleted the message and nobody heard of it.
+    pub dropped_delete_answers: u64,
 }
 
 impl FaultCounts {
@@ -42,11 +44,31 @@ struct Counters {
     dropped_before: AtomicU64,
     dropped_after: AtomicU64,
     dropped_get_answers: AtomicU64,
+    dropped_delete_answers: AtomicU64,
+}
+
+/// Which share (0..=1) of requests meets each fault; the rest are forwarded.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FaultMix {
+    /// Answered `503 ServerBusy` without forwarding.
+    pub server_busy: f64,
+    /// Connection closed before forwarding.
+    pub drop_before: f64,
+    /// Forwarded, then the connection closed without the answer.
+    pub drop_after: f64,
+}
+
+impl FaultMix {
+    /// `share` of requests fault, half of them 503 ServerBusy, a quarter dropped before
+    /// forwarding, a quarter after.
+    pub fn even(share: f64) -> FaultMix {
+        FaultMix { server_busy: share / 2.0, drop_before: share / 4.0, drop_after: share / 4.0 }
+    }
 }
 
 struct Shared {
     upstream: String,
-    fault_share: f64,
+    mix: FaultMix,
     rng: Mutex<fastrand::Rng>,
     counters: Counters,
     client: reqwest::Client,
@@ -73,11 +95,17 @@ impl FaultProxy {
     /// requests, split evenly between 503 ServerBusy and dropped connections (half of those
     /// before forwarding, half after), chosen by a generator seeded with `seed`.
     pub async fn start(upstream_port: u16, fault_share: f64, seed: u64) -> FaultProxy {
+        FaultProxy::start_with_mix(upstream_port, FaultMix::even(fault_share), seed).await
+    }
+
+    /// Starts a proxy to `upstream_port` on 127.0.0.1 that faults requests in the shares of
+    /// `mix`, chosen by a generator seeded with `seed`.
+    pub async fn start_with_mix(upstream_port: u16, mix: FaultMix, seed: u64) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a local port for the fault proxy");
         let port = listener.local_addr().unwrap().port();
         let shared = Arc::new(Shared {
             upstream: format!("http://127.0.0.1:{upstream_port}"),
-            fault_share,
+            mix,
             rng: Mutex::new(fastrand::Rng::with_seed(seed)),
             counters: Counters::default(),
             client: reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap(),
@@ -129,6 +157,7 @@ impl FaultProxy {
             dropped_before: load(&c.dropped_before),
             dropped_after: load(&c.dropped_after),
             dropped_get_answers: load(&c.dropped_get_answers),
+            dropped_delete_answers: load(&c.dropped_delete_answers),
         }
     }
 }
@@ -186,15 +215,15 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream) {
         let fate = {
             let mut rng = shared.rng.lock().unwrap();
             let roll = rng.f64();
-            let share = shared.fault_share;
-            if roll >= share {
-                Fate::Forward
-            } else if roll < share / 2.0 {
+            let FaultMix { server_busy, drop_before, drop_after } = shared.mix;
+            if roll < server_busy {
                 Fate::Busy
-            } else if roll < share * 0.75 {
+            } else if roll < server_busy + drop_before {
                 Fate::DropBefore
-            } else {
+            } else if roll < server_busy + drop_before + drop_after {
                 Fate::DropAfter
+            } else {
+                Fate::Forward
             }
         };
         let counters = &shared.counters;
@@ -216,11 +245,15 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream) {
             }
             Fate::Forward | Fate::DropAfter => {
                 let gets_messages = request.method == "GET" && request.target.split('?').next().unwrap_or_default().ends_with("/messages");
+                let deletes = request.method == "DELETE" && request.target.to_ascii_lowercase().contains("popreceipt=");
                 let Some(response) = forward(&shared, request).await else { return };
                 if matches!(fate, Fate::DropAfter) {
                     counters.dropped_after.fetch_add(1, Ordering::Relaxed);
                     if gets_messages {
                         counters.dropped_get_answers.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if deletes {
+                        counters.dropped_delete_answers.fetch_add(1, Ordering::Relaxed);
                     }
                     return;
                 }

@@ -18,6 +18,7 @@ mod body_limit;
 mod errors;
 mod routes;
 mod server;
+mod storage_metrics;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -254,6 +254,10 @@ impl<Q: QueueClient> QueueClient for Metered<Q> {
         // Free by definition: not a billed transaction, so not counted.
         self.inner.local_count()
     }
+
+    fn call_records(&self) -> Vec<Arc<super::CallRecord>> {
+        self.inner.call_records()
+    }
 }
 
 #[cfg(test)]

@@ -4,13 +4,16 @@
 //!
 //! - [`embedded`]: a durable queue in a local data directory (redb), nothing to install.
 //! - [`azure`]: Azure Storage Queues (and Azurite), over the official SDK.
-//! - [`Retrying`]: retries transient errors with jittered exponential back-off.
+//! - [`Retrying`]: retries transient errors with jittered exponential back-off, and keeps a
+//!   [`CallRecord`] of failures by kind and [`FailureClass`], retries and answers.
 //! - [`Metered`]: counts every storage call by kind and by whether it returned work: the
 //!   transactions the paper's cost model bills.
 
 pub mod azure;
+mod call_record;
 pub mod clock;
 pub mod embedded;
+mod failure;
 pub mod memory;
 mod metered;
 pub mod partitioned;
@@ -20,7 +23,9 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
+pub use call_record::{CallRecord, CallSnapshot, FailureCount, KindCount, LastFailure};
 pub use clock::{Clock, SystemClock, TokioClock};
+pub use failure::{CallKind, ClassifiedError, FailureClass, classified};
 pub use metered::{Metered, RATE_BUCKET, RATE_WINDOW, TransactionCounts, TransactionRates, Transactions};
 pub use retrying::{RetryPolicy, Retrying};
 
@@ -195,6 +200,12 @@ pub trait QueueClient: Send + Sync + 'static {
     fn local_count(&self) -> Option<u64> {
         None
     }
+
+    /// The records of this queue's storage calls (a partitioned queue has one per
+    /// partition), for `/metrics` and `/status`. Empty unless a [`Retrying`] decorator keeps one.
+    fn call_records(&self) -> Vec<std::sync::Arc<CallRecord>> {
+        Vec::new()
+    }
 }
 
 /// A shared client is a client: decorators can wrap whichever backend a queue was given.
@@ -223,5 +234,8 @@ impl QueueClient for std::sync::Arc<dyn QueueClient> {
     }
     fn local_count(&self) -> Option<u64> {
         (**self).local_count()
+    }
+    fn call_records(&self) -> Vec<std::sync::Arc<CallRecord>> {
+        (**self).call_records()
     }
 }

@@ -120,4 +120,8 @@ impl QueueClient for Partitioned {
     fn local_count(&self) -> Option<u64> {
         self.partitions.iter().map(|p| p.local_count()).try_fold(0u64, |total, count| count.map(|c| total.saturating_add(c)))
     }
+
+    fn call_records(&self) -> Vec<Arc<super::CallRecord>> {
+        self.partitions.iter().flat_map(|p| p.call_records()).collect()
+    }
 }

@@ -1,12 +1,27 @@
-//! Retries transient errors with jittered exponential back-off, bounded.
+//! Retries transient errors with jittered exponential back-off, bounded, and records what
+//! became of every call ([`CallRecord`]): failures by kind and class, retries, calls given
+//! up. Log lines say what failed and what happens next, a few per minute.
+//!
+//! A delete whose attempt may have reached the service (it timed out, or the connection
+//! broke) and whose retry then hears "not found" was done by that attempt: it succeeds,
+//! counted as already done, rather than failing as a lost lease.
+//!
+//! With [`Retrying::with_readiness`], a call that fails for good marks the queue's storage
+//! not ready, and the next answer clears it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::call_record::{CallRecord, short_duration};
+use super::failure::CallKind;
 use super::{Message, MessageId, PopReceipt, QueueClient, QueueError};
+use crate::health::{Readiness, ReadinessPart, truncate_reason};
+use crate::log_limit::LogLimiter;
+
+/// Lines per minute and queue about retried or failed calls: an outage fails every call.
+const LOG_LINES_PER_MINUTE: u32 = 6;
 
 /// How transient errors are retried.
 #[derive(Debug, Clone)]
@@ -33,40 +48,110 @@ impl RetryPolicy {
     }
 }
 
-/// A backend whose transient errors are retried. `retries()` counts the retries made.
+/// A backend whose transient errors are retried and whose calls are recorded.
 pub struct Retrying<Q> {
     inner: Q,
     policy: RetryPolicy,
-    retries: Arc<AtomicU64>,
+    record: Arc<CallRecord>,
+    /// Where a call that fails for good marks the storage not ready, and under which queue.
+    readiness: Option<(Readiness, String)>,
+    log: LogLimiter,
+}
+
+/// How one call went, across its attempts.
+struct Attempts {
+    /// An attempt failed in a way that leaves open whether the service did the work.
+    maybe_done: bool,
 }
 
 impl<Q: QueueClient> Retrying<Q> {
     /// Wraps `inner`.
     pub fn new(inner: Q, policy: RetryPolicy) -> Self {
-        Retrying { inner, policy, retries: Arc::default() }
+        let record = Arc::new(CallRecord::new(inner.name()));
+        Retrying { inner, policy, record, readiness: None, log: LogLimiter::new(LOG_LINES_PER_MINUTE, Duration::from_secs(60)) }
+    }
+
+    /// Reports the storage's reachability as part [`ReadinessPart::Storage`] of `queue` (the
+    /// logical queue, as the readiness lists it): a call that fails for good sets a problem
+    /// naming the call and the error; the next call the storage answers clears it.
+    pub fn with_readiness(mut self, readiness: Readiness, queue: &str) -> Self {
+        readiness.add_queue(queue);
+        self.readiness = Some((readiness, queue.to_string()));
+        self
     }
 
     /// Retries made so far.
     pub fn retries(&self) -> u64 {
-        self.retries.load(Ordering::Relaxed)
+        self.record.snapshot().total_retries()
     }
 
-    async fn run<'a, T, F>(&'a self, what: &str, mut call: impl FnMut(&'a Q) -> F) -> Result<T, QueueError>
+    /// The record of this queue's calls.
+    pub fn call_record(&self) -> Arc<CallRecord> {
+        self.record.clone()
+    }
+
+    async fn run<'a, T, F>(&'a self, kind: CallKind, mut call: impl FnMut(&'a Q) -> F) -> (Result<T, QueueError>, Attempts)
     where
         F: Future<Output = Result<T, QueueError>>,
     {
+        let mut attempts = Attempts { maybe_done: false };
         let mut attempt = 1;
         loop {
-            match call(&self.inner).await {
-                Err(error) if error.is_transient() && attempt < self.policy.max_attempts => {
-                    let delay = self.policy.delay(attempt);
-                    tracing::debug!(queue = self.inner.name(), attempt, ?delay, "retrying {what} after: {error}");
-                    self.retries.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(delay).await;
-                    attempt += 1;
+            let result = call(&self.inner).await;
+            let error = match &result {
+                Err(error) => error,
+                Ok(_) => {
+                    self.answered(kind);
+                    return (result, attempts);
                 }
-                result => return result,
+            };
+            let Some(class) = error.failure_class() else {
+                // The storage answered; the answer was "no" for the call's own reasons.
+                self.answered(kind);
+                return (result, attempts);
+            };
+            let text = error.to_string();
+            self.record.record_failure(kind, class, &text);
+            let queue = self.inner.name();
+            if error.is_transient() && attempt < self.policy.max_attempts {
+                attempts.maybe_done |= class.may_have_succeeded();
+                let delay = self.policy.delay(attempt);
+                attempt += 1;
+                self.record.record_retry(kind);
+                if let Some(suppressed) = self.log.allow() {
+                    tracing::warn!(
+                        queue,
+                        suppressed,
+                        "{kind} on {queue} failed ({class}): retrying in {}, attempt {attempt} of {}: {}",
+                        short_duration(delay),
+                        self.policy.max_attempts,
+                        truncate_reason(&text)
+                    );
+                }
+                tokio::time::sleep(delay).await;
+                continue;
             }
+            self.record.record_gave_up(kind);
+            let tries = if attempt == 1 { "at once (not worth retrying)".to_string() } else { format!("after {attempt} attempts") };
+            let problem = format!("{kind} on {queue} failed ({class}) {tries}: {}", truncate_reason(&text));
+            if let Some(suppressed) = self.log.allow() {
+                tracing::warn!(queue, suppressed, "{problem}; {}", kind.after_giving_up());
+            }
+            if let Some((readiness, logical)) = &self.readiness
+                && readiness.set_problem(logical, ReadinessPart::Storage, &problem)
+            {
+                tracing::warn!(queue = logical.as_str(), "queue {logical} is not ready: its storage fails ({class})");
+            }
+            return (result, attempts);
+        }
+    }
+
+    fn answered(&self, kind: CallKind) {
+        self.record.record_answer(kind);
+        if let Some((readiness, logical)) = &self.readiness
+            && readiness.clear_problem(logical, ReadinessPart::Storage)
+        {
+            tracing::info!(queue = logical.as_str(), "queue {logical} is ready: its storage answers again");
         }
     }
 }
@@ -78,30 +163,168 @@ impl<Q: QueueClient> QueueClient for Retrying<Q> {
     }
 
     async fn create_if_missing(&self) -> Result<(), QueueError> {
-        self.run("create", |q| q.create_if_missing()).await
+        self.run(CallKind::Create, |q| q.create_if_missing()).await.0
     }
 
     async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<MessageId, QueueError> {
-        self.run("put", |q| q.put(body, initial_visibility)).await
+        self.run(CallKind::Put, |q| q.put(body, initial_visibility)).await.0
     }
 
     async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
-        self.run("get", |q| q.get(max, visibility)).await
+        self.run(CallKind::Get, |q| q.get(max, visibility)).await.0
     }
 
     async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError> {
-        self.run("delete", |q| q.delete(id, pop_receipt)).await
+        match self.run(CallKind::Delete, |q| q.delete(id, pop_receipt)).await {
+            (Err(QueueError::StaleReceipt { .. }), Attempts { maybe_done: true }) => {
+                self.record.record_already_done();
+                tracing::debug!(queue = self.inner.name(), %id, "a retried delete found the message gone: an earlier attempt had deleted it");
+                Ok(())
+            }
+            (result, _) => result,
+        }
     }
 
     async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
-        self.run("update", |q| q.update_visibility(id, pop_receipt, visibility)).await
+        self.run(CallKind::Update, |q| q.update_visibility(id, pop_receipt, visibility)).await.0
     }
 
     async fn approximate_count(&self) -> Result<u64, QueueError> {
-        self.run("count", |q| q.approximate_count()).await
+        self.run(CallKind::Count, |q| q.approximate_count()).await.0
     }
 
     fn local_count(&self) -> Option<u64> {
-        self.inner.local_count()
+        let count = self.inner.local_count();
+        if count.is_some() {
+            self.record.record_local_count();
+        }
+        count
+    }
+
+    fn call_records(&self) -> Vec<Arc<CallRecord>> {
+        vec![self.record.clone()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+    use crate::queue::failure::{FailureClass, classified};
+
+    /// A queue whose deletes answer from a script, one entry per attempt.
+    struct Scripted {
+        deletes: Mutex<Vec<Result<(), QueueError>>>,
+        attempts: AtomicU32,
+    }
+
+    impl Scripted {
+        fn new(deletes: Vec<Result<(), QueueError>>) -> Self {
+            Scripted { deletes: Mutex::new(deletes.into_iter().rev().collect()), attempts: AtomicU32::new(0) }
+        }
+    }
+
+    #[async_trait]
+    impl QueueClient for Scripted {
+        fn name(&self) -> &str {
+            "orders"
+        }
+        async fn create_if_missing(&self) -> Result<(), QueueError> {
+            Ok(())
+        }
+        async fn put(&self, _: &[u8], _: Duration) -> Result<MessageId, QueueError> {
+            Err(QueueError::Transient(classified(FailureClass::Connection, "connection refused")))
+        }
+        async fn get(&self, _: u32, _: Duration) -> Result<Vec<Message>, QueueError> {
+            Ok(Vec::new())
+        }
+        async fn delete(&self, _: &MessageId, _: &PopReceipt) -> Result<(), QueueError> {
+            self.attempts.fetch_add(1, Ordering::Relaxed);
+            self.deletes.lock().unwrap().pop().expect("a scripted answer")
+        }
+        async fn update_visibility(&self, _: &MessageId, receipt: &PopReceipt, _: Duration) -> Result<PopReceipt, QueueError> {
+            Ok(receipt.clone())
+        }
+        async fn approximate_count(&self) -> Result<u64, QueueError> {
+            Ok(0)
+        }
+    }
+
+    const POLICY: RetryPolicy = RetryPolicy { max_attempts: 4, base_delay: Duration::from_millis(10), max_delay: Duration::from_millis(100) };
+
+    fn transient(class: FailureClass) -> Result<(), QueueError> {
+        Err(QueueError::Transient(classified(class, format!("delete: {class}"))))
+    }
+
+    fn stale() -> Result<(), QueueError> {
+        Err(QueueError::StaleReceipt { id: "m".into() })
+    }
+
+    async fn delete(script: Vec<Result<(), QueueError>>) -> (Result<(), QueueError>, Arc<CallRecord>) {
+        let queue = Retrying::new(Scripted::new(script), POLICY);
+        let result = queue.delete(&"m".into(), &"r".into()).await;
+        (result, queue.call_record())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delete_whose_timed_out_attempt_had_succeeded_is_done_not_a_lost_lease() {
+        for class in [FailureClass::Timeout, FailureClass::Connection] {
+            let (result, record) = delete(vec![transient(class), stale()]).await;
+            assert!(result.is_ok(), "{class}: {result:?}");
+            let s = record.snapshot();
+            assert_eq!((s.already_done, s.failed_attempts(), s.total_retries()), (1, 1, 1), "{class}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delete_refused_for_load_and_then_stale_lost_its_lease() {
+        // A throttled attempt never reached the work: "not found" afterwards is a real loss.
+        let (result, record) = delete(vec![transient(FailureClass::Throttled), stale()]).await;
+        assert!(matches!(result, Err(QueueError::StaleReceipt { .. })), "{result:?}");
+        assert_eq!(record.snapshot().already_done, 0);
+        // And a first attempt that hears "not found" is a lost lease too.
+        let (result, record) = delete(vec![stale()]).await;
+        assert!(matches!(result, Err(QueueError::StaleReceipt { .. })), "{result:?}");
+        assert_eq!(record.snapshot().already_done, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_failed_attempt_is_counted_by_kind_and_class_and_the_last_one_gives_up() {
+        let (result, record) = delete(vec![transient(FailureClass::Throttled), transient(FailureClass::Timeout), Ok(())]).await;
+        assert!(result.is_ok());
+        let s = record.snapshot();
+        assert_eq!(s.failed_attempts(), 2);
+        assert!(s.gave_up.is_empty());
+        assert!(s.last_success_age_secs.is_some());
+
+        let queue = Retrying::new(Scripted::new(vec![]), POLICY);
+        assert!(queue.put(b"x", Duration::ZERO).await.is_err());
+        let s = queue.call_record().snapshot();
+        assert_eq!(s.failures[0].kind, CallKind::Put);
+        assert_eq!((s.failures[0].class, s.failures[0].count), (FailureClass::Connection, 4), "every attempt of four");
+        assert_eq!((s.total_retries(), s.gave_up[0].count), (3, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fatal_error_is_not_retried_and_is_counted_once() {
+        let (result, record) = delete(vec![Err(QueueError::Fatal(classified(FailureClass::Auth, "AuthenticationFailed (403)")))]).await;
+        assert!(matches!(result, Err(QueueError::Fatal(_))));
+        let s = record.snapshot();
+        assert_eq!((s.failed_attempts(), s.total_retries(), s.gave_up[0].count), (1, 0, 1));
+        assert_eq!(s.failures[0].class, FailureClass::Auth);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_fails_for_good_marks_the_storage_not_ready_until_the_next_answer() {
+        let readiness = Readiness::default();
+        let queue = Retrying::new(Scripted::new(vec![]), POLICY).with_readiness(readiness.clone(), "orders");
+        assert!(readiness.is_ready());
+        assert!(queue.put(b"x", Duration::ZERO).await.is_err());
+        let problem = readiness.snapshot()["orders"].problems[&ReadinessPart::Storage].clone();
+        assert!(problem.contains("put on orders failed (connection) after 4 attempts"), "{problem}");
+        queue.get(1, Duration::from_secs(1)).await.unwrap();
+        assert!(readiness.is_ready(), "the next answer clears it");
     }
 }

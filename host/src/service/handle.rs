@@ -49,6 +49,11 @@ impl QueueHandle {
         &self.inner.name
     }
 
+    /// The client sends go through (the logical queue: its partitions as one).
+    pub fn client(&self) -> &Arc<dyn QueueClient> {
+        &self.inner.sender
+    }
+
     /// This host's listeners on the queue (one per partition; none on `ebb scaler`).
     pub fn listeners(&self) -> &[Listener] {
         &self.inner.listeners

@@ -37,7 +37,7 @@ use azure_storage_queue::{QueueClient as SdkQueueClient, QueueClientOptions};
 pub use connection::{AzureAccount, Credential, DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY, DEVELOPMENT_QUEUE_ENDPOINT, EntraMethod, EntraOptions};
 pub use encoding::{Encoding, MAX_ENCODED_BYTES};
 
-use super::{MAX_BATCH, MAX_VISIBILITY, Message, MessageId, PopReceipt, QueueClient, QueueError};
+use super::{FailureClass, MAX_BATCH, MAX_VISIBILITY, Message, MessageId, PopReceipt, QueueClient, QueueError, classified};
 
 /// The storage service version every request asks for (`x-ms-version`): the SDK's own
 /// default, which Azurite supports from 3.37.0.
@@ -190,12 +190,9 @@ impl AzureQueue {
         match tokio::time::timeout(self.options.request_timeout, work).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => Err(self.classify(call, id, &error)),
-            Err(_) => Err(QueueError::Transient(anyhow!(
-                "queue {} on account {}: {}: no answer within {:?}",
-                self.name,
-                self.account,
-                call.verb(),
-                self.options.request_timeout
+            Err(_) => Err(QueueError::Transient(classified(
+                FailureClass::Timeout,
+                format!("queue {} on account {}: {}: no answer within {:?}", self.name, self.account, call.verb(), self.options.request_timeout),
             ))),
         }
     }
@@ -210,13 +207,26 @@ impl AzureQueue {
                 text.push_str(&format!(": {cause}"));
                 source = cause.source();
             }
-            let text = self.scrub(&text);
-            let error = anyhow!("{context}: {text}");
+            // Transport errors quote what a proxy or a hostile server sent: cut them.
+            let text = crate::health::truncate_reason(&self.scrub(&text));
+            let class = match transient {
+                true if text.contains("timed out") || text.contains("deadline has elapsed") => FailureClass::Timeout,
+                true => FailureClass::Connection,
+                false => FailureClass::Other,
+            };
+            let error = classified(class, format!("{context}: {text}"));
             return if transient { QueueError::Transient(error) } else { QueueError::Fatal(error) };
         };
-        let code = error_code.as_deref().unwrap_or("no error code");
+        let code = error_code.as_deref().map(crate::health::truncate_reason);
+        let code = code.as_deref().unwrap_or("no error code");
         let status_number = u16::from(*status);
-        let described = anyhow!("{context}: {code} ({status_number})");
+        let class = match (*status, code) {
+            (StatusCode::TooManyRequests | StatusCode::ServiceUnavailable, _) => FailureClass::Throttled,
+            (StatusCode::RequestTimeout | StatusCode::GatewayTimeout, _) | (_, "OperationTimedOut") => FailureClass::Timeout,
+            (StatusCode::Unauthorized | StatusCode::Forbidden, _) => FailureClass::Auth,
+            _ => FailureClass::Other,
+        };
+        let described = classified(class, format!("{context}: {code} ({status_number})"));
         match (*status, code) {
             // The visibility we send is always in range (`seconds_up`), so a bad query
             // parameter on a delete or an update is the receipt: one never issued is a lost lease.
@@ -239,18 +249,21 @@ impl AzureQueue {
                     CredentialKind::Sas => "the shared access signature".to_string(),
                     CredentialKind::Entra(method) => format!("the Entra ID token from {} (its tenant and audience)", method.as_str()),
                 };
-                QueueError::Fatal(anyhow!("queue {} on account {}: AuthenticationFailed (403): check {what}", self.name, self.account))
+                QueueError::Fatal(classified(class, format!("queue {} on account {}: AuthenticationFailed (403): check {what}", self.name, self.account)))
             }
             (StatusCode::Forbidden, "AuthorizationPermissionMismatch" | "AuthorizationFailure") => {
                 let needs = match self.credential {
                     CredentialKind::Entra(_) => call.role(),
                     _ => call.permission(),
                 };
-                QueueError::Fatal(anyhow!(
-                    "queue {} on account {}: {code} (403): the credential lacks the permission to {}: it needs {needs}",
-                    self.name,
-                    self.account,
-                    call.verb(),
+                QueueError::Fatal(classified(
+                    class,
+                    format!(
+                        "queue {} on account {}: {code} (403): the credential lacks the permission to {}: it needs {needs}",
+                        self.name,
+                        self.account,
+                        call.verb(),
+                    ),
                 ))
             }
             (StatusCode::NotFound, "QueueNotFound") => {
@@ -445,6 +458,38 @@ mod tests {
         }
         let classified = queue.classify(Call::Get, None, &error(StatusCode::BadRequest, "InvalidQueryParameterValue"));
         assert!(matches!(classified, QueueError::Fatal(_)), "a get's bad parameter is ours to fix: {classified}");
+    }
+
+    #[test]
+    fn failures_are_classed_by_status_and_code() {
+        let queue = AzureQueue::new(&AzureAccount::development_storage(), "orders", AzureOptions::default()).unwrap();
+        let answer = |status, code: &str| {
+            let error = azure_core::Error::with_message(ErrorKind::HttpResponse { status, error_code: Some(code.into()), raw_response: None }, "answer");
+            queue.classify(Call::Get, None, &error)
+        };
+        let cases = [
+            (StatusCode::ServiceUnavailable, "ServerBusy", FailureClass::Throttled, true),
+            (StatusCode::TooManyRequests, "TooManyRequests", FailureClass::Throttled, true),
+            (StatusCode::InternalServerError, "OperationTimedOut", FailureClass::Timeout, true),
+            (StatusCode::GatewayTimeout, "no code", FailureClass::Timeout, true),
+            (StatusCode::RequestTimeout, "no code", FailureClass::Timeout, true),
+            (StatusCode::InternalServerError, "InternalError", FailureClass::Other, true),
+            (StatusCode::Forbidden, "AuthenticationFailed", FailureClass::Auth, false),
+            (StatusCode::Forbidden, "AuthorizationPermissionMismatch", FailureClass::Auth, false),
+            (StatusCode::Unauthorized, "InvalidAuthenticationInfo", FailureClass::Auth, false),
+            (StatusCode::NotFound, "QueueNotFound", FailureClass::Other, false),
+        ];
+        for (status, code, class, transient) in cases {
+            let error = answer(status, code);
+            assert_eq!((error.failure_class(), error.is_transient()), (Some(class), transient), "{status} {code}: {error}");
+            assert!(error.to_string().contains(code) || code == "no code" || class == FailureClass::Other, "{error}");
+        }
+        let hostile = answer(StatusCode::ServiceUnavailable, &"X".repeat(100_000)).to_string();
+        assert!(hostile.len() < 1_000, "a huge error code is cut: {} bytes", hostile.len());
+        let io = |kind, text: &str| queue.classify(Call::Delete, None, &azure_core::Error::with_message(kind, text.to_string()));
+        assert!(io(ErrorKind::Io, &"connection reset ".repeat(10_000)).to_string().len() < 1_000, "a huge transport error is cut");
+        assert_eq!(io(ErrorKind::Io, "connection closed before message completed").failure_class(), Some(FailureClass::Connection));
+        assert_eq!(io(ErrorKind::Io, "error sending request: operation timed out").failure_class(), Some(FailureClass::Timeout));
     }
 
     #[test]

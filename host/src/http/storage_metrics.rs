@@ -1,0 +1,136 @@
+//! The storage figures of `/metrics` and `/status`: failed calls by queue, kind and class,
+//! retries, calls given up, deletes found already done, and how old each queue's last
+//! answer and depth figure are. Read from the [`CallRecord`]s the queue clients keep.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::SystemTime;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::listener::ListenerStatus;
+use crate::queue::{CallKind, CallRecord, CallSnapshot, FailureClass, QueueClient};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailureLabel {
+    queue: String,
+    kind: &'static str,
+    class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    queue: String,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabel {
+    queue: String,
+}
+
+/// The call records of `queues` (every partition of a partitioned queue), one per storage queue.
+pub fn call_records<'a>(queues: impl IntoIterator<Item = &'a Arc<dyn QueueClient>>) -> Vec<Arc<CallRecord>> {
+    let mut records: Vec<Arc<CallRecord>> = Vec::new();
+    for record in queues.into_iter().flat_map(|q| q.call_records()) {
+        if !records.iter().any(|r| Arc::ptr_eq(r, &record)) {
+            records.push(record);
+        }
+    }
+    records
+}
+
+/// Adds the storage series to `registry`: from the call records of `queues`, and the age of
+/// each listener's depth figure (beside `ebb_queue_depth`).
+pub fn register<'a>(registry: &mut Registry, queues: impl IntoIterator<Item = &'a Arc<dyn QueueClient>>, statuses: &[ListenerStatus]) {
+    let failures = Family::<FailureLabel, Counter>::default();
+    registry.register(
+        "storage_failures",
+        "Failed storage call attempts by kind (get, put, delete, update, count, create) and class (throttled, timeout, connection, auth, other)",
+        failures.clone(),
+    );
+    let retries = Family::<KindLabel, Counter>::default();
+    registry.register("storage_retries", "Storage calls tried again after a transient failure, by kind", retries.clone());
+    let gave_up = Family::<KindLabel, Counter>::default();
+    registry.register("storage_gave_up", "Storage calls that failed for good (not worth retrying, or out of attempts), by kind", gave_up.clone());
+    let already_done = Family::<QueueLabel, Counter>::default();
+    registry.register(
+        "storage_already_done",
+        "Deletes whose retry found the message gone after an attempt that may have reached the service: done by that attempt",
+        already_done.clone(),
+    );
+    let last_success = Family::<QueueLabel, Gauge<f64, AtomicU64>>::default();
+    registry.register("storage_last_success_age_seconds", "Seconds since the storage last answered a call of the queue", last_success.clone());
+    let depth_age = Family::<QueueLabel, Gauge<f64, AtomicU64>>::default();
+    registry.register("queue_depth_age_seconds", "Seconds since the figure in ebb_queue_depth was measured", depth_age.clone());
+
+    for record in call_records(queues) {
+        let queue = record.queue().to_string();
+        for kind in CallKind::ALL {
+            for class in FailureClass::ALL {
+                failures.get_or_create(&FailureLabel { queue: queue.clone(), kind: kind.as_str(), class: class.as_str() }).inc_by(record.failures(kind, class));
+            }
+            retries.get_or_create(&KindLabel { queue: queue.clone(), kind: kind.as_str() }).inc_by(record.retries(kind));
+            gave_up.get_or_create(&KindLabel { queue: queue.clone(), kind: kind.as_str() }).inc_by(record.gave_up(kind));
+        }
+        let snapshot = record.snapshot();
+        already_done.get_or_create(&QueueLabel { queue: queue.clone() }).inc_by(snapshot.already_done);
+        if let Some(age) = snapshot.last_success_age_secs {
+            last_success.get_or_create(&QueueLabel { queue }).set(age);
+        }
+    }
+    let now = SystemTime::now();
+    for status in statuses {
+        if let Some(at) = status.depth_as_of {
+            let age = now.duration_since(at).unwrap_or_default().as_secs_f64();
+            depth_age.get_or_create(&QueueLabel { queue: status.queue.clone() }).set(age);
+        }
+    }
+}
+
+/// The storage figures of `/status`: one entry per storage queue.
+pub fn status<'a>(queues: impl IntoIterator<Item = &'a Arc<dyn QueueClient>>) -> Vec<CallSnapshot> {
+    call_records(queues).iter().map(|r| r.snapshot()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::queue::memory::MemoryQueue;
+    use crate::queue::partitioned::Partitioned;
+    use crate::queue::{RetryPolicy, Retrying, TokioClock};
+
+    #[tokio::test(start_paused = true)]
+    async fn every_partition_shows_its_failures_retries_and_ages() {
+        let clock = Arc::new(TokioClock::new());
+        let partition = |name: &str| -> Arc<dyn QueueClient> { Arc::new(Retrying::new(MemoryQueue::new(name, clock.clone(), 1024), RetryPolicy::default())) };
+        let (first, second) = (partition("orders-0"), partition("orders-1"));
+        let queue: Arc<dyn QueueClient> = Arc::new(Partitioned::new("orders", vec![first.clone(), second]));
+        first.get(1, Duration::from_secs(1)).await.unwrap();
+        first.call_records()[0].record_failure(CallKind::Delete, FailureClass::Timeout, "no answer");
+        tokio::time::advance(Duration::from_secs(4)).await;
+
+        let mut registry = Registry::with_prefix("ebb");
+        register(&mut registry, [&queue], &[]);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            r#"ebb_storage_failures_total{queue="orders-0",kind="delete",class="timeout"} 1"#,
+            r#"ebb_storage_failures_total{queue="orders-1",kind="get",class="throttled"} 0"#,
+            r#"ebb_storage_retries_total{queue="orders-0",kind="get"} 0"#,
+            r#"ebb_storage_last_success_age_seconds{queue="orders-0"} 4.0"#,
+        ] {
+            assert!(text.contains(line), "{line} in:\n{text}");
+        }
+        assert!(!text.contains(r#"ebb_storage_last_success_age_seconds{queue="orders-1"}"#), "never answered: no age");
+        let status = status([&queue]);
+        assert_eq!(status.len(), 2);
+        assert_eq!(status[0].failed_attempts(), 1);
+    }
+}

@@ -1,0 +1,74 @@
+//! The changes the writer applies, one function each: create a queue, put, delete. Leasing
+//! (get, visibility updates, receipts) is in `leasing`.
+
+use redb::{ReadableTable, ReadableTableMetadata};
+
+use super::leasing::{lease, leased_header, update_visibility};
+use super::record::{Header, checksum};
+use super::tables::{Tables, add_count};
+use crate::queue::{Message, QueueError};
+
+/// A change, carrying the caller's clock reading (the writer thread has no tokio clock).
+pub(super) enum Op {
+    Create { name: String },
+    Put { queue: u32, now_ms: u64, body: Vec<u8>, delay_ms: u64 },
+    Get { queue: u32, now_ms: u64, max: u32, visibility_ms: u64 },
+    Delete { queue: u32, seq: u64, receipt: u64 },
+    Update { queue: u32, seq: u64, receipt: u64, now_ms: u64, visibility_ms: u64 },
+}
+
+pub(super) enum Reply {
+    QueueId(u32),
+    Id(String),
+    Messages(Vec<Message>),
+    Deleted,
+    Receipt(String),
+}
+
+/// What applying a change gives: the outer error is a storage failure (abort the
+/// transaction); the inner one is this change's own (a stale receipt), which leaves the
+/// others of its group to commit.
+pub(super) type Applied = anyhow::Result<Result<Reply, QueueError>>;
+
+/// Applies one change.
+pub(super) fn apply(t: &mut Tables<'_>, op: Op, next_seq: &mut u64) -> Applied {
+    match op {
+        Op::Create { name } => create(t, &name),
+        Op::Put { queue, now_ms, body, delay_ms } => put(t, queue, now_ms, body, delay_ms, next_seq),
+        Op::Get { queue, now_ms, max, visibility_ms } => lease(t, queue, now_ms, max, visibility_ms),
+        Op::Delete { queue, seq, receipt } => delete(t, queue, seq, receipt),
+        Op::Update { queue, seq, receipt, now_ms, visibility_ms } => update_visibility(t, queue, seq, receipt, now_ms, visibility_ms),
+    }
+}
+
+/// The queue's id, given at its creation (1, 2, …).
+fn create(t: &mut Tables<'_>, name: &str) -> Applied {
+    if let Some(id) = t.queues.get(name)? {
+        return Ok(Ok(Reply::QueueId(id.value())));
+    }
+    let id = t.queues.len()? as u32 + 1;
+    t.queues.insert(name, id)?;
+    Ok(Ok(Reply::QueueId(id)))
+}
+
+fn put(t: &mut Tables<'_>, queue: u32, now_ms: u64, body: Vec<u8>, delay_ms: u64, next_seq: &mut u64) -> Applied {
+    let seq = *next_seq;
+    *next_seq += 1;
+    let visible_at_ms = now_ms.saturating_add(delay_ms);
+    let header = Header { visible_at_ms, inserted_at_ms: now_ms, receipt: 0, dequeue_count: 0, body_checksum: checksum(&body) };
+    t.messages.insert((queue, seq), header.encode(&body).as_slice())?;
+    t.visible.insert((queue, visible_at_ms, seq), ())?;
+    add_count(&mut t.counts, queue, 1)?;
+    Ok(Ok(Reply::Id(seq.to_string())))
+}
+
+fn delete(t: &mut Tables<'_>, queue: u32, seq: u64, receipt: u64) -> Applied {
+    let header = match leased_header(t, queue, seq, receipt)? {
+        Ok(header) => header,
+        Err(stale) => return Ok(Err(stale)),
+    };
+    t.messages.remove((queue, seq))?;
+    t.visible.remove((queue, header.visible_at_ms, seq))?;
+    add_count(&mut t.counts, queue, -1)?;
+    Ok(Ok(Reply::Deleted))
+}

@@ -1,0 +1,83 @@
+//! Leases: a get takes the oldest visible messages and hides them for the visibility
+//! timeout under a new receipt; only the latest receipt can delete a message or change its
+//! visibility.
+
+use redb::ReadableTable;
+
+use super::changes::{Applied, Reply};
+use super::record::{HEADER_BYTES, Header, Record};
+use super::tables::Tables;
+use crate::queue::clock::system_time;
+use crate::queue::{Message, QueueError};
+
+/// Leases up to `max` messages visible at `now_ms`, oldest visibility first.
+pub(super) fn lease(t: &mut Tables<'_>, queue: u32, now_ms: u64, max: u32, visibility_ms: u64) -> Applied {
+    let due: Vec<(u64, u64)> = t
+        .visible
+        .range((queue, 0, 0)..=(queue, now_ms, u64::MAX))?
+        .take(max as usize)
+        .map(|entry| entry.map(|(key, _)| (key.value().1, key.value().2)))
+        .collect::<Result<_, _>>()?;
+    let mut leased = Vec::with_capacity(due.len());
+    for (visible_at_ms, seq) in due {
+        t.visible.remove((queue, visible_at_ms, seq))?;
+        let Some(stored) = t.messages.get((queue, seq))?.map(|v| v.value().to_vec()) else {
+            // An index entry without its message (a damaged file): drop the entry.
+            tracing::warn!(queue, seq, "dropping an index entry whose message is missing");
+            continue;
+        };
+        let Record { header: old, body, defect } = Record::read(&stored, now_ms);
+        let header = Header {
+            visible_at_ms: now_ms.saturating_add(visibility_ms),
+            receipt: new_receipt(old.receipt),
+            dequeue_count: old.dequeue_count.saturating_add(1),
+            ..old
+        };
+        t.messages.insert((queue, seq), header.encode(&body).as_slice())?;
+        t.visible.insert((queue, header.visible_at_ms, seq), ())?;
+        leased.push(Message {
+            id: seq.to_string().into(),
+            pop_receipt: format!("{:016x}", header.receipt).into(),
+            dequeue_count: header.dequeue_count,
+            inserted_at: system_time(header.inserted_at_ms),
+            next_visible_at: system_time(header.visible_at_ms),
+            body,
+            defect,
+        });
+    }
+    Ok(Ok(Reply::Messages(leased)))
+}
+
+/// Makes a leased message visible `visibility_ms` after `now_ms`, under a new receipt.
+pub(super) fn update_visibility(t: &mut Tables<'_>, queue: u32, seq: u64, receipt: u64, now_ms: u64, visibility_ms: u64) -> Applied {
+    let header = match leased_header(t, queue, seq, receipt)? {
+        Ok(header) => header,
+        Err(stale) => return Ok(Err(stale)),
+    };
+    let stored = t.messages.get((queue, seq))?.map(|v| v.value().to_vec()).unwrap_or_default();
+    t.visible.remove((queue, header.visible_at_ms, seq))?;
+    let updated = Header { visible_at_ms: now_ms.saturating_add(visibility_ms), receipt: new_receipt(receipt), ..header };
+    t.messages.insert((queue, seq), updated.encode(&stored[HEADER_BYTES..]).as_slice())?;
+    t.visible.insert((queue, updated.visible_at_ms, seq), ())?;
+    Ok(Ok(Reply::Receipt(format!("{:016x}", updated.receipt))))
+}
+
+/// The header of a message whose current receipt is `receipt`, or (inner) a stale-receipt error.
+pub(super) fn leased_header(t: &Tables<'_>, queue: u32, seq: u64, receipt: u64) -> anyhow::Result<Result<Header, QueueError>> {
+    let stale = || QueueError::StaleReceipt { id: seq.to_string().into() };
+    let Some(stored) = t.messages.get((queue, seq))? else { return Ok(Err(stale())) };
+    match Header::decode(stored.value()) {
+        Some(header) if header.receipt == receipt && receipt != 0 => Ok(Ok(header)),
+        _ => Ok(Err(stale())),
+    }
+}
+
+/// A receipt other than `previous` (and never 0, which no lease has).
+fn new_receipt(previous: u64) -> u64 {
+    loop {
+        let receipt = fastrand::u64(1..);
+        if receipt != previous {
+            return receipt;
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! The store's handle: opens a data directory, starts the writer, and passes changes to it.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, anyhow};
+use redb::{Database, DatabaseError, StorageBackend};
+use tokio::sync::oneshot;
+
+use super::changes::{Op, Reply};
+use super::opening::{create_if_absent, open_database};
+use super::queue::EmbeddedQueue;
+use super::writer::{Request, STORAGE_LOG_LINES, Writer};
+use super::{EmbeddedOptions, STORE_FILE};
+use crate::log_limit::LogLimiter;
+use crate::queue::QueueError;
+
+/// Opens the database in a file, initialising it if the file is empty: at start, and again
+/// after a failed commit (only ever on a file [`open_database`] has checked), and to create
+/// a new store in a fresh file.
+pub(super) type Opener = Arc<dyn Fn(&Path) -> Result<Database, DatabaseError> + Send + Sync>;
+/// The open database, shared by the writer and readers; `None` while it is being reopened
+/// or cannot be.
+pub(super) type DatabaseSlot = Arc<RwLock<Option<Arc<Database>>>>;
+
+/// A data directory holding any number of queues. One process owns it at a time.
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    pub(super) shared: Arc<Shared>,
+}
+
+pub(super) struct Shared {
+    pub(super) dir: PathBuf,
+    pub(super) file: PathBuf,
+    pub(super) db: DatabaseSlot,
+    pub(super) writer: Option<mpsc::Sender<Request>>,
+    pub(super) writer_thread: Option<std::thread::JoinHandle<()>>,
+    pub(super) options: EmbeddedOptions,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Close the channel, then wait for the last commit, so the file is released on return.
+        self.writer.take();
+        if let Some(thread) = self.writer_thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl EmbeddedStore {
+    /// Opens the store in `dir`, creating it if `dir` has no store file. A store file that is
+    /// not a valid store (empty, another kind of file, truncated, damaged) is refused with an
+    /// error naming it and how to recover; it is never overwritten.
+    pub fn open(dir: &Path, options: EmbeddedOptions) -> anyhow::Result<Self> {
+        Self::open_with(dir, options, Arc::new(|path: &Path| Database::create(path)))
+    }
+
+    /// As [`EmbeddedStore::open`], on a storage backend of the caller's over the store file:
+    /// `make_backend` gets the file's path at each open (the first, and reopens after a
+    /// failed commit). For injecting faults in tests.
+    pub fn open_with_backend<B: StorageBackend>(
+        dir: &Path,
+        options: EmbeddedOptions,
+        make_backend: impl Fn(&Path) -> std::io::Result<B> + Send + Sync + 'static,
+    ) -> anyhow::Result<Self> {
+        Self::open_with(dir, options, Arc::new(move |path: &Path| Database::builder().create_with_backend(make_backend(path)?)))
+    }
+
+    fn open_with(dir: &Path, options: EmbeddedOptions, opener: Opener) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir).with_context(|| format!("failed to create data directory {}", dir.display()))?;
+        let file = dir.join(STORE_FILE);
+        create_if_absent(&opener, &file)?;
+        let (db, next_seq) = open_database(&opener, &file)?;
+        let slot: DatabaseSlot = Arc::new(RwLock::new(Some(db.clone())));
+        let (sender, requests) = mpsc::channel();
+        let writer = Writer {
+            slot: slot.clone(),
+            db: Some(db),
+            opener,
+            file: file.clone(),
+            next_seq,
+            health: options.health.clone(),
+            next_reopen: Instant::now(),
+            failed_commits: 0,
+            good_commits: 0,
+            log: LogLimiter::new(STORAGE_LOG_LINES, Duration::from_secs(60)),
+        };
+        // The writer logs where the store was opened would (a test's or a command's subscriber).
+        let dispatch = tracing::dispatcher::get_default(Clone::clone);
+        let thread = std::thread::Builder::new()
+            .name("ebb-queue-writer".into())
+            .spawn(move || tracing::dispatcher::with_default(&dispatch, || writer.run(requests)))
+            .context("failed to start the queue writer")?;
+        Ok(EmbeddedStore { shared: Arc::new(Shared { dir: dir.to_path_buf(), file, db: slot, writer: Some(sender), writer_thread: Some(thread), options }) })
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// A handle on queue `name` (create it with [`QueueClient::create_if_missing`]).
+    pub fn queue(&self, name: &str) -> EmbeddedQueue {
+        EmbeddedQueue { store: self.clone(), name: name.to_string(), id: OnceLock::new() }
+    }
+
+    pub(super) async fn call(&self, op: Op) -> Result<Reply, QueueError> {
+        let (reply, receive) = oneshot::channel();
+        self.shared
+            .writer
+            .as_ref()
+            .ok_or_else(|| QueueError::Fatal(anyhow!("the queue store is closed")))?
+            .send(Request { op, reply })
+            .map_err(|_| QueueError::Fatal(anyhow!("the queue writer has stopped")))?;
+        receive.await.map_err(|_| QueueError::Fatal(anyhow!("the queue writer has stopped")))?
+    }
+
+    /// The open database for a read, or a transient error while it is being reopened.
+    pub(super) fn database(&self) -> Result<Arc<Database>, QueueError> {
+        let slot = self.shared.db.read().unwrap_or_else(PoisonError::into_inner);
+        slot.clone().ok_or_else(|| QueueError::Transient(anyhow!("queue store {} is unavailable: reopening after a storage error", self.shared.file.display())))
+    }
+
+    pub(super) fn now_ms(&self) -> u64 {
+        self.shared.options.clock.now_ms()
+    }
+}

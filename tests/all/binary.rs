@@ -104,6 +104,12 @@ impl Site {
     async fn status(&self) -> serde_json::Value {
         serde_json::from_slice(&self.ebb(&["status", "--json"]).stdout).unwrap()
     }
+
+    /// Waits until every queue decides with its rule (rules load in the background at start).
+    async fn rule_in_use(&self) {
+        let in_use = |status: serde_json::Value| status["queues"].as_array().is_some_and(|qs| qs.iter().all(|q| q["rule"]["file"] == "orders.wasm"));
+        wait_until("the rule in use", || async { in_use(self.status().await) }).await;
+    }
 }
 
 pub(crate) async fn wait_until<F: Future<Output = bool>>(what: &str, mut condition: impl FnMut() -> F) {
@@ -138,6 +144,7 @@ async fn run_send_and_status_through_the_binary() {
     wait_until("45 messages handled", || async { app.seen.lock().unwrap().len() >= 45 }).await;
     assert_eq!(app.bodies(), BTreeSet::from(["early".to_string(), "via-api".to_string()]));
 
+    site.rule_in_use().await;
     let status = site.status().await;
     let queue = &status["queues"][0];
     assert_eq!(queue["processed"], 45);
@@ -382,6 +389,7 @@ async fn a_partitioned_queue_spreads_messages_and_sums_its_status() {
     let mut host = site.start_host().await;
     site.ebb(&["send", "orders", "via-api", "--count", "30"]);
     wait_until("60 messages handled", || async { app.seen.lock().unwrap().len() >= 60 }).await;
+    site.rule_in_use().await;
     let status = site.status().await;
     let queues = status["queues"].as_array().unwrap();
     let names: Vec<&str> = queues.iter().map(|q| q["queue"].as_str().unwrap()).collect();
@@ -408,6 +416,7 @@ async fn a_damaged_rule_cache_is_recompiled_not_a_crash() {
     let (_app, app_addr) = App::start(Duration::ZERO).await;
     let site = Site::new(app_addr, "30s");
     let mut host = site.start_host().await;
+    site.rule_in_use().await;
     signal(&host, "-TERM");
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
     let cache = site.dir.path().join("ebb-data/rule-cache");

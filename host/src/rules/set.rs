@@ -138,7 +138,7 @@ impl RuleSet {
 
     /// Starts loading every rule file a queue names, each on a thread of its own, and returns
     /// at once: until a queue's rule is ready its decisions come from the built-in rule, with
-    /// source [`DecisionSource::Compiling`], and [`QueueRules::load`] says
+    /// source [`DecisionSource::Compiling`], and [`QueueRules::load_state`] says
     /// [`RuleLoad::Compiling`]; then the rule is swapped in as a hot swap does. A failure is
     /// logged and kept (`RuleLoad::Failed`); the queue stays on the built-in rule until the
     /// file is fixed. This is how a host starts: a rule that takes seconds to compile (a
@@ -184,7 +184,7 @@ impl RuleSet {
 
     /// Whether `queue`'s rule is loaded, still compiling, or failed; `None` for an unknown queue.
     pub fn load_state(&self, queue: &str) -> Option<RuleLoad> {
-        self.queues.get(queue).map(QueueRules::load)
+        self.queues.get(queue).map(QueueRules::load_state)
     }
 
     /// Held while `path` is applied (`None` for a file no queue names).

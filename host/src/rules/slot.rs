@@ -177,7 +177,7 @@ impl QueueRules {
 
     /// Whether the queue's rule is loaded, still compiling, or failed (and why). Never waits
     /// on a rule.
-    pub fn load(&self) -> RuleLoad {
+    pub fn load_state(&self) -> RuleLoad {
         let group = &self.slot.group;
         let status = lock(&group.status);
         if status.rule.is_some() {

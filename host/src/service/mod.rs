@@ -342,7 +342,7 @@ fn rule_slot_names(queue: &QueueConfig, role: Role, scaler: bool) -> Vec<String>
 
 /// Why a queue's rule slot is not ready, if it is not.
 fn rule_problem(rules: &QueueRules) -> Option<String> {
-    match rules.load() {
+    match rules.load_state() {
         RuleLoad::BuiltIn | RuleLoad::Loaded => None,
         RuleLoad::Compiling => Some("its rule is compiling (the built-in rule decides meanwhile)".into()),
         RuleLoad::Failed(reason) => Some(format!("its rule cannot load (the built-in rule decides): {reason}")),

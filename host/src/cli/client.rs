@@ -52,7 +52,7 @@ pub async fn send(config_path: &Path, queue: &str, count: u64, body: Option<Stri
                 Backend::Azure { .. } => None,
             };
             let open = |name: &str| crate::service::storage_queue(&queue_config.backend, store.as_ref(), name);
-            let stack = QueueStack::assemble(queue_config, &open, &StackOptions { metered: false, retry: Some(RetryPolicy::default()) })?;
+            let stack = QueueStack::assemble(queue_config, &open, &StackOptions { metered: false, retry: Some(RetryPolicy::default()), readiness: None })?;
             stack.create_if_missing().await?;
             let target = stack.logical;
             let mut puts = futures::stream::iter(0..count).map(|_| target.put(&body, Duration::ZERO)).buffer_unordered(256);

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context as _, Result};
 
 use crate::config::{Backend, QueueConfig};
+use crate::health::Readiness;
 use crate::queue::azure::{AzureOptions, AzureQueue};
 use crate::queue::embedded::EmbeddedStore;
 use crate::queue::partitioned::Partitioned;
@@ -36,6 +37,9 @@ pub struct StackOptions {
     pub metered: bool,
     /// Retry transient errors with this policy; `None`: one try.
     pub retry: Option<RetryPolicy>,
+    /// With retries: report whether the storage answers as the queue's readiness (a call
+    /// that fails for good makes it not ready, the next answer ready again).
+    pub readiness: Option<Readiness>,
 }
 
 /// One partition's client, decorated, and its transaction counters when metered.
@@ -68,9 +72,10 @@ impl QueueStack {
     /// queue `poison` (for callers without a [`QueueConfig`], like the simulator).
     pub fn assemble_named(name: &str, storage: &[String], poison: &str, open: &OpenQueue<'_>, options: &StackOptions) -> Result<QueueStack> {
         let retrying = |client: Arc<dyn QueueClient>| -> Arc<dyn QueueClient> {
-            match &options.retry {
-                Some(policy) => Arc::new(Retrying::new(client, policy.clone())),
-                None => client,
+            match (&options.retry, &options.readiness) {
+                (Some(policy), Some(readiness)) => Arc::new(Retrying::new(client, policy.clone()).with_readiness(readiness.clone(), name)),
+                (Some(policy), None) => Arc::new(Retrying::new(client, policy.clone())),
+                (None, _) => client,
             }
         };
         let mut partitions = Vec::new();

@@ -116,7 +116,8 @@ impl Service {
         let mut queues = BTreeMap::new();
         for queue_config in &config.queues {
             let open = |name: &str| storage_queue(&queue_config.backend, Some(&store), name);
-            let stack = QueueStack::assemble(queue_config, &open, &StackOptions { metered: true, retry: Some(RetryPolicy::default()) })?;
+            let options = StackOptions { metered: true, retry: Some(RetryPolicy::default()), readiness: Some(readiness.clone()) };
+            let stack = QueueStack::assemble(queue_config, &open, &options)?;
             let listeners = match role {
                 Role::Worker => worker_listeners(queue_config, &stack, &rules, config.bus.is_some())?,
                 Role::Watcher => Vec::new(),

@@ -278,8 +278,13 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
     let poison_memory: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new(POISON_QUEUE, clock, crate::defaults::MAX_MESSAGE_BYTES));
     let open = |name: &str| -> Result<Arc<dyn QueueClient>> { Ok(if name == POISON_QUEUE { poison_memory.clone() } else { memory.clone() }) };
     // The same stack as `ebb run`: retries around metering around the backend.
-    let stack =
-        QueueStack::assemble_named(QUEUE, &[QUEUE.to_string()], POISON_QUEUE, &open, &StackOptions { metered: true, retry: Some(RetryPolicy::default()) })?;
+    let stack = QueueStack::assemble_named(
+        QUEUE,
+        &[QUEUE.to_string()],
+        POISON_QUEUE,
+        &open,
+        &StackOptions { metered: true, retry: Some(RetryPolicy::default()), readiness: None },
+    )?;
     stack.create_if_missing().await?;
     let queue = stack.logical.clone();
     let transactions = stack.partitions[0].transactions.clone().context("the simulated queue is metered")?;

@@ -84,6 +84,18 @@ fn deep_recursion_is_stopped_by_the_stack_limit() {
 }
 
 #[test]
+fn a_quarantine_after_of_zero_never_quarantines() {
+    let rules = loaded(guests::TRAP, RuleLimits { quarantine_after: 0, ..RuleLimits::default() });
+    for _ in 0..3 {
+        assert_eq!(rules.decide_task_count(QUEUE, &state(5)).source, DecisionSource::Fallback, "the rule is tried, and faults");
+        wait_for("the rebuild", || !rules.status(QUEUE).unwrap().rebuilding);
+    }
+    let status = rules.status(QUEUE).unwrap();
+    assert!(!status.quarantined, "quarantine_after = 0 means never");
+    assert_eq!(status.faults, 3);
+}
+
+#[test]
 fn trapping_rule_falls_back_and_is_quarantined_after_repeated_faults() {
     let limits = RuleLimits { quarantine_after: 3, ..RuleLimits::default() };
     let rules = loaded(guests::TRAP, limits);

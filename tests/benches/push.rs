@@ -1,5 +1,6 @@
 //! Pickup latency through the real binary, printed as JSON:
-//! `cargo bench -p ebb-tests --bench push` (`EBB_BENCH_PUSH_SAMPLES`, default 50).
+//! `cargo bench -p ebb-tests --bench push` (`EBB_BENCH_PUSH_SAMPLES`, default 50;
+//! `EBB_BENCH_PUSH_MODES`, a comma list of push, scaler, pull, default all).
 //!
 //! A host (`ebb run`, release) on an Azurite queue with the built-in rule, min 100 ms and
 //! max 1 s polling, handling into a local HTTP app that notes when each message arrives.
@@ -197,13 +198,16 @@ fn main() {
     let azurite = Azurite::start();
     let redis = RedisServer::start();
     let report = runtime.block_on(async {
-        eprintln!("push");
-        let push = measure(Mode::Push, samples, &azurite, &redis).await;
-        eprintln!("push through a scaler host");
-        let through_scaler = measure(Mode::ThroughScaler, samples, &azurite, &redis).await;
-        eprintln!("pull");
-        let pull = measure(Mode::Pull, samples, &azurite, &redis).await;
-        json!({ "pickup_latency": [push, through_scaler, pull] })
+        // `EBB_BENCH_PUSH_MODES`: which of push, scaler, pull to run (default all).
+        let modes = std::env::var("EBB_BENCH_PUSH_MODES").unwrap_or_else(|_| "push,scaler,pull".into());
+        let mut results = Vec::new();
+        for (name, mode) in [("push", Mode::Push), ("scaler", Mode::ThroughScaler), ("pull", Mode::Pull)] {
+            if modes.split(',').any(|m| m.trim() == name) {
+                eprintln!("{name}");
+                results.push(measure(mode, samples, &azurite, &redis).await);
+            }
+        }
+        json!({ "pickup_latency": results })
     });
     println!("{}", serde_json::to_string_pretty(&report).unwrap());
 }

@@ -133,7 +133,7 @@ pub struct RuleLimitsFile {
     /// Linear memory per rule instance, in MiB. Default 64.
     #[serde(default = "serde_defaults::memory_mib")]
     pub memory_mib: usize,
-    /// Consecutive faults before a rule is quarantined. Default 5.
+    /// Consecutive faults before a rule is quarantined; 0: never. Default 5.
     #[serde(default = "serde_defaults::quarantine_after")]
     pub quarantine_after: u32,
     /// Size bound of the compiled-rule cache on disk, in MiB. Default 256.

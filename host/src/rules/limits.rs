@@ -20,11 +20,19 @@ pub struct RuleLimits {
     pub stack_bytes: usize,
     /// Largest rule file accepted, in bytes.
     pub max_file_bytes: u64,
-    /// Consecutive faulty calls after which a rule is quarantined until its file's content changes.
+    /// Consecutive faulty calls after which a rule is quarantined until its file's content
+    /// changes; 0: never (every call is tried, the built-in rule deciding each that faults).
     pub quarantine_after: u32,
     /// Most bytes the on-disk compiled-rule cache may hold. Rules in use are never evicted,
     /// even when they alone exceed it; unused ones go oldest first.
     pub cache_max_bytes: u64,
+}
+
+impl RuleLimits {
+    /// Whether `faults` consecutive faults quarantine a rule.
+    pub fn quarantines_at(&self, faults: u32) -> bool {
+        self.quarantine_after > 0 && faults >= self.quarantine_after
+    }
 }
 
 impl Default for RuleLimits {

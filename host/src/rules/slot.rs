@@ -292,7 +292,7 @@ impl RuleGroup {
         let quarantine = {
             let mut status = lock(&self.status);
             status.last_error = Some(reason);
-            let quarantine = faults >= self.engine.limits().quarantine_after && !status.quarantined && status.rule.is_some();
+            let quarantine = self.engine.limits().quarantines_at(faults) && !status.quarantined && status.rule.is_some();
             status.quarantined |= quarantine;
             quarantine
         };
@@ -357,7 +357,7 @@ impl RuleGroup {
                 }
                 let mut status = lock(&self.status);
                 status.last_error = Some(reason);
-                if faults >= self.engine.limits().quarantine_after && !status.quarantined && status.generation == generation {
+                if self.engine.limits().quarantines_at(faults) && !status.quarantined && status.generation == generation {
                     status.quarantined = true;
                     tracing::warn!(queues = %self.label(), rule = %rule.name, faults, "rule quarantined until its file's content changes; the built-in rule decides");
                 }

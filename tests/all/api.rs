@@ -440,8 +440,10 @@ impl Host {
 
     /// SIGTERM, then waits for a clean exit; returns the log.
     async fn stop(mut self) -> Result<String> {
+        // The child stays ours until the signal is sent: if sending fails, Drop kills and reaps it.
+        let pid = self.child.as_ref().map(|c| c.id()).unwrap_or_default();
+        ensure!(Command::new("kill").args(["-TERM", &pid.to_string()]).status()?.success());
         let mut child = self.child.take().unwrap();
-        ensure!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status()?.success());
         let status = tokio::task::spawn_blocking(move || child.wait()).await??;
         ensure!(status.success(), "graceful shutdown exits 0, got {status}: {}", self.log());
         Ok(self.log())

@@ -5,6 +5,8 @@ pub mod cli;
 pub mod config;
 pub mod cost;
 pub mod demo;
+#[cfg(test)]
+mod fuzz;
 pub mod handler;
 pub mod health;
 pub mod http;

@@ -238,7 +238,7 @@ async fn check(request: FuzzRequest) -> Result<(), TestCaseError> {
 #[test]
 fn no_request_panics_or_gets_a_5xx_and_every_error_is_json() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
-    let mut runner = TestRunner::new(budget(1500));
+    let mut runner = TestRunner::new(budget(1000));
     if let Err(failure) = runner.run(&request(), |request| runtime.block_on(check(request))) {
         panic!("{failure}");
     }

@@ -109,7 +109,7 @@ fn build(queue: &str, fields: &[Field], space: &str, padding: usize) -> Built {
 }
 
 proptest! {
-    #![proptest_config(budget(2000))]
+    #![proptest_config(budget(1000))]
 
     /// Any bytes on any channel: no panic, and a trigger taken is always the channel's own
     /// queue's, from a payload within the size limit.

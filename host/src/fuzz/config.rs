@@ -431,7 +431,7 @@ fn parse_and_check_error(text: &str, base: &Path, env_token: Option<String>, env
 }
 
 proptest! {
-    #![proptest_config(budget(400))]
+    #![proptest_config(budget(1000))]
 
     /// Any text (and any tokens from the environment): no panic, and every refusal names a
     /// key or the line.

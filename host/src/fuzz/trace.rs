@@ -143,7 +143,7 @@ fn expected(text: &str) -> Result<Vec<Arrival>, usize> {
 }
 
 proptest! {
-    #![proptest_config(budget(2000))]
+    #![proptest_config(budget(700))]
 
     /// Any text: no panic; a trace taken is sorted, within 31 days, 1 to 100,000 messages a
     /// line and at most 5,000,000 in all; a trace refused says which line or which limit.

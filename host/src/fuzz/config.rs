@@ -114,6 +114,10 @@ const ERROR_SUBJECTS: &[&str] = &[
     "EBB_SCALER_TOKEN:",
 ];
 
+/// Besides its own keys, what an error about one queue may start with: its Azure account, its
+/// handler, its parameters, its name (quoted), or its storage queues clashing with another's.
+const QUEUE_ERROR_SUBJECTS: &[&str] = &["azure:", "azure.", "[azure]", "handler.", "rule_params:", "\"", "its storage queue", "this name is taken"];
+
 /// A TOML basic string holding `text` exactly.
 fn toml_string(text: &str) -> String {
     let mut out = String::from("\"");
@@ -427,6 +431,11 @@ fn parse_and_check_error(text: &str, base: &Path, env_token: Option<String>, env
     prop_assert!(subject.is_some(), "an error that names no key: {}\n--- file:\n{}", error, text);
     let rest = error.split_once(": ").map_or("", |(_, rest)| rest).trim();
     prop_assert!(!rest.is_empty(), "an error that names a key but no reason: {}", error);
+    // Inside a queue, the error names the queue's key too (or is about the queue's name).
+    if error.starts_with("queues.") {
+        let named = QUEUE_KEYS.iter().any(|(key, _)| rest.starts_with(&format!("{key}:"))) || QUEUE_ERROR_SUBJECTS.iter().any(|s| rest.starts_with(s));
+        prop_assert!(named, "a queue's error that names none of its keys: {}\n--- file:\n{}", error, text);
+    }
     Ok(())
 }
 

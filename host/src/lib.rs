@@ -23,6 +23,8 @@ pub mod config;
 pub mod cost;
 pub mod defaults;
 pub mod demo;
+#[cfg(test)]
+mod fuzz;
 pub mod handler;
 pub mod health;
 pub mod host;

@@ -26,6 +26,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("cli", 7),
     ("demo", 7),
     ("simulate", 7),
+    // Tests only: property tests of every parser of outside input.
+    ("fuzz", 7),
 ];
 
 /// Every `crate::<module>` a file's code (not its comments) names.

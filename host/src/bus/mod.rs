@@ -183,7 +183,7 @@ pub async fn reach(engine: &dyn PubSub) -> anyhow::Result<()> {
 }
 
 /// The trigger in `payload` on `channel`, if it is one for that channel's queue.
-fn parse_trigger(prefix: &str, channel: &str, payload: &[u8]) -> Option<Trigger> {
+pub(crate) fn parse_trigger(prefix: &str, channel: &str, payload: &[u8]) -> Option<Trigger> {
     let queue = channel.strip_prefix(prefix)?;
     if payload.len() > MAX_PAYLOAD_BYTES {
         return None;

@@ -140,7 +140,7 @@ impl Config {
 
     /// [`Config::parse`], with the scaler token's variable too (`EBB_SCALER_TOKEN`).
     pub fn parse_with_env(text: &str, base: &Path, env_token: Option<String>, env_scaler_token: Option<String>) -> Result<Config> {
-        let file: ConfigFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+        let file: ConfigFile = toml::from_str(text).map_err(toml_error)?;
         let scaler = file.scaler.validate(env_scaler_token)?;
         let mut config = file.validate(base, env_token)?;
         if let Some(scaler) = &scaler
@@ -151,5 +151,17 @@ impl Config {
         }
         config.scaler = scaler;
         Ok(config)
+    }
+}
+
+/// A TOML error as the reader needs it: with its line when the parser knows it, and in words
+/// for the nesting limit, which toml reports without a place as "recursion limit".
+fn toml_error(error: toml::de::Error) -> anyhow::Error {
+    match error.span() {
+        Some(_) => anyhow::anyhow!("{}", error.to_string().trim_end()),
+        None if error.message() == "recursion limit" => {
+            anyhow::anyhow!("TOML parse error: tables, dotted keys or values are nested too deeply (the parser's recursion limit)")
+        }
+        None => anyhow::anyhow!("TOML parse error: {}", error.to_string().trim_end()),
     }
 }

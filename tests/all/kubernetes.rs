@@ -193,3 +193,66 @@ async fn a_wrong_account_key_at_start_still_exits_at_once_naming_the_queue() {
     assert_eq!(exit.code(), Some(1));
     assert!(host.log().contains("queue orders"), "the error names the queue:\n{}", host.log());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_outage_mid_run_turns_readyz_503_within_10_s_and_back_within_10_s() {
+    let azurite = Azurite::start();
+    let proxy = ebb_tests::fault_proxy::FaultProxy::start(azurite.port(), 0.0, 7).await;
+    let (app, app_addr) = App::start(Duration::from_millis(1)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let api = free_addr();
+    let queue = unique_queue_name("outage-mid-run");
+    // Polling at most every 2 s: an idle queue still asks its storage often enough to notice.
+    let config = format!(
+        "[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n[azure]\nconnection_string = \"{}\"\n\
+         [queues.{queue}]\nbackend = \"azure\"\nmax_polling_interval = \"2s\"\nhandler = {{ url = \"http://{app_addr}/work\" }}\n",
+        proxy.connection_string()
+    );
+    let host = Running::start(dir.path(), "run", &config);
+    let ready = format!("http://{api}/readyz");
+    wait_until("ready", || async { get_json(&ready).await.is_some_and(|(status, _)| status == 200) }).await;
+
+    proxy.set_down(true);
+    let down = Instant::now();
+    wait_until("not ready during the outage", || async { get_json(&ready).await.is_some_and(|(status, _)| status == 503) }).await;
+    assert!(down.elapsed() < Duration::from_secs(10), "/readyz turned 503 after {:?}", down.elapsed());
+    let (_, body) = get_json(&ready).await.unwrap();
+    let reason = body["queues"][&queue]["problems"]["storage"].as_str().unwrap_or_default().to_string();
+    assert!(reason.contains("connection"), "the reason names the class of failure: {body}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    proxy.set_down(false);
+    let up = Instant::now();
+    wait_until("ready after the outage", || async { get_json(&ready).await.is_some_and(|(status, _)| status == 200) }).await;
+    assert!(up.elapsed() < Duration::from_secs(10), "/readyz turned 200 after {:?}", up.elapsed());
+    let sent = reqwest::Client::new().post(format!("http://{api}/queues/{queue}/messages")).bearer_auth(TOKEN).body("after").send().await.unwrap();
+    assert_eq!(sent.status(), reqwest::StatusCode::CREATED);
+    wait_until("the message sent after the outage", || async { app.seen.lock().unwrap().iter().any(|(_, b)| b == "after") }).await;
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_never_answers_does_not_slow_a_send() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let api = free_addr();
+    let config = format!(
+        "[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n[bus]\nredis_url = \"{}\"\n[queues.orders]\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n",
+        redis.url()
+    );
+    let host = Running::start(dir.path(), "run", &config);
+    wait_until("the bus", || bus_connected(api)).await;
+    // Redis accepts connections and reads nothing from now on.
+    redis.freeze();
+    let client = reqwest::Client::new();
+    let mut slowest = Duration::ZERO;
+    for i in 0..20 {
+        let started = Instant::now();
+        let sent = client.post(format!("http://{api}/queues/orders/messages")).bearer_auth(TOKEN).body(format!("m{i}")).send().await.unwrap();
+        assert_eq!(sent.status(), reqwest::StatusCode::CREATED);
+        slowest = slowest.max(started.elapsed());
+    }
+    assert!(slowest < Duration::from_secs(1), "a send waited {slowest:?} on a frozen Redis");
+    redis.thaw();
+    host.stop().await;
+}

@@ -74,6 +74,8 @@ struct Shared {
     client: reqwest::Client,
     /// Requests answered by the service: (method, path without the query, status).
     log: Mutex<Vec<(String, String, u16)>>,
+    /// An outage: every request's connection is dropped before it is forwarded.
+    down: std::sync::atomic::AtomicBool,
 }
 
 /// The proxy; it stops when dropped.
@@ -110,6 +112,7 @@ impl FaultProxy {
             counters: Counters::default(),
             client: reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap(),
             log: Mutex::default(),
+            down: std::sync::atomic::AtomicBool::new(false),
         });
         let accepting = shared.clone();
         let task = tokio::spawn(async move {
@@ -118,6 +121,12 @@ impl FaultProxy {
             }
         });
         FaultProxy { port, shared, task }
+    }
+
+    /// Starts (`true`) or ends an outage: meanwhile every request's connection is dropped
+    /// before it reaches the service (counted as dropped before).
+    pub fn set_down(&self, down: bool) {
+        self.shared.down.store(down, Ordering::Relaxed);
     }
 
     /// The port it listens on.
@@ -216,7 +225,9 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream) {
             let mut rng = shared.rng.lock().unwrap();
             let roll = rng.f64();
             let FaultMix { server_busy, drop_before, drop_after } = shared.mix;
-            if roll < server_busy {
+            if shared.down.load(Ordering::Relaxed) {
+                Fate::DropBefore
+            } else if roll < server_busy {
                 Fate::Busy
             } else if roll < server_busy + drop_before {
                 Fate::DropBefore

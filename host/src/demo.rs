@@ -60,7 +60,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
         bus: None,
         data_dir: work.path().join("data"),
         rules_dir: rules_dir.clone(),
-        max_message_bytes: crate::queue::embedded::DEFAULT_MAX_MESSAGE_BYTES,
+        max_message_bytes: crate::defaults::MAX_MESSAGE_BYTES,
         drain_timeout: Duration::from_secs(10),
         price_per_10k_transactions: crate::cost::PAPER_PRICE_PER_10K,
         listen: "127.0.0.1:0".parse()?,

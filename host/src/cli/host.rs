@@ -1,15 +1,16 @@
 //! `ebb run` and `ebb check`.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
 
-use crate::config::{Backend, Config, QueueConfig};
+use crate::config::{Backend, Config};
 use crate::host::Host;
-use crate::queue::{MessageId, PopReceipt, QueueClient as _, QueueError, RetryPolicy, Retrying};
+use crate::queue::{MessageId, PopReceipt, QueueClient, QueueError, RetryPolicy};
 use crate::rules::{RuleEngine, RuleSet};
-use crate::service::{Role, storage_queue};
+use crate::service::{QueueStack, Role, StackOptions, storage_queue};
 
 pub async fn run(config_path: &Path) -> Result<()> {
     let config = Config::load(config_path)?;
@@ -83,9 +84,19 @@ fn check_azure_queues(config: &Config) -> Vec<anyhow::Error> {
         Ok(runtime) => runtime,
         Err(error) => return vec![error.into()],
     };
-    let names = azure.iter().flat_map(|queue| queue.storage_queues().into_iter().chain([queue.poison_queue()]).map(move |name| (*queue, name)));
-    let checks = names.map(|(queue, name)| async move {
-        match tokio::time::timeout(CHECK_STORAGE_DEADLINE, check_azure_queue(queue, &name)).await {
+    // Each queue's clients as `run` assembles them, retrying as `run` does (within a deadline).
+    let mut problems = Vec::new();
+    let mut clients: Vec<Arc<dyn QueueClient>> = Vec::new();
+    for queue in azure {
+        let open = |name: &str| storage_queue(&queue.backend, None, name);
+        match QueueStack::assemble(queue, &open, &StackOptions { metered: false, retry: Some(CHECK_RETRY), readiness: None }) {
+            Ok(stack) => clients.extend(stack.partitions.into_iter().map(|p| p.client).chain([stack.poison])),
+            Err(error) => problems.push(error),
+        }
+    }
+    let checks = clients.iter().map(|client| async move {
+        let name = client.name();
+        match tokio::time::timeout(CHECK_STORAGE_DEADLINE, check_azure_queue(client.as_ref())).await {
             Ok(checked) => checked,
             Err(_) => Err(anyhow::anyhow!(
                 "queue {name}: storage did not answer within {} (transient errors retried)",
@@ -93,7 +104,6 @@ fn check_azure_queues(config: &Config) -> Vec<anyhow::Error> {
             )),
         }
     });
-    let mut problems = Vec::new();
     for checked in runtime.block_on(futures::future::join_all(checks)) {
         match checked {
             Ok(line) => println!("{line}"),
@@ -104,8 +114,8 @@ fn check_azure_queues(config: &Config) -> Vec<anyhow::Error> {
 }
 
 /// One storage queue of [`check_azure_queues`]: the line to print, or what is wrong.
-async fn check_azure_queue(queue: &QueueConfig, name: &str) -> Result<String> {
-    let client = Retrying::new(storage_queue(&queue.backend, None, name)?, CHECK_RETRY);
+async fn check_azure_queue(client: &dyn QueueClient) -> Result<String> {
+    let name = client.name();
     let count = match client.approximate_count().await {
         Ok(count) => count,
         Err(error) if format!("{error}").contains("QueueNotFound") => {

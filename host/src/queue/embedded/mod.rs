@@ -44,7 +44,7 @@ pub use store::EmbeddedStore;
 /// The store's file in its data directory.
 pub const STORE_FILE: &str = "queues.redb";
 /// Azure's message size limit, the default here too.
-pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 * 1024;
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = crate::defaults::MAX_MESSAGE_BYTES;
 
 /// Options of an embedded store.
 #[derive(Clone)]

@@ -69,7 +69,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
         api_limits: crate::config::ApiLimits::default(),
         rule_limits: RuleLimits::default(),
         queues: vec![QueueConfig {
-            name: QUEUE.into(),
+            name: crate::names::QueueName::new(QUEUE)?,
             settings: QueueSettings { max_polling_interval: Duration::from_secs(5), ..QueueSettings::default() },
             rule: QueueRuleConfig { queue: QUEUE.into(), rule: Some(rule_file.clone()), params: vec![] },
             handler_url: format!("http://{app}/work").parse()?,

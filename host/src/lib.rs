@@ -5,7 +5,8 @@
 //! its own layer (a test in `tests/all/shape.rs` checks it).
 //!
 //! 1. **Vocabulary**: [`defaults`] (every default, once), [`health`] (liveness and
-//!    readiness), `input` (bounded reads of files and stdin), [`log_limit`], [`panics`].
+//!    readiness), [`names`] (names checked once), `input` (bounded reads of files and
+//!    stdin), [`log_limit`], [`panics`].
 //! 2. **Parts**: [`queue`] (the storage seam, backends and decorators), [`rules`] (the
 //!    WASM engine, the rule slots, the watcher), [`bus`] (push between hosts),
 //!    [`handler`] (where messages go), [`cost`].
@@ -32,6 +33,7 @@ pub mod http;
 pub(crate) mod input;
 pub mod listener;
 pub mod log_limit;
+pub mod names;
 pub mod panics;
 pub mod queue;
 pub mod rules;

@@ -12,6 +12,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("log_limit", 1),
     ("panics", 1),
     ("input", 1),
+    ("names", 1),
     ("queue", 2),
     ("rules", 2),
     ("bus", 2),

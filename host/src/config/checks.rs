@@ -25,8 +25,7 @@ pub const MAX_PRICE_PER_10K: f64 = 100.0;
 pub const MAX_INSTANCES: u32 = 10_000;
 /// Most dequeue tasks per queue (each holds up to `batch_size` messages in flight).
 pub const MAX_TASKS: u32 = 1024;
-/// Longest queue name: Azure's 63 less the 7 of `-poison`, which names its poison queue.
-pub const MAX_QUEUE_NAME_LEN: usize = 56;
+pub use crate::names::MAX_QUEUE_NAME_LEN;
 
 /// The least a duration may be, for [`check_duration`].
 pub(super) enum AtLeast {
@@ -123,18 +122,6 @@ pub(super) fn check_token(key: &str, file: Option<String>, env: &str, from_env: 
         bail!("{env}: use visible ASCII characters only (no spaces, no accents): it is sent in an HTTP header");
     }
     Ok(from_env.or(file))
-}
-
-/// Queue names as Azure allows them (3 to 63 lowercase letters, digits and single dashes),
-/// at most [`MAX_QUEUE_NAME_LEN`] long so that `<name>-poison` is one too.
-pub(super) fn check_queue_name(name: &str) -> Result<()> {
-    let ok_chars = name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-    if !(3..=MAX_QUEUE_NAME_LEN).contains(&name.len()) || !ok_chars || name.starts_with('-') || name.ends_with('-') || name.contains("--") {
-        bail!(
-            "{name:?} is not a valid queue name: 3 to {MAX_QUEUE_NAME_LEN} lowercase letters, digits and single dashes (\"-poison\" is added for its poison queue)"
-        );
-    }
-    Ok(())
 }
 
 /// The handler URL: http or https, with a host written out (`http:///work` is rejected,

@@ -31,6 +31,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 
 use crate::listener::QueueSettings;
+use crate::names::QueueName;
 use crate::queue::partitioned::partition_name;
 use crate::rules::{QueueRuleConfig, RuleLimits};
 
@@ -83,7 +84,7 @@ pub struct Config {
 #[derive(Debug, Clone)]
 pub struct QueueConfig {
     /// Its name.
-    pub name: String,
+    pub name: QueueName,
     /// Listener settings.
     pub settings: QueueSettings,
     /// Its rule (path in the rules folder) and parameters.
@@ -101,12 +102,12 @@ pub struct QueueConfig {
 impl QueueConfig {
     /// The storage queues the listeners work on: the queue itself, or its partitions.
     pub fn storage_queues(&self) -> Vec<String> {
-        if self.partitions <= 1 { vec![self.name.clone()] } else { (0..self.partitions).map(|i| partition_name(&self.name, i)).collect() }
+        if self.partitions <= 1 { vec![self.name.to_string()] } else { (0..self.partitions).map(|i| partition_name(&self.name, i)).collect() }
     }
 
     /// Its poison queue (one for all partitions).
     pub fn poison_queue(&self) -> String {
-        format!("{}-poison", self.name)
+        self.name.poison()
     }
 }
 

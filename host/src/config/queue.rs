@@ -7,9 +7,10 @@ use anyhow::{Result, bail};
 
 use super::QueueConfig;
 use super::backend::{AzureFile, Backend, BackendKind};
-use super::checks::{AtLeast, MAX_INTERVAL, MAX_SAFETY_POLL, MAX_TASKS, check_duration, check_queue_name, parse_handler_url};
+use super::checks::{AtLeast, MAX_INTERVAL, MAX_SAFETY_POLL, MAX_TASKS, check_duration, parse_handler_url};
 use super::file::QueueFile;
 use crate::listener::QueueSettings;
+use crate::names::QueueName;
 use crate::queue::partitioned::MAX_PARTITIONS;
 use crate::queue::{MAX_BATCH, MAX_VISIBILITY};
 use crate::rules::QueueRuleConfig;
@@ -29,7 +30,7 @@ impl QueueFile {
             }
             (BackendKind::Azure, None, None) => bail!("backend: \"azure\" needs an [azure] section, or [queues.{name}.azure]"),
         };
-        check_queue_name(name)?;
+        let name = QueueName::new(name)?;
         if !(1..=MAX_BATCH).contains(&self.batch_size) {
             bail!("batch_size: must be 1 to {MAX_BATCH}, got {}", self.batch_size);
         }
@@ -82,7 +83,7 @@ impl QueueFile {
         let handler_url = parse_handler_url(&self.handler.url)?;
         check_duration("handler.timeout", self.handler.timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
         Ok(QueueConfig {
-            name: name.to_string(),
+            name: name.clone(),
             settings: QueueSettings {
                 batch_size: self.batch_size,
                 min_tasks: self.min_tasks,

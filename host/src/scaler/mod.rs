@@ -169,7 +169,7 @@ impl ScalerQueue {
     /// `rules` (the slot [`crate::service::scaler_rule_slot`] names; `None`: the built-in rule).
     pub fn new(config: &QueueConfig, source: Source, rules: Option<QueueRules>, settings: &ScalerSettings, call_deadline: Duration) -> ScalerQueue {
         ScalerQueue {
-            name: config.name.clone(),
+            name: config.name.to_string(),
             source,
             rules,
             push_enabled: config.settings.push_enabled,

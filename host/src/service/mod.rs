@@ -128,7 +128,7 @@ impl Service {
             readiness.set_problem(&queue_config.name, ReadinessPart::Storage, "storage not reached yet");
             let slots: Vec<QueueRules> = rule_slot_names(queue_config, role, config.scaler.is_some()).iter().filter_map(|slot| rules.queue(slot)).collect();
             readiness.add_check(&queue_config.name, ReadinessPart::Rule, move || slots.iter().find_map(rule_problem));
-            queues.insert(queue_config.name.clone(), ServiceQueue { config: queue_config.clone(), stack, handle });
+            queues.insert(queue_config.name.to_string(), ServiceQueue { config: queue_config.clone(), stack, handle });
         }
         let bus = match &config.bus {
             Some(bus) => Some(Arc::new(start_bus(bus, &queues)?)),

@@ -57,6 +57,25 @@ fn check_and_run_refuse_the_same_folders_with_the_same_words() {
     }
 }
 
+/// Found by attack: a store file cut to 0 bytes or full of garbage was "valid" to `ebb check`
+/// while `ebb run` refused it.
+#[test]
+fn check_and_run_refuse_a_damaged_store_alike_and_leave_it_as_it_is() {
+    for (what, bytes) in [("empty", Vec::new()), ("garbage", (0..100_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect())] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("ebb-data")).unwrap();
+        let store = dir.path().join("ebb-data/queues.redb");
+        std::fs::write(&store, &bytes).unwrap();
+        let path = config(dir.path(), "");
+        for command in ["check", "run"] {
+            let (code, text) = ebb(command, &path, Duration::from_secs(20));
+            assert_eq!(code, Some(1), "ebb {command} with an {what} store must refuse it:\n{text}");
+            assert!(text.contains("queues.redb") && text.contains("is damaged or not a queue store"), "ebb {command}, {what} store:\n{text}");
+        }
+        assert_eq!(std::fs::read(&store).unwrap(), bytes, "the {what} store file was changed");
+    }
+}
+
 #[test]
 fn a_missing_or_fifo_rule_file_is_named_by_check_and_run_decides_with_the_built_in_rule() {
     for make in ["missing", "fifo"] {

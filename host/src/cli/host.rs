@@ -137,6 +137,8 @@ pub fn check(config_path: &Path) -> Result<()> {
     let config = Config::load(config_path)?;
     // The same check of the folders as `ebb run` makes before it opens them.
     config.check_folders()?;
+    // And of the store: a file there that is not a valid store is refused as `run` refuses it.
+    crate::queue::embedded::check_store(&config.data_dir)?;
     let engine = RuleEngine::new(config.rule_limits.clone(), None)?;
     let rules = RuleSet::new(engine, config.queues.iter().map(|q| q.rule.clone()));
     let problems = rules.load_all();

@@ -27,6 +27,7 @@
 mod changes;
 mod leasing;
 mod opening;
+pub use opening::check_store;
 mod queue;
 mod record;
 mod store;

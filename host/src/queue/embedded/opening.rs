@@ -57,6 +57,16 @@ pub(super) fn create_if_absent(opener: &Opener, file: &Path) -> anyhow::Result<(
     creating().with_context(|| format!("failed to create queue store {}", file.display()))
 }
 
+/// `ebb check`'s question: can a host open the store in `dir`? No file yet is fine (a host
+/// creates it); a file that is not a valid store is refused as `ebb run` refuses it. Reads only.
+pub fn check_store(dir: &Path) -> anyhow::Result<()> {
+    let file = dir.join(super::STORE_FILE);
+    match std::fs::symlink_metadata(&file) {
+        Err(error) if error.kind() == ErrorKind::NotFound => Ok(()),
+        _ => check_store_file(&file),
+    }
+}
+
 /// Checks, reading only, that `file` is a store this host can open: not empty, a redb file,
 /// and one redb can read (or repair, after a crash). Anything else is refused before redb
 /// writes a byte to it.

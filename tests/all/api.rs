@@ -344,6 +344,30 @@ async fn healthz_answers_within_a_second_after_a_thousand_idle_connections() -> 
     Ok(())
 }
 
+/// Found by attack: connections that send one byte of a request line and nothing more were
+/// each given 100 ms to finish before making room, one at a time, so 600 of them kept
+/// `/healthz` waiting in the backlog for tens of seconds. A connection asked to make room
+/// while it is not inside a request now closes at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_answers_within_a_second_after_many_half_sent_request_lines() -> Result<()> {
+    let limits = ApiLimits { max_connections: 16, ..ApiLimits::default() };
+    let (addr, shutdown, task) = serve(limits).await;
+    let mut half_sent = Vec::new();
+    for _ in 0..300 {
+        let Ok(Ok(mut stream)) = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr)).await else { continue };
+        let _ = stream.write_all(b"G").await;
+        half_sent.push(stream);
+    }
+    let started = std::time::Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(1), raw(addr, &get("/healthz", None))).await.context("/healthz did not answer within 1 s")??;
+    ensure!(answer.status == 200, "{answer:?}");
+    eprintln!("/healthz answered in {:?} after {} half-sent request lines", started.elapsed(), half_sent.len());
+    drop(half_sent);
+    shutdown.cancel();
+    task.await??;
+    Ok(())
+}
+
 /// Issue 18: a client announcing a body over the limit with `Expect: 100-continue` was told
 /// to send it (`100 Continue`), then refused. It gets 413 at once.
 #[tokio::test(start_paused = true)]

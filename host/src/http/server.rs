@@ -231,7 +231,12 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, connection: Ar
                 closing = true;
             }
             () = connection.evict.cancelled(), if !closing => {
-                // Closes at once when waiting for a request; an answer being written gets a moment.
+                // Not inside a request (idle, or headers still coming, maybe a byte at a time):
+                // close now, so room is made at once however many such connections queue up.
+                // An answer being written gets a moment.
+                if connection.waiting_since.lock().unwrap().is_some() {
+                    break;
+                }
                 http.as_mut().graceful_shutdown();
                 closing = true;
                 drop_at = Some(Instant::now() + EVICT_GRACE);

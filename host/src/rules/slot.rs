@@ -170,7 +170,8 @@ impl QueueRules {
             instance_memory_bytes: group.memory_bytes.load(Ordering::Relaxed),
             shared_by: group.queues.len(),
             rebuilding: status.rebuilding,
-            compiling: status.compiling,
+            // A rule installed is in use, even before the loader clears its flag.
+            compiling: status.compiling && status.rule.is_none(),
             decisions_while_compiling: slot.while_compiling.load(Ordering::Relaxed),
         }
     }

@@ -82,11 +82,6 @@ impl Host {
         self.scaler.as_ref().map(RunningScaler::addr)
     }
 
-    /// The service.
-    pub fn service(&self) -> &Service {
-        &self.service
-    }
-
     /// Every storage queue's state.
     pub fn status(&self) -> Vec<ListenerStatus> {
         self.service.status()

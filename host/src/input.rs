@@ -53,10 +53,10 @@ fn read_capped(reader: impl Read, limit: u64) -> std::io::Result<Option<Vec<u8>>
     Ok((bytes.len() as u64 <= limit).then_some(bytes))
 }
 
-/// Why `meta` (of `path`) is not a file to read, in words; `None` for a regular file.
-fn not_regular(what: &str, path: &Path, meta: &std::fs::Metadata) -> Option<String> {
+/// What `meta` describes, in words, when it is not a regular file; `None` for a regular file.
+pub(crate) fn file_kind(meta: &std::fs::Metadata) -> Option<&'static str> {
     let kind = meta.file_type();
-    let described = if kind.is_file() {
+    Some(if kind.is_file() {
         return None;
     } else if kind.is_dir() {
         "a directory"
@@ -69,8 +69,13 @@ fn not_regular(what: &str, path: &Path, meta: &std::fs::Metadata) -> Option<Stri
     } else if kind.is_socket() {
         "a socket"
     } else {
-        "not a regular file"
-    };
+        "something else"
+    })
+}
+
+/// Why `meta` (of `path`) is not a file to read, in words; `None` for a regular file.
+fn not_regular(what: &str, path: &Path, meta: &std::fs::Metadata) -> Option<String> {
+    let described = file_kind(meta)?;
     let shown = path.display();
     Some(match std::fs::read_link(path) {
         Ok(target) => format!("{what} {shown} is a symbolic link to {}, which is {described}, not a regular file", target.display()),

@@ -39,7 +39,7 @@ pub(crate) fn read_rule_file(path: &Path, max_bytes: u64) -> Result<Option<Vec<u
         bail!("rule file {shown} is a directory, not a file");
     }
     let not_regular = |meta: &std::fs::Metadata| -> Option<String> {
-        let kind = file_kind(meta)?;
+        let kind = crate::input::file_kind(meta)?;
         Some(if link.file_type().is_symlink() {
             format!("rule file {shown} is a symbolic link to {}, which is {kind}, not a regular file", target())
         } else {
@@ -68,25 +68,4 @@ pub(crate) fn read_rule_file(path: &Path, max_bytes: u64) -> Result<Option<Vec<u
         bail!("rule {} is over the limit of {max_bytes} bytes", file_name(path));
     }
     Ok(Some(bytes))
-}
-
-/// What `meta` describes, in words, when it is not a regular file.
-fn file_kind(meta: &std::fs::Metadata) -> Option<&'static str> {
-    use std::os::unix::fs::FileTypeExt as _;
-    let kind = meta.file_type();
-    Some(if kind.is_file() {
-        return None;
-    } else if kind.is_dir() {
-        "a directory"
-    } else if kind.is_fifo() {
-        "a FIFO (named pipe)"
-    } else if kind.is_char_device() {
-        "a character device"
-    } else if kind.is_block_device() {
-        "a block device"
-    } else if kind.is_socket() {
-        "a socket"
-    } else {
-        "not a file"
-    })
 }

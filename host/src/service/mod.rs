@@ -322,12 +322,8 @@ fn rule_slots(config: &Config, role: Role, rules_dir: &std::path::Path) -> Vec<Q
     let mut slots = Vec::new();
     for q in &config.queues {
         let rule = q.rule.rule.as_ref().and_then(|p| p.file_name()).map(|name| rules_dir.join(name));
-        if role == Role::Worker {
-            slots.extend(q.storage_queues().into_iter().map(|queue| QueueRuleConfig { queue, rule: rule.clone(), params: q.rule.params.clone() }));
-        }
-        if config.scaler.is_some() {
-            slots.push(QueueRuleConfig { queue: scaler_rule_slot(&q.name), rule, params: q.rule.params.clone() });
-        }
+        let names = rule_slot_names(q, role, config.scaler.is_some());
+        slots.extend(names.into_iter().map(|queue| QueueRuleConfig { queue, rule: rule.clone(), params: q.rule.params.clone() }));
     }
     slots
 }

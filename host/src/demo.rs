@@ -72,7 +72,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
             name: crate::names::QueueName::new(QUEUE)?,
             settings: QueueSettings { max_polling_interval: Duration::from_secs(5), ..QueueSettings::default() },
             rule: QueueRuleConfig { queue: QUEUE.into(), rule: Some(rule_file.clone()), params: vec![] },
-            handler_url: format!("http://{app}/work").parse()?,
+            handler_url: Some(format!("http://{app}/work").parse()?),
             handler_timeout: Duration::from_secs(30),
             partitions: 1,
             backend,

@@ -9,10 +9,11 @@ use anyhow::{Context as _, Result};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::handler::Handler;
 use crate::http::Api;
 use crate::listener::ListenerStatus;
 use crate::scaler::RunningScaler;
-use crate::service::{Role, Service};
+use crate::service::{Handlers, QueueHandle, Role, Service};
 
 /// A started host.
 pub struct Host {
@@ -23,14 +24,45 @@ pub struct Host {
     scaler: Option<RunningScaler>,
 }
 
+/// A host to start, with the Rust handlers of the program embedding it (see the crate docs).
+pub struct HostBuilder<'a> {
+    config: &'a Config,
+    handlers: Handlers,
+}
+
+impl HostBuilder<'_> {
+    /// Messages of `queue` go to `handler` instead of its `handler.url` (which may then be
+    /// left out of the configuration).
+    pub fn handler(mut self, queue: &str, handler: impl Handler) -> Self {
+        self.handlers.insert(queue.to_string(), Arc::new(handler));
+        self
+    }
+
+    /// Starts a worker: see [`Host::start`]. Fails when a queue has neither a handler URL nor
+    /// a Rust handler, or a Rust handler names a queue the configuration does not have.
+    pub async fn start(self) -> Result<Host> {
+        Host::start_with(self.config, Role::Worker, &self.handlers).await
+    }
+}
+
 impl Host {
+    /// A worker host for `config` whose queues may have Rust handlers.
+    pub fn builder(config: &Config) -> HostBuilder<'_> {
+        HostBuilder { config, handlers: Handlers::new() }
+    }
+
     /// Opens the service for `role`, binds the API (and the scaler, when `[scaler] listen`
-    /// is set; a watcher needs it), starts the work, then serves them.
+    /// is set; a watcher needs it), starts the work, then serves them. Every queue's
+    /// messages are posted to its `handler.url`.
     pub async fn start(config: &Config, role: Role) -> Result<Host> {
+        Host::start_with(config, role, &Handlers::new()).await
+    }
+
+    async fn start_with(config: &Config, role: Role, handlers: &Handlers) -> Result<Host> {
         if role == Role::Watcher && config.scaler.is_none() {
             anyhow::bail!("scaler.listen: not set; `ebb scaler` serves KEDA's external scaler and needs an address");
         }
-        let service = Service::open(config, role).await?;
+        let service = Service::open(config, role, handlers).await?;
         let api_tcp = crate::http::bind(config.listen).with_context(|| format!("api.listen: failed to listen on {}", config.listen))?;
         let scaler_tcp = match &config.scaler {
             Some(settings) => {
@@ -80,6 +112,11 @@ impl Host {
     /// Where KEDA's external scaler listens, when `[scaler] listen` is set.
     pub fn scaler_addr(&self) -> Option<SocketAddr> {
         self.scaler.as_ref().map(RunningScaler::addr)
+    }
+
+    /// The handle of queue `name` (send a message through it), if the host has that queue.
+    pub fn queue(&self, name: &str) -> Option<QueueHandle> {
+        self.service.handles().remove(name)
     }
 
     /// Every storage queue's state.

@@ -1,42 +1,107 @@
 //! ebb: queue workers whose scaling decisions are hot-swapped WebAssembly rules.
 //!
+//! Most people run the `ebb` binary (see the README). This library is for a Rust program
+//! that embeds a host with handlers of its own, and for tools around ebb's parts.
+//!
+//! # Embedding a host with a Rust handler
+//! [`Host::builder`] starts what `ebb run` starts (the dequeue tasks, the rules from the
+//! watched folder, the API, the scaler) for a [`Config`]; a queue given a
+//! [`Handler`](handler::Handler) needs no `handler.url`.
+//!
+//! ```
+//! use std::time::Duration;
+//! use ebb::handler::{Handler, IncomingMessage};
+//!
+//! /// Sends each body it handles to the channel.
+//! struct Forward(tokio::sync::mpsc::UnboundedSender<Vec<u8>>);
+//!
+//! #[async_trait::async_trait]
+//! impl Handler for Forward {
+//!     async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
+//!         self.0.send(message.body.clone())?;
+//!         Ok(()) // Ok deletes the message; Err retries it, then moves it to orders-poison.
+//!     }
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> anyhow::Result<()> {
+//!     let dir = tempfile::tempdir()?;
+//!     // The embedded queue, in data_dir; the API on a free port.
+//!     let text = "[api]\nlisten = \"127.0.0.1:0\"\n[queues.orders]\n";
+//!     let config = ebb::Config::parse(text, dir.path(), None)?;
+//!     let (handled, mut bodies) = tokio::sync::mpsc::unbounded_channel();
+//!     let host = ebb::Host::builder(&config).handler("orders", Forward(handled)).start().await?;
+//!     let orders = host.queue("orders").expect("configured");
+//!     orders.send(b"hello", Duration::ZERO, Duration::from_secs(5)).await?;
+//!     assert_eq!(bodies.recv().await.as_deref(), Some(&b"hello"[..]));
+//!     host.shutdown().await; // Drains: running handlers finish.
+//!     Ok(())
+//! }
+//! ```
+//!
+//! # What the library exports
+//! - [`Config`], [`Host`], [`QueueHandle`], [`Role`]: a host as `ebb run` and `ebb scaler`
+//!   start it.
+//! - [`handler`]: the [`Handler`](handler::Handler) trait, and the HTTP handler.
+//! - [`queue`]: the storage seam ([`QueueClient`](queue::QueueClient)) with its backends
+//!   (embedded, Azure, in memory) and decorators (retries, metering, partitions).
+//! - [`rules`]: the WASM rule engine and the built-in rule, to evaluate rules from Rust.
+//! - [`listener`]: one queue's dequeue loop, to run without a host.
+//! - [`bus`]: push notifications between hosts (publish from a producer).
+//! - [`simulate`]: `ebb simulate` as a function; [`keda`]: a client of the KEDA scaler.
+//! - [`config`], [`health`], [`names`]: the parts of a configuration and a host's health.
+//!
 //! # The house, bottom to top
 //! Dependencies point one way, down this list; a module imports only from modules above
-//! its own layer (a test in `tests/all/shape.rs` checks it).
+//! its own layer (a test in `tests/all/shape.rs` checks it). Modules not named above are
+//! private.
 //!
-//! 1. **Vocabulary**: [`defaults`] (every default, once), [`health`] (liveness and
+//! 1. **Vocabulary**: `defaults` (every default, once), [`health`] (liveness and
 //!    readiness), [`names`] (names checked once), `input` (bounded reads of files and
-//!    stdin), [`log_limit`], [`panics`].
+//!    stdin), `log_limit`, `panics`.
 //! 2. **Parts**: [`queue`] (the storage seam, backends and decorators), [`rules`] (the
 //!    WASM engine, the rule slots, the watcher), [`bus`] (push between hosts),
-//!    [`handler`] (where messages go), [`cost`].
+//!    [`handler`] (where messages go), `cost`.
 //! 3. **[`listener`]**: the paper's dequeue loop over one storage queue.
 //! 4. **[`config`]**: the file form of `ebb.toml`, validated into each part's settings.
-//! 5. **[`service`]**: what a host runs, assembled from the configuration: each queue's
+//! 5. **`service`**: what a host runs, assembled from the configuration: each queue's
 //!    client stack and handle, its listeners, the rules, the bus, readiness.
-//! 6. **Front ends**: [`http`] (the API), [`scaler`] (KEDA's external scaler).
-//! 7. **Commands**: [`host`] (a running host: ports bound first, then the work),
-//!    [`cli`], [`demo`], [`simulate`].
+//! 6. **Front ends**: `http` (the API), `scaler` (KEDA's external scaler).
+//! 7. **Commands**: `host` (a running host: ports bound first, then the work),
+//!    [`cli`], `demo`, [`simulate`].
 
 pub mod bus;
 pub mod cli;
 pub mod config;
-pub mod cost;
-pub mod defaults;
-pub mod demo;
+mod cost;
+mod defaults;
+mod demo;
 #[cfg(test)]
 mod fuzz;
 pub mod handler;
 pub mod health;
-pub mod host;
-pub mod http;
-pub(crate) mod input;
+mod host;
+mod http;
+mod input;
 pub mod listener;
-pub mod log_limit;
+mod log_limit;
 pub mod names;
-pub mod panics;
+mod panics;
 pub mod queue;
 pub mod rules;
-pub mod scaler;
-pub mod service;
+mod scaler;
+mod service;
 pub mod simulate;
+
+pub use config::Config;
+pub use host::Host;
+pub use service::{QueueHandle, Role};
+
+/// KEDA's external scaler protocol (`externalscaler.proto`), as a client: what KEDA calls
+/// on `ebb scaler` (or on a host with `[scaler] listen`), for tests and tools.
+pub mod keda {
+    pub use crate::scaler::{
+        ExternalScalerClient, GetMetricSpecResponse, GetMetricsRequest, GetMetricsResponse, IsActiveResponse, MAX_CONNECTIONS, MAX_STREAMS, METRIC_CACHE,
+        MetricSpec, MetricValue, ScaledObjectRef,
+    };
+}

@@ -101,3 +101,18 @@ fn a_missing_or_fifo_rule_file_is_named_by_check_and_run_decides_with_the_built_
         assert!(ran.contains("orders.wasm") && ran.contains("built-in rule"), "{ran}");
     }
 }
+
+/// Issue 18: the handler URL may be left out when a program embedding ebb gives a Rust
+/// handler; `ebb run` has none, so it and `ebb check` refuse such a queue with the key.
+#[test]
+fn check_and_run_refuse_a_queue_without_a_handler_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ebb_tests::azurite::free_port();
+    let path = dir.path().join("ebb.toml");
+    std::fs::write(&path, format!("[api]\nlisten = \"127.0.0.1:{port}\"\n[queues.orders]\nmax_tasks = 4\n")).unwrap();
+    for command in ["check", "run"] {
+        let (code, text) = ebb(command, &path, Duration::from_secs(20));
+        assert_eq!(code, Some(1), "ebb {command}: must refuse, got {code:?}:\n{text}");
+        assert!(text.contains("queues.orders.handler: not set"), "ebb {command}: expected the key in:\n{text}");
+    }
+}

@@ -8,6 +8,7 @@ mod check_and_run;
 mod config;
 mod decorators;
 mod embedded_queue;
+mod embedding;
 mod handler;
 mod kubernetes;
 mod listener;

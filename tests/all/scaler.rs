@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use ebb::scaler::{ExternalScalerClient, GetMetricsRequest, ScaledObjectRef};
+use ebb::Config;
+use ebb::keda::{ExternalScalerClient, GetMetricsRequest, ScaledObjectRef};
 use ebb_tests::{guests, python_grpc};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -120,7 +121,7 @@ fn object(queue: &str) -> ScaledObjectRef {
     ScaledObjectRef { name: "workers".into(), namespace: "default".into(), scaler_metadata: metadata.into_iter().collect() }
 }
 
-async fn next(stream: &mut tonic::Streaming<ebb::scaler::IsActiveResponse>) -> bool {
+async fn next(stream: &mut tonic::Streaming<ebb::keda::IsActiveResponse>) -> bool {
     tokio::time::timeout(Duration::from_secs(30), stream.message()).await.expect("a stream answer in time").unwrap().expect("the stream stays open").result
 }
 
@@ -366,167 +367,75 @@ async fn on_azure_a_thousand_scaler_calls_bill_no_count_beyond_the_cached_one() 
     host.stop().await;
 }
 
-// ---- in process: the metric's limits ----
+// ---- the limits of KEDA's connections, on a host in process ----
 
-mod in_process {
-    use std::path::Path;
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use ebb::config::Config;
-    use ebb::queue::memory::MemoryQueue;
-    use ebb::queue::{QueueClient, SystemClock};
-    use ebb::rules::{DecisionSource, QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
-    use ebb::scaler::{ACTIVITY_HOLD, Counted, ScalerQueue, Source};
-    use ebb::service::scaler_rule_slot as rule_slot;
-    use ebb_tests::guests;
-
-    /// Queue `orders` (max_tasks 4, so one instance runs 4 tasks) with `rule` and `params`,
-    /// over a memory queue holding `depth` messages, counted once; at most 5 instances.
-    async fn scaler_queue(rule: &str, params: &[(&str, &str)], depth: usize) -> (ScalerQueue, RuleSet) {
-        let text = "[scaler]\nlisten = \"127.0.0.1:0\"\nmax_instances = 5\n[queues.orders]\nmax_tasks = 4\nhandler = { url = \"http://127.0.0.1:9/work\" }\n";
-        let config = Config::parse(text, Path::new("/srv"), None).unwrap();
-        let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
-        let params = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let rules = RuleSet::new(engine, [QueueRuleConfig { queue: rule_slot("orders"), rule: Some(rule.into()), params }]);
-        assert!(rules.load_all().is_empty());
-        let memory: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("orders", Arc::new(SystemClock), 65536));
-        for _ in 0..depth {
-            memory.put(b"m", Duration::ZERO).await.unwrap();
-        }
-        let counted = Arc::new(Counted::new(vec![memory]));
-        assert_eq!(counted.count().await, depth as u64);
-        let settings = config.scaler.clone().unwrap();
-        let queue =
-            ScalerQueue::new(&config.queues[0], Source::Counted(counted), rules.queue(&rule_slot("orders")), &settings, config.rule_limits.call_deadline);
-        (queue, rules)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_beyond_the_limit_are_refused_until_one_closes() {
+    use ebb::keda::MAX_STREAMS;
+    let dir = tempfile::tempdir().unwrap();
+    let text = "[api]\nlisten = \"127.0.0.1:0\"\n[scaler]\nlisten = \"127.0.0.1:0\"\n[queues.orders]\nhandler = { url = \"http://127.0.0.1:9/work\" }\n";
+    let config = Config::parse(text, dir.path(), None).unwrap();
+    let service = ebb::Host::start(&config, ebb::Role::Worker).await.unwrap();
+    let endpoint = format!("http://{}", service.scaler_addr().unwrap());
+    // One connection, as KEDA holds.
+    let channel = tonic::transport::Endpoint::from_shared(endpoint).unwrap().connect().await.unwrap();
+    let mut client = ExternalScalerClient::new(channel);
+    let object = ScaledObjectRef { scaler_metadata: [("queue".to_string(), "orders".to_string())].into(), ..Default::default() };
+    let mut streams = Vec::new();
+    for _ in 0..MAX_STREAMS {
+        let mut stream = client.stream_is_active(object.clone()).await.unwrap().into_inner();
+        assert!(!stream.message().await.unwrap().unwrap().result);
+        streams.push(stream);
     }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_hundred_concurrent_metric_calls_make_one_rule_call() {
-        let (queue, rules) = scaler_queue(guests::PROPORTIONAL, &[("per_task", "10")], 95).await;
-        let queue = Arc::new(queue);
-        let calls = (0..100).map(|_| {
-            let queue = queue.clone();
-            tokio::spawn(async move { queue.metric().await })
-        });
-        let mut by_rule = 0;
-        for metric in futures::future::join_all(calls).await {
-            let metric = metric.unwrap();
-            // (The paper's rule, which answers a caller that waited past the deadline on a
-            // loaded machine, also says 10 at this depth.)
-            assert_eq!((metric.tasks, metric.instances), (10, 3), "ceil(95 / 10) tasks, ceil(10 / 4) instances");
-            assert!(metric.source == DecisionSource::Rule || metric.stale, "{metric:?}");
-            by_rule += usize::from(metric.source == DecisionSource::Rule);
+    let refused = client.stream_is_active(object.clone()).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused}");
+    // Unary calls still go through beside them.
+    assert!(!client.is_active(object.clone()).await.unwrap().into_inner().result);
+    drop(streams.pop());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match client.stream_is_active(object.clone()).await {
+            Ok(_) => break,
+            Err(status) => assert!(status.code() == tonic::Code::ResourceExhausted && std::time::Instant::now() < deadline, "{status}"),
         }
-        assert!(by_rule > 0);
-        assert_eq!(rules.status(&rule_slot("orders")).unwrap().decisions, 1, "one rule call answered them all");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    drop(streams);
+    service.shutdown().await;
+}
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_metric_never_asks_for_more_than_max_instances() {
-        let (queue, _rules) = scaler_queue(guests::FIXED_TASKS, &[("tasks", "4000000000")], 0).await;
-        let metric = queue.metric().await;
-        assert_eq!((metric.tasks, metric.instances), (20, 5), "clamped to 4 tasks × 5 instances");
+/// Review (session 4): connections that send nothing held every connection slot for
+/// as long as they stayed open (six minutes and counting), so KEDA could not get in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_cannot_lock_keda_out_of_the_scaler() {
+    use ebb::keda::MAX_CONNECTIONS;
+    use tokio::io::AsyncReadExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let text = "[api]\nlisten = \"127.0.0.1:0\"\n[scaler]\nlisten = \"127.0.0.1:0\"\n[queues.orders]\nhandler = { url = \"http://127.0.0.1:9/work\" }\n";
+    let config = Config::parse(text, dir.path(), None).unwrap();
+    let service = ebb::Host::start(&config, ebb::Role::Worker).await.unwrap();
+    let address = service.scaler_addr().unwrap();
+    let mut silent = Vec::new();
+    for _ in 0..MAX_CONNECTIONS + 8 {
+        silent.push(tokio::net::TcpStream::connect(address).await.unwrap());
     }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_rule_that_never_answers_holds_a_metric_call_no_longer_than_its_deadline_and_the_built_in_rule_answers() {
-        let (queue, rules) = scaler_queue(guests::LOOP_FOREVER, &[], 150).await;
-        for _ in 0..3 {
-            let started = std::time::Instant::now();
-            let metric = queue.metric().await;
-            // The deadline is 10 ms; allow for a loaded machine, but far below a second.
-            assert!(started.elapsed() < Duration::from_millis(500), "took {:?}", started.elapsed());
-            assert_ne!(metric.source, DecisionSource::Rule);
-            assert_eq!((metric.tasks, metric.instances), (20, 5), "the paper's rule at 150: 50 tasks, clamped to 4 × 5");
-            tokio::time::sleep(ebb::scaler::METRIC_CACHE).await;
-        }
-        assert!(rules.status(&rule_slot("orders")).unwrap().faults >= 1);
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn streams_beyond_the_limit_are_refused_until_one_closes() {
-        use ebb::scaler::{ExternalScalerClient, MAX_STREAMS, ScaledObjectRef};
-        let dir = tempfile::tempdir().unwrap();
-        let text = "[api]\nlisten = \"127.0.0.1:0\"\n[scaler]\nlisten = \"127.0.0.1:0\"\n[queues.orders]\nhandler = { url = \"http://127.0.0.1:9/work\" }\n";
-        let config = Config::parse(text, dir.path(), None).unwrap();
-        let service = ebb::host::Host::start(&config, ebb::service::Role::Worker).await.unwrap();
-        let endpoint = format!("http://{}", service.scaler_addr().unwrap());
-        // One connection, as KEDA holds.
-        let channel = tonic::transport::Endpoint::from_shared(endpoint).unwrap().connect().await.unwrap();
-        let mut client = ExternalScalerClient::new(channel);
-        let object = ScaledObjectRef { scaler_metadata: [("queue".to_string(), "orders".to_string())].into(), ..Default::default() };
-        let mut streams = Vec::new();
-        for _ in 0..MAX_STREAMS {
-            let mut stream = client.stream_is_active(object.clone()).await.unwrap().into_inner();
-            assert!(!stream.message().await.unwrap().unwrap().result);
-            streams.push(stream);
-        }
-        let refused = client.stream_is_active(object.clone()).await.unwrap_err();
-        assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused}");
-        // Unary calls still go through beside them.
-        assert!(!client.is_active(object.clone()).await.unwrap().into_inner().result);
-        drop(streams.pop());
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let started = std::time::Instant::now();
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}")).unwrap().connect_timeout(Duration::from_secs(20));
+    let mut client = ExternalScalerClient::new(endpoint.connect().await.unwrap());
+    let object = ScaledObjectRef { scaler_metadata: [("queue".to_string(), "orders".to_string())].into(), ..Default::default() };
+    let answer = tokio::time::timeout(Duration::from_secs(20), client.is_active(object)).await;
+    assert!(matches!(answer, Ok(Ok(_))), "KEDA's call after {:?}: {answer:?}", started.elapsed());
+    // The silent ones were closed (after the server's own HTTP/2 settings).
+    let mut buf = [0u8; 256];
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
-            match client.stream_is_active(object.clone()).await {
-                Ok(_) => break,
-                Err(status) => assert!(status.code() == tonic::Code::ResourceExhausted && std::time::Instant::now() < deadline, "{status}"),
+            match silent[0].read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        drop(streams);
-        service.shutdown().await;
-    }
-
-    /// Review (session 4): connections that send nothing held every connection slot for
-    /// as long as they stayed open (six minutes and counting), so KEDA could not get in.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn silent_connections_cannot_lock_keda_out_of_the_scaler() {
-        use ebb::scaler::{ExternalScalerClient, MAX_CONNECTIONS, ScaledObjectRef};
-        use tokio::io::AsyncReadExt as _;
-        let dir = tempfile::tempdir().unwrap();
-        let text = "[api]\nlisten = \"127.0.0.1:0\"\n[scaler]\nlisten = \"127.0.0.1:0\"\n[queues.orders]\nhandler = { url = \"http://127.0.0.1:9/work\" }\n";
-        let config = Config::parse(text, dir.path(), None).unwrap();
-        let service = ebb::host::Host::start(&config, ebb::service::Role::Worker).await.unwrap();
-        let address = service.scaler_addr().unwrap();
-        let mut silent = Vec::new();
-        for _ in 0..MAX_CONNECTIONS + 8 {
-            silent.push(tokio::net::TcpStream::connect(address).await.unwrap());
-        }
-        let started = std::time::Instant::now();
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}")).unwrap().connect_timeout(Duration::from_secs(20));
-        let mut client = ExternalScalerClient::new(endpoint.connect().await.unwrap());
-        let object = ScaledObjectRef { scaler_metadata: [("queue".to_string(), "orders".to_string())].into(), ..Default::default() };
-        let answer = tokio::time::timeout(Duration::from_secs(20), client.is_active(object)).await;
-        assert!(matches!(answer, Ok(Ok(_))), "KEDA's call after {:?}: {answer:?}", started.elapsed());
-        // The silent ones were closed (after the server's own HTTP/2 settings).
-        let mut buf = [0u8; 256];
-        let closed = tokio::time::timeout(Duration::from_secs(10), async {
-            loop {
-                match silent[0].read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(_) => {}
-                }
-            }
-        })
-        .await;
-        assert!(closed.is_ok(), "a silent connection is still open after {:?}", started.elapsed());
-        service.shutdown().await;
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn work_detected_keeps_an_empty_queue_active_for_the_activity_hold() {
-        let (queue, _rules) = scaler_queue(guests::PAPER_DEFAULT, &[], 0).await;
-        let events = queue.work_events();
-        assert!(!queue.is_active());
-        queue.note_work();
-        assert!(events.has_changed().unwrap(), "stream watchers hear of it at once");
-        assert!(queue.is_active());
-        tokio::time::advance(ACTIVITY_HOLD - Duration::from_millis(1)).await;
-        assert!(queue.is_active());
-        tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(!queue.is_active(), "nothing queued or in flight, no work for {ACTIVITY_HOLD:?}");
-    }
+    })
+    .await;
+    assert!(closed.is_ok(), "a silent connection is still open after {:?}", started.elapsed());
+    service.shutdown().await;
 }

@@ -11,10 +11,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ebb::Host;
+use ebb::Role;
 use ebb::config::Config;
-use ebb::host::Host;
-use ebb::scaler::{ExternalScalerClient, GetMetricsRequest, ScaledObjectRef};
-use ebb::service::Role;
+use ebb::keda::{ExternalScalerClient, GetMetricsRequest, ScaledObjectRef};
 use serde_json::json;
 use tonic::transport::Channel;
 

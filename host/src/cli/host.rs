@@ -135,6 +135,8 @@ async fn check_azure_queue(client: &dyn QueueClient) -> Result<String> {
 
 pub fn check(config_path: &Path) -> Result<()> {
     let config = Config::load(config_path)?;
+    // `ebb run` has no Rust handler: every queue needs its URL.
+    config.check_handlers(&|_| false)?;
     // The same check of the folders as `ebb run` makes before it opens them.
     config.check_folders()?;
     // And of the store: a file there that is not a valid store is refused as `run` refuses it.
@@ -152,7 +154,7 @@ pub fn check(config_path: &Path) -> Result<()> {
             queue.name,
             queue.settings.min_tasks,
             queue.settings.max_tasks,
-            crate::handler::masked(&queue.handler_url)
+            queue.handler_url.as_ref().map_or_else(|| "not set".to_string(), crate::handler::masked)
         );
     }
     if let Some(scaler) = &config.scaler {

@@ -204,8 +204,9 @@ pub struct QueueFile {
     /// Parameters passed to the rule's `configure`. Default: none.
     #[serde(default)]
     pub rule_params: BTreeMap<String, String>,
-    /// Where messages go.
-    pub handler: HandlerFile,
+    /// Where messages go: required, unless ebb is embedded as a library with a Rust
+    /// handler for this queue.
+    pub handler: Option<HandlerFile>,
     /// Where the queue lives: `embedded` (default) or `azure`.
     #[serde(default)]
     pub backend: BackendKind,

@@ -35,14 +35,13 @@ use crate::names::QueueName;
 use crate::queue::partitioned::partition_name;
 use crate::rules::{QueueRuleConfig, RuleLimits};
 
-pub use backend::{AzureFile, Backend, BackendKind, MessageEncoding};
+pub use backend::Backend;
 pub use bus::BusConfig;
-pub use bus::BusFile;
 pub use checks::{
     MAX_API_CONNECTIONS, MAX_CACHE_MIB, MAX_CALL_DEADLINE, MAX_INSTANCES, MAX_INTERVAL, MAX_MEMORY_MIB, MAX_MESSAGE_BYTES_LIMIT, MAX_PRICE_PER_10K,
     MAX_QUEUE_NAME_LEN, MAX_SAFETY_POLL, MAX_TASKS,
 };
-pub use file::{ApiFile, ConfigFile, HandlerFile, QueueFile, RuleLimitsFile, ScalerFile};
+use file::ConfigFile;
 pub use settings::{ApiLimits, ScalerSettings};
 
 /// Environment variable that supplies the API token (overrides `api.token`).
@@ -89,8 +88,8 @@ pub struct QueueConfig {
     pub settings: QueueSettings,
     /// Its rule (path in the rules folder) and parameters.
     pub rule: QueueRuleConfig,
-    /// Handler URL.
-    pub handler_url: reqwest::Url,
+    /// Handler URL; `None` when the embedding program gives a Rust handler instead.
+    pub handler_url: Option<reqwest::Url>,
     /// Handler timeout.
     pub handler_timeout: Duration,
     /// Partition queues (1: the queue is not partitioned).
@@ -130,6 +129,18 @@ impl Config {
                 let what = if existing == path.as_path() { "cannot be written in".to_string() } else { format!("cannot be created in {}", existing.display()) };
                 anyhow::anyhow!("{key}: {} {what}: {error}", path.display())
             })?;
+        }
+        Ok(())
+    }
+
+    /// Whether every queue has a handler: its `handler.url`, or a Rust handler in
+    /// `embedded` (what a program embedding ebb registered). A worker needs one per queue;
+    /// `ebb scaler` processes nothing and needs none.
+    pub fn check_handlers(&self, embedded: &dyn Fn(&str) -> bool) -> Result<()> {
+        for queue in &self.queues {
+            if queue.handler_url.is_none() && !embedded(&queue.name) {
+                bail!("queues.{}.handler: not set; give the URL each message is POSTed to: handler = {{ url = \"http://127.0.0.1:8080/work\" }}", queue.name);
+            }
         }
         Ok(())
     }

@@ -80,8 +80,9 @@ impl QueueFile {
                 Some(rules_dir.join(file))
             }
         };
-        let handler_url = parse_handler_url(&self.handler.url)?;
-        check_duration("handler.timeout", self.handler.timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
+        let handler_url = self.handler.as_ref().map(|handler| parse_handler_url(&handler.url)).transpose()?;
+        let handler_timeout = self.handler.as_ref().map_or(crate::defaults::HANDLER_TIMEOUT, |handler| handler.timeout);
+        check_duration("handler.timeout", handler_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
         Ok(QueueConfig {
             name: name.clone(),
             settings: QueueSettings {
@@ -101,7 +102,7 @@ impl QueueFile {
             },
             rule: QueueRuleConfig { queue: name.to_string(), rule, params: self.rule_params.into_iter().collect() },
             handler_url,
-            handler_timeout: self.handler.timeout,
+            handler_timeout,
             partitions: self.partitions,
             backend,
         })

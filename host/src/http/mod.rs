@@ -19,13 +19,15 @@ mod errors;
 mod routes;
 mod server;
 mod storage_metrics;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub(crate) use auth::token_matches;
 pub use routes::router;
-pub use server::{LISTEN_BACKLOG, bind, serve};
+pub(crate) use server::{bind, serve};
 
 pub use crate::config::ApiLimits;
 use crate::health::{Health, Readiness};

@@ -45,7 +45,7 @@ use crate::rules::Decider;
 pub use builder::ListenerBuilder;
 use counters::Counters;
 pub use settings::QueueSettings;
-pub use status::{DEPTH_MAX_AGE, ListenerStatus, PoisonForm, PoisonRecord, RecordedDecision};
+pub use status::{DEPTH_MAX_AGE, ListenerStatus, PoisonForm};
 
 /// One queue's listener. Cheap to clone (shared state).
 #[derive(Clone)]

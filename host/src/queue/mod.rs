@@ -23,10 +23,12 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
-pub use call_record::{CallRecord, CallSnapshot, FailureCount, KindCount, LastFailure};
+pub(crate) use call_record::CallRecord;
+pub use call_record::CallSnapshot;
 pub use clock::{Clock, SystemClock, TokioClock};
-pub use failure::{CallKind, ClassifiedError, FailureClass, classified};
-pub use metered::{Metered, RATE_BUCKET, RATE_WINDOW, TransactionCounts, TransactionRates, Transactions};
+pub use failure::FailureClass;
+pub(crate) use failure::{CallKind, classified};
+pub use metered::{Metered, TransactionCounts, TransactionRates, Transactions};
 pub use retrying::{RetryPolicy, Retrying};
 
 /// Azure's limit on a get: at most 32 messages.

@@ -37,7 +37,7 @@ mod watcher;
 pub use bindings::{CONTRACT_INTERFACE, CONTRACT_VERSION};
 pub use decider::{BuiltInRule, Decider};
 pub use decision::{Decision, DecisionSource, NativeRule, built_in_queue_empty, built_in_task_count, native_queue_empty, native_task_count};
-pub use engine::{CompiledRule, RuleEngine};
+pub use engine::RuleEngine;
 pub(crate) use file::read_rule_file;
 pub use instance::RuleInstance;
 pub use limits::RuleLimits;

@@ -21,6 +21,8 @@
 mod grpc;
 mod proto;
 mod start;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,9 +39,9 @@ use crate::config::QueueConfig;
 pub use crate::config::ScalerSettings;
 use crate::listener::Listener;
 use crate::queue::QueueClient;
-use crate::rules::{Decision, DecisionSource, QueueRules, QueueState, built_in_task_count};
+use crate::rules::{Decider, Decision, DecisionSource, QueueState, built_in_task_count};
 
-pub use grpc::{MAX_CONNECTIONS, MAX_STREAMS, metric_name, serve};
+pub use grpc::{MAX_CONNECTIONS, MAX_STREAMS, serve};
 pub use proto::external_scaler_client::ExternalScalerClient;
 pub use proto::{GetMetricSpecResponse, GetMetricsRequest, GetMetricsResponse, IsActiveResponse, MetricSpec, MetricValue, ScaledObjectRef};
 pub use start::{RunningScaler, start};
@@ -148,7 +150,7 @@ struct Cached {
 pub struct ScalerQueue {
     name: String,
     source: Source,
-    rules: Option<QueueRules>,
+    rules: Arc<dyn Decider>,
     push_enabled: bool,
     tasks_per_instance: u32,
     max_instances: u32,
@@ -166,8 +168,9 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl ScalerQueue {
     /// The scaler's view of `config`'s queue: its state from `source`, its decisions from
-    /// `rules` (the slot [`crate::service::scaler_rule_slot`] names; `None`: the built-in rule).
-    pub fn new(config: &QueueConfig, source: Source, rules: Option<QueueRules>, settings: &ScalerSettings, call_deadline: Duration) -> ScalerQueue {
+    /// `rules` decide (the rule slot [`crate::service::scaler_rule_slot`] names, or the
+    /// built-in rule).
+    pub fn new(config: &QueueConfig, source: Source, rules: Arc<dyn Decider>, settings: &ScalerSettings, call_deadline: Duration) -> ScalerQueue {
         ScalerQueue {
             name: config.name.to_string(),
             source,
@@ -187,11 +190,6 @@ impl ScalerQueue {
     /// The queue's (logical) name.
     pub fn name(&self) -> &str {
         &self.name
-    }
-
-    /// Most dequeue tasks one instance runs: the queue's `max_tasks`.
-    pub fn tasks_per_instance(&self) -> u32 {
-        self.tasks_per_instance
     }
 
     /// Work was detected: the queue is active now, and every `StreamIsActive` hears so.
@@ -290,7 +288,7 @@ impl ScalerQueue {
     /// further calls until it does.
     pub async fn metric(&self) -> InstanceMetric {
         let snapshot = self.snapshot();
-        let rule = self.rules.as_ref().map(QueueRules::status);
+        let rule = self.rules.status();
         let key = CacheKey {
             depth: snapshot.depth,
             in_flight: snapshot.in_flight,
@@ -301,9 +299,10 @@ impl ScalerQueue {
             return metric;
         }
         let state = self.rule_state(&snapshot);
-        let Some(rules) = self.rules.clone() else {
-            return self.remember(key, self.metric_of(built_in_task_count(&state, DecisionSource::BuiltIn), false));
-        };
+        let rules = self.rules.clone();
+        if !rules.may_block() {
+            return self.remember(key, self.metric_of(rules.decide_task_count(&state), false));
+        }
         let deadline = Instant::now() + self.call_deadline;
         let Ok(guard) = tokio::time::timeout_at(deadline, self.deciding.clone().lock_owned()).await else {
             return self.stale(&state);

@@ -15,6 +15,7 @@ use tracing::Instrument as _;
 
 use super::{Counted, Scaler, ScalerQueue, Source};
 use crate::config::ScalerSettings;
+use crate::rules::{BuiltInRule, Decider};
 use crate::service::{Role, Service, scaler_rule_slot};
 
 /// KEDA's external scaler, serving.
@@ -55,7 +56,11 @@ pub fn start(service: &Service, settings: &ScalerSettings, call_deadline: std::t
                 Source::Counted(partitions)
             }
         };
-        queues.push(ScalerQueue::new(&queue.config, source, service.rules().queue(&scaler_rule_slot(name)), settings, call_deadline));
+        let rules: Arc<dyn Decider> = match service.rules().queue(&scaler_rule_slot(name)) {
+            Some(rules) => Arc::new(rules),
+            None => Arc::new(BuiltInRule),
+        };
+        queues.push(ScalerQueue::new(&queue.config, source, rules, settings, call_deadline));
     }
     let scaler = Scaler::new(queues, settings.token.clone());
     for (name, queue) in service.queues() {

@@ -18,12 +18,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
-pub use assembly::{OpenQueue, PartitionClient, QueueStack, StackOptions, storage_queue};
-pub use handle::{QueueHandle, SEND_DEADLINE};
+pub(crate) use assembly::{QueueStack, StackOptions, storage_queue};
+pub use handle::QueueHandle;
 
 use crate::bus::Bus;
 use crate::config::{Backend, BusConfig, Config, QueueConfig};
-use crate::handler::HttpHandler;
+use crate::handler::{Handler, HttpHandler};
 use crate::health::{Health, Readiness, ReadinessPart};
 use crate::listener::{Listener, ListenerStatus, QueueSettings};
 use crate::log_limit::LogLimiter;
@@ -38,6 +38,9 @@ pub(crate) const RULE_DEBOUNCE: Duration = Duration::from_millis(30);
 /// the longest.
 const START_RETRY_MIN: Duration = Duration::from_millis(500);
 const START_RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// The Rust handlers of a program embedding ebb, by queue name.
+pub(crate) type Handlers = BTreeMap<String, Arc<dyn Handler>>;
 
 /// What a host does with its queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +110,15 @@ impl Service {
     /// Opens the store, loads and watches the rules, assembles every queue and its handle
     /// and (for a worker) its listeners, and starts the bus. Touches no queue in storage
     /// and starts no dequeue task: see [`Service::start_work`].
-    pub async fn open(config: &Config, role: Role) -> Result<Service> {
+    /// A worker's queue with a Rust handler in `handlers` calls it; every other queue posts
+    /// to its `handler.url`.
+    pub async fn open(config: &Config, role: Role, handlers: &Handlers) -> Result<Service> {
+        if let Some(unknown) = handlers.keys().find(|name| !config.queues.iter().any(|q| q.name.as_str() == name.as_str())) {
+            anyhow::bail!("a Rust handler is given for queue {unknown}, which the configuration does not have");
+        }
+        if role == Role::Worker {
+            config.check_handlers(&|queue| handlers.contains_key(queue))?;
+        }
         let HostParts { health, store, rules_dir, engine } = HostParts::open(config)?;
         let rules = Arc::new(RuleSet::new(engine, rule_slots(config, role, &rules_dir)));
         rules.load_all_in_background();
@@ -119,7 +130,7 @@ impl Service {
             let options = StackOptions { metered: true, retry: Some(RetryPolicy::default()), readiness: Some(readiness.clone()) };
             let stack = QueueStack::assemble(queue_config, &open, &options)?;
             let listeners = match role {
-                Role::Worker => worker_listeners(queue_config, &stack, &rules, config.bus.is_some())?,
+                Role::Worker => worker_listeners(queue_config, handlers.get(queue_config.name.as_str()), &stack, &rules, config.bus.is_some())?,
                 Role::Watcher => Vec::new(),
             };
             let handle = QueueHandle::new(&queue_config.name, stack.logical.clone(), listeners);
@@ -347,8 +358,12 @@ fn rule_problem(rules: &QueueRules) -> Option<String> {
 }
 
 /// A worker's listeners on `queue`, one per partition, not started.
-fn worker_listeners(queue: &QueueConfig, stack: &QueueStack, rules: &RuleSet, with_bus: bool) -> Result<Vec<Listener>> {
-    let handler = Arc::new(HttpHandler::new(queue.handler_url.clone(), queue.handler_timeout)?);
+fn worker_listeners(queue: &QueueConfig, handler: Option<&Arc<dyn Handler>>, stack: &QueueStack, rules: &RuleSet, with_bus: bool) -> Result<Vec<Listener>> {
+    let handler: Arc<dyn Handler> = match (handler, &queue.handler_url) {
+        (Some(handler), _) => handler.clone(),
+        (None, Some(url)) => Arc::new(HttpHandler::new(url.clone(), queue.handler_timeout)?),
+        (None, None) => anyhow::bail!("queues.{}.handler: not set", queue.name),
+    };
     let mut listeners = Vec::new();
     for partition in &stack.partitions {
         let name = partition.client.name().to_string();

@@ -34,8 +34,8 @@ use azure_core::http::{ClientOptions, RetryOptions, StatusCode, Transport};
 use azure_storage_queue::models::{QueueClientGetPropertiesResultHeaders, QueueClientReceiveMessagesOptions, QueueClientSendMessageOptions, QueueMessage};
 use azure_storage_queue::{QueueClient as SdkQueueClient, QueueClientOptions};
 
-pub use connection::{AzureAccount, Credential, DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY, DEVELOPMENT_QUEUE_ENDPOINT, EntraMethod, EntraOptions};
-pub use encoding::{Encoding, MAX_ENCODED_BYTES};
+pub use connection::{AzureAccount, Credential, DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY, EntraMethod, EntraOptions};
+pub use encoding::Encoding;
 
 use super::{FailureClass, MAX_BATCH, MAX_VISIBILITY, Message, MessageId, PopReceipt, QueueClient, QueueError, classified};
 

@@ -256,3 +256,28 @@ impl Counters {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn arrivals_are_averaged_over_the_last_ten_seconds() {
+        let mut arrivals = Arrivals::default();
+        let start = arrivals.start;
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        assert_eq!(arrivals.per_sec(at(0)), 0.0);
+        // Early on, over the time since counting began, but never less than a second.
+        arrivals.add(3, at(200));
+        assert_eq!(arrivals.per_sec(at(500)), 3.0);
+        assert_eq!(arrivals.per_sec(at(3_000)), 1.0);
+        // Then over the current second and the nine before it.
+        arrivals.add(7, at(9_500));
+        assert!((arrivals.per_sec(at(9_999)) - 10.0 / 9.999).abs() < 1e-9);
+        assert_eq!(arrivals.per_sec(at(10_000)), 7.0 / 9.0, "the first second's 3 left the window");
+        assert_eq!(arrivals.per_sec(at(19_999)), 0.0, "all left by then");
+        // A bucket reused after a lap counts only its new arrivals.
+        arrivals.add(4, at(20_100));
+        assert_eq!(arrivals.per_sec(at(20_500)), 4.0 / 9.5);
+    }
+}

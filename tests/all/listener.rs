@@ -901,3 +901,30 @@ async fn a_decision_is_told_the_last_get_the_arrivals_and_where_the_depth_came_f
     assert_eq!(last.arrivals_per_sec, 0.0, "a wake-up alone is not an arrival (the queue handle counts puts and notifications): {last:?}");
     assert_eq!((last.last_get_messages, last.oldest_message_age_ms), (0, None), "{last:?}");
 }
+
+/// Contract 0.2.0: the queue handle counts each send through it and each notification made
+/// to it as an arrival (what the rule sees as `arrivals_per_sec`).
+#[tokio::test(start_paused = true)]
+async fn sends_and_notifications_through_the_queue_handle_are_the_arrivals_a_rule_sees() {
+    let clock = Arc::new(TokioClock::new());
+    let queue: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock.clone(), 65536));
+    let rule = Arc::new(StateRecordingRule::default());
+    let settings = QueueSettings { max_polling_interval: Duration::from_secs(1), scale_interval: Duration::from_millis(100), ..Default::default() };
+    let listener = Listener::builder(queue.clone(), poison, Arc::new(TestHandler::default())).decider(rule.clone()).settings(settings).clock(clock).build();
+    let handle = ebb::service::QueueHandle::new(QUEUE, queue, vec![listener.clone()]);
+    listener.start();
+    sleep(Duration::from_secs(30)).await;
+    for _ in 0..9 {
+        handle.send(b"sleep 1", Duration::ZERO, Duration::from_secs(5)).await.unwrap();
+    }
+    handle.notify();
+    handle.notify();
+    handle.notify();
+    sleep(Duration::from_secs(1)).await;
+    listener.work_detected();
+    sleep(Duration::from_secs(1)).await;
+    let last = rule.states.lock().unwrap().last().cloned().expect("work was detected");
+    // 12 arrivals at 30 s, over the window of the last 9 to 10 s at 31 s.
+    assert!((12.0 / 10.0..=12.0 / 9.0).contains(&last.arrivals_per_sec), "{last:?}");
+}

@@ -1,8 +1,8 @@
 // Spare-capacity rule, in JavaScript: the paper's depth table plus a share of spare tasks,
 // for volatile loads where a burst should not wait for the next scaling decision; twice
 // the share while messages wait longer than `max_wait_ms` (the age of the oldest message of
-// the last get, `oldestMessageAgeMs` from contract 0.2.0: undefined when storage does not
-// tell or the last get found nothing). Idle back-off is the paper's.
+// the last get, `oldestMessageAgeMs` from contract 0.2.0: null when the last get found
+// nothing). Idle back-off is the paper's.
 //
 // Parameters: `spare_percent` (whole percent added to the paper's count, default 25),
 // `max_wait_ms` (milliseconds, default 1000).
@@ -43,7 +43,7 @@ export const decisions = {
   optimalDequeueTaskCount(state) {
     const base = paperTasks(unsigned(state.approximateDepth));
     const age = state.oldestMessageAgeMs;
-    const waiting = age !== undefined && age !== null && unsigned(age) > maxWaitMs;
+    const waiting = age !== null && age !== undefined && unsigned(age) > maxWaitMs;
     const spare = waiting ? 2 * sparePercent : sparePercent;
     return Math.ceil((base * (100 + spare)) / 100);
   },

@@ -160,10 +160,7 @@ fn missing_export_is_rejected_at_load() {
 #[test]
 fn contract_version_mismatch_names_its_version_and_the_hosts() {
     let error = load_error(guests::FUTURE_VERSION);
-    assert!(
-        error.contains("it exports ebb:rules/decisions@0.3.0, but this host speaks ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0"),
-        "{error}"
-    );
+    assert!(error.contains("it exports ebb:rules/decisions@0.3.0, but this host speaks ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0"), "{error}");
 }
 
 /// A 0.2.0 state with every field 0.2.0 added set away from its default.

@@ -928,3 +928,48 @@ async fn sends_and_notifications_through_the_queue_handle_are_the_arrivals_a_rul
     // 12 arrivals at 30 s, over the window of the last 9 to 10 s at 31 s.
     assert!((12.0 / 10.0..=12.0 / 9.0).contains(&last.arrivals_per_sec), "{last:?}");
 }
+
+/// A memory queue whose count always fails (storage refusing the count call).
+struct UncountableQueue(MemoryQueue);
+
+#[async_trait]
+impl QueueClient for UncountableQueue {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    async fn create_if_missing(&self) -> Result<(), QueueError> {
+        self.0.create_if_missing().await
+    }
+    async fn put(&self, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
+        self.0.put(body, delay).await
+    }
+    async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
+        self.0.get(max, visibility).await
+    }
+    async fn delete(&self, id: &MessageId, receipt: &PopReceipt) -> Result<(), QueueError> {
+        self.0.delete(id, receipt).await
+    }
+    async fn update_visibility(&self, id: &MessageId, receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
+        self.0.update_visibility(id, receipt, visibility).await
+    }
+    async fn approximate_count(&self) -> Result<u64, QueueError> {
+        Err(QueueError::Transient(anyhow::anyhow!("count unavailable")))
+    }
+}
+
+/// Contract 0.2.0: when the count for a decision fails, the depth the rule is told is the
+/// last known one, and it says so (`inferred`).
+#[tokio::test(start_paused = true)]
+async fn a_depth_that_could_not_be_counted_is_told_as_inferred() {
+    let clock = Arc::new(TokioClock::new());
+    let queue = Arc::new(UncountableQueue(MemoryQueue::new(QUEUE, clock.clone(), 65536)));
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock.clone(), 65536));
+    let rule = Arc::new(StateRecordingRule::default());
+    let listener = Listener::builder(queue.clone(), poison, Arc::new(TestHandler::default())).decider(rule.clone()).clock(clock).build();
+    listener.start();
+    put(queue.as_ref(), "sleep 1", 3).await;
+    sleep(Duration::from_secs(60)).await;
+    let states = rule.states.lock().unwrap().clone();
+    assert!(!states.is_empty(), "the messages found were a work-detected event");
+    assert!(states.iter().all(|s| s.depth_source == ebb::rules::DepthSource::Inferred), "{states:?}");
+}

@@ -36,7 +36,7 @@ fn main() {
     }
     // Tools live beside the target dir's profiles, so a new OUT_DIR does not reinstall them.
     let tools = out_dir.ancestors().nth(4).unwrap().join("guest-tools");
-    let wit = root.join("wit/ebb-rules-0.1.0");
+    let wit = root.join("wit/ebb-rules-0.2.0");
     let python_rule = out_dir.join("python_drain_time.wasm");
     run(
         Command::new(componentize_py(&tools))

@@ -1,7 +1,9 @@
 """Drain-time rule, in Python: run enough dequeue tasks to drain the queue in a target time.
 
-Each task's rate is estimated from the queue's recent throughput; without a throughput
-figure yet, the paper's depth table decides. Idle back-off is the paper's.
+Each task's rate is estimated from the queue's recent throughput; the tasks must take the
+backlog in the target time and keep up with what keeps arriving (`arrivals_per_sec`, from
+contract 0.2.0). Without a throughput figure yet, the paper's depth table decides. Idle
+back-off is the paper's.
 
 Parameters: `target_drain_s` (seconds, default 10).
 """
@@ -41,7 +43,8 @@ class Decisions(exports.Decisions):
         per_task = state.throughput_per_sec / max(state.active_tasks, 1)
         if per_task <= 0:
             return paper_tasks(state.approximate_depth)
-        needed = state.approximate_depth / (per_task * settings["target_drain_s"])
+        drain_rate = state.approximate_depth / settings["target_drain_s"] + state.arrivals_per_sec
+        needed = drain_rate / per_task
         return min(math.ceil(needed), 2**32 - 1)
 
     def on_queue_empty(self, ctx: IdleContext) -> IdleDecision:

@@ -1,11 +1,11 @@
 //! The component side: bindings for `ebb:rules/scaling-rule` and the export macro.
 
-/// Bindings generated from `wit/ebb-rules-0.1.0` (used by [`crate::export_rule!`]).
+/// Bindings generated from `wit/ebb-rules-0.2.0` (used by [`crate::export_rule!`]).
 #[allow(missing_docs)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit/ebb-rules-0.1.0",
-        world: "ebb:rules/scaling-rule@0.1.0",
+        path: "../wit/ebb-rules-0.2.0",
+        world: "ebb:rules/scaling-rule@0.2.0",
         pub_export_macro: true,
         export_macro_name: "__export_scaling_rule",
         default_bindings_module: "ebb_rules_sdk::bindings",
@@ -29,6 +29,14 @@ impl From<wit::QueueState> for crate::QueueState {
             push_enabled: s.push_enabled,
             timestamp_ms: s.timestamp_ms,
             random: s.random,
+            last_get_messages: s.last_get_messages,
+            batch_size: s.batch_size,
+            arrivals_per_sec: s.arrivals_per_sec,
+            oldest_message_age_ms: s.oldest_message_age_ms,
+            depth_source: match s.depth_source {
+                wit::DepthSource::Measured => crate::DepthSource::Measured,
+                wit::DepthSource::Inferred => crate::DepthSource::Inferred,
+            },
         }
     }
 }

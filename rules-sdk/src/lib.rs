@@ -21,6 +21,14 @@
 //! export_rule!(SlowHandlerRule);
 //! ```
 //!
+//! The component speaks the contract `ebb:rules/decisions@0.2.0` (`wit/ebb-rules-0.2.0`).
+//! Its [`QueueState`] carries what a rule needs to decide without costing storage calls:
+//! [`QueueState::last_get_messages`] against [`QueueState::batch_size`] (a short get emptied
+//! the queue), [`QueueState::arrivals_per_sec`], [`QueueState::oldest_message_age_ms`] and
+//! [`QueueState::depth_source`]. A rule built with an older SDK (contract 0.1.0) keeps
+//! loading in a newer host; rebuilt with this one, it compiles unchanged (the new fields are
+//! only read by rules that want them, and default in `QueueState { .., ..Default::default() }`).
+//!
 //! Build it with `cargo build --release --target wasm32-wasip2` (crate type `cdylib`), then
 //! check it with `ebb rule check target/wasm32-wasip2/release/<name>.wasm` and copy the file
 //! into the host's rules folder: the host swaps it in while it runs.
@@ -38,7 +46,7 @@ pub mod thresholds;
 #[cfg(feature = "guest")]
 mod guest;
 
-pub use model::{IdleContext, IdleDecision, QueueState};
+pub use model::{DepthSource, IdleContext, IdleDecision, QueueState};
 pub use params::{Params, ParamsExt};
 
 #[cfg(feature = "guest")]

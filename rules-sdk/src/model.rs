@@ -1,4 +1,17 @@
-//! The decision contexts, as plain Rust values (the WIT records of `ebb:rules/decisions`).
+//! The decision contexts, as plain Rust values (the WIT records of `ebb:rules/decisions@0.2.0`).
+
+/// Where [`QueueState::approximate_depth`] comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
+pub enum DepthSource {
+    /// Counted by storage for this decision (a count call).
+    #[default]
+    Measured,
+    /// The host's estimate, without a count for this decision: the last count made (when
+    /// this one failed or was not made), or what gets and arrivals tell.
+    Inferred,
+}
 
 /// What a listener knows about one queue when work is detected.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -7,7 +20,8 @@
 pub struct QueueState {
     /// The queue's name, as in the host configuration.
     pub queue: String,
-    /// Approximate number of messages in the queue (visible and leased).
+    /// Approximate number of messages in the queue (visible and leased); see
+    /// [`QueueState::depth_source`].
     pub approximate_depth: u64,
     /// Messages this host has leased and not yet finished.
     pub in_flight: u32,
@@ -29,6 +43,24 @@ pub struct QueueState {
     pub timestamp_ms: u64,
     /// A uniformly random value supplied by the host, for jitter.
     pub random: u64,
+    /// Messages the last get of this queue on this host returned (0 when it found the
+    /// queue empty, or before the first get). Fewer than [`QueueState::batch_size`] means
+    /// that get emptied what was visible. (Since contract 0.2.0.)
+    pub last_get_messages: u32,
+    /// Messages each get asks for (the queue's `batch_size`, 1 to 32). (Since 0.2.0.)
+    pub batch_size: u32,
+    /// Messages arriving per second as this host sees them, over the last 10 seconds: each
+    /// put through this host and each notification made to it (its API's notify) counts
+    /// one. Puts by other programs or hosts that do not notify this host are not seen.
+    /// (Since 0.2.0.)
+    pub arrivals_per_sec: f64,
+    /// How long the oldest message of the last get had waited in the queue when that get
+    /// returned it, in milliseconds; `None` when the last get returned nothing or storage
+    /// does not tell. (Since 0.2.0.)
+    pub oldest_message_age_ms: Option<u64>,
+    /// Whether [`QueueState::approximate_depth`] was counted for this decision or
+    /// inferred. (Since 0.2.0.)
+    pub depth_source: DepthSource,
 }
 
 /// What a dequeue task knows when a get returned no message.

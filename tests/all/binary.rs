@@ -203,13 +203,25 @@ fn rule_check_describes_a_rule_and_fails_with_the_reason() {
     let output = ebb_raw(&["rule", "check", guests::THRESHOLD_TABLE, "--param", "table=10:1, *:4"]);
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    for field in ["sha256:", "compile time:", "exports:      ebb:rules/decisions@0.1.0", "imports:", "configure:    ok (1 parameter)"] {
+    for field in [
+        "sha256:",
+        "compile time:",
+        "contract:     ebb:rules/decisions@0.2.0\n",
+        "exports:      ebb:rules/decisions@0.2.0",
+        "imports:",
+        "configure:    ok (1 parameter)",
+    ] {
         assert!(text.contains(field), "missing {field:?} in\n{text}");
     }
+    // A rule built against 0.1.0 still checks, and is reported as such.
+    let output = ebb_raw(&["rule", "check", guests::CONTRACT_0_1]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(text.contains("contract:     ebb:rules/decisions@0.1.0 (an older contract, still served"), "{text}");
     let output = ebb_raw(&["rule", "check", guests::FUTURE_VERSION]);
     assert_eq!(output.status.code(), Some(1));
     let error = String::from_utf8_lossy(&output.stderr);
-    assert!(error.contains("ebb:rules/decisions@0.2.0, but this host speaks ebb:rules/decisions@0.1.0"), "{error}");
+    assert!(error.contains("ebb:rules/decisions@0.3.0, but this host speaks ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0"), "{error}");
     let output = ebb_raw(&["rule", "check", guests::THRESHOLD_TABLE, "--param", "tabel=1"]);
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("unknown parameter tabel"));
@@ -227,6 +239,29 @@ fn rule_eval_prints_the_decision_as_json() {
     let output = ebb_raw(&["rule", "eval", guests::PAPER_DEFAULT, "--queue-empty", r#"{"idle": 2}"#]);
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("unknown field `idle`"));
+}
+
+/// Contract 0.2.0's fields are read from `--task-count` (batch_size defaults to 32).
+#[test]
+fn rule_eval_takes_the_fields_of_contract_0_2_0() {
+    let eval = |field: &str, state: &str| {
+        let output = ebb_raw(&["rule", "eval", guests::ECHO_STATE, "--param", &format!("field={field}"), "--task-count", state]);
+        assert!(output.status.success(), "{field}: {}", String::from_utf8_lossy(&output.stderr));
+        let decision: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        // max_tasks is raised so that no echo is clamped.
+        assert_eq!(decision["clamped"], false, "{field}: {decision}");
+        decision["value"].as_u64().unwrap()
+    };
+    let state = r#"{"max_tasks": 100000, "last_get_messages": 5, "arrivals_per_sec": 2.5, "oldest_message_age_ms": 900, "depth_source": "inferred"}"#;
+    assert_eq!(eval("last_get_messages", state), 5);
+    assert_eq!(eval("arrivals_per_sec", state), 2500);
+    assert_eq!(eval("oldest_message_age_ms", state), 901);
+    assert_eq!(eval("depth_source", state), 2);
+    assert_eq!(eval("batch_size", state), 32, "the default batch size");
+    assert_eq!(eval("oldest_message_age_ms", r#"{"min_tasks": 0, "oldest_message_age_ms": null}"#), 0, "none");
+    let output = ebb_raw(&["rule", "eval", guests::ECHO_STATE, "--task-count", r#"{"depth_source": "guessed"}"#]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("unknown variant `guessed`"), "{}", String::from_utf8_lossy(&output.stderr));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -841,3 +841,135 @@ async fn with_push_and_no_task_a_retried_message_is_picked_up_when_its_retry_del
     sleep(Duration::from_secs(17)).await;
     assert_eq!(f.handler.calls.load(Ordering::Relaxed), 2, "tried again when its 20 s retry delay ended, not at the safety poll");
 }
+
+/// Records every queue state it is told, and otherwise decides like the paper.
+#[derive(Default)]
+struct StateRecordingRule {
+    states: Mutex<Vec<ebb::rules::QueueState>>,
+}
+
+impl ebb::rules::NativeRule for StateRecordingRule {
+    fn name(&self) -> &str {
+        "state-recording"
+    }
+    fn optimal_dequeue_task_count(&self, state: &ebb::rules::QueueState) -> u32 {
+        self.states.lock().unwrap().push(state.clone());
+        ebb_rules_sdk::paper::optimal_dequeue_task_count(state)
+    }
+    fn on_queue_empty(&self, ctx: &ebb::rules::IdleContext) -> ebb::rules::IdleDecision {
+        ebb_rules_sdk::paper::on_queue_empty(ctx)
+    }
+}
+
+/// Contract 0.2.0: the state a decision is told carries what the last get returned (its
+/// messages, the batch asked, the oldest one's wait since it was put), the arrivals the
+/// listener was told of over the last 10 s, and that the depth was counted.
+#[tokio::test(start_paused = true)]
+async fn a_decision_is_told_the_last_get_the_arrivals_and_where_the_depth_came_from() {
+    let clock = Arc::new(TokioClock::new());
+    let queue = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock.clone(), 65536));
+    let rule = Arc::new(StateRecordingRule::default());
+    let settings = QueueSettings { batch_size: 16, max_polling_interval: Duration::from_secs(1), ..Default::default() };
+    let listener = Listener::builder(queue.clone(), poison, Arc::new(TestHandler::default())).decider(rule.clone()).settings(settings).clock(clock).build();
+    listener.start();
+    sleep(Duration::from_secs(30)).await;
+    assert!(rule.states.lock().unwrap().is_empty(), "no work yet, no task-count decision");
+
+    // 20 arrivals 2 s apart from the put, which is hidden for 2 s: the get that finds the
+    // messages comes 2 to 3 s after they were put.
+    listener.record_arrivals(20);
+    sleep(Duration::from_secs(2)).await;
+    for _ in 0..5 {
+        queue.put(b"sleep 1", Duration::from_secs(2)).await.unwrap();
+    }
+    sleep(Duration::from_secs(5)).await;
+    let states = rule.states.lock().unwrap().clone();
+    let first = states.first().expect("the messages found were a work-detected event");
+    assert_eq!((first.last_get_messages, first.batch_size), (5, 16), "{first:?}");
+    let age = first.oldest_message_age_ms.expect("the memory queue tells insertion times");
+    assert!((2_000..=3_200).contains(&age), "waited from its put, not from when it became visible: {age} ms");
+    assert_eq!(first.depth_source, ebb::rules::DepthSource::Measured);
+    // 20 arrivals over the last 9 to 10 s (they came 4 to 5 s before the decision).
+    assert!((2.0..=20.0 / 9.0).contains(&first.arrivals_per_sec), "{first:?}");
+
+    // Ten more seconds: the arrivals are out of the window, and an empty get is the last.
+    sleep(Duration::from_secs(10)).await;
+    listener.work_detected();
+    sleep(Duration::from_secs(2)).await;
+    let last = rule.states.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(last.arrivals_per_sec, 0.0, "a wake-up alone is not an arrival (the queue handle counts puts and notifications): {last:?}");
+    assert_eq!((last.last_get_messages, last.oldest_message_age_ms), (0, None), "{last:?}");
+}
+
+/// Contract 0.2.0: the queue handle counts each send through it and each notification made
+/// to it as an arrival (what the rule sees as `arrivals_per_sec`).
+#[tokio::test(start_paused = true)]
+async fn sends_and_notifications_through_the_queue_handle_are_the_arrivals_a_rule_sees() {
+    let clock = Arc::new(TokioClock::new());
+    let queue: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock.clone(), 65536));
+    let rule = Arc::new(StateRecordingRule::default());
+    let settings = QueueSettings { max_polling_interval: Duration::from_secs(1), scale_interval: Duration::from_millis(100), ..Default::default() };
+    let listener = Listener::builder(queue.clone(), poison, Arc::new(TestHandler::default())).decider(rule.clone()).settings(settings).clock(clock).build();
+    let handle = ebb::QueueHandle::new(QUEUE, queue, vec![listener.clone()]);
+    listener.start();
+    sleep(Duration::from_secs(30)).await;
+    for _ in 0..9 {
+        handle.send(b"sleep 1", Duration::ZERO, Duration::from_secs(5)).await.unwrap();
+    }
+    handle.notify();
+    handle.notify();
+    handle.notify();
+    sleep(Duration::from_secs(1)).await;
+    listener.work_detected();
+    sleep(Duration::from_secs(1)).await;
+    let last = rule.states.lock().unwrap().last().cloned().expect("work was detected");
+    // 12 arrivals at 30 s, over the window of the last 9 to 10 s at 31 s.
+    assert!((12.0 / 10.0..=12.0 / 9.0).contains(&last.arrivals_per_sec), "{last:?}");
+}
+
+/// A memory queue whose count always fails (storage refusing the count call).
+struct UncountableQueue(MemoryQueue);
+
+#[async_trait]
+impl QueueClient for UncountableQueue {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    async fn create_if_missing(&self) -> Result<(), QueueError> {
+        self.0.create_if_missing().await
+    }
+    async fn put(&self, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
+        self.0.put(body, delay).await
+    }
+    async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
+        self.0.get(max, visibility).await
+    }
+    async fn delete(&self, id: &MessageId, receipt: &PopReceipt) -> Result<(), QueueError> {
+        self.0.delete(id, receipt).await
+    }
+    async fn update_visibility(&self, id: &MessageId, receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
+        self.0.update_visibility(id, receipt, visibility).await
+    }
+    async fn approximate_count(&self) -> Result<u64, QueueError> {
+        Err(QueueError::Transient(anyhow::anyhow!("count unavailable")))
+    }
+}
+
+/// Contract 0.2.0: when the count for a decision fails, the depth the rule is told is the
+/// last known one, and it says so (`inferred`).
+#[tokio::test(start_paused = true)]
+async fn a_depth_that_could_not_be_counted_is_told_as_inferred() {
+    let clock = Arc::new(TokioClock::new());
+    let queue = Arc::new(UncountableQueue(MemoryQueue::new(QUEUE, clock.clone(), 65536)));
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock.clone(), 65536));
+    let rule = Arc::new(StateRecordingRule::default());
+    let listener = Listener::builder(queue.clone(), poison, Arc::new(TestHandler::default())).decider(rule.clone()).clock(clock).build();
+    listener.start();
+    put(queue.as_ref(), "sleep 1", 3).await;
+    sleep(Duration::from_secs(60)).await;
+    let states = rule.states.lock().unwrap().clone();
+    assert!(!states.is_empty(), "the messages found were a work-detected event");
+    assert!(states.iter().all(|s| s.depth_source == ebb::rules::DepthSource::Inferred), "{states:?}");
+}

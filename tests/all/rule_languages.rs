@@ -50,6 +50,9 @@ fn python_rule_sizes_tasks_to_drain_time() {
     assert_eq!(set.decide_task_count(QUEUE, &state(500, 20.0, 2)).value, 10);
     // No throughput figure yet: the paper's table.
     assert_eq!(set.decide_task_count(QUEUE, &state(500, 0.0, 1)).value, 50);
+    // Contract 0.2.0: 30 msg/s keep arriving, so 100 + 30 msg/s need 13 tasks of 10 msg/s.
+    let arriving = QueueState { arrivals_per_sec: 30.0, ..state(500, 20.0, 2) };
+    assert_eq!(set.decide_task_count(QUEUE, &arriving).value, 13);
     assert_paper_back_off(&set);
 
     let (_, errors) = rules(engine, guests::PYTHON_DRAIN_TIME, &[("target_drain_s", "soon")]);
@@ -63,6 +66,12 @@ fn javascript_rule_adds_spare_capacity() {
     let (set, errors) = rules(engine.clone(), guests::JAVASCRIPT_SPARE_CAPACITY, &[]);
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(set.decide_task_count(QUEUE, &state(50, 0.0, 1)).value, 13, "10 + 25% spare, rounded up");
+    // Contract 0.2.0's option reaches JavaScript: messages that waited over max_wait_ms
+    // (1 s) double the spare share; none, or a short wait, leave it.
+    let waited = |age: Option<u64>| QueueState { oldest_message_age_ms: age, ..state(50, 0.0, 1) };
+    assert_eq!(set.decide_task_count(QUEUE, &waited(Some(5_000))).value, 15, "10 + 50% spare");
+    assert_eq!(set.decide_task_count(QUEUE, &waited(Some(1_000))).value, 13);
+    assert_eq!(set.decide_task_count(QUEUE, &waited(None)).value, 13);
     assert_paper_back_off(&set);
 
     let (set, errors) = rules(engine.clone(), guests::JAVASCRIPT_SPARE_CAPACITY, &[("spare_percent", "100")]);
@@ -70,7 +79,7 @@ fn javascript_rule_adds_spare_capacity() {
     assert_eq!(set.decide_task_count(QUEUE, &state(5000, 0.0, 1)).value, 200);
 
     let (_, errors) = rules(engine, guests::JAVASCRIPT_SPARE_CAPACITY, &[("spare", "5")]);
-    assert!(format!("{:#}", errors[0]).contains("unknown parameter spare (this rule takes: spare_percent)"));
+    assert!(format!("{:#}", errors[0]).contains("unknown parameter spare (this rule takes: spare_percent, max_wait_ms)"));
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use ebb::rules::{DecisionSource, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleLoad, RuleSet};
+use ebb::rules::{ContractVersion, DecisionSource, DepthSource, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleLoad, RuleSet};
 use ebb_rules_sdk::paper;
 use ebb_tests::guests;
 
@@ -147,7 +147,7 @@ fn absurd_values_are_clamped_and_counted() {
 #[test]
 fn wrong_export_type_is_rejected_at_load() {
     let error = load_error(guests::WRONG_EXPORT_TYPE);
-    assert!(error.contains("its function optimal-dequeue-task-count does not have the contract's type"), "{error}");
+    assert!(error.contains("its function optimal-dequeue-task-count does not have the type of contract 0.1.0"), "{error}");
     assert!(error.contains("expected `u32` found `string`"), "{error}");
 }
 
@@ -158,9 +158,91 @@ fn missing_export_is_rejected_at_load() {
 }
 
 #[test]
-fn contract_version_mismatch_names_both_versions() {
+fn contract_version_mismatch_names_its_version_and_the_hosts() {
     let error = load_error(guests::FUTURE_VERSION);
-    assert!(error.contains("ebb:rules/decisions@0.2.0") && error.contains("ebb:rules/decisions@0.1.0"), "{error}");
+    assert!(error.contains("it exports ebb:rules/decisions@0.3.0, but this host speaks ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0"), "{error}");
+}
+
+/// A 0.2.0 state with every field 0.2.0 added set away from its default.
+fn state_with_0_2_fields(depth: u64) -> QueueState {
+    QueueState {
+        in_flight: 3,
+        recent_failures: 2,
+        throughput_per_sec: 12.5,
+        random: 0x1234_5678_9abc_def0,
+        last_get_messages: 7,
+        batch_size: 16,
+        arrivals_per_sec: 4.25,
+        oldest_message_age_ms: Some(1500),
+        depth_source: DepthSource::Inferred,
+        ..state(depth)
+    }
+}
+
+/// Contract 0.2.0: a rule built against 0.1.0 keeps loading, is reported as 0.1.0, is told
+/// every 0.1.0 field as before (the fields 0.2.0 added are left out), and decides as it did.
+#[test]
+fn a_rule_built_against_contract_0_1_0_still_loads_and_decides_unchanged() -> Result<()> {
+    let engine = engine(RuleLimits::default());
+    let rule = engine.load_file(Path::new(guests::CONTRACT_0_1))?;
+    assert_eq!(rule.contract, ContractVersion::V0_1);
+    assert!(rule.exports.contains(&"ebb:rules/decisions@0.1.0".to_string()), "{:?}", rule.exports);
+    let full = state_with_0_2_fields(5);
+    for (field, expected) in [
+        ("approximate_depth", 5),
+        ("in_flight", 3),
+        ("active_tasks", 1),
+        ("min_tasks", 1),
+        ("max_tasks", 100),
+        ("recent_failures", 2),
+        ("throughput_per_sec", 12_500),
+        ("random", 0x9abc_def0),
+    ] {
+        let mut instance = engine.instantiate(&rule, &[("field".into(), field.into())])?;
+        assert_eq!(instance.optimal_dequeue_task_count(&full)?, expected, "{field}");
+    }
+
+    // Its decisions, through a queue's rule set, are the paper's (what it computes) whatever
+    // the 0.2.0 fields say.
+    let rules = loaded(guests::CONTRACT_0_1, RuleLimits::default());
+    for depth in [0, 99, 100, 999, 1000, 50_000] {
+        let decision = rules.decide_task_count(QUEUE, &state_with_0_2_fields(depth));
+        assert_eq!((decision.value, decision.source), (paper::optimal_dequeue_task_count(&state(depth)), DecisionSource::Rule), "depth {depth}");
+    }
+    for idle_count in [1, 3, 30] {
+        for random in [0, u64::MAX] {
+            let decision = rules.decide_queue_empty(QUEUE, &idle(idle_count, random));
+            assert_eq!((decision.value, decision.source), (paper::on_queue_empty(&idle(idle_count, random)), DecisionSource::Rule));
+        }
+    }
+    Ok(())
+}
+
+/// Contract 0.2.0: each field it added reaches a rule built with the SDK, as the host set it.
+#[test]
+fn a_0_2_0_rule_is_told_every_field_the_contract_added() -> Result<()> {
+    let engine = engine(RuleLimits::default());
+    let rule = engine.load_file(Path::new(guests::ECHO_STATE))?;
+    assert_eq!(rule.contract, ContractVersion::V0_2);
+    let full = state_with_0_2_fields(5);
+    let cases: [(&str, &QueueState, u32); 9] = [
+        ("approximate_depth", &full, 5),
+        ("in_flight", &full, 3),
+        ("recent_failures", &full, 2),
+        ("last_get_messages", &full, 7),
+        ("batch_size", &full, 16),
+        ("arrivals_per_sec", &full, 4250),
+        ("oldest_message_age_ms", &full, 1501),
+        ("oldest_message_age_ms", &state(5), 0),
+        ("depth_source", &full, 2),
+    ];
+    for (field, state, expected) in cases {
+        let mut instance = engine.instantiate(&rule, &[("field".into(), field.into())])?;
+        assert_eq!(instance.optimal_dequeue_task_count(state)?, expected, "{field} of {state:?}");
+    }
+    let mut instance = engine.instantiate(&rule, &[("field".into(), "depth_source".into())])?;
+    assert_eq!(instance.optimal_dequeue_task_count(&state(5))?, 1, "measured by default");
+    Ok(())
 }
 
 #[test]

@@ -28,7 +28,10 @@ pub enum RuleCommand {
     Eval {
         /// The rule component (.wasm).
         file: PathBuf,
-        /// A queue state as JSON (fields of `queue-state`, snake_case; the rest default).
+        /// A queue state as JSON (fields of `queue-state`, snake_case, those of contract 0.2.0
+        /// included: `last_get_messages`, `batch_size`, `arrivals_per_sec`,
+        /// `oldest_message_age_ms` (a number or null), `depth_source` ("measured" or
+        /// "inferred"); the rest default). A 0.1.0 rule is not told the 0.2.0 fields.
         #[arg(long, value_name = "JSON")]
         task_count: Option<String>,
         /// An idle context as JSON (fields of `idle-context`, snake_case; the rest default).
@@ -127,7 +130,16 @@ fn check(file: &Path, params: Vec<(String, String)>) -> Result<()> {
     println!("size:         {} bytes", rule.size);
     println!("sha256:       {}", rule.sha256);
     println!("compile time: {:.1} ms", compile_time.as_secs_f64() * 1e3);
-    println!("contract:     {}@{}", crate::rules::CONTRACT_INTERFACE, crate::rules::CONTRACT_VERSION);
+    let contract = rule.contract.interface();
+    if rule.contract.as_str() == crate::rules::CONTRACT_VERSION {
+        println!("contract:     {contract}");
+    } else {
+        println!(
+            "contract:     {contract} (an older contract, still served: the rule is not told the fields {} added; rebuild it against wit/ebb-rules-{} to read them)",
+            crate::rules::CONTRACT_VERSION,
+            crate::rules::CONTRACT_VERSION
+        );
+    }
     println!("exports:      {}", rule.exports.join(", "));
     println!("imports:      {}", if rule.imports.is_empty() { "none".into() } else { rule.imports.join(", ") });
     println!("memory:       {} bytes after configure", instance.memory_bytes());
@@ -145,7 +157,7 @@ fn eval(file: &Path, task_count: Option<String>, queue_empty: Option<String>, pa
         return Err(error);
     }
     let (output, source) = if let Some(text) = task_count {
-        let defaults = json!({ "queue": queue, "min_tasks": 1, "max_tasks": 100, "active_tasks": 1, "random": 1u64 << 63 });
+        let defaults = json!({ "queue": queue, "min_tasks": 1, "max_tasks": 100, "active_tasks": 1, "random": 1u64 << 63, "batch_size": 32 });
         let state: QueueState = with_defaults(&text, defaults, "--task-count")?;
         let decision = rules.decide_task_count(queue, &QueueState { queue: queue.into(), ..state });
         (serde_json::to_value(decision)?, decision.source)

@@ -1,5 +1,5 @@
-//! The counters behind `QueryState()`, the messages claimed on this host, and the recent
-//! window the task-count rule sees.
+//! The counters behind `QueryState()`, the messages claimed on this host, the recent
+//! window the task-count rule sees, what the last get returned and the arrivals seen.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
@@ -41,6 +41,64 @@ pub(super) struct Counters {
     claimed: Mutex<HashSet<String>>,
     window: Mutex<Option<WindowStart>>,
     decisions: Mutex<Decisions>,
+    last_get: Mutex<LastGet>,
+    arrivals: Mutex<Arrivals>,
+}
+
+/// What the last get that answered returned (contract 0.2.0's `last-get-messages` and
+/// `oldest-message-age-ms`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct LastGet {
+    /// Messages it returned.
+    pub messages: u32,
+    /// How long the oldest of them had waited when it was returned, in ms.
+    pub oldest_age_ms: Option<u64>,
+}
+
+/// The window over which arrivals are averaged (contract 0.2.0's `arrivals-per-sec`).
+pub(super) const ARRIVALS_WINDOW: Duration = Duration::from_secs(10);
+/// Arrivals are counted in buckets of this length: the window slides by this much.
+const ARRIVALS_BUCKET: Duration = Duration::from_secs(1);
+const ARRIVALS_BUCKETS: usize = (ARRIVALS_WINDOW.as_secs() / ARRIVALS_BUCKET.as_secs()) as usize;
+
+/// Arrivals (puts and notifications) per one-second bucket, over the last [`ARRIVALS_WINDOW`].
+struct Arrivals {
+    /// When counting began: bucket `n` covers `[start + n s, start + (n + 1) s)`.
+    start: Instant,
+    /// Counts by bucket number modulo [`ARRIVALS_BUCKETS`], with the bucket number each holds.
+    buckets: [(u64, u64); ARRIVALS_BUCKETS],
+}
+
+impl Default for Arrivals {
+    fn default() -> Self {
+        Arrivals { start: Instant::now(), buckets: [(u64::MAX, 0); ARRIVALS_BUCKETS] }
+    }
+}
+
+impl Arrivals {
+    fn bucket(&self, at: Instant) -> u64 {
+        (at.duration_since(self.start).as_millis() / ARRIVALS_BUCKET.as_millis()) as u64
+    }
+
+    fn add(&mut self, n: u64, at: Instant) {
+        let bucket = self.bucket(at);
+        let slot = &mut self.buckets[(bucket % ARRIVALS_BUCKETS as u64) as usize];
+        if slot.0 != bucket {
+            *slot = (bucket, 0);
+        }
+        slot.1 = slot.1.saturating_add(n);
+    }
+
+    /// Arrivals per second over the last [`ARRIVALS_WINDOW`] (the current bucket and the
+    /// ones before it: 9 to 10 s), or since counting began when that is shorter (but
+    /// never over less than a second, so one early arrival is not a flood).
+    fn per_sec(&self, at: Instant) -> f64 {
+        let current = self.bucket(at);
+        let oldest = current.saturating_sub(ARRIVALS_BUCKETS as u64 - 1);
+        let total: u64 = self.buckets.iter().filter(|(b, _)| *b != u64::MAX && (oldest..=current).contains(b)).map(|(_, n)| n).sum();
+        let covered = at.duration_since(self.start).saturating_sub(ARRIVALS_BUCKET * oldest as u32);
+        total as f64 / covered.max(ARRIVALS_BUCKET).as_secs_f64()
+    }
 }
 
 /// How many recent poisonings the status keeps.
@@ -157,6 +215,26 @@ impl Counters {
         self.decisions.lock().unwrap().queue_empty = Some(RecordedDecision { decision, at: SystemTime::now() });
     }
 
+    /// A get answered with `messages` messages, the oldest of which had waited `oldest_age_ms`.
+    pub fn record_get(&self, last: LastGet) {
+        *self.last_get.lock().unwrap() = last;
+    }
+
+    /// What the last get that answered returned (zero messages before the first).
+    pub fn last_get(&self) -> LastGet {
+        *self.last_get.lock().unwrap()
+    }
+
+    /// `n` messages arrived (puts through this host, or notifications it received).
+    pub fn record_arrivals(&self, n: u64) {
+        self.arrivals.lock().unwrap().add(n, Instant::now());
+    }
+
+    /// Arrivals per second over the last [`ARRIVALS_WINDOW`].
+    pub fn arrivals_per_sec(&self) -> f64 {
+        self.arrivals.lock().unwrap().per_sec(Instant::now())
+    }
+
     /// Throughput, latency and failures since the previous call (the rule's recent window).
     pub fn take_window(&self) -> Window {
         let now = WindowStart {
@@ -176,5 +254,30 @@ impl Counters {
             mean_handler_latency_ms: if finished > 0 { (now.handler_micros - previous.handler_micros) as f64 / finished as f64 / 1e3 } else { 0.0 },
             failures: (now.failed - previous.failed).min(u32::MAX as u64) as u32,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn arrivals_are_averaged_over_the_last_ten_seconds() {
+        let mut arrivals = Arrivals::default();
+        let start = arrivals.start;
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        assert_eq!(arrivals.per_sec(at(0)), 0.0);
+        // Early on, over the time since counting began, but never less than a second.
+        arrivals.add(3, at(200));
+        assert_eq!(arrivals.per_sec(at(500)), 3.0);
+        assert_eq!(arrivals.per_sec(at(3_000)), 1.0);
+        // Then over the current second and the nine before it.
+        arrivals.add(7, at(9_500));
+        assert!((arrivals.per_sec(at(9_999)) - 10.0 / 9.999).abs() < 1e-9);
+        assert_eq!(arrivals.per_sec(at(10_000)), 7.0 / 9.0, "the first second's 3 left the window");
+        assert_eq!(arrivals.per_sec(at(19_999)), 0.0, "all left by then");
+        // A bucket reused after a lap counts only its new arrivals.
+        arrivals.add(4, at(20_100));
+        assert_eq!(arrivals.per_sec(at(20_500)), 4.0 / 9.5);
     }
 }

@@ -1,15 +1,37 @@
 //! Asking the queue's rule: what it is told (the queue's state, or an idle task's context),
-//! the thread it is asked on, and the built-in rule's answer when a call panics.
+//! what the listener notes for it (the last get, the arrivals), the thread it is asked on,
+//! and the built-in rule's answer when a call panics.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering;
 
 use crate::panics::panic_message;
-use crate::rules::{Decider, Decision, DecisionSource, IdleContext, IdleDecision, QueueState, built_in_queue_empty, built_in_task_count};
+use crate::queue::Message;
+use crate::rules::{Decider, Decision, DecisionSource, DepthSource, IdleContext, IdleDecision, QueueState, built_in_queue_empty, built_in_task_count};
 
-use super::Shared;
+use super::counters::LastGet;
+use super::{Listener, Shared};
+
+impl Listener {
+    /// `n` messages arrived on the queue: puts through this host, or a notification it
+    /// received (one each). The rule is told the rate (`arrivals_per_sec`, over the last
+    /// 10 s). Only counts: waking the queue is [`Listener::work_detected`]'s.
+    pub fn record_arrivals(&self, n: u64) {
+        self.shared.counters.record_arrivals(n);
+    }
+}
 
 impl Shared {
+    /// A get answered with `messages`: the rule is told how many, and how long the oldest of
+    /// them had waited (by the listener's clock against the insertion time storage reports,
+    /// 0 when storage's clock is ahead).
+    pub(super) fn record_get(&self, messages: &[Message]) {
+        let now = crate::queue::clock::system_time(self.clock.now_ms());
+        let oldest = messages.iter().map(|m| m.inserted_at).min();
+        let oldest_age_ms = oldest.map(|at| now.duration_since(at).map_or(0, |age| age.as_millis() as u64));
+        self.counters.record_get(LastGet { messages: messages.len().min(u32::MAX as usize) as u32, oldest_age_ms });
+    }
+
     /// `QueueEmpty` for a task that found the queue empty `idle_count` times in a row.
     pub(super) async fn decide_queue_empty(&self, idle_count: u32) -> IdleDecision {
         let ctx = IdleContext {
@@ -27,10 +49,12 @@ impl Shared {
         decision.value
     }
 
-    /// `GetOptimalDequeueTaskCount` for a queue `depth` messages deep, with the throughput,
-    /// latency and failures since the last decision.
-    pub(super) async fn decide_task_count(&self, depth: u64) -> Decision<u32> {
+    /// `GetOptimalDequeueTaskCount` for a queue `depth` messages deep (counted for this
+    /// decision, or inferred, as `depth_source` says), with the throughput, latency and
+    /// failures since the last decision, the last get and the recent arrivals.
+    pub(super) async fn decide_task_count(&self, depth: u64, depth_source: DepthSource) -> Decision<u32> {
         let window = self.counters.take_window();
+        let last_get = self.counters.last_get();
         let state = QueueState {
             queue: self.queue.name().to_string(),
             approximate_depth: depth,
@@ -44,6 +68,11 @@ impl Shared {
             push_enabled: self.push_enabled(),
             timestamp_ms: self.clock.now_ms(),
             random: self.random(),
+            last_get_messages: last_get.messages,
+            batch_size: self.settings.batch_size,
+            arrivals_per_sec: self.counters.arrivals_per_sec(),
+            oldest_message_age_ms: last_get.oldest_age_ms,
+            depth_source,
         };
         let decision = self.ask_rule(state, |rule, state| rule.decide_task_count(state), built_in_task_count).await;
         self.counters.record_task_count(decision);

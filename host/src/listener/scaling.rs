@@ -10,6 +10,8 @@ use std::time::SystemTime;
 use futures::FutureExt as _;
 use tracing::Instrument as _;
 
+use crate::rules::DepthSource;
+
 use super::Shared;
 
 impl Shared {
@@ -47,8 +49,8 @@ impl Shared {
     }
 
     async fn scale(self: &Arc<Self>) {
-        let depth = self.count_depth().await;
-        let decision = self.decide_task_count(depth).await;
+        let (depth, depth_source) = self.count_depth().await;
+        let decision = self.decide_task_count(depth, depth_source).await;
         let target = decision.value;
         self.counters.target_tasks.store(target, Ordering::Relaxed);
         // Idle tasks asleep in their back-off count as active: wake as many as the backlog
@@ -64,17 +66,17 @@ impl Shared {
         }
     }
 
-    /// The queue's approximate depth, remembered for the status; the last known one if the
-    /// count fails.
-    async fn count_depth(&self) -> u64 {
+    /// The queue's approximate depth, remembered for the status; the last known one
+    /// (inferred) if the count fails.
+    async fn count_depth(&self) -> (u64, DepthSource) {
         let depth = match self.queue.approximate_count().await {
-            Ok(depth) => depth,
+            Ok(depth) => (depth, DepthSource::Measured),
             Err(error) => {
                 tracing::warn!("approximate count failed, scaling on the last known depth: {error}");
-                self.counters.last_depth.load(Ordering::Relaxed)
+                (self.counters.last_depth.load(Ordering::Relaxed), DepthSource::Inferred)
             }
         };
-        self.counters.record_depth(depth, SystemTime::now());
+        self.counters.record_depth(depth.0, SystemTime::now());
         *self.depth_counted.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tokio::time::Instant::now());
         depth
     }

@@ -123,6 +123,9 @@ impl Shared {
                 batch = self.queue.get(self.settings.batch_size, lease) => batch,
                 _ = self.stopping.cancelled() => break,
             };
+            if let Ok(messages) = &batch {
+                self.record_get(messages);
+            }
             match batch {
                 Ok(messages) if messages.is_empty() => {
                     consecutive_errors = 0;

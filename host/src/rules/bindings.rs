@@ -1,20 +1,103 @@
-//! Host bindings for `wit/ebb-rules-0.1.0`.
+//! Host bindings for every contract version the host serves: `wit/ebb-rules-0.2.0` (the
+//! current one) and `wit/ebb-rules-0.1.0` (rules built before it keep loading), and the
+//! conversions from the host's decision contexts into each version's records.
 
-wasmtime::component::bindgen!({
-    path: "../wit/ebb-rules-0.1.0",
-    world: "ebb:rules/scaling-rule@0.1.0",
-});
+/// Bindings for `ebb:rules/scaling-rule@0.2.0`.
+pub(super) mod v0_2 {
+    wasmtime::component::bindgen!({
+        path: "../wit/ebb-rules-0.2.0",
+        world: "ebb:rules/scaling-rule@0.2.0",
+    });
 
-pub use exports::ebb::rules::decisions as wit;
+    pub use exports::ebb::rules::decisions as wit;
+}
 
-/// The interface a rule component must export, with the version this host speaks.
+/// Bindings for `ebb:rules/scaling-rule@0.1.0`.
+pub(super) mod v0_1 {
+    wasmtime::component::bindgen!({
+        path: "../wit/ebb-rules-0.1.0",
+        world: "ebb:rules/scaling-rule@0.1.0",
+    });
+
+    pub use exports::ebb::rules::decisions as wit;
+}
+
+/// The interface a rule component must export (`@<version>` follows).
 pub const CONTRACT_INTERFACE: &str = "ebb:rules/decisions";
-/// The contract version this host speaks.
-pub const CONTRACT_VERSION: &str = "0.1.0";
+/// The newest contract version this host speaks: what the SDK and the examples build.
+pub const CONTRACT_VERSION: &str = "0.2.0";
+/// Every contract version this host loads, newest first.
+pub const CONTRACT_VERSIONS: &[&str] = &["0.2.0", "0.1.0"];
 
-impl From<&ebb_rules_sdk::QueueState> for wit::QueueState {
+/// A contract version the host serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ContractVersion {
+    /// `ebb:rules/decisions@0.1.0`: `queue-state` without the fields 0.2.0 added.
+    V0_1,
+    /// `ebb:rules/decisions@0.2.0`.
+    V0_2,
+}
+
+impl ContractVersion {
+    /// The version, as in the interface name (`0.2.0`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContractVersion::V0_1 => "0.1.0",
+            ContractVersion::V0_2 => "0.2.0",
+        }
+    }
+
+    /// The exported interface's full name (`ebb:rules/decisions@0.2.0`).
+    pub fn interface(self) -> String {
+        format!("{CONTRACT_INTERFACE}@{}", self.as_str())
+    }
+
+    pub(super) fn from_version(version: &str) -> Option<ContractVersion> {
+        match version {
+            "0.1.0" => Some(ContractVersion::V0_1),
+            "0.2.0" => Some(ContractVersion::V0_2),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for ContractVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<&ebb_rules_sdk::QueueState> for v0_2::wit::QueueState {
     fn from(s: &ebb_rules_sdk::QueueState) -> Self {
-        wit::QueueState {
+        v0_2::wit::QueueState {
+            queue: s.queue.clone(),
+            approximate_depth: s.approximate_depth,
+            in_flight: s.in_flight,
+            active_tasks: s.active_tasks,
+            min_tasks: s.min_tasks,
+            max_tasks: s.max_tasks,
+            throughput_per_sec: s.throughput_per_sec,
+            mean_handler_latency_ms: s.mean_handler_latency_ms,
+            recent_failures: s.recent_failures,
+            push_enabled: s.push_enabled,
+            timestamp_ms: s.timestamp_ms,
+            random: s.random,
+            last_get_messages: s.last_get_messages,
+            batch_size: s.batch_size,
+            arrivals_per_sec: s.arrivals_per_sec,
+            oldest_message_age_ms: s.oldest_message_age_ms,
+            depth_source: match s.depth_source {
+                ebb_rules_sdk::DepthSource::Measured => v0_2::wit::DepthSource::Measured,
+                ebb_rules_sdk::DepthSource::Inferred => v0_2::wit::DepthSource::Inferred,
+            },
+        }
+    }
+}
+
+/// A 0.1.0 rule is told what it always was: the fields 0.2.0 added are left out.
+impl From<&ebb_rules_sdk::QueueState> for v0_1::wit::QueueState {
+    fn from(s: &ebb_rules_sdk::QueueState) -> Self {
+        v0_1::wit::QueueState {
             queue: s.queue.clone(),
             approximate_depth: s.approximate_depth,
             in_flight: s.in_flight,
@@ -31,23 +114,36 @@ impl From<&ebb_rules_sdk::QueueState> for wit::QueueState {
     }
 }
 
-impl From<&ebb_rules_sdk::IdleContext> for wit::IdleContext {
-    fn from(c: &ebb_rules_sdk::IdleContext) -> Self {
-        wit::IdleContext {
-            queue: c.queue.clone(),
-            idle_count: c.idle_count,
-            active_tasks: c.active_tasks,
-            min_interval_ms: c.min_interval_ms,
-            max_interval_ms: c.max_interval_ms,
-            push_enabled: c.push_enabled,
-            timestamp_ms: c.timestamp_ms,
-            random: c.random,
-        }
-    }
+/// Defines the idle-context and idle-decision conversions of a version whose two records
+/// are the same as 0.1.0's.
+macro_rules! idle_records {
+    ($wit:path) => {
+        const _: () = {
+            use $wit as wit;
+
+            impl From<&ebb_rules_sdk::IdleContext> for wit::IdleContext {
+                fn from(c: &ebb_rules_sdk::IdleContext) -> Self {
+                    wit::IdleContext {
+                        queue: c.queue.clone(),
+                        idle_count: c.idle_count,
+                        active_tasks: c.active_tasks,
+                        min_interval_ms: c.min_interval_ms,
+                        max_interval_ms: c.max_interval_ms,
+                        push_enabled: c.push_enabled,
+                        timestamp_ms: c.timestamp_ms,
+                        random: c.random,
+                    }
+                }
+            }
+
+            impl From<wit::IdleDecision> for ebb_rules_sdk::IdleDecision {
+                fn from(d: wit::IdleDecision) -> Self {
+                    ebb_rules_sdk::IdleDecision { delay_ms: d.delay_ms, stop: d.stop }
+                }
+            }
+        };
+    };
 }
 
-impl From<wit::IdleDecision> for ebb_rules_sdk::IdleDecision {
-    fn from(d: wit::IdleDecision) -> Self {
-        ebb_rules_sdk::IdleDecision { delay_ms: d.delay_ms, stop: d.stop }
-    }
-}
+idle_records!(v0_1::wit);
+idle_records!(v0_2::wit);

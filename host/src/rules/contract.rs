@@ -1,40 +1,60 @@
-//! Checking a component against the `ebb:rules` contract, naming what does not match.
+//! Checking a component against the `ebb:rules` contract, naming what does not match: which
+//! version it speaks (read from the interface it exports), and each function's type.
 
 use anyhow::{Context as _, Result, bail};
 use wasmtime::Engine;
+use wasmtime::component::ComponentType;
+use wasmtime::component::types::ComponentFunc;
 
-use super::bindings::{CONTRACT_INTERFACE, CONTRACT_VERSION, wit};
+use super::bindings::{CONTRACT_INTERFACE, CONTRACT_VERSIONS, ContractVersion, v0_1, v0_2};
 
-pub(super) fn check_contract_version(exports: &[String]) -> Result<()> {
-    let wanted = format!("{CONTRACT_INTERFACE}@{CONTRACT_VERSION}");
-    if exports.contains(&wanted) {
-        return Ok(());
+/// The contract version a component speaks, from the `ebb:rules/decisions@<version>` it
+/// exports: the newest the host serves when it exports several.
+pub(super) fn contract_version(exports: &[String]) -> Result<ContractVersion> {
+    if let Some(version) = CONTRACT_VERSIONS.iter().find(|v| exports.contains(&format!("{CONTRACT_INTERFACE}@{v}"))) {
+        return Ok(ContractVersion::from_version(version).expect("every served version has bindings"));
     }
+    let speaks = CONTRACT_VERSIONS.iter().map(|v| format!("{CONTRACT_INTERFACE}@{v}")).collect::<Vec<_>>().join(" or ");
     if let Some(other) = exports.iter().find(|e| e.starts_with(&format!("{CONTRACT_INTERFACE}@"))) {
-        bail!("it exports {other}, but this host speaks {wanted}");
+        bail!("it exports {other}, but this host speaks {speaks}");
     }
     let listed = if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") };
-    bail!("it does not export {wanted} (it exports {listed}); build it for the ebb:rules/scaling-rule world")
+    bail!("it does not export {speaks} (it exports {listed}); build it for the ebb:rules/scaling-rule world")
 }
 
-/// Checks each decision function's type, so that a mismatch names the function.
-pub(super) fn check_signatures(engine: &Engine, ty: &wasmtime::component::types::Component) -> Result<()> {
+/// Checks each decision function's type against the contract `version`, so that a
+/// mismatch names the function.
+pub(super) fn check_signatures(engine: &Engine, ty: &wasmtime::component::types::Component, version: ContractVersion) -> Result<()> {
     use wasmtime::component::types::ComponentItem;
-    let interface = format!("{CONTRACT_INTERFACE}@{CONTRACT_VERSION}");
+    let interface = version.interface();
     let Some(ComponentItem::ComponentInstance(decisions)) = ty.get_export(engine, &interface).map(|e| e.ty) else {
         bail!("its export {interface} is not an instance");
     };
-    let cx = ty.instance_type();
     for name in ["configure", "optimal-dequeue-task-count", "on-queue-empty"] {
         let Some(ComponentItem::ComponentFunc(func)) = decisions.get_export(engine, name).map(|e| e.ty) else {
             bail!("its export {interface} lacks the function {name}");
         };
-        let checked = match name {
-            "configure" => func.typecheck::<(Vec<(String, String)>,), (Result<(), String>,)>(&cx),
-            "optimal-dequeue-task-count" => func.typecheck::<(wit::QueueState,), (u32,)>(&cx),
-            _ => func.typecheck::<(wit::IdleContext,), (wit::IdleDecision,)>(&cx),
+        let checked = match version {
+            ContractVersion::V0_1 => typecheck::<v0_1::wit::QueueState, v0_1::wit::IdleContext, v0_1::wit::IdleDecision>(ty, &func, name),
+            ContractVersion::V0_2 => typecheck::<v0_2::wit::QueueState, v0_2::wit::IdleContext, v0_2::wit::IdleDecision>(ty, &func, name),
         };
-        checked.map_err(anyhow::Error::from).with_context(|| format!("its function {name} does not have the contract's type"))?;
+        checked.with_context(|| format!("its function {name} does not have the type of contract {version}"))?;
     }
     Ok(())
+}
+
+/// Type-checks the decision function `name` against one version's records.
+fn typecheck<State, Idle, Decision>(ty: &wasmtime::component::types::Component, func: &ComponentFunc, name: &str) -> Result<()>
+where
+    State: ComponentType + wasmtime::component::Lower,
+    Idle: ComponentType + wasmtime::component::Lower,
+    Decision: ComponentType + wasmtime::component::Lift,
+{
+    let cx = ty.instance_type();
+    let checked = match name {
+        "configure" => func.typecheck::<(Vec<(String, String)>,), (Result<(), String>,)>(&cx),
+        "optimal-dequeue-task-count" => func.typecheck::<(State,), (u32,)>(&cx),
+        _ => func.typecheck::<(Idle,), (Decision,)>(&cx),
+    };
+    checked.map_err(anyhow::Error::from)
 }

@@ -11,9 +11,9 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::Linker;
 use wasmtime::{Config, Engine};
 
-use super::bindings::ScalingRulePre;
+use super::bindings::{ContractVersion, v0_1, v0_2};
 use super::cache::Compiled;
-use super::contract::{check_contract_version, check_signatures};
+use super::contract::{check_signatures, contract_version};
 use super::file::{file_name, read_rule_file};
 use super::limits::RuleLimits;
 use super::lock;
@@ -40,7 +40,15 @@ pub struct CompiledRule {
     pub imports: Vec<String>,
     /// Component-level exports, by name.
     pub exports: Vec<String>,
-    pub(super) pre: ScalingRulePre<RuleHost>,
+    /// The contract version it was built for (read from its exports).
+    pub contract: ContractVersion,
+    pub(super) pre: RulePre,
+}
+
+/// A rule, linked and ready to instantiate, with the bindings of its contract version.
+pub(super) enum RulePre {
+    V0_1(v0_1::ScalingRulePre<RuleHost>),
+    V0_2(v0_2::ScalingRulePre<RuleHost>),
 }
 
 /// The process-wide rule engine.
@@ -115,11 +123,15 @@ impl RuleEngine {
         let ty = component.component_type();
         let imports: Vec<String> = ty.imports(&self.engine).map(|(n, _)| n.to_string()).collect();
         let exports: Vec<String> = ty.exports(&self.engine).map(|(n, _)| n.to_string()).collect();
-        check_contract_version(&exports)?;
-        check_signatures(&self.engine, &ty)?;
+        let contract = contract_version(&exports)?;
+        check_signatures(&self.engine, &ty, contract)?;
         let instance_pre =
             self.linker.instantiate_pre(&component).map_err(anyhow::Error::from).context("its imports cannot be satisfied (a rule gets no capabilities)")?;
-        let pre = ScalingRulePre::new(instance_pre).map_err(anyhow::Error::from).context("its exports do not match the ebb:rules/scaling-rule world")?;
+        let world = || format!("its exports do not match the ebb:rules/scaling-rule@{contract} world");
+        let pre = match contract {
+            ContractVersion::V0_1 => RulePre::V0_1(v0_1::ScalingRulePre::new(instance_pre).map_err(anyhow::Error::from).with_context(world)?),
+            ContractVersion::V0_2 => RulePre::V0_2(v0_2::ScalingRulePre::new(instance_pre).map_err(anyhow::Error::from).with_context(world)?),
+        };
         let rule = Arc::new(CompiledRule {
             name: name.to_string(),
             sha256: sha256.clone(),
@@ -129,6 +141,7 @@ impl RuleEngine {
             loaded_at: SystemTime::now(),
             imports,
             exports,
+            contract,
             pre,
         });
         lock(&self.compiled).handed_out.push((sha256, Arc::downgrade(&rule)));

@@ -5,8 +5,8 @@ use anyhow::{Context as _, Result, bail};
 use wasmtime::Store;
 use wasmtime::component::ResourceTable;
 
-use super::bindings::ScalingRule;
-use super::engine::{CompiledRule, RuleEngine, deadline_ticks};
+use super::bindings::{v0_1, v0_2};
+use super::engine::{CompiledRule, RuleEngine, RulePre, deadline_ticks};
 use super::fault::{Phase, describe_fault, with_output};
 use super::limits::RuleLimits;
 use super::sandbox::{MemoryLimiter, RuleHost, capability_free_wasi};
@@ -28,8 +28,15 @@ impl RuleEngine {
         store.set_fuel(self.limits.setup_fuel).map_err(anyhow::Error::from)?;
         store.set_epoch_deadline(deadline_ticks(self.limits.setup_deadline));
         let fault = |e| with_output(describe_fault(e, Phase::Setup, &self.limits), &output);
-        let bindings = rule.pre.instantiate(&mut store).map_err(fault).context("instantiation failed")?;
-        let configured = bindings.ebb_rules_decisions().call_configure(&mut store, params).map_err(fault).context("configure failed")?;
+        let bindings = match &rule.pre {
+            RulePre::V0_1(pre) => Bindings::V0_1(pre.instantiate(&mut store).map_err(fault).context("instantiation failed")?),
+            RulePre::V0_2(pre) => Bindings::V0_2(pre.instantiate(&mut store).map_err(fault).context("instantiation failed")?),
+        };
+        let configured = match &bindings {
+            Bindings::V0_1(b) => b.ebb_rules_decisions().call_configure(&mut store, params),
+            Bindings::V0_2(b) => b.ebb_rules_decisions().call_configure(&mut store, params),
+        };
+        let configured = configured.map_err(fault).context("configure failed")?;
         if let Err(message) = configured {
             bail!("the rule rejected its parameters: {message}");
         }
@@ -43,10 +50,16 @@ impl RuleEngine {
     }
 }
 
+/// An instance's exports, in the bindings of its contract version.
+pub(super) enum Bindings {
+    V0_1(v0_1::ScalingRule),
+    V0_2(v0_2::ScalingRule),
+}
+
 /// A live, configured rule instance. Not shared: callers hold it behind a lock.
 pub struct RuleInstance {
     pub(super) store: Store<RuleHost>,
-    pub(super) bindings: ScalingRule,
+    pub(super) bindings: Bindings,
     pub(super) call_fuel: u64,
     pub(super) call_ticks: u64,
     pub(super) limits: RuleLimits,
@@ -62,22 +75,22 @@ impl RuleInstance {
     /// `optimal-dequeue-task-count`, raw (unclamped). Any error means the instance is unusable.
     pub fn optimal_dequeue_task_count(&mut self, state: &ebb_rules_sdk::QueueState) -> Result<u32> {
         self.arm()?;
-        let state = state.into();
-        self.bindings
-            .ebb_rules_decisions()
-            .call_optimal_dequeue_task_count(&mut self.store, &state)
-            .map_err(|e| with_output(describe_fault(e, Phase::Call, &self.limits), &self.store.data().output))
+        let called = match &self.bindings {
+            // A 0.1.0 rule is told 0.1.0's fields only.
+            Bindings::V0_1(b) => b.ebb_rules_decisions().call_optimal_dequeue_task_count(&mut self.store, &state.into()),
+            Bindings::V0_2(b) => b.ebb_rules_decisions().call_optimal_dequeue_task_count(&mut self.store, &state.into()),
+        };
+        called.map_err(|e| with_output(describe_fault(e, Phase::Call, &self.limits), &self.store.data().output))
     }
 
     /// `on-queue-empty`, raw (unclamped). Any error means the instance is unusable.
     pub fn on_queue_empty(&mut self, ctx: &ebb_rules_sdk::IdleContext) -> Result<ebb_rules_sdk::IdleDecision> {
         self.arm()?;
-        let ctx = ctx.into();
-        self.bindings
-            .ebb_rules_decisions()
-            .call_on_queue_empty(&mut self.store, &ctx)
-            .map(Into::into)
-            .map_err(|e| with_output(describe_fault(e, Phase::Call, &self.limits), &self.store.data().output))
+        let called = match &self.bindings {
+            Bindings::V0_1(b) => b.ebb_rules_decisions().call_on_queue_empty(&mut self.store, &ctx.into()).map(Into::into),
+            Bindings::V0_2(b) => b.ebb_rules_decisions().call_on_queue_empty(&mut self.store, &ctx.into()).map(Into::into),
+        };
+        called.map_err(|e| with_output(describe_fault(e, Phase::Call, &self.limits), &self.store.data().output))
     }
 
     /// What the rule wrote to stdout/stderr since the last look.

@@ -6,8 +6,10 @@
 //!
 //! - `file`: reading a rule file (regular files only, bounded, never blocking);
 //! - `engine`: the process-wide [`RuleEngine`], compiling and validating a component into a
-//!   [`CompiledRule`]; `contract` checks it against `ebb:rules`; `cache` keeps compiled
-//!   components in memory and on disk; `memory` gives freed memory back;
+//!   [`CompiledRule`]; `bindings` serves each contract version (0.2.0, and 0.1.0 for
+//!   rules built before it); `contract` tells a component's version and checks it against
+//!   it; `cache` keeps compiled components in memory and on disk; `memory` gives freed
+//!   memory back;
 //! - `limits`: [`RuleLimits`]; `sandbox`: what a rule can reach (no capability, a fixed
 //!   clock and random source, a memory cap); `instance`: a live, configured
 //!   [`RuleInstance`] and its calls; `fault`: a fault, in words;
@@ -34,7 +36,7 @@ mod slot;
 mod stderr;
 mod watcher;
 
-pub use bindings::{CONTRACT_INTERFACE, CONTRACT_VERSION};
+pub use bindings::{CONTRACT_INTERFACE, CONTRACT_VERSION, CONTRACT_VERSIONS, ContractVersion};
 pub use decider::{BuiltInRule, Decider};
 pub use decision::{Decision, DecisionSource, NativeRule, built_in_queue_empty, built_in_task_count, native_queue_empty, native_task_count};
 pub use engine::RuleEngine;
@@ -45,7 +47,7 @@ pub use set::{QueueRuleConfig, RuleSet};
 pub use slot::{QueueRules, RuleLoad, RuleStatus};
 pub use watcher::{MAX_DEBOUNCE_DELAY, RuleWatcher};
 
-pub use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState};
+pub use ebb_rules_sdk::{DepthSource, IdleContext, IdleDecision, QueueState};
 
 /// A poisoned lock only means a panic elsewhere: the data under it is still consistent here.
 pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -39,7 +39,7 @@ use crate::config::QueueConfig;
 pub use crate::config::ScalerSettings;
 use crate::listener::Listener;
 use crate::queue::QueueClient;
-use crate::rules::{Decider, Decision, DecisionSource, QueueState, built_in_task_count};
+use crate::rules::{Decider, Decision, DecisionSource, DepthSource, QueueState, built_in_task_count};
 
 pub use grpc::{MAX_CONNECTIONS, MAX_STREAMS, serve};
 pub use proto::external_scaler_client::ExternalScalerClient;
@@ -152,6 +152,7 @@ pub struct ScalerQueue {
     source: Source,
     rules: Arc<dyn Decider>,
     push_enabled: bool,
+    batch_size: u32,
     tasks_per_instance: u32,
     max_instances: u32,
     call_deadline: Duration,
@@ -176,6 +177,7 @@ impl ScalerQueue {
             source,
             rules,
             push_enabled: config.settings.push_enabled,
+            batch_size: config.settings.batch_size,
             tasks_per_instance: config.settings.max_tasks.max(1),
             max_instances: settings.max_instances.max(1),
             call_deadline,
@@ -274,6 +276,13 @@ impl ScalerQueue {
             push_enabled: self.push_enabled,
             timestamp_ms: SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
             random: fastrand::u64(..),
+            // The cluster's state comes from the last counts and the listeners' status, not
+            // from gets or arrivals of its own: contract 0.2.0's fields say so.
+            last_get_messages: 0,
+            batch_size: self.batch_size,
+            arrivals_per_sec: 0.0,
+            oldest_message_age_ms: None,
+            depth_source: DepthSource::Inferred,
         }
     }
 

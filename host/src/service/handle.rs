@@ -67,6 +67,7 @@ impl QueueHandle {
             Ok(put) => put?,
             Err(_) => return Err(QueueError::Transient(anyhow::anyhow!("storage did not answer within {}", humantime::format_duration(deadline)))),
         };
+        self.count_arrival();
         self.wake(delay);
         self.publish(Some(1));
         Ok(id)
@@ -75,6 +76,7 @@ impl QueueHandle {
     /// Messages were put straight into storage (by another program): wake this host's
     /// listeners and tell every other host.
     pub fn notify(&self) {
+        self.count_arrival();
         self.wake(Duration::ZERO);
         self.publish(None);
     }
@@ -95,6 +97,15 @@ impl QueueHandle {
             listener.work_detected_after(delay);
         }
         self.inner.work.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A put through this host, or a notification made to it, counts one arrival for the
+    /// rules' `arrivals_per_sec` (on a partitioned queue, in every partition's listener: the
+    /// logical queue's rate). A bus trigger does not: the bus echoes this host's own sends.
+    fn count_arrival(&self) {
+        for listener in &self.inner.listeners {
+            listener.record_arrivals(1);
+        }
     }
 
     fn publish(&self, count: Option<u64>) {

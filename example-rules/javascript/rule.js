@@ -2,7 +2,7 @@
 // for volatile loads where a burst should not wait for the next scaling decision; twice
 // the share while messages wait longer than `max_wait_ms` (the age of the oldest message of
 // the last get, `oldestMessageAgeMs` from contract 0.2.0: null when the last get found
-// nothing). Idle back-off is the paper's.
+// nothing). Idle back-off is the built-in rule's.
 //
 // Parameters: `spare_percent` (whole percent added to the paper's count, default 25),
 // `max_wait_ms` (milliseconds, default 1000).
@@ -48,11 +48,17 @@ export const decisions = {
     return Math.ceil((base * (100 + spare)) / 100);
   },
 
+  // The built-in rule's back-off: 1.75x per empty look from minIntervalMs, +-20 %.
   onQueueEmpty(ctx) {
-    const step = 80 + (unsigned(ctx.random) / 2 ** 64) * 40;
-    const delay = ctx.minIntervalMs + (2 ** Math.min(ctx.idleCount, 1024) - 1) * step;
-    const delayMs = delay >= ctx.maxIntervalMs ? ctx.maxIntervalMs : Math.round(delay);
-    const stop = delayMs >= ctx.maxIntervalMs && (ctx.activeTasks > 1 || ctx.pushEnabled);
+    const min = unsigned(ctx.minIntervalMs);
+    const max = unsigned(ctx.maxIntervalMs);
+    let grown = min;
+    for (let i = 1; i < Math.min(ctx.idleCount, 200); i++) {
+      grown *= 1.75;
+    }
+    grown *= 0.8 + (unsigned(ctx.random) / 2 ** 64) * (1.2 - 0.8);
+    const delayMs = grown >= max ? Math.max(max, min) : Math.max(Math.round(grown), min);
+    const stop = ctx.pushEnabled || (delayMs >= max && ctx.activeTasks > 1);
     return { delayMs, stop };
   },
 };

@@ -2,8 +2,8 @@
 
 Each task's rate is estimated from the queue's recent throughput; the tasks must take the
 backlog in the target time and keep up with what keeps arriving (`arrivals_per_sec`, from
-contract 0.2.0). Without a throughput figure yet, the paper's depth table decides. Idle
-back-off is the paper's.
+contract 0.2.0). Without a throughput figure yet, one task per batch of backlog (the
+built-in rule's count). Idle back-off is the built-in rule's.
 
 Parameters: `target_drain_s` (seconds, default 10).
 """
@@ -18,8 +18,8 @@ from wit_world.exports.decisions import IdleContext, IdleDecision, QueueState
 settings = {"target_drain_s": 10.0}
 
 
-def paper_tasks(depth: int) -> int:
-    return 10 if depth < 100 else 50 if depth < 1000 else 100
+def built_in_tasks(depth: int, batch_size: int) -> int:
+    return -(-depth // (batch_size or 32))
 
 
 def uniform(random: int, low: float, high: float) -> float:
@@ -42,14 +42,20 @@ class Decisions(exports.Decisions):
     def optimal_dequeue_task_count(self, state: QueueState) -> int:
         per_task = state.throughput_per_sec / max(state.active_tasks, 1)
         if per_task <= 0:
-            return paper_tasks(state.approximate_depth)
+            return min(built_in_tasks(state.approximate_depth, state.batch_size), 2**32 - 1)
         drain_rate = state.approximate_depth / settings["target_drain_s"] + state.arrivals_per_sec
         needed = drain_rate / per_task
         return min(math.ceil(needed), 2**32 - 1)
 
     def on_queue_empty(self, ctx: IdleContext) -> IdleDecision:
-        step = uniform(ctx.random, 80.0, 120.0)
-        delay = ctx.min_interval_ms + (2.0 ** min(ctx.idle_count, 1024) - 1.0) * step
-        delay_ms = ctx.max_interval_ms if delay >= ctx.max_interval_ms else round(delay)
-        stop = delay_ms >= ctx.max_interval_ms and (ctx.active_tasks > 1 or ctx.push_enabled)
+        # The built-in rule's back-off: 1.75x per empty look from min_interval_ms, +-20 %.
+        grown = float(ctx.min_interval_ms)
+        for _ in range(1, min(ctx.idle_count, 200)):
+            grown *= 1.75
+        grown *= uniform(ctx.random, 0.8, 1.2)
+        if grown >= ctx.max_interval_ms:
+            delay_ms = max(ctx.max_interval_ms, ctx.min_interval_ms)
+        else:
+            delay_ms = max(round(grown), ctx.min_interval_ms)
+        stop = ctx.push_enabled or (delay_ms >= ctx.max_interval_ms and ctx.active_tasks > 1)
         return IdleDecision(delay_ms=delay_ms, stop=stop)

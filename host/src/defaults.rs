@@ -57,7 +57,7 @@ pub const MIN_TASKS: u32 = 1;
 /// `[queues.<name>] max_tasks`.
 pub const MAX_TASKS: u32 = 32;
 /// `[queues.<name>] min_polling_interval`.
-pub const MIN_POLLING_INTERVAL: Duration = Duration::from_millis(100);
+pub const MIN_POLLING_INTERVAL: Duration = Duration::from_millis(800);
 /// `[queues.<name>] max_polling_interval` (as Azure Functions).
 pub const MAX_POLLING_INTERVAL: Duration = Duration::from_secs(60);
 /// `[queues.<name>] visibility_timeout`: the first retry delay.
@@ -74,6 +74,8 @@ pub const PUSH: bool = false;
 pub const SAFETY_POLL: Duration = Duration::from_secs(2 * 3600);
 /// `[queues.<name>] scale_interval`.
 pub const SCALE_INTERVAL: Duration = Duration::from_secs(1);
+/// `[queues.<name>] max_pickup_delay`.
+pub const MAX_PICKUP_DELAY: Duration = Duration::from_millis(500);
 /// `[queues.<name>] partitions`.
 pub const PARTITIONS: u32 = 1;
 /// `[queues.<name>.handler] timeout`.
@@ -114,6 +116,7 @@ pub(crate) fn documented() -> Vec<(&'static str, &'static str, String)> {
         ("`[queues.<name>]`", "push", PUSH.to_string()),
         ("`[queues.<name>]`", "safety_poll", d(SAFETY_POLL)),
         ("`[queues.<name>]`", "scale_interval", d(SCALE_INTERVAL)),
+        ("`[queues.<name>]`", "max_pickup_delay", d(MAX_PICKUP_DELAY)),
         ("`[queues.<name>]`", "partitions", PARTITIONS.to_string()),
         ("`[queues.<name>]`", "handler.timeout", d(HANDLER_TIMEOUT)),
     ]

@@ -235,7 +235,7 @@ fn rule_eval_prints_the_decision_as_json() {
     assert_eq!(decision, serde_json::json!({ "value": 4, "source": "rule", "clamped": false }));
     let output = ebb_raw(&["rule", "eval", guests::PAPER_DEFAULT, "--queue-empty", r#"{"idle_count": 2, "random": 0}"#]);
     let decision: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(decision["value"], serde_json::json!({ "delay_ms": 340, "stop": false }), "100 + 3 × 80 ms");
+    assert_eq!(decision["value"], serde_json::json!({ "delay_ms": 140, "stop": false }), "100 ms × 1.75 × 0.8");
     let output = ebb_raw(&["rule", "eval", guests::PAPER_DEFAULT, "--queue-empty", r#"{"idle": 2}"#]);
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("unknown field `idle`"));
@@ -825,7 +825,9 @@ async fn a_zero_idle_push_queue_through_the_binary_polls_at_start_and_shows_its_
     let cost = &status["queues"][0]["cost"];
     assert_eq!(cost["price_per_10k_transactions"], 0.01);
     assert!(cost["transactions_per_hour"].as_f64().unwrap() > 0.0, "{cost}");
-    assert!(cost["idle_transactions_per_hour"].as_f64().unwrap() > 0.0, "the empty gets: {cost}");
+    // Each get came back with fewer messages than it asked for, which says the queue was
+    // drained: no empty get was made to learn it.
+    assert_eq!(cost["idle_transactions_per_hour"].as_f64().unwrap(), 0.0, "no empty get: {cost}");
     assert_eq!(status["cost"]["usd_per_month"], cost["usd_per_month"], "one queue: the total is the queue");
     let table = String::from_utf8(site.ebb(&["status"]).stdout).unwrap();
     assert!(table.contains("tx/h all/idle") && table.contains("\ntotal: ") && table.contains("per 10,000 transactions"), "{table}");

@@ -43,7 +43,7 @@ fn a_minimal_config_gets_the_documented_defaults() {
     let queue = &config.queues[0];
     let s = &queue.settings;
     assert_eq!((s.batch_size, s.min_tasks, s.max_tasks, s.max_dequeue_count), (32, 1, 32, 5));
-    assert_eq!((s.min_polling_interval.as_millis(), s.max_polling_interval.as_secs()), (100, 60));
+    assert_eq!((s.min_polling_interval.as_millis(), s.max_polling_interval.as_secs()), (800, 60));
     assert_eq!(queue.rule.rule, None);
 }
 
@@ -155,6 +155,7 @@ fn the_documented_defaults_are_the_code_defaults() {
                 "push" => Code::Bool(s.push_enabled),
                 "safety_poll" => Code::Duration(s.safety_poll),
                 "scale_interval" => Code::Duration(s.scale_interval),
+                "max_pickup_delay" => Code::Duration(s.max_pickup_delay),
                 "partitions" => Code::Number(queue.partitions.into()),
                 "backend" => Code::Text(if matches!(queue.backend, ebb::config::Backend::Embedded) { "embedded" } else { "azure" }.into()),
                 "rule" => queue.rule.rule.as_ref().map_or(Code::Absent, |p| Code::Text(p.display().to_string())),

@@ -207,7 +207,9 @@ fn a_rule_built_against_contract_0_1_0_still_loads_and_decides_unchanged() -> Re
     let rules = loaded(guests::CONTRACT_0_1, RuleLimits::default());
     for depth in [0, 99, 100, 999, 1000, 50_000] {
         let decision = rules.decide_task_count(QUEUE, &state_with_0_2_fields(depth));
-        assert_eq!((decision.value, decision.source), (paper::optimal_dequeue_task_count(&state(depth)), DecisionSource::Rule), "depth {depth}");
+        // (Clamped by the host into the state's 1..=100 tasks.)
+        let paper = paper::optimal_dequeue_task_count(&state(depth)).clamp(1, 100);
+        assert_eq!((decision.value, decision.source), (paper, DecisionSource::Rule), "depth {depth}");
     }
     for idle_count in [1, 3, 30] {
         for random in [0, u64::MAX] {
@@ -350,12 +352,13 @@ fn built_in_and_paper_default_wasm_rule_agree() {
                 assert_eq!(wasm.value, native.value, "idle {idle_count}, random {random}, tasks {active_tasks}");
             }
         }
-        // And the back-off range is the paper's: min + (2^n − 1) × [80, 120] ms, capped.
+        // And the back-off range is the documented one: min × 1.75^(n − 1) × [0.8, 1.2],
+        // within [min, max].
         let low = rules.decide_queue_empty(QUEUE, &idle(idle_count, 0)).value.delay_ms;
         let high = rules.decide_queue_empty(QUEUE, &idle(idle_count, u64::MAX)).value.delay_ms;
-        let steps = 2f64.powi(idle_count as i32) - 1.0;
-        assert_eq!(low, (100.0 + steps * 80.0).min(60_000.0) as u64, "idle {idle_count}");
-        assert_eq!(high, (100.0 + steps * 120.0).min(60_000.0) as u64, "idle {idle_count}");
+        let grown = 100.0 * 1.75f64.powi(idle_count.saturating_sub(1) as i32);
+        assert_eq!(low, (grown * 0.8).round().clamp(100.0, 60_000.0) as u64, "idle {idle_count}");
+        assert_eq!(high, (grown * 1.2).round().clamp(100.0, 60_000.0) as u64, "idle {idle_count}");
     }
 }
 
@@ -426,7 +429,7 @@ fn swaps_under_concurrent_decisions_fail_no_decision() {
                 let mut made = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     let decision = rules.decide_task_count(QUEUE, &state(5));
-                    if decision.source != DecisionSource::Rule || ![7, 10].contains(&decision.value) {
+                    if decision.source != DecisionSource::Rule || ![7, 1].contains(&decision.value) {
                         not_from_rule.fetch_add(1, Ordering::Relaxed);
                     }
                     made += 1;
@@ -436,7 +439,7 @@ fn swaps_under_concurrent_decisions_fail_no_decision() {
         })
         .collect();
     for round in 0..10 {
-        let (guest, tasks) = if round % 2 == 0 { (guests::FIXED_TASKS, 7) } else { (guests::PAPER_DEFAULT, 10) };
+        let (guest, tasks) = if round % 2 == 0 { (guests::FIXED_TASKS, 7) } else { (guests::PAPER_DEFAULT, 1) };
         w.deploy(guest);
         wait_for("the new rule to decide", || w.rules.decide_task_count(QUEUE, &state(5)).value == tasks);
         assert_eq!(w.sha(), Some(sha_of(guest)));
@@ -475,7 +478,7 @@ fn deleted_rule_puts_its_queue_on_the_built_in_rule() {
     std::fs::remove_file(w.rule_path()).unwrap();
     wait_for("the queue to fall back to the built-in rule", || w.sha().is_none());
     let decision = w.rules.decide_task_count(QUEUE, &state(5));
-    assert_eq!((decision.value, decision.source), (10, DecisionSource::BuiltIn));
+    assert_eq!((decision.value, decision.source), (1, DecisionSource::BuiltIn));
     w.deploy(guests::FIXED_TASKS);
     wait_for("the restored rule to be used", || w.sha().is_some());
 }
@@ -703,7 +706,7 @@ fn queue_handles_decide_and_unknown_queues_get_the_built_in_rule() {
     assert!(rules.queue("nope").is_none());
     assert!(rules.status("nope").is_none());
     let decision = rules.decide_task_count("nope", &state(5));
-    assert_eq!((decision.value, decision.source), (10, DecisionSource::BuiltIn));
+    assert_eq!((decision.value, decision.source), (1, DecisionSource::BuiltIn));
 }
 
 /// Item 12: a 2 s setup deadline was reported as "ran past its deadline of 10ms".

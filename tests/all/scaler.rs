@@ -157,11 +157,12 @@ async fn the_metric_is_the_rules_task_count_over_all_partitions_in_instances_and
     assert_eq!((spec[0].metric_name.as_str(), spec[0].target_size, spec[0].target_size_float), ("ebb-orders-instances", 1, 1.0));
     assert!(!client.is_active(object("orders")).await.unwrap().into_inner().result, "nothing sent: inactive");
 
-    // The paper's rule: 10 tasks below 100 queued, 50 below 1,000. One instance runs 4.
-    assert_eq!(metric(&mut client).await, 3, "ceil(10 / 4)");
-    // 150 messages spread over 2 partitions (about 75 each): only their sum reaches 50 tasks.
+    // The built-in rule: one task per batch of 32 queued, none when nothing is. One
+    // instance runs 4.
+    assert_eq!(metric(&mut client).await, 0, "nothing queued: no task, no instance");
+    // 150 messages spread over 2 partitions (about 75 each): their sum decides, 5 tasks.
     site.send(150, 600_000).await;
-    wait_for_metric(&mut client, 13, "150 queued over two partitions: ceil(50 / 4)").await;
+    wait_for_metric(&mut client, 2, "150 queued over two partitions: ceil(ceil(150 / 32) / 4)").await;
     assert!(client.is_active(object("orders")).await.unwrap().into_inner().result, "messages queued: active");
 
     // The rule decides: swap it in the watched folder and the metric follows.
@@ -259,7 +260,11 @@ async fn a_python_grpcio_client_calls_every_rpc_against_the_binary() {
     let answers: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(answers["is_active"], false);
     assert_eq!(answers["spec"], serde_json::json!({ "name": "ebb-orders-instances", "target": 1, "target_float": 1.0 }));
-    assert_eq!(answers["metric"], serde_json::json!({ "name": "ebb-orders-instances", "value": 3, "value_float": 3.0 }), "paper rule at depth 0: ceil(10 / 4)");
+    assert_eq!(
+        answers["metric"],
+        serde_json::json!({ "name": "ebb-orders-instances", "value": 0, "value_float": 0.0 }),
+        "the built-in rule at depth 0: no instance"
+    );
     assert_eq!(answers["streamed_spec"], "ebb-orders-instances");
     assert_eq!(answers["without_token"], "UNAUTHENTICATED");
     assert_eq!(answers["bearer_token"], "OK");
@@ -281,7 +286,7 @@ async fn ebb_scaler_watches_the_queues_without_processing_them() {
     site.send(150, 0).await;
     assert!(next(&mut stream).await, "a send through the scaler host's API activates at once");
     // The embedded store's count is a free local read: the metric is current.
-    assert_eq!(metric(&mut client).await, 13, "150 queued over two partitions: ceil(50 / 4)");
+    assert_eq!(metric(&mut client).await, 2, "150 queued over two partitions: ceil(ceil(150 / 32) / 4)");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(app.seen.lock().unwrap().is_empty(), "a scaler-only host processes nothing");
     host.stop().await;
@@ -315,8 +320,8 @@ async fn ebb_scaler_counts_azure_queues_to_find_work_sent_around_it() {
     assert!(next(&mut stream).await, "a count found the messages");
     let request = || GetMetricsRequest { scaled_object_ref: Some(object(&queue)), metric_name: String::new() };
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while client.get_metrics(request()).await.unwrap().into_inner().metric_values[0].metric_value != 13 {
-        assert!(std::time::Instant::now() < deadline, "the metric never reached ceil(50 / 4): the paper's rule at 101 queued");
+    while client.get_metrics(request()).await.unwrap().into_inner().metric_values[0].metric_value != 1 {
+        assert!(std::time::Instant::now() < deadline, "the metric never reached ceil(ceil(101 / 32) / 4): the built-in rule at 101 queued");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(app.seen.lock().unwrap().is_empty(), "a scaler-only host processes nothing");

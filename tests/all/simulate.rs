@@ -78,7 +78,9 @@ fn push_picks_up_at_once_and_pull_within_its_back_off() {
     let (pull, push) = (&report.rules[0], &report.rules[1]);
     assert_eq!((pull.handled, push.handled), (pull.messages, push.messages));
     let (pull_latency, push_latency) = (pull.latency.unwrap(), push.latency.unwrap());
-    assert_eq!(push_latency.max_ms, 0, "notified: picked up the moment it arrives");
+    // Notified: picked up by a get `max_pickup_delay` (500 ms) after the first notification
+    // it covers.
+    assert!(push_latency.max_ms <= 500 && push_latency.p50_ms > 0, "{push_latency:?}");
     assert!(pull_latency.p50_ms > 0 && pull_latency.max_ms <= 60_000, "{pull_latency:?}");
 }
 

@@ -9,6 +9,8 @@ use anyhow::{Result, bail};
 pub const MAX_MESSAGE_BYTES_LIMIT: usize = 1 << 20;
 /// Longest polling interval, scale interval, drain, handler or API timeout.
 pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+/// Longest `max_pickup_delay`: a notified message should not wait longer for its get.
+pub const MAX_PICKUP_DELAY: Duration = Duration::from_secs(10);
 /// Longest rule call deadline: a decision is meant to take microseconds.
 pub const MAX_CALL_DEADLINE: Duration = Duration::from_secs(1);
 /// Most linear memory per rule instance, in MiB.

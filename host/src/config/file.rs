@@ -166,7 +166,7 @@ pub struct QueueFile {
     /// Most dequeue tasks. Default 32.
     #[serde(default = "serde_defaults::max_tasks")]
     pub max_tasks: u32,
-    /// Shortest sleep after an empty get. Default `100ms`.
+    /// Shortest sleep after an empty get (or a short one). Default `800ms`.
     #[serde(default = "serde_defaults::min_polling_interval", with = "humantime_serde")]
     pub min_polling_interval: Duration,
     /// Longest sleep after an empty get. Default `1m` (as Azure Functions).
@@ -195,6 +195,10 @@ pub struct QueueFile {
     /// Least time between two task-count decisions. Default `1s`.
     #[serde(default = "serde_defaults::scale_interval", with = "humantime_serde")]
     pub scale_interval: Duration,
+    /// Longest a notified message waits for its get while no task is busy (notifications
+    /// within it share one get). Default `500ms`, `0s` to `10s`.
+    #[serde(default = "serde_defaults::max_pickup_delay", with = "humantime_serde")]
+    pub max_pickup_delay: Duration,
     /// One logical queue over this many partition queues `<name>-0` … `<name>-(N-1)`, each
     /// with its own listener and rule decisions. Default 1 (no partitions).
     #[serde(default = "serde_defaults::partitions")]
@@ -318,6 +322,9 @@ pub(super) mod serde_defaults {
     }
     pub fn scale_interval() -> Duration {
         d::SCALE_INTERVAL
+    }
+    pub fn max_pickup_delay() -> Duration {
+        d::MAX_PICKUP_DELAY
     }
     pub fn partitions() -> u32 {
         d::PARTITIONS

@@ -7,7 +7,7 @@ use anyhow::{Result, bail};
 
 use super::QueueConfig;
 use super::backend::{AzureFile, Backend, BackendKind};
-use super::checks::{AtLeast, MAX_INTERVAL, MAX_SAFETY_POLL, MAX_TASKS, check_duration, parse_handler_url};
+use super::checks::{AtLeast, MAX_INTERVAL, MAX_PICKUP_DELAY, MAX_SAFETY_POLL, MAX_TASKS, check_duration, parse_handler_url};
 use super::file::QueueFile;
 use crate::listener::QueueSettings;
 use crate::names::QueueName;
@@ -56,6 +56,7 @@ impl QueueFile {
         check_duration("visibility_timeout", self.visibility_timeout, AtLeast::AboveZero, MAX_VISIBILITY)?;
         check_duration("max_retry_delay", self.max_retry_delay, AtLeast::Zero, MAX_VISIBILITY)?;
         check_duration("scale_interval", self.scale_interval, AtLeast::Zero, MAX_INTERVAL)?;
+        check_duration("max_pickup_delay", self.max_pickup_delay, AtLeast::Zero, MAX_PICKUP_DELAY)?;
         let safety_poll = match self.safety_poll {
             Some(_) if !self.push => bail!("safety_poll: only applies with push = true (without push a task always polls)"),
             Some(interval) => {
@@ -98,6 +99,7 @@ impl QueueFile {
                 push_enabled: self.push,
                 safety_poll,
                 scale_interval: self.scale_interval,
+                max_pickup_delay: self.max_pickup_delay,
                 ..QueueSettings::default()
             },
             rule: QueueRuleConfig { queue: name.to_string(), rule, params: self.rule_params.into_iter().collect() },

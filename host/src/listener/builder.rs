@@ -92,6 +92,7 @@ impl ListenerBuilder {
                 counters: Counters::default(),
                 work: Notify::new(),
                 wake: Notify::new(),
+                pickup: Mutex::default(),
                 work_events: tokio::sync::watch::Sender::new(0),
                 stopping: CancellationToken::new(),
                 abandon: CancellationToken::new(),

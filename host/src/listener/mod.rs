@@ -20,6 +20,7 @@
 mod builder;
 mod counters;
 mod lease;
+mod pickup;
 mod poison;
 mod process;
 mod rule;
@@ -67,8 +68,10 @@ struct Shared {
     counters: Counters,
     /// Raised by `work_detected`; the scaler coalesces raises.
     work: Notify,
-    /// Wakes idle tasks early (push notifications).
+    /// Wakes resting tasks early (a pickup, the scaler).
     wake: Notify,
+    /// Notifications waiting for a get, and the tasks that will make it.
+    pickup: Mutex<pickup::Pickup>,
     /// Bumped by every work-detected event, for watchers outside (the KEDA scaler's
     /// `StreamIsActive`).
     work_events: tokio::sync::watch::Sender<u64>,

@@ -39,23 +39,34 @@ impl Shared {
                 _ = self.work.notified() => {}
                 _ = self.stopping.cancelled() => return,
             }
-            self.scale().await;
-            // Coalesce raises: at most one decision per scale interval.
-            tokio::select! {
-                _ = tokio::time::sleep(self.settings.scale_interval) => {}
-                _ = self.stopping.cancelled() => return,
+            // Coalesce raises: at most one count (a billed call on Azure) per scale interval.
+            // A decision on an inferred depth costs nothing and waits for nothing: a burst
+            // after a trickle is met at once.
+            if self.scale().await == DepthSource::Measured {
+                tokio::select! {
+                    _ = tokio::time::sleep(self.settings.scale_interval) => {}
+                    _ = self.stopping.cancelled() => return,
+                }
             }
         }
     }
 
-    async fn scale(self: &Arc<Self>) {
-        let (depth, depth_source) = self.count_depth().await;
+    /// One decision; says whether the depth was counted for it.
+    async fn scale(self: &Arc<Self>) -> DepthSource {
+        // A get that came back with fewer messages than it asked for found the queue
+        // drained: no count is needed to know the backlog is (about) gone.
+        let (depth, depth_source) =
+            if self.counters.last_get().messages < self.settings.batch_size { (0, DepthSource::Inferred) } else { self.count_depth().await };
         let decision = self.decide_task_count(depth, depth_source).await;
         let target = decision.value;
         self.counters.target_tasks.store(target, Ordering::Relaxed);
-        // Idle tasks asleep in their back-off count as active: wake as many as the backlog
-        // can keep busy, then start the rest.
-        let busy_enough = depth.div_ceil(self.settings.batch_size as u64).min(target as u64);
+        // Tasks resting in their back-off count as active: wake as many as the backlog can
+        // keep busy, then start the rest.
+        let resting = {
+            let pickup = self.pickup();
+            self.counters.active_tasks.load(Ordering::Relaxed).saturating_sub(pickup.busy)
+        };
+        let busy_enough = depth.div_ceil(self.settings.batch_size as u64).min(target as u64).min(resting as u64);
         for _ in 0..busy_enough {
             self.wake.notify_one();
         }
@@ -64,6 +75,7 @@ impl Shared {
             tracing::debug!(depth, active, target, source = ?decision.source, "starting dequeue tasks");
             self.start_tasks(target - active);
         }
+        depth_source
     }
 
     /// The queue's approximate depth, remembered for the status; the last known one

@@ -31,6 +31,9 @@ pub struct QueueSettings {
     pub safety_poll: Duration,
     /// Least time between two task-count decisions.
     pub scale_interval: Duration,
+    /// Longest a notified message waits for the get that picks it up while no task is
+    /// busy: notifications within this time share one get.
+    pub max_pickup_delay: Duration,
     /// Seed for the random values passed to rules (None: random). Simulations set it.
     pub random_seed: Option<u64>,
     /// What the poison queue receives: a JSON envelope with the reason (the embedded
@@ -56,6 +59,7 @@ impl Default for QueueSettings {
             push_enabled: d::PUSH,
             safety_poll: d::SAFETY_POLL,
             scale_interval: d::SCALE_INTERVAL,
+            max_pickup_delay: d::MAX_PICKUP_DELAY,
             random_seed: None,
             poison_envelope: true,
         }

@@ -133,7 +133,9 @@ impl Shared {
         if self.queue.local_count().is_some() {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        if tokio::runtime::Handle::try_current().is_err() || self.stopping.is_cancelled() {
+            return;
+        }
         {
             let mut counted = self.depth_counted.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if counted.is_some_and(|at| at.elapsed() < DEPTH_MAX_AGE) {
@@ -141,11 +143,15 @@ impl Shared {
             }
             *counted = Some(tokio::time::Instant::now());
         }
+        // Tracked with the tasks, so a shutdown waits for it (or ends it at once).
         let shared = self.clone();
-        runtime.spawn(async move {
-            match shared.queue.approximate_count().await {
-                Ok(depth) => shared.counters.record_depth(depth, SystemTime::now()),
-                Err(error) => tracing::debug!("could not refresh the depth for the status: {error}"),
+        self.tasks.spawn(async move {
+            tokio::select! {
+                count = shared.queue.approximate_count() => match count {
+                    Ok(depth) => shared.counters.record_depth(depth, SystemTime::now()),
+                    Err(error) => tracing::debug!("could not refresh the depth for the status: {error}"),
+                },
+                _ = shared.stopping.cancelled() => {}
             }
         });
     }

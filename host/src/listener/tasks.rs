@@ -15,6 +15,7 @@ use crate::queue::RetryPolicy;
 
 use super::Shared;
 use super::counters::Counters;
+use super::pickup::{AfterDrained, Busy};
 
 /// A dequeue task's slot in `active_tasks`, given back when the task ends however it
 /// ends (a panic included), unless the task gave it back itself when it retired.
@@ -89,7 +90,7 @@ impl Shared {
     }
 
     /// Gives up this task's slot if there are more tasks than the target (after a scale-down).
-    fn try_retire(&self) -> bool {
+    pub(super) fn try_retire(&self) -> bool {
         let target = self.counters.target_tasks.load(Ordering::Relaxed).max(self.floor());
         self.counters.active_tasks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active > target).then(|| active - 1)).is_ok()
     }
@@ -103,19 +104,23 @@ impl Shared {
 
     async fn run_task(self: Arc<Self>, mut probe: bool) {
         let slot = TaskSlot { counters: &self.counters, held: true };
+        // Whether this task is between sending a get and resting (see `pickup`).
+        let mut busy = Busy::new(&self);
         let mut idle_count = 0u32;
         let mut consecutive_errors = 0u32;
         let lease = self.settings.lease_duration;
+        let batch_size = self.settings.batch_size as usize;
         loop {
             if self.stopping.is_cancelled() {
                 break;
             }
             // A probe looks once before anything else (the target may be zero tasks).
-            if !probe && self.try_retire() {
+            if !probe && busy.try_retire() {
                 tracing::debug!("retiring: more tasks than the rule's count");
                 slot.given_back();
                 return;
             }
+            busy.get_starts();
             // The service's lease starts when it answers, somewhere after this: counting
             // it from here errs on the safe side when storage calls are slow.
             let asked_at = tokio::time::Instant::now();
@@ -127,36 +132,53 @@ impl Shared {
                 self.record_get(messages);
             }
             match batch {
-                Ok(messages) if messages.is_empty() => {
-                    consecutive_errors = 0;
-                    idle_count = idle_count.saturating_add(1);
-                    if probe && self.try_stop_idle() {
-                        tracing::debug!("safety poll found the queue empty");
-                        slot.given_back();
-                        return;
-                    }
-                    let decision = self.decide_queue_empty(idle_count).await;
-                    if decision.stop && self.try_stop_idle() {
-                        tracing::debug!(idle_count, "stopping: the rule retired this idle task");
-                        slot.given_back();
-                        return;
-                    }
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_millis(decision.delay_ms)) => {}
-                        // Woken early; the back-off restarts only if this task finds messages.
-                        _ = self.wake.notified() => {}
-                        _ = self.stopping.cancelled() => break,
-                    }
-                }
                 Ok(messages) => {
                     consecutive_errors = 0;
-                    // Found work: from now on an ordinary task, stopped by the rule.
-                    probe = false;
-                    // After idling this is the paper's QueueWorkDetected; while busy it keeps
-                    // the task count adapting (the scaler coalesces the raises).
-                    self.work_found();
-                    idle_count = 0;
-                    self.process_batch(messages, asked_at + lease).await;
+                    let found = messages.len();
+                    if found > 0 {
+                        // Found work: from now on an ordinary task, stopped by the rule.
+                        probe = false;
+                        // After idling this is the paper's QueueWorkDetected; while busy it
+                        // keeps the task count adapting (the scaler coalesces the raises).
+                        self.work_found();
+                        self.process_batch(messages, asked_at + lease).await;
+                    }
+                    if found >= batch_size {
+                        idle_count = 0;
+                        continue;
+                    }
+                    // Fewer than asked for: the queue was drained when storage answered. An
+                    // empty get counts as one more idle look; a short batch as the first (the
+                    // look that would have found the queue empty is not made).
+                    idle_count = if found == 0 { idle_count.saturating_add(1) } else { 1 };
+                    if probe && found == 0 {
+                        let mut stopped = false;
+                        busy.after_drained(|| stopped = self.try_stop_idle());
+                        if stopped {
+                            tracing::debug!("safety poll found the queue empty");
+                            slot.given_back();
+                            return;
+                        }
+                    }
+                    let decision = self.decide_queue_empty(idle_count).await;
+                    let mut stopped = false;
+                    let after = busy.after_drained(|| stopped = decision.stop && self.try_stop_idle());
+                    let wake_at = match after {
+                        AfterDrained::GetAt(at) => at,
+                        AfterDrained::Rest if stopped => {
+                            tracing::debug!(idle_count, "stopping: the rule retired this idle task");
+                            slot.given_back();
+                            return;
+                        }
+                        AfterDrained::Rest => tokio::time::Instant::now() + Duration::from_millis(decision.delay_ms),
+                    };
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(wake_at) => {}
+                        // Woken early (a pickup, the scaler); the back-off restarts only if
+                        // this task finds messages.
+                        _ = self.wake.notified(), if !busy.is_on() => {}
+                        _ = self.stopping.cancelled() => break,
+                    }
                 }
                 Err(error) => {
                     consecutive_errors += 1;
@@ -172,6 +194,7 @@ impl Shared {
                 }
             }
         }
+        drop(busy);
         drop(slot);
     }
 }

@@ -14,17 +14,13 @@ use super::Shared;
 const MAX_WAKE_TIMERS: u32 = 1024;
 
 impl Shared {
-    /// A push: messages arrived from outside. One idle task is enough to pick them up; if
-    /// more are needed, the scaler's decision wakes or starts them. With no task at all (an
-    /// idle push queue), one starts at once: the scaler may be inside its coalescing
-    /// interval, and the message would wait for it.
+    /// A push: messages arrived from outside. A busy task picks them up; otherwise one get
+    /// is scheduled after `max_pickup_delay`, which later notifications ride along with
+    /// (see `pickup`). The scaler is not asked: a get that comes back full asks it.
     pub(super) fn work_detected(self: &Arc<Self>) {
-        self.work_found();
-        if self.started.load(Ordering::Acquire) && self.counters.active_tasks.load(Ordering::Acquire) == 0 && !self.stopping.is_cancelled() {
-            self.start_tasks(1);
-        } else {
-            self.wake.notify_one();
-        }
+        self.counters.work_detected.fetch_add(1, Ordering::Relaxed);
+        self.work_events.send_modify(|n| *n = n.wrapping_add(1));
+        self.notified();
     }
 
     /// A task found messages: ask the scaler, without waking idle tasks (the scaler wakes as

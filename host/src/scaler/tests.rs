@@ -91,14 +91,14 @@ async fn the_metric_never_asks_for_more_than_max_instances() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rule_that_does_not_answer_holds_a_metric_call_no_longer_than_its_deadline_and_the_built_in_rule_answers() {
     let rule = SlowRule::new(1, Duration::from_secs(3));
-    let queue = scaler_queue(rule.clone(), 150).await;
+    let queue = scaler_queue(rule.clone(), 300).await;
     for _ in 0..3 {
         let started = std::time::Instant::now();
         let metric = queue.metric().await;
         // The deadline is 10 ms; allow for a loaded machine, but far below the rule's 3 s.
         assert!(started.elapsed() < Duration::from_millis(500), "took {:?}", started.elapsed());
         assert_ne!(metric.source, DecisionSource::Rule);
-        assert_eq!((metric.tasks, metric.instances), (20, 5), "the paper's rule at 150: 50 tasks, clamped to 4 × 5");
+        assert_eq!((metric.tasks, metric.instances), (10, 3), "the built-in rule at 300: one task per batch of 32, ⌈10 ÷ 4⌉ instances");
         tokio::time::sleep(METRIC_CACHE).await;
     }
     assert_eq!(rule.calls.load(Ordering::SeqCst), 1, "the late call held back further calls until it ended");

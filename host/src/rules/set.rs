@@ -26,6 +26,7 @@ use super::file::read_rule_file;
 use super::lock;
 use super::memory::release_free_memory_after;
 use super::slot::{FAULT_LOG_LINES, FAULT_LOG_WINDOW, Live, QueueRules, QueueSlot, RuleGroup, RuleLoad, RuleStatus, panic_message};
+use super::threads::RuleThreads;
 use crate::log_limit::LogLimiter;
 
 /// Which rule a queue uses, from the host configuration.
@@ -58,6 +59,8 @@ pub struct RuleSet {
     /// One per rule file: held while the file is applied, so that a slow start-up compile and
     /// a file event for the same file apply in turn (the newer content last).
     applying: HashMap<PathBuf, Mutex<()>>,
+    /// The background loads, the rebuilds and the watcher: see [`RuleSet::stop_threads`].
+    pub(super) threads: Arc<RuleThreads>,
 }
 
 impl RuleSet {
@@ -65,6 +68,7 @@ impl RuleSet {
     /// file event loads their rule. Queues with the same rule file and the same parameters
     /// share one rule instance.
     pub fn new(engine: Arc<RuleEngine>, queues: impl IntoIterator<Item = QueueRuleConfig>) -> Self {
+        let threads = Arc::new(RuleThreads::default());
         let mut groups: Vec<Arc<RuleGroup>> = Vec::new();
         // (rule file, sorted parameters) -> (group index, its queues)
         type Members = HashMap<(Option<PathBuf>, Vec<(String, String)>), (usize, Vec<String>)>;
@@ -92,6 +96,7 @@ impl RuleSet {
                 consecutive_faults: AtomicU32::new(0),
                 memory_bytes: AtomicU64::new(0),
                 fault_log: LogLimiter::new(FAULT_LOG_LINES, FAULT_LOG_WINDOW),
+                threads: threads.clone(),
             }));
         }
         let queues = configs
@@ -110,7 +115,7 @@ impl RuleSet {
             })
             .collect();
         let applying = groups.iter().filter_map(|g| g.path.clone()).map(|path| (path, Mutex::default())).collect();
-        RuleSet { engine, queues, groups, seen: Mutex::default(), file_reads: AtomicU64::new(0), swaps: AtomicU64::new(0), applying }
+        RuleSet { engine, queues, groups, seen: Mutex::default(), file_reads: AtomicU64::new(0), swaps: AtomicU64::new(0), applying, threads }
     }
 
     /// The engine the rules run on.
@@ -150,14 +155,29 @@ impl RuleSet {
             }
             let set = self.clone();
             let loading = path.clone();
-            let spawned = std::thread::Builder::new().name("ebb-rule-load".into()).spawn(move || set.load_in_background(&loading));
-            if let Err(error) = spawned {
-                let error = anyhow::anyhow!("could not start loading rule {}: {error}", path.display());
-                tracing::warn!("{error:#}; the queue uses the built-in rule");
-                self.record_error(&path, &error);
-                self.users(&path).iter().for_each(|group| lock(&group.status).compiling = false);
-            }
+            let error = match self.threads.spawn("ebb-rule-load", move || set.load_in_background(&loading)) {
+                Ok(true) => continue,
+                Ok(false) => anyhow::anyhow!("rule {} was not loaded: the host is stopping", path.display()),
+                Err(error) => anyhow::anyhow!("could not start loading rule {}: {error}", path.display()),
+            };
+            tracing::warn!("{error:#}; the queue uses the built-in rule");
+            self.record_error(&path, &error);
+            self.users(&path).iter().for_each(|group| lock(&group.status).compiling = false);
         }
+    }
+
+    /// Stops the set's threads: starts no more background loads, rebuilds or watching, and
+    /// waits up to `bound` for the running ones (a compile or an instantiation in progress
+    /// cannot be interrupted) and joins them. Returns how many still ran at the bound; they
+    /// end on their own, and change nothing a stopped host reads. Decisions go on (a faulted
+    /// rule is no longer rebuilt: the built-in rule decides in its place).
+    pub fn stop_threads(&self, bound: std::time::Duration) -> usize {
+        self.threads.stop(bound)
+    }
+
+    /// Threads the set started (background loads, rebuilds, the watcher) that have not ended.
+    pub fn running_threads(&self) -> usize {
+        self.threads.running()
     }
 
     fn load_in_background(&self, path: &Path) {

@@ -16,6 +16,7 @@ use super::engine::{CompiledRule, RuleEngine};
 use super::instance::RuleInstance;
 use super::lock;
 use super::stderr::OutputLogger;
+use super::threads::RuleThreads;
 use crate::log_limit::LogLimiter;
 
 /// A queue's rule, as `QueryState` reports it.
@@ -109,6 +110,8 @@ pub(super) struct RuleGroup {
     /// Bounds the "rule faulted" WARN lines: a rule that faults on every call, polled
     /// every millisecond with a high `quarantine_after`, would otherwise flood the log.
     pub(super) fault_log: LogLimiter,
+    /// The set's threads, which a rebuild runs on.
+    pub(super) threads: Arc<RuleThreads>,
 }
 
 /// At most this many "rule faulted" WARN lines per rule group per [`FAULT_LOG_WINDOW`]; the
@@ -304,7 +307,8 @@ impl RuleGroup {
         }
     }
 
-    /// Starts rebuilding the instance on a thread of its own, unless one is on the way, the
+    /// Starts rebuilding the instance on a thread of its own (one of the set's threads, see
+    /// [`super::RuleSet::stop_threads`]), unless one is on the way, the
     /// group has no rule, or it is quarantined.
     pub(super) fn rebuild_if_needed(self: &Arc<Self>) {
         let (rule, generation) = {
@@ -317,10 +321,14 @@ impl RuleGroup {
             (rule, status.generation)
         };
         let group = self.clone();
-        let spawned = std::thread::Builder::new().name("ebb-rule-rebuild".into()).spawn(move || group.rebuild(rule, generation));
-        if let Err(error) = spawned {
-            tracing::warn!(queues = %self.label(), "could not start rebuilding a rule instance: {error}");
-            lock(&self.status).rebuilding = false;
+        match self.threads.spawn("ebb-rule-rebuild", move || group.rebuild(rule, generation)) {
+            Ok(true) => {}
+            // The host is stopping: the built-in rule decides what little is left.
+            Ok(false) => lock(&self.status).rebuilding = false,
+            Err(error) => {
+                tracing::warn!(queues = %self.label(), "could not start rebuilding a rule instance: {error}");
+                lock(&self.status).rebuilding = false;
+            }
         }
     }
 

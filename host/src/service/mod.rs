@@ -34,6 +34,12 @@ use crate::rules::{QueueRuleConfig, QueueRules, RuleEngine, RuleLoad, RuleSet, R
 /// Debounce of rule file events.
 pub(crate) const RULE_DEBOUNCE: Duration = Duration::from_millis(30);
 
+/// The longest a shutdown waits for the rules' threads (a compile at start-up or after a
+/// swap, a rebuild after a fault): a compile cannot be interrupted, and a large rule (Python,
+/// on an empty cache) compiles for seconds. A thread still running then is left to end on
+/// its own, with a warning; it changes nothing the stopped host reads.
+pub(crate) const RULE_THREADS_BOUND: Duration = Duration::from_secs(10);
+
 /// Back-off between start-up attempts on storage that does not answer: from the first to
 /// the longest.
 const START_RETRY_MIN: Duration = Duration::from_millis(500);
@@ -99,7 +105,7 @@ pub struct Service {
     readiness: Readiness,
     store: EmbeddedStore,
     rules: Arc<RuleSet>,
-    _watcher: RuleWatcher,
+    watcher: RuleWatcher,
     queues: BTreeMap<String, ServiceQueue>,
     bus: Option<Arc<Bus>>,
     stop: CancellationToken,
@@ -157,7 +163,7 @@ impl Service {
             readiness,
             store,
             rules,
-            _watcher: watcher,
+            watcher,
             queues,
             bus,
             stop: CancellationToken::new(),
@@ -251,7 +257,8 @@ impl Service {
     }
 
     /// Stops start-up retries, stops dequeuing, drains in-flight messages (releasing what
-    /// outlasts the drain timeout), stops the bus, and waits for all of it.
+    /// outlasts the drain timeout), stops the bus and the rules' threads (the watcher, a
+    /// compile in progress: waited for up to [`RULE_THREADS_BOUND`]), and waits for all of it.
     pub async fn shutdown(self) {
         self.stop.cancel();
         self.tasks.close();
@@ -260,6 +267,16 @@ impl Service {
         futures::future::join_all(self.queues.values().flat_map(|q| q.handle.listeners()).map(|l| l.shutdown(drain))).await;
         if let Some(bus) = &self.bus {
             bus.shutdown().await;
+        }
+        drop(self.watcher);
+        let rules = self.rules.clone();
+        let left = tokio::task::spawn_blocking(move || rules.stop_threads(RULE_THREADS_BOUND)).await.unwrap_or_else(|_| self.rules.running_threads());
+        if left > 0 {
+            tracing::warn!(
+                threads = left,
+                "rule threads still running {} after shutdown (a compile in progress); leaving them to end",
+                humantime::format_duration(RULE_THREADS_BOUND)
+            );
         }
     }
 }

@@ -28,12 +28,13 @@ use super::memory::release_free_memory_after;
 use super::slot::{FAULT_LOG_LINES, FAULT_LOG_WINDOW, Live, QueueRules, QueueSlot, RuleGroup, RuleLoad, RuleStatus, panic_message};
 use super::threads::RuleThreads;
 use crate::log_limit::LogLimiter;
+use crate::names::RuleSlot;
 
-/// Which rule a queue uses, from the host configuration.
+/// Which rule a rule slot uses, from the host configuration.
 #[derive(Debug, Clone)]
 pub struct QueueRuleConfig {
-    /// The queue's name.
-    pub queue: String,
+    /// The slot: a storage queue, or a queue's KEDA slot.
+    pub slot: RuleSlot,
     /// The rule file; `None` for the built-in rule.
     pub rule: Option<PathBuf>,
     /// The queue's `rule_params`, passed to the rule's `configure`.
@@ -51,7 +52,7 @@ enum Seen {
 /// The rules of every queue on this host.
 pub struct RuleSet {
     engine: Arc<RuleEngine>,
-    queues: HashMap<String, QueueRules>,
+    queues: HashMap<RuleSlot, QueueRules>,
     groups: Vec<Arc<RuleGroup>>,
     seen: Mutex<HashMap<PathBuf, Seen>>,
     file_reads: AtomicU64,
@@ -71,7 +72,7 @@ impl RuleSet {
         let threads = Arc::new(RuleThreads::default());
         let mut groups: Vec<Arc<RuleGroup>> = Vec::new();
         // (rule file, sorted parameters) -> (group index, its queues)
-        type Members = HashMap<(Option<PathBuf>, Vec<(String, String)>), (usize, Vec<String>)>;
+        type Members = HashMap<(Option<PathBuf>, Vec<(String, String)>), (usize, Vec<RuleSlot>)>;
         let mut members: Members = HashMap::new();
         let mut configs = Vec::new();
         for config in queues {
@@ -79,13 +80,13 @@ impl RuleSet {
             params.sort();
             let next = members.len();
             let entry = members.entry((config.rule.clone(), params)).or_insert_with(|| (next, Vec::new()));
-            entry.1.push(config.queue.clone());
+            entry.1.push(config.slot.clone());
             configs.push((entry.0, config));
         }
         let mut ordered: Vec<_> = members.into_iter().collect();
         ordered.sort_by_key(|(_, (index, _))| *index);
         for ((path, _), (_, queues)) in ordered {
-            let params = configs.iter().find(|(_, c)| c.queue == queues[0]).map(|(_, c)| c.params.clone()).unwrap_or_default();
+            let params = configs.iter().find(|(_, c)| c.slot == queues[0]).map(|(_, c)| c.params.clone()).unwrap_or_default();
             groups.push(Arc::new(RuleGroup {
                 engine: engine.clone(),
                 path,
@@ -103,7 +104,7 @@ impl RuleSet {
             .into_iter()
             .map(|(index, config)| {
                 let slot = QueueSlot {
-                    name: config.queue.clone(),
+                    name: config.slot.clone(),
                     group: groups[index].clone(),
                     decisions: AtomicU64::new(0),
                     faults: AtomicU64::new(0),
@@ -111,7 +112,7 @@ impl RuleSet {
                     while_compiling: AtomicU64::new(0),
                     inject_panic: AtomicBool::new(false),
                 };
-                (config.queue, QueueRules { slot: Arc::new(slot) })
+                (config.slot, QueueRules { slot: Arc::new(slot) })
             })
             .collect();
         let applying = groups.iter().filter_map(|g| g.path.clone()).map(|path| (path, Mutex::default())).collect();

@@ -18,6 +18,7 @@ use super::lock;
 use super::stderr::OutputLogger;
 use super::threads::RuleThreads;
 use crate::log_limit::LogLimiter;
+use crate::names::RuleSlot;
 
 /// A queue's rule, as `QueryState` reports it.
 #[derive(Debug, Clone, Serialize)]
@@ -102,7 +103,7 @@ pub(super) struct RuleGroup {
     pub(super) engine: Arc<RuleEngine>,
     pub(super) path: Option<PathBuf>,
     pub(super) params: Vec<(String, String)>,
-    pub(super) queues: Vec<String>,
+    pub(super) queues: Vec<RuleSlot>,
     pub(super) slot: Mutex<InstanceSlot>,
     pub(super) status: Mutex<GroupStatus>,
     pub(super) consecutive_faults: AtomicU32,
@@ -121,7 +122,7 @@ pub(super) const FAULT_LOG_LINES: u32 = 10;
 pub(super) const FAULT_LOG_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
 
 pub(super) struct QueueSlot {
-    pub(super) name: String,
+    pub(super) name: RuleSlot,
     pub(super) group: Arc<RuleGroup>,
     pub(super) decisions: AtomicU64,
     pub(super) faults: AtomicU64,
@@ -139,7 +140,7 @@ pub struct QueueRules {
 }
 
 impl QueueRules {
-    /// The queue's name.
+    /// The name of its slot (a storage queue, or a queue's KEDA slot).
     pub fn queue_name(&self) -> &str {
         &self.slot.name
     }

@@ -27,6 +27,7 @@ use crate::handler::{Handler, HttpHandler};
 use crate::health::{Health, Readiness, ReadinessPart};
 use crate::listener::{Listener, ListenerStatus, QueueSettings};
 use crate::log_limit::LogLimiter;
+use crate::names::RuleSlot;
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::queue::{QueueError, RetryPolicy, SystemClock};
 use crate::rules::{QueueRuleConfig, QueueRules, RuleEngine, RuleLoad, RuleSet, RuleWatcher};
@@ -56,13 +57,6 @@ pub enum Role {
     /// `ebb scaler`: watches the queues for KEDA without processing: no listener, no
     /// handler call. Sends and notifications through its API still reach every host.
     Watcher,
-}
-
-/// The rule slot name the KEDA scaler decides in for a queue: its own counters, the same
-/// rule instance as the queue's listeners (same file, same parameters). `/` never occurs
-/// in a queue name, so it cannot collide with one.
-pub fn scaler_rule_slot(queue: &str) -> String {
-    format!("{queue}/instances")
 }
 
 /// What every host mode opens first: its health, the embedded store, the rules folder
@@ -349,18 +343,16 @@ impl StartRetry {
 fn rule_slots(config: &Config, role: Role, rules_dir: &std::path::Path) -> Vec<QueueRuleConfig> {
     let mut slots = Vec::new();
     for q in &config.queues {
-        let rule = q.rule.rule.as_ref().and_then(|p| p.file_name()).map(|name| rules_dir.join(name));
-        let names = rule_slot_names(q, role, config.scaler.is_some());
-        slots.extend(names.into_iter().map(|queue| QueueRuleConfig { queue, rule: rule.clone(), params: q.rule.params.clone() }));
+        slots.extend(rule_slot_names(q, role, config.scaler.is_some()).into_iter().map(|slot| q.rule_config(slot, rules_dir)));
     }
     slots
 }
 
 /// The rule slots of `queue` on a host of `role` (see [`rule_slots`]).
-fn rule_slot_names(queue: &QueueConfig, role: Role, scaler: bool) -> Vec<String> {
-    let mut names = if role == Role::Worker { queue.storage_queues() } else { Vec::new() };
+fn rule_slot_names(queue: &QueueConfig, role: Role, scaler: bool) -> Vec<RuleSlot> {
+    let mut names: Vec<RuleSlot> = if role == Role::Worker { queue.storage_queues().into_iter().map(RuleSlot::from).collect() } else { Vec::new() };
     if scaler {
-        names.push(scaler_rule_slot(&queue.name));
+        names.push(RuleSlot::scaler(&queue.name));
     }
     names
 }

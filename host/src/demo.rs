@@ -14,7 +14,7 @@ use futures::StreamExt as _;
 use crate::config::{Config, QueueConfig};
 use crate::host::Host;
 use crate::listener::{ListenerStatus, QueueSettings};
-use crate::rules::{QueueRuleConfig, RuleLimits};
+use crate::rules::RuleLimits;
 use crate::service::Role;
 
 const QUEUE: &str = "demo";
@@ -71,7 +71,8 @@ pub async fn run(options: DemoOptions) -> Result<()> {
         queues: vec![QueueConfig {
             name: crate::names::QueueName::new(QUEUE)?,
             settings: QueueSettings { max_polling_interval: Duration::from_secs(5), ..QueueSettings::default() },
-            rule: QueueRuleConfig { queue: QUEUE.into(), rule: Some(rule_file.clone()), params: vec![] },
+            rule: Some(crate::names::RuleFileName::new("demo.wasm")?),
+            rule_params: vec![],
             handler_url: Some(format!("http://{app}/work").parse()?),
             handler_timeout: Duration::from_secs(30),
             partitions: 1,

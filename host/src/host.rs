@@ -129,6 +129,12 @@ impl Host {
         self.service.depth(queue).await
     }
 
+    /// The rules of every queue, for tests: their state, their threads.
+    #[doc(hidden)]
+    pub fn rules(&self) -> Arc<crate::rules::RuleSet> {
+        self.service.rules().clone()
+    }
+
     /// Drains the work (see [`Service::shutdown`]), then stops the API and the scaler, and
     /// waits for every task.
     pub async fn shutdown(self) {

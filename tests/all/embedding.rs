@@ -53,3 +53,29 @@ async fn a_rust_handler_for_a_queue_the_configuration_lacks_is_refused() {
     let error = Host::start(&config, ebb::Role::Worker).await.err().expect("must fail");
     assert!(format!("{error:#}").contains("queues.orders.handler: not set"), "{error:#}");
 }
+
+/// Takes every message.
+struct Discard;
+
+#[async_trait::async_trait]
+impl Handler for Discard {
+    async fn handle(&self, _message: &IncomingMessage) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+/// Issue 18 (stop everything): a host shut down while its rule still loads waits for the
+/// load's thread, so no rule thread outlives the shutdown (it was left running, detached).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_shut_down_while_its_rule_loads_leaves_no_rule_thread_running() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("rules")).unwrap();
+    std::fs::copy(ebb_tests::guests::SLOW_SETUP, dir.path().join("rules/slow.wasm")).unwrap();
+    let config = config(dir.path(), "[queues.orders]\nrule = \"slow.wasm\"\nrule_params = { setup_ms = \"1500\" }\n");
+    let host = Host::builder(&config).handler("orders", Discard).start().await.unwrap();
+    let rules = host.rules();
+    assert_eq!(rules.load_state("orders"), Some(ebb::rules::RuleLoad::Compiling));
+    assert!(rules.running_threads() >= 2, "the load and the watcher run: {}", rules.running_threads());
+    host.shutdown().await;
+    assert_eq!(rules.running_threads(), 0, "a rule thread outlived the shutdown");
+}

@@ -4,10 +4,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Result;
+use ebb::names::RuleSlot;
 use ebb::rules::{DecisionSource, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleSet};
 use ebb_tests::guests;
 
-const QUEUE: &str = "q";
+const QUEUE: &str = "orders";
 
 /// Kept across test runs, so the 18 MB Python rule is compiled once per target dir.
 fn shared_cache() -> PathBuf {
@@ -16,7 +17,7 @@ fn shared_cache() -> PathBuf {
 
 fn rules(engine: Arc<RuleEngine>, guest: &str, params: &[(&str, &str)]) -> (RuleSet, Vec<anyhow::Error>) {
     let params = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    let set = RuleSet::new(engine, [QueueRuleConfig { queue: QUEUE.into(), rule: Some(guest.into()), params }]);
+    let set = RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(QUEUE).unwrap(), rule: Some(guest.into()), params }]);
     let errors = set.load_all();
     (set, errors)
 }
@@ -27,7 +28,7 @@ fn state(depth: u64, throughput_per_sec: f64, active_tasks: u32) -> QueueState {
 
 /// The rule's back-off must match the built-in rule's (both compute it with the same loop).
 fn assert_paper_back_off(set: &RuleSet) {
-    let built_in = RuleSet::new(set.engine().clone(), [QueueRuleConfig { queue: QUEUE.into(), rule: None, params: vec![] }]);
+    let built_in = RuleSet::new(set.engine().clone(), [QueueRuleConfig { slot: RuleSlot::new(QUEUE).unwrap(), rule: None, params: vec![] }]);
     for idle_count in 0..=20 {
         for random in [0, 1 << 63, u64::MAX] {
             for active_tasks in [1, 3] {

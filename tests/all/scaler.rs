@@ -313,7 +313,7 @@ async fn ebb_scaler_counts_azure_queues_to_find_work_sent_around_it() {
 
     // Messages put straight into one partition by another client, unseen by this host's API:
     // only a count can find them.
-    let partition = AzureQueue::new(&azurite.account(), &ebb::queue::partitioned::partition_name(&queue, 1), AzureOptions::default()).unwrap();
+    let partition = AzureQueue::new(&azurite.account(), &ebb::names::QueueName::new(&queue).unwrap().partition(1), AzureOptions::default()).unwrap();
     for i in 0..101 {
         partition.put(format!("m{i}").as_bytes(), Duration::ZERO).await.unwrap();
     }

@@ -8,6 +8,7 @@ use anyhow::{Result, bail};
 
 use crate::config::{Backend, Config};
 use crate::host::Host;
+use crate::names::RuleSlot;
 use crate::queue::{MessageId, PopReceipt, QueueClient, QueueError, RetryPolicy};
 use crate::rules::{RuleEngine, RuleSet};
 use crate::service::{QueueStack, Role, StackOptions, storage_queue};
@@ -142,11 +143,11 @@ pub fn check(config_path: &Path) -> Result<()> {
     // And of the store: a file there that is not a valid store is refused as `run` refuses it.
     crate::queue::embedded::check_store(&config.data_dir)?;
     let engine = RuleEngine::new(config.rule_limits.clone(), None)?;
-    let rules = RuleSet::new(engine, config.queues.iter().map(|q| q.rule.clone()));
+    let rules = RuleSet::new(engine, config.queues.iter().map(|q| q.rule_config(RuleSlot::from(&q.name), &config.rules_dir)));
     let problems = rules.load_all();
     for queue in &config.queues {
-        let rule = match &queue.rule.rule {
-            Some(path) => path.display().to_string(),
+        let rule = match &queue.rule {
+            Some(file) => file.in_dir(&config.rules_dir).display().to_string(),
             None => "built-in (the paper's rule)".into(),
         };
         println!(

@@ -8,6 +8,7 @@ use clap::{ArgGroup, Subcommand};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use crate::names::RuleSlot;
 use crate::rules::{DecisionSource, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleSet};
 
 #[derive(Debug, Subcommand)]
@@ -152,7 +153,7 @@ fn eval(file: &Path, task_count: Option<String>, queue_empty: Option<String>, pa
     // Absolute, but not resolved: errors name the file as given (a link, not its target).
     let file = std::path::absolute(file).with_context(|| format!("failed to read rule {}", file.display()))?;
     let queue = "eval";
-    let rules = RuleSet::new(engine, [QueueRuleConfig { queue: queue.into(), rule: Some(file), params }]);
+    let rules = RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(queue)?, rule: Some(file), params }]);
     if let Some(error) = rules.load_all().into_iter().next() {
         return Err(error);
     }

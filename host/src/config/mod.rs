@@ -31,8 +31,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 
 use crate::listener::QueueSettings;
-use crate::names::QueueName;
-use crate::queue::partitioned::partition_name;
+use crate::names::{PartitionName, PoisonQueueName, QueueName, RuleFileName, RuleSlot};
 use crate::rules::{QueueRuleConfig, RuleLimits};
 
 pub use backend::Backend;
@@ -86,8 +85,10 @@ pub struct QueueConfig {
     pub name: QueueName,
     /// Listener settings.
     pub settings: QueueSettings,
-    /// Its rule (path in the rules folder) and parameters.
-    pub rule: QueueRuleConfig,
+    /// Its rule file in the rules folder; `None` for the built-in rule.
+    pub rule: Option<RuleFileName>,
+    /// Its `rule_params`, passed to the rule's `configure`.
+    pub rule_params: Vec<(String, String)>,
     /// Handler URL; `None` when the embedding program gives a Rust handler instead.
     pub handler_url: Option<reqwest::Url>,
     /// Handler timeout.
@@ -100,13 +101,19 @@ pub struct QueueConfig {
 
 impl QueueConfig {
     /// The storage queues the listeners work on: the queue itself, or its partitions.
-    pub fn storage_queues(&self) -> Vec<String> {
-        if self.partitions <= 1 { vec![self.name.to_string()] } else { (0..self.partitions).map(|i| partition_name(&self.name, i)).collect() }
+    pub fn storage_queues(&self) -> Vec<PartitionName> {
+        self.name.partitions(self.partitions)
     }
 
     /// Its poison queue (one for all partitions).
-    pub fn poison_queue(&self) -> String {
+    pub fn poison_queue(&self) -> PoisonQueueName {
         self.name.poison()
+    }
+
+    /// The rule of `slot`, one of this queue's rule slots: its file in `rules_dir`, and its
+    /// parameters.
+    pub fn rule_config(&self, slot: RuleSlot, rules_dir: &Path) -> QueueRuleConfig {
+        QueueRuleConfig { slot, rule: self.rule.as_ref().map(|file| file.in_dir(rules_dir)), params: self.rule_params.clone() }
     }
 }
 

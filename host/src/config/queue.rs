@@ -3,20 +3,19 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context as _, Result, bail};
 
 use super::QueueConfig;
 use super::backend::{AzureFile, Backend, BackendKind};
 use super::checks::{AtLeast, MAX_INTERVAL, MAX_PICKUP_DELAY, MAX_SAFETY_POLL, MAX_TASKS, check_duration, parse_handler_url};
 use super::file::QueueFile;
 use crate::listener::QueueSettings;
-use crate::names::QueueName;
+use crate::names::{QueueName, RuleFileName};
 use crate::queue::partitioned::MAX_PARTITIONS;
 use crate::queue::{MAX_BATCH, MAX_VISIBILITY};
-use crate::rules::QueueRuleConfig;
 
 impl QueueFile {
-    pub(super) fn validate(self, name: &str, base: &Path, rules_dir: &Path, host_azure: Option<&AzureFile>) -> Result<QueueConfig> {
+    pub(super) fn validate(self, name: &str, base: &Path, host_azure: Option<&AzureFile>) -> Result<QueueConfig> {
         let backend = match (self.backend, &self.azure, host_azure) {
             (BackendKind::Embedded, Some(_), _) => bail!("azure: set backend = \"azure\" to use it"),
             (BackendKind::Embedded, None, _) => Backend::Embedded,
@@ -74,12 +73,7 @@ impl QueueFile {
         let rule = match self.rule {
             None if !self.rule_params.is_empty() => bail!("rule_params: given, but no rule is set (the built-in rule takes no parameters)"),
             None => None,
-            Some(file) => {
-                if file.contains('/') || file.contains('\\') || !file.ends_with(".wasm") {
-                    bail!("rule: {file:?} must be a .wasm file name inside rules_dir, without a path");
-                }
-                Some(rules_dir.join(file))
-            }
+            Some(file) => Some(RuleFileName::new(&file).context("rule")?),
         };
         let handler_url = self.handler.as_ref().map(|handler| parse_handler_url(&handler.url)).transpose()?;
         let handler_timeout = self.handler.as_ref().map_or(crate::defaults::HANDLER_TIMEOUT, |handler| handler.timeout);
@@ -102,7 +96,8 @@ impl QueueFile {
                 max_pickup_delay: self.max_pickup_delay,
                 ..QueueSettings::default()
             },
-            rule: QueueRuleConfig { queue: name.to_string(), rule, params: self.rule_params.into_iter().collect() },
+            rule,
+            rule_params: self.rule_params.into_iter().collect(),
             handler_url,
             handler_timeout,
             partitions: self.partitions,

@@ -68,12 +68,13 @@ impl ConfigFile {
         }
         let mut queues = Vec::new();
         for (name, queue) in self.queues {
-            queues.push(queue.validate(&name, base, &rules_dir, self.azure.as_ref()).with_context(|| format!("queues.{name}"))?);
+            queues.push(queue.validate(&name, base, self.azure.as_ref()).with_context(|| format!("queues.{name}"))?);
         }
         // Every storage queue (queues, partitions, poison queues) belongs to one configured queue.
         let mut owners: BTreeMap<String, &str> = BTreeMap::new();
         for queue in &queues {
-            for (storage, role) in queue.storage_queues().into_iter().map(|s| (s, "")).chain([(queue.poison_queue(), "the poison queue of ")]) {
+            let storage = queue.storage_queues().into_iter().map(|s| (String::from(s), "")).chain([(queue.poison_queue().into(), "the poison queue of ")]);
+            for (storage, role) in storage {
                 if let Some(other) = owners.insert(storage.clone(), &queue.name) {
                     let (first, second) = if other < queue.name.as_str() { (other, queue.name.as_str()) } else { (queue.name.as_str(), other) };
                     bail!("queues.{second}: its storage queue {storage} is also used by queues.{first} ({role}or a partition)");

@@ -12,13 +12,7 @@ use async_trait::async_trait;
 
 use super::{Message, MessageId, PopReceipt, QueueClient, QueueError};
 
-/// Most partitions of one logical queue.
-pub const MAX_PARTITIONS: u32 = 64;
-
-/// The name of partition `index` of `queue`.
-pub fn partition_name(queue: &str, index: u32) -> String {
-    format!("{queue}-{index}")
-}
+pub use crate::names::MAX_PARTITIONS;
 
 /// A logical queue over partitions.
 pub struct Partitioned {

@@ -130,7 +130,10 @@ mod tests {
     #[test]
     fn a_queues_wasm_rules_show_their_status_and_are_called_off_the_async_threads() {
         let engine = crate::rules::RuleEngine::new(crate::rules::RuleLimits::default(), None).unwrap();
-        let set = crate::rules::RuleSet::new(engine, [crate::rules::QueueRuleConfig { queue: "work".into(), rule: None, params: vec![] }]);
+        let set = crate::rules::RuleSet::new(
+            engine,
+            [crate::rules::QueueRuleConfig { slot: crate::names::RuleSlot::new("work").unwrap(), rule: None, params: vec![] }],
+        );
         let decider: &dyn Decider = &set.queue("work").unwrap();
         let status = decider.status().expect("a queue's rules have a status");
         assert_eq!((status.file, status.decisions), (None, 0));

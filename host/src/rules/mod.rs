@@ -17,7 +17,8 @@
 //!   [`NativeRule`]s;
 //! - `slot`: one queue's [`QueueRules`] and the group sharing its instance (fallback,
 //!   rebuild, quarantine); `set`: the [`RuleSet`] of every queue, loading and swapping
-//!   rules; `watcher`: hot reload from the rules folder; `stderr`: a rule's output, logged.
+//!   rules; `watcher`: hot reload from the rules folder; `threads`: the set's threads,
+//!   counted and joined when it stops; `stderr`: a rule's output, logged.
 
 mod bindings;
 mod cache;
@@ -34,6 +35,7 @@ mod sandbox;
 mod set;
 mod slot;
 mod stderr;
+mod threads;
 mod watcher;
 
 pub use bindings::{CONTRACT_INTERFACE, CONTRACT_VERSION, CONTRACT_VERSIONS, ContractVersion};

@@ -26,13 +26,15 @@ use super::file::read_rule_file;
 use super::lock;
 use super::memory::release_free_memory_after;
 use super::slot::{FAULT_LOG_LINES, FAULT_LOG_WINDOW, Live, QueueRules, QueueSlot, RuleGroup, RuleLoad, RuleStatus, panic_message};
+use super::threads::RuleThreads;
 use crate::log_limit::LogLimiter;
+use crate::names::RuleSlot;
 
-/// Which rule a queue uses, from the host configuration.
+/// Which rule a rule slot uses, from the host configuration.
 #[derive(Debug, Clone)]
 pub struct QueueRuleConfig {
-    /// The queue's name.
-    pub queue: String,
+    /// The slot: a storage queue, or a queue's KEDA slot.
+    pub slot: RuleSlot,
     /// The rule file; `None` for the built-in rule.
     pub rule: Option<PathBuf>,
     /// The queue's `rule_params`, passed to the rule's `configure`.
@@ -50,7 +52,7 @@ enum Seen {
 /// The rules of every queue on this host.
 pub struct RuleSet {
     engine: Arc<RuleEngine>,
-    queues: HashMap<String, QueueRules>,
+    queues: HashMap<RuleSlot, QueueRules>,
     groups: Vec<Arc<RuleGroup>>,
     seen: Mutex<HashMap<PathBuf, Seen>>,
     file_reads: AtomicU64,
@@ -58,6 +60,8 @@ pub struct RuleSet {
     /// One per rule file: held while the file is applied, so that a slow start-up compile and
     /// a file event for the same file apply in turn (the newer content last).
     applying: HashMap<PathBuf, Mutex<()>>,
+    /// The background loads, the rebuilds and the watcher: see [`RuleSet::stop_threads`].
+    pub(super) threads: Arc<RuleThreads>,
 }
 
 impl RuleSet {
@@ -65,9 +69,10 @@ impl RuleSet {
     /// file event loads their rule. Queues with the same rule file and the same parameters
     /// share one rule instance.
     pub fn new(engine: Arc<RuleEngine>, queues: impl IntoIterator<Item = QueueRuleConfig>) -> Self {
+        let threads = Arc::new(RuleThreads::default());
         let mut groups: Vec<Arc<RuleGroup>> = Vec::new();
         // (rule file, sorted parameters) -> (group index, its queues)
-        type Members = HashMap<(Option<PathBuf>, Vec<(String, String)>), (usize, Vec<String>)>;
+        type Members = HashMap<(Option<PathBuf>, Vec<(String, String)>), (usize, Vec<RuleSlot>)>;
         let mut members: Members = HashMap::new();
         let mut configs = Vec::new();
         for config in queues {
@@ -75,13 +80,13 @@ impl RuleSet {
             params.sort();
             let next = members.len();
             let entry = members.entry((config.rule.clone(), params)).or_insert_with(|| (next, Vec::new()));
-            entry.1.push(config.queue.clone());
+            entry.1.push(config.slot.clone());
             configs.push((entry.0, config));
         }
         let mut ordered: Vec<_> = members.into_iter().collect();
         ordered.sort_by_key(|(_, (index, _))| *index);
         for ((path, _), (_, queues)) in ordered {
-            let params = configs.iter().find(|(_, c)| c.queue == queues[0]).map(|(_, c)| c.params.clone()).unwrap_or_default();
+            let params = configs.iter().find(|(_, c)| c.slot == queues[0]).map(|(_, c)| c.params.clone()).unwrap_or_default();
             groups.push(Arc::new(RuleGroup {
                 engine: engine.clone(),
                 path,
@@ -92,13 +97,14 @@ impl RuleSet {
                 consecutive_faults: AtomicU32::new(0),
                 memory_bytes: AtomicU64::new(0),
                 fault_log: LogLimiter::new(FAULT_LOG_LINES, FAULT_LOG_WINDOW),
+                threads: threads.clone(),
             }));
         }
         let queues = configs
             .into_iter()
             .map(|(index, config)| {
                 let slot = QueueSlot {
-                    name: config.queue.clone(),
+                    name: config.slot.clone(),
                     group: groups[index].clone(),
                     decisions: AtomicU64::new(0),
                     faults: AtomicU64::new(0),
@@ -106,11 +112,11 @@ impl RuleSet {
                     while_compiling: AtomicU64::new(0),
                     inject_panic: AtomicBool::new(false),
                 };
-                (config.queue, QueueRules { slot: Arc::new(slot) })
+                (config.slot, QueueRules { slot: Arc::new(slot) })
             })
             .collect();
         let applying = groups.iter().filter_map(|g| g.path.clone()).map(|path| (path, Mutex::default())).collect();
-        RuleSet { engine, queues, groups, seen: Mutex::default(), file_reads: AtomicU64::new(0), swaps: AtomicU64::new(0), applying }
+        RuleSet { engine, queues, groups, seen: Mutex::default(), file_reads: AtomicU64::new(0), swaps: AtomicU64::new(0), applying, threads }
     }
 
     /// The engine the rules run on.
@@ -150,14 +156,29 @@ impl RuleSet {
             }
             let set = self.clone();
             let loading = path.clone();
-            let spawned = std::thread::Builder::new().name("ebb-rule-load".into()).spawn(move || set.load_in_background(&loading));
-            if let Err(error) = spawned {
-                let error = anyhow::anyhow!("could not start loading rule {}: {error}", path.display());
-                tracing::warn!("{error:#}; the queue uses the built-in rule");
-                self.record_error(&path, &error);
-                self.users(&path).iter().for_each(|group| lock(&group.status).compiling = false);
-            }
+            let error = match self.threads.spawn("ebb-rule-load", move || set.load_in_background(&loading)) {
+                Ok(true) => continue,
+                Ok(false) => anyhow::anyhow!("rule {} was not loaded: the host is stopping", path.display()),
+                Err(error) => anyhow::anyhow!("could not start loading rule {}: {error}", path.display()),
+            };
+            tracing::warn!("{error:#}; the queue uses the built-in rule");
+            self.record_error(&path, &error);
+            self.users(&path).iter().for_each(|group| lock(&group.status).compiling = false);
         }
+    }
+
+    /// Stops the set's threads: starts no more background loads, rebuilds or watching, and
+    /// waits up to `bound` for the running ones (a compile or an instantiation in progress
+    /// cannot be interrupted) and joins them. Returns how many still ran at the bound; they
+    /// end on their own, and change nothing a stopped host reads. Decisions go on (a faulted
+    /// rule is no longer rebuilt: the built-in rule decides in its place).
+    pub fn stop_threads(&self, bound: std::time::Duration) -> usize {
+        self.threads.stop(bound)
+    }
+
+    /// Threads the set started (background loads, rebuilds, the watcher) that have not ended.
+    pub fn running_threads(&self) -> usize {
+        self.threads.running()
     }
 
     fn load_in_background(&self, path: &Path) {

@@ -16,7 +16,9 @@ use super::engine::{CompiledRule, RuleEngine};
 use super::instance::RuleInstance;
 use super::lock;
 use super::stderr::OutputLogger;
+use super::threads::RuleThreads;
 use crate::log_limit::LogLimiter;
+use crate::names::RuleSlot;
 
 /// A queue's rule, as `QueryState` reports it.
 #[derive(Debug, Clone, Serialize)]
@@ -101,7 +103,7 @@ pub(super) struct RuleGroup {
     pub(super) engine: Arc<RuleEngine>,
     pub(super) path: Option<PathBuf>,
     pub(super) params: Vec<(String, String)>,
-    pub(super) queues: Vec<String>,
+    pub(super) queues: Vec<RuleSlot>,
     pub(super) slot: Mutex<InstanceSlot>,
     pub(super) status: Mutex<GroupStatus>,
     pub(super) consecutive_faults: AtomicU32,
@@ -109,6 +111,8 @@ pub(super) struct RuleGroup {
     /// Bounds the "rule faulted" WARN lines: a rule that faults on every call, polled
     /// every millisecond with a high `quarantine_after`, would otherwise flood the log.
     pub(super) fault_log: LogLimiter,
+    /// The set's threads, which a rebuild runs on.
+    pub(super) threads: Arc<RuleThreads>,
 }
 
 /// At most this many "rule faulted" WARN lines per rule group per [`FAULT_LOG_WINDOW`]; the
@@ -118,7 +122,7 @@ pub(super) const FAULT_LOG_LINES: u32 = 10;
 pub(super) const FAULT_LOG_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
 
 pub(super) struct QueueSlot {
-    pub(super) name: String,
+    pub(super) name: RuleSlot,
     pub(super) group: Arc<RuleGroup>,
     pub(super) decisions: AtomicU64,
     pub(super) faults: AtomicU64,
@@ -136,7 +140,7 @@ pub struct QueueRules {
 }
 
 impl QueueRules {
-    /// The queue's name.
+    /// The name of its slot (a storage queue, or a queue's KEDA slot).
     pub fn queue_name(&self) -> &str {
         &self.slot.name
     }
@@ -304,7 +308,8 @@ impl RuleGroup {
         }
     }
 
-    /// Starts rebuilding the instance on a thread of its own, unless one is on the way, the
+    /// Starts rebuilding the instance on a thread of its own (one of the set's threads, see
+    /// [`super::RuleSet::stop_threads`]), unless one is on the way, the
     /// group has no rule, or it is quarantined.
     pub(super) fn rebuild_if_needed(self: &Arc<Self>) {
         let (rule, generation) = {
@@ -317,10 +322,14 @@ impl RuleGroup {
             (rule, status.generation)
         };
         let group = self.clone();
-        let spawned = std::thread::Builder::new().name("ebb-rule-rebuild".into()).spawn(move || group.rebuild(rule, generation));
-        if let Err(error) = spawned {
-            tracing::warn!(queues = %self.label(), "could not start rebuilding a rule instance: {error}");
-            lock(&self.status).rebuilding = false;
+        match self.threads.spawn("ebb-rule-rebuild", move || group.rebuild(rule, generation)) {
+            Ok(true) => {}
+            // The host is stopping: the built-in rule decides what little is left.
+            Ok(false) => lock(&self.status).rebuilding = false,
+            Err(error) => {
+                tracing::warn!(queues = %self.label(), "could not start rebuilding a rule instance: {error}");
+                lock(&self.status).rebuilding = false;
+            }
         }
     }
 

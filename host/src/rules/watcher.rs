@@ -23,9 +23,25 @@ use super::set::RuleSet;
 /// pause is still applied this often.
 pub const MAX_DEBOUNCE_DELAY: Duration = Duration::from_secs(1);
 
-/// Watches a rules folder while it lives; dropping it stops the watch.
+/// Watches a rules folder while it lives; dropping it stops the watch, and its thread once
+/// a swap in progress is done (the set's [`RuleSet::stop_threads`] waits for that).
 pub struct RuleWatcher {
     _watcher: notify::RecommendedWatcher,
+    stop: mpsc::Sender<Seen>,
+}
+
+impl Drop for RuleWatcher {
+    fn drop(&mut self) {
+        let _ = self.stop.send(Seen::Stop);
+    }
+}
+
+/// What the watcher's thread hears.
+enum Seen {
+    /// A rule file some queue uses may have changed.
+    Changed(PathBuf),
+    /// The watcher was dropped.
+    Stop,
 }
 
 impl RuleSet {
@@ -34,7 +50,8 @@ impl RuleSet {
     /// event of the burst, whichever comes first), then applies each changed file whose
     /// content changed to the queues that use it. Files no queue uses are ignored (never
     /// read or compiled), so however many of them arrive, a swap waits for none of them.
-    /// Work runs on a thread of its own.
+    /// Work runs on a thread of its own, one of the set's threads (see
+    /// [`RuleSet::stop_threads`]); a stopping set applies no more files.
     pub fn watch(self: &Arc<Self>, dir: &Path, debounce: Duration) -> Result<RuleWatcher> {
         let dir = dir.canonicalize().with_context(|| format!("failed to open rules folder {}", dir.display()))?;
         // The files of this folder some queue uses, by name, with the path the set knows them by.
@@ -44,13 +61,14 @@ impl RuleSet {
             .filter(|path| path.parent().and_then(|parent| parent.canonicalize().ok()).as_deref() == Some(dir.as_path()))
             .filter_map(|path| Some((path.file_name()?.to_os_string(), path)))
             .collect();
-        let (events_tx, events) = mpsc::channel::<PathBuf>();
+        let (events_tx, events) = mpsc::channel::<Seen>();
+        let stop = events_tx.clone();
         let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
             Ok(event) if may_change_content(&event.kind) => {
                 for path in event.paths.into_iter().filter(|p| is_rule_file(p)) {
                     match path.file_name().and_then(|name| used.get(name)) {
                         Some(used) => {
-                            let _ = events_tx.send(used.clone());
+                            let _ = events_tx.send(Seen::Changed(used.clone()));
                         }
                         None => tracing::debug!(file = %path.display(), "ignoring a change to a rule file no queue uses"),
                     }
@@ -62,9 +80,10 @@ impl RuleSet {
         .context("failed to start watching the rules folder")?;
         watcher.watch(&dir, RecursiveMode::NonRecursive).with_context(|| format!("failed to watch rules folder {}", dir.display()))?;
         let rules = Arc::downgrade(self);
-        std::thread::Builder::new()
-            .name("ebb-rule-watch".into())
-            .spawn(move || {
+        let threads = self.threads.clone();
+        let started = self
+            .threads
+            .spawn("ebb-rule-watch", move || {
                 let span = tracing::info_span!("rule_watcher", dir = %dir.display());
                 let _entered = span.enter();
                 let mut burst = Debounce::new(debounce, MAX_DEBOUNCE_DELAY.max(debounce));
@@ -76,23 +95,27 @@ impl RuleSet {
                         Some(left) => events.recv_timeout(left),
                     };
                     match next {
-                        Ok(path) => {
+                        Ok(Seen::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+                        Ok(Seen::Changed(path)) => {
                             changed.insert(path);
                             burst.event(Instant::now());
                         }
                         Err(RecvTimeoutError::Timeout) => {
                             burst.clear();
+                            if threads.stopping() {
+                                return;
+                            }
                             let Some(rules) = rules.upgrade() else { return };
                             for path in std::mem::take(&mut changed) {
                                 rules.refresh(&path);
                             }
                         }
-                        Err(RecvTimeoutError::Disconnected) => return,
                     }
                 }
             })
             .context("failed to start the rule watcher thread")?;
-        Ok(RuleWatcher { _watcher: watcher })
+        anyhow::ensure!(started, "the rules folder is not watched: the host is stopping");
+        Ok(RuleWatcher { _watcher: watcher, stop })
     }
 }
 

@@ -14,6 +14,7 @@ use futures::Stream;
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
@@ -42,14 +43,17 @@ struct Service {
     scaler: Arc<Scaler>,
     streams: Arc<Semaphore>,
     stop: CancellationToken,
+    /// The open streams' tasks, waited for when the server stops.
+    stream_tasks: TaskTracker,
 }
 
 /// Serves the external scaler on `listener` until `shutdown` is cancelled; then every open
-/// stream ends and the server returns.
+/// stream ends, and the server returns once their tasks have.
 pub async fn serve(listener: TcpListener, scaler: Arc<Scaler>, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let service = Service { scaler, streams: Arc::new(Semaphore::new(MAX_STREAMS)), stop: shutdown.clone() };
+    let stream_tasks = TaskTracker::new();
+    let service = Service { scaler, streams: Arc::new(Semaphore::new(MAX_STREAMS)), stop: shutdown.clone(), stream_tasks: stream_tasks.clone() };
     let incoming = limited(listener, Arc::new(Semaphore::new(MAX_CONNECTIONS)));
-    tonic::transport::Server::builder()
+    let served = tonic::transport::Server::builder()
         .timeout(CALL_TIMEOUT)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
@@ -59,7 +63,11 @@ pub async fn serve(listener: TcpListener, scaler: Arc<Scaler>, shutdown: Cancell
         .add_service(ExternalScalerServer::new(service))
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await
-        .context("the scaler's gRPC server failed")
+        .context("the scaler's gRPC server failed");
+    // Each stream's task ends at `shutdown`, or when its client goes (as a failed server's do).
+    stream_tasks.close();
+    stream_tasks.wait().await;
+    served
 }
 
 /// Accepted connections, at most `slots` open at once: a connection holds its slot until it
@@ -202,7 +210,7 @@ impl ExternalScaler for Service {
         let (tx, rx) = mpsc::channel(4);
         let stop = self.stop.clone();
         let span = tracing::info_span!("stream_is_active", queue = %queue.name());
-        tokio::spawn(
+        self.stream_tasks.spawn(
             async move {
                 let _slot = slot;
                 let mut events = queue.work_events();
@@ -262,7 +270,7 @@ impl ExternalScaler for Service {
         let (tx, rx) = mpsc::channel(1);
         let stop = self.stop.clone();
         let spec = Service::spec(&queue);
-        tokio::spawn(async move {
+        self.stream_tasks.spawn(async move {
             let _slot = slot;
             if tx.send(Ok(spec)).await.is_err() {
                 return;

@@ -15,8 +15,9 @@ use tracing::Instrument as _;
 
 use super::{Counted, Scaler, ScalerQueue, Source};
 use crate::config::ScalerSettings;
+use crate::names::RuleSlot;
 use crate::rules::{BuiltInRule, Decider};
-use crate::service::{Role, Service, scaler_rule_slot};
+use crate::service::{Role, Service};
 
 /// KEDA's external scaler, serving.
 pub struct RunningScaler {
@@ -56,7 +57,7 @@ pub fn start(service: &Service, settings: &ScalerSettings, call_deadline: std::t
                 Source::Counted(partitions)
             }
         };
-        let rules: Arc<dyn Decider> = match service.rules().queue(&scaler_rule_slot(name)) {
+        let rules: Arc<dyn Decider> = match service.rules().queue(&RuleSlot::scaler(&queue.config.name)) {
             Some(rules) => Arc::new(rules),
             None => Arc::new(BuiltInRule),
         };

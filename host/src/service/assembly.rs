@@ -9,6 +9,7 @@ use anyhow::{Context as _, Result};
 
 use crate::config::{Backend, QueueConfig};
 use crate::health::Readiness;
+use crate::names::{PartitionName, PoisonQueueName, QueueName};
 use crate::queue::azure::{AzureOptions, AzureQueue};
 use crate::queue::embedded::EmbeddedStore;
 use crate::queue::partitioned::Partitioned;
@@ -70,7 +71,13 @@ impl QueueStack {
 
     /// Assembles the stack of logical queue `name` over storage queues `storage` and poison
     /// queue `poison` (for callers without a [`QueueConfig`], like the simulator).
-    pub fn assemble_named(name: &str, storage: &[String], poison: &str, open: &OpenQueue<'_>, options: &StackOptions) -> Result<QueueStack> {
+    pub fn assemble_named(
+        name: &QueueName,
+        storage: &[PartitionName],
+        poison: &PoisonQueueName,
+        open: &OpenQueue<'_>,
+        options: &StackOptions,
+    ) -> Result<QueueStack> {
         let retrying = |client: Arc<dyn QueueClient>| -> Arc<dyn QueueClient> {
             match (&options.retry, &options.readiness) {
                 (Some(policy), Some(readiness)) => Arc::new(Retrying::new(client, policy.clone()).with_readiness(readiness.clone(), name)),

@@ -27,12 +27,19 @@ use crate::handler::{Handler, HttpHandler};
 use crate::health::{Health, Readiness, ReadinessPart};
 use crate::listener::{Listener, ListenerStatus, QueueSettings};
 use crate::log_limit::LogLimiter;
+use crate::names::RuleSlot;
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::queue::{QueueError, RetryPolicy, SystemClock};
 use crate::rules::{QueueRuleConfig, QueueRules, RuleEngine, RuleLoad, RuleSet, RuleWatcher};
 
 /// Debounce of rule file events.
 pub(crate) const RULE_DEBOUNCE: Duration = Duration::from_millis(30);
+
+/// The longest a shutdown waits for the rules' threads (a compile at start-up or after a
+/// swap, a rebuild after a fault): a compile cannot be interrupted, and a large rule (Python,
+/// on an empty cache) compiles for seconds. A thread still running then is left to end on
+/// its own, with a warning; it changes nothing the stopped host reads.
+pub(crate) const RULE_THREADS_BOUND: Duration = Duration::from_secs(10);
 
 /// Back-off between start-up attempts on storage that does not answer: from the first to
 /// the longest.
@@ -50,13 +57,6 @@ pub enum Role {
     /// `ebb scaler`: watches the queues for KEDA without processing: no listener, no
     /// handler call. Sends and notifications through its API still reach every host.
     Watcher,
-}
-
-/// The rule slot name the KEDA scaler decides in for a queue: its own counters, the same
-/// rule instance as the queue's listeners (same file, same parameters). `/` never occurs
-/// in a queue name, so it cannot collide with one.
-pub fn scaler_rule_slot(queue: &str) -> String {
-    format!("{queue}/instances")
 }
 
 /// What every host mode opens first: its health, the embedded store, the rules folder
@@ -99,7 +99,7 @@ pub struct Service {
     readiness: Readiness,
     store: EmbeddedStore,
     rules: Arc<RuleSet>,
-    _watcher: RuleWatcher,
+    watcher: RuleWatcher,
     queues: BTreeMap<String, ServiceQueue>,
     bus: Option<Arc<Bus>>,
     stop: CancellationToken,
@@ -157,7 +157,7 @@ impl Service {
             readiness,
             store,
             rules,
-            _watcher: watcher,
+            watcher,
             queues,
             bus,
             stop: CancellationToken::new(),
@@ -251,7 +251,8 @@ impl Service {
     }
 
     /// Stops start-up retries, stops dequeuing, drains in-flight messages (releasing what
-    /// outlasts the drain timeout), stops the bus, and waits for all of it.
+    /// outlasts the drain timeout), stops the bus and the rules' threads (the watcher, a
+    /// compile in progress: waited for up to [`RULE_THREADS_BOUND`]), and waits for all of it.
     pub async fn shutdown(self) {
         self.stop.cancel();
         self.tasks.close();
@@ -260,6 +261,16 @@ impl Service {
         futures::future::join_all(self.queues.values().flat_map(|q| q.handle.listeners()).map(|l| l.shutdown(drain))).await;
         if let Some(bus) = &self.bus {
             bus.shutdown().await;
+        }
+        drop(self.watcher);
+        let rules = self.rules.clone();
+        let left = tokio::task::spawn_blocking(move || rules.stop_threads(RULE_THREADS_BOUND)).await.unwrap_or_else(|_| self.rules.running_threads());
+        if left > 0 {
+            tracing::warn!(
+                threads = left,
+                "rule threads still running {} after shutdown (a compile in progress); leaving them to end",
+                humantime::format_duration(RULE_THREADS_BOUND)
+            );
         }
     }
 }
@@ -332,18 +343,16 @@ impl StartRetry {
 fn rule_slots(config: &Config, role: Role, rules_dir: &std::path::Path) -> Vec<QueueRuleConfig> {
     let mut slots = Vec::new();
     for q in &config.queues {
-        let rule = q.rule.rule.as_ref().and_then(|p| p.file_name()).map(|name| rules_dir.join(name));
-        let names = rule_slot_names(q, role, config.scaler.is_some());
-        slots.extend(names.into_iter().map(|queue| QueueRuleConfig { queue, rule: rule.clone(), params: q.rule.params.clone() }));
+        slots.extend(rule_slot_names(q, role, config.scaler.is_some()).into_iter().map(|slot| q.rule_config(slot, rules_dir)));
     }
     slots
 }
 
 /// The rule slots of `queue` on a host of `role` (see [`rule_slots`]).
-fn rule_slot_names(queue: &QueueConfig, role: Role, scaler: bool) -> Vec<String> {
-    let mut names = if role == Role::Worker { queue.storage_queues() } else { Vec::new() };
+fn rule_slot_names(queue: &QueueConfig, role: Role, scaler: bool) -> Vec<RuleSlot> {
+    let mut names: Vec<RuleSlot> = if role == Role::Worker { queue.storage_queues().into_iter().map(RuleSlot::from).collect() } else { Vec::new() };
     if scaler {
-        names.push(scaler_rule_slot(&queue.name));
+        names.push(RuleSlot::scaler(&queue.name));
     }
     names
 }

@@ -27,6 +27,7 @@ use serde::Serialize;
 use crate::cost::PAPER_PRICE_PER_10K;
 use crate::handler::{Handler, IncomingMessage};
 use crate::listener::Listener;
+use crate::names::{QueueName, RuleSlot};
 use crate::queue::memory::MemoryQueue;
 use crate::queue::{QueueClient, RetryPolicy, TokioClock, TransactionCounts};
 use crate::rules::{QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
@@ -230,7 +231,7 @@ fn run_rule(rule: &RuleChoice, engine: Option<&Arc<RuleEngine>>, options: &SimOp
     let rule_set = match (rule.wasm(), engine) {
         (Some(path), Some(engine)) => {
             let path = path.canonicalize().with_context(|| format!("--rule: cannot open {}", path.display()))?;
-            let set = RuleSet::new(engine.clone(), [QueueRuleConfig { queue: QUEUE.into(), rule: Some(path), params: vec![] }]);
+            let set = RuleSet::new(engine.clone(), [QueueRuleConfig { slot: RuleSlot::new(QUEUE)?, rule: Some(path), params: vec![] }]);
             if let Some(error) = set.load_all().into_iter().next() {
                 return Err(error.context("--rule"));
             }
@@ -278,10 +279,11 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
     let poison_memory: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new(POISON_QUEUE, clock, crate::defaults::MAX_MESSAGE_BYTES));
     let open = |name: &str| -> Result<Arc<dyn QueueClient>> { Ok(if name == POISON_QUEUE { poison_memory.clone() } else { memory.clone() }) };
     // The same stack as `ebb run`: retries around metering around the backend.
+    let name = QueueName::new(QUEUE)?;
     let stack = QueueStack::assemble_named(
-        QUEUE,
-        &[QUEUE.to_string()],
-        POISON_QUEUE,
+        &name,
+        &name.partitions(1),
+        &name.poison(),
         &open,
         &StackOptions { metered: true, retry: Some(RetryPolicy::default()), readiness: None },
     )?;

@@ -55,7 +55,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
         None => crate::config::Backend::Embedded,
     };
     let processed_by_app = Arc::new(AtomicU64::new(0));
-    let app = start_app(options.processing_time, processed_by_app.clone()).await?;
+    let (app, app_server) = start_app(options.processing_time, processed_by_app.clone()).await?;
     let config = Config {
         bus: None,
         data_dir: work.path().join("data"),
@@ -127,6 +127,8 @@ pub async fn run(options: DemoOptions) -> Result<()> {
     load.abort();
     let status = service.status().remove(0);
     service.shutdown().await;
+    // The host has drained: the app can go.
+    drop(app_server);
     print_summary(&status, processed_by_app.load(Ordering::Relaxed), options.duration);
     Ok(())
 }
@@ -187,7 +189,11 @@ fn print_summary(s: &ListenerStatus, handled_by_app: u64, duration: Duration) {
     }
 }
 
-async fn start_app(processing_time: Duration, processed: Arc<AtomicU64>) -> Result<std::net::SocketAddr> {
+/// The demo's app, serving until the handle is dropped.
+async fn start_app(
+    processing_time: Duration,
+    processed: Arc<AtomicU64>,
+) -> Result<(std::net::SocketAddr, tokio_util::task::AbortOnDropHandle<std::io::Result<()>>)> {
     let router = axum::Router::new().route(
         "/work",
         axum::routing::post(move || {
@@ -201,8 +207,8 @@ async fn start_app(processing_time: Duration, processed: Arc<AtomicU64>) -> Resu
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    tokio::spawn(async move { axum::serve(listener, router).await });
-    Ok(addr)
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    Ok((addr, tokio_util::task::AbortOnDropHandle::new(server)))
 }
 
 /// Posts through the host's API, as clients would: a burst, a trickle, a second burst.

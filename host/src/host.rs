@@ -129,8 +129,8 @@ impl Host {
         self.service.depth(queue).await
     }
 
-    /// The rules of every queue, for tests: their state, their threads.
-    #[doc(hidden)]
+    /// The rules of every queue: each slot's status (file, decisions, faults, quarantine),
+    /// and the threads that load them.
     pub fn rules(&self) -> Arc<crate::rules::RuleSet> {
         self.service.rules().clone()
     }

@@ -80,7 +80,7 @@ impl PubSub for RedisPubSub {
         // goes unanswered, so the bus reports the outage and the queues poll.
         let lost = tokio_util::sync::CancellationToken::new();
         let pinger = lost.clone();
-        tokio::spawn(async move {
+        let pings = tokio::spawn(async move {
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(PING_EVERY) => {}
@@ -93,8 +93,9 @@ impl PubSub for RedisPubSub {
                 }
             }
         });
-        // Dropping the stream (a reconnection, a stop) stops the pings.
-        let stop_pings = lost.clone().drop_guard();
+        // Dropping the stream (a reconnection, a stop) ends the pinger there and then, even
+        // in the middle of a ping.
+        let stop_pings = tokio_util::task::AbortOnDropHandle::new(pings);
         let until_lost = lost.cancelled_owned();
         Ok(messages
             .map(move |message| {

@@ -60,11 +60,16 @@ pub struct RuleEngine {
     pub(super) compiled: Mutex<Compiled>,
     pub(super) compilations: AtomicU64,
     pub(super) ticker_stop: Arc<AtomicBool>,
+    ticker: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Drop for RuleEngine {
+    /// Stops the deadline ticker and joins it (it notices within one tick).
     fn drop(&mut self) {
         self.ticker_stop.store(true, Ordering::Relaxed);
+        if let Some(ticker) = lock(&self.ticker).take() {
+            let _ = ticker.join();
+        }
     }
 }
 
@@ -83,8 +88,8 @@ impl RuleEngine {
             std::fs::create_dir_all(dir).with_context(|| format!("failed to create rule cache {}", dir.display()))?;
         }
         let ticker_stop = Arc::new(AtomicBool::new(false));
-        spawn_epoch_ticker(engine.clone(), ticker_stop.clone())?;
-        Ok(Arc::new(RuleEngine { engine, linker, limits, cache_dir, compiled: Mutex::default(), compilations: AtomicU64::new(0), ticker_stop }))
+        let ticker = Mutex::new(Some(spawn_epoch_ticker(engine.clone(), ticker_stop.clone())?));
+        Ok(Arc::new(RuleEngine { engine, linker, limits, cache_dir, compiled: Mutex::default(), compilations: AtomicU64::new(0), ticker_stop, ticker }))
     }
 
     /// The limits every rule runs under.
@@ -154,7 +159,7 @@ pub(super) fn deadline_ticks(deadline: Duration) -> u64 {
     (deadline.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64 + 1
 }
 
-fn spawn_epoch_ticker(engine: Engine, stop: Arc<AtomicBool>) -> Result<()> {
+fn spawn_epoch_ticker(engine: Engine, stop: Arc<AtomicBool>) -> Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("ebb-rule-epoch".into())
         .spawn(move || {
@@ -163,6 +168,5 @@ fn spawn_epoch_ticker(engine: Engine, stop: Arc<AtomicBool>) -> Result<()> {
                 engine.increment_epoch();
             }
         })
-        .context("failed to start the rule deadline ticker")?;
-    Ok(())
+        .context("failed to start the rule deadline ticker")
 }

@@ -11,6 +11,7 @@ mod embedded_queue;
 mod handler;
 mod kubernetes;
 mod listener;
+mod replay;
 mod rule_languages;
 mod rules;
 mod scaler;

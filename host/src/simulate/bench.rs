@@ -84,8 +84,18 @@ fn goals(report: &SimReport) -> Vec<Goal> {
             ));
         }
         if let Some(pull) = rule("paper") {
-            let per_hour = pull.idle_transactions as f64 / hours;
-            goals.push(goal(pull, format!("idle: ≤ {IDLE_PULL_PER_HOUR_GOAL} transactions/h"), format!("{per_hour:.1}/h"), per_hour <= IDLE_PULL_PER_HOUR_GOAL));
+            // After the first hour: the back-off's fast polls at start-up are not the idle rate.
+            let (first, last) = (pull.samples.iter().find(|s| s.t_secs >= 3600.0), pull.samples.last());
+            let per_hour = match (first, last) {
+                (Some(first), Some(last)) if last.t_secs > first.t_secs => (last.transactions - first.transactions) as f64 / ((last.t_secs - first.t_secs) / 3600.0),
+                _ => pull.idle_transactions as f64 / hours,
+            };
+            goals.push(goal(
+                pull,
+                format!("idle: ≤ {IDLE_PULL_PER_HOUR_GOAL} transactions/h (after the first hour)"),
+                format!("{per_hour:.1}/h ({} in all)", pull.idle_transactions),
+                per_hour <= IDLE_PULL_PER_HOUR_GOAL,
+            ));
         }
         return goals;
     }

@@ -50,8 +50,13 @@ pub struct BenchReport {
 /// Runs every scenario of [`SCENARIOS`] with `template`'s rules and settings (its workload
 /// is replaced by each scenario's own, drawn from its seed).
 pub fn run(template: &SimOptions) -> Result<BenchReport> {
+    run_scenarios(template, SCENARIOS)
+}
+
+/// [`run`] over these named scenarios only.
+pub fn run_scenarios(template: &SimOptions, names: &[&str]) -> Result<BenchReport> {
     let mut scenarios = Vec::new();
-    for name in SCENARIOS {
+    for name in names {
         let workload = Scenario::named(name)?.workload(None, template.seed)?;
         let options = SimOptions { workload, ..template.clone() };
         scenarios.push(super::run(&options).with_context(|| format!("scenario {name}"))?);
@@ -63,13 +68,8 @@ pub fn run(template: &SimOptions) -> Result<BenchReport> {
 /// The goals one scenario's run lets us check.
 fn goals(report: &SimReport) -> Vec<Goal> {
     let rule = |name: &str| report.rules.iter().find(|r| r.rule == name);
-    let goal = |rule: &RuleReport, goal: String, measured: String, met: bool| Goal {
-        scenario: report.scenario.clone(),
-        rule: rule.rule.clone(),
-        goal,
-        measured,
-        met,
-    };
+    let goal =
+        |rule: &RuleReport, goal: String, measured: String, met: bool| Goal { scenario: report.scenario.clone(), rule: rule.rule.clone(), goal, measured, met };
     let p99 = |r: &RuleReport| r.pickup_p99_ms.map_or("-".to_string(), |ms| format!("{ms} ms"));
     let mut goals = Vec::new();
     if report.messages == 0 {
@@ -87,7 +87,9 @@ fn goals(report: &SimReport) -> Vec<Goal> {
             // After the first hour: the back-off's fast polls at start-up are not the idle rate.
             let (first, last) = (pull.samples.iter().find(|s| s.t_secs >= 3600.0), pull.samples.last());
             let per_hour = match (first, last) {
-                (Some(first), Some(last)) if last.t_secs > first.t_secs => (last.transactions - first.transactions) as f64 / ((last.t_secs - first.t_secs) / 3600.0),
+                (Some(first), Some(last)) if last.t_secs > first.t_secs => {
+                    (last.transactions - first.transactions) as f64 / ((last.t_secs - first.t_secs) / 3600.0)
+                }
                 _ => pull.idle_transactions as f64 / hours,
             };
             goals.push(goal(

@@ -366,9 +366,8 @@ mod tests {
     fn the_bursty_day_has_quiet_nights_a_lunchtime_peak_and_two_dumps() {
         let day = Scenario::BurstyDay.workload(None, 1).unwrap();
         assert_eq!(day.duration, Duration::from_secs(86_400));
-        let between = |from: f64, to: f64| {
-            day.arrivals.iter().filter(|a| (from * 3600.0..to * 3600.0).contains(&a.at.as_secs_f64()) && a.count == 1).count() as f64
-        };
+        let between =
+            |from: f64, to: f64| day.arrivals.iter().filter(|a| (from * 3600.0..to * 3600.0).contains(&a.at.as_secs_f64()) && a.count == 1).count() as f64;
         assert!((60.0..200.0).contains(&between(0.0, 7.0)), "night: {}", between(0.0, 7.0));
         // 4 msg/s for 2 hours: 28,800.
         assert!((28_000.0..29_600.0).contains(&between(11.5, 13.5)), "peak: {}", between(11.5, 13.5));

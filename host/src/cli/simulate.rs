@@ -64,7 +64,8 @@ pub struct SimulateArgs {
     /// Include the samples over time in the JSON.
     #[arg(long, requires = "json")]
     samples: bool,
-    /// Write an SVG chart of backlog, tasks and cumulative transactions to this file.
+    /// Write an SVG chart of backlog, tasks and cumulative consumer calls (the floor dashed)
+    /// to this file.
     #[arg(long)]
     chart: Option<PathBuf>,
 }

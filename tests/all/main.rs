@@ -12,6 +12,7 @@ mod embedding;
 mod handler;
 mod kubernetes;
 mod listener;
+mod replay;
 mod rule_languages;
 mod rules;
 mod scaler;

@@ -195,3 +195,88 @@ fn the_example_paper_rule_follows_the_papers_push_variant_like_the_built_in() {
         assert_eq!(rule.samples.last().unwrap().tasks, 0, "{}: no task left polling", rule.rule);
     }
 }
+
+#[test]
+fn each_rule_is_set_against_the_floor_of_its_arrivals() {
+    // 70 at once and two stragglers: the floor fetches the 70 in 3 gets (the third with the
+    // straggler at 1.5 s), the 2.1 s one alone.
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("arrivals.csv");
+    std::fs::write(&trace, "1,70\n1.5\n2.1\n").unwrap();
+    let chart = dir.path().join("floor.svg");
+    let output = ebb(&[
+        "--trace",
+        trace.to_str().unwrap(),
+        "--duration",
+        "5m",
+        "--rule",
+        "paper-push",
+        "--rule",
+        "fixed-1s",
+        "--json",
+        "--chart",
+        chart.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!((json["wait_budget_ms"].as_u64(), json["floor_calls"].as_u64(), json["floor_gets"].as_u64()), (Some(1000), Some(76), Some(4)));
+    for rule in json["rules"].as_array().unwrap() {
+        let transactions = &rule["transactions"];
+        let consumer = rule["consumer_calls"].as_u64().unwrap();
+        assert_eq!(consumer, rule["billed_transactions"].as_u64().unwrap() - transactions["puts"].as_u64().unwrap(), "{rule}");
+        assert_eq!((rule["floor_calls"].as_u64(), rule["wait_budget_ms"].as_u64()), (Some(76), Some(1000)), "{rule}");
+        assert!(within(rule["ratio_to_floor"].as_f64().unwrap(), consumer as f64 / 76.0, 1e-9), "{rule}");
+        assert!(within(rule["calls_per_message"].as_f64().unwrap(), consumer as f64 / 72.0, 1e-9), "{rule}");
+        assert!(consumer >= 76, "no rule beats the floor: {rule}");
+        assert_eq!(rule["pickup_p99_ms"], rule["latency"]["p99_ms"], "{rule}");
+        for key in ["pickup_p50_ms", "pickup_max_ms"] {
+            assert!(rule[key].is_u64(), "{key} in {rule}");
+        }
+    }
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert!(svg.contains("floor (W = 1s)") && svg.contains("consumer calls"), "the chart marks the floor");
+
+    // A longer budget lets one get take the 70's remainder and both stragglers.
+    let output = ebb(&["--trace", trace.to_str().unwrap(), "--duration", "5m", "--rule", "fixed-1s", "--wait-budget", "2s"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let table = String::from_utf8(output.stdout).unwrap();
+    assert!(table.contains("consumer") && table.contains("× floor"), "{table}");
+    let floor_row = table.lines().find(|l| l.starts_with("floor (W = 2s)")).unwrap_or_else(|| panic!("no floor row: {table}"));
+    assert!(floor_row.split_whitespace().any(|cell| cell == "75"), "3 gets + 72 deletes: {floor_row}");
+}
+
+#[test]
+fn the_wait_budget_is_bounded_with_a_clear_error() {
+    for (budget, shown) in [("0s", "0s"), ("500us", "500us"), ("2h", "2h")] {
+        let output = ebb(&["--scenario", "burst", "--wait-budget", budget]);
+        assert_eq!(output.status.code(), Some(1), "{budget}");
+        let error = String::from_utf8_lossy(&output.stderr);
+        assert!(error.contains(&format!("--wait-budget: must be 1ms to 1h, got {shown}")), "{budget}: {error}");
+    }
+    let output = ebb(&["--bench", "--wait-budget", "0s"]);
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--wait-budget: must be 1ms to 1h"), "checked before the bench runs");
+}
+
+#[test]
+fn the_bench_checks_the_goals_it_states_on_each_scenario() {
+    let rules = ["functions", "paper", "paper-push"].iter().map(|r| RuleChoice::parse(r).unwrap()).collect();
+    let template = SimOptions::new(Scenario::Idle.workload(Some(Duration::from_secs(1)), 1).unwrap(), rules);
+    let report = simulate::bench::run_scenarios(&template, &["burst", "trickle"]).unwrap();
+    assert_eq!(report.scenarios.iter().map(|s| s.scenario.as_str()).collect::<Vec<_>>(), ["burst", "trickle"]);
+    assert_eq!(report.goals.len(), 4, "{:?}", report.goals);
+    for goal in &report.goals {
+        let scenario = report.scenarios.iter().find(|s| s.scenario == goal.scenario).unwrap();
+        let rule = |name: &str| scenario.rules.iter().find(|r| r.rule == name).unwrap();
+        let expected = match goal.rule.as_str() {
+            "paper-push" => rule("paper-push").ratio_to_floor.unwrap() <= 1.25 && rule("paper-push").pickup_p99_ms.unwrap() <= 1000,
+            "paper" => {
+                rule("paper").consumer_calls <= rule("functions").consumer_calls
+                    && rule("paper").pickup_p99_ms.unwrap() <= rule("functions").pickup_p99_ms.unwrap()
+            }
+            other => panic!("a goal for {other}"),
+        };
+        assert_eq!(goal.met, expected, "{goal:?}");
+    }
+    let text = simulate::bench::table(&report);
+    assert!(text.contains("goals (issue 19)") && text.lines().filter(|l| l.split_whitespace().nth(2) == Some("floor")).count() == 2, "{text}");
+}

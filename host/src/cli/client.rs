@@ -91,6 +91,100 @@ pub async fn send(config_path: &Path, queue: &str, count: u64, body: Option<Stri
     Ok(())
 }
 
+/// Requests of a replay in flight at once: more waits (and the replay falls behind the
+/// trace, which its last line reports).
+const REPLAY_IN_FLIGHT: usize = 64;
+
+/// `ebb send QUEUE --trace FILE`: each arrival of the trace (the simulator's format, read
+/// through the same bounded reader as `ebb simulate --trace`) sent at its time, from now,
+/// through the running host's API, each message its own request (so each notifies the queue
+/// as any send does). Ctrl-C stops it at once.
+pub async fn send_trace(config_path: &Path, queue: &str, trace: &Path, body: Option<String>) -> Result<()> {
+    let arrivals = crate::simulate::scenario::read_trace(trace)?;
+    let config = Config::load(config_path)?;
+    if !config.queues.iter().any(|q| q.name == queue) {
+        bail!("queue {queue} is not configured in {}", config_path.display());
+    }
+    if let Some(body) = &body
+        && body.len() > config.max_message_bytes
+    {
+        bail!("the message is {} bytes, over max_message_bytes ({} bytes)", body.len(), config.max_message_bytes);
+    }
+    let http = client(&config)?;
+    let base = api_base(&config);
+    // Found now, not at the first arrival (which may be hours away).
+    let probe = format!("{base}/healthz");
+    http.get(&probe).send().await.with_context(|| format!("no host answers at {probe}: `ebb send --trace` replays through a running host's API"))?;
+    let url = format!("{base}/queues/{queue}/messages");
+    let total: u64 = arrivals.iter().map(|a| u64::from(a.count)).sum();
+    let length = arrivals.last().map_or(Duration::ZERO, |a| a.at);
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let start = tokio::time::Instant::now();
+    let replay = replay(&http, &url, &arrivals, body.as_deref(), start, sent.clone());
+    tokio::select! {
+        lag = replay => {
+            let lag = lag?;
+            println!(
+                "replayed {total} message{} ({} arrivals over {}) to {queue} via {base}; the latest a send started after its time: {}",
+                plural(total),
+                arrivals.len(),
+                crate::simulate::scenario::show_duration(Duration::from_millis(length.as_millis() as u64)),
+                humantime::format_duration(Duration::from_millis(lag.as_millis() as u64)),
+            );
+            Ok(())
+        }
+        _ = tokio::signal::ctrl_c() => bail!(
+            "stopped by Ctrl-C after {} of {total} messages, {} into the trace's {}",
+            sent.load(std::sync::atomic::Ordering::Relaxed),
+            humantime::format_duration(Duration::from_secs(start.elapsed().as_secs())),
+            crate::simulate::scenario::show_duration(Duration::from_secs(length.as_secs())),
+        ),
+    }
+}
+
+/// Sends every arrival at `start` + its time; returns how late the latest send started.
+/// Dropped (Ctrl-C), it stops at once: the requests in flight are dropped with it.
+async fn replay(
+    http: &reqwest::Client,
+    url: &str,
+    arrivals: &[crate::simulate::Arrival],
+    body: Option<&str>,
+    start: tokio::time::Instant,
+    sent: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> Result<Duration> {
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(REPLAY_IN_FLIGHT));
+    let mut requests = tokio::task::JoinSet::new();
+    let mut lag = Duration::ZERO;
+    let mut seq = 0u64;
+    for arrival in arrivals {
+        tokio::time::sleep_until(start + arrival.at).await;
+        for _ in 0..arrival.count {
+            let slot = slots.clone().acquire_owned().await.context("the replay's request slots closed")?;
+            lag = lag.max(start.elapsed().saturating_sub(arrival.at));
+            seq += 1;
+            let body = body.map_or_else(|| format!("{{\"trace_seconds\":{},\"seq\":{seq}}}", arrival.at.as_secs_f64()), str::to_string);
+            let request = http.post(url).body(body);
+            let sent = sent.clone();
+            let at = arrival.at;
+            requests.spawn(async move {
+                let _slot = slot;
+                let answer = async { check_response(request.send().await?).await }.await;
+                answer.with_context(|| format!("sending message {seq} (the arrival at {}s)", at.as_secs_f64()))?;
+                sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                anyhow::Ok(())
+            });
+            // The first failure ends the replay.
+            while let Some(done) = requests.try_join_next() {
+                done.context("a send of the replay panicked")??;
+            }
+        }
+    }
+    while let Some(done) = requests.join_next().await {
+        done.context("a send of the replay panicked")??;
+    }
+    Ok(lag)
+}
+
 async fn check_response(response: reqwest::Response) -> Result<()> {
     let status = response.status();
     if !status.is_success() {

@@ -71,6 +71,11 @@ enum Command {
         /// How many copies to send, 1 to 1,000,000.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=MAX_SEND_COUNT))]
         count: u64,
+        /// Replay a trace's arrivals at their times (from now) through the running host's
+        /// API: the CSV of `ebb simulate --trace` (`seconds[,count]` per line). Each message is
+        /// the body if given, else `{"trace_seconds":…,"seq":…}`. Ctrl-C stops it.
+        #[arg(long, conflicts_with = "count")]
+        trace: Option<PathBuf>,
         /// The configuration file.
         #[arg(long, short, default_value = "ebb.toml")]
         config: PathBuf,
@@ -116,7 +121,10 @@ pub fn main(cli: Cli) -> ExitCode {
         }
         Command::Run { config } => runtime().and_then(|rt| rt.block_on(host::run(&config))),
         Command::Scaler { config } => runtime().and_then(|rt| rt.block_on(host::scaler(&config))),
-        Command::Send { queue, body, count, config } => runtime().and_then(|rt| rt.block_on(client::send(&config, &queue, count, body))),
+        Command::Send { queue, body, count, trace: None, config } => runtime().and_then(|rt| rt.block_on(client::send(&config, &queue, count, body))),
+        Command::Send { queue, body, trace: Some(trace), config, .. } => {
+            runtime().and_then(|rt| rt.block_on(client::send_trace(&config, &queue, &trace, body)))
+        }
         Command::Status { json, config } => runtime().and_then(|rt| rt.block_on(client::status(&config, json))),
     };
     match result {

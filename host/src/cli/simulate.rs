@@ -12,9 +12,16 @@ use crate::simulate::{self, HandlerTime, RuleChoice, Scenario, SimOptions};
 #[derive(Debug, Args)]
 pub struct SimulateArgs {
     /// A named scenario: `paper-billing` (a day busy 2 of 24 hours), `burst`, `trickle`,
-    /// `idle`. Default `paper-billing` unless `--trace` is given.
+    /// `idle`, `bursty-day` (a day of about 95,000 messages: quiet nights, a morning ramp, a
+    /// 4 msg/s lunchtime peak, two dumps of 20,000). Default `paper-billing` unless `--trace`
+    /// is given.
     #[arg(long, conflicts_with = "trace")]
     scenario: Option<String>,
+    /// The cost benchmark: every named scenario (paper-billing, burst, trickle, bursty-day,
+    /// idle) for the rules (default: all four built-ins), each against the floor, and the
+    /// goals of the shipped defaults checked. With `--json`, the whole of every run.
+    #[arg(long, conflicts_with_all = ["scenario", "trace", "duration", "chart"])]
+    bench: bool,
     /// Arrivals from a CSV file: one line per arrival, `seconds[,count]` (seconds from the start).
     #[arg(long)]
     trace: Option<PathBuf>,
@@ -44,6 +51,10 @@ pub struct SimulateArgs {
     notify: bool,
     #[arg(long, value_parser = humantime::parse_duration, help = safety_poll_help())]
     safety_poll: Option<Duration>,
+    /// The floor's wait budget W (1ms to 1h): the floor is a delete per message plus the
+    /// fewest gets of at most 32 that fetch every message within W of its arrival.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    wait_budget: Duration,
     /// Stop a rule's run with an error after this much real time.
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     max_wall: Duration,
@@ -53,7 +64,8 @@ pub struct SimulateArgs {
     /// Include the samples over time in the JSON.
     #[arg(long, requires = "json")]
     samples: bool,
-    /// Write an SVG chart of backlog, tasks and cumulative transactions to this file.
+    /// Write an SVG chart of backlog, tasks and cumulative consumer calls (the floor dashed)
+    /// to this file.
     #[arg(long)]
     chart: Option<PathBuf>,
 }
@@ -85,8 +97,14 @@ pub fn run(args: SimulateArgs) -> Result<()> {
             .open(chart)
             .map_err(|e| anyhow::anyhow!("--chart: cannot write {}: {e}", chart.display()))?;
     }
+    let workload = if args.bench {
+        // Replaced by each scenario's own; the settings below are checked once, up front.
+        Scenario::Idle.workload(Some(Duration::from_secs(1)), args.seed)?
+    } else {
+        scenario.workload(args.duration, args.seed)?
+    };
     let options = SimOptions {
-        workload: scenario.workload(args.duration, args.seed)?,
+        workload,
         rules,
         handler_time: HandlerTime::parse(&args.handler_time)?,
         listeners: args.listeners,
@@ -95,7 +113,24 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         notify: args.notify,
         max_wall: args.max_wall,
         safety_poll: args.safety_poll,
+        wait_budget: args.wait_budget,
     };
+    if args.bench {
+        let mut report = simulate::bench::run(&options)?;
+        if args.json {
+            for scenario in &mut report.scenarios {
+                for rule in &mut scenario.rules {
+                    if !args.samples {
+                        rule.samples.clear();
+                    }
+                }
+            }
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", simulate::bench::table(&report));
+        }
+        return Ok(());
+    }
     let mut report = simulate::run(&options)?;
     if let Some(chart) = &args.chart {
         simulate::chart::write_svg(&report, chart)?;

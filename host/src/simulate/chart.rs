@@ -1,5 +1,5 @@
-//! `--chart out.svg`: backlog, tasks and cumulative transactions over time, every rule side
-//! by side (one line per rule in each panel).
+//! `--chart out.svg`: backlog, tasks and cumulative consumer calls over time, every rule side
+//! by side (one line per rule in each panel), with the floor's calls (dashed) beside them.
 
 use std::path::Path;
 
@@ -41,10 +41,18 @@ pub fn render_svg(report: &SimReport) -> Result<String> {
         let series: [Panel; 3] = [
             ("backlog (messages, the most in each interval)", |s| s.backlog as f64),
             ("dequeue tasks", |s| f64::from(s.tasks)),
-            ("billed transactions (cumulative)", |s| s.transactions as f64),
+            ("consumer calls (cumulative: billed transactions but puts)", |s| s.consumer_calls as f64),
         ];
-        for (panel, (label, value)) in panels.iter().zip(series) {
-            let top = report.rules.iter().flat_map(|r| r.samples.iter().map(value)).fold(0.0f64, f64::max).max(1.0) * 1.05;
+        // The floor at the sample times, in the consumer-calls panel.
+        let floor: Vec<(f64, f64)> = report
+            .rules
+            .first()
+            .map(|r| r.samples.iter().map(|s| (s.t_secs / 3600.0, report.floor.calls_by(std::time::Duration::from_secs_f64(s.t_secs)) as f64)).collect())
+            .unwrap_or_default();
+        let last = series.len() - 1;
+        for (index, (panel, (label, value))) in panels.iter().zip(series).enumerate() {
+            let floor = if index == last { floor.as_slice() } else { &[] };
+            let top = report.rules.iter().flat_map(|r| r.samples.iter().map(value)).chain(floor.iter().map(|p| p.1)).fold(0.0f64, f64::max).max(1.0) * 1.05;
             let mut chart = ChartBuilder::on(panel)
                 .caption(label, ("sans-serif", 16))
                 .margin(8)
@@ -61,6 +69,14 @@ pub fn render_svg(report: &SimReport) -> Result<String> {
                     .map_err(|e| anyhow!("drawing the chart: {e}"))?
                     .label(rule.rule.clone())
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2)));
+            }
+            if !floor.is_empty() {
+                let budget = humantime::format_duration(report.floor.wait_budget);
+                chart
+                    .draw_series(DashedLineSeries::new(floor.iter().copied(), 6, 4, BLACK.stroke_width(2)))
+                    .map_err(|e| anyhow!("drawing the chart: {e}"))?
+                    .label(format!("floor (W = {budget})"))
+                    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
             }
             chart
                 .configure_series_labels()

@@ -11,7 +11,9 @@
 //! listener as a publisher would); the handler sleeps a handler time drawn from the
 //! distribution and records the pickup latency (arrival → handler start).
 
+pub mod bench;
 pub mod chart;
+pub mod floor;
 pub mod report;
 pub mod rules;
 pub mod scenario;
@@ -33,6 +35,7 @@ use crate::queue::{QueueClient, RetryPolicy, TokioClock, TransactionCounts};
 use crate::rules::{QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
 use crate::service::{QueueStack, StackOptions};
 
+pub use floor::Floor;
 pub use rules::RuleChoice;
 pub use scenario::{Arrival, HandlerTime, Scenario, Workload};
 
@@ -69,8 +72,10 @@ pub struct SimOptions {
     pub notify: bool,
     /// Real time one rule's run may take before it is stopped with an error.
     pub max_wall: Duration,
-    /// The safety poll of push rules (default: the config's default, 1 h).
+    /// The safety poll of push rules (default: the config's default).
     pub safety_poll: Option<Duration>,
+    /// The floor's wait budget W: the longest a message may wait for a get.
+    pub wait_budget: Duration,
 }
 
 impl SimOptions {
@@ -87,6 +92,7 @@ impl SimOptions {
             notify: false,
             max_wall: Duration::from_secs(600),
             safety_poll: None,
+            wait_budget: floor::DEFAULT_WAIT_BUDGET,
         }
     }
 
@@ -111,6 +117,7 @@ impl SimOptions {
         if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&self.max_wall) {
             bail!("--max-wall: must be 1s to 1h, got {}", humantime::format_duration(self.max_wall));
         }
+        floor::check_wait_budget(self.wait_budget)?;
         Ok(())
     }
 }
@@ -127,6 +134,8 @@ pub struct Sample {
     pub tasks: u32,
     /// Billed transactions so far.
     pub transactions: u64,
+    /// Consumer calls so far: billed transactions but puts.
+    pub consumer_calls: u64,
 }
 
 /// Pickup latencies, arrival → handler start, in milliseconds.
@@ -159,6 +168,22 @@ pub struct RuleReport {
     pub idle_transactions_per_hour: f64,
     /// By kind.
     pub transactions: TransactionCounts,
+    /// What the consumer billed: every transaction but the puts.
+    pub consumer_calls: u64,
+    /// Consumer calls per message (`None` when no message arrived).
+    pub calls_per_message: Option<f64>,
+    /// The floor's consumer calls for the run's arrivals (the same for every rule).
+    pub floor_calls: u64,
+    /// `consumer_calls ÷ floor_calls` (`None` when the floor is 0: no message arrived).
+    pub ratio_to_floor: Option<f64>,
+    /// The floor's wait budget W, in milliseconds.
+    pub wait_budget_ms: u64,
+    /// Pickup latency (arrival → handler start) median, in milliseconds.
+    pub pickup_p50_ms: Option<u64>,
+    /// Its 99th percentile.
+    pub pickup_p99_ms: Option<u64>,
+    /// Its longest.
+    pub pickup_max_ms: Option<u64>,
     /// A 30-day month of runs like this one for all the listeners, in US dollars (a run of
     /// up to a day is taken as a whole day's activity, as the paper counts its 22 idle
     /// hours; a longer run is averaged per day).
@@ -200,8 +225,18 @@ pub struct SimReport {
     pub price_per_10k_transactions: f64,
     /// The seed.
     pub seed: u64,
+    /// The floor's wait budget W, in milliseconds.
+    pub wait_budget_ms: u64,
+    /// The floor: the fewest consumer calls (a delete per message, gets of at most 32) that
+    /// fetch every message within W of its arrival.
+    pub floor_calls: u64,
+    /// Of those, gets.
+    pub floor_gets: u64,
     /// One per rule, in the order given.
     pub rules: Vec<RuleReport>,
+    /// The floor's schedule, for the chart.
+    #[serde(skip)]
+    pub floor: Floor,
 }
 
 /// Runs every rule over the workload, one after the other.
@@ -209,9 +244,12 @@ pub fn run(options: &SimOptions) -> Result<SimReport> {
     options.check()?;
     let any_wasm = options.rules.iter().any(|r| r.wasm().is_some());
     let engine = if any_wasm { Some(RuleEngine::new(RuleLimits::default(), None)?) } else { None };
+    let floor = floor::floor(&options.workload.arrivals, options.wait_budget);
     let mut reports = Vec::new();
     for rule in &options.rules {
-        let report = run_rule(rule, engine.as_ref(), options).with_context(|| format!("simulating rule {}", rule.name()))?;
+        let mut report = run_rule(rule, engine.as_ref(), options).with_context(|| format!("simulating rule {}", rule.name()))?;
+        report.floor_calls = floor.calls();
+        report.ratio_to_floor = (floor.calls() > 0).then(|| report.consumer_calls as f64 / floor.calls() as f64);
         reports.push(report);
     }
     Ok(SimReport {
@@ -222,7 +260,11 @@ pub fn run(options: &SimOptions) -> Result<SimReport> {
         listeners: options.listeners,
         price_per_10k_transactions: options.price_per_10k,
         seed: options.seed,
+        wait_budget_ms: options.wait_budget.as_millis() as u64,
+        floor_calls: floor.calls(),
+        floor_gets: floor.gets,
         rules: reports,
+        floor,
     })
 }
 
@@ -345,7 +387,14 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
         let now = memory.local_count().unwrap_or(0);
         peak_backlog.fetch_max(now, Ordering::Relaxed);
         let backlog = sample_backlog.swap(0, Ordering::Relaxed).max(now);
-        samples.push(Sample { t_secs: at.as_secs_f64(), backlog, tasks: status.active_tasks, transactions: transactions.snapshot().total() });
+        let counts = transactions.snapshot();
+        samples.push(Sample {
+            t_secs: at.as_secs_f64(),
+            backlog,
+            tasks: status.active_tasks,
+            transactions: counts.total(),
+            consumer_calls: counts.total() - counts.puts,
+        });
         if at >= workload.duration {
             break;
         }
@@ -380,15 +429,26 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
     let monthly = |transactions: u64| crate::cost::usd(transactions as f64 / days * 30.0, options.price_per_10k);
     let billed = counts.total();
     let idle = counts.idle();
+    let consumer_calls = billed - counts.puts;
+    let messages = workload.messages();
     Ok(RuleReport {
         rule: rule.name(),
-        messages: workload.messages(),
+        messages,
         handled: handler.handled.load(Ordering::Relaxed),
         billed_transactions: billed,
         idle_transactions: idle,
         useful_transactions: billed - idle,
         idle_transactions_per_hour: idle as f64 / (workload.duration.as_secs_f64() / 3600.0),
         transactions: counts,
+        consumer_calls,
+        calls_per_message: (messages > 0).then(|| consumer_calls as f64 / messages as f64),
+        // Filled by `run`, which knows the floor.
+        floor_calls: 0,
+        ratio_to_floor: None,
+        wait_budget_ms: options.wait_budget.as_millis() as u64,
+        pickup_p50_ms: latency.map(|l| l.p50_ms),
+        pickup_p99_ms: latency.map(|l| l.p99_ms),
+        pickup_max_ms: latency.map(|l| l.max_ms),
         usd_per_month: monthly(billed) * options.listeners as f64,
         idle_usd_per_month: monthly(idle) * options.listeners as f64,
         usd_per_month_per_listener: monthly(billed),

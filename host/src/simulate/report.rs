@@ -19,9 +19,30 @@ pub fn table(report: &SimReport) -> String {
         // taken as a whole day's activity, not as a rate.
         out.push_str("($/month counts this run as a whole day's activity, 30 times over: the rest of each day costs nothing)\n");
     }
-    let titles =
-        ["rule", "billed", "idle", "useful", "$/month", "idle $/month", "p50 ms", "p99 ms", "max ms", "peak tasks", "peak backlog", "handled", "wall s"];
-    let rows: Vec<Vec<String>> = report
+    out.push_str(&format!(
+        "consumer = billed transactions but puts; floor = a delete per message + the fewest gets of at most {} that fetch each message within W of its arrival\n",
+        super::floor::BATCH
+    ));
+    let titles = [
+        "rule",
+        "billed",
+        "consumer",
+        "per msg",
+        "× floor",
+        "idle",
+        "useful",
+        "$/month",
+        "idle $/month",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "peak tasks",
+        "peak backlog",
+        "handled",
+        "wall s",
+    ];
+    let ratio = |value: Option<f64>| value.map_or("-".to_string(), |v| format!("{v:.2}"));
+    let mut rows: Vec<Vec<String>> = report
         .rules
         .iter()
         .map(|r| {
@@ -29,6 +50,9 @@ pub fn table(report: &SimReport) -> String {
             vec![
                 r.rule.clone(),
                 r.billed_transactions.to_string(),
+                r.consumer_calls.to_string(),
+                ratio(r.calls_per_message),
+                ratio(r.ratio_to_floor),
                 r.idle_transactions.to_string(),
                 r.useful_transactions.to_string(),
                 format!("{:.2}", r.usd_per_month),
@@ -43,6 +67,15 @@ pub fn table(report: &SimReport) -> String {
             ]
         })
         .collect();
+    // The floor: what no rule can beat while fetching every message within W.
+    let budget = humantime::format_duration(std::time::Duration::from_millis(report.wait_budget_ms)).to_string();
+    let mut floor = vec!["-".to_string(); titles.len()];
+    floor[0] = format!("floor (W = {budget})");
+    floor[2] = report.floor_calls.to_string();
+    floor[3] = ratio((report.messages > 0).then(|| report.floor_calls as f64 / report.messages as f64));
+    floor[4] = if report.floor_calls > 0 { "1.00".into() } else { "-".into() };
+    floor[11] = format!("≤ {}", report.wait_budget_ms);
+    rows.push(floor);
     let widths: Vec<usize> = (0..titles.len()).map(|i| rows.iter().map(|r| r[i].chars().count()).chain([titles[i].len()]).max().unwrap_or(0)).collect();
     let line = |cells: Vec<&str>| {
         let mut text = String::new();

@@ -62,12 +62,17 @@ pub enum Scenario {
     Trickle,
     /// Nothing arrives (24 hours): the pure idle cost.
     Idle,
+    /// A bursty day (24 hours, about 95,000 messages): sporadic singles at night (one per
+    /// 5 minutes on average), a morning ramp from 07:00 to 11:00 (up to 2 msg/s), a
+    /// lunchtime peak at 4 msg/s (11:30–13:30), a calmer afternoon (0.5 msg/s to 17:00,
+    /// 0.1 msg/s to 20:00), and two dumps of 20,000 messages at once (03:00 and 15:00).
+    BurstyDay,
     /// Arrival times from a CSV file: seconds from the start, optional count.
     Trace(PathBuf),
 }
 
 /// The scenario names `--scenario` takes.
-pub const SCENARIOS: &[&str] = &["paper-billing", "burst", "trickle", "idle"];
+pub const SCENARIOS: &[&str] = &["paper-billing", "burst", "trickle", "idle", "bursty-day"];
 
 impl Scenario {
     /// A scenario by name.
@@ -77,6 +82,7 @@ impl Scenario {
             "burst" => Scenario::Burst,
             "trickle" => Scenario::Trickle,
             "idle" => Scenario::Idle,
+            "bursty-day" => Scenario::BurstyDay,
             other => bail!("--scenario: unknown scenario {other:?}; one of {}, or --trace FILE", SCENARIOS.join(", ")),
         })
     }
@@ -111,6 +117,7 @@ impl Scenario {
                 ("trickle".to_string(), arrivals, hour)
             }
             Scenario::Idle => ("idle".to_string(), Vec::new(), 24 * hour),
+            Scenario::BurstyDay => ("bursty-day".to_string(), bursty_day(&mut rng), 24 * hour),
             Scenario::Trace(path) => {
                 let arrivals = read_trace(path)?;
                 let own = arrivals.last().map_or(TRACE_TAIL, |a| a.at.saturating_add(TRACE_TAIL)).min(MAX_DURATION);
@@ -149,6 +156,40 @@ fn poisson(rng: &mut fastrand::Rng, from: Duration, to: Duration, per_sec: f64, 
         }
         out.push(Arrival { at: Duration::from_secs_f64(at), count: 1 });
     }
+}
+
+/// The arrivals of [`Scenario::BurstyDay`].
+fn bursty_day(rng: &mut fastrand::Rng) -> Vec<Arrival> {
+    let at = |h: f64| Duration::from_secs_f64(h * 3600.0);
+    let mut arrivals = Vec::new();
+    // (from hour, to hour, rate at the start, rate at the end) in messages a second.
+    let night = 1.0 / 300.0;
+    for (from, to, start, end) in [
+        (0.0, 7.0, night, night),
+        (7.0, 11.0, 0.05, 2.0),
+        (11.0, 11.5, 2.0, 4.0),
+        (11.5, 13.5, 4.0, 4.0),
+        (13.5, 17.0, 0.5, 0.5),
+        (17.0, 20.0, 0.1, 0.1),
+        (20.0, 24.0, night, night),
+    ] {
+        ramp(rng, at(from), at(to), start, end, &mut arrivals);
+    }
+    arrivals.extend([3.0, 15.0].map(|h| Arrival { at: at(h), count: 20_000 }));
+    arrivals
+}
+
+/// A Poisson process whose rate goes linearly from `start` to `end` messages a second
+/// between `from` and `to` (by thinning a process at the higher rate).
+fn ramp(rng: &mut fastrand::Rng, from: Duration, to: Duration, start: f64, end: f64, out: &mut Vec<Arrival>) {
+    let mut candidates = Vec::new();
+    let top = start.max(end);
+    poisson(rng, from, to, top, &mut candidates);
+    let span = (to - from).as_secs_f64();
+    out.extend(candidates.into_iter().filter(|a| {
+        let rate = start + (end - start) * (a.at - from).as_secs_f64() / span;
+        rng.f64() * top < rate
+    }));
 }
 
 /// Reads a trace: one arrival per line, `seconds[,count]` (seconds from the start, a
@@ -319,6 +360,20 @@ mod tests {
         let fifo = dir.path().join("fifo");
         assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
         assert!(format!("{:#}", read_trace(&fifo).unwrap_err()).contains("not a regular file"));
+    }
+
+    #[test]
+    fn the_bursty_day_has_quiet_nights_a_lunchtime_peak_and_two_dumps() {
+        let day = Scenario::BurstyDay.workload(None, 1).unwrap();
+        assert_eq!(day.duration, Duration::from_secs(86_400));
+        let between =
+            |from: f64, to: f64| day.arrivals.iter().filter(|a| (from * 3600.0..to * 3600.0).contains(&a.at.as_secs_f64()) && a.count == 1).count() as f64;
+        assert!((60.0..200.0).contains(&between(0.0, 7.0)), "night: {}", between(0.0, 7.0));
+        // 4 msg/s for 2 hours: 28,800.
+        assert!((28_000.0..29_600.0).contains(&between(11.5, 13.5)), "peak: {}", between(11.5, 13.5));
+        let dumps: Vec<_> = day.arrivals.iter().filter(|a| a.count == 20_000).map(|a| a.at.as_secs() / 3600).collect();
+        assert_eq!(dumps, vec![3, 15]);
+        assert!((90_000..100_000).contains(&day.messages()), "{}", day.messages());
     }
 
     #[test]

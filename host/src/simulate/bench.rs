@@ -1,0 +1,184 @@
+//! `ebb simulate --bench`: the cost benchmark of issue 19 in one command. Every named
+//! traffic scenario (and the idle day) for the rules given (default: the four built-ins),
+//! each against the floor, and the goals checked on the shipped default (`paper` pull,
+//! `paper-push` push) where the rules they compare are in the run.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use serde::Serialize;
+
+use super::{RuleReport, Scenario, SimOptions, SimReport};
+
+/// The scenarios of the benchmark, in order.
+pub const SCENARIOS: &[&str] = &["paper-billing", "burst", "trickle", "bursty-day", "idle"];
+/// Push goal: at most this many times the floor's consumer calls.
+pub const PUSH_RATIO_GOAL: f64 = 1.25;
+/// Push goal: the pickup p99 at most this (and at most the wait budget).
+pub const PUSH_P99_GOAL: Duration = Duration::from_secs(1);
+/// Idle goal for push: transactions an hour beyond the safety polls.
+pub const IDLE_PUSH_PER_HOUR_GOAL: f64 = 1.0;
+/// Idle goal for pull: transactions an hour.
+pub const IDLE_PULL_PER_HOUR_GOAL: f64 = 60.0;
+
+/// One goal, measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Goal {
+    /// The scenario.
+    pub scenario: String,
+    /// The rule the goal is for.
+    pub rule: String,
+    /// What it must do, in words.
+    pub goal: String,
+    /// What it did, in words.
+    pub measured: String,
+    /// Whether it did.
+    pub met: bool,
+}
+
+/// The benchmark's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    /// The floor's wait budget W, in milliseconds.
+    pub wait_budget_ms: u64,
+    /// One run per scenario.
+    pub scenarios: Vec<SimReport>,
+    /// The goals that the rules in the run let it check.
+    pub goals: Vec<Goal>,
+}
+
+/// Runs every scenario of [`SCENARIOS`] with `template`'s rules and settings (its workload
+/// is replaced by each scenario's own, drawn from its seed).
+pub fn run(template: &SimOptions) -> Result<BenchReport> {
+    run_scenarios(template, SCENARIOS)
+}
+
+/// [`run`] over these named scenarios only.
+pub fn run_scenarios(template: &SimOptions, names: &[&str]) -> Result<BenchReport> {
+    let mut scenarios = Vec::new();
+    for name in names {
+        let workload = Scenario::named(name)?.workload(None, template.seed)?;
+        let options = SimOptions { workload, ..template.clone() };
+        scenarios.push(super::run(&options).with_context(|| format!("scenario {name}"))?);
+    }
+    let goals = scenarios.iter().flat_map(goals).collect();
+    Ok(BenchReport { wait_budget_ms: template.wait_budget.as_millis() as u64, scenarios, goals })
+}
+
+/// The goals one scenario's run lets us check.
+fn goals(report: &SimReport) -> Vec<Goal> {
+    let rule = |name: &str| report.rules.iter().find(|r| r.rule == name);
+    let goal =
+        |rule: &RuleReport, goal: String, measured: String, met: bool| Goal { scenario: report.scenario.clone(), rule: rule.rule.clone(), goal, measured, met };
+    let p99 = |r: &RuleReport| r.pickup_p99_ms.map_or("-".to_string(), |ms| format!("{ms} ms"));
+    let mut goals = Vec::new();
+    if report.messages == 0 {
+        let hours = report.duration_secs / 3600.0;
+        if let Some(push) = rule("paper-push") {
+            let beyond = push.idle_transactions.saturating_sub(push.safety_polls) as f64 / hours;
+            goals.push(goal(
+                push,
+                format!("idle: ≤ {IDLE_PUSH_PER_HOUR_GOAL} transaction/h beyond the safety polls"),
+                format!("{beyond:.2}/h beyond {} safety polls", push.safety_polls),
+                beyond <= IDLE_PUSH_PER_HOUR_GOAL,
+            ));
+        }
+        if let Some(pull) = rule("paper") {
+            // After the first hour: the back-off's fast polls at start-up are not the idle rate.
+            let (first, last) = (pull.samples.iter().find(|s| s.t_secs >= 3600.0), pull.samples.last());
+            let per_hour = match (first, last) {
+                (Some(first), Some(last)) if last.t_secs > first.t_secs => {
+                    (last.transactions - first.transactions) as f64 / ((last.t_secs - first.t_secs) / 3600.0)
+                }
+                _ => pull.idle_transactions as f64 / hours,
+            };
+            goals.push(goal(
+                pull,
+                format!("idle: ≤ {IDLE_PULL_PER_HOUR_GOAL} transactions/h (after the first hour)"),
+                format!("{per_hour:.1}/h ({} in all)", pull.idle_transactions),
+                per_hour <= IDLE_PULL_PER_HOUR_GOAL,
+            ));
+        }
+        return goals;
+    }
+    let p99_goal_ms = PUSH_P99_GOAL.as_millis().min(u128::from(report.wait_budget_ms)) as u64;
+    if let Some(push) = rule("paper-push") {
+        let ratio = push.ratio_to_floor.unwrap_or(f64::INFINITY);
+        let p99_ms = push.pickup_p99_ms.unwrap_or(u64::MAX);
+        goals.push(goal(
+            push,
+            format!("≤ {PUSH_RATIO_GOAL} × floor and pickup p99 ≤ {p99_goal_ms} ms"),
+            format!("{ratio:.2} × floor, p99 {}", p99(push)),
+            ratio <= PUSH_RATIO_GOAL && p99_ms <= p99_goal_ms,
+        ));
+    }
+    if let (Some(pull), Some(functions)) = (rule("paper"), rule("functions")) {
+        let (calls, p99_ms) = (pull.consumer_calls, pull.pickup_p99_ms.unwrap_or(u64::MAX));
+        let (their_calls, their_p99_ms) = (functions.consumer_calls, functions.pickup_p99_ms.unwrap_or(u64::MAX));
+        goals.push(goal(
+            pull,
+            format!("≤ functions' consumer calls ({their_calls}) and p99 ({}), both at once", p99(functions)),
+            format!("{calls} consumer calls, p99 {}", p99(pull)),
+            calls <= their_calls && p99_ms <= their_p99_ms,
+        ));
+    }
+    goals
+}
+
+/// The benchmark as text: a line per scenario and rule, then the goals.
+pub fn table(report: &BenchReport) -> String {
+    let budget = humantime::format_duration(Duration::from_millis(report.wait_budget_ms));
+    let mut out = format!("floor: a delete per message + the fewest gets of at most {} that fetch each message within W = {budget}\n", super::floor::BATCH);
+    let mut rows = vec![["scenario", "messages", "rule", "consumer calls", "per message", "× floor", "p50 ms", "p99 ms", "max ms"].map(String::from).to_vec()];
+    let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+    let ms = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    for scenario in &report.scenarios {
+        for rule in &scenario.rules {
+            rows.push(vec![
+                scenario.scenario.clone(),
+                scenario.messages.to_string(),
+                rule.rule.clone(),
+                rule.consumer_calls.to_string(),
+                show(rule.calls_per_message),
+                show(rule.ratio_to_floor),
+                ms(rule.pickup_p50_ms),
+                ms(rule.pickup_p99_ms),
+                ms(rule.pickup_max_ms),
+            ]);
+        }
+        let per_message = (scenario.messages > 0).then(|| scenario.floor_calls as f64 / scenario.messages as f64);
+        rows.push(vec![
+            scenario.scenario.clone(),
+            scenario.messages.to_string(),
+            "floor".into(),
+            scenario.floor_calls.to_string(),
+            show(per_message),
+            if scenario.floor_calls > 0 { "1.00".into() } else { "-".into() },
+            "-".into(),
+            format!("≤ {}", report.wait_budget_ms),
+            format!("≤ {}", report.wait_budget_ms),
+        ]);
+    }
+    out.push_str(&columns(&rows));
+    if !report.goals.is_empty() {
+        out.push_str("\ngoals (issue 19):\n");
+        let mut rows = vec![["scenario", "rule", "goal", "measured", "met"].map(String::from).to_vec()];
+        for goal in &report.goals {
+            rows.push(vec![goal.scenario.clone(), goal.rule.clone(), goal.goal.clone(), goal.measured.clone(), if goal.met { "yes" } else { "NO" }.into()]);
+        }
+        out.push_str(&columns(&rows));
+    }
+    out
+}
+
+/// Rows as columns two spaces apart, each as wide as its widest cell.
+fn columns(rows: &[Vec<String>]) -> String {
+    let widths: Vec<usize> = (0..rows[0].len()).map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for row in rows {
+        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, width)| format!("{cell}{}", " ".repeat(width - cell.chars().count()))).collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}

@@ -28,19 +28,27 @@ pub struct Host {
 pub struct HostBuilder<'a> {
     config: &'a Config,
     handlers: Handlers,
+    /// A queue given a second handler: refused at start, not silently replaced.
+    given_twice: Option<String>,
 }
 
 impl HostBuilder<'_> {
     /// Messages of `queue` go to `handler` instead of its `handler.url` (which may then be
     /// left out of the configuration).
     pub fn handler(mut self, queue: &str, handler: impl Handler) -> Self {
-        self.handlers.insert(queue.to_string(), Arc::new(handler));
+        if self.handlers.insert(queue.to_string(), Arc::new(handler)).is_some() {
+            self.given_twice.get_or_insert_with(|| queue.to_string());
+        }
         self
     }
 
     /// Starts a worker: see [`Host::start`]. Fails when a queue has neither a handler URL nor
-    /// a Rust handler, or a Rust handler names a queue the configuration does not have.
+    /// a Rust handler, a Rust handler names a queue the configuration does not have, or a
+    /// queue was given two.
     pub async fn start(self) -> Result<Host> {
+        if let Some(queue) = self.given_twice {
+            anyhow::bail!("two Rust handlers are given for queue {queue}; give each queue one");
+        }
         Host::start_with(self.config, Role::Worker, &self.handlers).await
     }
 }
@@ -48,7 +56,7 @@ impl HostBuilder<'_> {
 impl Host {
     /// A worker host for `config` whose queues may have Rust handlers.
     pub fn builder(config: &Config) -> HostBuilder<'_> {
-        HostBuilder { config, handlers: Handlers::new() }
+        HostBuilder { config, handlers: Handlers::new(), given_twice: None }
     }
 
     /// Opens the service for `role`, binds the API (and the scaler, when `[scaler] listen`

@@ -1,4 +1,5 @@
 mod api;
+mod attack;
 mod azure_faults;
 mod azure_hosts;
 mod azure_queue;

@@ -1,12 +1,15 @@
-//! Picking up notified work with the fewest gets: notifications that arrive while a task is
-//! getting or processing change nothing (that task looks again before it rests); while
-//! every task rests (or none runs), the first notification schedules one get
-//! `max_pickup_delay` later and the ones after it within that time ride along.
+//! Picking up notified work with the fewest gets, and never behind a handler.
 //!
-//! A task is *busy* from the moment it sends a get until it rests (sleeps or stops). A
-//! notification seen by a busy task is its to pick up: before resting, it looks at
-//! [`Pickup::pending_since`] under the same lock the notifications take, so none is lost
-//! between the two.
+//! A notification that arrives while a get is in flight changes nothing: when the get
+//! answers, what it did not cover gets one pickup. Otherwise the first notification claims
+//! one get `max_pickup_delay` later and the notifications within that time ride along: a
+//! resting task is woken for it, or a task is started (up to `max_tasks`) when every task is
+//! busy with its handlers or none runs. A task that drains the queue picks up what was
+//! notified meanwhile and nobody claimed, before it rests.
+//!
+//! A task is *getting* from sending a get until it answers, and *resting* while it sleeps in
+//! its back-off; the counts and the claim share one lock with the notifications, so none is
+//! lost between a task's look and its rest.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -15,92 +18,147 @@ use tokio::time::Instant;
 
 use super::Shared;
 
+/// Who will make the get that covers the pending notifications.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Claim {
+    /// Nobody yet.
+    #[default]
+    None,
+    /// A timer, `max_pickup_delay` after the first of them.
+    Timer,
+    /// A task that drained the queue, at the same time.
+    Task,
+}
+
 /// What the queue's tasks and its notifications share, under one lock.
 #[derive(Debug, Default)]
 pub(super) struct Pickup {
     /// When the first notification not yet covered by a get arrived.
-    pub pending_since: Option<Instant>,
-    /// Tasks between sending a get and resting.
-    pub busy: u32,
-    /// A pickup is scheduled (a timer that wakes or starts a task).
-    pub scheduled: bool,
+    pending_since: Option<Instant>,
+    /// Tasks whose get is in flight.
+    getting: u32,
+    /// Tasks asleep in their back-off.
+    resting: u32,
+    claim: Claim,
+}
+
+impl Pickup {
+    /// Tasks asleep in their back-off.
+    pub(super) fn resting(&self) -> u32 {
+        self.resting
+    }
 }
 
 /// What a task does once it has found the queue drained.
 pub(super) enum AfterDrained {
-    /// Notifications arrived since its get was sent: get again at this time (the first of
-    /// them plus `max_pickup_delay`), to take them in one get.
+    /// Notifications arrived since its get was sent and nobody else will get for them: get
+    /// again at this time (the first of them plus `max_pickup_delay`), to take them in one get.
     GetAt(Instant),
-    /// Nothing arrived: rest as the rule says.
+    /// Rest as the rule says.
     Rest,
 }
 
-/// A task's mark in [`Pickup::busy`], taken off when the task rests or ends however it
-/// ends (a panic included).
-pub(super) struct Busy<'a> {
-    shared: &'a Shared,
-    on: bool,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Other,
+    Getting,
+    Resting,
 }
 
-impl<'a> Busy<'a> {
-    pub(super) fn new(shared: &'a Shared) -> Busy<'a> {
-        Busy { shared, on: false }
+/// A task's place in [`Pickup`]'s counts, taken off when the task ends however it ends (a
+/// panic included).
+pub(super) struct TaskMark<'a> {
+    shared: &'a Shared,
+    state: State,
+}
+
+impl<'a> TaskMark<'a> {
+    pub(super) fn new(shared: &'a Shared) -> TaskMark<'a> {
+        TaskMark { shared, state: State::Other }
     }
 
-    /// Whether the task is busy now.
-    pub(super) fn is_on(&self) -> bool {
-        self.on
+    /// Whether the task rests (a wake-up is for it).
+    pub(super) fn is_resting(&self) -> bool {
+        self.state == State::Resting
     }
 
-    /// The task is about to send a get: it is busy, and the get covers every notification
-    /// so far.
+    fn leave(&mut self, pickup: &mut Pickup) {
+        match self.state {
+            State::Getting => pickup.getting -= 1,
+            State::Resting => pickup.resting -= 1,
+            State::Other => {}
+        }
+        self.state = State::Other;
+    }
+
+    /// The task is about to send a get: it covers every notification so far.
     pub(super) fn get_starts(&mut self) {
         let mut pickup = self.shared.pickup();
+        self.leave(&mut pickup);
+        pickup.getting += 1;
+        self.state = State::Getting;
         pickup.pending_since = None;
-        if !self.on {
-            pickup.busy += 1;
-            self.on = true;
+        if pickup.claim == Claim::Task {
+            pickup.claim = Claim::None;
+        }
+    }
+
+    /// The get answered: notifications that came while it was in flight, and that no other
+    /// get in flight can cover, get their pickup now (this task may be busy with its
+    /// handlers for long).
+    pub(super) fn get_answered(&mut self, shared: &Arc<Shared>) {
+        let mut pickup = self.shared.pickup();
+        self.leave(&mut pickup);
+        if pickup.getting == 0 && pickup.claim == Claim::None {
+            if let Some(since) = pickup.pending_since {
+                pickup.claim = Claim::Timer;
+                drop(pickup);
+                shared.schedule_pickup(since);
+            }
         }
     }
 
     /// Gives up the task's slot if there are more tasks than the rule's count (after a
-    /// scale-down), unless it is the one busy task while notifications wait for a get.
-    pub(super) fn try_retire(&mut self) -> bool {
+    /// scale-down) and at least `keep` (1 after a full get: the backlog's size is not
+    /// known), unless notifications wait that nobody will get for.
+    pub(super) fn try_retire(&mut self, keep: u32) -> bool {
         let mut pickup = self.shared.pickup();
-        if pickup.pending_since.is_some() && pickup.busy <= u32::from(self.on) {
+        if pickup.pending_since.is_some() && pickup.claim == Claim::None && pickup.getting == 0 {
             return false;
         }
-        if !self.shared.try_retire() {
+        if !self.shared.try_retire(keep) {
             return false;
         }
-        if self.on {
-            pickup.busy -= 1;
-            self.on = false;
-        }
+        self.leave(&mut pickup);
         true
     }
 
     /// The task found the queue drained (an empty get, or fewer messages than it asked for,
-    /// now processed): it picks up what was notified meanwhile, or rests (`rest` runs under
-    /// the lock: it gives the task's slot back if it stops).
-    pub(super) fn after_drained(&mut self, rest: impl FnOnce()) -> AfterDrained {
+    /// now processed): it picks up what was notified meanwhile if nobody else will, or rests
+    /// (`rest` runs under the lock: it gives the task's slot back if it stops).
+    pub(super) fn after_drained(&mut self, rest: impl FnOnce() -> bool) -> AfterDrained {
         let mut pickup = self.shared.pickup();
-        if let Some(since) = pickup.pending_since {
+        self.leave(&mut pickup);
+        if let Some(since) = pickup.pending_since
+            && pickup.claim == Claim::None
+            && pickup.getting == 0
+        {
+            pickup.claim = Claim::Task;
             return AfterDrained::GetAt(since + self.shared.settings.max_pickup_delay);
         }
-        if self.on {
-            pickup.busy -= 1;
-            self.on = false;
+        if !rest() {
+            pickup.resting += 1;
+            self.state = State::Resting;
         }
-        rest();
         AfterDrained::Rest
     }
 }
 
-impl Drop for Busy<'_> {
+impl Drop for TaskMark<'_> {
     fn drop(&mut self) {
-        if self.on {
-            self.shared.pickup().busy -= 1;
+        if self.state != State::Other {
+            let mut pickup = self.shared.pickup();
+            self.leave(&mut pickup);
         }
     }
 }
@@ -110,16 +168,21 @@ impl Shared {
         self.pickup.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A notification: messages arrived. A busy task will take them; otherwise one get is
-    /// scheduled `max_pickup_delay` after the first notification not yet covered.
+    /// A notification: messages arrived. A get in flight, or a pickup already claimed, will
+    /// take them; otherwise one get is claimed `max_pickup_delay` after the first
+    /// notification not yet covered.
     pub(super) fn notified(self: &Arc<Self>) {
         let mut pickup = self.pickup();
         let since = *pickup.pending_since.get_or_insert_with(Instant::now);
-        if pickup.busy > 0 || pickup.scheduled || self.stopping.is_cancelled() {
+        if pickup.getting > 0 || pickup.claim != Claim::None || self.stopping.is_cancelled() {
             return;
         }
-        pickup.scheduled = true;
+        pickup.claim = Claim::Timer;
         drop(pickup);
+        self.schedule_pickup(since);
+    }
+
+    fn schedule_pickup(self: &Arc<Self>, since: Instant) {
         let shared = self.clone();
         self.tasks.spawn(async move {
             tokio::select! {
@@ -129,23 +192,23 @@ impl Shared {
         });
     }
 
-    /// The scheduled pickup is due: a resting task gets, or one starts when none runs. (A
-    /// task that got meanwhile took the notifications with it.)
+    /// The claimed pickup is due: a resting task gets, or a task starts (up to `max_tasks`)
+    /// when none rests. (A get sent meanwhile took the notifications with it; at
+    /// `max_tasks` with every task busy, the first to drain the queue picks them up.)
     fn pick_up(self: &Arc<Self>) {
         let mut pickup = self.pickup();
-        pickup.scheduled = false;
-        if pickup.pending_since.is_none() || pickup.busy > 0 || self.stopping.is_cancelled() {
+        if pickup.claim == Claim::Timer {
+            pickup.claim = Claim::None;
+        }
+        if pickup.pending_since.is_none() || pickup.getting > 0 || self.stopping.is_cancelled() {
             return;
         }
-        if self.counters.active_tasks.load(Ordering::Acquire) == 0 {
-            drop(pickup);
-            if self.started.load(Ordering::Acquire) {
-                self.start_tasks(1);
-            }
-        } else {
-            // Every task rests: wake one (a task between resting and its sleep keeps the
-            // permit and gets at once).
+        if pickup.resting > 0 {
+            // A task between resting and its sleep keeps the permit and gets at once.
             self.wake.notify_one();
+        } else if self.started.load(Ordering::Acquire) && self.counters.active_tasks.load(Ordering::Acquire) < self.settings.max_tasks {
+            drop(pickup);
+            self.start_tasks(1);
         }
     }
 }

@@ -62,10 +62,7 @@ impl Shared {
         self.counters.target_tasks.store(target, Ordering::Relaxed);
         // Tasks resting in their back-off count as active: wake as many as the backlog can
         // keep busy, then start the rest.
-        let resting = {
-            let pickup = self.pickup();
-            self.counters.active_tasks.load(Ordering::Relaxed).saturating_sub(pickup.busy)
-        };
+        let resting = self.pickup().resting();
         let busy_enough = depth.div_ceil(self.settings.batch_size as u64).min(target as u64).min(resting as u64);
         for _ in 0..busy_enough {
             self.wake.notify_one();

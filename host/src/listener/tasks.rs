@@ -15,7 +15,7 @@ use crate::queue::RetryPolicy;
 
 use super::Shared;
 use super::counters::Counters;
-use super::pickup::{AfterDrained, Busy};
+use super::pickup::{AfterDrained, TaskMark};
 
 /// A dequeue task's slot in `active_tasks`, given back when the task ends however it
 /// ends (a panic included), unless the task gave it back itself when it retired.
@@ -69,11 +69,14 @@ impl Shared {
             self.tasks.spawn(
                 async move {
                     if let Err(panic) = AssertUnwindSafe(shared.clone().run_task(probe)).catch_unwind().await {
-                        // Its slot was given back as it unwound; keep the floor running.
+                        // Its slot was given back as it unwound; keep the floor running, and
+                        // look at the queue again: the get may have covered notifications
+                        // it never delivered.
                         shared.task_panicked("a dequeue task", &*panic);
                         if !shared.stopping.is_cancelled() {
                             let active = shared.counters.active_tasks.load(Ordering::Acquire);
                             shared.start_tasks(shared.floor().saturating_sub(active));
+                            shared.notified();
                         }
                     }
                 }
@@ -89,9 +92,10 @@ impl Shared {
         tracing::error!("{task} panicked and was restarted: {}", panic_message(panic));
     }
 
-    /// Gives up this task's slot if there are more tasks than the target (after a scale-down).
-    pub(super) fn try_retire(&self) -> bool {
-        let target = self.counters.target_tasks.load(Ordering::Relaxed).max(self.floor());
+    /// Gives up this task's slot if there are more tasks than the target (after a
+    /// scale-down) and than `keep`.
+    pub(super) fn try_retire(&self, keep: u32) -> bool {
+        let target = self.counters.target_tasks.load(Ordering::Relaxed).max(self.floor()).max(keep);
         self.counters.active_tasks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active > target).then(|| active - 1)).is_ok()
     }
 
@@ -104,10 +108,13 @@ impl Shared {
 
     async fn run_task(self: Arc<Self>, mut probe: bool) {
         let slot = TaskSlot { counters: &self.counters, held: true };
-        // Whether this task is between sending a get and resting (see `pickup`).
-        let mut busy = Busy::new(&self);
+        // This task's place among the getting and resting tasks (see `pickup`).
+        let mut mark = TaskMark::new(&self);
         let mut idle_count = 0u32;
         let mut consecutive_errors = 0u32;
+        // After a full get the backlog's size is unknown: this task keeps going whatever a
+        // count made before it said.
+        let mut last_get_full = false;
         let lease = self.settings.lease_duration;
         let batch_size = self.settings.batch_size as usize;
         loop {
@@ -115,12 +122,12 @@ impl Shared {
                 break;
             }
             // A probe looks once before anything else (the target may be zero tasks).
-            if !probe && busy.try_retire() {
+            if !probe && mark.try_retire(u32::from(last_get_full)) {
                 tracing::debug!("retiring: more tasks than the rule's count");
                 slot.given_back();
                 return;
             }
-            busy.get_starts();
+            mark.get_starts();
             // The service's lease starts when it answers, somewhere after this: counting
             // it from here errs on the safe side when storage calls are slow.
             let asked_at = tokio::time::Instant::now();
@@ -128,6 +135,7 @@ impl Shared {
                 batch = self.queue.get(self.settings.batch_size, lease) => batch,
                 _ = self.stopping.cancelled() => break,
             };
+            mark.get_answered(&self);
             if let Ok(messages) = &batch {
                 self.record_get(messages);
             }
@@ -135,6 +143,7 @@ impl Shared {
                 Ok(messages) => {
                     consecutive_errors = 0;
                     let found = messages.len();
+                    last_get_full = found >= batch_size;
                     if found > 0 {
                         // Found work: from now on an ordinary task, stopped by the rule.
                         probe = false;
@@ -143,7 +152,7 @@ impl Shared {
                         self.work_found();
                         self.process_batch(messages, asked_at + lease).await;
                     }
-                    if found >= batch_size {
+                    if last_get_full {
                         idle_count = 0;
                         continue;
                     }
@@ -153,8 +162,11 @@ impl Shared {
                     idle_count = if found == 0 { idle_count.saturating_add(1) } else { 1 };
                     if probe && found == 0 {
                         let mut stopped = false;
-                        busy.after_drained(|| stopped = self.try_stop_idle());
-                        if stopped {
+                        let after = mark.after_drained(|| {
+                            stopped = self.try_stop_idle();
+                            stopped
+                        });
+                        if stopped && matches!(after, AfterDrained::Rest) {
                             tracing::debug!("safety poll found the queue empty");
                             slot.given_back();
                             return;
@@ -162,7 +174,10 @@ impl Shared {
                     }
                     let decision = self.decide_queue_empty(idle_count).await;
                     let mut stopped = false;
-                    let after = busy.after_drained(|| stopped = decision.stop && self.try_stop_idle());
+                    let after = mark.after_drained(|| {
+                        stopped = decision.stop && self.try_stop_idle();
+                        stopped
+                    });
                     let wake_at = match after {
                         AfterDrained::GetAt(at) => at,
                         AfterDrained::Rest if stopped => {
@@ -176,7 +191,7 @@ impl Shared {
                         _ = tokio::time::sleep_until(wake_at) => {}
                         // Woken early (a pickup, the scaler); the back-off restarts only if
                         // this task finds messages.
-                        _ = self.wake.notified(), if !busy.is_on() => {}
+                        _ = self.wake.notified(), if mark.is_resting() => {}
                         _ = self.stopping.cancelled() => break,
                     }
                 }
@@ -194,7 +209,7 @@ impl Shared {
                 }
             }
         }
-        drop(busy);
+        drop(mark);
         drop(slot);
     }
 }

@@ -71,16 +71,20 @@ impl Shared {
     }
 
     /// The safety poll (push mode): while no dequeue task runs, a probe task looks at the
-    /// queue at start-up and then once per `safety_poll`.
+    /// queue at start-up, again once the leases a host killed before this start held have
+    /// run out (`lease_duration` later: a restart after a crash finds its own leased
+    /// messages then, not a safety poll later), and then once per `safety_poll`.
     async fn run_safety_poll(self: Arc<Self>) {
+        let mut after_leases = self.settings.lease_duration < self.settings.safety_poll;
         loop {
             if self.counters.active_tasks.load(Ordering::Acquire) == 0 {
                 self.counters.safety_polls.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!("safety poll: no task is running, looking at the queue once");
                 self.spawn_tasks(1, true);
             }
+            let next = if std::mem::take(&mut after_leases) { self.settings.lease_duration } else { self.settings.safety_poll };
             tokio::select! {
-                _ = tokio::time::sleep(self.settings.safety_poll) => {}
+                _ = tokio::time::sleep(next) => {}
                 _ = self.stopping.cancelled() => return,
             }
         }

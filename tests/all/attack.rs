@@ -605,3 +605,40 @@ async fn push_partitioned_sends_are_picked_up_in_time() {
     eprintln!("partitioned: {} sends, {gets} gets", sent.len());
     assert!(late.is_empty(), "{} late, first {:?}", late.len(), late.first());
 }
+
+/// Two hosts on one queue, push with no idle task. Host A is scaled in while its handler
+/// runs; the drain time runs out and A releases the message (visible again at once). A
+/// told nobody, so host B picked it up only at its safety poll (2 h); now A's queue handle
+/// tells every other host, as for a send (the bus relays the handle's news to B here).
+#[tokio::test(start_paused = true)]
+async fn push_a_message_released_at_shutdown_waits_for_the_other_hosts_safety_poll() {
+    let clock = Arc::new(TokioClock::new());
+    let shared = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
+    let (a_handler, b_handler) = (Arc::new(Recorder::default()), Arc::new(Recorder::default()));
+    let a = Listener::builder(shared.clone(), poison.clone(), a_handler.clone()).settings(push_zero(8)).build();
+    let b = Listener::builder(shared.clone(), poison, b_handler.clone()).settings(push_zero(8)).build();
+    let handle_a = ebb::QueueHandle::new(QUEUE, shared.clone(), vec![a.clone()]);
+    // What the bus does on host B when A's handle publishes.
+    let mut news = handle_a.work_events();
+    let relay = b.clone();
+    tokio::spawn(async move {
+        while news.changed().await.is_ok() {
+            relay.work_detected();
+        }
+    });
+    a.start();
+    b.start();
+    sleep(Duration::from_secs(1)).await;
+    shared.put(b"sleep 600000 slow", Duration::ZERO).await.unwrap();
+    a.work_detected();
+    sleep(Duration::from_secs(2)).await;
+    assert!(a_handler.handled("sleep 600000 slow"));
+    assert_eq!(handle_a.shutdown_listeners(Duration::from_secs(1)).await, 1);
+    assert_eq!(a.status().released_on_shutdown, 1);
+    let released = Instant::now();
+    while !b_handler.handled("sleep 600000 slow") && released.elapsed() < Duration::from_secs(3 * 3600) {
+        sleep(Duration::from_secs(1)).await;
+    }
+    assert!(released.elapsed() <= Duration::from_secs(5), "B picked the released message up {:?} after its release", released.elapsed());
+}

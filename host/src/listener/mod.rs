@@ -171,6 +171,12 @@ impl Listener {
         self.shared.status()
     }
 
+    /// Messages released at shutdown so far (the status's `released_on_shutdown`, read
+    /// without the status's depth refresh).
+    pub(crate) fn released_on_shutdown(&self) -> u64 {
+        self.shared.counters.released_on_shutdown.load(Ordering::Relaxed)
+    }
+
     /// Stops taking new batches, lets in-flight messages finish for up to `drain_timeout`,
     /// releases what is left (visible again at once), and returns when every task is done.
     pub async fn shutdown(&self, drain_timeout: Duration) {

@@ -642,3 +642,39 @@ async fn push_a_message_released_at_shutdown_waits_for_the_other_hosts_safety_po
     }
     assert!(released.elapsed() <= Duration::from_secs(5), "B picked the released message up {:?} after its release", released.elapsed());
 }
+
+/// A `Host` dropped without `shutdown` (an embedding program's `?` on an error path, a
+/// panic unwinding) kept its dequeue tasks and its API running: they went on calling the
+/// handler and holding the store, so a new host on the same data_dir could not start. A
+/// drop now stops everything at once; the store is released soon after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedding_a_dropped_host_stops_its_work_and_releases_its_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = embedded_config(dir.path(), "[queues.orders]\n");
+    let count = Arc::new(AtomicU64::new(0));
+    let host = ebb::Host::builder(&config).handler("orders", Counting(count.clone())).start().await.unwrap();
+    let api = host.api_addr();
+    drop(host);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The dropped host's API no longer answers, and its handler handles nothing.
+    let posted = reqwest::Client::new().post(format!("http://{api}/queues/orders/messages")).body("after drop").send().await;
+    let answered = posted.is_ok_and(|r| r.status().is_success());
+    let handled_after_drop = wait_count(&count, 1, std::time::Duration::from_secs(2)).await;
+    assert!(!answered && !handled_after_drop, "after drop(host): its API accepted a send: {answered}; its handler handled it: {handled_after_drop}");
+    // A new host on the same data_dir starts within a bounded time.
+    let fresh = Arc::new(AtomicU64::new(0));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let host = loop {
+        match ebb::Host::builder(&config).handler("orders", Counting(fresh.clone())).start().await {
+            Ok(host) => break host,
+            Err(error) if std::time::Instant::now() > deadline => panic!("a host on the same data_dir after dropping the first cannot start: {error:#}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    for _ in 0..20 {
+        host.queue("orders").unwrap().send(b"x", Duration::ZERO, Duration::from_secs(5)).await.unwrap();
+    }
+    assert!(wait_count(&fresh, 20, std::time::Duration::from_secs(10)).await);
+    host.shutdown().await;
+    assert_eq!(count.load(Ordering::SeqCst), 0, "the dropped host's handler still handled messages");
+}

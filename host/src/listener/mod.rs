@@ -177,6 +177,15 @@ impl Listener {
         self.shared.counters.released_on_shutdown.load(Ordering::Relaxed)
     }
 
+    /// Stops at once, without waiting: no new batch, and messages in flight are released
+    /// (visible again at once) as their handlers' futures are dropped. The tasks end soon
+    /// after, on their own. For a host dropped without its graceful shutdown.
+    pub(crate) fn stop_now(&self) {
+        self.shared.stopping.cancel();
+        self.shared.tasks.close();
+        self.shared.abandon.cancel();
+    }
+
     /// Stops taking new batches, lets in-flight messages finish for up to `drain_timeout`,
     /// releases what is left (visible again at once), and returns when every task is done.
     pub async fn shutdown(&self, drain_timeout: Duration) {

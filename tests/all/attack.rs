@@ -678,3 +678,23 @@ async fn embedding_a_dropped_host_stops_its_work_and_releases_its_store() {
     host.shutdown().await;
     assert_eq!(count.load(Ordering::SeqCst), 0, "the dropped host's handler still handled messages");
 }
+
+/// Push with no idle task: more than 1,024 sends delayed at distinct times (a scheduler
+/// enqueuing a day of reminders). Past 1,024 waiting wake-ups no timer was kept, so the
+/// messages due after the 1,024th waited for the safety poll; the wake-ups are now kept as
+/// coalesced instants, none dropped.
+#[tokio::test(start_paused = true)]
+async fn push_delayed_sends_beyond_1024_wait_for_the_safety_poll() {
+    let r = rig(push_zero(8));
+    let handle = ebb::QueueHandle::new(QUEUE, r.queue.clone(), vec![r.listener.clone()]);
+    r.listener.start();
+    sleep(Duration::from_secs(1)).await;
+    for i in 0..1100u64 {
+        handle.send(format!("reminder {i}").as_bytes(), Duration::from_secs(10 + i), Duration::from_secs(5)).await.unwrap();
+    }
+    let sent = Instant::now();
+    sleep(Duration::from_secs(10 + 1099 + 5)).await;
+    let late: Vec<u64> =
+        (0..1100u64).filter(|i| r.handler.first_start(&format!("reminder {i}")).is_none_or(|at| at - sent > Duration::from_secs(10 + i + 2))).collect();
+    assert!(late.is_empty(), "{} reminders not handled within 2 s of their time, first {:?}", late.len(), late.first());
+}

@@ -30,7 +30,7 @@ mod status;
 mod tasks;
 mod work;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -94,8 +94,10 @@ struct Shared {
     push_available: AtomicBool,
     /// Set by `start`: a listener never started (`ebb scaler`'s) only carries events.
     started: AtomicBool,
-    /// Wake-ups waiting for hidden messages to become visible (`wake_after`).
-    wake_timers: AtomicU32,
+    /// Wake-ups waiting for hidden messages to become visible (`wake_after`), and the
+    /// news that an earlier one was added (the one timer re-arms).
+    wakeups: Mutex<work::Wakeups>,
+    wakeups_changed: Notify,
 }
 
 impl Listener {

@@ -109,12 +109,13 @@ impl<'a> TaskMark<'a> {
     pub(super) fn get_answered(&mut self, shared: &Arc<Shared>) {
         let mut pickup = self.shared.pickup();
         self.leave(&mut pickup);
-        if pickup.getting == 0 && pickup.claim == Claim::None {
-            if let Some(since) = pickup.pending_since {
-                pickup.claim = Claim::Timer;
-                drop(pickup);
-                shared.schedule_pickup(since);
-            }
+        if pickup.getting == 0
+            && pickup.claim == Claim::None
+            && let Some(since) = pickup.pending_since
+        {
+            pickup.claim = Claim::Timer;
+            drop(pickup);
+            shared.schedule_pickup(since);
         }
     }
 

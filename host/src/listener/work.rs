@@ -16,12 +16,13 @@ use super::Shared;
 /// this, a new wake-up rides with the next later one (or replaces the last): none is dropped,
 /// some come late.
 const MAX_WAKEUPS: usize = 65_536;
-/// The finest grain wake-ups are coalesced at (with `max_pickup_delay` below it).
-const MIN_WAKE_GRAIN: Duration = Duration::from_millis(100);
+/// The grain wake-ups are coalesced at: a wake-up comes at most this late (then the pickup
+/// waits its `max_pickup_delay`, as for any notification).
+const WAKE_GRAIN: Duration = Duration::from_millis(25);
 
 /// The instants the queue is to be woken at (hidden messages becoming visible), on a grid
-/// of `max_pickup_delay` (at least [`MIN_WAKE_GRAIN`]): the wake-ups within one step of
-/// each other are one. One timer task sleeps until the earliest.
+/// of [`WAKE_GRAIN`]: the wake-ups within one step of each other are one. One timer task
+/// sleeps until the earliest.
 #[derive(Default)]
 pub(super) struct Wakeups {
     at: BTreeSet<Instant>,
@@ -71,19 +72,18 @@ impl Shared {
     }
 
     /// With push, a message this host hid (a retry delay, a delayed send) is visible again
-    /// after `delay` and no notification will say so: wake the queue then (within one
-    /// `max_pickup_delay`), rather than at the next safety poll. Wake-ups are coalesced (see
+    /// after `delay` and no notification will say so: wake the queue then (at most
+    /// [`WAKE_GRAIN`] late), rather than at the next safety poll. Wake-ups are coalesced (see
     /// [`Wakeups`]); one timer task serves them all.
     pub(super) fn wake_after(self: &Arc<Self>, delay: Duration) {
         if !self.settings.push_enabled || self.stopping.is_cancelled() {
             return;
         }
-        let grain = self.settings.max_pickup_delay.max(MIN_WAKE_GRAIN);
         let now = Instant::now();
         let due = now + delay;
         let (earliest, start_timer) = {
             let mut wakeups = self.wakeups.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let earliest = wakeups.add(now, due, grain);
+            let earliest = wakeups.add(now, due, WAKE_GRAIN);
             (earliest, !std::mem::replace(&mut wakeups.timer_running, true))
         };
         if start_timer {

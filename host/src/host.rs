@@ -16,11 +16,19 @@ use crate::scaler::RunningScaler;
 use crate::service::{Handlers, QueueHandle, Role, Service};
 
 /// A started host.
+///
+/// [`Host::shutdown`]`.await` is the graceful stop: in-flight messages drain for
+/// `drain_timeout`, what is left is released and announced, and every task is waited for.
+/// Dropping a host instead is the abrupt stop: it stops taking messages, releases what its
+/// handlers hold (their futures are dropped mid-call), stops its API and scaler, and returns
+/// at once; its tasks end, and release the store in `data_dir`, soon after (a new host on the
+/// same `data_dir` may need to retry its start for a moment).
 pub struct Host {
-    service: Service,
+    /// Taken by [`Host::shutdown`]; present until then.
+    service: Option<Service>,
     api_addr: SocketAddr,
     api_stop: CancellationToken,
-    api_task: tokio::task::JoinHandle<()>,
+    api_task: Option<tokio::task::JoinHandle<()>>,
     scaler: Option<RunningScaler>,
 }
 
@@ -109,7 +117,7 @@ impl Host {
             (Some(tcp), Some(settings)) => Some(crate::scaler::start(&service, settings, config.rule_limits.call_deadline, tcp)?),
             _ => None,
         };
-        Ok(Host { service, api_addr, api_stop, api_task, scaler })
+        Ok(Host { service: Some(service), api_addr, api_stop, api_task: Some(api_task), scaler })
     }
 
     /// Where the API listens.
@@ -124,33 +132,55 @@ impl Host {
 
     /// The handle of queue `name` (send a message through it), if the host has that queue.
     pub fn queue(&self, name: &str) -> Option<QueueHandle> {
-        self.service.handles().remove(name)
+        self.service().handles().remove(name)
     }
 
     /// Every storage queue's state.
     pub fn status(&self) -> Vec<ListenerStatus> {
-        self.service.status()
+        self.service().status()
     }
 
     /// A queue's approximate depth now, without a billed call (see [`Service::depth`]).
     pub async fn depth(&self, queue: &str) -> Result<u64> {
-        self.service.depth(queue).await
+        self.service().depth(queue).await
     }
 
     /// The rules of every queue: each slot's status (file, decisions, faults, quarantine),
     /// and the threads that load them.
     pub fn rules(&self) -> Arc<crate::rules::RuleSet> {
-        self.service.rules().clone()
+        self.service().rules().clone()
+    }
+
+    fn service(&self) -> &Service {
+        self.service.as_ref().expect("the service is present until shutdown")
     }
 
     /// Drains the work (see [`Service::shutdown`]), then stops the API and the scaler, and
-    /// waits for every task.
-    pub async fn shutdown(self) {
-        self.service.shutdown().await;
+    /// waits for every task. The graceful stop; dropping the host is the abrupt one.
+    pub async fn shutdown(mut self) {
+        if let Some(service) = self.service.take() {
+            service.shutdown().await;
+        }
         self.api_stop.cancel();
-        let _ = self.api_task.await;
-        if let Some(scaler) = self.scaler {
+        if let Some(api_task) = self.api_task.take() {
+            let _ = api_task.await;
+        }
+        if let Some(scaler) = self.scaler.take() {
             scaler.stop().await;
+        }
+    }
+}
+
+/// The abrupt stop (see [`Host`]): everything is told to stop, nothing is waited for.
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(service) = &self.service {
+            tracing::warn!("host dropped without shutdown: stopping at once, releasing messages in flight");
+            service.stop_now();
+        }
+        self.api_stop.cancel();
+        if let Some(scaler) = &self.scaler {
+            scaler.stop_now();
         }
     }
 }

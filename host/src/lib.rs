@@ -34,7 +34,7 @@
 //!     let orders = host.queue("orders").expect("configured");
 //!     orders.send(b"hello", Duration::ZERO, Duration::from_secs(5)).await?;
 //!     assert_eq!(bodies.recv().await.as_deref(), Some(&b"hello"[..]));
-//!     host.shutdown().await; // Drains: running handlers finish.
+//!     host.shutdown().await; // Drains: running handlers finish. (Dropping `host` stops it abruptly.)
 //!     Ok(())
 //! }
 //! ```

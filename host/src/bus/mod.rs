@@ -34,6 +34,8 @@ pub const MAX_PAYLOAD_BYTES: usize = 4096;
 const PUBLISH_BACKLOG: usize = 1024;
 /// How long one publish or connection attempt may take.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest a stopping bus spends publishing what was queued before it stopped.
+const FLUSH_BOUND: Duration = Duration::from_secs(2);
 /// Reconnection back-off.
 const RECONNECT_MIN: Duration = Duration::from_millis(100);
 const RECONNECT_MAX: Duration = Duration::from_secs(10);
@@ -152,7 +154,8 @@ impl Bus {
         self.stop.cancel();
     }
 
-    /// Stops subscribing and publishing, and waits for both to end.
+    /// Stops subscribing and publishing, and waits for both to end: the notifications
+    /// queued before are published first (within a bound of 2 s).
     pub async fn shutdown(&self) {
         self.stop.cancel();
         self.tasks.wait().await;
@@ -274,22 +277,35 @@ async fn subscribe_forever(
 
 async fn publish_forever(engine: Arc<dyn PubSub>, prefix: String, mut inbox: mpsc::Receiver<Trigger>, counters: Arc<Counters>, stop: CancellationToken) {
     let failure_log = LogLimiter::new(1, Duration::from_secs(60));
+    let publish = async |trigger: Trigger| match publish_once(&*engine, &prefix, &trigger).await {
+        Ok(()) => {
+            counters.published.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(error) => {
+            counters.publish_failures.fetch_add(1, Ordering::Relaxed);
+            if let Some(suppressed) = failure_log.allow() {
+                tracing::warn!(queue = %trigger.queue, suppressed, "could not publish a push notification (the message is stored; hosts find it by polling): {error:#}");
+            }
+        }
+    };
     loop {
         let trigger = tokio::select! {
             trigger = inbox.recv() => match trigger { Some(t) => t, None => return },
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => break,
         };
-        match publish_once(&*engine, &prefix, &trigger).await {
-            Ok(()) => {
-                counters.published.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(error) => {
-                counters.publish_failures.fetch_add(1, Ordering::Relaxed);
-                if let Some(suppressed) = failure_log.allow() {
-                    tracing::warn!(queue = %trigger.queue, suppressed, "could not publish a push notification (the message is stored; hosts find it by polling): {error:#}");
-                }
-            }
+        publish(trigger).await;
+    }
+    // Stopping: what was queued before (the messages a shutdown released) still goes out,
+    // within FLUSH_BOUND.
+    let flush = async {
+        while let Ok(trigger) = inbox.try_recv() {
+            publish(trigger).await;
         }
+    };
+    if tokio::time::timeout(FLUSH_BOUND, flush).await.is_err() {
+        tracing::warn!(
+            "stopped publishing push notifications after {FLUSH_BOUND:?}; the rest are dropped (the messages are stored; hosts find them by polling)"
+        );
     }
 }
 
@@ -312,6 +328,41 @@ mod tests {
         ] {
             assert_eq!(parse_trigger("ebb:queue:", channel, &payload), None, "{channel} {}", String::from_utf8_lossy(&payload));
         }
+    }
+
+    /// An engine that records what is published, and whose subscription never ends.
+    #[derive(Default)]
+    struct Recording(std::sync::Mutex<Vec<String>>);
+
+    #[async_trait]
+    impl PubSub for Recording {
+        fn describe(&self) -> String {
+            "recording".into()
+        }
+        async fn publish(&self, channel: &str, _payload: &[u8]) -> anyhow::Result<()> {
+            self.0.lock().unwrap().push(channel.to_string());
+            Ok(())
+        }
+        async fn reach(&self) -> anyhow::Result<()> {
+            Ok(())
+        }
+        async fn subscribe(&self, _channels: &[String]) -> anyhow::Result<BoxStream<'static, (String, Vec<u8>)>> {
+            Ok(futures::stream::pending().boxed())
+        }
+    }
+
+    /// A shutdown publishes what was queued just before (the messages a host released as it
+    /// stopped) rather than dropping it.
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_publishes_what_was_queued_before() {
+        let engine = Arc::new(Recording::default());
+        let bus = Bus::start(engine.clone(), "ebb:queue:", vec!["orders".into()], Arc::new(|_| {}), Arc::new(|_| {}));
+        for _ in 0..10 {
+            bus.publish("orders", Some(1));
+        }
+        bus.shutdown().await;
+        assert_eq!(*engine.0.lock().unwrap(), ["ebb:queue:orders"; 10]);
+        assert_eq!(bus.status().published, 10);
     }
 
     #[test]

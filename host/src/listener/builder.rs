@@ -1,6 +1,6 @@
 //! Building a listener: what it requires, and what it may be given instead of the defaults.
 
-use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -104,7 +104,8 @@ impl ListenerBuilder {
                 storage_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
                 push_available: AtomicBool::new(true),
                 started: AtomicBool::new(false),
-                wake_timers: AtomicU32::new(0),
+                wakeups: Mutex::default(),
+                wakeups_changed: Notify::new(),
             }),
         }
     }

@@ -30,7 +30,7 @@ mod status;
 mod tasks;
 mod work;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -94,8 +94,10 @@ struct Shared {
     push_available: AtomicBool,
     /// Set by `start`: a listener never started (`ebb scaler`'s) only carries events.
     started: AtomicBool,
-    /// Wake-ups waiting for hidden messages to become visible (`wake_after`).
-    wake_timers: AtomicU32,
+    /// Wake-ups waiting for hidden messages to become visible (`wake_after`), and the
+    /// news that an earlier one was added (the one timer re-arms).
+    wakeups: Mutex<work::Wakeups>,
+    wakeups_changed: Notify,
 }
 
 impl Listener {
@@ -169,6 +171,21 @@ impl Listener {
     pub fn status(&self) -> ListenerStatus {
         self.shared.refresh_depth_if_stale();
         self.shared.status()
+    }
+
+    /// Messages released at shutdown so far (the status's `released_on_shutdown`, read
+    /// without the status's depth refresh).
+    pub(crate) fn released_on_shutdown(&self) -> u64 {
+        self.shared.counters.released_on_shutdown.load(Ordering::Relaxed)
+    }
+
+    /// Stops at once, without waiting: no new batch, and messages in flight are released
+    /// (visible again at once) as their handlers' futures are dropped. The tasks end soon
+    /// after, on their own. For a host dropped without its graceful shutdown.
+    pub(crate) fn stop_now(&self) {
+        self.shared.stopping.cancel();
+        self.shared.tasks.close();
+        self.shared.abandon.cancel();
     }
 
     /// Stops taking new batches, lets in-flight messages finish for up to `drain_timeout`,

@@ -2,16 +2,56 @@
 //! becoming visible again; whether pushes can reach the queue; and the safety poll that
 //! looks at a push queue while no task runs.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use super::Shared;
 
-/// Most wake-ups waiting at once per queue.
-const MAX_WAKE_TIMERS: u32 = 1024;
+/// Most wake-ups waiting at once per queue (each one instant, a few dozen bytes). Past
+/// this, a new wake-up rides with the next later one (or replaces the last): none is dropped,
+/// some come late.
+const MAX_WAKEUPS: usize = 65_536;
+/// The grain wake-ups are coalesced at: a wake-up comes at most this late (then the pickup
+/// waits its `max_pickup_delay`, as for any notification).
+const WAKE_GRAIN: Duration = Duration::from_millis(25);
+
+/// The instants the queue is to be woken at (hidden messages becoming visible), on a grid
+/// of [`WAKE_GRAIN`]: the wake-ups within one step of each other are one. One timer task
+/// sleeps until the earliest.
+#[derive(Default)]
+pub(super) struct Wakeups {
+    at: BTreeSet<Instant>,
+    /// The grid's origin (when the first wake-up was asked for: before every due time).
+    origin: Option<Instant>,
+    timer_running: bool,
+}
+
+impl Wakeups {
+    /// Adds a wake-up at `due` or up to one `grain` after it; whether the timer must be told
+    /// (the new one is the earliest).
+    fn add(&mut self, now: Instant, due: Instant, grain: Duration) -> bool {
+        let origin = *self.origin.get_or_insert(now);
+        let steps = due.saturating_duration_since(origin).as_nanos().div_ceil(grain.as_nanos());
+        let at = origin + grain.saturating_mul(u32::try_from(steps).unwrap_or(u32::MAX));
+        if self.at.contains(&at) {
+            return false;
+        }
+        if self.at.len() >= MAX_WAKEUPS {
+            // Full: ride with the next later wake-up; past the last, move the last later.
+            if self.at.range(at..).next().is_some() {
+                return false;
+            }
+            self.at.pop_last();
+        }
+        self.at.insert(at);
+        self.at.first() == Some(&at)
+    }
+}
 
 impl Shared {
     /// A push: messages arrived from outside. A busy task picks them up; otherwise one get
@@ -32,25 +72,53 @@ impl Shared {
     }
 
     /// With push, a message this host hid (a retry delay, a delayed send) is visible again
-    /// after `delay` and no notification will say so: wake the queue then, rather than at
-    /// the next safety poll. At most [`MAX_WAKE_TIMERS`] wait at once; past that, the
-    /// safety poll finds the rest.
+    /// after `delay` and no notification will say so: wake the queue then (at most
+    /// [`WAKE_GRAIN`] late), rather than at the next safety poll. Wake-ups are coalesced (see
+    /// [`Wakeups`]); one timer task serves them all.
     pub(super) fn wake_after(self: &Arc<Self>, delay: Duration) {
         if !self.settings.push_enabled || self.stopping.is_cancelled() {
             return;
         }
-        let reserved = self.wake_timers.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < MAX_WAKE_TIMERS).then_some(n + 1));
-        if reserved.is_err() {
-            return;
+        let now = Instant::now();
+        let due = now + delay;
+        let (earliest, start_timer) = {
+            let mut wakeups = self.wakeups.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let earliest = wakeups.add(now, due, WAKE_GRAIN);
+            (earliest, !std::mem::replace(&mut wakeups.timer_running, true))
+        };
+        if start_timer {
+            let span = tracing::info_span!("wakeups", queue = %self.queue.name());
+            self.tasks.spawn(self.clone().run_wakeups().instrument(span));
+        } else if earliest {
+            self.wakeups_changed.notify_one();
         }
-        let shared = self.clone();
-        self.tasks.spawn(async move {
+    }
+
+    /// The one timer: sleeps until the earliest wake-up, wakes the queue, and goes on to the
+    /// next; re-armed when an earlier one is added; ends when the listener stops.
+    async fn run_wakeups(self: Arc<Self>) {
+        loop {
+            let next = self.wakeups.lock().unwrap_or_else(std::sync::PoisonError::into_inner).at.first().copied();
+            let sleep = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
-                _ = tokio::time::sleep(delay) => shared.work_detected(),
-                _ = shared.stopping.cancelled() => {}
+                () = sleep => {
+                    let now = Instant::now();
+                    let mut wakeups = self.wakeups.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    while wakeups.at.first().is_some_and(|at| *at <= now) {
+                        wakeups.at.pop_first();
+                    }
+                    drop(wakeups);
+                    self.work_detected();
+                }
+                () = self.wakeups_changed.notified() => {}
+                () = self.stopping.cancelled() => return,
             }
-            shared.wake_timers.fetch_sub(1, Ordering::AcqRel);
-        });
+        }
     }
 
     /// See [`super::Listener::set_push_available`]: losing push restores the polling floor.
@@ -88,5 +156,32 @@ impl Shared {
                 _ = self.stopping.cancelled() => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Wake-ups within one grain are one, never earlier than due; past the bound none is
+    /// dropped: a new one rides with a later one, or moves the last later.
+    #[test]
+    fn wakeups_coalesce_and_stay_bounded_without_dropping_any() {
+        let grain = Duration::from_millis(500);
+        let now = Instant::now();
+        let mut w = Wakeups::default();
+        assert!(w.add(now, now + Duration::from_millis(1200), grain));
+        assert!(!w.add(now, now + Duration::from_millis(1400), grain), "same step: rides along");
+        assert_eq!(w.at.iter().map(|at| *at - now).collect::<Vec<_>>(), [Duration::from_millis(1500)]);
+        assert!(w.add(now, now + Duration::from_millis(300), grain), "earlier: the timer is told");
+        assert!(!w.add(now, now + Duration::from_secs(9), grain));
+        assert_eq!(w.at.len(), 3);
+        let mut full = Wakeups::default();
+        for i in 0..MAX_WAKEUPS as u64 + 10 {
+            full.add(now, now + Duration::from_secs(2 * i + 1), grain);
+        }
+        assert_eq!(full.at.len(), MAX_WAKEUPS);
+        let last = *full.at.last().unwrap() - now;
+        assert!(last >= Duration::from_secs(2 * (MAX_WAKEUPS as u64 + 9) + 1), "the latest due is still woken: {last:?}");
     }
 }

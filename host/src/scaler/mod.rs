@@ -428,6 +428,12 @@ impl Scaler {
         self.queues.keys().map(String::as_str).collect()
     }
 
+    /// Ends every stream and forwarding task, without waiting (a dropped host).
+    pub fn stop_now(&self) {
+        self.stop.cancel();
+        self.tasks.close();
+    }
+
     /// Ends every stream and forwarding task, and waits for them.
     pub async fn stop(&self) {
         self.stop.cancel();

@@ -33,6 +33,13 @@ impl RunningScaler {
         self.addr
     }
 
+    /// Stops serving, counting and forwarding, without waiting (a dropped host).
+    pub fn stop_now(&self) {
+        self.stop.cancel();
+        self.tasks.close();
+        self.scaler.stop_now();
+    }
+
     /// Stops serving, counting and forwarding, and waits for all of it.
     pub async fn stop(self) {
         self.stop.cancel();

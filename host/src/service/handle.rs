@@ -81,6 +81,23 @@ impl QueueHandle {
         self.publish(None);
     }
 
+    /// Shuts this host's listeners on the queue down (see [`Listener::shutdown`]). A message
+    /// still in flight when `drain_timeout` runs out is released, visible again at once, and
+    /// no one else would know: then every other host is told (the bus, as for a send), so one
+    /// picks it up now rather than at its safety poll. Returns how many were released.
+    pub async fn shutdown_listeners(&self, drain_timeout: Duration) -> u64 {
+        let released = |listeners: &[Listener]| listeners.iter().map(Listener::released_on_shutdown).sum::<u64>();
+        let before = released(&self.inner.listeners);
+        futures::future::join_all(self.inner.listeners.iter().map(|l| l.shutdown(drain_timeout))).await;
+        let now = released(&self.inner.listeners).saturating_sub(before);
+        if now > 0 {
+            tracing::info!(queue = %self.name(), released = now, "telling the other hosts of the messages released at shutdown");
+            self.inner.work.send_modify(|n| *n = n.wrapping_add(1));
+            self.publish(Some(now));
+        }
+        now
+    }
+
     /// Another host said messages arrived (a bus trigger): wake this host only.
     pub fn delivered(&self) {
         self.wake(Duration::ZERO);

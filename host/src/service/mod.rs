@@ -250,15 +250,32 @@ impl Service {
         Ok(self.store.queue(queue).approximate_count().await?)
     }
 
+    /// Stops everything it can without waiting: start-up retries, the listeners (messages in
+    /// flight are released, not drained), the bus. The tasks end soon after on their own,
+    /// and with them their hold on the store. For a host dropped without
+    /// [`Service::shutdown`].
+    pub fn stop_now(&self) {
+        self.stop.cancel();
+        self.tasks.close();
+        for listener in self.queues.values().flat_map(|q| q.handle.listeners()) {
+            listener.stop_now();
+        }
+        if let Some(bus) = &self.bus {
+            bus.stop();
+        }
+    }
+
     /// Stops start-up retries, stops dequeuing, drains in-flight messages (releasing what
-    /// outlasts the drain timeout), stops the bus and the rules' threads (the watcher, a
+    /// outlasts the drain timeout, and telling the other hosts on the bus), stops the bus and the rules' threads (the watcher, a
     /// compile in progress: waited for up to [`RULE_THREADS_BOUND`]), and waits for all of it.
     pub async fn shutdown(self) {
         self.stop.cancel();
         self.tasks.close();
         self.tasks.wait().await;
         let drain = self.drain_timeout;
-        futures::future::join_all(self.queues.values().flat_map(|q| q.handle.listeners()).map(|l| l.shutdown(drain))).await;
+        // Each queue tells the other hosts of what its listeners released; the bus is still
+        // up, and its shutdown publishes what is queued before it stops.
+        futures::future::join_all(self.queues.values().map(|q| q.handle.shutdown_listeners(drain))).await;
         if let Some(bus) = &self.bus {
             bus.shutdown().await;
         }

@@ -705,7 +705,6 @@ async fn push_delayed_sends_beyond_1024_wait_for_the_safety_poll() {
 /// looks again until B's safety poll (2 h). (`ebb scaler`, which has the send API but no
 /// listener, never keeps a wake-up at all.)
 #[tokio::test(start_paused = true)]
-#[ignore = "not fixed yet: the bus trigger carries no delay (carry delay_ms in the trigger; receivers call work_detected_after)"]
 async fn push_a_delayed_send_is_stranded_when_the_sending_host_stops_before_it_is_visible() {
     let clock = Arc::new(TokioClock::new());
     let shared = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
@@ -718,8 +717,9 @@ async fn push_a_delayed_send_is_stranded_when_the_sending_host_stops_before_it_i
     sleep(Duration::from_secs(1)).await;
     let handle_a = ebb::QueueHandle::new(QUEUE, shared.clone(), vec![a.clone()]);
     handle_a.send(b"later", Duration::from_secs(30), Duration::from_secs(5)).await.unwrap();
-    // What the bus does on host B when A publishes the send.
-    b.work_detected();
+    // What the bus does on host B when A publishes the send: the trigger carries the delay.
+    let handle_b = ebb::QueueHandle::new(QUEUE, shared.clone(), vec![b.clone()]);
+    handle_b.delivered(Duration::from_secs(30));
     sleep(Duration::from_secs(5)).await;
     a.shutdown(Duration::from_secs(1)).await;
     let mut waited = Duration::ZERO;

@@ -47,9 +47,9 @@ async fn triggers_reach_every_host_and_an_outage_falls_back_to_polling_then_reco
     assert!(hosts.iter().all(|h| *h.availability.lock().unwrap() == [true]));
 
     // A host publishes (as the API does after a send): every host hears it, itself included.
-    hosts[0].bus.publish("orders", Some(2));
+    hosts[0].bus.publish("orders", Some(2), Duration::from_secs(3));
     wait_for("the trigger on both hosts", Duration::from_secs(5), || hosts.iter().all(|h| h.delivered.lock().unwrap().len() == 1)).await;
-    assert_eq!(hosts[1].delivered.lock().unwrap()[0], Trigger { queue: "orders".into(), count: Some(2) });
+    assert_eq!(hosts[1].delivered.lock().unwrap()[0], Trigger { queue: "orders".into(), count: Some(2), delay_ms: Some(3000) });
     assert_eq!(hosts[0].bus.status().published, 1);
 
     // Any app may publish the documented JSON on the queue's channel.
@@ -70,7 +70,7 @@ async fn triggers_reach_every_host_and_an_outage_falls_back_to_polling_then_reco
     // Publishing during the outage never waits; the failure is counted.
     let started = Instant::now();
     for _ in 0..100 {
-        hosts[0].bus.publish("orders", None);
+        hosts[0].bus.publish("orders", None, Duration::ZERO);
     }
     assert!(started.elapsed() < Duration::from_secs(1), "publish waited on a dead bus: {:?}", started.elapsed());
     wait_for("publish failures counted", Duration::from_secs(10), || hosts[0].bus.status().publish_failures >= 1).await;

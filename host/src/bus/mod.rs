@@ -9,7 +9,7 @@
 //! reconnects by itself.
 //!
 //! The wire format, for any publisher: on channel `<channel_prefix><queue>` (default
-//! `ebb:queue:<queue>`), a JSON object `{"queue": "<queue>", "count": <messages, optional>}`
+//! `ebb:queue:<queue>`), a JSON object `{"queue": "<queue>", "count": <messages, optional>, "delay_ms": <hidden for, optional>}`
 //! of at most [`MAX_PAYLOAD_BYTES`].
 
 pub mod redis;
@@ -49,7 +49,15 @@ pub struct Trigger {
     /// How many messages arrived, if the publisher knows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
+    /// They were put hidden for this long (a delayed send), in milliseconds, at most
+    /// [`MAX_TRIGGER_DELAY_MS`]: a receiver wakes its queue when they become visible, so a
+    /// delayed message does not wait for the safety poll if its sender stops first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
 }
+
+/// The longest delay a trigger may carry: the longest hidden send (7 days, Azure's limit).
+pub const MAX_TRIGGER_DELAY_MS: u64 = 7 * 24 * 3600 * 1000;
 
 /// A publish/subscribe engine (Redis today; NATS or Service Bus would be another impl).
 #[async_trait]
@@ -126,9 +134,11 @@ impl Bus {
         Bus { engine, outbox, counters, stop, tasks }
     }
 
-    /// Queues a notification for every host listening on `queue`; never waits.
-    pub fn publish(&self, queue: &str, count: Option<u64>) {
-        if self.outbox.try_send(Trigger { queue: queue.to_string(), count }).is_err() {
+    /// Queues a notification for every host listening on `queue` (messages put hidden for
+    /// `delay`); never waits.
+    pub fn publish(&self, queue: &str, count: Option<u64>, delay: Duration) {
+        let delay_ms = (!delay.is_zero()).then(|| u64::try_from(delay.as_millis()).unwrap_or(u64::MAX).min(MAX_TRIGGER_DELAY_MS));
+        if self.outbox.try_send(Trigger { queue: queue.to_string(), count, delay_ms }).is_err() {
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -192,7 +202,7 @@ pub(crate) fn parse_trigger(prefix: &str, channel: &str, payload: &[u8]) -> Opti
         return None;
     }
     let trigger: Trigger = serde_json::from_slice(payload).ok()?;
-    (trigger.queue == queue).then_some(trigger)
+    (trigger.queue == queue && trigger.delay_ms.is_none_or(|delay| delay <= MAX_TRIGGER_DELAY_MS)).then_some(trigger)
 }
 
 fn back_off(attempt: u32) -> Duration {
@@ -316,13 +326,16 @@ mod tests {
     #[test]
     fn only_the_trigger_json_for_the_channels_own_queue_is_taken() {
         let ok = parse_trigger("ebb:queue:", "ebb:queue:orders", br#"{"queue":"orders","count":3}"#);
-        assert_eq!(ok, Some(Trigger { queue: "orders".into(), count: Some(3) }));
+        assert_eq!(ok, Some(Trigger { queue: "orders".into(), count: Some(3), delay_ms: None }));
         assert_eq!(parse_trigger("ebb:queue:", "ebb:queue:orders", br#"{"queue":"orders"}"#).unwrap().count, None);
+        let delayed = parse_trigger("ebb:queue:", "ebb:queue:orders", br#"{"queue":"orders","count":1,"delay_ms":604800000}"#);
+        assert_eq!(delayed.unwrap().delay_ms, Some(MAX_TRIGGER_DELAY_MS), "a delayed send's trigger, up to 7 days");
         for (channel, payload) in [
             ("ebb:queue:orders", br#"{"queue":"other"}"#.to_vec()),
             ("ebb:queue:orders", b"orders".to_vec()),
             ("ebb:queue:orders", br#"{"queue":"orders","count":-1}"#.to_vec()),
             ("ebb:queue:orders", br#"{"queue":"orders","extra":1}"#.to_vec()),
+            ("ebb:queue:orders", br#"{"queue":"orders","delay_ms":604800001}"#.to_vec()),
             ("elsewhere:orders", br#"{"queue":"orders"}"#.to_vec()),
             ("ebb:queue:orders", format!(r#"{{"queue":"orders","pad":"{}"}}"#, "x".repeat(MAX_PAYLOAD_BYTES)).into_bytes()),
         ] {
@@ -358,7 +371,7 @@ mod tests {
         let engine = Arc::new(Recording::default());
         let bus = Bus::start(engine.clone(), "ebb:queue:", vec!["orders".into()], Arc::new(|_| {}), Arc::new(|_| {}));
         for _ in 0..10 {
-            bus.publish("orders", Some(1));
+            bus.publish("orders", Some(1), Duration::ZERO);
         }
         bus.shutdown().await;
         assert_eq!(*engine.0.lock().unwrap(), ["ebb:queue:orders"; 10]);

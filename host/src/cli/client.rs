@@ -66,7 +66,7 @@ pub async fn send(config_path: &Path, queue: &str, count: u64, body: Option<Stri
             println!("sent {count} message{} to {queue} (no host running: written to {written_to})", plural(count));
             // Hosts elsewhere listening on the queue hear of it at once.
             if let Some(bus) = &config.bus {
-                let trigger = crate::bus::Trigger { queue: queue.to_string(), count: Some(count) };
+                let trigger = crate::bus::Trigger { queue: queue.to_string(), count: Some(count), delay_ms: None };
                 let engine = bus.engine()?;
                 match crate::bus::publish_once(&*engine, &bus.channel_prefix, &trigger).await {
                     Ok(()) => println!("notified the hosts on {}{queue} via {}", bus.channel_prefix, engine.describe()),

@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 
 use super::budget;
-use crate::bus::{MAX_PAYLOAD_BYTES, Trigger, parse_trigger};
+use crate::bus::{MAX_PAYLOAD_BYTES, MAX_TRIGGER_DELAY_MS, Trigger, parse_trigger};
 
 const PREFIX: &str = "ebb:queue:";
 
@@ -49,11 +49,22 @@ fn count_value() -> impl Strategy<Value = (String, Result<Option<u64>, ()>)> {
     ]
 }
 
-/// One field of the object: the queue (the channel's or another), the count, or a stranger.
+/// The `delay_ms` values a publisher might send: a count's, bounded to 7 days.
+fn delay_value() -> impl Strategy<Value = (String, Result<Option<u64>, ()>)> {
+    prop_oneof![
+        count_value().prop_map(|(text, taken)| (text, taken.and_then(|n| if n.is_some_and(|d| d > MAX_TRIGGER_DELAY_MS) { Err(()) } else { Ok(n) }))),
+        (0..=MAX_TRIGGER_DELAY_MS).prop_map(|n| (n.to_string(), Ok(Some(n)))),
+        Just(((MAX_TRIGGER_DELAY_MS + 1).to_string(), Err(()))),
+    ]
+}
+
+/// One field of the object: the queue (the channel's or another), the count, the delay, or
+/// a stranger.
 #[derive(Debug, Clone)]
 enum Field {
     Queue { same_as_channel: bool, other: String, all_escaped: bool },
     Count(String, Result<Option<u64>, ()>),
+    Delay(String, Result<Option<u64>, ()>),
     Unknown(String),
 }
 
@@ -61,6 +72,7 @@ fn field() -> impl Strategy<Value = Field> {
     prop_oneof![
         3 => (any::<bool>(), queue_name(), any::<bool>()).prop_map(|(same_as_channel, other, all_escaped)| Field::Queue { same_as_channel, other, all_escaped }),
         2 => count_value().prop_map(|(text, taken)| Field::Count(text, taken)),
+        1 => delay_value().prop_map(|(text, taken)| Field::Delay(text, taken)),
         1 => prop_oneof![Just("Queue".to_string()), Just("counts".to_string()), Just("pad".to_string()), Just(String::new()), any::<String>()].prop_map(Field::Unknown),
     ]
 }
@@ -74,7 +86,7 @@ struct Built {
 
 fn build(queue: &str, fields: &[Field], space: &str, padding: usize) -> Built {
     let mut members = Vec::new();
-    let (mut queues, mut counts, mut unknown) = (Vec::new(), Vec::new(), false);
+    let (mut queues, mut counts, mut delays, mut unknown) = (Vec::new(), Vec::new(), Vec::new(), false);
     for field in fields {
         match field {
             Field::Queue { same_as_channel, other, all_escaped } => {
@@ -86,9 +98,13 @@ fn build(queue: &str, fields: &[Field], space: &str, padding: usize) -> Built {
                 members.push(format!("\"count\"{space}:{space}{text}"));
                 counts.push(*taken);
             }
+            Field::Delay(text, taken) => {
+                members.push(format!("\"delay_ms\"{space}:{space}{text}"));
+                delays.push(*taken);
+            }
             Field::Unknown(key) => {
-                // A key spelled "queue" or "count" would be one of the two fields, not a stranger.
-                let key = if key == "queue" || key == "count" { format!("{key}s") } else { key.clone() };
+                // A key spelled as a field would be that field, not a stranger.
+                let key = if key == "queue" || key == "count" || key == "delay_ms" { format!("{key}s") } else { key.clone() };
                 members.push(format!("{}{space}:{space}1", json_string(&key, false)));
                 unknown = true;
             }
@@ -101,8 +117,15 @@ fn build(queue: &str, fields: &[Field], space: &str, padding: usize) -> Built {
         [Ok(count)] => Some(*count),
         _ => None,
     };
-    let expected = match (queues.as_slice(), count) {
-        ([name], Some(count)) if name == queue && !unknown && payload.len() <= MAX_PAYLOAD_BYTES => Some(Trigger { queue: queue.to_string(), count }),
+    let delay_ms = match delays.as_slice() {
+        [] => Some(None),
+        [Ok(delay)] => Some(*delay),
+        _ => None,
+    };
+    let expected = match (queues.as_slice(), count, delay_ms) {
+        ([name], Some(count), Some(delay_ms)) if name == queue && !unknown && payload.len() <= MAX_PAYLOAD_BYTES => {
+            Some(Trigger { queue: queue.to_string(), count, delay_ms })
+        }
         _ => None,
     };
     Built { payload, expected }
@@ -141,8 +164,13 @@ proptest! {
 
     /// What this host publishes (`publish_once`'s encoding), every other host takes back as is.
     #[test]
-    fn every_trigger_a_host_publishes_is_taken_back_as_sent(queue in queue_name(), count in any::<Option<u64>>(), prefix in prop_oneof![Just(PREFIX.to_string()), any::<String>()]) {
-        let trigger = Trigger { queue: queue.clone(), count };
+    fn every_trigger_a_host_publishes_is_taken_back_as_sent(
+        queue in queue_name(),
+        count in any::<Option<u64>>(),
+        delay_ms in proptest::option::of(1..=MAX_TRIGGER_DELAY_MS),
+        prefix in prop_oneof![Just(PREFIX.to_string()), any::<String>()],
+    ) {
+        let trigger = Trigger { queue: queue.clone(), count, delay_ms };
         let payload = serde_json::to_vec(&trigger).expect("a trigger serialises");
         let parsed = parse_trigger(&prefix, &format!("{prefix}{queue}"), &payload);
         if payload.len() <= MAX_PAYLOAD_BYTES {

@@ -69,7 +69,7 @@ impl QueueHandle {
         };
         self.count_arrival();
         self.wake(delay);
-        self.publish(Some(1));
+        self.publish(Some(1), delay);
         Ok(id)
     }
 
@@ -78,7 +78,7 @@ impl QueueHandle {
     pub fn notify(&self) {
         self.count_arrival();
         self.wake(Duration::ZERO);
-        self.publish(None);
+        self.publish(None, Duration::ZERO);
     }
 
     /// Shuts this host's listeners on the queue down (see [`Listener::shutdown`]). A message
@@ -93,14 +93,14 @@ impl QueueHandle {
         if now > 0 {
             tracing::info!(queue = %self.name(), released = now, "telling the other hosts of the messages released at shutdown");
             self.inner.work.send_modify(|n| *n = n.wrapping_add(1));
-            self.publish(Some(now));
+            self.publish(Some(now), Duration::ZERO);
         }
         now
     }
 
     /// Another host said messages arrived (a bus trigger): wake this host only.
-    pub fn delivered(&self) {
-        self.wake(Duration::ZERO);
+    pub fn delivered(&self, delay: Duration) {
+        self.wake(delay);
     }
 
     /// Every work-detected event of this handle (sends, notifications, bus triggers), as a
@@ -125,9 +125,9 @@ impl QueueHandle {
         }
     }
 
-    fn publish(&self, count: Option<u64>) {
+    fn publish(&self, count: Option<u64>, delay: Duration) {
         if let Some(bus) = self.inner.bus.get() {
-            bus.publish(&self.inner.name, count);
+            bus.publish(&self.inner.name, count, delay);
         }
     }
 }

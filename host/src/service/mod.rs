@@ -418,9 +418,9 @@ fn start_bus(config: &BusConfig, queues: &BTreeMap<String, ServiceQueue>) -> Res
     let listeners: Vec<Listener> = handles.values().flat_map(|h| h.listeners().to_vec()).collect();
     let names = handles.keys().cloned().collect();
     let deliver: crate::bus::Deliver = Arc::new(move |trigger| {
-        tracing::debug!(queue = %trigger.queue, count = ?trigger.count, "push notification");
+        tracing::debug!(queue = %trigger.queue, count = ?trigger.count, delay_ms = ?trigger.delay_ms, "push notification");
         if let Some(handle) = handles.get(&trigger.queue) {
-            handle.delivered();
+            handle.delivered(Duration::from_millis(trigger.delay_ms.unwrap_or(0)));
         }
     });
     let available: crate::bus::Availability = Arc::new(move |available| listeners.iter().for_each(|l| l.set_push_available(available)));

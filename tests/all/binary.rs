@@ -198,6 +198,29 @@ fn ebb_raw(args: &[&str]) -> Output {
     Command::new(EBB).args(args).output().unwrap()
 }
 
+/// Issue 26 (a fast loop): `ebb rule check` and `eval` keep compiled rules in the user's
+/// compile cache (`EBB_RULE_CACHE` here), so the second look at a rule does not compile it;
+/// an empty `EBB_RULE_CACHE` turns the cache off.
+#[test]
+fn rule_check_and_eval_reuse_what_they_compiled() {
+    let cache = tempfile::tempdir().unwrap();
+    let with_cache = |args: &[&str]| Command::new(EBB).args(args).env("EBB_RULE_CACHE", cache.path()).output().unwrap();
+    let first = with_cache(&["rule", "check", guests::PROPORTIONAL]);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    assert!(!String::from_utf8_lossy(&first.stdout).contains("from the cache"), "{}", String::from_utf8_lossy(&first.stdout));
+    assert_eq!(
+        std::fs::read_dir(cache.path()).unwrap().flatten().filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count(),
+        1,
+        "one artifact kept"
+    );
+    let second = with_cache(&["rule", "check", guests::PROPORTIONAL]);
+    assert!(String::from_utf8_lossy(&second.stdout).contains("(compiled before: from the cache)"), "{}", String::from_utf8_lossy(&second.stdout));
+    let eval = with_cache(&["rule", "eval", guests::PROPORTIONAL, "--task-count", r#"{"approximate_depth": 50}"#]);
+    assert!(eval.status.success(), "{}", String::from_utf8_lossy(&eval.stderr));
+    let off = Command::new(EBB).args(["rule", "check", guests::PROPORTIONAL]).env("EBB_RULE_CACHE", "").output().unwrap();
+    assert!(off.status.success() && !String::from_utf8_lossy(&off.stdout).contains("from the cache"), "{}", String::from_utf8_lossy(&off.stdout));
+}
+
 #[test]
 fn rule_check_describes_a_rule_and_fails_with_the_reason() {
     let output = ebb_raw(&["rule", "check", guests::THRESHOLD_TABLE, "--param", "table=10:1, *:4"]);

@@ -121,8 +121,35 @@ fn compile(files: &[PathBuf], out: Option<PathBuf>, config: Option<PathBuf>) -> 
     Ok(())
 }
 
+/// Environment variable naming the compile cache of the `ebb rule` commands (empty: none).
+pub(crate) const RULE_CACHE_ENV: &str = "EBB_RULE_CACHE";
+
+/// Where `ebb rule check` and `eval` keep compiled rules, so that the second look at a rule
+/// does not compile it again (a Python rule takes seconds): `$EBB_RULE_CACHE`, else the
+/// user's cache folder (`$XDG_CACHE_HOME/ebb/rule-cache`, `~/.cache/ebb/rule-cache`).
+fn user_rule_cache() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os(RULE_CACHE_ENV) {
+        return (!dir.is_empty()).then(|| PathBuf::from(dir));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()).map(PathBuf::from);
+    let base = base.or_else(|| std::env::var_os("HOME").filter(|d| !d.is_empty()).map(|home| PathBuf::from(home).join(".cache")))?;
+    Some(base.join("ebb").join("rule-cache"))
+}
+
+/// The engine of the `ebb rule` commands: with the user's compile cache when it can be used,
+/// without it (compiling each time, and saying why) when not.
+fn cli_engine() -> Result<std::sync::Arc<RuleEngine>> {
+    if let Some(dir) = user_rule_cache() {
+        match RuleEngine::new(RuleLimits::default(), Some(dir.clone())) {
+            Ok(engine) => return Ok(engine),
+            Err(error) => eprintln!("note: no compile cache ({error:#}); set {RULE_CACHE_ENV} to a folder to keep compiled rules"),
+        }
+    }
+    RuleEngine::new(RuleLimits::default(), None)
+}
+
 fn check(file: &Path, params: Vec<(String, String)>) -> Result<()> {
-    let engine = RuleEngine::new(RuleLimits::default(), None)?;
+    let engine = cli_engine()?;
     let started = Instant::now();
     let rule = engine.load_file(file)?;
     let compile_time = started.elapsed();
@@ -130,7 +157,7 @@ fn check(file: &Path, params: Vec<(String, String)>) -> Result<()> {
     println!("rule:         {}", file.display());
     println!("size:         {} bytes", rule.size);
     println!("sha256:       {}", rule.sha256);
-    println!("compile time: {:.1} ms", compile_time.as_secs_f64() * 1e3);
+    println!("compile time: {:.1} ms{}", compile_time.as_secs_f64() * 1e3, if rule.from_cache { " (compiled before: from the cache)" } else { "" });
     let contract = rule.contract.interface();
     if rule.contract.as_str() == crate::rules::CONTRACT_VERSION {
         println!("contract:     {contract}");
@@ -149,7 +176,7 @@ fn check(file: &Path, params: Vec<(String, String)>) -> Result<()> {
 }
 
 fn eval(file: &Path, task_count: Option<String>, queue_empty: Option<String>, params: Vec<(String, String)>) -> Result<()> {
-    let engine = RuleEngine::new(RuleLimits::default(), None)?;
+    let engine = cli_engine()?;
     // Absolute, but not resolved: errors name the file as given (a link, not its target).
     let file = std::path::absolute(file).with_context(|| format!("failed to read rule {}", file.display()))?;
     let queue = "eval";

@@ -305,10 +305,14 @@ fn verified_artifact(stored: &[u8]) -> Option<&[u8]> {
     (Sha256::digest(artifact).as_slice() == digest).then_some(artifact)
 }
 
+/// Writes through a temporary file of its own, so processes sharing a cache (hosts, `ebb rule`
+/// commands) never write into one another's half-written file.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)?;
+    use std::io::Write as _;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::Builder::new().prefix(".ebb-artifact-").suffix(".tmp").tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.persist(path).map_err(|error| error.error)?;
     Ok(())
 }
 

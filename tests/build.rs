@@ -56,6 +56,15 @@ fn main() {
     for (name, path) in [("PYTHON_DRAIN_TIME", python_rule), ("JAVASCRIPT_SPARE_CAPACITY", javascript_rule)] {
         constants.push_str(&format!("pub const {name}: &str = {:?};\n", path.display().to_string()));
     }
+    // Test guests in other languages: `tests/guests-js/<name>.js` (built with `--sync`) and
+    // `tests/guests-py/<name>/app.py`, each as `JS_<NAME>` / `PY_<NAME>`.
+    for (name, path) in build_other_language_guests(&root, &wit, &tools, &out_dir) {
+        constants.push_str(&format!("pub const {name}: &str = {:?};\n", path.display().to_string()));
+    }
+    // The pinned guest toolchains themselves, for tests that build rules as a user would.
+    constants.push_str(&format!("pub const COMPONENTIZE_PY: &str = {:?};\n", path_str(&componentize_py(&tools))));
+    constants.push_str(&format!("pub const COMPONENTIZE_QJS: &str = {:?};\n", path_str(&componentize_qjs(&tools))));
+    constants.push_str(&format!("pub const GUEST_TOOLS: &str = {:?};\n", path_str(&tools)));
     std::fs::write(out_dir.join("guests.rs"), constants).unwrap();
 
     // KEDA's scaler protocol, for a client from another toolchain: Python grpcio, with
@@ -195,6 +204,48 @@ fn componentize_qjs(tools: &Path) -> PathBuf {
         std::fs::write(&marker, "").unwrap();
     }
     tool
+}
+
+/// Builds `tests/guests-js/*.js` and `tests/guests-py/*/app.py` into `out_dir`; returns
+/// (constant name, component path), sorted.
+fn build_other_language_guests(root: &Path, wit: &Path, tools: &Path, out_dir: &Path) -> Vec<(String, PathBuf)> {
+    let mut built = Vec::new();
+    for (folder, prefix) in [("tests/guests-js", "JS_"), ("tests/guests-py", "PY_")] {
+        let dir = root.join(folder);
+        println!("cargo:rerun-if-changed={}", dir.display());
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        let mut sources: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        sources.sort();
+        for source in sources {
+            let stem = source.file_stem().unwrap().to_string_lossy().into_owned();
+            let wasm = out_dir.join(format!("{}{stem}.wasm", prefix.to_lowercase()));
+            if prefix == "JS_" {
+                if source.extension().is_none_or(|e| e != "js") {
+                    continue;
+                }
+                run(
+                    Command::new(componentize_qjs(tools))
+                        .args(["-w", path_str(wit), "-n", "scaling-rule", "--sync", "-j"])
+                        .arg(&source)
+                        .args(["-o", path_str(&wasm)]),
+                    &format!("componentize-qjs of {}", source.display()),
+                );
+            } else {
+                if !source.join("app.py").is_file() {
+                    continue;
+                }
+                run(
+                    Command::new(componentize_py(tools))
+                        .args(["-d", path_str(wit), "-w", "scaling-rule", "componentize", "-p"])
+                        .arg(&source)
+                        .args(["app", "-o", path_str(&wasm)]),
+                    &format!("componentize-py of {}", source.display()),
+                );
+            }
+            built.push((format!("{prefix}{}", const_name(&stem)), wasm));
+        }
+    }
+    built
 }
 
 fn path_str(path: &Path) -> &str {

@@ -1,5 +1,3 @@
-use clap::Parser;
-
 fn main() -> std::process::ExitCode {
-    ebb::cli::main(ebb::cli::Cli::parse())
+    ebb::cli::main(ebb::cli::Cli::from_env())
 }

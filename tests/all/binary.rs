@@ -222,6 +222,19 @@ fn rule_check_and_eval_reuse_what_they_compiled() {
 }
 
 #[test]
+fn rule_eval_shows_what_the_rule_printed_without_a_log_setting() {
+    let output = Command::new(EBB)
+        .args(["rule", "eval", guests::TRAP, "--task-count", r#"{"approximate_depth": 42}"#])
+        .env_remove("RUST_LOG")
+        .env_remove("EBB_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "the rule traps: {stderr}");
+    assert!(stderr.contains("rule output: about to fail at depth 42"), "{stderr}");
+}
+
+#[test]
 fn rule_check_describes_a_rule_and_fails_with_the_reason() {
     let output = ebb_raw(&["rule", "check", guests::THRESHOLD_TABLE, "--param", "table=10:1, *:4"]);
     let text = String::from_utf8_lossy(&output.stdout);

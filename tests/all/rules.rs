@@ -125,13 +125,13 @@ fn captured_log(level: tracing::Level, f: impl FnOnce()) -> String {
 }
 
 #[test]
-fn rule_output_goes_to_the_debug_log_with_the_queue_and_rule_name() {
+fn rule_output_goes_to_the_info_log_with_the_queue_and_rule_name() {
     let rules = loaded(guests::TRAP, RuleLimits::default());
-    let text = captured_log(tracing::Level::DEBUG, || {
+    let text = captured_log(tracing::Level::INFO, || {
         rules.decide_task_count(QUEUE, &state(42));
     });
     let line = text.lines().find(|l| l.contains("rule output: about to fail at depth 42")).unwrap_or_else(|| panic!("{text}"));
-    assert!(line.contains("DEBUG") && line.contains("rule=\"trap.wasm\"") && line.contains("queue=\"orders\""), "{line}");
+    assert!(line.contains("INFO") && line.contains("rule=\"trap.wasm\"") && line.contains("queue=\"orders\""), "{line}");
 }
 
 #[test]

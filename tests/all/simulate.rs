@@ -118,6 +118,38 @@ fn simulate_prints_a_table_json_and_an_svg_chart() {
 }
 
 #[test]
+fn simulate_gives_each_rule_component_the_parameters_after_it_and_keeps_it_compiled() {
+    let cache = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| Command::new(EBB).arg("simulate").args(args).env("EBB_RULE_CACHE", cache.path()).output().unwrap();
+    let common = ["--scenario", "burst", "--duration", "3m", "--json"];
+    let output = run(&[&common[..], &["--rule", guests::PROPORTIONAL, "--param", "per_task=50", "--rule", guests::PROPORTIONAL, "--rule", "paper"]].concat());
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let rules = json["rules"].as_array().unwrap();
+    let names: Vec<&str> = rules.iter().map(|r| r["rule"].as_str().unwrap()).collect();
+    assert_eq!(names, ["proportional.wasm per_task=50", "proportional.wasm", "paper"]);
+    // 5,000 messages at once: one task per 50 of them reaches max_tasks; per 200 (the default), 25.
+    let peaks: Vec<u64> = rules.iter().map(|r| r["peak_tasks"].as_u64().unwrap()).collect();
+    assert!(peaks[0] > peaks[1], "per_task=50 runs more tasks than the default 200: {peaks:?}");
+    let artifacts = || std::fs::read_dir(cache.path()).unwrap().flatten().filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count();
+    assert_eq!(artifacts(), 1, "the component is compiled once, into the user's cache, for both runs");
+
+    // Parameters the rule rejects, or that belong to no component, are refused with the reason.
+    for (args, expected) in [
+        (vec!["--rule", guests::PROPORTIONAL, "--param", "per_task=0"], "per_task"),
+        (vec!["--param", "per_task=5", "--rule", guests::PROPORTIONAL], "--param per_task=5: give it after the --rule FILE.wasm it is for"),
+        (vec!["--param", "per_task=5"], "--param per_task=5: give it after the --rule FILE.wasm it is for"),
+        (vec!["--rule", "paper", "--param", "per_task=5"], "--param: the built-in rule paper takes no parameters"),
+        (vec!["--rule", guests::PROPORTIONAL, "--param", "=5"], "expected key=value"),
+    ] {
+        let output = run(&[&["--scenario", "idle", "--duration", "1m"][..], &args].concat());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(if expected == "expected key=value" { 2 } else { 1 }), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: expected {expected:?} in {stderr}");
+    }
+}
+
+#[test]
 fn simulate_refuses_hostile_inputs_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let bad_trace = dir.path().join("bad.csv");

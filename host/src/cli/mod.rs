@@ -97,18 +97,37 @@ enum Command {
     Simulate(simulate::SimulateArgs),
 }
 
+impl Cli {
+    /// Parses the process's command line, as [`Parser::parse`] does, and keeps what depends on
+    /// where arguments stand (which `--rule` of `ebb simulate` each `--param` follows).
+    pub fn from_env() -> Cli {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Cli::command().get_matches();
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+        if let (Command::Simulate(args), Some(("simulate", sub))) = (&mut cli.command, matches.subcommand()) {
+            args.attach_params(sub);
+        }
+        cli
+    }
+}
+
 /// Most copies one `ebb send` sends.
 const MAX_SEND_COUNT: u64 = 1_000_000;
+
+/// The default log of the rule author's commands: warnings, and the rule's own output.
+const RULE_AUTHOR_LOG: &str = "warn,ebb::rules::stderr=info";
 
 /// Runs the command line; errors are printed with their causes and exit with code 1.
 pub fn main(cli: Cli) -> ExitCode {
     if !matches!(cli.command, Command::Run { .. } | Command::Scaler { .. }) {
         end_quietly_when_output_closes();
     }
-    // Author commands print their own results; only warnings belong on stderr.
+    // Author commands print their own results; only warnings belong on stderr, and what the
+    // rule itself printed (an author's first debugging tool).
     init_logging(match cli.command {
         Command::Run { .. } | Command::Scaler { .. } => "info",
         Command::Demo { .. } => "ebb=warn",
+        Command::Rule(_) | Command::Simulate(_) => RULE_AUTHOR_LOG,
         _ => "warn",
     });
     let result = match cli.command {

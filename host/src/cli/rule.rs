@@ -127,7 +127,7 @@ pub(crate) const RULE_CACHE_ENV: &str = "EBB_RULE_CACHE";
 /// Where `ebb rule check` and `eval` keep compiled rules, so that the second look at a rule
 /// does not compile it again (a Python rule takes seconds): `$EBB_RULE_CACHE`, else the
 /// user's cache folder (`$XDG_CACHE_HOME/ebb/rule-cache`, `~/.cache/ebb/rule-cache`).
-fn user_rule_cache() -> Option<PathBuf> {
+pub(super) fn user_rule_cache() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os(RULE_CACHE_ENV) {
         return (!dir.is_empty()).then(|| PathBuf::from(dir));
     }

@@ -30,6 +30,14 @@ pub struct SimulateArgs {
     /// compare. Default: all four built-ins.
     #[arg(long = "rule")]
     rules: Vec<String>,
+    /// A parameter for the rule component given by the `--rule` before it, as in the queue's
+    /// `rule_params` (repeatable): `--rule a.wasm --param per_task=10 --rule b.wasm`.
+    #[arg(long = "param", value_name = "KEY=VALUE", value_parser = super::parse_key_value)]
+    params: Vec<(String, String)>,
+    /// For each `--param`, the index of the `--rule` it follows (set from the command
+    /// line's positions by [`SimulateArgs::attach_params`]).
+    #[arg(skip)]
+    param_owners: Vec<Option<usize>>,
     /// How long to simulate (default: the scenario's own; a trace's last arrival + 10 min).
     #[arg(long, value_parser = humantime::parse_duration)]
     duration: Option<Duration>,
@@ -70,17 +78,40 @@ pub struct SimulateArgs {
     chart: Option<PathBuf>,
 }
 
+impl SimulateArgs {
+    /// Records which `--rule` each `--param` follows, from where each stands on the command line.
+    pub(super) fn attach_params(&mut self, matches: &clap::ArgMatches) {
+        let rules: Vec<usize> = matches.indices_of("rules").map(Iterator::collect).unwrap_or_default();
+        let params = matches.indices_of("params").map(Iterator::collect::<Vec<_>>).unwrap_or_default();
+        self.param_owners = params.iter().map(|at| rules.iter().rposition(|rule| rule < at)).collect();
+    }
+
+    /// The rules to compare, each with the parameters that follow it.
+    fn rule_choices(&self) -> Result<Vec<RuleChoice>> {
+        if self.rules.is_empty() {
+            if let Some((key, value)) = self.params.first() {
+                bail!("--param {key}={value}: give it after the --rule FILE.wasm it is for");
+            }
+            return simulate::rules::BUILT_INS.iter().map(|name| RuleChoice::parse(name)).collect();
+        }
+        let mut params = vec![Vec::new(); self.rules.len()];
+        for (index, (key, value)) in self.params.iter().enumerate() {
+            // Without positions (a caller that built the arguments itself), a lone rule takes them all.
+            let owner = self.param_owners.get(index).copied().unwrap_or((self.rules.len() == 1).then_some(0));
+            let Some(owner) = owner else { bail!("--param {key}={value}: give it after the --rule FILE.wasm it is for") };
+            params[owner].push((key.clone(), value.clone()));
+        }
+        self.rules.iter().zip(params).map(|(text, params)| RuleChoice::parse(text)?.with_params(params)).collect()
+    }
+}
+
 pub fn run(args: SimulateArgs) -> Result<()> {
     let scenario = match (&args.scenario, &args.trace) {
         (_, Some(path)) => Scenario::Trace(path.clone()),
         (Some(name), None) => Scenario::named(name)?,
         (None, None) => Scenario::PaperBilling,
     };
-    let rules = if args.rules.is_empty() {
-        simulate::rules::BUILT_INS.iter().map(|name| RuleChoice::parse(name)).collect::<Result<Vec<_>>>()?
-    } else {
-        args.rules.iter().map(|text| RuleChoice::parse(text)).collect::<Result<Vec<_>>>()?
-    };
+    let rules = args.rule_choices()?;
     if let Some(chart) = &args.chart {
         if chart.extension().is_none_or(|e| e != "svg") {
             bail!("--chart: {} must end in .svg (the chart is SVG)", chart.display());
@@ -114,6 +145,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         max_wall: args.max_wall,
         safety_poll: args.safety_poll,
         wait_budget: args.wait_budget,
+        rule_cache: super::rule::user_rule_cache(),
     };
     if args.bench {
         let mut report = simulate::bench::run(&options)?;

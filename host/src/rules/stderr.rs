@@ -1,4 +1,4 @@
-//! A rule's stderr and stdout: captured per call, logged at DEBUG with the rule's name, rate-limited.
+//! A rule's stderr and stdout: captured per call, logged at INFO with the rule's name, rate-limited.
 
 use std::io;
 use std::pin::Pin;
@@ -135,7 +135,7 @@ impl OutputLogger {
         }
         if self.window_start.elapsed() >= WINDOW {
             if self.suppressed > 0 {
-                tracing::debug!(queue, rule, suppressed = self.suppressed, "rule output suppressed by rate limit");
+                tracing::info!(queue, rule, suppressed = self.suppressed, "rule output suppressed by rate limit");
             }
             self.window_start = Instant::now();
             self.lines_in_window = 0;
@@ -144,7 +144,7 @@ impl OutputLogger {
         for line in String::from_utf8_lossy(&bytes).lines().filter(|l| !l.trim().is_empty()) {
             if self.lines_in_window < LINES_PER_WINDOW {
                 self.lines_in_window += 1;
-                tracing::debug!(queue, rule, "rule output: {line}");
+                tracing::info!(queue, rule, "rule output: {line}");
             } else {
                 self.suppressed += 1;
             }

@@ -18,6 +18,7 @@ pub mod report;
 pub mod rules;
 pub mod scenario;
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -36,7 +37,7 @@ use crate::rules::{QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
 use crate::service::{QueueStack, StackOptions};
 
 pub use floor::Floor;
-pub use rules::RuleChoice;
+pub use rules::{RuleChoice, RuleFile};
 pub use scenario::{Arrival, HandlerTime, Scenario, Workload};
 
 /// The simulated queue's name.
@@ -76,6 +77,9 @@ pub struct SimOptions {
     pub safety_poll: Option<Duration>,
     /// The floor's wait budget W: the longest a message may wait for a get.
     pub wait_budget: Duration,
+    /// Where compiled rule components are kept between runs (`ebb simulate` uses the user's
+    /// compile cache, as `ebb rule check` does); `None` compiles each time.
+    pub rule_cache: Option<PathBuf>,
 }
 
 impl SimOptions {
@@ -93,6 +97,7 @@ impl SimOptions {
             max_wall: Duration::from_secs(600),
             safety_poll: None,
             wait_budget: floor::DEFAULT_WAIT_BUDGET,
+            rule_cache: None,
         }
     }
 
@@ -243,7 +248,7 @@ pub struct SimReport {
 pub fn run(options: &SimOptions) -> Result<SimReport> {
     options.check()?;
     let any_wasm = options.rules.iter().any(|r| r.wasm().is_some());
-    let engine = if any_wasm { Some(RuleEngine::new(RuleLimits::default(), None)?) } else { None };
+    let engine = if any_wasm { Some(rule_engine(options.rule_cache.as_ref())?) } else { None };
     let floor = floor::floor(&options.workload.arrivals, options.wait_budget);
     let mut reports = Vec::new();
     for rule in &options.rules {
@@ -268,12 +273,24 @@ pub fn run(options: &SimOptions) -> Result<SimReport> {
     })
 }
 
+/// The engine of a simulation: with the compile cache when it can be used, else without it
+/// (compiling each time, and saying why).
+fn rule_engine(cache: Option<&PathBuf>) -> Result<Arc<RuleEngine>> {
+    if let Some(dir) = cache {
+        match RuleEngine::new(RuleLimits::default(), Some(dir.clone())) {
+            Ok(engine) => return Ok(engine),
+            Err(error) => tracing::warn!("no compile cache for the simulated rules ({error:#}); compiling them each time"),
+        }
+    }
+    RuleEngine::new(RuleLimits::default(), None)
+}
+
 fn run_rule(rule: &RuleChoice, engine: Option<&Arc<RuleEngine>>, options: &SimOptions) -> Result<RuleReport> {
     // A WASM rule is loaded (and rejected with the reason) before any time runs.
     let rule_set = match (rule.wasm(), engine) {
-        (Some(path), Some(engine)) => {
-            let path = path.canonicalize().with_context(|| format!("--rule: cannot open {}", path.display()))?;
-            let set = RuleSet::new(engine.clone(), [QueueRuleConfig { slot: RuleSlot::new(QUEUE)?, rule: Some(path), params: vec![] }]);
+        (Some(file), Some(engine)) => {
+            let path = file.path.canonicalize().with_context(|| format!("--rule: cannot open {}", file.path.display()))?;
+            let set = RuleSet::new(engine.clone(), [QueueRuleConfig { slot: RuleSlot::new(QUEUE)?, rule: Some(path), params: file.params.clone() }]);
             if let Some(error) = set.load_all().into_iter().next() {
                 return Err(error.context("--rule"));
             }

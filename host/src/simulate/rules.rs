@@ -26,9 +26,24 @@ pub enum RuleChoice {
     /// each hour.
     PaperPush,
     /// A rule component, with the default queue settings (pull).
-    Wasm(PathBuf),
+    Wasm(RuleFile),
     /// A rule component with push, as `paper-push` (`push:FILE.wasm`).
-    WasmPush(PathBuf),
+    WasmPush(RuleFile),
+}
+
+/// A rule component and the parameters its `configure` is given (a queue's `rule_params`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleFile {
+    /// The component (.wasm).
+    pub path: PathBuf,
+    /// Its parameters, in the order given.
+    pub params: Vec<(String, String)>,
+}
+
+impl<P: Into<PathBuf>> From<P> for RuleFile {
+    fn from(path: P) -> Self {
+        RuleFile { path: path.into(), params: Vec::new() }
+    }
 }
 
 impl RuleChoice {
@@ -40,8 +55,8 @@ impl RuleChoice {
             "paper" => RuleChoice::Paper,
             "paper-push" => RuleChoice::PaperPush,
             path if path.ends_with(".wasm") => match path.strip_prefix("push:") {
-                Some(path) => RuleChoice::WasmPush(PathBuf::from(path)),
-                None => RuleChoice::Wasm(PathBuf::from(path)),
+                Some(path) => RuleChoice::WasmPush(path.into()),
+                None => RuleChoice::Wasm(path.into()),
             },
             other => bail!("--rule: {other:?} is neither a built-in ({}) nor a .wasm file (push:FILE.wasm with push)", BUILT_INS.join(", ")),
         })
@@ -54,8 +69,8 @@ impl RuleChoice {
             RuleChoice::Functions => "functions".into(),
             RuleChoice::Paper => "paper".into(),
             RuleChoice::PaperPush => "paper-push".into(),
-            RuleChoice::Wasm(path) => file_name(path),
-            RuleChoice::WasmPush(path) => format!("{} (push)", file_name(path)),
+            RuleChoice::Wasm(rule) => rule_name(rule),
+            RuleChoice::WasmPush(rule) => format!("{} (push)", rule_name(rule)),
         }
     }
 
@@ -64,11 +79,23 @@ impl RuleChoice {
         matches!(self, RuleChoice::PaperPush | RuleChoice::WasmPush(_))
     }
 
-    /// The rule component, if the rule is one.
-    pub fn wasm(&self) -> Option<&PathBuf> {
+    /// The rule component and its parameters, if the rule is one.
+    pub fn wasm(&self) -> Option<&RuleFile> {
         match self {
-            RuleChoice::Wasm(path) | RuleChoice::WasmPush(path) => Some(path),
+            RuleChoice::Wasm(rule) | RuleChoice::WasmPush(rule) => Some(rule),
             _ => None,
+        }
+    }
+
+    /// The same rule with `params` for its `configure`; a built-in takes none.
+    pub fn with_params(self, params: Vec<(String, String)>) -> Result<RuleChoice> {
+        if params.is_empty() {
+            return Ok(self);
+        }
+        match self {
+            RuleChoice::Wasm(rule) => Ok(RuleChoice::Wasm(RuleFile { params, ..rule })),
+            RuleChoice::WasmPush(rule) => Ok(RuleChoice::WasmPush(RuleFile { params, ..rule })),
+            built_in => bail!("--param: the built-in rule {} takes no parameters (they are for a rule component's configure)", built_in.name()),
         }
     }
 
@@ -108,8 +135,13 @@ impl RuleChoice {
     }
 }
 
-fn file_name(path: &std::path::Path) -> String {
-    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+/// The file's name, and its parameters when it has some: the same file with other
+/// parameters is another rule in a comparison.
+fn rule_name(rule: &RuleFile) -> String {
+    let path = &rule.path;
+    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let params: Vec<String> = rule.params.iter().map(|(key, value)| format!("{key}={value}")).collect();
+    if params.is_empty() { name } else { format!("{name} {}", params.join(" ")) }
 }
 
 /// One task that never stops, a fixed sleep after each empty get.

@@ -1,8 +1,6 @@
 //! The `ebb` binary, built inside this package so end-to-end tests can run it
 //! (`CARGO_BIN_EXE_*` exists only for a test's own package). Same code as `host/src/main.rs`.
 
-use clap::Parser;
-
 fn main() -> std::process::ExitCode {
-    ebb::cli::main(ebb::cli::Cli::parse())
+    ebb::cli::main(ebb::cli::Cli::from_env())
 }

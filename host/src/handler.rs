@@ -53,13 +53,91 @@ pub trait Handler: Send + Sync + 'static {
 #[error("the host could not call the handler: {0:#}")]
 pub struct HostError(pub anyhow::Error);
 
+/// The app asked for a pause (HTTP 429 Too Many Requests or 503 Service Unavailable, or a
+/// Rust handler returning this error): not the message's fault. The message is made visible
+/// again after the app's `Retry-After` (capped at the queue's `max_retry_delay`; the queue's
+/// first retry delay when absent or unusable), counted as pushed back, not as failed, and
+/// it is not poisoned for it until its dequeue count reaches [`PUSHED_BACK_POISON_DEQUEUES`].
+#[derive(Debug, thiserror::Error)]
+#[error("{detail}: pushed back{}", match .retry_after {
+    RetryAfter::Unspecified => String::new(),
+    RetryAfter::Seconds(s) => format!(", retry after {s} s"),
+    RetryAfter::At(at) => format!(", retry at {}", humantime::format_rfc3339_seconds(*at)),
+    RetryAfter::Malformed(text) => format!(", with an unusable Retry-After {text:?}"),
+})]
+pub struct PushedBack {
+    /// When the app asked to be called again.
+    pub retry_after: RetryAfter,
+    /// What answered, for the log (`handler http://… answered 429 Too Many Requests`).
+    pub detail: String,
+}
+
+/// A pushed-back message is poisoned only once it has been dequeued this many times (each
+/// push back is a dequeue), so an app that sheds load for hours loses nothing.
+pub const PUSHED_BACK_POISON_DEQUEUES: u32 = 1_000;
+
+/// An app's `Retry-After`, as given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RetryAfter {
+    /// None given.
+    Unspecified,
+    /// A number of seconds (saturated at `u64::MAX` when larger).
+    Seconds(u64),
+    /// An HTTP date.
+    At(SystemTime),
+    /// Neither (a negative or fractional number, text, a bad date), at most 64 characters of it.
+    Malformed(String),
+}
+
+/// Why a `Retry-After` was not used as given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryAfterAdjustment {
+    /// Longer than the queue's `max_retry_delay`: capped.
+    Capped,
+    /// Not a number of seconds or an HTTP date: the default delay was used.
+    Malformed,
+    /// A date already past: the default delay was used.
+    Past,
+}
+
+impl RetryAfter {
+    /// Reads a `Retry-After` header's value (RFC 9110: seconds, or an HTTP date).
+    pub fn parse(value: &[u8]) -> RetryAfter {
+        let Ok(text) = std::str::from_utf8(value) else { return RetryAfter::Malformed(String::from_utf8_lossy(&value[..value.len().min(64)]).into_owned()) };
+        let text = text.trim();
+        if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+            return RetryAfter::Seconds(text.parse().unwrap_or(u64::MAX));
+        }
+        match httpdate::parse_http_date(text) {
+            Ok(at) => RetryAfter::At(at),
+            Err(_) => RetryAfter::Malformed(text.chars().take(64).collect()),
+        }
+    }
+
+    /// The delay before the message is visible again: as asked, within `cap`; `default`
+    /// when nothing usable was asked. The adjustment says why it differs from the ask.
+    pub fn delay(&self, now: SystemTime, default: Duration, cap: Duration) -> (Duration, Option<RetryAfterAdjustment>) {
+        let asked = match self {
+            RetryAfter::Unspecified => return (default.min(cap), None),
+            RetryAfter::Malformed(_) => return (default.min(cap), Some(RetryAfterAdjustment::Malformed)),
+            RetryAfter::Seconds(seconds) => Duration::from_secs(*seconds),
+            RetryAfter::At(at) => match at.duration_since(now) {
+                Ok(wait) if !wait.is_zero() => wait,
+                _ => return (default.min(cap), Some(RetryAfterAdjustment::Past)),
+            },
+        };
+        if asked > cap { (cap, Some(RetryAfterAdjustment::Capped)) } else { (asked, None) }
+    }
+}
+
 /// How much of a failing handler's answer is kept for the error message.
 const ERROR_BODY_BYTES: usize = 4096;
 /// How much of it is quoted.
 const ERROR_QUOTE_CHARS: usize = 200;
 
-/// POSTs the body to a URL; a 2xx answer is success, anything else (a redirect included: a
-/// redirected POST would arrive as a GET without the body) or the timeout is a failure.
+/// POSTs the body to a URL; a 2xx answer is success; 429 and 503 push back (see
+/// [`PushedBack`]); anything else (a redirect included: a redirected POST would arrive as a
+/// GET without the body) or the timeout is a failure.
 /// Headers: `ebb-queue`, `ebb-message-id`, `ebb-dequeue-count`, `ebb-inserted-at` (RFC 3339).
 pub struct HttpHandler {
     client: reqwest::Client,
@@ -142,6 +220,10 @@ impl Handler for HttpHandler {
         if status.is_redirection() {
             let to = response.headers().get(reqwest::header::LOCATION).and_then(|v| v.to_str().ok()).unwrap_or("?").to_string();
             bail!("handler {} answered {status} (to {to}); ebb does not follow redirects: set handler.url to the final address", self.shown_url);
+        }
+        if matches!(status, reqwest::StatusCode::TOO_MANY_REQUESTS | reqwest::StatusCode::SERVICE_UNAVAILABLE) {
+            let retry_after = response.headers().get(reqwest::header::RETRY_AFTER).map_or(RetryAfter::Unspecified, |v| RetryAfter::parse(v.as_bytes()));
+            return Err(PushedBack { retry_after, detail: format!("handler {} answered {status}", self.shown_url) }.into());
         }
         if !status.is_success() {
             let text = String::from_utf8_lossy(&body_prefix(response, ERROR_BODY_BYTES).await).into_owned();

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use axum::body::Body;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
-use ebb::handler::{Handler, HttpHandler, IncomingMessage};
+use ebb::handler::{Handler, HttpHandler, IncomingMessage, PushedBack, RetryAfter};
 use futures::StreamExt;
 
 async fn serve(router: axum::Router) -> std::net::SocketAddr {
@@ -97,4 +97,32 @@ async fn a_failing_answer_cannot_write_lines_into_the_log() {
     let error = format!("{:#}", handler.handle(&message()).await.unwrap_err());
     assert!(!error.contains('\n') && !error.contains('\r'), "{error:?}");
     assert!(error.contains("oops\\r\\n2026"), "escaped, still readable: {error}");
+}
+
+/// 429 and 503 are the app pushing back, with its `Retry-After` (seconds or an HTTP date);
+/// other errors stay failures.
+#[tokio::test]
+async fn too_many_requests_and_unavailable_push_back_with_the_apps_retry_after() {
+    let date = httpdate::fmt_http_date(SystemTime::UNIX_EPOCH + Duration::from_secs(2_000_000_000));
+    let answer_date = date.clone();
+    let router = axum::Router::new()
+        .route("/busy", axum::routing::post(|| async { (StatusCode::TOO_MANY_REQUESTS, [(header::RETRY_AFTER, "7")]) }))
+        .route("/down", axum::routing::post(|| async { StatusCode::SERVICE_UNAVAILABLE }))
+        .route("/later", axum::routing::post(move || async move { (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, answer_date)]) }))
+        .route("/junk", axum::routing::post(|| async { (StatusCode::TOO_MANY_REQUESTS, [(header::RETRY_AFTER, "in a while")]) }))
+        .route("/broken", axum::routing::post(|| async { (StatusCode::INTERNAL_SERVER_ERROR, [(header::RETRY_AFTER, "7")]) }));
+    let addr = serve(router).await;
+    let call = |path: &'static str| async move {
+        let handler = HttpHandler::new(format!("http://{addr}{path}").parse().unwrap(), Duration::from_secs(5)).unwrap();
+        handler.handle(&message()).await.unwrap_err()
+    };
+    let retry_after = |error: anyhow::Error| error.downcast::<PushedBack>().map(|p| p.retry_after).map_err(|e| format!("{e:#}"));
+    assert_eq!(retry_after(call("/busy").await), Ok(RetryAfter::Seconds(7)));
+    assert_eq!(retry_after(call("/down").await), Ok(RetryAfter::Unspecified));
+    assert_eq!(retry_after(call("/later").await), Ok(RetryAfter::At(httpdate::parse_http_date(&date).unwrap())));
+    assert_eq!(retry_after(call("/junk").await), Ok(RetryAfter::Malformed("in a while".into())));
+    let junk = format!("{:#}", call("/junk").await);
+    assert!(junk.contains("429") && junk.contains("unusable Retry-After \"in a while\""), "{junk}");
+    let broken = retry_after(call("/broken").await).unwrap_err();
+    assert!(broken.contains("500"), "{broken}");
 }

@@ -19,7 +19,8 @@ use tokio::time::{Instant, sleep};
 const QUEUE: &str = "work";
 
 /// Handles a message by sleeping for the milliseconds in its body ("sleep 500"), fails when
-/// the body starts with "fail", and panics when it says "panic".
+/// the body starts with "fail", panics when it says "panic", and pushes back as an app
+/// answering 429 would on its k-th try with the k-th `Retry-After` of "pushback 7|soon".
 #[derive(Default)]
 struct TestHandler {
     calls: AtomicU64,
@@ -35,6 +36,12 @@ impl Handler for TestHandler {
         if self.host_errors_left.load(Ordering::Relaxed) > 0 {
             self.host_errors_left.fetch_sub(1, Ordering::Relaxed);
             return Err(ebb::handler::HostError(anyhow::anyhow!("Too many open files (os error 24)")).into());
+        }
+        if let Some(values) = body.strip_prefix("pushback ")
+            && let Some(value) = values.split('|').nth(message.dequeue_count as usize - 1)
+        {
+            let retry_after = ebb::handler::RetryAfter::parse(value.as_bytes());
+            return Err(ebb::handler::PushedBack { retry_after, detail: "app answered 429 Too Many Requests".into() }.into());
         }
         if body == "panic" {
             panic!("handler bug on try {}", message.dequeue_count);
@@ -375,6 +382,48 @@ async fn the_hosts_own_errors_never_poison_a_message() {
     let status = f.listener.status();
     assert_eq!((status.host_errors, status.poisoned, status.failed, status.processed), (6, 0, 0, 1), "{status:?}");
     assert_eq!(f.poison.approximate_count().await.unwrap(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pushed_back_message_waits_its_retry_after_and_is_never_poisoned_for_it() {
+    // One real failure would poison it: a push back is not a failure.
+    let settings = QueueSettings {
+        max_dequeue_count: 1,
+        visibility_timeout: Duration::from_secs(2),
+        max_retry_delay: Duration::from_secs(60),
+        min_polling_interval: Duration::from_millis(10),
+        max_polling_interval: Duration::from_millis(100),
+        ..Default::default()
+    };
+    let f = fixture(settings, None);
+    f.listener.start();
+    let past = httpdate::fmt_http_date(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000));
+    f.queue.put(format!("pushback 7|soon|99999999999999999999999|{past}|-3").as_bytes(), Duration::ZERO).await.unwrap();
+    sleep(Duration::from_secs(200)).await;
+    let tries: Vec<Instant> = f.queue.gets.lock().unwrap().iter().filter(|(_, n)| *n > 0).map(|(at, _)| *at).collect();
+    let waits: Vec<u64> = tries.windows(2).map(|w| (w[1] - w[0]).as_secs()).collect();
+    // As asked; malformed: the first retry delay; enormous: capped at max_retry_delay; a date
+    // past and a negative number: the first retry delay.
+    assert_eq!(waits, [7, 2, 60, 2, 2], "{waits:?}");
+    let status = f.listener.status();
+    assert_eq!((status.pushed_back, status.retry_after_capped, status.retry_after_unusable), (5, 1, 3), "{status:?}");
+    assert_eq!((status.failed, status.poisoned, status.processed), (0, 0, 1), "{status:?}");
+    assert_eq!(f.poison.approximate_count().await.unwrap(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_pushed_back_a_thousand_times_is_poisoned_with_the_reason() {
+    let f = fixture(QueueSettings { max_dequeue_count: 5, ..Default::default() }, None);
+    f.listener.start();
+    let body = format!("pushback {}", vec!["0"; 1_000].join("|"));
+    f.queue.put(body.as_bytes(), Duration::ZERO).await.unwrap();
+    f.listener.work_detected();
+    sleep(Duration::from_secs(3_600)).await;
+    let status = f.listener.status();
+    assert_eq!((status.pushed_back, status.failed, status.poisoned), (1_000, 0, 1), "{status:?}");
+    let poisoned = f.poison.get(1, Duration::from_secs(30)).await.unwrap();
+    let envelope: serde_json::Value = serde_json::from_slice(&poisoned[0].body).unwrap();
+    assert!(envelope["error"].as_str().unwrap().contains("pushed back") && envelope["dequeue_count"] == 1_000, "{envelope}");
 }
 
 /// Review defect: 3,000 messages poisoned in a burst wrote ~1,000 WARN lines a second.

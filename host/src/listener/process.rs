@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::handler::{HostError, IncomingMessage};
+use crate::handler::{HostError, IncomingMessage, PUSHED_BACK_POISON_DEQUEUES, PushedBack, RetryAfterAdjustment};
 use crate::queue::{Message, MessageId, PopReceipt, QueueError};
 
 use super::Shared;
@@ -71,6 +71,25 @@ impl Shared {
                 let delay = self.settings.retry_delay(1);
                 if let Some(suppressed) = self.failure_log.allow() {
                     tracing::warn!(id = %message.id, ?delay, suppressed, "{error:#}; the message is retried later and this try does not count towards poisoning");
+                }
+                self.retry_later(message, receipt, delay).await;
+            }
+            Outcome::Handled(Err(error)) if error.is::<PushedBack>() => {
+                let pushed = error.downcast_ref::<PushedBack>().expect("checked above");
+                self.counters.pushed_back.fetch_add(1, Ordering::Relaxed);
+                let now = std::time::UNIX_EPOCH + Duration::from_millis(self.clock.now_ms());
+                let (delay, adjustment) = pushed.retry_after.delay(now, self.settings.retry_delay(1), self.settings.max_retry_delay);
+                match adjustment {
+                    Some(RetryAfterAdjustment::Capped) => self.counters.retry_after_capped.fetch_add(1, Ordering::Relaxed),
+                    Some(RetryAfterAdjustment::Malformed | RetryAfterAdjustment::Past) => self.counters.retry_after_unusable.fetch_add(1, Ordering::Relaxed),
+                    None => 0,
+                };
+                if message.dequeue_count >= PUSHED_BACK_POISON_DEQUEUES.max(self.settings.max_dequeue_count) {
+                    self.poison(message, receipt, &format!("{error:#} (dequeued {} times)", message.dequeue_count)).await;
+                    return;
+                }
+                if let Some(suppressed) = self.failure_log.allow() {
+                    tracing::info!(id = %message.id, ?delay, ?adjustment, suppressed, "{error:#}; the message is retried then (not counted as a failure)");
                 }
                 self.retry_later(message, receipt, delay).await;
             }

@@ -110,6 +110,14 @@ pub struct ListenerStatus {
     /// Handler calls the host itself could not make (out of file descriptors): retried,
     /// not counted as failures, never a reason to poison.
     pub host_errors: u64,
+    /// Handler calls the app pushed back (HTTP 429 or 503): retried after its
+    /// `Retry-After`, not counted as failures.
+    pub pushed_back: u64,
+    /// Of those, `Retry-After`s longer than `max_retry_delay` (capped to it).
+    pub retry_after_capped: u64,
+    /// Of those, `Retry-After`s that were malformed or a date already past (the first
+    /// retry delay was used).
+    pub retry_after_unusable: u64,
     /// Dequeue tasks or scalers that panicked (and were restarted).
     pub task_panics: u64,
     /// Rule calls whose blocking task panicked (the built-in rule decided).
@@ -192,6 +200,9 @@ impl Shared {
             safety_polls: load64(&c.safety_polls),
             handler_panics: load64(&c.handler_panics),
             host_errors: load64(&c.host_errors),
+            pushed_back: load64(&c.pushed_back),
+            retry_after_capped: load64(&c.retry_after_capped),
+            retry_after_unusable: load64(&c.retry_after_unusable),
             task_panics: load64(&c.task_panics),
             rule_call_panics: load64(&c.rule_call_panics),
             rule: self.decider.status(),

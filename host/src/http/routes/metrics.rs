@@ -39,6 +39,12 @@ struct TransactionLabel {
     kind: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RetryAfterLabel {
+    queue: String,
+    reason: String,
+}
+
 pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let mut registry = Registry::with_prefix("ebb");
     let gauge = |registry: &mut Registry, name: &str, help: &str| {
@@ -63,6 +69,14 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let handler_panics = counter(&mut registry, "handler_panics", "Handler calls that panicked (counted as failures)");
     let host_errors =
         counter(&mut registry, "handler_host_errors", "Handler calls the host could not make (out of file descriptors); retried, never poisoned for");
+    let pushed_back =
+        counter(&mut registry, "handler_pushed_back", "Handler calls the app pushed back (HTTP 429 or 503); retried after its Retry-After, not failures");
+    let retry_after_adjusted = Family::<RetryAfterLabel, Counter>::default();
+    registry.register(
+        "handler_retry_after_adjusted",
+        "Retry-After values not used as given, by reason: capped (over max_retry_delay), unusable (malformed or past)",
+        retry_after_adjusted.clone(),
+    );
     let poison_failures =
         counter(&mut registry, "poison_failures", "Poisonings the poison queue refused (the message stays, tried again after max_retry_delay)");
     let leases_lost =
@@ -120,6 +134,10 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
         leases_lost.get_or_create(&label).inc_by(s.leases_lost);
         poison_failures.get_or_create(&label).inc_by(s.poison_failures);
         host_errors.get_or_create(&label).inc_by(s.host_errors);
+        pushed_back.get_or_create(&label).inc_by(s.pushed_back);
+        for (reason, count) in [("capped", s.retry_after_capped), ("unusable", s.retry_after_unusable)] {
+            retry_after_adjusted.get_or_create(&RetryAfterLabel { queue: label.queue.clone(), reason: reason.into() }).inc_by(count);
+        }
         rule_call_panics.get_or_create(&label).inc_by(s.rule_call_panics);
         if let Some(rule) = &s.rule {
             faults.get_or_create(&label).inc_by(rule.faults);

@@ -116,6 +116,12 @@ impl RuleInstance {
         called.map_err(|e| self.fault(e))
     }
 
+    /// Whether the last call took longer than its deadline in wall-clock time but not in CPU
+    /// time (its thread waited: for a CPU, or in a sleep), and was let finish.
+    pub(crate) fn waited(&self) -> bool {
+        self.store.data().stopwatch.waited
+    }
+
     /// What the rule wrote to stdout/stderr since the last look.
     pub(crate) fn output(&self) -> &CapturedOutput {
         &self.store.data().output

@@ -131,12 +131,15 @@ pub(crate) struct Stopwatch {
     started_cpu: Option<Duration>,
     /// Why the rule was stopped, once it was.
     pub(crate) stopped: Option<Overrun>,
+    /// Whether the call ran past its deadline in wall-clock time without using it in CPU
+    /// time, and was let go on: what charging the wall clock would have made a fault.
+    pub(crate) waited: bool,
 }
 
 impl Stopwatch {
     /// Starts timing a call on this thread (the thread that runs the call).
     pub(crate) fn start(deadline: Duration, backstop: Duration) -> Self {
-        Stopwatch { deadline, backstop, started: Instant::now(), started_cpu: thread_cpu_time(), stopped: None }
+        Stopwatch { deadline, backstop, started: Instant::now(), started_cpu: thread_cpu_time(), stopped: None, waited: false }
     }
 
     /// Checks the time used so far; must run on the thread running the call.
@@ -147,8 +150,9 @@ impl Stopwatch {
             _ => wall,
         };
         let verdict = verdict(cpu, wall, self.deadline, self.backstop);
-        if let Verdict::Stop(overrun) = verdict {
-            self.stopped = Some(overrun);
+        match verdict {
+            Verdict::Stop(overrun) => self.stopped = Some(overrun),
+            Verdict::Continue(_) => self.waited |= wall >= self.deadline,
         }
         verdict
     }

@@ -109,6 +109,7 @@ impl RuleSet {
                     decisions: AtomicU64::new(0),
                     faults_total: AtomicU64::new(0),
                     file_faults: Mutex::new((0, 0)),
+                    waited_calls: AtomicU64::new(0),
                     clamps: AtomicU64::new(0),
                     while_compiling: AtomicU64::new(0),
                     inject_panic: AtomicBool::new(false),

@@ -63,6 +63,10 @@ pub struct RuleStatus {
     /// Faults in a row so far of each export of the rule in use, and failed rebuilds of its
     /// instance in a row: the first to reach `quarantine_after` quarantines the rule.
     pub consecutive_faults: ConsecutiveFaults,
+    /// Calls that took longer than the call deadline in wall-clock time but not in CPU time,
+    /// and decided: their thread waited (for a CPU on a busy host, or in a sleep of the rule's).
+    /// Not faults: a rule is charged for its own work (see `rule_limits.call_deadline`).
+    pub waited_calls: u64,
     /// Decisions clamped into the queue's bounds.
     pub clamps: u64,
     /// The last load or call error, if any.
@@ -295,6 +299,7 @@ pub(super) struct QueueSlot {
     pub(super) faults_total: AtomicU64,
     /// Faults of the rule version in use: (the group's generation they belong to, count).
     pub(super) file_faults: Mutex<(u64, u64)>,
+    pub(super) waited_calls: AtomicU64,
     pub(super) clamps: AtomicU64,
     pub(super) while_compiling: AtomicU64,
     pub(super) inject_panic: AtomicBool,
@@ -375,6 +380,7 @@ impl QueueRules {
             faults: if status.rule.is_some() { slot.file_faults(status.generation) } else { 0 },
             faults_total: slot.faults_total.load(Ordering::Relaxed),
             consecutive_faults: group.consecutive_faults.snapshot(),
+            waited_calls: slot.waited_calls.load(Ordering::Relaxed),
             clamps: slot.clamps.load(Ordering::Relaxed),
             last_error: status.last_error.clone(),
             instance_memory_bytes: group.memory_bytes.load(Ordering::Relaxed),
@@ -461,6 +467,9 @@ impl RuleGroup {
             Ok(value) => {
                 self.memory_bytes.store(live.instance.memory_bytes() as u64, Ordering::Relaxed);
                 self.consecutive_faults.success(FaultSite::Call(export));
+                if live.instance.waited() {
+                    queue.waited_calls.fetch_add(1, Ordering::Relaxed);
+                }
                 Called::Decided(value)
             }
             Err(error) => {

@@ -1,7 +1,9 @@
 //! A rule whose decisions take the time its parameters say: each call spins `work`
 //! iterations of a loop (CPU time, and fuel) and then sleeps `sleep_ms` milliseconds (wall-clock
-//! time, no CPU: the clocks a rule reads stand still, but a sleep still sleeps). Decides 4
-//! tasks, and the paper's idle back-off. For telling the rule's own work from time it waits.
+//! time, no CPU: the clocks a rule reads stand still, but a sleep still sleeps), at most 100 ms
+//! at a time, so that the host's deadline checks, which come between wasm instructions, see it
+//! go by (and few enough host calls that their own CPU time stays small). Decides 4 tasks, and the paper's idle back-off. For telling the rule's own work from
+//! time it waits.
 use ebb_rules_sdk::params::ParamsExt;
 use ebb_rules_sdk::{IdleContext, IdleDecision, Params, QueueState, ScalingRule, export_rule, paper};
 use std::time::Duration;
@@ -19,8 +21,11 @@ impl Paced {
             n = std::hint::black_box(n.wrapping_add(i));
         }
         std::hint::black_box(n);
-        if self.sleep_ms > 0 {
-            std::thread::sleep(Duration::from_millis(self.sleep_ms));
+        let mut left = self.sleep_ms;
+        while left > 0 {
+            let step = left.min(100);
+            std::thread::sleep(Duration::from_millis(step));
+            left -= step;
         }
     }
 }

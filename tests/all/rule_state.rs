@@ -90,7 +90,9 @@ fn a_newer_file_whose_configure_rejects_the_parameters_is_shown_refused_while_th
 fn a_rule_that_cannot_load_at_start_up_is_an_error_not_the_built_in_rule() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing.wasm");
-    let cases: [(Option<&Path>, &[(&str, &str)], Option<&str>); 3] = [
+    // (rule file, its parameters, the reason it cannot load: none for the built-in rule)
+    type Case<'a> = (Option<&'a Path>, &'a [(&'a str, &'a str)], Option<&'a str>);
+    let cases: [Case; 3] = [
         (Some(Path::new(guests::FIXED_TASKS)), &[("tasks", "many")], Some("rejected its parameters")),
         (Some(&missing), &[], Some("does not exist")),
         (None, &[], None),
@@ -109,7 +111,11 @@ fn a_rule_that_cannot_load_at_start_up_is_an_error_not_the_built_in_rule() {
                 assert!(matches!(rules.load_state(QUEUE), Some(RuleLoad::Failed(failed)) if failed.contains(reason)), "readiness agrees");
             }
             None => {
-                assert_eq!((status.state, status.error.as_deref(), status.configured_file.as_deref()), (RuleState::BuiltIn, None, None), "the built-in rule by choice");
+                assert_eq!(
+                    (status.state, status.error.as_deref(), status.configured_file.as_deref()),
+                    (RuleState::BuiltIn, None, None),
+                    "the built-in rule by choice"
+                );
                 assert_eq!(rules.load_state(QUEUE), Some(RuleLoad::BuiltIn));
             }
         }
@@ -302,7 +308,10 @@ fn a_rule_held_off_the_cpu_by_a_busy_host_is_not_charged_for_the_wait() {
     let (calls, held_off, slowest, source, looped) = caller.join().unwrap();
     let status = rules.status(QUEUE).unwrap();
     println!("{calls} calls, {held_off} held off past twice the deadline, the slowest {slowest:?}; {} waited calls", status.waited_calls);
-    assert!(held_off >= 1 && status.waited_calls >= 1, "the scheduler never held a call off past its deadline ({calls} calls, slowest {slowest:?}): inconclusive");
+    assert!(
+        held_off >= 1 && status.waited_calls >= 1,
+        "the scheduler never held a call off past its deadline ({calls} calls, slowest {slowest:?}): inconclusive"
+    );
     assert_eq!((status.faults, status.quarantined), (0, false), "{status:?}");
     assert_eq!(source, DecisionSource::Fallback, "the endless loop was stopped");
     let error = forever.status(QUEUE).unwrap().last_error.unwrap();

@@ -320,10 +320,7 @@ fn rule_notes(queue: &str, rule: &Value) -> Vec<String> {
     let mut notes = Vec::new();
     let configured = cell(&rule["configured_file"]);
     if rule["state"] == "error" {
-        notes.push(format!(
-            "{queue}: error: rule {configured} cannot load: {}; the built-in rule decides until the file is fixed",
-            cell(&rule["error"])
-        ));
+        notes.push(format!("{queue}: error: rule {configured} cannot load: {}; the built-in rule decides until the file is fixed", cell(&rule["error"])));
     }
     let quarantine = &rule["quarantine"];
     if quarantine.is_object() {
@@ -427,7 +424,8 @@ mod tests {
         // A host from before `state` still shows its rule.
         assert_eq!(rule_cell(&serde_json::json!({"file": "a.wasm", "sha256": "ff"})), "a.wasm (ff, 0 faults)");
 
-        let error = serde_json::json!({"state": "error", "configured_file": "rules/orders.wasm", "file": null, "error": "the rule rejected its parameters: no"});
+        let error =
+            serde_json::json!({"state": "error", "configured_file": "rules/orders.wasm", "file": null, "error": "the rule rejected its parameters: no"});
         assert_eq!(rule_cell(&error), "ERROR: orders.wasm not loaded (built-in decides)");
         assert_eq!(
             rule_notes("orders", &error),

@@ -76,7 +76,8 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
         "Rule calls past the call deadline in wall-clock time but not in CPU time (the host was short of CPU, or the rule slept): not faults",
     );
     let quarantined = gauge(&mut registry, "rule_quarantined", "1 while the queue's rule is quarantined (the built-in rule decides until its file changes)");
-    let load_failed = gauge(&mut registry, "rule_load_failed", "1 while the queue's configured rule cannot load (the built-in rule decides until the file is fixed)");
+    let load_failed =
+        gauge(&mut registry, "rule_load_failed", "1 while the queue's configured rule cannot load (the built-in rule decides until the file is fixed)");
     let refused = gauge(&mut registry, "rule_refused", "1 while a newer content of the queue's rule file is refused (the rule in use goes on deciding)");
     let clamps = counter(&mut registry, "rule_clamps", "Rule decisions clamped into the queue's bounds");
     let safety_polls = counter(&mut registry, "safety_polls", "Safety polls (push mode: a get while no task ran)");

@@ -192,6 +192,7 @@ fn an_endless_loop_is_stopped_by_fuel_under_the_default_limits() {
     let error = rules.status(QUEUE).unwrap().last_error.unwrap();
     assert!(error.contains("ran out of its call fuel") && error.contains("rule_limits.call_fuel"), "{error}");
     assert!(took < RuleLimits::default().call_backstop(), "stopped in {took:?}");
+    println!("an endless loop ran out of {} units of fuel in {took:?}", RuleLimits::default().call_fuel);
 }
 
 #[test]

@@ -790,6 +790,7 @@ impl ebb::rules::Decider for ThreadRecordingDecider {
             rebuilding: false,
             compiling: false,
             decisions_while_compiling: 0,
+            ..Default::default()
         })
     }
     fn may_block(&self) -> bool {

@@ -11,30 +11,30 @@ use ebb::rules::{ContractVersion, DecisionSource, DepthSource, IdleContext, Queu
 use ebb_rules_sdk::paper;
 use ebb_tests::guests;
 
-const QUEUE: &str = "orders";
+pub(crate) const QUEUE: &str = "orders";
 
-fn engine(limits: RuleLimits) -> Arc<RuleEngine> {
+pub(crate) fn engine(limits: RuleLimits) -> Arc<RuleEngine> {
     RuleEngine::new(limits, None).expect("engine starts")
 }
 
-fn rules_for(engine: Arc<RuleEngine>, rule: Option<&Path>, params: &[(&str, &str)]) -> RuleSet {
+pub(crate) fn rules_for(engine: Arc<RuleEngine>, rule: Option<&Path>, params: &[(&str, &str)]) -> RuleSet {
     let params = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(QUEUE).unwrap(), rule: rule.map(Path::to_path_buf), params }])
 }
 
 /// A rule set whose one queue uses `guest`, loaded; panics if it does not load.
-fn loaded(guest: &str, limits: RuleLimits) -> RuleSet {
+pub(crate) fn loaded(guest: &str, limits: RuleLimits) -> RuleSet {
     let rules = rules_for(engine(limits), Some(Path::new(guest)), &[]);
     let errors = rules.load_all();
     assert!(errors.is_empty(), "{guest} should load: {errors:?}");
     rules
 }
 
-fn state(depth: u64) -> QueueState {
+pub(crate) fn state(depth: u64) -> QueueState {
     QueueState { queue: QUEUE.into(), approximate_depth: depth, min_tasks: 1, max_tasks: 100, active_tasks: 1, ..Default::default() }
 }
 
-fn idle(idle_count: u32, random: u64) -> IdleContext {
+pub(crate) fn idle(idle_count: u32, random: u64) -> IdleContext {
     IdleContext { queue: QUEUE.into(), idle_count, active_tasks: 2, min_interval_ms: 100, max_interval_ms: 60_000, random, ..Default::default() }
 }
 
@@ -402,12 +402,12 @@ fn watched_with(initial: &str, limits: RuleLimits, debounce: Duration) -> Watche
     Watched { dir, rules, _watcher: watcher }
 }
 
-fn sha_of(guest: &str) -> String {
+pub(crate) fn sha_of(guest: &str) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(std::fs::read(guest).unwrap()))
 }
 
-fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
+pub(crate) fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !condition() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");

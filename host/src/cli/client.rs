@@ -226,14 +226,13 @@ pub async fn status(config_path: &Path, json: bool) -> Result<()> {
         ("rule", Align::Left),
     ];
     let mut rows = Vec::new();
+    let mut notes = Vec::new();
     for q in body["queues"].as_array().into_iter().flatten() {
         let tx = &q["transactions"];
         let counts = ["puts", "gets_with_messages", "gets_empty", "deletes", "updates", "counts", "creates"].map(|k| tx[k].as_u64());
         let total = if counts.iter().all(Option::is_none) { "-".to_string() } else { counts.iter().flatten().sum::<u64>().to_string() };
-        let rule = q["rule"]["file"].as_str().map_or("built-in".to_string(), |f| {
-            let sha = q["rule"]["sha256"].as_str().unwrap_or("");
-            format!("{f} ({})", &sha[..sha.len().min(12)])
-        });
+        let rule = rule_cell(&q["rule"]);
+        notes.extend(rule_notes(&cell(&q["queue"]), &q["rule"]));
         let source = q["last_task_count"]["source"].as_str().unwrap_or("-");
         rows.push(vec![
             cell(&q["queue"]),
@@ -251,6 +250,9 @@ pub async fn status(config_path: &Path, json: bool) -> Result<()> {
         ]);
     }
     print!("{}", table(&columns, &rows));
+    for note in notes {
+        println!("{note}");
+    }
     let bus = &body["bus"];
     if bus.is_object() {
         let state = if bus["connected"] == true { "subscribed" } else { "DOWN (queues poll)" };
@@ -276,6 +278,74 @@ pub async fn status(config_path: &Path, json: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The first 12 hex digits of a sha256, as the status line shows it.
+fn short_sha(sha: &Value) -> String {
+    let sha = sha.as_str().unwrap_or("-");
+    sha[..sha.len().min(12)].to_string()
+}
+
+/// The file name of a path as `/status` gives it.
+fn file_name(path: &Value) -> String {
+    path.as_str().map_or("-".into(), |p| Path::new(p).file_name().map_or(p.to_string(), |n| n.to_string_lossy().into_owned()))
+}
+
+/// A queue's rule in a few words, for the table: which file, its sha256 and contract, and its
+/// faults; or why no file decides. (An older host sends no `state`: it is told from `file`.)
+fn rule_cell(rule: &Value) -> String {
+    let state = rule["state"].as_str().unwrap_or(if rule["file"].is_string() { "loaded" } else { "built-in" });
+    match state {
+        "error" => format!("ERROR: {} not loaded (built-in decides)", file_name(&rule["configured_file"])),
+        "compiling" => format!("{} compiling (built-in decides)", file_name(&rule["configured_file"])),
+        "loaded" | "quarantined" if rule["file"].is_string() => {
+            let faults = rule["faults"].as_u64().unwrap_or(0);
+            let mut text = format!("{} ({}", cell(&rule["file"]), short_sha(&rule["sha256"]));
+            if let Some(contract) = rule["contract"].as_str() {
+                text.push_str(&format!(", contract {contract}"));
+            }
+            text.push_str(&format!(", {faults} fault{})", plural(faults)));
+            if state == "quarantined" {
+                text.push_str(" QUARANTINED (built-in decides)");
+            }
+            text
+        }
+        _ => "built-in".into(),
+    }
+}
+
+/// What a person must know about a queue's rule beyond its cell, a line each: a load error,
+/// a quarantine, a refused newer file.
+fn rule_notes(queue: &str, rule: &Value) -> Vec<String> {
+    let mut notes = Vec::new();
+    let configured = cell(&rule["configured_file"]);
+    if rule["state"] == "error" {
+        notes.push(format!("{queue}: error: rule {configured} cannot load: {}; the built-in rule decides until the file is fixed", cell(&rule["error"])));
+    }
+    let quarantine = &rule["quarantine"];
+    if quarantine.is_object() {
+        let run = match quarantine["export"].as_str() {
+            Some(export) => format!("{export} faulted {} times in a row", cell(&quarantine["faults"])),
+            None => format!("its instance could not be rebuilt {} times in a row", cell(&quarantine["faults"])),
+        };
+        notes.push(format!(
+            "{queue}: quarantined since {}: {run} (last: {}); the built-in rule decides until {configured} changes",
+            cell(&quarantine["since"]),
+            cell(&quarantine["reason"])
+        ));
+    }
+    let refused = &rule["refused"];
+    if refused.is_object() {
+        let sha = if refused["sha256"].is_string() { format!(" (sha256 {})", short_sha(&refused["sha256"])) } else { String::new() };
+        notes.push(format!(
+            "{queue}: refused: {}{sha}: {}; {} ({}) goes on deciding",
+            cell(&refused["file"]),
+            cell(&refused["reason"]),
+            cell(&rule["file"]),
+            short_sha(&rule["sha256"])
+        ));
+    }
+    notes
 }
 
 /// A rate per hour, rounded to a whole transaction.
@@ -343,6 +413,39 @@ fn table(columns: &[(&str, Align)], rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rules_cell_and_notes_tell_its_state() {
+        let loaded = serde_json::json!({"state": "loaded", "file": "orders.wasm", "sha256": "0123456789abcdef", "contract": "0.2.0", "faults": 1});
+        assert_eq!(rule_cell(&loaded), "orders.wasm (0123456789ab, contract 0.2.0, 1 fault)");
+        assert!(rule_notes("orders", &loaded).is_empty());
+        assert_eq!(rule_cell(&Value::Null), "built-in");
+        assert_eq!(rule_cell(&serde_json::json!({"state": "built-in", "file": null})), "built-in");
+        // A host from before `state` still shows its rule.
+        assert_eq!(rule_cell(&serde_json::json!({"file": "a.wasm", "sha256": "ff"})), "a.wasm (ff, 0 faults)");
+
+        let error =
+            serde_json::json!({"state": "error", "configured_file": "rules/orders.wasm", "file": null, "error": "the rule rejected its parameters: no"});
+        assert_eq!(rule_cell(&error), "ERROR: orders.wasm not loaded (built-in decides)");
+        assert_eq!(
+            rule_notes("orders", &error),
+            ["orders: error: rule rules/orders.wasm cannot load: the rule rejected its parameters: no; the built-in rule decides until the file is fixed"]
+        );
+
+        let quarantined = serde_json::json!({
+            "state": "quarantined", "configured_file": "rules/orders.wasm", "file": "orders.wasm", "sha256": "0123456789abcdef", "faults": 5,
+            "quarantine": {"export": "on-queue-empty", "faults": 5, "since": "2026-11-25T15:00:00Z", "reason": "trapped: unreachable"},
+            "refused": {"file": "rules/orders.wasm", "sha256": "fedcba9876543210", "reason": "configure failed", "at": "2026-11-25T15:01:00Z"},
+        });
+        assert_eq!(rule_cell(&quarantined), "orders.wasm (0123456789ab, 5 faults) QUARANTINED (built-in decides)");
+        assert_eq!(
+            rule_notes("orders", &quarantined),
+            [
+                "orders: quarantined since 2026-11-25T15:00:00Z: on-queue-empty faulted 5 times in a row (last: trapped: unreachable); the built-in rule decides until rules/orders.wasm changes",
+                "orders: refused: rules/orders.wasm (sha256 fedcba987654): configure failed; orders.wasm (0123456789ab) goes on deciding",
+            ]
+        );
+    }
 
     #[test]
     fn table_columns_line_up_with_the_header_and_null_is_a_dash() {

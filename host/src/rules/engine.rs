@@ -159,6 +159,11 @@ pub(super) fn deadline_ticks(deadline: Duration) -> u64 {
     (deadline.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64 + 1
 }
 
+/// Epoch ticks until the next check of a running call, `wait` from now (at least one).
+pub(super) fn ticks_until(wait: Duration) -> u64 {
+    wait.as_micros().div_ceil(EPOCH_TICK.as_micros()).clamp(1, u128::from(u64::MAX)) as u64
+}
+
 fn spawn_epoch_ticker(engine: Engine, stop: Arc<AtomicBool>) -> Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("ebb-rule-epoch".into())

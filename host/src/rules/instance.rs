@@ -2,13 +2,13 @@
 //! calls under the per-call fuel and deadline.
 
 use anyhow::{Context as _, Result, bail};
-use wasmtime::Store;
 use wasmtime::component::ResourceTable;
+use wasmtime::{Store, UpdateDeadline};
 
 use super::bindings::{v0_1, v0_2};
-use super::engine::{CompiledRule, RuleEngine, RulePre, deadline_ticks};
+use super::engine::{CompiledRule, RuleEngine, RulePre, deadline_ticks, ticks_until};
 use super::fault::{Phase, describe_fault, with_output};
-use super::limits::RuleLimits;
+use super::limits::{RuleLimits, Stopwatch, Verdict};
 use super::sandbox::{MemoryLimiter, RuleHost, capability_free_wasi};
 use super::stderr::CapturedOutput;
 
@@ -21,22 +21,38 @@ impl RuleEngine {
             table: ResourceTable::new(),
             limiter: MemoryLimiter { cap: self.limits.memory_bytes, held: 0 },
             output: output.clone(),
+            stopwatch: Stopwatch::start(self.limits.setup_deadline, self.limits.setup_backstop()),
         };
         let mut store = Store::new(&self.engine, host);
         store.limiter(|host| &mut host.limiter);
-        store.epoch_deadline_trap();
+        // The epoch deadline passing means only that the call's wall-clock time reached its
+        // CPU deadline (or the next check): the call is stopped only if its thread's CPU time
+        // did too, or the wall-clock backstop passed (see `limits`).
+        store.epoch_deadline_callback(|mut store| {
+            Ok(match store.data_mut().stopwatch.check() {
+                Verdict::Continue(wait) => UpdateDeadline::Continue(ticks_until(wait)),
+                Verdict::Stop(_) => UpdateDeadline::Interrupt,
+            })
+        });
         store.set_fuel(self.limits.setup_fuel).map_err(anyhow::Error::from)?;
         store.set_epoch_deadline(deadline_ticks(self.limits.setup_deadline));
-        let fault = |e| with_output(describe_fault(e, Phase::Setup, &self.limits), &output);
+        let fault = |e, store: &Store<RuleHost>| with_output(describe_fault(e, Phase::Setup, &self.limits, store.data().stopwatch.stopped), &output);
         let bindings = match &rule.pre {
-            RulePre::V0_1(pre) => Bindings::V0_1(pre.instantiate(&mut store).map_err(fault).context("instantiation failed")?),
-            RulePre::V0_2(pre) => Bindings::V0_2(pre.instantiate(&mut store).map_err(fault).context("instantiation failed")?),
+            RulePre::V0_1(pre) => pre.instantiate(&mut store).map(Bindings::V0_1),
+            RulePre::V0_2(pre) => pre.instantiate(&mut store).map(Bindings::V0_2),
+        };
+        let bindings = match bindings {
+            Ok(bindings) => bindings,
+            Err(error) => return Err(fault(error, &store)).context("instantiation failed"),
         };
         let configured = match &bindings {
             Bindings::V0_1(b) => b.ebb_rules_decisions().call_configure(&mut store, params),
             Bindings::V0_2(b) => b.ebb_rules_decisions().call_configure(&mut store, params),
         };
-        let configured = configured.map_err(fault).context("configure failed")?;
+        let configured = match configured {
+            Ok(configured) => configured,
+            Err(error) => return Err(fault(error, &store)).context("configure failed"),
+        };
         if let Err(message) = configured {
             bail!("the rule rejected its parameters: {message}");
         }
@@ -66,10 +82,17 @@ pub struct RuleInstance {
 }
 
 impl RuleInstance {
+    /// Gives the next call its fuel and deadline, timed from now on this thread.
     fn arm(&mut self) -> Result<()> {
         self.store.set_fuel(self.call_fuel).map_err(anyhow::Error::from)?;
+        self.store.data_mut().stopwatch = Stopwatch::start(self.limits.call_deadline, self.limits.call_backstop());
         self.store.set_epoch_deadline(self.call_ticks);
         Ok(())
+    }
+
+    fn fault(&self, error: wasmtime::Error) -> anyhow::Error {
+        let host = self.store.data();
+        with_output(describe_fault(error, Phase::Call, &self.limits, host.stopwatch.stopped), &host.output)
     }
 
     /// `optimal-dequeue-task-count`, raw (unclamped). Any error means the instance is unusable.
@@ -80,7 +103,7 @@ impl RuleInstance {
             Bindings::V0_1(b) => b.ebb_rules_decisions().call_optimal_dequeue_task_count(&mut self.store, &state.into()),
             Bindings::V0_2(b) => b.ebb_rules_decisions().call_optimal_dequeue_task_count(&mut self.store, &state.into()),
         };
-        called.map_err(|e| with_output(describe_fault(e, Phase::Call, &self.limits), &self.store.data().output))
+        called.map_err(|e| self.fault(e))
     }
 
     /// `on-queue-empty`, raw (unclamped). Any error means the instance is unusable.
@@ -90,7 +113,13 @@ impl RuleInstance {
             Bindings::V0_1(b) => b.ebb_rules_decisions().call_on_queue_empty(&mut self.store, &ctx.into()).map(Into::into),
             Bindings::V0_2(b) => b.ebb_rules_decisions().call_on_queue_empty(&mut self.store, &ctx.into()).map(Into::into),
         };
-        called.map_err(|e| with_output(describe_fault(e, Phase::Call, &self.limits), &self.store.data().output))
+        called.map_err(|e| self.fault(e))
+    }
+
+    /// Whether the last call took longer than its deadline in wall-clock time but not in CPU
+    /// time (its thread waited: for a CPU, or in a sleep), and was let finish.
+    pub(crate) fn waited(&self) -> bool {
+        self.store.data().stopwatch.waited
     }
 
     /// What the rule wrote to stdout/stderr since the last look.

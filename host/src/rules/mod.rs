@@ -44,9 +44,9 @@ pub use decision::{Decision, DecisionSource, NativeRule, built_in_queue_empty, b
 pub use engine::RuleEngine;
 pub(crate) use file::read_rule_file;
 pub use instance::RuleInstance;
-pub use limits::RuleLimits;
+pub use limits::{BACKSTOP_FACTOR, MIN_BACKSTOP, RuleLimits, backstop};
 pub use set::{QueueRuleConfig, RuleSet};
-pub use slot::{QueueRules, RuleLoad, RuleStatus};
+pub use slot::{ConsecutiveFaults, Export, Quarantine, QueueRules, RefusedFile, RuleLoad, RuleState, RuleStatus};
 pub use watcher::{MAX_DEBOUNCE_DELAY, RuleWatcher};
 
 pub use ebb_rules_sdk::{DepthSource, IdleContext, IdleDecision, QueueState};

@@ -11,15 +11,19 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::clocks::{HostMonotonicClock, HostWallClock};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use super::limits::Stopwatch;
 use super::stderr::CapturedOutput;
 
 /// The state each rule `Store` carries: an empty, capability-free WASI context
-/// (no preopened dirs, env, args or network), the memory limiter and the captured output.
+/// (no preopened dirs, env, args or network), the memory limiter, the captured output and
+/// the time the current call has used.
 pub struct RuleHost {
     pub(super) wasi: WasiCtx,
     pub(super) table: ResourceTable,
     pub(super) limiter: MemoryLimiter,
     pub(crate) output: CapturedOutput,
+    /// Restarted by each call (and by the setup); read by the epoch deadline's callback.
+    pub(super) stopwatch: Stopwatch,
 }
 
 /// Caps an instance's linear memory and remembers how much it holds.

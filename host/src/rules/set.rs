@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context as _, Result};
@@ -25,7 +25,7 @@ use super::engine::{CompiledRule, RuleEngine};
 use super::file::read_rule_file;
 use super::lock;
 use super::memory::release_free_memory_after;
-use super::slot::{FAULT_LOG_LINES, FAULT_LOG_WINDOW, Live, QueueRules, QueueSlot, RuleGroup, RuleLoad, RuleStatus, panic_message};
+use super::slot::{FAULT_LOG_LINES, FAULT_LOG_WINDOW, FaultRuns, Live, QueueRules, QueueSlot, RefusedFile, RuleGroup, RuleLoad, RuleStatus, panic_message};
 use super::threads::RuleThreads;
 use crate::log_limit::LogLimiter;
 use crate::names::RuleSlot;
@@ -94,7 +94,7 @@ impl RuleSet {
                 queues,
                 slot: Mutex::default(),
                 status: Mutex::default(),
-                consecutive_faults: AtomicU32::new(0),
+                consecutive_faults: FaultRuns::default(),
                 memory_bytes: AtomicU64::new(0),
                 fault_log: LogLimiter::new(FAULT_LOG_LINES, FAULT_LOG_WINDOW),
                 threads: threads.clone(),
@@ -107,7 +107,9 @@ impl RuleSet {
                     name: config.slot.clone(),
                     group: groups[index].clone(),
                     decisions: AtomicU64::new(0),
-                    faults: AtomicU64::new(0),
+                    faults_total: AtomicU64::new(0),
+                    file_faults: Mutex::new((0, 0)),
+                    waited_calls: AtomicU64::new(0),
                     clamps: AtomicU64::new(0),
                     while_compiling: AtomicU64::new(0),
                     inject_panic: AtomicBool::new(false),
@@ -162,7 +164,7 @@ impl RuleSet {
                 Err(error) => anyhow::anyhow!("could not start loading rule {}: {error}", path.display()),
             };
             tracing::warn!("{error:#}; the queue uses the built-in rule");
-            self.record_error(&path, &error);
+            self.record_error(&path, &error, None);
             self.users(&path).iter().for_each(|group| lock(&group.status).compiling = false);
         }
     }
@@ -183,20 +185,23 @@ impl RuleSet {
 
     fn load_in_background(&self, path: &Path) {
         let started = std::time::Instant::now();
-        let loaded = catch_unwind(AssertUnwindSafe(|| self.apply_file(path)))
-            .unwrap_or_else(|panic| Err(anyhow::anyhow!("the host panicked while loading rule {}: {}", path.display(), panic_message(&*panic))));
-        let error = match loaded {
-            Ok(Some(rule)) => {
+        let loaded = catch_unwind(AssertUnwindSafe(|| self.apply_file(path)));
+        // `apply_file` keeps its own errors in the status; the others are kept here.
+        let (error, kept) = match loaded {
+            Ok(Ok(Some(rule))) => {
                 let elapsed = started.elapsed();
                 tracing::info!(rule = %rule.name, from_cache = rule.from_cache, ?elapsed, "rule ready; its queues no longer use the built-in rule");
-                None
+                (None, true)
             }
-            Ok(None) => Some(anyhow::anyhow!("rule file {} does not exist", path.display())),
-            Err(error) => Some(error),
+            Ok(Ok(None)) => (Some(anyhow::anyhow!("rule file {} does not exist", path.display())), true),
+            Ok(Err(error)) => (Some(error), true),
+            Err(panic) => (Some(anyhow::anyhow!("the host panicked while loading rule {}: {}", path.display(), panic_message(&*panic))), false),
         };
         if let Some(error) = &error {
             tracing::warn!("{error:#}; the queue uses the built-in rule until the file is fixed");
-            self.record_error(path, error);
+            if !kept {
+                self.record_error(path, error, None);
+            }
         }
         for group in self.users(path) {
             lock(&group.status).compiling = false;
@@ -253,7 +258,7 @@ impl RuleSet {
                 applied
             }
             Err(error) => {
-                self.record_error(path, &error);
+                self.record_error(path, &error, None);
                 Err(error)
             }
         }
@@ -303,7 +308,7 @@ impl RuleSet {
             }
             Err(error) => {
                 tracing::warn!(rule = %name, "keeping the current rule: {error:#}");
-                self.record_error(path, &error);
+                self.record_error(path, &error, None);
             }
         }
     }
@@ -312,10 +317,21 @@ impl RuleSet {
         self.groups.iter().filter(|g| g.path.as_deref() == Some(path)).collect()
     }
 
-    fn record_error(&self, path: &Path, error: &anyhow::Error) {
+    /// Keeps why `path` (whose content has `sha256`, if it could be read) was not loaded: the
+    /// last error of its queues, and, for those whose rule goes on deciding, the refused file.
+    fn record_error(&self, path: &Path, error: &anyhow::Error, sha256: Option<&str>) {
         let message = format!("{error:#}");
         for group in self.users(path) {
-            lock(&group.status).last_error = Some(message.clone());
+            let mut status = lock(&group.status);
+            status.last_error = Some(message.clone());
+            if status.rule.is_some() {
+                status.refused = Some(RefusedFile {
+                    file: path.display().to_string(),
+                    sha256: sha256.map(str::to_string),
+                    reason: message.clone(),
+                    at: std::time::SystemTime::now(),
+                });
+            }
         }
     }
 
@@ -330,10 +346,11 @@ impl RuleSet {
             }
             old.push((slot.live.take(), status.rule.take()));
             status.generation += 1;
-            status.quarantined = false;
+            status.quarantine = None;
+            status.refused = None;
             status.rebuilding = false;
             status.last_error = Some(format!("rule file {} does not exist", path.display()));
-            group.consecutive_faults.store(0, Ordering::Relaxed);
+            group.consecutive_faults.reset();
             group.memory_bytes.store(0, Ordering::Relaxed);
         }
         drop(old);
@@ -345,6 +362,8 @@ impl RuleSet {
         let sha256 = hex::encode(Sha256::digest(bytes));
         let unchanged = !users.is_empty() && users.iter().all(|g| lock(&g.status).rule.as_ref().is_some_and(|r| r.sha256 == sha256));
         if unchanged {
+            // The file holds the rule in use again: nothing is refused any more.
+            users.iter().for_each(|group| lock(&group.status).refused = None);
             return Ok(lock(&users[0].status).rule.clone());
         }
         let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
@@ -358,7 +377,7 @@ impl RuleSet {
         let (rule, instances) = match prepared {
             Ok(prepared) => prepared,
             Err(error) => {
-                self.record_error(path, &error);
+                self.record_error(path, &error, Some(&sha256));
                 self.engine.evict_unused();
                 return Err(error);
             }
@@ -371,10 +390,11 @@ impl RuleSet {
             let previous = status.rule.as_ref().map(|r| r.sha256.clone());
             old.push((slot.live.replace(Live { rule: rule.clone(), instance }), status.rule.replace(rule.clone())));
             status.generation += 1;
-            status.quarantined = false;
+            status.quarantine = None;
+            status.refused = None;
             status.rebuilding = false;
             status.last_error = None;
-            group.consecutive_faults.store(0, Ordering::Relaxed);
+            group.consecutive_faults.reset();
             group.memory_bytes.store(memory, Ordering::Relaxed);
             if previous.as_deref() != Some(rule.sha256.as_str()) {
                 tracing::info!(queues = %group.label(), rule = %rule.name, sha256 = %&rule.sha256[..12], from_cache = rule.from_cache, "rule loaded");

@@ -20,23 +20,53 @@ use super::threads::RuleThreads;
 use crate::log_limit::LogLimiter;
 use crate::names::RuleSlot;
 
-/// A queue's rule, as `QueryState` reports it.
-#[derive(Debug, Clone, Serialize)]
+/// A queue's rule, as `/status` reports it (`rule` of each queue). A [`super::Decider`] of
+/// one's own builds it with `..Default::default()`, so that fields added later need no change.
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct RuleStatus {
+    /// Where the queue's rule stands: `built-in` (no rule file, by choice), `compiling`,
+    /// `loaded` (its rule decides), `quarantined` (its rule faulted too often; the built-in
+    /// rule decides until the file's content changes) or `error` (the configured rule cannot
+    /// load; the built-in rule decides until the file is fixed, and `error` says why).
+    pub state: RuleState,
+    /// Why the configured rule cannot load, when `state` is `error`.
+    pub error: Option<String>,
+    /// The rule file the configuration names (its path), loaded or not; `None` for the
+    /// built-in rule.
+    pub configured_file: Option<String>,
     /// The rule file's name, or `None` when the built-in rule decides.
     pub file: Option<String>,
     /// Hex sha256 of the rule in use.
     pub sha256: Option<String>,
+    /// The contract version the rule in use was built for (`0.2.0`).
+    pub contract: Option<&'static str>,
     /// When the rule in use was loaded (RFC 3339 in JSON, like the other times of `/status`).
     #[serde(with = "humantime_serde")]
     pub loaded_at: Option<SystemTime>,
-    /// Whether the rule is quarantined (the built-in decides until the file's content changes).
+    /// Whether the rule is quarantined (the built-in decides until the file's content changes);
+    /// `quarantine` says why and since when.
     pub quarantined: bool,
+    /// Why and since when the rule in use is quarantined.
+    pub quarantine: Option<Quarantine>,
+    /// A newer content of the rule file that was refused (it failed to read, compile,
+    /// validate or configure), while the rule in use (`file`, `sha256`) goes on deciding.
+    pub refused: Option<RefusedFile>,
     /// Decisions made for this queue, by any source.
     pub decisions: u64,
-    /// This queue's calls in which the rule faulted (trap, deadline, fuel, memory, exit, or
-    /// a host panic while calling it).
+    /// This queue's calls in which the rule in use faulted (trap, deadline, fuel, memory,
+    /// exit, or a host panic while calling it): the faults of that file's content only, so 0
+    /// again when a new content is swapped in.
     pub faults: u64,
+    /// This queue's faulty calls since the host started, whatever the rule file (the
+    /// counter `/metrics` shows as `ebb_rule_faults_total`).
+    pub faults_total: u64,
+    /// Faults in a row so far of each export of the rule in use, and failed rebuilds of its
+    /// instance in a row: the first to reach `quarantine_after` quarantines the rule.
+    pub consecutive_faults: ConsecutiveFaults,
+    /// Calls that took longer than the call deadline in wall-clock time but not in CPU time,
+    /// and decided: their thread waited (for a CPU on a busy host, or in a sleep of the rule's).
+    /// Not faults: a rule is charged for its own work (see `rule_limits.call_deadline`).
+    pub waited_calls: u64,
     /// Decisions clamped into the queue's bounds.
     pub clamps: u64,
     /// The last load or call error, if any.
@@ -54,6 +84,144 @@ pub struct RuleStatus {
     pub compiling: bool,
     /// Decisions the built-in rule made for this queue because its rule was still compiling.
     pub decisions_while_compiling: u64,
+}
+
+/// Where a queue's rule stands (see [`RuleStatus::state`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuleState {
+    /// No rule file: the built-in rule decides, by choice.
+    #[default]
+    BuiltIn,
+    /// The rule is being compiled at start-up; the built-in rule decides meanwhile.
+    Compiling,
+    /// The rule decides.
+    Loaded,
+    /// The rule faulted `quarantine_after` times in a row in one export (or could not be
+    /// rebuilt that often): the built-in rule decides until the file's content changes.
+    Quarantined,
+    /// The configured rule cannot load (missing, unreadable, invalid, or its `configure`
+    /// failed): the built-in rule decides until the file is fixed.
+    Error,
+}
+
+/// A rule's decisions, as its contract exports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Export {
+    /// `optimal-dequeue-task-count`.
+    OptimalDequeueTaskCount,
+    /// `on-queue-empty`.
+    OnQueueEmpty,
+}
+
+impl Export {
+    /// The export's name in the contract.
+    pub fn name(self) -> &'static str {
+        match self {
+            Export::OptimalDequeueTaskCount => "optimal-dequeue-task-count",
+            Export::OnQueueEmpty => "on-queue-empty",
+        }
+    }
+}
+
+/// Where a fault happened. Each place has its own run of consecutive faults, so that the
+/// successes of one export do not hide another that always fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FaultSite {
+    /// A call of this export.
+    Call(Export),
+    /// Rebuilding the instance (instantiation and `configure`) after a fault.
+    Rebuild,
+}
+
+impl FaultSite {
+    fn index(self) -> usize {
+        match self {
+            FaultSite::Call(Export::OptimalDequeueTaskCount) => 0,
+            FaultSite::Call(Export::OnQueueEmpty) => 1,
+            FaultSite::Rebuild => 2,
+        }
+    }
+
+    fn export(self) -> Option<Export> {
+        match self {
+            FaultSite::Call(export) => Some(export),
+            FaultSite::Rebuild => None,
+        }
+    }
+}
+
+/// Consecutive faults of a rule group, one run per [`FaultSite`].
+#[derive(Default)]
+pub(super) struct FaultRuns([AtomicU32; 3]);
+
+impl FaultRuns {
+    /// Adds a fault at `site`; returns the length of its run.
+    fn fault(&self, site: FaultSite) -> u32 {
+        self.0[site.index()].fetch_add(1, Ordering::Relaxed).saturating_add(1)
+    }
+
+    /// `site` worked: its run ends.
+    fn success(&self, site: FaultSite) {
+        self.0[site.index()].store(0, Ordering::Relaxed);
+    }
+
+    /// A new rule (or none): every run ends.
+    pub(super) fn reset(&self) {
+        self.0.iter().for_each(|run| run.store(0, Ordering::Relaxed));
+    }
+
+    fn snapshot(&self) -> ConsecutiveFaults {
+        let run = |site: FaultSite| self.0[site.index()].load(Ordering::Relaxed);
+        ConsecutiveFaults {
+            optimal_dequeue_task_count: run(FaultSite::Call(Export::OptimalDequeueTaskCount)),
+            on_queue_empty: run(FaultSite::Call(Export::OnQueueEmpty)),
+            rebuild: run(FaultSite::Rebuild),
+        }
+    }
+}
+
+/// Faults in a row, per export and for rebuilding the instance (see
+/// [`RuleStatus::consecutive_faults`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ConsecutiveFaults {
+    /// Of `optimal-dequeue-task-count`.
+    pub optimal_dequeue_task_count: u32,
+    /// Of `on-queue-empty`.
+    pub on_queue_empty: u32,
+    /// Failed rebuilds of the instance after a fault.
+    pub rebuild: u32,
+}
+
+/// Why and since when a rule is quarantined. The whole rule is: a rule with one decision
+/// always failing is a broken rule, and its other decision is no more trusted than it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Quarantine {
+    /// The export whose faults in a row reached `quarantine_after`; `None` when it was the
+    /// instance that could not be rebuilt that many times in a row.
+    pub export: Option<Export>,
+    /// How many faults in a row.
+    pub faults: u32,
+    /// When the rule was quarantined (RFC 3339 in JSON).
+    #[serde(with = "humantime_serde")]
+    pub since: SystemTime,
+    /// The last fault's reason.
+    pub reason: String,
+}
+
+/// A newer content of a rule file that was refused while the rule in use goes on deciding.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RefusedFile {
+    /// The file's path.
+    pub file: String,
+    /// Hex sha256 of the refused content; `None` when the file could not be read.
+    pub sha256: Option<String>,
+    /// Why it was refused.
+    pub reason: String,
+    /// When (RFC 3339 in JSON).
+    #[serde(with = "humantime_serde")]
+    pub at: SystemTime,
 }
 
 /// Whether a queue's rule is ready to decide, for readiness probes (`/readyz`).
@@ -91,7 +259,9 @@ pub(super) struct GroupStatus {
     pub(super) rule: Option<Arc<CompiledRule>>,
     /// Bumped by every swap, so a rebuild started before it is discarded.
     pub(super) generation: u64,
-    pub(super) quarantined: bool,
+    pub(super) quarantine: Option<Quarantine>,
+    /// The newest content of the file that was refused, while `rule` goes on deciding.
+    pub(super) refused: Option<RefusedFile>,
     pub(super) rebuilding: bool,
     /// Set while a load started by [`super::RuleSet::load_all_in_background`] runs.
     pub(super) compiling: bool,
@@ -106,7 +276,7 @@ pub(super) struct RuleGroup {
     pub(super) queues: Vec<RuleSlot>,
     pub(super) slot: Mutex<InstanceSlot>,
     pub(super) status: Mutex<GroupStatus>,
-    pub(super) consecutive_faults: AtomicU32,
+    pub(super) consecutive_faults: FaultRuns,
     pub(super) memory_bytes: AtomicU64,
     /// Bounds the "rule faulted" WARN lines: a rule that faults on every call, polled
     /// every millisecond with a high `quarantine_after`, would otherwise flood the log.
@@ -125,7 +295,11 @@ pub(super) struct QueueSlot {
     pub(super) name: RuleSlot,
     pub(super) group: Arc<RuleGroup>,
     pub(super) decisions: AtomicU64,
-    pub(super) faults: AtomicU64,
+    /// Faults since start, whatever the file.
+    pub(super) faults_total: AtomicU64,
+    /// Faults of the rule version in use: (the group's generation they belong to, count).
+    pub(super) file_faults: Mutex<(u64, u64)>,
+    pub(super) waited_calls: AtomicU64,
     pub(super) clamps: AtomicU64,
     pub(super) while_compiling: AtomicU64,
     pub(super) inject_panic: AtomicBool,
@@ -139,6 +313,24 @@ pub struct QueueRules {
     pub(super) slot: Arc<QueueSlot>,
 }
 
+impl QueueSlot {
+    /// Counts a fault of the rule version of `generation`.
+    fn count_fault(&self, generation: u64) {
+        self.faults_total.fetch_add(1, Ordering::Relaxed);
+        let mut file = lock(&self.file_faults);
+        if file.0 != generation {
+            *file = (generation, 0);
+        }
+        file.1 += 1;
+    }
+
+    /// Faults of the rule version of `generation`.
+    fn file_faults(&self, generation: u64) -> u64 {
+        let file = lock(&self.file_faults);
+        if file.0 == generation { file.1 } else { 0 }
+    }
+}
+
 impl QueueRules {
     /// The name of its slot (a storage queue, or a queue's KEDA slot).
     pub fn queue_name(&self) -> &str {
@@ -147,13 +339,13 @@ impl QueueRules {
 
     /// `GetOptimalDequeueTaskCount`, clamped to `[min_tasks, max_tasks]`.
     pub fn decide_task_count(&self, state: &QueueState) -> Decision<u32> {
-        let (raw, source) = self.decide(|i| i.optimal_dequeue_task_count(state), || paper::optimal_dequeue_task_count(state));
+        let (raw, source) = self.decide(Export::OptimalDequeueTaskCount, |i| i.optimal_dequeue_task_count(state), || paper::optimal_dequeue_task_count(state));
         self.finish(clamp_task_count(raw, source, state))
     }
 
     /// `QueueEmpty`: the delay is clamped to `[min_interval_ms, max_interval_ms]`.
     pub fn decide_queue_empty(&self, ctx: &IdleContext) -> Decision<IdleDecision> {
-        let (raw, source) = self.decide(|i| i.on_queue_empty(ctx), || paper::on_queue_empty(ctx));
+        let (raw, source) = self.decide(Export::OnQueueEmpty, |i| i.on_queue_empty(ctx), || paper::on_queue_empty(ctx));
         self.finish(clamp_idle(raw, source, ctx))
     }
 
@@ -162,13 +354,33 @@ impl QueueRules {
         let slot = &self.slot;
         let group = &slot.group;
         let status = lock(&group.status);
+        let load = load_state(group, &status);
+        let state = match &load {
+            RuleLoad::BuiltIn => RuleState::BuiltIn,
+            RuleLoad::Compiling => RuleState::Compiling,
+            RuleLoad::Loaded if status.quarantine.is_some() => RuleState::Quarantined,
+            RuleLoad::Loaded => RuleState::Loaded,
+            RuleLoad::Failed(_) => RuleState::Error,
+        };
         RuleStatus {
+            state,
+            error: match load {
+                RuleLoad::Failed(reason) => Some(reason),
+                _ => None,
+            },
+            configured_file: group.path.as_ref().map(|p| p.display().to_string()),
             file: status.rule.as_ref().map(|r| r.name.clone()),
             sha256: status.rule.as_ref().map(|r| r.sha256.clone()),
+            contract: status.rule.as_ref().map(|r| r.contract.as_str()),
             loaded_at: status.rule.as_ref().map(|r| r.loaded_at),
-            quarantined: status.quarantined,
+            quarantined: status.quarantine.is_some(),
+            quarantine: status.quarantine.clone(),
+            refused: status.refused.clone(),
             decisions: slot.decisions.load(Ordering::Relaxed),
-            faults: slot.faults.load(Ordering::Relaxed),
+            faults: if status.rule.is_some() { slot.file_faults(status.generation) } else { 0 },
+            faults_total: slot.faults_total.load(Ordering::Relaxed),
+            consecutive_faults: group.consecutive_faults.snapshot(),
+            waited_calls: slot.waited_calls.load(Ordering::Relaxed),
             clamps: slot.clamps.load(Ordering::Relaxed),
             last_error: status.last_error.clone(),
             instance_memory_bytes: group.memory_bytes.load(Ordering::Relaxed),
@@ -184,16 +396,7 @@ impl QueueRules {
     /// on a rule.
     pub fn load_state(&self) -> RuleLoad {
         let group = &self.slot.group;
-        let status = lock(&group.status);
-        if status.rule.is_some() {
-            RuleLoad::Loaded
-        } else if status.compiling {
-            RuleLoad::Compiling
-        } else if group.path.is_none() {
-            RuleLoad::BuiltIn
-        } else {
-            RuleLoad::Failed(status.last_error.clone().unwrap_or_else(|| "its rule was never loaded".into()))
-        }
+        load_state(group, &lock(&group.status))
     }
 
     /// Fault injection for tests: the next call into the rule panics on the host side.
@@ -210,10 +413,10 @@ impl QueueRules {
         decision
     }
 
-    fn decide<T>(&self, call: impl FnOnce(&mut RuleInstance) -> Result<T>, built_in: impl FnOnce() -> T) -> (T, DecisionSource) {
+    fn decide<T>(&self, export: Export, call: impl FnOnce(&mut RuleInstance) -> Result<T>, built_in: impl FnOnce() -> T) -> (T, DecisionSource) {
         let slot = &*self.slot;
         let group = &slot.group;
-        match catch_unwind(AssertUnwindSafe(|| group.call(slot, call))) {
+        match catch_unwind(AssertUnwindSafe(|| group.call(slot, export, call))) {
             Ok(Called::Decided(value)) => (value, DecisionSource::Rule),
             Ok(Called::NoInstance) => {
                 if lock(&group.status).compiling {
@@ -228,8 +431,7 @@ impl QueueRules {
                 // The instance may be half-way through anything: drop it, count a fault.
                 let mut instance = lock(&group.slot);
                 let rule = instance.live.take().map(|l| l.rule.name.clone()).unwrap_or_default();
-                slot.faults.fetch_add(1, Ordering::Relaxed);
-                group.fault(&slot.name, &rule, format!("the host panicked while calling the rule: {}", panic_message(&*panic)));
+                group.fault(slot, FaultSite::Call(export), &rule, format!("the host panicked while calling the rule: {}", panic_message(&*panic)));
                 drop(instance);
                 (built_in(), DecisionSource::Fallback)
             }
@@ -252,7 +454,7 @@ impl RuleGroup {
         }
     }
 
-    fn call<T>(self: &Arc<Self>, queue: &QueueSlot, call: impl FnOnce(&mut RuleInstance) -> Result<T>) -> Called<T> {
+    fn call<T>(self: &Arc<Self>, queue: &QueueSlot, export: Export, call: impl FnOnce(&mut RuleInstance) -> Result<T>) -> Called<T> {
         let mut guard = lock(&self.slot);
         let slot = &mut *guard;
         let Some(live) = slot.live.as_mut() else { return Called::NoInstance };
@@ -264,7 +466,10 @@ impl RuleGroup {
         match result {
             Ok(value) => {
                 self.memory_bytes.store(live.instance.memory_bytes() as u64, Ordering::Relaxed);
-                self.consecutive_faults.store(0, Ordering::Relaxed);
+                self.consecutive_faults.success(FaultSite::Call(export));
+                if live.instance.waited() {
+                    queue.waited_calls.fetch_add(1, Ordering::Relaxed);
+                }
                 Called::Decided(value)
             }
             Err(error) => {
@@ -272,21 +477,20 @@ impl RuleGroup {
                 let rule = live.rule.name.clone();
                 slot.live = None;
                 self.memory_bytes.store(0, Ordering::Relaxed);
-                queue.faults.fetch_add(1, Ordering::Relaxed);
-                self.fault(&queue.name, &rule, format!("{error:#}"));
+                self.fault(queue, FaultSite::Call(export), &rule, format!("{error:#}"));
                 Called::Faulted
             }
         }
     }
 
-    /// Counts a fault; quarantines the rule at the limit (saying so once), otherwise starts
-    /// rebuilding its instance off the decision path.
-    fn fault(self: &Arc<Self>, queue: &str, rule: &str, reason: String) {
-        let faults = self.consecutive_faults.fetch_add(1, Ordering::Relaxed) + 1;
+    /// Counts a fault of a call; quarantines the rule when the run of faults of that export
+    /// reaches the limit (saying so once), otherwise starts rebuilding its instance off the
+    /// decision path.
+    fn fault(self: &Arc<Self>, queue: &QueueSlot, site: FaultSite, rule: &str, reason: String) {
         match self.fault_log.allow() {
-            Some(0) => tracing::warn!(queue, rule, %reason, "rule faulted; the built-in rule decides this call"),
+            Some(0) => tracing::warn!(queue = %queue.name, rule, %reason, "rule faulted; the built-in rule decides this call"),
             Some(suppressed) => tracing::warn!(
-                queue,
+                queue = %queue.name,
                 rule,
                 %reason,
                 suppressed,
@@ -294,18 +498,34 @@ impl RuleGroup {
             ),
             None => {}
         }
-        let quarantine = {
+        let quarantined = {
             let mut status = lock(&self.status);
-            status.last_error = Some(reason);
-            let quarantine = self.engine.limits().quarantines_at(faults) && !status.quarantined && status.rule.is_some();
-            status.quarantined |= quarantine;
-            quarantine
+            queue.count_fault(status.generation);
+            self.count(&mut status, site, rule, reason)
         };
-        if quarantine {
-            tracing::warn!(queues = %self.label(), rule, faults, "rule quarantined until its file's content changes; the built-in rule decides");
-        } else {
+        if !quarantined {
             self.rebuild_if_needed();
         }
+    }
+
+    /// Adds a fault at `site` to its run and keeps `reason` as the last error; quarantines the
+    /// rule in use when the run reaches the limit. Returns whether it is quarantined now.
+    fn count(&self, status: &mut GroupStatus, site: FaultSite, rule: &str, reason: String) -> bool {
+        let faults = self.consecutive_faults.fault(site);
+        if self.engine.limits().quarantines_at(faults) && status.quarantine.is_none() && status.rule.is_some() {
+            let export = site.export().map_or("(rebuilding its instance)", Export::name);
+            tracing::warn!(
+                queues = %self.label(),
+                rule,
+                export,
+                faults,
+                %reason,
+                "rule quarantined until its file's content changes; the built-in rule decides"
+            );
+            status.quarantine = Some(Quarantine { export: site.export(), faults, since: SystemTime::now(), reason: reason.clone() });
+        }
+        status.last_error = Some(reason);
+        status.quarantine.is_some()
     }
 
     /// Starts rebuilding the instance on a thread of its own (one of the set's threads, see
@@ -314,7 +534,7 @@ impl RuleGroup {
     pub(super) fn rebuild_if_needed(self: &Arc<Self>) {
         let (rule, generation) = {
             let mut status = lock(&self.status);
-            if status.rebuilding || status.quarantined {
+            if status.rebuilding || status.quarantine.is_some() {
                 return;
             }
             let Some(rule) = status.rule.clone() else { return };
@@ -343,16 +563,16 @@ impl RuleGroup {
         }
         status.rebuilding = false;
         match built {
-            Ok(instance) if slot.live.is_none() && !status.quarantined => {
+            Ok(instance) if slot.live.is_none() && status.quarantine.is_none() => {
                 self.memory_bytes.store(instance.memory_bytes() as u64, Ordering::Relaxed);
+                self.consecutive_faults.success(FaultSite::Rebuild);
                 slot.live = Some(Live { rule, instance });
             }
             Ok(_) => {}
             Err(error) => {
-                drop(status);
                 drop(slot);
-                // Counted like a faulty call; the next decision tries again (or quarantine holds).
-                let faults = self.consecutive_faults.fetch_add(1, Ordering::Relaxed) + 1;
+                // Counted like a faulty call, in a run of its own; the next decision tries
+                // again (or quarantine holds).
                 let reason = format!("its instance could not be rebuilt: {error:#}");
                 match self.fault_log.allow() {
                     Some(0) => tracing::warn!(queues = %self.label(), rule = %rule.name, %reason, "rule faulted; the built-in rule decides"),
@@ -365,14 +585,22 @@ impl RuleGroup {
                     ),
                     None => {}
                 }
-                let mut status = lock(&self.status);
-                status.last_error = Some(reason);
-                if self.engine.limits().quarantines_at(faults) && !status.quarantined && status.generation == generation {
-                    status.quarantined = true;
-                    tracing::warn!(queues = %self.label(), rule = %rule.name, faults, "rule quarantined until its file's content changes; the built-in rule decides");
-                }
+                self.count(&mut status, FaultSite::Rebuild, &rule.name, reason);
             }
         }
+    }
+}
+
+/// What [`QueueRules::load_state`] says, from the group's status.
+fn load_state(group: &RuleGroup, status: &GroupStatus) -> RuleLoad {
+    if status.rule.is_some() {
+        RuleLoad::Loaded
+    } else if status.compiling {
+        RuleLoad::Compiling
+    } else if group.path.is_none() {
+        RuleLoad::BuiltIn
+    } else {
+        RuleLoad::Failed(status.last_error.clone().unwrap_or_else(|| "its rule was never loaded".into()))
     }
 }
 

@@ -83,7 +83,16 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
         counter(&mut registry, "leases_lost", "Leases another lease replaced before or while the handler ran (storage slower than half the lease)");
     let task_panics = counter(&mut registry, "task_panics", "Dequeue or scaler tasks that panicked and were restarted");
     let rule_call_panics = counter(&mut registry, "rule_call_panics", "Rule calls whose blocking task panicked (the built-in rule decided)");
-    let faults = counter(&mut registry, "rule_faults", "Rule calls that faulted (the built-in rule decided)");
+    let faults = counter(&mut registry, "rule_faults", "Rule calls that faulted (the built-in rule decided), whatever the rule file");
+    let waited = counter(
+        &mut registry,
+        "rule_waited_calls",
+        "Rule calls past the call deadline in wall-clock time but not in CPU time (the host was short of CPU, or the rule slept): not faults",
+    );
+    let quarantined = gauge(&mut registry, "rule_quarantined", "1 while the queue's rule is quarantined (the built-in rule decides until its file changes)");
+    let load_failed =
+        gauge(&mut registry, "rule_load_failed", "1 while the queue's configured rule cannot load (the built-in rule decides until the file is fixed)");
+    let refused = gauge(&mut registry, "rule_refused", "1 while a newer content of the queue's rule file is refused (the rule in use goes on deciding)");
     let clamps = counter(&mut registry, "rule_clamps", "Rule decisions clamped into the queue's bounds");
     let safety_polls = counter(&mut registry, "safety_polls", "Safety polls (push mode: a get while no task ran)");
     let transactions = Family::<TransactionLabel, Counter>::default();
@@ -140,7 +149,11 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
         }
         rule_call_panics.get_or_create(&label).inc_by(s.rule_call_panics);
         if let Some(rule) = &s.rule {
-            faults.get_or_create(&label).inc_by(rule.faults);
+            faults.get_or_create(&label).inc_by(rule.faults_total);
+            waited.get_or_create(&label).inc_by(rule.waited_calls);
+            quarantined.get_or_create(&label).set(i64::from(rule.quarantined));
+            load_failed.get_or_create(&label).set(i64::from(rule.state == crate::rules::RuleState::Error));
+            refused.get_or_create(&label).set(i64::from(rule.refused.is_some()));
             clamps.get_or_create(&label).inc_by(rule.clamps);
         }
         if let Some(t) = s.transactions {

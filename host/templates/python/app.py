@@ -4,8 +4,8 @@ backlog, ceil(depth / per_task); when the queue is empty, the paper's back-off.
 Parameters (the queue's `rule_params`): `per_task`, messages per task, a whole number from 1
 (default 32).
 
-`ebb rule build` writes the bindings this module imports (wit_world/, componentize_py_types.py)
-and builds {{name}}.wasm; then `python3 -m unittest` runs the tests natively.
+`ebb rule build` builds {{name}}.wasm, and writes into bindings/ the modules this one imports
+(wit_world, componentize_py_types) for the native test: then `python3 -m unittest`.
 """
 
 from componentize_py_types import Err

@@ -1,7 +1,12 @@
 """Native tests of app.py: `python3 -m unittest` in this folder (after `ebb rule build`, which
 writes the bindings app.py imports)."""
 
+import pathlib
+import sys
 import unittest
+
+# The bindings `ebb rule build` writes (stubs, for tests and editors; the component has its own).
+sys.path.insert(0, str(pathlib.Path(__file__).parent / "bindings"))
 
 from componentize_py_types import Err
 from wit_world.exports.decisions import DepthSource, IdleContext, QueueState

@@ -25,6 +25,10 @@ pub(crate) const TOOL_CACHE_ENV: &str = "EBB_TOOL_CACHE";
 /// The folder `ebb rule build` writes its own files into, inside the rule's folder.
 const BUILD_DIR: &str = ".ebb-build";
 
+/// Where a Python rule's bindings are written, for its native test (test_app.py adds it to
+/// the module path).
+const PYTHON_BINDINGS: &str = "bindings";
+
 const JS_CONSOLE: &str = include_str!("../../../templates/js-build/console.js");
 const JS_ENTRY: &str = include_str!("../../../templates/js-build/entry.js");
 const JS_WORLD: &str = include_str!("../../../templates/js-build/world.wit");
@@ -57,7 +61,7 @@ pub(crate) fn run(folder: &Path) -> Result<()> {
     println!();
     println!("built {name} ({}) in {:.1} s: {} ({size} bytes)", lang.as_str(), started.elapsed().as_secs_f64(), wasm.display());
     if lang == Lang::Python {
-        println!("(the bindings app.py imports are written too: `python3 -m unittest` runs the tests natively)");
+        println!("(the bindings app.py imports are in {}: `python3 -m unittest` runs the tests natively)", folder.join(PYTHON_BINDINGS).display());
     }
     println!("next:");
     println!("  ebb rule test {} {}    # the cases, against the component", wasm.display(), cases.display());
@@ -91,7 +95,8 @@ fn detect(folder: &Path) -> Result<(Option<String>, Lang)> {
     };
     let absolute = std::path::absolute(folder).with_context(|| format!("cannot resolve folder {}", folder.display()))?;
     let named = absolute.components().next_back().map(|c| c.as_os_str().to_string_lossy().into_owned()).unwrap_or_default();
-    validate_name(&named).with_context(|| format!("the rule is named after its folder {}; or write {} with name and lang", absolute.display(), super::MANIFEST))?;
+    validate_name(&named)
+        .with_context(|| format!("the rule is named after its folder {}; or write {} with name and lang", absolute.display(), super::MANIFEST))?;
     Ok((Some(named), lang))
 }
 
@@ -175,9 +180,12 @@ fn build_rust(folder: &Path, name: Option<&str>) -> Result<(String, PathBuf)> {
         .flatten()
         .flat_map(|package| {
             let package_name = package["name"].as_str().unwrap_or_default().to_string();
-            package["targets"].as_array().into_iter().flatten().filter(|t| t["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "cdylib"))).map(
-                move |target| (package_name.clone(), target["name"].as_str().unwrap_or_default().to_string()),
-            )
+            package["targets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|t| t["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "cdylib")))
+                .map(move |target| (package_name.clone(), target["name"].as_str().unwrap_or_default().to_string()))
         })
         .collect();
     let (package, library) = match name {
@@ -212,12 +220,8 @@ fn componentize_py() -> Result<PathBuf> {
     }
     tool_output(Command::new("python3").arg("--version"), "python3 --version", PYTHON_HINT)?;
     eprintln!("installing {COMPONENTIZE_PY} into {} (once)", venv.display());
-    run_tool(
-        Command::new("python3").args(["-m", "venv"]).arg(&venv),
-        &format!("python3 -m venv {}", venv.display()),
-        PYTHON_HINT,
-    )
-    .context("the Python build tool is installed into a virtualenv (Debian/Ubuntu: `apt-get install python3-venv`)")?;
+    run_tool(Command::new("python3").args(["-m", "venv"]).arg(&venv), &format!("python3 -m venv {}", venv.display()), PYTHON_HINT)
+        .context("the Python build tool is installed into a virtualenv (Debian/Ubuntu: `apt-get install python3-venv`)")?;
     run_tool(Command::new(venv.join("bin/pip")).args(["install", "--quiet", COMPONENTIZE_PY]), &format!("pip install {COMPONENTIZE_PY}"), PYTHON_HINT)?;
     std::fs::write(venv.join(COMPONENTIZE_PY), "").with_context(|| format!("failed to write into {}", venv.display()))?;
     Ok(tool)
@@ -235,10 +239,19 @@ fn build_python(folder: &Path, name: &str) -> Result<PathBuf> {
     let with_contract = |command: &mut Command| {
         command.current_dir(folder).args(["-d", "wit", "-w", "scaling-rule"]);
     };
-    // The bindings `app.py` imports, for the native unit test (componentize has its own).
+    // The bindings `app.py` imports, for the native unit test only: stubs, kept out of the
+    // module path of the component (componentize makes its own) in a folder of their own.
+    // componentize-py refuses to write over them: the last build's are removed (only a real
+    // folder: anything else there is not ebb's to remove).
+    let written = folder.join(PYTHON_BINDINGS);
+    match std::fs::symlink_metadata(&written) {
+        Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(&written).with_context(|| format!("failed to remove the old bindings {}", written.display()))?,
+        Ok(_) => bail!("{} is not the folder of bindings `ebb rule build` writes: move it away", written.display()),
+        Err(_) => {}
+    }
     let mut bindings = Command::new(&tool);
     with_contract(&mut bindings);
-    run_tool(bindings.args(["bindings", "."]), "componentize-py bindings", PYTHON_HINT)?;
+    run_tool(bindings.args(["bindings", PYTHON_BINDINGS]), "componentize-py bindings", PYTHON_HINT)?;
     let staged = Path::new(BUILD_DIR).join(format!("{name}.wasm"));
     build_dir(folder)?;
     let mut componentize = Command::new(&tool);

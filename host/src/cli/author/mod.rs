@@ -59,9 +59,8 @@ impl Manifest {
             return Ok(None);
         }
         let text = crate::input::read_text("rule manifest", &path, MAX_MANIFEST_BYTES)?;
-        let manifest: Manifest = toml::from_str(&text).with_context(|| {
-            format!("rule manifest {} is not valid: it holds name = \"NAME\" and lang = \"rust\", \"python\" or \"js\"", path.display())
-        })?;
+        let manifest: Manifest = toml::from_str(&text)
+            .with_context(|| format!("rule manifest {} is not valid: it holds name = \"NAME\" and lang = \"rust\", \"python\" or \"js\"", path.display()))?;
         validate_name(&manifest.name).with_context(|| format!("in rule manifest {}", path.display()))?;
         Ok(Some(manifest))
     }
@@ -85,13 +84,9 @@ pub(crate) fn validate_name(name: &str) -> Result<()> {
 /// Checks that `name` can be the package of a Rust rule: not a name Cargo refuses (a Rust
 /// keyword or a crate of the standard library) nor the SDK's own.
 pub(crate) fn validate_rust_name(name: &str) -> Result<()> {
-    const TAKEN: &[&str] = &[
-        "abstract", "alloc", "as", "async", "await", "become", "box", "break", "const", "continue", "core", "crate", "do", "dyn", "ebb-rules-sdk", "else",
-        "enum", "extern", "false", "final", "fn", "for", "gen", "if", "impl", "in", "let", "loop", "macro", "match", "mod", "move", "mut", "override",
-        "priv", "proc-macro", "pub", "ref", "return", "self", "static", "std", "struct", "super", "test", "trait", "true", "try", "type", "typeof",
-        "unsafe", "unsized", "use", "virtual", "where", "while", "yield",
-    ];
-    if TAKEN.contains(&name) {
+    // Rust's keywords (strict and reserved), the standard crates, and the SDK.
+    const TAKEN: &str = "abstract alloc as async await become box break const continue core crate do dyn ebb-rules-sdk else enum extern false final fn for gen if impl in let loop macro match mod move mut override priv proc-macro pub ref return self static std struct super test trait true try type typeof unsafe unsized use virtual where while yield";
+    if TAKEN.split(' ').any(|taken| taken == name) {
         bail!("rule name {name:?} cannot name a Rust package (a Rust keyword, a standard crate or the SDK's name): pick another, e.g. {name}-rule");
     }
     Ok(())

@@ -84,17 +84,18 @@ pub(crate) fn create(name: &str, lang: Lang, parent: &Path) -> Result<PathBuf> {
 /// Tells the author what was made and the loop that follows.
 pub(crate) fn print_next_steps(folder: &Path, lang: Lang) {
     let shown = folder.display();
-    let (edit, test) = match lang {
-        Lang::Rust => ("src/lib.rs", "cargo test"),
-        Lang::Python => ("app.py", "ebb rule build && python3 -m unittest    # the build writes the bindings the test imports"),
-        Lang::Js => ("rule.js", "node --test"),
-    };
     let name = folder.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let (edit, test_and_build) = match lang {
+        Lang::Rust => ("src/lib.rs", vec!["cargo test", "ebb rule build"]),
+        Lang::Python => ("app.py", vec!["ebb rule build    # also writes the bindings app.py imports", "python3 -m unittest"]),
+        Lang::Js => ("rule.js", vec!["node --test", "ebb rule build"]),
+    };
     println!("created {shown} ({} rule: tasks = ceil(depth / per_task), the paper's back-off)", lang.as_str());
     println!("next, in {shown}:");
     println!("  edit {edit}, and cases.toml");
-    println!("  {test}");
-    println!("  ebb rule build");
+    for step in test_and_build {
+        println!("  {step}");
+    }
     println!("  ebb rule test {name}.wasm cases.toml");
     println!("  ebb rule check {name}.wasm --param per_task=32");
     println!("  cp {name}.wasm <the host's rules folder>/    # the host swaps it in while it runs");
@@ -113,7 +114,7 @@ fn files(name: &str, lang: Lang) -> Result<Vec<(String, String)>> {
             files.push(("Cargo.lock".into(), rust_lock(name)));
             files.push(("src/lib.rs".into(), fill(RUST_LIB)));
             files.push((".gitignore".into(), RUST_GITIGNORE.into()));
-            files.push(("vendor/ebb-rules-sdk/Cargo.toml".into(), RUST_SDK_CARGO_TOML.replace("{{wit_bindgen}}", wit_bindgen_dependency()?)));
+            files.push(("vendor/ebb-rules-sdk/Cargo.toml".into(), RUST_SDK_CARGO_TOML.replace("{{wit_bindgen}}", &wit_bindgen_dependency()?)));
             for (file, text) in SDK_SOURCES {
                 files.push((format!("vendor/ebb-rules-sdk/src/{file}"), (*text).into()));
             }
@@ -148,12 +149,14 @@ fn write_files(root: &Path, name: &str, lang: Lang) -> Result<()> {
     Ok(())
 }
 
-/// The workspace's `wit-bindgen = ...` line: the SDK's bindings generator, pinned.
-fn wit_bindgen_dependency() -> Result<&'static str> {
-    WORKSPACE_MANIFEST
+/// The workspace's `wit-bindgen = { ... }` line (the SDK's bindings generator, pinned),
+/// optional as in the SDK's own manifest (its `guest` feature turns it on).
+fn wit_bindgen_dependency() -> Result<String> {
+    let line = WORKSPACE_MANIFEST
         .lines()
-        .find(|line| line.starts_with("wit-bindgen = "))
-        .context("this ebb was built without a wit-bindgen pin in its workspace Cargo.toml (a bug: report it)")
+        .find(|line| line.starts_with("wit-bindgen = {") && line.trim_end().ends_with('}'))
+        .context("this ebb was built without a wit-bindgen pin in its workspace Cargo.toml (a bug: report it)")?;
+    Ok(format!("{}, optional = true }}", line.trim_end().trim_end_matches('}').trim_end()))
 }
 
 /// example-rules/Cargo.lock for a workspace holding only `name`: the example rules' own
@@ -192,7 +195,8 @@ mod tests {
         assert!(lock.contains("name = \"depth-rule\"") && lock.contains("name = \"ebb-rules-sdk\"") && lock.contains("name = \"wit-bindgen\""));
         assert!(!lock.contains("paper-default") && !lock.contains("threshold-table"), "{lock}");
         assert_eq!(lock.matches("[[package]]").count(), EXAMPLE_RULES_LOCK.matches("[[package]]").count() - 3 + 1);
-        assert!(wit_bindgen_dependency().unwrap().contains("\"=0."), "wit-bindgen is pinned exactly");
+        let wit_bindgen = wit_bindgen_dependency().unwrap();
+        assert!(wit_bindgen.contains("\"=0.") && wit_bindgen.ends_with(", optional = true }"), "pinned exactly, optional: {wit_bindgen}");
     }
 
     #[test]

@@ -346,8 +346,11 @@ fn a_javascript_rule_returning_a_number_the_bindings_would_truncate_faults_namin
             "  optimalDequeueTaskCount(state) {\n    const bad = [10.5, -1, 2 ** 32, NaN, \"7\"][state.approximateDepth - 1];\n    if (bad !== undefined) return bad;\n",
         )
         .replace("    return { delayMs, stop };", "    return ctx.idleCount === 7 ? { delayMs: 800.5, stop } : ctx.idleCount === 8 ? { delayMs, stop: 1 } : { delayMs, stop };")
+        .replace("    for (const [key, value] of params) {\n", "    for (const [key, value] of params) {\n      if (key === \"explode\") throw new Error(\"an Error's message\");\n")
     });
     succeeds(output);
+    // An Error thrown by configure rejects the parameters with its message (not a trap).
+    fails_with(ebb(&folder, &["rule", "check", "sloppy.wasm", "--param", "explode=1"]), &["the rule rejected its parameters: an Error's message"]);
     let eval = |flag: &str, json: &str| ebb(&folder, &["rule", "eval", "sloppy.wasm", flag, json]);
     for (depth, shown) in [(1, "10.5"), (2, "-1"), (3, "4294967296"), (4, "NaN"), (5, "\"7\"")] {
         let stderr = fails_with(eval("--task-count", &format!(r#"{{"approximate_depth": {depth}}}"#)), &["the rule faulted"]);

@@ -200,7 +200,13 @@ impl Drop for KillOnDrop {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rust_rule_goes_from_rule_new_to_a_running_host() {
     let parent = tempfile::tempdir().unwrap();
+    let lock = |folder: &Path| std::fs::read_to_string(folder.join("Cargo.lock")).unwrap();
     let folder = author_loop("rust", parent.path()).await;
+    // The pinned versions held: neither the test nor the build had to resolve anything.
+    let fresh = parent.path().join("fresh");
+    std::fs::create_dir(&fresh).unwrap();
+    succeeds(ebb(&fresh, &["rule", "new", "depth-rust", "--lang", "rust"]));
+    assert_eq!(lock(&folder), lock(&fresh.join("depth-rust")), "cargo changed the Cargo.lock that rule new wrote");
     // Self-contained: the SDK and the contract came with it, and the lock pins the versions.
     for file in ["vendor/ebb-rules-sdk/src/lib.rs", "vendor/wit/ebb-rules-0.2.0/rules.wit", "Cargo.lock"] {
         assert!(folder.join(file).is_file(), "{file}");

@@ -14,6 +14,7 @@ mod handler;
 mod kubernetes;
 mod listener;
 mod replay;
+mod rule_author;
 mod rule_languages;
 mod rule_state;
 mod rules;

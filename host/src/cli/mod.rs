@@ -1,5 +1,6 @@
 //! The `ebb` command line.
 
+mod author;
 mod client;
 mod host;
 mod rule;

@@ -1,4 +1,4 @@
-//! `ebb rule check`, `ebb rule eval` and `ebb rule compile`.
+//! `ebb rule check`, `ebb rule eval` and `ebb rule compile` (`new` and `build`: `super::author`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -58,6 +58,27 @@ pub enum RuleCommand {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// Start a rule: a folder PARENT/NAME that builds outside this repository, with the rule
+    /// (tasks = ⌈depth ÷ per_task⌉, the paper's back-off), a unit test in the language's own
+    /// runner and `cases.toml` for `ebb rule test`. Never overwrites anything.
+    New {
+        /// The rule's name: 1 to 64 lowercase letters, digits and '-', starting with a letter.
+        name: String,
+        /// The rule's language.
+        #[arg(long, value_enum)]
+        lang: super::author::Lang,
+        /// The folder to create the rule's folder in.
+        #[arg(long, value_name = "PARENT", default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Build a rule folder (made by `ebb rule new`) into FOLDER/NAME.wasm with the right
+    /// toolchain: cargo for wasm32-wasip2, componentize-py or componentize-qjs (pinned,
+    /// installed on first use into $EBB_TOOL_CACHE, else ~/.cache/ebb/tools).
+    Build {
+        /// The rule's folder.
+        #[arg(default_value = ".")]
+        folder: PathBuf,
+    },
 }
 
 pub fn run(command: RuleCommand) -> Result<()> {
@@ -65,6 +86,8 @@ pub fn run(command: RuleCommand) -> Result<()> {
         RuleCommand::Check { file, params } => check(&file, params),
         RuleCommand::Eval { file, task_count, queue_empty, params } => eval(&file, task_count, queue_empty, params),
         RuleCommand::Compile { files, out, config } => compile(&files, out, config),
+        RuleCommand::New { name, lang, dir } => super::author::new::create(&name, lang, &dir).map(|folder| super::author::new::print_next_steps(&folder, lang)),
+        RuleCommand::Build { folder } => super::author::build::run(&folder),
     }
 }
 

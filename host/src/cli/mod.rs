@@ -3,6 +3,7 @@
 mod client;
 mod host;
 mod rule;
+mod rule_test;
 mod simulate;
 
 use std::path::PathBuf;

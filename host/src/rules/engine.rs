@@ -15,6 +15,7 @@ use super::bindings::{ContractVersion, v0_1, v0_2};
 use super::cache::Compiled;
 use super::contract::{check_signatures, contract_version};
 use super::file::{file_name, read_rule_file};
+use super::hint::with_hint;
 use super::limits::RuleLimits;
 use super::lock;
 use super::sandbox::RuleHost;
@@ -123,7 +124,7 @@ impl RuleEngine {
         }
         let sha256 = hex::encode(Sha256::digest(bytes));
         let started = Instant::now();
-        let (component, from_cache) = self.compile(&sha256, bytes, folder)?;
+        let (component, from_cache) = self.compile(&sha256, bytes, folder).map_err(|e| with_hint(e, None))?;
         let compile_time = started.elapsed();
         let ty = component.component_type();
         let imports: Vec<String> = ty.imports(&self.engine).map(|(n, _)| n.to_string()).collect();

@@ -8,6 +8,7 @@ use wasmtime::component::ResourceTable;
 use super::bindings::{v0_1, v0_2};
 use super::engine::{CompiledRule, RuleEngine, RulePre, deadline_ticks};
 use super::fault::{Phase, describe_fault, with_output};
+use super::hint::with_hint;
 use super::limits::RuleLimits;
 use super::sandbox::{MemoryLimiter, RuleHost, capability_free_wasi};
 use super::stderr::CapturedOutput;
@@ -27,16 +28,16 @@ impl RuleEngine {
         store.epoch_deadline_trap();
         store.set_fuel(self.limits.setup_fuel).map_err(anyhow::Error::from)?;
         store.set_epoch_deadline(deadline_ticks(self.limits.setup_deadline));
-        let fault = |e| with_output(describe_fault(e, Phase::Setup, &self.limits), &output);
+        let fault = |e, export| with_hint(with_output(describe_fault(e, Phase::Setup, &self.limits), &output), export);
         let bindings = match &rule.pre {
-            RulePre::V0_1(pre) => Bindings::V0_1(pre.instantiate(&mut store).map_err(fault).context("instantiation failed")?),
-            RulePre::V0_2(pre) => Bindings::V0_2(pre.instantiate(&mut store).map_err(fault).context("instantiation failed")?),
+            RulePre::V0_1(pre) => Bindings::V0_1(pre.instantiate(&mut store).map_err(|e| fault(e, None)).context("instantiation failed")?),
+            RulePre::V0_2(pre) => Bindings::V0_2(pre.instantiate(&mut store).map_err(|e| fault(e, None)).context("instantiation failed")?),
         };
         let configured = match &bindings {
             Bindings::V0_1(b) => b.ebb_rules_decisions().call_configure(&mut store, params),
             Bindings::V0_2(b) => b.ebb_rules_decisions().call_configure(&mut store, params),
         };
-        let configured = configured.map_err(fault).context("configure failed")?;
+        let configured = configured.map_err(|e| fault(e, Some("configure"))).context("configure failed")?;
         if let Err(message) = configured {
             bail!("the rule rejected its parameters: {message}");
         }
@@ -80,7 +81,7 @@ impl RuleInstance {
             Bindings::V0_1(b) => b.ebb_rules_decisions().call_optimal_dequeue_task_count(&mut self.store, &state.into()),
             Bindings::V0_2(b) => b.ebb_rules_decisions().call_optimal_dequeue_task_count(&mut self.store, &state.into()),
         };
-        called.map_err(|e| with_output(describe_fault(e, Phase::Call, &self.limits), &self.store.data().output))
+        called.map_err(|e| with_hint(with_output(describe_fault(e, Phase::Call, &self.limits), &self.store.data().output), Some("optimal-dequeue-task-count")))
     }
 
     /// `on-queue-empty`, raw (unclamped). Any error means the instance is unusable.
@@ -90,7 +91,7 @@ impl RuleInstance {
             Bindings::V0_1(b) => b.ebb_rules_decisions().call_on_queue_empty(&mut self.store, &ctx.into()).map(Into::into),
             Bindings::V0_2(b) => b.ebb_rules_decisions().call_on_queue_empty(&mut self.store, &ctx.into()).map(Into::into),
         };
-        called.map_err(|e| with_output(describe_fault(e, Phase::Call, &self.limits), &self.store.data().output))
+        called.map_err(|e| with_hint(with_output(describe_fault(e, Phase::Call, &self.limits), &self.store.data().output), Some("on-queue-empty")))
     }
 
     /// What the rule wrote to stdout/stderr since the last look.

@@ -243,10 +243,11 @@ fn build_other_language_guests(root: &Path, wit: &Path, tools: &Path, out_dir: &
                     continue;
                 }
                 run(
-                    Command::new(componentize_py(tools))
-                        .args(["-d", path_str(wit), "-w", "scaling-rule", "componentize", "-p"])
-                        .arg(&source)
-                        .args(["app", "-o", path_str(&wasm)]),
+                    Command::new(componentize_py(tools)).args(["-d", path_str(wit), "-w", "scaling-rule", "componentize", "-p"]).arg(&source).args([
+                        "app",
+                        "-o",
+                        path_str(&wasm),
+                    ]),
                     &format!("componentize-py of {}", source.display()),
                 );
             }

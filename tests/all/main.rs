@@ -14,6 +14,7 @@ mod handler;
 mod kubernetes;
 mod listener;
 mod replay;
+mod rule_check;
 mod rule_languages;
 mod rules;
 mod scaler;

@@ -183,29 +183,34 @@ fn check(file: &Path, params: Vec<(String, String)>) -> Result<()> {
     println!("memory:       {} bytes after configure", instance.memory_bytes());
     println!("configure:    ok ({} parameter{})", params.len(), if params.len() == 1 { "" } else { "s" });
     let probes = check_probes();
-    let mut failures = Vec::new();
+    // (export, reason) -> the contexts it happened in: one reason is said once, with every
+    // context that produced it.
+    let mut failures: Vec<(&str, String, Vec<&str>)> = Vec::new();
+    let mut fail = |export, reason: String, context| match failures.iter_mut().find(|(e, r, _)| *e == export && *r == reason) {
+        Some((_, _, contexts)) => contexts.push(context),
+        None => failures.push((export, reason, vec![context])),
+    };
     let mut live = Some(instance);
-    println!("\n{:<28} {:<44} returned", "export", "context");
+    println!("\n{:<28} {:<36} returned", "export", "context");
     for probe in &probes {
         // A fresh instance after each fault: a trapped one cannot be entered again, and one
         // fault must not hide the next.
-        let instance = match live.take() {
+        let mut instance = match live.take() {
             Some(instance) => instance,
             None => match engine.instantiate(&rule, &params) {
                 Ok(instance) => instance,
                 Err(error) => {
-                    failures.push(format!("{} ({}): the rule could not be set up again after a fault: {error:#}", probe.export(), probe.context));
+                    fail(probe.export(), format!("the rule could not be set up again after a fault: {error:#}"), probe.context);
                     break;
                 }
             },
         };
-        let mut instance = instance;
         let (shown, failure) = probe.run(&mut instance);
-        println!("{:<28} {:<44} {shown}", probe.export(), probe.context);
+        println!("{:<28} {:<36} {shown}", probe.export(), probe.context);
         match failure {
-            Some(ProbeFailure::Fault(reason)) => failures.push(format!("{} ({}): {reason}", probe.export(), probe.context)),
+            Some(ProbeFailure::Fault(reason)) => fail(probe.export(), reason, probe.context),
             Some(ProbeFailure::Value(reason)) => {
-                failures.push(format!("{} ({}): {reason}", probe.export(), probe.context));
+                fail(probe.export(), reason, probe.context);
                 live = Some(instance);
             }
             None => live = Some(instance),
@@ -215,13 +220,10 @@ fn check(file: &Path, params: Vec<(String, String)>) -> Result<()> {
         println!("\nok: {} calls, none faulted or returned a value the host would have to correct", probes.len());
         return Ok(());
     }
-    bail!(
-        "rule {} failed {} of {} calls:\n{}",
-        file.display(),
-        failures.len(),
-        probes.len(),
-        failures.iter().map(|f| format!("- {}", f.replace('\n', "\n  "))).collect::<Vec<_>>().join("\n")
-    )
+    let failed: usize = failures.iter().map(|(_, _, contexts)| contexts.len()).sum();
+    let listed: Vec<String> =
+        failures.iter().map(|(export, reason, contexts)| format!("- {export} ({}): {}", contexts.join("; "), reason.replace('\n', "\n  "))).collect();
+    bail!("rule {} failed {failed} of {} calls:\n{}", file.display(), probes.len(), listed.join("\n"))
 }
 
 /// One call `ebb rule check` makes: an export, the context it is called with, and the
@@ -276,7 +278,7 @@ impl Probe {
                     // The rule was told the range and left it: a unit mistake (seconds for
                     // milliseconds) or a back-off that is not capped.
                     let reason = format!(
-                        "delay_ms {} is outside the interval the rule was given [min_interval_ms {}, max_interval_ms {}], so the host would clamp it to {}{}to fix: keep the delay within ctx.min_interval_ms..=ctx.max_interval_ms (milliseconds), e.g. cap a growing back-off with min(delay, max_interval_ms)",
+                        "delay_ms {} is outside the interval the rule was given [min_interval_ms {}, max_interval_ms {}], so the host would clamp it to {}{}keep the delay within ctx.min_interval_ms..=ctx.max_interval_ms (milliseconds), e.g. cap a growing back-off with min(delay, max_interval_ms)",
                         raw.delay_ms,
                         ctx.min_interval_ms,
                         ctx.max_interval_ms,

@@ -123,7 +123,8 @@ pub(super) fn run(rule: &Path, cases: &Path, engine: Arc<RuleEngine>) -> Result<
 /// without running the 39 before it.
 fn read_cases(path: &Path) -> Result<Vec<Ready>> {
     let text = crate::input::read_text("cases file", path, MAX_CASES_BYTES)?;
-    let file: CasesFile = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end())).with_context(|| format!("invalid cases file {}", path.display()))?;
+    let file: CasesFile =
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end())).with_context(|| format!("invalid cases file {}", path.display()))?;
     if file.case.len() > MAX_CASES {
         bail!("cases file {} has {} cases, over the limit of {MAX_CASES}: split it into several files", path.display(), file.case.len());
     }
@@ -136,13 +137,13 @@ fn read_cases(path: &Path) -> Result<Vec<Ready>> {
             Some(name) => format!("case {} ({name:?})", index + 1),
             None => format!("case {}", index + 1),
         };
-        let case = prepare(raw, &file.params, &label).with_context(|| format!("invalid {label} in {}", path.display()))?;
+        let case = prepare(raw, &file.params).with_context(|| format!("invalid {label} in {}", path.display()))?;
         ready.push(case);
     }
     Ok(ready)
 }
 
-fn prepare(raw: Map<String, Value>, shared: &BTreeMap<String, String>, label: &str) -> Result<Ready> {
+fn prepare(raw: Map<String, Value>, shared: &BTreeMap<String, String>) -> Result<Ready> {
     let case: Case = serde_json::from_value(Value::Object(raw)).map_err(|e| anyhow::anyhow!("{e}"))?;
     let params = case.params.as_ref().unwrap_or(shared).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     let call = match case.decision {
@@ -157,7 +158,7 @@ fn prepare(raw: Map<String, Value>, shared: &BTreeMap<String, String>, label: &s
                 bail!("a task-count case takes `state` (queue-state fields), not `context`");
             }
             let given = case.state.clone().unwrap_or_else(|| Value::Object(Map::new()));
-            let state: QueueState = with_defaults(given, task_count_defaults(QUEUE), &format!("{label}'s state"))?;
+            let state: QueueState = with_defaults(given, task_count_defaults(QUEUE), "state")?;
             Call::TaskCount(state)
         }
         DecisionKind::QueueEmpty => {
@@ -165,7 +166,7 @@ fn prepare(raw: Map<String, Value>, shared: &BTreeMap<String, String>, label: &s
                 bail!("a queue-empty case takes `context` (idle-context fields), not `state`");
             }
             let given = case.context.clone().unwrap_or_else(|| Value::Object(Map::new()));
-            let ctx: IdleContext = with_defaults(given, queue_empty_defaults(QUEUE), &format!("{label}'s context"))?;
+            let ctx: IdleContext = with_defaults(given, queue_empty_defaults(QUEUE), "context")?;
             Call::QueueEmpty(ctx)
         }
     };
@@ -181,7 +182,8 @@ fn prepare(raw: Map<String, Value>, shared: &BTreeMap<String, String>, label: &s
             None => bail!("expect: {value} is not a task count (a whole number, 0 to {})", u32::MAX),
         },
         (Some(value), None, DecisionKind::QueueEmpty) => {
-            let idle: IdleExpect = serde_json::from_value(value).map_err(|e| anyhow::anyhow!("expect: {e} (write expect = {{ delay_ms = 800, stop = false }})"))?;
+            let idle: IdleExpect =
+                serde_json::from_value(value).map_err(|e| anyhow::anyhow!("expect: {e} (write expect = {{ delay_ms = 800, stop = false }})"))?;
             if idle.delay_ms.is_none() && idle.stop.is_none() {
                 bail!("expect: give delay_ms, stop or both");
             }
@@ -203,7 +205,9 @@ fn run_case(engine: &RuleEngine, rule: &CompiledRule, case: &Ready) -> std::resu
     };
     let got = match &case.call {
         Call::Configure => unreachable!("handled above"),
-        Call::TaskCount(state) => instance.optimal_dequeue_task_count(state).map(|raw| Got::TaskCount(raw, crate::rules::clamp_task_count(raw, DecisionSource::Rule, state))),
+        Call::TaskCount(state) => {
+            instance.optimal_dequeue_task_count(state).map(|raw| Got::TaskCount(raw, crate::rules::clamp_task_count(raw, DecisionSource::Rule, state)))
+        }
         Call::QueueEmpty(ctx) => instance.on_queue_empty(ctx).map(|raw| Got::QueueEmpty(raw, crate::rules::clamp_idle(raw, DecisionSource::Rule, ctx))),
     };
     match (got, &case.expect) {
@@ -213,7 +217,9 @@ fn run_case(engine: &RuleEngine, rule: &CompiledRule, case: &Ready) -> std::resu
         (Ok(got), expect) => {
             let matched = match (&got, expect) {
                 (Got::TaskCount(raw, _), Expect::TaskCount(count)) => raw == count,
-                (Got::QueueEmpty(raw, _), Expect::QueueEmpty(idle)) => idle.delay_ms.is_none_or(|d| d == raw.delay_ms) && idle.stop.is_none_or(|s| s == raw.stop),
+                (Got::QueueEmpty(raw, _), Expect::QueueEmpty(idle)) => {
+                    idle.delay_ms.is_none_or(|d| d == raw.delay_ms) && idle.stop.is_none_or(|s| s == raw.stop)
+                }
                 _ => unreachable!("a case's expectation is of its decision"),
             };
             if matched { Ok(got.clamp_note()) } else { Err(format!("- expect: {}\n+ got:    {}", expect.describe(), got.describe())) }
@@ -259,7 +265,8 @@ impl Expect {
             Expect::Success => "configure to succeed".into(),
             Expect::TaskCount(count) => count.to_string(),
             Expect::QueueEmpty(idle) => {
-                let fields: Vec<String> = [idle.delay_ms.map(|d| format!("delay_ms = {d}")), idle.stop.map(|s| format!("stop = {s}"))].into_iter().flatten().collect();
+                let fields: Vec<String> =
+                    [idle.delay_ms.map(|d| format!("delay_ms = {d}")), idle.stop.map(|s| format!("stop = {s}"))].into_iter().flatten().collect();
                 format!("{{ {} }}", fields.join(", "))
             }
             Expect::Error(wanted) => format!("an error containing {wanted:?}"),
@@ -274,12 +281,13 @@ mod tests {
     fn prepared(toml_text: &str) -> Result<Ready> {
         let file: CasesFile = toml::from_str(toml_text)?;
         let raw = file.case.into_iter().next().unwrap();
-        prepare(raw, &file.params, "case 1")
+        prepare(raw, &file.params)
     }
 
     #[test]
     fn a_random_of_2_to_the_63_and_above_is_read_as_the_u64_it_is() {
-        let ready = prepared("[[case]]\nname = 'x'\ndecision = 'queue-empty'\ncontext = { random = 18446744073709551615 }\nexpect = { stop = false }\n").unwrap();
+        let ready =
+            prepared("[[case]]\nname = 'x'\ndecision = 'queue-empty'\ncontext = { random = 18446744073709551615 }\nexpect = { stop = false }\n").unwrap();
         let Call::QueueEmpty(ctx) = ready.call else { panic!("a queue-empty case") };
         assert_eq!(ctx.random, u64::MAX);
         assert_eq!(ctx.min_interval_ms, 100, "the rest defaults as in ebb rule eval");

@@ -209,7 +209,7 @@ fn unquoted_rule_params(text: &str) -> Option<anyhow::Error> {
         if bad.len() == 1 { "is" } else { "are" },
         listed.join("\n"),
         crate::rules::HINT_PREFIX,
-        if bad.len() == 1 { "it" } else { "each" },
+        if bad.len() == 1 { "the value" } else { "each value" },
         fixes.join(", ")
     ))
 }

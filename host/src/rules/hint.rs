@@ -40,7 +40,7 @@ pub fn hint(text: &str, export: Export<'_>) -> Option<String> {
     if text.contains("TypeError") && text.contains("float") {
         return Some(format!("{decision} returned a float where the contract wants an integer: return an int (for example `math.ceil(x)` or `round(x)`)"));
     }
-    if export == Some("configure") && text.contains("Traceback") {
+    if export == Some("configure") && (text.contains("Traceback") || text.contains("Python function threw an unexpected exception")) {
         return Some(
             "configure raised an exception, which traps: to reject parameters, `raise Err(\"what is wrong and what to write\")` (`from componentize_py_types import Err`), \
              and the host reports your message as a rejection"
@@ -48,7 +48,9 @@ pub fn hint(text: &str, export: Export<'_>) -> Option<String> {
         );
     }
     if text.contains("ran out of its") && text.contains("fuel") || text.contains("ran past its") && text.contains("deadline") {
-        return Some(format!("{decision} did not return within the host's limits: look for a loop that does not end (or one bounded by a context value such as a depth of 2^64 - 1)"));
+        return Some(format!(
+            "{decision} did not return within the host's limits: look for a loop that does not end (or one bounded by a context value such as a depth of 2^64 - 1)"
+        ));
     }
     None
 }

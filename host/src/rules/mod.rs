@@ -41,8 +41,8 @@ mod watcher;
 
 pub use bindings::{CONTRACT_INTERFACE, CONTRACT_VERSION, CONTRACT_VERSIONS, ContractVersion};
 pub use decider::{BuiltInRule, Decider};
-pub(crate) use decision::{clamp_idle, clamp_task_count};
 pub use decision::{Decision, DecisionSource, NativeRule, built_in_queue_empty, built_in_task_count, native_queue_empty, native_task_count};
+pub(crate) use decision::{clamp_idle, clamp_task_count};
 pub use engine::{CompiledRule, RuleEngine};
 pub(crate) use file::read_rule_file;
 pub use hint::{HINT_PREFIX, hint};

@@ -13,8 +13,10 @@ use crate::rules::{DecisionSource, IdleContext, QueueRuleConfig, QueueState, Rul
 
 #[derive(Debug, Subcommand)]
 pub enum RuleCommand {
-    /// Load a rule, validate it against the contract, configure it, and describe it.
-    /// Exits with 1 and the reason on any problem.
+    /// Load a rule, validate it against the contract, configure it, describe it, then call
+    /// each export with default and edge contexts under the host's limits and print what came
+    /// back. Exits with 1 and every reason (each with a hint) on a load or set-up problem, a
+    /// fault in any call, or a delay outside the interval the rule was given.
     Check {
         /// The rule component (.wasm).
         file: PathBuf,

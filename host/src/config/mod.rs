@@ -194,17 +194,23 @@ fn unquoted_rule_params(text: &str) -> Option<anyhow::Error> {
                     toml::Value::Datetime(d) => d.to_string(),
                     other => format!("<{}>", other.type_str()),
                 };
-                bad.push((format!("queues.{queue}.rule_params.{key} = {written} (a TOML {})", value.type_str()), format!("{key} = {written:?}")));
+                bad.push((
+                    queue.clone(),
+                    format!("queues.{queue}.rule_params.{key} = {written} (a TOML {})", value.type_str()),
+                    format!("{key} = {written:?}"),
+                ));
             }
         }
     }
     if bad.is_empty() {
         return None;
     }
-    let listed: Vec<String> = bad.iter().map(|(what, _)| format!("  {what}")).collect();
-    let fixes: Vec<String> = bad.iter().map(|(_, fix)| fix.clone()).collect();
+    let listed: Vec<String> = bad.iter().map(|(_, what, _)| format!("  {what}")).collect();
+    let fixes: Vec<String> = bad.iter().map(|(_, _, fix)| fix.clone()).collect();
+    // Named after the first queue, as every queue error is; the list has them all.
     Some(anyhow::anyhow!(
-        "rule_params values are strings (a rule reads them as text), and {} {} not:\n{}{}quote {}: {}",
+        "queues.{}: rule_params: values are strings (a rule reads them as text), and {} {} not:\n{}{}quote {}: {}",
+        bad[0].0,
         bad.len(),
         if bad.len() == 1 { "is" } else { "are" },
         listed.join("\n"),

@@ -22,6 +22,18 @@ pub fn hint(text: &str, export: Export<'_>) -> Option<String> {
                 .into(),
         );
     }
+    if text.contains("but this host speaks") {
+        return Some(format!(
+            "rebuild the rule against wit/ebb-rules-{} (the SDK's and the examples' contract), or run the ebb that serves its version",
+            super::CONTRACT_VERSION
+        ));
+    }
+    if text.contains("lacks the function") {
+        return Some(
+            "a rule exports all three functions of the contract: configure, optimal-dequeue-task-count and on-queue-empty (in Rust, `export_rule!` does; the SDK gives on-queue-empty and configure defaults)"
+                .into(),
+        );
+    }
     if text.contains("requires the component model async feature") {
         return Some("this JavaScript rule was built without `--sync`: build it with `componentize-qjs --sync`, as `ebb rule build` does".into());
     }
@@ -82,6 +94,8 @@ mod tests {
             ("the rule wrote: TypeError: 'float' object cannot be interpreted as an integer", Some("optimal-dequeue-task-count"), "math.ceil"),
             ("trapped; the rule wrote: Traceback (most recent call last): ValueError", Some("configure"), "raise Err("),
             ("ran out of its call fuel (100 units)", Some("on-queue-empty"), "on-queue-empty did not return"),
+            ("it exports ebb:rules/decisions@0.3.0, but this host speaks ebb:rules/decisions@0.2.0", None, "wit/ebb-rules-0.2.0"),
+            ("its export ebb:rules/decisions@0.2.0 lacks the function on-queue-empty", None, "export_rule!"),
         ];
         for (text, export, expected) in cases {
             let hint = hint(text, export).unwrap_or_default();

@@ -86,13 +86,16 @@ fn rule_check_fails_a_core_module_saying_to_build_a_component() {
 fn rule_check_fails_a_wrong_contract_version_naming_the_versions_served() {
     assert_fails_with(
         &check(guests::FUTURE_VERSION, &[]),
-        &["ebb:rules/decisions@0.3.0, but this host speaks ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0"],
+        &[
+            "ebb:rules/decisions@0.3.0, but this host speaks ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0",
+            "hint: rebuild the rule against wit/ebb-rules-0.2.0",
+        ],
     );
 }
 
 #[test]
 fn rule_check_fails_a_missing_function() {
-    assert_fails_with(&check(guests::MISSING_EXPORT, &[]), &["lacks the function"]);
+    assert_fails_with(&check(guests::MISSING_EXPORT, &[]), &["lacks the function", "hint: a rule exports all three functions of the contract"]);
 }
 
 #[test]

@@ -115,7 +115,12 @@ impl RuleEngine {
 
     /// [`RuleEngine::load_bytes`] of a rule read from a file in `folder`, where a compiled
     /// artifact may have been shipped beside it (see `ebb rule compile --out`).
+    /// An error says what to do about it when the mistake is a known one (see `hint`).
     pub(crate) fn load_bytes_beside(&self, name: &str, bytes: &[u8], folder: Option<&Path>) -> Result<Arc<CompiledRule>> {
+        self.load_validated(name, bytes, folder).map_err(|e| with_hint(e, None))
+    }
+
+    fn load_validated(&self, name: &str, bytes: &[u8], folder: Option<&Path>) -> Result<Arc<CompiledRule>> {
         if bytes.len() as u64 > self.limits.max_file_bytes {
             bail!("{} bytes, over the limit of {} bytes", bytes.len(), self.limits.max_file_bytes);
         }
@@ -124,7 +129,7 @@ impl RuleEngine {
         }
         let sha256 = hex::encode(Sha256::digest(bytes));
         let started = Instant::now();
-        let (component, from_cache) = self.compile(&sha256, bytes, folder).map_err(|e| with_hint(e, None))?;
+        let (component, from_cache) = self.compile(&sha256, bytes, folder)?;
         let compile_time = started.elapsed();
         let ty = component.component_type();
         let imports: Vec<String> = ty.imports(&self.engine).map(|(n, _)| n.to_string()).collect();

@@ -217,19 +217,27 @@ fn build_other_language_guests(root: &Path, wit: &Path, tools: &Path, out_dir: &
         let mut sources: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
         sources.sort();
         for source in sources {
-            let stem = source.file_stem().unwrap().to_string_lossy().into_owned();
+            let mut stem = source.file_stem().unwrap().to_string_lossy().into_owned();
+            // `<name>.nosync.js` is built without `--sync`, as an author who forgot it would:
+            // its constant is `JS_<NAME>_NOSYNC`.
+            let sync = match stem.strip_suffix(".nosync") {
+                Some(name) => {
+                    stem = format!("{name}_nosync");
+                    false
+                }
+                None => true,
+            };
             let wasm = out_dir.join(format!("{}{stem}.wasm", prefix.to_lowercase()));
             if prefix == "JS_" {
                 if source.extension().is_none_or(|e| e != "js") {
                     continue;
                 }
-                run(
-                    Command::new(componentize_qjs(tools))
-                        .args(["-w", path_str(wit), "-n", "scaling-rule", "--sync", "-j"])
-                        .arg(&source)
-                        .args(["-o", path_str(&wasm)]),
-                    &format!("componentize-qjs of {}", source.display()),
-                );
+                let mut qjs = Command::new(componentize_qjs(tools));
+                qjs.args(["-w", path_str(wit), "-n", "scaling-rule"]);
+                if sync {
+                    qjs.arg("--sync");
+                }
+                run(qjs.arg("-j").arg(&source).args(["-o", path_str(&wasm)]), &format!("componentize-qjs of {}", source.display()));
             } else {
                 if !source.join("app.py").is_file() {
                     continue;

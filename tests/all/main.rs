@@ -15,6 +15,7 @@ mod kubernetes;
 mod listener;
 mod replay;
 mod rule_author;
+mod rule_check;
 mod rule_languages;
 mod rule_state;
 mod rules;

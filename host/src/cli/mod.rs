@@ -4,6 +4,7 @@ mod author;
 mod client;
 mod host;
 mod rule;
+mod rule_test;
 mod simulate;
 
 use std::path::PathBuf;

@@ -1,4 +1,4 @@
-//! `ebb rule check`, `ebb rule eval` and `ebb rule compile` (`new` and `build`: `super::author`).
+//! `ebb rule check`, `ebb rule eval`, `ebb rule test` (in `rule_test`) and `ebb rule compile` (`new` and `build`: `super::author`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -13,8 +13,10 @@ use crate::rules::{DecisionSource, IdleContext, QueueRuleConfig, QueueState, Rul
 
 #[derive(Debug, Subcommand)]
 pub enum RuleCommand {
-    /// Load a rule, validate it against the contract, configure it, and describe it.
-    /// Exits with 1 and the reason on any problem.
+    /// Load a rule, validate it against the contract, configure it, describe it, then call
+    /// each export with default and edge contexts under the host's limits and print what came
+    /// back. Exits with 1 and every reason (each with a hint) on a load or set-up problem, a
+    /// fault in any call, or a delay outside the interval the rule was given.
     Check {
         /// The rule component (.wasm).
         file: PathBuf,
@@ -41,6 +43,15 @@ pub enum RuleCommand {
         /// A rule parameter, as in the queue's `rule_params` (repeatable).
         #[arg(long = "param", value_name = "KEY=VALUE", value_parser = super::parse_key_value)]
         params: Vec<(String, String)>,
+    },
+    /// Run a rule against table-driven cases (a TOML file of `[[case]]`s: a context in, the
+    /// expected decision or error out) under the host's limits; prints ok or FAIL with a diff
+    /// per case and `N passed, M failed`. Exits with 1 on any failure.
+    Test {
+        /// The rule component (.wasm).
+        rule: PathBuf,
+        /// The cases file (.toml); see docs/rules.md, "Test a rule".
+        cases: PathBuf,
     },
     /// Compile rules ahead, so that a host starting with an empty cache finds them compiled:
     /// into the host's compiled-rule cache (`<data_dir>/rule-cache` of the configuration),
@@ -85,6 +96,7 @@ pub fn run(command: RuleCommand) -> Result<()> {
     match command {
         RuleCommand::Check { file, params } => check(&file, params),
         RuleCommand::Eval { file, task_count, queue_empty, params } => eval(&file, task_count, queue_empty, params),
+        RuleCommand::Test { rule, cases } => super::rule_test::run(&rule, &cases, cli_engine()?),
         RuleCommand::Compile { files, out, config } => compile(&files, out, config),
         RuleCommand::New { name, lang, dir } => super::author::new::create(&name, lang, &dir).map(|folder| super::author::new::print_next_steps(&folder, lang)),
         RuleCommand::Build { folder } => super::author::build::run(&folder),
@@ -161,7 +173,7 @@ pub(super) fn user_rule_cache() -> Option<PathBuf> {
 
 /// The engine of the `ebb rule` commands: with the user's compile cache when it can be used,
 /// without it (compiling each time, and saying why) when not.
-fn cli_engine() -> Result<std::sync::Arc<RuleEngine>> {
+pub(super) fn cli_engine() -> Result<std::sync::Arc<RuleEngine>> {
     if let Some(dir) = user_rule_cache() {
         match RuleEngine::new(RuleLimits::default(), Some(dir.clone())) {
             Ok(engine) => return Ok(engine),
@@ -195,7 +207,214 @@ fn check(file: &Path, params: Vec<(String, String)>) -> Result<()> {
     println!("imports:      {}", if rule.imports.is_empty() { "none".into() } else { rule.imports.join(", ") });
     println!("memory:       {} bytes after configure", instance.memory_bytes());
     println!("configure:    ok ({} parameter{})", params.len(), if params.len() == 1 { "" } else { "s" });
-    Ok(())
+    let probes = check_probes();
+    // (export, reason) -> the contexts it happened in: one reason is said once, with every
+    // context that produced it.
+    let mut failures: Vec<(&str, String, Vec<&str>)> = Vec::new();
+    let mut fail = |export, reason: String, context| match failures.iter_mut().find(|(e, r, _)| *e == export && *r == reason) {
+        Some((_, _, contexts)) => contexts.push(context),
+        None => failures.push((export, reason, vec![context])),
+    };
+    let mut live = Some(instance);
+    println!("\n{:<28} {:<36} returned", "export", "context");
+    for probe in &probes {
+        // A fresh instance after each fault: a trapped one cannot be entered again, and one
+        // fault must not hide the next.
+        let mut instance = match live.take() {
+            Some(instance) => instance,
+            None => match engine.instantiate(&rule, &params) {
+                Ok(instance) => instance,
+                Err(error) => {
+                    fail(probe.export(), format!("the rule could not be set up again after a fault: {error:#}"), probe.context);
+                    break;
+                }
+            },
+        };
+        let (mut shown, mut failure) = probe.run(&mut instance);
+        // Wall-clock time lost to a busy machine is not the rule's: a call past its deadline
+        // is tried once more on a fresh instance (fuel, which counts the rule's own work,
+        // stops a real loop first, every time).
+        if matches!(&failure, Some(ProbeFailure::Fault(reason)) if past_deadline(reason))
+            && let Ok(mut fresh) = engine.instantiate(&rule, &params)
+        {
+            (shown, failure) = probe.run(&mut fresh);
+            instance = fresh;
+        }
+        println!("{:<28} {:<36} {shown}", probe.export(), probe.context);
+        match failure {
+            Some(ProbeFailure::Fault(reason)) => fail(probe.export(), reason, probe.context),
+            Some(ProbeFailure::Value(reason)) => {
+                fail(probe.export(), reason, probe.context);
+                live = Some(instance);
+            }
+            None => live = Some(instance),
+        }
+    }
+    if failures.is_empty() {
+        println!("\nok: {} calls, none faulted or returned a value the host would have to correct", probes.len());
+        return Ok(());
+    }
+    let failed: usize = failures.iter().map(|(_, _, contexts)| contexts.len()).sum();
+    let listed: Vec<String> =
+        failures.iter().map(|(export, reason, contexts)| format!("- {export} ({}): {}", contexts.join("; "), reason.replace('\n', "\n  "))).collect();
+    bail!("rule {} failed {failed} of {} calls:\n{}", file.display(), probes.len(), listed.join("\n"))
+}
+
+/// Whether a fault's reason is the call deadline (wall-clock time), not fuel or a trap.
+pub(super) fn past_deadline(reason: &str) -> bool {
+    reason.contains("ran past its call deadline")
+}
+
+/// One call `ebb rule check` makes: an export, the context it is called with, and the
+/// context's name in the table.
+struct Probe {
+    context: &'static str,
+    call: ProbeCall,
+}
+
+enum ProbeCall {
+    TaskCount(QueueState),
+    QueueEmpty(IdleContext),
+}
+
+enum ProbeFailure {
+    /// The call faulted: the instance cannot be used again.
+    Fault(String),
+    /// The call returned, with a value that signals a mistake.
+    Value(String),
+}
+
+impl Probe {
+    fn export(&self) -> &'static str {
+        match self.call {
+            ProbeCall::TaskCount(_) => "optimal-dequeue-task-count",
+            ProbeCall::QueueEmpty(_) => "on-queue-empty",
+        }
+    }
+
+    /// Calls the export; returns what to show in the table and, when the call failed the
+    /// check, why.
+    fn run(&self, instance: &mut crate::rules::RuleInstance) -> (String, Option<ProbeFailure>) {
+        match &self.call {
+            ProbeCall::TaskCount(state) => match instance.optimal_dequeue_task_count(state) {
+                Err(error) => ("FAULT".into(), Some(ProbeFailure::Fault(format!("{error:#}")))),
+                // A count outside [min_tasks, max_tasks] is the host's to bound: the paper's own
+                // rule returns 0 for an empty queue and a count beyond any cap for a deep one.
+                Ok(raw) => {
+                    let clamped = crate::rules::clamp_task_count(raw, DecisionSource::Rule, state);
+                    let note = if clamped.clamped { format!(" (the host bounds it to {}, as it should)", clamped.value) } else { String::new() };
+                    (format!("{raw}{note}"), None)
+                }
+            },
+            ProbeCall::QueueEmpty(ctx) => match instance.on_queue_empty(ctx) {
+                Err(error) => ("FAULT".into(), Some(ProbeFailure::Fault(format!("{error:#}")))),
+                Ok(raw) => {
+                    let shown = format!("delay_ms {}, stop {}", raw.delay_ms, raw.stop);
+                    let clamped = crate::rules::clamp_idle(raw, DecisionSource::Rule, ctx);
+                    if !clamped.clamped {
+                        return (shown, None);
+                    }
+                    // The rule was told the range and left it: a unit mistake (seconds for
+                    // milliseconds) or a back-off that is not capped.
+                    let reason = format!(
+                        "delay_ms {} is outside the interval the rule was given [min_interval_ms {}, max_interval_ms {}], so the host would clamp it to {}{}keep the delay within ctx.min_interval_ms..=ctx.max_interval_ms (milliseconds), e.g. cap a growing back-off with min(delay, max_interval_ms)",
+                        raw.delay_ms,
+                        ctx.min_interval_ms,
+                        ctx.max_interval_ms,
+                        clamped.value.delay_ms,
+                        crate::rules::HINT_PREFIX
+                    );
+                    (format!("{shown} (outside the interval)"), Some(ProbeFailure::Value(reason)))
+                }
+            },
+        }
+    }
+}
+
+/// The contexts `ebb rule check` calls each export with: the defaults of `ebb rule eval`,
+/// then one edge at a time, then every field at its extreme.
+fn check_probes() -> Vec<Probe> {
+    let queue = "check";
+    let state: QueueState = serde_json::from_value(task_count_defaults(queue)).expect("the defaults are a queue state");
+    let idle: IdleContext = serde_json::from_value(queue_empty_defaults(queue)).expect("the defaults are an idle context");
+    let task_count = |context, change: &dyn Fn(&mut QueueState)| {
+        let mut state = state.clone();
+        change(&mut state);
+        Probe { context, call: ProbeCall::TaskCount(state) }
+    };
+    let queue_empty = |context, change: &dyn Fn(&mut IdleContext)| {
+        let mut ctx = idle.clone();
+        change(&mut ctx);
+        Probe { context, call: ProbeCall::QueueEmpty(ctx) }
+    };
+    let max_interval_ms = crate::config::MAX_INTERVAL.as_millis() as u64;
+    vec![
+        task_count("defaults", &|_| {}),
+        task_count("approximate_depth 0", &|s| s.approximate_depth = 0),
+        task_count("approximate_depth 2^64-1", &|s| s.approximate_depth = u64::MAX),
+        task_count("push_enabled", &|s| s.push_enabled = true),
+        task_count("random 0", &|s| s.random = 0),
+        task_count("random 2^64-1", &|s| s.random = u64::MAX),
+        task_count("min_tasks = max_tasks = 1", &|s| (s.min_tasks, s.max_tasks) = (1, 1)),
+        task_count("every field at its least", &|s| {
+            *s = QueueState { queue: queue.into(), batch_size: 1, ..QueueState::default() };
+        }),
+        task_count("every field at its most", &|s| {
+            *s = QueueState {
+                queue: queue.into(),
+                approximate_depth: u64::MAX,
+                in_flight: u32::MAX,
+                active_tasks: u32::MAX,
+                min_tasks: crate::config::MAX_TASKS,
+                max_tasks: crate::config::MAX_TASKS,
+                // Rates a real queue could report (a billion a second), not infinities.
+                throughput_per_sec: 1e9,
+                mean_handler_latency_ms: 1e9,
+                recent_failures: u32::MAX,
+                push_enabled: true,
+                timestamp_ms: u64::MAX,
+                random: u64::MAX,
+                last_get_messages: 32,
+                batch_size: 32,
+                arrivals_per_sec: 1e9,
+                oldest_message_age_ms: Some(u64::MAX),
+                depth_source: crate::rules::DepthSource::Inferred,
+            };
+        }),
+        queue_empty("defaults (first empty get)", &|_| {}),
+        queue_empty("idle_count 1000", &|c| c.idle_count = 1000),
+        queue_empty("min_interval_ms = max_interval_ms", &|c| (c.min_interval_ms, c.max_interval_ms) = (800, 800)),
+        queue_empty("min = max, idle_count 1000", &|c| (c.min_interval_ms, c.max_interval_ms, c.idle_count) = (800, 800, 1000)),
+        queue_empty("push_enabled", &|c| c.push_enabled = true),
+        queue_empty("random 0", &|c| c.random = 0),
+        queue_empty("random 2^64-1", &|c| c.random = u64::MAX),
+        queue_empty("every field at its least", &|c| {
+            // Intervals are at least 1 ms (the configuration refuses 0).
+            *c = IdleContext { queue: queue.into(), idle_count: 1, min_interval_ms: 1, max_interval_ms: 1, ..IdleContext::default() };
+        }),
+        queue_empty("every field at its most", &|c| {
+            *c = IdleContext {
+                queue: queue.into(),
+                idle_count: u32::MAX,
+                active_tasks: u32::MAX,
+                min_interval_ms: max_interval_ms,
+                max_interval_ms,
+                push_enabled: true,
+                timestamp_ms: u64::MAX,
+                random: u64::MAX,
+            };
+        }),
+    ]
+}
+
+/// The queue state `ebb rule eval --task-count` and `ebb rule test` lay a given one over.
+pub(super) fn task_count_defaults(queue: &str) -> Value {
+    json!({ "queue": queue, "min_tasks": 1, "max_tasks": 100, "active_tasks": 1, "random": 1u64 << 63, "batch_size": 32 })
+}
+
+/// The idle context `ebb rule eval --queue-empty` and `ebb rule test` lay a given one over.
+pub(super) fn queue_empty_defaults(queue: &str) -> Value {
+    json!({ "queue": queue, "idle_count": 1, "active_tasks": 1, "min_interval_ms": 100, "max_interval_ms": 60000, "random": 1u64 << 63 })
 }
 
 fn eval(file: &Path, task_count: Option<String>, queue_empty: Option<String>, params: Vec<(String, String)>) -> Result<()> {
@@ -208,13 +427,11 @@ fn eval(file: &Path, task_count: Option<String>, queue_empty: Option<String>, pa
         return Err(error);
     }
     let (output, source) = if let Some(text) = task_count {
-        let defaults = json!({ "queue": queue, "min_tasks": 1, "max_tasks": 100, "active_tasks": 1, "random": 1u64 << 63, "batch_size": 32 });
-        let state: QueueState = with_defaults(&text, defaults, "--task-count")?;
+        let state: QueueState = with_defaults(parse_json(&text, "--task-count")?, task_count_defaults(queue), "--task-count")?;
         let decision = rules.decide_task_count(queue, &QueueState { queue: queue.into(), ..state });
         (serde_json::to_value(decision)?, decision.source)
     } else if let Some(text) = queue_empty {
-        let defaults = json!({ "queue": queue, "idle_count": 1, "active_tasks": 1, "min_interval_ms": 100, "max_interval_ms": 60000, "random": 1u64 << 63 });
-        let ctx: IdleContext = with_defaults(&text, defaults, "--queue-empty")?;
+        let ctx: IdleContext = with_defaults(parse_json(&text, "--queue-empty")?, queue_empty_defaults(queue), "--queue-empty")?;
         let decision = rules.decide_queue_empty(queue, &IdleContext { queue: queue.into(), ..ctx });
         (serde_json::to_value(decision)?, decision.source)
     } else {
@@ -229,10 +446,13 @@ fn eval(file: &Path, task_count: Option<String>, queue_empty: Option<String>, pa
     Ok(())
 }
 
-/// Parses `text` as a JSON object laid over `defaults`, naming `flag` and the field in errors.
-fn with_defaults<T: DeserializeOwned>(text: &str, mut defaults: Value, flag: &str) -> Result<T> {
-    let given: Value = serde_json::from_str(text).with_context(|| format!("{flag} is not valid JSON"))?;
-    let Value::Object(given) = given else { bail!("{flag} must be a JSON object") };
-    defaults.as_object_mut().unwrap().extend(given);
-    serde_json::from_value(defaults).with_context(|| format!("{flag} does not describe a {}", std::any::type_name::<T>().rsplit("::").next().unwrap()))
+fn parse_json(text: &str, flag: &str) -> Result<Value> {
+    serde_json::from_str(text).with_context(|| format!("{flag} is not valid JSON"))
+}
+
+/// `given` (a JSON object) laid over `defaults`, naming `what` (a flag, a case) and the field in errors.
+pub(super) fn with_defaults<T: DeserializeOwned>(given: Value, mut defaults: Value, what: &str) -> Result<T> {
+    let Value::Object(given) = given else { bail!("{what} must be a JSON object") };
+    defaults.as_object_mut().expect("defaults are an object").extend(given);
+    serde_json::from_value(defaults).with_context(|| format!("{what} does not describe a {}", std::any::type_name::<T>().rsplit("::").next().unwrap()))
 }

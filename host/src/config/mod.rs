@@ -159,7 +159,11 @@ impl Config {
 
     /// [`Config::parse`], with the scaler token's variable too (`EBB_SCALER_TOKEN`).
     pub fn parse_with_env(text: &str, base: &Path, env_token: Option<String>, env_scaler_token: Option<String>) -> Result<Config> {
-        let file: ConfigFile = toml::from_str(text).map_err(toml_error)?;
+        let file: ConfigFile = match toml::from_str(text) {
+            Ok(file) => file,
+            // serde stops at the first bad value; for rule_params, say them all at once.
+            Err(error) => return Err(unquoted_rule_params(text).unwrap_or_else(|| toml_error(error))),
+        };
         let scaler = file.scaler.validate(env_scaler_token)?;
         let mut config = file.validate(base, env_token)?;
         if let Some(scaler) = &scaler
@@ -171,6 +175,49 @@ impl Config {
         config.scaler = scaler;
         Ok(config)
     }
+}
+
+/// Every `rule_params` value of every queue that is not a string (`per_task = 10`), in one
+/// error saying how to quote them; `None` when there is none (or the text is not TOML).
+fn unquoted_rule_params(text: &str) -> Option<anyhow::Error> {
+    let table: toml::Table = toml::from_str(text).ok()?;
+    let mut bad = Vec::new();
+    for (queue, settings) in table.get("queues")?.as_table()? {
+        let Some(params) = settings.get("rule_params").and_then(toml::Value::as_table) else { continue };
+        for (key, value) in params {
+            if !value.is_str() {
+                // Without toml's `display` feature: the scalars as written, the rest by kind.
+                let written = match value {
+                    toml::Value::Integer(n) => n.to_string(),
+                    toml::Value::Float(x) => x.to_string(),
+                    toml::Value::Boolean(b) => b.to_string(),
+                    toml::Value::Datetime(d) => d.to_string(),
+                    other => format!("<{}>", other.type_str()),
+                };
+                bad.push((
+                    queue.clone(),
+                    format!("queues.{queue}.rule_params.{key} = {written} (a TOML {})", value.type_str()),
+                    format!("{key} = {written:?}"),
+                ));
+            }
+        }
+    }
+    if bad.is_empty() {
+        return None;
+    }
+    let listed: Vec<String> = bad.iter().map(|(_, what, _)| format!("  {what}")).collect();
+    let fixes: Vec<String> = bad.iter().map(|(_, _, fix)| fix.clone()).collect();
+    // Named after the first queue, as every queue error is; the list has them all.
+    Some(anyhow::anyhow!(
+        "queues.{}: rule_params: values are strings (a rule reads them as text), and {} {} not:\n{}{}quote {}: {}",
+        bad[0].0,
+        bad.len(),
+        if bad.len() == 1 { "is" } else { "are" },
+        listed.join("\n"),
+        crate::rules::HINT_PREFIX,
+        if bad.len() == 1 { "the value" } else { "each value" },
+        fixes.join(", ")
+    ))
 }
 
 /// A TOML error as the reader needs it: with its line when the parser knows it, and in words

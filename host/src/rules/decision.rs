@@ -66,12 +66,12 @@ pub fn native_queue_empty(rule: &dyn NativeRule, ctx: &IdleContext) -> Decision<
     clamp_idle(rule.on_queue_empty(ctx), DecisionSource::Rule, ctx)
 }
 
-pub(super) fn clamp_task_count(raw: u32, source: DecisionSource, state: &QueueState) -> Decision<u32> {
+pub(crate) fn clamp_task_count(raw: u32, source: DecisionSource, state: &QueueState) -> Decision<u32> {
     let value = raw.clamp(state.min_tasks, state.max_tasks.max(state.min_tasks));
     Decision { value, source, clamped: value != raw }
 }
 
-pub(super) fn clamp_idle(raw: IdleDecision, source: DecisionSource, ctx: &IdleContext) -> Decision<IdleDecision> {
+pub(crate) fn clamp_idle(raw: IdleDecision, source: DecisionSource, ctx: &IdleContext) -> Decision<IdleDecision> {
     let delay_ms = raw.delay_ms.clamp(ctx.min_interval_ms, ctx.max_interval_ms.max(ctx.min_interval_ms));
     Decision { value: IdleDecision { delay_ms, stop: raw.stop }, source, clamped: delay_ms != raw.delay_ms }
 }

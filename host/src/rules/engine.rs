@@ -15,6 +15,7 @@ use super::bindings::{ContractVersion, v0_1, v0_2};
 use super::cache::Compiled;
 use super::contract::{check_signatures, contract_version};
 use super::file::{file_name, read_rule_file};
+use super::hint::with_hint;
 use super::limits::RuleLimits;
 use super::lock;
 use super::sandbox::RuleHost;
@@ -114,7 +115,12 @@ impl RuleEngine {
 
     /// [`RuleEngine::load_bytes`] of a rule read from a file in `folder`, where a compiled
     /// artifact may have been shipped beside it (see `ebb rule compile --out`).
+    /// An error says what to do about it when the mistake is a known one (see `hint`).
     pub(crate) fn load_bytes_beside(&self, name: &str, bytes: &[u8], folder: Option<&Path>) -> Result<Arc<CompiledRule>> {
+        self.load_validated(name, bytes, folder).map_err(|e| with_hint(e, None))
+    }
+
+    fn load_validated(&self, name: &str, bytes: &[u8], folder: Option<&Path>) -> Result<Arc<CompiledRule>> {
         if bytes.len() as u64 > self.limits.max_file_bytes {
             bail!("{} bytes, over the limit of {} bytes", bytes.len(), self.limits.max_file_bytes);
         }

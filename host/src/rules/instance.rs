@@ -8,6 +8,7 @@ use wasmtime::{Store, UpdateDeadline};
 use super::bindings::{v0_1, v0_2};
 use super::engine::{CompiledRule, RuleEngine, RulePre, deadline_ticks, ticks_until};
 use super::fault::{Phase, describe_fault, with_output};
+use super::hint::with_hint;
 use super::limits::{RuleLimits, Stopwatch, Verdict};
 use super::sandbox::{MemoryLimiter, RuleHost, capability_free_wasi};
 use super::stderr::CapturedOutput;
@@ -36,14 +37,16 @@ impl RuleEngine {
         });
         store.set_fuel(self.limits.setup_fuel).map_err(anyhow::Error::from)?;
         store.set_epoch_deadline(deadline_ticks(self.limits.setup_deadline));
-        let fault = |e, store: &Store<RuleHost>| with_output(describe_fault(e, Phase::Setup, &self.limits, store.data().stopwatch.stopped), &output);
+        let fault = |e, store: &Store<RuleHost>, export| {
+            with_hint(with_output(describe_fault(e, Phase::Setup, &self.limits, store.data().stopwatch.stopped), &output), export)
+        };
         let bindings = match &rule.pre {
             RulePre::V0_1(pre) => pre.instantiate(&mut store).map(Bindings::V0_1),
             RulePre::V0_2(pre) => pre.instantiate(&mut store).map(Bindings::V0_2),
         };
         let bindings = match bindings {
             Ok(bindings) => bindings,
-            Err(error) => return Err(fault(error, &store)).context("instantiation failed"),
+            Err(error) => return Err(fault(error, &store, None)).context("instantiation failed"),
         };
         let configured = match &bindings {
             Bindings::V0_1(b) => b.ebb_rules_decisions().call_configure(&mut store, params),
@@ -51,7 +54,7 @@ impl RuleEngine {
         };
         let configured = match configured {
             Ok(configured) => configured,
-            Err(error) => return Err(fault(error, &store)).context("configure failed"),
+            Err(error) => return Err(fault(error, &store, Some("configure"))).context("configure failed"),
         };
         if let Err(message) = configured {
             bail!("the rule rejected its parameters: {message}");
@@ -90,9 +93,9 @@ impl RuleInstance {
         Ok(())
     }
 
-    fn fault(&self, error: wasmtime::Error) -> anyhow::Error {
+    fn fault(&self, error: wasmtime::Error, export: &str) -> anyhow::Error {
         let host = self.store.data();
-        with_output(describe_fault(error, Phase::Call, &self.limits, host.stopwatch.stopped), &host.output)
+        with_hint(with_output(describe_fault(error, Phase::Call, &self.limits, host.stopwatch.stopped), &host.output), Some(export))
     }
 
     /// `optimal-dequeue-task-count`, raw (unclamped). Any error means the instance is unusable.
@@ -103,7 +106,7 @@ impl RuleInstance {
             Bindings::V0_1(b) => b.ebb_rules_decisions().call_optimal_dequeue_task_count(&mut self.store, &state.into()),
             Bindings::V0_2(b) => b.ebb_rules_decisions().call_optimal_dequeue_task_count(&mut self.store, &state.into()),
         };
-        called.map_err(|e| self.fault(e))
+        called.map_err(|e| self.fault(e, "optimal-dequeue-task-count"))
     }
 
     /// `on-queue-empty`, raw (unclamped). Any error means the instance is unusable.
@@ -113,7 +116,7 @@ impl RuleInstance {
             Bindings::V0_1(b) => b.ebb_rules_decisions().call_on_queue_empty(&mut self.store, &ctx.into()).map(Into::into),
             Bindings::V0_2(b) => b.ebb_rules_decisions().call_on_queue_empty(&mut self.store, &ctx.into()).map(Into::into),
         };
-        called.map_err(|e| self.fault(e))
+        called.map_err(|e| self.fault(e, "on-queue-empty"))
     }
 
     /// Whether the last call took longer than its deadline in wall-clock time but not in CPU

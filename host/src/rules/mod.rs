@@ -12,7 +12,7 @@
 //!   memory back;
 //! - `limits`: [`RuleLimits`]; `sandbox`: what a rule can reach (no capability, a fixed
 //!   clock and random source, a memory cap); `instance`: a live, configured
-//!   [`RuleInstance`] and its calls; `fault`: a fault, in words;
+//!   [`RuleInstance`] and its calls; `fault`: a fault, in words; `hint`: what to do about one;
 //! - `decision`: a [`Decision`], its [`DecisionSource`], the clamp, the built-in rule and
 //!   [`NativeRule`]s;
 //! - `slot`: one queue's [`QueueRules`] and the group sharing its instance (fallback,
@@ -28,6 +28,7 @@ mod decision;
 mod engine;
 mod fault;
 mod file;
+mod hint;
 mod instance;
 mod limits;
 mod memory;
@@ -41,8 +42,10 @@ mod watcher;
 pub use bindings::{CONTRACT_INTERFACE, CONTRACT_VERSION, CONTRACT_VERSIONS, ContractVersion};
 pub use decider::{BuiltInRule, Decider};
 pub use decision::{Decision, DecisionSource, NativeRule, built_in_queue_empty, built_in_task_count, native_queue_empty, native_task_count};
-pub use engine::RuleEngine;
+pub(crate) use decision::{clamp_idle, clamp_task_count};
+pub use engine::{CompiledRule, RuleEngine};
 pub(crate) use file::read_rule_file;
+pub use hint::{HINT_PREFIX, hint};
 pub use instance::RuleInstance;
 pub use limits::{BACKSTOP_FACTOR, MIN_BACKSTOP, RuleLimits, backstop};
 pub use set::{QueueRuleConfig, RuleSet};

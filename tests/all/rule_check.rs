@@ -1,0 +1,442 @@
+//! Issue 26: `ebb rule check` decides (it calls every export with default and edge contexts
+//! and fails, naming the export and the context, on what would go wrong in a host), `ebb
+//! rule test` runs table-driven cases, and each author's mistake gets a hint, held by a
+//! golden file per case (`tests/golden/rule-errors/<case>.err`; `EBB_UPDATE_GOLDEN=1`
+//! rewrites them).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use ebb_tests::guests;
+
+use crate::binary::EBB;
+
+/// One compile cache for every test here: a Python rule compiles once, not per test.
+fn cache() -> &'static Path {
+    static CACHE: OnceLock<tempfile::TempDir> = OnceLock::new();
+    CACHE.get_or_init(|| tempfile::tempdir().unwrap()).path()
+}
+
+/// Runs `ebb` in `dir` with the shared compile cache.
+fn ebb_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(EBB).args(args).current_dir(dir).env("EBB_RULE_CACHE", cache()).env_remove("RUST_LOG").env_remove("EBB_LOG").output().unwrap()
+}
+
+/// A folder holding `rule` as `rule.wasm`, so that messages name it the same on every machine.
+fn with_rule(rule: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(rule, dir.path().join("rule.wasm")).unwrap();
+    dir
+}
+
+/// The smallest core WebAssembly module: a header and nothing else.
+const CORE_MODULE: &[u8] = b"\0asm\x01\0\0\0";
+
+struct Checked {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+fn check(rule: &str, params: &[&str]) -> Checked {
+    let dir = with_rule(rule);
+    let mut args = vec!["rule", "check", "rule.wasm"];
+    for param in params {
+        args.extend(["--param", param]);
+    }
+    let output = ebb_in(dir.path(), &args);
+    Checked {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// What the check's table shows came back from `export` in `context`.
+fn row<'a>(stdout: &'a str, export: &str, context: &str) -> &'a str {
+    stdout
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(export).map(str::trim_start).and_then(|rest| rest.strip_prefix(context)).filter(|rest| rest.starts_with("  ")).map(str::trim)
+        })
+        .unwrap_or_else(|| panic!("no row for {export} in {context}:\n{stdout}"))
+}
+
+fn assert_fails_with(checked: &Checked, expected: &[&str]) {
+    assert_eq!(checked.code, Some(1), "stdout:\n{}\nstderr:\n{}", checked.stdout, checked.stderr);
+    for part in expected {
+        assert!(checked.stderr.contains(part), "missing {part:?} in\n{}", checked.stderr);
+    }
+}
+
+#[test]
+fn rule_check_fails_a_core_module_saying_to_build_a_component() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rule.wasm"), CORE_MODULE).unwrap();
+    let output = ebb_in(dir.path(), &["rule", "check", "rule.wasm"]);
+    let checked = Checked { code: output.status.code(), stdout: String::new(), stderr: String::from_utf8_lossy(&output.stderr).into_owned() };
+    assert_fails_with(
+        &checked,
+        &["attempted to parse a wasm module with a component parser", "hint: this is a core WebAssembly module", "wasm32-wasip2", "ebb rule build"],
+    );
+}
+
+#[test]
+fn rule_check_fails_a_wrong_contract_version_naming_the_versions_served() {
+    assert_fails_with(
+        &check(guests::FUTURE_VERSION, &[]),
+        &[
+            "ebb:rules/decisions@0.3.0, but this host speaks ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0",
+            "hint: rebuild the rule against wit/ebb-rules-0.2.0",
+        ],
+    );
+}
+
+#[test]
+fn rule_check_fails_a_missing_function() {
+    assert_fails_with(&check(guests::MISSING_EXPORT, &[]), &["lacks the function", "hint: a rule exports all three functions of the contract"]);
+}
+
+#[test]
+fn rule_check_fails_a_misnamed_javascript_export_naming_each_export_and_the_camel_case_names() {
+    let checked = check(guests::JS_SNAKE_CASE_EXPORTS, &[]);
+    assert_fails_with(
+        &checked,
+        &[
+            "failed 18 of 18 calls",
+            "- optimal-dequeue-task-count (defaults; approximate_depth 0; approximate_depth 2^64-1",
+            "function 'optimalDequeueTaskCount' not found",
+            "- on-queue-empty (defaults (first empty get); idle_count 1000;",
+            "function 'onQueueEmpty' not found",
+            "decisions.optimalDequeueTaskCount`, `decisions.onQueueEmpty`, `decisions.configure`",
+        ],
+    );
+    // Its configure ran (the object has one): the load and set-up were not the problem.
+    assert!(checked.stdout.contains("configure:    ok"), "{}", checked.stdout);
+}
+
+#[test]
+fn rule_check_fails_a_trap_in_any_decision_listing_every_failure_not_the_first() {
+    let checked = check(guests::TRAP, &[]);
+    assert_fails_with(
+        &checked,
+        &[
+            "failed 18 of 18 calls",
+            "- optimal-dequeue-task-count (defaults;",
+            "about to fail at depth 0",
+            "about to fail at depth 18446744073709551615",
+            "- on-queue-empty (defaults (first empty get);",
+        ],
+    );
+    // The table shows every call made, each with what came back.
+    assert_eq!(checked.stdout.lines().filter(|l| l.ends_with("FAULT")).count(), 18, "{}", checked.stdout);
+}
+
+#[test]
+fn rule_check_fails_console_use_in_javascript_naming_the_export() {
+    let checked = check(guests::JS_CONSOLE_LOG, &[]);
+    assert_fails_with(
+        &checked,
+        &[
+            "failed 9 of 18 calls",
+            "- optimal-dequeue-task-count (",
+            "console is not defined",
+            "hint: optimal-dequeue-task-count uses `console`",
+            "`ebb rule build`",
+        ],
+    );
+    // on-queue-empty, which does not log, answered.
+    assert_eq!(row(&checked.stdout, "on-queue-empty", "defaults (first empty get)"), "delay_ms 100, stop false", "{}", checked.stdout);
+}
+
+#[test]
+fn rule_check_fails_a_fractional_count_from_python_naming_the_export() {
+    let checked = check(guests::PY_FAULTY, &["mode=float-count"]);
+    assert_fails_with(&checked, &["- optimal-dequeue-task-count (", "TypeError", "hint: optimal-dequeue-task-count returned a float", "math.ceil"]);
+    assert!(!checked.stderr.contains("- on-queue-empty"), "{}", checked.stderr);
+}
+
+#[test]
+fn rule_check_fails_fuel_exhaustion_in_each_export() {
+    assert_fails_with(
+        &check(guests::LOOP_FOREVER, &[]),
+        &["failed 18 of 18 calls", "- optimal-dequeue-task-count (", "- on-queue-empty (", "did not return within the host's limits"],
+    );
+}
+
+#[test]
+fn rule_check_fails_rejected_parameters_with_the_rules_message() {
+    assert_fails_with(
+        &check(guests::PROPORTIONAL, &["per_task=0"]),
+        &["rule rule.wasm failed its set-up", "the rule rejected its parameters: parameter \"per_task\": must be at least 1"],
+    );
+}
+
+#[test]
+fn rule_check_fails_a_delay_outside_the_interval_it_was_given_but_not_a_count_the_host_caps() {
+    // absurd-values returns u32::MAX tasks (the host's to cap: not a failure) and a delay of
+    // u64::MAX ms (outside [min, max]: a unit mistake or an uncapped back-off).
+    let checked = check(guests::ABSURD_VALUES, &[]);
+    assert_fails_with(
+        &checked,
+        &[
+            "failed 9 of 18 calls",
+            "- on-queue-empty (",
+            "delay_ms 18446744073709551615 is outside the interval the rule was given [min_interval_ms 800, max_interval_ms 800]",
+            "hint: keep the delay within",
+        ],
+    );
+    assert!(!checked.stderr.contains("- optimal-dequeue-task-count"), "{}", checked.stderr);
+    assert!(checked.stdout.contains("4294967295 (the host bounds it to 100, as it should)"), "{}", checked.stdout);
+}
+
+#[test]
+fn rule_check_passes_rules_that_decide_in_every_language_even_when_the_host_bounds_their_counts() {
+    for rule in [
+        guests::PAPER_DEFAULT,
+        guests::PROPORTIONAL,
+        guests::THRESHOLD_TABLE,
+        guests::CONTRACT_0_1,
+        guests::JAVASCRIPT_SPARE_CAPACITY,
+        guests::PYTHON_DRAIN_TIME,
+    ] {
+        let checked = check(rule, &[]);
+        assert_eq!(checked.code, Some(0), "{rule}: {}\n{}", checked.stdout, checked.stderr);
+        assert!(checked.stdout.contains("ok: 18 calls"), "{rule}: {}", checked.stdout);
+    }
+    // The paper's rule returns 0 tasks for an empty queue: the host raises it to min_tasks.
+    let checked = check(guests::PAPER_DEFAULT, &[]);
+    assert_eq!(row(&checked.stdout, "optimal-dequeue-task-count", "approximate_depth 0"), "0 (the host bounds it to 1, as it should)", "{}", checked.stdout);
+}
+
+// ---- ebb rule test ----
+
+/// A folder with `rule.wasm` and `cases.toml`.
+fn with_cases(rule: &str, cases: &str) -> tempfile::TempDir {
+    let dir = with_rule(rule);
+    std::fs::write(dir.path().join("cases.toml"), cases).unwrap();
+    dir
+}
+
+fn rule_test(rule: &str, cases: &str) -> Checked {
+    let dir = with_cases(rule, cases);
+    let output = ebb_in(dir.path(), &["rule", "test", "rule.wasm", "cases.toml"]);
+    Checked {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+const PROPORTIONAL_CASES: &str = r#"
+[params]
+per_task = "32"
+
+[[case]]
+name = "a deep queue runs one task per 32 messages"
+decision = "task-count"
+state = { approximate_depth = 320 }
+expect = 10
+
+[[case]]
+name = "a count past max_tasks is the rule's, reported with the host's clamp"
+decision = "task-count"
+state = { approximate_depth = 320000, max_tasks = 50 }
+expect = 10000
+
+[[case]]
+name = "first empty get sleeps the minimum"
+decision = "queue-empty"
+context = { idle_count = 1, min_interval_ms = 800, random = 0 }
+expect = { delay_ms = 800, stop = false }
+
+[[case]]
+name = "a random of 2^63 and above is read as the u64 it is"
+decision = "queue-empty"
+context = { idle_count = 1, min_interval_ms = 800, random = 18446744073709551615 }
+expect = { delay_ms = 960 }
+
+[[case]]
+name = "per_task must be a positive number"
+params = { per_task = "zero" }
+decision = "configure"
+expect_error = "per_task"
+
+[[case]]
+name = "per_task 1 is accepted"
+params = { per_task = "1" }
+decision = "configure"
+"#;
+
+#[test]
+fn rule_test_passes_a_correct_cases_file() {
+    let tested = rule_test(guests::PROPORTIONAL, PROPORTIONAL_CASES);
+    assert_eq!(tested.code, Some(0), "{}\n{}", tested.stdout, tested.stderr);
+    assert!(tested.stdout.contains("ok    a deep queue runs one task per 32 messages\n"), "{}", tested.stdout);
+    assert!(
+        tested.stdout.contains("ok    a count past max_tasks is the rule's, reported with the host's clamp (the host would clamp it to 50)\n"),
+        "{}",
+        tested.stdout
+    );
+    assert!(tested.stdout.ends_with("6 passed, 0 failed\n"), "{}", tested.stdout);
+}
+
+#[test]
+fn rule_test_fails_a_wrong_expectation_with_a_diff_and_runs_the_other_cases() {
+    let cases = PROPORTIONAL_CASES.replace("expect = 10\n", "expect = 11\n").replace("expect = { delay_ms = 960 }", "expect = { delay_ms = 960, stop = true }");
+    let tested = rule_test(guests::PROPORTIONAL, &cases);
+    assert_eq!(tested.code, Some(1), "{}\n{}", tested.stdout, tested.stderr);
+    assert!(tested.stdout.contains("FAIL  a deep queue runs one task per 32 messages\n      - expect: 11\n      + got:    10\n"), "{}", tested.stdout);
+    assert!(
+        tested.stdout.contains("FAIL  a random of 2^63 and above is read as the u64 it is\n      - expect: { delay_ms = 960, stop = true }\n      + got:    { delay_ms = 960, stop = false }\n"),
+        "{}",
+        tested.stdout
+    );
+    assert!(tested.stdout.ends_with("4 passed, 2 failed\n"), "{}", tested.stdout);
+    assert!(tested.stderr.contains("2 of 6 cases of cases.toml failed"), "{}", tested.stderr);
+}
+
+#[test]
+fn rule_test_expects_an_error_from_a_decision_under_the_hosts_limits() {
+    let cases = r#"
+[[case]]
+name = "the loop is stopped by the host's fuel"
+decision = "task-count"
+expect_error = "ran out of its call fuel"
+
+[[case]]
+name = "a decision that faults is a failure when a value was expected"
+decision = "queue-empty"
+expect = { delay_ms = 100 }
+"#;
+    let tested = rule_test(guests::LOOP_FOREVER, cases);
+    assert_eq!(tested.code, Some(1), "{}\n{}", tested.stdout, tested.stderr);
+    assert!(tested.stdout.contains("ok    the loop is stopped by the host's fuel\n"), "{}", tested.stdout);
+    assert!(tested.stdout.contains("FAIL  a decision that faults is a failure when a value was expected\n      - expect: { delay_ms = 100 }\n      + got:    the call faulted: ran out of its call fuel"), "{}", tested.stdout);
+}
+
+#[test]
+fn rule_test_refuses_unknown_keys_naming_the_key_and_the_case() {
+    for (cases, expected) in [
+        (
+            "[[case]]\nname = \"one\"\ndecision = \"task-count\"\nexpect = 1\nfuel = 1000000000000\n",
+            "invalid case 1 (\"one\") in cases.toml: unknown field `fuel`",
+        ),
+        (
+            "[[case]]\nname = \"one\"\ndecision = \"task-count\"\nstate = { depth = 5 }\nexpect = 1\n",
+            "invalid case 1 (\"one\") in cases.toml: state does not describe a QueueState: unknown field `depth`",
+        ),
+        ("[limits]\ncall_fuel = 1\n[[case]]\nname = \"one\"\ndecision = \"task-count\"\nexpect = 1\n", "unknown field `limits`, expected `params` or `case`"),
+        (
+            "[[case]]\nname = \"one\"\ndecision = \"task-count\"\nexpect = 0\n[[case]]\nname = \"two\"\ndecision = \"decide\"\nexpect = 1\n",
+            "invalid case 2 (\"two\") in cases.toml: unknown variant `decide`",
+        ),
+    ] {
+        let tested = rule_test(guests::PROPORTIONAL, cases);
+        assert_eq!(tested.code, Some(1), "{cases}: {}", tested.stdout);
+        assert!(tested.stderr.contains(expected), "{cases}: {}", tested.stderr);
+        assert!(tested.stdout.is_empty(), "nothing runs before the whole file is read: {}", tested.stdout);
+    }
+}
+
+#[test]
+fn rule_test_refuses_an_oversized_file_and_too_many_cases() {
+    let tested = rule_test(guests::PROPORTIONAL, &format!("# {}\n", "x".repeat(1 << 20)));
+    assert_eq!(tested.code, Some(1));
+    assert!(tested.stderr.contains("cases file cases.toml is 1048579 bytes, over the limit of 1048576 bytes"), "{}", tested.stderr);
+    let many = "[[case]]\nname = \"n\"\ndecision = \"task-count\"\nexpect = 0\n".repeat(1001);
+    let tested = rule_test(guests::PROPORTIONAL, &many);
+    assert_eq!(tested.code, Some(1));
+    assert!(tested.stderr.contains("has 1001 cases, over the limit of 1000: split it into several files"), "{}", tested.stderr);
+}
+
+// ---- every error says what to do: one golden file per case ----
+
+/// Compares `stderr` (temp paths and wasm offsets, which move with the toolchain's build, normalized) with `tests/golden/rule-errors/<case>.err`, or
+/// writes it there under `EBB_UPDATE_GOLDEN=1`.
+fn golden(case: &str, output: &Output, dir: &Path) {
+    assert_eq!(output.status.code(), Some(1), "{case}: {}", String::from_utf8_lossy(&output.stdout));
+    let mut stderr = String::from_utf8_lossy(&output.stderr).replace(&dir.display().to_string(), "<tmp>");
+    while let Some(start) = stderr.find("(at offset 0x") {
+        let end = stderr[start..].find(')').map_or(stderr.len(), |e| start + e + 1);
+        stderr.replace_range(start..end, "(at offset <n>)");
+    }
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden/rule-errors").join(format!("{case}.err"));
+    if std::env::var_os("EBB_UPDATE_GOLDEN").is_some_and(|v| v == "1") {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &stderr).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (run with EBB_UPDATE_GOLDEN=1 to write it)", path.display()));
+    assert_eq!(stderr, expected, "{case}: stderr differs from {} (EBB_UPDATE_GOLDEN=1 rewrites it)", path.display());
+    assert!(stderr.contains("hint: "), "{case}: no hint in\n{stderr}");
+}
+
+fn golden_check(case: &str, rule: &str, params: &[&str]) {
+    let dir = with_rule(rule);
+    let mut args = vec!["rule", "check", "rule.wasm"];
+    for param in params {
+        args.extend(["--param", param]);
+    }
+    golden(case, &ebb_in(dir.path(), &args), dir.path());
+}
+
+#[test]
+fn golden_hint_for_a_core_module() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rule.wasm"), CORE_MODULE).unwrap();
+    golden("core-module", &ebb_in(dir.path(), &["rule", "check", "rule.wasm"]), dir.path());
+}
+
+#[test]
+fn golden_hint_for_javascript_built_without_sync() {
+    golden_check("js-without-sync", guests::JS_FIXED_NOSYNC, &[]);
+}
+
+#[test]
+fn golden_hint_for_a_misnamed_javascript_export() {
+    golden_check("js-misnamed-export", guests::JS_SNAKE_CASE_EXPORTS, &[]);
+}
+
+#[test]
+fn golden_hint_for_javascript_console_use() {
+    golden_check("js-console", guests::JS_CONSOLE_LOG, &[]);
+}
+
+#[test]
+fn golden_hint_for_a_python_exception_in_configure() {
+    golden_check("py-configure-exception", guests::PY_FAULTY, &["mode=value-error"]);
+}
+
+#[test]
+fn golden_hint_for_a_python_float_count() {
+    golden_check("py-float-count", guests::PY_FAULTY, &["mode=float-count"]);
+}
+
+#[test]
+fn golden_hint_for_unquoted_rule_params_lists_every_bad_key_of_every_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("rules")).unwrap();
+    let config = r#"
+[queues.orders]
+rule = "proportional.wasm"
+rule_params = { per_task = 10, label = "fine", fast = true }
+handler = { url = "http://127.0.0.1:9/work" }
+
+[queues.invoices]
+rule = "proportional.wasm"
+rule_params = { per_task = 2.5 }
+handler = { url = "http://127.0.0.1:9/work" }
+"#;
+    std::fs::write(dir.path().join("ebb.toml"), config).unwrap();
+    let output = ebb_in(dir.path(), &["check", "--config", "ebb.toml"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for key in
+        ["queues.orders.rule_params.per_task = 10", "queues.orders.rule_params.fast = true", "queues.invoices.rule_params.per_task = 2.5", r#"per_task = "10""#]
+    {
+        assert!(stderr.contains(key), "missing {key:?} in\n{stderr}");
+    }
+    assert!(!stderr.contains("label"), "a string is fine: {stderr}");
+    golden("rule-params-unquoted", &output, dir.path());
+}

@@ -108,6 +108,9 @@ async fn author_loop(lang: &str, parent: &Path) -> PathBuf {
     assert_eq!(eval(&folder, &wasm, "--task-count", r#"{"approximate_depth": 321}"#), 11);
     let idle = eval(&folder, &wasm, "--queue-empty", r#"{"idle_count": 3, "min_interval_ms": 800, "max_interval_ms": 60000, "random": 4611686018427387904}"#);
     assert_eq!(idle, serde_json::json!({ "delay_ms": 2205, "stop": false }));
+    // The template's own cases pass against the component itself.
+    let output = succeeds(ebb(&folder, &["rule", "test", &wasm, "cases.toml"]));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("passed, 0 failed"), "{}", text(&output));
     let check = started.elapsed();
 
     let started = Instant::now();
@@ -333,7 +336,8 @@ fn a_javascript_rules_console_output_reaches_the_log() {
         .args(["rule", "eval", "chatty.wasm", "--task-count", r#"{"approximate_depth": 320}"#])
         .current_dir(&folder)
         .env("EBB_RULE_CACHE", kept("rule-cache"))
-        .env("RUST_LOG", "warn,ebb=debug")
+        .env_remove("RUST_LOG")
+        .env_remove("EBB_LOG")
         .output()
         .unwrap();
     let all = text(&output);
@@ -365,6 +369,17 @@ fn a_javascript_rule_returning_a_number_the_bindings_would_truncate_faults_namin
     assert_eq!(serde_json::from_slice::<serde_json::Value>(&succeeds(eval("--task-count", r#"{"approximate_depth": 64}"#)).stdout).unwrap()["value"], 2);
     fails_with(eval("--queue-empty", r#"{"idle_count": 7}"#), &["onQueueEmpty returned delayMs 800.5"]);
     fails_with(eval("--queue-empty", r#"{"idle_count": 8}"#), &["onQueueEmpty returned stop 1: it must be true or false"]);
+}
+
+#[test]
+fn rule_check_fails_a_javascript_rule_returning_a_fractional_count() {
+    let parent = tempfile::tempdir().unwrap();
+    let (folder, output) = built_js_rule(parent.path(), "halves", |rule| {
+        rule.replace("  optimalDequeueTaskCount(state) {\n", "  optimalDequeueTaskCount(state) {\n    return 10.5;\n")
+    });
+    succeeds(output);
+    let stderr = fails_with(ebb(&folder, &["rule", "check", "halves.wasm"]), &["optimal-dequeue-task-count"]);
+    assert!(stderr.contains("optimalDequeueTaskCount returned 10.5: it must be a whole number"), "{stderr}");
 }
 
 #[test]

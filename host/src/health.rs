@@ -49,6 +49,14 @@ pub fn truncate_reason(reason: &str) -> String {
     format!("{}… ({} bytes cut)", &reason[..end], reason.len() - end)
 }
 
+/// Text from outside (a rule's error message, its output) made safe to log and show: control
+/// characters escaped (a newline or a terminal escape cannot forge a log line or repaint a
+/// terminal), then cut to [`MAX_REASON_BYTES`].
+pub fn untrusted_text(text: &str) -> String {
+    let escaped: String = text.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect();
+    truncate_reason(&escaped)
+}
+
 /// What a queue needs before it can work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]

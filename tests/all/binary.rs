@@ -221,6 +221,36 @@ fn rule_check_and_eval_reuse_what_they_compiled() {
     assert!(off.status.success() && !String::from_utf8_lossy(&off.stdout).contains("from the cache"), "{}", String::from_utf8_lossy(&off.stdout));
 }
 
+/// Review note (session 6): the note echoed the whole value of EBB_RULE_CACHE, 5,000
+/// characters included.
+#[test]
+fn an_unusable_rule_cache_is_noted_briefly_and_the_rule_still_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let cache = file.join("x".repeat(5_000));
+    let output = Command::new(EBB).args(["rule", "check", guests::PROPORTIONAL]).env("EBB_RULE_CACHE", &cache).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let note = stderr.lines().find(|l| l.starts_with("note: no compile cache")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(note.len() < 1_000 && note.contains("bytes cut"), "{} bytes: {note}", note.len());
+}
+
+/// Review defect: `--param per_task=5 --param per_task=6` used 6 without a word.
+#[test]
+fn a_rule_parameter_given_twice_is_refused() {
+    for command in ["check", "eval"] {
+        let mut args = vec!["rule", command, guests::PROPORTIONAL, "--param", "per_task=5", "--param", "per_task=6"];
+        if command == "eval" {
+            args.extend(["--task-count", "{}"]);
+        }
+        let output = Command::new(EBB).args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{command}: {stderr}");
+        assert!(stderr.contains("--param per_task: given twice"), "{command}: {stderr}");
+    }
+}
+
 #[test]
 fn rule_eval_shows_what_the_rule_printed_without_a_log_setting() {
     let output = Command::new(EBB)

@@ -371,6 +371,26 @@ fn a_javascript_rule_returning_a_number_the_bindings_would_truncate_faults_namin
     fails_with(eval("--queue-empty", r#"{"idle_count": 8}"#), &["onQueueEmpty returned stop 1: it must be true or false"]);
 }
 
+/// Review defect: a `.ebb-build` link in a rule folder from elsewhere made the build write
+/// its files (entry.js, console.js, wit/) wherever the link pointed.
+#[test]
+fn rule_build_never_writes_through_a_link_in_the_rule_folder() {
+    let parent = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    succeeds(ebb(parent.path(), &["rule", "new", "linked", "--lang", "js"]));
+    let folder = parent.path().join("linked");
+    std::os::unix::fs::symlink(elsewhere.path(), folder.join(".ebb-build")).unwrap();
+    fails_with(ebb(&folder, &["rule", "build"]), &[".ebb-build is not the folder `ebb rule build` writes its own files into"]);
+    assert_eq!(entries(elsewhere.path()), Vec::<String>::new(), "nothing written where the link points");
+    // A real .ebb-build holding a link: emptied without following it, then built.
+    std::fs::remove_file(folder.join(".ebb-build")).unwrap();
+    std::fs::create_dir(folder.join(".ebb-build")).unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), folder.join(".ebb-build/wit")).unwrap();
+    succeeds(ebb(&folder, &["rule", "build"]));
+    assert_eq!(entries(elsewhere.path()), Vec::<String>::new(), "nothing written where the inner link pointed");
+    assert!(folder.join("linked.wasm").is_file());
+}
+
 #[test]
 fn rule_check_fails_a_javascript_rule_returning_a_fractional_count() {
     let parent = tempfile::tempdir().unwrap();

@@ -440,3 +440,27 @@ handler = { url = "http://127.0.0.1:9/work" }
     assert!(!stderr.contains("label"), "a string is fine: {stderr}");
     golden("rule-params-unquoted", &output, dir.path());
 }
+
+/// Review defect: a rule's configure message reached the log, `/status` and `ebb status` whole
+/// (200 KB) and raw (a newline forged a log line; a terminal escape repainted the terminal).
+#[test]
+fn a_hostile_rejection_message_is_cut_and_escaped() {
+    let output = ebb_in(Path::new("."), &["rule", "check", guests::JS_HOSTILE_REJECTION, "--param", "k=v"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.len() < 4_000, "{} bytes", stderr.len());
+    assert!(!stderr.contains('\u{1b}') && !stderr.contains("\n2026-11-25T16:20:00"), "{stderr}");
+    assert!(stderr.contains(r"nope\n2026-11-25T16:20:00.000000Z ERROR ebb::host: FAKE host line \u{1b}[31mred RRR"), "{stderr}");
+    assert!(stderr.contains("bytes cut"), "{stderr}");
+}
+
+/// Review defect: case names were printed raw, so a name could forge an `ok` line or send
+/// terminal escapes.
+#[test]
+fn rule_test_prints_case_names_escaped() {
+    let cases = "[[case]]\nname = \"\\u001b[31mRED\\nok    FAKE\"\ndecision = \"task-count\"\nstate = { approximate_depth = 320 }\nexpect = 2\n";
+    let tested = rule_test(guests::PROPORTIONAL, cases);
+    assert_eq!(tested.code, Some(0), "{}\n{}", tested.stdout, tested.stderr);
+    assert!(!tested.stdout.contains('\u{1b}') && !tested.stdout.contains("\nok    FAKE"), "{}", tested.stdout);
+    assert!(tested.stdout.contains(r"ok    \u{1b}[31mRED\nok    FAKE"), "{}", tested.stdout);
+}

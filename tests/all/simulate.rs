@@ -141,6 +141,8 @@ fn simulate_gives_each_rule_component_the_parameters_after_it_and_keeps_it_compi
         (vec!["--param", "per_task=5"], "--param per_task=5: give it after the --rule FILE.wasm it is for"),
         (vec!["--rule", "paper", "--param", "per_task=5"], "--param: the built-in rule paper takes no parameters"),
         (vec!["--rule", guests::PROPORTIONAL, "--param", "=5"], "expected key=value"),
+        // Review defect: the last of two silently won.
+        (vec!["--rule", guests::PROPORTIONAL, "--param", "per_task=5", "--param", "per_task=6"], "--param per_task: given twice"),
     ] {
         let output = run(&[&["--scenario", "idle", "--duration", "1m"][..], &args].concat());
         let stderr = String::from_utf8_lossy(&output.stderr);

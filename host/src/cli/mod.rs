@@ -206,6 +206,16 @@ fn parse_key_value(text: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("expected key=value, got {text:?}"))
 }
 
+/// Refuses a parameter given twice: in a queue's `rule_params` (a TOML table) a key is
+/// given once, and the last of two silently winning hides a typo.
+fn refuse_repeated_params(params: &[(String, String)]) -> anyhow::Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    match params.iter().find(|(key, _)| !seen.insert(key.as_str())) {
+        Some((key, _)) => anyhow::bail!("--param {key}: given twice (a rule parameter takes one value)"),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::log_filter;

@@ -94,8 +94,10 @@ pub enum RuleCommand {
 
 pub fn run(command: RuleCommand) -> Result<()> {
     match command {
-        RuleCommand::Check { file, params } => check(&file, params),
-        RuleCommand::Eval { file, task_count, queue_empty, params } => eval(&file, task_count, queue_empty, params),
+        RuleCommand::Check { file, params } => super::refuse_repeated_params(&params).and_then(|()| check(&file, params)),
+        RuleCommand::Eval { file, task_count, queue_empty, params } => {
+            super::refuse_repeated_params(&params).and_then(|()| eval(&file, task_count, queue_empty, params))
+        }
         RuleCommand::Test { rule, cases } => super::rule_test::run(&rule, &cases, cli_engine()?),
         RuleCommand::Compile { files, out, config } => compile(&files, out, config),
         RuleCommand::New { name, lang, dir } => super::author::new::create(&name, lang, &dir).map(|folder| super::author::new::print_next_steps(&folder, lang)),
@@ -177,7 +179,11 @@ pub(super) fn cli_engine() -> Result<std::sync::Arc<RuleEngine>> {
     if let Some(dir) = user_rule_cache() {
         match RuleEngine::new(RuleLimits::default(), Some(dir.clone())) {
             Ok(engine) => return Ok(engine),
-            Err(error) => eprintln!("note: no compile cache ({error:#}); set {RULE_CACHE_ENV} to a folder to keep compiled rules"),
+            // The reason names the folder, which comes from the environment: bounded.
+            Err(error) => eprintln!(
+                "note: no compile cache ({}); set {RULE_CACHE_ENV} to a folder to keep compiled rules",
+                crate::health::truncate_reason(&format!("{error:#}"))
+            ),
         }
     }
     RuleEngine::new(RuleLimits::default(), None)

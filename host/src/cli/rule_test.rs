@@ -102,10 +102,10 @@ pub(super) fn run(rule: &Path, cases: &Path, engine: Arc<RuleEngine>) -> Result<
     let mut failed = 0;
     for case in &ready {
         match run_case(&engine, &compiled, case) {
-            Ok(note) => println!("ok    {}{note}", case.name),
+            Ok(note) => println!("ok    {}{note}", crate::health::untrusted_text(&case.name)),
             Err(diff) => {
                 failed += 1;
-                println!("FAIL  {}", case.name);
+                println!("FAIL  {}", crate::health::untrusted_text(&case.name));
                 for line in diff.lines() {
                     println!("      {line}");
                 }

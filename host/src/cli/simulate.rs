@@ -101,7 +101,14 @@ impl SimulateArgs {
             let Some(owner) = owner else { bail!("--param {key}={value}: give it after the --rule FILE.wasm it is for") };
             params[owner].push((key.clone(), value.clone()));
         }
-        self.rules.iter().zip(params).map(|(text, params)| RuleChoice::parse(text)?.with_params(params)).collect()
+        self.rules
+            .iter()
+            .zip(params)
+            .map(|(text, params)| {
+                super::refuse_repeated_params(&params)?;
+                RuleChoice::parse(text)?.with_params(params)
+            })
+            .collect()
     }
 }
 

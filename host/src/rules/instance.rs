@@ -57,7 +57,7 @@ impl RuleEngine {
             Err(error) => return Err(fault(error, &store, Some("configure"))).context("configure failed"),
         };
         if let Err(message) = configured {
-            bail!("the rule rejected its parameters: {message}");
+            bail!("the rule rejected its parameters: {}", crate::health::untrusted_text(&message));
         }
         Ok(RuleInstance {
             store,

@@ -47,7 +47,7 @@ impl CapturedOutput {
         let captured = self.buffer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let text = String::from_utf8_lossy(&captured.bytes);
         let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with("note: run with `RUST_BACKTRACE")).collect();
-        let words = lines[lines.len().saturating_sub(LAST_WORDS_LINES)..].join(" | ");
+        let words = crate::health::untrusted_text(&lines[lines.len().saturating_sub(LAST_WORDS_LINES)..].join(" | "));
         if words.is_empty() {
             return None;
         }
@@ -144,7 +144,7 @@ impl OutputLogger {
         for line in String::from_utf8_lossy(&bytes).lines().filter(|l| !l.trim().is_empty()) {
             if self.lines_in_window < LINES_PER_WINDOW {
                 self.lines_in_window += 1;
-                tracing::info!(queue, rule, "rule output: {line}");
+                tracing::info!(queue, rule, "rule output: {}", crate::health::untrusted_text(line));
             } else {
                 self.suppressed += 1;
             }

@@ -153,7 +153,17 @@ fn put_in_place(built: &Path, folder: &Path, name: &str) -> Result<PathBuf> {
 /// A fresh `.ebb-build` in `folder`, for the build's own files.
 fn build_dir(folder: &Path) -> Result<PathBuf> {
     let dir = folder.join(BUILD_DIR);
-    std::fs::create_dir_all(&dir).with_context(|| format!("failed to create folder {}", dir.display()))?;
+    // Not followed: a rule folder from elsewhere could point it at any folder, and the build
+    // writes files of fixed names into it.
+    match std::fs::symlink_metadata(&dir) {
+        // Emptied (links inside removed, not followed): the build writes fresh files.
+        Ok(meta) if meta.is_dir() => {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("failed to empty folder {}", dir.display()))?;
+            std::fs::create_dir(&dir).with_context(|| format!("failed to create folder {}", dir.display()))?;
+        }
+        Ok(_) => bail!("{} is not the folder `ebb rule build` writes its own files into (a link or a file): remove it", dir.display()),
+        Err(_) => std::fs::create_dir(&dir).with_context(|| format!("failed to create folder {}", dir.display()))?,
+    }
     Ok(dir)
 }
 

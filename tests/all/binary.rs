@@ -236,6 +236,24 @@ fn an_unusable_rule_cache_is_noted_briefly_and_the_rule_still_checked() {
     assert!(note.len() < 1_000 && note.contains("bytes cut"), "{} bytes: {note}", note.len());
 }
 
+/// Review defect: pointed at a server that answers other JSON, `ebb status` printed an empty
+/// table and exited 0.
+#[tokio::test]
+async fn status_refuses_an_answer_that_is_not_an_ebb_status() {
+    let router = axum::Router::new().route("/status", axum::routing::get(|| async { axum::Json(serde_json::json!({ "hello": 1 })) }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let other = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let (_app, app) = App::start(Duration::ZERO).await;
+    let site = Site::new(app, "30s");
+    let config = std::fs::read_to_string(site.config()).unwrap().replace(&site.api.to_string(), &other.to_string());
+    std::fs::write(site.config(), config).unwrap();
+    let output = tokio::task::spawn_blocking(move || site.command().arg("status").arg("--config").arg(site.config()).output().unwrap()).await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("answered JSON that is not an ebb status"), "{stderr}");
+}
+
 /// Review defect: `--param per_task=5 --param per_task=6` used 6 without a word.
 #[test]
 fn a_rule_parameter_given_twice_is_refused() {

@@ -103,7 +103,10 @@ async fn author_loop(lang: &str, parent: &Path) -> PathBuf {
     let started = Instant::now();
     let output = succeeds(ebb(&folder, &["rule", "check", &wasm, "--param", "per_task=32"]));
     assert!(String::from_utf8_lossy(&output.stdout).contains("contract:     ebb:rules/decisions@0.2.0"), "{}", text(&output));
-    fails_with(ebb(&folder, &["rule", "check", &wasm, "--param", "per_task=zero"]), &["per_task", "zero"]);
+    // Review defect: each template read per_task its own way (JS took 1e3 and 0x10, Python 5_000).
+    for bad in ["zero", "1e3", "0x10", "5_000", "٣"] {
+        fails_with(ebb(&folder, &["rule", "check", &wasm, "--param", &format!("per_task={bad}")]), &["per_task", bad]);
+    }
     // The same rule in every language: the cases of cases.toml.
     assert_eq!(eval(&folder, &wasm, "--task-count", r#"{"approximate_depth": 321}"#), 11);
     let idle = eval(&folder, &wasm, "--queue-empty", r#"{"idle_count": 3, "min_interval_ms": 800, "max_interval_ms": 60000, "random": 4611686018427387904}"#);
@@ -274,7 +277,11 @@ fn rule_new_refuses_a_parent_folder_that_does_not_exist() {
 fn rule_build_refuses_a_folder_without_a_rule_or_with_an_unsafe_manifest() {
     let dir = tempfile::tempdir().unwrap();
     fails_with(ebb(dir.path(), &["rule", "build"]), &["no rule in", "ebb rule new NAME --lang"]);
-    fails_with(ebb(dir.path(), &["rule", "build", "nowhere"]), &["nowhere is not a folder"]);
+    // Review note: a missing folder was said to be "not a folder".
+    fails_with(ebb(dir.path(), &["rule", "build", "nowhere"]), &["nowhere does not exist"]);
+    std::fs::write(dir.path().join("a-file"), "").unwrap();
+    fails_with(ebb(dir.path(), &["rule", "build", "a-file"]), &["a-file is not a folder"]);
+    std::fs::remove_file(dir.path().join("a-file")).unwrap();
     std::fs::write(dir.path().join("ebb-rule.toml"), "name = \"x; rm -rf /\"\nlang = \"js\"\n").unwrap();
     std::fs::write(dir.path().join("rule.js"), "").unwrap();
     fails_with(ebb(dir.path(), &["rule", "build"]), &["\"x; rm -rf /\" is not valid"]);

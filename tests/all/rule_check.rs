@@ -325,7 +325,7 @@ fn rule_test_refuses_unknown_keys_naming_the_key_and_the_case() {
         ),
         (
             "[[case]]\nname = \"one\"\ndecision = \"task-count\"\nstate = { depth = 5 }\nexpect = 1\n",
-            "invalid case 1 (\"one\") in cases.toml: state does not describe a QueueState: unknown field `depth`",
+            "invalid case 1 (\"one\") in cases.toml: state does not describe a queue-state: unknown field `depth`",
         ),
         ("[limits]\ncall_fuel = 1\n[[case]]\nname = \"one\"\ndecision = \"task-count\"\nexpect = 1\n", "unknown field `limits`, expected `params` or `case`"),
         (

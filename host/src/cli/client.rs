@@ -207,6 +207,10 @@ pub async fn status(config_path: &Path, json: bool) -> Result<()> {
     if !status.is_success() {
         bail!("the host answered {status}: {body}");
     }
+    // Something else may listen at the configured address: say so, not an empty table.
+    if !body["queues"].is_array() {
+        bail!("{url} answered JSON that is not an ebb status (no `queues` list): is `[api] listen` the address of this host?");
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&body)?);
         return Ok(());

@@ -460,5 +460,11 @@ fn parse_json(text: &str, flag: &str) -> Result<Value> {
 pub(super) fn with_defaults<T: DeserializeOwned>(given: Value, mut defaults: Value, what: &str) -> Result<T> {
     let Value::Object(given) = given else { bail!("{what} must be a JSON object") };
     defaults.as_object_mut().expect("defaults are an object").extend(given);
-    serde_json::from_value(defaults).with_context(|| format!("{what} does not describe a {}", std::any::type_name::<T>().rsplit("::").next().unwrap()))
+    // Named as the contract names them (`queue-state`), which the docs and errors use.
+    let described = match std::any::type_name::<T>().rsplit("::").next().unwrap_or_default() {
+        "QueueState" => "a queue-state",
+        "IdleContext" => "an idle-context",
+        _ => "what it should",
+    };
+    serde_json::from_value(defaults).with_context(|| format!("{what} does not describe {described}"))
 }

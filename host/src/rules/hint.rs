@@ -59,6 +59,23 @@ pub fn hint(text: &str, export: Export<'_>) -> Option<String> {
                 .into(),
         );
     }
+    if text.contains("does not have the type of contract") {
+        return Some(format!(
+            "the function's parameters or result differ from the contract's: regenerate the bindings from wit/ebb-rules-{} (rebuild with the SDK, or `ebb rule build`) rather than writing the signature by hand",
+            super::CONTRACT_VERSION
+        ));
+    }
+    if text.contains("memory limit:") {
+        return Some(format!(
+            "{decision} grew its memory past the host's limit: keep no state that grows with each call (a list of every depth seen), or raise rule_limits.memory_mib"
+        ));
+    }
+    if text.contains("overflowed its stack") {
+        return Some(format!("{decision} recursed too deep: make the recursion a loop, or bound its depth (a context value can be 2^64 - 1)"));
+    }
+    if text.contains("called exit(") {
+        return Some(format!("{decision} ended the process: return a decision (or, from configure, an error) instead of calling exit"));
+    }
     if text.contains("ran out of its") && text.contains("fuel") || text.contains("ran past its") && text.contains("deadline") {
         return Some(format!(
             "{decision} did not return within the host's limits: look for a loop that does not end (or one bounded by a context value such as a depth of 2^64 - 1)"
@@ -96,6 +113,10 @@ mod tests {
             ("ran out of its call fuel (100 units)", Some("on-queue-empty"), "on-queue-empty did not return"),
             ("it exports ebb:rules/decisions@0.3.0, but this host speaks ebb:rules/decisions@0.2.0", None, "wit/ebb-rules-0.2.0"),
             ("its export ebb:rules/decisions@0.2.0 lacks the function on-queue-empty", None, "export_rule!"),
+            ("its function on-queue-empty does not have the type of contract 0.2.0", None, "regenerate the bindings"),
+            ("memory limit: the rule asked for 99 bytes of linear memory, the limit is 9 bytes", Some("on-queue-empty"), "on-queue-empty grew its memory"),
+            ("overflowed its stack (524288 bytes)", Some("optimal-dequeue-task-count"), "recursed too deep"),
+            ("called exit(3), which rules may not do", Some("configure"), "instead of calling exit"),
         ];
         for (text, export, expected) in cases {
             let hint = hint(text, export).unwrap_or_default();

@@ -299,7 +299,7 @@ impl RuleSet {
             Ok(None) => self.remove(path),
             Ok(Some(bytes)) => {
                 if let Err(error) = self.apply_bytes(path, &bytes) {
-                    tracing::warn!(rule = %name, "keeping the current rule: {error:#}");
+                    tracing::warn!(rule = %name, "not using this file (each queue keeps the rule it has, or the built-in one): {error:#}");
                 }
                 // The file's bytes (as large as the rule) are freed only now.
                 let freed = bytes.len();
@@ -307,7 +307,7 @@ impl RuleSet {
                 release_free_memory_after(freed);
             }
             Err(error) => {
-                tracing::warn!(rule = %name, "keeping the current rule: {error:#}");
+                tracing::warn!(rule = %name, "not using this file (each queue keeps the rule it has, or the built-in one): {error:#}");
                 self.record_error(path, &error, None);
             }
         }

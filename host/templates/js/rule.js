@@ -34,8 +34,9 @@ export const decisions = {
       if (key !== "per_task") {
         throw `unknown parameter ${key} (this rule takes: per_task)`;
       }
-      const parsed = Number(value.trim());
-      if (value.trim() === "" || !Number.isInteger(parsed) || parsed < 1) {
+      // Digits only, as the Rust and Python templates read it (Number() would take 1e3 and 0x10).
+      const parsed = /^[0-9]+$/.test(value.trim()) ? Number(value.trim()) : NaN;
+      if (!Number.isSafeInteger(parsed) || parsed < 1) {
         throw `parameter "per_task": cannot read ${JSON.stringify(value)} as a whole number of messages from 1`;
       }
       next = parsed;

@@ -13,7 +13,7 @@ const tasks = (depth) => decisions.optimalDequeueTaskCount({ approximateDepth: d
 const idle = (fields) => ({ idleCount: 1, activeTasks: 1, minIntervalMs: 800, maxIntervalMs: 60000, pushEnabled: false, random: 2 ** 62, ...fields });
 
 test("per_task must be a whole number from 1", () => {
-  for (const bad of ["zero", "0", "-1", "1.5", ""]) {
+  for (const bad of ["zero", "0", "-1", "1.5", "", "1e3", "0x10", "5_000"]) {
     assert.throws(() => configured({ per_task: bad }), (error) => typeof error === "string" && error.includes("per_task"), `per_task ${JSON.stringify(bad)}`);
   }
   assert.throws(() => configured({ per_tasks: "8" }), /per_tasks/);

@@ -20,10 +20,12 @@ settings = {"per_task": DEFAULT_PER_TASK}
 
 
 def read_per_task(value: str) -> int:
-    try:
-        per_task = int(value.strip())
-    except ValueError:
+    # ASCII digits only, as the Rust and JavaScript templates read it (int() would take
+    # "5_000" and other scripts' digits).
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()):
         raise Err(f'parameter "per_task": cannot read {value!r} as a whole number of messages')
+    per_task = int(text)
     if per_task < 1:
         raise Err(f'parameter "per_task": {value} must be 1 or more (messages per task)')
     return per_task

@@ -36,7 +36,7 @@ def idle(**fields) -> IdleContext:
 
 class ConfigureTest(unittest.TestCase):
     def test_per_task_must_be_a_whole_number_from_1(self):
-        for bad in ["zero", "0", "-1", "1.5", ""]:
+        for bad in ["zero", "0", "-1", "1.5", "", "1e3", "0x10", "5_000"]:
             with self.subTest(per_task=bad), self.assertRaises(Err) as caught:
                 configured(per_task=bad)
             self.assertIn("per_task", caught.exception.value)

@@ -74,6 +74,9 @@ pub(crate) fn run(folder: &Path) -> Result<()> {
 /// wrote, else from the files present (Cargo.toml, app.py, rule.js; a Python or JavaScript
 /// rule is then named after its folder).
 fn detect(folder: &Path) -> Result<(Option<String>, Lang)> {
+    if !folder.exists() {
+        bail!("{} does not exist: give the folder of a rule (`ebb rule new NAME --lang rust|python|js` makes one)", folder.display());
+    }
     if !folder.is_dir() {
         bail!("{} is not a folder: give the folder of a rule (`ebb rule new NAME --lang rust|python|js` makes one)", folder.display());
     }

@@ -62,7 +62,7 @@ mod tests {
 
     #[test]
     fn per_task_must_be_a_whole_number_from_1() {
-        for bad in ["zero", "0", "-1", "1.5", ""] {
+        for bad in ["zero", "0", "-1", "1.5", "", "1e3", "0x10", "5_000"] {
             let error = configured(&[("per_task", bad)]).err().unwrap_or_else(|| panic!("per_task {bad:?} was accepted"));
             assert!(error.contains("per_task"), "{error}");
         }

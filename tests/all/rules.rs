@@ -733,7 +733,10 @@ fn a_memory_limit_fault_gives_its_reason_first() {
     rules.decide_task_count(QUEUE, &state(5));
     let error = rules.status(QUEUE).unwrap().last_error.unwrap();
     assert!(error.starts_with("memory limit"), "{error}");
-    assert!(!error.contains("backtrace") && !error.contains('\n'), "{error}");
+    // One line of reason, then the hint's line: no backtrace.
+    let (reason, hint) = error.split_once("\n  hint: ").unwrap_or_else(|| panic!("{error}"));
+    assert!(!error.contains("backtrace") && !reason.contains('\n') && !hint.contains('\n'), "{error}");
+    assert!(hint.contains("rule_limits.memory_mib"), "{error}");
 }
 
 /// Item 12: a rule's panic message was only at DEBUG; the WARN line said "unreachable".

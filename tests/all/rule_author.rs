@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use ebb_tests::guests;
 
 use crate::binary::{App, EBB, signal};
+use crate::rule_languages::KillOnDrop;
 
 /// Compiled rules and the Rust template's dependencies are kept across runs (and shared by
 /// every Rust template built here), so a run compiles wit-bindgen once per target dir.
@@ -190,17 +191,6 @@ async fn decides_in_a_running_host(wasm: &Path, name: &str) {
     let mut host = host.0.take().unwrap();
     signal(&host, "-TERM");
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
-}
-
-struct KillOnDrop(Option<std::process::Child>);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

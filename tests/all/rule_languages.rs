@@ -171,7 +171,8 @@ async fn a_host_with_a_slow_to_compile_rule_delivers_before_the_compile_ends() {
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
 }
 
-struct KillOnDrop(Option<std::process::Child>);
+/// A child process killed (and reaped) when the test ends, however it ends.
+pub(crate) struct KillOnDrop(pub(crate) Option<std::process::Child>);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {

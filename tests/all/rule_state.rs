@@ -2,7 +2,7 @@
 //! load, faults per rule file, quarantine per decision, and a rule charged for its own work
 //! only (CPU time and fuel), not for the time a busy host keeps it off a CPU.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,42 +12,11 @@ use ebb::rules::{DecisionSource, Export, RuleLimits, RuleLoad, RuleSet, RuleStat
 use ebb_tests::guests;
 
 use crate::binary::{App, EBB, signal, wait_until};
-use crate::rules::{QUEUE, engine, idle, loaded, rules_for, sha_of, state, wait_for};
-
-/// A rule set whose queue uses the file `rule.wasm` (a copy of `initial`) with `params`,
-/// loaded and watched.
-struct Watched {
-    dir: tempfile::TempDir,
-    rules: Arc<RuleSet>,
-    _watcher: ebb::rules::RuleWatcher,
-}
-
-impl Watched {
-    fn new(initial: &str, limits: RuleLimits, params: &[(&str, &str)]) -> Watched {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().canonicalize().unwrap().join("rule.wasm");
-        std::fs::copy(initial, &path).unwrap();
-        let rules = Arc::new(rules_for(engine(limits), Some(&path), params));
-        assert!(rules.load_all().is_empty(), "{initial} loads");
-        let watcher = rules.watch(dir.path(), Duration::from_millis(20)).unwrap();
-        Watched { dir, rules, _watcher: watcher }
-    }
-
-    fn rule_path(&self) -> PathBuf {
-        self.dir.path().canonicalize().unwrap().join("rule.wasm")
-    }
-
-    /// Replaces the rule file the way a deploy should: write aside, then rename.
-    fn deploy(&self, guest: &str) {
-        let staging = self.dir.path().join("rule.wasm.partial");
-        std::fs::copy(guest, &staging).unwrap();
-        std::fs::rename(&staging, self.rule_path()).unwrap();
-    }
-}
+use crate::rules::{QUEUE, engine, idle, loaded, rules_for, sha_of, state, wait_for, watched_with_params};
 
 #[test]
 fn a_newer_file_whose_configure_rejects_the_parameters_is_shown_refused_while_the_old_rule_decides() {
-    let w = Watched::new(guests::FIXED_TASKS, RuleLimits::default(), &[("tasks", "3")]);
+    let w = watched_with_params(guests::FIXED_TASKS, RuleLimits::default(), Duration::from_millis(20), &[("tasks", "3")]);
     let status = w.rules.status(QUEUE).unwrap();
     assert_eq!((status.state, status.contract, status.refused.as_ref()), (RuleState::Loaded, Some("0.2.0"), None));
 
@@ -132,7 +101,7 @@ fn settle(rules: &RuleSet) {
 #[test]
 fn faults_are_counted_per_rule_file_and_in_total() {
     let limits = RuleLimits { quarantine_after: 0, ..RuleLimits::default() };
-    let w = Watched::new(guests::TRAPS_WHEN_EMPTY, limits, &[]);
+    let w = watched_with_params(guests::TRAPS_WHEN_EMPTY, limits, Duration::from_millis(20), &[]);
     for _ in 0..3 {
         assert_eq!(w.rules.decide_queue_empty(QUEUE, &idle(1, 0)).source, DecisionSource::Fallback);
         settle(&w.rules);

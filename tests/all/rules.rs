@@ -365,19 +365,19 @@ fn built_in_and_paper_default_wasm_rule_agree() {
 
 // ---- hot reload ----
 
-struct Watched {
-    dir: tempfile::TempDir,
-    rules: Arc<RuleSet>,
+pub(crate) struct Watched {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) rules: Arc<RuleSet>,
     _watcher: ebb::rules::RuleWatcher,
 }
 
 impl Watched {
-    fn rule_path(&self) -> PathBuf {
+    pub(crate) fn rule_path(&self) -> PathBuf {
         self.dir.path().canonicalize().unwrap().join("rule.wasm")
     }
 
     /// Replaces the rule file the way a deploy should: write aside, then rename.
-    fn deploy(&self, guest: &str) {
+    pub(crate) fn deploy(&self, guest: &str) {
         let staging = self.dir.path().join("rule.wasm.partial");
         std::fs::copy(guest, &staging).unwrap();
         std::fs::rename(&staging, self.rule_path()).unwrap();
@@ -393,11 +393,17 @@ fn watched(initial: &str) -> Watched {
 }
 
 fn watched_with(initial: &str, limits: RuleLimits, debounce: Duration) -> Watched {
+    watched_with_params(initial, limits, debounce, &[])
+}
+
+/// A rule set whose queue uses the file `rule.wasm` (a copy of `initial`) with `params`,
+/// loaded and watched.
+pub(crate) fn watched_with_params(initial: &str, limits: RuleLimits, debounce: Duration, params: &[(&str, &str)]) -> Watched {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().canonicalize().unwrap().join("rule.wasm");
     std::fs::copy(initial, &path).unwrap();
-    let rules = Arc::new(rules_for(engine(limits), Some(&path), &[]));
-    assert!(rules.load_all().is_empty());
+    let rules = Arc::new(rules_for(engine(limits), Some(&path), params));
+    assert!(rules.load_all().is_empty(), "{initial} loads");
     let watcher = rules.watch(dir.path(), debounce).unwrap();
     Watched { dir, rules, _watcher: watcher }
 }

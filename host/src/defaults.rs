@@ -58,6 +58,8 @@ pub const MIN_TASKS: u32 = 1;
 pub const MAX_TASKS: u32 = 32;
 /// `[queues.<name>] min_polling_interval`.
 pub const MIN_POLLING_INTERVAL: Duration = Duration::from_millis(800);
+/// `[queues.<name>] max_concurrent_calls`: handler calls at once per queue and host.
+pub const MAX_CONCURRENT_CALLS: u32 = 32;
 /// `[queues.<name>] max_polling_interval` (as Azure Functions).
 pub const MAX_POLLING_INTERVAL: Duration = Duration::from_secs(60);
 /// `[queues.<name>] visibility_timeout`: the first retry delay.

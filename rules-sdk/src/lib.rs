@@ -46,7 +46,7 @@ pub mod thresholds;
 #[cfg(feature = "guest")]
 mod guest;
 
-pub use model::{DepthSource, IdleContext, IdleDecision, QueueState};
+pub use model::{DepthSource, HandlerState, IdleContext, IdleDecision, QueueState};
 pub use params::{Params, ParamsExt};
 
 #[cfg(feature = "guest")]

@@ -95,3 +95,42 @@ pub struct IdleDecision {
     /// True when this task must stop.
     pub stop: bool,
 }
+
+/// What a listener knows about its handler calls, for the concurrency decision (since
+/// contract 0.3.0). The figures cover the window that just ended: the calls that ended in
+/// it, whatever their outcome.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
+pub struct HandlerState {
+    /// The queue's name, as in the host configuration.
+    pub queue: String,
+    /// Handler calls allowed at once now (the last decision, or `max_limit`).
+    pub current_limit: u32,
+    /// The queue's `max_concurrent_calls`: the host clamps the decision to `[1, max_limit]`.
+    pub max_limit: u32,
+    /// Handler calls running now.
+    pub in_flight: u32,
+    /// Most handler calls running at once during the window.
+    pub peak_in_flight: u32,
+    /// Dequeue tasks waiting now for a free handler slot (demand beyond the limit).
+    pub waiting_tasks: u32,
+    /// The window's length, in milliseconds.
+    pub window_ms: u64,
+    /// Handler calls that ended in the window (every outcome).
+    pub completed: u32,
+    /// Of those, calls that failed (an error, a timeout, an answer other than 2xx, 429 and 503).
+    pub failed: u32,
+    /// Of those, calls the app pushed back (HTTP 429 or 503).
+    pub pushed_back: u32,
+    /// Mean latency of the calls that ended in the window, in milliseconds (0 when none).
+    pub latency_mean_ms: f64,
+    /// Shortest of them, in milliseconds (0 when none).
+    pub latency_min_ms: f64,
+    /// Longest of them, in milliseconds (0 when none).
+    pub latency_max_ms: f64,
+    /// Wall-clock time of the decision, in milliseconds since the Unix epoch.
+    pub timestamp_ms: u64,
+    /// A uniformly random value supplied by the host, for jitter.
+    pub random: u64,
+}

@@ -27,6 +27,8 @@ pub const MAX_PRICE_PER_10K: f64 = 100.0;
 pub const MAX_INSTANCES: u32 = 10_000;
 /// Most dequeue tasks per queue (each holds up to `batch_size` messages in flight).
 pub const MAX_TASKS: u32 = 1024;
+/// Most handler calls at once one queue may allow (`max_concurrent_calls`).
+pub const MAX_CONCURRENT_CALLS: u32 = 10_000;
 pub use crate::names::MAX_QUEUE_NAME_LEN;
 
 /// The least a duration may be, for [`check_duration`].

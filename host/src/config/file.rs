@@ -166,6 +166,10 @@ pub struct QueueFile {
     /// Most dequeue tasks. Default 32.
     #[serde(default = "serde_defaults::max_tasks")]
     pub max_tasks: u32,
+    /// Most handler calls at once for this queue on this host (a rule may decide fewer).
+    /// Default 32, 1 to 10,000.
+    #[serde(default = "serde_defaults::max_concurrent_calls")]
+    pub max_concurrent_calls: u32,
     /// Shortest sleep after an empty get (or a short one). Default `800ms`.
     #[serde(default = "serde_defaults::min_polling_interval", with = "humantime_serde")]
     pub min_polling_interval: Duration,
@@ -298,6 +302,9 @@ pub(super) mod serde_defaults {
     }
     pub fn max_tasks() -> u32 {
         d::MAX_TASKS
+    }
+    pub fn max_concurrent_calls() -> u32 {
+        d::MAX_CONCURRENT_CALLS
     }
     pub fn min_polling_interval() -> Duration {
         d::MIN_POLLING_INTERVAL

@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result, bail};
 
 use super::QueueConfig;
 use super::backend::{AzureFile, Backend, BackendKind};
-use super::checks::{AtLeast, MAX_INTERVAL, MAX_PICKUP_DELAY, MAX_SAFETY_POLL, MAX_TASKS, check_duration, parse_handler_url};
+use super::checks::{AtLeast, MAX_CONCURRENT_CALLS, MAX_INTERVAL, MAX_PICKUP_DELAY, MAX_SAFETY_POLL, MAX_TASKS, check_duration, parse_handler_url};
 use super::file::QueueFile;
 use crate::listener::QueueSettings;
 use crate::names::{QueueName, RuleFileName};
@@ -35,6 +35,9 @@ impl QueueFile {
         }
         if !(1..=MAX_TASKS).contains(&self.max_tasks) {
             bail!("max_tasks: must be 1 to {MAX_TASKS}, got {}", self.max_tasks);
+        }
+        if !(1..=MAX_CONCURRENT_CALLS).contains(&self.max_concurrent_calls) {
+            bail!("max_concurrent_calls: must be 1 to {MAX_CONCURRENT_CALLS}, got {}", self.max_concurrent_calls);
         }
         if self.min_tasks > self.max_tasks {
             bail!("min_tasks: {} is more than max_tasks ({})", self.min_tasks, self.max_tasks);
@@ -84,6 +87,7 @@ impl QueueFile {
                 batch_size: self.batch_size,
                 min_tasks: self.min_tasks,
                 max_tasks: self.max_tasks,
+                max_concurrent_calls: self.max_concurrent_calls,
                 min_polling_interval: self.min_polling_interval,
                 max_polling_interval: self.max_polling_interval,
                 lease_duration: self.lease_duration,

@@ -11,6 +11,8 @@ pub struct QueueSettings {
     pub min_tasks: u32,
     /// Most dequeue tasks.
     pub max_tasks: u32,
+    /// Most handler calls at once (the ceiling of a rule's concurrency decision), 1..=10,000.
+    pub max_concurrent_calls: u32,
     /// Shortest sleep after an empty get.
     pub min_polling_interval: Duration,
     /// Longest sleep after an empty get.
@@ -50,6 +52,7 @@ impl Default for QueueSettings {
             batch_size: d::BATCH_SIZE,
             min_tasks: d::MIN_TASKS,
             max_tasks: d::MAX_TASKS,
+            max_concurrent_calls: d::MAX_CONCURRENT_CALLS,
             min_polling_interval: d::MIN_POLLING_INTERVAL,
             max_polling_interval: d::MAX_POLLING_INTERVAL,
             lease_duration: d::LEASE_DURATION,

@@ -5,9 +5,11 @@
 //! they came from; the listener only chooses the thread it calls on ([`Decider::may_block`])
 //! and lets the built-in rule decide a call that panicked.
 
-use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState};
+use ebb_rules_sdk::{HandlerState, IdleContext, IdleDecision, QueueState};
 
-use super::{Decision, DecisionSource, NativeRule, QueueRules, RuleStatus, built_in_queue_empty, built_in_task_count, native_queue_empty, native_task_count};
+use super::{
+    Decision, DecisionSource, NativeRule, QueueRules, RuleStatus, built_in_queue_empty, built_in_task_count, native_concurrency, native_queue_empty, native_task_count,
+};
 
 /// Decides a queue's task count and what a task does when the queue is empty.
 pub trait Decider: Send + Sync + 'static {
@@ -16,6 +18,13 @@ pub trait Decider: Send + Sync + 'static {
 
     /// `QueueEmpty`, its delay clamped to `[min_interval_ms, max_interval_ms]`.
     fn decide_queue_empty(&self, ctx: &IdleContext) -> Decision<IdleDecision>;
+
+    /// How many handler calls may run at once, clamped to `[1, state.max_limit]`; `None`
+    /// when the rule does not decide it (the queue keeps its `max_concurrent_calls`). Only
+    /// rules of contract 0.3.0 and later can decide it.
+    fn decide_concurrency(&self, _state: &HandlerState) -> Option<Decision<u32>> {
+        None
+    }
 
     /// The rule's state as `/status` shows it; `None` when there is nothing beyond the
     /// decisions themselves (the built-in rule, a rule in Rust). Never waits on a decision.
@@ -73,6 +82,10 @@ impl<R: NativeRule> Decider for R {
 
     fn decide_queue_empty(&self, ctx: &IdleContext) -> Decision<IdleDecision> {
         native_queue_empty(self, ctx)
+    }
+
+    fn decide_concurrency(&self, state: &HandlerState) -> Option<Decision<u32>> {
+        native_concurrency(self, state)
     }
 
     fn may_block(&self) -> bool {

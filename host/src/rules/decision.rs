@@ -1,7 +1,7 @@
 //! Decisions: where each came from, the clamp into the queue's bounds, the built-in
 //! (paper's) rule, and native rules.
 
-use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState, paper};
+use ebb_rules_sdk::{HandlerState, IdleContext, IdleDecision, QueueState, paper};
 use serde::Serialize;
 
 /// Where a decision came from.
@@ -54,6 +54,11 @@ pub trait NativeRule: Send + Sync + 'static {
     fn optimal_dequeue_task_count(&self, state: &QueueState) -> u32;
     /// `QueueEmpty`, before the delay's clamp to the polling interval range.
     fn on_queue_empty(&self, ctx: &IdleContext) -> IdleDecision;
+    /// How many handler calls may run at once, before the clamp to `[1, max_limit]`;
+    /// `None` (the default) keeps the queue's `max_concurrent_calls`.
+    fn max_concurrent_calls(&self, _state: &HandlerState) -> Option<u32> {
+        None
+    }
 }
 
 /// A native rule's task count, clamped to the queue's bounds.
@@ -64,6 +69,18 @@ pub fn native_task_count(rule: &dyn NativeRule, state: &QueueState) -> Decision<
 /// A native rule's `QueueEmpty`, clamped to the queue's polling intervals.
 pub fn native_queue_empty(rule: &dyn NativeRule, ctx: &IdleContext) -> Decision<IdleDecision> {
     clamp_idle(rule.on_queue_empty(ctx), DecisionSource::Rule, ctx)
+}
+
+/// A native rule's concurrency decision, clamped to `[1, max_limit]`.
+pub fn native_concurrency(rule: &dyn NativeRule, state: &HandlerState) -> Option<Decision<u32>> {
+    rule.max_concurrent_calls(state).map(|raw| clamp_concurrency(raw, DecisionSource::Rule, state))
+}
+
+/// A concurrency decision clamped to `[1, max_limit]`: at least one call runs, and never
+/// more than the queue's `max_concurrent_calls`.
+pub(crate) fn clamp_concurrency(raw: u32, source: DecisionSource, state: &HandlerState) -> Decision<u32> {
+    let value = raw.clamp(1, state.max_limit.max(1));
+    Decision { value, source, clamped: value != raw }
 }
 
 pub(crate) fn clamp_task_count(raw: u32, source: DecisionSource, state: &QueueState) -> Decision<u32> {

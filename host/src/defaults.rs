@@ -109,6 +109,7 @@ pub(crate) fn documented() -> Vec<(&'static str, &'static str, String)> {
         ("`[queues.<name>]`", "batch_size", BATCH_SIZE.to_string()),
         ("`[queues.<name>]`", "min_tasks", MIN_TASKS.to_string()),
         ("`[queues.<name>]`", "max_tasks", MAX_TASKS.to_string()),
+        ("`[queues.<name>]`", "max_concurrent_calls", MAX_CONCURRENT_CALLS.to_string()),
         ("`[queues.<name>]`", "min_polling_interval", d(MIN_POLLING_INTERVAL)),
         ("`[queues.<name>]`", "max_polling_interval", d(MAX_POLLING_INTERVAL)),
         ("`[queues.<name>]`", "visibility_timeout", d(VISIBILITY_TIMEOUT)),

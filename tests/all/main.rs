@@ -6,6 +6,7 @@ mod azure_queue;
 mod binary;
 mod bus;
 mod check_and_run;
+mod concurrency;
 mod config;
 mod decorators;
 mod embedded_queue;

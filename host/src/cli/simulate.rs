@@ -13,7 +13,8 @@ use crate::simulate::{self, HandlerTime, RuleChoice, Scenario, SimOptions};
 pub struct SimulateArgs {
     /// A named scenario: `paper-billing` (a day busy 2 of 24 hours), `burst`, `trickle`,
     /// `idle`, `bursty-day` (a day of about 95,000 messages: quiet nights, a morning ramp, a
-    /// 4 msg/s lunchtime peak, two dumps of 20,000). Default `paper-billing` unless `--trace`
+    /// 4 msg/s lunchtime peak, two dumps of 20,000), `knee` (a backlog of 60,000 for 2
+    /// minutes: throughput and handler latency, with `--handler-knee`). Default `paper-billing` unless `--trace`
     /// is given.
     #[arg(long, conflicts_with = "trace")]
     scenario: Option<String>,
@@ -66,6 +67,14 @@ pub struct SimulateArgs {
     /// Stop a rule's run with an error after this much real time.
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     max_wall: Duration,
+    /// The app slows down past this many calls at once: its latency is the handler time up
+    /// to it and grows with the square of the calls beyond it (1 to 10,000). For the `knee`
+    /// scenario.
+    #[arg(long)]
+    handler_knee: Option<u32>,
+    /// The queue's `max_concurrent_calls` (1 to 10,000; default: the config's default).
+    #[arg(long)]
+    max_concurrent_calls: Option<u32>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -152,6 +161,8 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         max_wall: args.max_wall,
         safety_poll: args.safety_poll,
         wait_budget: args.wait_budget,
+        handler_knee: args.handler_knee,
+        max_concurrent_calls: args.max_concurrent_calls,
         rule_cache: super::rule::user_rule_cache(),
     };
     if args.bench {

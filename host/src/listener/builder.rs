@@ -80,6 +80,9 @@ impl ListenerBuilder {
     pub fn build(self) -> Listener {
         let ListenerBuilder { queue, poison, handler, decider, clock, settings, transactions } = self;
         let seed = settings.random_seed.unwrap_or_else(|| fastrand::u64(..));
+        let slots = super::slots::Slots::new(settings.max_concurrent_calls);
+        let counters = Counters::default();
+        counters.concurrency_limit.store(settings.max_concurrent_calls, std::sync::atomic::Ordering::Relaxed);
         Listener {
             shared: Arc::new(Shared {
                 queue,
@@ -89,7 +92,7 @@ impl ListenerBuilder {
                 clock,
                 settings,
                 transactions,
-                counters: Counters::default(),
+                counters,
                 work: Notify::new(),
                 wake: Notify::new(),
                 pickup: Mutex::default(),
@@ -98,6 +101,7 @@ impl ListenerBuilder {
                 abandon: CancellationToken::new(),
                 tasks: TaskTracker::new(),
                 random: Mutex::new(fastrand::Rng::with_seed(seed)),
+                concurrency_random: Mutex::new(fastrand::Rng::with_seed(seed.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15)),
                 failure_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
                 poison_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
                 depth_counted: Mutex::new(None),
@@ -106,6 +110,8 @@ impl ListenerBuilder {
                 started: AtomicBool::new(false),
                 wakeups: Mutex::default(),
                 wakeups_changed: Notify::new(),
+                slots,
+                calls_started: Notify::new(),
             }),
         }
     }

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::rules::{Decision, IdleDecision};
 
+use super::concurrency::CallWindow;
 use super::status::{PoisonForm, PoisonRecord, RecordedDecision};
 
 #[derive(Default)]
@@ -46,6 +47,12 @@ pub(super) struct Counters {
     decisions: Mutex<Decisions>,
     last_get: Mutex<LastGet>,
     arrivals: Mutex<Arrivals>,
+    /// The handler calls that ended in the concurrency decision's current window.
+    pub calls: Mutex<CallWindow>,
+    /// The handler concurrency limit in force.
+    pub concurrency_limit: AtomicU32,
+    /// The rule's last concurrency decision (none while it has made none).
+    pub last_concurrency: Mutex<Option<RecordedDecision<u32>>>,
 }
 
 /// What the last get that answered returned (contract 0.2.0's `last-get-messages` and
@@ -54,6 +61,9 @@ pub(super) struct Counters {
 pub(super) struct LastGet {
     /// Messages it returned.
     pub messages: u32,
+    /// Messages it asked for: fewer than asked means it emptied what was visible (a get
+    /// may ask for less than a batch when few handler slots are free).
+    pub asked: u32,
     /// How long the oldest of them had waited when it was returned, in ms.
     pub oldest_age_ms: Option<u64>,
 }

@@ -18,6 +18,7 @@
 //! - `counters` and `status`: what `QueryState()` reports.
 
 mod builder;
+mod concurrency;
 mod counters;
 mod lease;
 mod pickup;
@@ -26,6 +27,7 @@ mod process;
 mod rule;
 mod scaling;
 mod settings;
+mod slots;
 mod status;
 mod tasks;
 mod work;
@@ -44,6 +46,7 @@ use crate::queue::{Clock, QueueClient, Transactions};
 use crate::rules::Decider;
 
 pub use builder::ListenerBuilder;
+pub use concurrency::CONCURRENCY_WINDOW;
 use counters::Counters;
 pub use settings::QueueSettings;
 pub use status::{DEPTH_MAX_AGE, ListenerStatus, PoisonForm};
@@ -81,6 +84,9 @@ struct Shared {
     abandon: CancellationToken,
     tasks: TaskTracker,
     random: Mutex<fastrand::Rng>,
+    /// The concurrency decision's own random values, so that adding it left the task-count
+    /// and idle decisions' sequences (and a seeded simulation's figures) as they were.
+    concurrency_random: Mutex<fastrand::Rng>,
     /// Handler failures and retries are logged at WARN, this many per window.
     failure_log: LogLimiter,
     /// Poisonings, likewise (each one's reason stays in the status and the metrics).
@@ -98,6 +104,10 @@ struct Shared {
     /// news that an earlier one was added (the one timer re-arms).
     wakeups: Mutex<work::Wakeups>,
     wakeups_changed: Notify,
+    /// Handler slots: how many handler calls run at once.
+    slots: slots::Slots,
+    /// Raised when slots are taken, so the idle concurrency decision starts its windows.
+    calls_started: Notify,
 }
 
 impl Listener {
@@ -113,6 +123,7 @@ impl Listener {
     pub fn start(&self) {
         self.shared.started.store(true, Ordering::Release);
         self.shared.spawn_scaler();
+        self.shared.spawn_concurrency();
         let initial = self.shared.floor();
         self.shared.counters.target_tasks.store(initial, Ordering::Relaxed);
         self.start_tasks(initial);

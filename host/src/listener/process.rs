@@ -12,7 +12,18 @@ use crate::handler::{HostError, IncomingMessage, PUSHED_BACK_POISON_DEQUEUES, Pu
 use crate::queue::{Message, MessageId, PopReceipt, QueueError};
 
 use super::Shared;
+use super::concurrency::CallEnd;
 use super::lease::Lease;
+use super::slots::{Slot, SlotGrant};
+
+/// How a handler call ended, for the concurrency decision.
+fn call_end(result: &anyhow::Result<()>) -> CallEnd {
+    match result {
+        Ok(()) => CallEnd::Succeeded,
+        Err(error) if error.is::<PushedBack>() => CallEnd::PushedBack,
+        Err(_) => CallEnd::Failed,
+    }
+}
 
 /// How handling a message ended.
 pub(super) enum Outcome {
@@ -24,12 +35,17 @@ pub(super) enum Outcome {
 impl Shared {
     /// Processes a batch's messages side by side; `leased_until` is when their lease runs
     /// out at the latest, counted from when the get was sent.
-    pub(super) async fn process_batch(self: &Arc<Self>, messages: Vec<Message>, leased_until: Instant) {
-        let processing = messages.into_iter().map(|message| self.process(message, leased_until));
+    /// Each message takes one of the `grant`'s handler slots; those left over (a short get)
+    /// are given back at once.
+    pub(super) async fn process_batch(self: &Arc<Self>, messages: Vec<Message>, mut grant: SlotGrant<'_>, leased_until: Instant) {
+        let processing: Vec<_> = messages.into_iter().map(|message| self.process(message, grant.take_one(), leased_until)).collect();
+        drop(grant);
         futures::future::join_all(processing).await;
     }
 
-    async fn process(self: &Arc<Self>, message: Message, leased_until: Instant) {
+    /// `slot` is the message's handler slot, given back as soon as the handler call ends
+    /// (the delete that follows is storage's work, not the app's).
+    async fn process(self: &Arc<Self>, message: Message, slot: Option<Slot<'_>>, leased_until: Instant) {
         // Released when processing ends, however it ends (a panic, a drop at shutdown).
         let Some(_claim) = self.counters.claim(&message.id) else {
             // Our own lease on it expired and we leased it again: it is already being handled
@@ -41,6 +57,7 @@ impl Shared {
         let incoming = IncomingMessage { queue: self.queue.name().to_string(), id, dequeue_count, inserted_at, body };
         let mut lease = Lease::new(pop_receipt, leased_until, self.settings.lease_duration);
         if let Some(defect) = defect {
+            drop(slot);
             // A body the store cannot vouch for never reaches the handler.
             self.poison(&incoming, &lease.receipt, &defect).await;
             return;
@@ -50,7 +67,12 @@ impl Shared {
         }
         let started = Instant::now();
         let outcome = self.handle_under_lease(&incoming, &mut lease).await;
-        self.settle(&incoming, &lease.receipt, outcome, started.elapsed()).await;
+        let latency = started.elapsed();
+        drop(slot);
+        if let Outcome::Handled(result) = &outcome {
+            self.counters.calls.lock().unwrap().record(call_end(result), latency);
+        }
+        self.settle(&incoming, &lease.receipt, outcome, latency).await;
     }
 
     /// Acts on how handling ended, with the latest receipt.

@@ -25,11 +25,11 @@ impl Shared {
     /// A get answered with `messages`: the rule is told how many, and how long the oldest of
     /// them had waited (by the listener's clock against the insertion time storage reports,
     /// 0 when storage's clock is ahead).
-    pub(super) fn record_get(&self, messages: &[Message]) {
+    pub(super) fn record_get(&self, messages: &[Message], asked: u32) {
         let now = crate::queue::clock::system_time(self.clock.now_ms());
         let oldest = messages.iter().map(|m| m.inserted_at).min();
         let oldest_age_ms = oldest.map(|at| now.duration_since(at).map_or(0, |age| age.as_millis() as u64));
-        self.counters.record_get(LastGet { messages: messages.len().min(u32::MAX as usize) as u32, oldest_age_ms });
+        self.counters.record_get(LastGet { messages: messages.len().min(u32::MAX as usize) as u32, asked, oldest_age_ms });
     }
 
     /// `QueueEmpty` for a task that found the queue empty `idle_count` times in a row.
@@ -44,7 +44,7 @@ impl Shared {
             timestamp_ms: self.clock.now_ms(),
             random: self.random(),
         };
-        let decision = self.ask_rule(ctx, |rule, ctx| rule.decide_queue_empty(ctx), built_in_queue_empty).await;
+        let decision = self.ask_rule(ctx, |rule, ctx| rule.decide_queue_empty(ctx), |ctx| built_in_queue_empty(ctx, DecisionSource::Fallback)).await;
         self.counters.record_queue_empty(decision);
         decision.value
     }
@@ -74,18 +74,18 @@ impl Shared {
             oldest_message_age_ms: last_get.oldest_age_ms,
             depth_source,
         };
-        let decision = self.ask_rule(state, |rule, state| rule.decide_task_count(state), built_in_task_count).await;
+        let decision = self.ask_rule(state, |rule, state| rule.decide_task_count(state), |state| built_in_task_count(state, DecisionSource::Fallback)).await;
         self.counters.record_task_count(decision);
         decision
     }
 
     /// Asks the decider, off the async threads if it may block (a WASM rule runs up to its
-    /// call deadline), on this one if it answers at once. If the call panics, the built-in
-    /// rule decides it.
-    async fn ask_rule<I, T>(&self, input: I, decide: fn(&dyn Decider, &I) -> Decision<T>, built_in: fn(&I, DecisionSource) -> Decision<T>) -> Decision<T>
+    /// call deadline), on this one if it answers at once. If the call panics, `fallback`
+    /// decides it (the built-in rule; for the concurrency, the configured bound).
+    pub(super) async fn ask_rule<I, R>(&self, input: I, decide: fn(&dyn Decider, &I) -> R, fallback: fn(&I) -> R) -> R
     where
         I: Clone + Send + 'static,
-        T: Send + 'static,
+        R: Send + 'static,
     {
         let decider = self.decider.clone();
         let failure = if decider.may_block() {
@@ -102,8 +102,8 @@ impl Shared {
             }
         };
         self.counters.rule_call_panics.fetch_add(1, Ordering::Relaxed);
-        tracing::error!("a rule call {failure}; the built-in rule decided instead");
-        built_in(&input, DecisionSource::Fallback)
+        tracing::error!("a rule call {failure}; decided without the rule instead");
+        fallback(&input)
     }
 
     fn random(&self) -> u64 {

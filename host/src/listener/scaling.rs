@@ -55,8 +55,8 @@ impl Shared {
     async fn scale(self: &Arc<Self>) -> DepthSource {
         // A get that came back with fewer messages than it asked for found the queue
         // drained: no count is needed to know the backlog is (about) gone.
-        let (depth, depth_source) =
-            if self.counters.last_get().messages < self.settings.batch_size { (0, DepthSource::Inferred) } else { self.count_depth().await };
+        let last_get = self.counters.last_get();
+        let (depth, depth_source) = if last_get.messages < last_get.asked.max(1) { (0, DepthSource::Inferred) } else { self.count_depth().await };
         let decision = self.decide_task_count(depth, depth_source).await;
         let target = decision.value;
         self.counters.target_tasks.store(target, Ordering::Relaxed);

@@ -76,8 +76,21 @@ pub struct ListenerStatus {
     pub target_tasks: u32,
     /// Most tasks active at once.
     pub peak_tasks: u32,
-    /// Messages being handled now.
+    /// Messages leased on this host and not yet settled (handled and deleted, retried or
+    /// poisoned): those whose handler call runs, those about to start, those being deleted.
     pub in_flight: u32,
+    /// Handler calls running now.
+    pub handler_calls: u32,
+    /// Handler calls allowed at once now: the rule's concurrency decision, or
+    /// `max_concurrent_calls`.
+    pub concurrency_limit: u32,
+    /// The queue's `max_concurrent_calls`.
+    pub max_concurrent_calls: u32,
+    /// Dequeue tasks waiting for free handler slots before their next get.
+    pub tasks_waiting_for_slots: u32,
+    /// The rule's last concurrency decision (none while the rule decides none: the built-in
+    /// rule, a rule of a contract before 0.3.0, or one that answers none).
+    pub last_concurrency: Option<RecordedDecision<u32>>,
     /// Messages handled and deleted.
     pub processed: u64,
     /// Handler failures (each retry counts).
@@ -185,6 +198,11 @@ impl Shared {
             target_tasks: load32(&c.target_tasks),
             peak_tasks: load32(&c.peak_tasks),
             in_flight: load32(&c.in_flight),
+            handler_calls: self.slots.in_use(),
+            concurrency_limit: self.slots.limit(),
+            max_concurrent_calls: self.settings.max_concurrent_calls,
+            tasks_waiting_for_slots: self.slots.waiting(),
+            last_concurrency: c.last_concurrency.lock().unwrap().clone(),
             processed: load64(&c.processed),
             failed: load64(&c.failed),
             poisoned: load64(&c.poisoned),

@@ -116,7 +116,7 @@ impl Shared {
         // count made before it said.
         let mut last_get_full = false;
         let lease = self.settings.lease_duration;
-        let batch_size = self.settings.batch_size as usize;
+        let batch_size = self.settings.batch_size;
         loop {
             if self.stopping.is_cancelled() {
                 break;
@@ -127,30 +127,49 @@ impl Shared {
                 slot.given_back();
                 return;
             }
+            // Handler slots first: a get asks for no more messages than can be handled at
+            // once, so none waits leased for a slot.
+            let grant = tokio::select! {
+                grant = self.slots.acquire(batch_size) => grant,
+                _ = self.stopping.cancelled() => break,
+            };
+            self.calls_started.notify_one();
+            // The wait may have been long: retire now if the rule wants fewer tasks, rather
+            // than after a batch taken only to be let go.
+            if !probe && mark.try_retire(u32::from(last_get_full)) {
+                tracing::debug!("retiring: more tasks than the rule's count");
+                drop(grant);
+                slot.given_back();
+                return;
+            }
+            let asked = grant.count();
             mark.get_starts();
             // The service's lease starts when it answers, somewhere after this: counting
             // it from here errs on the safe side when storage calls are slow.
             let asked_at = tokio::time::Instant::now();
             let batch = tokio::select! {
-                batch = self.queue.get(self.settings.batch_size, lease) => batch,
+                batch = self.queue.get(asked, lease) => batch,
                 _ = self.stopping.cancelled() => break,
             };
             mark.get_answered(&self);
             if let Ok(messages) = &batch {
-                self.record_get(messages);
+                self.record_get(messages, asked);
             }
             match batch {
                 Ok(messages) => {
                     consecutive_errors = 0;
                     let found = messages.len();
-                    last_get_full = found >= batch_size;
+                    // As many as asked: more may wait, whether a batch or fewer was asked.
+                    last_get_full = found >= asked as usize;
                     if found > 0 {
                         // Found work: from now on an ordinary task, stopped by the rule.
                         probe = false;
                         // After idling this is the paper's QueueWorkDetected; while busy it
                         // keeps the task count adapting (the scaler coalesces the raises).
                         self.work_found();
-                        self.process_batch(messages, asked_at + lease).await;
+                        self.process_batch(messages, grant, asked_at + lease).await;
+                    } else {
+                        drop(grant);
                     }
                     if last_get_full {
                         idle_count = 0;
@@ -196,6 +215,7 @@ impl Shared {
                     }
                 }
                 Err(error) => {
+                    drop(grant);
                     consecutive_errors += 1;
                     self.counters.storage_errors.fetch_add(1, Ordering::Relaxed);
                     let delay = RetryPolicy::default().delay(consecutive_errors).min(self.settings.max_polling_interval);

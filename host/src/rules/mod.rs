@@ -41,7 +41,9 @@ mod watcher;
 
 pub use bindings::{CONTRACT_INTERFACE, CONTRACT_VERSION, CONTRACT_VERSIONS, ContractVersion};
 pub use decider::{BuiltInRule, Decider};
-pub use decision::{Decision, DecisionSource, NativeRule, built_in_queue_empty, built_in_task_count, native_concurrency, native_queue_empty, native_task_count};
+pub use decision::{
+    Decision, DecisionSource, NativeRule, built_in_queue_empty, built_in_task_count, native_concurrency, native_queue_empty, native_task_count,
+};
 pub(crate) use decision::{clamp_idle, clamp_task_count};
 pub use engine::{CompiledRule, RuleEngine};
 pub(crate) use file::read_rule_file;
@@ -52,7 +54,7 @@ pub use set::{QueueRuleConfig, RuleSet};
 pub use slot::{ConsecutiveFaults, Export, Quarantine, QueueRules, RefusedFile, RuleLoad, RuleState, RuleStatus};
 pub use watcher::{MAX_DEBOUNCE_DELAY, RuleWatcher};
 
-pub use ebb_rules_sdk::{DepthSource, IdleContext, IdleDecision, QueueState};
+pub use ebb_rules_sdk::{DepthSource, HandlerState, IdleContext, IdleDecision, QueueState};
 
 /// A poisoned lock only means a panic elsewhere: the data under it is still consistent here.
 pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

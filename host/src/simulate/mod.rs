@@ -14,12 +14,13 @@
 pub mod bench;
 pub mod chart;
 pub mod floor;
+pub mod knee;
 pub mod report;
 pub mod rules;
 pub mod scenario;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -77,6 +78,11 @@ pub struct SimOptions {
     pub safety_poll: Option<Duration>,
     /// The floor's wait budget W: the longest a message may wait for a get.
     pub wait_budget: Duration,
+    /// The app slows down past this many calls at once (see [`scenario::knee_latency`]);
+    /// `None`: its latency does not depend on concurrency.
+    pub handler_knee: Option<u32>,
+    /// The queue's `max_concurrent_calls` (default: the config's default).
+    pub max_concurrent_calls: Option<u32>,
     /// Where compiled rule components are kept between runs (`ebb simulate` uses the user's
     /// compile cache, as `ebb rule check` does); `None` compiles each time.
     pub rule_cache: Option<PathBuf>,
@@ -97,6 +103,8 @@ impl SimOptions {
             max_wall: Duration::from_secs(600),
             safety_poll: None,
             wait_budget: floor::DEFAULT_WAIT_BUDGET,
+            handler_knee: None,
+            max_concurrent_calls: None,
             rule_cache: None,
         }
     }
@@ -123,6 +131,16 @@ impl SimOptions {
             bail!("--max-wall: must be 1s to 1h, got {}", humantime::format_duration(self.max_wall));
         }
         floor::check_wait_budget(self.wait_budget)?;
+        if let Some(knee) = self.handler_knee
+            && !(1..=scenario::MAX_HANDLER_KNEE).contains(&knee)
+        {
+            bail!("--handler-knee: must be 1 to {} calls, got {knee}", scenario::MAX_HANDLER_KNEE);
+        }
+        if let Some(limit) = self.max_concurrent_calls
+            && !(1..=crate::config::MAX_CONCURRENT_CALLS).contains(&limit)
+        {
+            bail!("--max-concurrent-calls: must be 1 to {}, got {limit}", crate::config::MAX_CONCURRENT_CALLS);
+        }
         Ok(())
     }
 }
@@ -199,6 +217,18 @@ pub struct RuleReport {
     pub usd_per_month_per_listener: f64,
     /// Pickup latency; `None` when no message was handled.
     pub latency: Option<Latency>,
+    /// Handler calls that ended in the run (retries included).
+    pub completed_calls: u64,
+    /// Of those, per simulated second.
+    pub throughput_per_sec: f64,
+    /// Handler latency (call start → end) median, in milliseconds.
+    pub handler_p50_ms: Option<u64>,
+    /// Its 99th percentile.
+    pub handler_p99_ms: Option<u64>,
+    /// Most handler calls at once.
+    pub peak_handler_calls: u32,
+    /// The handler concurrency limit at the end of the run.
+    pub final_concurrency_limit: u32,
     /// Most dequeue tasks at once.
     pub peak_tasks: u32,
     /// Most messages in the queue at once.
@@ -305,13 +335,27 @@ fn run_rule(rule: &RuleChoice, engine: Option<&Arc<RuleEngine>>, options: &SimOp
     Ok(report)
 }
 
-/// The handler of a simulation: sleeps a drawn handler time, records pickup latencies.
+/// The handler of a simulation: sleeps a drawn handler time (longer past the knee, if any),
+/// records pickup and handler latencies.
 struct SimHandler {
     start: tokio::time::Instant,
     time: HandlerTime,
+    knee: Option<u32>,
     rng: Mutex<fastrand::Rng>,
     latencies_ms: Mutex<Vec<u64>>,
+    handler_ms: Mutex<Vec<u64>>,
     handled: AtomicU64,
+    calls: AtomicU32,
+    peak_calls: AtomicU32,
+}
+
+/// A call counted among the handler's calls at once until it ends.
+struct CallMark<'a>(&'a AtomicU32);
+
+impl Drop for CallMark<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 #[async_trait]
@@ -323,10 +367,22 @@ impl Handler for SimHandler {
             self.latencies_ms.lock().unwrap().push(now_ms.saturating_sub(arrived_ms));
             self.handled.fetch_add(1, Ordering::Relaxed);
         }
-        let time = self.time.sample(&mut self.rng.lock().unwrap());
+        let calls = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        let _mark = CallMark(&self.calls);
+        self.peak_calls.fetch_max(calls, Ordering::Relaxed);
+        let mut time = self.time.sample(&mut self.rng.lock().unwrap());
+        if let Some(knee) = self.knee {
+            time = scenario::knee_latency(time, calls, knee);
+        }
         tokio::time::sleep(time).await;
+        self.handler_ms.lock().unwrap().push(time.as_millis() as u64);
         Ok(())
     }
+}
+
+/// The `p`th percentile of sorted values.
+fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
+    (!sorted.is_empty()).then(|| sorted[((p / 100.0 * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1])
 }
 
 async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &SimOptions, wall: std::time::Instant) -> Result<RuleReport> {
@@ -353,13 +409,20 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
     let handler = Arc::new(SimHandler {
         start,
         time: options.handler_time,
+        knee: options.handler_knee,
         rng: Mutex::new(fastrand::Rng::with_seed(options.seed)),
         latencies_ms: Mutex::default(),
+        handler_ms: Mutex::default(),
         handled: AtomicU64::new(0),
+        calls: AtomicU32::new(0),
+        peak_calls: AtomicU32::new(0),
     });
     let mut settings = crate::listener::QueueSettings { random_seed: Some(options.seed), ..rule.settings() };
     if let Some(interval) = options.safety_poll {
         settings.safety_poll = interval;
+    }
+    if let Some(limit) = options.max_concurrent_calls {
+        settings.max_concurrent_calls = limit;
     }
     let listener = Listener::builder(queue.clone(), poison, handler.clone())
         .decider(rule.decider(rule_set.as_deref())?)
@@ -440,8 +503,13 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
 
     let mut latencies = std::mem::take(&mut *handler.latencies_ms.lock().unwrap());
     latencies.sort_unstable();
-    let percentile = |p: f64| latencies[((p / 100.0 * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len()) - 1];
-    let latency = (!latencies.is_empty()).then(|| Latency { p50_ms: percentile(50.0), p99_ms: percentile(99.0), max_ms: *latencies.last().unwrap_or(&0) });
+    let latency = (!latencies.is_empty()).then(|| Latency {
+        p50_ms: percentile(&latencies, 50.0).unwrap_or(0),
+        p99_ms: percentile(&latencies, 99.0).unwrap_or(0),
+        max_ms: *latencies.last().unwrap_or(&0),
+    });
+    let mut handler_ms = std::mem::take(&mut *handler.handler_ms.lock().unwrap());
+    handler_ms.sort_unstable();
     let days = (workload.duration.as_secs_f64() / 86_400.0).max(1.0);
     let monthly = |transactions: u64| crate::cost::usd(transactions as f64 / days * 30.0, options.price_per_10k);
     let billed = counts.total();
@@ -470,6 +538,12 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
         idle_usd_per_month: monthly(idle) * options.listeners as f64,
         usd_per_month_per_listener: monthly(billed),
         latency,
+        completed_calls: handler_ms.len() as u64,
+        throughput_per_sec: handler_ms.len() as f64 / workload.duration.as_secs_f64(),
+        handler_p50_ms: percentile(&handler_ms, 50.0),
+        handler_p99_ms: percentile(&handler_ms, 99.0),
+        peak_handler_calls: handler.peak_calls.load(Ordering::Relaxed),
+        final_concurrency_limit: status.concurrency_limit,
         peak_tasks: status.peak_tasks,
         peak_backlog: peak_backlog.load(Ordering::Relaxed),
         safety_polls: status.safety_polls,

@@ -39,6 +39,8 @@ pub fn table(report: &SimReport) -> String {
         "peak tasks",
         "peak backlog",
         "handled",
+        "calls/s",
+        "handler p99 ms",
         "wall s",
     ];
     let ratio = |value: Option<f64>| value.map_or("-".to_string(), |v| format!("{v:.2}"));
@@ -63,6 +65,8 @@ pub fn table(report: &SimReport) -> String {
                 r.peak_tasks.to_string(),
                 r.peak_backlog.to_string(),
                 format!("{}/{}", r.handled, r.messages),
+                format!("{:.1}", r.throughput_per_sec),
+                r.handler_p99_ms.map_or("-".to_string(), |ms| ms.to_string()),
                 format!("{:.2}", r.wall_secs),
             ]
         })

@@ -19,6 +19,10 @@ pub const MAX_COUNT_PER_LINE: u32 = 100_000;
 pub const MAX_MESSAGES: u64 = 5_000_000;
 /// Longest handler time.
 pub const MAX_HANDLER_TIME: Duration = Duration::from_secs(600);
+/// The knee scenario's backlog: more than any concurrency drains in its two minutes.
+pub const KNEE_BACKLOG: u32 = 60_000;
+/// Most concurrent calls `--handler-knee` takes.
+pub const MAX_HANDLER_KNEE: u32 = 10_000;
 /// How long a trace runs after its last arrival, unless `--duration` says otherwise.
 pub const TRACE_TAIL: Duration = Duration::from_secs(600);
 
@@ -67,12 +71,16 @@ pub enum Scenario {
     /// lunchtime peak at 4 msg/s (11:30–13:30), a calmer afternoon (0.5 msg/s to 17:00,
     /// 0.1 msg/s to 20:00), and two dumps of 20,000 messages at once (03:00 and 15:00).
     BurstyDay,
+    /// A backlog of 60,000 messages at the start (2 minutes): throughput and handler
+    /// latency at a given concurrency, for an app that slows down past a concurrency knee
+    /// (`--handler-knee`).
+    Knee,
     /// Arrival times from a CSV file: seconds from the start, optional count.
     Trace(PathBuf),
 }
 
 /// The scenario names `--scenario` takes.
-pub const SCENARIOS: &[&str] = &["paper-billing", "burst", "trickle", "idle", "bursty-day"];
+pub const SCENARIOS: &[&str] = &["paper-billing", "burst", "trickle", "idle", "bursty-day", "knee"];
 
 impl Scenario {
     /// A scenario by name.
@@ -83,6 +91,7 @@ impl Scenario {
             "trickle" => Scenario::Trickle,
             "idle" => Scenario::Idle,
             "bursty-day" => Scenario::BurstyDay,
+            "knee" => Scenario::Knee,
             other => bail!("--scenario: unknown scenario {other:?}; one of {}, or --trace FILE", SCENARIOS.join(", ")),
         })
     }
@@ -118,6 +127,7 @@ impl Scenario {
             }
             Scenario::Idle => ("idle".to_string(), Vec::new(), 24 * hour),
             Scenario::BurstyDay => ("bursty-day".to_string(), bursty_day(&mut rng), 24 * hour),
+            Scenario::Knee => ("knee".to_string(), vec![Arrival { at: Duration::ZERO, count: KNEE_BACKLOG }], Duration::from_secs(120)),
             Scenario::Trace(path) => {
                 let arrivals = read_trace(path)?;
                 let own = arrivals.last().map_or(TRACE_TAIL, |a| a.at.saturating_add(TRACE_TAIL)).min(MAX_DURATION);
@@ -258,6 +268,18 @@ pub fn parse_trace(text: &str) -> Result<Vec<Arrival>> {
     Ok(arrivals)
 }
 
+/// The latency of an app that slows down past a concurrency knee: `time` for up to `knee`
+/// calls at once, `time × (calls ÷ knee)²` beyond it, so its throughput (calls ÷ latency)
+/// peaks at `knee` calls and falls as `knee² ÷ calls` past it (a database pool, a lock, a
+/// CPU: queueing inside the app).
+pub fn knee_latency(time: Duration, calls: u32, knee: u32) -> Duration {
+    if calls <= knee || knee == 0 {
+        return time;
+    }
+    let over = f64::from(calls) / f64::from(knee);
+    time.mul_f64(over * over).min(MAX_HANDLER_TIME)
+}
+
 /// How long the simulated handler takes per message.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum HandlerTime {
@@ -317,6 +339,17 @@ impl std::fmt::Display for HandlerTime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn past_the_knee_latency_grows_with_the_square_of_the_calls_and_throughput_falls() {
+        let base = Duration::from_millis(50);
+        assert_eq!(knee_latency(base, 1, 16), base);
+        assert_eq!(knee_latency(base, 16, 16), base);
+        assert_eq!(knee_latency(base, 32, 16), base * 4);
+        let throughput = |calls: u32| f64::from(calls) / knee_latency(base, calls, 16).as_secs_f64();
+        assert!(throughput(16) > throughput(20) && throughput(20) > throughput(64) && throughput(64) > throughput(256));
+        assert_eq!(knee_latency(base, u32::MAX, 1), MAX_HANDLER_TIME, "bounded");
+    }
 
     #[test]
     fn a_trace_takes_seconds_and_counts_a_header_and_comments() {

@@ -60,7 +60,11 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let depth = gauge(&mut registry, "queue_depth", "Approximate messages in the queue (current on the embedded store; see depth_as_of in /status)");
     let active = gauge(&mut registry, "active_tasks", "Dequeue tasks running");
     let target = gauge(&mut registry, "target_tasks", "The rule's last task count");
-    let in_flight = gauge(&mut registry, "in_flight", "Messages being handled");
+    let in_flight = gauge(&mut registry, "in_flight", "Messages leased on this host and not yet settled (waiting for, in or after the handler call)");
+    let handler_calls = gauge(&mut registry, "handler_calls", "Handler calls running");
+    let concurrency_limit =
+        gauge(&mut registry, "handler_concurrency_limit", "Handler calls allowed at once: the rule's concurrency decision, or max_concurrent_calls");
+    let waiting_for_slots = gauge(&mut registry, "tasks_waiting_for_slots", "Dequeue tasks waiting for free handler slots before their next get");
     let processed = counter(&mut registry, "messages_processed", "Messages handled and deleted");
     let failed = counter(&mut registry, "messages_failed", "Handler failures");
     let poisoned = counter(&mut registry, "messages_poisoned", "Messages moved to the poison queue");
@@ -133,6 +137,9 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
         active.get_or_create(&label).set(s.active_tasks.into());
         target.get_or_create(&label).set(s.target_tasks.into());
         in_flight.get_or_create(&label).set(s.in_flight.into());
+        handler_calls.get_or_create(&label).set(s.handler_calls.into());
+        concurrency_limit.get_or_create(&label).set(s.concurrency_limit.into());
+        waiting_for_slots.get_or_create(&label).set(s.tasks_waiting_for_slots.into());
         processed.get_or_create(&label).inc_by(s.processed);
         failed.get_or_create(&label).inc_by(s.failed);
         poisoned.get_or_create(&label).inc_by(s.poisoned);

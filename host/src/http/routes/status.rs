@@ -30,6 +30,7 @@ fn partitioned_status(queue: &str, listeners: &[Listener], price: f64) -> serde_
         "approximate_depth": sum(|s| s.approximate_depth),
         "active_tasks": sum(|s| s.active_tasks.into()),
         "in_flight": sum(|s| s.in_flight.into()),
+        "handler_calls": sum(|s| s.handler_calls.into()),
         "processed": sum(|s| s.processed),
         "failed": sum(|s| s.failed),
         "poisoned": sum(|s| s.poisoned),

@@ -1,0 +1,161 @@
+//! The concurrency decision: every [`CONCURRENCY_WINDOW`] while handler calls run, the rule
+//! is told how the window's calls went (latency, failures, push backs, calls in flight and
+//! tasks waiting for a slot) and may set the limit of the queue's handler slots within
+//! `[1, max_concurrent_calls]`. A rule that does not decide it (the built-in rule, rules of
+//! contracts before 0.3.0, a fault) leaves the limit at `max_concurrent_calls`. An idle
+//! queue asks nothing: no call ran, so there is nothing to decide on.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use futures::FutureExt as _;
+use tracing::Instrument as _;
+
+use crate::rules::{Decision, HandlerState};
+
+use super::Shared;
+use super::status::RecordedDecision;
+
+/// How often the rule is asked while handler calls run: a quarter of a second holds enough
+/// calls of a fast app to measure, and lets a controller that moves one step per window
+/// find a knee of a few dozen calls within seconds.
+pub const CONCURRENCY_WINDOW: Duration = Duration::from_millis(250);
+
+/// How a handler call ended, as the concurrency decision counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CallEnd {
+    Succeeded,
+    /// An error, a timeout, an answer other than 2xx, 429 and 503; or the host could not
+    /// make the call (the host is overloaded too: a reason to slow down).
+    Failed,
+    /// The app asked for a pause (HTTP 429 or 503).
+    PushedBack,
+}
+
+/// The handler calls that ended in the current window.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct CallWindow {
+    completed: u32,
+    failed: u32,
+    pushed_back: u32,
+    total_micros: u64,
+    min_micros: Option<u64>,
+    max_micros: u64,
+}
+
+impl CallWindow {
+    pub(super) fn record(&mut self, end: CallEnd, latency: Duration) {
+        let micros = latency.as_micros().min(u64::MAX as u128) as u64;
+        self.completed = self.completed.saturating_add(1);
+        match end {
+            CallEnd::Succeeded => {}
+            CallEnd::Failed => self.failed = self.failed.saturating_add(1),
+            CallEnd::PushedBack => self.pushed_back = self.pushed_back.saturating_add(1),
+        }
+        self.total_micros = self.total_micros.saturating_add(micros);
+        self.min_micros = Some(self.min_micros.map_or(micros, |min| min.min(micros)));
+        self.max_micros = self.max_micros.max(micros);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.completed == 0
+    }
+}
+
+fn millis(micros: u64) -> f64 {
+    micros as f64 / 1e3
+}
+
+impl Shared {
+    /// Starts the loop that asks the rule for the handler concurrency while calls run.
+    pub(super) fn spawn_concurrency(self: &Arc<Self>) {
+        let shared = self.clone();
+        let span = tracing::info_span!("concurrency", queue = %self.queue.name());
+        self.tasks.spawn(
+            async move {
+                // A panic ends one decision, not the loop: count it, pause, start over.
+                while let Err(panic) = AssertUnwindSafe(shared.clone().run_concurrency()).catch_unwind().await {
+                    shared.task_panicked("the concurrency decision", &*panic);
+                    tokio::select! {
+                        _ = tokio::time::sleep(CONCURRENCY_WINDOW) => {}
+                        _ = shared.stopping.cancelled() => return,
+                    }
+                }
+            }
+            .instrument(span),
+        );
+    }
+
+    async fn run_concurrency(self: Arc<Self>) {
+        loop {
+            let idle = self.slots.in_use() == 0 && self.slots.waiting() == 0 && self.counters.calls.lock().unwrap().is_empty();
+            if idle {
+                // Nothing runs: wait for a call to start rather than ticking through an idle
+                // day (a simulated one included).
+                tokio::select! {
+                    _ = self.calls_started.notified() => {}
+                    _ = self.stopping.cancelled() => return,
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(CONCURRENCY_WINDOW) => {}
+                _ = self.stopping.cancelled() => return,
+            }
+            self.decide_concurrency().await;
+        }
+    }
+
+    /// Asks the rule for the limit with the window that just ended, and applies it.
+    pub(super) async fn decide_concurrency(&self) {
+        let window = std::mem::take(&mut *self.counters.calls.lock().unwrap());
+        let max_limit = self.settings.max_concurrent_calls;
+        let state = HandlerState {
+            queue: self.queue.name().to_string(),
+            current_limit: self.slots.limit(),
+            max_limit,
+            in_flight: self.slots.in_use(),
+            peak_in_flight: self.slots.take_peak(),
+            waiting_tasks: self.slots.waiting(),
+            window_ms: CONCURRENCY_WINDOW.as_millis() as u64,
+            completed: window.completed,
+            failed: window.failed,
+            pushed_back: window.pushed_back,
+            latency_mean_ms: if window.completed > 0 { millis(window.total_micros) / f64::from(window.completed) } else { 0.0 },
+            latency_min_ms: window.min_micros.map_or(0.0, millis),
+            latency_max_ms: millis(window.max_micros),
+            timestamp_ms: self.clock.now_ms(),
+            random: self.concurrency_random.lock().unwrap().u64(..),
+        };
+        let decision: Option<Decision<u32>> = self.ask_rule(state, |rule, state| rule.decide_concurrency(state), |_| None).await;
+        let limit = decision.map_or(max_limit, |d| d.value.clamp(1, max_limit));
+        if limit != self.slots.limit() {
+            tracing::debug!(limit, previous = self.slots.limit(), "handler concurrency changed");
+        }
+        self.slots.set_limit(limit);
+        self.counters.concurrency_limit.store(limit, Ordering::Relaxed);
+        if let Some(decision) = decision {
+            *self.counters.last_concurrency.lock().unwrap() = Some(RecordedDecision { decision, at: SystemTime::now() });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_sums_its_calls_by_how_they_ended() {
+        let mut window = CallWindow::default();
+        assert!(window.is_empty());
+        window.record(CallEnd::Succeeded, Duration::from_millis(10));
+        window.record(CallEnd::Failed, Duration::from_millis(30));
+        window.record(CallEnd::PushedBack, Duration::from_millis(2));
+        assert_eq!((window.completed, window.failed, window.pushed_back), (3, 1, 1));
+        assert_eq!((window.min_micros, window.max_micros, window.total_micros), (Some(2_000), 30_000, 42_000));
+        window.record(CallEnd::Succeeded, Duration::MAX);
+        assert_eq!(window.max_micros, u64::MAX, "an absurd latency saturates");
+        assert_eq!(window.total_micros, u64::MAX);
+    }
+}

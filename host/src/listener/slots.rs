@@ -1,0 +1,243 @@
+//! Handler slots: how many handler calls of a queue run at once on this host. The bound is
+//! the queue's `max_concurrent_calls`, or less when the rule decides so (see
+//! `concurrency`). A dequeue task takes slots before its get and asks for no more messages
+//! than it holds, so a message never waits leased for a slot; each message gives its slot
+//! back when its handler call ends, however it ends (a panic, a timeout, a drop at shutdown).
+//!
+//! A task waits until half the limit is free (at most a batch) before it gets, as Azure
+//! Functions fetches a new batch when half of one is left (`newBatchThreshold`): gets stay
+//! large (each is a billed call) while the app stays busy.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use tokio::sync::Notify;
+
+/// The slots of one queue.
+pub(super) struct Slots {
+    state: Mutex<SlotState>,
+    /// Raised when slots are given back or the limit grows.
+    freed: Notify,
+    /// Tasks waiting for slots now.
+    waiting: AtomicU32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SlotState {
+    limit: u32,
+    in_use: u32,
+    /// Most slots in use at once since the last [`Slots::take_peak`].
+    peak: u32,
+}
+
+/// Slots taken by one task for its next get; those not handed to a message are given back
+/// when the grant is dropped.
+pub(super) struct SlotGrant<'a> {
+    slots: &'a Slots,
+    count: u32,
+}
+
+/// One message's slot, given back when dropped.
+pub(super) struct Slot<'a> {
+    slots: &'a Slots,
+}
+
+impl Slots {
+    pub(super) fn new(limit: u32) -> Slots {
+        let limit = limit.max(1);
+        Slots { state: Mutex::new(SlotState { limit, in_use: 0, peak: 0 }), freed: Notify::new(), waiting: AtomicU32::new(0) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotState> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waits until enough slots are free for a worthwhile get (half the limit, at most
+    /// `batch`, at least one), then takes as many as are free, up to `batch`.
+    pub(super) async fn acquire(&self, batch: u32) -> SlotGrant<'_> {
+        let batch = batch.max(1);
+        let mut waiting = None;
+        loop {
+            let notified = self.freed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut state = self.lock();
+                let free = state.limit.saturating_sub(state.in_use);
+                let enough = state.limit.div_ceil(2).clamp(1, batch);
+                if free >= enough {
+                    let count = free.min(batch);
+                    state.in_use += count;
+                    state.peak = state.peak.max(state.in_use);
+                    return SlotGrant { slots: self, count };
+                }
+            }
+            waiting.get_or_insert_with(|| WaitingMark::new(&self.waiting));
+            notified.await;
+        }
+    }
+
+    fn give_back(&self, count: u32) {
+        if count == 0 {
+            return;
+        }
+        self.lock().in_use -= count;
+        self.freed.notify_waiters();
+    }
+
+    /// Sets the limit (at least 1). Calls over a lower limit finish; no new one starts
+    /// until the calls in use are under it.
+    pub(super) fn set_limit(&self, limit: u32) {
+        let limit = limit.max(1);
+        let grew = {
+            let mut state = self.lock();
+            let grew = limit > state.limit;
+            state.limit = limit;
+            grew
+        };
+        if grew {
+            self.freed.notify_waiters();
+        }
+    }
+
+    pub(super) fn limit(&self) -> u32 {
+        self.lock().limit
+    }
+
+    pub(super) fn in_use(&self) -> u32 {
+        self.lock().in_use
+    }
+
+    /// Tasks waiting for slots now.
+    pub(super) fn waiting(&self) -> u32 {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// The most slots in use at once since the last call (the slots in use now, at least).
+    pub(super) fn take_peak(&self) -> u32 {
+        let mut state = self.lock();
+        let peak = state.peak.max(state.in_use);
+        state.peak = state.in_use;
+        peak
+    }
+}
+
+impl<'a> SlotGrant<'a> {
+    /// Slots held.
+    pub(super) fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Hands one slot to a message.
+    pub(super) fn take_one(&mut self) -> Option<Slot<'a>> {
+        (self.count > 0).then(|| {
+            self.count -= 1;
+            Slot { slots: self.slots }
+        })
+    }
+}
+
+impl Drop for SlotGrant<'_> {
+    fn drop(&mut self) {
+        self.slots.give_back(self.count);
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.slots.give_back(1);
+    }
+}
+
+/// Counts a task among the waiting while it waits, however the wait ends (a cancel included).
+struct WaitingMark<'a>(&'a AtomicU32);
+
+impl<'a> WaitingMark<'a> {
+    fn new(waiting: &'a AtomicU32) -> Self {
+        waiting.fetch_add(1, Ordering::Relaxed);
+        WaitingMark(waiting)
+    }
+}
+
+impl Drop for WaitingMark<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_task_takes_at_most_a_batch_and_waits_until_half_the_limit_is_free() {
+        let slots = Slots::new(8);
+        let mut first = slots.acquire(32).await;
+        assert_eq!(first.count(), 8, "all eight are free: a get of eight");
+        let held: Vec<_> = (0..5).map(|_| first.take_one().unwrap()).collect();
+        drop(first);
+        assert_eq!(slots.in_use(), 5, "the three not handed to a message went back");
+        // Three free: less than half of eight, so the next task waits.
+        let waiting = tokio::time::timeout(Duration::from_secs(1), slots.acquire(32)).await;
+        assert!(waiting.is_err(), "three free slots are not worth a get");
+        assert_eq!(slots.waiting(), 0, "a cancelled wait is not counted as waiting");
+        let mut held = held.into_iter();
+        drop(held.next());
+        let grant = slots.acquire(32).await;
+        assert_eq!(grant.count(), 4, "four free: half the limit");
+        drop(grant);
+        let small = slots.acquire(2).await;
+        assert_eq!(small.count(), 2, "a task never takes more than its batch");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_slot_comes_back_whatever_ends_the_call() {
+        let slots = std::sync::Arc::new(Slots::new(2));
+        let panicking = {
+            let slots = slots.clone();
+            tokio::spawn(async move {
+                let mut grant = slots.acquire(1).await;
+                let _slot = grant.take_one().unwrap();
+                panic!("the handler panicked");
+            })
+        };
+        assert!(panicking.await.is_err());
+        let hanging = {
+            let slots = slots.clone();
+            tokio::spawn(async move {
+                let mut grant = slots.acquire(2).await;
+                let _slot = grant.take_one().unwrap();
+                drop(grant);
+                std::future::pending::<()>().await;
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(slots.in_use(), 1, "the hanging call holds one; the grant's other went back");
+        hanging.abort();
+        let _ = hanging.await;
+        assert_eq!(slots.in_use(), 0, "a call dropped at shutdown gives its slot back");
+        assert_eq!(slots.take_peak(), 2, "the peak saw both at once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lower_limit_lets_running_calls_finish_and_a_higher_one_wakes_waiters() {
+        let slots = std::sync::Arc::new(Slots::new(4));
+        let mut grant = slots.acquire(4).await;
+        let held: Vec<_> = (0..4).map(|_| grant.take_one().unwrap()).collect();
+        drop(grant);
+        slots.set_limit(2);
+        assert_eq!(slots.in_use(), 4, "calls over the new limit run on");
+        let waiter = {
+            let slots = slots.clone();
+            tokio::spawn(async move { slots.acquire(32).await.count() })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(slots.waiting(), 1);
+        drop(held);
+        assert_eq!(waiter.await.unwrap(), 2, "under the lowered limit, two at once");
+        slots.set_limit(0);
+        assert_eq!(slots.limit(), 1, "at least one call can always run");
+    }
+}

@@ -72,7 +72,9 @@ pub struct SimulateArgs {
     /// scenario.
     #[arg(long)]
     handler_knee: Option<u32>,
-    /// The queue's `max_concurrent_calls` (1 to 10,000; default: the config's default).
+    /// The queue's `max_concurrent_calls` (1 to 10,000). Default: every call the tasks'
+    /// batches bring (`max_tasks × batch_size`), an app that scales out, so that pickup
+    /// latency measures the listener rather than the app.
     #[arg(long)]
     max_concurrent_calls: Option<u32>,
     /// Print JSON instead of a table.

@@ -81,7 +81,8 @@ pub struct SimOptions {
     /// The app slows down past this many calls at once (see [`scenario::knee_latency`]);
     /// `None`: its latency does not depend on concurrency.
     pub handler_knee: Option<u32>,
-    /// The queue's `max_concurrent_calls` (default: the config's default).
+    /// The queue's `max_concurrent_calls`; `None`: every call the tasks' batches bring
+    /// (`max_tasks × batch_size`), an app that scales out.
     pub max_concurrent_calls: Option<u32>,
     /// Where compiled rule components are kept between runs (`ebb simulate` uses the user's
     /// compile cache, as `ebb rule check` does); `None` compiles each time.
@@ -421,9 +422,11 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
     if let Some(interval) = options.safety_poll {
         settings.safety_poll = interval;
     }
-    if let Some(limit) = options.max_concurrent_calls {
-        settings.max_concurrent_calls = limit;
-    }
+    // Unless told otherwise, the simulated app takes every call the tasks' batches bring
+    // (a serverless function scales out so): the pickup latency then measures the listener,
+    // not the app's pool.
+    settings.max_concurrent_calls =
+        options.max_concurrent_calls.unwrap_or_else(|| settings.max_tasks.saturating_mul(settings.batch_size).clamp(1, crate::config::MAX_CONCURRENT_CALLS));
     let listener = Listener::builder(queue.clone(), poison, handler.clone())
         .decider(rule.decider(rule_set.as_deref())?)
         .settings(settings)

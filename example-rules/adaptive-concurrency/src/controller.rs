@@ -196,3 +196,176 @@ impl Controller {
         (self.limit.round() as u32).max(1)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A window of a saturated queue at `limit`: calls waited for a slot, `completed` ended
+    /// with a mean latency of `latency_ms`.
+    fn window(limit: u32, completed: u32, latency_ms: f64) -> HandlerState {
+        HandlerState {
+            queue: "orders".into(),
+            current_limit: limit,
+            max_limit: 256,
+            in_flight: limit,
+            peak_in_flight: limit,
+            waiting_tasks: 2,
+            window_ms: 250,
+            completed,
+            latency_mean_ms: latency_ms,
+            latency_min_ms: latency_ms,
+            latency_max_ms: latency_ms,
+            ..Default::default()
+        }
+    }
+
+    /// A controller settled at `limit` with a baseline of 50 ms, out of slow start and done probing.
+    fn settled_at(limit: u32, settings: &Settings) -> Controller {
+        let mut controller = Controller::new(settings, &window(limit, 0, 0.0));
+        assert!(!controller.knee_found, "it took up the limit in force");
+        controller.knee_found = true;
+        assert!(controller.decide(settings, &window(limit, 100, 50.0)) > limit, "it grows while latency is flat");
+        controller.limit = f64::from(limit);
+        controller
+    }
+
+    #[test]
+    fn a_fresh_controller_takes_up_the_limit_in_force_unless_it_is_the_ceiling() {
+        let settings = Settings { initial: 3, ..Settings::default() };
+        assert_eq!(Controller::new(&settings, &window(20, 0, 0.0)).rounded(), 20, "a rebuild goes on from the limit in force");
+        assert_eq!(Controller::new(&settings, &window(256, 0, 0.0)).rounded(), 3, "at the ceiling, where a queue starts, from initial");
+        let high = Settings { initial: 1000, ..Settings::default() };
+        assert_eq!(Controller::new(&high, &window(256, 0, 0.0)).rounded(), 256, "initial is bounded by the ceiling");
+    }
+
+    #[test]
+    fn without_completions_the_limit_holds() {
+        let settings = Settings::default();
+        let mut controller = settled_at(16, &settings);
+        for _ in 0..20 {
+            assert_eq!(controller.decide(&settings, &window(16, 0, 0.0)), 16);
+        }
+    }
+
+    #[test]
+    fn a_limit_nobody_reaches_does_not_grow() {
+        let settings = Settings::default();
+        let mut controller = settled_at(16, &settings);
+        let idle = HandlerState { peak_in_flight: 5, in_flight: 3, waiting_tasks: 0, ..window(16, 20, 50.0) };
+        for _ in 0..20 {
+            assert_eq!(controller.decide(&settings, &idle), 16);
+        }
+    }
+
+    #[test]
+    fn a_push_back_cuts_by_backoff_and_the_limit_settles_before_growing() {
+        let settings = Settings::default();
+        let mut controller = settled_at(20, &settings);
+        let pushed = HandlerState { pushed_back: 1, ..window(20, 100, 50.0) };
+        assert_eq!(controller.decide(&settings, &pushed), 18);
+        for _ in 0..settings.settle {
+            assert_eq!(controller.decide(&settings, &window(18, 90, 50.0)), 18, "settling");
+        }
+        assert_eq!(controller.decide(&settings, &window(18, 90, 50.0)), 19, "then it grows again");
+    }
+
+    #[test]
+    fn failures_over_the_allowed_share_cut_the_limit_and_fewer_do_not() {
+        let settings = Settings::default();
+        let mut controller = settled_at(20, &settings);
+        let few = HandlerState { failed: 10, ..window(20, 100, 50.0) };
+        assert_eq!(controller.decide(&settings, &few), 21, "10 % of the calls failed: allowed");
+        let many = HandlerState { failed: 11, ..window(21, 100, 50.0) };
+        assert_eq!(controller.decide(&settings, &many), 19, "11 %: cut to 0.9 x 21");
+    }
+
+    #[test]
+    fn latency_past_the_tolerance_cuts_the_limit_back_to_the_knee() {
+        let settings = Settings::default();
+        let mut controller = settled_at(64, &settings);
+        // 64 calls past a knee of 40: latency 2.56 x the baseline.
+        assert_eq!(controller.decide(&settings, &window(64, 125, 128.0)), 41, "64 x sqrt(1.05 / 2.56), the knee and a little");
+        let mut controller = settled_at(40, &settings);
+        assert_eq!(controller.decide(&settings, &window(40, 100, 59.0)), 41, "1.18 x the baseline is within the tolerance");
+        assert_eq!(controller.decide(&settings, &window(41, 100, 62.0)), 37, "1.24 x is not: at least a backoff cut");
+    }
+
+    #[test]
+    fn the_limit_never_goes_below_one() {
+        let settings = Settings { settle: 0, ..Settings::default() };
+        let mut controller = settled_at(2, &settings);
+        for _ in 0..50 {
+            let limit = controller.rounded();
+            let decided = controller.decide(&settings, &HandlerState { pushed_back: 3, failed: 5, ..window(limit, 5, 5_000.0) });
+            assert!(decided >= 1);
+        }
+        assert_eq!(controller.rounded(), 1);
+    }
+
+    #[test]
+    fn an_app_that_got_slower_becomes_the_new_baseline_instead_of_emptying_the_limit() {
+        let settings = Settings::default();
+        let mut controller = settled_at(16, &settings);
+        // The app now takes 100 ms at any load: the first window looks like a queue.
+        let cut = controller.decide(&settings, &window(16, 40, 100.0));
+        assert!(cut < 16, "{cut}");
+        // The cut did not bring latency down, so 100 ms is the app's latency now.
+        let next = controller.decide(&settings, &window(cut, 25, 100.0));
+        assert_eq!(next, cut, "no second cut: it settles at {cut}");
+        assert!((controller.baseline.unwrap() - 100.0).abs() < 1e-9, "{:?}", controller.baseline);
+    }
+
+    #[test]
+    fn a_controller_started_past_the_knee_probes_down_until_latency_stops_falling() {
+        let settings = Settings { initial: 256, ..Settings::default() };
+        let latency = |calls: u32| if calls <= 16 { 50.0 } else { 50.0 * (f64::from(calls) / 16.0).powi(2) };
+        let mut controller = Controller::new(&settings, &window(256, 0, 0.0));
+        let mut limit = 256;
+        let mut limits = vec![];
+        for _ in 0..12 {
+            limit = controller.decide(&settings, &window(limit, 10, latency(limit)));
+            limits.push(limit);
+        }
+        // Halving while latency falls; back up once it does not, then slow start, whose one
+        // doubling past the knee is cut back to it.
+        assert_eq!(&limits[..8], &[128, 64, 32, 16, 8, 16, 32, 16], "{limits:?}");
+        assert!(limits[8..].iter().all(|l| (16..=20).contains(l)), "{limits:?}");
+    }
+
+    #[test]
+    fn extreme_states_neither_panic_nor_leave_the_range() {
+        let settings = Settings::default();
+        let states = [
+            HandlerState::default(),
+            HandlerState { completed: 1, ..HandlerState::default() },
+            HandlerState {
+                current_limit: u32::MAX,
+                max_limit: u32::MAX,
+                in_flight: u32::MAX,
+                peak_in_flight: u32::MAX,
+                waiting_tasks: u32::MAX,
+                window_ms: u64::MAX,
+                completed: u32::MAX,
+                failed: u32::MAX,
+                pushed_back: u32::MAX,
+                latency_mean_ms: 1e300,
+                latency_min_ms: 1e300,
+                latency_max_ms: f64::MAX,
+                timestamp_ms: u64::MAX,
+                random: u64::MAX,
+                ..HandlerState::default()
+            },
+            HandlerState { max_limit: u32::MAX, current_limit: u32::MAX, completed: u32::MAX, waiting_tasks: 1, ..HandlerState::default() },
+            HandlerState { completed: 3, latency_mean_ms: f64::NAN, current_limit: 4, max_limit: 8, ..HandlerState::default() },
+            HandlerState { completed: 3, latency_mean_ms: -1.0, current_limit: 4, max_limit: 8, ..HandlerState::default() },
+        ];
+        for state in &states {
+            let mut controller = Controller::new(&settings, state);
+            for _ in 0..40 {
+                let limit = controller.decide(&settings, state);
+                assert!(limit >= 1 && limit <= state.max_limit.max(1), "{limit} for {state:?}");
+            }
+        }
+    }
+}

@@ -36,6 +36,8 @@ fn main() {
     }
     // Tools live beside the target dir's profiles, so a new OUT_DIR does not reinstall them.
     let tools = out_dir.ancestors().nth(4).unwrap().join("guest-tools");
+    // The Python and JavaScript rules stay on contract 0.2.0 (they decide no handler
+    // concurrency), which the host still serves; the Rust ones follow the SDK (0.3.0).
     let wit = root.join("wit/ebb-rules-0.2.0");
     let python_rule = out_dir.join("python_drain_time.wasm");
     run(

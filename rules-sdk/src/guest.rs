@@ -123,7 +123,7 @@ macro_rules! export_rule {
                 }
             }
 
-            $crate::bindings::__export_scaling_rule!(EbbRuleExport with_types_in $crate::bindings);
+    $crate::bindings::__export_scaling_rule!(EbbRuleExport with_types_in $crate::bindings);
         };
     };
 }

@@ -104,7 +104,8 @@ async fn author_loop(lang: &str, parent: &Path) -> PathBuf {
     let started = Instant::now();
     let output = succeeds(ebb(&folder, &["rule", "check", &wasm, "--param", "per_task=32"]));
     // The Rust template follows the SDK's contract; the Python and JavaScript ones stay on 0.2.0.
-    let contract = if lang == "rust" { "contract:     ebb:rules/decisions@0.3.0\n" } else { "contract:     ebb:rules/decisions@0.2.0 (an older contract, still served" };
+    let contract =
+        if lang == "rust" { "contract:     ebb:rules/decisions@0.3.0\n" } else { "contract:     ebb:rules/decisions@0.2.0 (an older contract, still served" };
     assert!(String::from_utf8_lossy(&output.stdout).contains(contract), "{}", text(&output));
     // Review defect: each template read per_task its own way (JS took 1e3 and 0x10, Python 5_000).
     for bad in ["zero", "1e3", "0x10", "5_000", "٣"] {

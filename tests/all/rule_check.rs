@@ -247,7 +247,11 @@ fn rule_check_passes_rules_that_decide_in_every_language_even_when_the_host_boun
     let checked = check(guests::PAPER_DEFAULT, &[]);
     assert_eq!(row(&checked.stdout, "max-concurrent-calls", "a busy window"), "none (the queue keeps its max_concurrent_calls)", "{}", checked.stdout);
     let checked = check(guests::CONTRACT_0_2, &[]);
-    assert!(checked.stdout.contains("contract:     ebb:rules/decisions@0.2.0 (an older contract, still served: the rule does not decide handler concurrency"), "{}", checked.stdout);
+    assert!(
+        checked.stdout.contains("contract:     ebb:rules/decisions@0.2.0 (an older contract, still served: the rule does not decide handler concurrency"),
+        "{}",
+        checked.stdout
+    );
     // The paper's rule returns 0 tasks for an empty queue: the host raises it to min_tasks.
     let checked = check(guests::PAPER_DEFAULT, &[]);
     assert_eq!(row(&checked.stdout, "optimal-dequeue-task-count", "approximate_depth 0"), "0 (the host bounds it to 1, as it should)", "{}", checked.stdout);
@@ -271,7 +275,8 @@ fn eval_concurrency(rule: &str, params: &[&str], state: &str) -> Checked {
 
 #[test]
 fn rule_eval_asks_max_concurrent_calls_with_a_handler_state() {
-    let json = |checked: &Checked| serde_json::from_str::<serde_json::Value>(&checked.stdout).unwrap_or_else(|e| panic!("{e}: {}{}", checked.stdout, checked.stderr));
+    let json =
+        |checked: &Checked| serde_json::from_str::<serde_json::Value>(&checked.stdout).unwrap_or_else(|e| panic!("{e}: {}{}", checked.stdout, checked.stderr));
     let echoed = eval_concurrency(guests::ECHO_STATE, &["handler_field=completed"], r#"{"completed": 40, "latency_mean_ms": 50}"#);
     assert_eq!(echoed.code, Some(0), "{}", echoed.stderr);
     assert_eq!(json(&echoed), serde_json::json!({ "value": 40, "source": "rule", "clamped": false }));
@@ -287,7 +292,11 @@ fn rule_eval_asks_max_concurrent_calls_with_a_handler_state() {
     let faulted = eval_concurrency(guests::TRAPS_DECIDING_CONCURRENCY, &[], "{}");
     assert_eq!(faulted.code, Some(1));
     assert_eq!(json(&faulted), serde_json::json!({ "value": null, "source": "fallback", "clamped": false }));
-    assert!(faulted.stderr.contains("the rule faulted, so the queue would keep its max_concurrent_calls") && faulted.stderr.contains("always fails"), "{}", faulted.stderr);
+    assert!(
+        faulted.stderr.contains("the rule faulted, so the queue would keep its max_concurrent_calls") && faulted.stderr.contains("always fails"),
+        "{}",
+        faulted.stderr
+    );
 
     let older = eval_concurrency(guests::CONTRACT_0_2, &[], "{}");
     assert_eq!(older.code, Some(1));

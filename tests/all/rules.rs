@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use ebb::names::RuleSlot;
-use ebb::rules::{ContractVersion, DecisionSource, DepthSource, Export, HandlerState, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleLoad, RuleSet};
+use ebb::rules::{
+    ContractVersion, DecisionSource, DepthSource, Export, HandlerState, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleLoad, RuleSet,
+};
 use ebb_rules_sdk::paper;
 use ebb_tests::guests;
 
@@ -183,7 +185,9 @@ fn missing_export_is_rejected_at_load() {
 fn contract_version_mismatch_names_its_version_and_the_hosts() {
     let error = load_error(guests::FUTURE_VERSION);
     assert!(
-        error.contains("it exports ebb:rules/decisions@0.4.0, but this host speaks ebb:rules/decisions@0.3.0 or ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0"),
+        error.contains(
+            "it exports ebb:rules/decisions@0.4.0, but this host speaks ebb:rules/decisions@0.3.0 or ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0"
+        ),
         "{error}"
     );
 }

@@ -130,7 +130,10 @@ fn the_adaptive_limit_keeps_the_throughput_of_the_best_fixed_limit_at_the_latenc
             assert!(p99 <= 1.5, "knee {knee}, from {start}: p99 {p99:.3} x the knee's latency");
             let settled = &run.limits[WINDOWS / 4..];
             let (low, high) = (settled.iter().min().unwrap(), settled.iter().max().unwrap());
-            assert!(*low as f64 >= 0.8 * knee as f64 && *high as f64 <= 1.25 * knee as f64, "knee {knee}, from {start}: after 15 s the limit stays near the knee, in {low}..={high}");
+            assert!(
+                *low as f64 >= 0.8 * knee as f64 && *high as f64 <= 1.25 * knee as f64,
+                "knee {knee}, from {start}: after 15 s the limit stays near the knee, in {low}..={high}"
+            );
         }
     }
 }
@@ -142,7 +145,10 @@ fn a_fixed_high_limit_collapses_where_the_adaptive_one_does_not() {
         let (_, best) = best_fixed(handler);
         let high = fixed(handler, 256);
         let (throughput, p99) = (high.throughput / best, high.p99_ms / handler.latency_ms(knee));
-        println!("knee {knee}, fixed 256: throughput {:.1}/s = {throughput:.3} x the best fixed; p99 {:.0} ms = {p99:.1} x the knee's", high.throughput, high.p99_ms);
+        println!(
+            "knee {knee}, fixed 256: throughput {:.1}/s = {throughput:.3} x the best fixed; p99 {:.0} ms = {p99:.1} x the knee's",
+            high.throughput, high.p99_ms
+        );
         assert!(throughput < 0.2 && p99 > 10.0, "knee {knee}: a fixed 256 should collapse: {throughput:.3}, {p99:.1}");
     }
 }

@@ -99,6 +99,19 @@ fn rule_check_fails_a_missing_function() {
 }
 
 #[test]
+fn rule_check_fails_a_0_3_0_rule_without_max_concurrent_calls_saying_how_to_add_it() {
+    assert_fails_with(
+        &check(guests::MISSING_CONCURRENCY_EXPORT, &[]),
+        &[
+            "its export ebb:rules/decisions@0.3.0 lacks the function max-concurrent-calls",
+            "hint: contract 0.3.0 adds max-concurrent-calls",
+            "rebuild with the SDK",
+            "build against wit/ebb-rules-0.2.0, which the host still serves",
+        ],
+    );
+}
+
+#[test]
 fn rule_check_fails_a_misnamed_javascript_export_naming_each_export_and_the_camel_case_names() {
     let checked = check(guests::JS_SNAKE_CASE_EXPORTS, &[]);
     assert_fails_with(

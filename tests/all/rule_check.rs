@@ -219,8 +219,11 @@ fn rule_check_fails_a_trap_in_max_concurrent_calls_naming_the_export_and_each_co
         &checked,
         &[
             "failed 8 of 26 calls",
-            "- max-concurrent-calls (a busy window; completed 0; latencies 0 ms; latencies 1e9 ms; every call failed or pushed back; current_limit = max_limit = 1; every field at its least; every field at its most)",
+            // Grouped by reason, which holds what the rule wrote: the limit it was told.
+            "- max-concurrent-calls (a busy window; completed 0; latencies 0 ms; latencies 1e9 ms; every call failed or pushed back): trapped",
             "about to fail at a limit of 32",
+            "- max-concurrent-calls (every field at its most): trapped",
+            "about to fail at a limit of 4294967295",
             "max-concurrent-calls always fails",
         ],
     );
@@ -290,10 +293,10 @@ fn eval_concurrency(rule: &str, params: &[&str], state: &str) -> Checked {
 fn rule_eval_asks_max_concurrent_calls_with_a_handler_state() {
     let json =
         |checked: &Checked| serde_json::from_str::<serde_json::Value>(&checked.stdout).unwrap_or_else(|e| panic!("{e}: {}{}", checked.stdout, checked.stderr));
-    let echoed = eval_concurrency(guests::ECHO_STATE, &["handler_field=completed"], r#"{"completed": 40, "latency_mean_ms": 50}"#);
+    let echoed = eval_concurrency(guests::ECHO_STATE, &["handler_field=completed"], r#"{"completed": 20, "latency_mean_ms": 50}"#);
     assert_eq!(echoed.code, Some(0), "{}", echoed.stderr);
-    assert_eq!(json(&echoed), serde_json::json!({ "value": 40, "source": "rule", "clamped": false }));
-    let bounded = eval_concurrency(guests::ECHO_STATE, &["handler_field=completed"], r#"{"completed": 40, "max_limit": 16}"#);
+    assert_eq!(json(&echoed), serde_json::json!({ "value": 20, "source": "rule", "clamped": false }));
+    let bounded = eval_concurrency(guests::ECHO_STATE, &["handler_field=completed"], r#"{"completed": 20, "max_limit": 16}"#);
     assert_eq!(json(&bounded), serde_json::json!({ "value": 16, "source": "rule", "clamped": true }));
     let defaults = eval_concurrency(guests::ECHO_STATE, &["handler_field=max_limit"], "{}");
     assert_eq!(json(&defaults)["value"], 32, "the defaults: a queue at its ceiling of 32");

@@ -207,7 +207,7 @@ async fn a_rust_rule_goes_from_rule_new_to_a_running_host() {
     succeeds(ebb(&fresh, &["rule", "new", "depth-rust", "--lang", "rust"]));
     assert_eq!(lock(&folder), lock(&fresh.join("depth-rust")), "cargo changed the Cargo.lock that rule new wrote");
     // Self-contained: the SDK and the contract came with it, and the lock pins the versions.
-    for file in ["vendor/ebb-rules-sdk/src/lib.rs", "vendor/wit/ebb-rules-0.2.0/rules.wit", "Cargo.lock"] {
+    for file in ["vendor/ebb-rules-sdk/src/lib.rs", "vendor/wit/ebb-rules-0.3.0/rules.wit", "Cargo.lock"] {
         assert!(folder.join(file).is_file(), "{file}");
     }
 }

@@ -20,7 +20,13 @@ fn main() {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let root = manifest_dir.parent().unwrap().to_path_buf();
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
-    let guest_target = out_dir.join("guest-target");
+    // Cargo names OUT_DIR by a hash of the package's path relative to its workspace, so git
+    // worktrees sharing one CARGO_TARGET_DIR share it too: each checkout's components go to
+    // a folder of their own, or one checkout's build overwrites what another's tests load
+    // (seen: a worktree on SDK 0.2.0 rebuilt the guests of one on 0.3.0 under its tests).
+    let built = out_dir.join(checkout_folder(&root));
+    std::fs::create_dir_all(&built).unwrap();
+    let guest_target = built.join("guest-target");
 
     for watched in ["rules-sdk", "wit", "example-rules", "tests/guests"] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
@@ -36,8 +42,10 @@ fn main() {
     }
     // Tools live beside the target dir's profiles, so a new OUT_DIR does not reinstall them.
     let tools = out_dir.ancestors().nth(4).unwrap().join("guest-tools");
+    // The Python and JavaScript rules stay on contract 0.2.0 (they decide no handler
+    // concurrency), which the host still serves; the Rust ones follow the SDK (0.3.0).
     let wit = root.join("wit/ebb-rules-0.2.0");
-    let python_rule = out_dir.join("python_drain_time.wasm");
+    let python_rule = built.join("python_drain_time.wasm");
     run(
         Command::new(componentize_py(&tools))
             .args(["-d", path_str(&wit), "-w", "scaling-rule", "componentize", "-p"])
@@ -45,7 +53,7 @@ fn main() {
             .args(["app", "-o", path_str(&python_rule)]),
         "componentize-py of example-rules/python",
     );
-    let javascript_rule = out_dir.join("javascript_spare_capacity.wasm");
+    let javascript_rule = built.join("javascript_spare_capacity.wasm");
     run(
         Command::new(componentize_qjs(&tools))
             .args(["-w", path_str(&wit), "-n", "scaling-rule", "--sync", "-j"])
@@ -58,7 +66,7 @@ fn main() {
     }
     // Test guests in other languages: `tests/guests-js/<name>.js` (built with `--sync`) and
     // `tests/guests-py/<name>/app.py`, each as `JS_<NAME>` / `PY_<NAME>`.
-    for (name, path) in build_other_language_guests(&root, &wit, &tools, &out_dir) {
+    for (name, path) in build_other_language_guests(&root, &wit, &tools, &built) {
         constants.push_str(&format!("pub const {name}: &str = {:?};\n", path.display().to_string()));
     }
     // The pinned guest toolchains themselves, for tests that build rules as a user would.
@@ -255,6 +263,15 @@ fn build_other_language_guests(root: &Path, wit: &Path, tools: &Path, out_dir: &
         }
     }
     built
+}
+
+/// `checkout-<hash of the checkout's path>`: a folder name of its own for each checkout.
+fn checkout_folder(root: &Path) -> String {
+    use std::hash::{Hash, Hasher};
+    // SipHash with fixed keys: the same name for the same checkout, build after build.
+    let mut hasher = std::hash::DefaultHasher::new();
+    root.hash(&mut hasher);
+    format!("checkout-{:016x}", hasher.finish())
 }
 
 fn path_str(path: &Path) -> &str {

@@ -1,11 +1,11 @@
 //! The component side: bindings for `ebb:rules/scaling-rule` and the export macro.
 
-/// Bindings generated from `wit/ebb-rules-0.2.0` (used by [`crate::export_rule!`]).
+/// Bindings generated from `wit/ebb-rules-0.3.0` (used by [`crate::export_rule!`]).
 #[allow(missing_docs)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit/ebb-rules-0.2.0",
-        world: "ebb:rules/scaling-rule@0.2.0",
+        path: "../wit/ebb-rules-0.3.0",
+        world: "ebb:rules/scaling-rule@0.3.0",
         pub_export_macro: true,
         export_macro_name: "__export_scaling_rule",
         default_bindings_module: "ebb_rules_sdk::bindings",
@@ -56,6 +56,28 @@ impl From<wit::IdleContext> for crate::IdleContext {
     }
 }
 
+impl From<wit::HandlerState> for crate::HandlerState {
+    fn from(s: wit::HandlerState) -> Self {
+        crate::HandlerState {
+            queue: s.queue,
+            current_limit: s.current_limit,
+            max_limit: s.max_limit,
+            in_flight: s.in_flight,
+            peak_in_flight: s.peak_in_flight,
+            waiting_tasks: s.waiting_tasks,
+            window_ms: s.window_ms,
+            completed: s.completed,
+            failed: s.failed,
+            pushed_back: s.pushed_back,
+            latency_mean_ms: s.latency_mean_ms,
+            latency_min_ms: s.latency_min_ms,
+            latency_max_ms: s.latency_max_ms,
+            timestamp_ms: s.timestamp_ms,
+            random: s.random,
+        }
+    }
+}
+
 impl From<crate::IdleDecision> for wit::IdleDecision {
     fn from(d: crate::IdleDecision) -> Self {
         wit::IdleDecision { delay_ms: d.delay_ms, stop: d.stop }
@@ -93,6 +115,11 @@ macro_rules! export_rule {
                 ) -> $crate::bindings::exports::ebb::rules::decisions::IdleDecision {
                     let ctx: $crate::IdleContext = ctx.into();
                     EBB_RULE.with(|rule| $crate::ScalingRule::on_queue_empty(&*rule.borrow(), &ctx)).into()
+                }
+
+                fn max_concurrent_calls(state: $crate::bindings::exports::ebb::rules::decisions::HandlerState) -> ::core::option::Option<u32> {
+                    let state: $crate::HandlerState = state.into();
+                    EBB_RULE.with(|rule| $crate::ScalingRule::max_concurrent_calls(&*rule.borrow(), &state))
                 }
             }
 

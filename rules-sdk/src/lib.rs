@@ -21,13 +21,26 @@
 //! export_rule!(SlowHandlerRule);
 //! ```
 //!
-//! The component speaks the contract `ebb:rules/decisions@0.2.0` (`wit/ebb-rules-0.2.0`).
+//! The component speaks the contract `ebb:rules/decisions@0.3.0` (`wit/ebb-rules-0.3.0`).
 //! Its [`QueueState`] carries what a rule needs to decide without costing storage calls:
 //! [`QueueState::last_get_messages`] against [`QueueState::batch_size`] (a short get emptied
 //! the queue), [`QueueState::arrivals_per_sec`], [`QueueState::oldest_message_age_ms`] and
-//! [`QueueState::depth_source`]. A rule built with an older SDK (contract 0.1.0) keeps
-//! loading in a newer host; rebuilt with this one, it compiles unchanged (the new fields are
-//! only read by rules that want them, and default in `QueueState { .., ..Default::default() }`).
+//! [`QueueState::depth_source`] (since 0.2.0).
+//!
+//! Since 0.3.0 a rule may also decide how many handler calls run at once:
+//! [`ScalingRule::max_concurrent_calls`] is asked about every 250 ms while the queue has
+//! handler calls, with a [`HandlerState`] of the window that ended (the limit in force, the
+//! peak of calls running, tasks waiting for a slot, completions, failures, push-backs,
+//! latencies). Its default, `None`, keeps the queue's configured `max_concurrent_calls`; the
+//! host clamps a value to `[1, max_limit]`. The host reuses one instance of the rule between
+//! calls, so a rule may remember what it saw in a `Cell` or `RefCell` field (the decisions
+//! take `&self`); a reload, or a fault of any decision, starts a fresh instance from
+//! [`Default`] and `configure`. `example-rules/adaptive-concurrency` is such a rule.
+//!
+//! A rule built with an older SDK (contract 0.2.0 or 0.1.0) keeps loading in a newer host
+//! (its queues keep their configured concurrency); rebuilt with this one, it compiles
+//! unchanged (the new decision has a default, and new fields are only read by rules that
+//! want them, defaulting in `QueueState { .., ..Default::default() }`).
 //!
 //! Build it with `cargo build --release --target wasm32-wasip2` (crate type `cdylib`), then
 //! check it with `ebb rule check target/wasm32-wasip2/release/<name>.wasm` and copy the file
@@ -55,11 +68,13 @@ pub use guest::bindings;
 #[cfg(feature = "guest")]
 pub use wit_bindgen;
 
-/// The two decisions of a scaling rule, and its configuration step.
+/// The decisions of a scaling rule, and its configuration step.
 ///
-/// Each method defaults to the whitepaper's rule (see [`paper`]). The host keeps one
-/// instance of the rule per queue: [`ScalingRule::configure`] runs once on a fresh
-/// [`Default`] value, then the decisions run as often as the listener needs them.
+/// The two decisions of the whitepaper default to its rule (see [`paper`]); the concurrency
+/// decision defaults to none (the configured bound). The host keeps one instance of the rule
+/// per queue (per rule file and parameters): [`ScalingRule::configure`] runs once on a fresh
+/// [`Default`] value, then the decisions run as often as the listener needs them, on that
+/// same value until the rule is reloaded or faults.
 pub trait ScalingRule: Default + 'static {
     /// Receives the queue's `rule_params` from the host configuration.
     ///
@@ -80,5 +95,40 @@ pub trait ScalingRule: Default + 'static {
     /// The host clamps the delay to the queue's polling interval range.
     fn on_queue_empty(&self, ctx: &IdleContext) -> IdleDecision {
         paper::on_queue_empty(ctx)
+    }
+
+    /// How many handler calls the queue may run at once from now on, from what the window
+    /// that just ended showed (asked about every 250 ms while the queue has handler calls).
+    ///
+    /// `None` (the default) keeps the queue's configured `max_concurrent_calls`; the host
+    /// clamps a value to `[1, state.max_limit]`. A rule that adapts the limit keeps what it
+    /// learnt in `Cell`/`RefCell` fields: the instance lives on between calls, and a fresh
+    /// one (after a reload or any fault) starts from [`Default`] and `configure` again, where
+    /// [`HandlerState::current_limit`] tells it the limit in force. (Since contract 0.3.0.)
+    fn max_concurrent_calls(&self, state: &HandlerState) -> Option<u32> {
+        let _ = state;
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rule written before contract 0.3.0: it overrides nothing about concurrency.
+    #[derive(Default)]
+    struct OnlyTasks;
+
+    impl ScalingRule for OnlyTasks {
+        fn optimal_dequeue_task_count(&self, _state: &QueueState) -> u32 {
+            3
+        }
+    }
+
+    #[test]
+    fn a_rule_that_does_not_decide_concurrency_keeps_the_configured_bound() {
+        let state = HandlerState { current_limit: 8, max_limit: 32, peak_in_flight: 8, waiting_tasks: 4, completed: 40, ..Default::default() };
+        assert_eq!(OnlyTasks.max_concurrent_calls(&state), None);
+        assert_eq!(OnlyTasks.optimal_dequeue_task_count(&QueueState::default()), 3);
     }
 }

@@ -1,4 +1,4 @@
-//! The decision contexts, as plain Rust values (the WIT records of `ebb:rules/decisions@0.2.0`).
+//! The decision contexts, as plain Rust values (the WIT records of `ebb:rules/decisions@0.3.0`).
 
 /// Where [`QueueState::approximate_depth`] comes from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]

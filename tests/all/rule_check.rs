@@ -87,15 +87,28 @@ fn rule_check_fails_a_wrong_contract_version_naming_the_versions_served() {
     assert_fails_with(
         &check(guests::FUTURE_VERSION, &[]),
         &[
-            "ebb:rules/decisions@0.3.0, but this host speaks ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0",
-            "hint: rebuild the rule against wit/ebb-rules-0.2.0",
+            "ebb:rules/decisions@0.4.0, but this host speaks ebb:rules/decisions@0.3.0 or ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0",
+            "hint: rebuild the rule against wit/ebb-rules-0.3.0",
         ],
     );
 }
 
 #[test]
 fn rule_check_fails_a_missing_function() {
-    assert_fails_with(&check(guests::MISSING_EXPORT, &[]), &["lacks the function", "hint: a rule exports all three functions of the contract"]);
+    assert_fails_with(&check(guests::MISSING_EXPORT, &[]), &["lacks the function", "hint: a rule exports every function of its contract"]);
+}
+
+#[test]
+fn rule_check_fails_a_0_3_0_rule_without_max_concurrent_calls_saying_how_to_add_it() {
+    assert_fails_with(
+        &check(guests::MISSING_CONCURRENCY_EXPORT, &[]),
+        &[
+            "its export ebb:rules/decisions@0.3.0 lacks the function max-concurrent-calls",
+            "hint: contract 0.3.0 adds max-concurrent-calls",
+            "rebuild with the SDK",
+            "build against wit/ebb-rules-0.2.0, which the host still serves",
+        ],
+    );
 }
 
 #[test]
@@ -122,15 +135,16 @@ fn rule_check_fails_a_trap_in_any_decision_listing_every_failure_not_the_first()
     assert_fails_with(
         &checked,
         &[
-            "failed 18 of 18 calls",
+            "failed 26 of 26 calls",
             "- optimal-dequeue-task-count (defaults;",
             "about to fail at depth 0",
             "about to fail at depth 18446744073709551615",
             "- on-queue-empty (defaults (first empty get);",
+            "- max-concurrent-calls (a busy window; completed 0;",
         ],
     );
     // The table shows every call made, each with what came back.
-    assert_eq!(checked.stdout.lines().filter(|l| l.ends_with("FAULT")).count(), 18, "{}", checked.stdout);
+    assert_eq!(checked.stdout.lines().filter(|l| l.ends_with("FAULT")).count(), 26, "{}", checked.stdout);
 }
 
 #[test]
@@ -161,7 +175,13 @@ fn rule_check_fails_a_fractional_count_from_python_naming_the_export() {
 fn rule_check_fails_fuel_exhaustion_in_each_export() {
     assert_fails_with(
         &check(guests::LOOP_FOREVER, &[]),
-        &["failed 18 of 18 calls", "- optimal-dequeue-task-count (", "- on-queue-empty (", "did not return within the host's limits"],
+        &[
+            "failed 26 of 26 calls",
+            "- optimal-dequeue-task-count (",
+            "- on-queue-empty (",
+            "- max-concurrent-calls (",
+            "hint: max-concurrent-calls did not return within the host's limits",
+        ],
     );
 }
 
@@ -181,33 +201,126 @@ fn rule_check_fails_a_delay_outside_the_interval_it_was_given_but_not_a_count_th
     assert_fails_with(
         &checked,
         &[
-            "failed 9 of 18 calls",
+            "failed 9 of 26 calls",
             "- on-queue-empty (",
             "delay_ms 18446744073709551615 is outside the interval the rule was given [min_interval_ms 800, max_interval_ms 800]",
             "hint: keep the delay within",
         ],
     );
-    assert!(!checked.stderr.contains("- optimal-dequeue-task-count"), "{}", checked.stderr);
+    assert!(!checked.stderr.contains("- optimal-dequeue-task-count") && !checked.stderr.contains("- max-concurrent-calls"), "{}", checked.stderr);
     assert!(checked.stdout.contains("4294967295 (the host bounds it to 100, as it should)"), "{}", checked.stdout);
+    assert_eq!(row(&checked.stdout, "max-concurrent-calls", "a busy window"), "4294967295 (the host bounds it to 32, as it should)", "{}", checked.stdout);
+}
+
+#[test]
+fn rule_check_fails_a_trap_in_max_concurrent_calls_naming_the_export_and_each_context() {
+    let checked = check(guests::TRAPS_DECIDING_CONCURRENCY, &[]);
+    assert_fails_with(
+        &checked,
+        &[
+            "failed 8 of 26 calls",
+            // Grouped by reason, which holds what the rule wrote: the limit it was told.
+            "- max-concurrent-calls (a busy window; completed 0; latencies 0 ms; latencies 1e9 ms; every call failed or pushed back): trapped",
+            "about to fail at a limit of 32",
+            "- max-concurrent-calls (every field at its most): trapped",
+            "about to fail at a limit of 4294967295",
+            "max-concurrent-calls always fails",
+        ],
+    );
+    assert!(!checked.stderr.contains("- optimal-dequeue-task-count") && !checked.stderr.contains("- on-queue-empty"), "{}", checked.stderr);
+    assert_eq!(row(&checked.stdout, "optimal-dequeue-task-count", "defaults"), "2", "{}", checked.stdout);
+}
+
+#[test]
+fn rule_check_calls_the_adaptive_example_with_every_handler_state_and_passes_it() {
+    let checked = check(guests::ADAPTIVE_CONCURRENCY, &["initial=4", "tolerance=1.5"]);
+    assert_eq!(checked.code, Some(0), "{}\n{}", checked.stdout, checked.stderr);
+    assert!(checked.stdout.contains("contract:     ebb:rules/decisions@0.3.0\n"), "{}", checked.stdout);
+    assert!(checked.stdout.contains("ok: 26 calls"), "{}", checked.stdout);
+    // A queue starting at its ceiling starts from `initial`.
+    assert_eq!(row(&checked.stdout, "max-concurrent-calls", "a busy window"), "4", "{}", checked.stdout);
+    let checked = check(guests::ADAPTIVE_CONCURRENCY, &["backoff=1"]);
+    assert_fails_with(&checked, &["the rule rejected its parameters: parameter \"backoff\""]);
 }
 
 #[test]
 fn rule_check_passes_rules_that_decide_in_every_language_even_when_the_host_bounds_their_counts() {
-    for rule in [
-        guests::PAPER_DEFAULT,
-        guests::PROPORTIONAL,
-        guests::THRESHOLD_TABLE,
-        guests::CONTRACT_0_1,
-        guests::JAVASCRIPT_SPARE_CAPACITY,
-        guests::PYTHON_DRAIN_TIME,
+    // Rules of contract 0.3.0 are also called with 8 handler states; older ones are not.
+    for (rule, calls) in [
+        (guests::PAPER_DEFAULT, 26),
+        (guests::PROPORTIONAL, 26),
+        (guests::THRESHOLD_TABLE, 26),
+        (guests::ADAPTIVE_CONCURRENCY, 26),
+        (guests::CONTRACT_0_2, 18),
+        (guests::CONTRACT_0_1, 18),
+        (guests::JAVASCRIPT_SPARE_CAPACITY, 18),
+        (guests::PYTHON_DRAIN_TIME, 18),
     ] {
         let checked = check(rule, &[]);
         assert_eq!(checked.code, Some(0), "{rule}: {}\n{}", checked.stdout, checked.stderr);
-        assert!(checked.stdout.contains("ok: 18 calls"), "{rule}: {}", checked.stdout);
+        assert!(checked.stdout.contains(&format!("ok: {calls} calls")), "{rule}: {}", checked.stdout);
     }
+    let checked = check(guests::PAPER_DEFAULT, &[]);
+    assert_eq!(row(&checked.stdout, "max-concurrent-calls", "a busy window"), "none (the queue keeps its max_concurrent_calls)", "{}", checked.stdout);
+    let checked = check(guests::CONTRACT_0_2, &[]);
+    assert!(
+        checked.stdout.contains("contract:     ebb:rules/decisions@0.2.0 (an older contract, still served: the rule does not decide handler concurrency"),
+        "{}",
+        checked.stdout
+    );
     // The paper's rule returns 0 tasks for an empty queue: the host raises it to min_tasks.
     let checked = check(guests::PAPER_DEFAULT, &[]);
     assert_eq!(row(&checked.stdout, "optimal-dequeue-task-count", "approximate_depth 0"), "0 (the host bounds it to 1, as it should)", "{}", checked.stdout);
+}
+
+// ---- ebb rule eval --concurrency ----
+
+fn eval_concurrency(rule: &str, params: &[&str], state: &str) -> Checked {
+    let dir = with_rule(rule);
+    let mut args = vec!["rule", "eval", "rule.wasm", "--concurrency", state];
+    for param in params {
+        args.extend(["--param", param]);
+    }
+    let output = ebb_in(dir.path(), &args);
+    Checked {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+#[test]
+fn rule_eval_asks_max_concurrent_calls_with_a_handler_state() {
+    let json =
+        |checked: &Checked| serde_json::from_str::<serde_json::Value>(&checked.stdout).unwrap_or_else(|e| panic!("{e}: {}{}", checked.stdout, checked.stderr));
+    let echoed = eval_concurrency(guests::ECHO_STATE, &["handler_field=completed"], r#"{"completed": 20, "latency_mean_ms": 50}"#);
+    assert_eq!(echoed.code, Some(0), "{}", echoed.stderr);
+    assert_eq!(json(&echoed), serde_json::json!({ "value": 20, "source": "rule", "clamped": false }));
+    let bounded = eval_concurrency(guests::ECHO_STATE, &["handler_field=completed"], r#"{"completed": 20, "max_limit": 16}"#);
+    assert_eq!(json(&bounded), serde_json::json!({ "value": 16, "source": "rule", "clamped": true }));
+    let defaults = eval_concurrency(guests::ECHO_STATE, &["handler_field=max_limit"], "{}");
+    assert_eq!(json(&defaults)["value"], 32, "the defaults: a queue at its ceiling of 32");
+
+    let none = eval_concurrency(guests::PAPER_DEFAULT, &[], "{}");
+    assert_eq!(none.code, Some(0), "{}", none.stderr);
+    assert_eq!(json(&none), serde_json::json!({ "value": null, "source": "rule", "clamped": false }), "none: the configured bound");
+
+    let faulted = eval_concurrency(guests::TRAPS_DECIDING_CONCURRENCY, &[], "{}");
+    assert_eq!(faulted.code, Some(1));
+    assert_eq!(json(&faulted), serde_json::json!({ "value": null, "source": "fallback", "clamped": false }));
+    assert!(
+        faulted.stderr.contains("the rule faulted, so the queue would keep its max_concurrent_calls") && faulted.stderr.contains("always fails"),
+        "{}",
+        faulted.stderr
+    );
+
+    let older = eval_concurrency(guests::CONTRACT_0_2, &[], "{}");
+    assert_eq!(older.code, Some(1));
+    assert!(older.stderr.contains("speaks contract 0.2.0, which has no max-concurrent-calls (added in 0.3.0)"), "{}", older.stderr);
+
+    let wrong = eval_concurrency(guests::PAPER_DEFAULT, &[], r#"{"latency_ms": 5}"#);
+    assert_eq!(wrong.code, Some(1));
+    assert!(wrong.stderr.contains("--concurrency does not describe a handler-state") && wrong.stderr.contains("latency_ms"), "{}", wrong.stderr);
 }
 
 // ---- ebb rule test ----

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use ebb::names::RuleSlot;
-use ebb::rules::{ContractVersion, DecisionSource, DepthSource, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleLoad, RuleSet};
+use ebb::rules::{
+    ContractVersion, DecisionSource, DepthSource, Export, HandlerState, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleLoad, RuleSet,
+};
 use ebb_rules_sdk::paper;
 use ebb_tests::guests;
 
@@ -32,6 +34,25 @@ pub(crate) fn loaded(guest: &str, limits: RuleLimits) -> RuleSet {
 
 pub(crate) fn state(depth: u64) -> QueueState {
     QueueState { queue: QUEUE.into(), approximate_depth: depth, min_tasks: 1, max_tasks: 100, active_tasks: 1, ..Default::default() }
+}
+
+/// A window of handler calls as the listener reports it: `limit` calls allowed of a
+/// ceiling of 256, all taken and tasks waiting, `completed` ended in `latency_ms` on average.
+pub(crate) fn handler_window(limit: u32, completed: u32, latency_ms: f64) -> HandlerState {
+    HandlerState {
+        queue: QUEUE.into(),
+        current_limit: limit,
+        max_limit: 256,
+        in_flight: limit,
+        peak_in_flight: limit,
+        waiting_tasks: 3,
+        window_ms: 250,
+        completed,
+        latency_mean_ms: latency_ms,
+        latency_min_ms: latency_ms,
+        latency_max_ms: latency_ms,
+        ..Default::default()
+    }
 }
 
 pub(crate) fn idle(idle_count: u32, random: u64) -> IdleContext {
@@ -141,8 +162,10 @@ fn absurd_values_are_clamped_and_counted() {
     assert_eq!((count.value, count.source, count.clamped), (100, DecisionSource::Rule, true));
     let empty = rules.decide_queue_empty(QUEUE, &idle(1, 0));
     assert_eq!((empty.value.delay_ms, empty.source, empty.clamped), (60_000, DecisionSource::Rule, true));
+    let calls = rules.decide_concurrency(QUEUE, &handler_window(8, 40, 50.0)).expect("a 0.3.0 rule decides concurrency");
+    assert_eq!((calls.value, calls.source, calls.clamped), (256, DecisionSource::Rule, true), "u32::MAX calls, bounded by max_limit");
     let status = rules.status(QUEUE).unwrap();
-    assert_eq!((status.clamps, status.faults, status.decisions), (2, 0, 2));
+    assert_eq!((status.clamps, status.faults, status.decisions), (3, 0, 3));
 }
 
 #[test]
@@ -161,7 +184,12 @@ fn missing_export_is_rejected_at_load() {
 #[test]
 fn contract_version_mismatch_names_its_version_and_the_hosts() {
     let error = load_error(guests::FUTURE_VERSION);
-    assert!(error.contains("it exports ebb:rules/decisions@0.3.0, but this host speaks ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0"), "{error}");
+    assert!(
+        error.contains(
+            "it exports ebb:rules/decisions@0.4.0, but this host speaks ebb:rules/decisions@0.3.0 or ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0"
+        ),
+        "{error}"
+    );
 }
 
 /// A 0.2.0 state with every field 0.2.0 added set away from its default.
@@ -218,15 +246,69 @@ fn a_rule_built_against_contract_0_1_0_still_loads_and_decides_unchanged() -> Re
             assert_eq!((decision.value, decision.source), (paper::on_queue_empty(&idle(idle_count, random)), DecisionSource::Rule));
         }
     }
+    assert_keeps_the_configured_concurrency(&rules);
     Ok(())
 }
 
-/// Contract 0.2.0: each field it added reaches a rule built with the SDK, as the host set it.
+/// A rule of a contract before 0.3.0 is not asked for the concurrency: its queue keeps its
+/// configured bound, and nothing is called or counted.
+fn assert_keeps_the_configured_concurrency(rules: &RuleSet) {
+    let before = rules.status(QUEUE).unwrap();
+    for window in [handler_window(32, 0, 0.0), handler_window(32, 160, 50.0), handler_window(4, 20, 5_000.0)] {
+        assert_eq!(rules.decide_concurrency(QUEUE, &window), None);
+    }
+    let after = rules.status(QUEUE).unwrap();
+    assert_eq!((after.decisions, after.faults, after.consecutive_faults.max_concurrent_calls), (before.decisions, 0, 0));
+}
+
+/// Contract 0.3.0: a rule built against 0.2.0 (as SDK rules were before) keeps loading, is
+/// reported as 0.2.0, is told every 0.2.0 field, decides as it did, and decides no handler
+/// concurrency.
 #[test]
-fn a_0_2_0_rule_is_told_every_field_the_contract_added() -> Result<()> {
+fn a_rule_built_against_contract_0_2_0_still_loads_and_decides_unchanged() -> Result<()> {
+    let engine = engine(RuleLimits::default());
+    let rule = engine.load_file(Path::new(guests::CONTRACT_0_2))?;
+    assert_eq!(rule.contract, ContractVersion::V0_2);
+    assert!(rule.exports.contains(&"ebb:rules/decisions@0.2.0".to_string()), "{:?}", rule.exports);
+    let full = state_with_0_2_fields(5);
+    for (field, state, expected) in [
+        ("approximate_depth", &full, 5),
+        ("last_get_messages", &full, 7),
+        ("batch_size", &full, 16),
+        ("arrivals_per_sec", &full, 4250),
+        ("oldest_message_age_ms", &full, 1501),
+        ("oldest_message_age_ms", &state(5), 0),
+        ("depth_source", &full, 2),
+    ] {
+        let mut instance = engine.instantiate(&rule, &[("field".into(), field.into())])?;
+        assert_eq!(instance.optimal_dequeue_task_count(state)?, expected, "{field} of {state:?}");
+        assert_eq!(instance.max_concurrent_calls(&handler_window(8, 40, 50.0))?, None, "a 0.2.0 instance is never called for it");
+    }
+
+    let rules = loaded(guests::CONTRACT_0_2, RuleLimits::default());
+    for depth in [0, 99, 100, 999, 1000, 50_000] {
+        let decision = rules.decide_task_count(QUEUE, &state_with_0_2_fields(depth));
+        let paper = paper::optimal_dequeue_task_count(&state(depth)).clamp(1, 100);
+        assert_eq!((decision.value, decision.source), (paper, DecisionSource::Rule), "depth {depth}");
+    }
+    for idle_count in [1, 3, 30] {
+        for random in [0, u64::MAX] {
+            let decision = rules.decide_queue_empty(QUEUE, &idle(idle_count, random));
+            assert_eq!((decision.value, decision.source), (paper::on_queue_empty(&idle(idle_count, random)), DecisionSource::Rule));
+        }
+    }
+    assert_keeps_the_configured_concurrency(&rules);
+    assert_eq!(rules.status(QUEUE).unwrap().contract, Some("0.2.0"));
+    Ok(())
+}
+
+/// Contract 0.2.0: each field it added reaches a rule built with the SDK (0.3.0 now), as the
+/// host set it.
+#[test]
+fn a_rule_built_with_the_sdk_is_told_every_field_contract_0_2_0_added() -> Result<()> {
     let engine = engine(RuleLimits::default());
     let rule = engine.load_file(Path::new(guests::ECHO_STATE))?;
-    assert_eq!(rule.contract, ContractVersion::V0_2);
+    assert_eq!(rule.contract, ContractVersion::V0_3);
     let full = state_with_0_2_fields(5);
     let cases: [(&str, &QueueState, u32); 9] = [
         ("approximate_depth", &full, 5),
@@ -246,6 +328,135 @@ fn a_0_2_0_rule_is_told_every_field_the_contract_added() -> Result<()> {
     let mut instance = engine.instantiate(&rule, &[("field".into(), "depth_source".into())])?;
     assert_eq!(instance.optimal_dequeue_task_count(&state(5))?, 1, "measured by default");
     Ok(())
+}
+
+/// Contract 0.3.0: every field of `handler-state` reaches a rule built with the SDK as the
+/// host set it, and its answer comes back whole (none included).
+#[test]
+fn a_0_3_0_rule_is_told_every_field_of_the_handler_state() -> Result<()> {
+    let engine = engine(RuleLimits::default());
+    let rule = engine.load_file(Path::new(guests::ECHO_STATE))?;
+    let state = HandlerState {
+        queue: "orders-eu".into(),
+        current_limit: 12,
+        max_limit: 64,
+        in_flight: 9,
+        peak_in_flight: 11,
+        waiting_tasks: 5,
+        window_ms: 251,
+        completed: 40,
+        failed: 3,
+        pushed_back: 2,
+        latency_mean_ms: 52.25,
+        latency_min_ms: 30.5,
+        latency_max_ms: 99.125,
+        timestamp_ms: (1 << 40) + 77,
+        random: (1 << 40) + 0x1234,
+    };
+    for (field, expected) in [
+        ("current_limit", 12),
+        ("max_limit", 64),
+        ("in_flight", 9),
+        ("peak_in_flight", 11),
+        ("waiting_tasks", 5),
+        ("window_ms", 251),
+        ("completed", 40),
+        ("failed", 3),
+        ("pushed_back", 2),
+        ("latency_mean_ms", 52_250),
+        ("latency_min_ms", 30_500),
+        ("latency_max_ms", 99_125),
+        ("timestamp_ms", 77),
+        ("random", 0x1234),
+        ("queue_len", 9),
+    ] {
+        let mut instance = engine.instantiate(&rule, &[("handler_field".into(), field.into())])?;
+        assert_eq!(instance.max_concurrent_calls(&state)?, Some(expected), "{field}");
+    }
+    assert_eq!(engine.instantiate(&rule, &[])?.max_concurrent_calls(&state)?, None, "none, unless a field is named");
+    Ok(())
+}
+
+/// Contract 0.3.0: a rule's concurrency decision is clamped to [1, max_limit] and counted
+/// like the others; its none keeps the configured bound, still counted as a decision.
+#[test]
+fn a_concurrency_decision_is_clamped_into_one_to_max_limit_and_counted() {
+    let rules = rules_for(engine(RuleLimits::default()), Some(Path::new(guests::ECHO_STATE)), &[("handler_field", "completed")]);
+    assert!(rules.load_all().is_empty());
+    let decide = |completed| rules.decide_concurrency(QUEUE, &handler_window(8, completed, 50.0)).map(|d| (d.value, d.source, d.clamped));
+    assert_eq!(decide(40), Some((40, DecisionSource::Rule, false)));
+    assert_eq!(decide(0), Some((1, DecisionSource::Rule, true)), "at least one call runs");
+    assert_eq!(decide(1000), Some((256, DecisionSource::Rule, true)), "never more than max_limit");
+    let status = rules.status(QUEUE).unwrap();
+    assert_eq!((status.decisions, status.clamps, status.faults), (3, 2, 0));
+
+    let none = loaded(guests::PAPER_DEFAULT, RuleLimits::default());
+    assert_eq!(none.decide_concurrency(QUEUE, &handler_window(8, 40, 50.0)), None, "the SDK's default: the configured bound");
+    assert_eq!(none.status(QUEUE).unwrap().decisions, 1, "asked, and counted");
+    let built_in = rules_for(none.engine().clone(), None, &[]);
+    assert_eq!(built_in.decide_concurrency(QUEUE, &handler_window(8, 40, 50.0)), None, "no rule: the configured bound");
+}
+
+/// Contract 0.3.0: a fault in max-concurrent-calls keeps the configured bound (not a decision
+/// of the paper's rule, which has none), is counted as that export's, and quarantines the rule
+/// like the faults of the other exports; `/status` names the export.
+#[test]
+fn a_fault_deciding_concurrency_keeps_the_configured_bound_and_quarantines_by_its_export() {
+    let rules = loaded(guests::TRAPS_DECIDING_CONCURRENCY, RuleLimits { quarantine_after: 3, ..RuleLimits::default() });
+    for round in 1..=3 {
+        // The task count succeeds between the faults without ending their run.
+        assert_eq!(rules.decide_task_count(QUEUE, &state(5)).value, 2, "round {round}");
+        assert_eq!(rules.decide_concurrency(QUEUE, &handler_window(8, 40, 50.0)), None, "round {round}");
+        let status = rules.status(QUEUE).unwrap();
+        assert_eq!((status.faults, status.consecutive_faults.max_concurrent_calls), (round, round as u32));
+        assert!(status.last_error.as_deref().is_some_and(|e| e.contains("max-concurrent-calls always fails")), "{:?}", status.last_error);
+        wait_for("the rebuild", || !rules.status(QUEUE).unwrap().rebuilding);
+    }
+    let status = rules.status(QUEUE).unwrap();
+    assert!(status.quarantined, "{status:?}");
+    assert_eq!(status.quarantine.as_ref().and_then(|q| q.export), Some(Export::MaxConcurrentCalls));
+    let json = serde_json::to_value(&status).unwrap();
+    assert_eq!(json["quarantine"]["export"], "max-concurrent-calls", "{json}");
+    assert_eq!(json["consecutive_faults"]["max_concurrent_calls"], 3, "{json}");
+    // Quarantined: the built-in rule decides the tasks, the queue keeps its bound, no more faults.
+    assert_eq!(rules.decide_task_count(QUEUE, &state(5)).source, DecisionSource::BuiltIn);
+    assert_eq!(rules.decide_concurrency(QUEUE, &handler_window(8, 40, 50.0)), None);
+    assert_eq!(rules.status(QUEUE).unwrap().faults, 3);
+}
+
+/// Contract 0.3.0: the concurrency decision runs under the same limits as the others.
+#[test]
+fn a_concurrency_decision_that_never_returns_is_stopped_by_fuel_and_keeps_the_bound() {
+    let limits = RuleLimits { call_deadline: Duration::from_secs(30), call_fuel: 1_000_000, ..RuleLimits::default() };
+    let rules = loaded(guests::LOOP_FOREVER, limits);
+    let started = Instant::now();
+    assert_eq!(rules.decide_concurrency(QUEUE, &handler_window(8, 40, 50.0)), None);
+    assert!(started.elapsed() < Duration::from_secs(5), "stopped promptly ({:?})", started.elapsed());
+    let status = rules.status(QUEUE).unwrap();
+    assert_eq!((status.faults, status.consecutive_faults.max_concurrent_calls), (1, 1));
+    assert!(status.last_error.unwrap().contains("fuel"));
+}
+
+/// The adaptive example through the host: a queue starting at its ceiling is taken to the
+/// rule's `initial` and grows in slow start while latency stays flat; the instance remembers
+/// between calls.
+#[test]
+fn the_adaptive_concurrency_example_decides_through_the_host_and_remembers_between_calls() {
+    let rules = rules_for(engine(RuleLimits::default()), Some(Path::new(guests::ADAPTIVE_CONCURRENCY)), &[("initial", "2")]);
+    assert!(rules.load_all().is_empty());
+    let mut limit = 256;
+    let mut limits = vec![];
+    for _ in 0..5 {
+        let decision = rules.decide_concurrency(QUEUE, &handler_window(limit, limit * 5, 50.0)).expect("it decides");
+        assert_eq!(decision.source, DecisionSource::Rule);
+        limit = decision.value;
+        limits.push(limit);
+    }
+    assert_eq!(limits, [2, 4, 8, 16, 32]);
+    // Latency four times the baseline at 32: cut back toward the knee.
+    let cut = rules.decide_concurrency(QUEUE, &handler_window(32, 40, 200.0)).unwrap().value;
+    assert!((15..=17).contains(&cut), "{cut}");
+    assert_eq!(rules.status(QUEUE).unwrap().decisions, 6);
 }
 
 #[test]

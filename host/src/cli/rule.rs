@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::names::RuleSlot;
-use crate::rules::{DecisionSource, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleSet};
+use crate::rules::{ContractVersion, DecisionSource, HandlerState, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleSet};
 
 #[derive(Debug, Subcommand)]
 pub enum RuleCommand {
@@ -26,8 +26,9 @@ pub enum RuleCommand {
     },
     /// Ask a rule for one decision and print it as JSON (with its source and any clamp).
     /// Exits with 1 and the reason when the rule faulted (the JSON then shows the built-in
-    /// rule's decision, with source "fallback").
-    #[command(group(ArgGroup::new("decision").required(true).args(["task_count", "queue_empty"])))]
+    /// rule's decision, with source "fallback"; for --concurrency, a value of null: the queue
+    /// keeps its configured bound).
+    #[command(group(ArgGroup::new("decision").required(true).args(["task_count", "queue_empty", "concurrency"])))]
     Eval {
         /// The rule component (.wasm).
         file: PathBuf,
@@ -40,6 +41,13 @@ pub enum RuleCommand {
         /// An idle context as JSON (fields of `idle-context`, snake_case; the rest default).
         #[arg(long, value_name = "JSON")]
         queue_empty: Option<String>,
+        /// A handler state as JSON, for `max-concurrent-calls` (fields of `handler-state`,
+        /// snake_case: `current_limit`, `max_limit`, `in_flight`, `peak_in_flight`,
+        /// `waiting_tasks`, `window_ms`, `completed`, `failed`, `pushed_back`,
+        /// `latency_mean_ms`, `latency_min_ms`, `latency_max_ms`; the rest default). A value of
+        /// null means the queue keeps its configured bound. Rules of contract 0.3.0 and later.
+        #[arg(long, value_name = "JSON")]
+        concurrency: Option<String>,
         /// A rule parameter, as in the queue's `rule_params` (repeatable).
         #[arg(long = "param", value_name = "KEY=VALUE", value_parser = super::parse_key_value)]
         params: Vec<(String, String)>,
@@ -95,8 +103,8 @@ pub enum RuleCommand {
 pub fn run(command: RuleCommand) -> Result<()> {
     match command {
         RuleCommand::Check { file, params } => super::refuse_repeated_params(&params).and_then(|()| check(&file, params)),
-        RuleCommand::Eval { file, task_count, queue_empty, params } => {
-            super::refuse_repeated_params(&params).and_then(|()| eval(&file, task_count, queue_empty, params))
+        RuleCommand::Eval { file, task_count, queue_empty, concurrency, params } => {
+            super::refuse_repeated_params(&params).and_then(|()| eval(&file, Asked { task_count, queue_empty, concurrency }, params))
         }
         RuleCommand::Test { rule, cases } => super::rule_test::run(&rule, &cases, cli_engine()?),
         RuleCommand::Compile { files, out, config } => compile(&files, out, config),
@@ -200,20 +208,21 @@ fn check(file: &Path, params: Vec<(String, String)>) -> Result<()> {
     println!("sha256:       {}", rule.sha256);
     println!("compile time: {:.1} ms{}", compile_time.as_secs_f64() * 1e3, if rule.from_cache { " (compiled before: from the cache)" } else { "" });
     let contract = rule.contract.interface();
-    if rule.contract.as_str() == crate::rules::CONTRACT_VERSION {
-        println!("contract:     {contract}");
-    } else {
-        println!(
-            "contract:     {contract} (an older contract, still served: the rule is not told the fields {} added; rebuild it against wit/ebb-rules-{} to read them)",
-            crate::rules::CONTRACT_VERSION,
-            crate::rules::CONTRACT_VERSION
-        );
+    let newest = crate::rules::CONTRACT_VERSION;
+    match rule.contract {
+        ContractVersion::V0_3 => println!("contract:     {contract}"),
+        ContractVersion::V0_2 => println!(
+            "contract:     {contract} (an older contract, still served: the rule does not decide handler concurrency (max-concurrent-calls, added in 0.3.0), so its queues keep their max_concurrent_calls; rebuild it against wit/ebb-rules-{newest} to decide it)"
+        ),
+        ContractVersion::V0_1 => println!(
+            "contract:     {contract} (an older contract, still served: the rule is not told the fields 0.2.0 added and does not decide handler concurrency (0.3.0); rebuild it against wit/ebb-rules-{newest} for both)"
+        ),
     }
     println!("exports:      {}", rule.exports.join(", "));
     println!("imports:      {}", if rule.imports.is_empty() { "none".into() } else { rule.imports.join(", ") });
     println!("memory:       {} bytes after configure", instance.memory_bytes());
     println!("configure:    ok ({} parameter{})", params.len(), if params.len() == 1 { "" } else { "s" });
-    let probes = check_probes();
+    let probes: Vec<Probe> = check_probes().into_iter().filter(|probe| rule.contract.decides_concurrency() || !probe.decides_concurrency()).collect();
     // (export, reason) -> the contexts it happened in: one reason is said once, with every
     // context that produced it.
     let mut failures: Vec<(&str, String, Vec<&str>)> = Vec::new();
@@ -281,6 +290,7 @@ struct Probe {
 enum ProbeCall {
     TaskCount(QueueState),
     QueueEmpty(IdleContext),
+    Concurrency(HandlerState),
 }
 
 enum ProbeFailure {
@@ -295,7 +305,13 @@ impl Probe {
         match self.call {
             ProbeCall::TaskCount(_) => "optimal-dequeue-task-count",
             ProbeCall::QueueEmpty(_) => "on-queue-empty",
+            ProbeCall::Concurrency(_) => "max-concurrent-calls",
         }
+    }
+
+    /// Whether the probe asks the decision only contract 0.3.0 and later have.
+    fn decides_concurrency(&self) -> bool {
+        matches!(self.call, ProbeCall::Concurrency(_))
     }
 
     /// Calls the export; returns what to show in the table and, when the call failed the
@@ -333,6 +349,16 @@ impl Probe {
                     (format!("{shown} (outside the interval)"), Some(ProbeFailure::Value(reason)))
                 }
             },
+            ProbeCall::Concurrency(state) => match instance.max_concurrent_calls(state) {
+                Err(error) => ("FAULT".into(), Some(ProbeFailure::Fault(format!("{error:#}")))),
+                Ok(None) => ("none (the queue keeps its max_concurrent_calls)".into(), None),
+                // Like a task count, a limit outside [1, max_limit] is the host's to bound.
+                Ok(Some(raw)) => {
+                    let clamped = crate::rules::clamp_concurrency(raw, DecisionSource::Rule, state);
+                    let note = if clamped.clamped { format!(" (the host bounds it to {}, as it should)", clamped.value) } else { String::new() };
+                    (format!("{raw}{note}"), None)
+                }
+            },
         }
     }
 }
@@ -352,6 +378,23 @@ fn check_probes() -> Vec<Probe> {
         let mut ctx = idle.clone();
         change(&mut ctx);
         Probe { context, call: ProbeCall::QueueEmpty(ctx) }
+    };
+    let handler: HandlerState = serde_json::from_value(concurrency_defaults(queue)).expect("the defaults are a handler state");
+    // A busy window: every slot taken, tasks waiting, calls ending in 50 ms.
+    let busy = HandlerState {
+        in_flight: handler.current_limit,
+        peak_in_flight: handler.current_limit,
+        waiting_tasks: 4,
+        completed: 40,
+        latency_mean_ms: 50.0,
+        latency_min_ms: 40.0,
+        latency_max_ms: 80.0,
+        ..handler
+    };
+    let concurrency = |context, change: &dyn Fn(&mut HandlerState)| {
+        let mut state = busy.clone();
+        change(&mut state);
+        Probe { context, call: ProbeCall::Concurrency(state) }
     };
     let max_interval_ms = crate::config::MAX_INTERVAL.as_millis() as u64;
     vec![
@@ -410,6 +453,35 @@ fn check_probes() -> Vec<Probe> {
                 random: u64::MAX,
             };
         }),
+        concurrency("a busy window", &|_| {}),
+        concurrency("completed 0", &|s| (s.completed, s.latency_mean_ms, s.latency_min_ms, s.latency_max_ms) = (0, 0.0, 0.0, 0.0)),
+        concurrency("latencies 0 ms", &|s| (s.latency_mean_ms, s.latency_min_ms, s.latency_max_ms) = (0.0, 0.0, 0.0)),
+        concurrency("latencies 1e9 ms", &|s| (s.latency_mean_ms, s.latency_min_ms, s.latency_max_ms) = (1e9, 1e9, 1e9)),
+        concurrency("every call failed or pushed back", &|s| (s.failed, s.pushed_back) = (s.completed / 2, s.completed - s.completed / 2)),
+        concurrency("current_limit = max_limit = 1", &|s| (s.current_limit, s.max_limit, s.in_flight, s.peak_in_flight) = (1, 1, 1, 1)),
+        concurrency("every field at its least", &|s| {
+            *s = HandlerState { queue: queue.into(), ..HandlerState::default() };
+        }),
+        concurrency("every field at its most", &|s| {
+            *s = HandlerState {
+                queue: queue.into(),
+                current_limit: u32::MAX,
+                max_limit: u32::MAX,
+                in_flight: u32::MAX,
+                peak_in_flight: u32::MAX,
+                waiting_tasks: u32::MAX,
+                window_ms: u64::MAX,
+                completed: u32::MAX,
+                failed: u32::MAX,
+                pushed_back: u32::MAX,
+                // Latencies a real handler could report (a million seconds), not infinities.
+                latency_mean_ms: 1e9,
+                latency_min_ms: 1e9,
+                latency_max_ms: 1e9,
+                timestamp_ms: u64::MAX,
+                random: u64::MAX,
+            };
+        }),
     ]
 }
 
@@ -418,30 +490,60 @@ pub(super) fn task_count_defaults(queue: &str) -> Value {
     json!({ "queue": queue, "min_tasks": 1, "max_tasks": 100, "active_tasks": 1, "random": 1u64 << 63, "batch_size": 32 })
 }
 
+/// The handler state `ebb rule eval --concurrency` and `ebb rule check` lay a given one over:
+/// a queue as it starts, its limit at the ceiling.
+pub(super) fn concurrency_defaults(queue: &str) -> Value {
+    json!({ "queue": queue, "current_limit": 32, "max_limit": 32, "window_ms": 250, "random": 1u64 << 63 })
+}
+
 /// The idle context `ebb rule eval --queue-empty` and `ebb rule test` lay a given one over.
 pub(super) fn queue_empty_defaults(queue: &str) -> Value {
     json!({ "queue": queue, "idle_count": 1, "active_tasks": 1, "min_interval_ms": 100, "max_interval_ms": 60000, "random": 1u64 << 63 })
 }
 
-fn eval(file: &Path, task_count: Option<String>, queue_empty: Option<String>, params: Vec<(String, String)>) -> Result<()> {
+/// The decision `ebb rule eval` was asked for (clap lets exactly one through).
+struct Asked {
+    task_count: Option<String>,
+    queue_empty: Option<String>,
+    concurrency: Option<String>,
+}
+
+fn eval(file: &Path, asked: Asked, params: Vec<(String, String)>) -> Result<()> {
     let engine = cli_engine()?;
     // Absolute, but not resolved: errors name the file as given (a link, not its target).
-    let file = std::path::absolute(file).with_context(|| format!("failed to read rule {}", file.display()))?;
+    let path = std::path::absolute(file).with_context(|| format!("failed to read rule {}", file.display()))?;
     let queue = "eval";
-    let rules = RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(queue)?, rule: Some(file), params }]);
+    let rules = RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(queue)?, rule: Some(path), params }]);
     if let Some(error) = rules.load_all().into_iter().next() {
         return Err(error);
     }
-    let (output, source) = if let Some(text) = task_count {
+    let (output, source) = if let Some(text) = asked.task_count {
         let state: QueueState = with_defaults(parse_json(&text, "--task-count")?, task_count_defaults(queue), "--task-count")?;
         let decision = rules.decide_task_count(queue, &QueueState { queue: queue.into(), ..state });
         (serde_json::to_value(decision)?, decision.source)
-    } else if let Some(text) = queue_empty {
+    } else if let Some(text) = asked.queue_empty {
         let ctx: IdleContext = with_defaults(parse_json(&text, "--queue-empty")?, queue_empty_defaults(queue), "--queue-empty")?;
         let decision = rules.decide_queue_empty(queue, &IdleContext { queue: queue.into(), ..ctx });
         (serde_json::to_value(decision)?, decision.source)
+    } else if let Some(text) = asked.concurrency {
+        let state: HandlerState = with_defaults(parse_json(&text, "--concurrency")?, concurrency_defaults(queue), "--concurrency")?;
+        let queue_rules = rules.queue(queue).context("the rule set holds the queue it was made with")?;
+        let Some(decision) = queue_rules.concurrency_decision(&HandlerState { queue: queue.into(), ..state }) else {
+            let version = rules.status(queue).and_then(|s| s.contract).unwrap_or("an older version");
+            bail!(
+                "rule {} speaks contract {version}, which has no max-concurrent-calls (added in 0.3.0): its queues keep their max_concurrent_calls; rebuild it against wit/ebb-rules-{} to decide it",
+                file.display(),
+                crate::rules::CONTRACT_VERSION
+            );
+        };
+        println!("{}", serde_json::to_string_pretty(&decision)?);
+        if decision.source != DecisionSource::Rule {
+            let reason = rules.status(queue).and_then(|s| s.last_error).unwrap_or_else(|| "no reason recorded".into());
+            bail!("the rule faulted, so the queue would keep its max_concurrent_calls (the value above is null): {reason}");
+        }
+        return Ok(());
     } else {
-        unreachable!("clap requires one of the two")
+        unreachable!("clap requires one of the three")
     };
     println!("{}", serde_json::to_string_pretty(&output)?);
     // The decision printed is the built-in rule's, not the rule's: an author must not miss it.
@@ -464,6 +566,7 @@ pub(super) fn with_defaults<T: DeserializeOwned>(given: Value, mut defaults: Val
     let described = match std::any::type_name::<T>().rsplit("::").next().unwrap_or_default() {
         "QueueState" => "a queue-state",
         "IdleContext" => "an idle-context",
+        "HandlerState" => "a handler-state",
         _ => "what it should",
     };
     serde_json::from_value(defaults).with_context(|| format!("{what} does not describe {described}"))

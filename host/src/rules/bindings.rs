@@ -1,6 +1,16 @@
-//! Host bindings for every contract version the host serves: `wit/ebb-rules-0.2.0` (the
-//! current one) and `wit/ebb-rules-0.1.0` (rules built before it keep loading), and the
-//! conversions from the host's decision contexts into each version's records.
+//! Host bindings for every contract version the host serves: `wit/ebb-rules-0.3.0` (the
+//! current one), `wit/ebb-rules-0.2.0` and `wit/ebb-rules-0.1.0` (rules built before it keep
+//! loading), and the conversions from the host's decision contexts into each version's records.
+
+/// Bindings for `ebb:rules/scaling-rule@0.3.0`.
+pub(super) mod v0_3 {
+    wasmtime::component::bindgen!({
+        path: "../wit/ebb-rules-0.3.0",
+        world: "ebb:rules/scaling-rule@0.3.0",
+    });
+
+    pub use exports::ebb::rules::decisions as wit;
+}
 
 /// Bindings for `ebb:rules/scaling-rule@0.2.0`.
 pub(super) mod v0_2 {
@@ -25,29 +35,39 @@ pub(super) mod v0_1 {
 /// The interface a rule component must export (`@<version>` follows).
 pub const CONTRACT_INTERFACE: &str = "ebb:rules/decisions";
 /// The newest contract version this host speaks: what the SDK and the examples build.
-pub const CONTRACT_VERSION: &str = "0.2.0";
+pub const CONTRACT_VERSION: &str = "0.3.0";
 /// Every contract version this host loads, newest first.
-pub const CONTRACT_VERSIONS: &[&str] = &["0.2.0", "0.1.0"];
+pub const CONTRACT_VERSIONS: &[&str] = &["0.3.0", "0.2.0", "0.1.0"];
 
 /// A contract version the host serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ContractVersion {
     /// `ebb:rules/decisions@0.1.0`: `queue-state` without the fields 0.2.0 added.
     V0_1,
-    /// `ebb:rules/decisions@0.2.0`.
+    /// `ebb:rules/decisions@0.2.0`: without `max-concurrent-calls` (its queues keep their
+    /// configured bound).
     V0_2,
+    /// `ebb:rules/decisions@0.3.0`.
+    V0_3,
 }
 
 impl ContractVersion {
-    /// The version, as in the interface name (`0.2.0`).
+    /// The version, as in the interface name (`0.3.0`).
     pub fn as_str(self) -> &'static str {
         match self {
             ContractVersion::V0_1 => "0.1.0",
             ContractVersion::V0_2 => "0.2.0",
+            ContractVersion::V0_3 => "0.3.0",
         }
     }
 
-    /// The exported interface's full name (`ebb:rules/decisions@0.2.0`).
+    /// Whether rules of this version decide how many handler calls run at once
+    /// (`max-concurrent-calls`, since 0.3.0).
+    pub fn decides_concurrency(self) -> bool {
+        self >= ContractVersion::V0_3
+    }
+
+    /// The exported interface's full name (`ebb:rules/decisions@0.3.0`).
     pub fn interface(self) -> String {
         format!("{CONTRACT_INTERFACE}@{}", self.as_str())
     }
@@ -56,6 +76,7 @@ impl ContractVersion {
         match version {
             "0.1.0" => Some(ContractVersion::V0_1),
             "0.2.0" => Some(ContractVersion::V0_2),
+            "0.3.0" => Some(ContractVersion::V0_3),
             _ => None,
         }
     }
@@ -67,29 +88,64 @@ impl std::fmt::Display for ContractVersion {
     }
 }
 
-impl From<&ebb_rules_sdk::QueueState> for v0_2::wit::QueueState {
-    fn from(s: &ebb_rules_sdk::QueueState) -> Self {
-        v0_2::wit::QueueState {
+/// Defines the queue-state conversion of a version whose record is 0.2.0's (0.3.0 left it
+/// as it was).
+macro_rules! queue_state_0_2 {
+    ($wit:path) => {
+        const _: () = {
+            use $wit as wit;
+
+            impl From<&ebb_rules_sdk::QueueState> for wit::QueueState {
+                fn from(s: &ebb_rules_sdk::QueueState) -> Self {
+                    wit::QueueState {
+                        queue: s.queue.clone(),
+                        approximate_depth: s.approximate_depth,
+                        in_flight: s.in_flight,
+                        active_tasks: s.active_tasks,
+                        min_tasks: s.min_tasks,
+                        max_tasks: s.max_tasks,
+                        throughput_per_sec: s.throughput_per_sec,
+                        mean_handler_latency_ms: s.mean_handler_latency_ms,
+                        recent_failures: s.recent_failures,
+                        push_enabled: s.push_enabled,
+                        timestamp_ms: s.timestamp_ms,
+                        random: s.random,
+                        last_get_messages: s.last_get_messages,
+                        batch_size: s.batch_size,
+                        arrivals_per_sec: s.arrivals_per_sec,
+                        oldest_message_age_ms: s.oldest_message_age_ms,
+                        depth_source: match s.depth_source {
+                            ebb_rules_sdk::DepthSource::Measured => wit::DepthSource::Measured,
+                            ebb_rules_sdk::DepthSource::Inferred => wit::DepthSource::Inferred,
+                        },
+                    }
+                }
+            }
+        };
+    };
+}
+
+queue_state_0_2!(v0_2::wit);
+queue_state_0_2!(v0_3::wit);
+
+impl From<&ebb_rules_sdk::HandlerState> for v0_3::wit::HandlerState {
+    fn from(s: &ebb_rules_sdk::HandlerState) -> Self {
+        v0_3::wit::HandlerState {
             queue: s.queue.clone(),
-            approximate_depth: s.approximate_depth,
+            current_limit: s.current_limit,
+            max_limit: s.max_limit,
             in_flight: s.in_flight,
-            active_tasks: s.active_tasks,
-            min_tasks: s.min_tasks,
-            max_tasks: s.max_tasks,
-            throughput_per_sec: s.throughput_per_sec,
-            mean_handler_latency_ms: s.mean_handler_latency_ms,
-            recent_failures: s.recent_failures,
-            push_enabled: s.push_enabled,
+            peak_in_flight: s.peak_in_flight,
+            waiting_tasks: s.waiting_tasks,
+            window_ms: s.window_ms,
+            completed: s.completed,
+            failed: s.failed,
+            pushed_back: s.pushed_back,
+            latency_mean_ms: s.latency_mean_ms,
+            latency_min_ms: s.latency_min_ms,
+            latency_max_ms: s.latency_max_ms,
             timestamp_ms: s.timestamp_ms,
             random: s.random,
-            last_get_messages: s.last_get_messages,
-            batch_size: s.batch_size,
-            arrivals_per_sec: s.arrivals_per_sec,
-            oldest_message_age_ms: s.oldest_message_age_ms,
-            depth_source: match s.depth_source {
-                ebb_rules_sdk::DepthSource::Measured => v0_2::wit::DepthSource::Measured,
-                ebb_rules_sdk::DepthSource::Inferred => v0_2::wit::DepthSource::Inferred,
-            },
         }
     }
 }
@@ -147,3 +203,4 @@ macro_rules! idle_records {
 
 idle_records!(v0_1::wit);
 idle_records!(v0_2::wit);
+idle_records!(v0_3::wit);

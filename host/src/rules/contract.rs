@@ -6,7 +6,7 @@ use wasmtime::Engine;
 use wasmtime::component::ComponentType;
 use wasmtime::component::types::ComponentFunc;
 
-use super::bindings::{CONTRACT_INTERFACE, CONTRACT_VERSIONS, ContractVersion, v0_1, v0_2};
+use super::bindings::{CONTRACT_INTERFACE, CONTRACT_VERSIONS, ContractVersion, v0_1, v0_2, v0_3};
 
 /// The contract version a component speaks, from the `ebb:rules/decisions@<version>` it
 /// exports: the newest the host serves when it exports several.
@@ -22,6 +22,13 @@ pub(super) fn contract_version(exports: &[String]) -> Result<ContractVersion> {
     bail!("it does not export {speaks} (it exports {listed}); build it for the ebb:rules/scaling-rule world")
 }
 
+/// The functions every rule of `version` exports.
+pub(super) fn functions(version: ContractVersion) -> &'static [&'static str] {
+    const BEFORE_0_3: &[&str] = &["configure", "optimal-dequeue-task-count", "on-queue-empty"];
+    const SINCE_0_3: &[&str] = &["configure", "optimal-dequeue-task-count", "on-queue-empty", "max-concurrent-calls"];
+    if version.decides_concurrency() { SINCE_0_3 } else { BEFORE_0_3 }
+}
+
 /// Checks each decision function's type against the contract `version`, so that a
 /// mismatch names the function.
 pub(super) fn check_signatures(engine: &Engine, ty: &wasmtime::component::types::Component, version: ContractVersion) -> Result<()> {
@@ -30,20 +37,25 @@ pub(super) fn check_signatures(engine: &Engine, ty: &wasmtime::component::types:
     let Some(ComponentItem::ComponentInstance(decisions)) = ty.get_export(engine, &interface).map(|e| e.ty) else {
         bail!("its export {interface} is not an instance");
     };
-    for name in ["configure", "optimal-dequeue-task-count", "on-queue-empty"] {
+    for &name in functions(version) {
         let Some(ComponentItem::ComponentFunc(func)) = decisions.get_export(engine, name).map(|e| e.ty) else {
             bail!("its export {interface} lacks the function {name}");
         };
         let checked = match version {
             ContractVersion::V0_1 => typecheck::<v0_1::wit::QueueState, v0_1::wit::IdleContext, v0_1::wit::IdleDecision>(ty, &func, name),
             ContractVersion::V0_2 => typecheck::<v0_2::wit::QueueState, v0_2::wit::IdleContext, v0_2::wit::IdleDecision>(ty, &func, name),
+            ContractVersion::V0_3 => match name {
+                "max-concurrent-calls" => func.typecheck::<(v0_3::wit::HandlerState,), (Option<u32>,)>(&ty.instance_type()).map_err(anyhow::Error::from),
+                _ => typecheck::<v0_3::wit::QueueState, v0_3::wit::IdleContext, v0_3::wit::IdleDecision>(ty, &func, name),
+            },
         };
         checked.with_context(|| format!("its function {name} does not have the type of contract {version}"))?;
     }
     Ok(())
 }
 
-/// Type-checks the decision function `name` against one version's records.
+/// Type-checks the decision function `name` (one of the three every version has) against
+/// one version's records.
 fn typecheck<State, Idle, Decision>(ty: &wasmtime::component::types::Component, func: &ComponentFunc, name: &str) -> Result<()>
 where
     State: ComponentType + wasmtime::component::Lower,

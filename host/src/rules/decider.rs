@@ -69,6 +69,10 @@ impl Decider for QueueRules {
         QueueRules::decide_queue_empty(self, ctx)
     }
 
+    fn decide_concurrency(&self, state: &HandlerState) -> Option<Decision<u32>> {
+        QueueRules::decide_concurrency(self, state)
+    }
+
     fn status(&self) -> Option<RuleStatus> {
         Some(QueueRules::status(self))
     }

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::Linker;
 use wasmtime::{Config, Engine};
 
-use super::bindings::{ContractVersion, v0_1, v0_2};
+use super::bindings::{ContractVersion, v0_1, v0_2, v0_3};
 use super::cache::Compiled;
 use super::contract::{check_signatures, contract_version};
 use super::file::{file_name, read_rule_file};
@@ -50,6 +50,7 @@ pub struct CompiledRule {
 pub(super) enum RulePre {
     V0_1(v0_1::ScalingRulePre<RuleHost>),
     V0_2(v0_2::ScalingRulePre<RuleHost>),
+    V0_3(v0_3::ScalingRulePre<RuleHost>),
 }
 
 /// The process-wide rule engine.
@@ -142,6 +143,7 @@ impl RuleEngine {
         let pre = match contract {
             ContractVersion::V0_1 => RulePre::V0_1(v0_1::ScalingRulePre::new(instance_pre).map_err(anyhow::Error::from).with_context(world)?),
             ContractVersion::V0_2 => RulePre::V0_2(v0_2::ScalingRulePre::new(instance_pre).map_err(anyhow::Error::from).with_context(world)?),
+            ContractVersion::V0_3 => RulePre::V0_3(v0_3::ScalingRulePre::new(instance_pre).map_err(anyhow::Error::from).with_context(world)?),
         };
         let rule = Arc::new(CompiledRule {
             name: name.to_string(),

@@ -28,9 +28,17 @@ pub fn hint(text: &str, export: Export<'_>) -> Option<String> {
             super::CONTRACT_VERSION
         ));
     }
+    if text.contains("lacks the function max-concurrent-calls") {
+        return Some(
+            "contract 0.3.0 adds max-concurrent-calls (return none to keep the queue's max_concurrent_calls): rebuild with the SDK (`export_rule!` exports it, \
+             its default returns none), regenerate the bindings from wit/ebb-rules-0.3.0 and add the function, or build against wit/ebb-rules-0.2.0, which the host still serves"
+                .into(),
+        );
+    }
     if text.contains("lacks the function") {
         return Some(
-            "a rule exports all three functions of the contract: configure, optimal-dequeue-task-count and on-queue-empty (in Rust, `export_rule!` does; the SDK gives on-queue-empty and configure defaults)"
+            "a rule exports every function of its contract: configure, optimal-dequeue-task-count and on-queue-empty, and since 0.3.0 max-concurrent-calls \
+             (in Rust, `export_rule!` does; the SDK gives every function but optimal-dequeue-task-count a default)"
                 .into(),
         );
     }
@@ -111,9 +119,12 @@ mod tests {
             ("the rule wrote: TypeError: 'float' object cannot be interpreted as an integer", Some("optimal-dequeue-task-count"), "math.ceil"),
             ("trapped; the rule wrote: Traceback (most recent call last): ValueError", Some("configure"), "raise Err("),
             ("ran out of its call fuel (100 units)", Some("on-queue-empty"), "on-queue-empty did not return"),
-            ("it exports ebb:rules/decisions@0.3.0, but this host speaks ebb:rules/decisions@0.2.0", None, "wit/ebb-rules-0.2.0"),
+            ("it exports ebb:rules/decisions@0.4.0, but this host speaks ebb:rules/decisions@0.3.0", None, "wit/ebb-rules-0.3.0"),
             ("its export ebb:rules/decisions@0.2.0 lacks the function on-queue-empty", None, "export_rule!"),
-            ("its function on-queue-empty does not have the type of contract 0.2.0", None, "regenerate the bindings"),
+            ("its export ebb:rules/decisions@0.3.0 lacks the function max-concurrent-calls", None, "rebuild with the SDK"),
+            ("its export ebb:rules/decisions@0.3.0 lacks the function max-concurrent-calls", None, "wit/ebb-rules-0.2.0, which the host still serves"),
+            ("its function max-concurrent-calls does not have the type of contract 0.3.0", None, "wit/ebb-rules-0.3.0"),
+            ("ran out of its call fuel (100 units)", Some("max-concurrent-calls"), "max-concurrent-calls did not return"),
             ("memory limit: the rule asked for 99 bytes of linear memory, the limit is 9 bytes", Some("on-queue-empty"), "on-queue-empty grew its memory"),
             ("overflowed its stack (524288 bytes)", Some("optimal-dequeue-task-count"), "recursed too deep"),
             ("called exit(3), which rules may not do", Some("configure"), "instead of calling exit"),

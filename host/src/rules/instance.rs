@@ -5,7 +5,7 @@ use anyhow::{Context as _, Result, bail};
 use wasmtime::component::ResourceTable;
 use wasmtime::{Store, UpdateDeadline};
 
-use super::bindings::{v0_1, v0_2};
+use super::bindings::{v0_1, v0_2, v0_3};
 use super::engine::{CompiledRule, RuleEngine, RulePre, deadline_ticks, ticks_until};
 use super::fault::{Phase, describe_fault, with_output};
 use super::hint::with_hint;
@@ -43,6 +43,7 @@ impl RuleEngine {
         let bindings = match &rule.pre {
             RulePre::V0_1(pre) => pre.instantiate(&mut store).map(Bindings::V0_1),
             RulePre::V0_2(pre) => pre.instantiate(&mut store).map(Bindings::V0_2),
+            RulePre::V0_3(pre) => pre.instantiate(&mut store).map(Bindings::V0_3),
         };
         let bindings = match bindings {
             Ok(bindings) => bindings,
@@ -51,6 +52,7 @@ impl RuleEngine {
         let configured = match &bindings {
             Bindings::V0_1(b) => b.ebb_rules_decisions().call_configure(&mut store, params),
             Bindings::V0_2(b) => b.ebb_rules_decisions().call_configure(&mut store, params),
+            Bindings::V0_3(b) => b.ebb_rules_decisions().call_configure(&mut store, params),
         };
         let configured = match configured {
             Ok(configured) => configured,
@@ -73,6 +75,7 @@ impl RuleEngine {
 pub(super) enum Bindings {
     V0_1(v0_1::ScalingRule),
     V0_2(v0_2::ScalingRule),
+    V0_3(v0_3::ScalingRule),
 }
 
 /// A live, configured rule instance. Not shared: callers hold it behind a lock.
@@ -105,6 +108,7 @@ impl RuleInstance {
             // A 0.1.0 rule is told 0.1.0's fields only.
             Bindings::V0_1(b) => b.ebb_rules_decisions().call_optimal_dequeue_task_count(&mut self.store, &state.into()),
             Bindings::V0_2(b) => b.ebb_rules_decisions().call_optimal_dequeue_task_count(&mut self.store, &state.into()),
+            Bindings::V0_3(b) => b.ebb_rules_decisions().call_optimal_dequeue_task_count(&mut self.store, &state.into()),
         };
         called.map_err(|e| self.fault(e, "optimal-dequeue-task-count"))
     }
@@ -115,8 +119,26 @@ impl RuleInstance {
         let called = match &self.bindings {
             Bindings::V0_1(b) => b.ebb_rules_decisions().call_on_queue_empty(&mut self.store, &ctx.into()).map(Into::into),
             Bindings::V0_2(b) => b.ebb_rules_decisions().call_on_queue_empty(&mut self.store, &ctx.into()).map(Into::into),
+            Bindings::V0_3(b) => b.ebb_rules_decisions().call_on_queue_empty(&mut self.store, &ctx.into()).map(Into::into),
         };
         called.map_err(|e| self.fault(e, "on-queue-empty"))
+    }
+
+    /// `max-concurrent-calls`, raw (unclamped): `None` keeps the configured bound. A rule of
+    /// a contract before 0.3.0 has no such export and is not called: `Ok(None)`. Any error
+    /// means the instance is unusable.
+    pub fn max_concurrent_calls(&mut self, state: &ebb_rules_sdk::HandlerState) -> Result<Option<u32>> {
+        if !self.decides_concurrency() {
+            return Ok(None);
+        }
+        self.arm()?;
+        let Bindings::V0_3(b) = &self.bindings else { return Ok(None) };
+        b.ebb_rules_decisions().call_max_concurrent_calls(&mut self.store, &state.into()).map_err(|e| self.fault(e, "max-concurrent-calls"))
+    }
+
+    /// Whether the rule decides how many handler calls run at once (contract 0.3.0 and later).
+    pub fn decides_concurrency(&self) -> bool {
+        matches!(self.bindings, Bindings::V0_3(_))
     }
 
     /// Whether the last call took longer than its deadline in wall-clock time but not in CPU

@@ -1,13 +1,14 @@
-//! Scaling rules: WebAssembly components that decide how many dequeue tasks a queue runs
-//! and what a task does when the queue is empty, with the paper's rule built in.
+//! Scaling rules: WebAssembly components that decide how many dequeue tasks a queue runs,
+//! what a task does when the queue is empty (the paper's rule is built in) and, since
+//! contract 0.3.0, how many handler calls run at once (without a rule: the configured bound).
 //!
 //! Calls are synchronous and may block for up to the call deadline: from async code, call
 //! them through `tokio::task::spawn_blocking`. The files, along the way a rule goes:
 //!
 //! - `file`: reading a rule file (regular files only, bounded, never blocking);
 //! - `engine`: the process-wide [`RuleEngine`], compiling and validating a component into a
-//!   [`CompiledRule`]; `bindings` serves each contract version (0.2.0, and 0.1.0 for
-//!   rules built before it); `contract` tells a component's version and checks it against
+//!   [`CompiledRule`]; `bindings` serves each contract version (0.3.0, and 0.2.0 and
+//!   0.1.0 for rules built before it); `contract` tells a component's version and checks it against
 //!   it; `cache` keeps compiled components in memory and on disk; `memory` gives freed
 //!   memory back;
 //! - `limits`: [`RuleLimits`]; `sandbox`: what a rule can reach (no capability, a fixed
@@ -44,7 +45,7 @@ pub use decider::{BuiltInRule, Decider};
 pub use decision::{
     Decision, DecisionSource, NativeRule, built_in_queue_empty, built_in_task_count, native_concurrency, native_queue_empty, native_task_count,
 };
-pub(crate) use decision::{clamp_idle, clamp_task_count};
+pub(crate) use decision::{clamp_concurrency, clamp_idle, clamp_task_count};
 pub use engine::{CompiledRule, RuleEngine};
 pub(crate) use file::read_rule_file;
 pub use hint::{HINT_PREFIX, hint};

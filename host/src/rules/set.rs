@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context as _, Result};
-use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState};
+use ebb_rules_sdk::{HandlerState, IdleContext, IdleDecision, QueueState};
 use sha2::{Digest, Sha256};
 
 use super::decision::{Decision, DecisionSource, built_in_queue_empty, built_in_task_count};
@@ -423,6 +423,13 @@ impl RuleSet {
             Some(rules) => rules.decide_queue_empty(ctx),
             None => built_in_queue_empty(ctx, DecisionSource::BuiltIn),
         }
+    }
+
+    /// How many handler calls `queue` may run at once, clamped to `[1, max_limit]`; `None`
+    /// keeps its configured bound (see [`QueueRules::decide_concurrency`]). An unknown queue
+    /// keeps its bound.
+    pub fn decide_concurrency(&self, queue: &str, state: &HandlerState) -> Option<Decision<u32>> {
+        self.queues.get(queue).and_then(|rules| rules.decide_concurrency(state))
     }
 
     /// The rule state of `queue`, or `None` if it is not configured. Never waits on a rule.

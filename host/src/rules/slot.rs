@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use anyhow::Result;
-use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState, paper};
+use ebb_rules_sdk::{HandlerState, IdleContext, IdleDecision, QueueState, paper};
 use serde::Serialize;
 
-use super::decision::{Decision, DecisionSource, clamp_idle, clamp_task_count};
+use super::decision::{Decision, DecisionSource, clamp_concurrency, clamp_idle, clamp_task_count};
 use super::engine::{CompiledRule, RuleEngine};
 use super::instance::RuleInstance;
 use super::lock;
@@ -38,7 +38,7 @@ pub struct RuleStatus {
     pub file: Option<String>,
     /// Hex sha256 of the rule in use.
     pub sha256: Option<String>,
-    /// The contract version the rule in use was built for (`0.2.0`).
+    /// The contract version the rule in use was built for (`0.3.0`).
     pub contract: Option<&'static str>,
     /// When the rule in use was loaded (RFC 3339 in JSON, like the other times of `/status`).
     #[serde(with = "humantime_serde")]
@@ -113,6 +113,8 @@ pub enum Export {
     OptimalDequeueTaskCount,
     /// `on-queue-empty`.
     OnQueueEmpty,
+    /// `max-concurrent-calls` (since contract 0.3.0).
+    MaxConcurrentCalls,
 }
 
 impl Export {
@@ -121,6 +123,7 @@ impl Export {
         match self {
             Export::OptimalDequeueTaskCount => "optimal-dequeue-task-count",
             Export::OnQueueEmpty => "on-queue-empty",
+            Export::MaxConcurrentCalls => "max-concurrent-calls",
         }
     }
 }
@@ -140,7 +143,8 @@ impl FaultSite {
         match self {
             FaultSite::Call(Export::OptimalDequeueTaskCount) => 0,
             FaultSite::Call(Export::OnQueueEmpty) => 1,
-            FaultSite::Rebuild => 2,
+            FaultSite::Call(Export::MaxConcurrentCalls) => 2,
+            FaultSite::Rebuild => 3,
         }
     }
 
@@ -154,7 +158,7 @@ impl FaultSite {
 
 /// Consecutive faults of a rule group, one run per [`FaultSite`].
 #[derive(Default)]
-pub(super) struct FaultRuns([AtomicU32; 3]);
+pub(super) struct FaultRuns([AtomicU32; 4]);
 
 impl FaultRuns {
     /// Adds a fault at `site`; returns the length of its run.
@@ -177,6 +181,7 @@ impl FaultRuns {
         ConsecutiveFaults {
             optimal_dequeue_task_count: run(FaultSite::Call(Export::OptimalDequeueTaskCount)),
             on_queue_empty: run(FaultSite::Call(Export::OnQueueEmpty)),
+            max_concurrent_calls: run(FaultSite::Call(Export::MaxConcurrentCalls)),
             rebuild: run(FaultSite::Rebuild),
         }
     }
@@ -190,6 +195,8 @@ pub struct ConsecutiveFaults {
     pub optimal_dequeue_task_count: u32,
     /// Of `on-queue-empty`.
     pub on_queue_empty: u32,
+    /// Of `max-concurrent-calls` (0 for a rule of a contract before 0.3.0, never called).
+    pub max_concurrent_calls: u32,
     /// Failed rebuilds of the instance after a fault.
     pub rebuild: u32,
 }
@@ -349,6 +356,37 @@ impl QueueRules {
         self.finish(clamp_idle(raw, source, ctx))
     }
 
+    /// How many handler calls may run at once, clamped to `[1, max_limit]`; `None` keeps the
+    /// queue's configured bound. `None` when the rule says so; when the rule in use is of a
+    /// contract before 0.3.0, or there is none yet (nothing is called or counted then); and
+    /// when the rule cannot answer: it faulted on this call (counted as a fault of
+    /// `max-concurrent-calls`, which quarantines the rule like the other exports' faults),
+    /// is quarantined, or its instance is being rebuilt. The paper has no such decision, so
+    /// the fallback is the configured bound, not a built-in rule's answer.
+    pub fn decide_concurrency(&self, state: &HandlerState) -> Option<Decision<u32>> {
+        let decision = self.concurrency_decision(state)?;
+        decision.value.map(|value| Decision { value, source: decision.source, clamped: decision.clamped })
+    }
+
+    /// [`QueueRules::decide_concurrency`], with where the answer came from even when it is
+    /// none (`ebb rule eval` tells a rule's none from a fault's). `None` when no rule that
+    /// decides concurrency is in use: nothing was asked.
+    pub fn concurrency_decision(&self, state: &HandlerState) -> Option<Decision<Option<u32>>> {
+        let decides = lock(&self.slot.group.status).rule.as_ref().is_some_and(|rule| rule.contract.decides_concurrency());
+        if !decides {
+            return None;
+        }
+        let (raw, source) = self.decide(Export::MaxConcurrentCalls, |i| i.max_concurrent_calls(state), || None);
+        let decision = match raw {
+            Some(raw) => {
+                let clamped = clamp_concurrency(raw, source, state);
+                Decision { value: Some(clamped.value), source, clamped: clamped.clamped }
+            }
+            None => Decision { value: None, source, clamped: false },
+        };
+        Some(self.finish(decision))
+    }
+
     /// The queue's rule state. Never waits on a rule call or an instantiation.
     pub fn status(&self) -> RuleStatus {
         let slot = &self.slot;
@@ -487,14 +525,20 @@ impl RuleGroup {
     /// reaches the limit (saying so once), otherwise starts rebuilding its instance off the
     /// decision path.
     fn fault(self: &Arc<Self>, queue: &QueueSlot, site: FaultSite, rule: &str, reason: String) {
+        // The paper has no concurrency decision: that call keeps the configured bound instead.
+        let instead = match site {
+            FaultSite::Call(Export::MaxConcurrentCalls) => "the queue keeps its configured max_concurrent_calls",
+            _ => "the built-in rule decides this call",
+        };
         match self.fault_log.allow() {
-            Some(0) => tracing::warn!(queue = %queue.name, rule, %reason, "rule faulted; the built-in rule decides this call"),
+            Some(0) => tracing::warn!(queue = %queue.name, rule, export = site.export().map(Export::name), %reason, "rule faulted; {instead}"),
             Some(suppressed) => tracing::warn!(
                 queue = %queue.name,
                 rule,
+                export = site.export().map(Export::name),
                 %reason,
                 suppressed,
-                "rule faulted; the built-in rule decides this call ({suppressed} more fault lines of this rule were suppressed; its status counts every fault)"
+                "rule faulted; {instead} ({suppressed} more fault lines of this rule were suppressed; its status counts every fault)"
             ),
             None => {}
         }

@@ -307,7 +307,7 @@ fn build_js(folder: &Path, name: &str) -> Result<PathBuf> {
         ("wit/world.wit", JS_WORLD),
         ("wit/deps/io/io.wit", WASI_IO),
         ("wit/deps/cli/cli.wit", WASI_CLI),
-        ("wit/deps/ebb-rules/rules.wit", super::new::CONTRACT_WIT),
+        ("wit/deps/ebb-rules/rules.wit", super::new::SCRIPT_CONTRACT_WIT),
     ] {
         let path = build.join(relative);
         if let Some(dir) = path.parent() {

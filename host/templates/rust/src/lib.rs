@@ -39,7 +39,8 @@ impl ScalingRule for Rule {
         u32::try_from(state.approximate_depth.div_ceil(self.per_task)).unwrap_or(u32::MAX)
     }
 
-    // `on_queue_empty` is the SDK's default: `ebb_rules_sdk::paper::on_queue_empty`.
+    // `on_queue_empty` is the SDK's default: `ebb_rules_sdk::paper::on_queue_empty`. So is
+    // `max_concurrent_calls` (contract 0.3.0): `None`, the queue keeps its max_concurrent_calls.
 }
 
 export_rule!(Rule);

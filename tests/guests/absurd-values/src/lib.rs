@@ -1,5 +1,5 @@
 //! Returns values far outside any sane bound: the host must clamp them.
-use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState, ScalingRule, export_rule};
+use ebb_rules_sdk::{HandlerState, IdleContext, IdleDecision, QueueState, ScalingRule, export_rule};
 
 #[derive(Default)]
 struct AbsurdValues;
@@ -10,6 +10,9 @@ impl ScalingRule for AbsurdValues {
     }
     fn on_queue_empty(&self, _: &IdleContext) -> IdleDecision {
         IdleDecision { delay_ms: u64::MAX, stop: false }
+    }
+    fn max_concurrent_calls(&self, _: &HandlerState) -> Option<u32> {
+        Some(u32::MAX)
     }
 }
 

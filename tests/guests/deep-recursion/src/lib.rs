@@ -1,6 +1,6 @@
 //! Recurses without end on the wasm stack (scalar locals only, so no shadow stack in linear
 //! memory): the host's stack limit must stop it.
-use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState, ScalingRule, export_rule};
+use ebb_rules_sdk::{HandlerState, IdleContext, IdleDecision, QueueState, ScalingRule, export_rule};
 use std::hint::black_box;
 
 #[derive(Default)]
@@ -17,6 +17,9 @@ impl ScalingRule for DeepRecursion {
     }
     fn on_queue_empty(&self, _: &IdleContext) -> IdleDecision {
         IdleDecision { delay_ms: descend(0), stop: false }
+    }
+    fn max_concurrent_calls(&self, _: &HandlerState) -> Option<u32> {
+        Some(descend(0) as u32)
     }
 }
 

@@ -1,5 +1,5 @@
 //! Never returns from a decision: the deadline (or fuel) must stop it.
-use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState, ScalingRule, export_rule};
+use ebb_rules_sdk::{HandlerState, IdleContext, IdleDecision, QueueState, ScalingRule, export_rule};
 
 #[derive(Default)]
 struct LoopForever;
@@ -16,6 +16,9 @@ impl ScalingRule for LoopForever {
         spin()
     }
     fn on_queue_empty(&self, _: &IdleContext) -> IdleDecision {
+        spin()
+    }
+    fn max_concurrent_calls(&self, _: &HandlerState) -> Option<u32> {
         spin()
     }
 }

@@ -1,5 +1,5 @@
 //! Allocates without end: the memory cap must stop it.
-use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState, ScalingRule, export_rule};
+use ebb_rules_sdk::{HandlerState, IdleContext, IdleDecision, QueueState, ScalingRule, export_rule};
 
 #[derive(Default)]
 struct MemoryBomb;
@@ -17,6 +17,9 @@ impl ScalingRule for MemoryBomb {
         hoard()
     }
     fn on_queue_empty(&self, _: &IdleContext) -> IdleDecision {
+        hoard()
+    }
+    fn max_concurrent_calls(&self, _: &HandlerState) -> Option<u32> {
         hoard()
     }
 }

@@ -1,5 +1,5 @@
 //! Panics (a trap) on every decision, after writing to stderr.
-use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState, ScalingRule, export_rule};
+use ebb_rules_sdk::{HandlerState, IdleContext, IdleDecision, QueueState, ScalingRule, export_rule};
 
 #[derive(Default)]
 struct Trap;
@@ -10,6 +10,9 @@ impl ScalingRule for Trap {
         panic!("this rule always fails")
     }
     fn on_queue_empty(&self, _: &IdleContext) -> IdleDecision {
+        panic!("this rule always fails")
+    }
+    fn max_concurrent_calls(&self, _: &HandlerState) -> Option<u32> {
         panic!("this rule always fails")
     }
 }

@@ -11,7 +11,7 @@ use anyhow::{Context as _, bail};
 use bytes::Bytes;
 use redb::{Database, Durability, ReadableTable, TableDefinition};
 
-use super::measure::{WrittenBytes, process_cpu};
+use super::measure::{WrittenBytes, process_cpu, threads_cpu};
 use crate::handler::HttpHandler;
 use crate::listener::{Listener, QueueSettings};
 use crate::queue::QueueClient;
@@ -29,6 +29,18 @@ pub(crate) struct Run {
     pub(crate) server_cpu: Option<Duration>,
     /// For the contenders with a store.
     pub(crate) store: Option<StoreWrites>,
+    /// ebb: the CPU time of the store's writer thread over `elapsed` (part of `cpu`).
+    pub(crate) writer_cpu: Option<Duration>,
+    /// ebb: how far its concurrency went.
+    pub(crate) listener: Option<ListenerPeaks>,
+}
+
+/// The most dequeue tasks and handler calls ebb ran at once in a run (the calls sampled
+/// every millisecond, so a brief higher peak may be missed).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ListenerPeaks {
+    pub(crate) tasks: u32,
+    pub(crate) calls: u32,
 }
 
 /// Bytes written to the store's file.
@@ -69,7 +81,7 @@ impl<'a> Stopwatch<'a> {
         let elapsed = self.started.elapsed();
         let cpu = process_cpu().saturating_sub(self.cpu);
         let server_cpu = self.server_cpu.zip((self.read_server_cpu)()).map(|(before, after)| after.saturating_sub(before));
-        Run { messages, elapsed, cpu, server_cpu, store }
+        Run { messages, elapsed, cpu, server_cpu, store, writer_cpu: None, listener: None }
     }
 }
 
@@ -224,6 +236,9 @@ pub(crate) enum EbbSettings {
     FixedTasks,
 }
 
+/// The embedded store's writer thread, by the name it gives it (Linux keeps 15 bytes).
+const WRITER_THREAD: &str = "ebb-queue-write";
+
 /// Longest a run may go without a message processed before it is given up.
 const STALL_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -248,13 +263,19 @@ pub(crate) async fn ebb(setup: &Setup<'_>, settings: EbbSettings) -> anyhow::Res
         EbbSettings::FixedTasks => QueueSettings { min_tasks: t, max_tasks: t, ..QueueSettings::default() },
     };
     let listener = Listener::builder(queue, poison, Arc::new(handler)).settings(settings).build();
+    let writer_cpu = || threads_cpu(None, |name| name == WRITER_THREAD);
+    let writer_before = writer_cpu();
     let watch = Stopwatch::start(setup.server_cpu);
     let before_run = written.get();
     listener.start();
     let finished = wait_until_processed(&listener, setup.messages).await;
-    let run = watch.stop(setup.messages, Some(StoreWrites { put, processing: written.get() - before_run }));
+    let mut run = watch.stop(setup.messages, Some(StoreWrites { put, processing: written.get() - before_run }));
+    run.writer_cpu = writer_before.zip(writer_cpu()).map(|(before, after)| after.saturating_sub(before));
     listener.shutdown(Duration::from_secs(10)).await;
-    finished.map(|()| run)
+    finished.map(|peak_calls| {
+        run.listener = Some(ListenerPeaks { tasks: listener.status().peak_tasks, calls: peak_calls });
+        run
+    })
 }
 
 /// Puts the messages, a thousand at a time (the store commits the puts that arrive together
@@ -272,14 +293,16 @@ async fn fill_store(queue: &Arc<crate::queue::embedded::EmbeddedQueue>, body: &B
     Ok(())
 }
 
-/// Waits until the listener has deleted `messages` messages; fails on a handler failure
-/// (the app always answers 200: a failure is the bench's own problem) or a stall.
-async fn wait_until_processed(listener: &Listener, messages: u64) -> anyhow::Result<()> {
-    let (mut last, mut last_progress) = (0, Instant::now());
+/// Waits until the listener has deleted `messages` messages, and returns the most handler
+/// calls seen at once; fails on a handler failure (the app always answers 200: a failure is
+/// the bench's own problem) or a stall.
+async fn wait_until_processed(listener: &Listener, messages: u64) -> anyhow::Result<u32> {
+    let (mut last, mut last_progress, mut peak_calls) = (0, Instant::now(), 0);
     loop {
         let status = listener.status();
+        peak_calls = peak_calls.max(status.in_flight);
         if status.processed >= messages {
-            return Ok(());
+            return Ok(peak_calls);
         }
         if status.failed > 0 || status.host_errors > 0 || status.poisoned > 0 {
             bail!(

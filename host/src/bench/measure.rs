@@ -25,6 +25,29 @@ pub(crate) fn process_cpu() -> Duration {
     time(usage.ru_utime) + time(usage.ru_stime)
 }
 
+/// CPU time of the threads of process `pid` (`None`: this one) whose name `wanted` accepts,
+/// from the scheduler's own count (`/proc/…/task/*/schedstat`, nanoseconds; the `stat`
+/// file's clock ticks are too coarse for runs of a second). `None` where that cannot be read.
+pub(crate) fn threads_cpu(pid: Option<u32>, wanted: impl Fn(&str) -> bool) -> Option<Duration> {
+    let tasks = match pid {
+        Some(pid) => format!("/proc/{pid}/task"),
+        None => "/proc/self/task".to_string(),
+    };
+    let mut total = Duration::ZERO;
+    for task in std::fs::read_dir(tasks).ok()?.flatten() {
+        let path = task.path();
+        // A thread that ended meanwhile is simply not counted.
+        let Ok(name) = std::fs::read_to_string(path.join("comm")) else { continue };
+        if !wanted(name.trim_end()) {
+            continue;
+        }
+        let Ok(schedstat) = std::fs::read_to_string(path.join("schedstat")) else { continue };
+        let nanos: u64 = schedstat.split_whitespace().next()?.parse().ok()?;
+        total += Duration::from_nanos(nanos);
+    }
+    Some(total)
+}
+
 /// Bytes a [`CountingBackend`] has written, shared with whoever reads the figure.
 #[derive(Clone, Default)]
 pub(crate) struct WrittenBytes(Arc<AtomicU64>);

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 
 use serde_json::{Value, json};
 
-use super::contenders::{EbbSettings, Run};
+use super::contenders::{EbbSettings, ListenerPeaks, Run};
 use super::http::{CONTENDERS, Cell, Contender, HttpBench};
 
 /// One contender's medians over the rounds.
@@ -18,6 +18,10 @@ pub(crate) struct Figures {
     pub(crate) cpu_ms_per_1000: f64,
     /// The app's CPU over the same runs (context: a saturated app caps everyone alike).
     pub(crate) app_cpu_ms_per_1000: Option<f64>,
+    /// ebb: the part of `cpu_ms_per_1000` spent in the store's writer thread.
+    pub(crate) writer_cpu_ms_per_1000: Option<f64>,
+    /// ebb: the most tasks and handler calls at once, over every round.
+    pub(crate) peaks: Option<ListenerPeaks>,
     pub(crate) store: Option<StoreFigures>,
     /// Each round's msg/s, in order.
     pub(crate) rounds_msg_per_s: Vec<f64>,
@@ -47,12 +51,15 @@ impl Figures {
         let per_message = |value: f64, run: &Run| value / run.messages.max(1) as f64;
         let msg_per_s: Vec<f64> = runs.iter().map(|r| r.messages as f64 / r.elapsed.as_secs_f64().max(1e-9)).collect();
         let app: Option<Vec<f64>> = runs.iter().map(|r| r.server_cpu.map(|cpu| per_message(cpu.as_secs_f64() * 1e6, r))).collect();
+        let writer: Option<Vec<f64>> = runs.iter().map(|r| r.writer_cpu.map(|cpu| per_message(cpu.as_secs_f64() * 1e6, r))).collect();
         let stores: Option<Vec<_>> = runs.iter().map(|r| r.store.map(|s| (per_message(s.put as f64, r), per_message(s.processing as f64, r)))).collect();
         Figures {
             messages: runs.first().map_or(0, |r| r.messages),
             msg_per_s: median(msg_per_s.clone()),
             cpu_ms_per_1000: median(runs.iter().map(|r| per_message(r.cpu.as_secs_f64() * 1e6, r)).collect()),
-            app_cpu_ms_per_1000: app.map(median),
+            app_cpu_ms_per_1000: app.filter(|a| !a.is_empty()).map(median),
+            writer_cpu_ms_per_1000: writer.filter(|w| !w.is_empty()).map(median),
+            peaks: runs.iter().filter_map(|r| r.listener).reduce(|a, b| ListenerPeaks { tasks: a.tasks.max(b.tasks), calls: a.calls.max(b.calls) }),
             store: stores.filter(|s| !s.is_empty()).map(|s| StoreFigures {
                 put: median(s.iter().map(|(put, _)| *put).collect()),
                 processing: median(s.iter().map(|(_, processing)| *processing).collect()),
@@ -71,6 +78,13 @@ impl Figures {
         });
         if let Some(app) = self.app_cpu_ms_per_1000 {
             figures["app_cpu_ms_per_1000"] = json!(round(app, 2));
+        }
+        if let Some(peaks) = self.peaks {
+            figures["peak_tasks"] = json!(peaks.tasks);
+            figures["peak_handler_calls"] = json!(peaks.calls);
+        }
+        if let Some(writer) = self.writer_cpu_ms_per_1000 {
+            figures["store_writer_cpu_ms_per_1000"] = json!(round(writer, 2));
         }
         if let Some(store) = self.store {
             figures["store_bytes_written_per_message"] = json!({
@@ -258,24 +272,26 @@ impl<'a> Report<'a> {
             let _ = writeln!(out, "\nbody {size} B");
             let _ = writeln!(
                 out,
-                "{:>5}  {:<32} {:>10} {:>14} {:>14} {:>36}",
-                "T", "contender", "msg/s", "CPU ms/1k msg", "app CPU ms/1k", "store bytes/msg: put + run = all (÷ body)"
+                "{:>5}  {:<32} {:>8} {:>9} {:>8} {:>8} {:>11}  store bytes written per message",
+                "T", "contender", "msg/s", "CPU ms", "(writer)", "app CPU", "peak tasks"
             );
+            let _ = writeln!(out, "{:>5}  {:<32} {:>8} {:>9} {:>8} {:>8} {:>11}  put + run = all (÷ body)", "", "", "", "per 1k", "", "per 1k", "/ calls");
             for cell in self.cells.iter().filter(|c| c.body_bytes == size) {
                 for (contender, f) in &cell.figures {
-                    let app = f.app_cpu_ms_per_1000.map_or("?".to_string(), |a| format!("{a:.1}"));
+                    let optional = |value: Option<f64>| value.map_or(String::new(), |v| format!("{v:.1}"));
                     let store = f.store.map_or(String::new(), |s| {
                         format!("{} + {} = {} ({:.2}×)", thousands(s.put), thousands(s.processing), thousands(s.total), s.total / f64::from(size))
                     });
                     let _ = writeln!(
                         out,
-                        "{:>5}  {:<32} {:>10} {:>14.1} {:>14} {:>36}",
+                        "{:>5}  {:<32} {:>8} {:>9.1} {:>8} {:>8} {:>11}  {store}",
                         cell.concurrency,
                         contender.label(),
                         thousands(f.msg_per_s),
                         f.cpu_ms_per_1000,
-                        app,
-                        store
+                        optional(f.writer_cpu_ms_per_1000),
+                        optional(f.app_cpu_ms_per_1000),
+                        f.peaks.map_or(String::new(), |p| format!("{} / {}", p.tasks, p.calls)),
                     );
                 }
             }
@@ -333,6 +349,8 @@ mod tests {
             msg_per_s,
             cpu_ms_per_1000,
             app_cpu_ms_per_1000: None,
+            writer_cpu_ms_per_1000: None,
+            peaks: None,
             store: store_total.map(|total| StoreFigures { put: total, processing: 0.0, total }),
             rounds_msg_per_s: vec![msg_per_s],
         }

@@ -93,16 +93,10 @@ impl ServerProcess {
         self.child.id()
     }
 
-    /// The server's CPU time so far (user + system), from `/proc`; `None` where that cannot
-    /// be read. For context only: none of the figures includes it.
+    /// The server's CPU time so far, every thread; `None` where that cannot be read. For
+    /// context only: none of the figures includes it.
     pub(crate) fn cpu(&self) -> Option<Duration> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).ok()?;
-        // Fields after the command name, which is in parentheses and may hold spaces.
-        let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split(' ').collect();
-        let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-        // SAFETY: sysconf reads a constant of the system.
-        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        (per_second > 0).then(|| Duration::from_secs_f64(ticks as f64 / per_second as f64))
+        super::measure::threads_cpu(Some(self.pid()), |_| true)
     }
 }
 

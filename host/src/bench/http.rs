@@ -27,6 +27,9 @@ pub(crate) struct HttpBench {
     /// its rate hardly depends on the count).
     pub(crate) redb_messages: u64,
     pub(crate) rounds: u32,
+    /// Which contenders run, in the order each round runs them (all by default; fewer to
+    /// profile one of them).
+    pub(crate) contenders: Vec<Contender>,
 }
 
 impl HttpBench {
@@ -42,8 +45,8 @@ impl HttpBench {
                 MAX_STORE_BYTES >> 30
             );
         }
-        if self.sizes.is_empty() || self.concurrency.is_empty() {
-            bail!("--sizes and --concurrency each need at least one value");
+        if self.sizes.is_empty() || self.concurrency.is_empty() || self.contenders.is_empty() {
+            bail!("--sizes, --concurrency and --contenders each need at least one value");
         }
         Ok(())
     }
@@ -57,7 +60,7 @@ pub(crate) enum Contender {
     Ebb(EbbSettings),
 }
 
-/// In the order each round runs them.
+/// Every contender, in the order each round runs them.
 pub(crate) const CONTENDERS: [Contender; 4] =
     [Contender::ReqwestLoop, Contender::RedbLoop, Contender::Ebb(EbbSettings::ConcurrentCalls), Contender::Ebb(EbbSettings::FixedTasks)];
 
@@ -99,12 +102,6 @@ pub(crate) struct Cell {
     pub(crate) runs: Vec<(Contender, Vec<Run>)>,
 }
 
-impl Cell {
-    pub(crate) fn runs_of(&self, contender: Contender) -> &[Run] {
-        self.runs.iter().find(|(c, _)| *c == contender).map_or(&[], |(_, runs)| runs)
-    }
-}
-
 /// Runs the bench and prints its report: a table, or JSON with `json`.
 pub(crate) fn run(bench: HttpBench, json: bool) -> anyhow::Result<()> {
     bench.check()?;
@@ -115,7 +112,7 @@ pub(crate) fn run(bench: HttpBench, json: bool) -> anyhow::Result<()> {
         .sizes
         .iter()
         .flat_map(|&body_bytes| bench.concurrency.iter().map(move |&concurrency| (body_bytes, concurrency)))
-        .map(|(body_bytes, concurrency)| Cell { body_bytes, concurrency, runs: CONTENDERS.iter().map(|&c| (c, Vec::new())).collect() })
+        .map(|(body_bytes, concurrency)| Cell { body_bytes, concurrency, runs: bench.contenders.iter().map(|&c| (c, Vec::new())).collect() })
         .collect();
     let server_cpu = || server.cpu();
     for round in 1..=bench.rounds {

@@ -3,6 +3,7 @@ mod attack;
 mod azure_faults;
 mod azure_hosts;
 mod azure_queue;
+mod bench;
 mod binary;
 mod bus;
 mod check_and_run;

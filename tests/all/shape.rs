@@ -27,6 +27,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("cli", 7),
     ("demo", 7),
     ("simulate", 7),
+    ("bench", 7),
     // Tests only: property tests of every parser of outside input.
     ("fuzz", 7),
 ];

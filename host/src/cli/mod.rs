@@ -1,6 +1,7 @@
 //! The `ebb` command line.
 
 mod author;
+mod bench;
 mod client;
 mod host;
 mod rule;
@@ -94,6 +95,9 @@ enum Command {
     /// Work with rule components: check one, or ask it for a decision.
     #[command(subcommand)]
     Rule(rule::RuleCommand),
+    /// Measure ebb against what a user would write instead, in the same run.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
     /// Compare rules over a scenario on the real listener, the in-memory queue and a paused
     /// clock (a simulated day takes seconds): billed transactions, $/month, pickup latency.
     Simulate(simulate::SimulateArgs),
@@ -134,6 +138,7 @@ pub fn main(cli: Cli) -> ExitCode {
     });
     let result = match cli.command {
         Command::Rule(command) => rule::run(command),
+        Command::Bench(command) => bench::run(command),
         Command::Simulate(args) => simulate::run(args),
         Command::Check { config } => host::check(&config),
         Command::Demo { duration, processing_time, burst, trickle, backend } => {

@@ -1,0 +1,20 @@
+//! `ebb bench`: ebb measured against what a user would write instead, in the same run.
+//!
+//! Each bench interleaves its contenders (A, B, C, A, B, C …) so that the drift of a shared,
+//! noisy machine hits all of them alike, and reports medians over the rounds.
+//!
+//! - `http`: the handler path (issue 24): messages POSTed to a local app by a plain reqwest
+//!   loop, by a hand-written redb queue loop, and by ebb's listener over the embedded store;
+//!   throughput, CPU per message and bytes written to the store per message.
+//! - `server`: that local app, an HTTP server answering 200 at once, run as a process of its
+//!   own (`ebb bench serve`) so that its CPU is not counted as the client's.
+//! - `contenders`: the three ways of moving the messages, one run each.
+//! - `measure`: what a run is measured with: the process's CPU time, and a storage backend
+//!   counting the bytes redb writes.
+//! - `report`: medians, ratios, the issue's goals, and the table or JSON printed.
+
+pub(crate) mod contenders;
+pub(crate) mod http;
+pub(crate) mod measure;
+pub(crate) mod report;
+pub(crate) mod server;

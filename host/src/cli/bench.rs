@@ -1,0 +1,117 @@
+//! `ebb bench`: measurements of ebb against what a user would write instead.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand, ValueEnum};
+
+use crate::bench::contenders::EbbSettings;
+use crate::bench::http::{self, CONTENDERS, Contender, HttpBench};
+
+/// Most messages per run.
+const MAX_MESSAGES: u64 = 100_000;
+/// Largest body: the embedded store's default message limit.
+const MAX_BODY_BYTES: u32 = crate::queue::embedded::DEFAULT_MAX_MESSAGE_BYTES as u32;
+/// Highest concurrency.
+const MAX_CONCURRENCY: u32 = 1024;
+/// Most rounds.
+const MAX_ROUNDS: u32 = 20;
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum BenchCommand {
+    /// The handler path (issue 24): ebb's listener over the embedded store posting every
+    /// message to a local app, against a plain reqwest loop and a hand-written redb queue
+    /// loop in the same run: msg/s, CPU per message, bytes written to the store per message,
+    /// and the issue's goals, each met or not. Build with --release for figures worth reading.
+    Http(HttpArgs),
+    /// The app `ebb bench http` posts to: 200 with an empty body at once, on 127.0.0.1 (a
+    /// free port, written to --port-file), until stdin closes. Started by the bench itself.
+    #[command(hide = true)]
+    Serve {
+        /// Where to write the port once listening.
+        #[arg(long)]
+        port_file: PathBuf,
+    },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct HttpArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Rounds, 1 to 20: each runs every contender once per size and concurrency, in turn;
+    /// the figures are medians over the rounds.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_ROUNDS)))]
+    rounds: u32,
+    /// Messages per run of the reqwest loop and of ebb, 1 to 100,000. The default makes the
+    /// reqwest loop's runs last about half a second: shorter ones are mostly noise.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..=MAX_MESSAGES))]
+    messages: u64,
+    /// Messages per run of the redb loop, 1 to 100,000 (at most --messages): it commits
+    /// twice per message, one transaction at a time, so it is slow and its rate hardly
+    /// depends on the count.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=MAX_MESSAGES))]
+    redb_messages: u64,
+    /// Body sizes in bytes, comma-separated, each 1 to 65,536. The issue's throughput goals
+    /// are set for 256 and 16384.
+    #[arg(long, value_delimiter = ',', default_values_t = [256, 16384], value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_BODY_BYTES)))]
+    sizes: Vec<u32>,
+    /// Concurrency T, comma-separated, each 1 to 1,024: the reqwest and redb loops' tasks,
+    /// ebb's max_concurrent_calls (one variant) and its task count (the other).
+    #[arg(long, value_delimiter = ',', default_values_t = [4, 16, 32], value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_CONCURRENCY)))]
+    concurrency: Vec<u32>,
+    /// Which contenders run, comma-separated (default: all). The goals need both baselines
+    /// and ebb; fewer contenders are for profiling one of them.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    contenders: Vec<ContenderArg>,
+}
+
+/// A contender, as `--contenders` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ContenderArg {
+    /// A plain reqwest loop: T tasks posting the body, no queue.
+    ReqwestLoop,
+    /// A hand-written redb queue loop: lease one (a durable commit), post, delete (another).
+    RedbLoop,
+    /// ebb's listener with the default task settings and max_concurrent_calls = T.
+    Ebb,
+    /// ebb's listener with min_tasks = max_tasks = T.
+    EbbFixedTasks,
+}
+
+impl From<ContenderArg> for Contender {
+    fn from(arg: ContenderArg) -> Contender {
+        match arg {
+            ContenderArg::ReqwestLoop => Contender::ReqwestLoop,
+            ContenderArg::RedbLoop => Contender::RedbLoop,
+            ContenderArg::Ebb => Contender::Ebb(EbbSettings::ConcurrentCalls),
+            ContenderArg::EbbFixedTasks => Contender::Ebb(EbbSettings::FixedTasks),
+        }
+    }
+}
+
+/// Keeps the first of each value, in order.
+fn distinct(values: Vec<u32>) -> Vec<u32> {
+    let mut seen = std::collections::HashSet::new();
+    values.into_iter().filter(|v| seen.insert(*v)).collect()
+}
+
+pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
+    match command {
+        BenchCommand::Http(args) => {
+            let bench = HttpBench {
+                sizes: distinct(args.sizes),
+                concurrency: distinct(args.concurrency),
+                messages: args.messages,
+                redb_messages: args.redb_messages,
+                rounds: args.rounds,
+                // Always in the bench's own order, whatever order they were named in.
+                contenders: CONTENDERS
+                    .into_iter()
+                    .filter(|c| args.contenders.is_empty() || args.contenders.iter().any(|a| Contender::from(*a) == *c))
+                    .collect(),
+            };
+            http::run(bench, args.json)
+        }
+        BenchCommand::Serve { port_file } => crate::bench::server::serve(&port_file),
+    }
+}

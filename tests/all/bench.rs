@@ -1,0 +1,86 @@
+//! `ebb bench http` through the binary: a short run reports every figure, and leaves no
+//! server process behind.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::binary::EBB;
+
+/// A figure of the report: a finite number above zero.
+fn positive(value: &Value, what: &str) -> f64 {
+    let number = value.as_f64().unwrap_or_else(|| panic!("{what} is not a number: {value}"));
+    assert!(number.is_finite() && number > 0.0, "{what} is {number}, not finite and positive");
+    number
+}
+
+#[test]
+fn bench_http_reports_every_figure_and_leaves_no_server_behind() {
+    let output = Command::new(EBB)
+        .args(["bench", "http", "--json", "--messages", "200", "--redb-messages", "100", "--rounds", "1", "--sizes", "256", "--concurrency", "4"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "ebb bench http failed: {}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&output.stdout)));
+
+    let cells = report["cells"].as_array().expect("cells");
+    assert_eq!(cells.len(), 1, "one size at one concurrency: {report:#}");
+    let cell = &cells[0];
+    assert_eq!((cell["body_bytes"].as_u64(), cell["concurrency"].as_u64()), (Some(256), Some(4)));
+    for contender in ["reqwest_loop", "redb_loop", "ebb", "ebb_fixed_tasks"] {
+        let figures = &cell["contenders"][contender];
+        positive(&figures["msg_per_s"], &format!("{contender} msg_per_s"));
+        positive(&figures["cpu_ms_per_1000"], &format!("{contender} cpu_ms_per_1000"));
+        // The app's CPU is read in clock ticks: a short run may read zero.
+        let app = figures["app_cpu_ms_per_1000"].as_f64().expect("the app's CPU, read from /proc");
+        assert!(app.is_finite() && app >= 0.0, "{contender} app_cpu_ms_per_1000 is {app}");
+        let store = &figures["store_bytes_written_per_message"];
+        if contender == "reqwest_loop" {
+            assert!(store.is_null(), "the reqwest loop has no store: {figures}");
+        } else {
+            for part in ["put", "processing", "total", "total_over_body"] {
+                positive(&store[part], &format!("{contender} store bytes {part}"));
+            }
+        }
+    }
+    for variant in ["ebb", "ebb_fixed_tasks"] {
+        let verdict = &cell["verdicts"][variant];
+        for ratio in [
+            "throughput_vs_reqwest_loop",
+            "cpu_per_message_vs_reqwest_loop",
+            "throughput_vs_redb_loop",
+            "store_bytes_per_message_vs_body",
+            "store_bytes_processing_per_message_vs_body",
+        ] {
+            positive(&verdict["ratios"][ratio], &format!("{variant} {ratio}"));
+        }
+        let goals: Vec<&str> = verdict["goals"].as_array().expect("goals").iter().map(|g| g["goal"].as_str().expect("a goal's name")).collect();
+        // 256 B: no bytes-written goal (the issue sets it at 16 KiB).
+        assert_eq!(goals, ["cpu_per_message_vs_reqwest_loop", "throughput_vs_reqwest_loop", "throughput_vs_redb_loop"]);
+        for goal in verdict["goals"].as_array().unwrap() {
+            positive(&goal["value"], &format!("{variant} {goal}"));
+            assert!(goal["met"].is_boolean(), "{goal}");
+        }
+    }
+    assert!(report["goals"].as_u64() == Some(6) && report["all_goals_met"].is_boolean(), "{report:#}");
+
+    let pid = report["server"]["pid"].as_i64().expect("the server's pid") as libc::pid_t;
+    // SAFETY: signal 0 only asks whether the process exists.
+    let alive = unsafe { libc::kill(pid, 0) } == 0;
+    assert!(!alive, "the bench server (pid {pid}) is still running after the bench ended");
+}
+
+#[test]
+fn bench_http_refuses_flags_out_of_their_ranges() {
+    for (args, expected) in [
+        (&["--concurrency", "0"][..], "--concurrency"),
+        (&["--sizes", "65537"][..], "--sizes"),
+        (&["--rounds", "21"][..], "--rounds"),
+        (&["--messages", "100000", "--sizes", "65536"][..], "at most 2 GiB"),
+    ] {
+        let output = Command::new(EBB).args(["bench", "http"]).args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success() && stderr.contains(expected), "ebb bench http {args:?}: {stderr}");
+        assert!(output.stdout.is_empty(), "ebb bench http {args:?} ran: {}", String::from_utf8_lossy(&output.stdout));
+    }
+}

@@ -13,6 +13,7 @@ mod decorators;
 mod embedded_queue;
 mod embedding;
 mod handler;
+mod knee;
 mod kubernetes;
 mod listener;
 mod replay;

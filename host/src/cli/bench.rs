@@ -23,6 +23,12 @@ pub(crate) enum BenchCommand {
     /// loop in the same run: msg/s, CPU per message, bytes written to the store per message,
     /// and the issue's goals, each met or not. Build with --release for figures worth reading.
     Http(HttpArgs),
+    /// Adaptive concurrency (issue 24): in simulated time on the real listener, an app whose
+    /// latency grows with the square of its calls past a knee; a sweep of fixed
+    /// max_concurrent_calls against a rule that decides the concurrency itself (default: none,
+    /// the sweep alone), with the goals: the rule's throughput at least 0.9 × the best fixed
+    /// setting's, its handler latency p99 at most 1.5 × the latency at the knee.
+    Knee(KneeArgs),
     /// The app `ebb bench http` posts to: 200 with an empty body at once, on 127.0.0.1 (a
     /// free port, written to --port-file), until stdin closes. Started by the bench itself.
     #[command(hide = true)]
@@ -63,6 +69,33 @@ pub(crate) struct HttpArgs {
     /// and ebb; fewer contenders are for profiling one of them.
     #[arg(long, value_delimiter = ',', value_enum)]
     contenders: Vec<ContenderArg>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct KneeArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Calls at once past which the app slows down, 1 to 10,000.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::simulate::scenario::MAX_HANDLER_KNEE)))]
+    knee: u32,
+    /// The app's latency up to the knee (at most 10 minutes).
+    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
+    latency: std::time::Duration,
+    /// Fixed max_concurrent_calls to sweep, comma-separated, each 1 to 10,000; the highest is
+    /// also the rule's ceiling.
+    #[arg(long, value_delimiter = ',', default_values_t = crate::simulate::knee::FIXED.to_vec(), value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::config::MAX_CONCURRENT_CALLS)))]
+    fixed: Vec<u32>,
+    /// A rule component that decides the concurrency (contract 0.3.0), e.g.
+    /// example-rules/adaptive-concurrency built for wasm32-wasip2.
+    #[arg(long)]
+    rule: Option<PathBuf>,
+    /// A parameter for the rule, as in the queue's `rule_params` (repeatable).
+    #[arg(long = "param", value_name = "KEY=VALUE", value_parser = super::parse_key_value)]
+    params: Vec<(String, String)>,
+    /// Seed of every random choice.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
 /// A contender, as `--contenders` names it.
@@ -111,6 +144,23 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
                     .collect(),
             };
             http::run(bench, args.json)
+        }
+        BenchCommand::Knee(args) => {
+            if args.latency > crate::simulate::scenario::MAX_HANDLER_TIME {
+                anyhow::bail!("--latency: at most {}", humantime::format_duration(crate::simulate::scenario::MAX_HANDLER_TIME));
+            }
+            if args.rule.is_none() && !args.params.is_empty() {
+                anyhow::bail!("--param: give --rule FILE.wasm for it");
+            }
+            super::refuse_repeated_params(&args.params)?;
+            let rule = args.rule.map(|path| crate::simulate::RuleChoice::Wasm(crate::simulate::RuleFile { path, params: args.params }));
+            let report = crate::simulate::knee::run(args.knee, args.latency, &distinct(args.fixed), rule, args.seed)?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", crate::simulate::knee::table(&report));
+            }
+            Ok(())
         }
         BenchCommand::Serve { port_file } => crate::bench::server::serve(&port_file),
     }

@@ -136,15 +136,16 @@ impl Controller {
         self.learn_baseline(applied, sample);
         let baseline = self.baseline.unwrap_or(sample);
 
-        if let Some((limit_before, baseline_before)) = self.probe.take() {
-            if sample * settings.tolerance >= baseline_before {
-                // Latency did not fall at half the limit: the limit was at or under the knee.
-                self.knee_found = true;
-                self.limit = limit_before;
-                self.slow_start = true;
-                return self.rounded();
-            }
-            // It fell: the limit was past the knee. Stay here, and look lower still below.
+        // After a probe whose latency fell, the limit was past the knee: it stays at the probe's
+        // half, and looks lower still below.
+        if let Some((limit_before, baseline_before)) = self.probe.take()
+            && sample * settings.tolerance >= baseline_before
+        {
+            // Latency did not fall at half the limit: the limit was at or under the knee.
+            self.knee_found = true;
+            self.limit = limit_before;
+            self.slow_start = true;
+            return self.rounded();
         }
 
         let failed = u64::from(state.failed) as f64;

@@ -25,6 +25,7 @@
 //! (`leasing`: gets, visibility updates, receipts); `record` is a message's stored form.
 
 mod changes;
+mod counting;
 mod leasing;
 mod opening;
 pub use opening::check_store;
@@ -39,6 +40,7 @@ use std::sync::Arc;
 use super::clock::{Clock, SystemClock};
 use crate::health::Health;
 
+pub use counting::{CountingBackend, StoreWrites};
 pub use queue::EmbeddedQueue;
 pub use store::EmbeddedStore;
 

@@ -24,6 +24,7 @@
 //! file; `writer` commits groups of changes; `changes` applies each change to the `tables`
 //! (`leasing`: gets, visibility updates, receipts); `record` is a message's stored form.
 
+mod bodies;
 mod changes;
 mod counting;
 mod leasing;

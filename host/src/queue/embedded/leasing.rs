@@ -89,3 +89,48 @@ fn new_receipt(previous: u64) -> u64 {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use redb::ReadableTableMetadata;
+
+    use super::super::bodies::PAGE_PART_BYTES;
+    use super::super::tables::{BODIES, BODY_PAGES, HEADERS};
+    use super::super::{EmbeddedOptions, EmbeddedStore};
+    use crate::queue::QueueClient;
+
+    /// A header that is not one (a damaged file) says neither the body's length nor its
+    /// checksum: the message is still delivered, with the bytes stored, marked corrupt at
+    /// every lease (the listener poisons it), and its delete removes every part of it.
+    #[tokio::test]
+    async fn a_message_whose_header_is_damaged_is_delivered_marked_corrupt_at_every_lease() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default())?;
+        let queue = store.queue("work");
+        queue.create_if_missing().await?;
+        let body: Vec<u8> = (0..2 * PAGE_PART_BYTES + 10).map(|at| at as u8).collect();
+        let id = queue.put(&body, Duration::ZERO).await?;
+        let db = store.database()?;
+        let txn = db.begin_write()?;
+        txn.open_table(HEADERS)?.insert((1, id.parse::<u64>()?), &b"damaged"[..])?;
+        txn.commit()?;
+
+        let first = queue.get(32, Duration::ZERO).await?;
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].body, body, "the bytes stored, every part");
+        let defect = first[0].defect.as_deref().unwrap_or_default();
+        assert!(defect.starts_with("corrupt: its header is 7 bytes"), "{defect:?}");
+        let again = queue.get(32, Duration::from_secs(30)).await?;
+        assert_eq!(again.len(), 1, "a lease of zero makes it visible again at once");
+        let defect = again[0].defect.as_deref().unwrap_or_default();
+        assert!(defect.starts_with("corrupt: the body fails its checksum"), "still marked: {defect:?}");
+
+        queue.delete(&again[0].id, &again[0].pop_receipt).await?;
+        let txn = redb::ReadableDatabase::begin_read(&*db)?;
+        let left = (txn.open_table(HEADERS)?.len()?, txn.open_table(BODIES)?.len()?, txn.open_table(BODY_PAGES)?.len()?);
+        assert_eq!(left, (0, 0, 0), "headers, bodies and body pages left");
+        Ok(())
+    }
+}

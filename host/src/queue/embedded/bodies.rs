@@ -49,9 +49,14 @@ pub(super) fn read(t: &Tables<'_>, queue: u32, seq: u64, expected_len: Option<us
     Ok(body)
 }
 
-pub(super) fn remove(t: &mut Tables<'_>, queue: u32, seq: u64) -> anyhow::Result<()> {
+/// Removes the body of message `seq`, `len` bytes long by its header.
+pub(super) fn remove(t: &mut Tables<'_>, queue: u32, seq: u64, len: usize) -> anyhow::Result<()> {
     t.bodies.remove((queue, seq))?;
-    // By range, not by the count the header implies: a damaged header must not leave parts behind.
-    t.body_pages.retain_in((queue, seq, 0)..=(queue, seq, u32::MAX), |_, _| false)?;
+    // Parts by range, not by the count the length implies: a wrong length leaves none
+    // behind. A short body (most are) is spared the look into `body_pages`; only a damaged
+    // length that claims a short body could leave parts unreclaimed.
+    if len >= PAGE_PART_BYTES {
+        t.body_pages.retain_in((queue, seq, 0)..=(queue, seq, u32::MAX), |_, _| false)?;
+    }
     Ok(())
 }

@@ -72,7 +72,7 @@ fn delete(t: &mut Tables<'_>, queue: u32, seq: u64, receipt: u64) -> Applied {
         Err(stale) => return Ok(Err(stale)),
     };
     t.headers.remove((queue, seq))?;
-    bodies::remove(t, queue, seq)?;
+    bodies::remove(t, queue, seq, header.body_len as usize)?;
     t.visible.remove((queue, header.visible_at_ms, seq))?;
     add_count(&mut t.counts, queue, -1)?;
     Ok(Ok(Reply::Deleted))

@@ -41,9 +41,7 @@ mod watcher;
 
 pub use bindings::{CONTRACT_INTERFACE, CONTRACT_VERSION, CONTRACT_VERSIONS, ContractVersion};
 pub use decider::{BuiltInRule, Decider};
-pub use decision::{
-    Decision, DecisionSource, NativeRule, built_in_queue_empty, built_in_task_count, native_concurrency, native_queue_empty, native_task_count,
-};
+pub use decision::{Decision, DecisionSource, NativeRule, built_in_queue_empty, built_in_task_count, native_concurrency, native_queue_empty, native_task_count};
 pub(crate) use decision::{clamp_idle, clamp_task_count};
 pub use engine::{CompiledRule, RuleEngine};
 pub(crate) use file::read_rule_file;

@@ -12,9 +12,9 @@ use redb::ReadableTable;
 use super::tables::Tables;
 
 /// The largest value that fits alone in one of redb's 4 KiB leaf pages under a
-/// `(u32, u64, u32)` key: 4 bytes of page header, 4 of value length, 16 of key. (Were redb's
-/// page layout to change, parts would take two pages: `a_body_is_written_once_however_often_
-/// its_lease_changes` measures it.)
+/// `(u32, u64, u32)` key: 4 bytes of page header, 4 of value length, 16 of key. Were redb's
+/// page layout to change, each part would take two pages; the bytes-written test in
+/// `tests/all/embedded_queue.rs` would fail.
 pub(super) const PAGE_PART_BYTES: usize = 4096 - 4 - 4 - 16;
 
 /// Buffers larger than this are not reserved on a header's word alone (a damaged header

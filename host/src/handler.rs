@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, bail};
 use async_trait::async_trait;
+use bytes::Bytes;
 
 use crate::queue::MessageId;
 
@@ -19,8 +20,8 @@ pub struct IncomingMessage {
     pub dequeue_count: u32,
     /// When it was put.
     pub inserted_at: SystemTime,
-    /// The body, as put.
-    pub body: Vec<u8>,
+    /// The body, as put (cloning it shares the buffer, it does not copy it).
+    pub body: Bytes,
 }
 
 /// Processes messages. `Ok` deletes the message; `Err` makes it visible again after the

@@ -13,7 +13,7 @@
 //! use ebb::handler::{Handler, IncomingMessage};
 //!
 //! /// Sends each body it handles to the channel.
-//! struct Forward(tokio::sync::mpsc::UnboundedSender<Vec<u8>>);
+//! struct Forward(tokio::sync::mpsc::UnboundedSender<bytes::Bytes>);
 //!
 //! #[async_trait::async_trait]
 //! impl Handler for Forward {

@@ -307,7 +307,7 @@ struct Counting(Arc<AtomicU64>);
 #[async_trait]
 impl Handler for Counting {
     async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
-        if message.body == b"hang" {
+        if message.body == b"hang"[..] {
             std::future::pending::<()>().await;
         }
         self.0.fetch_add(1, Ordering::SeqCst);

@@ -29,7 +29,7 @@ struct Recording {
 #[async_trait]
 impl Handler for Recording {
     async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
-        let body = String::from_utf8(message.body.clone())?;
+        let body = String::from_utf8(message.body.to_vec())?;
         tokio::time::sleep(Duration::from_millis(2)).await;
         let number: u32 = body.trim_start_matches("m-").parse()?;
         if number.is_multiple_of(10) && message.dequeue_count == 1 {

@@ -86,7 +86,7 @@ impl QueueClient for RecordingQueue {
         }
         let mut got = self.inner.get(max, visibility).await?;
         for message in &mut got {
-            if message.body == b"corrupt-me" {
+            if message.body == b"corrupt-me"[..] {
                 message.defect = Some("corrupt: the body fails its checksum".into());
             }
         }
@@ -454,7 +454,7 @@ async fn without_the_envelope_the_poison_queue_gets_the_original_body() {
     sleep(Duration::from_secs(30)).await;
     let poisoned = f.poison.get(32, Duration::from_secs(30)).await.unwrap();
     assert_eq!(poisoned.len(), 1);
-    assert_eq!(poisoned[0].body, b"fail: the original");
+    assert_eq!(poisoned[0].body, &b"fail: the original"[..]);
     let status = f.listener.status();
     assert!(status.recent_poison[0].reason.contains("boom on try 1"), "{:?}", status.recent_poison);
 }
@@ -548,11 +548,11 @@ struct OverlapHandler {
 #[async_trait]
 impl Handler for OverlapHandler {
     async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
-        if !self.active.lock().unwrap().insert(message.body.clone()) {
+        if !self.active.lock().unwrap().insert(message.body.to_vec()) {
             self.overlaps.fetch_add(1, Ordering::Relaxed);
         }
         sleep(Duration::from_secs(12)).await;
-        self.active.lock().unwrap().remove(&message.body);
+        self.active.lock().unwrap().remove(&message.body[..]);
         self.done.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

@@ -41,7 +41,7 @@ struct Counting {
 #[async_trait]
 impl Handler for Counting {
     async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
-        *self.seen.lock().unwrap().entry(message.body.clone()).or_default() += 1;
+        *self.seen.lock().unwrap().entry(message.body.to_vec()).or_default() += 1;
         Ok(())
     }
 }

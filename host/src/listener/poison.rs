@@ -88,7 +88,7 @@ pub(crate) struct PoisonEnvelope {
 
 impl PoisonEnvelope {
     fn new(message: &IncomingMessage, reason: &str) -> Self {
-        let text = String::from_utf8(message.body.clone()).ok();
+        let text = std::str::from_utf8(&message.body).ok().map(str::to_owned);
         PoisonEnvelope {
             queue: message.queue.clone(),
             original_id: message.id.clone(),

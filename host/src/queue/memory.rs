@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 
 use super::clock::{Clock, system_time};
 use super::{MAX_BATCH, MAX_VISIBILITY, Message, MessageId, PopReceipt, QueueClient, QueueError};
@@ -23,7 +24,8 @@ struct Stored {
     inserted_at_ms: u64,
     receipt: u64,
     dequeue_count: u32,
-    body: Vec<u8>,
+    /// Shared with every lease's message, not copied into each.
+    body: Bytes,
 }
 
 /// One in-memory queue.
@@ -70,7 +72,7 @@ impl QueueClient for MemoryQueue {
         state.next_seq += 1;
         let seq = state.next_seq;
         let visible_at_ms = now.saturating_add(initial_visibility.min(MAX_VISIBILITY).as_millis() as u64);
-        state.messages.insert(seq, Stored { visible_at_ms, inserted_at_ms: now, receipt: 0, dequeue_count: 0, body: body.to_vec() });
+        state.messages.insert(seq, Stored { visible_at_ms, inserted_at_ms: now, receipt: 0, dequeue_count: 0, body: Bytes::copy_from_slice(body) });
         state.visible.insert((visible_at_ms, seq));
         Ok(seq.to_string().into())
     }

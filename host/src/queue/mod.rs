@@ -22,6 +22,7 @@ mod retrying;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use bytes::Bytes;
 
 pub(crate) use call_record::CallRecord;
 pub use call_record::CallSnapshot;
@@ -123,8 +124,9 @@ pub struct Message {
     pub inserted_at: SystemTime,
     /// When the lease ends and the message becomes visible again.
     pub next_visible_at: SystemTime,
-    /// The body, as put.
-    pub body: Vec<u8>,
+    /// The body, as put. A `Bytes`, so passing it on (to the handler, to an HTTP request)
+    /// shares the buffer the backend read it into instead of copying it.
+    pub body: Bytes,
     /// Why this message cannot be handled, if it cannot: its stored body failed its
     /// checksum, or it could not be decoded. The listener moves such a message to the
     /// poison queue with this reason and never hands it to the handler.

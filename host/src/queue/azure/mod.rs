@@ -404,7 +404,7 @@ impl QueueClient for AzureQueue {
                 dequeue_count: item.dequeue_count.unwrap_or(1).clamp(0, i64::from(u32::MAX)) as u32,
                 inserted_at: system_time(item.insertion_time),
                 next_visible_at: system_time(item.time_next_visible),
-                body,
+                body: body.into(),
                 defect,
             });
         }

@@ -3,6 +3,7 @@
 
 use redb::{ReadableTable, ReadableTableMetadata};
 
+use super::bodies;
 use super::leasing::{lease, leased_header, update_visibility};
 use super::record::{Header, checksum};
 use super::tables::{Tables, add_count};
@@ -52,11 +53,14 @@ fn create(t: &mut Tables<'_>, name: &str) -> Applied {
 }
 
 fn put(t: &mut Tables<'_>, queue: u32, now_ms: u64, body: Vec<u8>, delay_ms: u64, next_seq: &mut u64) -> Applied {
+    // The queue's put refuses a body over MAX_BODY_BYTES, so its length fits.
+    let body_len = body.len() as u32;
     let seq = *next_seq;
     *next_seq += 1;
     let visible_at_ms = now_ms.saturating_add(delay_ms);
-    let header = Header { visible_at_ms, inserted_at_ms: now_ms, receipt: 0, dequeue_count: 0, body_checksum: checksum(&body) };
-    t.messages.insert((queue, seq), header.encode(&body).as_slice())?;
+    let header = Header { visible_at_ms, inserted_at_ms: now_ms, receipt: 0, dequeue_count: 0, body_checksum: checksum(&body), body_len };
+    t.headers.insert((queue, seq), header.encode().as_slice())?;
+    bodies::write(t, queue, seq, &body)?;
     t.visible.insert((queue, visible_at_ms, seq), ())?;
     add_count(&mut t.counts, queue, 1)?;
     Ok(Ok(Reply::Id(seq.to_string())))
@@ -67,7 +71,8 @@ fn delete(t: &mut Tables<'_>, queue: u32, seq: u64, receipt: u64) -> Applied {
         Ok(header) => header,
         Err(stale) => return Ok(Err(stale)),
     };
-    t.messages.remove((queue, seq))?;
+    t.headers.remove((queue, seq))?;
+    bodies::remove(t, queue, seq, header.body_len as usize)?;
     t.visible.remove((queue, header.visible_at_ms, seq))?;
     add_count(&mut t.counts, queue, -1)?;
     Ok(Ok(Reply::Deleted))

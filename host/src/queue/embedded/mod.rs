@@ -4,14 +4,27 @@
 //! and issues a new pop receipt each time; a message whose lease ends becomes visible again
 //! with its dequeue count kept; only the latest receipt can delete or update it.
 //!
-//! Layout: `messages (queue, seq) → header + body`, and an index `visible (queue,
-//! visible_at_ms, seq)` so a get reads the oldest visible messages directly (roughly FIFO)
-//! without walking leased or deleted ones. Every change is committed durably (fsync)
-//! before it is acknowledged; one writer thread commits all changes that arrive while the
-//! previous commit runs together (group commit), so concurrent puts and the deletes of a
-//! batch share an fsync.
+//! Layout (record format 3): each message is a 36-byte header in `headers (queue, seq)`
+//! (visibility, insertion time, receipt, dequeue count, body checksum, body length) and a
+//! body written once, at the put: `bodies (queue, seq)` holds a short body whole, and a body
+//! longer than a page is cut into page-sized parts in `body_pages (queue, seq, part)` with
+//! its rest in `bodies`, so each part fills one 4 KiB redb page exactly (stored whole, a
+//! 16 KiB body would take a 32 KiB page). A get, a lease renewal, a retry delay or a release
+//! rewrites only the header and the message's entry in the index `visible (queue,
+//! visible_at_ms, seq)`, through which a get reads the oldest visible messages directly
+//! (roughly FIFO) without walking leased or deleted ones; a delete removes header, body and
+//! entry. From put to delete (a get, a renewal), a 16 KiB message costs about 18 KiB of
+//! writes when several consumers share commits, 22–24 KiB with one (each commit also writes
+//! some 30 KiB of redb's own pages); [`EmbeddedStore::open_counting`] counts them. Formats 1
+//! and 2 (header and body in one `messages` record, rewritten whole at every lease, 99 KiB
+//! for the same message) are migrated when the store opens; a newer format is refused.
 //!
-//! Failures: each body carries a CRC-32 checksum; a body that fails it is delivered with a
+//! Every change is committed durably (fsync) before it is acknowledged; one writer thread
+//! commits all changes that arrive while the previous commit runs together (group commit),
+//! so concurrent puts and the deletes of a batch share an fsync.
+//!
+//! Failures: each body carries a CRC-32 checksum, checked once, by the get that reads the
+//! body; a body that fails it (or whose length is not its header's) is delivered with a
 //! [`Message::defect`](super::Message::defect) (the listener poisons it, never hands it to
 //! the handler). A commit that fails (an I/O error leaves redb refusing every later call)
 //! makes the writer reopen the database; if it cannot, the store reports the problem in
@@ -21,10 +34,14 @@
 //!
 //! Files: `store` opens a data directory and passes changes to the writer; `queue` is one
 //! queue's [`QueueClient`](super::QueueClient); `opening` checks, creates and prepares the
-//! file; `writer` commits groups of changes; `changes` applies each change to the `tables`
-//! (`leasing`: gets, visibility updates, receipts); `record` is a message's stored form.
+//! file and migrates older formats; `writer` commits groups of changes; `changes` applies
+//! each change to the `tables` (`leasing`: gets, visibility updates, receipts); `record` is
+//! a message's header, `bodies` how a body is stored; `counting` counts what the store
+//! writes to its file.
 
+mod bodies;
 mod changes;
+mod counting;
 mod leasing;
 mod opening;
 pub use opening::check_store;
@@ -39,6 +56,7 @@ use std::sync::Arc;
 use super::clock::{Clock, SystemClock};
 use crate::health::Health;
 
+pub use counting::{CountingBackend, StoreWrites};
 pub use queue::EmbeddedQueue;
 pub use store::EmbeddedStore;
 

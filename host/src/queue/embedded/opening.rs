@@ -6,15 +6,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context as _, anyhow};
-use redb::{Database, DatabaseError, ReadableTable, StorageError, Table};
+use redb::{Database, DatabaseError, ReadableTable, StorageError, TableDefinition, WriteTransaction};
 
-use super::record::{HEADER_BYTES, checksum};
+use super::bodies;
+use super::record::{Header, checksum};
 use super::store::Opener;
-use super::tables::{COUNTS, MESSAGES, META, QUEUES, VISIBLE};
+use super::tables::{META, open_tables};
 use crate::panics::{panic_message, quietly};
 
-/// Record format: 1 had no body checksum (its records are migrated at open), 2 has one.
-const FORMAT: u64 = 2;
+/// Record format: 1 had no body checksum; 2 had one, and kept each message's header and body
+/// together (every lease rewrote the body); 3 keeps them apart. Older stores are migrated at open.
+const FORMAT: u64 = 3;
 
 /// The first bytes of every redb file.
 const REDB_SIGNATURE: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
@@ -146,46 +148,76 @@ fn refused(file: &Path, why: &str) -> anyhow::Error {
 /// Creates the tables, migrates records to the current format, and returns the next sequence number.
 fn prepare(db: &Database) -> anyhow::Result<u64> {
     let txn = db.begin_write()?;
-    txn.open_table(QUEUES)?;
-    txn.open_table(VISIBLE)?;
-    txn.open_table(COUNTS)?;
-    let next_seq;
-    {
-        let mut meta = txn.open_table(META)?;
-        next_seq = meta.get("next_seq")?.map_or(1, |v| v.value());
-        let format = meta.get("format")?.map(|v| v.value());
-        match format {
-            Some(FORMAT) => {}
-            Some(newer) if newer > FORMAT => anyhow::bail!("its records are in format {newer}, written by a newer ebb (this one reads up to {FORMAT})"),
-            _ => {
-                add_checksums(&mut txn.open_table(MESSAGES)?)?;
-                meta.insert("format", FORMAT)?;
-            }
-        }
+    let (next_seq, format) = {
+        let meta = txn.open_table(META)?;
+        let next_seq = meta.get("next_seq")?.map_or(1, |v| v.value());
+        (next_seq, meta.get("format")?.map(|v| v.value()))
+    };
+    match format {
+        Some(FORMAT) => drop(open_tables(&txn)?),
+        Some(newer) if newer > FORMAT => anyhow::bail!("its records are in format {newer}, written by a newer ebb (this one reads up to {FORMAT})"),
+        // A store without a format is new, or from before formats were recorded (format 1).
+        Some(2) => migrate(&txn, 2)?,
+        _ => migrate(&txn, 1)?,
     }
     txn.commit()?;
     Ok(next_seq)
 }
 
-/// Rewrites format-1 records (a 28-byte header, no checksum) with a checksum of their body.
-fn add_checksums(messages: &mut Table<'_, (u32, u64), &'static [u8]>) -> anyhow::Result<()> {
-    const OLD_HEADER_BYTES: usize = 28;
-    let mut rewritten = Vec::new();
-    for entry in messages.iter()? {
-        let (key, value) = entry?;
-        let old = value.value();
-        // A record too short for the old header stays as it is: a get reports it corrupt.
-        if old.len() >= OLD_HEADER_BYTES {
-            let body = &old[OLD_HEADER_BYTES..];
-            let mut record = Vec::with_capacity(HEADER_BYTES + body.len());
-            record.extend_from_slice(&old[..OLD_HEADER_BYTES]);
-            record.extend_from_slice(&checksum(body).to_le_bytes());
-            record.extend_from_slice(body);
-            rewritten.push((key.value(), record));
+/// Where formats 1 and 2 kept each message: its header, then its body, rewritten together at
+/// every change of its lease.
+const OLD_MESSAGES: TableDefinition<(u32, u64), &[u8]> = TableDefinition::new("messages");
+
+/// Moves every message of a format-1 or format-2 store into the current tables, keeping its
+/// visibility, receipt and dequeue count (the `visible` index and the counts stay as they
+/// are), and records the current format. One transaction: a crash leaves the old store.
+fn migrate(txn: &WriteTransaction, old_format: u64) -> anyhow::Result<()> {
+    let mut migrated = 0u64;
+    {
+        let mut tables = open_tables(txn)?;
+        let old = txn.open_table(OLD_MESSAGES)?;
+        for entry in old.iter()? {
+            let (key, value) = entry?;
+            let (queue, seq) = key.value();
+            let stored = value.value();
+            match old_header(stored, old_format) {
+                Some((header, body)) => {
+                    tables.headers.insert((queue, seq), header.encode().as_slice())?;
+                    bodies::write(&mut tables, queue, seq, body)?;
+                }
+                // Too short for its header (a damaged file): kept as a header that is not one,
+                // so a get reports it corrupt, with its bytes as the body for the poison queue.
+                None => {
+                    tables.headers.insert((queue, seq), stored)?;
+                    bodies::write(&mut tables, queue, seq, stored)?;
+                }
+            }
+            migrated += 1;
         }
     }
-    for (key, record) in rewritten {
-        messages.insert(key, record.as_slice())?;
+    txn.delete_table(OLD_MESSAGES)?;
+    txn.open_table(META)?.insert("format", FORMAT)?;
+    if migrated > 0 {
+        tracing::info!(messages = migrated, "queue store migrated from record format {old_format} to {FORMAT} (headers apart from bodies)");
     }
     Ok(())
+}
+
+/// The header and body of a format-1 record (a 28-byte header without a body checksum) or a
+/// format-2 one (32 bytes, with it), or `None` if it is too short to hold its header.
+fn old_header(stored: &[u8], old_format: u64) -> Option<(Header, &[u8])> {
+    let header_bytes = if old_format == 1 { 28 } else { 32 };
+    let (head, body) = stored.split_at_checked(header_bytes)?;
+    let u64_at = |i: usize| u64::from_le_bytes(head[i..i + 8].try_into().unwrap());
+    let u32_at = |i: usize| u32::from_le_bytes(head[i..i + 4].try_into().unwrap());
+    let header = Header {
+        visible_at_ms: u64_at(0),
+        inserted_at_ms: u64_at(8),
+        receipt: u64_at(16),
+        dequeue_count: u32_at(24),
+        body_checksum: if old_format == 1 { checksum(body) } else { u32_at(28) },
+        // Bodies were under the put's limit, far below 4 GiB.
+        body_len: u32::try_from(body.len()).ok()?,
+    };
+    Some((header, body))
 }

@@ -18,6 +18,9 @@ fn bounded_ms(duration: Duration) -> u64 {
     duration.min(MAX_VISIBILITY).as_millis() as u64
 }
 
+/// A header holds a body's length in 4 bytes: the limit whatever the options say.
+const MAX_BODY_BYTES: usize = u32::MAX as usize;
+
 /// One queue of an [`EmbeddedStore`].
 pub struct EmbeddedQueue {
     pub(super) store: EmbeddedStore,
@@ -77,7 +80,7 @@ impl QueueClient for EmbeddedQueue {
     }
 
     async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<MessageId, QueueError> {
-        let limit = self.store.shared.options.max_message_bytes;
+        let limit = self.store.shared.options.max_message_bytes.min(MAX_BODY_BYTES);
         if body.len() > limit {
             return Err(QueueError::MessageTooLarge { size: body.len(), limit });
         }

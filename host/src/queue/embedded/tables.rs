@@ -1,23 +1,36 @@
-//! The tables: `messages (queue, seq) → record`, the index `visible (queue, visible_at_ms,
-//! seq)`, queue ids by name, message counts by queue, and meta values.
+//! The tables: each message's small record `headers (queue, seq)`, its body written once
+//! (`bodies (queue, seq)`, and `body_pages (queue, seq, part)` for the page-sized parts of a
+//! long body), the index `visible (queue, visible_at_ms, seq)`, queue ids by name, message
+//! counts by queue, and meta values.
 
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
 pub(super) const QUEUES: TableDefinition<&str, u32> = TableDefinition::new("queues");
-pub(super) const MESSAGES: TableDefinition<(u32, u64), &[u8]> = TableDefinition::new("messages");
+pub(super) const HEADERS: TableDefinition<(u32, u64), &[u8]> = TableDefinition::new("headers");
+pub(super) const BODIES: TableDefinition<(u32, u64), &[u8]> = TableDefinition::new("bodies");
+pub(super) const BODY_PAGES: TableDefinition<(u32, u64, u32), &[u8]> = TableDefinition::new("body_pages");
 pub(super) const VISIBLE: TableDefinition<(u32, u64, u64), ()> = TableDefinition::new("visible");
 pub(super) const COUNTS: TableDefinition<u32, u64> = TableDefinition::new("counts");
 pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 pub(super) struct Tables<'t> {
     pub(super) queues: Table<'t, &'static str, u32>,
-    pub(super) messages: Table<'t, (u32, u64), &'static [u8]>,
+    pub(super) headers: Table<'t, (u32, u64), &'static [u8]>,
+    pub(super) bodies: Table<'t, (u32, u64), &'static [u8]>,
+    pub(super) body_pages: Table<'t, (u32, u64, u32), &'static [u8]>,
     pub(super) visible: Table<'t, (u32, u64, u64), ()>,
     pub(super) counts: Table<'t, u32, u64>,
 }
 
 pub(super) fn open_tables(txn: &WriteTransaction) -> anyhow::Result<Tables<'_>> {
-    Ok(Tables { queues: txn.open_table(QUEUES)?, messages: txn.open_table(MESSAGES)?, visible: txn.open_table(VISIBLE)?, counts: txn.open_table(COUNTS)? })
+    Ok(Tables {
+        queues: txn.open_table(QUEUES)?,
+        headers: txn.open_table(HEADERS)?,
+        bodies: txn.open_table(BODIES)?,
+        body_pages: txn.open_table(BODY_PAGES)?,
+        visible: txn.open_table(VISIBLE)?,
+        counts: txn.open_table(COUNTS)?,
+    })
 }
 
 pub(super) fn add_count(counts: &mut Table<'_, u32, u64>, queue: u32, delta: i64) -> anyhow::Result<()> {

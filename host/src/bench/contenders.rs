@@ -11,11 +11,11 @@ use anyhow::{Context as _, bail};
 use bytes::Bytes;
 use redb::{Database, Durability, ReadableTable, TableDefinition};
 
-use super::measure::{WrittenBytes, process_cpu, threads_cpu};
+use super::measure::{process_cpu, threads_cpu};
 use crate::handler::HttpHandler;
 use crate::listener::{Listener, QueueSettings};
 use crate::queue::QueueClient;
-use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
+use crate::queue::embedded::{CountingBackend, EmbeddedOptions, EmbeddedStore};
 
 /// What one run measured.
 #[derive(Debug, Clone, Copy)]
@@ -140,16 +140,16 @@ fn now_ms() -> u64 {
 /// write transaction marking it leased), POSTing it, and deleting it (a second durable
 /// transaction), until no message is left to lease.
 pub(crate) async fn redb_loop(setup: &Setup<'_>) -> anyhow::Result<Run> {
-    let written = WrittenBytes::default();
+    let written = crate::queue::embedded::StoreWrites::default();
     let file = setup.dir.join("loop.redb");
-    let backend = written.backend(&file).with_context(|| format!("failed to open redb file {}", file.display()))?;
+    let backend = CountingBackend::open(&file, written.clone()).with_context(|| format!("failed to open redb file {}", file.display()))?;
     let db = Arc::new(Database::builder().create_with_backend(backend).with_context(|| format!("failed to create redb file {}", file.display()))?);
-    let before_put = written.get();
+    let before_put = written.bytes();
     fill_redb(&db, &setup.body, setup.messages).with_context(|| format!("failed to put the messages into {}", file.display()))?;
-    let put = written.get() - before_put;
+    let put = written.bytes() - before_put;
     let client = reqwest::Client::new();
     let watch = Stopwatch::start(setup.server_cpu);
-    let before_run = written.get();
+    let before_run = written.bytes();
     let tasks = (0..setup.concurrency)
         .map(|_| {
             let (db, client, url) = (db.clone(), client.clone(), setup.url.clone());
@@ -169,7 +169,7 @@ pub(crate) async fn redb_loop(setup: &Setup<'_>) -> anyhow::Result<Run> {
         })
         .collect();
     let done = join_all(tasks).await?;
-    Ok(watch.stop(done, Some(StoreWrites { put, processing: written.get() - before_run })))
+    Ok(watch.stop(done, Some(StoreWrites { put, processing: written.bytes() - before_run })))
 }
 
 fn fill_redb(db: &Database, body: &[u8], messages: u64) -> anyhow::Result<()> {
@@ -245,16 +245,14 @@ const STALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// ebb's listener over an embedded store holding the messages, handing each to
 /// [`HttpHandler`], from its start until every message is deleted.
 pub(crate) async fn ebb(setup: &Setup<'_>, settings: EbbSettings) -> anyhow::Result<Run> {
-    let written = WrittenBytes::default();
-    let counting = written.clone();
-    let store = EmbeddedStore::open_with_backend(setup.dir, EmbeddedOptions::default(), move |path| counting.backend(path))?;
+    let (store, written) = EmbeddedStore::open_counting(setup.dir, EmbeddedOptions::default())?;
     let queue = Arc::new(store.queue("bench"));
     let poison = Arc::new(store.queue("bench-poison"));
     queue.create_if_missing().await?;
     poison.create_if_missing().await?;
-    let before_put = written.get();
+    let before_put = written.bytes();
     fill_store(&queue, &setup.body, setup.messages).await.with_context(|| format!("failed to put the messages into the store in {}", setup.dir.display()))?;
-    let put = written.get() - before_put;
+    let put = written.bytes() - before_put;
 
     let handler = HttpHandler::new(setup.url.clone(), Duration::from_secs(30))?;
     let t = setup.concurrency;
@@ -266,10 +264,10 @@ pub(crate) async fn ebb(setup: &Setup<'_>, settings: EbbSettings) -> anyhow::Res
     let writer_cpu = || threads_cpu(None, |name| name == WRITER_THREAD);
     let writer_before = writer_cpu();
     let watch = Stopwatch::start(setup.server_cpu);
-    let before_run = written.get();
+    let before_run = written.bytes();
     listener.start();
     let finished = wait_until_processed(&listener, setup.messages).await;
-    let mut run = watch.stop(setup.messages, Some(StoreWrites { put, processing: written.get() - before_run }));
+    let mut run = watch.stop(setup.messages, Some(StoreWrites { put, processing: written.bytes() - before_run }));
     run.writer_cpu = writer_before.zip(writer_cpu()).map(|(before, after)| after.saturating_sub(before));
     listener.shutdown(Duration::from_secs(10)).await;
     finished.map(|peak_calls| {

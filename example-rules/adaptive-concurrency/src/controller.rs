@@ -123,6 +123,8 @@ pub struct Controller {
     peaks: std::collections::VecDeque<u32>,
     /// Where the last cut for latency landed, and how many cuts in a row landed there.
     landing: Option<(u32, u32)>,
+    /// Windows since the limit last changed.
+    steady: u32,
 }
 
 impl Controller {
@@ -145,11 +147,22 @@ impl Controller {
             cut: None,
             peaks: std::collections::VecDeque::with_capacity(HISTORY),
             landing: None,
+            steady: 0,
         }
     }
 
     /// The limit for the next window, from the window that just ended.
     pub fn decide(&mut self, settings: &Settings, state: &HandlerState) -> u32 {
+        let before = self.rounded();
+        self.steady = self.steady.saturating_add(1);
+        let decided = self.decide_limit(settings, state);
+        if decided != before {
+            self.steady = 0;
+        }
+        decided
+    }
+
+    fn decide_limit(&mut self, settings: &Settings, state: &HandlerState) -> u32 {
         let ceiling = f64::from(state.max_limit.max(1));
         self.limit = self.limit.clamp(1.0, ceiling);
         let applied = state.current_limit.max(1);
@@ -205,7 +218,8 @@ impl Controller {
             }
         } else if self.settling > 0 {
             self.settling -= 1;
-        } else if state.peak_in_flight >= applied {
+        } else if state.peak_in_flight >= applied && f64::from(self.steady) * state.window_ms as f64 >= sample {
+            // The limit was reached, and the calls started under it have had time to end.
             self.grow(ceiling);
             if let Some((at, _)) = self.landing
                 && self.limit >= f64::from(at) * 1.25 + 2.0

@@ -218,9 +218,11 @@ impl Controller {
             }
         } else if self.settling > 0 {
             self.settling -= 1;
-        } else if state.peak_in_flight >= applied && f64::from(self.steady) * state.window_ms as f64 >= sample {
-            // The limit was reached, and the calls started under it have had time to end.
-            self.grow(ceiling);
+        } else if state.peak_in_flight >= applied {
+            // The limit was reached; it grows once the calls started under it have had time
+            // to end (probing down needs no wait: a lower limit shows at once).
+            let seen = f64::from(self.steady) * state.window_ms as f64 >= sample;
+            self.grow(ceiling, seen);
             if let Some((at, _)) = self.landing
                 && self.limit >= f64::from(at) * 1.25 + 2.0
             {
@@ -264,14 +266,14 @@ impl Controller {
         self.settling = hold;
     }
 
-    fn grow(&mut self, ceiling: f64) {
+    fn grow(&mut self, ceiling: f64, seen: bool) {
         let rounded = self.rounded();
         if !self.knee_found && rounded >= 2 {
             self.probe = Some((self.limit, self.baseline.unwrap_or(f64::INFINITY)));
             self.limit = f64::from(rounded / 2);
-        } else if self.slow_start {
+        } else if seen && self.slow_start {
             self.limit = (self.limit * 2.0).min(ceiling);
-        } else {
+        } else if seen {
             self.limit = (self.limit + (self.limit * GROWTH_SHARE).max(1.0)).min(ceiling);
         }
     }

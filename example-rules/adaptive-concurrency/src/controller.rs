@@ -1,23 +1,33 @@
 //! The concurrency controller: a pure function of each window's [`HandlerState`] and what the
 //! controller remembers from the windows before.
 //!
-//! **Baseline.** The lowest mean latency of a window seen so far: the app's latency without
-//! load. It decays slowly (rises 0.2 % a window, doubling in about a minute without a lower
-//! window) so that one lucky window does not rule for ever; and when a cut for latency did not
-//! lower latency, the app itself got slower, and that latency becomes the baseline.
+//! **Latency.** A window is judged by its slowest call (`latency_max_ms`): a p99 goal is
+//! about the slow calls, and a mean hides the few calls started past the knee. On the real
+//! listener a call's latency is fixed when it starts, so a window's calls may have started
+//! windows ago, under another limit: the controller remembers each window's peak of calls at
+//! once to know how many ran when its slowest call started.
+//!
+//! **Baseline.** The lowest latency of a window seen so far: the app's latency without load.
+//! It decays slowly (rises 0.2 % a window, doubling in about a minute without a lower window)
+//! so that one lucky window does not rule for ever; and when a cut for latency did not lower
+//! latency once the calls started before it have ended, the app itself got slower, and that
+//! latency becomes the baseline.
 //!
 //! **Growth.** Only when the limit was reached (the window's peak of calls at once reached
-//! the limit, or tasks waited for a slot): a limit nobody uses says nothing about the app.
-//! A fresh controller starting from `initial` doubles the limit each window (slow start)
-//! until latency first climbs; after that, it adds one call, or 1/32 of the limit if more,
-//! each window (congestion avoidance).
+//! the limit; tasks waiting for a slot say nothing, the listener's tasks wait for half the
+//! limit), and only once the calls started under the limit have had time to end (windows
+//! since it changed × the window ≥ the latency). A fresh controller starting from `initial`
+//! doubles the limit (slow start) until latency first climbs; after that, it adds one call,
+//! or 1/32 of the limit if more, each time (congestion avoidance).
 //!
 //! **Cuts.** Latency past `tolerance` × the baseline means calls queue in the app: the limit
-//! is multiplied by the square root of baseline ÷ latency (when latency grows with the square
-//! of the calls past the knee, that lands on the knee), at most `backoff`. A push-back (HTTP
-//! 429 or 503) or failures over `failure_percent` cut it to `backoff` × the limit. A cut limit
-//! is held for `settle` windows, so the controller spends its time at the knee rather than
-//! climbing past it again at once.
+//! becomes the calls at once when the slowest call started × the square root of baseline ÷
+//! latency (when latency grows with the square of the calls past the knee, that lands on the
+//! knee), at most `backoff` × those; a late window still showing calls started before a cut
+//! gives the same answer, so it does not cut again. A push-back (HTTP 429 or 503) or failures
+//! over `failure_percent` cut it to `backoff` × the limit. A cut limit is held for `settle`
+//! windows, doubled (up to 16 ×) each time a cut lands where the one before did, so the
+//! controller spends its time at the knee rather than climbing past it again and again.
 //!
 //! **Probing down.** A controller that starts from a limit past the knee measures a loaded
 //! latency as its baseline and would never see the app's real one. So until it has seen the

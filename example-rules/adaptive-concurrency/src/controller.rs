@@ -1,23 +1,33 @@
 //! The concurrency controller: a pure function of each window's [`HandlerState`] and what the
 //! controller remembers from the windows before.
 //!
-//! **Baseline.** The lowest mean latency of a window seen so far: the app's latency without
-//! load. It decays slowly (rises 0.2 % a window, doubling in about a minute without a lower
-//! window) so that one lucky window does not rule for ever; and when a cut for latency did not
-//! lower latency, the app itself got slower, and that latency becomes the baseline.
+//! **Latency.** A window is judged by its slowest call (`latency_max_ms`): a p99 goal is
+//! about the slow calls, and a mean hides the few calls started past the knee. On the real
+//! listener a call's latency is fixed when it starts, so a window's calls may have started
+//! windows ago, under another limit: the controller remembers each window's peak of calls at
+//! once to know how many ran when its slowest call started.
+//!
+//! **Baseline.** The lowest latency of a window seen so far: the app's latency without load.
+//! It decays slowly (rises 0.2 % a window, doubling in about a minute without a lower window)
+//! so that one lucky window does not rule for ever; and when a cut for latency did not lower
+//! latency once the calls started before it have ended, the app itself got slower, and that
+//! latency becomes the baseline.
 //!
 //! **Growth.** Only when the limit was reached (the window's peak of calls at once reached
-//! the limit, or tasks waited for a slot): a limit nobody uses says nothing about the app.
-//! A fresh controller starting from `initial` doubles the limit each window (slow start)
-//! until latency first climbs; after that, it adds one call, or 1/32 of the limit if more,
-//! each window (congestion avoidance).
+//! the limit; tasks waiting for a slot say nothing, the listener's tasks wait for half the
+//! limit), and only once the calls started under the limit have had time to end (windows
+//! since it changed × the window ≥ the latency). A fresh controller starting from `initial`
+//! doubles the limit (slow start) until latency first climbs; after that, it adds one call,
+//! or 1/32 of the limit if more, each time (congestion avoidance).
 //!
 //! **Cuts.** Latency past `tolerance` × the baseline means calls queue in the app: the limit
-//! is multiplied by the square root of baseline ÷ latency (when latency grows with the square
-//! of the calls past the knee, that lands on the knee), at most `backoff`. A push-back (HTTP
-//! 429 or 503) or failures over `failure_percent` cut it to `backoff` × the limit. A cut limit
-//! is held for `settle` windows, so the controller spends its time at the knee rather than
-//! climbing past it again at once.
+//! becomes the calls at once when the slowest call started × the square root of baseline ÷
+//! latency (when latency grows with the square of the calls past the knee, that lands on the
+//! knee), at most `backoff` × those; a late window still showing calls started before a cut
+//! gives the same answer, so it does not cut again. A push-back (HTTP 429 or 503) or failures
+//! over `failure_percent` cut it to `backoff` × the limit. A cut limit is held for `settle`
+//! windows, doubled (up to 16 ×) each time a cut lands where the one before did, so the
+//! controller spends its time at the knee rather than climbing past it again and again.
 //!
 //! **Probing down.** A controller that starts from a limit past the knee measures a loaded
 //! latency as its baseline and would never see the app's real one. So until it has seen the
@@ -75,7 +85,7 @@ impl Settings {
 const MAX_SETTLE: u32 = 1000;
 /// How much the baseline rises each window with calls, unless a lower latency comes.
 const BASELINE_DRIFT: f64 = 0.002;
-/// Latencies below this count as this much: under it, a window's mean is all noise.
+/// Latencies below this count as this much: under it, a window's latency is all noise.
 const LATENCY_FLOOR_MS: f64 = 0.1;
 /// A cut for latency that leaves latency above this share of what it was did not help.
 const UNHELPED_CUT: f64 = 0.95;
@@ -84,6 +94,22 @@ const GROWTH_SHARE: f64 = 1.0 / 32.0;
 /// A cut for latency aims this much over the baseline, which is the lowest of noisy windows
 /// and so a little under the app's typical latency at the knee.
 const LANDING: f64 = 1.05;
+/// Windows of calls at once remembered, to find how many ran when a slow call started.
+const HISTORY: usize = 64;
+/// The most times the hold after a cut doubles when growth keeps being cut back to where
+/// it was: `settle` × 2⁴ windows at most.
+const MAX_HOLD_DOUBLINGS: u32 = 4;
+
+/// A cut for latency whose effect is still to be seen.
+#[derive(Debug, Clone, Copy)]
+struct Cut {
+    /// The limit in force when it was decided.
+    applied: u32,
+    /// The latency that caused it.
+    latency: f64,
+    /// Windows with calls since.
+    windows: u32,
+}
 
 /// What a controller remembers between windows.
 #[derive(Debug, Clone)]
@@ -101,8 +127,14 @@ pub struct Controller {
     knee_found: bool,
     /// The limit and baseline before the probe now running, if one is.
     probe: Option<(f64, f64)>,
-    /// The limit in force and the latency of the window before a cut for latency.
-    cut: Option<(u32, f64)>,
+    /// The last cut for latency, until the calls started under the cut limit show.
+    cut: Option<Cut>,
+    /// The most calls at once of each recent window, the newest last.
+    peaks: std::collections::VecDeque<u32>,
+    /// Where the last cut for latency landed, and how many cuts in a row landed there.
+    landing: Option<(u32, u32)>,
+    /// Windows since the limit last changed.
+    steady: u32,
 }
 
 impl Controller {
@@ -115,25 +147,50 @@ impl Controller {
         } else {
             (state.current_limit.clamp(1, ceiling), false)
         };
-        Controller { limit: f64::from(limit), baseline: None, slow_start: from_initial, settling: 0, knee_found: from_initial, probe: None, cut: None }
+        Controller {
+            limit: f64::from(limit),
+            baseline: None,
+            slow_start: from_initial,
+            settling: 0,
+            knee_found: from_initial,
+            probe: None,
+            cut: None,
+            peaks: std::collections::VecDeque::with_capacity(HISTORY),
+            landing: None,
+            steady: 0,
+        }
     }
 
     /// The limit for the next window, from the window that just ended.
     pub fn decide(&mut self, settings: &Settings, state: &HandlerState) -> u32 {
+        let before = self.rounded();
+        self.steady = self.steady.saturating_add(1);
+        let decided = self.decide_limit(settings, state);
+        if decided != before {
+            self.steady = 0;
+        }
+        decided
+    }
+
+    fn decide_limit(&mut self, settings: &Settings, state: &HandlerState) -> u32 {
         let ceiling = f64::from(state.max_limit.max(1));
         self.limit = self.limit.clamp(1.0, ceiling);
+        let applied = state.current_limit.max(1);
+        if self.peaks.len() == HISTORY {
+            self.peaks.pop_front();
+        }
+        self.peaks.push_back(state.peak_in_flight.max(state.in_flight).max(1));
         // The window ran under another limit than this controller's (its first window, when it
         // starts from `initial`): what it showed is not about this controller's limit.
-        let applied = state.current_limit.max(1);
         if applied != self.rounded() && self.baseline.is_none() && self.knee_found {
             return self.rounded();
         }
-        let sample = state.latency_mean_ms;
+        let sample = window_latency(state);
         if state.completed == 0 || !sample.is_finite() || sample < 0.0 {
             return self.rounded();
         }
         let sample = sample.max(LATENCY_FLOOR_MS);
-        self.learn_baseline(applied, sample);
+        self.learn_baseline(applied, sample, state.window_ms);
         let baseline = self.baseline.unwrap_or(sample);
 
         // After a probe whose latency fell, the limit was past the knee: it stays at the probe's
@@ -151,21 +208,61 @@ impl Controller {
         let failed = u64::from(state.failed) as f64;
         let too_many_failures = failed * 100.0 > f64::from(state.completed) * settings.failure_percent;
         if state.pushed_back > 0 || too_many_failures {
-            self.cut_to(self.limit * settings.backoff, settings);
+            self.cut_to(self.limit * settings.backoff, settings.settle);
         } else if sample > settings.tolerance * baseline {
-            self.cut = Some((applied, sample));
+            // The slowest call started with about `calls` at once: the limit lands where that
+            // many would have been within `LANDING` of the baseline. A window that still shows
+            // calls started before the last cut asks for no more than that cut gave.
+            let calls = f64::from(self.calls_when_started(sample, state.window_ms));
             let gradient = (LANDING * baseline / sample).sqrt();
-            self.cut_to((self.limit * gradient.min(settings.backoff)).round(), settings);
+            let target = (calls * gradient.min(settings.backoff)).round().max(1.0);
+            if target < self.limit.round() {
+                self.cut = Some(Cut { applied, latency: sample, windows: 0 });
+                let landed = target as u32;
+                let repeats = match self.landing {
+                    Some((at, repeats)) if landed <= at + 1 && landed + 1 >= at => (repeats + 1).min(MAX_HOLD_DOUBLINGS),
+                    _ => 0,
+                };
+                self.landing = Some((landed, repeats));
+                self.cut_to(target, settings.settle.saturating_mul(1 << repeats));
+            }
         } else if self.settling > 0 {
             self.settling -= 1;
-        } else if state.peak_in_flight >= applied || state.waiting_tasks > 0 {
-            self.grow(ceiling);
+        } else if state.peak_in_flight >= applied {
+            // The limit was reached; it grows once the calls started under it have had time
+            // to end (probing down needs no wait: a lower limit shows at once).
+            let seen = f64::from(self.steady) * state.window_ms as f64 >= sample;
+            self.grow(ceiling, seen);
+            if let Some((at, _)) = self.landing
+                && self.limit >= f64::from(at) * 1.25 + 2.0
+            {
+                // Growth went well past the last cut without latency climbing: the knee moved.
+                self.landing = None;
+            }
         }
         self.rounded()
     }
 
-    fn learn_baseline(&mut self, applied: u32, sample: f64) {
-        let unhelped = self.cut.take().is_some_and(|(limit, latency)| applied < limit && sample >= latency * UNHELPED_CUT);
+    /// The most calls at once in the windows when a call that took `latency_ms` and ended in
+    /// this window started.
+    fn calls_when_started(&self, latency_ms: f64, window_ms: u64) -> u32 {
+        let window = window_ms.max(1) as f64;
+        let back = (latency_ms / window).floor().min(HISTORY as f64) as usize;
+        self.peaks.iter().rev().skip(back).take(2).copied().max().unwrap_or_else(|| self.rounded())
+    }
+
+    fn learn_baseline(&mut self, applied: u32, sample: f64, window_ms: u64) {
+        // A cut for latency shows once the calls started before it have ended: if latency did
+        // not fall then, the app itself got slower, and that latency is its baseline now.
+        let mut unhelped = false;
+        if let Some(mut cut) = self.cut.take() {
+            cut.windows += 1;
+            if f64::from(cut.windows) * window_ms.max(1) as f64 >= sample + window_ms as f64 {
+                unhelped = applied < cut.applied && sample >= cut.latency * UNHELPED_CUT;
+            } else {
+                self.cut = Some(cut);
+            }
+        }
         self.baseline = match self.baseline {
             Some(baseline) if !unhelped => Some((baseline * (1.0 + BASELINE_DRIFT)).min(sample)),
             // The first window, or the app got slower: a cut did not bring latency down.
@@ -173,20 +270,20 @@ impl Controller {
         };
     }
 
-    fn cut_to(&mut self, limit: f64, settings: &Settings) {
+    fn cut_to(&mut self, limit: f64, hold: u32) {
         self.limit = limit.max(1.0);
         self.slow_start = false;
-        self.settling = settings.settle;
+        self.settling = hold;
     }
 
-    fn grow(&mut self, ceiling: f64) {
+    fn grow(&mut self, ceiling: f64, seen: bool) {
         let rounded = self.rounded();
         if !self.knee_found && rounded >= 2 {
             self.probe = Some((self.limit, self.baseline.unwrap_or(f64::INFINITY)));
             self.limit = f64::from(rounded / 2);
-        } else if self.slow_start {
+        } else if seen && self.slow_start {
             self.limit = (self.limit * 2.0).min(ceiling);
-        } else {
+        } else if seen {
             self.limit = (self.limit + (self.limit * GROWTH_SHARE).max(1.0)).min(ceiling);
         }
     }
@@ -195,6 +292,16 @@ impl Controller {
     fn rounded(&self) -> u32 {
         // `as` saturates: a limit past u32::MAX (it cannot be, but) stays u32::MAX.
         (self.limit.round() as u32).max(1)
+    }
+}
+
+/// The latency a window is judged by: its slowest call's, the one a percentile goal is about
+/// (the mean if the host gave no maximum).
+fn window_latency(state: &HandlerState) -> f64 {
+    if state.latency_max_ms.is_finite() && state.latency_max_ms >= state.latency_mean_ms && state.latency_max_ms > 0.0 {
+        state.latency_max_ms
+    } else {
+        state.latency_mean_ms
     }
 }
 
@@ -311,9 +418,13 @@ mod tests {
         // The app now takes 100 ms at any load: the first window looks like a queue.
         let cut = controller.decide(&settings, &window(16, 40, 100.0));
         assert!(cut < 16, "{cut}");
-        // The cut did not bring latency down, so 100 ms is the app's latency now.
-        let next = controller.decide(&settings, &window(cut, 25, 100.0));
-        assert_eq!(next, cut, "no second cut: it settles at {cut}");
+        // The next window may still hold calls started before the cut (they took up to
+        // 100 ms): the one after holds only calls started under it. The cut did not bring
+        // latency down, so 100 ms is the app's latency now.
+        for _ in 0..2 {
+            let next = controller.decide(&settings, &window(cut, 25, 100.0));
+            assert_eq!(next, cut, "no second cut: it settles at {cut}");
+        }
         assert!((controller.baseline.unwrap() - 100.0).abs() < 1e-9, "{:?}", controller.baseline);
     }
 

@@ -3,16 +3,18 @@
 //!
 //! The limit is an AIMD controller steered by latency, in the style of TCP congestion
 //! control and Netflix's concurrency-limits (Vegas, Gradient2): see [`controller`] for the
-//! algorithm. Each window (about 250 ms) it compares the window's mean handler latency with
+//! algorithm. Each window (about 250 ms) it compares the window's slowest call's latency with
 //! a baseline, the lowest windowed latency it has seen, and
 //!
-//! - grows the limit when the limit was reached (calls waited for a slot) and latency stayed
-//!   within `tolerance` of the baseline: doubling at first (slow start), then by one call (or
-//!   1/32 of the limit) a window;
-//! - cuts it when latency rose past `tolerance` × the baseline (by the square root of the
-//!   latency ratio, at least to `backoff` × the limit), when the app pushed back (HTTP 429 or
-//!   503), or when more than `failure_percent` of the window's calls failed (to `backoff` ×
-//!   the limit); then holds it for `settle` windows;
+//! - grows the limit when the limit was reached (the window's peak of calls at once reached
+//!   it), latency stayed within `tolerance` of the baseline and the calls started under the
+//!   limit have had time to end: doubling at first (slow start), then by one call (or 1/32 of
+//!   the limit) a window;
+//! - cuts it when latency rose past `tolerance` × the baseline (to the calls at once when the
+//!   slowest call started × the square root of baseline ÷ latency, at most `backoff` × those),
+//!   when the app pushed back (HTTP 429 or 503), or when more than `failure_percent` of the
+//!   window's calls failed (to `backoff` × the limit); then holds it for `settle` windows
+//!   (doubled, up to 16 ×, each time a cut lands where the one before did);
 //! - holds it when no call ended in the window, or when calls never reached the limit.
 //!
 //! It never goes below 1; the host bounds it by the queue's `max_concurrent_calls`.

@@ -194,12 +194,12 @@ async fn the_status_table_lines_up_with_its_header() -> Result<()> {
     let row = lines.next().context("no row")?;
     // Where each header title ends (right-aligned columns) or starts (left-aligned ones).
     let titles =
-        ["queue", "depth", "tasks a/t/pk", "in-flight", "processed", "failed", "poisoned", "storage tx", "empty gets", "tx/h all/idle", "$/month", "rule"];
+        ["queue", "depth", "tasks a/t/pk", "in-flight", "calls/limit", "processed", "failed", "poisoned", "storage tx", "empty gets", "tx/h all/idle", "$/month", "rule"];
     let title_at: Vec<usize> = titles.iter().map(|t| header.find(t).unwrap_or_else(|| panic!("no {t} in {header:?}"))).collect();
-    // The row's cells: the first eleven have no spaces; the rule column is the rest.
+    // The row's cells: the first twelve have no spaces; the rule column is the rest.
     let mut cells = Vec::new();
     let mut from = 0;
-    for _ in 0..11 {
+    for _ in 0..12 {
         let start = from + row[from..].find(|c: char| c != ' ').context("a short row")?;
         let end = row[start..].find(' ').map_or(row.len(), |n| start + n);
         cells.push((start, end));
@@ -207,10 +207,10 @@ async fn the_status_table_lines_up_with_its_header() -> Result<()> {
     }
     let rule_start = from + row[from..].find(|c: char| c != ' ').context("no rule column")?;
     ensure!(cells[0].0 == title_at[0], "queue is not under its title:\n{text}");
-    for i in 1..11 {
+    for i in 1..12 {
         ensure!(cells[i].1 == title_at[i] + titles[i].len(), "{} does not end under its title:\n{text}", titles[i]);
     }
-    ensure!(rule_start == title_at[11], "rule is not under its title:\n{text}");
+    ensure!(rule_start == title_at[12], "rule is not under its title:\n{text}");
     ensure!(row.starts_with("orders ") && row[rule_start..].starts_with("built-in"), "{text}");
     host.stop().await?;
     Ok(())

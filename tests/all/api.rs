@@ -193,8 +193,21 @@ async fn the_status_table_lines_up_with_its_header() -> Result<()> {
     let header = lines.next().context("no header")?;
     let row = lines.next().context("no row")?;
     // Where each header title ends (right-aligned columns) or starts (left-aligned ones).
-    let titles =
-        ["queue", "depth", "tasks a/t/pk", "in-flight", "calls/limit", "processed", "failed", "poisoned", "storage tx", "empty gets", "tx/h all/idle", "$/month", "rule"];
+    let titles = [
+        "queue",
+        "depth",
+        "tasks a/t/pk",
+        "in-flight",
+        "calls/limit",
+        "processed",
+        "failed",
+        "poisoned",
+        "storage tx",
+        "empty gets",
+        "tx/h all/idle",
+        "$/month",
+        "rule",
+    ];
     let title_at: Vec<usize> = titles.iter().map(|t| header.find(t).unwrap_or_else(|| panic!("no {t} in {header:?}"))).collect();
     // The row's cells: the first twelve have no spaces; the rule column is the rest.
     let mut cells = Vec::new();

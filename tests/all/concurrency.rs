@@ -49,6 +49,7 @@ impl Handler for CountingHandler {
         match &message.body[..] {
             b"panic" => panic!("handler bug"),
             b"hang" => std::future::pending().await,
+            b"fast" => sleep(Duration::from_millis(1)).await,
             _ => sleep(Duration::from_millis(100)).await,
         }
         Ok(())
@@ -163,6 +164,23 @@ async fn a_get_waits_until_half_the_slots_are_free_so_gets_stay_large() {
     // Each get costs a billed call: sixteen tasks never split 32 slots into gets of one or
     // two as calls end one by one; a task waits until half of them (16) are free.
     assert!(f.queue.smallest_ask.load(Ordering::Relaxed) >= 16, "a get asked for {}", f.queue.smallest_ask.load(Ordering::Relaxed));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fast_app_gets_what_its_slots_finish_within_five_ms_beyond_its_free_slots() {
+    let settings = QueueSettings { min_tasks: 1, max_tasks: 1, max_concurrent_calls: 2, ..Default::default() };
+    let f = fixture(settings, None);
+    put(f.queue.as_ref(), "fast", 640).await;
+    f.listener.start();
+    sleep(Duration::from_secs(2)).await;
+    assert_eq!(f.listener.status().processed, 640);
+    // Two slots end ten 1 ms calls within the 5 ms a fetched-ahead message may wait: gets of
+    // twelve (six times fewer gets than gets of two); the slow app of the test above never
+    // got more than its free slots.
+    assert_eq!(f.queue.largest_ask.load(Ordering::Relaxed), 12);
+    assert_eq!(f.handler.peak.load(Ordering::Relaxed), 2, "still two calls at once");
+    let waited = *f.handler.longest_wait.lock().unwrap();
+    assert!(waited <= Duration::from_millis(10), "a fetched-ahead message waited {waited:?}");
 }
 
 /// Decides a fixed handler concurrency (or none, or panics), the paper's rule for the rest.

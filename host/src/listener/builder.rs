@@ -112,6 +112,7 @@ impl ListenerBuilder {
                 wakeups_changed: Notify::new(),
                 slots,
                 calls_started: Notify::new(),
+                latency_micros: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }

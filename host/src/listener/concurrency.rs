@@ -64,11 +64,36 @@ impl CallWindow {
     }
 }
 
+/// How long, on average, a message fetched ahead of the free handler slots may wait for
+/// one: a task asks for as many more messages than it has slots as the calls in flight end
+/// within this time (by the recent mean latency), up to a batch. A fast app so gets full
+/// batches (few gets and commits) however small its limit; a slow one gets no more than its
+/// free slots.
+pub const PREFETCH_WAIT: Duration = Duration::from_millis(5);
+
 fn millis(micros: u64) -> f64 {
     micros as f64 / 1e3
 }
 
 impl Shared {
+    /// Keeps the recent mean handler latency (an exponential average over about 8 calls).
+    pub(super) fn record_call_latency(&self, latency: Duration) {
+        let sample = latency.as_micros().clamp(1, u128::from(u32::MAX)) as u64;
+        let _ =
+            self.latency_micros.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |mean| Some(if mean == 0 { sample } else { mean - mean / 8 + sample / 8 }));
+    }
+
+    /// Messages a task may fetch beyond the `slots` it holds: those the calls now allowed
+    /// finish within [`PREFETCH_WAIT`] at the recent mean latency (none before the first call).
+    pub(super) fn prefetch_allowance(&self) -> u32 {
+        let mean = self.latency_micros.load(Ordering::Relaxed);
+        if mean == 0 {
+            return 0;
+        }
+        let ends_within = u64::from(self.slots.limit()).saturating_mul(PREFETCH_WAIT.as_micros() as u64) / mean;
+        ends_within.min(u64::from(u32::MAX)) as u32
+    }
+
     /// Starts the loop that asks the rule for the handler concurrency while calls run.
     pub(super) fn spawn_concurrency(self: &Arc<Self>) {
         let shared = self.clone();

@@ -108,6 +108,9 @@ struct Shared {
     slots: slots::Slots,
     /// Raised when slots are taken, so the idle concurrency decision starts its windows.
     calls_started: Notify,
+    /// The recent mean handler latency, in µs (0 before the first call): how far tasks
+    /// may fetch ahead of the free slots.
+    latency_micros: std::sync::atomic::AtomicU64,
 }
 
 impl Listener {

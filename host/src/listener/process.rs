@@ -62,6 +62,21 @@ impl Shared {
             self.poison(&incoming, &lease.receipt, &defect).await;
             return;
         }
+        // A message fetched ahead of the free slots (a fast app) waits here for one, briefly.
+        let slot = match slot {
+            Some(slot) => slot,
+            None => {
+                let waited = tokio::select! {
+                    grant = self.slots.acquire(1) => Some(grant),
+                    _ = self.abandon.cancelled() => None,
+                };
+                let Some(mut grant) = waited else {
+                    self.settle(&incoming, &lease.receipt, Outcome::Abandoned, Duration::ZERO).await;
+                    return;
+                };
+                grant.take_one().expect("a grant holds at least one slot")
+            }
+        };
         if !self.renew_if_lapsing(&incoming, &mut lease).await {
             return;
         }
@@ -69,6 +84,7 @@ impl Shared {
         let outcome = self.handle_under_lease(&incoming, &mut lease).await;
         let latency = started.elapsed();
         drop(slot);
+        self.record_call_latency(latency);
         if let Outcome::Handled(result) = &outcome {
             self.counters.calls.lock().unwrap().record(call_end(result), latency);
         }

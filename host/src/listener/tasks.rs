@@ -142,7 +142,8 @@ impl Shared {
                 slot.given_back();
                 return;
             }
-            let asked = grant.count();
+            // A fast app's calls end before a fetched-ahead message waits long for a slot.
+            let asked = grant.count().saturating_add(self.prefetch_allowance()).min(batch_size);
             mark.get_starts();
             // The service's lease starts when it answers, somewhere after this: counting
             // it from here errs on the safe side when storage calls are slow.

@@ -146,6 +146,7 @@ fn the_documented_defaults_are_the_code_defaults() {
                 "batch_size" => Code::Number(s.batch_size.into()),
                 "min_tasks" => Code::Number(s.min_tasks.into()),
                 "max_tasks" => Code::Number(s.max_tasks.into()),
+                "max_concurrent_calls" => Code::Number(s.max_concurrent_calls.into()),
                 "min_polling_interval" => Code::Duration(s.min_polling_interval),
                 "max_polling_interval" => Code::Duration(s.max_polling_interval),
                 "visibility_timeout" => Code::Duration(s.visibility_timeout),

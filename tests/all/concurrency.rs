@@ -168,12 +168,19 @@ async fn a_get_waits_until_half_the_slots_are_free_so_gets_stay_large() {
 
 #[tokio::test(start_paused = true)]
 async fn a_fast_app_gets_what_its_slots_finish_within_five_ms_beyond_its_free_slots() {
-    let settings = QueueSettings { min_tasks: 1, max_tasks: 1, max_concurrent_calls: 2, ..Default::default() };
+    let settings = QueueSettings { min_tasks: 16, max_tasks: 16, max_concurrent_calls: 2, ..Default::default() };
     let f = fixture(settings, None);
     put(f.queue.as_ref(), "fast", 640).await;
     f.listener.start();
-    sleep(Duration::from_secs(2)).await;
+    let mut most_leased = 0;
+    for _ in 0..2_000 {
+        sleep(Duration::from_millis(1)).await;
+        most_leased = most_leased.max(f.listener.status().in_flight);
+    }
     assert_eq!(f.listener.status().processed, 640);
+    // What is fetched ahead is the queue's, not each task's: sixteen tasks do not hold
+    // sixteen batches leased for two slots.
+    assert!(most_leased <= 12 + 2, "{most_leased} messages leased at once for 2 slots");
     // Two slots end ten 1 ms calls within the 5 ms a fetched-ahead message may wait: gets of
     // twelve (six times fewer gets than gets of two); the slow app of the test above never
     // got more than its free slots.

@@ -113,6 +113,7 @@ impl ListenerBuilder {
                 slots,
                 calls_started: Notify::new(),
                 latency_micros: std::sync::atomic::AtomicU64::new(0),
+                fetched_ahead: std::sync::atomic::AtomicU32::new(0),
             }),
         }
     }

@@ -71,6 +71,16 @@ impl CallWindow {
 /// free slots.
 pub const PREFETCH_WAIT: Duration = Duration::from_millis(5);
 
+/// A message fetched ahead of the free slots, counted in `fetched_ahead` until it has its
+/// slot or its processing ends (however it ends).
+pub(super) struct FetchedAhead<'a>(pub(super) &'a std::sync::atomic::AtomicU32);
+
+impl Drop for FetchedAhead<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 fn millis(micros: u64) -> f64 {
     micros as f64 / 1e3
 }
@@ -83,15 +93,35 @@ impl Shared {
             self.latency_micros.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |mean| Some(if mean == 0 { sample } else { mean - mean / 8 + sample / 8 }));
     }
 
-    /// Messages a task may fetch beyond the `slots` it holds: those the calls now allowed
-    /// finish within [`PREFETCH_WAIT`] at the recent mean latency (none before the first call).
-    pub(super) fn prefetch_allowance(&self) -> u32 {
+    /// Messages the queue may hold fetched ahead of its free slots, all tasks together: those
+    /// the calls now allowed finish within [`PREFETCH_WAIT`] at the recent mean latency (none
+    /// before the first call).
+    fn prefetch_allowance(&self) -> u32 {
         let mean = self.latency_micros.load(Ordering::Relaxed);
         if mean == 0 {
             return 0;
         }
         let ends_within = u64::from(self.slots.limit()).saturating_mul(PREFETCH_WAIT.as_micros() as u64) / mean;
         ends_within.min(u64::from(u32::MAX)) as u32
+    }
+
+    /// Reserves up to `most` messages to fetch ahead of the free slots, within what the
+    /// queue may hold ahead less what it holds already; returns how many.
+    pub(super) fn reserve_prefetch(&self, most: u32) -> u32 {
+        let allowance = self.prefetch_allowance();
+        let mut taken = 0;
+        let _ = self.fetched_ahead.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+            taken = allowance.saturating_sub(held).min(most);
+            Some(held + taken)
+        });
+        taken
+    }
+
+    /// Gives back reserved places a get did not fill.
+    pub(super) fn release_prefetch(&self, unused: u32) {
+        if unused > 0 {
+            self.fetched_ahead.fetch_sub(unused, Ordering::AcqRel);
+        }
     }
 
     /// Starts the loop that asks the rule for the handler concurrency while calls run.

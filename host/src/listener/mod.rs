@@ -111,6 +111,9 @@ struct Shared {
     /// The recent mean handler latency, in µs (0 before the first call): how far tasks
     /// may fetch ahead of the free slots.
     latency_micros: std::sync::atomic::AtomicU64,
+    /// Messages fetched ahead of the free slots and not yet given one, all tasks together
+    /// (with the places reserved for gets in flight).
+    fetched_ahead: std::sync::atomic::AtomicU32,
 }
 
 impl Listener {

@@ -12,7 +12,7 @@ use crate::handler::{HostError, IncomingMessage, PUSHED_BACK_POISON_DEQUEUES, Pu
 use crate::queue::{Message, MessageId, PopReceipt, QueueError};
 
 use super::Shared;
-use super::concurrency::CallEnd;
+use super::concurrency::{CallEnd, FetchedAhead};
 use super::lease::Lease;
 use super::slots::{Slot, SlotGrant};
 
@@ -46,6 +46,7 @@ impl Shared {
     /// `slot` is the message's handler slot, given back as soon as the handler call ends
     /// (the delete that follows is storage's work, not the app's).
     async fn process(self: &Arc<Self>, message: Message, slot: Option<Slot<'_>>, leased_until: Instant) {
+        let ahead = slot.is_none().then(|| FetchedAhead(&self.fetched_ahead));
         // Released when processing ends, however it ends (a panic, a drop at shutdown).
         let Some(_claim) = self.counters.claim(&message.id) else {
             // Our own lease on it expired and we leased it again: it is already being handled
@@ -77,6 +78,7 @@ impl Shared {
                 grant.take_one().expect("a grant holds at least one slot")
             }
         };
+        drop(ahead);
         if !self.renew_if_lapsing(&incoming, &mut lease).await {
             return;
         }

@@ -143,7 +143,8 @@ impl Shared {
                 return;
             }
             // A fast app's calls end before a fetched-ahead message waits long for a slot.
-            let asked = grant.count().saturating_add(self.prefetch_allowance()).min(batch_size);
+            let ahead = self.reserve_prefetch(batch_size.saturating_sub(grant.count()));
+            let asked = grant.count() + ahead;
             mark.get_starts();
             // The service's lease starts when it answers, somewhere after this: counting
             // it from here errs on the safe side when storage calls are slow.
@@ -153,6 +154,9 @@ impl Shared {
                 _ = self.stopping.cancelled() => break,
             };
             mark.get_answered(&self);
+            // What was reserved to fetch ahead and did not come back is free for other tasks.
+            let fetched_ahead = batch.as_ref().map_or(0, |messages| (messages.len() as u32).saturating_sub(grant.count()).min(ahead));
+            self.release_prefetch(ahead - fetched_ahead);
             if let Ok(messages) = &batch {
                 self.record_get(messages, asked);
             }

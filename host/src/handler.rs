@@ -97,7 +97,7 @@ pub enum RetryAfterAdjustment {
     Capped,
     /// Not a number of seconds or an HTTP date: the default delay was used.
     Malformed,
-    /// A date already past: the default delay was used.
+    /// A date already past, or `0` seconds: the default delay was used.
     Past,
 }
 
@@ -121,6 +121,9 @@ impl RetryAfter {
         let asked = match self {
             RetryAfter::Unspecified => return (default.min(cap), None),
             RetryAfter::Malformed(_) => return (default.min(cap), Some(RetryAfterAdjustment::Malformed)),
+            // "Now" from an app that is shedding load would make a hot loop of retries: an
+            // ask of no time is taken as one already past.
+            RetryAfter::Seconds(0) => return (default.min(cap), Some(RetryAfterAdjustment::Past)),
             RetryAfter::Seconds(seconds) => Duration::from_secs(*seconds),
             RetryAfter::At(at) => match at.duration_since(now) {
                 Ok(wait) if !wait.is_zero() => wait,
@@ -234,5 +237,19 @@ impl Handler for HttpHandler {
             bail!("handler {} answered {status}: {text}", self.shown_url);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retry_after_of_no_time_waits_the_default_delay_not_a_hot_loop() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let (default, cap) = (Duration::from_secs(1), Duration::from_secs(600));
+        assert_eq!(RetryAfter::parse(b"0").delay(now, default, cap), (default, Some(RetryAfterAdjustment::Past)));
+        assert_eq!(RetryAfter::parse(b"2").delay(now, default, cap), (Duration::from_secs(2), None));
+        assert_eq!(RetryAfter::At(now).delay(now, default, cap), (default, Some(RetryAfterAdjustment::Past)));
     }
 }

@@ -81,8 +81,6 @@ impl ListenerBuilder {
         let ListenerBuilder { queue, poison, handler, decider, clock, settings, transactions } = self;
         let seed = settings.random_seed.unwrap_or_else(|| fastrand::u64(..));
         let slots = super::slots::Slots::new(settings.max_concurrent_calls);
-        let counters = Counters::default();
-        counters.concurrency_limit.store(settings.max_concurrent_calls, std::sync::atomic::Ordering::Relaxed);
         Listener {
             shared: Arc::new(Shared {
                 queue,
@@ -92,7 +90,7 @@ impl ListenerBuilder {
                 clock,
                 settings,
                 transactions,
-                counters,
+                counters: Counters::default(),
                 work: Notify::new(),
                 wake: Notify::new(),
                 pickup: Mutex::default(),

@@ -189,7 +189,6 @@ impl Shared {
             tracing::debug!(limit, previous = self.slots.limit(), "handler concurrency changed");
         }
         self.slots.set_limit(limit);
-        self.counters.concurrency_limit.store(limit, Ordering::Relaxed);
         if let Some(decision) = decision {
             *self.counters.last_concurrency.lock().unwrap() = Some(RecordedDecision { decision, at: SystemTime::now() });
         }

@@ -49,8 +49,6 @@ pub(super) struct Counters {
     arrivals: Mutex<Arrivals>,
     /// The handler calls that ended in the concurrency decision's current window.
     pub calls: Mutex<CallWindow>,
-    /// The handler concurrency limit in force.
-    pub concurrency_limit: AtomicU32,
     /// The rule's last concurrency decision (none while it has made none).
     pub last_concurrency: Mutex<Option<RecordedDecision<u32>>>,
 }

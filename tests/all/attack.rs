@@ -11,8 +11,10 @@ use async_trait::async_trait;
 use ebb::handler::{Handler, IncomingMessage};
 use ebb::listener::{Listener, QueueSettings};
 use ebb::queue::memory::MemoryQueue;
-use ebb::queue::{Message, MessageId, PopReceipt, QueueClient, QueueError, TokioClock};
+use ebb::queue::{QueueClient, QueueError, TokioClock};
 use tokio::time::{Instant, sleep};
+
+use crate::hooked_queue::{Hooked, Hooks};
 
 const QUEUE: &str = "work";
 
@@ -51,51 +53,33 @@ impl Handler for Recorder {
     }
 }
 
-/// A memory queue whose next get may panic.
+/// Counts gets, and panics in the next one when told to.
+#[derive(Default)]
 struct Flaky {
-    inner: MemoryQueue,
     panic_in_next_get: AtomicBool,
     gets: AtomicU32,
 }
 
 #[async_trait]
-impl QueueClient for Flaky {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    async fn create_if_missing(&self) -> Result<(), QueueError> {
-        self.inner.create_if_missing().await
-    }
-    async fn put(&self, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
-        self.inner.put(body, delay).await
-    }
-    async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
+impl Hooks for Flaky {
+    async fn before_get(&self, _max: u32) -> Result<(), QueueError> {
         self.gets.fetch_add(1, Ordering::Relaxed);
         if self.panic_in_next_get.swap(false, Ordering::Relaxed) {
             panic!("queue client bug");
         }
-        self.inner.get(max, visibility).await
-    }
-    async fn delete(&self, id: &MessageId, receipt: &PopReceipt) -> Result<(), QueueError> {
-        self.inner.delete(id, receipt).await
-    }
-    async fn update_visibility(&self, id: &MessageId, receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
-        self.inner.update_visibility(id, receipt, visibility).await
-    }
-    async fn approximate_count(&self) -> Result<u64, QueueError> {
-        self.inner.approximate_count().await
+        Ok(())
     }
 }
 
 struct Rig {
-    queue: Arc<Flaky>,
+    queue: Arc<Hooked<Flaky>>,
     handler: Arc<Recorder>,
     listener: Listener,
 }
 
 fn rig(settings: QueueSettings) -> Rig {
     let clock = Arc::new(TokioClock::new());
-    let queue = Arc::new(Flaky { inner: MemoryQueue::new(QUEUE, clock.clone(), 65536), panic_in_next_get: AtomicBool::new(false), gets: AtomicU32::new(0) });
+    let queue = Hooked::new(MemoryQueue::new(QUEUE, clock.clone(), 65536), Flaky::default());
     let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
     let handler = Arc::new(Recorder::default());
     let settings = QueueSettings { random_seed: Some(11), ..settings };
@@ -574,15 +558,7 @@ mod through_the_binary {
 #[tokio::test(start_paused = true)]
 async fn push_partitioned_sends_are_picked_up_in_time() {
     let clock = Arc::new(TokioClock::new());
-    let parts: Vec<Arc<Flaky>> = (0..4)
-        .map(|i| {
-            Arc::new(Flaky {
-                inner: MemoryQueue::new(&format!("work-p{i}"), clock.clone(), 65536),
-                panic_in_next_get: AtomicBool::new(false),
-                gets: AtomicU32::new(0),
-            })
-        })
-        .collect();
+    let parts: Vec<Arc<Hooked<Flaky>>> = (0..4).map(|i| Hooked::new(MemoryQueue::new(&format!("work-p{i}"), clock.clone(), 65536), Flaky::default())).collect();
     let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
     let handler = Arc::new(Recorder::default());
     let listeners: Vec<Listener> = parts.iter().map(|p| Listener::builder(p.clone(), poison.clone(), handler.clone()).settings(push_zero(8)).build()).collect();

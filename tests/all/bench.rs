@@ -77,10 +77,19 @@ fn bench_http_refuses_flags_out_of_their_ranges() {
         (&["--sizes", "65537"][..], "--sizes"),
         (&["--rounds", "21"][..], "--rounds"),
         (&["--messages", "100000", "--sizes", "65536"][..], "at most 2 GiB"),
+        (&["--messages", "10", "--redb-messages", "11"][..], "--redb-messages: at most --messages (10)"),
     ] {
         let output = Command::new(EBB).args(["bench", "http"]).args(args).output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success() && stderr.contains(expected), "ebb bench http {args:?}: {stderr}");
         assert!(output.stdout.is_empty(), "ebb bench http {args:?} ran: {}", String::from_utf8_lossy(&output.stdout));
     }
+}
+
+#[test]
+fn bench_knee_refuses_an_app_that_takes_no_time() {
+    let output = Command::new(EBB).args(["bench", "knee", "--latency", "0ms"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("--latency: more than 0"), "{stderr}");
+    assert!(output.stdout.is_empty(), "ebb bench knee --latency 0ms ran: {}", String::from_utf8_lossy(&output.stdout));
 }

@@ -3,7 +3,7 @@
 //! contract 0.3.0 may lower the limit, and every slot comes back whatever the handler did.
 //! Under tokio's paused clock, on the in-memory backend.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,9 +11,11 @@ use async_trait::async_trait;
 use ebb::handler::{Handler, IncomingMessage};
 use ebb::listener::{CONCURRENCY_WINDOW, Listener, QueueSettings};
 use ebb::queue::memory::MemoryQueue;
-use ebb::queue::{Message, MessageId, PopReceipt, QueueClient, QueueError, TokioClock};
+use ebb::queue::{Message, QueueClient, QueueError, TokioClock};
 use ebb::rules::{HandlerState, IdleContext, IdleDecision, NativeRule, QueueState};
 use tokio::time::{Instant, sleep};
+
+use crate::hooked_queue::{Hooked, Hooks};
 
 /// Sleeps 100 ms per message ("panic" panics, "hang" never answers), and records the most
 /// calls at once and how long each message waited between its get and its call.
@@ -21,8 +23,7 @@ use tokio::time::{Instant, sleep};
 struct CountingHandler {
     calls: AtomicU32,
     peak: AtomicU32,
-    started: AtomicU64,
-    /// When each get answered, by message id (filled by [`RecordingQueue`]).
+    /// When each get answered, by message id (filled by [`AskRecorder`]).
     got_at: Arc<Mutex<std::collections::HashMap<String, Instant>>>,
     longest_wait: Mutex<Duration>,
 }
@@ -45,7 +46,6 @@ impl Handler for CountingHandler {
         let now = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
         let _mark = CallMark(&self.calls);
         self.peak.fetch_max(now, Ordering::Relaxed);
-        self.started.fetch_add(1, Ordering::Relaxed);
         match &message.body[..] {
             b"panic" => panic!("handler bug"),
             b"hang" => std::future::pending().await,
@@ -56,49 +56,30 @@ impl Handler for CountingHandler {
     }
 }
 
-/// The in-memory queue, recording the most messages a get asked for and when each message
-/// was handed out.
-struct RecordingQueue {
-    inner: MemoryQueue,
+/// Records the most and fewest messages a get asked for, and when each message was handed out.
+struct AskRecorder {
     largest_ask: AtomicU32,
     smallest_ask: AtomicU32,
     got_at: Arc<Mutex<std::collections::HashMap<String, Instant>>>,
 }
 
 #[async_trait]
-impl QueueClient for RecordingQueue {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    async fn create_if_missing(&self) -> Result<(), QueueError> {
-        self.inner.create_if_missing().await
-    }
-    async fn put(&self, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
-        self.inner.put(body, delay).await
-    }
-    async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
+impl Hooks for AskRecorder {
+    async fn before_get(&self, max: u32) -> Result<(), QueueError> {
         self.largest_ask.fetch_max(max, Ordering::Relaxed);
         self.smallest_ask.fetch_min(max, Ordering::Relaxed);
-        let got = self.inner.get(max, visibility).await?;
+        Ok(())
+    }
+    async fn after_get(&self, got: &mut Result<Vec<Message>, QueueError>) {
         let mut at = self.got_at.lock().unwrap();
-        for message in &got {
+        for message in got.iter().flatten() {
             at.insert(message.id.to_string(), Instant::now());
         }
-        Ok(got)
-    }
-    async fn delete(&self, id: &MessageId, receipt: &PopReceipt) -> Result<(), QueueError> {
-        self.inner.delete(id, receipt).await
-    }
-    async fn update_visibility(&self, id: &MessageId, receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
-        self.inner.update_visibility(id, receipt, visibility).await
-    }
-    async fn approximate_count(&self) -> Result<u64, QueueError> {
-        self.inner.approximate_count().await
     }
 }
 
 struct Fixture {
-    queue: Arc<RecordingQueue>,
+    queue: Arc<Hooked<AskRecorder>>,
     poison: Arc<MemoryQueue>,
     handler: Arc<CountingHandler>,
     listener: Listener,
@@ -107,12 +88,10 @@ struct Fixture {
 fn fixture(settings: QueueSettings, rule: Option<Arc<dyn ebb::rules::Decider>>) -> Fixture {
     let clock = Arc::new(TokioClock::new());
     let got_at = Arc::new(Mutex::default());
-    let queue = Arc::new(RecordingQueue {
-        inner: MemoryQueue::new("work", clock.clone(), 65536),
-        largest_ask: AtomicU32::new(0),
-        smallest_ask: AtomicU32::new(u32::MAX),
-        got_at: got_at.clone(),
-    });
+    let queue = Hooked::new(
+        MemoryQueue::new("work", clock.clone(), 65536),
+        AskRecorder { largest_ask: AtomicU32::new(0), smallest_ask: AtomicU32::new(u32::MAX), got_at: got_at.clone() },
+    );
     let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
     let handler = Arc::new(CountingHandler { got_at, ..Default::default() });
     let mut builder = Listener::builder(queue.clone(), poison.clone(), handler.clone()).settings(QueueSettings { random_seed: Some(3), ..settings });
@@ -143,14 +122,14 @@ async fn handler_calls_never_exceed_max_concurrent_calls_and_no_message_waits_le
     assert!(status.tasks_waiting_for_slots > 0, "with 16 tasks and 5 slots, tasks wait: {status:?}");
     assert!(status.handler_calls <= 5 && status.in_flight >= status.handler_calls, "{status:?}");
     assert_eq!((status.concurrency_limit, status.max_concurrent_calls), (5, 5));
+    // 5 at a time, 100 ms each: 50 a second, where 16 tasks of 32 would have done all 300 at once.
+    assert!(status.processed <= 150, "{} processed within 3 s of calls at 5 at once", status.processed);
     sleep(Duration::from_secs(10)).await;
     assert_eq!(f.listener.status().processed, 300);
     assert_eq!(f.handler.peak.load(Ordering::Relaxed), 5, "the bound was reached and never passed");
     assert!(f.queue.largest_ask.load(Ordering::Relaxed) <= 5, "no get asked for more messages than free slots");
     let waited = *f.handler.longest_wait.lock().unwrap();
     assert!(waited <= Duration::from_millis(1), "a message waited {waited:?} between its get and its call");
-    // 300 messages, 5 at a time, 100 ms each: 6 s of calls, not 300 ÷ (16 × 32) of one.
-    assert!(f.handler.started.load(Ordering::Relaxed) == 300);
 }
 
 #[tokio::test(start_paused = true)]
@@ -227,6 +206,43 @@ async fn a_rule_that_decides_concurrency_sets_the_limit_and_one_that_does_not_ke
         assert_eq!(f.handler.peak.load(Ordering::Relaxed), expected, "rule decided {decided:?}");
         assert_eq!(status.last_concurrency.as_ref().map(|d| d.decision.clamped), decided.map(|d| d != expected), "{status:?}");
     }
+}
+
+/// The built-in rule's decisions, counting how often the listener asks it for a
+/// concurrency it says it cannot decide.
+#[derive(Default)]
+struct CannotDecideConcurrency {
+    asked: AtomicU32,
+}
+
+impl ebb::rules::Decider for CannotDecideConcurrency {
+    fn decide_task_count(&self, state: &QueueState) -> ebb::rules::Decision<u32> {
+        ebb::rules::BuiltInRule.decide_task_count(state)
+    }
+    fn decide_queue_empty(&self, ctx: &IdleContext) -> ebb::rules::Decision<IdleDecision> {
+        ebb::rules::BuiltInRule.decide_queue_empty(ctx)
+    }
+    fn decide_concurrency(&self, _state: &HandlerState) -> Option<ebb::rules::Decision<u32>> {
+        self.asked.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+    fn may_decide_concurrency(&self) -> bool {
+        false
+    }
+}
+
+/// A rule that cannot decide the concurrency is not asked four times a second under load
+/// (each ask of a WASM rule goes to a blocking thread), and the configured bound holds.
+#[tokio::test(start_paused = true)]
+async fn a_rule_that_cannot_decide_concurrency_is_not_asked() {
+    let rule = Arc::new(CannotDecideConcurrency::default());
+    let f = fixture(many_tasks_few_slots(), Some(rule.clone()));
+    put(f.queue.as_ref(), "work", 400).await;
+    f.listener.start();
+    sleep(Duration::from_secs(4)).await;
+    assert!(f.listener.status().processed > 100, "{:?}", f.listener.status());
+    assert_eq!(rule.asked.load(Ordering::Relaxed), 0, "asked for a concurrency it cannot decide");
+    assert_eq!(f.listener.status().concurrency_limit, 5);
 }
 
 #[tokio::test(start_paused = true)]

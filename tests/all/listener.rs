@@ -11,10 +11,12 @@ use ebb::handler::{Handler, IncomingMessage};
 use ebb::listener::{Listener, QueueSettings};
 use ebb::names::RuleSlot;
 use ebb::queue::memory::MemoryQueue;
-use ebb::queue::{Message, MessageId, PopReceipt, QueueClient, QueueError, TokioClock};
+use ebb::queue::{Message, QueueClient, QueueError, TokioClock};
 use ebb::rules::{QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
 use ebb_tests::guests;
 use tokio::time::{Instant, sleep};
+
+use crate::hooked_queue::{Hooked, Hooks};
 
 const QUEUE: &str = "work";
 
@@ -57,55 +59,39 @@ impl Handler for TestHandler {
 }
 
 /// Records when each get happened and what it returned; panics in the next get when told
-/// to, fails the next `failures_left` gets with a transient error, and marks a message whose body is "corrupt-me" as the embedded store marks a body
-/// that fails its checksum.
-struct RecordingQueue {
-    inner: MemoryQueue,
+/// to, fails the next `failures_left` gets with a transient error, and marks a message whose
+/// body is "corrupt-me" as the embedded store marks a body that fails its checksum.
+#[derive(Default)]
+struct GetRecorder {
     gets: Mutex<Vec<(Instant, usize)>>,
     panic_in_next_get: AtomicBool,
     failures_left: AtomicU64,
 }
 
 #[async_trait]
-impl QueueClient for RecordingQueue {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    async fn create_if_missing(&self) -> Result<(), QueueError> {
-        self.inner.create_if_missing().await
-    }
-    async fn put(&self, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
-        self.inner.put(body, delay).await
-    }
-    async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
+impl Hooks for GetRecorder {
+    async fn before_get(&self, _max: u32) -> Result<(), QueueError> {
         if self.panic_in_next_get.swap(false, Ordering::Relaxed) {
             panic!("queue client bug");
         }
         if self.failures_left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok() {
             return Err(QueueError::Transient(anyhow::anyhow!("storage unavailable")));
         }
-        let mut got = self.inner.get(max, visibility).await?;
-        for message in &mut got {
+        Ok(())
+    }
+    async fn after_get(&self, got: &mut Result<Vec<Message>, QueueError>) {
+        let Ok(got) = got else { return };
+        for message in got.iter_mut() {
             if message.body == b"corrupt-me"[..] {
                 message.defect = Some("corrupt: the body fails its checksum".into());
             }
         }
         self.gets.lock().unwrap().push((Instant::now(), got.len()));
-        Ok(got)
-    }
-    async fn delete(&self, id: &MessageId, receipt: &PopReceipt) -> Result<(), QueueError> {
-        self.inner.delete(id, receipt).await
-    }
-    async fn update_visibility(&self, id: &MessageId, receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
-        self.inner.update_visibility(id, receipt, visibility).await
-    }
-    async fn approximate_count(&self) -> Result<u64, QueueError> {
-        self.inner.approximate_count().await
     }
 }
 
 struct Fixture {
-    queue: Arc<RecordingQueue>,
+    queue: Arc<Hooked<GetRecorder>>,
     poison: Arc<MemoryQueue>,
     handler: Arc<TestHandler>,
     rules: Arc<RuleSet>,
@@ -114,12 +100,7 @@ struct Fixture {
 
 fn fixture(settings: QueueSettings, rule: Option<PathBuf>) -> Fixture {
     let clock = Arc::new(TokioClock::new());
-    let queue = Arc::new(RecordingQueue {
-        inner: MemoryQueue::new(QUEUE, clock.clone(), 65536),
-        gets: Mutex::default(),
-        panic_in_next_get: AtomicBool::new(false),
-        failures_left: AtomicU64::new(0),
-    });
+    let queue = Hooked::new(MemoryQueue::new(QUEUE, clock.clone(), 65536), GetRecorder::default());
     let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
     let handler = Arc::new(TestHandler::default());
     let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
@@ -501,39 +482,20 @@ async fn a_remote_queues_status_depth_is_refreshed_when_stale() {
     assert_eq!(f.listener.status().approximate_depth, 10, "counted again once stale");
 }
 
-/// A queue on slow storage: every get's answer arrives `get_delay` after the service
-/// leased the messages, every update reaches the service `update_delay` after it was sent.
+/// Slow storage: every get's answer arrives `get_delay` after the service leased the
+/// messages, every update reaches the service `update_delay` after it was sent.
 struct SlowStorage {
-    inner: Arc<MemoryQueue>,
     get_delay: Duration,
     update_delay: Duration,
 }
 
 #[async_trait]
-impl QueueClient for SlowStorage {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    async fn create_if_missing(&self) -> Result<(), QueueError> {
-        self.inner.create_if_missing().await
-    }
-    async fn put(&self, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
-        self.inner.put(body, delay).await
-    }
-    async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
-        let got = self.inner.get(max, visibility).await;
+impl Hooks for SlowStorage {
+    async fn after_get(&self, _got: &mut Result<Vec<Message>, QueueError>) {
         sleep(self.get_delay).await;
-        got
     }
-    async fn delete(&self, id: &MessageId, receipt: &PopReceipt) -> Result<(), QueueError> {
-        self.inner.delete(id, receipt).await
-    }
-    async fn update_visibility(&self, id: &MessageId, receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
+    async fn before_update(&self) {
         sleep(self.update_delay).await;
-        self.inner.update_visibility(id, receipt, visibility).await
-    }
-    async fn approximate_count(&self) -> Result<u64, QueueError> {
-        self.inner.approximate_count().await
     }
 }
 
@@ -577,7 +539,7 @@ async fn slow_storage_calls_never_let_the_lease_lapse_under_a_running_handler() 
     };
     let hosts: Vec<Listener> = (0..2)
         .map(|_| {
-            let slow = Arc::new(SlowStorage { inner: shared.clone(), get_delay: Duration::from_secs(6), update_delay: Duration::from_secs(3) });
+            let slow = Hooked::new(shared.clone(), SlowStorage { get_delay: Duration::from_secs(6), update_delay: Duration::from_secs(3) });
             Listener::builder(slow, poison.clone(), handler.clone()).settings(settings.clone()).build()
         })
         .collect();
@@ -988,30 +950,12 @@ async fn sends_and_notifications_through_the_queue_handle_are_the_arrivals_a_rul
     assert!((12.0 / 10.0..=12.0 / 9.0).contains(&last.arrivals_per_sec), "{last:?}");
 }
 
-/// A memory queue whose count always fails (storage refusing the count call).
-struct UncountableQueue(MemoryQueue);
+/// Storage refusing every count call.
+struct Uncountable;
 
 #[async_trait]
-impl QueueClient for UncountableQueue {
-    fn name(&self) -> &str {
-        self.0.name()
-    }
-    async fn create_if_missing(&self) -> Result<(), QueueError> {
-        self.0.create_if_missing().await
-    }
-    async fn put(&self, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
-        self.0.put(body, delay).await
-    }
-    async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
-        self.0.get(max, visibility).await
-    }
-    async fn delete(&self, id: &MessageId, receipt: &PopReceipt) -> Result<(), QueueError> {
-        self.0.delete(id, receipt).await
-    }
-    async fn update_visibility(&self, id: &MessageId, receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
-        self.0.update_visibility(id, receipt, visibility).await
-    }
-    async fn approximate_count(&self) -> Result<u64, QueueError> {
+impl Hooks for Uncountable {
+    async fn before_count(&self) -> Result<(), QueueError> {
         Err(QueueError::Transient(anyhow::anyhow!("count unavailable")))
     }
 }
@@ -1021,7 +965,7 @@ impl QueueClient for UncountableQueue {
 #[tokio::test(start_paused = true)]
 async fn a_depth_that_could_not_be_counted_is_told_as_inferred() {
     let clock = Arc::new(TokioClock::new());
-    let queue = Arc::new(UncountableQueue(MemoryQueue::new(QUEUE, clock.clone(), 65536)));
+    let queue = Hooked::new(MemoryQueue::new(QUEUE, clock.clone(), 65536), Uncountable);
     let poison = Arc::new(MemoryQueue::new("work-poison", clock.clone(), 65536));
     let rule = Arc::new(StateRecordingRule::default());
     let listener = Listener::builder(queue.clone(), poison, Arc::new(TestHandler::default())).decider(rule.clone()).clock(clock).build();

@@ -13,6 +13,7 @@ mod decorators;
 mod embedded_queue;
 mod embedding;
 mod handler;
+mod hooked_queue;
 mod knee;
 mod kubernetes;
 mod listener;

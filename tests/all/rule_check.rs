@@ -318,6 +318,25 @@ fn rule_eval_asks_max_concurrent_calls_with_a_handler_state() {
     assert_eq!(older.code, Some(1));
     assert!(older.stderr.contains("speaks contract 0.2.0, which has no max-concurrent-calls (added in 0.3.0)"), "{}", older.stderr);
 
+    for (state, reason) in [
+        (r#"{"current_limit": 40}"#, "current_limit 40 is outside [1, max_limit 32]"),
+        (r#"{"max_limit": 10001}"#, "max_limit 10001 is outside [1, 10000]"),
+        (r#"{"completed": 3, "failed": 2, "pushed_back": 2, "latency_mean_ms": 1}"#, "failed 2 + pushed_back 2 is more than completed 3"),
+        (r#"{"completed": 0, "latency_mean_ms": 5}"#, "latencies are 0 when no call completed"),
+        (r#"{"completed": 5, "latency_min_ms": 9, "latency_mean_ms": 5}"#, "latency_min_ms 9 <= latency_mean_ms 5"),
+        (r#"{"completed": 5, "latency_mean_ms": -1}"#, "latency_min_ms -1 is not a duration"),
+        (r#"{"window_ms": 0}"#, "window_ms is 0"),
+    ] {
+        let impossible = eval_concurrency(guests::ECHO_STATE, &["handler_field=completed"], state);
+        assert_eq!(impossible.code, Some(1), "{state}: {}", impossible.stdout);
+        assert!(
+            impossible.stderr.contains("describes a handler state the host never sends") && impossible.stderr.contains(reason),
+            "{state}: {}",
+            impossible.stderr
+        );
+        assert!(impossible.stdout.is_empty(), "{state}: the rule was asked: {}", impossible.stdout);
+    }
+
     let wrong = eval_concurrency(guests::PAPER_DEFAULT, &[], r#"{"latency_ms": 5}"#);
     assert_eq!(wrong.code, Some(1));
     assert!(wrong.stderr.contains("--concurrency does not describe a handler-state") && wrong.stderr.contains("latency_ms"), "{}", wrong.stderr);

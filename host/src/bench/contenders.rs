@@ -50,6 +50,8 @@ pub(crate) struct StoreWrites {
     pub(crate) put: u64,
     /// During the run: leases and deletes.
     pub(crate) processing: u64,
+    /// Commits (each one fsync) during the run.
+    pub(crate) processing_commits: u64,
 }
 
 /// How a run is set up: the app, the message body, and how many.
@@ -149,7 +151,7 @@ pub(crate) async fn redb_loop(setup: &Setup<'_>) -> anyhow::Result<Run> {
     let put = written.bytes() - before_put;
     let client = reqwest::Client::new();
     let watch = Stopwatch::start(setup.server_cpu);
-    let before_run = written.bytes();
+    let (before_run, syncs_before_run) = (written.bytes(), written.syncs());
     let tasks = (0..setup.concurrency)
         .map(|_| {
             let (db, client, url) = (db.clone(), client.clone(), setup.url.clone());
@@ -169,7 +171,8 @@ pub(crate) async fn redb_loop(setup: &Setup<'_>) -> anyhow::Result<Run> {
         })
         .collect();
     let done = join_all(tasks).await?;
-    Ok(watch.stop(done, Some(StoreWrites { put, processing: written.bytes() - before_run })))
+    let store = StoreWrites { put, processing: written.bytes() - before_run, processing_commits: written.syncs() - syncs_before_run };
+    Ok(watch.stop(done, Some(store)))
 }
 
 fn fill_redb(db: &Database, body: &[u8], messages: u64) -> anyhow::Result<()> {
@@ -264,10 +267,11 @@ pub(crate) async fn ebb(setup: &Setup<'_>, settings: EbbSettings) -> anyhow::Res
     let writer_cpu = || threads_cpu(None, |name| name == WRITER_THREAD);
     let writer_before = writer_cpu();
     let watch = Stopwatch::start(setup.server_cpu);
-    let before_run = written.bytes();
+    let (before_run, syncs_before_run) = (written.bytes(), written.syncs());
     listener.start();
     let finished = wait_until_processed(&listener, setup.messages).await;
-    let mut run = watch.stop(setup.messages, Some(StoreWrites { put, processing: written.bytes() - before_run }));
+    let store = StoreWrites { put, processing: written.bytes() - before_run, processing_commits: written.syncs() - syncs_before_run };
+    let mut run = watch.stop(setup.messages, Some(store));
     run.writer_cpu = writer_before.zip(writer_cpu()).map(|(before, after)| after.saturating_sub(before));
     listener.shutdown(Duration::from_secs(10)).await;
     finished.map(|peak_calls| {
@@ -298,7 +302,7 @@ async fn wait_until_processed(listener: &Listener, messages: u64) -> anyhow::Res
     let (mut last, mut last_progress, mut peak_calls) = (0, Instant::now(), 0);
     loop {
         let status = listener.status();
-        peak_calls = peak_calls.max(status.in_flight);
+        peak_calls = peak_calls.max(status.handler_calls);
         if status.processed >= messages {
             return Ok(peak_calls);
         }

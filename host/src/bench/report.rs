@@ -34,6 +34,10 @@ pub(crate) struct StoreFigures {
     pub(crate) processing: f64,
     /// Put, lease and delete: a message's whole life in the store.
     pub(crate) total: f64,
+    /// Commits during the run per 1,000 messages: how many changes each commit carried.
+    pub(crate) commits_per_1000: f64,
+    /// Bytes written during the run per commit.
+    pub(crate) bytes_per_commit: f64,
 }
 
 /// The median; the mean of the middle two for an even count.
@@ -53,6 +57,10 @@ impl Figures {
         let app: Option<Vec<f64>> = runs.iter().map(|r| r.server_cpu.map(|cpu| per_message(cpu.as_secs_f64() * 1e6, r))).collect();
         let writer: Option<Vec<f64>> = runs.iter().map(|r| r.writer_cpu.map(|cpu| per_message(cpu.as_secs_f64() * 1e6, r))).collect();
         let stores: Option<Vec<_>> = runs.iter().map(|r| r.store.map(|s| (per_message(s.put as f64, r), per_message(s.processing as f64, r)))).collect();
+        let commits: Option<Vec<_>> = runs
+            .iter()
+            .map(|r| r.store.map(|s| (per_message(s.processing_commits as f64 * 1000.0, r), s.processing as f64 / s.processing_commits.max(1) as f64)))
+            .collect();
         Figures {
             messages: runs.first().map_or(0, |r| r.messages),
             msg_per_s: median(msg_per_s.clone()),
@@ -64,6 +72,8 @@ impl Figures {
                 put: median(s.iter().map(|(put, _)| *put).collect()),
                 processing: median(s.iter().map(|(_, processing)| *processing).collect()),
                 total: median(s.iter().map(|(put, processing)| put + processing).collect()),
+                commits_per_1000: median(commits.iter().flatten().map(|(per_1000, _)| *per_1000).collect()),
+                bytes_per_commit: median(commits.iter().flatten().map(|(_, bytes)| *bytes).collect()),
             }),
             rounds_msg_per_s: msg_per_s,
         }
@@ -93,6 +103,8 @@ impl Figures {
                 "total": round(store.total, 1),
                 "total_over_body": round(store.total / f64::from(body_bytes), 3),
             });
+            figures["store_commits_per_1000"] = json!(round(store.commits_per_1000, 1));
+            figures["store_bytes_per_commit"] = json!(round(store.bytes_per_commit, 0));
         }
         figures
     }
@@ -289,12 +301,20 @@ impl<'a> Report<'a> {
                 "{:>5}  {:<32} {:>8} {:>9} {:>8} {:>8} {:>11}  store bytes written per message",
                 "T", "contender", "msg/s", "CPU ms", "(writer)", "app CPU", "peak tasks"
             );
-            let _ = writeln!(out, "{:>5}  {:<32} {:>8} {:>9} {:>8} {:>8} {:>11}  put + run = all (÷ body)", "", "", "", "per 1k", "", "per 1k", "/ calls");
+            let _ =
+                writeln!(out, "{:>5}  {:<32} {:>8} {:>9} {:>8} {:>8} {:>11}  put + run = all (÷ body), commits", "", "", "", "per 1k", "", "per 1k", "/ calls");
             for cell in self.cells.iter().filter(|c| c.body_bytes == size) {
                 for (contender, f) in &cell.figures {
                     let optional = |value: Option<f64>| value.map_or(String::new(), |v| format!("{v:.1}"));
                     let store = f.store.map_or(String::new(), |s| {
-                        format!("{} + {} = {} ({:.2}×)", thousands(s.put), thousands(s.processing), thousands(s.total), s.total / f64::from(size))
+                        format!(
+                            "{} + {} = {} ({:.2}×), {:.0} commits per 1k",
+                            thousands(s.put),
+                            thousands(s.processing),
+                            thousands(s.total),
+                            s.total / f64::from(size),
+                            s.commits_per_1000
+                        )
                     });
                     let _ = writeln!(
                         out,
@@ -365,7 +385,7 @@ mod tests {
             app_cpu_ms_per_1000: None,
             writer_cpu_ms_per_1000: None,
             peaks: None,
-            store: store_total.map(|total| StoreFigures { put: total, processing: 0.0, total }),
+            store: store_total.map(|total| StoreFigures { put: total, processing: 0.0, total, commits_per_1000: 0.0, bytes_per_commit: 0.0 }),
             rounds_msg_per_s: vec![msg_per_s],
         }
     }

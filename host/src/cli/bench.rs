@@ -79,7 +79,7 @@ pub(crate) struct KneeArgs {
     /// Calls at once past which the app slows down, 1 to 10,000.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::simulate::scenario::MAX_HANDLER_KNEE)))]
     knee: u32,
-    /// The app's latency up to the knee (at most 10 minutes).
+    /// The app's latency up to the knee (more than 0, at most 10 minutes).
     #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
     latency: std::time::Duration,
     /// Fixed max_concurrent_calls to sweep, comma-separated, each 1 to 10,000; the highest is
@@ -131,6 +131,9 @@ fn distinct(values: Vec<u32>) -> Vec<u32> {
 pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Http(args) => {
+            if args.redb_messages > args.messages {
+                anyhow::bail!("--redb-messages: at most --messages ({}), as its help says; got {}", args.messages, args.redb_messages);
+            }
             let bench = HttpBench {
                 sizes: distinct(args.sizes),
                 concurrency: distinct(args.concurrency),
@@ -146,6 +149,9 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
             http::run(bench, args.json)
         }
         BenchCommand::Knee(args) => {
+            if args.latency.is_zero() {
+                anyhow::bail!("--latency: more than 0 (an app that takes no time has no knee to find)");
+            }
             if args.latency > crate::simulate::scenario::MAX_HANDLER_TIME {
                 anyhow::bail!("--latency: at most {}", humantime::format_duration(crate::simulate::scenario::MAX_HANDLER_TIME));
             }

@@ -526,7 +526,11 @@ fn eval(file: &Path, asked: Asked, params: Vec<(String, String)>) -> Result<()> 
         let decision = rules.decide_queue_empty(queue, &IdleContext { queue: queue.into(), ..ctx });
         (serde_json::to_value(decision)?, decision.source)
     } else if let Some(text) = asked.concurrency {
-        let state: HandlerState = with_defaults(parse_json(&text, "--concurrency")?, concurrency_defaults(queue), "--concurrency")?;
+        let given = with_dependent_defaults(parse_json(&text, "--concurrency")?);
+        let state: HandlerState = with_defaults(given, concurrency_defaults(queue), "--concurrency")?;
+        if let Some(reason) = impossible_handler_state(&state) {
+            bail!("--concurrency describes a handler state the host never sends: {reason}");
+        }
         let queue_rules = rules.queue(queue).context("the rule set holds the queue it was made with")?;
         let Some(decision) = queue_rules.concurrency_decision(&HandlerState { queue: queue.into(), ..state }) else {
             let version = rules.status(queue).and_then(|s| s.contract).unwrap_or("an older version");
@@ -552,6 +556,56 @@ fn eval(file: &Path, asked: Asked, params: Vec<(String, String)>) -> Result<()> 
         bail!("the rule faulted, so the decision above is the built-in rule's ({}): {reason}", serde_json::to_value(source)?.as_str().unwrap_or_default());
     }
     Ok(())
+}
+
+/// Fields of a handler state whose defaults follow other given fields, so that a state
+/// given in part stays one the host could send: the current limit is the given ceiling, and
+/// a given mean latency is also the shortest and the longest.
+fn with_dependent_defaults(mut given: Value) -> Value {
+    if let Value::Object(fields) = &mut given {
+        if let Some(max_limit) = fields.get("max_limit").cloned() {
+            fields.entry("current_limit").or_insert(max_limit);
+        }
+        if let Some(mean) = fields.get("latency_mean_ms").cloned() {
+            fields.entry("latency_min_ms").or_insert(mean.clone());
+            fields.entry("latency_max_ms").or_insert(mean);
+        }
+    }
+    given
+}
+
+/// Why no host would send `state` (a rule's answer to it would say nothing), or `None`.
+fn impossible_handler_state(state: &HandlerState) -> Option<String> {
+    let most = crate::config::MAX_CONCURRENT_CALLS;
+    let latencies = [("latency_min_ms", state.latency_min_ms), ("latency_mean_ms", state.latency_mean_ms), ("latency_max_ms", state.latency_max_ms)];
+    if !(1..=most).contains(&state.max_limit) {
+        return Some(format!("max_limit {} is outside [1, {most}] (the range of max_concurrent_calls)", state.max_limit));
+    }
+    if !(1..=state.max_limit).contains(&state.current_limit) {
+        return Some(format!("current_limit {} is outside [1, max_limit {}]", state.current_limit, state.max_limit));
+    }
+    if state.window_ms == 0 {
+        return Some("window_ms is 0 (the host's window is 250 ms)".into());
+    }
+    if u64::from(state.failed) + u64::from(state.pushed_back) > u64::from(state.completed) {
+        return Some(format!(
+            "failed {} + pushed_back {} is more than completed {} (they count calls among those that ended)",
+            state.failed, state.pushed_back, state.completed
+        ));
+    }
+    if let Some((name, value)) = latencies.iter().find(|(_, value)| !value.is_finite() || *value < 0.0) {
+        return Some(format!("{name} {value} is not a duration in milliseconds"));
+    }
+    if state.completed == 0 && latencies.iter().any(|(_, value)| *value != 0.0) {
+        return Some("latencies are 0 when no call completed in the window".into());
+    }
+    if state.completed > 0 && !(state.latency_min_ms <= state.latency_mean_ms && state.latency_mean_ms <= state.latency_max_ms) {
+        return Some(format!(
+            "latency_min_ms {} <= latency_mean_ms {} <= latency_max_ms {} does not hold",
+            state.latency_min_ms, state.latency_mean_ms, state.latency_max_ms
+        ));
+    }
+    None
 }
 
 fn parse_json(text: &str, flag: &str) -> Result<Value> {

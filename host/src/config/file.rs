@@ -168,7 +168,7 @@ pub struct QueueFile {
     pub max_tasks: u32,
     /// Most handler calls at once for this queue on this host (a rule may decide fewer).
     /// Default 32, 1 to 10,000.
-    #[serde(default = "serde_defaults::max_concurrent_calls")]
+    #[serde(default = "serde_defaults::max_concurrent_calls", deserialize_with = "concurrent_calls")]
     pub max_concurrent_calls: u32,
     /// Shortest sleep after an empty get (or a short one). Default `800ms`.
     #[serde(default = "serde_defaults::min_polling_interval", with = "humantime_serde")]
@@ -339,4 +339,24 @@ pub(super) mod serde_defaults {
     pub fn handler_timeout() -> Duration {
         d::HANDLER_TIMEOUT
     }
+}
+
+/// `max_concurrent_calls`, refused with its range whatever is wrong with it: serde's own
+/// message for `-1` ("expected u32") did not say what the key accepts.
+fn concurrent_calls<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+    struct Calls;
+    impl serde::de::Visitor<'_> for Calls {
+        type Value = u32;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "a count of handler calls, 1 to {}", super::MAX_CONCURRENT_CALLS)
+        }
+        // A count in u32's range is checked against the range with the other keys.
+        fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<u32, E> {
+            u32::try_from(value).map_err(|_| E::custom(format_args!("max_concurrent_calls must be 1 to {}, got {value}", super::MAX_CONCURRENT_CALLS)))
+        }
+        fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<u32, E> {
+            u32::try_from(value).map_err(|_| E::custom(format_args!("max_concurrent_calls must be 1 to {}, got {value}", super::MAX_CONCURRENT_CALLS)))
+        }
+    }
+    deserializer.deserialize_any(Calls)
 }

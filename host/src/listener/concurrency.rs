@@ -166,6 +166,12 @@ impl Shared {
     pub(super) async fn decide_concurrency(&self) {
         let window = std::mem::take(&mut *self.counters.calls.lock().unwrap());
         let max_limit = self.settings.max_concurrent_calls;
+        if !self.decider.may_decide_concurrency() {
+            // Back to the configured bound (a rule that decided it may have been swapped
+            // for one that does not).
+            self.slots.set_limit(max_limit);
+            return;
+        }
         let state = HandlerState {
             queue: self.queue.name().to_string(),
             current_limit: self.slots.limit(),

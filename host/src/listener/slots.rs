@@ -28,6 +28,10 @@ struct SlotState {
     in_use: u32,
     /// Most slots in use at once since the last [`Slots::take_peak`].
     peak: u32,
+    /// The fewest free slots a waiting task asked for (0: nobody waits). Giving a slot back
+    /// wakes the waiters only once this many are free: waking every waiting task at every
+    /// finished call cost more CPU than the calls' own bookkeeping at 32 tasks.
+    need: u32,
 }
 
 /// Slots taken by one task for its next get; those not handed to a message are given back
@@ -45,7 +49,7 @@ pub(super) struct Slot<'a> {
 impl Slots {
     pub(super) fn new(limit: u32) -> Slots {
         let limit = limit.max(1);
-        Slots { state: Mutex::new(SlotState { limit, in_use: 0, peak: 0 }), freed: Notify::new(), waiting: AtomicU32::new(0) }
+        Slots { state: Mutex::new(SlotState { limit, in_use: 0, peak: 0, need: 0 }), freed: Notify::new(), waiting: AtomicU32::new(0) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, SlotState> {
@@ -71,6 +75,7 @@ impl Slots {
                     state.peak = state.peak.max(state.in_use);
                     return SlotGrant { slots: self, count };
                 }
+                state.need = if state.need == 0 { enough } else { state.need.min(enough) };
             }
             waiting.get_or_insert_with(|| WaitingMark::new(&self.waiting));
             notified.await;
@@ -81,21 +86,36 @@ impl Slots {
         if count == 0 {
             return;
         }
-        self.lock().in_use -= count;
-        self.freed.notify_waiters();
+        let wake = {
+            let mut state = self.lock();
+            state.in_use -= count;
+            let wake = state.need != 0 && state.limit.saturating_sub(state.in_use) >= state.need;
+            if wake {
+                state.need = 0;
+            }
+            wake
+        };
+        if wake {
+            self.freed.notify_waiters();
+        }
     }
 
     /// Sets the limit (at least 1). Calls over a lower limit finish; no new one starts
     /// until the calls in use are under it.
     pub(super) fn set_limit(&self, limit: u32) {
         let limit = limit.max(1);
-        let grew = {
+        let wake = {
             let mut state = self.lock();
-            let grew = limit > state.limit;
+            // A waiter's need was half the old limit: any change makes it stale (half of a
+            // lower limit may be all a waiter can ever get), so waiters look again.
+            let wake = limit != state.limit && state.need != 0;
             state.limit = limit;
-            grew
+            if wake {
+                state.need = 0;
+            }
+            wake
         };
-        if grew {
+        if wake {
             self.freed.notify_waiters();
         }
     }
@@ -237,6 +257,31 @@ mod tests {
         assert_eq!(slots.waiting(), 1);
         drop(held);
         assert_eq!(waiter.await.unwrap(), 2, "under the lowered limit, two at once");
+        slots.set_limit(0);
+        assert_eq!(slots.limit(), 1, "at least one call can always run");
+    }
+
+    /// A task waits for half the limit; when the limit drops under what it waited for, it
+    /// must look again rather than wait for slots that can never be free.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_looks_again_when_the_limit_drops_under_its_need() {
+        let slots = std::sync::Arc::new(Slots::new(32));
+        let mut grant = slots.acquire(32).await;
+        let mut held: Vec<_> = (0..32).map(|_| grant.take_one().unwrap()).collect();
+        drop(grant);
+        let waiter = {
+            let slots = slots.clone();
+            tokio::spawn(async move { slots.acquire(32).await.count() })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(slots.waiting(), 1, "32 in use: the task waits for 16 free");
+        held.truncate(24);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(slots.waiting(), 1, "8 free is not half of 32");
+        slots.set_limit(2);
+        held.truncate(0);
+        let got = tokio::time::timeout(Duration::from_secs(1), waiter).await;
+        assert_eq!(got.expect("the waiter was never woken").unwrap(), 2, "the lowered limit's half is free");
         slots.set_limit(0);
         assert_eq!(slots.limit(), 1, "at least one call can always run");
     }

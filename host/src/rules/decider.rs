@@ -27,6 +27,13 @@ pub trait Decider: Send + Sync + 'static {
         None
     }
 
+    /// Whether [`Decider::decide_concurrency`] may answer now: `false` spares the listener
+    /// asking four times a second, off its async threads, a rule that cannot (the built-in
+    /// rule, a WASM rule of a contract before 0.3.0 or none loaded yet).
+    fn may_decide_concurrency(&self) -> bool {
+        true
+    }
+
     /// The rule's state as `/status` shows it; `None` when there is nothing beyond the
     /// decisions themselves (the built-in rule, a rule in Rust). Never waits on a decision.
     fn status(&self) -> Option<RuleStatus> {
@@ -54,6 +61,10 @@ impl Decider for BuiltInRule {
         built_in_queue_empty(ctx, DecisionSource::BuiltIn)
     }
 
+    fn may_decide_concurrency(&self) -> bool {
+        false
+    }
+
     fn may_block(&self) -> bool {
         false
     }
@@ -71,6 +82,10 @@ impl Decider for QueueRules {
 
     fn decide_concurrency(&self, state: &HandlerState) -> Option<Decision<u32>> {
         QueueRules::decide_concurrency(self, state)
+    }
+
+    fn may_decide_concurrency(&self) -> bool {
+        QueueRules::rule_decides_concurrency(self)
     }
 
     fn status(&self) -> Option<RuleStatus> {

@@ -368,12 +368,16 @@ impl QueueRules {
         decision.value.map(|value| Decision { value, source: decision.source, clamped: decision.clamped })
     }
 
+    /// Whether the rule in use speaks a contract that decides handler concurrency (0.3.0 on).
+    pub fn rule_decides_concurrency(&self) -> bool {
+        lock(&self.slot.group.status).rule.as_ref().is_some_and(|rule| rule.contract.decides_concurrency())
+    }
+
     /// [`QueueRules::decide_concurrency`], with where the answer came from even when it is
     /// none (`ebb rule eval` tells a rule's none from a fault's). `None` when no rule that
     /// decides concurrency is in use: nothing was asked.
     pub fn concurrency_decision(&self, state: &HandlerState) -> Option<Decision<Option<u32>>> {
-        let decides = lock(&self.slot.group.status).rule.as_ref().is_some_and(|rule| rule.contract.decides_concurrency());
-        if !decides {
+        if !self.rule_decides_concurrency() {
             return None;
         }
         let (raw, source) = self.decide(Export::MaxConcurrentCalls, |i| i.max_concurrent_calls(state), || None);

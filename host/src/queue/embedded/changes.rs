@@ -4,9 +4,9 @@
 use redb::{ReadableTable, ReadableTableMetadata};
 
 use super::bodies;
-use super::leasing::{lease, leased_header, update_visibility};
+use super::leasing::{lease, update_visibility};
 use super::record::{Header, checksum};
-use super::tables::{Tables, add_count};
+use super::tables::Tables;
 use crate::queue::{Message, QueueError};
 
 /// A change, carrying the caller's clock reading (the writer thread has no tokio clock).
@@ -62,18 +62,26 @@ fn put(t: &mut Tables<'_>, queue: u32, now_ms: u64, body: Vec<u8>, delay_ms: u64
     t.headers.insert((queue, seq), header.encode().as_slice())?;
     bodies::write(t, queue, seq, &body)?;
     t.visible.insert((queue, visible_at_ms, seq), ())?;
-    add_count(&mut t.counts, queue, 1)?;
+    t.add_count(queue, 1);
     Ok(Ok(Reply::Id(seq.to_string())))
 }
 
 fn delete(t: &mut Tables<'_>, queue: u32, seq: u64, receipt: u64) -> Applied {
-    let header = match leased_header(t, queue, seq, receipt)? {
-        Ok(header) => header,
-        Err(stale) => return Ok(Err(stale)),
+    // Removed first and put back on a stale receipt (rare): a look-up then a remove cost two
+    // walks of the tree for every delete.
+    let Some(removed) = t.headers.remove((queue, seq))? else {
+        return Ok(Err(QueueError::StaleReceipt { id: seq.to_string().into() }));
     };
-    t.headers.remove((queue, seq))?;
+    let current = Header::decode(removed.value()).filter(|header| header.receipt == receipt && receipt != 0);
+    let Some(header) = current else {
+        let stored = removed.value().to_vec();
+        drop(removed);
+        t.headers.insert((queue, seq), stored.as_slice())?;
+        return Ok(Err(QueueError::StaleReceipt { id: seq.to_string().into() }));
+    };
+    drop(removed);
     bodies::remove(t, queue, seq, header.body_len as usize)?;
     t.visible.remove((queue, header.visible_at_ms, seq))?;
-    add_count(&mut t.counts, queue, -1)?;
+    t.add_count(queue, -1);
     Ok(Ok(Reply::Deleted))
 }

@@ -71,7 +71,7 @@ pub(super) fn update_visibility(t: &mut Tables<'_>, queue: u32, seq: u64, receip
 }
 
 /// The header of a message whose current receipt is `receipt`, or (inner) a stale-receipt error.
-pub(super) fn leased_header(t: &Tables<'_>, queue: u32, seq: u64, receipt: u64) -> anyhow::Result<Result<Header, QueueError>> {
+fn leased_header(t: &Tables<'_>, queue: u32, seq: u64, receipt: u64) -> anyhow::Result<Result<Header, QueueError>> {
     let stale = || QueueError::StaleReceipt { id: seq.to_string().into() };
     let Some(stored) = t.headers.get((queue, seq))? else { return Ok(Err(stale())) };
     match Header::decode(stored.value()) {

@@ -20,6 +20,10 @@ pub(super) struct Tables<'t> {
     pub(super) body_pages: Table<'t, (u32, u64, u32), &'static [u8]>,
     pub(super) visible: Table<'t, (u32, u64, u64), ()>,
     pub(super) counts: Table<'t, u32, u64>,
+    /// Changes to `counts` made by this transaction's ops, written once by
+    /// [`Tables::write_counts`]: a count rewritten at every put and delete cost two B-tree
+    /// operations per message.
+    count_changes: Vec<(u32, i64)>,
 }
 
 pub(super) fn open_tables(txn: &WriteTransaction) -> anyhow::Result<Tables<'_>> {
@@ -30,11 +34,27 @@ pub(super) fn open_tables(txn: &WriteTransaction) -> anyhow::Result<Tables<'_>> 
         body_pages: txn.open_table(BODY_PAGES)?,
         visible: txn.open_table(VISIBLE)?,
         counts: txn.open_table(COUNTS)?,
+        count_changes: Vec::new(),
     })
 }
 
-pub(super) fn add_count(counts: &mut Table<'_, u32, u64>, queue: u32, delta: i64) -> anyhow::Result<()> {
-    let current = counts.get(queue)?.map_or(0, |v| v.value());
-    counts.insert(queue, current.saturating_add_signed(delta))?;
-    Ok(())
+impl Tables<'_> {
+    /// Adds `delta` to `queue`'s message count when the transaction's counts are written.
+    pub(super) fn add_count(&mut self, queue: u32, delta: i64) {
+        match self.count_changes.iter_mut().find(|(q, _)| *q == queue) {
+            Some((_, total)) => *total = total.saturating_add(delta),
+            None => self.count_changes.push((queue, delta)),
+        }
+    }
+
+    /// Writes the counts changed since the last call; before the transaction commits.
+    pub(super) fn write_counts(&mut self) -> anyhow::Result<()> {
+        for (queue, delta) in std::mem::take(&mut self.count_changes) {
+            if delta != 0 {
+                let current = self.counts.get(queue)?.map_or(0, |v| v.value());
+                self.counts.insert(queue, current.saturating_add_signed(delta))?;
+            }
+        }
+        Ok(())
+    }
 }

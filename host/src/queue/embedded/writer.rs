@@ -161,7 +161,9 @@ impl Writer {
         let mut next_seq = self.next_seq;
         let results = {
             let mut tables = open_tables(&txn)?;
-            ops.into_iter().map(|op| apply(&mut tables, op, &mut next_seq)).collect::<anyhow::Result<Vec<_>>>()?
+            let results = ops.into_iter().map(|op| apply(&mut tables, op, &mut next_seq)).collect::<anyhow::Result<Vec<_>>>()?;
+            tables.write_counts()?;
+            results
         };
         if next_seq != self.next_seq {
             txn.open_table(META)?.insert("next_seq", next_seq)?;

@@ -1,0 +1,79 @@
+//! A memory queue with hooks around its gets and visibility updates: the listener tests
+//! watch and disturb storage through it (a get that panics, fails or answers late, an update
+//! that arrives late, a count that fails) instead of each writing its own forwarding queue.
+//!
+//! It does not forward `local_count`: like a remote queue, counting it is a call.
+
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ebb::queue::memory::MemoryQueue;
+use ebb::queue::{Message, MessageId, PopReceipt, QueueClient, QueueError};
+
+/// What a test does around the queue's calls; each hook does nothing unless overridden.
+#[async_trait]
+pub(crate) trait Hooks: Send + Sync + 'static {
+    /// Before a get of up to `max` messages reaches the queue; an error fails the get.
+    async fn before_get(&self, _max: u32) -> Result<(), QueueError> {
+        Ok(())
+    }
+    /// After the queue answered a get, before the listener sees the answer.
+    async fn after_get(&self, _got: &mut Result<Vec<Message>, QueueError>) {}
+    /// Before a visibility update reaches the queue.
+    async fn before_update(&self) {}
+    /// Before a count reaches the queue; an error fails the count.
+    async fn before_count(&self) -> Result<(), QueueError> {
+        Ok(())
+    }
+}
+
+/// The memory queue `inner` behind `hooks`; the hooks' fields read through it.
+pub(crate) struct Hooked<H> {
+    pub(crate) inner: Arc<MemoryQueue>,
+    pub(crate) hooks: H,
+}
+
+impl<H> Hooked<H> {
+    pub(crate) fn new(inner: impl Into<Arc<MemoryQueue>>, hooks: H) -> Arc<Self> {
+        Arc::new(Hooked { inner: inner.into(), hooks })
+    }
+}
+
+impl<H> Deref for Hooked<H> {
+    type Target = H;
+    fn deref(&self) -> &H {
+        &self.hooks
+    }
+}
+
+#[async_trait]
+impl<H: Hooks> QueueClient for Hooked<H> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    async fn create_if_missing(&self) -> Result<(), QueueError> {
+        self.inner.create_if_missing().await
+    }
+    async fn put(&self, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
+        self.inner.put(body, delay).await
+    }
+    async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
+        self.hooks.before_get(max).await?;
+        let mut got = self.inner.get(max, visibility).await;
+        self.hooks.after_get(&mut got).await;
+        got
+    }
+    async fn delete(&self, id: &MessageId, receipt: &PopReceipt) -> Result<(), QueueError> {
+        self.inner.delete(id, receipt).await
+    }
+    async fn update_visibility(&self, id: &MessageId, receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
+        self.hooks.before_update().await;
+        self.inner.update_visibility(id, receipt, visibility).await
+    }
+    async fn approximate_count(&self) -> Result<u64, QueueError> {
+        self.hooks.before_count().await?;
+        self.inner.approximate_count().await
+    }
+}

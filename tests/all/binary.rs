@@ -1179,3 +1179,48 @@ async fn check_retries_a_503_from_storage() {
     assert!(started.elapsed() < Duration::from_secs(40), "an always busy storage held ebb check for {:?}", started.elapsed());
     eprintln!("ebb check against always-busy storage failed after {:?}", started.elapsed());
 }
+
+/// `ebb queue pause` holds a queue on the running host (no message reaches the app), the
+/// pause shows in `/status` and `/metrics` and survives a restart; `ebb queue resume` lets
+/// the messages through. Paused with no host running, the next start holds the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_queue_holds_its_messages_across_a_restart_until_resumed() {
+    let (app, app_addr) = App::start(Duration::from_millis(1)).await;
+    let site = Site::new(app_addr, "30s");
+    let mut host = site.start_host().await;
+    let paused = String::from_utf8(site.ebb(&["queue", "pause", "orders"]).stdout).unwrap();
+    assert!(paused.contains("orders paused until resumed"), "{paused}");
+    site.ebb(&["send", "orders", "held", "--count", "10"]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(app.seen.lock().unwrap().is_empty(), "a message reached the app while paused");
+    let status = site.status().await;
+    assert!(status["queues"][0]["paused"]["since_ms"].is_u64(), "{status}");
+    let table = String::from_utf8(site.ebb(&["status"]).stdout).unwrap();
+    assert!(table.contains("orders: paused until resumed"), "{table}");
+    let metrics = reqwest::Client::new().get(format!("http://{}/metrics", site.api)).bearer_auth(TOKEN).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("ebb_queue_paused{queue=\"orders\"} 1"), "{metrics}");
+    let refused = reqwest::Client::new().post(format!("http://{}/queues/orders/pause?for=forever", site.api)).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(refused.status(), reqwest::StatusCode::BAD_REQUEST);
+
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+    host = site.start_host().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(app.seen.lock().unwrap().is_empty(), "the pause did not survive the restart");
+
+    let resumed = String::from_utf8(site.ebb(&["queue", "resume", "orders"]).stdout).unwrap();
+    assert!(resumed.contains("orders resumed"), "{resumed}");
+    wait_until("10 messages handled", || async { app.seen.lock().unwrap().len() >= 10 }).await;
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+
+    // No host: the pause is recorded for the next start.
+    let offline = String::from_utf8(site.ebb(&["queue", "pause", "orders", "--for", "1h"]).stdout).unwrap();
+    assert!(offline.contains("no host running"), "{offline}");
+    site.ebb(&["send", "orders", "offline", "--count", "3"]);
+    host = site.start_host().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(app.seen.lock().unwrap().len(), 10, "paused offline, the next start held the queue");
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+}

@@ -976,3 +976,47 @@ async fn a_depth_that_could_not_be_counted_is_told_as_inferred() {
     assert!(!states.is_empty(), "the messages found were a work-detected event");
     assert!(states.iter().all(|s| s.depth_source == ebb::rules::DepthSource::Inferred), "{states:?}");
 }
+
+/// A paused queue makes no get; the calls that run finish and their messages are deleted,
+/// so nothing is lost; resuming picks up where it stopped.
+#[tokio::test(start_paused = true)]
+async fn a_paused_queue_makes_no_get_lets_running_calls_finish_and_resumes() {
+    let f = fixture(QueueSettings { min_polling_interval: Duration::from_millis(100), ..Default::default() }, None);
+    put(f.queue.as_ref(), "sleep 1000", 200).await;
+    f.listener.start();
+    sleep(Duration::from_millis(500)).await;
+    assert!(f.listener.status().handler_calls > 0, "calls run when the pause comes");
+    f.listener.set_pause(Some(ebb::listener::Pause { since_ms: 0, until_ms: None }));
+    let gets_at_pause = f.queue.gets.lock().unwrap().len();
+    sleep(Duration::from_secs(30)).await;
+    let paused = f.listener.status();
+    assert_eq!(f.queue.gets.lock().unwrap().len(), gets_at_pause, "a get was made while paused");
+    assert_eq!((paused.handler_calls, paused.in_flight), (0, 0), "running calls finished and were settled: {paused:?}");
+    assert!(paused.processed > 0 && paused.processed < 200, "{paused:?}");
+    assert_eq!(f.queue.inner.approximate_count().await.unwrap(), 200 - paused.processed, "nothing lost, nothing deleted unhandled");
+    assert!(paused.paused.is_some(), "the status shows the pause");
+
+    f.listener.set_pause(None);
+    sleep(Duration::from_secs(60)).await;
+    let resumed = f.listener.status();
+    assert_eq!((resumed.processed, resumed.paused), (200, None), "{resumed:?}");
+}
+
+/// A pause with an end resumes by itself then, without anyone resuming it.
+#[tokio::test(start_paused = true)]
+async fn a_pause_for_a_while_ends_by_itself() {
+    let clock = Arc::new(TokioClock::new());
+    let queue = Hooked::new(MemoryQueue::new(QUEUE, clock.clone(), 65536), GetRecorder::default());
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock.clone(), 65536));
+    let listener = Listener::builder(queue.clone(), poison, Arc::new(TestHandler::default())).clock(clock.clone()).build();
+    let now_ms = ebb::queue::Clock::now_ms(clock.as_ref());
+    listener.set_pause(Some(ebb::listener::Pause { since_ms: now_ms, until_ms: Some(now_ms + 10_000) }));
+    put(queue.as_ref(), "sleep 1", 5).await;
+    listener.start();
+    sleep(Duration::from_secs(9)).await;
+    assert_eq!(listener.status().processed, 0, "paused for 10 s");
+    assert!(queue.gets.lock().unwrap().is_empty(), "no get while paused");
+    sleep(Duration::from_secs(2)).await;
+    let status = listener.status();
+    assert_eq!((status.processed, status.paused), (5, None), "{status:?}");
+}

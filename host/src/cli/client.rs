@@ -1,5 +1,5 @@
-//! `ebb send` and `ebb status`: talk to the running host's API, or (send) write the store
-//! directly when no host is up.
+//! `ebb send`, `ebb status` and `ebb queue pause|resume`: talk to the running host's API,
+//! or (send, pause) write the data directory directly when no host is up.
 
 use std::path::Path;
 use std::time::Duration;
@@ -185,6 +185,45 @@ async fn replay(
     Ok(lag)
 }
 
+/// Pauses `queue` (`Some`: for that long, or until resumed) or resumes it (`None`): through
+/// the running host's API, else in the data directory, where the next start reads it.
+pub async fn pause(config_path: &Path, queue: &str, pause: Option<Option<Duration>>) -> Result<()> {
+    let config = Config::load(config_path)?;
+    if !config.queues.iter().any(|q| q.name == queue) {
+        bail!("queue {queue} is not configured in {}", config_path.display());
+    }
+    let http = client(&config)?;
+    let (verb, query) = match pause {
+        Some(Some(for_)) => ("pause", format!("?for={}", humantime::format_duration(for_).to_string().replace(' ', ""))),
+        Some(None) => ("pause", String::new()),
+        None => ("resume", String::new()),
+    };
+    let url = format!("{}/queues/{queue}/{verb}{query}", api_base(&config));
+    match http.post(&url).send().await {
+        Err(error) if error.is_connect() => {
+            let pauses = crate::service::Pauses::open(&config.data_dir)?;
+            let now_ms = crate::queue::Clock::now_ms(&crate::queue::SystemClock);
+            let kept = pause.map(|for_| crate::listener::Pause {
+                since_ms: now_ms,
+                until_ms: for_.map(|d| now_ms.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))),
+            });
+            pauses.set(queue, kept, now_ms)?;
+            let done = if pause.is_some() { "paused" } else { "resumed" };
+            println!("{queue} {done} (no host running: recorded in {}, read at the next start)", config.data_dir.display());
+        }
+        answered => {
+            let response = answered.with_context(|| format!("failed to reach the host at {url}"))?;
+            check_response(response).await?;
+            match pause {
+                Some(Some(for_)) => println!("{queue} paused for {}", humantime::format_duration(for_)),
+                Some(None) => println!("{queue} paused until resumed (ebb queue resume {queue})"),
+                None => println!("{queue} resumed"),
+            }
+        }
+    }
+    Ok(())
+}
+
 async fn check_response(response: reqwest::Response) -> Result<()> {
     let status = response.status();
     if !status.is_success() {
@@ -238,6 +277,13 @@ pub async fn status(config_path: &Path, json: bool) -> Result<()> {
         let total = if counts.iter().all(Option::is_none) { "-".to_string() } else { counts.iter().flatten().sum::<u64>().to_string() };
         let rule = rule_cell(&q["rule"]);
         notes.extend(rule_notes(&cell(&q["queue"]), &q["rule"]));
+        if q["paused"].is_object() {
+            let until = q["paused"]["until_ms"].as_u64().map_or_else(
+                || "until resumed".to_string(),
+                |ms| format!("until {}", humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms))),
+            );
+            notes.push(format!("{}: paused {until} (no get; ebb queue resume {})", cell(&q["queue"]), cell(&q["queue"])));
+        }
         let source = q["last_task_count"]["source"].as_str().unwrap_or("-");
         rows.push(vec![
             cell(&q["queue"]),

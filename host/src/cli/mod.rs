@@ -92,6 +92,10 @@ enum Command {
         #[arg(long, short, default_value = "ebb.toml")]
         config: PathBuf,
     },
+    /// Pause a queue (no get; calls that run finish; kept across restarts) or resume it,
+    /// through the running host's API, or in its data directory when no host runs.
+    #[command(subcommand)]
+    Queue(QueueCommand),
     /// Work with rule components: check one, or ask it for a decision.
     #[command(subcommand)]
     Rule(rule::RuleCommand),
@@ -101,6 +105,39 @@ enum Command {
     /// Compare rules over a scenario on the real listener, the in-memory queue and a paused
     /// clock (a simulated day takes seconds): billed transactions, $/month, pickup latency.
     Simulate(simulate::SimulateArgs),
+}
+
+/// `ebb queue …`.
+#[derive(Debug, Subcommand)]
+pub enum QueueCommand {
+    /// Pause a queue: no get is made; calls that run finish and are settled.
+    Pause {
+        /// The queue.
+        queue: String,
+        /// Resume by itself after this long (`90s`, `10m`, `2h`; 1 s to 365 days); without
+        /// it, the queue stays paused until resumed.
+        #[arg(long = "for", value_name = "DURATION", value_parser = parse_pause_duration)]
+        for_: Option<std::time::Duration>,
+        /// The configuration file.
+        #[arg(long, short, default_value = "ebb.toml")]
+        config: PathBuf,
+    },
+    /// Resume a paused queue: gets start again at once.
+    Resume {
+        /// The queue.
+        queue: String,
+        /// The configuration file.
+        #[arg(long, short, default_value = "ebb.toml")]
+        config: PathBuf,
+    },
+}
+
+fn parse_pause_duration(text: &str) -> Result<std::time::Duration, String> {
+    let duration = humantime::parse_duration(text).map_err(|e| format!("{e} (e.g. 90s, 10m, 2h)"))?;
+    if duration < std::time::Duration::from_secs(1) || duration > crate::service::MAX_PAUSE {
+        return Err(format!("{} is outside 1s to {}", humantime::format_duration(duration), humantime::format_duration(crate::service::MAX_PAUSE)));
+    }
+    Ok(duration)
 }
 
 impl Cli {
@@ -152,6 +189,8 @@ pub fn main(cli: Cli) -> ExitCode {
             runtime().and_then(|rt| rt.block_on(client::send_trace(&config, &queue, &trace, body)))
         }
         Command::Status { json, config } => runtime().and_then(|rt| rt.block_on(client::status(&config, json))),
+        Command::Queue(QueueCommand::Pause { queue, for_, config }) => runtime().and_then(|rt| rt.block_on(client::pause(&config, &queue, Some(for_)))),
+        Command::Queue(QueueCommand::Resume { queue, config }) => runtime().and_then(|rt| rt.block_on(client::pause(&config, &queue, None))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

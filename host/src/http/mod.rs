@@ -1,5 +1,6 @@
 //! The HTTP API: `GET /status`, `GET /metrics`, `GET /healthz`, `GET /readyz`,
-//! `POST /queues/{name}/messages`, `POST /queues/{name}/notify`.
+//! `POST /queues/{name}/messages`, `POST /queues/{name}/notify`, `POST /queues/{name}/pause`,
+//! `POST /queues/{name}/resume`.
 //! When a token is configured, every route but the probes (`/healthz`, `/readyz`) requires
 //! `Authorization: Bearer <token>`; without it `/readyz` shows no reasons.
 //!
@@ -11,7 +12,8 @@
 //! - `auth`: the bearer token;
 //! - `errors`: the JSON error answer;
 //! - `body_limit`: the 413 for bodies over the limit;
-//! - `routes`: one file per route family (messages and notify, status, metrics, the probes).
+//! - `routes`: one file per route family (messages and notify, pause and resume, status,
+//!   metrics, the probes).
 
 mod auth;
 mod body_limit;

@@ -112,6 +112,7 @@ impl ListenerBuilder {
                 calls_started: Notify::new(),
                 latency_micros: std::sync::atomic::AtomicU64::new(0),
                 fetched_ahead: std::sync::atomic::AtomicU32::new(0),
+                paused: tokio::sync::watch::Sender::new(None),
             }),
         }
     }

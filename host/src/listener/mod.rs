@@ -15,12 +15,14 @@
 //! - `work`: work-detected events, pushes, wake-ups and the safety poll;
 //! - `scaling`: the scaler, which moves the task count toward the rule's;
 //!   `rule`: what the rule is told and the thread it is asked on;
+//! - `pause`: a paused queue makes no get;
 //! - `counters` and `status`: what `QueryState()` reports.
 
 mod builder;
 mod concurrency;
 mod counters;
 mod lease;
+mod pause;
 mod pickup;
 mod poison;
 mod process;
@@ -48,6 +50,7 @@ use crate::rules::Decider;
 pub use builder::ListenerBuilder;
 pub use concurrency::CONCURRENCY_WINDOW;
 use counters::Counters;
+pub use pause::Pause;
 pub use settings::QueueSettings;
 pub use status::{DEPTH_MAX_AGE, ListenerStatus, PoisonForm};
 
@@ -114,6 +117,8 @@ struct Shared {
     /// Messages fetched ahead of the free slots and not yet given one, all tasks together
     /// (with the places reserved for gets in flight).
     fetched_ahead: std::sync::atomic::AtomicU32,
+    /// The queue's pause, if any (see `pause`).
+    paused: tokio::sync::watch::Sender<Option<pause::Pause>>,
 }
 
 impl Listener {

@@ -70,6 +70,8 @@ pub struct ListenerStatus {
     /// When `approximate_depth` was measured (`None`: not yet).
     #[serde(with = "humantime_serde")]
     pub depth_as_of: Option<SystemTime>,
+    /// The pause that holds now (no get is made), if any.
+    pub paused: Option<super::Pause>,
     /// Dequeue tasks running or waiting for work.
     pub active_tasks: u32,
     /// The rule's last task count (after clamping).
@@ -194,6 +196,7 @@ impl Shared {
             queue: self.queue.name().to_string(),
             approximate_depth,
             depth_as_of,
+            paused: self.current_pause(),
             active_tasks: load32(&c.active_tasks),
             target_tasks: load32(&c.target_tasks),
             peak_tasks: load32(&c.peak_tasks),

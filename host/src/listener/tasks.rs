@@ -118,7 +118,7 @@ impl Shared {
         let lease = self.settings.lease_duration;
         let batch_size = self.settings.batch_size;
         loop {
-            if self.stopping.is_cancelled() {
+            if self.stopping.is_cancelled() || !self.wait_while_paused().await {
                 break;
             }
             // A probe looks once before anything else (the target may be zero tasks).
@@ -133,6 +133,11 @@ impl Shared {
                 grant = self.slots.acquire(batch_size) => grant,
                 _ = self.stopping.cancelled() => break,
             };
+            if self.current_pause().is_some() {
+                // Paused while waiting for slots: no get; wait at the top.
+                drop(grant);
+                continue;
+            }
             self.calls_started.notify_one();
             // The wait may have been long: retire now if the rule wants fewer tasks, rather
             // than after a batch taken only to be let go.

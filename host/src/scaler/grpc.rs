@@ -222,7 +222,8 @@ impl ExternalScaler for Service {
                     let active = tokio::select! {
                         changed = events.changed() => {
                             if changed.is_err() { return }
-                            true
+                            // Work detected is activity, unless the queue is paused.
+                            !queue.is_paused()
                         }
                         _ = recheck.tick() => queue.is_active(),
                         () = stop.cancelled() => return,

@@ -113,6 +113,8 @@ pub struct InstanceMetric {
     pub source: DecisionSource,
     /// True when the rule did not answer within its deadline and an earlier answer stands.
     pub stale: bool,
+    /// True when the queue is paused: no demand, whatever its depth (the rule is not asked).
+    pub paused: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -157,6 +159,8 @@ pub struct ScalerQueue {
     max_instances: u32,
     call_deadline: Duration,
     work: watch::Sender<u64>,
+    /// The queue's pause on this host, when the scaler is told of it.
+    pause: Option<watch::Receiver<Option<crate::listener::Pause>>>,
     last_work: Mutex<Option<Instant>>,
     window: Mutex<Window>,
     cache: Arc<Mutex<Option<Cached>>>,
@@ -182,6 +186,7 @@ impl ScalerQueue {
             max_instances: settings.max_instances.max(1),
             call_deadline,
             work: watch::Sender::new(0),
+            pause: None,
             last_work: Mutex::new(None),
             window: Mutex::default(),
             cache: Arc::new(Mutex::new(None)),
@@ -192,6 +197,18 @@ impl ScalerQueue {
     /// The queue's (logical) name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Watches the queue's pause: while it holds, the queue has no demand.
+    pub fn with_pause(mut self, pause: watch::Receiver<Option<crate::listener::Pause>>) -> ScalerQueue {
+        self.pause = Some(pause);
+        self
+    }
+
+    /// Whether the queue is paused now.
+    pub fn is_paused(&self) -> bool {
+        let now_ms = crate::queue::Clock::now_ms(&crate::queue::SystemClock);
+        self.pause.as_ref().is_some_and(|pause| pause.borrow().is_some_and(|p| p.holds_at(now_ms)))
     }
 
     /// Work was detected: the queue is active now, and every `StreamIsActive` hears so.
@@ -238,6 +255,9 @@ impl ScalerQueue {
     /// Whether the queue has work: messages queued or in flight, or work detected within
     /// [`ACTIVITY_HOLD`].
     pub fn is_active(&self) -> bool {
+        if self.is_paused() {
+            return false;
+        }
         let s = self.snapshot();
         s.depth > 0 || s.in_flight > 0 || lock(&self.last_work).is_some_and(|at| at.elapsed() < ACTIVITY_HOLD)
     }
@@ -296,6 +316,9 @@ impl ScalerQueue {
     /// rule's, when there is none) and the call finishes in the background, holding back
     /// further calls until it does.
     pub async fn metric(&self) -> InstanceMetric {
+        if self.is_paused() {
+            return InstanceMetric { instances: 0, tasks: 0, source: DecisionSource::BuiltIn, stale: false, paused: true };
+        }
         let snapshot = self.snapshot();
         let rule = self.rules.status();
         let key = CacheKey {
@@ -366,7 +389,7 @@ impl ScalerQueue {
 /// ⌈`decision` ÷ `per_instance`⌉ instances, at most `max_instances`.
 fn instance_metric(decision: Decision<u32>, per_instance: u32, max_instances: u32, stale: bool) -> InstanceMetric {
     let instances = decision.value.div_ceil(per_instance.max(1)).min(max_instances);
-    InstanceMetric { instances, tasks: decision.value, source: decision.source, stale }
+    InstanceMetric { instances, tasks: decision.value, source: decision.source, stale, paused: false }
 }
 
 /// Every queue the scaler answers for, and the tasks that feed their work events.

@@ -68,7 +68,7 @@ pub fn start(service: &Service, settings: &ScalerSettings, call_deadline: std::t
             Some(rules) => Arc::new(rules),
             None => Arc::new(BuiltInRule),
         };
-        queues.push(ScalerQueue::new(&queue.config, source, rules, settings, call_deadline));
+        queues.push(ScalerQueue::new(&queue.config, source, rules, settings, call_deadline).with_pause(queue.handle.pause_changes()));
     }
     let scaler = Scaler::new(queues, settings.token.clone());
     for (name, queue) in service.queues() {

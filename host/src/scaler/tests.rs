@@ -117,3 +117,21 @@ async fn work_detected_keeps_an_empty_queue_active_for_the_activity_hold() {
     tokio::time::advance(Duration::from_millis(1)).await;
     assert!(!queue.is_active(), "nothing queued or in flight, no work for {ACTIVITY_HOLD:?}");
 }
+
+/// A paused queue has no demand, however deep: KEDA scales its workers in, and the rule is
+/// not asked; resumed, the demand is the rule's again.
+#[tokio::test]
+async fn a_paused_queue_has_no_demand() {
+    let rule = SlowRule::new(10, Duration::ZERO);
+    let (pause, watching) = tokio::sync::watch::channel(Some(crate::listener::Pause { since_ms: 0, until_ms: None }));
+    let queue = scaler_queue(rule.clone(), 35).await.with_pause(watching);
+    queue.note_work();
+    assert!(!queue.is_active(), "paused, with work just detected");
+    let metric = queue.metric().await;
+    assert_eq!((metric.instances, metric.tasks, metric.paused), (0, 0, true));
+    assert_eq!(rule.calls.load(Ordering::SeqCst), 0, "the rule was asked for a paused queue");
+    pause.send_replace(None);
+    assert!(queue.is_active());
+    let metric = queue.metric().await;
+    assert_eq!((metric.tasks, metric.paused), (4, false), "35 deep at 10 per task, capped by max_tasks 4");
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::bus::Bus;
-use crate::listener::Listener;
+use crate::listener::{Listener, Pause};
 use crate::queue::{MessageId, QueueClient, QueueError};
 
 /// The longest a send waits for storage before giving up with a transient error (storage
@@ -28,6 +28,10 @@ struct Inner {
     listeners: Vec<Listener>,
     bus: std::sync::OnceLock<Arc<Bus>>,
     work: watch::Sender<u64>,
+    /// Where pauses are kept across restarts (none: a handle outside a service).
+    pauses: std::sync::OnceLock<Arc<super::pauses::Pauses>>,
+    /// The queue's pause, for this host's listeners and watchers (the KEDA scaler).
+    paused: watch::Sender<Option<Pause>>,
 }
 
 impl QueueHandle {
@@ -35,7 +39,68 @@ impl QueueHandle {
     /// on a host that does not process).
     pub fn new(name: &str, sender: Arc<dyn QueueClient>, listeners: Vec<Listener>) -> QueueHandle {
         let (work, _) = watch::channel(0);
-        QueueHandle { inner: Arc::new(Inner { name: name.to_string(), sender, listeners, bus: std::sync::OnceLock::new(), work }) }
+        let inner = Inner {
+            name: name.to_string(),
+            sender,
+            listeners,
+            bus: std::sync::OnceLock::new(),
+            work,
+            pauses: std::sync::OnceLock::new(),
+            paused: watch::Sender::new(None),
+        };
+        QueueHandle { inner: Arc::new(inner) }
+    }
+
+    /// Keeps this queue's pauses in `pauses` from now on, and applies the one kept there.
+    pub(crate) fn attach_pauses(&self, pauses: Arc<super::pauses::Pauses>) {
+        let kept = pauses.get(&self.inner.name);
+        if self.inner.pauses.set(pauses).is_ok() {
+            self.apply_pause(kept);
+        }
+    }
+
+    /// Pauses the queue on this host (`for_`: until then, else until resumed): no get is
+    /// made; calls that run finish. Kept across restarts when the handle belongs to a
+    /// service. Returns the pause.
+    pub fn pause(&self, for_: Option<Duration>) -> anyhow::Result<Pause> {
+        let now_ms = now_ms();
+        let until_ms = for_.map(|d| now_ms.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
+        let pause = Pause { since_ms: now_ms, until_ms };
+        if let Some(pauses) = self.inner.pauses.get() {
+            pauses.set(&self.inner.name, Some(pause), now_ms)?;
+        }
+        self.apply_pause(Some(pause));
+        tracing::info!(queue = %self.inner.name, until_ms, "queue paused");
+        Ok(pause)
+    }
+
+    /// Resumes the queue on this host; gets start again at once.
+    pub fn resume(&self) -> anyhow::Result<()> {
+        if let Some(pauses) = self.inner.pauses.get() {
+            pauses.set(&self.inner.name, None, now_ms())?;
+        }
+        self.apply_pause(None);
+        tracing::info!(queue = %self.inner.name, "queue resumed");
+        // Messages may have piled up: look now, rather than at the next poll.
+        self.wake(Duration::ZERO);
+        Ok(())
+    }
+
+    /// The pause that holds now, if any.
+    pub fn paused(&self) -> Option<Pause> {
+        (*self.inner.paused.borrow()).filter(|pause| pause.holds_at(now_ms()))
+    }
+
+    /// Every change of the queue's pause, for watchers (the KEDA scaler).
+    pub fn pause_changes(&self) -> watch::Receiver<Option<Pause>> {
+        self.inner.paused.subscribe()
+    }
+
+    fn apply_pause(&self, pause: Option<Pause>) {
+        for listener in &self.inner.listeners {
+            listener.set_pause(pause);
+        }
+        self.inner.paused.send_replace(pause);
     }
 
     /// From now on, sends and notifications are published on `bus` too (set once: the bus
@@ -130,4 +195,9 @@ impl QueueHandle {
             bus.publish(&self.inner.name, count, delay);
         }
     }
+}
+
+/// The system time in milliseconds since the Unix epoch (the listeners' default clock).
+fn now_ms() -> u64 {
+    crate::queue::Clock::now_ms(&crate::queue::SystemClock)
 }

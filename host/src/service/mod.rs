@@ -8,6 +8,7 @@
 
 mod assembly;
 mod handle;
+mod pauses;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use tracing::Instrument as _;
 
 pub(crate) use assembly::{QueueStack, StackOptions, storage_queue};
 pub use handle::QueueHandle;
+pub use pauses::{MAX_PAUSE, Pauses};
 
 use crate::bus::Bus;
 use crate::config::{Backend, BusConfig, Config, QueueConfig};
@@ -124,6 +126,7 @@ impl Service {
         rules.load_all_in_background();
         let watcher = rules.watch(&rules_dir, RULE_DEBOUNCE)?;
         let readiness = Readiness::default();
+        let pauses = Arc::new(Pauses::open(&config.data_dir)?);
         let mut queues = BTreeMap::new();
         for queue_config in &config.queues {
             let open = |name: &str| storage_queue(&queue_config.backend, Some(&store), name);
@@ -134,6 +137,7 @@ impl Service {
                 Role::Watcher => Vec::new(),
             };
             let handle = QueueHandle::new(&queue_config.name, stack.logical.clone(), listeners);
+            handle.attach_pauses(pauses.clone());
             // Not ready until its storage has answered (see start_work), nor while its rule is
             // compiling or cannot load (the built-in rule decides meanwhile).
             readiness.set_problem(&queue_config.name, ReadinessPart::Storage, "storage not reached yet");

@@ -65,6 +65,7 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let concurrency_limit =
         gauge(&mut registry, "handler_concurrency_limit", "Handler calls allowed at once: the rule's concurrency decision, or max_concurrent_calls");
     let waiting_for_slots = gauge(&mut registry, "tasks_waiting_for_slots", "Dequeue tasks waiting for free handler slots before their next get");
+    let paused = gauge(&mut registry, "queue_paused", "1 while the queue is paused (no get; calls that run finish)");
     let processed = counter(&mut registry, "messages_processed", "Messages handled and deleted");
     let failed = counter(&mut registry, "messages_failed", "Handler failures");
     let poisoned = counter(&mut registry, "messages_poisoned", "Messages moved to the poison queue");
@@ -140,6 +141,7 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
         handler_calls.get_or_create(&label).set(s.handler_calls.into());
         concurrency_limit.get_or_create(&label).set(s.concurrency_limit.into());
         waiting_for_slots.get_or_create(&label).set(s.tasks_waiting_for_slots.into());
+        paused.get_or_create(&label).set(i64::from(s.paused.is_some()));
         processed.get_or_create(&label).inc_by(s.processed);
         failed.get_or_create(&label).inc_by(s.failed);
         poisoned.get_or_create(&label).inc_by(s.poisoned);

@@ -1,5 +1,6 @@
 //! The API's routes, one file per family.
 
+mod control;
 mod health;
 mod messages;
 mod metrics;
@@ -25,6 +26,8 @@ pub fn router(api: Arc<Api>, limits: ApiLimits) -> Router {
         .route("/metrics", get(metrics::metrics))
         .route("/queues/{name}/messages", post(messages::send))
         .route("/queues/{name}/notify", post(messages::notify))
+        .route("/queues/{name}/pause", post(control::pause))
+        .route("/queues/{name}/resume", post(control::resume))
         .layer(middleware::from_fn_with_state(api.clone(), require_token))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .layer(middleware::from_fn_with_state(limits, reject_declared_large_bodies));

@@ -1,0 +1,86 @@
+//! `POST /queues/{name}/pause[?for=10m]` and `POST /queues/{name}/resume`: an operator
+//! holds a queue (no get; calls that run finish) and lets it go again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Json, Response};
+use serde_json::json;
+
+use crate::http::Api;
+use crate::http::errors::error;
+use crate::service::MAX_PAUSE;
+
+/// The query of a pause: only `for`, a duration (`90s`, `10m`, `2h`) from 1 s to
+/// [`MAX_PAUSE`]; none pauses until resumed.
+fn parse_pause_query(query: Option<&str>) -> Result<Option<Duration>, String> {
+    let mut for_ = None;
+    for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        if key != "for" {
+            return Err(format!("unknown query parameter {key:?} (this route takes only for)"));
+        }
+        if for_.is_some() {
+            return Err("for: given more than once".into());
+        }
+        // Bounded before parsing: humantime reads any length.
+        let parsed = (value.len() <= 64).then(|| humantime::parse_duration(&value).ok()).flatten();
+        let duration = parsed.ok_or_else(|| format!("for: {:?} is not a duration such as 90s, 10m or 2h", crate::health::truncate_reason(&value)))?;
+        if duration < Duration::from_secs(1) || duration > MAX_PAUSE {
+            return Err(format!("for: {} is outside 1s to {}", humantime::format_duration(duration), humantime::format_duration(MAX_PAUSE)));
+        }
+        for_ = Some(duration);
+    }
+    Ok(for_)
+}
+
+pub(super) async fn pause(State(api): State<Arc<Api>>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
+    let Some(queue) = api.handles.get(&name) else {
+        return error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host"));
+    };
+    let for_ = match parse_pause_query(query.as_deref()) {
+        Ok(for_) => for_,
+        Err(reason) => return error(StatusCode::BAD_REQUEST, reason),
+    };
+    match queue.pause(for_) {
+        Ok(pause) => Json(json!({ "queue": name, "paused": pause })).into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
+    }
+}
+
+pub(super) async fn resume(State(api): State<Arc<Api>>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
+    if let Some((key, _)) = form_urlencoded::parse(query.unwrap_or_default().as_bytes()).next() {
+        return error(StatusCode::BAD_REQUEST, format!("unknown query parameter {key:?} (this route takes none)"));
+    }
+    let Some(queue) = api.handles.get(&name) else {
+        return error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host"));
+    };
+    match queue.resume() {
+        Ok(()) => Json(json!({ "queue": name, "paused": null })).into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pause_query_is_bounded() {
+        assert_eq!(parse_pause_query(None), Ok(None));
+        assert_eq!(parse_pause_query(Some("for=10m")), Ok(Some(Duration::from_secs(600))));
+        for (query, reason) in [
+            ("for=0s", "outside 1s"),
+            ("for=400days", "outside 1s"),
+            ("for=soon", "is not a duration"),
+            ("for=1m&for=2m", "more than once"),
+            ("until=1m", "unknown query parameter"),
+        ] {
+            let refused = parse_pause_query(Some(query)).unwrap_err();
+            assert!(refused.contains(reason), "{query}: {refused}");
+        }
+        let long = format!("for={}", "9".repeat(10_000));
+        assert!(parse_pause_query(Some(&long)).unwrap_err().contains("is not a duration"));
+    }
+}

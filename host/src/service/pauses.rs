@@ -1,0 +1,106 @@
+//! Paused queues, kept in `<data_dir>/paused.json` so that a pause outlives a restart (an
+//! operator who paused a queue expects it to stay paused). Written whole on every change:
+//! to a temporary file, synced, then renamed over the old one.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::listener::Pause;
+
+/// The file's name in the data directory.
+pub const PAUSES_FILE: &str = "paused.json";
+/// The largest pauses file read (one entry per queue is a few dozen bytes).
+const MAX_FILE_BYTES: u64 = 1 << 20;
+/// The longest pause with an end (`--for`): longer ones are pauses until resumed.
+pub const MAX_PAUSE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The pauses of a host's queues, and their file.
+pub struct Pauses {
+    file: PathBuf,
+    queues: Mutex<BTreeMap<String, Pause>>,
+}
+
+impl Pauses {
+    /// Reads `<data_dir>/paused.json` (none: no queue is paused). A file that cannot be read
+    /// is an error naming it: starting with its queues unpaused would process what an
+    /// operator held back.
+    pub fn open(data_dir: &Path) -> Result<Pauses> {
+        let file = data_dir.join(PAUSES_FILE);
+        let queues = match std::fs::metadata(&file) {
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(error) => return Err(error).with_context(|| format!("failed to read paused queues {}", file.display())),
+            Ok(meta) if meta.len() > MAX_FILE_BYTES => {
+                bail!("paused queues {} is {} bytes, more than {MAX_FILE_BYTES}: not a file ebb wrote", file.display(), meta.len())
+            }
+            Ok(_) => {
+                let text = std::fs::read(&file).with_context(|| format!("failed to read paused queues {}", file.display()))?;
+                serde_json::from_slice(&text)
+                    .with_context(|| format!("paused queues {} is damaged; fix it, or delete it to resume every queue", file.display()))?
+            }
+        };
+        Ok(Pauses { file, queues: Mutex::new(queues) })
+    }
+
+    /// The pause of `queue` kept in the file, if any (ended or not: the listener tells).
+    pub fn get(&self, queue: &str) -> Option<Pause> {
+        self.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(queue).copied()
+    }
+
+    /// Records `queue`'s pause (`None`: resumed) and writes the file; pauses ended by
+    /// `now_ms` are dropped from it. On an error the file is as before.
+    pub fn set(&self, queue: &str, pause: Option<Pause>, now_ms: u64) -> Result<()> {
+        let mut queues = self.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut next = queues.clone();
+        match pause {
+            Some(pause) => next.insert(queue.to_string(), pause),
+            None => next.remove(queue),
+        };
+        next.retain(|_, pause| pause.holds_at(now_ms));
+        write_atomically(&self.file, &serde_json::to_vec_pretty(&next)?).with_context(|| format!("failed to write paused queues {}", self.file.display()))?;
+        *queues = next;
+        Ok(())
+    }
+}
+
+fn write_atomically(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let dir = file.parent().unwrap_or(Path::new("."));
+    let mut temp = tempfile::NamedTempFile::new_in(dir)?;
+    temp.write_all(bytes)?;
+    temp.as_file().sync_all()?;
+    temp.persist(file).map_err(|e| e.error)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pauses_survive_a_reopen_and_ended_ones_are_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let pauses = Pauses::open(dir.path()).unwrap();
+        assert_eq!(pauses.get("orders"), None);
+        let held = Pause { since_ms: 1_000, until_ms: None };
+        pauses.set("orders", Some(held), 2_000).unwrap();
+        pauses.set("mail", Some(Pause { since_ms: 1_000, until_ms: Some(5_000) }), 2_000).unwrap();
+        let reopened = Pauses::open(dir.path()).unwrap();
+        assert_eq!(reopened.get("orders"), Some(held));
+        assert!(reopened.get("mail").is_some());
+        reopened.set("orders", None, 6_000).unwrap();
+        let again = Pauses::open(dir.path()).unwrap();
+        assert_eq!((again.get("orders"), again.get("mail")), (None, None), "resumed, and ended at 5 s");
+    }
+
+    #[test]
+    fn a_damaged_file_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(PAUSES_FILE), b"{\"orders\": 12").unwrap();
+        let error = format!("{:#}", Pauses::open(dir.path()).err().unwrap());
+        assert!(error.contains("paused.json is damaged; fix it, or delete it to resume every queue"), "{error}");
+    }
+}

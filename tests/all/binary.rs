@@ -1224,3 +1224,63 @@ async fn a_paused_queue_holds_its_messages_across_a_restart_until_resumed() {
     signal(&host, "-TERM");
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
 }
+
+/// `ebb poison`: messages the app refused are listed with their reason (a hostile body
+/// shown as text), one is requeued by id and reaches the app with a fresh dequeue count,
+/// the rest are purged only when confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_messages_are_listed_requeued_and_purged() {
+    let refusing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let (flag, record) = (refusing.clone(), seen.clone());
+    let router = axum::Router::new().route(
+        "/work",
+        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+            let (flag, record) = (flag.clone(), record.clone());
+            async move {
+                if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    return StatusCode::INTERNAL_SERVER_ERROR;
+                }
+                let count = headers.get("ebb-dequeue-count").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+                record.lock().unwrap().push((String::from_utf8_lossy(&body).into_owned(), count));
+                StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let site = Site::new(app, "30s");
+    let config = std::fs::read_to_string(site.config()).unwrap().replace("[queues.orders]\n", "[queues.orders]\nmax_dequeue_count = 1\n");
+    std::fs::write(site.config(), config).unwrap();
+    let mut host = site.start_host().await;
+    site.ebb(&["send", "orders", "<script>alert(1)</script>"]);
+    site.ebb(&["send", "orders", "plain", "--count", "2"]);
+    wait_until("3 poisoned", || async { site.status().await["queues"][0]["poisoned"] == 3 }).await;
+
+    let listed: serde_json::Value = serde_json::from_slice(&site.ebb(&["poison", "list", "orders", "--json"]).stdout).unwrap();
+    let messages = listed["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 3, "{listed}");
+    let hostile = messages.iter().find(|m| m["preview"] == "<script>alert(1)</script>").expect("the hostile body, as text");
+    assert!(hostile["reason"].as_str().unwrap().contains("500"), "{listed}");
+    let table = String::from_utf8(site.ebb(&["poison", "list", "orders"]).stdout).unwrap();
+    assert!(table.starts_with("3 poison messages of orders"), "{table}");
+
+    refusing.store(false, std::sync::atomic::Ordering::Relaxed);
+    let id = hostile["id"].as_str().unwrap();
+    let requeued = String::from_utf8(site.ebb(&["poison", "requeue", "orders", "--id", id]).stdout).unwrap();
+    assert!(requeued.contains("requeued 1 poison message to orders"), "{requeued}");
+    wait_until("the requeued message handled", || async { !seen.lock().unwrap().is_empty() }).await;
+    assert_eq!(seen.lock().unwrap()[0], ("<script>alert(1)</script>".to_string(), "1".to_string()), "the body, with a fresh dequeue count");
+
+    let refused = site.command().args(["poison", "purge", "orders", "--config"]).arg(site.config()).output().unwrap();
+    assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("add --yes"));
+    let unconfirmed = reqwest::Client::new().post(format!("http://{}/queues/orders/poison/purge", site.api)).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(unconfirmed.status(), reqwest::StatusCode::BAD_REQUEST);
+    let purged = String::from_utf8(site.ebb(&["poison", "purge", "orders", "--yes"]).stdout).unwrap();
+    assert!(purged.contains("purged 2 poison messages of orders"), "{purged}");
+    let after: serde_json::Value = serde_json::from_slice(&site.ebb(&["poison", "list", "orders", "--json"]).stdout).unwrap();
+    assert_eq!(after["messages"].as_array().unwrap().len(), 0);
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
+}

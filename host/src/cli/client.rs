@@ -224,6 +224,54 @@ pub async fn pause(config_path: &Path, queue: &str, pause: Option<Option<Duratio
     Ok(())
 }
 
+/// `ebb poison list|requeue|purge`, through the running host's API.
+pub async fn poison(command: super::PoisonCommand) -> Result<()> {
+    use super::PoisonCommand;
+    let (config_path, queue) = match &command {
+        PoisonCommand::List { config, queue, .. } | PoisonCommand::Requeue { config, queue, .. } | PoisonCommand::Purge { config, queue, .. } => {
+            (config, queue)
+        }
+    };
+    let config = Config::load(config_path)?;
+    if !config.queues.iter().any(|q| q.name == queue.as_str()) {
+        bail!("queue {queue} is not configured in {}", config_path.display());
+    }
+    let http = client(&config)?;
+    let base = format!("{}/queues/{queue}/poison", api_base(&config));
+    let encode = |text: &str| form_urlencoded::byte_serialize(text.as_bytes()).collect::<String>();
+    let request = match &command {
+        PoisonCommand::List { limit, .. } => http.get(format!("{base}?limit={limit}")),
+        PoisonCommand::Requeue { all: true, .. } => http.post(format!("{base}/requeue?all=true")),
+        PoisonCommand::Requeue { ids, .. } => http.post(format!("{base}/requeue?ids={}", encode(&ids.join(",")))),
+        PoisonCommand::Purge { yes: false, .. } => bail!("purging deletes every poison message of {queue} for good: add --yes"),
+        PoisonCommand::Purge { .. } => http.post(format!("{base}/purge?confirm={}", encode(queue))),
+    };
+    let response = request.send().await.with_context(|| format!("no host answers at {base}: the poison commands work through the running host"))?;
+    let status = response.status();
+    let body: Value = serde_json::from_slice(&response.bytes().await?).context("the host answered with invalid JSON")?;
+    if !status.is_success() {
+        bail!("the host answered {status}: {}", body["error"].as_str().unwrap_or("(no reason)"));
+    }
+    match command {
+        PoisonCommand::List { json: true, .. } => println!("{}", serde_json::to_string_pretty(&body)?),
+        PoisonCommand::List { .. } => {
+            let messages = body["messages"].as_array().cloned().unwrap_or_default();
+            println!("{} poison message{} of {queue} (in {})", messages.len(), plural(messages.len() as u64), cell(&body["poison_queue"]));
+            for m in messages {
+                // One line each: a body's own line breaks and control characters shown escaped.
+                let preview: String = m["preview"].as_str().unwrap_or_default().chars().take(80).flat_map(char::escape_default).collect();
+                let reason: String = m["reason"].as_str().unwrap_or("(bare body: no reason kept)").chars().take(120).flat_map(char::escape_default).collect();
+                println!("{}  {}  dequeued {}  {reason}\n    {preview}", cell(&m["id"]), cell(&m["poisoned_at"]), cell(&m["dequeue_count"]));
+            }
+        }
+        PoisonCommand::Requeue { .. } => {
+            println!("requeued {} poison message{} to {queue}", cell(&body["requeued"]), plural(body["requeued"].as_u64().unwrap_or(0)))
+        }
+        PoisonCommand::Purge { .. } => println!("purged {} poison message{} of {queue}", cell(&body["purged"]), plural(body["purged"].as_u64().unwrap_or(0))),
+    }
+    Ok(())
+}
+
 async fn check_response(response: reqwest::Response) -> Result<()> {
     let status = response.status();
     if !status.is_success() {

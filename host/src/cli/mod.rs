@@ -96,6 +96,10 @@ enum Command {
     /// through the running host's API, or in its data directory when no host runs.
     #[command(subcommand)]
     Queue(QueueCommand),
+    /// A queue's poison messages on the running host: list them, requeue some or all to
+    /// their queue (a fresh dequeue count), or purge them.
+    #[command(subcommand)]
+    Poison(PoisonCommand),
     /// Work with rule components: check one, or ask it for a decision.
     #[command(subcommand)]
     Rule(rule::RuleCommand),
@@ -126,6 +130,50 @@ pub enum QueueCommand {
     Resume {
         /// The queue.
         queue: String,
+        /// The configuration file.
+        #[arg(long, short, default_value = "ebb.toml")]
+        config: PathBuf,
+    },
+}
+
+/// `ebb poison …`.
+#[derive(Debug, Subcommand)]
+pub enum PoisonCommand {
+    /// List a queue's poison messages, oldest first: id, when, reason, dequeue count, a preview.
+    List {
+        /// The queue (not its poison queue).
+        queue: String,
+        /// Most messages listed, 1 to 10,000.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        limit: u32,
+        /// Print the raw JSON of `GET /queues/{name}/poison`.
+        #[arg(long)]
+        json: bool,
+        /// The configuration file.
+        #[arg(long, short, default_value = "ebb.toml")]
+        config: PathBuf,
+    },
+    /// Put poison messages back on their queue (new messages: their dequeue count starts again).
+    Requeue {
+        /// The queue.
+        queue: String,
+        /// A poison message's id, as `list` shows it (repeatable).
+        #[arg(long = "id", required_unless_present = "all", conflicts_with = "all")]
+        ids: Vec<String>,
+        /// Every poison message of the queue.
+        #[arg(long)]
+        all: bool,
+        /// The configuration file.
+        #[arg(long, short, default_value = "ebb.toml")]
+        config: PathBuf,
+    },
+    /// Delete every poison message of a queue.
+    Purge {
+        /// The queue.
+        queue: String,
+        /// Confirms the purge (it cannot be undone).
+        #[arg(long)]
+        yes: bool,
         /// The configuration file.
         #[arg(long, short, default_value = "ebb.toml")]
         config: PathBuf,
@@ -190,6 +238,7 @@ pub fn main(cli: Cli) -> ExitCode {
         }
         Command::Status { json, config } => runtime().and_then(|rt| rt.block_on(client::status(&config, json))),
         Command::Queue(QueueCommand::Pause { queue, for_, config }) => runtime().and_then(|rt| rt.block_on(client::pause(&config, &queue, Some(for_)))),
+        Command::Poison(command) => runtime().and_then(|rt| rt.block_on(client::poison(command))),
         Command::Queue(QueueCommand::Resume { queue, config }) => runtime().and_then(|rt| rt.block_on(client::pause(&config, &queue, None))),
     };
     match result {

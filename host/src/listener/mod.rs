@@ -51,6 +51,7 @@ pub use builder::ListenerBuilder;
 pub use concurrency::CONCURRENCY_WINDOW;
 use counters::Counters;
 pub use pause::Pause;
+pub(crate) use poison::PoisonEnvelope;
 pub use settings::QueueSettings;
 pub use status::{DEPTH_MAX_AGE, ListenerStatus, PoisonForm};
 

@@ -32,6 +32,8 @@ struct Inner {
     pauses: std::sync::OnceLock<Arc<super::pauses::Pauses>>,
     /// The queue's pause, for this host's listeners and watchers (the KEDA scaler).
     paused: watch::Sender<Option<Pause>>,
+    /// The queue's poison queue, for an operator's work on it (none: a handle outside a service).
+    poison: std::sync::OnceLock<Arc<dyn QueueClient>>,
 }
 
 impl QueueHandle {
@@ -47,8 +49,19 @@ impl QueueHandle {
             work,
             pauses: std::sync::OnceLock::new(),
             paused: watch::Sender::new(None),
+            poison: std::sync::OnceLock::new(),
         };
         QueueHandle { inner: Arc::new(inner) }
+    }
+
+    /// The queue's poison queue is `poison` (see [`crate::service::poison`]).
+    pub(crate) fn attach_poison(&self, poison: Arc<dyn QueueClient>) {
+        let _ = self.inner.poison.set(poison);
+    }
+
+    /// The queue's poison queue, when the handle belongs to a service.
+    pub fn poison_queue(&self) -> Option<&Arc<dyn QueueClient>> {
+        self.inner.poison.get()
     }
 
     /// Keeps this queue's pauses in `pauses` from now on, and applies the one kept there.

@@ -9,6 +9,7 @@
 mod assembly;
 mod handle;
 mod pauses;
+pub mod poison;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -138,6 +139,7 @@ impl Service {
             };
             let handle = QueueHandle::new(&queue_config.name, stack.logical.clone(), listeners);
             handle.attach_pauses(pauses.clone());
+            handle.attach_poison(stack.poison.clone());
             // Not ready until its storage has answered (see start_work), nor while its rule is
             // compiling or cannot load (the built-in rule decides meanwhile).
             readiness.set_problem(&queue_config.name, ReadinessPart::Storage, "storage not reached yet");

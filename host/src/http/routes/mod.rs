@@ -4,6 +4,7 @@ mod control;
 mod health;
 mod messages;
 mod metrics;
+mod poison;
 mod status;
 
 use std::sync::Arc;
@@ -28,6 +29,9 @@ pub fn router(api: Arc<Api>, limits: ApiLimits) -> Router {
         .route("/queues/{name}/notify", post(messages::notify))
         .route("/queues/{name}/pause", post(control::pause))
         .route("/queues/{name}/resume", post(control::resume))
+        .route("/queues/{name}/poison", get(poison::list))
+        .route("/queues/{name}/poison/requeue", post(poison::requeue))
+        .route("/queues/{name}/poison/purge", post(poison::purge))
         .layer(middleware::from_fn_with_state(api.clone(), require_token))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .layer(middleware::from_fn_with_state(limits, reject_declared_large_bodies));

@@ -1,0 +1,119 @@
+//! A queue's poison messages: `GET /queues/{name}/poison?limit=N`,
+//! `POST /queues/{name}/poison/requeue?ids=ID,ID` (or `?all=true`) and
+//! `POST /queues/{name}/poison/purge?confirm=NAME`. See [`crate::service::poison`].
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Json, Response};
+use serde_json::json;
+
+use crate::http::Api;
+use crate::http::errors::error;
+use crate::service::QueueHandle;
+use crate::service::poison::{MAX_PER_OPERATION, Selection};
+
+/// Listed when `limit` is not given.
+const DEFAULT_LIMIT: u32 = 100;
+/// Most ids one requeue names.
+const MAX_IDS: usize = 1_000;
+
+/// The query's pairs, each key at most once and among `allowed`.
+fn query_pairs(query: Option<&str>, allowed: &[&str]) -> Result<Vec<(String, String)>, String> {
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        if !allowed.contains(&key.as_ref()) {
+            return Err(format!("unknown query parameter {:?} (this route takes {})", crate::health::truncate_reason(&key), allowed.join(", ")));
+        }
+        if pairs.iter().any(|(k, _)| *k == key) {
+            return Err(format!("{key}: given more than once"));
+        }
+        pairs.push((key.into_owned(), value.into_owned()));
+    }
+    Ok(pairs)
+}
+
+/// The queue's handle and poison queue, or why not (a 404's reason).
+fn queue<'a>(api: &'a Api, name: &str) -> Result<(&'a QueueHandle, Arc<dyn crate::queue::QueueClient>), String> {
+    let Some(handle) = api.handles.get(name) else {
+        return Err(format!("no queue named {name} on this host"));
+    };
+    let Some(poison) = handle.poison_queue() else {
+        return Err(format!("queue {name} has no poison queue on this host"));
+    };
+    Ok((handle, poison.clone()))
+}
+
+fn failed(reason: anyhow::Error) -> Response {
+    error(StatusCode::SERVICE_UNAVAILABLE, format!("{reason:#}"))
+}
+
+pub(super) async fn list(State(api): State<Arc<Api>>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
+    let limit = match query_pairs(query.as_deref(), &["limit"]) {
+        Ok(pairs) => match pairs.first() {
+            None => DEFAULT_LIMIT,
+            Some((_, value)) => match value.parse::<u32>().ok().filter(|n| (1..=MAX_PER_OPERATION).contains(n)) {
+                Some(limit) => limit,
+                None => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        format!("limit: {:?} is not a count from 1 to {MAX_PER_OPERATION}", crate::health::truncate_reason(value)),
+                    );
+                }
+            },
+        },
+        Err(reason) => return error(StatusCode::BAD_REQUEST, reason),
+    };
+    let (_, poison) = match queue(&api, &name) {
+        Ok(found) => found,
+        Err(reason) => return error(StatusCode::NOT_FOUND, reason),
+    };
+    match crate::service::poison::list(poison.as_ref(), limit).await {
+        Ok(messages) => Json(json!({ "queue": name, "poison_queue": poison.name(), "messages": messages })).into_response(),
+        Err(reason) => failed(reason),
+    }
+}
+
+pub(super) async fn requeue(State(api): State<Arc<Api>>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
+    let pairs = match query_pairs(query.as_deref(), &["ids", "all"]) {
+        Ok(pairs) => pairs,
+        Err(reason) => return error(StatusCode::BAD_REQUEST, reason),
+    };
+    let selection = match pairs.as_slice() {
+        [(key, value)] if key == "all" && value == "true" => Selection::All,
+        [(key, value)] if key == "ids" => {
+            let ids: BTreeSet<String> = value.split(',').map(str::trim).filter(|id| !id.is_empty()).map(str::to_owned).collect();
+            if ids.is_empty() || ids.len() > MAX_IDS {
+                return error(StatusCode::BAD_REQUEST, format!("ids: 1 to {MAX_IDS} ids, comma-separated"));
+            }
+            Selection::Ids(ids)
+        }
+        _ => return error(StatusCode::BAD_REQUEST, "say which, one of: ?ids=ID,ID or ?all=true"),
+    };
+    let (handle, poison) = match queue(&api, &name) {
+        Ok(found) => found,
+        Err(reason) => return error(StatusCode::NOT_FOUND, reason),
+    };
+    match crate::service::poison::requeue(poison.as_ref(), handle, &selection).await {
+        Ok(requeued) => Json(json!({ "queue": name, "requeued": requeued })).into_response(),
+        Err(reason) => failed(reason),
+    }
+}
+
+pub(super) async fn purge(State(api): State<Arc<Api>>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
+    match query_pairs(query.as_deref(), &["confirm"]) {
+        Ok(pairs) if pairs.first().is_some_and(|(_, value)| *value == name) => {}
+        Ok(_) => return error(StatusCode::BAD_REQUEST, format!("purging deletes every poison message of {name}: confirm with ?confirm={name}")),
+        Err(reason) => return error(StatusCode::BAD_REQUEST, reason),
+    }
+    let (_, poison) = match queue(&api, &name) {
+        Ok(found) => found,
+        Err(reason) => return error(StatusCode::NOT_FOUND, reason),
+    };
+    match crate::service::poison::purge(poison.as_ref()).await {
+        Ok(purged) => Json(json!({ "queue": name, "purged": purged })).into_response(),
+        Err(reason) => failed(reason),
+    }
+}

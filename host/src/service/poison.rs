@@ -149,8 +149,19 @@ pub enum Selection {
 /// count starts again) and deletes them from the poison queue; returns how many. At most
 /// [`MAX_PER_OPERATION`] are looked at per call.
 pub async fn requeue(poison: &dyn QueueClient, queue: &QueueHandle, selection: &Selection) -> Result<u64> {
+    take(poison, selection, Some(queue)).await
+}
+
+/// Deletes every poison message (at most [`MAX_PER_OPERATION`] per call); returns how many.
+pub async fn purge(poison: &dyn QueueClient) -> Result<u64> {
+    take(poison, &Selection::All, None).await
+}
+
+/// Deletes the selected poison messages, each after putting its body on `requeue_to` if
+/// given; returns how many.
+async fn take(poison: &dyn QueueClient, selection: &Selection, requeue_to: Option<&QueueHandle>) -> Result<u64> {
     let mut looking = Looking::new(poison, MAX_PER_OPERATION);
-    let mut requeued = 0;
+    let mut taken = 0;
     let outcome = 'batches: loop {
         let batch = match looking.next_batch().await {
             Ok(batch) if batch.is_empty() => break Ok(()),
@@ -165,44 +176,24 @@ pub async fn requeue(poison: &dyn QueueClient, queue: &QueueHandle, selection: &
                 looking.left.push(message);
                 continue;
             }
-            let Poisoned { body, .. } = decode(&message);
-            if let Err(error) = queue.send(&body, Duration::ZERO, super::handle::SEND_DEADLINE).await {
+            if let Some(queue) = requeue_to
+                && let Err(error) = queue.send(&decode(&message).body, Duration::ZERO, super::handle::SEND_DEADLINE).await
+            {
                 looking.left.push(message);
                 looking.left.extend(batch);
                 break 'batches Err(anyhow::Error::new(error).context(format!("failed to requeue poison messages to {}", queue.name())));
             }
             if let Err(error) = poison.delete(&message.id, &message.pop_receipt).await {
                 looking.left.extend(batch);
+                let done = if requeue_to.is_some() { "requeued it, but" } else { "" };
                 break 'batches Err(
-                    anyhow::Error::new(error).context(format!("requeued poison message {}, but could not delete it (it may be requeued twice)", message.id))
+                    anyhow::Error::new(error).context(format!("{done} failed to delete poison message {}", message.id).trim_start().to_string())
                 );
             }
-            requeued += 1;
+            taken += 1;
         }
     };
-    looking.finish(outcome).await.map(|()| requeued)
-}
-
-/// Deletes every poison message (at most [`MAX_PER_OPERATION`] per call); returns how many.
-pub async fn purge(poison: &dyn QueueClient) -> Result<u64> {
-    let mut looking = Looking::new(poison, MAX_PER_OPERATION);
-    let mut purged = 0;
-    let outcome = 'batches: loop {
-        let batch = match looking.next_batch().await {
-            Ok(batch) if batch.is_empty() => break Ok(()),
-            Ok(batch) => batch,
-            Err(error) => break Err(error),
-        };
-        let mut batch = batch.into_iter();
-        while let Some(message) = batch.next() {
-            if let Err(error) = poison.delete(&message.id, &message.pop_receipt).await {
-                looking.left.extend(batch);
-                break 'batches Err(anyhow::Error::new(error).context(format!("failed to delete poison message {}", message.id)));
-            }
-            purged += 1;
-        }
-    };
-    looking.finish(outcome).await.map(|()| purged)
+    looking.finish(outcome).await.map(|()| taken)
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ mod handler;
 mod knee;
 mod kubernetes;
 mod listener;
+mod payload;
 mod replay;
 mod rule_author;
 mod rule_check;

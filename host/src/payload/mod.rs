@@ -11,7 +11,8 @@
 //!   so old producers keep working. Hostile input is an [`EnvelopeError`] with its reason,
 //!   bounded by [`Limits`] before anything is allocated.
 //! - [`Packer`]: items into as few envelopes as fit a backend's message limit, compressed
-//!   with a [`Codec`] chosen per queue; an item too large for any envelope is handed back to
+//!   with a [`Codec`] chosen per queue (by default zstd, chosen by `ebb bench codecs`:
+//!   `docs/payloads.md`); an item too large for any envelope is handed back to
 //!   be offloaded (a [`ClaimCheck`]). [`Packer::repack_failed`] puts the items that failed
 //!   back into a new envelope, each counted one more attempt.
 //! - [`to_text`] and [`decode_text`]: an envelope as base64 text, for an Azure queue whose
@@ -22,7 +23,7 @@
 //! use ebb::payload::{Codec, Decoded, Item, Limits, Packer, decode};
 //!
 //! let items: Vec<Item> = (0..100).map(|i| Item::inline(format!("{{\"order\": {i}}}"))).collect();
-//! let packed = Packer::new(Codec::Deflate, ebb::payload::AZURE_MAX_ENVELOPE_BYTES)?.pack(&items)?;
+//! let packed = Packer::new(Codec::default(), ebb::payload::AZURE_MAX_ENVELOPE_BYTES)?.pack(&items)?;
 //! assert_eq!(packed.envelopes.len(), 1);
 //! let Decoded::Envelope(envelope) = decode(&packed.envelopes[0].bytes, &Limits::default())? else { unreachable!() };
 //! assert_eq!(envelope.items, items);

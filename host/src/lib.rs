@@ -47,6 +47,8 @@
 //!   (embedded, Azure, in memory) and decorators (retries, metering, partitions).
 //! - [`rules`]: the WASM rule engine and the built-in rule, to evaluate rules from Rust.
 //! - [`listener`]: one queue's dequeue loop, to run without a host.
+//! - [`payload`]: the envelope that packs many work items into one message (issue 20),
+//!   its codecs and its bomb-safe decoder.
 //! - [`bus`]: push notifications between hosts (publish from a producer).
 //! - [`simulate`]: `ebb simulate` as a function; [`keda`]: a client of the KEDA scaler.
 //! - [`config`], [`health`], [`names`]: the parts of a configuration and a host's health.
@@ -61,7 +63,7 @@
 //!    stdin), `log_limit`, `panics`.
 //! 2. **Parts**: [`queue`] (the storage seam, backends and decorators), [`rules`] (the
 //!    WASM engine, the rule slots, the watcher), [`bus`] (push between hosts),
-//!    [`handler`] (where messages go), `cost`.
+//!    [`handler`] (where messages go), [`payload`] (envelopes of many items), `cost`.
 //! 3. **[`listener`]**: the paper's dequeue loop over one storage queue.
 //! 4. **[`config`]**: the file form of `ebb.toml`, validated into each part's settings.
 //! 5. **`service`**: what a host runs, assembled from the configuration: each queue's
@@ -88,6 +90,7 @@ pub mod listener;
 mod log_limit;
 pub mod names;
 mod panics;
+pub mod payload;
 pub mod queue;
 pub mod rules;
 mod scaler;

@@ -17,6 +17,7 @@ mod hooked_queue;
 mod knee;
 mod kubernetes;
 mod listener;
+mod payload;
 mod replay;
 mod rule_author;
 mod rule_check;

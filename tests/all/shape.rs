@@ -18,6 +18,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("bus", 2),
     ("handler", 2),
     ("cost", 2),
+    ("payload", 2),
     ("listener", 3),
     ("config", 4),
     ("service", 5),

@@ -12,7 +12,10 @@
 //! - `measure`: what a run is measured with: the process's CPU time, and a storage backend
 //!   counting the bytes redb writes.
 //! - `report`: medians, ratios, the issue's goals, and the table or JSON printed.
+//! - `codecs`: the envelope's codecs (issue 20) on a corpus of JSON work items: ratio,
+//!   items per envelope, packing and decoding speed, against no compression.
 
+pub(crate) mod codecs;
 pub(crate) mod contenders;
 pub(crate) mod http;
 pub(crate) mod measure;

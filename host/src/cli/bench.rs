@@ -29,6 +29,11 @@ pub(crate) enum BenchCommand {
     /// the sweep alone), with the goals: the rule's throughput at least 0.9 × the best fixed
     /// setting's, its handler latency p99 at most 1.5 × the latency at the knee.
     Knee(KneeArgs),
+    /// The envelope's codecs (issue 20): a corpus of JSON work items packed into envelopes
+    /// by each codec and by none in the same run: compression ratio, items per envelope,
+    /// packing and decoding MB/s and µs per envelope. Build with --release for figures
+    /// worth reading.
+    Codecs(CodecsArgs),
     /// The app `ebb bench http` posts to: 200 with an empty body at once, on 127.0.0.1 (a
     /// free port, written to --port-file), until stdin closes. Started by the bench itself.
     #[command(hide = true)]
@@ -98,6 +103,26 @@ pub(crate) struct KneeArgs {
     seed: u64,
 }
 
+#[derive(Debug, Args)]
+pub(crate) struct CodecsArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Rounds, 1 to 20: each runs every codec once, in turn; the figures are medians.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_ROUNDS)))]
+    rounds: u32,
+    /// Work items in the corpus, 1 to 100,000.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    items: u64,
+    /// Each item's length in bytes, 512 to 16,384.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(512..=16_384))]
+    item_bytes: u64,
+    /// The message limit envelopes are packed to, in bytes (default: an Azure message's;
+    /// the embedded queue's default is 65,536).
+    #[arg(long, default_value_t = crate::payload::AZURE_MAX_ENVELOPE_BYTES as u64, value_parser = clap::value_parser!(u64).range(16_384..=u64::from(MAX_BODY_BYTES)))]
+    envelope_bytes: u64,
+}
+
 /// A contender, as `--contenders` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum ContenderArg {
@@ -165,6 +190,21 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 print!("{}", crate::simulate::knee::table(&report));
+            }
+            Ok(())
+        }
+        BenchCommand::Codecs(args) => {
+            let bench = crate::bench::codecs::CodecsBench {
+                items: args.items as usize,
+                item_bytes: args.item_bytes as usize,
+                envelope_bytes: args.envelope_bytes as usize,
+                rounds: args.rounds,
+            };
+            let figures = crate::bench::codecs::run(&bench)?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&crate::bench::codecs::json(&bench, &figures))?);
+            } else {
+                print!("{}", crate::bench::codecs::table(&bench, &figures));
             }
             Ok(())
         }

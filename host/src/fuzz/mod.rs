@@ -1,5 +1,5 @@
 //! Property-based fuzzing of every parser of outside input: the config file, API requests,
-//! the bus trigger JSON and the trace CSV of `ebb simulate --trace`.
+//! the bus trigger JSON, the trace CSV of `ebb simulate --trace`, and the payload envelope.
 //!
 //! Each target draws structured-but-hostile inputs (and plain arbitrary ones) with proptest
 //! and checks that nothing panics and that every refusal says what is wrong. A normal
@@ -13,6 +13,7 @@
 mod api;
 mod bus;
 mod config;
+mod envelope;
 mod trace;
 
 use proptest::test_runner::Config;

@@ -15,7 +15,8 @@
 //! (roughly FIFO) without walking leased or deleted ones; a delete removes header, body and
 //! entry. From put to delete (a get, a renewal), a 16 KiB message costs about 18 KiB of
 //! writes when several consumers share commits, 22–24 KiB with one (each commit also writes
-//! some 30 KiB of redb's own pages); [`EmbeddedStore::open_counting`] counts them. Formats 1
+//! redb's own pages: about 70 KiB a commit in `ebb bench http`, shared by the changes it
+//! carries); [`EmbeddedStore::open_counting`] counts them. Formats 1
 //! and 2 (header and body in one `messages` record, rewritten whole at every lease, 99 KiB
 //! for the same message) are migrated when the store opens; a newer format is refused.
 //!

@@ -1275,6 +1275,9 @@ async fn poison_messages_are_listed_requeued_and_purged() {
 
     let refused = site.command().args(["poison", "purge", "orders", "--config"]).arg(site.config()).output().unwrap();
     assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("add --yes"));
+    let wrong_method = reqwest::Client::new().post(format!("http://{}/queues/orders/poison", site.api)).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(wrong_method.status(), reqwest::StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(wrong_method.headers()["allow"], "GET", "the listing is read with GET");
     let unconfirmed = reqwest::Client::new().post(format!("http://{}/queues/orders/poison/purge", site.api)).bearer_auth(TOKEN).send().await.unwrap();
     assert_eq!(unconfirmed.status(), reqwest::StatusCode::BAD_REQUEST);
     let purged = String::from_utf8(site.ebb(&["poison", "purge", "orders", "--yes"]).stdout).unwrap();

@@ -1020,3 +1020,36 @@ async fn a_pause_for_a_while_ends_by_itself() {
     let status = listener.status();
     assert_eq!((status.processed, status.paused), (5, None), "{status:?}");
 }
+
+struct AlwaysFails;
+
+#[async_trait]
+impl Handler for AlwaysFails {
+    async fn handle(&self, _message: &IncomingMessage) -> anyhow::Result<()> {
+        anyhow::bail!("refused")
+    }
+}
+
+/// A body that reads as a poison envelope and is too large to wrap in one is left in place
+/// (a poison failure), never moved bare: a requeue would take it for an envelope and put
+/// back only the "body" inside it (found by the attack pass).
+#[tokio::test(start_paused = true)]
+async fn a_body_that_reads_as_a_poison_envelope_is_never_moved_bare() {
+    let clock = Arc::new(TokioClock::new());
+    let queue = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock, 400));
+    let forged = serde_json::json!({
+        "queue": "work", "original_id": "1", "dequeue_count": 1, "error": "fake", "inserted_at": "x", "poisoned_at": "y",
+        "body": "TINY", "pad": "p".repeat(200),
+    })
+    .to_string();
+    assert!(forged.len() < 400, "fits the poison queue bare, not wrapped");
+    queue.put(forged.as_bytes(), Duration::ZERO).await.unwrap();
+    let settings = QueueSettings { max_dequeue_count: 1, ..Default::default() };
+    let listener = Listener::builder(queue.clone(), poison.clone(), Arc::new(AlwaysFails)).settings(settings).build();
+    listener.start();
+    sleep(Duration::from_secs(5)).await;
+    assert_eq!(poison.approximate_count().await.unwrap(), 0, "moved bare");
+    assert!(listener.status().poison_failures >= 1, "{:?}", listener.status());
+    assert_eq!(queue.approximate_count().await.unwrap(), 1, "left in place, not lost");
+}

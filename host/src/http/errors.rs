@@ -44,5 +44,6 @@ pub(super) async fn json_errors(request: Request, next: Next) -> Response {
 
 /// The methods a route of [`router`](super::router) takes.
 fn allowed_methods(path: &str) -> &'static str {
-    if path.starts_with("/queues/") { "POST" } else { "GET" }
+    // `/queues/{name}/poison` is read with GET; every other `/queues/` route is a POST.
+    if path.starts_with("/queues/") && !path.ends_with("/poison") { "POST" } else { "GET" }
 }

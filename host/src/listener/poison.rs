@@ -27,6 +27,11 @@ impl Shared {
         }
         let put = match put {
             Some(put) => put,
+            // A body that reads as a poison envelope, moved bare, would later be taken for one
+            // (a requeue would put back the "body" inside it and lose the rest): left in place.
+            None if serde_json::from_slice::<PoisonEnvelope>(&message.body).is_ok() => Err(QueueError::InvalidBody(
+                "its body reads as a poison envelope and is too large to wrap in one; moved bare, it would be taken for one".into(),
+            )),
             None => self.poison.put(&message.body, Duration::ZERO).await,
         };
         match put {

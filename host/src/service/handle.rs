@@ -34,6 +34,9 @@ struct Inner {
     paused: watch::Sender<Option<Pause>>,
     /// The queue's poison queue, for an operator's work on it (none: a handle outside a service).
     poison: std::sync::OnceLock<Arc<dyn QueueClient>>,
+    /// One poison operation at a time on this host: each leases what it looks at, so two at
+    /// once would each see only part of the poison queue.
+    poison_operations: tokio::sync::Mutex<()>,
 }
 
 impl QueueHandle {
@@ -50,6 +53,7 @@ impl QueueHandle {
             pauses: std::sync::OnceLock::new(),
             paused: watch::Sender::new(None),
             poison: std::sync::OnceLock::new(),
+            poison_operations: tokio::sync::Mutex::new(()),
         };
         QueueHandle { inner: Arc::new(inner) }
     }
@@ -62,6 +66,12 @@ impl QueueHandle {
     /// The queue's poison queue, when the handle belongs to a service.
     pub fn poison_queue(&self) -> Option<&Arc<dyn QueueClient>> {
         self.inner.poison.get()
+    }
+
+    /// Waits for this host's other poison operations on the queue to end; holds them off
+    /// until the guard drops.
+    pub async fn poison_operation(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.inner.poison_operations.lock().await
     }
 
     /// Keeps this queue's pauses in `pauses` from now on, and applies the one kept there.

@@ -128,6 +128,9 @@ impl Service {
         let watcher = rules.watch(&rules_dir, RULE_DEBOUNCE)?;
         let readiness = Readiness::default();
         let pauses = Arc::new(Pauses::open(&config.data_dir)?);
+        for stray in pauses.queues().into_iter().filter(|name| !config.queues.iter().any(|q| q.name == name.as_str())) {
+            tracing::warn!(queue = %stray, "paused.json holds a pause for a queue the configuration does not have; it is kept, and applies if the queue comes back");
+        }
         let mut queues = BTreeMap::new();
         for queue_config in &config.queues {
             let open = |name: &str| storage_queue(&queue_config.backend, Some(&store), name);

@@ -15,6 +15,9 @@ use crate::listener::Pause;
 pub const PAUSES_FILE: &str = "paused.json";
 /// The largest pauses file read (one entry per queue is a few dozen bytes).
 const MAX_FILE_BYTES: u64 = 1 << 20;
+/// The latest time a pause may name: the end of the year 9999, in milliseconds since the
+/// Unix epoch (what RFC 3339 can show).
+const LATEST_MS: u64 = 253_402_300_799_999;
 /// The longest pause with an end (`--for`): longer ones are pauses until resumed.
 pub const MAX_PAUSE: Duration = Duration::from_secs(365 * 24 * 3600);
 
@@ -30,19 +33,32 @@ impl Pauses {
     /// operator held back.
     pub fn open(data_dir: &Path) -> Result<Pauses> {
         let file = data_dir.join(PAUSES_FILE);
-        let queues = match std::fs::metadata(&file) {
+        let queues: BTreeMap<String, Pause> = match std::fs::metadata(&file) {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
             Err(error) => return Err(error).with_context(|| format!("failed to read paused queues {}", file.display())),
-            Ok(meta) if meta.len() > MAX_FILE_BYTES => {
-                bail!("paused queues {} is {} bytes, more than {MAX_FILE_BYTES}: not a file ebb wrote", file.display(), meta.len())
-            }
+            // A FIFO would hang the start, a device never end: only a regular file is read.
+            Ok(meta) if !meta.is_file() => bail!("paused queues {} is not a regular file; delete it to resume every queue", file.display()),
             Ok(_) => {
-                let text = std::fs::read(&file).with_context(|| format!("failed to read paused queues {}", file.display()))?;
+                use std::io::Read as _;
+                let mut text = Vec::new();
+                let opened = std::fs::File::open(&file).with_context(|| format!("failed to read paused queues {}", file.display()))?;
+                opened.take(MAX_FILE_BYTES + 1).read_to_end(&mut text).with_context(|| format!("failed to read paused queues {}", file.display()))?;
+                if text.len() as u64 > MAX_FILE_BYTES {
+                    bail!("paused queues {} is more than {MAX_FILE_BYTES} bytes: not a file ebb wrote", file.display());
+                }
                 serde_json::from_slice(&text)
                     .with_context(|| format!("paused queues {} is damaged; fix it, or delete it to resume every queue", file.display()))?
             }
         };
+        if let Some((queue, _)) = queues.iter().find(|(_, pause)| pause.since_ms > LATEST_MS || pause.until_ms.is_some_and(|until| until > LATEST_MS)) {
+            bail!("paused queues {}: the pause of {queue} has a time past the year 9999; fix it, or delete the file to resume every queue", file.display());
+        }
         Ok(Pauses { file, queues: Mutex::new(queues) })
+    }
+
+    /// The queues the file holds a pause for.
+    pub fn queues(&self) -> Vec<String> {
+        self.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner).keys().cloned().collect()
     }
 
     /// The pause of `queue` kept in the file, if any (ended or not: the listener tells).
@@ -69,6 +85,8 @@ impl Pauses {
 fn write_atomically(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
     let dir = file.parent().unwrap_or(Path::new("."));
+    // Paused before the first start (`ebb queue pause` with no host): the folder is new.
+    std::fs::create_dir_all(dir)?;
     let mut temp = tempfile::NamedTempFile::new_in(dir)?;
     temp.write_all(bytes)?;
     temp.as_file().sync_all()?;
@@ -94,6 +112,32 @@ mod tests {
         reopened.set("orders", None, 6_000).unwrap();
         let again = Pauses::open(dir.path()).unwrap();
         assert_eq!((again.get("orders"), again.get("mail")), (None, None), "resumed, and ended at 5 s");
+    }
+
+    #[test]
+    fn a_pause_recorded_before_the_first_start_creates_the_data_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("not-yet");
+        let pauses = Pauses::open(&data).unwrap();
+        pauses.set("orders", Some(Pause { since_ms: 1, until_ms: None }), 2).unwrap();
+        assert!(Pauses::open(&data).unwrap().get("orders").is_some());
+    }
+
+    #[test]
+    fn files_ebb_did_not_write_are_refused_without_hanging_or_reading_them_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(PAUSES_FILE);
+        std::os::unix::fs::symlink("/dev/zero", &file).unwrap();
+        let error = format!("{:#}", Pauses::open(dir.path()).err().unwrap());
+        assert!(error.contains("is not a regular file"), "{error}");
+        std::fs::remove_file(&file).unwrap();
+        assert!(std::process::Command::new("mkfifo").arg(&file).status().unwrap().success());
+        let error = format!("{:#}", Pauses::open(dir.path()).err().unwrap());
+        assert!(error.contains("is not a regular file"), "{error}");
+        std::fs::remove_file(&file).unwrap();
+        std::fs::write(&file, br#"{"orders": {"since_ms": 1, "until_ms": 18446744073709551615}}"#).unwrap();
+        let error = format!("{:#}", Pauses::open(dir.path()).err().unwrap());
+        assert!(error.contains("the pause of orders has a time past the year 9999"), "{error}");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! from the poison queue: a failure in between duplicates, never loses it.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, Result};
@@ -15,7 +16,7 @@ use serde::Serialize;
 
 use super::QueueHandle;
 use crate::listener::PoisonEnvelope;
-use crate::queue::{Message, QueueClient};
+use crate::queue::{Message, QueueClient, QueueError};
 
 /// How long an operation holds the poison messages it looked at (it gives them back sooner).
 const LOOK_LEASE: Duration = Duration::from_secs(60);
@@ -85,17 +86,18 @@ fn entry(message: &Message) -> PoisonEntry {
 }
 
 /// Poison messages leased a batch at a time, up to a most; those left (not taken by the
-/// operation) are given back, visible at once, by [`Looking::finish`].
-struct Looking<'a> {
-    poison: &'a dyn QueueClient,
+/// operation) are given back, visible at once, by [`Looking::finish`], or, when the
+/// operation is dropped halfway (its client went away), by a task started as it drops.
+struct Looking {
+    poison: Arc<dyn QueueClient>,
     most: u32,
     seen: u32,
     left: Vec<Message>,
 }
 
-impl<'a> Looking<'a> {
-    fn new(poison: &'a dyn QueueClient, most: u32) -> Self {
-        Looking { poison, most: most.min(MAX_PER_OPERATION), seen: 0, left: Vec::new() }
+impl Looking {
+    fn new(poison: &Arc<dyn QueueClient>, most: u32) -> Self {
+        Looking { poison: poison.clone(), most: most.min(MAX_PER_OPERATION), seen: 0, left: Vec::new() }
     }
 
     /// The next batch (empty when done).
@@ -113,17 +115,34 @@ impl<'a> Looking<'a> {
     }
 
     /// Gives back every message left, and passes `outcome` on.
-    async fn finish<T>(self, outcome: Result<T>) -> Result<T> {
-        for message in self.left {
-            // Not given back, it comes back when the lease runs out: nothing is lost.
-            let _ = self.poison.update_visibility(&message.id, &message.pop_receipt, Duration::ZERO).await;
-        }
+    async fn finish<T>(mut self, outcome: Result<T>) -> Result<T> {
+        give_back(self.poison.as_ref(), std::mem::take(&mut self.left)).await;
         outcome
     }
 }
 
+impl Drop for Looking {
+    fn drop(&mut self) {
+        let left = std::mem::take(&mut self.left);
+        if left.is_empty() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let poison = self.poison.clone();
+            runtime.spawn(async move { give_back(poison.as_ref(), left).await });
+        }
+    }
+}
+
+async fn give_back(poison: &dyn QueueClient, messages: Vec<Message>) {
+    for message in messages {
+        // Not given back, it comes back when the lease runs out: nothing is lost.
+        let _ = poison.update_visibility(&message.id, &message.pop_receipt, Duration::ZERO).await;
+    }
+}
+
 /// The first `limit` poison messages (at most [`MAX_PER_OPERATION`]), oldest first.
-pub async fn list(poison: &dyn QueueClient, limit: u32) -> Result<Vec<PoisonEntry>> {
+pub async fn list(poison: &Arc<dyn QueueClient>, limit: u32) -> Result<Vec<PoisonEntry>> {
     let mut looking = Looking::new(poison, limit);
     let mut entries = Vec::new();
     let outcome = loop {
@@ -145,23 +164,41 @@ pub enum Selection {
     Ids(BTreeSet<String>),
 }
 
+/// What a requeue or a purge did.
+#[derive(Debug, Default, Serialize)]
+pub struct Taken {
+    /// Messages requeued (or purged) and deleted from the poison queue.
+    pub count: u64,
+    /// Messages left in the poison queue because their queue refuses them for good (too
+    /// large for its limit now, a body it cannot carry), with why.
+    pub skipped: Vec<Skipped>,
+}
+
+/// A poison message a requeue left, and why.
+#[derive(Debug, Serialize)]
+pub struct Skipped {
+    pub id: String,
+    pub reason: String,
+}
+
 /// Puts the selected poison messages' bodies back on `queue` (new messages: their dequeue
-/// count starts again) and deletes them from the poison queue; returns how many. At most
-/// [`MAX_PER_OPERATION`] are looked at per call.
-pub async fn requeue(poison: &dyn QueueClient, queue: &QueueHandle, selection: &Selection) -> Result<u64> {
+/// count starts again) and deletes them from the poison queue. Looks at no more messages
+/// than the poison queue held when it began (those poisoned again meanwhile wait for the
+/// next call), and at most [`MAX_PER_OPERATION`].
+pub async fn requeue(poison: &Arc<dyn QueueClient>, queue: &QueueHandle, selection: &Selection) -> Result<Taken> {
     take(poison, selection, Some(queue)).await
 }
 
-/// Deletes every poison message (at most [`MAX_PER_OPERATION`] per call); returns how many.
-pub async fn purge(poison: &dyn QueueClient) -> Result<u64> {
+/// Deletes every poison message (as many as the poison queue held when it began, at most
+/// [`MAX_PER_OPERATION`]).
+pub async fn purge(poison: &Arc<dyn QueueClient>) -> Result<Taken> {
     take(poison, &Selection::All, None).await
 }
 
-/// Deletes the selected poison messages, each after putting its body on `requeue_to` if
-/// given; returns how many.
-async fn take(poison: &dyn QueueClient, selection: &Selection, requeue_to: Option<&QueueHandle>) -> Result<u64> {
-    let mut looking = Looking::new(poison, MAX_PER_OPERATION);
-    let mut taken = 0;
+async fn take(poison: &Arc<dyn QueueClient>, selection: &Selection, requeue_to: Option<&QueueHandle>) -> Result<Taken> {
+    let held = poison.approximate_count().await.map_or(u64::from(MAX_PER_OPERATION), |count| count);
+    let mut looking = Looking::new(poison, u32::try_from(held).unwrap_or(u32::MAX));
+    let mut taken = Taken::default();
     let outcome = 'batches: loop {
         let batch = match looking.next_batch().await {
             Ok(batch) if batch.is_empty() => break Ok(()),
@@ -176,12 +213,20 @@ async fn take(poison: &dyn QueueClient, selection: &Selection, requeue_to: Optio
                 looking.left.push(message);
                 continue;
             }
-            if let Some(queue) = requeue_to
-                && let Err(error) = queue.send(&decode(&message).body, Duration::ZERO, super::handle::SEND_DEADLINE).await
-            {
-                looking.left.push(message);
-                looking.left.extend(batch);
-                break 'batches Err(anyhow::Error::new(error).context(format!("failed to requeue poison messages to {}", queue.name())));
+            if let Some(queue) = requeue_to {
+                match queue.send(&decode(&message).body, Duration::ZERO, super::handle::SEND_DEADLINE).await {
+                    Ok(_) => {}
+                    Err(error @ (QueueError::MessageTooLarge { .. } | QueueError::InvalidBody(_))) => {
+                        taken.skipped.push(Skipped { id: message.id.to_string(), reason: error.to_string() });
+                        looking.left.push(message);
+                        continue;
+                    }
+                    Err(error) => {
+                        looking.left.push(message);
+                        looking.left.extend(batch);
+                        break 'batches Err(anyhow::Error::new(error).context(format!("failed to requeue poison messages to {}", queue.name())));
+                    }
+                }
             }
             if let Err(error) = poison.delete(&message.id, &message.pop_receipt).await {
                 looking.left.extend(batch);
@@ -190,7 +235,7 @@ async fn take(poison: &dyn QueueClient, selection: &Selection, requeue_to: Optio
                     anyhow::Error::new(error).context(format!("{done} failed to delete poison message {}", message.id).trim_start().to_string())
                 );
             }
-            taken += 1;
+            taken.count += 1;
         }
     };
     looking.finish(outcome).await.map(|()| taken)
@@ -198,8 +243,6 @@ async fn take(poison: &dyn QueueClient, selection: &Selection, requeue_to: Optio
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
     use crate::queue::TokioClock;
     use crate::queue::memory::MemoryQueue;
@@ -223,7 +266,7 @@ mod tests {
     async fn list_requeue_and_purge_keep_every_message_they_do_not_take() {
         let clock = Arc::new(TokioClock::new());
         let work = Arc::new(MemoryQueue::new("work", clock.clone(), 65536));
-        let poison = MemoryQueue::new("work-poison", clock, 65536);
+        let poison: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
         let handle = QueueHandle::new("work", work.clone(), Vec::new());
         poison.put(&envelope("a", b"<script>alert(1)</script>"), Duration::ZERO).await.unwrap();
         poison.put(&envelope("b", &[0xff, 0x00, 0x01]), Duration::ZERO).await.unwrap();
@@ -241,7 +284,7 @@ mod tests {
         assert_eq!(list(&poison, 5).await.unwrap().len(), 5, "listed again at once: every message was given back");
 
         let picked = Selection::Ids([listed[1].id.clone(), listed[2].id.clone()].into());
-        assert_eq!(requeue(&poison, &handle, &picked).await.unwrap(), 2);
+        assert_eq!(requeue(&poison, &handle, &picked).await.unwrap().count, 2);
         let back = work.get(32, Duration::from_secs(30)).await.unwrap();
         let mut bodies: Vec<Vec<u8>> = back.iter().map(|m| m.body.to_vec()).collect();
         bodies.sort();
@@ -249,10 +292,103 @@ mod tests {
         assert!(back.iter().all(|m| m.dequeue_count == 1), "a fresh dequeue count");
         assert_eq!(poison.approximate_count().await.unwrap(), 41);
 
-        assert_eq!(requeue(&poison, &handle, &Selection::All).await.unwrap(), 41);
+        assert_eq!(requeue(&poison, &handle, &Selection::All).await.unwrap().count, 41);
         assert_eq!(poison.approximate_count().await.unwrap(), 0);
         poison.put(b"x", Duration::ZERO).await.unwrap();
-        assert_eq!(purge(&poison).await.unwrap(), 1);
+        assert_eq!(purge(&poison).await.unwrap().count, 1);
         assert_eq!(poison.approximate_count().await.unwrap(), 0);
+    }
+
+    /// Requeued messages that fail again are poisoned again during the call: a requeue of
+    /// everything takes each message once, not until the per-call bound (found by the
+    /// attack pass: 305 messages, "requeued 2282").
+    #[tokio::test(start_paused = true)]
+    async fn a_requeue_of_everything_takes_each_message_once_though_they_come_back() {
+        let clock = Arc::new(TokioClock::new());
+        let poison: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
+        // The worst case: every requeued message lands in the poison queue again at once.
+        let straight_back = QueueHandle::new("work", poison.clone(), Vec::new());
+        for i in 0..50 {
+            poison.put(&envelope(&i.to_string(), b"fails again"), Duration::ZERO).await.unwrap();
+        }
+        assert_eq!(requeue(&poison, &straight_back, &Selection::All).await.unwrap().count, 50);
+    }
+
+    /// A message its queue refuses for good (too large for it now) is skipped and named; the
+    /// rest are requeued (found by the attack pass: one such message stopped the whole call).
+    #[tokio::test(start_paused = true)]
+    async fn a_message_its_queue_refuses_is_skipped_and_named_and_the_rest_requeued() {
+        let clock = Arc::new(TokioClock::new());
+        let work = Arc::new(MemoryQueue::new("work", clock.clone(), 100));
+        let poison: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
+        let handle = QueueHandle::new("work", work.clone(), Vec::new());
+        poison.put(&envelope("big", &[b'x'; 500]), Duration::ZERO).await.unwrap();
+        for i in 0..3 {
+            poison.put(&envelope(&i.to_string(), b"small"), Duration::ZERO).await.unwrap();
+        }
+        let taken = requeue(&poison, &handle, &Selection::All).await.unwrap();
+        assert_eq!((taken.count, taken.skipped.len()), (3, 1), "{taken:?}");
+        assert_eq!(work.approximate_count().await.unwrap(), 3);
+        assert_eq!(list(&poison, 10).await.unwrap().len(), 1, "the skipped one stays, visible");
+    }
+
+    /// An operation dropped halfway (its HTTP client went away) gives back what it leased,
+    /// rather than hiding it from every listing for the lease (found by the attack pass).
+    #[tokio::test(start_paused = true)]
+    async fn a_listing_dropped_halfway_gives_back_what_it_leased() {
+        struct StallsOnSecondGet {
+            inner: MemoryQueue,
+            gets: std::sync::atomic::AtomicU32,
+        }
+        #[async_trait::async_trait]
+        impl QueueClient for StallsOnSecondGet {
+            fn name(&self) -> &str {
+                self.inner.name()
+            }
+            async fn create_if_missing(&self) -> Result<(), QueueError> {
+                self.inner.create_if_missing().await
+            }
+            async fn put(&self, body: &[u8], delay: Duration) -> Result<crate::queue::MessageId, QueueError> {
+                self.inner.put(body, delay).await
+            }
+            async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
+                if self.gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 1 {
+                    std::future::pending::<()>().await;
+                }
+                self.inner.get(max, visibility).await
+            }
+            async fn delete(&self, id: &crate::queue::MessageId, receipt: &crate::queue::PopReceipt) -> Result<(), QueueError> {
+                self.inner.delete(id, receipt).await
+            }
+            async fn update_visibility(
+                &self,
+                id: &crate::queue::MessageId,
+                receipt: &crate::queue::PopReceipt,
+                visibility: Duration,
+            ) -> Result<crate::queue::PopReceipt, QueueError> {
+                self.inner.update_visibility(id, receipt, visibility).await
+            }
+            async fn approximate_count(&self) -> Result<u64, QueueError> {
+                self.inner.approximate_count().await
+            }
+        }
+        let clock = Arc::new(TokioClock::new());
+        let stalling = Arc::new(StallsOnSecondGet { inner: MemoryQueue::new("work-poison", clock, 65536), gets: Default::default() });
+        for i in 0..40 {
+            stalling.put(&envelope(&i.to_string(), b"m"), Duration::ZERO).await.unwrap();
+        }
+        let poison: Arc<dyn QueueClient> = stalling.clone();
+        let dropped = tokio::time::timeout(Duration::from_secs(1), list(&poison, 100)).await;
+        assert!(dropped.is_err(), "the listing stalls on its second batch and is dropped");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let mut visible = 0;
+        loop {
+            let got = stalling.inner.get(32, Duration::from_secs(60)).await.unwrap().len();
+            if got == 0 {
+                break;
+            }
+            visible += got;
+        }
+        assert_eq!(visible, 40, "the first batch of 32 was given back when the listing dropped");
     }
 }

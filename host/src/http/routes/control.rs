@@ -19,7 +19,7 @@ fn parse_pause_query(query: Option<&str>) -> Result<Option<Duration>, String> {
     let mut for_ = None;
     for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         if key != "for" {
-            return Err(format!("unknown query parameter {key:?} (this route takes only for)"));
+            return Err(format!("unknown query parameter {:?} (this route takes only for)", crate::health::truncate_reason(&key)));
         }
         if for_.is_some() {
             return Err("for: given more than once".into());
@@ -28,7 +28,7 @@ fn parse_pause_query(query: Option<&str>) -> Result<Option<Duration>, String> {
         let parsed = (value.len() <= 64).then(|| humantime::parse_duration(&value).ok()).flatten();
         let duration = parsed.ok_or_else(|| format!("for: {:?} is not a duration such as 90s, 10m or 2h", crate::health::truncate_reason(&value)))?;
         if duration < Duration::from_secs(1) || duration > MAX_PAUSE {
-            return Err(format!("for: {} is outside 1s to {}", humantime::format_duration(duration), humantime::format_duration(MAX_PAUSE)));
+            return Err(format!("for: {} is outside 1s to 365 days", humantime::format_duration(duration)));
         }
         for_ = Some(duration);
     }
@@ -51,7 +51,7 @@ pub(super) async fn pause(State(api): State<Arc<Api>>, Path(name): Path<String>,
 
 pub(super) async fn resume(State(api): State<Arc<Api>>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
     if let Some((key, _)) = form_urlencoded::parse(query.unwrap_or_default().as_bytes()).next() {
-        return error(StatusCode::BAD_REQUEST, format!("unknown query parameter {key:?} (this route takes none)"));
+        return error(StatusCode::BAD_REQUEST, format!("unknown query parameter {:?} (this route takes none)", crate::health::truncate_reason(&key)));
     }
     let Some(queue) = api.handles.get(&name) else {
         return error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host"));
@@ -82,5 +82,7 @@ mod tests {
         }
         let long = format!("for={}", "9".repeat(10_000));
         assert!(parse_pause_query(Some(&long)).unwrap_err().contains("is not a duration"));
+        let key = format!("{}=1", "x".repeat(60_000));
+        assert!(parse_pause_query(Some(&key)).unwrap_err().len() < 1_000, "an unknown key is echoed cut short");
     }
 }

@@ -66,11 +66,12 @@ pub(super) async fn list(State(api): State<Arc<Api>>, Path(name): Path<String>, 
         },
         Err(reason) => return error(StatusCode::BAD_REQUEST, reason),
     };
-    let (_, poison) = match queue(&api, &name) {
+    let (handle, poison) = match queue(&api, &name) {
         Ok(found) => found,
         Err(reason) => return error(StatusCode::NOT_FOUND, reason),
     };
-    match crate::service::poison::list(poison.as_ref(), limit).await {
+    let _one_at_a_time = handle.poison_operation().await;
+    match crate::service::poison::list(&poison, limit).await {
         Ok(messages) => Json(json!({ "queue": name, "poison_queue": poison.name(), "messages": messages })).into_response(),
         Err(reason) => failed(reason),
     }
@@ -96,8 +97,9 @@ pub(super) async fn requeue(State(api): State<Arc<Api>>, Path(name): Path<String
         Ok(found) => found,
         Err(reason) => return error(StatusCode::NOT_FOUND, reason),
     };
-    match crate::service::poison::requeue(poison.as_ref(), handle, &selection).await {
-        Ok(requeued) => Json(json!({ "queue": name, "requeued": requeued })).into_response(),
+    let _one_at_a_time = handle.poison_operation().await;
+    match crate::service::poison::requeue(&poison, handle, &selection).await {
+        Ok(taken) => Json(json!({ "queue": name, "requeued": taken.count, "skipped": taken.skipped })).into_response(),
         Err(reason) => failed(reason),
     }
 }
@@ -108,12 +110,13 @@ pub(super) async fn purge(State(api): State<Arc<Api>>, Path(name): Path<String>,
         Ok(_) => return error(StatusCode::BAD_REQUEST, format!("purging deletes every poison message of {name}: confirm with ?confirm={name}")),
         Err(reason) => return error(StatusCode::BAD_REQUEST, reason),
     }
-    let (_, poison) = match queue(&api, &name) {
+    let (handle, poison) = match queue(&api, &name) {
         Ok(found) => found,
         Err(reason) => return error(StatusCode::NOT_FOUND, reason),
     };
-    match crate::service::poison::purge(poison.as_ref()).await {
-        Ok(purged) => Json(json!({ "queue": name, "purged": purged })).into_response(),
+    let _one_at_a_time = handle.poison_operation().await;
+    match crate::service::poison::purge(&poison).await {
+        Ok(taken) => Json(json!({ "queue": name, "purged": taken.count })).into_response(),
         Err(reason) => failed(reason),
     }
 }

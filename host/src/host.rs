@@ -101,6 +101,7 @@ impl Host {
             health: service.health().clone(),
             readiness: service.readiness().clone(),
             bus: service.bus().cloned(),
+            audit: Some(Arc::new(crate::service::AuditLog::new(&config.data_dir))),
             price_per_10k_transactions: config.price_per_10k_transactions,
         });
         let api_stop = CancellationToken::new();

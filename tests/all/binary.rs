@@ -1201,6 +1201,14 @@ async fn a_paused_queue_holds_its_messages_across_a_restart_until_resumed() {
     assert!(metrics.contains("ebb_queue_paused{queue=\"orders\"} 1"), "{metrics}");
     let refused = reqwest::Client::new().post(format!("http://{}/queues/orders/pause?for=forever", site.api)).bearer_auth(TOKEN).send().await.unwrap();
     assert_eq!(refused.status(), reqwest::StatusCode::BAD_REQUEST);
+    let audit: serde_json::Value = serde_json::from_slice(
+        &reqwest::Client::new().get(format!("http://{}/audit", site.api)).bearer_auth(TOKEN).send().await.unwrap().bytes().await.unwrap(),
+    )
+    .unwrap();
+    let entries = audit["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "the refused request changed nothing and is not a change: {audit}");
+    assert_eq!((&entries[0]["actor"], &entries[0]["action"], &entries[0]["target"]), (&"api".into(), &"pause".into(), &"orders".into()), "{audit}");
+    assert_eq!(entries[0]["result"], "ok: paused until resumed");
 
     signal(&host, "-TERM");
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
@@ -1221,6 +1229,13 @@ async fn a_paused_queue_holds_its_messages_across_a_restart_until_resumed() {
     host = site.start_host().await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(app.seen.lock().unwrap().len(), 10, "paused offline, the next start held the queue");
+    let audit: serde_json::Value = serde_json::from_slice(
+        &reqwest::Client::new().get(format!("http://{}/audit?limit=2", site.api)).bearer_auth(TOKEN).send().await.unwrap().bytes().await.unwrap(),
+    )
+    .unwrap();
+    let actions: Vec<(&str, &str)> =
+        audit["entries"].as_array().unwrap().iter().map(|e| (e["actor"].as_str().unwrap(), e["action"].as_str().unwrap())).collect();
+    assert_eq!(actions, [("api", "resume"), ("cli", "pause")], "{audit}");
     signal(&host, "-TERM");
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
 }

@@ -209,6 +209,12 @@ pub async fn pause(config_path: &Path, queue: &str, pause: Option<Option<Duratio
             });
             pauses.set(queue, kept, now_ms)?;
             let done = if pause.is_some() { "paused" } else { "resumed" };
+            crate::service::AuditLog::new(&config.data_dir).record(
+                "cli",
+                if pause.is_some() { "pause" } else { "resume" },
+                queue,
+                &format!("ok: {done} with no host running"),
+            );
             println!("{queue} {done} (no host running: recorded in {}, read at the next start)", config.data_dir.display());
         }
         answered => {

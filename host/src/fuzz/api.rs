@@ -47,6 +47,7 @@ fn api() -> (Arc<dyn QueueClient>, axum::Router) {
         health: Health::default(),
         readiness: Default::default(),
         bus: None,
+        audit: None,
         price_per_10k_transactions: crate::cost::PAPER_PRICE_PER_10K,
     };
     let limits = ApiLimits { max_body_bytes: MAX_BODY, ..ApiLimits::default() };

@@ -1,6 +1,6 @@
 //! The HTTP API: `GET /status`, `GET /metrics`, `GET /healthz`, `GET /readyz`,
 //! `POST /queues/{name}/messages`, `POST /queues/{name}/notify`, `POST /queues/{name}/pause`,
-//! `POST /queues/{name}/resume`.
+//! `POST /queues/{name}/resume`, the poison routes and `GET /audit`.
 //! When a token is configured, every route but the probes (`/healthz`, `/readyz`) requires
 //! `Authorization: Bearer <token>`; without it `/readyz` shows no reasons.
 //!
@@ -50,6 +50,8 @@ pub struct Api {
     pub readiness: Readiness,
     /// Push notifications to the other hosts, if a bus is configured.
     pub bus: Option<Arc<crate::bus::Bus>>,
+    /// Where operators' changes (pause, resume, requeue, purge) are recorded, if anywhere.
+    pub audit: Option<Arc<crate::service::AuditLog>>,
     /// US dollars per 10,000 storage transactions, for the cost figures of `/status` and
     /// `/metrics` (config `price_per_10k_transactions`).
     pub price_per_10k_transactions: f64,

@@ -52,6 +52,7 @@ async fn serve_api(
         health: Health::default(),
         readiness,
         bus: None,
+        audit: None,
         price_per_10k_transactions: crate::cost::PAPER_PRICE_PER_10K,
     });
     let listener = super::bind("127.0.0.1:0".parse().unwrap()).unwrap();

@@ -7,6 +7,7 @@
 //! not ready (`/readyz`) and is retried with back-off; its listeners start when it answers.
 
 mod assembly;
+mod audit;
 mod handle;
 mod pauses;
 pub mod poison;
@@ -21,6 +22,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 pub(crate) use assembly::{QueueStack, StackOptions, storage_queue};
+pub use audit::AuditLog;
 pub use handle::QueueHandle;
 pub use pauses::{MAX_PAUSE, Pauses};
 

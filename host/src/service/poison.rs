@@ -43,6 +43,8 @@ pub struct PoisonEntry {
     pub body_bytes: usize,
     /// The body's first characters, as text (non-UTF-8 bodies as hex).
     pub preview: String,
+    /// `text`, or `hex` for a body that is not UTF-8.
+    pub preview_encoding: &'static str,
     /// `envelope` (with the reason) or `body` (the bare body).
     pub form: &'static str,
 }
@@ -69,9 +71,9 @@ fn decode(message: &Message) -> Poisoned {
 
 fn entry(message: &Message) -> PoisonEntry {
     let Poisoned { body, envelope } = decode(message);
-    let preview = match std::str::from_utf8(&body) {
-        Ok(text) => text.chars().take(PREVIEW_CHARS).collect(),
-        Err(_) => hex::encode(&body[..body.len().min(PREVIEW_CHARS / 2)]),
+    let (preview, preview_encoding) = match std::str::from_utf8(&body) {
+        Ok(text) => (text.chars().take(PREVIEW_CHARS).collect(), "text"),
+        Err(_) => (hex::encode(&body[..body.len().min(PREVIEW_CHARS / 2)]), "hex"),
     };
     PoisonEntry {
         id: message.id.to_string(),
@@ -81,6 +83,7 @@ fn entry(message: &Message) -> PoisonEntry {
         dequeue_count: envelope.as_ref().map(|e| e.dequeue_count),
         body_bytes: body.len(),
         preview,
+        preview_encoding,
         form: if envelope.is_some() { "envelope" } else { "body" },
     }
 }
@@ -278,7 +281,8 @@ mod tests {
         let listed = list(&poison, 100).await.unwrap();
         assert_eq!(listed.len(), 43, "more than one batch");
         assert_eq!((listed[0].preview.as_str(), listed[0].reason.as_deref()), ("<script>alert(1)</script>", Some("handler failed on a")));
-        assert_eq!((listed[1].preview.as_str(), listed[1].body_bytes), ("ff0001", 3));
+        assert_eq!((listed[1].preview.as_str(), listed[1].preview_encoding, listed[1].body_bytes), ("ff0001", "hex", 3));
+        assert_eq!(listed[0].preview_encoding, "text");
         assert_eq!((listed[2].form, listed[2].reason.as_deref()), ("body", None));
         assert_eq!(poison.approximate_count().await.unwrap(), 43);
         assert_eq!(list(&poison, 5).await.unwrap().len(), 5, "listed again at once: every message was given back");

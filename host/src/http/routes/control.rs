@@ -44,8 +44,15 @@ pub(super) async fn pause(State(api): State<Arc<Api>>, Path(name): Path<String>,
         Err(reason) => return error(StatusCode::BAD_REQUEST, reason),
     };
     match queue.pause(for_) {
-        Ok(pause) => Json(json!({ "queue": name, "paused": pause })).into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
+        Ok(pause) => {
+            let until = for_.map_or_else(|| "until resumed".to_string(), |d| format!("for {}", humantime::format_duration(d)));
+            super::audit(&api, "pause", &name, &format!("ok: paused {until}"));
+            Json(json!({ "queue": name, "paused": pause })).into_response()
+        }
+        Err(e) => {
+            super::audit(&api, "pause", &name, &format!("failed: {e:#}"));
+            error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}"))
+        }
     }
 }
 
@@ -57,8 +64,14 @@ pub(super) async fn resume(State(api): State<Arc<Api>>, Path(name): Path<String>
         return error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host"));
     };
     match queue.resume() {
-        Ok(()) => Json(json!({ "queue": name, "paused": null })).into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
+        Ok(()) => {
+            super::audit(&api, "resume", &name, "ok: resumed");
+            Json(json!({ "queue": name, "paused": null })).into_response()
+        }
+        Err(e) => {
+            super::audit(&api, "resume", &name, &format!("failed: {e:#}"));
+            error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}"))
+        }
     }
 }
 

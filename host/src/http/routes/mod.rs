@@ -32,6 +32,7 @@ pub fn router(api: Arc<Api>, limits: ApiLimits) -> Router {
         .route("/queues/{name}/poison", get(poison::list))
         .route("/queues/{name}/poison/requeue", post(poison::requeue))
         .route("/queues/{name}/poison/purge", post(poison::purge))
+        .route("/audit", get(audit_entries))
         .layer(middleware::from_fn_with_state(api.clone(), require_token))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .layer(middleware::from_fn_with_state(limits, reject_declared_large_bodies));
@@ -42,4 +43,44 @@ pub fn router(api: Arc<Api>, limits: ApiLimits) -> Router {
         .with_state(api)
         .layer(Extension(limits))
         .layer(middleware::from_fn(json_errors))
+}
+
+/// Records an operator's change in the audit log, if the host keeps one.
+fn audit(api: &Api, action: &str, target: &str, result: &str) {
+    if let Some(log) = &api.audit {
+        log.record("api", action, target, result);
+    }
+}
+
+/// Most entries `GET /audit` returns.
+const MAX_AUDIT_ENTRIES: usize = 1_000;
+
+/// `GET /audit?limit=N`: the last operators' changes, oldest first (1 to 1,000; default 100).
+async fn audit_entries(
+    axum::extract::State(api): axum::extract::State<Arc<Api>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> axum::response::Response {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse as _;
+    let mut limit = 100;
+    for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        match (key.as_ref(), value.parse::<usize>()) {
+            ("limit", Ok(n)) if (1..=MAX_AUDIT_ENTRIES).contains(&n) => limit = n,
+            ("limit", _) => return super::errors::error(StatusCode::BAD_REQUEST, format!("limit: a count from 1 to {MAX_AUDIT_ENTRIES}")),
+            _ => {
+                return super::errors::error(
+                    StatusCode::BAD_REQUEST,
+                    format!("unknown query parameter {:?} (this route takes only limit)", crate::health::truncate_reason(&key)),
+                );
+            }
+        }
+    }
+    let entries = match &api.audit {
+        Some(log) => match log.recent(limit) {
+            Ok(entries) => entries,
+            Err(e) => return super::errors::error(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")),
+        },
+        None => Vec::new(),
+    };
+    axum::response::Json(serde_json::json!({ "entries": entries })).into_response()
 }

@@ -98,9 +98,19 @@ pub(super) async fn requeue(State(api): State<Arc<Api>>, Path(name): Path<String
         Err(reason) => return error(StatusCode::NOT_FOUND, reason),
     };
     let _one_at_a_time = handle.poison_operation().await;
+    let which = match &selection {
+        Selection::All => "every message".to_string(),
+        Selection::Ids(ids) => format!("ids {}", ids.iter().cloned().collect::<Vec<_>>().join(",")),
+    };
     match crate::service::poison::requeue(&poison, handle, &selection).await {
-        Ok(taken) => Json(json!({ "queue": name, "requeued": taken.count, "skipped": taken.skipped })).into_response(),
-        Err(reason) => failed(reason),
+        Ok(taken) => {
+            super::audit(&api, "requeue", &name, &format!("ok: {} requeued, {} skipped, of {which}", taken.count, taken.skipped.len()));
+            Json(json!({ "queue": name, "requeued": taken.count, "skipped": taken.skipped })).into_response()
+        }
+        Err(reason) => {
+            super::audit(&api, "requeue", &name, &format!("failed: {reason:#} (of {which})"));
+            failed(reason)
+        }
     }
 }
 
@@ -116,7 +126,13 @@ pub(super) async fn purge(State(api): State<Arc<Api>>, Path(name): Path<String>,
     };
     let _one_at_a_time = handle.poison_operation().await;
     match crate::service::poison::purge(&poison).await {
-        Ok(taken) => Json(json!({ "queue": name, "purged": taken.count })).into_response(),
-        Err(reason) => failed(reason),
+        Ok(taken) => {
+            super::audit(&api, "purge", &name, &format!("ok: {} purged", taken.count));
+            Json(json!({ "queue": name, "purged": taken.count })).into_response()
+        }
+        Err(reason) => {
+            super::audit(&api, "purge", &name, &format!("failed: {reason:#}"));
+            failed(reason)
+        }
     }
 }

@@ -1209,6 +1209,10 @@ async fn a_paused_queue_holds_its_messages_across_a_restart_until_resumed() {
     assert_eq!(entries.len(), 1, "the refused request changed nothing and is not a change: {audit}");
     assert_eq!((&entries[0]["actor"], &entries[0]["action"], &entries[0]["target"]), (&"api".into(), &"pause".into(), &"orders".into()), "{audit}");
     assert_eq!(entries[0]["result"], "ok: paused until resumed");
+    for query in ["limit=0", "limit=1001", "limit=", "limit=1&limit=2", "since=1"] {
+        let refused = reqwest::Client::new().get(format!("http://{}/audit?{query}", site.api)).bearer_auth(TOKEN).send().await.unwrap();
+        assert_eq!(refused.status(), reqwest::StatusCode::BAD_REQUEST, "/audit?{query}");
+    }
 
     signal(&host, "-TERM");
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());

@@ -203,10 +203,7 @@ pub async fn pause(config_path: &Path, queue: &str, pause: Option<Option<Duratio
         Err(error) if error.is_connect() => {
             let pauses = crate::service::Pauses::open(&config.data_dir)?;
             let now_ms = crate::queue::Clock::now_ms(&crate::queue::SystemClock);
-            let kept = pause.map(|for_| crate::listener::Pause {
-                since_ms: now_ms,
-                until_ms: for_.map(|d| now_ms.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))),
-            });
+            let kept = pause.map(|for_| crate::listener::Pause::from_now(now_ms, for_));
             pauses.set(queue, kept, now_ms)?;
             let done = if pause.is_some() { "paused" } else { "resumed" };
             crate::service::AuditLog::new(&config.data_dir).record(

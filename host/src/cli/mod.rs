@@ -182,10 +182,7 @@ pub enum PoisonCommand {
 
 fn parse_pause_duration(text: &str) -> Result<std::time::Duration, String> {
     let duration = humantime::parse_duration(text).map_err(|e| format!("{e} (e.g. 90s, 10m, 2h)"))?;
-    if duration < std::time::Duration::from_secs(1) || duration > crate::service::MAX_PAUSE {
-        return Err(format!("{} is outside 1s to 365 days", humantime::format_duration(duration)));
-    }
-    Ok(duration)
+    crate::service::check_pause_length(duration)
 }
 
 impl Cli {

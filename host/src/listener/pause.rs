@@ -18,6 +18,11 @@ pub struct Pause {
 }
 
 impl Pause {
+    /// A pause from `now_ms`, for `length` (saturating) or until resumed.
+    pub fn from_now(now_ms: u64, length: Option<Duration>) -> Pause {
+        Pause { since_ms: now_ms, until_ms: length.map(|d| now_ms.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))) }
+    }
+
     /// Whether the pause still holds at `now_ms`.
     pub fn holds_at(&self, now_ms: u64) -> bool {
         self.until_ms.is_none_or(|until| now_ms < until)
@@ -46,6 +51,10 @@ impl Shared {
     /// Returns at once unless the queue is paused; else when it is resumed, its pause ends,
     /// or the listener stops (then `false`).
     pub(super) async fn wait_while_paused(&self) -> bool {
+        // Before every get: the usual answer, not paused, without subscribing.
+        if self.current_pause().is_none() {
+            return true;
+        }
         let mut changes = self.paused.subscribe();
         loop {
             let Some(pause) = self.current_pause() else { return true };

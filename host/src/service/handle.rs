@@ -87,8 +87,8 @@ impl QueueHandle {
     /// service. Returns the pause.
     pub fn pause(&self, for_: Option<Duration>) -> anyhow::Result<Pause> {
         let now_ms = now_ms();
-        let until_ms = for_.map(|d| now_ms.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
-        let pause = Pause { since_ms: now_ms, until_ms };
+        let pause = Pause::from_now(now_ms, for_);
+        let until_ms = pause.until_ms;
         if let Some(pauses) = self.inner.pauses.get() {
             pauses.set(&self.inner.name, Some(pause), now_ms)?;
         }

@@ -24,7 +24,7 @@ use tracing::Instrument as _;
 pub(crate) use assembly::{QueueStack, StackOptions, storage_queue};
 pub use audit::AuditLog;
 pub use handle::QueueHandle;
-pub use pauses::{MAX_PAUSE, Pauses};
+pub use pauses::{Pauses, check_pause_length};
 
 use crate::bus::Bus;
 use crate::config::{Backend, BusConfig, Config, QueueConfig};

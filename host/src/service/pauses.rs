@@ -21,6 +21,14 @@ const LATEST_MS: u64 = 253_402_300_799_999;
 /// The longest pause with an end (`--for`): longer ones are pauses until resumed.
 pub const MAX_PAUSE: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// A pause's length as `ebb queue pause --for` and `?for=` take it: 1 s to [`MAX_PAUSE`].
+pub fn check_pause_length(length: Duration) -> Result<Duration, String> {
+    if length < Duration::from_secs(1) || length > MAX_PAUSE {
+        return Err(format!("{} is outside 1s to 365 days", humantime::format_duration(length)));
+    }
+    Ok(length)
+}
+
 /// The pauses of a host's queues, and their file.
 pub struct Pauses {
     file: PathBuf,

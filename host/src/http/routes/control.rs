@@ -11,10 +11,10 @@ use serde_json::json;
 
 use crate::http::Api;
 use crate::http::errors::error;
-use crate::service::MAX_PAUSE;
+use crate::service::check_pause_length;
 
 /// The query of a pause: only `for`, a duration (`90s`, `10m`, `2h`) from 1 s to
-/// [`MAX_PAUSE`]; none pauses until resumed.
+/// 365 days; none pauses until resumed.
 fn parse_pause_query(query: Option<&str>) -> Result<Option<Duration>, String> {
     let mut for_ = None;
     for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
@@ -27,10 +27,7 @@ fn parse_pause_query(query: Option<&str>) -> Result<Option<Duration>, String> {
         // Bounded before parsing: humantime reads any length.
         let parsed = (value.len() <= 64).then(|| humantime::parse_duration(&value).ok()).flatten();
         let duration = parsed.ok_or_else(|| format!("for: {:?} is not a duration such as 90s, 10m or 2h", crate::health::truncate_reason(&value)))?;
-        if duration < Duration::from_secs(1) || duration > MAX_PAUSE {
-            return Err(format!("for: {} is outside 1s to 365 days", humantime::format_duration(duration)));
-        }
-        for_ = Some(duration);
+        for_ = Some(check_pause_length(duration).map_err(|reason| format!("for: {reason}"))?);
     }
     Ok(for_)
 }

@@ -62,10 +62,11 @@ async fn audit_entries(
 ) -> axum::response::Response {
     use axum::http::StatusCode;
     use axum::response::IntoResponse as _;
-    let mut limit = 100;
+    let mut limit = None;
     for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         match (key.as_ref(), value.parse::<usize>()) {
-            ("limit", Ok(n)) if (1..=MAX_AUDIT_ENTRIES).contains(&n) => limit = n,
+            ("limit", _) if limit.is_some() => return super::errors::error(StatusCode::BAD_REQUEST, "limit: given more than once"),
+            ("limit", Ok(n)) if (1..=MAX_AUDIT_ENTRIES).contains(&n) => limit = Some(n),
             ("limit", _) => return super::errors::error(StatusCode::BAD_REQUEST, format!("limit: a count from 1 to {MAX_AUDIT_ENTRIES}")),
             _ => {
                 return super::errors::error(
@@ -76,7 +77,7 @@ async fn audit_entries(
         }
     }
     let entries = match &api.audit {
-        Some(log) => match log.recent(limit) {
+        Some(log) => match log.recent(limit.unwrap_or(100)) {
             Ok(entries) => entries,
             Err(e) => return super::errors::error(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")),
         },

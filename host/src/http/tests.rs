@@ -48,7 +48,7 @@ async fn serve_api(
     let api = Arc::new(Api {
         listeners: BTreeMap::new(),
         handles,
-        token: Some(TOKEN.into()),
+        tokens: vec![crate::config::ApiToken { name: "default".into(), role: crate::config::ApiRole::Admin, secret: TOKEN.into() }],
         health: Health::default(),
         readiness,
         bus: None,

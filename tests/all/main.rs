@@ -27,3 +27,4 @@ mod rules;
 mod scaler;
 mod shape;
 mod simulate;
+mod tokens;

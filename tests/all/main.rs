@@ -12,6 +12,7 @@ mod config;
 mod decorators;
 mod embedded_queue;
 mod embedding;
+mod grafana;
 mod handler;
 mod hooked_queue;
 mod knee;

@@ -25,9 +25,9 @@ const VIEWER_ENV: &str = "EBB_TEST_VIEWER_TOKEN";
 const DEPLOYER_TOKEN: &str = "d3ployer-admin";
 
 /// An `ebb run` on a temporary folder with one queue, `orders`, whose handler answers 200.
-struct Host {
-    dir: tempfile::TempDir,
-    api: SocketAddr,
+pub(crate) struct Host {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) api: SocketAddr,
     handler: SocketAddr,
     env: Vec<(String, String)>,
     child: Option<Child>,
@@ -35,14 +35,24 @@ struct Host {
 
 impl Host {
     /// `api` is the inside of `[api]` after `listen`; `env` is added to a clean environment.
-    async fn start(api: &str, env: &[(&str, &str)]) -> Result<Host> {
+    pub(crate) async fn start(api: &str, env: &[(&str, &str)]) -> Result<Host> {
+        Host::start_with(api, "", None, env).await
+    }
+
+    /// [`Host::start`] with `queue` added to `[queues.orders]` and `rule` copied to
+    /// `rules/orders.wasm`.
+    pub(crate) async fn start_with(api: &str, queue: &str, rule: Option<&str>, env: &[(&str, &str)]) -> Result<Host> {
         let app = TcpListener::bind("127.0.0.1:0").await?;
         let handler = app.local_addr()?;
         let router = axum::Router::new().route("/work", axum::routing::post(|| async { "ok" }));
         tokio::spawn(async move { axum::serve(app, router).await });
         let dir = tempfile::tempdir()?;
         let api_addr: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let config = format!("[api]\nlisten = \"{api_addr}\"\n{api}\n\n[queues.orders]\nhandler = {{ url = \"http://{handler}/work\" }}\n");
+        if let Some(rule) = rule {
+            std::fs::create_dir_all(dir.path().join("rules"))?;
+            std::fs::copy(rule, dir.path().join("rules/orders.wasm"))?;
+        }
+        let config = format!("[api]\nlisten = \"{api_addr}\"\n{api}\n\n[queues.orders]\n{queue}\nhandler = {{ url = \"http://{handler}/work\" }}\n");
         std::fs::write(dir.path().join("ebb.toml"), config)?;
         let log = std::fs::File::create(dir.path().join("host.log"))?;
         let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
@@ -65,11 +75,11 @@ impl Host {
         self.dir.path().join("ebb.toml")
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("host.log")).unwrap_or_default()
     }
 
-    async fn call(&self, method: &str, path: &str, token: Option<&str>) -> Result<Answer> {
+    pub(crate) async fn call(&self, method: &str, path: &str, token: Option<&str>) -> Result<Answer> {
         let body: &[u8] = if method == "POST" { b"{\"order\": 1}" } else { b"" };
         raw(self.api, &request(method, path, token, body)).await.with_context(|| format!("{method} {path}"))
     }

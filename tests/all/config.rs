@@ -125,7 +125,7 @@ fn the_documented_defaults_are_the_code_defaults() {
             ("Top level", "price_per_10k_transactions") => Code::Float(config.price_per_10k_transactions),
             ("`[api]`", "listen") => Code::Text(config.listen.to_string()),
             ("`[api]`", "token") => config.default_token().map_or(Code::Absent, |t| Code::Text(t.into())),
-            ("`[[api.tokens]]`", "name" | "role") => Code::Absent, // required
+            ("`[[api.tokens]]`", "name" | "role") => Code::Absent,       // required
             ("`[[api.tokens]]`", "token" | "token_env") => Code::Absent, // one of the two is required
             ("`[api]`", "header_read_timeout") => Code::Duration(api.header_read_timeout),
             ("`[api]`", "idle_timeout") => Code::Duration(api.idle_timeout),

@@ -18,8 +18,31 @@ const DASHBOARD: &str = include_str!("../../deploy/grafana/ebb.json");
 /// PromQL words that are not metric names: aggregations (written before their `by (…)` as
 /// often as before their parentheses), binary operators and modifiers.
 const KEYWORDS: [&str; 25] = [
-    "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk", "quantile", "limitk", "limit_ratio", "and", "or",
-    "unless", "bool", "offset", "atan2", "inf", "nan", "start", "end", "step",
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+    "limitk",
+    "limit_ratio",
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "atan2",
+    "inf",
+    "nan",
+    "start",
+    "end",
+    "step",
 ];
 /// Words whose parenthesised list is of label names, not metrics.
 const LABEL_LISTS: [&str; 6] = ["by", "without", "on", "ignoring", "group_left", "group_right"];
@@ -193,9 +216,10 @@ fn promql_names_are_told_from_functions_labels_keywords_and_variables() {
                 + ${metric_var} + count(ebb_e:recorded) # ebb_in_a_comment";
     let names: Vec<String> = metric_names(expr).into_iter().collect();
     assert_eq!(names, ["ebb_a_total", "ebb_b", "ebb_c", "ebb_d_bucket", "ebb_e:recorded"]);
-    assert_eq!(metric_names("time() - ebb_rule_loaded_timestamp_seconds{queue=~\"$queue\"}").into_iter().collect::<Vec<_>>(), [
-        "ebb_rule_loaded_timestamp_seconds"
-    ]);
+    assert_eq!(
+        metric_names("time() - ebb_rule_loaded_timestamp_seconds{queue=~\"$queue\"}").into_iter().collect::<Vec<_>>(),
+        ["ebb_rule_loaded_timestamp_seconds"]
+    );
 }
 
 #[test]

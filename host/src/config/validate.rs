@@ -218,10 +218,7 @@ mod tests {
         let named = [token("ops", "read", None, Some("EBB_OPS_TOKEN")), token("deploy-bot_2", "admin", Some("s3cret"), None)];
         let tokens = api_tokens(Some(("api.token", "t0ken".into())), &named, &env).unwrap();
         let seen: Vec<(&str, ApiRole, &str)> = tokens.iter().map(|t| (t.name.as_str(), t.role, t.secret.as_str())).collect();
-        assert_eq!(
-            seen,
-            [("default", ApiRole::Admin, "t0ken"), ("ops", ApiRole::Read, "from-the-environment"), ("deploy-bot_2", ApiRole::Admin, "s3cret")]
-        );
+        assert_eq!(seen, [("default", ApiRole::Admin, "t0ken"), ("ops", ApiRole::Read, "from-the-environment"), ("deploy-bot_2", ApiRole::Admin, "s3cret")]);
         assert!(api_tokens(None, &[], &env).unwrap().is_empty());
         assert!(!format!("{tokens:?}").contains("s3cret"), "a logged config shows no secret");
     }
@@ -235,7 +232,10 @@ mod tests {
             (vec![token(&long, "read", Some("a"), None)], "api.tokens[0].name: must be 1 to 64 characters, got 65"),
             (vec![token("default", "read", Some("a"), None)], "api.tokens[0].name: \"default\" is reserved"),
             (vec![token("anonymous", "read", Some("a"), None)], "api.tokens[0].name: \"anonymous\" is reserved"),
-            (vec![token("ops", "read", Some("a"), None), token("ops", "admin", Some("b"), None)], "api.tokens[1].name: \"ops\" is also the name of api.tokens[0]"),
+            (
+                vec![token("ops", "read", Some("a"), None), token("ops", "admin", Some("b"), None)],
+                "api.tokens[1].name: \"ops\" is also the name of api.tokens[0]",
+            ),
             (vec![token("ops", "writer", Some("a"), None)], "api.tokens[0].role: \"writer\" is not a role; use \"read\" or \"admin\""),
             (vec![token("ops", "read", Some("a"), Some("EBB_OPS_TOKEN"))], "api.tokens[0]: give the token as exactly one of token or token_env, not both"),
             (vec![token("ops", "read", None, None)], "api.tokens[0]: give the token as token = "),

@@ -147,7 +147,8 @@ mod tests {
     #[test]
     fn each_token_resolves_to_its_own_caller_and_a_wrong_one_to_none() {
         let tokens = [token("default", ApiRole::Admin, "adm1n"), token("ops", ApiRole::Read, "r3ad"), token("bot", ApiRole::Admin, "b0t")];
-        for (given, expected) in [("adm1n", Some(("default", ApiRole::Admin))), ("r3ad", Some(("ops", ApiRole::Read))), ("b0t", Some(("bot", ApiRole::Admin)))] {
+        for (given, expected) in [("adm1n", Some(("default", ApiRole::Admin))), ("r3ad", Some(("ops", ApiRole::Read))), ("b0t", Some(("bot", ApiRole::Admin)))]
+        {
             let caller = caller(&tokens, &with_bearer(given));
             assert_eq!(caller.as_ref().map(|c| (c.name.as_str(), c.role)), expected, "{given}");
         }

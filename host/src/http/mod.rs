@@ -29,8 +29,8 @@ mod tests;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-pub use auth::{ANONYMOUS, Caller};
 pub(crate) use auth::token_matches;
+pub use auth::{ANONYMOUS, Caller};
 pub use routes::{authenticated_route_table, router};
 pub(crate) use server::{bind, serve};
 

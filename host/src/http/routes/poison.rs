@@ -78,7 +78,12 @@ pub(super) async fn list(State(api): State<Arc<Api>>, Path(name): Path<String>, 
     }
 }
 
-pub(super) async fn requeue(State(api): State<Arc<Api>>, Extension(caller): Extension<Caller>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
+pub(super) async fn requeue(
+    State(api): State<Arc<Api>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Response {
     let pairs = match query_pairs(query.as_deref(), &["ids", "all"]) {
         Ok(pairs) => pairs,
         Err(reason) => return error(StatusCode::BAD_REQUEST, reason),

@@ -251,6 +251,30 @@ async fn without_tokens_the_caller_is_the_admin_anonymous_and_the_audit_log_says
 }
 
 #[test]
+fn ebb_check_lists_the_tokens_by_name_and_role_and_never_their_secrets() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let queue = "[queues.orders]\nhandler = { url = \"http://127.0.0.1:8080/work\" }\n";
+    let check = |api: &str, env: &[(String, String)]| -> Result<String> {
+        std::fs::write(dir.path().join("ebb.toml"), format!("{api}\n{queue}"))?;
+        let mut command = Command::new(EBB);
+        command.args(["check", "--config"]).arg(dir.path().join("ebb.toml"));
+        clean_env(&mut command, env);
+        let out = command.output()?;
+        ensure!(out.status.success(), "ebb check: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(String::from_utf8(out.stdout)?)
+    };
+    let out = check(
+        &format!("[api]\nlisten = \"127.0.0.1:7070\"\n{}", named_tokens()),
+        &[("EBB_API_TOKEN".into(), DEFAULT_TOKEN.into()), (VIEWER_ENV.into(), VIEWER_TOKEN.into())],
+    )?;
+    ensure!(out.contains("api: on 127.0.0.1:7070, tokens default (admin), viewer (read), deployer (admin)"), "{out}");
+    ensure!(![DEFAULT_TOKEN, VIEWER_TOKEN, DEPLOYER_TOKEN].iter().any(|secret| out.contains(secret)), "a secret shown: {out}");
+    let out = check("", &[])?;
+    ensure!(out.contains("api: on 127.0.0.1:7070, no token (every caller is the admin anonymous)"), "{out}");
+    Ok(())
+}
+
+#[test]
 fn a_public_listen_with_only_named_tokens_is_accepted_and_without_any_refused() {
     let queue = "[queues.orders]\nhandler = { url = \"http://127.0.0.1:8080/work\" }\n";
     let named = format!("[api]\nlisten = \"0.0.0.0:7070\"\n[[api.tokens]]\nname = \"ops\"\nrole = \"read\"\ntoken = \"r3ad\"\n{queue}");

@@ -64,7 +64,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
         drain_timeout: Duration::from_secs(10),
         price_per_10k_transactions: crate::cost::PAPER_PRICE_PER_10K,
         listen: "127.0.0.1:0".parse()?,
-        token: None,
+        tokens: Vec::new(),
         scaler: None,
         api_limits: crate::config::ApiLimits::default(),
         rule_limits: RuleLimits::default(),

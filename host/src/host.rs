@@ -97,7 +97,7 @@ impl Host {
         let api = Arc::new(Api {
             listeners: service.listeners(),
             handles: service.handles(),
-            token: config.token.clone(),
+            tokens: config.tokens.clone(),
             health: service.health().clone(),
             readiness: service.readiness().clone(),
             bus: service.bus().cloned(),

@@ -101,6 +101,11 @@ pub use config::Config;
 pub use host::Host;
 pub use service::{QueueHandle, Role};
 
+/// Who calls the HTTP API: the caller a token resolves to, and the routes that need a token.
+pub mod api {
+    pub use crate::http::{ANONYMOUS, Caller, authenticated_route_table};
+}
+
 /// KEDA's external scaler protocol (`externalscaler.proto`), as a client: what KEDA calls
 /// on `ebb scaler` (or on a host with `[scaler] listen`), for tests and tools.
 pub mod keda {

@@ -1207,7 +1207,7 @@ async fn a_paused_queue_holds_its_messages_across_a_restart_until_resumed() {
     .unwrap();
     let entries = audit["entries"].as_array().unwrap();
     assert_eq!(entries.len(), 1, "the refused request changed nothing and is not a change: {audit}");
-    assert_eq!((&entries[0]["actor"], &entries[0]["action"], &entries[0]["target"]), (&"api".into(), &"pause".into(), &"orders".into()), "{audit}");
+    assert_eq!((&entries[0]["actor"], &entries[0]["action"], &entries[0]["target"]), (&"default".into(), &"pause".into(), &"orders".into()), "{audit}");
     assert_eq!(entries[0]["result"], "ok: paused until resumed");
     for query in ["limit=0", "limit=1001", "limit=", "limit=1&limit=2", "since=1"] {
         let refused = reqwest::Client::new().get(format!("http://{}/audit?{query}", site.api)).bearer_auth(TOKEN).send().await.unwrap();
@@ -1239,7 +1239,7 @@ async fn a_paused_queue_holds_its_messages_across_a_restart_until_resumed() {
     .unwrap();
     let actions: Vec<(&str, &str)> =
         audit["entries"].as_array().unwrap().iter().map(|e| (e["actor"].as_str().unwrap(), e["action"].as_str().unwrap())).collect();
-    assert_eq!(actions, [("api", "resume"), ("cli", "pause")], "{audit}");
+    assert_eq!(actions, [("default", "resume"), ("cli", "pause")], "{audit}");
     signal(&host, "-TERM");
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
 }

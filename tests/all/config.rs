@@ -51,7 +51,8 @@ fn a_minimal_config_gets_the_documented_defaults() {
 fn the_token_can_come_from_the_environment() {
     let text = "[api]\nlisten = \"0.0.0.0:7070\"\n[queues.orders]\nhandler = { url = \"http://127.0.0.1:8080/work\" }\n";
     let config = Config::parse(text, Path::new("/srv"), Some("s3cret".into())).unwrap();
-    assert_eq!(config.token.as_deref(), Some("s3cret"));
+    assert_eq!(config.default_token(), Some("s3cret"));
+    assert_eq!(config.tokens.iter().map(|t| (t.name.as_str(), t.role)).collect::<Vec<_>>(), [("default", ebb::config::ApiRole::Admin)]);
 }
 
 #[test]
@@ -123,7 +124,9 @@ fn the_documented_defaults_are_the_code_defaults() {
             ("Top level", "drain_timeout") => Code::Duration(config.drain_timeout),
             ("Top level", "price_per_10k_transactions") => Code::Float(config.price_per_10k_transactions),
             ("`[api]`", "listen") => Code::Text(config.listen.to_string()),
-            ("`[api]`", "token") => config.token.clone().map_or(Code::Absent, Code::Text),
+            ("`[api]`", "token") => config.default_token().map_or(Code::Absent, |t| Code::Text(t.into())),
+            ("`[[api.tokens]]`", "name" | "role") => Code::Absent,       // required
+            ("`[[api.tokens]]`", "token" | "token_env") => Code::Absent, // one of the two is required
             ("`[api]`", "header_read_timeout") => Code::Duration(api.header_read_timeout),
             ("`[api]`", "idle_timeout") => Code::Duration(api.idle_timeout),
             ("`[api]`", "body_read_timeout") => Code::Duration(api.body_read_timeout),

@@ -24,7 +24,7 @@ fn api_base(config: &Config) -> String {
 
 fn client(config: &Config) -> Result<reqwest::Client> {
     let mut headers = reqwest::header::HeaderMap::new();
-    if let Some(token) = &config.token {
+    if let Some(token) = config.default_token() {
         headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {token}").parse()?);
     }
     Ok(reqwest::Client::builder().default_headers(headers).timeout(Duration::from_secs(30)).build()?)
@@ -253,7 +253,7 @@ pub async fn poison(command: super::PoisonCommand) -> Result<()> {
     let status = response.status();
     let body: Value = serde_json::from_slice(&response.bytes().await?).context("the host answered with invalid JSON")?;
     if !status.is_success() {
-        bail!("the host answered {status}: {}", body["error"].as_str().unwrap_or("(no reason)"));
+        bail!("{}", refusal(status, body["error"].as_str().unwrap_or("(no reason)")));
     }
     match command {
         PoisonCommand::List { json: true, .. } => println!("{}", serde_json::to_string_pretty(&body)?),
@@ -279,9 +279,22 @@ async fn check_response(response: reqwest::Response) -> Result<()> {
     let status = response.status();
     if !status.is_success() {
         let text = response.text().await.unwrap_or_default();
-        bail!("the host answered {status}: {}", text.trim());
+        let reason = serde_json::from_str::<Value>(&text).ok().and_then(|v| v["error"].as_str().map(str::to_string)).unwrap_or_else(|| text.trim().to_string());
+        bail!("{}", refusal(status, &reason));
     }
     Ok(())
+}
+
+/// What a refused request says: the status and the host's reason, and for a 403 what to do
+/// about it (the host knows the token this command sent as a read token).
+fn refusal(status: reqwest::StatusCode, reason: &str) -> String {
+    if status == reqwest::StatusCode::FORBIDDEN {
+        return format!(
+            "the host answered {status}: {reason}\nthe token this command sends (api.token or {}) has role read on that host: use an admin token to change anything",
+            crate::config::TOKEN_ENV
+        );
+    }
+    format!("the host answered {status}: {reason}")
 }
 
 fn plural(n: u64) -> &'static str {

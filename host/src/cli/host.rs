@@ -158,6 +158,11 @@ pub fn check(config_path: &Path) -> Result<()> {
             queue.handler_url.as_ref().map_or_else(|| "not set".to_string(), crate::handler::masked)
         );
     }
+    let tokens: Vec<String> = config.tokens.iter().map(|t| format!("{} ({})", t.name, t.role)).collect();
+    match tokens.as_slice() {
+        [] => println!("api: on {}, no token (every caller is the admin {})", config.listen, crate::http::ANONYMOUS),
+        _ => println!("api: on {}, tokens {}", config.listen, tokens.join(", ")),
+    }
     if let Some(scaler) = &config.scaler {
         let token = if scaler.token.is_some() { "token required" } else { "no token" };
         println!("scaler: KEDA external scaler on {} ({token}), at most {} instances per queue", scaler.listen, scaler.max_instances);

@@ -128,6 +128,18 @@ pub(super) fn check_token(key: &str, file: Option<String>, env: &str, from_env: 
     Ok(from_env.or(file))
 }
 
+/// A token's text (`key` names where it came from): neither empty nor blank, visible ASCII
+/// only (it travels in a header).
+pub(super) fn check_token_text(key: &str, token: &str) -> Result<()> {
+    if token.trim().is_empty() {
+        bail!("{key}: is empty or blank; set a token");
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        bail!("{key}: use visible ASCII characters only (no spaces, no accents): it is sent in an HTTP header");
+    }
+    Ok(())
+}
+
 /// The handler URL: http or https, with a host written out (`http:///work` is rejected,
 /// although URL parsing would take `work` for the host).
 pub(super) fn parse_handler_url(text: &str) -> Result<reqwest::Url> {

@@ -55,8 +55,12 @@ pub struct ApiFile {
     /// Address to listen on. Default `127.0.0.1:7070`. A non-loopback address needs a token.
     #[serde(default = "serde_defaults::listen")]
     pub listen: String,
-    /// Bearer token required on every request (or set `EBB_API_TOKEN`). Default: none.
+    /// Bearer token required on every request (or set `EBB_API_TOKEN`): an admin token
+    /// named `default`. Default: none.
     pub token: Option<String>,
+    /// Named tokens, each with a role (`[[api.tokens]]`). Default: none.
+    #[serde(default)]
+    pub tokens: Vec<ApiTokenFile>,
     /// How long a client may take to send a request's headers (idle keep-alive time
     /// included) before its connection is closed. Default `10s`.
     #[serde(default = "serde_defaults::header_read_timeout", with = "humantime_serde")]
@@ -86,6 +90,7 @@ impl Default for ApiFile {
         ApiFile {
             listen: serde_defaults::listen(),
             token: None,
+            tokens: Vec::new(),
             header_read_timeout: serde_defaults::header_read_timeout(),
             idle_timeout: serde_defaults::idle_timeout(),
             body_read_timeout: serde_defaults::body_read_timeout(),
@@ -93,6 +98,21 @@ impl Default for ApiFile {
             probe_connections: None,
         }
     }
+}
+
+/// `[[api.tokens]]`: one named token.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiTokenFile {
+    /// Who holds it, in the audit log and `GET /whoami`: `[a-z0-9_-]`, 1 to 64 characters.
+    pub name: Option<String>,
+    /// `read` (every GET route, no change) or `admin` (every route). Checked in validation,
+    /// so the error names the token.
+    pub role: Option<String>,
+    /// The token itself (or `token_env`, exactly one of the two).
+    pub token: Option<String>,
+    /// The environment variable holding the token (keeps the secret out of the file).
+    pub token_env: Option<String>,
 }
 
 /// `[scaler]`: KEDA's external-scaler gRPC service (see `docs/kubernetes.md`).

@@ -41,7 +41,8 @@ pub use checks::{
     MAX_PRICE_PER_10K, MAX_QUEUE_NAME_LEN, MAX_SAFETY_POLL, MAX_TASKS,
 };
 use file::ConfigFile;
-pub use settings::{ApiLimits, ScalerSettings};
+pub use settings::{ApiLimits, ApiRole, ApiToken, ScalerSettings};
+pub use validate::{DEFAULT_TOKEN_NAME, MAX_TOKEN_NAME_LEN};
 
 /// Environment variable that supplies the API token (overrides `api.token`).
 pub const TOKEN_ENV: &str = "EBB_API_TOKEN";
@@ -66,8 +67,10 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Push notifications across hosts, if configured.
     pub bus: Option<BusConfig>,
-    /// API token, if any.
-    pub token: Option<String>,
+    /// The API's tokens: `default` (`api.token` or `EBB_API_TOKEN`, admin) first, then
+    /// `[[api.tokens]]`. None: the API takes every request as the admin `anonymous` (loopback
+    /// only).
+    pub tokens: Vec<ApiToken>,
     /// KEDA's external scaler: `None` when off.
     pub scaler: Option<ScalerSettings>,
     /// The API server's limits (`max_body_bytes` is `max_message_bytes`).
@@ -118,6 +121,12 @@ impl QueueConfig {
 }
 
 impl Config {
+    /// The token `ebb` commands send to the running host: `api.token` or `EBB_API_TOKEN`
+    /// (named tokens belong to other clients).
+    pub fn default_token(&self) -> Option<&str> {
+        self.tokens.iter().find(|t| t.name == DEFAULT_TOKEN_NAME).map(|t| t.secret.as_str())
+    }
+
     /// Reads and validates `path`.
     pub fn load(path: &Path) -> Result<Config> {
         let text = crate::input::read_text("config", path, crate::input::MAX_CONFIG_BYTES)?;

@@ -74,3 +74,47 @@ impl Default for ScalerSettings {
         }
     }
 }
+
+/// What an API token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApiRole {
+    /// Every `GET` route; nothing that changes state.
+    Read,
+    /// Every route.
+    Admin,
+}
+
+impl ApiRole {
+    /// As written in the config and in answers: `read` or `admin`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApiRole::Read => "read",
+            ApiRole::Admin => "admin",
+        }
+    }
+}
+
+impl std::fmt::Display for ApiRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One API token (`[[api.tokens]]`, or `api.token` / `EBB_API_TOKEN` as the admin `default`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiToken {
+    /// Who the token's holder is, in the audit log and `GET /whoami`.
+    pub name: String,
+    /// What it may do.
+    pub role: ApiRole,
+    /// The secret a request carries (`Authorization: Bearer <secret>`).
+    pub secret: String,
+}
+
+// Written by hand so that a logged config never shows a secret.
+impl std::fmt::Debug for ApiToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiToken").field("name", &self.name).field("role", &self.role).field("secret", &"<redacted>").finish()
+    }
+}

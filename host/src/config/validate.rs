@@ -10,10 +10,10 @@ use anyhow::{Context as _, Result, bail};
 use super::bus::BusFile;
 use super::checks::{
     AtLeast, MAX_API_CONNECTIONS, MAX_CACHE_MIB, MAX_CALL_DEADLINE, MAX_INSTANCES, MAX_INTERVAL, MAX_MEMORY_MIB, MAX_MESSAGE_BYTES_LIMIT, MAX_PRICE_PER_10K,
-    check_duration, check_folder, check_token,
+    check_duration, check_folder, check_token, check_token_text,
 };
-use super::file::{ConfigFile, ScalerFile};
-use super::settings::{ApiLimits, ScalerSettings};
+use super::file::{ApiTokenFile, ConfigFile, ScalerFile};
+use super::settings::{ApiLimits, ApiRole, ApiToken, ScalerSettings};
 use super::{Config, SCALER_TOKEN_ENV, TOKEN_ENV};
 use crate::rules::RuleLimits;
 
@@ -21,9 +21,11 @@ impl ConfigFile {
     pub(super) fn validate(self, base: &Path, env_token: Option<String>) -> Result<Config> {
         let listen: SocketAddr =
             self.api.listen.parse().map_err(|_| anyhow::anyhow!("api.listen: {:?} is not an address like 127.0.0.1:7070", self.api.listen))?;
+        let default_key = if env_token.as_deref().is_some_and(|t| !t.is_empty()) { TOKEN_ENV } else { "api.token" };
         let token = check_token("api.token", self.api.token, TOKEN_ENV, env_token)?;
-        if !listen.ip().is_loopback() && token.is_none() {
-            bail!("api.listen: {listen} is not a loopback address, so api.token (or {TOKEN_ENV}) is required");
+        let tokens = api_tokens(token.map(|t| (default_key, t)), &self.api.tokens, &|var| std::env::var(var).ok())?;
+        if !listen.ip().is_loopback() && tokens.is_empty() {
+            bail!("api.listen: {listen} is not a loopback address, so a token is required: api.token (or {TOKEN_ENV}) or [[api.tokens]]");
         }
         check_duration("api.header_read_timeout", self.api.header_read_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
         check_duration("api.idle_timeout", self.api.idle_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
@@ -93,7 +95,7 @@ impl ConfigFile {
             price_per_10k_transactions: price,
             listen,
             bus,
-            token,
+            tokens,
             scaler: None,
             api_limits: ApiLimits {
                 max_body_bytes: self.max_message_bytes,
@@ -134,5 +136,122 @@ impl ScalerFile {
             bail!("scaler.listen: {listen} is not a loopback address, so scaler.token (or {SCALER_TOKEN_ENV}) is required");
         }
         Ok(Some(ScalerSettings { listen, token, max_instances: self.max_instances, poll_interval: self.poll_interval }))
+    }
+}
+
+/// The name `api.token` (or `EBB_API_TOKEN`) goes by.
+pub const DEFAULT_TOKEN_NAME: &str = "default";
+/// Names that mean someone else in the audit log: no token (`anonymous`), `ebb queue` with no
+/// host (`cli`), and the name of `api.token`.
+const RESERVED_TOKEN_NAMES: [&str; 3] = [DEFAULT_TOKEN_NAME, "anonymous", "cli"];
+/// Longest token name.
+pub const MAX_TOKEN_NAME_LEN: usize = 64;
+
+/// Every API token: `default` (the admin token of `api.token` / `EBB_API_TOKEN`, already
+/// checked) first, then `[[api.tokens]]` in order, their variables read through `env`. Names
+/// and secrets are each unique, so the audit log can tell who acted.
+pub(super) fn api_tokens(default: Option<(&str, String)>, named: &[ApiTokenFile], env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<ApiToken>> {
+    let mut tokens: Vec<(String, ApiToken)> = Vec::new();
+    if let Some((key, secret)) = default {
+        tokens.push((key.to_string(), ApiToken { name: DEFAULT_TOKEN_NAME.into(), role: ApiRole::Admin, secret }));
+    }
+    for (i, file) in named.iter().enumerate() {
+        let key = format!("api.tokens[{i}]");
+        let name = match file.name.as_deref() {
+            None => bail!("{key}.name: missing; name the token's holder ([a-z0-9_-], 1 to {MAX_TOKEN_NAME_LEN} characters), as the audit log shows it"),
+            Some(name) if name.is_empty() || name.len() > MAX_TOKEN_NAME_LEN => {
+                bail!("{key}.name: must be 1 to {MAX_TOKEN_NAME_LEN} characters, got {}", name.chars().count())
+            }
+            Some(name) if !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-') => {
+                bail!("{key}.name: {name:?} may hold only lowercase letters, digits, _ and -")
+            }
+            Some(name) if RESERVED_TOKEN_NAMES.contains(&name) => {
+                bail!("{key}.name: {name:?} is reserved (default: api.token; anonymous: no token; cli: ebb queue with no host); choose another")
+            }
+            Some(name) => name,
+        };
+        if let Some((other, _)) = tokens.iter().find(|(_, t)| t.name == name) {
+            bail!("{key}.name: {name:?} is also the name of {other}; each token needs its own name, or the audit log cannot tell who acted");
+        }
+        let role = match file.role.as_deref() {
+            Some("read") => ApiRole::Read,
+            Some("admin") => ApiRole::Admin,
+            None => bail!("{key}.role: missing; \"read\" (every GET route, no change) or \"admin\" (every route)"),
+            Some(other) => bail!("{key}.role: {:?} is not a role; use \"read\" or \"admin\"", crate::health::truncate_reason(other)),
+        };
+        let (secret_key, secret) = match (&file.token, &file.token_env) {
+            (Some(secret), None) => (format!("{key}.token"), secret.clone()),
+            (None, Some(var)) => {
+                let secret_key = format!("{key}.token_env");
+                if var.trim().is_empty() {
+                    bail!("{secret_key}: is empty; name the environment variable holding the token");
+                }
+                let Some(secret) = env(var) else { bail!("{secret_key}: {var} is not set") };
+                (format!("{secret_key} ({var})"), secret)
+            }
+            (Some(_), Some(_)) => bail!("{key}: give the token as exactly one of token or token_env, not both"),
+            (None, None) => bail!("{key}: give the token as token = \"…\" or token_env = \"VARIABLE\" (keeps the secret out of the file)"),
+        };
+        check_token_text(&secret_key, &secret)?;
+        if let Some((other, _)) = tokens.iter().find(|(_, t)| t.secret == secret) {
+            bail!("{secret_key}: the same token as {other}; give each token its own secret, or the API cannot tell who calls");
+        }
+        tokens.push((key, ApiToken { name: name.to_string(), role, secret }));
+    }
+    Ok(tokens.into_iter().map(|(_, token)| token).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(name: &str, role: &str, token: Option<&str>, token_env: Option<&str>) -> ApiTokenFile {
+        ApiTokenFile { name: Some(name.into()), role: Some(role.into()), token: token.map(Into::into), token_env: token_env.map(Into::into) }
+    }
+
+    fn env(var: &str) -> Option<String> {
+        (var == "EBB_OPS_TOKEN").then(|| "from-the-environment".to_string())
+    }
+
+    #[test]
+    fn the_default_token_comes_first_as_admin_and_named_tokens_keep_their_role() {
+        let named = [token("ops", "read", None, Some("EBB_OPS_TOKEN")), token("deploy-bot_2", "admin", Some("s3cret"), None)];
+        let tokens = api_tokens(Some(("api.token", "t0ken".into())), &named, &env).unwrap();
+        let seen: Vec<(&str, ApiRole, &str)> = tokens.iter().map(|t| (t.name.as_str(), t.role, t.secret.as_str())).collect();
+        assert_eq!(seen, [("default", ApiRole::Admin, "t0ken"), ("ops", ApiRole::Read, "from-the-environment"), ("deploy-bot_2", ApiRole::Admin, "s3cret")]);
+        assert!(api_tokens(None, &[], &env).unwrap().is_empty());
+        assert!(!format!("{tokens:?}").contains("s3cret"), "a logged config shows no secret");
+    }
+
+    #[test]
+    fn every_bad_token_is_refused_naming_its_key_and_reason() {
+        let long = "a".repeat(MAX_TOKEN_NAME_LEN + 1);
+        let cases: Vec<(Vec<ApiTokenFile>, &str)> = vec![
+            (vec![token("Ops", "read", Some("a"), None)], "api.tokens[0].name: \"Ops\" may hold only lowercase letters, digits, _ and -"),
+            (vec![token("", "read", Some("a"), None)], "api.tokens[0].name: must be 1 to 64 characters, got 0"),
+            (vec![token(&long, "read", Some("a"), None)], "api.tokens[0].name: must be 1 to 64 characters, got 65"),
+            (vec![token("default", "read", Some("a"), None)], "api.tokens[0].name: \"default\" is reserved"),
+            (vec![token("anonymous", "read", Some("a"), None)], "api.tokens[0].name: \"anonymous\" is reserved"),
+            (
+                vec![token("ops", "read", Some("a"), None), token("ops", "admin", Some("b"), None)],
+                "api.tokens[1].name: \"ops\" is also the name of api.tokens[0]",
+            ),
+            (vec![token("ops", "writer", Some("a"), None)], "api.tokens[0].role: \"writer\" is not a role; use \"read\" or \"admin\""),
+            (vec![token("ops", "read", Some("a"), Some("EBB_OPS_TOKEN"))], "api.tokens[0]: give the token as exactly one of token or token_env, not both"),
+            (vec![token("ops", "read", None, None)], "api.tokens[0]: give the token as token = "),
+            (vec![token("ops", "read", Some("  "), None)], "api.tokens[0].token: is empty or blank"),
+            (vec![token("ops", "read", Some("s3 cret"), None)], "api.tokens[0].token: use visible ASCII characters only"),
+            (vec![token("ops", "read", None, Some(""))], "api.tokens[0].token_env: is empty; name the environment variable"),
+            (vec![token("ops", "read", Some("a"), None), token("ci", "read", None, Some("EBB_X"))], "api.tokens[1].token_env: EBB_X is not set"),
+            (vec![token("ops", "read", Some("t0ken"), None)], "api.tokens[0].token: the same token as api.token"),
+            (
+                vec![token("ops", "read", Some("from-the-environment"), None), token("ci", "admin", None, Some("EBB_OPS_TOKEN"))],
+                "api.tokens[1].token_env (EBB_OPS_TOKEN): the same token as api.tokens[0]",
+            ),
+        ];
+        for (named, expected) in cases {
+            let error = format!("{:#}", api_tokens(Some(("api.token", "t0ken".into())), &named, &env).unwrap_err());
+            assert!(error.starts_with(expected), "expected {expected:?}, got {error:?}");
+        }
     }
 }

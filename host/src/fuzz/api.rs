@@ -43,7 +43,7 @@ fn api() -> (Arc<dyn QueueClient>, axum::Router) {
     let api = Api {
         listeners: BTreeMap::from([(QUEUE.to_string(), vec![listener])]),
         handles: BTreeMap::from([(QUEUE.to_string(), handle)]),
-        token: Some(TOKEN.to_string()),
+        tokens: vec![crate::config::ApiToken { name: "default".into(), role: crate::config::ApiRole::Admin, secret: TOKEN.to_string() }],
         health: Health::default(),
         readiness: Default::default(),
         bus: None,

@@ -1,15 +1,17 @@
 //! The HTTP API: `GET /status`, `GET /metrics`, `GET /healthz`, `GET /readyz`,
 //! `POST /queues/{name}/messages`, `POST /queues/{name}/notify`, `POST /queues/{name}/pause`,
 //! `POST /queues/{name}/resume`, the poison routes and `GET /audit`.
-//! When a token is configured, every route but the probes (`/healthz`, `/readyz`) requires
-//! `Authorization: Bearer <token>`; without it `/readyz` shows no reasons.
+//! `GET /whoami` answers the caller's token name and role. When tokens are configured, every
+//! route but the probes (`/healthz`, `/readyz`) requires `Authorization: Bearer <token>` (401
+//! without a known one; without one `/readyz` shows no reasons), and a `read` token gets 403
+//! on every method but `GET`.
 //!
 //! Every error answer is JSON, `{"error": "<reason>"}`. [`serve`] runs the API on hyper with
 //! the limits of [`ApiLimits`] (header and body deadlines, an idle timeout, a connection limit
 //! that keeps room for the probes), so slow or idle clients cannot hold the API.
 //!
 //! - `server`: connections and their limits;
-//! - `auth`: the bearer token;
+//! - `auth`: the bearer tokens and their roles;
 //! - `errors`: the JSON error answer;
 //! - `body_limit`: the 413 for bodies over the limit;
 //! - `routes`: one file per route family (messages and notify, pause and resume, status,
@@ -28,7 +30,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub(crate) use auth::token_matches;
-pub use routes::router;
+pub use auth::{ANONYMOUS, Caller};
+pub use routes::{authenticated_route_table, router};
 pub(crate) use server::{bind, serve};
 
 pub use crate::config::ApiLimits;
@@ -42,8 +45,9 @@ pub struct Api {
     pub listeners: BTreeMap<String, Vec<Listener>>,
     /// Queue handles by (logical) queue name: sends and notifications go through them.
     pub handles: BTreeMap<String, QueueHandle>,
-    /// Required bearer token, if any.
-    pub token: Option<String>,
+    /// The tokens a request may carry, each with its name and role; none: every request is
+    /// the admin `anonymous`.
+    pub tokens: Vec<crate::config::ApiToken>,
     /// The host's health, answered by `/healthz`.
     pub health: Health,
     /// Whether each queue can work now, answered by `/readyz`.

@@ -22,6 +22,8 @@ use crate::queue::memory::MemoryQueue;
 use crate::queue::{QueueClient, TokioClock};
 
 const TOKEN: &str = "t0ken";
+/// A read token, `viewer`, beside the admin `default` ([`TOKEN`]).
+const READ_TOKEN: &str = "r3ad";
 
 /// The head of a POST to `orders` whose body of `length` bytes is still to come.
 fn post_head(length: usize) -> Vec<u8> {
@@ -48,7 +50,10 @@ async fn serve_api(
     let api = Arc::new(Api {
         listeners: BTreeMap::new(),
         handles,
-        token: Some(TOKEN.into()),
+        tokens: vec![
+            crate::config::ApiToken { name: "default".into(), role: crate::config::ApiRole::Admin, secret: TOKEN.into() },
+            crate::config::ApiToken { name: "viewer".into(), role: crate::config::ApiRole::Read, secret: READ_TOKEN.into() },
+        ],
         health: Health::default(),
         readiness,
         bus: None,
@@ -341,6 +346,38 @@ async fn errors_of_the_router_itself_are_json() -> Result<()> {
         let error = answer.error()?;
         ensure!(error.contains(reason), "{error:?} should say {reason:?}");
     }
+    shutdown.cancel();
+    Ok(())
+}
+
+/// A read token may GET (and HEAD, which this raw client cannot read) and nothing else, whatever the path: a method or a route
+/// the table does not know is refused as well, before routing can answer 404 or 405 (which
+/// the admin gets), and the refusal shows the route's pattern, or an unknown path cut short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_token_gets_403_on_every_method_but_get_whatever_the_path() -> Result<()> {
+    let (addr, shutdown, _task) = serve(ApiLimits::default()).await;
+    let long = format!("/queues/{}/poison/requeue/x", "n".repeat(5_000));
+    let cases = [
+        ("GET", "/status".to_string(), 200, 200, None),
+        ("GET", "/whoami".to_string(), 200, 200, None),
+        ("POST", "/queues/orders/messages".to_string(), 403, 201, Some("token \"viewer\" has role read; POST /queues/{name}/messages needs admin")),
+        ("DELETE", "/status".to_string(), 403, 405, Some("DELETE /status needs admin")),
+        ("PUT", "/queues/orders/pause".to_string(), 403, 405, Some("PUT /queues/{name}/pause needs admin")),
+        ("PATCH", "/nowhere".to_string(), 403, 404, Some("PATCH /nowhere needs admin")),
+        ("POST", long.clone(), 403, 404, Some("…")),
+    ];
+    for (method, path, read_status, admin_status, reason) in cases {
+        let answer = raw(addr, &request(method, &path, Some(READ_TOKEN), b"x")).await?;
+        ensure!(answer.status == read_status, "read {method} {path}: {answer:?}");
+        if let Some(reason) = reason {
+            let error = answer.error()?;
+            ensure!(error.contains(reason) && error.len() < 200, "read {method} {path}: {error:?} should say {reason:?}, briefly");
+        }
+        let answer = raw(addr, &request(method, &path, Some(TOKEN), b"x")).await?;
+        ensure!(answer.status == admin_status, "admin {method} {path}: {answer:?}");
+    }
+    let answer = raw(addr, &get("/whoami", Some(READ_TOKEN))).await?;
+    ensure!(answer.body == r#"{"name":"viewer","role":"read"}"#, "{answer:?}");
     shutdown.cancel();
     Ok(())
 }

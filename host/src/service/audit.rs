@@ -23,7 +23,8 @@ const TAIL_BYTES: u64 = 1 << 20;
 pub struct AuditEntry {
     /// When, RFC 3339.
     pub at: String,
-    /// Who: `api` (with the API's token when one is configured), or `cli` (no host ran).
+    /// Who: the name of the API token the change came with (`default` for `api.token`,
+    /// `anonymous` when the API has no token), or `cli` (`ebb queue` with no host running).
     pub actor: String,
     /// `pause`, `resume`, `requeue` or `purge`.
     pub action: String,

@@ -4,12 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json, Response};
 use serde_json::json;
 
 use crate::http::Api;
+use crate::http::auth::Caller;
 use crate::http::errors::error;
 use crate::service::check_pause_length;
 
@@ -32,7 +33,7 @@ fn parse_pause_query(query: Option<&str>) -> Result<Option<Duration>, String> {
     Ok(for_)
 }
 
-pub(super) async fn pause(State(api): State<Arc<Api>>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
+pub(super) async fn pause(State(api): State<Arc<Api>>, Extension(caller): Extension<Caller>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
     let Some(queue) = api.handles.get(&name) else {
         return error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host"));
     };
@@ -43,17 +44,17 @@ pub(super) async fn pause(State(api): State<Arc<Api>>, Path(name): Path<String>,
     match queue.pause(for_) {
         Ok(pause) => {
             let until = for_.map_or_else(|| "until resumed".to_string(), |d| format!("for {}", humantime::format_duration(d)));
-            super::audit(&api, "pause", &name, &format!("ok: paused {until}"));
+            super::audit(&api, &caller, "pause", &name, &format!("ok: paused {until}"));
             Json(json!({ "queue": name, "paused": pause })).into_response()
         }
         Err(e) => {
-            super::audit(&api, "pause", &name, &format!("failed: {e:#}"));
+            super::audit(&api, &caller, "pause", &name, &format!("failed: {e:#}"));
             error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}"))
         }
     }
 }
 
-pub(super) async fn resume(State(api): State<Arc<Api>>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
+pub(super) async fn resume(State(api): State<Arc<Api>>, Extension(caller): Extension<Caller>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
     if let Some((key, _)) = form_urlencoded::parse(query.unwrap_or_default().as_bytes()).next() {
         return error(StatusCode::BAD_REQUEST, format!("unknown query parameter {:?} (this route takes none)", crate::health::truncate_reason(&key)));
     }
@@ -62,11 +63,11 @@ pub(super) async fn resume(State(api): State<Arc<Api>>, Path(name): Path<String>
     };
     match queue.resume() {
         Ok(()) => {
-            super::audit(&api, "resume", &name, "ok: resumed");
+            super::audit(&api, &caller, "resume", &name, "ok: resumed");
             Json(json!({ "queue": name, "paused": null })).into_response()
         }
         Err(e) => {
-            super::audit(&api, "resume", &name, &format!("failed: {e:#}"));
+            super::audit(&api, &caller, "resume", &name, &format!("failed: {e:#}"));
             error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}"))
         }
     }

@@ -99,6 +99,12 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
         gauge(&mut registry, "rule_load_failed", "1 while the queue's configured rule cannot load (the built-in rule decides until the file is fixed)");
     let refused = gauge(&mut registry, "rule_refused", "1 while a newer content of the queue's rule file is refused (the rule in use goes on deciding)");
     let clamps = counter(&mut registry, "rule_clamps", "Rule decisions clamped into the queue's bounds");
+    let loaded_at = Family::<QueueLabel, Gauge<f64, AtomicU64>>::default();
+    registry.register(
+        "rule_loaded_timestamp_seconds",
+        "Unix time the queue's rule in use was loaded: a change is a swap (absent while the built-in rule decides)",
+        loaded_at.clone(),
+    );
     let safety_polls = counter(&mut registry, "safety_polls", "Safety polls (push mode: a get while no task ran)");
     let transactions = Family::<TransactionLabel, Counter>::default();
     registry.register("storage_transactions", "Storage transactions (billed calls) by kind", transactions.clone());
@@ -164,6 +170,9 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
             load_failed.get_or_create(&label).set(i64::from(rule.state == crate::rules::RuleState::Error));
             refused.get_or_create(&label).set(i64::from(rule.refused.is_some()));
             clamps.get_or_create(&label).inc_by(rule.clamps);
+            if let Some(at) = rule.loaded_at.and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok()) {
+                loaded_at.get_or_create(&label).set(at.as_secs_f64());
+            }
         }
         if let Some(t) = s.transactions {
             for (kind, n) in [

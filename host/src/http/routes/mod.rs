@@ -11,29 +11,61 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Extension};
+use axum::handler::Handler;
+use axum::http::Method;
 use axum::middleware;
-use axum::routing::{get, post};
+use axum::response::Json;
+use axum::routing::{MethodFilter, MethodRouter, get, on};
 
-use super::auth::require_token;
+use super::auth::{Caller, Gate, require_token};
 use super::body_limit::reject_declared_large_bodies;
 use super::errors::json_errors;
 use super::{Api, ApiLimits};
 
+/// One route that needs a token: its method, its path pattern and its handler.
+struct Route {
+    method: Method,
+    path: &'static str,
+    handler: MethodRouter<Arc<Api>>,
+}
+
+fn route<H: Handler<T, Arc<Api>>, T: 'static>(method: Method, path: &'static str, handler: H) -> Route {
+    let filter = MethodFilter::try_from(method.clone()).expect("a route's method is a standard one");
+    Route { method, path, handler: on(filter, handler) }
+}
+
+/// Every route but the probes: all need a token, and all but `GET` need an admin's.
+fn authenticated_routes() -> Vec<Route> {
+    vec![
+        route(Method::GET, "/status", status::status),
+        route(Method::GET, "/metrics", metrics::metrics),
+        route(Method::GET, "/whoami", whoami),
+        route(Method::POST, "/queues/{name}/messages", messages::send),
+        route(Method::POST, "/queues/{name}/notify", messages::notify),
+        route(Method::POST, "/queues/{name}/pause", control::pause),
+        route(Method::POST, "/queues/{name}/resume", control::resume),
+        route(Method::GET, "/queues/{name}/poison", poison::list),
+        route(Method::POST, "/queues/{name}/poison/requeue", poison::requeue),
+        route(Method::POST, "/queues/{name}/poison/purge", poison::purge),
+        route(Method::GET, "/audit", audit_entries),
+    ]
+}
+
+/// The method and path pattern of every route that needs a token, as [`router`] serves them
+/// (read from the same table), so a test can try each with each role.
+pub fn authenticated_route_table() -> Vec<(Method, &'static str)> {
+    authenticated_routes().into_iter().map(|r| (r.method, r.path)).collect()
+}
+
 /// The API's routes, with the body limit of `limits` (the probes read no body, so no
 /// declared length turns them away).
 pub fn router(api: Arc<Api>, limits: ApiLimits) -> Router {
-    let authenticated = Router::new()
-        .route("/status", get(status::status))
-        .route("/metrics", get(metrics::metrics))
-        .route("/queues/{name}/messages", post(messages::send))
-        .route("/queues/{name}/notify", post(messages::notify))
-        .route("/queues/{name}/pause", post(control::pause))
-        .route("/queues/{name}/resume", post(control::resume))
-        .route("/queues/{name}/poison", get(poison::list))
-        .route("/queues/{name}/poison/requeue", post(poison::requeue))
-        .route("/queues/{name}/poison/purge", post(poison::purge))
-        .route("/audit", get(audit_entries))
-        .layer(middleware::from_fn_with_state(api.clone(), require_token))
+    let routes = authenticated_routes();
+    let gate = Gate { api: api.clone(), routes: Arc::new(routes.iter().map(|r| r.path).collect()) };
+    let authenticated = routes
+        .into_iter()
+        .fold(Router::new(), |router, r| router.route(r.path, r.handler))
+        .layer(middleware::from_fn_with_state(gate, require_token))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .layer(middleware::from_fn_with_state(limits, reject_declared_large_bodies));
     Router::new()
@@ -45,10 +77,17 @@ pub fn router(api: Arc<Api>, limits: ApiLimits) -> Router {
         .layer(middleware::from_fn(json_errors))
 }
 
-/// Records an operator's change in the audit log, if the host keeps one.
-fn audit(api: &Api, action: &str, target: &str, result: &str) {
+/// `GET /whoami`: the caller's token name and role, `{"name": "ops", "role": "read"}` (a page
+/// hides what the role may not do).
+async fn whoami(Extension(caller): Extension<Caller>) -> Json<Caller> {
+    Json(caller)
+}
+
+/// Records an operator's change in the audit log, if the host keeps one, under the name of
+/// the caller's token.
+fn audit(api: &Api, caller: &Caller, action: &str, target: &str, result: &str) {
     if let Some(log) = &api.audit {
-        log.record("api", action, target, result);
+        log.record(&caller.name, action, target, result);
     }
 }
 

@@ -5,12 +5,13 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json, Response};
 use serde_json::json;
 
 use crate::http::Api;
+use crate::http::auth::Caller;
 use crate::http::errors::error;
 use crate::service::QueueHandle;
 use crate::service::poison::{MAX_PER_OPERATION, Selection};
@@ -77,7 +78,12 @@ pub(super) async fn list(State(api): State<Arc<Api>>, Path(name): Path<String>, 
     }
 }
 
-pub(super) async fn requeue(State(api): State<Arc<Api>>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
+pub(super) async fn requeue(
+    State(api): State<Arc<Api>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Response {
     let pairs = match query_pairs(query.as_deref(), &["ids", "all"]) {
         Ok(pairs) => pairs,
         Err(reason) => return error(StatusCode::BAD_REQUEST, reason),
@@ -104,17 +110,17 @@ pub(super) async fn requeue(State(api): State<Arc<Api>>, Path(name): Path<String
     };
     match crate::service::poison::requeue(&poison, handle, &selection).await {
         Ok(taken) => {
-            super::audit(&api, "requeue", &name, &format!("ok: {} requeued, {} skipped, of {which}", taken.count, taken.skipped.len()));
+            super::audit(&api, &caller, "requeue", &name, &format!("ok: {} requeued, {} skipped, of {which}", taken.count, taken.skipped.len()));
             Json(json!({ "queue": name, "requeued": taken.count, "skipped": taken.skipped })).into_response()
         }
         Err(reason) => {
-            super::audit(&api, "requeue", &name, &format!("failed: {reason:#} (of {which})"));
+            super::audit(&api, &caller, "requeue", &name, &format!("failed: {reason:#} (of {which})"));
             failed(reason)
         }
     }
 }
 
-pub(super) async fn purge(State(api): State<Arc<Api>>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
+pub(super) async fn purge(State(api): State<Arc<Api>>, Extension(caller): Extension<Caller>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
     match query_pairs(query.as_deref(), &["confirm"]) {
         Ok(pairs) if pairs.first().is_some_and(|(_, value)| *value == name) => {}
         Ok(_) => return error(StatusCode::BAD_REQUEST, format!("purging deletes every poison message of {name}: confirm with ?confirm={name}")),
@@ -127,11 +133,11 @@ pub(super) async fn purge(State(api): State<Arc<Api>>, Path(name): Path<String>,
     let _one_at_a_time = handle.poison_operation().await;
     match crate::service::poison::purge(&poison).await {
         Ok(taken) => {
-            super::audit(&api, "purge", &name, &format!("ok: {} purged", taken.count));
+            super::audit(&api, &caller, "purge", &name, &format!("ok: {} purged", taken.count));
             Json(json!({ "queue": name, "purged": taken.count })).into_response()
         }
         Err(reason) => {
-            super::audit(&api, "purge", &name, &format!("failed: {reason:#}"));
+            super::audit(&api, &caller, "purge", &name, &format!("failed: {reason:#}"));
             failed(reason)
         }
     }

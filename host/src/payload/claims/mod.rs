@@ -50,7 +50,7 @@ use super::{AllowedReferences, BlobRef, ClaimCheck, DEFAULT_MAX_CLAIM_CHECK_BYTE
 
 pub use azure::{AzureClaims, container_for_queue};
 pub use embedded::EmbeddedClaims;
-pub use sweeper::{SweepCounts, spawn_sweeper, sweep_once};
+pub use sweeper::{SweepCounts, spawn_sweeper, sweep_once, sweeper_task};
 
 /// `claim_check_retention` by default: 7 days, Azure's default message time-to-live, and
 /// far longer than a message takes to be handled (`max_dequeue_count` tries of at most
@@ -59,8 +59,8 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Shortest `claim_check_retention`: a body younger than an hour may belong to a message
 /// being put right now.
 pub const MIN_RETENTION: Duration = Duration::from_secs(3600);
-/// Longest `claim_check_retention`: a year.
-pub const MAX_RETENTION: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Longest `claim_check_retention`: a year (365.25 days, what humantime calls `1year`).
+pub const MAX_RETENTION: Duration = Duration::from_secs(31_557_600);
 /// `claim_sweep_interval` by default: one list call an hour (about 720 billed
 /// transactions a month per queue on Azure).
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(3600);

@@ -46,9 +46,14 @@ pub async fn sweep_once(store: &dyn ClaimStore, retention: Duration, counts: &mu
 /// restarts often still sweeps) until `stop` is cancelled, in a task whose span carries the
 /// queue's name. Gives the task's final counts.
 pub fn spawn_sweeper(queue: &str, store: Arc<dyn ClaimStore>, settings: &ClaimSettings, stop: CancellationToken) -> tokio::task::JoinHandle<SweepCounts> {
+    tokio::spawn(sweeper_task(queue, store, settings, stop))
+}
+
+/// The sweeper of [`spawn_sweeper`] as a future, for a caller that tracks its own tasks.
+pub fn sweeper_task(queue: &str, store: Arc<dyn ClaimStore>, settings: &ClaimSettings, stop: CancellationToken) -> impl Future<Output = SweepCounts> + Send + 'static {
     let (retention, interval) = (settings.retention, settings.sweep_interval);
     let span = tracing::info_span!("claim_sweeper", queue = %queue, store = %store.describe());
-    tokio::spawn(
+    {
         async move {
             let mut counts = SweepCounts::default();
             let mut ticks = tokio::time::interval(interval);
@@ -65,6 +70,6 @@ pub fn spawn_sweeper(queue: &str, store: Arc<dyn ClaimStore>, settings: &ClaimSe
                 }
             }
         }
-        .instrument(span),
-    )
+        .instrument(span)
+    }
 }

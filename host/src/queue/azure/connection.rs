@@ -535,6 +535,31 @@ mod tests {
     }
 
     #[test]
+    fn the_blob_endpoint_is_given_or_found_beside_the_queue_endpoint() {
+        let cases = [
+            ("the public endpoint", format!("AccountName=orders;AccountKey={KEY}"), Some("https://orders.blob.core.windows.net/")),
+            ("another cloud", format!("AccountName=orders;AccountKey={KEY};EndpointSuffix=core.chinacloudapi.cn"), Some("https://orders.blob.core.chinacloudapi.cn/")),
+            (
+                "given",
+                format!("AccountName=devstoreaccount1;AccountKey={KEY};QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;BlobEndpoint=http://127.0.0.1:20000/devstoreaccount1"),
+                Some("http://127.0.0.1:20000/devstoreaccount1"),
+            ),
+            ("development storage", "UseDevelopmentStorage=true".to_string(), Some("http://127.0.0.1:10000/devstoreaccount1")),
+            ("Azurite's queue alone", format!("AccountName=devstoreaccount1;AccountKey={KEY};QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1"), None),
+        ];
+        for (name, text, expected) in cases {
+            let account = parse(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(account.blob_endpoint().map(Url::as_str), expected, "{name}");
+        }
+        let error = parse(&format!("AccountName=orders;AccountKey={KEY};BlobEndpoint=nowhere")).unwrap_err();
+        assert!(error.contains("BlobEndpoint"), "{error}");
+        let sas = parse("QueueEndpoint=https://acct.queue.core.windows.net/;SharedAccessSignature=sv=1&sig=abc").unwrap();
+        assert_eq!(sas.container_url("orders-bodies").unwrap().as_str(), "https://acct.blob.core.windows.net/orders-bodies?sv=1&sig=abc");
+        let without = parse(&format!("AccountName=devstoreaccount1;AccountKey={KEY};QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1")).unwrap();
+        assert!(format!("{:#}", without.container_url("orders-bodies").unwrap_err()).contains("BlobEndpoint"));
+    }
+
+    #[test]
     fn queue_urls_are_path_style_for_azurite_and_carry_the_sas() {
         let azurite = AzureAccount::development_storage();
         assert_eq!(azurite.queue_url("orders").unwrap().as_str(), "http://127.0.0.1:10001/devstoreaccount1/orders");

@@ -63,10 +63,8 @@ async fn a_missing_blob_is_missing_a_poison_reason_not_a_retry() -> anyhow::Resu
     claims.delete(&check).await?;
     // A container that was never created: missing too, not a storage failure.
     let never = store(&unique_queue_name("claims-never"));
-    let check = ClaimCheck {
-        location: BlobRef::Azure { account: "devstoreaccount1".into(), container: never.container_name().into(), blob: "0123".into() },
-        ..check
-    };
+    let check =
+        ClaimCheck { location: BlobRef::Azure { account: "devstoreaccount1".into(), container: never.container_name().into(), blob: "0123".into() }, ..check };
     assert!(matches!(never.get(&check, 1 << 20).await, Err(ClaimError::Missing { .. })));
     Ok(())
 }

@@ -212,7 +212,7 @@ pub struct QueueFile {
     #[serde(default = "serde_defaults::max_claim_check_bytes")]
     pub max_claim_check_bytes: u64,
     /// Age after which the sweeper removes a claim-check body (an orphan, or one whose
-    /// message outlived it). Default `7days`, `1h` to `1year`, and more than
+    /// message outlived it). Default `14days`, `1h` to `1year`, and more than
     /// `max_retry_delay`.
     #[serde(default = "serde_defaults::claim_check_retention", with = "humantime_serde")]
     pub claim_check_retention: Duration,

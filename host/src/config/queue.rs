@@ -10,8 +10,8 @@ use super::backend::{AzureFile, Backend, BackendKind};
 use super::checks::{AtLeast, MAX_CONCURRENT_CALLS, MAX_INTERVAL, MAX_PICKUP_DELAY, MAX_SAFETY_POLL, MAX_TASKS, check_duration, parse_handler_url};
 use super::file::QueueFile;
 use crate::listener::QueueSettings;
-use crate::payload::claims::{ClaimSettings, MAX_CLAIM_CHECK_BYTES_LIMIT, MAX_RETENTION, MAX_SWEEP_INTERVAL, MIN_RETENTION, MIN_SWEEP_INTERVAL};
 use crate::names::{QueueName, RuleFileName};
+use crate::payload::claims::{ClaimSettings, MAX_CLAIM_CHECK_BYTES_LIMIT, MAX_RETENTION, MAX_SWEEP_INTERVAL, MIN_RETENTION, MIN_SWEEP_INTERVAL};
 use crate::queue::partitioned::MAX_PARTITIONS;
 use crate::queue::{MAX_BATCH, MAX_VISIBILITY};
 

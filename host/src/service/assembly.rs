@@ -40,7 +40,10 @@ pub fn claim_store(backend: &Backend, store: Option<&EmbeddedStore>, name: &str,
         Backend::Embedded => Arc::new(EmbeddedClaims::new(store.context("the embedded store is not open")?.queue(name), settings.max_bytes)),
         Backend::Azure { account, encoding } => {
             let options = AzureOptions { encoding: *encoding, ..AzureOptions::default() };
-            Arc::new(AzureClaims::new(account, name, settings.max_bytes, &options).with_context(|| format!("claim checks of queue {name} on Azure account {}", account.name()))?)
+            Arc::new(
+                AzureClaims::new(account, name, settings.max_bytes, &options)
+                    .with_context(|| format!("claim checks of queue {name} on Azure account {}", account.name()))?,
+            )
         }
     })
 }

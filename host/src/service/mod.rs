@@ -21,8 +21,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
-pub(crate) use assembly::{QueueStack, StackOptions, storage_queue};
 pub use assembly::claim_store;
+pub(crate) use assembly::{QueueStack, StackOptions, storage_queue};
 pub use audit::AuditLog;
 pub use handle::QueueHandle;
 pub use pauses::{Pauses, check_pause_length};

@@ -76,7 +76,9 @@ impl ClaimStore for EmbeddedClaims {
         let location = || check.location.clone();
         let body = match self.queue.read_claim(key, check.size).map_err(storage)? {
             ClaimRead::Missing => return Err(ClaimError::Missing { location: location() }),
-            ClaimRead::TooLarge(len) => return Err(ClaimError::Corrupt { location: location(), reason: format!("the body has {len} bytes, the claim says {}", check.size) }),
+            ClaimRead::TooLarge(len) => {
+                return Err(ClaimError::Corrupt { location: location(), reason: format!("the body has {len} bytes, the claim says {}", check.size) });
+            }
             ClaimRead::Damaged(reason) => return Err(ClaimError::Corrupt { location: location(), reason }),
             ClaimRead::Body(body) => Bytes::from(body),
         };

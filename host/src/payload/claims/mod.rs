@@ -52,10 +52,10 @@ pub use azure::{AzureClaims, container_for_queue};
 pub use embedded::EmbeddedClaims;
 pub use sweeper::{SweepCounts, spawn_sweeper, sweep_once, sweeper_task};
 
-/// `claim_check_retention` by default: 7 days, Azure's default message time-to-live, and
-/// far longer than a message takes to be handled (`max_dequeue_count` tries of at most
-/// `max_retry_delay`). See [`ClaimSettings::retention`] for why it must outlast messages.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// `claim_check_retention` by default: 14 days, twice Azure's default message time-to-live
+/// and its longest visibility timeout (7 days each, so the longest `max_retry_delay`). See
+/// [`ClaimSettings::retention`] for why it must outlast messages.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(14 * 24 * 3600);
 /// Shortest `claim_check_retention`: a body younger than an hour may belong to a message
 /// being put right now.
 pub const MIN_RETENTION: Duration = Duration::from_secs(3600);

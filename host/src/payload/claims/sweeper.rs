@@ -30,7 +30,12 @@ pub async fn sweep_once(store: &dyn ClaimStore, retention: Duration, counts: &mu
             counts.removed += report.removed;
             counts.transactions += report.transactions;
             if report.removed > 0 {
-                tracing::info!(removed = report.removed, transactions = report.transactions, "claim-check sweep removed orphaned bodies older than {}", humantime::format_duration(retention));
+                tracing::info!(
+                    removed = report.removed,
+                    transactions = report.transactions,
+                    "claim-check sweep removed orphaned bodies older than {}",
+                    humantime::format_duration(retention)
+                );
             } else {
                 tracing::debug!(transactions = report.transactions, "claim-check sweep found nothing to remove");
             }
@@ -50,7 +55,12 @@ pub fn spawn_sweeper(queue: &str, store: Arc<dyn ClaimStore>, settings: &ClaimSe
 }
 
 /// The sweeper of [`spawn_sweeper`] as a future, for a caller that tracks its own tasks.
-pub fn sweeper_task(queue: &str, store: Arc<dyn ClaimStore>, settings: &ClaimSettings, stop: CancellationToken) -> impl Future<Output = SweepCounts> + Send + 'static {
+pub fn sweeper_task(
+    queue: &str,
+    store: Arc<dyn ClaimStore>,
+    settings: &ClaimSettings,
+    stop: CancellationToken,
+) -> impl Future<Output = SweepCounts> + Send + 'static {
     let (retention, interval) = (settings.retention, settings.sweep_interval);
     let span = tracing::info_span!("claim_sweeper", queue = %queue, store = %store.describe());
     {

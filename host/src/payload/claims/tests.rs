@@ -7,8 +7,8 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 use crate::payload::{AzureContainer, Codec, Decoded, Item, Limits, Packer, decode};
 use crate::queue::QueueClient;
-use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::queue::TokioClock;
+use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
 
 fn allowed() -> AllowedReferences {
     AllowedReferences {
@@ -36,7 +36,11 @@ fn hostile_references_are_refused_with_their_reason() {
         Case { name: "another account", check: azure_ref("victim", "orders-bodies", "a", 10), refusal: Some("is not allowed here") },
         Case { name: "another container", check: azure_ref("devstoreaccount1", "payroll-bodies", "a", 10), refusal: Some("is not allowed here") },
         Case { name: "another queue's store", check: embedded("payroll"), refusal: Some("is not allowed here") },
-        Case { name: "dot-dot out of the container", check: azure_ref("devstoreaccount1", "orders-bodies", "../payroll-bodies/x", 10), refusal: Some("'..' segment") },
+        Case {
+            name: "dot-dot out of the container",
+            check: azure_ref("devstoreaccount1", "orders-bodies", "../payroll-bodies/x", 10),
+            refusal: Some("'..' segment"),
+        },
         Case { name: "a lone dot", check: azure_ref("devstoreaccount1", "orders-bodies", "a/./b", 10), refusal: Some("'..' segment") },
         Case { name: "a leading slash", check: azure_ref("devstoreaccount1", "orders-bodies", "/a", 10), refusal: Some("empty") },
         Case { name: "a query", check: azure_ref("devstoreaccount1", "orders-bodies", "a?comp=list", 10), refusal: Some("character '?'") },
@@ -177,7 +181,16 @@ async fn embedded_references_elsewhere_or_too_large_are_refused() {
     assert!(matches!(error, ClaimError::Foreign { .. }), "{error:?}");
     // Nor can a reference be forged by naming this queue with the other's key... it finds
     // only this queue's bodies (keys are per queue).
-    let forged = ClaimCheck { location: BlobRef::Embedded { queue: "orders".into(), key: match secret.location { BlobRef::Embedded { key, .. } => key, _ => unreachable!() } }, ..secret.clone() };
+    let forged = ClaimCheck {
+        location: BlobRef::Embedded {
+            queue: "orders".into(),
+            key: match secret.location {
+                BlobRef::Embedded { key, .. } => key,
+                _ => unreachable!(),
+            },
+        },
+        ..secret.clone()
+    };
     assert!(matches!(claims.get(&forged, 1 << 20).await, Err(ClaimError::Missing { .. })));
     let mine = claims.put(body(2000, 6)).await.unwrap();
     let error = claims.get(&mine, 1999).await.unwrap_err();

@@ -290,7 +290,10 @@ impl AzureAccount {
                     bail!("connection string: SharedAccessSignature has no sig= part");
                 }
                 let beside = blob_endpoint_beside(&endpoint);
-                Ok((AzureAccount { name, endpoint, credential: Credential::Sas(Secret::new(sas.to_string())), root_certificate: None, blob_endpoint: beside }, blob_endpoint))
+                Ok((
+                    AzureAccount { name, endpoint, credential: Credential::Sas(Secret::new(sas.to_string())), root_certificate: None, blob_endpoint: beside },
+                    blob_endpoint,
+                ))
             }
             (None, None) => bail!("connection string: no credential: give AccountKey, SharedAccessSignature or UseDevelopmentStorage=true"),
         }
@@ -538,10 +541,16 @@ mod tests {
     fn the_blob_endpoint_is_given_or_found_beside_the_queue_endpoint() {
         let cases = [
             ("the public endpoint", format!("AccountName=orders;AccountKey={KEY}"), Some("https://orders.blob.core.windows.net/")),
-            ("another cloud", format!("AccountName=orders;AccountKey={KEY};EndpointSuffix=core.chinacloudapi.cn"), Some("https://orders.blob.core.chinacloudapi.cn/")),
+            (
+                "another cloud",
+                format!("AccountName=orders;AccountKey={KEY};EndpointSuffix=core.chinacloudapi.cn"),
+                Some("https://orders.blob.core.chinacloudapi.cn/"),
+            ),
             (
                 "given",
-                format!("AccountName=devstoreaccount1;AccountKey={KEY};QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;BlobEndpoint=http://127.0.0.1:20000/devstoreaccount1"),
+                format!(
+                    "AccountName=devstoreaccount1;AccountKey={KEY};QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;BlobEndpoint=http://127.0.0.1:20000/devstoreaccount1"
+                ),
                 Some("http://127.0.0.1:20000/devstoreaccount1"),
             ),
             ("development storage", "UseDevelopmentStorage=true".to_string(), Some("http://127.0.0.1:10000/devstoreaccount1")),

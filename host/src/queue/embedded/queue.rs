@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use redb::ReadableDatabase;
 
 use super::changes::{Op, Reply};
-use super::store::EmbeddedStore;
 use super::claims::ClaimRecord;
+use super::store::EmbeddedStore;
 use super::tables::{CLAIM_PARTS, CLAIMS, COUNTS, QUEUES};
 use crate::queue::{MAX_BATCH, MAX_VISIBILITY, Message, MessageId, PopReceipt, QueueClient, QueueError};
 

@@ -77,8 +77,9 @@ pub struct AzureAccount {
     root_certificate: Option<Arc<[u8]>>,
     /// The blob service (claim checks, `ebb::payload::claims`): a connection string's
     /// `BlobEndpoint`, or the queue endpoint's host with `.queue.` read as `.blob.`; `None`
-    /// when neither gives one (Azurite on a port of the caller's: set it).
-    blob_endpoint: Option<Url>,
+    /// when neither gives one (Azurite on a port of the caller's: set it). Boxed: the
+    /// account sits in every Azure queue's configuration.
+    blob_endpoint: Option<Box<Url>>,
 }
 
 impl std::fmt::Debug for AzureAccount {
@@ -91,7 +92,7 @@ impl std::fmt::Debug for AzureAccount {
         f.debug_struct("AzureAccount")
             .field("name", &self.name)
             .field("endpoint", &self.endpoint.as_str())
-            .field("blob_endpoint", &self.blob_endpoint.as_ref().map(Url::as_str))
+            .field("blob_endpoint", &self.blob_endpoint.as_deref().map(Url::as_str))
             .field("credential", &credential)
             .finish()
     }
@@ -315,13 +316,13 @@ impl AzureAccount {
         if matches!(self.credential, Credential::Entra(..)) && url.scheme() != "https" {
             bail!("blob endpoint {url} must be https with an Entra ID credential (tokens never travel in the clear)");
         }
-        self.blob_endpoint = Some(url);
+        self.blob_endpoint = Some(Box::new(url));
         Ok(self)
     }
 
     /// The blob service endpoint, if known (no secret in it).
     pub fn blob_endpoint(&self) -> Option<&Url> {
-        self.blob_endpoint.as_ref()
+        self.blob_endpoint.as_deref()
     }
 
     /// The URL of blob container `name`, with the SAS in its query if the credential is
@@ -329,7 +330,8 @@ impl AzureAccount {
     pub(crate) fn container_url(&self, name: &str) -> anyhow::Result<Url> {
         let mut url = self
             .blob_endpoint
-            .clone()
+            .as_deref()
+            .cloned()
             .ok_or_else(|| anyhow!("account {}: no blob endpoint for claim checks: add BlobEndpoint=… to the connection string", self.name))?;
         let path = format!("{}/{name}", url.path().trim_end_matches('/'));
         url.set_path(&path);
@@ -401,13 +403,13 @@ fn parse_endpoint(endpoint: &str) -> anyhow::Result<Url> {
 
 /// `https://acct.queue.core.windows.net` → `https://acct.blob.core.windows.net`; nothing
 /// for an endpoint whose host does not name the queue service (Azurite's `127.0.0.1`).
-fn blob_endpoint_beside(queue: &Url) -> Option<Url> {
+fn blob_endpoint_beside(queue: &Url) -> Option<Box<Url>> {
     let host = queue.host_str()?;
     let (first, rest) = host.split_once('.')?;
     let rest = rest.strip_prefix("queue.")?;
     let mut url = queue.clone();
     url.set_host(Some(&format!("{first}.blob.{rest}"))).ok()?;
-    Some(url)
+    Some(Box::new(url))
 }
 
 /// `https://acct.queue.core.windows.net` → `acct`; `http://127.0.0.1:10001/acct` → `acct`.

@@ -83,6 +83,12 @@ async fn a_blob_that_is_not_the_claimed_body_is_corrupt() -> anyhow::Result<()> 
     let error = claims.get(&longer_claim, 1 << 20).await.unwrap_err();
     assert!(matches!(error, ClaimError::Corrupt { .. }) && error.to_string().contains("100000 bytes"), "{error}");
     claims.get(&check, 1 << 20).await?;
+    // A claim of no bytes is refused before any request (nothing offloads an empty body),
+    // so it cannot turn into a download into a short buffer, which would be retried.
+    let empty_claim = ClaimCheck { size: 0, sha256: sha256(b""), ..check };
+    let error = claims.get(&empty_claim, 1 << 20).await.unwrap_err();
+    assert!(matches!(error, ClaimError::Refused(_)) && error.to_string().contains("0 bytes"), "{error}");
+    assert!(matches!(claims.put(Bytes::new()).await, Err(ClaimError::Refused(_))));
     Ok(())
 }
 

@@ -21,7 +21,7 @@ use azure_storage_blob::{BlobContainerClient, BlobContainerClientOptions};
 use bytes::Bytes;
 use futures::StreamExt;
 
-use super::{ClaimError, ClaimStore, SweepReport, check_reference, sha256};
+use super::{ClaimError, ClaimStore, EMPTY_BODY, SweepReport, check_reference, sha256};
 use crate::payload::{AllowedReferences, AzureContainer, BlobRef, ClaimCheck};
 use crate::queue::azure::{API_VERSION, AzureAccount, AzureOptions, Credential, sdk_client_options};
 
@@ -180,6 +180,9 @@ impl ClaimStore for AzureClaims {
     }
 
     async fn put(&self, body: Bytes) -> Result<ClaimCheck, ClaimError> {
+        if body.is_empty() {
+            return Err(ClaimError::Refused(EMPTY_BODY.to_string()));
+        }
         if body.len() as u64 > self.max_bytes {
             return Err(ClaimError::Refused(format!("a body of {} bytes, over the limit of {} (max_claim_check_bytes)", body.len(), self.max_bytes)));
         }
@@ -201,20 +204,19 @@ impl ClaimStore for AzureClaims {
         let blob = self.blob_of(check, max_bytes.min(self.max_bytes))?;
         let size = check.size as usize;
         // One byte more than claimed is asked for and room made for it, so a blob longer than
-        // its claim shows as such rather than being cut to fit.
+        // its claim shows as such rather than being cut to fit (or failing as a short buffer).
         let mut buffer = vec![0u8; size + 1];
-        let options = BlobClientDownloadOptions { range: (size > 0).then(|| HttpRange::new(0, check.size + 1)), ..Default::default() };
+        let options = BlobClientDownloadOptions { range: Some(HttpRange::new(0, check.size + 1)), ..Default::default() };
         let read = match self.container.blob_client(blob).download_into(&mut buffer, Some(options)).await {
             Ok(result) => result.len,
-            Err(error) => {
-                return Err(match (error.http_status(), error_code(&error).as_deref()) {
-                    (Some(StatusCode::NotFound), Some("BlobNotFound" | "ContainerNotFound")) => ClaimError::Missing { location: check.location.clone() },
-                    (Some(StatusCode::RequestedRangeNotSatisfiable), _) => {
-                        ClaimError::Corrupt { location: check.location.clone(), reason: format!("the blob is empty, the claim says {} bytes", check.size) }
-                    }
-                    _ => self.classify("get a body", &error),
-                });
-            }
+            Err(error) => match (error.http_status(), error_code(&error).as_deref()) {
+                (Some(StatusCode::NotFound), Some("BlobNotFound" | "ContainerNotFound")) => {
+                    return Err(ClaimError::Missing { location: check.location.clone() });
+                }
+                // No byte at offset 0: the blob is empty (claims name at least one byte).
+                (Some(StatusCode::RequestedRangeNotSatisfiable), _) => 0,
+                _ => return Err(self.classify("get a body", &error)),
+            },
         };
         if read != size {
             let found = if read > size { "more than".to_string() } else { read.to_string() };

@@ -7,7 +7,7 @@ use anyhow::anyhow;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{ClaimError, ClaimStore, SweepReport, check_reference, sha256};
+use super::{ClaimError, ClaimStore, EMPTY_BODY, SweepReport, check_reference, sha256};
 use crate::payload::{AllowedReferences, BlobRef, ClaimCheck};
 use crate::queue::QueueError;
 use crate::queue::embedded::{ClaimRead, EmbeddedQueue, MAX_CLAIM_BODY_BYTES};
@@ -60,6 +60,9 @@ impl ClaimStore for EmbeddedClaims {
     }
 
     async fn put(&self, body: Bytes) -> Result<ClaimCheck, ClaimError> {
+        if body.is_empty() {
+            return Err(ClaimError::Refused(EMPTY_BODY.to_string()));
+        }
         if body.len() as u64 > self.max_bytes {
             return Err(ClaimError::Refused(format!("a body of {} bytes, over the limit of {} (max_claim_check_bytes)", body.len(), self.max_bytes)));
         }

@@ -182,13 +182,16 @@ pub trait ClaimStore: Send + Sync + 'static {
     async fn sweep(&self, older_than: Duration) -> Result<SweepReport, ClaimError>;
 }
 
+/// Why an empty body is not offloaded: it fits any envelope.
+pub(crate) const EMPTY_BODY: &str = "an empty body: it fits any envelope, nothing to offload";
+
 /// SHA-256 of `body`.
 pub fn sha256(body: &[u8]) -> [u8; 32] {
     Sha256::digest(body).into()
 }
 
-/// Why `check` may not be followed by a store that takes `allowed`, with bodies of at most
-/// `max_bytes`: checked before any request is made.
+/// Why `check` may not be followed by a store that takes `allowed`, with bodies of 1 to
+/// `max_bytes` bytes (nothing offloads an empty body): checked before any request is made.
 pub fn check_reference(check: &ClaimCheck, allowed: &AllowedReferences, max_bytes: u64) -> Result<(), ClaimError> {
     if let Some(defect) = check.location.defect() {
         return Err(ClaimError::Refused(format!("{}: {defect}", check.location)));
@@ -200,6 +203,9 @@ pub fn check_reference(check: &ClaimCheck, allowed: &AllowedReferences, max_byte
     }
     if !allowed.allows(&check.location) {
         return Err(ClaimError::Foreign { location: check.location.clone(), allowed: allowed.describe() });
+    }
+    if check.size == 0 {
+        return Err(ClaimError::Refused(format!("{}: a claim of 0 bytes (an empty body fits any envelope)", check.location)));
     }
     if check.size > max_bytes {
         return Err(ClaimError::Refused(format!("{}: {} bytes, over the limit of {max_bytes}", check.location, check.size)));

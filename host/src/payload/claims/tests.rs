@@ -48,6 +48,7 @@ fn hostile_references_are_refused_with_their_reason() {
         Case { name: "a control character", check: azure_ref("devstoreaccount1", "orders-bodies", "a\nb", 10), refusal: Some("control characters") },
         Case { name: "a malformed container", check: azure_ref("devstoreaccount1", "Orders", "a", 10), refusal: Some("is not 3 to 63") },
         Case { name: "over the limit", check: azure_ref("devstoreaccount1", "orders-bodies", "a", 1001), refusal: Some("over the limit of 1000") },
+        Case { name: "no bytes", check: azure_ref("devstoreaccount1", "orders-bodies", "a", 0), refusal: Some("a claim of 0 bytes") },
     ];
     for case in cases {
         let result = check_reference(&case.check, &allowed(), 1000);

@@ -8,7 +8,8 @@
 //!   installed into `<target>/guest-tools/` on first use.
 //! - Azurite (the Azure Storage emulator) for the Azure queue tests, pinned by
 //!   `tests/azurite/package-lock.json`, installed into `<target>/azurite/` with `npm ci`
-//!   whenever the lock changes; its path is `AZURITE_QUEUE` in `$OUT_DIR/azurite.rs`.
+//!   whenever the lock changes; its path is `AZURITE_QUEUE` in `$OUT_DIR/azurite.rs`, and its
+//!   blob service's (claim checks) `AZURITE_BLOB`.
 //! - Python `grpcio` + `grpcio-tools`, pinned by `tests/scaler/requirements.txt`, installed into
 //!   `<target>/guest-tools/py-grpc/` on first use, and Python stubs generated from KEDA's
 //!   `host/proto/externalscaler.proto` (`PYTHON` and `STUBS` in `$OUT_DIR/python_grpc.rs`).
@@ -100,7 +101,13 @@ fn main() {
 
     println!("cargo:rerun-if-changed={}", root.join("tests/azurite").display());
     let azurite = install_azurite(&root.join("tests/azurite"), &out_dir.ancestors().nth(4).unwrap().join("azurite"));
-    std::fs::write(out_dir.join("azurite.rs"), format!("pub const AZURITE_QUEUE: &str = {:?};\n", path_str(&azurite))).unwrap();
+    // The blob service (claim checks) comes in the same package, beside the queue service.
+    let azurite_blob = azurite.with_file_name("azurite-blob");
+    std::fs::write(
+        out_dir.join("azurite.rs"),
+        format!("pub const AZURITE_QUEUE: &str = {:?};\npub const AZURITE_BLOB: &str = {:?};\n", path_str(&azurite), path_str(&azurite_blob)),
+    )
+    .unwrap();
     println!("cargo:rerun-if-changed={}", root.join("tests/azure-sdk").display());
     let azure_python = pinned_python(&tools, "azure-py", &root.join("tests/azure-sdk/requirements.txt"));
     std::fs::write(

@@ -81,11 +81,13 @@ fn a_data_dir_or_rules_dir_that_is_a_file_is_rejected_naming_the_key() {
 fn bounds_are_inclusive_at_their_limits() {
     let text = "max_message_bytes = 1048576\ndrain_timeout = \"1h\"\n[rule_limits]\ncall_deadline = \"1s\"\nmemory_mib = 4096\n\
                 [queues.orders]\nlease_duration = \"7days\"\nvisibility_timeout = \"7days\"\nmax_retry_delay = \"7days\"\n\
-                max_polling_interval = \"1h\"\nscale_interval = \"1h\"\nhandler = { url = \"https://app.example:8443/work\", timeout = \"1h\" }\n";
+                max_polling_interval = \"1h\"\nscale_interval = \"1h\"\nmax_claim_check_bytes = 4294967296\nclaim_check_retention = \"1year\"\n\
+                claim_sweep_interval = \"24h\"\nhandler = { url = \"https://app.example:8443/work\", timeout = \"1h\" }\n";
     let config = Config::parse(text, Path::new("/srv/ebb"), None).unwrap();
     assert_eq!(config.max_message_bytes, 1 << 20);
     assert_eq!(config.api_limits.max_body_bytes, 1 << 20, "the API's body limit is the largest message");
     assert_eq!(config.queues[0].settings.lease_duration, ebb::queue::MAX_VISIBILITY);
+    assert_eq!(config.queues[0].claims.max_bytes, 4 << 30);
 }
 
 /// The documented value of every key (`docs/config.md`, the tables' default column) is the
@@ -161,6 +163,9 @@ fn the_documented_defaults_are_the_code_defaults() {
                 "scale_interval" => Code::Duration(s.scale_interval),
                 "max_pickup_delay" => Code::Duration(s.max_pickup_delay),
                 "partitions" => Code::Number(queue.partitions.into()),
+                "max_claim_check_bytes" => Code::Number(queue.claims.max_bytes),
+                "claim_check_retention" => Code::Duration(queue.claims.retention),
+                "claim_sweep_interval" => Code::Duration(queue.claims.sweep_interval),
                 "backend" => Code::Text(if matches!(queue.backend, ebb::config::Backend::Embedded) { "embedded" } else { "azure" }.into()),
                 "rule" => queue.rule.as_ref().map_or(Code::Absent, |file| Code::Text(file.to_string())),
                 "rule_params" if queue.rule_params.is_empty() => Code::Absent,

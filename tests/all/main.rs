@@ -7,6 +7,7 @@ mod bench;
 mod binary;
 mod bus;
 mod check_and_run;
+mod claims;
 mod concurrency;
 mod config;
 mod decorators;

@@ -34,6 +34,25 @@ impl Azurite {
         Azurite::start_with(free_port(), &[], None)
     }
 
+    /// Starts Azurite's blob service (claim checks) on a free port, in memory.
+    pub fn start_blob() -> Azurite {
+        Azurite::launch(AZURITE_BLOB, &["--blobHost", "127.0.0.1", "--blobPort"], free_port(), &[], None)
+    }
+
+    /// One blob service for the whole test process, started on first use. Give each test
+    /// its own queue, so its own container.
+    pub fn shared_blob() -> &'static Azurite {
+        static SHARED: OnceLock<Azurite> = OnceLock::new();
+        SHARED.get_or_init(Azurite::start_blob)
+    }
+
+    /// The development account with its queues on this Azurite and its blobs on `blob`'s
+    /// (a blob service started with [`Azurite::start_blob`]).
+    pub fn account_with_blobs(&self, blob: &Azurite) -> AzureAccount {
+        AzureAccount::from_connection_string(&format!("{};BlobEndpoint={}", self.connection_string(), blob.endpoint()))
+            .expect("the development connection string parses")
+    }
+
     /// Starts Azurite on `port` (a host may have been pointed at it before it ran).
     pub fn start_on(port: u16) -> Azurite {
         Azurite::start_with(port, &[], None)
@@ -63,20 +82,27 @@ impl Azurite {
     }
 
     fn start_with(port: u16, extra: &[&str], certificate: Option<std::path::PathBuf>) -> Azurite {
+        Azurite::launch(AZURITE_QUEUE, &["--queueHost", "127.0.0.1", "--queuePort"], port, extra, certificate)
+    }
+
+    /// Starts `tool` (an Azurite service) with `listen` (its host flag, its value, its port
+    /// flag) and `port`, in memory.
+    fn launch(tool: &str, listen: &[&str; 3], port: u16, extra: &[&str], certificate: Option<std::path::PathBuf>) -> Azurite {
         // Its output goes to a file (a pipe nobody reads could fill and stall it).
         let log = tempfile::tempfile().expect("a temporary file for Azurite's output");
         // `sh` starts Azurite in the background and waits on its stdin; when this process
         // closes the pipe (on drop, or by exiting, even killed), it stops Azurite.
         let guard = r#""$@" & azurite=$!; read _; kill $azurite 2>/dev/null; wait $azurite"#;
         let mut child = Command::new("sh")
-            .args(["-c", guard, "azurite-guard", AZURITE_QUEUE])
-            .args(["--queueHost", "127.0.0.1", "--queuePort", &port.to_string(), "--inMemoryPersistence", "--disableTelemetry", "--silent"])
+            .args(["-c", guard, "azurite-guard", tool])
+            .args(listen)
+            .args([&port.to_string(), "--inMemoryPersistence", "--disableTelemetry", "--silent"])
             .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(log.try_clone().expect("a second handle on the log file"))
             .spawn()
-            .unwrap_or_else(|e| panic!("failed to start {AZURITE_QUEUE} under sh: {e}"));
+            .unwrap_or_else(|e| panic!("failed to start {tool} under sh: {e}"));
         let guard = child.stdin.take();
         let address = SocketAddr::from(([127, 0, 0, 1], port));
         let deadline = Instant::now() + START_TIMEOUT;
@@ -89,7 +115,7 @@ impl Azurite {
                 let mut log = log;
                 let _ = log.rewind();
                 let _ = log.read_to_string(&mut stderr);
-                panic!("Azurite ({AZURITE_QUEUE}) exited ({status}) before answering on port {port}; it needs Node.js 20+ on PATH. Its output:\n{stderr}");
+                panic!("Azurite ({tool}) exited ({status}) before answering on port {port}; it needs Node.js 20+ on PATH. Its output:\n{stderr}");
             }
             assert!(Instant::now() < deadline, "Azurite did not answer on port {port} within {START_TIMEOUT:?}");
             std::thread::sleep(Duration::from_millis(50));

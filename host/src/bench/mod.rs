@@ -12,9 +12,12 @@
 //! - `measure`: what a run is measured with: the process's CPU time, and a storage backend
 //!   counting the bytes redb writes.
 //! - `report`: medians, ratios, the issue's goals, and the table or JSON printed.
+//! - `claims`: a large body (50 MiB by default) through a claim-check store on Azurite's
+//!   blob service, against the official SDK's own upload and download of the same bytes.
 //! - `codecs`: the envelope's codecs (issue 20) on a corpus of JSON work items: ratio,
 //!   items per envelope, packing and decoding speed, against no compression.
 
+pub(crate) mod claims;
 pub(crate) mod codecs;
 pub(crate) mod contenders;
 pub(crate) mod http;

@@ -34,6 +34,11 @@ pub(crate) enum BenchCommand {
     /// packing and decoding MB/s and µs per envelope. Build with --release for figures
     /// worth reading.
     Codecs(CodecsArgs),
+    /// Claim checks (issue 20): a large body put and got through ebb's claim-check store on
+    /// Azurite's blob service (started by the bench), against a loop of the official SDK's
+    /// own upload and download of the same bytes in the same run: time and MB/s each way,
+    /// and whether every body came back byte-identical (SHA-256).
+    Claims(ClaimsArgs),
     /// The app `ebb bench http` posts to: 200 with an empty body at once, on 127.0.0.1 (a
     /// free port, written to --port-file), until stdin closes. Started by the bench itself.
     #[command(hide = true)]
@@ -123,6 +128,24 @@ pub(crate) struct CodecsArgs {
     envelope_bytes: u64,
 }
 
+#[derive(Debug, Args)]
+pub(crate) struct ClaimsArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Rounds, 1 to 20: each puts and gets the body through ebb, then through the SDK loop;
+    /// the figures are medians.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_ROUNDS)))]
+    rounds: u32,
+    /// The body's length in MiB, 1 to 100 (the default max_claim_check_bytes).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=100))]
+    mib: u64,
+    /// Azurite's blob service to start (default: where the tests install it,
+    /// target/azurite/node_modules/.bin/azurite-blob).
+    #[arg(long)]
+    azurite_blob: Option<PathBuf>,
+}
+
 /// A contender, as `--contenders` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum ContenderArg {
@@ -205,6 +228,20 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&crate::bench::codecs::json(&bench, &figures))?);
             } else {
                 print!("{}", crate::bench::codecs::table(&bench, &figures));
+            }
+            Ok(())
+        }
+        BenchCommand::Claims(args) => {
+            let bench = crate::bench::claims::ClaimsBench {
+                body_bytes: (args.mib << 20) as usize,
+                rounds: args.rounds,
+                azurite_blob: args.azurite_blob.unwrap_or_else(crate::bench::claims::default_azurite_blob),
+            };
+            let report = crate::bench::claims::run(&bench)?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", crate::bench::claims::table(&report));
             }
             Ok(())
         }

@@ -227,6 +227,19 @@ pub struct QueueFile {
     /// with its own listener and rule decisions. Default 1 (no partitions).
     #[serde(default = "serde_defaults::partitions")]
     pub partitions: u32,
+    /// Largest body offloaded as a claim check (or fetched for one), in bytes. Default
+    /// 104857600 (100 MiB), 1 to 4294967296 (4 GiB).
+    #[serde(default = "serde_defaults::max_claim_check_bytes")]
+    pub max_claim_check_bytes: u64,
+    /// Age after which the sweeper removes a claim-check body (an orphan, or one whose
+    /// message outlived it). Default `14days`, `1h` to `1year`, and more than
+    /// `max_retry_delay`.
+    #[serde(default = "serde_defaults::claim_check_retention", with = "humantime_serde")]
+    pub claim_check_retention: Duration,
+    /// How often the sweeper looks for claim-check bodies older than the retention (one
+    /// billed list call on Azure). Default `1h`, `1m` to `24h`.
+    #[serde(default = "serde_defaults::claim_sweep_interval", with = "humantime_serde")]
+    pub claim_sweep_interval: Duration,
     /// Rule file name in `rules_dir`. Default: the built-in rule (the paper's).
     pub rule: Option<String>,
     /// Parameters passed to the rule's `configure`. Default: none.
@@ -355,6 +368,15 @@ pub(super) mod serde_defaults {
     }
     pub fn partitions() -> u32 {
         d::PARTITIONS
+    }
+    pub fn max_claim_check_bytes() -> u64 {
+        crate::payload::DEFAULT_MAX_CLAIM_CHECK_BYTES
+    }
+    pub fn claim_check_retention() -> Duration {
+        crate::payload::claims::DEFAULT_RETENTION
+    }
+    pub fn claim_sweep_interval() -> Duration {
+        crate::payload::claims::DEFAULT_SWEEP_INTERVAL
     }
     pub fn handler_timeout() -> Duration {
         d::HANDLER_TIMEOUT

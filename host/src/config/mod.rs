@@ -100,6 +100,8 @@ pub struct QueueConfig {
     pub partitions: u32,
     /// Where its messages live.
     pub backend: Backend,
+    /// Claim checks: the largest offloaded body, and the sweeper's retention and period.
+    pub claims: crate::payload::claims::ClaimSettings,
 }
 
 impl QueueConfig {

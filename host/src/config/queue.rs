@@ -11,6 +11,7 @@ use super::checks::{AtLeast, MAX_CONCURRENT_CALLS, MAX_INTERVAL, MAX_PICKUP_DELA
 use super::file::QueueFile;
 use crate::listener::QueueSettings;
 use crate::names::{QueueName, RuleFileName};
+use crate::payload::claims::{ClaimSettings, MAX_CLAIM_CHECK_BYTES_LIMIT, MAX_RETENTION, MAX_SWEEP_INTERVAL, MIN_RETENTION, MIN_SWEEP_INTERVAL};
 use crate::queue::partitioned::MAX_PARTITIONS;
 use crate::queue::{MAX_BATCH, MAX_VISIBILITY};
 
@@ -70,6 +71,7 @@ impl QueueFile {
         if self.max_dequeue_count == 0 {
             bail!("max_dequeue_count: must be at least 1");
         }
+        let claims = self.claim_settings()?;
         if !(1..=MAX_PARTITIONS).contains(&self.partitions) {
             bail!("partitions: must be 1 to {MAX_PARTITIONS}, got {}", self.partitions);
         }
@@ -106,6 +108,25 @@ impl QueueFile {
             handler_timeout,
             partitions: self.partitions,
             backend,
+            claims,
         })
+    }
+
+    /// The claim-check keys, checked.
+    fn claim_settings(&self) -> Result<ClaimSettings> {
+        if !(1..=MAX_CLAIM_CHECK_BYTES_LIMIT).contains(&self.max_claim_check_bytes) {
+            bail!("max_claim_check_bytes: must be 1 to {MAX_CLAIM_CHECK_BYTES_LIMIT}, got {}", self.max_claim_check_bytes);
+        }
+        check_duration("claim_check_retention", self.claim_check_retention, AtLeast::Duration(MIN_RETENTION), MAX_RETENTION)?;
+        // A message waiting out its retry delay must find its body when it comes back.
+        if self.claim_check_retention <= self.max_retry_delay {
+            bail!(
+                "claim_check_retention: {} is not more than max_retry_delay ({}): a message waiting for its retry would lose its body",
+                humantime::format_duration(self.claim_check_retention),
+                humantime::format_duration(self.max_retry_delay)
+            );
+        }
+        check_duration("claim_sweep_interval", self.claim_sweep_interval, AtLeast::Duration(MIN_SWEEP_INTERVAL), MAX_SWEEP_INTERVAL)?;
+        Ok(ClaimSettings { max_bytes: self.max_claim_check_bytes, retention: self.claim_check_retention, sweep_interval: self.claim_sweep_interval })
     }
 }

@@ -30,6 +30,7 @@
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 
+pub mod claims;
 mod codec;
 mod error;
 mod format;

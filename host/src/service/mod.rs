@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
+pub use assembly::claim_store;
 pub(crate) use assembly::{QueueStack, StackOptions, storage_queue};
 pub use audit::AuditLog;
 pub use handle::QueueHandle;
@@ -193,7 +194,27 @@ impl Service {
                 Err(error) => return Err(anyhow::Error::new(error).context(format!("failed to create queue {}", queue.config.name))),
             }
         }
+        if self.role == Role::Worker {
+            self.start_claim_sweepers();
+        }
         Ok(())
+    }
+
+    /// One claim-check sweeper per storage queue (`claim_sweep_interval`,
+    /// `claim_check_retention`), stopped with the service. Many hosts on one Azure queue
+    /// each sweep: a delete of a blob another host removed first is no error.
+    fn start_claim_sweepers(&self) {
+        for queue in self.queues.values() {
+            for partition in queue.config.storage_queues() {
+                let name = partition.as_str();
+                match claim_store(&queue.config.backend, Some(&self.store), name, &queue.config.claims) {
+                    Ok(store) => drop(self.tasks.spawn(crate::payload::claims::sweeper_task(name, store, &queue.config.claims, self.stop.clone()))),
+                    // An Azure account without a blob endpoint (Azurite without BlobEndpoint):
+                    // nothing can have been offloaded there.
+                    Err(error) => tracing::info!(queue = %name, "no claim-check sweeper: {error:#}"),
+                }
+            }
+        }
     }
 
     fn starter(&self) -> Starter {

@@ -13,6 +13,8 @@ pub const DEVELOPMENT_ACCOUNT: &str = "devstoreaccount1";
 pub const DEVELOPMENT_KEY: &str = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
 /// Azurite's default queue endpoint.
 pub const DEVELOPMENT_QUEUE_ENDPOINT: &str = "http://127.0.0.1:10001/devstoreaccount1";
+/// Azurite's default blob endpoint.
+pub const DEVELOPMENT_BLOB_ENDPOINT: &str = "http://127.0.0.1:10000/devstoreaccount1";
 
 /// How requests prove who they are.
 #[derive(Clone)]
@@ -73,6 +75,11 @@ pub struct AzureAccount {
     credential: Credential,
     /// An extra trusted root for an https endpoint (PEM), e.g. a private CA.
     root_certificate: Option<Arc<[u8]>>,
+    /// The blob service (claim checks, `ebb::payload::claims`): a connection string's
+    /// `BlobEndpoint`, or the queue endpoint's host with `.queue.` read as `.blob.`; `None`
+    /// when neither gives one (Azurite on a port of the caller's: set it). Boxed: the
+    /// account sits in every Azure queue's configuration.
+    blob_endpoint: Option<Box<Url>>,
 }
 
 impl std::fmt::Debug for AzureAccount {
@@ -82,7 +89,12 @@ impl std::fmt::Debug for AzureAccount {
             Credential::Sas(_) => "Sas(<redacted>)",
             Credential::Entra(method, _) => method.as_str(),
         };
-        f.debug_struct("AzureAccount").field("name", &self.name).field("endpoint", &self.endpoint.as_str()).field("credential", &credential).finish()
+        f.debug_struct("AzureAccount")
+            .field("name", &self.name)
+            .field("endpoint", &self.endpoint.as_str())
+            .field("blob_endpoint", &self.blob_endpoint.as_deref().map(Url::as_str))
+            .field("credential", &credential)
+            .finish()
     }
 }
 
@@ -97,7 +109,8 @@ impl AzureAccount {
             Some(endpoint) => parse_endpoint(endpoint)?,
             None => parse_endpoint(&format!("https://{account}.queue.core.windows.net"))?,
         };
-        Ok(AzureAccount { name: account.to_string(), endpoint, credential: Credential::SharedKey(key), root_certificate: None })
+        let blob_endpoint = blob_endpoint_beside(&endpoint);
+        Ok(AzureAccount { name: account.to_string(), endpoint, credential: Credential::SharedKey(key), root_certificate: None, blob_endpoint })
     }
 
     /// An account reached with an Entra ID token from `method`. The endpoint must be https
@@ -151,7 +164,8 @@ impl AzureAccount {
             }
         };
         let token = made.map_err(|e| anyhow!("Entra ID credential {}: {e}", method.as_str()))?;
-        Ok(AzureAccount { name: account.to_string(), endpoint, credential: Credential::Entra(method, token), root_certificate: None })
+        let blob_endpoint = blob_endpoint_beside(&endpoint);
+        Ok(AzureAccount { name: account.to_string(), endpoint, credential: Credential::Entra(method, token), root_certificate: None, blob_endpoint })
     }
 
     /// Trusts `pem` (one or more certificates) as an extra root for this account's https
@@ -186,11 +200,22 @@ impl AzureAccount {
     /// `SharedAccessSignature=…` with `QueueEndpoint` (or `AccountName`), or
     /// `UseDevelopmentStorage=true`. Errors name the missing or bad part, never a secret.
     pub fn from_connection_string(text: &str) -> anyhow::Result<Self> {
+        let (account, blob_endpoint) = Self::parse_connection_string(text)?;
+        match blob_endpoint {
+            Some(endpoint) => account.with_blob_endpoint(&endpoint),
+            None => Ok(account),
+        }
+    }
+
+    /// The account and the `BlobEndpoint` if the connection string gives one (or, for
+    /// development storage, Azurite's default).
+    fn parse_connection_string(text: &str) -> anyhow::Result<(Self, Option<String>)> {
         let mut protocol = None;
         let mut name = None;
         let mut key = None;
         let mut sas = None;
         let mut queue_endpoint = None;
+        let mut blob_endpoint = None;
         let mut suffix = None;
         let mut development = false;
         for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
@@ -205,6 +230,7 @@ impl AzureAccount {
                 "accountkey" => key = Some(value.to_string()),
                 "sharedaccesssignature" => sas = Some(value.to_string()),
                 "queueendpoint" => queue_endpoint = Some(value.to_string()),
+                "blobendpoint" => blob_endpoint = Some(value.to_string()),
                 "endpointsuffix" => suffix = Some(value.to_string()),
                 "usedevelopmentstorage" => match value.to_ascii_lowercase().as_str() {
                     "true" => development = true,
@@ -212,8 +238,7 @@ impl AzureAccount {
                     _ => bail!("connection string: UseDevelopmentStorage must be true or false"),
                 },
                 // Other services' settings: allowed in a shared connection string, unused here.
-                "blobendpoint"
-                | "tableendpoint"
+                "tableendpoint"
                 | "fileendpoint"
                 | "blobsecondaryendpoint"
                 | "queuesecondaryendpoint"
@@ -233,7 +258,8 @@ impl AzureAccount {
                 bail!("connection string: UseDevelopmentStorage=true takes no AccountName, AccountKey or SharedAccessSignature");
             }
             let endpoint = queue_endpoint.as_deref().unwrap_or(DEVELOPMENT_QUEUE_ENDPOINT);
-            return Self::with_key(DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY, Some(endpoint));
+            let blob = blob_endpoint.unwrap_or_else(|| DEVELOPMENT_BLOB_ENDPOINT.to_string());
+            return Ok((Self::with_key(DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY, Some(endpoint))?, Some(blob)));
         }
         let protocol = protocol.unwrap_or_else(|| "https".into());
         if protocol != "https" && protocol != "http" {
@@ -245,7 +271,7 @@ impl AzureAccount {
             (Some(key), None) => {
                 let name = name.ok_or_else(|| anyhow!("connection string: AccountKey needs an AccountName"))?;
                 let endpoint = queue_endpoint.unwrap_or_else(|| default_endpoint(&name));
-                Self::with_key(&name, &key, Some(&endpoint))
+                Ok((Self::with_key(&name, &key, Some(&endpoint))?, blob_endpoint))
             }
             (None, Some(sas)) => {
                 let endpoint = match (queue_endpoint, &name) {
@@ -264,7 +290,11 @@ impl AzureAccount {
                 if !sas.contains("sig=") {
                     bail!("connection string: SharedAccessSignature has no sig= part");
                 }
-                Ok(AzureAccount { name, endpoint, credential: Credential::Sas(Secret::new(sas.to_string())), root_certificate: None })
+                let beside = blob_endpoint_beside(&endpoint);
+                Ok((
+                    AzureAccount { name, endpoint, credential: Credential::Sas(Secret::new(sas.to_string())), root_certificate: None, blob_endpoint: beside },
+                    blob_endpoint,
+                ))
             }
             (None, None) => bail!("connection string: no credential: give AccountKey, SharedAccessSignature or UseDevelopmentStorage=true"),
         }
@@ -278,6 +308,37 @@ impl AzureAccount {
     /// The queue service endpoint (no secret in it).
     pub fn endpoint(&self) -> &Url {
         &self.endpoint
+    }
+
+    /// The same account with its blob service at `endpoint` (for claim checks).
+    pub fn with_blob_endpoint(mut self, endpoint: &str) -> anyhow::Result<Self> {
+        let url = parse_endpoint(endpoint).map_err(|e| anyhow!("BlobEndpoint: {e:#}"))?;
+        if matches!(self.credential, Credential::Entra(..)) && url.scheme() != "https" {
+            bail!("blob endpoint {url} must be https with an Entra ID credential (tokens never travel in the clear)");
+        }
+        self.blob_endpoint = Some(Box::new(url));
+        Ok(self)
+    }
+
+    /// The blob service endpoint, if known (no secret in it).
+    pub fn blob_endpoint(&self) -> Option<&Url> {
+        self.blob_endpoint.as_deref()
+    }
+
+    /// The URL of blob container `name`, with the SAS in its query if the credential is
+    /// one; an error if the account has no blob endpoint.
+    pub(crate) fn container_url(&self, name: &str) -> anyhow::Result<Url> {
+        let mut url = self
+            .blob_endpoint
+            .as_deref()
+            .cloned()
+            .ok_or_else(|| anyhow!("account {}: no blob endpoint for claim checks: add BlobEndpoint=… to the connection string", self.name))?;
+        let path = format!("{}/{name}", url.path().trim_end_matches('/'));
+        url.set_path(&path);
+        if let Credential::Sas(sas) = &self.credential {
+            url.set_query(Some(sas.secret()));
+        }
+        Ok(url)
     }
 
     /// The credential.
@@ -338,6 +399,17 @@ fn parse_endpoint(endpoint: &str) -> anyhow::Result<Url> {
         bail!("queue endpoint {endpoint:?} has no host");
     }
     Ok(url)
+}
+
+/// `https://acct.queue.core.windows.net` → `https://acct.blob.core.windows.net`; nothing
+/// for an endpoint whose host does not name the queue service (Azurite's `127.0.0.1`).
+fn blob_endpoint_beside(queue: &Url) -> Option<Box<Url>> {
+    let host = queue.host_str()?;
+    let (first, rest) = host.split_once('.')?;
+    let rest = rest.strip_prefix("queue.")?;
+    let mut url = queue.clone();
+    url.set_host(Some(&format!("{first}.blob.{rest}"))).ok()?;
+    Some(Box::new(url))
 }
 
 /// `https://acct.queue.core.windows.net` → `acct`; `http://127.0.0.1:10001/acct` → `acct`.
@@ -465,6 +537,37 @@ mod tests {
             let shown = format!("{account:?}");
             assert!(!shown.contains(KEY) && !shown.contains("secretvalue") && shown.contains("<redacted>"), "{shown}");
         }
+    }
+
+    #[test]
+    fn the_blob_endpoint_is_given_or_found_beside_the_queue_endpoint() {
+        let cases = [
+            ("the public endpoint", format!("AccountName=orders;AccountKey={KEY}"), Some("https://orders.blob.core.windows.net/")),
+            (
+                "another cloud",
+                format!("AccountName=orders;AccountKey={KEY};EndpointSuffix=core.chinacloudapi.cn"),
+                Some("https://orders.blob.core.chinacloudapi.cn/"),
+            ),
+            (
+                "given",
+                format!(
+                    "AccountName=devstoreaccount1;AccountKey={KEY};QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;BlobEndpoint=http://127.0.0.1:20000/devstoreaccount1"
+                ),
+                Some("http://127.0.0.1:20000/devstoreaccount1"),
+            ),
+            ("development storage", "UseDevelopmentStorage=true".to_string(), Some("http://127.0.0.1:10000/devstoreaccount1")),
+            ("Azurite's queue alone", format!("AccountName=devstoreaccount1;AccountKey={KEY};QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1"), None),
+        ];
+        for (name, text, expected) in cases {
+            let account = parse(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(account.blob_endpoint().map(Url::as_str), expected, "{name}");
+        }
+        let error = parse(&format!("AccountName=orders;AccountKey={KEY};BlobEndpoint=nowhere")).unwrap_err();
+        assert!(error.contains("BlobEndpoint"), "{error}");
+        let sas = parse("QueueEndpoint=https://acct.queue.core.windows.net/;SharedAccessSignature=sv=1&sig=abc").unwrap();
+        assert_eq!(sas.container_url("orders-bodies").unwrap().as_str(), "https://acct.blob.core.windows.net/orders-bodies?sv=1&sig=abc");
+        let without = parse(&format!("AccountName=devstoreaccount1;AccountKey={KEY};QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1")).unwrap();
+        assert!(format!("{:#}", without.container_url("orders-bodies").unwrap_err()).contains("BlobEndpoint"));
     }
 
     #[test]

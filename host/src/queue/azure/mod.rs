@@ -144,31 +144,48 @@ impl Call {
     }
 }
 
+/// The SDK's client options for `account` (our HTTP client with its timeouts and extra
+/// root, the SDK's retries off, Shared Key signing) and the Entra ID credential if that is
+/// the account's; a SAS rides in the URL. `what` names the client in errors.
+pub(crate) fn sdk_client_options(
+    account: &AzureAccount,
+    request_timeout: Duration,
+    pool_idle_timeout: Duration,
+    what: &str,
+) -> anyhow::Result<(ClientOptions, Option<Arc<dyn azure_core::credentials::TokenCredential>>)> {
+    let http = azure_reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT.min(request_timeout))
+        .timeout(request_timeout)
+        .pool_idle_timeout(pool_idle_timeout)
+        .redirect(azure_reqwest::redirect::Policy::none());
+    let http = match account.root_certificate() {
+        Some(pem) => azure_reqwest::Certificate::from_pem_bundle(pem)
+            .map_err(|e| anyhow!("{what} on account {}: the extra root certificate: {e}", account.name()))?
+            .into_iter()
+            .fold(http, |builder, certificate| builder.add_root_certificate(certificate)),
+        None => http,
+    };
+    let http = http.build().map_err(|e| anyhow!("{what} on account {}: cannot build the HTTP client: {e}", account.name()))?;
+    let mut client_options = ClientOptions { retry: RetryOptions::none(), transport: Some(Transport::new(Arc::new(http))), ..ClientOptions::default() };
+    let mut entra = None;
+    match account.credential() {
+        Credential::SharedKey(key) => client_options.per_try_policies.push(Arc::new(auth::SharedKeyPolicy::new(account.name(), key.clone()))),
+        Credential::Sas(_) => {}
+        Credential::Entra(_, token) => entra = Some(token.clone()),
+    }
+    Ok((client_options, entra))
+}
+
 impl AzureQueue {
     /// A handle on queue `name` of `account` (create it with
     /// [`QueueClient::create_if_missing`]). Fails if the name is not a valid queue name.
     pub fn new(account: &AzureAccount, name: &str, options: AzureOptions) -> anyhow::Result<Self> {
         check_queue_name(name)?;
-        let http = azure_reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT.min(options.request_timeout))
-            .timeout(options.request_timeout)
-            .pool_idle_timeout(options.pool_idle_timeout)
-            .redirect(azure_reqwest::redirect::Policy::none());
-        let http = match account.root_certificate() {
-            Some(pem) => azure_reqwest::Certificate::from_pem_bundle(pem)
-                .map_err(|e| anyhow!("queue {name} on account {}: the extra root certificate: {e}", account.name()))?
-                .into_iter()
-                .fold(http, |builder, certificate| builder.add_root_certificate(certificate)),
-            None => http,
+        let (client_options, entra) = sdk_client_options(account, options.request_timeout, options.pool_idle_timeout, &format!("queue {name}"))?;
+        let sas = match account.credential() {
+            Credential::Sas(token) => Some(token.secret().to_string()),
+            _ => None,
         };
-        let http = http.build().map_err(|e| anyhow!("queue {name} on account {}: cannot build the HTTP client: {e}", account.name()))?;
-        let mut client_options = ClientOptions { retry: RetryOptions::none(), transport: Some(Transport::new(Arc::new(http))), ..ClientOptions::default() };
-        let (mut sas, mut entra) = (None, None);
-        match account.credential() {
-            Credential::SharedKey(key) => client_options.per_try_policies.push(Arc::new(auth::SharedKeyPolicy::new(account.name(), key.clone()))),
-            Credential::Sas(token) => sas = Some(token.secret().to_string()),
-            Credential::Entra(_, token) => entra = Some(token.clone()),
-        }
         let sdk_options = QueueClientOptions { client_options, version: API_VERSION.to_string() };
         let client =
             SdkQueueClient::new(account.queue_url(name)?, entra, Some(sdk_options)).map_err(|e| anyhow!("queue {name} on account {}: {e}", account.name()))?;

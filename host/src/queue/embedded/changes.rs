@@ -4,6 +4,7 @@
 use redb::{ReadableTable, ReadableTableMetadata};
 
 use super::bodies;
+use super::claims;
 use super::leasing::{lease, update_visibility};
 use super::record::{Header, checksum};
 use super::tables::Tables;
@@ -16,6 +17,9 @@ pub(super) enum Op {
     Get { queue: u32, now_ms: u64, max: u32, visibility_ms: u64 },
     Delete { queue: u32, seq: u64, receipt: u64 },
     Update { queue: u32, seq: u64, receipt: u64, now_ms: u64, visibility_ms: u64 },
+    PutClaim { queue: u32, now_ms: u64, body: bytes::Bytes },
+    DeleteClaim { queue: u32, key: u64 },
+    SweepClaims { queue: u32, before_ms: u64 },
 }
 
 pub(super) enum Reply {
@@ -24,6 +28,8 @@ pub(super) enum Reply {
     Messages(Vec<Message>),
     Deleted,
     Receipt(String),
+    ClaimKey(u64),
+    Swept(u64),
 }
 
 /// What applying a change gives: the outer error is a storage failure (abort the
@@ -39,6 +45,9 @@ pub(super) fn apply(t: &mut Tables<'_>, op: Op, next_seq: &mut u64) -> Applied {
         Op::Get { queue, now_ms, max, visibility_ms } => lease(t, queue, now_ms, max, visibility_ms),
         Op::Delete { queue, seq, receipt } => delete(t, queue, seq, receipt),
         Op::Update { queue, seq, receipt, now_ms, visibility_ms } => update_visibility(t, queue, seq, receipt, now_ms, visibility_ms),
+        Op::PutClaim { queue, now_ms, body } => claims::put(t, queue, now_ms, &body, next_seq),
+        Op::DeleteClaim { queue, key } => claims::delete(t, queue, key),
+        Op::SweepClaims { queue, before_ms } => claims::sweep(t, queue, before_ms),
     }
 }
 

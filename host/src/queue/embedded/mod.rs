@@ -37,11 +37,13 @@
 //! queue's [`QueueClient`](super::QueueClient); `opening` checks, creates and prepares the
 //! file and migrates older formats; `writer` commits groups of changes; `changes` applies
 //! each change to the `tables` (`leasing`: gets, visibility updates, receipts); `record` is
-//! a message's header, `bodies` how a body is stored; `counting` counts what the store
-//! writes to its file.
+//! a message's header, `bodies` how a body is stored; `claims` keeps claim-check bodies
+//! (large bodies offloaded from envelopes, `ebb::payload::claims`); `counting` counts what
+//! the store writes to its file.
 
 mod bodies;
 mod changes;
+mod claims;
 mod counting;
 mod leasing;
 mod opening;
@@ -58,7 +60,7 @@ use super::clock::{Clock, SystemClock};
 use crate::health::Health;
 
 pub use counting::{CountingBackend, StoreWrites};
-pub use queue::EmbeddedQueue;
+pub use queue::{ClaimRead, EmbeddedQueue, MAX_CLAIM_BODY_BYTES};
 pub use store::EmbeddedStore;
 
 /// The store's file in its data directory.

@@ -1,7 +1,7 @@
 //! The tables: each message's small record `headers (queue, seq)`, its body written once
 //! (`bodies (queue, seq)`, and `body_pages (queue, seq, part)` for the page-sized parts of a
 //! long body), the index `visible (queue, visible_at_ms, seq)`, queue ids by name, message
-//! counts by queue, and meta values.
+//! counts by queue, meta values, and claim-check bodies (`claims`, `claim_parts`).
 
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
@@ -12,6 +12,10 @@ pub(super) const BODY_PAGES: TableDefinition<(u32, u64, u32), &[u8]> = TableDefi
 pub(super) const VISIBLE: TableDefinition<(u32, u64, u64), ()> = TableDefinition::new("visible");
 pub(super) const COUNTS: TableDefinition<u32, u64> = TableDefinition::new("counts");
 pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// Claim-check bodies (`claims`): each body's record by `(queue, key)`, its bytes in
+/// page-sized parts by `(queue, key, part)`.
+pub(super) const CLAIMS: TableDefinition<(u32, u64), &[u8]> = TableDefinition::new("claims");
+pub(super) const CLAIM_PARTS: TableDefinition<(u32, u64, u32), &[u8]> = TableDefinition::new("claim_parts");
 
 pub(super) struct Tables<'t> {
     pub(super) queues: Table<'t, &'static str, u32>,
@@ -20,6 +24,8 @@ pub(super) struct Tables<'t> {
     pub(super) body_pages: Table<'t, (u32, u64, u32), &'static [u8]>,
     pub(super) visible: Table<'t, (u32, u64, u64), ()>,
     pub(super) counts: Table<'t, u32, u64>,
+    pub(super) claims: Table<'t, (u32, u64), &'static [u8]>,
+    pub(super) claim_parts: Table<'t, (u32, u64, u32), &'static [u8]>,
     /// Changes to `counts` made by this transaction's ops, written once by
     /// [`Tables::write_counts`]: a count rewritten at every put and delete cost two B-tree
     /// operations per message.
@@ -34,6 +40,8 @@ pub(super) fn open_tables(txn: &WriteTransaction) -> anyhow::Result<Tables<'_>> 
         body_pages: txn.open_table(BODY_PAGES)?,
         visible: txn.open_table(VISIBLE)?,
         counts: txn.open_table(COUNTS)?,
+        claims: txn.open_table(CLAIMS)?,
+        claim_parts: txn.open_table(CLAIM_PARTS)?,
         count_changes: Vec::new(),
     })
 }

@@ -1,6 +1,7 @@
 //! The HTTP API: `GET /status`, `GET /metrics`, `GET /healthz`, `GET /readyz`,
 //! `POST /queues/{name}/messages`, `POST /queues/{name}/notify`, `POST /queues/{name}/pause`,
-//! `POST /queues/{name}/resume`, the poison routes and `GET /audit`.
+//! `POST /queues/{name}/resume`, the poison routes, `GET /audit`, and the console: `GET /`
+//! with its assets under `/console/` (no token: they hold no data) and `GET /events`.
 //! When a token is configured, every route but the probes (`/healthz`, `/readyz`) requires
 //! `Authorization: Bearer <token>`; without it `/readyz` shows no reasons.
 //!
@@ -12,11 +13,13 @@
 //! - `auth`: the bearer token;
 //! - `errors`: the JSON error answer;
 //! - `body_limit`: the 413 for bodies over the limit;
+//! - `console`: the operator's web page (`GET /`, its assets, the `GET /events` push);
 //! - `routes`: one file per route family (messages and notify, pause and resume, status,
 //!   metrics, the probes).
 
 mod auth;
 mod body_limit;
+mod console;
 mod errors;
 mod routes;
 mod server;
@@ -28,6 +31,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub(crate) use auth::token_matches;
+#[cfg(test)]
 pub use routes::router;
 pub(crate) use server::{bind, serve};
 

@@ -7,6 +7,8 @@ mod metrics;
 mod poison;
 mod status;
 
+pub(crate) use status::queue_cost;
+
 use std::sync::Arc;
 
 use axum::Router;
@@ -14,14 +16,25 @@ use axum::extract::{DefaultBodyLimit, Extension};
 use axum::middleware;
 use axum::routing::{get, post};
 
+use tokio_util::sync::CancellationToken;
+
 use super::auth::require_token;
+use super::console;
 use super::body_limit::reject_declared_large_bodies;
 use super::errors::json_errors;
 use super::{Api, ApiLimits};
 
 /// The API's routes, with the body limit of `limits` (the probes read no body, so no
-/// declared length turns them away).
+/// declared length turns them away). The console's streams end when the router is dropped.
+#[cfg(test)]
 pub fn router(api: Arc<Api>, limits: ApiLimits) -> Router {
+    router_until(api, limits, CancellationToken::new())
+}
+
+/// [`router`], whose console streams end when `closing` is cancelled (a server's graceful
+/// shutdown waits for every answer to end, and a stream would not on its own).
+pub(crate) fn router_until(api: Arc<Api>, limits: ApiLimits, closing: CancellationToken) -> Router {
+    let console = console::Console::start(api.clone(), closing);
     let authenticated = Router::new()
         .route("/status", get(status::status))
         .route("/metrics", get(metrics::metrics))
@@ -33,12 +46,17 @@ pub fn router(api: Arc<Api>, limits: ApiLimits) -> Router {
         .route("/queues/{name}/poison/requeue", post(poison::requeue))
         .route("/queues/{name}/poison/purge", post(poison::purge))
         .route("/audit", get(audit_entries))
+        .route("/events", get(console::events).layer(Extension(console)))
         .layer(middleware::from_fn_with_state(api.clone(), require_token))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .layer(middleware::from_fn_with_state(limits, reject_declared_large_bodies));
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
+        // The console's files hold no data: no token, so the page can load and ask for one.
+        .route("/", get(console::index))
+        .route("/console/app.js", get(console::app_js))
+        .route("/console/app.css", get(console::app_css))
         .merge(authenticated)
         .with_state(api)
         .layer(Extension(limits))

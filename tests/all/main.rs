@@ -9,6 +9,7 @@ mod bus;
 mod check_and_run;
 mod concurrency;
 mod config;
+mod console;
 mod decorators;
 mod embedded_queue;
 mod embedding;

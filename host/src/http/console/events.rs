@@ -85,6 +85,9 @@ pub(crate) struct Console {
     frames: watch::Sender<Arc<Frame>>,
     clients: Arc<Semaphore>,
     closing: CancellationToken,
+    /// The wall clock and the monotonic clock at start: sample times are the first plus
+    /// the second's elapsed time, so they never go back when the system clock is set.
+    started: (SystemTime, Instant),
 }
 
 fn round(value: f64, places: i32) -> f64 {
@@ -146,7 +149,15 @@ impl Console {
             next_sample: now,
         };
         let (frames, _) = watch::channel(Arc::new(Frame { rows: Vec::new(), host: Arc::from("{}"), samples_taken: 0 }));
-        let console = Arc::new(Console { api, names, history: Mutex::new(history), frames, clients: Arc::new(Semaphore::new(MAX_EVENT_CLIENTS)), closing });
+        let console = Arc::new(Console {
+            api,
+            names,
+            history: Mutex::new(history),
+            frames,
+            clients: Arc::new(Semaphore::new(MAX_EVENT_CLIENTS)),
+            closing,
+            started: (SystemTime::now(), now),
+        });
         console.tick(false);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(run(Arc::downgrade(&console), console.closing.clone()));
@@ -206,7 +217,8 @@ impl Console {
             if history.times_ms.len() == SAMPLES_KEPT {
                 history.times_ms.pop_front();
             }
-            history.times_ms.push_back(epoch_ms(SystemTime::now()));
+            let (wall, monotonic) = self.started;
+            history.times_ms.push_back(epoch_ms(wall).saturating_add(u64::try_from(now.duration_since(monotonic).as_millis()).unwrap_or(u64::MAX)));
             history.taken += 1;
         }
         let host = json!({

@@ -12,6 +12,8 @@
 //!   keep both cheap.
 
 mod events;
+#[cfg(test)]
+mod tests;
 
 use std::sync::LazyLock;
 

@@ -268,6 +268,15 @@ async fn the_console_loads_without_error_and_its_chart_moves_as_messages_flow() 
     assert_ne!(idle_chart, busy_chart, "the orders chart did not change with traffic");
     assert_eq!(browser.script(&spark("emails")).await?, browser.script(&spark("invoices-0")).await?, "two idle queues draw the same chart");
 
+    // A new content of the rule file: the detail shows both swaps and the last decisions.
+    std::fs::copy(guests::PADDED, host.dir.path().join("rules/paper.wasm"))?;
+    wait_until("the second swap", || async { host.queue_status("orders").await.is_ok_and(|q| q["rule"]["swaps"].as_array().is_some_and(|s| s.len() == 2)) }).await;
+    let sha = host.queue_status("orders").await?["rule"]["sha256"].as_str().context("no sha256")?.to_string();
+    browser.client.find(Locator::Css(&row("orders", "name"))).await?.click().await?;
+    browser.until("two swaps in the detail", "return document.querySelectorAll('#swaps tbody tr').length === 2").await?;
+    assert_eq!(browser.text("#swaps tbody tr:first-child td:nth-child(3)").await?, sha[..12], "the newest swap first");
+    browser.until("the decisions with their inputs", "return document.querySelectorAll('#decisions tbody tr td').length >= 10").await?;
+
     if std::env::var_os("EBB_SCREENSHOT").is_some_and(|v| v == "1") {
         screenshot(&host, &browser).await?;
     }
@@ -330,6 +339,10 @@ async fn the_pause_button_stops_processing_and_resume_restarts_it() -> Result<()
 
     browser.client.find(Locator::Css("#resume")).await?.click().await?;
     wait_until("the held messages to be handled", || async { app.handled().len() == 5 }).await;
+    // They waited out the pause: the pickup latency says so, on the page too.
+    let pickup = host.queue_status("orders").await?["pickup_latency_ms"].as_u64().context("no pickup latency")?;
+    assert!(pickup >= 3_000, "pickup latency {pickup} ms after a pause of more than 3 s");
+    browser.until("the pickup latency on the row", &format!("return document.querySelector('{}').textContent !== '–'", row("orders", "pickup"))).await?;
     browser.until("the row to say running", &format!("return document.querySelector('{}').textContent === 'running'", row("orders", "state"))).await?;
     browser.until("the audit log to show both", "return [...document.querySelectorAll('#audit tbody td:nth-child(3)')].map(t => t.textContent).join() === 'resume,pause'").await?;
     let errors = browser.errors().await?;

@@ -94,7 +94,8 @@ impl Host {
     }
 
     async fn send(&self, queue: &str, body: &str) -> Result<()> {
-        let status = reqwest::Client::new().post(self.url(&format!("/queues/{queue}/messages"))).bearer_auth(TOKEN).body(body.to_string()).send().await?.status();
+        let status =
+            reqwest::Client::new().post(self.url(&format!("/queues/{queue}/messages"))).bearer_auth(TOKEN).body(body.to_string()).send().await?.status();
         ensure!(status.is_success(), "send to {queue}: {status}");
         Ok(())
     }
@@ -249,13 +250,13 @@ fn spark(queue: &str) -> String {
 async fn the_console_loads_without_error_and_its_chart_moves_as_messages_flow() -> Result<()> {
     let (_app, app_addr) = App::start(Duration::from_millis(20)).await;
     let handler = format!("handler = {{ url = \"http://{app_addr}/work\" }}\n");
-    let host = Host::start(&format!(
-        "[queues.orders]\nrule = \"paper.wasm\"\n{handler}\n[queues.emails]\n{handler}\n[queues.invoices]\npartitions = 2\n{handler}"
-    ))
-    .await?;
+    let host =
+        Host::start(&format!("[queues.orders]\nrule = \"paper.wasm\"\n{handler}\n[queues.emails]\n{handler}\n[queues.invoices]\npartitions = 2\n{handler}"))
+            .await?;
     let browser = Browser::start().await?;
     browser.open(&host).await?;
-    let rows: Vec<String> = serde_json::from_value(browser.script("return [...document.querySelectorAll('#queues tbody tr')].map(r => r.dataset.queue)").await?)?;
+    let rows: Vec<String> =
+        serde_json::from_value(browser.script("return [...document.querySelectorAll('#queues tbody tr')].map(r => r.dataset.queue)").await?)?;
     assert_eq!(rows, ["emails", "invoices-0", "invoices-1", "orders"], "one row per queue partition");
     browser.until("the rule of orders", &format!("return document.querySelector('{}').textContent.startsWith('paper.wasm ')", row("orders", "rule"))).await?;
 
@@ -270,7 +271,8 @@ async fn the_console_loads_without_error_and_its_chart_moves_as_messages_flow() 
 
     // A new content of the rule file: the detail shows both swaps and the last decisions.
     std::fs::copy(guests::PADDED, host.dir.path().join("rules/paper.wasm"))?;
-    wait_until("the second swap", || async { host.queue_status("orders").await.is_ok_and(|q| q["rule"]["swaps"].as_array().is_some_and(|s| s.len() == 2)) }).await;
+    wait_until("the second swap", || async { host.queue_status("orders").await.is_ok_and(|q| q["rule"]["swaps"].as_array().is_some_and(|s| s.len() == 2)) })
+        .await;
     let sha = host.queue_status("orders").await?["rule"]["sha256"].as_str().context("no sha256")?.to_string();
     browser.client.find(Locator::Css(&row("orders", "name"))).await?.click().await?;
     browser.until("two swaps in the detail", "return document.querySelectorAll('#swaps tbody tr').length === 2").await?;
@@ -300,15 +302,15 @@ async fn screenshot(host: &Host, browser: &Browser) -> Result<()> {
         for _ in 0..(1 + (wave * 12.0) as u64) {
             host.send("orders", &format!("order {n}")).await?;
         }
-        if n % 3 == 0 {
+        if n.is_multiple_of(3) {
             host.send("emails", &format!("email {n}")).await?;
         }
-        if n % 2 == 0 {
+        if n.is_multiple_of(2) {
             host.send("invoices", &format!("invoice {n}")).await?;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    browser.client.find(Locator::Css(&format!("tr[data-queue=\"orders\"] td.name"))).await?.click().await?;
+    browser.client.find(Locator::Css(&row("orders", "name"))).await?.click().await?;
     browser.until("the rule of the detail", "return document.querySelectorAll('#rule dd').length > 0").await?;
     browser.until("the decisions", "return document.querySelectorAll('#decisions tbody tr').length > 0").await?;
     let png = browser.client.screenshot().await?;
@@ -344,7 +346,12 @@ async fn the_pause_button_stops_processing_and_resume_restarts_it() -> Result<()
     assert!(pickup >= 3_000, "pickup latency {pickup} ms after a pause of more than 3 s");
     browser.until("the pickup latency on the row", &format!("return document.querySelector('{}').textContent !== '–'", row("orders", "pickup"))).await?;
     browser.until("the row to say running", &format!("return document.querySelector('{}').textContent === 'running'", row("orders", "state"))).await?;
-    browser.until("the audit log to show both", "return [...document.querySelectorAll('#audit tbody td:nth-child(3)')].map(t => t.textContent).join() === 'resume,pause'").await?;
+    browser
+        .until(
+            "the audit log to show both",
+            "return [...document.querySelectorAll('#audit tbody td:nth-child(3)')].map(t => t.textContent).join() === 'resume,pause'",
+        )
+        .await?;
     let errors = browser.errors().await?;
     assert!(errors.is_empty(), "the browser logged errors: {errors:?}");
     browser.close().await
@@ -355,10 +362,9 @@ async fn a_hostile_poison_body_shows_as_text_and_requeue_from_the_page_reaches_t
     const HOSTILE: &str = "<script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned = 2\">poison";
     const FIXABLE: &str = "poison until the app is fixed";
     let (app, app_addr) = App::start(Duration::ZERO).await;
-    let host = Host::start(&format!(
-        "[queues.orders]\nmax_dequeue_count = 1\nmax_polling_interval = \"1s\"\nhandler = {{ url = \"http://{app_addr}/work\" }}\n"
-    ))
-    .await?;
+    let host =
+        Host::start(&format!("[queues.orders]\nmax_dequeue_count = 1\nmax_polling_interval = \"1s\"\nhandler = {{ url = \"http://{app_addr}/work\" }}\n"))
+            .await?;
     host.send("orders", HOSTILE).await?;
     host.send("orders", FIXABLE).await?;
     wait_until("both messages poisoned", || async { host.queue_status("orders").await.is_ok_and(|q| q["poisoned"] == 2) }).await;
@@ -367,7 +373,8 @@ async fn a_hostile_poison_body_shows_as_text_and_requeue_from_the_page_reaches_t
     browser.open(&host).await?;
     browser.client.find(Locator::Css(&row("orders", "name"))).await?.click().await?;
     browser.until("two poison rows", "return document.querySelectorAll('#poison tbody tr').length === 2").await?;
-    let bodies: BTreeSet<String> = serde_json::from_value(browser.script("return [...document.querySelectorAll('#poison tbody td.body')].map(t => t.textContent)").await?)?;
+    let bodies: BTreeSet<String> =
+        serde_json::from_value(browser.script("return [...document.querySelectorAll('#poison tbody td.body')].map(t => t.textContent)").await?)?;
     assert_eq!(bodies, BTreeSet::from([HOSTILE.to_string(), FIXABLE.to_string()]), "the bodies, as text");
     let markup = browser.script("return document.querySelectorAll('#poison tbody script, #poison tbody img').length").await?;
     assert_eq!(markup, json!(0), "the body became elements");
@@ -386,5 +393,146 @@ async fn a_hostile_poison_body_shows_as_text_and_requeue_from_the_page_reaches_t
     assert_eq!(browser.script("return typeof window.__pwned").await?, json!("undefined"), "the body's script ran");
     let errors = browser.errors().await?;
     assert!(errors.is_empty(), "the browser logged errors: {errors:?}\nhost log:\n{}", host.log());
+    browser.close().await
+}
+
+/// The host's CPU time so far (user + system), from `/proc`.
+fn cpu_time(pid: u32) -> Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The fields after the command name (which may hold spaces) start after its ')'.
+    let fields: Vec<&str> = stat.rsplit_once(')').context("a /proc stat without ')'")?.1.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    // SAFETY: sysconf has no precondition.
+    let per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Ok(Duration::from_millis(ticks * 1000 / per_sec.max(1)))
+}
+
+/// The host's CPU use over `window`, in % of one core.
+async fn cpu_percent(pid: u32, window: Duration) -> Result<f64> {
+    let before = cpu_time(pid)?;
+    tokio::time::sleep(window).await;
+    Ok((cpu_time(pid)? - before).as_secs_f64() / window.as_secs_f64() * 100.0)
+}
+
+impl Browser {
+    /// Loads the page with the token already in the tab and waits for `rows` rows; returns
+    /// (first paint, first contentful paint, the page's clock once all rows are there) in ms.
+    async fn load(&self, host: &Host, rows: usize) -> Result<(f64, f64, f64)> {
+        self.client.goto(&host.url("/")).await?;
+        self.until("the rows", &format!("return document.querySelectorAll('#queues tbody tr').length === {rows}")).await?;
+        let paint = self
+            .script(
+                "const p = Object.fromEntries(performance.getEntriesByType('paint').map(e => [e.name, e.startTime]));
+                 return [p['first-paint'], p['first-contentful-paint'], performance.now()]",
+            )
+            .await?;
+        Ok((paint[0].as_f64().unwrap_or(f64::NAN), paint[1].as_f64().unwrap_or(f64::NAN), paint[2].as_f64().unwrap_or(f64::NAN)))
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// The console's goals: page weight, first paint, host CPU with the page open at idle (vs
+/// closed, same run), and 1,000 queues (time to render, longest main-thread task while
+/// updates flow, host CPU). Prints JSON. Run by hand (it takes about 5 minutes):
+/// `cargo test -p ebb-tests --test all console::console_goals -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, run by hand (docs/benchmarks.md)"]
+async fn console_goals() -> Result<()> {
+    let window = Duration::from_secs(std::env::var("EBB_CONSOLE_WINDOW_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60));
+    let (_app, app_addr) = App::start(Duration::ZERO).await;
+    let handler = format!("handler = {{ url = \"http://{app_addr}/work\" }}\n");
+    let host = Host::start(&format!("[queues.orders]\n{handler}\n[queues.emails]\n{handler}\n[queues.invoices]\n{handler}")).await?;
+    let mut weight = 0;
+    for path in ["/", "/console/app.js", "/console/app.css"] {
+        weight += reqwest::get(host.url(path)).await?.bytes().await?.len();
+    }
+    let browser = Browser::start().await?;
+    browser.open(&host).await?;
+    let (mut first_paint, mut contentful, mut rows_ms) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..7 {
+        let (fp, fcp, rows) = browser.load(&host, 3).await?;
+        first_paint.push(fp);
+        contentful.push(fcp);
+        rows_ms.push(rows);
+    }
+    // Idle CPU: the page closed (a blank tab), then open, the same host in the same run.
+    let pid = host.child.id();
+    browser.client.goto("about:blank").await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let closed = cpu_percent(pid, window).await?;
+    browser.load(&host, 3).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let open = cpu_percent(pid, window).await?;
+    drop(host);
+
+    // 1,000 queues, push-driven so that idle queues run no task.
+    let queues: String = (0..1000).map(|i| format!("[queues.q{i:04}]\npush = true\nmin_tasks = 0\n{handler}\n")).collect();
+    let started = Instant::now();
+    let big = Host::start(&queues).await?;
+    let host_start_s = started.elapsed().as_secs_f64();
+    let hello_bytes = {
+        let mut response = reqwest::Client::new().get(big.url("/events")).bearer_auth(TOKEN).send().await?;
+        let mut hello = Vec::new();
+        while let Some(chunk) = response.chunk().await? {
+            hello.extend_from_slice(&chunk);
+            if hello.windows(2).any(|w| w == b"\n\n") {
+                break;
+            }
+        }
+        hello.len()
+    };
+    browser.client.goto(&big.url("/")).await?;
+    let load_started = Instant::now();
+    browser.until("1,000 rows", "return document.querySelectorAll('#queues tbody tr').length === 1000").await?;
+    let render_1000_ms = load_started.elapsed().as_secs_f64() * 1000.0;
+    browser
+        .script("window.__longest = 0; new PerformanceObserver(l => { for (const e of l.getEntries()) window.__longest = Math.max(window.__longest, e.duration); }).observe({ type: 'longtask', buffered: true }); return null")
+        .await?;
+    let big_pid = big.child.id();
+    // Traffic on 100 of the queues while the page watches.
+    let sender = {
+        let url = big.url("");
+        tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            for n in 0..3000 {
+                let _ = client.post(format!("{url}/queues/q{:04}/messages", n % 100)).bearer_auth(TOKEN).body("x").send().await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let busy_open = cpu_percent(big_pid, Duration::from_secs(30)).await?;
+    sender.abort();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let longest_task_ms = browser.script("return window.__longest").await?;
+    let idle_open_1000 = cpu_percent(big_pid, window).await?;
+    browser.client.goto("about:blank").await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let idle_closed_1000 = cpu_percent(big_pid, window).await?;
+    let healthz = {
+        let started = Instant::now();
+        reqwest::get(big.url("/healthz")).await?;
+        started.elapsed().as_secs_f64() * 1000.0
+    };
+    let figures = json!({
+        "page_weight_bytes": weight,
+        "first_paint_ms_median_of_7": median(first_paint),
+        "first_contentful_paint_ms_median_of_7": median(contentful),
+        "three_queues": { "host_cpu_pct_page_closed": closed, "host_cpu_pct_page_open": open, "window_s": window.as_secs() },
+        "thousand_queues": {
+            "host_start_s": host_start_s,
+            "hello_event_bytes": hello_bytes,
+            "render_ms": render_1000_ms,
+            "longest_main_thread_task_ms": longest_task_ms,
+            "host_cpu_pct_traffic_page_open": busy_open,
+            "host_cpu_pct_idle_page_open": idle_open_1000,
+            "host_cpu_pct_idle_page_closed": idle_closed_1000,
+            "healthz_ms_after": healthz,
+        },
+    });
+    println!("{}", serde_json::to_string_pretty(&figures)?);
     browser.close().await
 }

@@ -329,8 +329,13 @@ impl Client {
             self.samples_sent = frame.samples_taken;
         }
         let sent = self.sent.as_ref();
-        let changed: Vec<&Arc<str>> =
-            frame.rows.iter().enumerate().filter(|(i, row)| sent.and_then(|s| s.rows.get(*i)).is_none_or(|old| !Arc::ptr_eq(old, row))).map(|(_, row)| row).collect();
+        let changed: Vec<&Arc<str>> = frame
+            .rows
+            .iter()
+            .enumerate()
+            .filter(|(i, row)| sent.and_then(|s| s.rows.get(*i)).is_none_or(|old| !Arc::ptr_eq(old, row)))
+            .map(|(_, row)| row)
+            .collect();
         let host_changed = sent.is_none_or(|s| !Arc::ptr_eq(&s.host, &frame.host));
         if !changed.is_empty() || host_changed {
             let mut data = String::from("{");
@@ -375,7 +380,8 @@ pub(crate) async fn events(Extension(console): Extension<Arc<Console>>, RawQuery
         return error(StatusCode::BAD_REQUEST, format!("unknown query parameter {:?} (this route takes none)", crate::health::truncate_reason(&key)));
     }
     let Ok(slot) = console.clients.clone().try_acquire_owned() else {
-        let mut response = error(StatusCode::SERVICE_UNAVAILABLE, format!("the console's event stream has its {MAX_EVENT_CLIENTS} clients already; try again later"));
+        let mut response =
+            error(StatusCode::SERVICE_UNAVAILABLE, format!("the console's event stream has its {MAX_EVENT_CLIENTS} clients already; try again later"));
         response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("10"));
         return response;
     };

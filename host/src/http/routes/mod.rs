@@ -19,8 +19,8 @@ use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
 use super::auth::require_token;
-use super::console;
 use super::body_limit::reject_declared_large_bodies;
+use super::console;
 use super::errors::json_errors;
 use super::{Api, ApiLimits};
 

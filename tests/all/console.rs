@@ -485,8 +485,11 @@ async fn console_goals() -> Result<()> {
         }
         hello.len()
     };
+    // The token is kept per origin: give it to this host's page, then time a fresh load.
     browser.client.goto(&big.url("/")).await?;
+    browser.script(&format!("sessionStorage.setItem('ebb-token', {}); return null", json!(TOKEN))).await?;
     let load_started = Instant::now();
+    browser.client.goto(&big.url("/")).await?;
     browser.until("1,000 rows", "return document.querySelectorAll('#queues tbody tr').length === 1000").await?;
     let render_1000_ms = load_started.elapsed().as_secs_f64() * 1000.0;
     browser

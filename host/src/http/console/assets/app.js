@@ -149,8 +149,12 @@
     state.trs.clear();
     $('queues').tBodies[0].replaceChildren();
     host(message.host);
-    for (const row of message.queues) setRow(row);
+    // Rows are built off the document, then added at once: one layout for a thousand.
+    const fresh = document.createDocumentFragment();
+    for (const row of message.queues) setRow(row, fresh);
+    $('queues').tBodies[0].append(fresh);
     applyFilter();
+    for (const queue of state.trs.keys()) drawSpark(queue);
     if (state.selected && state.rows.has(state.selected)) drawDetail();
   }
 
@@ -188,9 +192,10 @@
 
   const COLUMNS = ['name', 'depth', 'tasks', 'tput', 'pickup', 'tx', 'usd', 'rule', 'state'];
 
-  function setRow(row) {
+  function setRow(row, into) {
     state.rows.set(row.queue, row);
     let tr = state.trs.get(row.queue);
+    const created = !tr;
     if (!tr) {
       tr = el('tr');
       tr.dataset.queue = row.queue;
@@ -203,7 +208,7 @@
       tr.append(td);
       tr.addEventListener('click', () => select(row.queue));
       state.trs.set(row.queue, tr);
-      $('queues').tBodies[0].append(tr);
+      (into || $('queues').tBodies[0]).append(tr);
     }
     const cells = tr.cells;
     setText(cells[0], row.logical === row.queue ? row.queue : `${row.queue} (${row.logical})`);
@@ -218,7 +223,7 @@
     const [text, cls] = queueState(row);
     setText(cells[8], text);
     cells[8].className = 'state ' + cls;
-    drawSpark(row.queue);
+    if (!(created && into)) drawSpark(row.queue);
   }
 
   function queueState(row) {
@@ -255,9 +260,14 @@
     ctx.stroke();
   }
 
+  // Read once: asking for computed style while rows are being added forces a layout each time.
+  let palette = null;
   const colors = () => {
-    const css = getComputedStyle(document.documentElement);
-    return ['--depth', '--tput', '--pickup', '--tasks'].map((v) => css.getPropertyValue(v).trim());
+    if (!palette) {
+      const css = getComputedStyle(document.documentElement);
+      palette = ['--depth', '--tput', '--pickup', '--tasks'].map((v) => css.getPropertyValue(v).trim());
+    }
+    return palette;
   };
 
   function drawSpark(queue) {

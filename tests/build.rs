@@ -121,6 +121,36 @@ fn main() {
     .unwrap();
     let redis = ensure_redis_server();
     std::fs::write(out_dir.join("redis.rs"), format!("pub const REDIS_SERVER: &str = {:?};\n", path_str(&redis))).unwrap();
+    let (chromium, chromedriver) = ensure_chromium();
+    std::fs::write(
+        out_dir.join("chromium.rs"),
+        format!("pub const CHROMIUM: &str = {:?};\npub const CHROMEDRIVER: &str = {:?};\n", path_str(&chromium), path_str(&chromedriver)),
+    )
+    .unwrap();
+}
+
+/// Debian's `chromium` and `chromium-driver` (the console's browser tests drive a headless
+/// Chromium through WebDriver): installed with apt when either is missing, like
+/// `redis-server`. Returns the browser and the driver.
+fn ensure_chromium() -> (PathBuf, PathBuf) {
+    let runs = |p: &Path| Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success());
+    let found = || {
+        let browser = ["/usr/bin/chromium", "/usr/local/bin/chromium"].into_iter().map(PathBuf::from).find(|p| runs(p))?;
+        let driver = ["/usr/bin/chromedriver", "/usr/local/bin/chromedriver"].into_iter().map(PathBuf::from).find(|p| runs(p))?;
+        Some((browser, driver))
+    };
+    if let Some(found) = found() {
+        return found;
+    }
+    let apt = |args: &[&str]| Command::new("apt-get").args(args).env("DEBIAN_FRONTEND", "noninteractive").status().is_ok_and(|s| s.success());
+    let install = ["install", "-y", "-q", "--no-install-recommends", "chromium", "chromium-driver"];
+    if !apt(&install) {
+        assert!(
+            apt(&["update", "-q"]) && apt(&install),
+            "apt-get install chromium chromium-driver failed: the console's browser tests need Debian's chromium and chromium-driver (run as root, or install them)"
+        );
+    }
+    found().expect("apt-get installed chromium and chromium-driver, but /usr/bin/chromium or /usr/bin/chromedriver does not run")
 }
 
 /// Azurite from npm, exactly as `tests/azurite/package-lock.json` pins it, in a

@@ -10,6 +10,7 @@ mod check_and_run;
 mod claims;
 mod concurrency;
 mod config;
+mod console;
 mod decorators;
 mod embedded_queue;
 mod embedding;

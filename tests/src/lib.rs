@@ -12,6 +12,11 @@ pub mod azure_sdk {
     include!(concat!(env!("OUT_DIR"), "/azure_sdk.rs"));
 }
 
+/// Debian's headless browser and its WebDriver server, for the console's browser tests.
+pub mod chromium {
+    include!(concat!(env!("OUT_DIR"), "/chromium.rs"));
+}
+
 pub mod guests {
     include!(concat!(env!("OUT_DIR"), "/guests.rs"));
 }

@@ -1,8 +1,9 @@
 //! The HTTP API: `GET /status`, `GET /metrics`, `GET /healthz`, `GET /readyz`,
 //! `POST /queues/{name}/messages`, `POST /queues/{name}/notify`, `POST /queues/{name}/pause`,
-//! `POST /queues/{name}/resume`, the poison routes and `GET /audit`.
+//! `POST /queues/{name}/resume`, the poison routes, `GET /audit`, and the console: `GET /`
+//! with its assets under `/console/` (no token: they hold no data) and `GET /events`.
 //! `GET /whoami` answers the caller's token name and role. When tokens are configured, every
-//! route but the probes (`/healthz`, `/readyz`) requires `Authorization: Bearer <token>` (401
+//! route but the probes and the console's files requires `Authorization: Bearer <token>` (401
 //! without a known one; without one `/readyz` shows no reasons), and a `read` token gets 403
 //! on every method but `GET`.
 //!
@@ -14,11 +15,13 @@
 //! - `auth`: the bearer tokens and their roles;
 //! - `errors`: the JSON error answer;
 //! - `body_limit`: the 413 for bodies over the limit;
+//! - `console`: the operator's web page (`GET /`, its assets, the `GET /events` push);
 //! - `routes`: one file per route family (messages and notify, pause and resume, status,
 //!   metrics, the probes).
 
 mod auth;
 mod body_limit;
+mod console;
 mod errors;
 mod routes;
 mod server;
@@ -31,7 +34,9 @@ use std::sync::Arc;
 
 pub(crate) use auth::token_matches;
 pub use auth::{ANONYMOUS, Caller};
-pub use routes::{authenticated_route_table, router};
+pub use routes::authenticated_route_table;
+#[cfg(test)]
+pub use routes::router;
 pub(crate) use server::{bind, serve};
 
 pub use crate::config::ApiLimits;

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::errors::error;
-use super::{Api, ApiLimits, router};
+use super::{Api, ApiLimits};
 
 /// The listen backlog of the API's socket: connections the kernel completes and queues before
 /// the server accepts them (the kernel caps it at `net.core.somaxconn`). tokio's own `bind`
@@ -59,7 +59,7 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
 /// Bind `listener` with [`bind`] for a backlog that holds a burst of connections.
 pub async fn serve(listener: TcpListener, api: Arc<Api>, shutdown: CancellationToken, limits: ApiLimits) -> anyhow::Result<()> {
     let shared = Arc::new(Shared {
-        router: router(api, limits),
+        router: super::routes::router_until(api, limits, shutdown.clone()),
         limits,
         requests: Arc::new(Semaphore::new(limits.request_slots())),
         open: Mutex::default(),

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::rules::{Decision, IdleDecision};
 
 use super::concurrency::CallWindow;
-use super::status::{PoisonForm, PoisonRecord, RecordedDecision};
+use super::status::{DecisionWithInputs, PoisonForm, PoisonRecord, RECENT_DECISIONS, RecordedDecision, TaskCountInputs};
 
 #[derive(Default)]
 pub(super) struct Counters {
@@ -46,6 +46,10 @@ pub(super) struct Counters {
     window: Mutex<Option<WindowStart>>,
     decisions: Mutex<Decisions>,
     last_get: Mutex<LastGet>,
+    /// One more than the oldest message age of the last get that returned messages, in ms
+    /// (0: none yet), so the default means none.
+    pickup_latency_ms: AtomicU64,
+    recent_decisions: Mutex<VecDeque<DecisionWithInputs>>,
     arrivals: Mutex<Arrivals>,
     /// The handler calls that ended in the concurrency decision's current window.
     pub calls: Mutex<CallWindow>,
@@ -218,8 +222,24 @@ impl Counters {
         self.handler_micros.fetch_add(latency.as_micros() as u64, Ordering::Relaxed);
     }
 
-    pub fn record_task_count(&self, decision: Decision<u32>) {
-        self.decisions.lock().unwrap().task_count = Some(RecordedDecision { decision, at: SystemTime::now() });
+    pub fn record_task_count(&self, decision: Decision<u32>, inputs: TaskCountInputs) {
+        let output = RecordedDecision { decision, at: SystemTime::now() };
+        self.decisions.lock().unwrap().task_count = Some(output.clone());
+        let mut recent = self.recent_decisions.lock().unwrap();
+        if recent.len() == RECENT_DECISIONS {
+            recent.pop_front();
+        }
+        recent.push_back(DecisionWithInputs { inputs, output });
+    }
+
+    /// The last task-count decisions with their inputs, oldest first.
+    pub fn recent_decisions(&self) -> Vec<DecisionWithInputs> {
+        self.recent_decisions.lock().unwrap().iter().cloned().collect()
+    }
+
+    /// How long the oldest message of the last get that returned messages had waited, in ms.
+    pub fn pickup_latency_ms(&self) -> Option<u64> {
+        self.pickup_latency_ms.load(Ordering::Relaxed).checked_sub(1)
     }
 
     pub fn record_queue_empty(&self, decision: Decision<IdleDecision>) {
@@ -228,6 +248,9 @@ impl Counters {
 
     /// A get answered with `messages` messages, the oldest of which had waited `oldest_age_ms`.
     pub fn record_get(&self, last: LastGet) {
+        if let Some(age) = last.oldest_age_ms {
+            self.pickup_latency_ms.store(age.saturating_add(1), Ordering::Relaxed);
+        }
         *self.last_get.lock().unwrap() = last;
     }
 

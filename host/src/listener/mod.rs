@@ -196,6 +196,12 @@ impl Listener {
         self.shared.status()
     }
 
+    /// The status without starting a count: the depth is the last figure made (free on the
+    /// embedded store; on Azure, a decision's count). For readers that must cost nothing.
+    pub(crate) fn status_as_is(&self) -> ListenerStatus {
+        self.shared.status()
+    }
+
     /// Messages released at shutdown so far (the status's `released_on_shutdown`, read
     /// without the status's depth refresh).
     pub(crate) fn released_on_shutdown(&self) -> u64 {

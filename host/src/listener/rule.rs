@@ -10,6 +10,7 @@ use crate::queue::Message;
 use crate::rules::{Decider, Decision, DecisionSource, DepthSource, IdleContext, IdleDecision, QueueState, built_in_queue_empty, built_in_task_count};
 
 use super::counters::LastGet;
+use super::status::TaskCountInputs;
 use super::{Listener, Shared};
 
 impl Listener {
@@ -74,8 +75,18 @@ impl Shared {
             oldest_message_age_ms: last_get.oldest_age_ms,
             depth_source,
         };
+        let inputs = TaskCountInputs {
+            approximate_depth: state.approximate_depth,
+            in_flight: state.in_flight,
+            active_tasks: state.active_tasks,
+            throughput_per_sec: state.throughput_per_sec,
+            mean_handler_latency_ms: state.mean_handler_latency_ms,
+            recent_failures: state.recent_failures,
+            arrivals_per_sec: state.arrivals_per_sec,
+            oldest_message_age_ms: state.oldest_message_age_ms,
+        };
         let decision = self.ask_rule(state, |rule, state| rule.decide_task_count(state), |state| built_in_task_count(state, DecisionSource::Fallback)).await;
-        self.counters.record_task_count(decision);
+        self.counters.record_task_count(decision, inputs);
         decision
     }
 

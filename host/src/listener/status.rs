@@ -59,6 +59,41 @@ pub struct RecordedDecision<T> {
     pub at: SystemTime,
 }
 
+/// How many task-count decisions, with their inputs, the status keeps.
+pub const RECENT_DECISIONS: usize = 10;
+
+/// What the task-count rule was told, in short (the inputs an operator reads to see why the
+/// worker scaled).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct TaskCountInputs {
+    /// The queue's approximate depth.
+    pub approximate_depth: u64,
+    /// Messages leased and not yet settled.
+    pub in_flight: u32,
+    /// Dequeue tasks running.
+    pub active_tasks: u32,
+    /// Messages handled per second since the previous decision.
+    pub throughput_per_sec: f64,
+    /// Mean handler latency since the previous decision, in ms.
+    pub mean_handler_latency_ms: f64,
+    /// Handler failures since the previous decision.
+    pub recent_failures: u32,
+    /// Puts and notifications per second over the last 10 s.
+    pub arrivals_per_sec: f64,
+    /// How long the oldest message of the last get had waited, in ms.
+    pub oldest_message_age_ms: Option<u64>,
+}
+
+/// A task-count decision with what it was decided from.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecisionWithInputs {
+    /// What the rule was told.
+    pub inputs: TaskCountInputs,
+    /// What it answered (after clamping), who answered, and when.
+    #[serde(flatten)]
+    pub output: RecordedDecision<u32>,
+}
+
 /// `QueryState()` for one queue.
 #[derive(Debug, Clone, Serialize)]
 pub struct ListenerStatus {
@@ -141,6 +176,11 @@ pub struct ListenerStatus {
     pub rule: Option<RuleStatus>,
     /// The last task-count decision.
     pub last_task_count: Option<RecordedDecision<u32>>,
+    /// The last task-count decisions with their inputs, oldest first (at most 10).
+    pub recent_decisions: Vec<DecisionWithInputs>,
+    /// Pickup latency: how long the oldest message of the last get that returned messages
+    /// had waited in the queue, in ms (`None`: no such get yet, or storage gave no time).
+    pub pickup_latency_ms: Option<u64>,
     /// The last queue-empty decision.
     pub last_queue_empty: Option<RecordedDecision<IdleDecision>>,
     /// Storage transactions by kind, if metered.
@@ -228,6 +268,8 @@ impl Shared {
             rule_call_panics: load64(&c.rule_call_panics),
             rule: self.decider.status(),
             last_task_count,
+            recent_decisions: c.recent_decisions(),
+            pickup_latency_ms: c.pickup_latency_ms(),
             last_queue_empty,
             transactions: self.transactions.as_ref().map(|t| t.snapshot()),
             transaction_rates: self.transactions.as_ref().map(|t| t.rates()),

@@ -52,7 +52,7 @@ pub use hint::{HINT_PREFIX, hint};
 pub use instance::RuleInstance;
 pub use limits::{BACKSTOP_FACTOR, MIN_BACKSTOP, RuleLimits, backstop};
 pub use set::{QueueRuleConfig, RuleSet};
-pub use slot::{ConsecutiveFaults, Export, Quarantine, QueueRules, RefusedFile, RuleLoad, RuleState, RuleStatus};
+pub use slot::{ConsecutiveFaults, Export, Quarantine, QueueRules, RefusedFile, RuleLoad, RuleState, RuleStatus, RuleSwap};
 pub use watcher::{MAX_DEBOUNCE_DELAY, RuleWatcher};
 
 pub use ebb_rules_sdk::{DepthSource, HandlerState, IdleContext, IdleDecision, QueueState};

@@ -343,6 +343,7 @@ impl RuleSet {
             if status.rule.is_some() {
                 tracing::warn!(queues = %group.label(), rule = %path.display(), "rule file removed; using the built-in rule");
                 self.swaps.fetch_add(1, Ordering::Relaxed);
+                status.record_swap(None);
             }
             old.push((slot.live.take(), status.rule.take()));
             status.generation += 1;
@@ -397,6 +398,7 @@ impl RuleSet {
             group.consecutive_faults.reset();
             group.memory_bytes.store(memory, Ordering::Relaxed);
             if previous.as_deref() != Some(rule.sha256.as_str()) {
+                status.record_swap(Some(&rule));
                 tracing::info!(queues = %group.label(), rule = %rule.name, sha256 = %&rule.sha256[..12], from_cache = rule.from_cache, "rule loaded");
             }
         }

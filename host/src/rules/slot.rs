@@ -51,6 +51,9 @@ pub struct RuleStatus {
     /// A newer content of the rule file that was refused (it failed to read, compile,
     /// validate or configure), while the rule in use (`file`, `sha256`) goes on deciding.
     pub refused: Option<RefusedFile>,
+    /// The last swaps of the queue's rule (loads of a new content, removals), oldest first,
+    /// at most 10.
+    pub swaps: Vec<RuleSwap>,
     /// Decisions made for this queue, by any source.
     pub decisions: u64,
     /// This queue's calls in which the rule in use faulted (trap, deadline, fuel, memory,
@@ -273,6 +276,40 @@ pub(super) struct GroupStatus {
     /// Set while a load started by [`super::RuleSet::load_all_in_background`] runs.
     pub(super) compiling: bool,
     pub(super) last_error: Option<String>,
+    /// The last swaps, oldest first, at most [`SWAP_HISTORY`].
+    pub(super) swaps: std::collections::VecDeque<RuleSwap>,
+}
+
+/// How many swaps of a queue's rule the status keeps.
+pub const SWAP_HISTORY: usize = 10;
+
+/// A rule swapped in (or removed) for a queue, as `/status` shows it (`rule.swaps`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RuleSwap {
+    /// When it happened (RFC 3339 in JSON).
+    #[serde(with = "humantime_serde")]
+    pub at: SystemTime,
+    /// The rule file now deciding; `None` when the file was removed (the built-in rule decides).
+    pub file: Option<String>,
+    /// Hex sha256 of that rule.
+    pub sha256: Option<String>,
+    /// The contract version it was built for.
+    pub contract: Option<&'static str>,
+}
+
+impl GroupStatus {
+    /// Notes a swap in the bounded history.
+    pub(super) fn record_swap(&mut self, rule: Option<&CompiledRule>) {
+        if self.swaps.len() == SWAP_HISTORY {
+            self.swaps.pop_front();
+        }
+        self.swaps.push_back(RuleSwap {
+            at: SystemTime::now(),
+            file: rule.map(|r| r.name.clone()),
+            sha256: rule.map(|r| r.sha256.clone()),
+            contract: rule.map(|r| r.contract.as_str()),
+        });
+    }
 }
 
 /// The queues that use the same rule file with the same parameters, and their instance.
@@ -418,6 +455,7 @@ impl QueueRules {
             quarantined: status.quarantine.is_some(),
             quarantine: status.quarantine.clone(),
             refused: status.refused.clone(),
+            swaps: status.swaps.iter().cloned().collect(),
             decisions: slot.decisions.load(Ordering::Relaxed),
             faults: if status.rule.is_some() { slot.file_faults(status.generation) } else { 0 },
             faults_total: slot.faults_total.load(Ordering::Relaxed),

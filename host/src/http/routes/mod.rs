@@ -7,6 +7,8 @@ mod metrics;
 mod poison;
 mod status;
 
+pub(crate) use status::queue_cost;
+
 use std::sync::Arc;
 
 use axum::Router;
@@ -17,8 +19,11 @@ use axum::middleware;
 use axum::response::Json;
 use axum::routing::{MethodFilter, MethodRouter, get, on};
 
+use tokio_util::sync::CancellationToken;
+
 use super::auth::{Caller, Gate, require_token};
 use super::body_limit::reject_declared_large_bodies;
+use super::console;
 use super::errors::json_errors;
 use super::{Api, ApiLimits};
 
@@ -48,6 +53,7 @@ fn authenticated_routes() -> Vec<Route> {
         route(Method::POST, "/queues/{name}/poison/requeue", poison::requeue),
         route(Method::POST, "/queues/{name}/poison/purge", poison::purge),
         route(Method::GET, "/audit", audit_entries),
+        route(Method::GET, "/events", console::events),
     ]
 }
 
@@ -58,19 +64,32 @@ pub fn authenticated_route_table() -> Vec<(Method, &'static str)> {
 }
 
 /// The API's routes, with the body limit of `limits` (the probes read no body, so no
-/// declared length turns them away).
+/// declared length turns them away). The console's streams end when the router is dropped.
+#[cfg(test)]
 pub fn router(api: Arc<Api>, limits: ApiLimits) -> Router {
+    router_until(api, limits, CancellationToken::new())
+}
+
+/// [`router`], whose console streams end when `closing` is cancelled (a server's graceful
+/// shutdown waits for every answer to end, and a stream would not on its own).
+pub(crate) fn router_until(api: Arc<Api>, limits: ApiLimits, closing: CancellationToken) -> Router {
+    let console = console::Console::start(api.clone(), closing);
     let routes = authenticated_routes();
     let gate = Gate { api: api.clone(), routes: Arc::new(routes.iter().map(|r| r.path).collect()) };
     let authenticated = routes
         .into_iter()
         .fold(Router::new(), |router, r| router.route(r.path, r.handler))
+        .layer(Extension(console))
         .layer(middleware::from_fn_with_state(gate, require_token))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .layer(middleware::from_fn_with_state(limits, reject_declared_large_bodies));
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
+        // The console's files hold no data: no token, so the page can load and ask for one.
+        .route("/", get(console::index))
+        .route("/console/app.js", get(console::app_js))
+        .route("/console/app.css", get(console::app_css))
         .merge(authenticated)
         .with_state(api)
         .layer(Extension(limits))

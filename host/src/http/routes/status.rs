@@ -15,7 +15,7 @@ pub(super) fn statuses(api: &Api) -> Vec<ListenerStatus> {
 }
 
 /// A queue's live cost figures (`None` when its transactions are not metered).
-pub(super) fn queue_cost(status: &ListenerStatus, price: f64) -> Option<CostStatus> {
+pub(crate) fn queue_cost(status: &ListenerStatus, price: f64) -> Option<CostStatus> {
     status.transaction_rates.map(|rates| CostStatus::new(rates, price))
 }
 

@@ -1,0 +1,537 @@
+// The ebb console. Plain JavaScript, no dependency: the host serves this file as is.
+// Every value from the host is written with textContent (never as markup), and the page's
+// content security policy allows no inline script, so a message body cannot run here.
+'use strict';
+(() => {
+  const TOKEN_KEY = 'ebb-token';
+  const POISON_LIMIT = 500;
+  const POISON_PAGE = 25;
+  const $ = (id) => document.getElementById(id);
+  const state = {
+    role: 'admin', rows: new Map(), trs: new Map(), times: [], series: new Map(), kept: 360,
+    selected: null, poison: [], poisonPage: 0, stream: null, detailTimer: null,
+  };
+
+  class Unauthorized extends Error {}
+
+  function el(tag, text, cls) {
+    const e = document.createElement(tag);
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    if (cls) e.className = cls;
+    return e;
+  }
+  const setText = (node, text) => { const t = String(text); if (node.textContent !== t) node.textContent = t; };
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+  const fmt = (n, digits = 0) => (n === null || n === undefined) ? '–' : Number(n).toLocaleString(undefined, { maximumFractionDigits: digits });
+  const usd = (n, digits = 2) => (n === null || n === undefined) ? '–' : '$' + Number(n).toFixed(digits);
+  const ms = (n) => (n === null || n === undefined) ? '–' : (n >= 10000 ? fmt(n / 1000, 1) + ' s' : fmt(n) + ' ms');
+  const time = (t) => { const d = new Date(t); return isNaN(d) ? String(t) : d.toLocaleString(); };
+  const short = (hash) => hash ? hash.slice(0, 12) : '–';
+
+  function toast(text, bad) {
+    const t = $('toast');
+    t.textContent = text;
+    t.className = bad ? 'show bad' : 'show';
+    clearTimeout(toast.timer);
+    toast.timer = setTimeout(() => { t.className = ''; }, 4000);
+  }
+
+  // Runs an action, telling the operator what went wrong instead of throwing.
+  function guard(action) {
+    return (...args) => Promise.resolve().then(() => action(...args)).catch((e) => {
+      if (!(e instanceof Unauthorized)) toast(e.message || String(e), true);
+    });
+  }
+
+  function authHeaders() {
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    return token ? { Authorization: 'Bearer ' + token } : {};
+  }
+
+  async function api(path, method = 'GET') {
+    const res = await fetch(path, { method, headers: authHeaders(), cache: 'no-store' });
+    if (res.status === 401) { needToken('the API asks for a token'); throw new Unauthorized(); }
+    const type = res.headers.get('content-type') || '';
+    const body = type.includes('json') ? await res.json() : null;
+    if (!res.ok) throw new Error((body && body.error) || `${method} ${path}: ${res.status}`);
+    return body;
+  }
+
+  // --- token and role -------------------------------------------------------------------
+
+  function needToken(why) {
+    if (state.stream) state.stream.abort();
+    state.stream = null;
+    $('login').hidden = false;
+    setText($('login-error'), sessionStorage.getItem(TOKEN_KEY) ? 'That token was refused.' : why);
+    $('token').focus();
+  }
+
+  function setRole(role, name) {
+    state.role = role;
+    document.body.classList.toggle('read', role !== 'admin');
+    setText($('who'), (name ? name + ' · ' : '') + (role === 'admin' ? 'admin' : 'read only'));
+    $('sign-out').hidden = !sessionStorage.getItem(TOKEN_KEY);
+  }
+
+  // /whoami comes with named tokens; a host without it answers 404 and has one token, admin.
+  async function whoami() {
+    const res = await fetch('/whoami', { headers: authHeaders(), cache: 'no-store' });
+    if (res.status === 401) { needToken('the API asks for a token'); return false; }
+    if (res.status === 404) { setRole('admin', null); return true; }
+    if (!res.ok) throw new Error('whoami: ' + res.status);
+    const me = await res.json();
+    setRole(me.role === 'admin' ? 'admin' : 'read', me.name);
+    return true;
+  }
+
+  // --- the event stream -----------------------------------------------------------------
+
+  function link(up, text) {
+    const l = $('link');
+    setText(l, text || (up ? 'live' : 'reconnecting'));
+    l.className = 'chip ' + (up ? 'ok' : 'bad');
+  }
+
+  async function stream() {
+    const control = new AbortController();
+    state.stream = control;
+    let delay = 1000;
+    while (!control.signal.aborted) {
+      try {
+        const res = await fetch('/events', { headers: authHeaders(), signal: control.signal, cache: 'no-store' });
+        if (res.status === 401) { needToken('the API asks for a token'); return; }
+        if (!res.ok) throw new Error('events: ' + res.status);
+        link(true);
+        delay = 1000;
+        const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+        let buffer = '';
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          let from = Math.max(0, buffer.length - 1);
+          buffer += value;
+          let end;
+          while ((end = buffer.indexOf('\n\n', from)) >= 0) {
+            dispatch(buffer.slice(0, end));
+            buffer = buffer.slice(end + 2);
+            from = 0;
+          }
+        }
+      } catch (e) {
+        if (control.signal.aborted) return;
+      }
+      link(false);
+      await sleep(delay);
+      delay = Math.min(delay * 2, 30000);
+    }
+  }
+
+  function dispatch(block) {
+    let name = 'message';
+    let data = '';
+    for (const line of block.split('\n')) {
+      if (line.startsWith('event: ')) name = line.slice(7);
+      else if (line.startsWith('data: ')) data += line.slice(6);
+    }
+    if (!data) return;
+    const message = JSON.parse(data);
+    if (name === 'hello') hello(message);
+    else if (name === 'update') update(message);
+    else if (name === 'samples') samples(message);
+  }
+
+  function hello(message) {
+    state.kept = message.samples_kept;
+    state.times = message.history.times_ms;
+    state.series = new Map(Object.entries(message.history.series));
+    state.rows.clear();
+    state.trs.clear();
+    $('queues').tBodies[0].replaceChildren();
+    host(message.host);
+    // Rows are built off the document, then added at once: one layout for a thousand.
+    const fresh = document.createDocumentFragment();
+    for (const row of message.queues) setRow(row, fresh);
+    $('queues').tBodies[0].append(fresh);
+    applyFilter();
+    for (const queue of state.trs.keys()) drawSpark(queue);
+    if (state.selected && state.rows.has(state.selected)) drawDetail();
+  }
+
+  function update(message) {
+    if (message.host) host(message.host);
+    for (const row of message.queues) setRow(row);
+    if (state.selected && message.queues.some((r) => r.queue === state.selected)) { detailHeader(); drawDetail(); }
+  }
+
+  function samples(message) {
+    state.times.push(...message.times_ms);
+    const excess = state.times.length - state.kept;
+    if (excess > 0) state.times.splice(0, excess);
+    for (const [queue, points] of Object.entries(message.series)) {
+      const series = state.series.get(queue) || [];
+      series.push(...points);
+      if (series.length > state.kept) series.splice(0, series.length - state.kept);
+      state.series.set(queue, series);
+      drawSpark(queue);
+    }
+    if (state.selected) drawDetail();
+  }
+
+  function host(h) {
+    setText($('version'), 'ebb ' + h.version);
+    const bus = $('bus');
+    if (!h.bus) { setText(bus, 'no bus'); bus.className = 'chip'; }
+    else { setText(bus, 'bus ' + (h.bus.connected ? 'connected' : 'down')); bus.className = 'chip ' + (h.bus.connected ? 'ok' : 'bad'); }
+    setText($('cost-now'), `${usd(h.cost.usd_per_hour, 4)}/h · ${fmt(h.cost.transactions_per_hour)} tx/h`);
+    setText($('cost-month'), `${usd(h.cost.usd_per_month)}/month (idle ${usd(h.cost.idle_usd_per_month)})`);
+    setText($('queue-count'), h.paused ? `${h.queues} (${h.paused} paused)` : h.queues);
+  }
+
+  // --- the queue table ------------------------------------------------------------------
+
+  const COLUMNS = ['name', 'depth', 'tasks', 'tput', 'pickup', 'tx', 'usd', 'rule', 'state'];
+
+  function setRow(row, into) {
+    state.rows.set(row.queue, row);
+    let tr = state.trs.get(row.queue);
+    const created = !tr;
+    if (!tr) {
+      tr = el('tr');
+      tr.dataset.queue = row.queue;
+      for (const c of COLUMNS) tr.append(el('td', '', c + (['depth', 'tasks', 'tput', 'pickup', 'tx', 'usd'].includes(c) ? ' n' : '')));
+      const spark = el('canvas', null, 'spark');
+      spark.width = 160 * devicePixelRatio;
+      spark.height = 28 * devicePixelRatio;
+      const td = el('td');
+      td.append(spark);
+      tr.append(td);
+      tr.addEventListener('click', () => select(row.queue));
+      state.trs.set(row.queue, tr);
+      (into || $('queues').tBodies[0]).append(tr);
+    }
+    const cells = tr.cells;
+    setText(cells[0], row.logical === row.queue ? row.queue : `${row.queue} (${row.logical})`);
+    setText(cells[1], fmt(row.depth));
+    setText(cells[2], `${row.active_tasks} / ${row.target_tasks}`);
+    setText(cells[3], fmt(row.throughput_per_sec, 2));
+    setText(cells[4], ms(row.pickup_latency_ms));
+    setText(cells[5], row.cost ? fmt(row.cost.transactions_per_hour) : 'not metered');
+    setText(cells[6], row.cost ? usd(row.cost.usd_per_month) : '–');
+    const rule = row.rule;
+    setText(cells[7], rule && rule.file ? `${rule.file} ${short(rule.sha256)} (${rule.contract})` : 'built-in');
+    const [text, cls] = queueState(row);
+    setText(cells[8], text);
+    cells[8].className = 'state ' + cls;
+    if (!(created && into)) drawSpark(row.queue);
+  }
+
+  function queueState(row) {
+    if (row.paused) return [row.paused.until_ms ? 'paused until ' + new Date(row.paused.until_ms).toLocaleTimeString() : 'paused', 'paused'];
+    if (row.rule && row.rule.quarantined) return ['rule quarantined', 'quarantined'];
+    if (row.rule && row.rule.state === 'error') return ['rule error', 'error'];
+    return ['running', ''];
+  }
+
+  function applyFilter() {
+    const term = $('filter').value.trim().toLowerCase();
+    for (const [queue, tr] of state.trs) tr.hidden = term !== '' && !queue.toLowerCase().includes(term);
+  }
+
+  // The kept samples of a queue and, last, its live figures.
+  function points(queue) {
+    const series = state.series.get(queue) || [];
+    const row = state.rows.get(queue);
+    if (!row) return series;
+    return series.concat([[row.depth, row.throughput_per_sec, row.pickup_latency_ms || 0, row.active_tasks]]);
+  }
+
+  function line(ctx, values, color, x0, y0, width, height, max) {
+    if (values.length === 0) return;
+    const top = max || Math.max(1, ...values);
+    const step = values.length > 1 ? width / (values.length - 1) : 0;
+    ctx.strokeStyle = color;
+    ctx.beginPath();
+    values.forEach((v, i) => {
+      const x = x0 + i * step;
+      const y = y0 + height - (Math.min(v, top) / top) * height;
+      if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
+    });
+    ctx.stroke();
+  }
+
+  // Read once: asking for computed style while rows are being added forces a layout each time.
+  let palette = null;
+  const colors = () => {
+    if (!palette) {
+      const css = getComputedStyle(document.documentElement);
+      palette = ['--depth', '--tput', '--pickup', '--tasks'].map((v) => css.getPropertyValue(v).trim());
+    }
+    return palette;
+  };
+
+  function drawSpark(queue) {
+    const tr = state.trs.get(queue);
+    if (!tr || tr.hidden) return;
+    const canvas = tr.cells[COLUMNS.length].firstChild;
+    const ctx = canvas.getContext('2d');
+    const [depth, tput] = colors();
+    const p = points(queue);
+    ctx.clearRect(0, 0, canvas.width, canvas.height);
+    ctx.lineWidth = devicePixelRatio;
+    const pad = 2 * devicePixelRatio;
+    line(ctx, p.map((x) => x[0]), depth, 0, pad, canvas.width, canvas.height - 2 * pad);
+    line(ctx, p.map((x) => x[1]), tput, 0, pad, canvas.width, canvas.height - 2 * pad);
+  }
+
+  // --- one queue's detail ---------------------------------------------------------------
+
+  function select(queue) {
+    state.selected = queue;
+    for (const [q, tr] of state.trs) tr.classList.toggle('selected', q === queue);
+    $('detail').hidden = false;
+    $('purge-confirm').value = '';
+    $('purge').disabled = true;
+    detailHeader();
+    drawDetail();
+    clearInterval(state.detailTimer);
+    state.detailTimer = setInterval(guard(loadRule), 5000);
+    guard(loadRule)();
+    guard(loadPoison)();
+  }
+
+  function logical() {
+    const row = state.rows.get(state.selected);
+    return row ? row.logical : state.selected;
+  }
+
+  function detailHeader() {
+    const row = state.rows.get(state.selected);
+    if (!row) return;
+    const [text] = queueState(row);
+    setText($('detail-title'), `${row.queue} · ${text} · ${fmt(row.processed)} processed, ${fmt(row.failed)} failed, ${fmt(row.poisoned)} poisoned`);
+    $('pause').disabled = !!row.paused;
+    $('resume').disabled = !row.paused;
+  }
+
+  function drawDetail() {
+    const canvas = $('detail-chart');
+    const width = canvas.clientWidth || 960;
+    if (canvas.width !== width * devicePixelRatio) { canvas.width = width * devicePixelRatio; canvas.height = 220 * devicePixelRatio; }
+    const ctx = canvas.getContext('2d');
+    const r = devicePixelRatio;
+    ctx.setTransform(r, 0, 0, r, 0, 0);
+    ctx.clearRect(0, 0, width, 220);
+    const p = points(state.selected);
+    const left = 8, top = 18, w = width - 16, h = 170;
+    ctx.strokeStyle = '#e4e7ec';
+    ctx.lineWidth = 1;
+    for (let i = 0; i <= 4; i++) { ctx.beginPath(); ctx.moveTo(left, top + (h * i) / 4); ctx.lineTo(left + w, top + (h * i) / 4); ctx.stroke(); }
+    ctx.lineWidth = 1.5;
+    const names = ['depth', 'msg/s', 'pickup ms', 'tasks'];
+    const c = colors();
+    ctx.font = '11px system-ui, sans-serif';
+    names.forEach((name, i) => {
+      const values = p.map((x) => x[i]);
+      const max = Math.max(1, ...values);
+      line(ctx, values, c[i], left, top, w, h, max);
+      ctx.fillStyle = c[i];
+      ctx.fillText(`max ${name} ${fmt(max, 2)}`, left + i * 150, 12);
+    });
+    ctx.fillStyle = '#667085';
+    const first = state.times.length ? state.times[0] : Date.now();
+    ctx.fillText(new Date(first).toLocaleTimeString(), left, top + h + 16);
+    const now = 'now';
+    ctx.fillText(now, left + w - ctx.measureText(now).width, top + h + 16);
+  }
+
+  function dl(node, pairs) {
+    node.replaceChildren();
+    for (const [k, v, cls] of pairs) { node.append(el('dt', k)); node.append(el('dd', v, cls)); }
+  }
+
+  async function loadRule() {
+    if (!state.selected || $('detail').hidden) return;
+    const queue = state.selected;
+    const status = await api('/status');
+    const q = (status.queues || []).find((x) => x.queue === queue);
+    if (!q || queue !== state.selected) return;
+    const r = q.rule || {};
+    const pairs = [
+      ['state', r.state || 'built-in', r.quarantined ? 'quarantined' : (r.state === 'error' ? 'error' : '')],
+      ['file', r.file || 'built-in rule'],
+      ['sha256', r.sha256 || '–', 'hash'],
+      ['contract', r.contract || '–'],
+      ['loaded at', r.loaded_at ? time(r.loaded_at) : '–'],
+      ['decisions', fmt(r.decisions)],
+      ['faults', `${fmt(r.faults)} (since start ${fmt(r.faults_total)})`],
+    ];
+    if (r.quarantine) pairs.push(['quarantined', `since ${time(r.quarantine.since)}: ${r.quarantine.reason}`, 'quarantined']);
+    if (r.error) pairs.push(['error', r.error, 'error']);
+    if (r.refused) pairs.push(['refused file', `${r.refused.file}: ${r.refused.reason}`, 'error']);
+    if (r.last_error) pairs.push(['last error', r.last_error]);
+    dl($('rule'), pairs);
+    const swaps = $('swaps').tBodies[0];
+    swaps.replaceChildren(...(r.swaps || []).slice().reverse().map((s) => {
+      const tr = el('tr');
+      tr.append(el('td', time(s.at)), el('td', s.file || 'removed: built-in rule'), el('td', short(s.sha256), 'hash'), el('td', s.contract || '–'));
+      return tr;
+    }));
+    if (!swaps.rows.length) { const tr = el('tr'); const td = el('td', 'no swap since start'); td.colSpan = 4; tr.append(td); swaps.append(tr); }
+    const decisions = $('decisions').tBodies[0];
+    decisions.replaceChildren(...(q.recent_decisions || []).slice().reverse().map((d) => {
+      const i = d.inputs;
+      const tr = el('tr');
+      tr.append(el('td', new Date(d.at).toLocaleTimeString()), el('td', fmt(i.approximate_depth), 'n'), el('td', fmt(i.in_flight), 'n'),
+        el('td', fmt(i.active_tasks), 'n'), el('td', fmt(i.throughput_per_sec, 2), 'n'), el('td', fmt(i.mean_handler_latency_ms, 1), 'n'),
+        el('td', fmt(i.recent_failures), 'n'), el('td', i.oldest_message_age_ms === null ? '–' : fmt(i.oldest_message_age_ms), 'n'),
+        el('td', d.value + (d.clamped ? ' (clamped)' : ''), 'n'), el('td', d.source));
+      return tr;
+    }));
+  }
+
+  // --- pause and resume -----------------------------------------------------------------
+
+  async function pause() {
+    const length = $('pause-for').value.trim();
+    const query = length ? '?for=' + encodeURIComponent(length) : '';
+    await api(`/queues/${encodeURIComponent(logical())}/pause${query}`, 'POST');
+    toast(`${logical()} paused` + (length ? ' for ' + length : ''));
+    guard(loadAudit)();
+  }
+
+  async function resume() {
+    await api(`/queues/${encodeURIComponent(logical())}/resume`, 'POST');
+    toast(`${logical()} resumed`);
+    guard(loadAudit)();
+  }
+
+  // --- poison ---------------------------------------------------------------------------
+
+  async function loadPoison() {
+    const queue = logical();
+    const tbody = $('poison').tBodies[0];
+    try {
+      const listing = await api(`/queues/${encodeURIComponent(queue)}/poison?limit=${POISON_LIMIT}`);
+      if (queue !== logical()) return;
+      state.poison = listing.messages;
+      setText($('poison-note'), listing.messages.length >= POISON_LIMIT ? `showing the first ${POISON_LIMIT} of ${listing.poison_queue}` : `${listing.messages.length} in ${listing.poison_queue}`);
+    } catch (e) {
+      if (e instanceof Unauthorized) throw e;
+      state.poison = [];
+      tbody.replaceChildren();
+      setText($('poison-note'), e.message);
+      return;
+    }
+    state.poisonPage = Math.min(state.poisonPage, Math.max(0, Math.ceil(state.poison.length / POISON_PAGE) - 1));
+    renderPoison();
+  }
+
+  function renderPoison() {
+    const tbody = $('poison').tBodies[0];
+    const pages = Math.max(1, Math.ceil(state.poison.length / POISON_PAGE));
+    const start = state.poisonPage * POISON_PAGE;
+    $('poison-all').checked = false;
+    tbody.replaceChildren(...state.poison.slice(start, start + POISON_PAGE).map((m) => {
+      const tr = el('tr');
+      tr.dataset.id = m.id;
+      const pick = el('td', null, 'admin-only');
+      const box = el('input');
+      box.type = 'checkbox';
+      box.value = m.id;
+      box.className = 'pick';
+      pick.append(box);
+      const body = el('td', (m.preview_encoding === 'hex' ? 'hex: ' : '') + m.preview + (m.body_bytes > m.preview.length ? ' …' : ''), 'body');
+      const act = el('td', null, 'admin-only');
+      const again = el('button', 'Requeue');
+      again.type = 'button';
+      again.className = 'requeue-one';
+      again.addEventListener('click', guard(() => requeue([m.id])));
+      act.append(again);
+      tr.append(pick, el('td', time(m.poisoned_at)), el('td', m.reason === null ? '(bare body: no reason kept)' : m.reason),
+        el('td', m.dequeue_count === null ? '–' : m.dequeue_count, 'n'), el('td', fmt(m.body_bytes), 'n'), body, act);
+      return tr;
+    }));
+    setText($('poison-page'), `page ${state.poisonPage + 1} of ${pages}`);
+    $('poison-prev').disabled = state.poisonPage === 0;
+    $('poison-next').disabled = state.poisonPage >= pages - 1;
+  }
+
+  async function requeue(ids) {
+    const queue = logical();
+    const query = ids === 'all' ? 'all=true' : 'ids=' + ids.map(encodeURIComponent).join(',');
+    const result = await api(`/queues/${encodeURIComponent(queue)}/poison/requeue?${query}`, 'POST');
+    const skipped = result.skipped.length ? `, ${result.skipped.length} skipped (${result.skipped.map((s) => s.reason || s.id).join('; ')})` : '';
+    toast(`${result.requeued} requeued to ${queue}${skipped}`, result.skipped.length > 0);
+    await loadPoison();
+    guard(loadAudit)();
+  }
+
+  async function purge() {
+    const queue = logical();
+    if ($('purge-confirm').value !== queue) return;
+    const result = await api(`/queues/${encodeURIComponent(queue)}/poison/purge?confirm=${encodeURIComponent(queue)}`, 'POST');
+    toast(`${result.purged} poison messages of ${queue} purged`);
+    $('purge-confirm').value = '';
+    $('purge').disabled = true;
+    await loadPoison();
+    guard(loadAudit)();
+  }
+
+  // --- audit ----------------------------------------------------------------------------
+
+  async function loadAudit() {
+    const { entries } = await api('/audit?limit=50');
+    $('audit').querySelector('tbody').replaceChildren(...entries.slice().reverse().map((e) => {
+      const tr = el('tr');
+      tr.append(el('td', time(e.at)), el('td', e.actor), el('td', e.action), el('td', e.target), el('td', e.result, e.result.startsWith('failed') ? 'error' : ''));
+      return tr;
+    }));
+  }
+
+  // --- start ----------------------------------------------------------------------------
+
+  async function start() {
+    $('login').hidden = true;
+    if (!(await whoami())) return;
+    link(false, 'connecting');
+    stream();
+    await loadAudit();
+  }
+
+  function wire() {
+    $('login-form').addEventListener('submit', (event) => {
+      event.preventDefault();
+      sessionStorage.setItem(TOKEN_KEY, $('token').value);
+      $('token').value = '';
+      guard(start)();
+    });
+    $('sign-out').addEventListener('click', () => { sessionStorage.removeItem(TOKEN_KEY); location.reload(); });
+    $('filter').addEventListener('input', () => { applyFilter(); for (const q of state.trs.keys()) drawSpark(q); });
+    $('detail-close').addEventListener('click', () => {
+      $('detail').hidden = true;
+      state.selected = null;
+      clearInterval(state.detailTimer);
+      for (const tr of state.trs.values()) tr.classList.remove('selected');
+    });
+    $('pause').addEventListener('click', guard(pause));
+    $('resume').addEventListener('click', guard(resume));
+    $('poison-refresh').addEventListener('click', guard(loadPoison));
+    $('poison-prev').addEventListener('click', () => { state.poisonPage = Math.max(0, state.poisonPage - 1); renderPoison(); });
+    $('poison-next').addEventListener('click', () => { state.poisonPage += 1; renderPoison(); });
+    $('poison-all').addEventListener('change', (event) => { for (const box of $('poison').querySelectorAll('input.pick')) box.checked = event.target.checked; });
+    $('requeue-selected').addEventListener('click', guard(() => {
+      const ids = [...$('poison').querySelectorAll('input.pick:checked')].map((b) => b.value);
+      if (!ids.length) throw new Error('select messages first');
+      return requeue(ids);
+    }));
+    $('requeue-all').addEventListener('click', guard(() => requeue('all')));
+    $('purge-confirm').addEventListener('input', () => { $('purge').disabled = $('purge-confirm').value !== logical(); });
+    $('purge').classList.add('danger');
+    $('purge').addEventListener('click', guard(purge));
+    setInterval(guard(() => (state.stream ? loadAudit() : null)), 15000);
+  }
+
+  wire();
+  guard(start)();
+})();

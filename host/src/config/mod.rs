@@ -97,6 +97,8 @@ pub struct QueueConfig {
     pub partitions: u32,
     /// Where its messages live.
     pub backend: Backend,
+    /// Packing, delivery of items and answers.
+    pub payload: crate::payload::PayloadSettings,
 }
 
 impl QueueConfig {

@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 pub(crate) use auth::token_matches;
 pub use routes::router;
+pub(crate) use routes::parse_items;
 pub(crate) use server::{bind, serve};
 
 pub use crate::config::ApiLimits;

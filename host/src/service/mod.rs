@@ -9,6 +9,7 @@
 mod assembly;
 mod audit;
 mod handle;
+pub mod packing;
 mod pauses;
 pub mod poison;
 
@@ -145,6 +146,8 @@ impl Service {
             let handle = QueueHandle::new(&queue_config.name, stack.logical.clone(), listeners);
             handle.attach_pauses(pauses.clone());
             handle.attach_poison(stack.poison.clone());
+            let text = matches!(queue_config.backend, Backend::Azure { encoding: crate::queue::azure::Encoding::None, .. });
+            handle.attach_payload(queue_config.payload.clone(), text);
             // Not ready until its storage has answered (see start_work), nor while its rule is
             // compiling or cannot load (the built-in rule decides meanwhile).
             readiness.set_problem(&queue_config.name, ReadinessPart::Storage, "storage not reached yet");

@@ -7,6 +7,8 @@ mod metrics;
 mod poison;
 mod status;
 
+pub(crate) use messages::parse_items;
+
 use std::sync::Arc;
 
 use axum::Router;
@@ -26,6 +28,7 @@ pub fn router(api: Arc<Api>, limits: ApiLimits) -> Router {
         .route("/status", get(status::status))
         .route("/metrics", get(metrics::metrics))
         .route("/queues/{name}/messages", post(messages::send))
+        .route("/queues/{name}/items", post(messages::send_items))
         .route("/queues/{name}/notify", post(messages::notify))
         .route("/queues/{name}/pause", post(control::pause))
         .route("/queues/{name}/resume", post(control::resume))

@@ -319,8 +319,7 @@ pub async fn send_items(config_path: &Path, queue: &str, path: &Path) -> Result<
         let stack = QueueStack::assemble(queue_config, &open, &StackOptions { metered: false, retry: Some(RetryPolicy::default()), readiness: None })?;
         stack.create_if_missing().await?;
         let handle = crate::service::QueueHandle::new(queue, stack.logical.clone(), Vec::new());
-        let text_queue = matches!(queue_config.backend, Backend::Azure { encoding: crate::queue::azure::Encoding::None, .. });
-        handle.attach_payload(queue_config.payload.clone(), text_queue);
+        handle.attach_payload(queue_config.payload.clone(), crate::service::text_envelopes(&queue_config.backend));
         let mut messages = 0;
         for chunk in lines.chunks(crate::service::packing::MAX_ITEMS_PER_SEND) {
             let items = chunk.iter().map(|line| crate::http::parse_items(line, true).map(|mut one| one.remove(0))).collect::<Result<Vec<_>, _>>().map_err(|(_, reason)| anyhow::anyhow!("{reason}"))?;

@@ -21,6 +21,7 @@
 mod builder;
 mod concurrency;
 mod counters;
+mod items;
 mod lease;
 mod pause;
 mod pickup;
@@ -51,6 +52,7 @@ pub use builder::ListenerBuilder;
 pub use concurrency::CONCURRENCY_WINDOW;
 use counters::Counters;
 pub use pause::Pause;
+pub use items::Reply;
 pub(crate) use poison::PoisonEnvelope;
 pub use settings::QueueSettings;
 pub use status::{DEPTH_MAX_AGE, ListenerStatus, PoisonForm};
@@ -120,6 +122,14 @@ struct Shared {
     fetched_ahead: std::sync::atomic::AtomicU32,
     /// The queue's pause, if any (see `pause`).
     paused: tokio::sync::watch::Sender<Option<pause::Pause>>,
+    /// How envelopes' items are delivered, and put back when they fail.
+    payload: crate::payload::PayloadSettings,
+    /// Packs failed items into a new envelope.
+    packer: crate::payload::Packer,
+    /// Envelopes go as base64 text (an Azure queue with `encoding = "none"`).
+    text_envelopes: bool,
+    /// Where handlers' answers go, if anywhere.
+    reply: Option<Arc<dyn QueueClient>>,
 }
 
 impl Listener {

@@ -14,6 +14,7 @@ mod embedded_queue;
 mod embedding;
 mod handler;
 mod hooked_queue;
+mod items;
 mod knee;
 mod kubernetes;
 mod listener;

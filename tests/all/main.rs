@@ -15,6 +15,7 @@ mod embedding;
 mod handler;
 mod hooked_queue;
 mod items;
+mod items_binary;
 mod knee;
 mod kubernetes;
 mod listener;

@@ -56,14 +56,16 @@ async fn start(seen: Arc<Seen>) -> Result<Host> {
                 batches.batches.lock().unwrap().push(array);
                 axum::Json(json!({ "failed": failed }))
             }),
-        );
+        )
+        .route("/answer", axum::routing::post(|body: String| async move { format!("re:{body}") }));
     tokio::spawn(async move { axum::serve(app, router).await });
     let dir = tempfile::tempdir()?;
     let api: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let config = format!(
         "[api]\nlisten = \"{api}\"\n\n[queues.orders]\npack_linger = \"300ms\"\nhandler = {{ url = \"http://{app_addr}/work\" }}\n\n\
          [queues.batched]\ndelivery = \"batch\"\nmax_batch_items = 4\nmax_dequeue_count = 2\nvisibility_timeout = \"100ms\"\nmin_polling_interval = \"100ms\"\n\
-         handler = {{ url = \"http://{app_addr}/batch\" }}\n"
+         handler = {{ url = \"http://{app_addr}/batch\" }}\n\n\
+         [queues.asks]\nreply_queue = \"answers\"\nhandler = {{ url = \"http://{app_addr}/answer\" }}\n"
     );
     std::fs::write(dir.path().join("ebb.toml"), config)?;
     let log = std::fs::File::create(dir.path().join("host.log"))?;
@@ -160,5 +162,32 @@ async fn batch_delivery_posts_json_arrays_and_retries_only_the_items_the_answer_
     assert_eq!(poisoned[0]["preview"], r#"{"id":2, "fail": true}"#);
     let reason = poisoned[0]["reason"].as_str().unwrap();
     assert!(reason.contains("answered that item 0 of the batch failed") && reason.ends_with("2 failed deliveries)"), "{reason}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ebb_send_wait_reply_prints_the_answer_to_its_own_message_and_leaves_the_others() -> Result<()> {
+    let host = start(Arc::default()).await?;
+    let http = reqwest::Client::new();
+    // Someone else's question, answered first.
+    let other: Value = serde_json::from_str(&http.post(format!("http://{}/queues/asks/messages", host.api)).body("other").send().await?.text().await?)?;
+    let out = Command::new(EBB)
+        .args(["send", "asks", "hello", "--wait-reply", "--timeout", "20s", "--config"])
+        .arg(host.dir.path().join("ebb.toml"))
+        .output()?;
+    ensure!(out.status.success(), "ebb send --wait-reply: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "re:hello\n");
+    // The other answer is still there for its own waiter, with its correlation id.
+    let id = other["id"].as_str().unwrap();
+    let reply = http.post(format!("http://{}/queues/asks/replies/{id}?timeout_ms=10000", host.api)).send().await?;
+    assert_eq!(reply.status(), 200);
+    let reply: Value = serde_json::from_str(&reply.text().await?)?;
+    assert_eq!((reply["correlation_id"].as_str(), reply["body"].as_str(), reply["queue"].as_str()), (Some(id), Some("re:other"), Some("asks")));
+    // Taken: a second wait finds nothing.
+    let again = http.post(format!("http://{}/queues/asks/replies/{id}?timeout_ms=200", host.api)).send().await?;
+    assert_eq!(again.status(), 404);
+    // A queue without a reply queue says so.
+    let none = http.post(format!("http://{}/queues/orders/replies/{id}?timeout_ms=10", host.api)).send().await?;
+    assert_eq!(none.status(), 409);
     Ok(())
 }

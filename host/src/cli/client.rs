@@ -275,6 +275,60 @@ pub async fn poison(command: super::PoisonCommand) -> Result<()> {
     Ok(())
 }
 
+/// Longest `ebb send --wait-reply --timeout`.
+const MAX_REPLY_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// `ebb send QUEUE [BODY] --wait-reply`: sends through the running host's API, then waits
+/// for the answer on the queue's reply queue (each look at most 30 s, until `timeout`) and
+/// prints its body.
+pub async fn send_wait_reply(config_path: &Path, queue: &str, body: Option<String>, timeout: Duration) -> Result<()> {
+    if timeout > MAX_REPLY_TIMEOUT {
+        bail!("--timeout: at most {}, got {}", humantime::format_duration(MAX_REPLY_TIMEOUT), humantime::format_duration(timeout));
+    }
+    let config = Config::load(config_path)?;
+    let Some(queue_config) = config.queues.iter().find(|q| q.name == queue) else {
+        bail!("queue {queue} is not configured in {}", config_path.display());
+    };
+    if queue_config.payload.reply_queue.is_none() {
+        bail!("queue {queue} has no reply_queue in {}: there is no answer to wait for", config_path.display());
+    }
+    let body = match body {
+        Some(body) => body.into_bytes(),
+        None => crate::input::read_stdin(&format!("the message (max_message_bytes: {} bytes)", config.max_message_bytes), config.max_message_bytes as u64)?,
+    };
+    let http = client(&config)?;
+    let base = api_base(&config);
+    let sent = http.post(format!("{base}/queues/{queue}/messages")).body(body).send().await.with_context(|| format!("no host answers at {base}: --wait-reply needs a running host"))?;
+    let status = sent.status();
+    let text = sent.text().await.unwrap_or_default();
+    if !status.is_success() {
+        bail!("the host answered {status}: {}", text.trim());
+    }
+    let id = serde_json::from_str::<serde_json::Value>(&text).ok().and_then(|v| v["id"].as_str().map(str::to_owned)).context("the host's answer names no message id")?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now()).min(Duration::from_secs(30));
+        let url = format!("{base}/queues/{queue}/replies/{id}?timeout_ms={}", left.as_millis());
+        let answer = http.post(&url).send().await?;
+        let status = answer.status();
+        let text = answer.text().await.unwrap_or_default();
+        if status.is_success() {
+            let reply: crate::listener::Reply = serde_json::from_str(&text).context("the host's reply is not a reply")?;
+            use std::io::Write as _;
+            let mut out = std::io::stdout().lock();
+            out.write_all(&reply.bytes())?;
+            out.write_all(b"\n")?;
+            return Ok(());
+        }
+        if status != reqwest::StatusCode::NOT_FOUND {
+            bail!("the host answered {status}: {}", text.trim());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("no reply to message {id} within {}", humantime::format_duration(timeout));
+        }
+    }
+}
+
 /// Largest file of items `ebb send --items` reads.
 const MAX_ITEMS_FILE_BYTES: u64 = 256 << 20;
 

@@ -19,6 +19,13 @@ use super::packing::{ItemsError, ItemsSent, Packing};
 /// that stalls must still get the sender an answer).
 pub const SEND_DEADLINE: Duration = Duration::from_secs(20);
 
+/// The first pause between two looks at a reply queue, doubled up to [`REPLY_POLL_MAX`].
+const REPLY_POLL_MIN: Duration = Duration::from_millis(50);
+/// The longest pause between two looks at a reply queue.
+const REPLY_POLL_MAX: Duration = Duration::from_secs(1);
+/// How long a look at the reply queue leases what it reads (others' answers are released at once).
+const REPLY_LEASE: Duration = Duration::from_secs(5);
+
 /// A logical queue's handle. Cheap to clone.
 #[derive(Clone)]
 pub struct QueueHandle {
@@ -45,6 +52,8 @@ struct Inner {
     payload: std::sync::OnceLock<(PayloadSettings, bool)>,
     /// The packing task of items sent through this host, started at the first send of items.
     packing: tokio::sync::OnceCell<Packing>,
+    /// The queue's reply queue, if it has one.
+    reply: std::sync::OnceLock<Arc<dyn QueueClient>>,
 }
 
 impl QueueHandle {
@@ -64,6 +73,7 @@ impl QueueHandle {
             poison_operations: tokio::sync::Mutex::new(()),
             payload: std::sync::OnceLock::new(),
             packing: tokio::sync::OnceCell::new(),
+            reply: std::sync::OnceLock::new(),
         };
         QueueHandle { inner: Arc::new(inner) }
     }
@@ -175,6 +185,52 @@ impl QueueHandle {
     /// `text`: the queue's messages are text, so an envelope goes as base64 text.
     pub fn attach_payload(&self, settings: PayloadSettings, text: bool) {
         let _ = self.inner.payload.set((settings, text));
+    }
+
+    /// Handlers' answers to this queue's messages are read from `reply` (its `reply_queue`).
+    pub fn attach_reply(&self, reply: Arc<dyn QueueClient>) {
+        let _ = self.inner.reply.set(reply);
+    }
+
+    /// Whether the queue has a reply queue.
+    pub fn has_reply_queue(&self) -> bool {
+        self.inner.reply.get().is_some()
+    }
+
+    /// Waits up to `timeout` for the answer to message `id` on the queue's reply queue:
+    /// takes it (deleted once read) and leaves every other answer (released at once).
+    /// `None` when none came in time. Fails when the queue has no reply queue.
+    pub async fn wait_reply(&self, id: &MessageId, timeout: Duration) -> anyhow::Result<Option<crate::listener::Reply>> {
+        use anyhow::Context as _;
+        let reply = self.inner.reply.get().with_context(|| format!("queue {} has no reply_queue", self.inner.name))?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut pause = REPLY_POLL_MIN;
+        loop {
+            let got = reply.get(crate::queue::MAX_BATCH, REPLY_LEASE).await?;
+            let mut found = None;
+            for message in got {
+                let answer = serde_json::from_slice::<crate::listener::Reply>(&message.body).ok().filter(|r| r.correlation_id == id.as_str() && found.is_none());
+                match answer {
+                    Some(answer) => {
+                        reply.delete(&message.id, &message.pop_receipt).await?;
+                        found = Some(answer);
+                    }
+                    None => {
+                        // Another waiter's: back at once.
+                        let _ = reply.update_visibility(&message.id, &message.pop_receipt, Duration::ZERO).await;
+                    }
+                }
+            }
+            if found.is_some() {
+                return Ok(found);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(REPLY_POLL_MAX);
+        }
     }
 
     /// Sends work items: packed with the items this host's other senders send within the

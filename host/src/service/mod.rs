@@ -147,6 +147,9 @@ impl Service {
             handle.attach_pauses(pauses.clone());
             handle.attach_poison(stack.poison.clone());
             handle.attach_payload(queue_config.payload.clone(), text_envelopes(&queue_config.backend));
+            if let Some(reply) = &stack.reply {
+                handle.attach_reply(reply.clone());
+            }
             // Not ready until its storage has answered (see start_work), nor while its rule is
             // compiling or cannot load (the built-in rule decides meanwhile).
             readiness.set_problem(&queue_config.name, ReadinessPart::Storage, "storage not reached yet");

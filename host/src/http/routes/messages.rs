@@ -14,7 +14,7 @@ use serde_json::json;
 use crate::http::body_limit::too_large;
 use crate::http::errors::error;
 use crate::http::{Api, ApiLimits};
-use crate::queue::{MAX_VISIBILITY, QueueError};
+use crate::queue::{MAX_VISIBILITY, MessageId, QueueError};
 use crate::service::packing::{ItemsError, MAX_ITEMS_PER_SEND};
 
 /// Parses the query of `POST /queues/{name}/messages`: only `delay_ms`, a whole number of
@@ -155,6 +155,36 @@ pub(super) async fn send_items(
         Err(ItemsError::Storage(e @ QueueError::MessageTooLarge { .. })) => error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),
         Err(ItemsError::Storage(e @ QueueError::InvalidBody(_))) => error(StatusCode::BAD_REQUEST, e.to_string()),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+/// Longest `timeout_ms` of a wait for a reply: within the API's idle timeout's default.
+const MAX_REPLY_WAIT: Duration = Duration::from_secs(30);
+
+/// `POST /queues/{name}/replies/{id}?timeout_ms=N`: waits up to N ms (default and most
+/// 30,000) for the answer to message `id` on the queue's reply queue and takes it: `200`
+/// with the reply (docs/payloads.md), `404` when none came in time.
+pub(super) async fn take_reply(State(api): State<Arc<Api>>, Extension(limits): Extension<ApiLimits>, Path((name, id)): Path<(String, String)>, RawQuery(query): RawQuery) -> Response {
+    let Some(queue) = api.handles.get(&name) else {
+        return error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host"));
+    };
+    let mut timeout = None;
+    for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        if key != "timeout_ms" || timeout.is_some() {
+            return error(StatusCode::BAD_REQUEST, format!("{:?}: this route takes timeout_ms, once", crate::health::truncate_reason(&key)));
+        }
+        match value.parse::<u64>() {
+            Ok(ms) if !value.starts_with('+') && Duration::from_millis(ms) <= MAX_REPLY_WAIT => timeout = Some(Duration::from_millis(ms)),
+            _ => return error(StatusCode::BAD_REQUEST, format!("timeout_ms: a whole number of milliseconds up to {}", MAX_REPLY_WAIT.as_millis())),
+        }
+    }
+    // Within the connection's idle timeout, so the client gets the answer.
+    let timeout = timeout.unwrap_or(MAX_REPLY_WAIT).min(limits.idle_timeout / 2);
+    match queue.wait_reply(&MessageId::from(id.as_str()), timeout).await {
+        Ok(Some(reply)) => (StatusCode::OK, Json(reply)).into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, format!("no reply to message {} within {}", crate::health::truncate_reason(&id), humantime::format_duration(timeout))),
+        Err(e) if queue.has_reply_queue() => error(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")),
+        Err(e) => error(StatusCode::CONFLICT, format!("{e:#}")),
     }
 }
 

@@ -29,6 +29,7 @@ pub fn router(api: Arc<Api>, limits: ApiLimits) -> Router {
         .route("/metrics", get(metrics::metrics))
         .route("/queues/{name}/messages", post(messages::send))
         .route("/queues/{name}/items", post(messages::send_items))
+        .route("/queues/{name}/replies/{id}", post(messages::take_reply))
         .route("/queues/{name}/notify", post(messages::notify))
         .route("/queues/{name}/pause", post(control::pause))
         .route("/queues/{name}/resume", post(control::resume))

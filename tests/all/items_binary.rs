@@ -69,7 +69,8 @@ async fn start(seen: Arc<Seen>) -> Result<Host> {
     );
     std::fs::write(dir.path().join("ebb.toml"), config)?;
     let log = std::fs::File::create(dir.path().join("host.log"))?;
-    let child = Command::new(EBB).arg("run").arg("--config").arg(dir.path().join("ebb.toml")).env_remove("EBB_API_TOKEN").stdout(Stdio::null()).stderr(log).spawn()?;
+    let child =
+        Command::new(EBB).arg("run").arg("--config").arg(dir.path().join("ebb.toml")).env_remove("EBB_API_TOKEN").stdout(Stdio::null()).stderr(log).spawn()?;
     let host = Host { dir, api, child };
     let deadline = Instant::now() + Duration::from_secs(60);
     while reqwest::get(format!("http://{api}/readyz")).await.map(|r| r.status().as_u16()).ok() != Some(200) {
@@ -171,10 +172,8 @@ async fn ebb_send_wait_reply_prints_the_answer_to_its_own_message_and_leaves_the
     let http = reqwest::Client::new();
     // Someone else's question, answered first.
     let other: Value = serde_json::from_str(&http.post(format!("http://{}/queues/asks/messages", host.api)).body("other").send().await?.text().await?)?;
-    let out = Command::new(EBB)
-        .args(["send", "asks", "hello", "--wait-reply", "--timeout", "20s", "--config"])
-        .arg(host.dir.path().join("ebb.toml"))
-        .output()?;
+    let out =
+        Command::new(EBB).args(["send", "asks", "hello", "--wait-reply", "--timeout", "20s", "--config"]).arg(host.dir.path().join("ebb.toml")).output()?;
     ensure!(out.status.success(), "ebb send --wait-reply: {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "re:hello\n");
     // The other answer is still there for its own waiter, with its correlation id.

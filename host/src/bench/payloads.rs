@@ -66,7 +66,8 @@ struct Counter {
 #[async_trait::async_trait]
 impl Handler for Counter {
     async fn handle(&self, message: &IncomingMessage) -> Result<()> {
-        let sent_us: u64 = std::str::from_utf8(message.body.get(6..26).unwrap_or_default()).ok().and_then(|t| t.parse().ok()).context("an item of the bench")?;
+        let sent_us: u64 =
+            std::str::from_utf8(message.body.get(6..26).unwrap_or_default()).ok().and_then(|t| t.parse().ok()).context("an item of the bench")?;
         let now_us = self.start.elapsed().as_micros() as u64;
         self.latencies_us.lock().unwrap().push(now_us.saturating_sub(sent_us));
         self.handled.fetch_add(1, Ordering::Relaxed);
@@ -107,10 +108,8 @@ async fn run_one(bench: &PayloadsBench, backend: &'static str, packed: bool) -> 
         _ => String::new(),
     };
     let backend_key = if azure.is_empty() { "" } else { "backend = \"azure\"\n" };
-    let text = format!(
-        "{azure}[api]\nlisten = \"127.0.0.1:0\"\n[queues.{queue}]\n{backend_key}pack_linger = \"{}\"\n",
-        humantime::format_duration(bench.linger)
-    );
+    let text =
+        format!("{azure}[api]\nlisten = \"127.0.0.1:0\"\n[queues.{queue}]\n{backend_key}pack_linger = \"{}\"\n", humantime::format_duration(bench.linger));
     let config = Config::parse(&text, dir.path(), None)?;
     let start = Instant::now();
     let counter = Arc::new(Counter { start, handled: AtomicU64::new(0), latencies_us: std::sync::Mutex::new(Vec::new()) });
@@ -261,7 +260,12 @@ pub(crate) fn table(bench: &PayloadsBench, runs: &[Run]) -> String {
         );
     }
     for goal in goals(bench, runs) {
-        out += &format!("{}: {:.3} ({})\n", goal["goal"].as_str().unwrap_or_default(), goal["value"].as_f64().unwrap_or_default(), if goal["met"] == true { "met" } else { "NOT met" });
+        out += &format!(
+            "{}: {:.3} ({})\n",
+            goal["goal"].as_str().unwrap_or_default(),
+            goal["value"].as_f64().unwrap_or_default(),
+            if goal["met"] == true { "met" } else { "NOT met" }
+        );
     }
     out
 }

@@ -298,13 +298,21 @@ pub async fn send_wait_reply(config_path: &Path, queue: &str, body: Option<Strin
     };
     let http = client(&config)?;
     let base = api_base(&config);
-    let sent = http.post(format!("{base}/queues/{queue}/messages")).body(body).send().await.with_context(|| format!("no host answers at {base}: --wait-reply needs a running host"))?;
+    let sent = http
+        .post(format!("{base}/queues/{queue}/messages"))
+        .body(body)
+        .send()
+        .await
+        .with_context(|| format!("no host answers at {base}: --wait-reply needs a running host"))?;
     let status = sent.status();
     let text = sent.text().await.unwrap_or_default();
     if !status.is_success() {
         bail!("the host answered {status}: {}", text.trim());
     }
-    let id = serde_json::from_str::<serde_json::Value>(&text).ok().and_then(|v| v["id"].as_str().map(str::to_owned)).context("the host's answer names no message id")?;
+    let id = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v["id"].as_str().map(str::to_owned))
+        .context("the host's answer names no message id")?;
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now()).min(Duration::from_secs(30));
@@ -351,7 +359,8 @@ pub async fn send_items(config_path: &Path, queue: &str, path: &Path) -> Result<
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        crate::http::parse_items(line, true).map_err(|(_, reason)| anyhow::anyhow!("{}: line {}: {}", path.display(), number + 1, reason.trim_start_matches("line 1: ")))?;
+        crate::http::parse_items(line, true)
+            .map_err(|(_, reason)| anyhow::anyhow!("{}: line {}: {}", path.display(), number + 1, reason.trim_start_matches("line 1: ")))?;
         lines.push(line);
     }
     if lines.is_empty() {
@@ -376,11 +385,19 @@ pub async fn send_items(config_path: &Path, queue: &str, path: &Path) -> Result<
         handle.attach_payload(queue_config.payload.clone(), crate::service::text_envelopes(&queue_config.backend));
         let mut messages = 0;
         for chunk in lines.chunks(crate::service::packing::MAX_ITEMS_PER_SEND) {
-            let items = chunk.iter().map(|line| crate::http::parse_items(line, true).map(|mut one| one.remove(0))).collect::<Result<Vec<_>, _>>().map_err(|(_, reason)| anyhow::anyhow!("{reason}"))?;
+            let items = chunk
+                .iter()
+                .map(|line| crate::http::parse_items(line, true).map(|mut one| one.remove(0)))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|(_, reason)| anyhow::anyhow!("{reason}"))?;
             let sent = handle.send_items(items).await.with_context(|| format!("failed to send the items of {}", path.display()))?;
             messages += sent.messages.len();
         }
-        println!("sent {count} item{} in {messages} message{} to {queue} (no host running: written straight to storage)", plural(count), plural(messages as u64));
+        println!(
+            "sent {count} item{} in {messages} message{} to {queue} (no host running: written straight to storage)",
+            plural(count),
+            plural(messages as u64)
+        );
         return Ok(());
     }
     // Requests within the API's body limit and item count; sent side by side, so the host
@@ -413,7 +430,9 @@ pub async fn send_items(config_path: &Path, queue: &str, path: &Path) -> Result<
                     bail!("the host answered {status}: {}", text.trim());
                 }
                 let answer: serde_json::Value = serde_json::from_str(&text).context("the host's answer is not JSON")?;
-                Ok::<_, anyhow::Error>(answer["messages"].as_array().map_or(Vec::new(), |ids| ids.iter().filter_map(|id| id.as_str().map(str::to_owned)).collect::<Vec<_>>()))
+                Ok::<_, anyhow::Error>(
+                    answer["messages"].as_array().map_or(Vec::new(), |ids| ids.iter().filter_map(|id| id.as_str().map(str::to_owned)).collect::<Vec<_>>()),
+                )
             }
         })
         .buffer_unordered(16);

@@ -8,12 +8,13 @@ use anyhow::{Context as _, Result, bail};
 use super::QueueConfig;
 use super::backend::{AzureFile, Backend, BackendKind};
 use super::checks::{
-    AtLeast, MAX_BATCH_ITEMS, MAX_CONCURRENT_CALLS, MAX_INTERVAL, MAX_PACK_LINGER, MAX_PICKUP_DELAY, MAX_SAFETY_POLL, MAX_TASKS, check_duration, parse_handler_url,
+    AtLeast, MAX_BATCH_ITEMS, MAX_CONCURRENT_CALLS, MAX_INTERVAL, MAX_PACK_LINGER, MAX_PICKUP_DELAY, MAX_SAFETY_POLL, MAX_TASKS, check_duration,
+    parse_handler_url,
 };
 use super::file::QueueFile;
 use crate::listener::QueueSettings;
-use crate::payload::{AZURE_MAX_ENVELOPE_BYTES, Delivery, PayloadSettings};
 use crate::names::{QueueName, RuleFileName};
+use crate::payload::{AZURE_MAX_ENVELOPE_BYTES, Delivery, PayloadSettings};
 use crate::queue::partitioned::MAX_PARTITIONS;
 use crate::queue::{MAX_BATCH, MAX_VISIBILITY};
 

@@ -28,8 +28,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub(crate) use auth::token_matches;
-pub use routes::router;
 pub(crate) use routes::parse_items;
+pub use routes::router;
 pub(crate) use server::{bind, serve};
 
 pub use crate::config::ApiLimits;

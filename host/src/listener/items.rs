@@ -82,7 +82,10 @@ impl Shared {
         for (index, item) in envelope.items.iter().enumerate() {
             match &item.body {
                 Body::ClaimCheck(check) => {
-                    results[index] = Some(ItemResult::Refused(format!("claim checks not enabled (item {index} is a claim check for {} bytes at {})", check.size, check.location)))
+                    results[index] = Some(ItemResult::Refused(format!(
+                        "claim checks not enabled (item {index} is a claim check for {} bytes at {})",
+                        check.size, check.location
+                    )))
                 }
                 // A batch is a JSON array: an item that is not UTF-8 goes alone.
                 Body::Inline(body) if self.payload.delivery == Delivery::Batch && std::str::from_utf8(body).is_ok() => batchable.push((index, body.clone())),
@@ -146,7 +149,14 @@ impl Shared {
     /// (a new envelope, hidden for the retry delay) or poisoned alone, and only then the
     /// envelope deleted. If any of those puts fails, nothing is deleted: the envelope comes
     /// back after the retry delay and all its items are delivered again (at least once).
-    pub(super) async fn settle_envelope(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, envelope: &Envelope, results: Vec<ItemResult>, latency: Duration) {
+    pub(super) async fn settle_envelope(
+        self: &Arc<Self>,
+        message: &IncomingMessage,
+        receipt: &PopReceipt,
+        envelope: &Envelope,
+        results: Vec<ItemResult>,
+        latency: Duration,
+    ) {
         let items = &self.counters.items;
         items.envelopes.fetch_add(1, Ordering::Relaxed);
         let mut retry = Vec::new();

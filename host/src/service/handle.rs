@@ -209,7 +209,8 @@ impl QueueHandle {
             let got = reply.get(crate::queue::MAX_BATCH, REPLY_LEASE).await?;
             let mut found = None;
             for message in got {
-                let answer = serde_json::from_slice::<crate::listener::Reply>(&message.body).ok().filter(|r| r.correlation_id == id.as_str() && found.is_none());
+                let answer =
+                    serde_json::from_slice::<crate::listener::Reply>(&message.body).ok().filter(|r| r.correlation_id == id.as_str() && found.is_none());
                 match answer {
                     Some(answer) => {
                         reply.delete(&message.id, &message.pop_receipt).await?;
@@ -238,7 +239,8 @@ impl QueueHandle {
     /// queue woken. Returns once every envelope holding one of them was put (within
     /// [`SEND_DEADLINE`]); a failed put fails the send.
     pub async fn send_items(&self, items: Vec<bytes::Bytes>) -> Result<ItemsSent, ItemsError> {
-        let packing = self.inner.packing.get_or_try_init(|| async { self.start_packing() }).await.map_err(|error| ItemsError::Storage(QueueError::Fatal(error)))?;
+        let packing =
+            self.inner.packing.get_or_try_init(|| async { self.start_packing() }).await.map_err(|error| ItemsError::Storage(QueueError::Fatal(error)))?;
         match tokio::time::timeout(SEND_DEADLINE, packing.send(items)).await {
             Ok(sent) => sent,
             Err(_) => Err(QueueError::Transient(anyhow::anyhow!("storage did not answer within {}", humantime::format_duration(SEND_DEADLINE))).into()),
@@ -251,11 +253,7 @@ impl QueueHandle {
         let put: super::packing::PutEnvelope = std::sync::Arc::new(move |envelope: Vec<u8>| {
             let sender = sender.clone();
             Box::pin(async move {
-                if text {
-                    sender.put(crate::payload::to_text(&envelope).as_bytes(), Duration::ZERO).await
-                } else {
-                    sender.put(&envelope, Duration::ZERO).await
-                }
+                if text { sender.put(crate::payload::to_text(&envelope).as_bytes(), Duration::ZERO).await } else { sender.put(&envelope, Duration::ZERO).await }
             })
         });
         // The task must not keep the handle alive: it ends when the handle is dropped.

@@ -58,7 +58,9 @@ pub enum ItemsError {
         bytes: usize,
     },
     /// An item that fits no message of the queue, even alone and compressed.
-    #[error("item {index} of {size} bytes does not fit a message of this queue (at most {limit} bytes with its envelope, after compression); claim checks are not enabled")]
+    #[error(
+        "item {index} of {size} bytes does not fit a message of this queue (at most {limit} bytes with its envelope, after compression); claim checks are not enabled"
+    )]
     TooLarge {
         /// Its index in the send.
         index: usize,
@@ -195,7 +197,11 @@ impl Task {
                 let mut refused: Vec<Option<ItemsError>> = sends.iter().map(|_| None).collect();
                 for &index in &packed.needs_claim_check {
                     let (send, item) = owners[index];
-                    refused[send].get_or_insert(ItemsError::TooLarge { index: item, size: sends[send].items[item].len(), limit: self.packer.max_envelope_bytes() });
+                    refused[send].get_or_insert(ItemsError::TooLarge {
+                        index: item,
+                        size: sends[send].items[item].len(),
+                        limit: self.packer.max_envelope_bytes(),
+                    });
                 }
                 let mut kept = Vec::new();
                 for (send, refusal) in sends.into_iter().zip(refused) {
@@ -292,7 +298,12 @@ mod tests {
     }
 
     fn settings(linger: Duration) -> PayloadSettings {
-        PayloadSettings { compression: Codec::Zstd, pack_linger: linger, max_envelope_bytes: crate::payload::AZURE_MAX_ENVELOPE_BYTES, ..PayloadSettings::default() }
+        PayloadSettings {
+            compression: Codec::Zstd,
+            pack_linger: linger,
+            max_envelope_bytes: crate::payload::AZURE_MAX_ENVELOPE_BYTES,
+            ..PayloadSettings::default()
+        }
     }
 
     fn items_of(bytes: &[u8]) -> Vec<Bytes> {
@@ -311,9 +322,14 @@ mod tests {
         let (put, puts) = recording(Duration::from_millis(3), Arc::default());
         let arrived = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let told = arrived.clone();
-        let packing = Packing::start(&settings(Duration::from_millis(10)), put, Arc::new(move |n| {
-            told.fetch_add(n, std::sync::atomic::Ordering::SeqCst);
-        })).unwrap();
+        let packing = Packing::start(
+            &settings(Duration::from_millis(10)),
+            put,
+            Arc::new(move |n| {
+                told.fetch_add(n, std::sync::atomic::Ordering::SeqCst);
+            }),
+        )
+        .unwrap();
         let start = Instant::now();
         let senders: Vec<_> = (0..16u64)
             .map(|i| {
@@ -381,10 +397,8 @@ mod tests {
         let (put, puts) = recording(Duration::ZERO, Arc::default());
         let small = PayloadSettings { compression: Codec::None, max_envelope_bytes: 100, ..settings(Duration::from_millis(10)) };
         let packing = Packing::start(&small, put, Arc::new(|_| {})).unwrap();
-        let (big, fine) = tokio::join!(
-            packing.send(vec![Bytes::from_static(b"ok"), Bytes::from(vec![b'x'; 200])]),
-            packing.send(vec![Bytes::from_static(b"fine")])
-        );
+        let (big, fine) =
+            tokio::join!(packing.send(vec![Bytes::from_static(b"ok"), Bytes::from(vec![b'x'; 200])]), packing.send(vec![Bytes::from_static(b"fine")]));
         assert!(matches!(big, Err(ItemsError::TooLarge { index: 1, size: 200, limit: 100 })), "{big:?}");
         assert_eq!(fine.unwrap().items, 1);
         let puts = puts.lock().unwrap();
@@ -412,9 +426,6 @@ mod tests {
         let puts = puts.lock().unwrap();
         assert_eq!(puts.len(), 2);
         assert_eq!(puts[1].0 - puts[0].0, Duration::from_secs(60), "the second was put only after the first freed its room");
-        assert!(matches!(
-            futures::executor::block_on(packing.send(vec![Bytes::from(vec![b'c'; 1_000])])),
-            Err(ItemsError::TooManyBytes { bytes: 1_009 })
-        ));
+        assert!(matches!(futures::executor::block_on(packing.send(vec![Bytes::from(vec![b'c'; 1_000])])), Err(ItemsError::TooManyBytes { bytes: 1_009 })));
     }
 }

@@ -94,9 +94,8 @@ pub(crate) fn parse_items(body: &[u8], ndjson: bool) -> Result<Vec<Bytes>, (Stat
         }
         raw
     } else {
-        let values: Vec<&RawValue> = serde_json::from_slice(body).map_err(|e| {
-            bad(format!("not a JSON array of items: {e} (send NDJSON with Content-Type: application/x-ndjson)"))
-        })?;
+        let values: Vec<&RawValue> =
+            serde_json::from_slice(body).map_err(|e| bad(format!("not a JSON array of items: {e} (send NDJSON with Content-Type: application/x-ndjson)")))?;
         if values.len() > MAX_ITEMS_PER_SEND {
             return Err((StatusCode::PAYLOAD_TOO_LARGE, format!("{} items in one send, over the limit of {MAX_ITEMS_PER_SEND}", values.len())));
         }
@@ -150,7 +149,9 @@ pub(super) async fn send_items(
     };
     match queue.send_items(items).await {
         Ok(sent) => (StatusCode::CREATED, Json(json!({ "items": sent.items, "messages": sent.messages }))).into_response(),
-        Err(e @ (ItemsError::TooLarge { .. } | ItemsError::TooMany { .. } | ItemsError::TooManyBytes { .. })) => error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),
+        Err(e @ (ItemsError::TooLarge { .. } | ItemsError::TooMany { .. } | ItemsError::TooManyBytes { .. })) => {
+            error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string())
+        }
         Err(e @ ItemsError::Empty) => error(StatusCode::BAD_REQUEST, e.to_string()),
         Err(ItemsError::Storage(e @ QueueError::MessageTooLarge { .. })) => error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),
         Err(ItemsError::Storage(e @ QueueError::InvalidBody(_))) => error(StatusCode::BAD_REQUEST, e.to_string()),
@@ -164,7 +165,12 @@ const MAX_REPLY_WAIT: Duration = Duration::from_secs(30);
 /// `POST /queues/{name}/replies/{id}?timeout_ms=N`: waits up to N ms (default and most
 /// 30,000) for the answer to message `id` on the queue's reply queue and takes it: `200`
 /// with the reply (docs/payloads.md), `404` when none came in time.
-pub(super) async fn take_reply(State(api): State<Arc<Api>>, Extension(limits): Extension<ApiLimits>, Path((name, id)): Path<(String, String)>, RawQuery(query): RawQuery) -> Response {
+pub(super) async fn take_reply(
+    State(api): State<Arc<Api>>,
+    Extension(limits): Extension<ApiLimits>,
+    Path((name, id)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+) -> Response {
     let Some(queue) = api.handles.get(&name) else {
         return error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host"));
     };
@@ -182,7 +188,9 @@ pub(super) async fn take_reply(State(api): State<Arc<Api>>, Extension(limits): E
     let timeout = timeout.unwrap_or(MAX_REPLY_WAIT).min(limits.idle_timeout / 2);
     match queue.wait_reply(&MessageId::from(id.as_str()), timeout).await {
         Ok(Some(reply)) => (StatusCode::OK, Json(reply)).into_response(),
-        Ok(None) => error(StatusCode::NOT_FOUND, format!("no reply to message {} within {}", crate::health::truncate_reason(&id), humantime::format_duration(timeout))),
+        Ok(None) => {
+            error(StatusCode::NOT_FOUND, format!("no reply to message {} within {}", crate::health::truncate_reason(&id), humantime::format_duration(timeout)))
+        }
         Err(e) if queue.has_reply_queue() => error(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")),
         Err(e) => error(StatusCode::CONFLICT, format!("{e:#}")),
     }

@@ -278,8 +278,11 @@ mod tests {
     use super::*;
     use crate::payload::{Codec, Decoded, Limits, decode};
 
+    /// The envelopes put, with when.
+    type Puts = Arc<Mutex<Vec<(Instant, Vec<u8>)>>>;
+
     /// A put that records envelopes and takes `put_time` (paused clock), failing when told.
-    fn recording(put_time: Duration, fail: Arc<std::sync::atomic::AtomicBool>) -> (PutEnvelope, Arc<Mutex<Vec<(Instant, Vec<u8>)>>>) {
+    fn recording(put_time: Duration, fail: Arc<std::sync::atomic::AtomicBool>) -> (PutEnvelope, Puts) {
         let puts = Arc::new(Mutex::new(Vec::new()));
         let seen = puts.clone();
         let put: PutEnvelope = Arc::new(move |bytes| {

@@ -1,7 +1,8 @@
 //! Issue 20 through the binary on the embedded queue: items posted to
 //! `POST /queues/{name}/items` (a JSON array, NDJSON) and sent by `ebb send --items` are
 //! packed within `pack_linger`, each reaches the HTTP handler with its item headers, and
-//! `delivery = "batch"` posts JSON arrays whose answer names the failed items.
+//! `delivery = "batch"` posts JSON arrays whose answer names the failed items; answers reach
+//! the reply queue (`ebb send --wait-reply`, and on Azurite read by the Python SDK).
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -188,5 +189,68 @@ async fn ebb_send_wait_reply_prints_the_answer_to_its_own_message_and_leaves_the
     // A queue without a reply queue says so.
     let none = http.post(format!("http://{}/queues/orders/replies/{id}?timeout_ms=10", host.api)).send().await?;
     assert_eq!(none.status(), 409);
+    Ok(())
+}
+
+/// On Azurite: items sent by 16 producers at once land in shared envelopes, each item
+/// reaches the Rust handler, and every answer reaches the reply queue with its envelope's
+/// id as correlation id, readable by the official Python SDK (`tests/azure-sdk/replies.py`);
+/// `QueueHandle::wait_reply` takes the answer to a plain message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn items_and_replies_round_trip_through_azurite_and_the_python_sdk_reads_the_replies() -> Result<()> {
+    use ebb::handler::{Handler, IncomingMessage};
+    use ebb_tests::azurite::{Azurite, unique_queue_name};
+
+    struct Answers(Arc<Mutex<Vec<String>>>);
+    #[async_trait::async_trait]
+    impl Handler for Answers {
+        async fn handle(&self, message: &IncomingMessage) -> Result<()> {
+            self.0.lock().unwrap().push(String::from_utf8_lossy(&message.body).into_owned());
+            Ok(())
+        }
+        async fn handle_with_reply(&self, message: &IncomingMessage) -> Result<Option<bytes::Bytes>> {
+            self.handle(message).await?;
+            Ok(Some(format!("re:{}", String::from_utf8_lossy(&message.body)).into()))
+        }
+    }
+
+    let azurite = Azurite::shared();
+    let dir = tempfile::tempdir()?;
+    let queue = unique_queue_name("items");
+    let replies = format!("{queue}-replies");
+    let text = format!(
+        "[azure]\nconnection_string = \"{}\"\n[api]\nlisten = \"127.0.0.1:0\"\n[queues.{queue}]\nbackend = \"azure\"\npack_linger = \"200ms\"\nreply_queue = \"{replies}\"\n",
+        azurite.connection_string()
+    );
+    let config = ebb::Config::parse(&text, dir.path(), None)?;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let host = ebb::Host::builder(&config).handler(&queue, Answers(seen.clone())).start().await?;
+    let handle = host.queue(&queue).unwrap();
+    let question = handle.send(b"question", Duration::ZERO, Duration::from_secs(10)).await?;
+    let reply = handle.wait_reply(&question, Duration::from_secs(20)).await?.expect("an answer within 20 s");
+    assert_eq!((reply.correlation_id.as_str(), reply.bytes()), (question.as_str(), b"re:question".to_vec()));
+    let sends = (0..16).map(|i| {
+        let handle = handle.clone();
+        async move { handle.send_items(vec![bytes::Bytes::from(format!("{{\"n\":{i}}}"))]).await }
+    });
+    let sent = futures::future::try_join_all(sends).await?;
+    let mut envelopes: Vec<String> = sent.iter().flat_map(|s| s.messages.iter().map(|m| m.to_string())).collect();
+    envelopes.sort();
+    envelopes.dedup();
+    assert!(envelopes.len() <= 2, "16 items in {} messages", envelopes.len());
+    wait_for("16 items handled", || seen.lock().unwrap().len() >= 17).await?;
+    let out = Command::new(ebb_tests::azure_sdk::AZURE_SDK_PYTHON)
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/azure-sdk/replies.py"))
+        .args([azurite.connection_string().as_str(), replies.as_str(), "16"])
+        .output()?;
+    ensure!(out.status.success(), "replies.py: {}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<Value> = String::from_utf8(out.stdout)?.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+    assert_eq!(lines.len(), 16);
+    for i in 0..16 {
+        let line = lines.iter().find(|l| l["answer"] == format!("re:{{\"n\":{i}}}")).unwrap_or_else(|| panic!("no answer to item {i}: {lines:?}"));
+        assert!(envelopes.iter().any(|e| line["correlation_id"] == e.as_str()), "{line}");
+        assert!(line["item"].is_u64(), "{line}");
+    }
+    host.shutdown().await;
     Ok(())
 }

@@ -78,6 +78,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
             partitions: 1,
             backend,
             claims: crate::payload::claims::ClaimSettings::default(),
+            payload: crate::payload::PayloadSettings::default(),
         }],
     };
     // The demo's own display of the depth: not through the host's metered client, so the

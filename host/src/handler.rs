@@ -20,8 +20,23 @@ pub struct IncomingMessage {
     pub dequeue_count: u32,
     /// When it was put.
     pub inserted_at: SystemTime,
-    /// The body, as put (cloning it shares the buffer, it does not copy it).
+    /// The body, as put (cloning it shares the buffer, it does not copy it); for an item of
+    /// an envelope, the item's bytes.
     pub body: Bytes,
+    /// Set when the body is one item of an envelope (issue 20): which one. Then `id` is the
+    /// envelope's message id and `dequeue_count` the item's failed deliveries plus this one.
+    pub item: Option<ItemPosition>,
+}
+
+/// Where an item sits in its envelope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ItemPosition {
+    /// Its index in the envelope, from 0.
+    pub index: u32,
+    /// Items in the envelope.
+    pub count: u32,
+    /// Deliveries of this item that failed before (0 for a new item).
+    pub attempts: u32,
 }
 
 /// Processes messages. `Ok` deletes the message; `Err` makes it visible again after the
@@ -46,6 +61,24 @@ pub struct IncomingMessage {
 pub trait Handler: Send + Sync + 'static {
     /// Handles one message.
     async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()>;
+
+    /// Handles one message and answers it: on a queue with a `reply_queue`, the answer
+    /// (when `Some`) is put there with the message's id as correlation id before the message
+    /// is deleted. By default [`Handler::handle`], with no answer.
+    async fn handle_with_reply(&self, message: &IncomingMessage) -> anyhow::Result<Option<Bytes>> {
+        self.handle(message).await.map(|()| None)
+    }
+
+    /// Handles a batch of items (`delivery = "batch"`): one result per item, in order; a
+    /// failed item is retried alone. By default each item through [`Handler::handle`], one
+    /// after another.
+    async fn handle_batch(&self, items: &[IncomingMessage]) -> Vec<anyhow::Result<()>> {
+        let mut results = Vec::with_capacity(items.len());
+        for item in items {
+            results.push(self.handle(item).await);
+        }
+        results
+    }
 }
 
 /// The host could not call the handler for a reason of its own (it ran out of file
@@ -194,20 +227,39 @@ async fn body_prefix(mut response: reqwest::Response, limit: usize) -> Vec<u8> {
     kept
 }
 
-#[async_trait]
-impl Handler for HttpHandler {
-    async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
-        let response = self
+/// Most bytes of an answer kept as a reply (a reply must fit a message anyway).
+pub const MAX_REPLY_BYTES: usize = 1 << 20;
+
+/// Most bytes of a batch call's answer read for the failed indexes.
+const MAX_BATCH_ANSWER_BYTES: usize = 1 << 20;
+
+/// What a batch call's answer may name: `{"failed": [indexes]}`.
+#[derive(serde::Deserialize)]
+struct BatchAnswer {
+    failed: Vec<u64>,
+}
+
+impl HttpHandler {
+    /// POSTs `body` with `message`'s headers; the response when it is a 2xx, else the failure.
+    async fn call(&self, message: &IncomingMessage, body: Bytes, batch: Option<usize>) -> anyhow::Result<reqwest::Response> {
+        let mut request = self
             .client
             .post(self.url.clone())
             .timeout(self.timeout)
             .header("ebb-queue", &message.queue)
             .header("ebb-message-id", message.id.as_str())
             .header("ebb-dequeue-count", message.dequeue_count.to_string())
-            .header("ebb-inserted-at", humantime::format_rfc3339_millis(message.inserted_at).to_string())
-            .body(message.body.clone())
-            .send()
-            .await;
+            .header("ebb-inserted-at", humantime::format_rfc3339_millis(message.inserted_at).to_string());
+        if let Some(item) = message.item {
+            request = request
+                .header("ebb-item-index", item.index.to_string())
+                .header("ebb-item-count", item.count.to_string())
+                .header("ebb-item-attempts", item.attempts.to_string());
+        }
+        if let Some(size) = batch {
+            request = request.header("ebb-batch-size", size.to_string()).header(reqwest::header::CONTENT_TYPE, "application/json");
+        }
+        let response = request.body(body).send().await;
         let response = match response {
             Ok(response) => response,
             Err(error) => {
@@ -236,7 +288,76 @@ impl Handler for HttpHandler {
                 text.chars().take(ERROR_QUOTE_CHARS).flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect();
             bail!("handler {} answered {status}: {text}", self.shown_url);
         }
-        Ok(())
+        Ok(response)
+    }
+}
+
+#[async_trait]
+impl Handler for HttpHandler {
+    async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
+        self.call(message, message.body.clone(), None).await.map(drop)
+    }
+
+    /// A 200 with a non-empty body answers (at most [`MAX_REPLY_BYTES`]); any other 2xx,
+    /// or an empty body, does not.
+    async fn handle_with_reply(&self, message: &IncomingMessage) -> anyhow::Result<Option<Bytes>> {
+        let response = self.call(message, message.body.clone(), None).await?;
+        if response.status() != reqwest::StatusCode::OK {
+            return Ok(None);
+        }
+        let body = body_prefix(response, MAX_REPLY_BYTES + 1).await;
+        if body.len() > MAX_REPLY_BYTES {
+            bail!("handler {} answered with more than {MAX_REPLY_BYTES} bytes: too large for a reply", self.shown_url);
+        }
+        Ok((!body.is_empty()).then(|| Bytes::from(body)))
+    }
+
+    /// One POST of a JSON array: each item's body as a JSON value when it is JSON, else as
+    /// a string (every item here is UTF-8: the listener delivers others alone). A 2xx
+    /// answer with `{"failed": [indexes]}` fails those items; any other 2xx, all succeeded;
+    /// anything else (429 and 503 pushing back), all failed alike.
+    async fn handle_batch(&self, items: &[IncomingMessage]) -> Vec<anyhow::Result<()>> {
+        let Some(first) = items.first() else { return Vec::new() };
+        let mut array = Vec::with_capacity(items.iter().map(|i| i.body.len() + 3).sum::<usize>() + 2);
+        array.push(b'[');
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                array.push(b',');
+            }
+            if serde_json::from_slice::<serde::de::IgnoredAny>(&item.body).is_ok() {
+                array.extend_from_slice(&item.body);
+            } else {
+                let text = String::from_utf8_lossy(&item.body);
+                serde_json::to_writer(&mut array, &text).expect("a string serialises");
+            }
+        }
+        array.push(b']');
+        let all = |error: &anyhow::Error| -> Vec<anyhow::Result<()>> {
+            items
+                .iter()
+                .map(|_| {
+                    Err(match error.downcast_ref::<PushedBack>() {
+                        Some(pushed) => PushedBack { retry_after: pushed.retry_after.clone(), detail: pushed.detail.clone() }.into(),
+                        None => anyhow::anyhow!("{error:#}"),
+                    })
+                })
+                .collect()
+        };
+        let response = match self.call(first, Bytes::from(array), Some(items.len())).await {
+            Ok(response) => response,
+            Err(error) => return all(&error),
+        };
+        let body = body_prefix(response, MAX_BATCH_ANSWER_BYTES).await;
+        let failed = match serde_json::from_slice::<BatchAnswer>(&body) {
+            Ok(answer) => answer.failed,
+            Err(_) => Vec::new(),
+        };
+        if let Some(out_of_range) = failed.iter().find(|&&i| i >= items.len() as u64) {
+            return all(&anyhow::anyhow!("handler {} answered that item {out_of_range} failed, of a batch of {}", self.shown_url, items.len()));
+        }
+        (0..items.len() as u64)
+            .map(|i| if failed.contains(&i) { Err(anyhow::anyhow!("handler {} answered that item {i} of the batch failed", self.shown_url)) } else { Ok(()) })
+            .collect()
     }
 }
 

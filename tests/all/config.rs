@@ -169,6 +169,11 @@ fn the_documented_defaults_are_the_code_defaults() {
                 "backend" => Code::Text(if matches!(queue.backend, ebb::config::Backend::Embedded) { "embedded" } else { "azure" }.into()),
                 "rule" => queue.rule.as_ref().map_or(Code::Absent, |file| Code::Text(file.to_string())),
                 "rule_params" if queue.rule_params.is_empty() => Code::Absent,
+                "compression" => Code::Text(queue.payload.compression.to_string()),
+                "pack_linger" => Code::Duration(queue.payload.pack_linger),
+                "delivery" => Code::Text(format!("{:?}", queue.payload.delivery).to_lowercase()),
+                "max_batch_items" => Code::Number(queue.payload.max_batch_items.into()),
+                "reply_queue" => queue.payload.reply_queue.clone().map_or(Code::Absent, Code::Text),
                 "handler.url" => Code::Absent, // required
                 "handler.timeout" => Code::Duration(queue.handler_timeout),
                 _ => panic!("docs/config.md documents queues.{key}: add it to this test"),

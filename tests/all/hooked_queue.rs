@@ -23,6 +23,12 @@ pub(crate) trait Hooks: Send + Sync + 'static {
     async fn after_get(&self, _got: &mut Result<Vec<Message>, QueueError>) {}
     /// Before a visibility update reaches the queue.
     async fn before_update(&self) {}
+    /// Before a put of `body` reaches the queue; an error fails the put.
+    async fn before_put(&self, _body: &[u8]) -> Result<(), QueueError> {
+        Ok(())
+    }
+    /// Before a delete reaches the queue.
+    async fn before_delete(&self, _id: &MessageId) {}
     /// Before a count reaches the queue; an error fails the count.
     async fn before_count(&self) -> Result<(), QueueError> {
         Ok(())
@@ -57,6 +63,7 @@ impl<H: Hooks> QueueClient for Hooked<H> {
         self.inner.create_if_missing().await
     }
     async fn put(&self, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
+        self.hooks.before_put(body).await?;
         self.inner.put(body, delay).await
     }
     async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
@@ -66,6 +73,7 @@ impl<H: Hooks> QueueClient for Hooked<H> {
         got
     }
     async fn delete(&self, id: &MessageId, receipt: &PopReceipt) -> Result<(), QueueError> {
+        self.hooks.before_delete(id).await;
         self.inner.delete(id, receipt).await
     }
     async fn update_visibility(&self, id: &MessageId, receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {

@@ -17,6 +17,8 @@ mod embedding;
 mod grafana;
 mod handler;
 mod hooked_queue;
+mod items;
+mod items_binary;
 mod knee;
 mod kubernetes;
 mod listener;

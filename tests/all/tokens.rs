@@ -117,7 +117,9 @@ fn clean_env(command: &mut Command, env: &[(String, String)]) {
 fn admin_call(method: &str, pattern: &str) -> Option<String> {
     let path = pattern.replace("{name}", "orders");
     let query = match (method, pattern) {
-        ("POST", "/queues/{name}/messages" | "/queues/{name}/notify" | "/queues/{name}/pause" | "/queues/{name}/resume") => "",
+        ("POST", "/queues/{name}/messages" | "/queues/{name}/items" | "/queues/{name}/notify" | "/queues/{name}/pause" | "/queues/{name}/resume") => "",
+        // The test's queue has no reply_queue: an admin gets past the gate to the route's 409.
+        ("POST", "/queues/{name}/replies/{id}") => return Some("/queues/orders/replies/m1?timeout_ms=1".to_string()),
         ("POST", "/queues/{name}/poison/requeue") => "?all=true",
         ("POST", "/queues/{name}/poison/purge") => "?confirm=orders",
         _ => return None,
@@ -172,6 +174,10 @@ async fn a_read_token_reads_everything_and_changes_nothing_and_the_audit_log_nam
     for (method, pattern) in routes.iter().filter(|(m, _)| m.as_str() != "GET") {
         let path = admin_call(method.as_str(), pattern).unwrap();
         let answer = host.call(method.as_str(), &path, Some(DEPLOYER_TOKEN)).await?;
+        if *pattern == "/queues/{name}/replies/{id}" {
+            ensure!(answer.status == 409 && answer.error()?.contains("reply"), "admin, {method} {path}: {answer:?}");
+            continue;
+        }
         ensure!((200..300).contains(&answer.status), "admin, {method} {path}: {answer:?}");
     }
     // The CLI keeps working with EBB_API_TOKEN (the host's config and environment).

@@ -16,11 +16,14 @@
 //!   blob service, against the official SDK's own upload and download of the same bytes.
 //! - `codecs`: the envelope's codecs (issue 20) on a corpus of JSON work items: ratio,
 //!   items per envelope, packing and decoding speed, against no compression.
+//! - `payloads`: producers sending one item at a time, packed against unpacked, through a
+//!   real host (issue 20): billed transactions per item, pickup latency, items per second.
 
 pub(crate) mod claims;
 pub(crate) mod codecs;
 pub(crate) mod contenders;
 pub(crate) mod http;
 pub(crate) mod measure;
+pub(crate) mod payloads;
 pub(crate) mod report;
 pub(crate) mod server;

@@ -39,6 +39,12 @@ pub(crate) enum BenchCommand {
     /// own upload and download of the same bytes in the same run: time and MB/s each way,
     /// and whether every body came back byte-identical (SHA-256).
     Claims(ClaimsArgs),
+    /// Packing (issue 20): producers sending one 1 KiB item at a time through a real host,
+    /// packed (shared envelopes within pack_linger) against unpacked (a message per item)
+    /// in the same run, on the embedded queue and (with --azurite-port) on a running
+    /// Azurite: billed transactions per item, pickup p50/p99 from the send, items per
+    /// second, and the issue's goals. Build with --release for figures worth reading.
+    Payloads(PayloadsArgs),
     /// The app `ebb bench http` posts to: 200 with an empty body at once, on 127.0.0.1 (a
     /// free port, written to --port-file), until stdin closes. Started by the bench itself.
     #[command(hide = true)]
@@ -144,6 +150,30 @@ pub(crate) struct ClaimsArgs {
     /// target/azurite/node_modules/.bin/azurite-blob).
     #[arg(long)]
     azurite_blob: Option<PathBuf>,
+pub(crate) struct PayloadsArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Items per run, 1 to 100,000.
+    #[arg(long, default_value_t = 4000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    items: u64,
+    /// Producers, each sending one item at a time, 1 to 1,024.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    producers: u32,
+    /// Calls each producer has in flight, 1 to 64 (1: it waits for each answer, so at most
+    /// one item per producer can share a message).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    in_flight: u32,
+    /// Each item's length in bytes, 512 to 16,384.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(512..=16_384))]
+    item_bytes: u64,
+    /// The packed runs' pack_linger, at most 10s.
+    #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
+    linger: std::time::Duration,
+    /// Also run on the Azurite whose queue service listens on this port of 127.0.0.1 (the
+    /// development account; start it yourself, e.g. `azurite-queue --queuePort 10001`).
+    #[arg(long)]
+    azurite_port: Option<u16>,
 }
 
 /// A contender, as `--contenders` names it.
@@ -213,6 +243,27 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 print!("{}", crate::simulate::knee::table(&report));
+            }
+            Ok(())
+        }
+        BenchCommand::Payloads(args) => {
+            if args.linger > crate::config::MAX_PACK_LINGER {
+                anyhow::bail!("--linger: at most {}", humantime::format_duration(crate::config::MAX_PACK_LINGER));
+            }
+            let bench = crate::bench::payloads::PayloadsBench {
+                items: args.items,
+                producers: args.producers,
+                in_flight: args.in_flight,
+                item_bytes: args.item_bytes as usize,
+                linger: args.linger,
+                azurite_port: args.azurite_port,
+            };
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let runs = runtime.block_on(crate::bench::payloads::run(&bench))?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&crate::bench::payloads::json(&bench, &runs))?);
+            } else {
+                print!("{}", crate::bench::payloads::table(&bench, &runs));
             }
             Ok(())
         }

@@ -275,6 +275,175 @@ pub async fn poison(command: super::PoisonCommand) -> Result<()> {
     Ok(())
 }
 
+/// Longest `ebb send --wait-reply --timeout`.
+const MAX_REPLY_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// `ebb send QUEUE [BODY] --wait-reply`: sends through the running host's API, then waits
+/// for the answer on the queue's reply queue (each look at most 30 s, until `timeout`) and
+/// prints its body.
+pub async fn send_wait_reply(config_path: &Path, queue: &str, body: Option<String>, timeout: Duration) -> Result<()> {
+    if timeout > MAX_REPLY_TIMEOUT {
+        bail!("--timeout: at most {}, got {}", humantime::format_duration(MAX_REPLY_TIMEOUT), humantime::format_duration(timeout));
+    }
+    let config = Config::load(config_path)?;
+    let Some(queue_config) = config.queues.iter().find(|q| q.name == queue) else {
+        bail!("queue {queue} is not configured in {}", config_path.display());
+    };
+    if queue_config.payload.reply_queue.is_none() {
+        bail!("queue {queue} has no reply_queue in {}: there is no answer to wait for", config_path.display());
+    }
+    let body = match body {
+        Some(body) => body.into_bytes(),
+        None => crate::input::read_stdin(&format!("the message (max_message_bytes: {} bytes)", config.max_message_bytes), config.max_message_bytes as u64)?,
+    };
+    let http = client(&config)?;
+    let base = api_base(&config);
+    let sent = http
+        .post(format!("{base}/queues/{queue}/messages"))
+        .body(body)
+        .send()
+        .await
+        .with_context(|| format!("no host answers at {base}: --wait-reply needs a running host"))?;
+    let status = sent.status();
+    let text = sent.text().await.unwrap_or_default();
+    if !status.is_success() {
+        bail!("the host answered {status}: {}", text.trim());
+    }
+    let id = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v["id"].as_str().map(str::to_owned))
+        .context("the host's answer names no message id")?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now()).min(Duration::from_secs(30));
+        let url = format!("{base}/queues/{queue}/replies/{id}?timeout_ms={}", left.as_millis());
+        let answer = http.post(&url).send().await?;
+        let status = answer.status();
+        let text = answer.text().await.unwrap_or_default();
+        if status.is_success() {
+            let reply: crate::listener::Reply = serde_json::from_str(&text).context("the host's reply is not a reply")?;
+            use std::io::Write as _;
+            let mut out = std::io::stdout().lock();
+            out.write_all(&reply.bytes())?;
+            out.write_all(b"\n")?;
+            return Ok(());
+        }
+        if status != reqwest::StatusCode::NOT_FOUND {
+            bail!("the host answered {status}: {}", text.trim());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("no reply to message {id} within {}", humantime::format_duration(timeout));
+        }
+    }
+}
+
+/// Largest file of items `ebb send --items` reads.
+const MAX_ITEMS_FILE_BYTES: u64 = 256 << 20;
+
+/// `ebb send QUEUE --items FILE`: the NDJSON items of `path` (`-`: stdin), through the
+/// running host's API in requests within its body limit, or packed here and put straight
+/// into storage when no host runs.
+pub async fn send_items(config_path: &Path, queue: &str, path: &Path) -> Result<()> {
+    let config = Config::load(config_path)?;
+    let Some(queue_config) = config.queues.iter().find(|q| q.name == queue) else {
+        bail!("queue {queue} is not configured in {}", config_path.display());
+    };
+    let text = if path == Path::new("-") {
+        crate::input::read_stdin("the items", MAX_ITEMS_FILE_BYTES)?
+    } else {
+        crate::input::read_file("the items file", path, MAX_ITEMS_FILE_BYTES)?
+    };
+    // Every line checked first, so a bad line sends nothing.
+    let mut lines: Vec<&[u8]> = Vec::new();
+    for (number, line) in text.split(|&b| b == b'\n').enumerate() {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        crate::http::parse_items(line, true)
+            .map_err(|(_, reason)| anyhow::anyhow!("{}: line {}: {}", path.display(), number + 1, reason.trim_start_matches("line 1: ")))?;
+        lines.push(line);
+    }
+    if lines.is_empty() {
+        bail!("{}: no items (one JSON value per line)", path.display());
+    }
+    let count = lines.len() as u64;
+    let http = client(&config)?;
+    let url = format!("{}/queues/{queue}/items", api_base(&config));
+    let probe = http.get(format!("{}/healthz", api_base(&config))).send().await;
+    if matches!(&probe, Err(error) if error.is_connect()) {
+        let store = match queue_config.backend {
+            Backend::Embedded => Some(
+                EmbeddedStore::open(&config.data_dir, EmbeddedOptions { max_message_bytes: config.max_message_bytes, ..Default::default() })
+                    .context("no host answers on the API, and the data directory could not be opened")?,
+            ),
+            Backend::Azure { .. } => None,
+        };
+        let open = |name: &str| crate::service::storage_queue(&queue_config.backend, store.as_ref(), name);
+        let stack = QueueStack::assemble(queue_config, &open, &StackOptions { metered: false, retry: Some(RetryPolicy::default()), readiness: None })?;
+        stack.create_if_missing().await?;
+        let handle = crate::service::QueueHandle::new(queue, stack.logical.clone(), Vec::new());
+        handle.attach_payload(queue_config.payload.clone(), crate::service::text_envelopes(&queue_config.backend));
+        let mut messages = 0;
+        for chunk in lines.chunks(crate::service::packing::MAX_ITEMS_PER_SEND) {
+            let items = chunk
+                .iter()
+                .map(|line| crate::http::parse_items(line, true).map(|mut one| one.remove(0)))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|(_, reason)| anyhow::anyhow!("{reason}"))?;
+            let sent = handle.send_items(items).await.with_context(|| format!("failed to send the items of {}", path.display()))?;
+            messages += sent.messages.len();
+        }
+        println!(
+            "sent {count} item{} in {messages} message{} to {queue} (no host running: written straight to storage)",
+            plural(count),
+            plural(messages as u64)
+        );
+        return Ok(());
+    }
+    // Requests within the API's body limit and item count; sent side by side, so the host
+    // packs them together.
+    let limit = config.max_message_bytes;
+    let mut bodies: Vec<Vec<u8>> = vec![Vec::new()];
+    let mut in_body = 0;
+    for (number, line) in lines.iter().enumerate() {
+        if line.len() + 1 > limit {
+            bail!("{}: item {} is {} bytes, over the API's body limit (max_message_bytes: {limit} bytes)", path.display(), number + 1, line.len());
+        }
+        let current = bodies.last_mut().expect("one body at least");
+        if current.len() + line.len() + 1 > limit || in_body == crate::service::packing::MAX_ITEMS_PER_SEND {
+            bodies.push(Vec::new());
+            in_body = 0;
+        }
+        let current = bodies.last_mut().expect("one body at least");
+        current.extend_from_slice(line);
+        current.push(b'\n');
+        in_body += 1;
+    }
+    let mut sends = futures::stream::iter(bodies)
+        .map(|body| {
+            let request = http.post(&url).header(reqwest::header::CONTENT_TYPE, "application/x-ndjson").body(body);
+            async move {
+                let response = request.send().await?;
+                let status = response.status();
+                let text = response.text().await.unwrap_or_default();
+                if !status.is_success() {
+                    bail!("the host answered {status}: {}", text.trim());
+                }
+                let answer: serde_json::Value = serde_json::from_str(&text).context("the host's answer is not JSON")?;
+                Ok::<_, anyhow::Error>(
+                    answer["messages"].as_array().map_or(Vec::new(), |ids| ids.iter().filter_map(|id| id.as_str().map(str::to_owned)).collect::<Vec<_>>()),
+                )
+            }
+        })
+        .buffer_unordered(16);
+    let mut messages = std::collections::BTreeSet::new();
+    while let Some(sent) = sends.next().await {
+        messages.extend(sent?);
+    }
+    println!("sent {count} item{} in {} message{} to {queue} via {}", plural(count), messages.len(), plural(messages.len() as u64), api_base(&config));
+    Ok(())
+}
+
 async fn check_response(response: reqwest::Response) -> Result<()> {
     let status = response.status();
     if !status.is_success() {

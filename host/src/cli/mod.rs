@@ -79,6 +79,18 @@ enum Command {
         /// the body if given, else `{"trace_seconds":…,"seq":…}`. Ctrl-C stops it.
         #[arg(long, conflicts_with = "count")]
         trace: Option<PathBuf>,
+        /// Send work items instead of a message: a file of NDJSON, one item per line (a JSON
+        /// string is the item's text, any other value its JSON text), `-` for stdin, at most
+        /// 256 MiB. Items are packed into as few messages as fit (docs/payloads.md).
+        #[arg(long, conflicts_with_all = ["count", "trace", "body"])]
+        items: Option<PathBuf>,
+        /// After sending the message, wait for the handler's answer on the queue's
+        /// `reply_queue` (matched by the message's id) and print it. Needs a running host.
+        #[arg(long, conflicts_with_all = ["count", "trace", "items"])]
+        wait_reply: bool,
+        /// With `--wait-reply`: how long to wait, at most 1h.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, requires = "wait_reply")]
+        timeout: std::time::Duration,
         /// The configuration file.
         #[arg(long, short, default_value = "ebb.toml")]
         config: PathBuf,
@@ -229,7 +241,11 @@ pub fn main(cli: Cli) -> ExitCode {
         }
         Command::Run { config } => runtime().and_then(|rt| rt.block_on(host::run(&config))),
         Command::Scaler { config } => runtime().and_then(|rt| rt.block_on(host::scaler(&config))),
-        Command::Send { queue, body, count, trace: None, config } => runtime().and_then(|rt| rt.block_on(client::send(&config, &queue, count, body))),
+        Command::Send { queue, body, wait_reply: true, timeout, config, .. } => {
+            runtime().and_then(|rt| rt.block_on(client::send_wait_reply(&config, &queue, body, timeout)))
+        }
+        Command::Send { queue, items: Some(items), config, .. } => runtime().and_then(|rt| rt.block_on(client::send_items(&config, &queue, &items))),
+        Command::Send { queue, body, count, trace: None, config, .. } => runtime().and_then(|rt| rt.block_on(client::send(&config, &queue, count, body))),
         Command::Send { queue, body, trace: Some(trace), config, .. } => {
             runtime().and_then(|rt| rt.block_on(client::send_trace(&config, &queue, &trace, body)))
         }

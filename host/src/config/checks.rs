@@ -30,6 +30,10 @@ pub const MAX_TASKS: u32 = 1024;
 /// Most handler calls at once one queue may allow (`max_concurrent_calls`).
 pub const MAX_CONCURRENT_CALLS: u32 = 10_000;
 pub use crate::names::MAX_QUEUE_NAME_LEN;
+/// Longest `pack_linger`: a producer's item should not wait longer for its put.
+pub const MAX_PACK_LINGER: Duration = Duration::from_secs(10);
+/// Most items in one batch call (`max_batch_items`): a JSON array the app must hold at once.
+pub const MAX_BATCH_ITEMS: u32 = 1_000;
 
 /// The least a duration may be, for [`check_duration`].
 pub(super) enum AtLeast {

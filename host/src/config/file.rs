@@ -251,6 +251,21 @@ pub struct QueueFile {
     /// Where the queue lives: `embedded` (default) or `azure`.
     #[serde(default)]
     pub backend: BackendKind,
+    /// The codec of the envelopes its producers pack: `none`, `deflate`, `zstd` (default)
+    /// or `lz4`.
+    #[serde(default)]
+    pub compression: crate::payload::Codec,
+    /// How long the packing task waits for more items after the first. Default `10ms`,
+    /// `0s` to `10s`.
+    #[serde(default = "serde_defaults::pack_linger", with = "humantime_serde")]
+    pub pack_linger: Duration,
+    /// An envelope's items to the handler one per call (`item`, default) or in batches (`batch`).
+    #[serde(default)]
+    pub delivery: crate::payload::Delivery,
+    /// Most items in one batch call (`delivery = "batch"` only). Default 32, 1 to 1,000.
+    pub max_batch_items: Option<u32>,
+    /// The queue handlers' answers are put on. Default: none (answers are dropped).
+    pub reply_queue: Option<String>,
     /// This queue's own Azure account (default: the host-wide `[azure]`).
     pub azure: Option<AzureFile>,
 }
@@ -377,6 +392,9 @@ pub(super) mod serde_defaults {
     }
     pub fn claim_sweep_interval() -> Duration {
         crate::payload::claims::DEFAULT_SWEEP_INTERVAL
+    }
+    pub fn pack_linger() -> Duration {
+        d::PACK_LINGER
     }
     pub fn handler_timeout() -> Duration {
         d::HANDLER_TIMEOUT

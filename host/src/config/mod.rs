@@ -38,7 +38,7 @@ pub use backend::Backend;
 pub use bus::BusConfig;
 pub use checks::{
     MAX_API_CONNECTIONS, MAX_CACHE_MIB, MAX_CALL_DEADLINE, MAX_CONCURRENT_CALLS, MAX_INSTANCES, MAX_INTERVAL, MAX_MEMORY_MIB, MAX_MESSAGE_BYTES_LIMIT,
-    MAX_PRICE_PER_10K, MAX_QUEUE_NAME_LEN, MAX_SAFETY_POLL, MAX_TASKS,
+    MAX_PACK_LINGER, MAX_PRICE_PER_10K, MAX_QUEUE_NAME_LEN, MAX_SAFETY_POLL, MAX_TASKS,
 };
 use file::ConfigFile;
 pub use settings::{ApiLimits, ApiRole, ApiToken, ScalerSettings};
@@ -102,6 +102,8 @@ pub struct QueueConfig {
     pub backend: Backend,
     /// Claim checks: the largest offloaded body, and the sweeper's retention and period.
     pub claims: crate::payload::claims::ClaimSettings,
+    /// Packing, delivery of items and answers.
+    pub payload: crate::payload::PayloadSettings,
 }
 
 impl QueueConfig {

@@ -7,16 +7,20 @@ use anyhow::{Context as _, Result, bail};
 
 use super::QueueConfig;
 use super::backend::{AzureFile, Backend, BackendKind};
-use super::checks::{AtLeast, MAX_CONCURRENT_CALLS, MAX_INTERVAL, MAX_PICKUP_DELAY, MAX_SAFETY_POLL, MAX_TASKS, check_duration, parse_handler_url};
+use super::checks::{
+    AtLeast, MAX_BATCH_ITEMS, MAX_CONCURRENT_CALLS, MAX_INTERVAL, MAX_PACK_LINGER, MAX_PICKUP_DELAY, MAX_SAFETY_POLL, MAX_TASKS, check_duration,
+    parse_handler_url,
+};
 use super::file::QueueFile;
 use crate::listener::QueueSettings;
 use crate::names::{QueueName, RuleFileName};
 use crate::payload::claims::{ClaimSettings, MAX_CLAIM_CHECK_BYTES_LIMIT, MAX_RETENTION, MAX_SWEEP_INTERVAL, MIN_RETENTION, MIN_SWEEP_INTERVAL};
+use crate::payload::{AZURE_MAX_ENVELOPE_BYTES, Delivery, PayloadSettings};
 use crate::queue::partitioned::MAX_PARTITIONS;
 use crate::queue::{MAX_BATCH, MAX_VISIBILITY};
 
 impl QueueFile {
-    pub(super) fn validate(self, name: &str, base: &Path, host_azure: Option<&AzureFile>) -> Result<QueueConfig> {
+    pub(super) fn validate(self, name: &str, base: &Path, host_azure: Option<&AzureFile>, max_message_bytes: usize) -> Result<QueueConfig> {
         let backend = match (self.backend, &self.azure, host_azure) {
             (BackendKind::Embedded, Some(_), _) => bail!("azure: set backend = \"azure\" to use it"),
             (BackendKind::Embedded, None, _) => Backend::Embedded,
@@ -83,6 +87,30 @@ impl QueueFile {
         let handler_url = self.handler.as_ref().map(|handler| parse_handler_url(&handler.url)).transpose()?;
         let handler_timeout = self.handler.as_ref().map_or(crate::defaults::HANDLER_TIMEOUT, |handler| handler.timeout);
         check_duration("handler.timeout", handler_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
+        check_duration("pack_linger", self.pack_linger, AtLeast::Zero, MAX_PACK_LINGER)?;
+        let max_batch_items = match self.max_batch_items {
+            Some(_) if self.delivery != Delivery::Batch => bail!("max_batch_items: only applies with delivery = \"batch\""),
+            Some(count) if !(1..=MAX_BATCH_ITEMS).contains(&count) => bail!("max_batch_items: must be 1 to {MAX_BATCH_ITEMS}, got {count}"),
+            Some(count) => count,
+            None => crate::defaults::MAX_BATCH_ITEMS,
+        };
+        let reply_queue = match self.reply_queue {
+            None => None,
+            Some(reply) => {
+                let reply = QueueName::new(&reply).context("reply_queue")?;
+                if reply == name || name.partitions(self.partitions).iter().any(|p| p.as_str() == reply.as_str()) {
+                    bail!("reply_queue: {reply} is this queue (or one of its partitions); answers would come back as requests");
+                }
+                if reply.as_str().ends_with("-poison") {
+                    bail!("reply_queue: {reply} is a poison queue; answers would be taken for poisoned messages");
+                }
+                Some(reply.to_string())
+            }
+        };
+        let max_envelope_bytes = match backend {
+            Backend::Embedded => max_message_bytes,
+            Backend::Azure { .. } => AZURE_MAX_ENVELOPE_BYTES,
+        };
         Ok(QueueConfig {
             name: name.clone(),
             settings: QueueSettings {
@@ -109,6 +137,14 @@ impl QueueFile {
             partitions: self.partitions,
             backend,
             claims,
+            payload: PayloadSettings {
+                compression: self.compression,
+                pack_linger: self.pack_linger,
+                delivery: self.delivery,
+                max_batch_items,
+                max_envelope_bytes,
+                reply_queue,
+            },
         })
     }
 

@@ -70,7 +70,7 @@ impl ConfigFile {
         }
         let mut queues = Vec::new();
         for (name, queue) in self.queues {
-            queues.push(queue.validate(&name, base, self.azure.as_ref()).with_context(|| format!("queues.{name}"))?);
+            queues.push(queue.validate(&name, base, self.azure.as_ref(), self.max_message_bytes).with_context(|| format!("queues.{name}"))?);
         }
         // Every storage queue (queues, partitions, poison queues) belongs to one configured queue.
         let mut owners: BTreeMap<String, &str> = BTreeMap::new();

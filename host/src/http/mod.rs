@@ -35,6 +35,7 @@ use std::sync::Arc;
 pub(crate) use auth::token_matches;
 pub use auth::{ANONYMOUS, Caller};
 pub use routes::authenticated_route_table;
+pub(crate) use routes::parse_items;
 #[cfg(test)]
 pub use routes::router;
 pub(crate) use server::{bind, serve};

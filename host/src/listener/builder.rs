@@ -10,6 +10,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::handler::Handler;
 use crate::log_limit::LogLimiter;
+use crate::payload::{MIN_ENVELOPE_BYTES, Packer, PayloadSettings};
 use crate::queue::{Clock, QueueClient, SystemClock, Transactions};
 use crate::rules::{BuiltInRule, Decider};
 
@@ -31,6 +32,9 @@ pub struct ListenerBuilder {
     clock: Arc<dyn Clock>,
     settings: QueueSettings,
     transactions: Option<Arc<Transactions>>,
+    payload: PayloadSettings,
+    text_envelopes: bool,
+    reply: Option<Arc<dyn QueueClient>>,
 }
 
 impl Listener {
@@ -44,6 +48,9 @@ impl Listener {
             clock: Arc::new(SystemClock),
             settings: QueueSettings::default(),
             transactions: None,
+            payload: PayloadSettings::default(),
+            text_envelopes: false,
+            reply: None,
         }
     }
 }
@@ -76,9 +83,24 @@ impl ListenerBuilder {
         self
     }
 
+    /// How envelopes' items are delivered and put back (default: [`PayloadSettings::default`]);
+    /// `text`: the queue's messages are text, so envelopes go as base64 text.
+    pub fn payload(mut self, payload: PayloadSettings, text: bool) -> Self {
+        self.payload = payload;
+        self.text_envelopes = text;
+        self
+    }
+
+    /// The queue handlers' answers are put on, with the request's id as correlation id.
+    pub fn reply_queue(mut self, reply: Arc<dyn QueueClient>) -> Self {
+        self.reply = Some(reply);
+        self
+    }
+
     /// The listener; no task runs until [`Listener::start`].
     pub fn build(self) -> Listener {
-        let ListenerBuilder { queue, poison, handler, decider, clock, settings, transactions } = self;
+        let ListenerBuilder { queue, poison, handler, decider, clock, settings, transactions, payload, text_envelopes, reply } = self;
+        let packer = Packer::new(payload.compression, payload.max_envelope_bytes.max(MIN_ENVELOPE_BYTES)).expect("the limit is at least the smallest envelope");
         let seed = settings.random_seed.unwrap_or_else(|| fastrand::u64(..));
         let slots = super::slots::Slots::new(settings.max_concurrent_calls);
         Listener {
@@ -113,6 +135,10 @@ impl ListenerBuilder {
                 latency_micros: std::sync::atomic::AtomicU64::new(0),
                 fetched_ahead: std::sync::atomic::AtomicU32::new(0),
                 paused: tokio::sync::watch::Sender::new(None),
+                payload,
+                packer,
+                text_envelopes,
+                reply,
             }),
         }
     }

@@ -55,6 +55,23 @@ pub(super) struct Counters {
     pub calls: Mutex<CallWindow>,
     /// The rule's last concurrency decision (none while it has made none).
     pub last_concurrency: Mutex<Option<RecordedDecision<u32>>>,
+    /// Envelopes and their items.
+    pub items: ItemCounters,
+}
+
+/// What became of envelopes and their items.
+#[derive(Default)]
+pub(super) struct ItemCounters {
+    /// Envelopes whose items were delivered.
+    pub envelopes: AtomicU64,
+    /// Items handled.
+    pub delivered: AtomicU64,
+    /// Item deliveries that failed (each retried alone, or poisoned).
+    pub failed: AtomicU64,
+    /// Items moved to the poison queue alone.
+    pub poisoned: AtomicU64,
+    /// Answers put on the reply queue.
+    pub replies: AtomicU64,
 }
 
 /// What the last get that answered returned (contract 0.2.0's `last-get-messages` and

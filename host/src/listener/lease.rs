@@ -83,21 +83,37 @@ impl Shared {
     /// is awaited: its new receipt is the one the delete needs.
     pub(super) async fn handle_under_lease(&self, message: &IncomingMessage, lease: &mut Lease) -> Outcome {
         let counters = &self.counters;
-        let duration = self.settings.lease_duration;
+        let with_reply = self.reply.is_some();
         // A panicking handler is a failing handler: retried, then poisoned.
-        let handling = AssertUnwindSafe(self.handler.handle(message)).catch_unwind().map(|result| {
+        let handling = AssertUnwindSafe(async {
+            if with_reply { self.handler.handle_with_reply(message).await } else { self.handler.handle(message).await.map(|()| None) }
+        })
+        .catch_unwind()
+        .map(|result| {
             result.unwrap_or_else(|panic| {
                 counters.handler_panics.fetch_add(1, Ordering::Relaxed);
                 Err(anyhow!("handler panicked: {}", panic_message(&*panic)))
             })
         });
+        match self.run_under_lease(message, lease, handling).await {
+            Some(result) => Outcome::Handled(result),
+            None => Outcome::Abandoned,
+        }
+    }
+
+    /// Runs `work` (the handler's calls for `message`) with renewals beside it, until it
+    /// ends (`Some`) or shutdown abandons it (`None`).
+    pub(super) async fn run_under_lease<T>(&self, message: &IncomingMessage, lease: &mut Lease, work: impl Future<Output = T>) -> Option<T> {
+        let counters = &self.counters;
+        let duration = self.settings.lease_duration;
+        let handling = work;
         tokio::pin!(handling);
         let mut renewal: Option<Renewal<'_>> = None;
         let mut outcome = None;
         loop {
             tokio::select! {
                 result = &mut handling, if outcome.is_none() => {
-                    outcome = Some(Outcome::Handled(result));
+                    outcome = Some(Some(result));
                     if renewal.is_none() {
                         break;
                     }
@@ -117,7 +133,7 @@ impl Shared {
                     }));
                 }
                 _ = self.abandon.cancelled(), if outcome.is_none() => {
-                    outcome = Some(Outcome::Abandoned);
+                    outcome = Some(None);
                     if renewal.is_none() {
                         break;
                     }

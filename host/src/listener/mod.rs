@@ -21,6 +21,7 @@
 mod builder;
 mod concurrency;
 mod counters;
+mod items;
 mod lease;
 mod pause;
 mod pickup;
@@ -50,6 +51,7 @@ use crate::rules::Decider;
 pub use builder::ListenerBuilder;
 pub use concurrency::CONCURRENCY_WINDOW;
 use counters::Counters;
+pub use items::Reply;
 pub use pause::Pause;
 pub(crate) use poison::PoisonEnvelope;
 pub use settings::QueueSettings;
@@ -120,6 +122,14 @@ struct Shared {
     fetched_ahead: std::sync::atomic::AtomicU32,
     /// The queue's pause, if any (see `pause`).
     paused: tokio::sync::watch::Sender<Option<pause::Pause>>,
+    /// How envelopes' items are delivered, and put back when they fail.
+    payload: crate::payload::PayloadSettings,
+    /// Packs failed items into a new envelope.
+    packer: crate::payload::Packer,
+    /// Envelopes go as base64 text (an Azure queue with `encoding = "none"`).
+    text_envelopes: bool,
+    /// Where handlers' answers go, if anywhere.
+    reply: Option<Arc<dyn QueueClient>>,
 }
 
 impl Listener {

@@ -12,11 +12,10 @@ use super::Shared;
 use super::status::PoisonForm;
 
 impl Shared {
-    /// Put in the poison queue first, deleted here after, so a crash in between duplicates
-    /// rather than loses it. The poison queue gets a JSON envelope with the reason; when
-    /// that does not fit its size limit, the body as it is (as Azure Functions moves it),
-    /// and the reason stays in the log, the status and the metrics.
-    pub(super) async fn poison(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, reason: &str) {
+    /// Puts `message` (or one item of an envelope) into the poison queue with `reason`,
+    /// deleting nothing: a JSON envelope with the reason, or, when that does not fit, the
+    /// body as it is. The form it took.
+    pub(super) async fn put_poison(&self, message: &IncomingMessage, reason: &str) -> Result<PoisonForm, QueueError> {
         let (mut form, mut put) = (PoisonForm::Body, None);
         if self.settings.poison_envelope {
             let envelope = serde_json::to_vec(&PoisonEnvelope::new(message, reason)).expect("the envelope serialises");
@@ -34,8 +33,17 @@ impl Shared {
             )),
             None => self.poison.put(&message.body, Duration::ZERO).await,
         };
+        put.map(|_| form)
+    }
+
+    /// Put in the poison queue first, deleted here after, so a crash in between duplicates
+    /// rather than loses it. The poison queue gets a JSON envelope with the reason; when
+    /// that does not fit its size limit, the body as it is (as Azure Functions moves it),
+    /// and the reason stays in the log, the status and the metrics.
+    pub(super) async fn poison(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, reason: &str) {
+        let put = self.put_poison(message, reason).await;
         match put {
-            Ok(_) => {
+            Ok(form) => {
                 self.counters.record_poison(&message.id, reason, form);
                 if let Some(suppressed) = self.poison_log.allow() {
                     tracing::warn!(
@@ -89,6 +97,9 @@ pub(crate) struct PoisonEnvelope {
     /// The body as hex, if it is not UTF-8.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body_hex: Option<String>,
+    /// For an item of an envelope poisoned alone: its index in that envelope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<u32>,
 }
 
 impl PoisonEnvelope {
@@ -103,6 +114,7 @@ impl PoisonEnvelope {
             poisoned_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             body_hex: text.is_none().then(|| hex::encode(&message.body)),
             body: text,
+            item: message.item.map(|item| item.index),
         }
     }
 }

@@ -13,13 +13,14 @@ use crate::queue::{Message, MessageId, PopReceipt, QueueError};
 
 use super::Shared;
 use super::concurrency::{CallEnd, FetchedAhead};
+use super::items::{ItemResult, Unpacked};
 use super::lease::Lease;
 use super::slots::{Slot, SlotGrant};
 
 /// How a handler call ended, for the concurrency decision.
-fn call_end(result: &anyhow::Result<()>) -> CallEnd {
+fn call_end<T>(result: &anyhow::Result<T>) -> CallEnd {
     match result {
-        Ok(()) => CallEnd::Succeeded,
+        Ok(_) => CallEnd::Succeeded,
         Err(error) if error.is::<PushedBack>() => CallEnd::PushedBack,
         Err(_) => CallEnd::Failed,
     }
@@ -27,7 +28,8 @@ fn call_end(result: &anyhow::Result<()>) -> CallEnd {
 
 /// How handling a message ended.
 pub(super) enum Outcome {
-    Handled(anyhow::Result<()>),
+    /// The handler's result, with its answer for the reply queue.
+    Handled(anyhow::Result<Option<bytes::Bytes>>),
     /// Shutdown's drain time ran out while the handler was still working.
     Abandoned,
 }
@@ -55,7 +57,7 @@ impl Shared {
             return;
         };
         let Message { id, pop_receipt, dequeue_count, inserted_at, body, defect, .. } = message;
-        let incoming = IncomingMessage { queue: self.queue.name().to_string(), id, dequeue_count, inserted_at, body };
+        let incoming = IncomingMessage { queue: self.queue.name().to_string(), id, dequeue_count, inserted_at, body, item: None };
         let mut lease = Lease::new(pop_receipt, leased_until, self.settings.lease_duration);
         if let Some(defect) = defect {
             drop(slot);
@@ -63,6 +65,15 @@ impl Shared {
             self.poison(&incoming, &lease.receipt, &defect).await;
             return;
         }
+        let envelope = match self.unpack(&incoming.body) {
+            Unpacked::Plain => None,
+            Unpacked::Envelope(envelope) => Some(envelope),
+            Unpacked::Broken(reason) => {
+                drop(slot);
+                self.poison(&incoming, &lease.receipt, &reason).await;
+                return;
+            }
+        };
         // A message fetched ahead of the free slots (a fast app) waits here for one, briefly.
         let slot = match slot {
             Some(slot) => slot,
@@ -83,6 +94,21 @@ impl Shared {
             return;
         }
         let started = Instant::now();
+        if let Some(envelope) = envelope {
+            let delivered = self.run_under_lease(&incoming, &mut lease, self.deliver_items(&incoming, &envelope)).await;
+            let latency = started.elapsed();
+            drop(slot);
+            self.record_call_latency(latency);
+            match delivered {
+                Some(results) => {
+                    let all_ok = results.iter().all(|r| matches!(r, ItemResult::Handled(_)));
+                    self.counters.calls.lock().unwrap().record(if all_ok { CallEnd::Succeeded } else { CallEnd::Failed }, latency);
+                    self.settle_envelope(&incoming, &lease.receipt, &envelope, results, latency).await;
+                }
+                None => self.settle(&incoming, &lease.receipt, Outcome::Abandoned, latency).await,
+            }
+            return;
+        }
         let outcome = self.handle_under_lease(&incoming, &mut lease).await;
         let latency = started.elapsed();
         drop(slot);
@@ -96,7 +122,22 @@ impl Shared {
     /// Acts on how handling ended, with the latest receipt.
     async fn settle(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, outcome: Outcome, latency: Duration) {
         match outcome {
-            Outcome::Handled(Ok(())) => {
+            Outcome::Handled(Ok(reply)) => {
+                if let Some(reply) = reply
+                    && let Err(error) = self.put_reply(message, None, &reply).await
+                {
+                    // The answer must reach the reply queue before the request goes: retried.
+                    self.counters.record_failure(latency);
+                    let delay = self.settings.retry_delay(message.dequeue_count);
+                    let reason = format!("handled, but its reply could not be put on the reply queue: {error}");
+                    if message.dequeue_count >= self.settings.max_dequeue_count {
+                        self.poison(message, receipt, &reason).await;
+                    } else {
+                        tracing::warn!(id = %message.id, ?delay, "{reason}; retrying later");
+                        self.retry_later(message, receipt, delay).await;
+                    }
+                    return;
+                }
                 // Counted once the delete has returned: `processed` means handled and deleted.
                 let deleted = self.queue.delete(&message.id, receipt).await;
                 self.counters.record_success(latency);

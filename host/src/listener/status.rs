@@ -172,6 +172,16 @@ pub struct ListenerStatus {
     pub task_panics: u64,
     /// Rule calls whose blocking task panicked (the built-in rule decided).
     pub rule_call_panics: u64,
+    /// Envelopes whose items were delivered (issue 20).
+    pub envelopes: u64,
+    /// Items of envelopes handled.
+    pub items_delivered: u64,
+    /// Item deliveries that failed (each retried alone, or poisoned alone).
+    pub items_failed: u64,
+    /// Items moved to the poison queue alone.
+    pub items_poisoned: u64,
+    /// Answers put on the reply queue.
+    pub replies: u64,
     /// The queue's rule.
     pub rule: Option<RuleStatus>,
     /// The last task-count decision.
@@ -266,6 +276,11 @@ impl Shared {
             retry_after_unusable: load64(&c.retry_after_unusable),
             task_panics: load64(&c.task_panics),
             rule_call_panics: load64(&c.rule_call_panics),
+            envelopes: load64(&c.items.envelopes),
+            items_delivered: load64(&c.items.delivered),
+            items_failed: load64(&c.items.failed),
+            items_poisoned: load64(&c.items.poisoned),
+            replies: load64(&c.items.replies),
             rule: self.decider.status(),
             last_task_count,
             recent_decisions: c.recent_decisions(),

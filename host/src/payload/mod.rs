@@ -37,6 +37,7 @@ mod format;
 mod item;
 mod limits;
 mod pack;
+mod settings;
 mod text;
 
 pub use codec::Codec;
@@ -45,6 +46,7 @@ pub use format::{Decoded, ENVELOPE_OVERHEAD_BYTES, Envelope, FORMAT_VERSION, MAG
 pub use item::{AzureContainer, BlobRef, Body, ClaimCheck, Item};
 pub use limits::{AllowedReferences, DEFAULT_MAX_CLAIM_CHECK_BYTES, DEFAULT_MAX_DECODED_BYTES, DEFAULT_MAX_ITEMS, Limits};
 pub use pack::{MIN_ENVELOPE_BYTES, Packed, PackedEnvelope, Packer};
+pub use settings::{Delivery, PayloadSettings};
 pub use text::{decode_text, to_text};
 
 /// The largest envelope an Azure queue carries, in bytes: 64 KiB of message text holds

@@ -79,12 +79,22 @@ pub struct QueueStack {
     pub poison: Arc<dyn QueueClient>,
     /// The logical queue: the only partition, or all of them as one ([`Partitioned`]).
     pub logical: Arc<dyn QueueClient>,
+    /// The queue handlers' answers go to (`reply_queue`), decorated as the poison queue.
+    pub reply: Option<Arc<dyn QueueClient>>,
 }
 
 impl QueueStack {
     /// Assembles `queue`'s stack over the storage queues `open` gives.
     pub fn assemble(queue: &QueueConfig, open: &OpenQueue<'_>, options: &StackOptions) -> Result<QueueStack> {
-        QueueStack::assemble_named(&queue.name, &queue.storage_queues(), &queue.poison_queue(), open, options)
+        let mut stack = QueueStack::assemble_named(&queue.name, &queue.storage_queues(), &queue.poison_queue(), open, options)?;
+        if let Some(reply) = &queue.payload.reply_queue {
+            let client = open(reply)?;
+            stack.reply = Some(match &options.retry {
+                Some(policy) => Arc::new(Retrying::new(client, policy.clone())),
+                None => client,
+            });
+        }
+        Ok(stack)
     }
 
     /// Assembles the stack of logical queue `name` over storage queues `storage` and poison
@@ -120,12 +130,15 @@ impl QueueStack {
             [only] => only.client.clone(),
             all => Arc::new(Partitioned::new(name, all.iter().map(|p| p.client.clone()).collect())),
         };
-        Ok(QueueStack { partitions, poison, logical })
+        Ok(QueueStack { partitions, poison, logical, reply: None })
     }
 
     /// Creates the poison queue and every partition where missing.
     pub async fn create_if_missing(&self) -> Result<(), crate::queue::QueueError> {
         self.poison.create_if_missing().await?;
+        if let Some(reply) = &self.reply {
+            reply.create_if_missing().await?;
+        }
         for partition in &self.partitions {
             partition.client.create_if_missing().await?;
         }

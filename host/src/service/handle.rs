@@ -10,11 +10,21 @@ use tokio::sync::watch;
 
 use crate::bus::Bus;
 use crate::listener::{Listener, Pause};
+use crate::payload::PayloadSettings;
 use crate::queue::{MessageId, QueueClient, QueueError};
+
+use super::packing::{ItemsError, ItemsSent, Packing};
 
 /// The longest a send waits for storage before giving up with a transient error (storage
 /// that stalls must still get the sender an answer).
 pub const SEND_DEADLINE: Duration = Duration::from_secs(20);
+
+/// The first pause between two looks at a reply queue, doubled up to [`REPLY_POLL_MAX`].
+const REPLY_POLL_MIN: Duration = Duration::from_millis(50);
+/// The longest pause between two looks at a reply queue.
+const REPLY_POLL_MAX: Duration = Duration::from_secs(1);
+/// How long a look at the reply queue leases what it reads (others' answers are released at once).
+const REPLY_LEASE: Duration = Duration::from_secs(5);
 
 /// A logical queue's handle. Cheap to clone.
 #[derive(Clone)]
@@ -37,6 +47,13 @@ struct Inner {
     /// One poison operation at a time on this host: each leases what it looks at, so two at
     /// once would each see only part of the poison queue.
     poison_operations: tokio::sync::Mutex<()>,
+    /// The queue's payload settings (the defaults for a handle outside a service) and
+    /// whether its messages are text (an Azure queue with `encoding = "none"`).
+    payload: std::sync::OnceLock<(PayloadSettings, bool)>,
+    /// The packing task of items sent through this host, started at the first send of items.
+    packing: tokio::sync::OnceCell<Packing>,
+    /// The queue's reply queue, if it has one.
+    reply: std::sync::OnceLock<Arc<dyn QueueClient>>,
 }
 
 impl QueueHandle {
@@ -54,6 +71,9 @@ impl QueueHandle {
             paused: watch::Sender::new(None),
             poison: std::sync::OnceLock::new(),
             poison_operations: tokio::sync::Mutex::new(()),
+            payload: std::sync::OnceLock::new(),
+            packing: tokio::sync::OnceCell::new(),
+            reply: std::sync::OnceLock::new(),
         };
         QueueHandle { inner: Arc::new(inner) }
     }
@@ -161,6 +181,95 @@ impl QueueHandle {
         Ok(id)
     }
 
+    /// Items are packed and put with `settings` (set once, before the first send of items);
+    /// `text`: the queue's messages are text, so an envelope goes as base64 text.
+    pub fn attach_payload(&self, settings: PayloadSettings, text: bool) {
+        let _ = self.inner.payload.set((settings, text));
+    }
+
+    /// Handlers' answers to this queue's messages are read from `reply` (its `reply_queue`).
+    pub fn attach_reply(&self, reply: Arc<dyn QueueClient>) {
+        let _ = self.inner.reply.set(reply);
+    }
+
+    /// Whether the queue has a reply queue.
+    pub fn has_reply_queue(&self) -> bool {
+        self.inner.reply.get().is_some()
+    }
+
+    /// Waits up to `timeout` for the answer to message `id` on the queue's reply queue:
+    /// takes it (deleted once read) and leaves every other answer (released at once).
+    /// `None` when none came in time. Fails when the queue has no reply queue.
+    pub async fn wait_reply(&self, id: &MessageId, timeout: Duration) -> anyhow::Result<Option<crate::listener::Reply>> {
+        use anyhow::Context as _;
+        let reply = self.inner.reply.get().with_context(|| format!("queue {} has no reply_queue", self.inner.name))?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut pause = REPLY_POLL_MIN;
+        loop {
+            let got = reply.get(crate::queue::MAX_BATCH, REPLY_LEASE).await?;
+            let mut found = None;
+            for message in got {
+                let answer =
+                    serde_json::from_slice::<crate::listener::Reply>(&message.body).ok().filter(|r| r.correlation_id == id.as_str() && found.is_none());
+                match answer {
+                    Some(answer) => {
+                        reply.delete(&message.id, &message.pop_receipt).await?;
+                        found = Some(answer);
+                    }
+                    None => {
+                        // Another waiter's: back at once.
+                        let _ = reply.update_visibility(&message.id, &message.pop_receipt, Duration::ZERO).await;
+                    }
+                }
+            }
+            if found.is_some() {
+                return Ok(found);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(REPLY_POLL_MAX);
+        }
+    }
+
+    /// Sends work items: packed with the items this host's other senders send within the
+    /// queue's `pack_linger` into envelopes (compressed with its `compression`), put, and the
+    /// queue woken. Returns once every envelope holding one of them was put (within
+    /// [`SEND_DEADLINE`]); a failed put fails the send.
+    pub async fn send_items(&self, items: Vec<bytes::Bytes>) -> Result<ItemsSent, ItemsError> {
+        let packing =
+            self.inner.packing.get_or_try_init(|| async { self.start_packing() }).await.map_err(|error| ItemsError::Storage(QueueError::Fatal(error)))?;
+        match tokio::time::timeout(SEND_DEADLINE, packing.send(items)).await {
+            Ok(sent) => sent,
+            Err(_) => Err(QueueError::Transient(anyhow::anyhow!("storage did not answer within {}", humantime::format_duration(SEND_DEADLINE))).into()),
+        }
+    }
+
+    fn start_packing(&self) -> anyhow::Result<Packing> {
+        let (settings, text) = self.inner.payload.get_or_init(|| (PayloadSettings::default(), false)).clone();
+        let sender = self.inner.sender.clone();
+        let put: super::packing::PutEnvelope = std::sync::Arc::new(move |envelope: Vec<u8>| {
+            let sender = sender.clone();
+            Box::pin(async move {
+                if text { sender.put(crate::payload::to_text(&envelope).as_bytes(), Duration::ZERO).await } else { sender.put(&envelope, Duration::ZERO).await }
+            })
+        });
+        // The task must not keep the handle alive: it ends when the handle is dropped.
+        let handle = std::sync::Arc::downgrade(&self.inner);
+        // Rules see messages, not items: an envelope is one arrival.
+        let arrived: super::packing::Arrived = std::sync::Arc::new(move |messages| {
+            if let Some(inner) = handle.upgrade() {
+                let handle = QueueHandle { inner };
+                handle.count_arrivals(messages as u64);
+                handle.wake(Duration::ZERO);
+                handle.publish(Some(messages as u64), Duration::ZERO);
+            }
+        });
+        Packing::start(&settings, put, arrived)
+    }
+
     /// Messages were put straight into storage (by another program): wake this host's
     /// listeners and tell every other host.
     pub fn notify(&self) {
@@ -208,8 +317,12 @@ impl QueueHandle {
     /// rules' `arrivals_per_sec` (on a partitioned queue, in every partition's listener: the
     /// logical queue's rate). A bus trigger does not: the bus echoes this host's own sends.
     fn count_arrival(&self) {
+        self.count_arrivals(1);
+    }
+
+    fn count_arrivals(&self, count: u64) {
         for listener in &self.inner.listeners {
-            listener.record_arrivals(1);
+            listener.record_arrivals(count);
         }
     }
 

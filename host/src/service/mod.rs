@@ -9,6 +9,7 @@
 mod assembly;
 mod audit;
 mod handle;
+pub mod packing;
 mod pauses;
 pub mod poison;
 
@@ -146,6 +147,10 @@ impl Service {
             let handle = QueueHandle::new(&queue_config.name, stack.logical.clone(), listeners);
             handle.attach_pauses(pauses.clone());
             handle.attach_poison(stack.poison.clone());
+            handle.attach_payload(queue_config.payload.clone(), text_envelopes(&queue_config.backend));
+            if let Some(reply) = &stack.reply {
+                handle.attach_reply(reply.clone());
+            }
             // Not ready until its storage has answered (see start_work), nor while its rule is
             // compiling or cannot load (the built-in rule decides meanwhile).
             readiness.set_problem(&queue_config.name, ReadinessPart::Storage, "storage not reached yet");
@@ -428,7 +433,11 @@ fn worker_listeners(queue: &QueueConfig, handler: Option<&Arc<dyn Handler>>, sta
         let queue_rules = rules.queue(&name).with_context(|| format!("queue {name} has no rule slot"))?;
         let mut builder = Listener::builder(partition.client.clone(), stack.poison.clone(), handler.clone())
             .decider(Arc::new(queue_rules))
-            .settings(QueueSettings { poison_envelope: matches!(queue.backend, Backend::Embedded), ..queue.settings.clone() });
+            .settings(QueueSettings { poison_envelope: matches!(queue.backend, Backend::Embedded), ..queue.settings.clone() })
+            .payload(queue.payload.clone(), text_envelopes(&queue.backend));
+        if let Some(reply) = &stack.reply {
+            builder = builder.reply_queue(reply.clone());
+        }
         if let Some(transactions) = &partition.transactions {
             builder = builder.transactions(transactions.clone());
         }
@@ -440,6 +449,12 @@ fn worker_listeners(queue: &QueueConfig, handler: Option<&Arc<dyn Handler>>, sta
         listeners.push(listener);
     }
     Ok(listeners)
+}
+
+/// Whether envelopes go as base64 text on `backend` (an Azure queue with `encoding = "none"`
+/// stores text only).
+pub(crate) fn text_envelopes(backend: &Backend) -> bool {
+    matches!(backend, Backend::Azure { encoding: crate::queue::azure::Encoding::None, .. })
 }
 
 /// Subscribes to every queue's channel: a trigger reaches the queue's handle (which wakes

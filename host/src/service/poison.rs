@@ -261,6 +261,7 @@ mod tests {
             poisoned_at: "2026-11-27T10:01:00.000Z".into(),
             body_hex: text.is_none().then(|| hex::encode(body)),
             body: text,
+            item: None,
         };
         serde_json::to_vec(&envelope).unwrap()
     }

@@ -14,7 +14,8 @@ use serde_json::json;
 use crate::http::body_limit::too_large;
 use crate::http::errors::error;
 use crate::http::{Api, ApiLimits};
-use crate::queue::{MAX_VISIBILITY, QueueError};
+use crate::queue::{MAX_VISIBILITY, MessageId, QueueError};
+use crate::service::packing::{ItemsError, MAX_ITEMS_PER_SEND};
 
 /// Parses the query of `POST /queues/{name}/messages`: only `delay_ms`, a whole number of
 /// milliseconds up to [`MAX_VISIBILITY`].
@@ -71,6 +72,130 @@ pub(super) async fn send(
     }
 }
 
+/// What `POST /queues/{name}/items` takes: a JSON array of items, or NDJSON (one item per
+/// line; `Content-Type: application/x-ndjson` or `application/jsonl`). Each item is a JSON
+/// value: a string is the item's text (unquoted, escapes resolved), any other value is its
+/// JSON text as written. Nothing else is accepted: the count is bounded by
+/// [`MAX_ITEMS_PER_SEND`], the bytes by the API's body limit.
+pub(crate) fn parse_items(body: &[u8], ndjson: bool) -> Result<Vec<Bytes>, (StatusCode, String)> {
+    use serde_json::value::RawValue;
+    let bad = |reason: String| (StatusCode::BAD_REQUEST, reason);
+    let raw: Vec<(usize, &RawValue)> = if ndjson {
+        let mut raw = Vec::new();
+        for (line, text) in body.split(|&b| b == b'\n').enumerate() {
+            if text.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            if raw.len() == MAX_ITEMS_PER_SEND {
+                return Err((StatusCode::PAYLOAD_TOO_LARGE, format!("more than {MAX_ITEMS_PER_SEND} items in one send")));
+            }
+            let value: &RawValue = serde_json::from_slice(text).map_err(|e| bad(format!("line {}: not a JSON value: {e}", line + 1)))?;
+            raw.push((line + 1, value));
+        }
+        raw
+    } else {
+        let values: Vec<&RawValue> =
+            serde_json::from_slice(body).map_err(|e| bad(format!("not a JSON array of items: {e} (send NDJSON with Content-Type: application/x-ndjson)")))?;
+        if values.len() > MAX_ITEMS_PER_SEND {
+            return Err((StatusCode::PAYLOAD_TOO_LARGE, format!("{} items in one send, over the limit of {MAX_ITEMS_PER_SEND}", values.len())));
+        }
+        values.into_iter().enumerate().collect()
+    };
+    if raw.is_empty() {
+        return Err(bad("no items: send a JSON array of at least one item, or NDJSON lines".into()));
+    }
+    raw.into_iter()
+        .map(|(at, value)| {
+            let text = value.get();
+            if text.starts_with('"') {
+                let string: String = serde_json::from_str(text).map_err(|e| bad(format!("item {at}: {e}")))?;
+                Ok(Bytes::from(string))
+            } else {
+                Ok(Bytes::copy_from_slice(text.as_bytes()))
+            }
+        })
+        .collect()
+}
+
+/// `POST /queues/{name}/items`: work items, packed with the other items sent within the
+/// queue's `pack_linger`; `201 {"items": n, "messages": [ids]}` once all are stored.
+pub(super) async fn send_items(
+    State(api): State<Arc<Api>>,
+    Extension(limits): Extension<ApiLimits>,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: axum::http::HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let Some(queue) = api.handles.get(&name) else {
+        return error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host"));
+    };
+    if let Some((key, _)) = form_urlencoded::parse(query.unwrap_or_default().as_bytes()).next() {
+        return error(StatusCode::BAD_REQUEST, format!("unknown query parameter {:?} (this route takes none)", crate::health::truncate_reason(&key)));
+    }
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => return too_large(limits),
+        Err(rejection) => return error(rejection.status(), rejection.body_text()),
+    };
+    let ndjson = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| matches!(v.trim(), "application/x-ndjson" | "application/jsonl" | "application/ndjson"));
+    let items = match parse_items(&body, ndjson) {
+        Ok(items) => items,
+        Err((status, reason)) => return error(status, reason),
+    };
+    match queue.send_items(items).await {
+        Ok(sent) => (StatusCode::CREATED, Json(json!({ "items": sent.items, "messages": sent.messages }))).into_response(),
+        Err(e @ (ItemsError::TooLarge { .. } | ItemsError::TooMany { .. } | ItemsError::TooManyBytes { .. })) => {
+            error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string())
+        }
+        Err(e @ ItemsError::Empty) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(ItemsError::Storage(e @ QueueError::MessageTooLarge { .. })) => error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),
+        Err(ItemsError::Storage(e @ QueueError::InvalidBody(_))) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+/// Longest `timeout_ms` of a wait for a reply: within the API's idle timeout's default.
+const MAX_REPLY_WAIT: Duration = Duration::from_secs(30);
+
+/// `POST /queues/{name}/replies/{id}?timeout_ms=N`: waits up to N ms (default and most
+/// 30,000) for the answer to message `id` on the queue's reply queue and takes it: `200`
+/// with the reply (docs/payloads.md), `404` when none came in time.
+pub(super) async fn take_reply(
+    State(api): State<Arc<Api>>,
+    Extension(limits): Extension<ApiLimits>,
+    Path((name, id)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let Some(queue) = api.handles.get(&name) else {
+        return error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host"));
+    };
+    let mut timeout = None;
+    for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        if key != "timeout_ms" || timeout.is_some() {
+            return error(StatusCode::BAD_REQUEST, format!("{:?}: this route takes timeout_ms, once", crate::health::truncate_reason(&key)));
+        }
+        match value.parse::<u64>() {
+            Ok(ms) if !value.starts_with('+') && Duration::from_millis(ms) <= MAX_REPLY_WAIT => timeout = Some(Duration::from_millis(ms)),
+            _ => return error(StatusCode::BAD_REQUEST, format!("timeout_ms: a whole number of milliseconds up to {}", MAX_REPLY_WAIT.as_millis())),
+        }
+    }
+    // Within the connection's idle timeout, so the client gets the answer.
+    let timeout = timeout.unwrap_or(MAX_REPLY_WAIT).min(limits.idle_timeout / 2);
+    match queue.wait_reply(&MessageId::from(id.as_str()), timeout).await {
+        Ok(Some(reply)) => (StatusCode::OK, Json(reply)).into_response(),
+        Ok(None) => {
+            error(StatusCode::NOT_FOUND, format!("no reply to message {} within {}", crate::health::truncate_reason(&id), humantime::format_duration(timeout)))
+        }
+        Err(e) if queue.has_reply_queue() => error(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")),
+        Err(e) => error(StatusCode::CONFLICT, format!("{e:#}")),
+    }
+}
+
 pub(super) async fn notify(State(api): State<Arc<Api>>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
     if let Some((key, _)) = form_urlencoded::parse(query.unwrap_or_default().as_bytes()).next() {
         return error(StatusCode::BAD_REQUEST, format!("unknown query parameter {key:?} (this route takes none)"));
@@ -88,6 +213,28 @@ pub(super) async fn notify(State(api): State<Arc<Api>>, Path(name): Path<String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn items_are_json_values_strings_as_their_text_others_as_written() {
+        let items = parse_items(br#"["plain text", {"b": 1,  "a": [2]}, 3, "esc\"aped\n", null]"#, false).unwrap();
+        assert_eq!(items, [&b"plain text"[..], br#"{"b": 1,  "a": [2]}"#, b"3", b"esc\"aped\n", b"null"]);
+        let items = parse_items(b"{\"order\": 1}\n\n\"two\"\r\n[3]\n", true).unwrap();
+        assert_eq!(items, [&br#"{"order": 1}"#[..], b"two", b"[3]"]);
+        for (body, ndjson, status, reason) in [
+            (&b"[]"[..], false, 400, "no items"),
+            (b"", true, 400, "no items"),
+            (b"{\"a\":1}", false, 400, "not a JSON array of items"),
+            (b"[1,", false, 400, "not a JSON array of items"),
+            (b"1\n{oops\n", true, 400, "line 2: not a JSON value"),
+        ] {
+            let (got, text) = parse_items(body, ndjson).unwrap_err();
+            assert_eq!((got.as_u16(), text.contains(reason)), (status, true), "{text}");
+        }
+        let many = format!("[{}]", vec!["1"; MAX_ITEMS_PER_SEND + 1].join(","));
+        assert_eq!(parse_items(many.as_bytes(), false).unwrap_err().0, StatusCode::PAYLOAD_TOO_LARGE);
+        let many = "1\n".repeat(MAX_ITEMS_PER_SEND + 1);
+        assert_eq!(parse_items(many.as_bytes(), true).unwrap_err().0, StatusCode::PAYLOAD_TOO_LARGE);
+    }
 
     #[test]
     fn send_takes_only_a_delay_of_at_most_seven_days() {

@@ -76,6 +76,11 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
         counter(&mut registry, "handler_host_errors", "Handler calls the host could not make (out of file descriptors); retried, never poisoned for");
     let pushed_back =
         counter(&mut registry, "handler_pushed_back", "Handler calls the app pushed back (HTTP 429 or 503); retried after its Retry-After, not failures");
+    let envelopes = counter(&mut registry, "envelopes", "Envelopes (messages of many items) whose items were delivered");
+    let items_delivered = counter(&mut registry, "items_delivered", "Items of envelopes handled");
+    let items_failed = counter(&mut registry, "items_failed", "Item deliveries that failed (each retried alone, or poisoned alone)");
+    let items_poisoned = counter(&mut registry, "items_poisoned", "Items moved to the poison queue alone");
+    let replies = counter(&mut registry, "replies", "Handler answers put on the reply queue");
     let retry_after_adjusted = Family::<RetryAfterLabel, Counter>::default();
     registry.register(
         "handler_retry_after_adjusted",
@@ -159,6 +164,11 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
         poison_failures.get_or_create(&label).inc_by(s.poison_failures);
         host_errors.get_or_create(&label).inc_by(s.host_errors);
         pushed_back.get_or_create(&label).inc_by(s.pushed_back);
+        envelopes.get_or_create(&label).inc_by(s.envelopes);
+        items_delivered.get_or_create(&label).inc_by(s.items_delivered);
+        items_failed.get_or_create(&label).inc_by(s.items_failed);
+        items_poisoned.get_or_create(&label).inc_by(s.items_poisoned);
+        replies.get_or_create(&label).inc_by(s.replies);
         for (reason, count) in [("capped", s.retry_after_capped), ("unusable", s.retry_after_unusable)] {
             retry_after_adjusted.get_or_create(&RetryAfterLabel { queue: label.queue.clone(), reason: reason.into() }).inc_by(count);
         }

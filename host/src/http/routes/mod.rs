@@ -7,6 +7,7 @@ mod metrics;
 mod poison;
 mod status;
 
+pub(crate) use messages::parse_items;
 pub(crate) use status::queue_cost;
 
 use std::sync::Arc;
@@ -46,6 +47,8 @@ fn authenticated_routes() -> Vec<Route> {
         route(Method::GET, "/metrics", metrics::metrics),
         route(Method::GET, "/whoami", whoami),
         route(Method::POST, "/queues/{name}/messages", messages::send),
+        route(Method::POST, "/queues/{name}/items", messages::send_items),
+        route(Method::POST, "/queues/{name}/replies/{id}", messages::take_reply),
         route(Method::POST, "/queues/{name}/notify", messages::notify),
         route(Method::POST, "/queues/{name}/pause", control::pause),
         route(Method::POST, "/queues/{name}/resume", control::resume),

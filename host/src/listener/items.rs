@@ -1,0 +1,324 @@
+//! Messages that are envelopes (issue 20): their items go to the handler one by one (or in
+//! batches), and fail one by one. The failed items are put back as a new envelope, each
+//! counted one more attempt, and an item out of attempts goes to the poison queue alone,
+//! both BEFORE the envelope is deleted: a crash in between duplicates items, never loses one.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::anyhow;
+use bytes::Bytes;
+use futures::{FutureExt as _, StreamExt as _};
+
+use crate::handler::{IncomingMessage, ItemPosition};
+use crate::panics::panic_message;
+use crate::payload::{AllowedReferences, Body, Decoded, Delivery, Envelope, Limits, decode, decode_text};
+use crate::queue::{PopReceipt, QueueError};
+
+use super::Shared;
+
+/// What a message turned out to be.
+pub(super) enum Unpacked {
+    /// Not an envelope: delivered as it is.
+    Plain,
+    /// An envelope and its items.
+    Envelope(Envelope),
+    /// A broken envelope: the poison reason.
+    Broken(String),
+}
+
+/// The base64 of the envelope's magic: how an envelope written as text starts.
+const TEXT_MAGIC: &[u8] = b"wUVCQg0K";
+
+/// How one item's delivery ended.
+pub(super) enum ItemResult {
+    /// Handled; the handler's answer, if any.
+    Handled(Option<Bytes>),
+    /// The handler failed (or panicked): retried alone, or poisoned once out of attempts.
+    Failed(anyhow::Error),
+    /// It can never be delivered here: poisoned alone with this reason.
+    Refused(String),
+}
+
+impl Shared {
+    /// Whether `body` is an envelope (raw, or as base64 text from a queue of text).
+    pub(super) fn unpack(&self, body: &[u8]) -> Unpacked {
+        // Claim checks into this queue's own store are read (and refused item by item
+        // until the claim store is wired in); any other reference is a hostile envelope.
+        let limits = Limits { references: AllowedReferences { azure: None, embedded_queue: Some(self.queue.name().to_string()) }, ..Limits::default() };
+        let decoded = match decode(body, &limits) {
+            Ok(Decoded::NotAnEnvelope) if body.starts_with(TEXT_MAGIC) => match std::str::from_utf8(body) {
+                Ok(text) => decode_text(text, &limits),
+                Err(_) => Ok(Decoded::NotAnEnvelope),
+            },
+            other => other,
+        };
+        match decoded {
+            Ok(Decoded::NotAnEnvelope) => Unpacked::Plain,
+            Ok(Decoded::Envelope(envelope)) => Unpacked::Envelope(envelope),
+            Err(error) => Unpacked::Broken(format!("broken envelope: {error}")),
+        }
+    }
+
+    /// The handler's message for item `index` of `envelope`, carried by `message`.
+    fn item_message(message: &IncomingMessage, envelope: &Envelope, index: usize, body: Bytes) -> IncomingMessage {
+        let attempts = envelope.items[index].attempts;
+        IncomingMessage {
+            body,
+            dequeue_count: attempts.saturating_add(message.dequeue_count),
+            item: Some(ItemPosition { index: index as u32, count: envelope.items.len() as u32, attempts }),
+            ..message.clone()
+        }
+    }
+
+    /// Delivers the envelope's items: up to `max_concurrent_calls` at once, or in batches
+    /// of `max_batch_items`. One result per item, in order.
+    pub(super) async fn deliver_items(&self, message: &IncomingMessage, envelope: &Envelope) -> Vec<ItemResult> {
+        let mut results: Vec<Option<ItemResult>> = envelope.items.iter().map(|_| None).collect();
+        let mut single = Vec::new();
+        let mut batchable = Vec::new();
+        for (index, item) in envelope.items.iter().enumerate() {
+            match &item.body {
+                Body::ClaimCheck(check) => {
+                    results[index] = Some(ItemResult::Refused(format!(
+                        "claim checks not enabled (item {index} is a claim check for {} bytes at {})",
+                        check.size, check.location
+                    )))
+                }
+                // A batch is a JSON array: an item that is not UTF-8 goes alone.
+                Body::Inline(body) if self.payload.delivery == Delivery::Batch && std::str::from_utf8(body).is_ok() => batchable.push((index, body.clone())),
+                Body::Inline(body) => single.push((index, body.clone())),
+            }
+        }
+        let with_reply = self.reply.is_some();
+        let width = self.settings.max_concurrent_calls.max(1) as usize;
+        let singles = futures::stream::iter(single)
+            .map(|(index, body)| {
+                let item = Self::item_message(message, envelope, index, body);
+                async move {
+                    let call = AssertUnwindSafe(async {
+                        if with_reply { self.handler.handle_with_reply(&item).await } else { self.handler.handle(&item).await.map(|()| None) }
+                    });
+                    (index, self.contained(call.catch_unwind().await))
+                }
+            })
+            .buffer_unordered(width)
+            .collect::<Vec<_>>();
+        let batches = futures::stream::iter(batchable.chunks(self.payload.max_batch_items.max(1) as usize).map(<[_]>::to_vec).collect::<Vec<_>>())
+            .map(|batch| {
+                let items: Vec<IncomingMessage> = batch.iter().map(|(index, body)| Self::item_message(message, envelope, *index, body.clone())).collect();
+                async move {
+                    let answers = match AssertUnwindSafe(self.handler.handle_batch(&items)).catch_unwind().await {
+                        Ok(answers) if answers.len() == items.len() => answers,
+                        Ok(answers) => {
+                            let reason = format!("the handler answered {} results for a batch of {}", answers.len(), items.len());
+                            items.iter().map(|_| Err(anyhow!("{reason}"))).collect()
+                        }
+                        Err(panic) => {
+                            self.counters.handler_panics.fetch_add(1, Ordering::Relaxed);
+                            let reason = format!("handler panicked: {}", panic_message(&*panic));
+                            items.iter().map(|_| Err(anyhow!("{reason}"))).collect()
+                        }
+                    };
+                    batch.iter().map(|(index, _)| *index).zip(answers.into_iter().map(|answer| answer.map(|()| None))).collect::<Vec<_>>()
+                }
+            })
+            .buffer_unordered(width)
+            .collect::<Vec<_>>();
+        let (singles, batches) = tokio::join!(singles, batches);
+        for (index, result) in singles.into_iter().chain(batches.into_iter().flatten()) {
+            results[index] = Some(match result {
+                Ok(reply) => ItemResult::Handled(reply),
+                Err(error) => ItemResult::Failed(error),
+            });
+        }
+        results.into_iter().map(|result| result.expect("every item has a result")).collect()
+    }
+
+    /// A handler call's result, a panic made a failure.
+    fn contained(&self, result: std::thread::Result<anyhow::Result<Option<Bytes>>>) -> anyhow::Result<Option<Bytes>> {
+        result.unwrap_or_else(|panic| {
+            self.counters.handler_panics.fetch_add(1, Ordering::Relaxed);
+            Err(anyhow!("handler panicked: {}", panic_message(&*panic)))
+        })
+    }
+
+    /// Settles an envelope whose items were delivered: replies put, failed items put back
+    /// (a new envelope, hidden for the retry delay) or poisoned alone, and only then the
+    /// envelope deleted. If any of those puts fails, nothing is deleted: the envelope comes
+    /// back after the retry delay and all its items are delivered again (at least once).
+    pub(super) async fn settle_envelope(
+        self: &Arc<Self>,
+        message: &IncomingMessage,
+        receipt: &PopReceipt,
+        envelope: &Envelope,
+        results: Vec<ItemResult>,
+        latency: Duration,
+    ) {
+        let items = &self.counters.items;
+        items.envelopes.fetch_add(1, Ordering::Relaxed);
+        let mut retry = Vec::new();
+        let mut poison = Vec::new();
+        let mut replies = Vec::new();
+        let mut most_attempts = 0;
+        for (index, result) in results.into_iter().enumerate() {
+            match result {
+                ItemResult::Handled(reply) => {
+                    items.delivered.fetch_add(1, Ordering::Relaxed);
+                    if let Some(reply) = reply {
+                        replies.push((index, reply));
+                    }
+                }
+                ItemResult::Failed(error) => {
+                    items.failed.fetch_add(1, Ordering::Relaxed);
+                    let tries = envelope.items[index].attempts.saturating_add(message.dequeue_count);
+                    if tries >= self.settings.max_dequeue_count {
+                        poison.push((index, format!("{error:#} (item {index}, {tries} failed deliveries)")));
+                    } else {
+                        most_attempts = most_attempts.max(tries);
+                        if let Some(suppressed) = self.failure_log.allow() {
+                            tracing::warn!(id = %message.id, item = index, tries, suppressed, "item failed, retried alone later: {error:#}");
+                        }
+                        retry.push(index);
+                    }
+                }
+                ItemResult::Refused(reason) => {
+                    items.failed.fetch_add(1, Ordering::Relaxed);
+                    poison.push((index, reason));
+                }
+            }
+        }
+        let mut all_put = true;
+        for (index, reply) in &replies {
+            if let Err(error) = self.put_reply(message, Some(*index as u32), reply).await {
+                tracing::warn!(id = %message.id, item = index, "could not put the reply; the envelope is delivered again later: {error}");
+                all_put = false;
+            }
+        }
+        if all_put && !retry.is_empty() {
+            all_put = self.put_back(message, envelope, &retry, self.settings.retry_delay(most_attempts)).await;
+        }
+        if all_put {
+            for (index, reason) in &poison {
+                let Body::Inline(body) = &envelope.items[*index].body else {
+                    // A claim check moves as its reference: the poison queue gets the reason.
+                    let item = Self::item_message(message, envelope, *index, Bytes::new());
+                    all_put &= self.poison_item(&item, reason).await;
+                    continue;
+                };
+                let item = Self::item_message(message, envelope, *index, body.clone());
+                all_put &= self.poison_item(&item, reason).await;
+            }
+        }
+        if !all_put {
+            let delay = self.settings.retry_delay(message.dequeue_count);
+            if let Err(error) = self.hide_for(&message.id, receipt, delay).await {
+                tracing::warn!(id = %message.id, "could not set the retry delay (the lease will run out instead): {error}");
+            }
+            return;
+        }
+        let deleted = self.queue.delete(&message.id, receipt).await;
+        self.counters.record_success(latency);
+        if let Err(error) = deleted {
+            tracing::warn!(id = %message.id, "envelope settled, but the delete failed (its items may be delivered again): {error}");
+        }
+    }
+
+    /// Puts the items `failed` of `envelope` back as a new envelope (each one more attempt),
+    /// hidden for `delay`. False when a put failed.
+    async fn put_back(self: &Arc<Self>, message: &IncomingMessage, envelope: &Envelope, failed: &[usize], delay: Duration) -> bool {
+        let packed = match self.packer.repack_failed(envelope, failed) {
+            Ok(packed) => packed,
+            Err(error) => {
+                tracing::error!(id = %message.id, "could not pack the failed items again: {error:#}");
+                return false;
+            }
+        };
+        for envelope in packed.envelopes {
+            let put = if self.text_envelopes {
+                self.queue.put(crate::payload::to_text(&envelope.bytes).as_bytes(), delay).await
+            } else {
+                self.queue.put(&envelope.bytes, delay).await
+            };
+            if let Err(error) = put {
+                tracing::warn!(id = %message.id, "could not put the failed items back; the envelope is delivered again later: {error}");
+                return false;
+            }
+            self.wake_after(delay);
+        }
+        true
+    }
+
+    async fn poison_item(self: &Arc<Self>, item: &IncomingMessage, reason: &str) -> bool {
+        match self.put_poison(item, reason).await {
+            Ok(form) => {
+                self.counters.items.poisoned.fetch_add(1, Ordering::Relaxed);
+                let shown = format!("{}#{}", item.id, item.item.map_or(0, |i| i.index));
+                self.counters.record_poison(&shown, reason, form);
+                if let Some(suppressed) = self.poison_log.allow() {
+                    tracing::warn!(id = %shown, poison_queue = %self.poison.name(), suppressed, "item moved to the poison queue alone: {reason}");
+                }
+                true
+            }
+            Err(error) => {
+                self.counters.poison_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(id = %item.id, "cannot poison an item ({reason}); the envelope is delivered again later: {error}");
+                false
+            }
+        }
+    }
+
+    /// Puts a handler's answer on the reply queue (a no-op without one).
+    pub(super) async fn put_reply(&self, message: &IncomingMessage, item: Option<u32>, reply: &Bytes) -> Result<(), QueueError> {
+        let Some(queue) = &self.reply else { return Ok(()) };
+        let body = serde_json::to_vec(&Reply::new(message, item, reply)).expect("a reply serialises");
+        queue.put(&body, Duration::ZERO).await?;
+        self.counters.items.replies.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// What a reply queue holds for each answer (JSON; docs/payloads.md).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Reply {
+    /// The request's message id.
+    pub correlation_id: String,
+    /// The queue the request came from.
+    pub queue: String,
+    /// For an item of an envelope: its index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<u32>,
+    /// When the answer was put, RFC 3339.
+    pub replied_at: String,
+    /// The answer, if it is UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    /// The answer in base64, if it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_base64: Option<String>,
+}
+
+impl Reply {
+    fn new(message: &IncomingMessage, item: Option<u32>, reply: &Bytes) -> Reply {
+        let text = std::str::from_utf8(reply).ok().map(str::to_owned);
+        Reply {
+            correlation_id: message.id.to_string(),
+            queue: message.queue.clone(),
+            item,
+            replied_at: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            body_base64: text.is_none().then(|| azure_core::base64::encode(reply)),
+            body: text,
+        }
+    }
+
+    /// The answer's bytes (none when its base64 is malformed).
+    pub fn bytes(&self) -> Vec<u8> {
+        match (&self.body, &self.body_base64) {
+            (Some(text), _) => text.clone().into_bytes(),
+            (None, Some(b64)) => azure_core::base64::decode(b64).unwrap_or_default(),
+            (None, None) => Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,434 @@
+//! The producers' side of payloads: items sent separately within a queue's `pack_linger`
+//! are packed into shared envelopes by one task per queue, like a Kafka producer's batch.
+//!
+//! A sender hands its items to the task and waits for its answer: the task collects the
+//! items that arrive within `pack_linger` of the first (or until about an envelope's worth
+//! has come), packs them, puts the envelopes side by side, and answers each sender only
+//! once every envelope holding one of its items was put. A failed put fails the senders
+//! whose items it held. The items waiting (and being put) are bounded by
+//! [`LINGER_BUFFER_BYTES`]: a sender waits for room, the buffer never grows without limit.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::payload::{DEFAULT_MAX_ITEMS, Item, MIN_ITEM_BYTES, Packer, PayloadSettings};
+use crate::queue::{MessageId, QueueError};
+
+/// Most bytes of items waiting for the packing task or being put, per queue: at zstd's
+/// ratio on JSON about 80 Azure messages. Senders beyond it wait for room.
+pub const LINGER_BUFFER_BYTES: usize = 16 << 20;
+
+/// Most items in one send: what one envelope may hold at most (`payload::Limits`).
+pub const MAX_ITEMS_PER_SEND: usize = DEFAULT_MAX_ITEMS as usize;
+
+/// Sends waiting for the task, at most (each also holds its bytes of the buffer).
+const QUEUED_SENDS: usize = 4096;
+
+/// What a send of items came to.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ItemsSent {
+    /// How many items were stored.
+    pub items: usize,
+    /// The messages (envelopes) that hold them, each once, in the order put.
+    pub messages: Vec<MessageId>,
+}
+
+/// Why a send of items failed. Nothing was stored, except after [`ItemsError::Storage`]
+/// when the items spanned envelopes and some were put (at least once: a sender retries).
+#[derive(Debug, thiserror::Error)]
+pub enum ItemsError {
+    /// No items given.
+    #[error("no items to send")]
+    Empty,
+    /// More than [`MAX_ITEMS_PER_SEND`].
+    #[error("{count} items in one send, over the limit of {MAX_ITEMS_PER_SEND}")]
+    TooMany {
+        /// Items given.
+        count: usize,
+    },
+    /// More bytes than the packing buffer holds.
+    #[error("{bytes} bytes of items in one send, over the limit of {LINGER_BUFFER_BYTES}")]
+    TooManyBytes {
+        /// Bytes given.
+        bytes: usize,
+    },
+    /// An item that fits no message of the queue, even alone and compressed.
+    #[error(
+        "item {index} of {size} bytes does not fit a message of this queue (at most {limit} bytes with its envelope, after compression); claim checks are not enabled"
+    )]
+    TooLarge {
+        /// Its index in the send.
+        index: usize,
+        /// Its size in bytes.
+        size: usize,
+        /// The queue's envelope limit in bytes.
+        limit: usize,
+    },
+    /// A put failed.
+    #[error(transparent)]
+    Storage(#[from] QueueError),
+    /// The packing task is gone (the host is shutting down).
+    #[error("the queue's packing task has stopped (shutting down?)")]
+    Stopped,
+}
+
+impl ItemsError {
+    /// Whether the sender's own items were the problem (never worth sending again as they are).
+    pub fn is_senders(&self) -> bool {
+        matches!(self, ItemsError::Empty | ItemsError::TooMany { .. } | ItemsError::TooManyBytes { .. } | ItemsError::TooLarge { .. })
+    }
+}
+
+/// Puts one envelope; the packing task calls it for each envelope it made.
+pub type PutEnvelope = Arc<dyn Fn(Vec<u8>) -> BoxFuture<'static, Result<MessageId, QueueError>> + Send + Sync>;
+
+/// Told after envelopes were put: how many.
+pub type Arrived = Arc<dyn Fn(usize) + Send + Sync>;
+
+struct Pending {
+    items: Vec<Bytes>,
+    bytes: usize,
+    /// Its room in the buffer, given back when it is answered.
+    _room: OwnedSemaphorePermit,
+    answer: oneshot::Sender<Result<ItemsSent, ItemsError>>,
+}
+
+/// A queue's packing task's front: cheap to clone; the task ends when the last clone is dropped.
+#[derive(Clone)]
+pub struct Packing {
+    sends: mpsc::Sender<Pending>,
+    room: Arc<Semaphore>,
+    room_bytes: usize,
+}
+
+impl Packing {
+    /// Starts the packing task of a queue with `settings`, putting through `put` and telling
+    /// `arrived` after each flush.
+    pub fn start(settings: &PayloadSettings, put: PutEnvelope, arrived: Arrived) -> anyhow::Result<Packing> {
+        Packing::start_with_room(settings, put, arrived, LINGER_BUFFER_BYTES)
+    }
+
+    /// [`Packing::start`] with a buffer of `room` bytes.
+    fn start_with_room(settings: &PayloadSettings, put: PutEnvelope, arrived: Arrived, room: usize) -> anyhow::Result<Packing> {
+        let packer = Packer::new(settings.compression, settings.max_envelope_bytes)?;
+        let (sends, receiver) = mpsc::channel(QUEUED_SENDS);
+        let task = Task { packer, linger: settings.pack_linger, put, arrived, ratio: 1.0 };
+        tokio::spawn(task.run(receiver));
+        Ok(Packing { sends, room: Arc::new(Semaphore::new(room)), room_bytes: room })
+    }
+
+    /// Sends `items`, packed with the other senders' items of the same linger; returns once
+    /// every envelope holding one of them was put.
+    pub async fn send(&self, items: Vec<Bytes>) -> Result<ItemsSent, ItemsError> {
+        if items.is_empty() {
+            return Err(ItemsError::Empty);
+        }
+        if items.len() > MAX_ITEMS_PER_SEND {
+            return Err(ItemsError::TooMany { count: items.len() });
+        }
+        // What the items take in the section: the smallest envelope record is 9 bytes.
+        let bytes = items.iter().map(|item| item.len() + MIN_ITEM_BYTES).sum::<usize>();
+        if bytes > self.room_bytes {
+            return Err(ItemsError::TooManyBytes { bytes });
+        }
+        let room = self.room.clone().acquire_many_owned(bytes as u32).await.map_err(|_| ItemsError::Stopped)?;
+        let (answer, answered) = oneshot::channel();
+        self.sends.send(Pending { items, bytes, _room: room, answer }).await.map_err(|_| ItemsError::Stopped)?;
+        answered.await.map_err(|_| ItemsError::Stopped)?
+    }
+}
+
+struct Task {
+    packer: Packer,
+    linger: Duration,
+    put: PutEnvelope,
+    arrived: Arrived,
+    /// Item bytes per envelope byte at the last flush: how many bytes make an envelope full.
+    ratio: f64,
+}
+
+impl Task {
+    async fn run(mut self, mut receiver: mpsc::Receiver<Pending>) {
+        while let Some(first) = receiver.recv().await {
+            let deadline = Instant::now() + self.linger;
+            let full = (self.packer.max_envelope_bytes() as f64 * self.ratio) as usize;
+            let (mut bytes, mut count) = (first.bytes, first.items.len());
+            let mut sends = vec![first];
+            // An envelope's worth (by the last ratio) goes at once: waiting longer would only
+            // delay it. `timeout_at` polls the receiver first, so a linger of zero still takes
+            // the sends already waiting.
+            while bytes < full && count < MAX_ITEMS_PER_SEND {
+                match tokio::time::timeout_at(deadline, receiver.recv()).await {
+                    Ok(Some(send)) => {
+                        bytes += send.bytes;
+                        count += send.items.len();
+                        sends.push(send);
+                    }
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            self.flush(sends).await;
+        }
+    }
+
+    /// Packs the sends' items and puts the envelopes; answers each send.
+    async fn flush(&mut self, mut sends: Vec<Pending>) {
+        loop {
+            let items: Vec<Item> = sends.iter().flat_map(|send| send.items.iter().cloned().map(Item::inline)).collect();
+            let owners: Vec<(usize, usize)> = sends.iter().enumerate().flat_map(|(s, send)| (0..send.items.len()).map(move |i| (s, i))).collect();
+            let packed = match self.packer.pack(&items) {
+                Ok(packed) => packed,
+                Err(error) => {
+                    // Only a failing compressor gets here (inline items always pack).
+                    let reason = format!("{:#}", error.context("packing the items"));
+                    for send in sends {
+                        let _ = send.answer.send(Err(QueueError::Fatal(anyhow::anyhow!("{reason}")).into()));
+                    }
+                    return;
+                }
+            };
+            if !packed.needs_claim_check.is_empty() {
+                // Those sends are refused whole (nothing of theirs put), the others packed again.
+                let mut refused: Vec<Option<ItemsError>> = sends.iter().map(|_| None).collect();
+                for &index in &packed.needs_claim_check {
+                    let (send, item) = owners[index];
+                    refused[send].get_or_insert(ItemsError::TooLarge {
+                        index: item,
+                        size: sends[send].items[item].len(),
+                        limit: self.packer.max_envelope_bytes(),
+                    });
+                }
+                let mut kept = Vec::new();
+                for (send, refusal) in sends.into_iter().zip(refused) {
+                    match refusal {
+                        Some(refusal) => drop(send.answer.send(Err(refusal))),
+                        None => kept.push(send),
+                    }
+                }
+                if kept.is_empty() {
+                    return;
+                }
+                sends = kept;
+                continue;
+            }
+            let envelope_bytes: usize = packed.envelopes.iter().map(|e| e.bytes.len()).sum();
+            let item_bytes: usize = sends.iter().map(|s| s.bytes).sum();
+            if envelope_bytes > 0 {
+                self.ratio = (item_bytes as f64 / envelope_bytes as f64).clamp(0.1, 100.0);
+            }
+            let holders: Vec<Vec<usize>> = packed.envelopes.iter().map(|e| e.items.iter().map(|&i| owners[i].0).collect()).collect();
+            let puts = packed.envelopes.into_iter().map(|envelope| (self.put)(envelope.bytes));
+            let results = futures::future::join_all(puts).await;
+            let mut answers: Vec<Result<ItemsSent, ItemsError>> = sends.iter().map(|s| Ok(ItemsSent { items: s.items.len(), messages: Vec::new() })).collect();
+            let mut stored = 0;
+            for (result, holders) in results.into_iter().zip(holders) {
+                match result {
+                    Ok(id) => {
+                        stored += 1;
+                        for send in holders {
+                            if let Ok(sent) = &mut answers[send]
+                                && sent.messages.last() != Some(&id)
+                            {
+                                sent.messages.push(id.clone());
+                            }
+                        }
+                    }
+                    Err(error) => {
+                        for send in holders {
+                            if answers[send].is_ok() {
+                                answers[send] = Err(ItemsError::Storage(copy_of(&error)));
+                            }
+                        }
+                    }
+                }
+            }
+            if stored > 0 {
+                (self.arrived)(stored);
+            }
+            for (send, answer) in sends.into_iter().zip(answers) {
+                let _ = send.answer.send(answer);
+            }
+            return;
+        }
+    }
+}
+
+/// The same error for another sender (`QueueError` holds an `anyhow::Error`, which does
+/// not clone): its kind kept, its message as text.
+fn copy_of(error: &QueueError) -> QueueError {
+    match error {
+        QueueError::Transient(e) => QueueError::Transient(anyhow::anyhow!("{e:#}")),
+        QueueError::Fatal(e) => QueueError::Fatal(anyhow::anyhow!("{e:#}")),
+        QueueError::StaleReceipt { id } => QueueError::StaleReceipt { id: id.clone() },
+        QueueError::MessageTooLarge { size, limit } => QueueError::MessageTooLarge { size: *size, limit: *limit },
+        QueueError::InvalidBody(reason) => QueueError::InvalidBody(reason.clone()),
+        QueueError::BadBatchSize(n) => QueueError::BadBatchSize(*n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::payload::{Codec, Decoded, Limits, decode};
+
+    /// The envelopes put, with when.
+    type Puts = Arc<Mutex<Vec<(Instant, Vec<u8>)>>>;
+
+    /// A put that records envelopes and takes `put_time` (paused clock), failing when told.
+    fn recording(put_time: Duration, fail: Arc<std::sync::atomic::AtomicBool>) -> (PutEnvelope, Puts) {
+        let puts = Arc::new(Mutex::new(Vec::new()));
+        let seen = puts.clone();
+        let put: PutEnvelope = Arc::new(move |bytes| {
+            let (seen, fail) = (seen.clone(), fail.clone());
+            Box::pin(async move {
+                tokio::time::sleep(put_time).await;
+                if fail.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Err(QueueError::Transient(anyhow::anyhow!("storage is down")));
+                }
+                let mut seen = seen.lock().unwrap();
+                seen.push((Instant::now(), bytes));
+                Ok(MessageId::from(format!("m{}", seen.len())))
+            })
+        });
+        (put, puts)
+    }
+
+    fn settings(linger: Duration) -> PayloadSettings {
+        PayloadSettings {
+            compression: Codec::Zstd,
+            pack_linger: linger,
+            max_envelope_bytes: crate::payload::AZURE_MAX_ENVELOPE_BYTES,
+            ..PayloadSettings::default()
+        }
+    }
+
+    fn items_of(bytes: &[u8]) -> Vec<Bytes> {
+        match decode(bytes, &Limits::default()).unwrap() {
+            Decoded::Envelope(envelope) => envelope.items.into_iter().map(|item| match item.body {
+                crate::payload::Body::Inline(bytes) => bytes,
+                crate::payload::Body::ClaimCheck(_) => panic!("a claim check"),
+            }),
+            Decoded::NotAnEnvelope => panic!("not an envelope"),
+        }
+        .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn items_sent_separately_within_the_linger_share_one_envelope_put_when_it_ends() {
+        let (put, puts) = recording(Duration::from_millis(3), Arc::default());
+        let arrived = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let told = arrived.clone();
+        let packing = Packing::start(
+            &settings(Duration::from_millis(10)),
+            put,
+            Arc::new(move |n| {
+                told.fetch_add(n, std::sync::atomic::Ordering::SeqCst);
+            }),
+        )
+        .unwrap();
+        let start = Instant::now();
+        let senders: Vec<_> = (0..16u64)
+            .map(|i| {
+                let packing = packing.clone();
+                tokio::spawn(async move {
+                    // Spread over 8 ms, all within the 10 ms linger of the first.
+                    tokio::time::sleep(Duration::from_micros(500 * i)).await;
+                    packing.send(vec![Bytes::from(format!("{{\"order\":{i}}}"))]).await
+                })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for sender in senders {
+            answers.push(sender.await.unwrap().unwrap());
+        }
+        let puts = puts.lock().unwrap();
+        assert_eq!(puts.len(), 1, "one envelope for the 16 items");
+        // Put when the linger of the first item ended, plus the put's own time.
+        assert_eq!(puts[0].0 - start, Duration::from_millis(13));
+        let mut items: Vec<Bytes> = items_of(&puts[0].1);
+        items.sort();
+        let mut expected: Vec<Bytes> = (0..16).map(|i| Bytes::from(format!("{{\"order\":{i}}}"))).collect();
+        expected.sort();
+        assert_eq!(items, expected);
+        assert!(answers.iter().all(|a| a.items == 1 && a.messages == [MessageId::from("m1")]));
+        assert_eq!(arrived.load(std::sync::atomic::Ordering::SeqCst), 1, "told of one message");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn items_after_the_linger_go_in_the_next_envelope() {
+        let (put, puts) = recording(Duration::from_millis(1), Arc::default());
+        let packing = Packing::start(&settings(Duration::from_millis(10)), put, Arc::new(|_| {})).unwrap();
+        let first = packing.send(vec![Bytes::from_static(b"a")]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let second = packing.send(vec![Bytes::from_static(b"b")]).await.unwrap();
+        assert_ne!(first.messages, second.messages);
+        assert_eq!(puts.lock().unwrap().len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_linger_of_zero_puts_at_once() {
+        let (put, puts) = recording(Duration::ZERO, Arc::default());
+        let packing = Packing::start(&settings(Duration::ZERO), put, Arc::new(|_| {})).unwrap();
+        let start = Instant::now();
+        packing.send(vec![Bytes::from_static(b"a"), Bytes::from_static(b"b")]).await.unwrap();
+        assert_eq!(puts.lock().unwrap()[0].0, start);
+        assert_eq!(items_of(&puts.lock().unwrap()[0].1), vec![Bytes::from_static(b"a"), Bytes::from_static(b"b")]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_put_fails_its_senders_and_stores_nothing_of_theirs() {
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (put, puts) = recording(Duration::from_millis(1), fail.clone());
+        let packing = Packing::start(&settings(Duration::from_millis(10)), put, Arc::new(|_| {})).unwrap();
+        let (a, b) = tokio::join!(packing.send(vec![Bytes::from_static(b"a")]), packing.send(vec![Bytes::from_static(b"b")]));
+        assert!(matches!(a, Err(ItemsError::Storage(QueueError::Transient(_)))), "{a:?}");
+        assert!(matches!(b, Err(ItemsError::Storage(QueueError::Transient(_)))), "{b:?}");
+        assert!(puts.lock().unwrap().is_empty());
+        fail.store(false, std::sync::atomic::Ordering::SeqCst);
+        assert!(packing.send(vec![Bytes::from_static(b"c")]).await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_item_too_large_for_any_envelope_refuses_its_send_alone() {
+        let (put, puts) = recording(Duration::ZERO, Arc::default());
+        let small = PayloadSettings { compression: Codec::None, max_envelope_bytes: 100, ..settings(Duration::from_millis(10)) };
+        let packing = Packing::start(&small, put, Arc::new(|_| {})).unwrap();
+        let (big, fine) =
+            tokio::join!(packing.send(vec![Bytes::from_static(b"ok"), Bytes::from(vec![b'x'; 200])]), packing.send(vec![Bytes::from_static(b"fine")]));
+        assert!(matches!(big, Err(ItemsError::TooLarge { index: 1, size: 200, limit: 100 })), "{big:?}");
+        assert_eq!(fine.unwrap().items, 1);
+        let puts = puts.lock().unwrap();
+        assert_eq!(puts.len(), 1);
+        assert_eq!(items_of(&puts[0].1), vec![Bytes::from_static(b"fine")], "nothing of the refused send was put");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_buffer_makes_senders_wait_for_room() {
+        // Puts that take a minute hold the buffer's room until they end.
+        let (put, puts) = recording(Duration::from_secs(60), Arc::default());
+        let packing = Packing::start_with_room(&settings(Duration::ZERO), put, Arc::new(|_| {}), 1_000).unwrap();
+        let send = |fill: u8| {
+            let packing = packing.clone();
+            tokio::spawn(async move { packing.send(vec![Bytes::from(vec![fill; 591])]).await })
+        };
+        let first = send(b'a');
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let second = send(b'b');
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(!second.is_finished(), "the second send waits for room while the first is put");
+        assert_eq!(puts.lock().unwrap().len(), 0);
+        first.await.unwrap().unwrap();
+        second.await.unwrap().unwrap();
+        let puts = puts.lock().unwrap();
+        assert_eq!(puts.len(), 2);
+        assert_eq!(puts[1].0 - puts[0].0, Duration::from_secs(60), "the second was put only after the first freed its room");
+        assert!(matches!(futures::executor::block_on(packing.send(vec![Bytes::from(vec![b'c'; 1_000])])), Err(ItemsError::TooManyBytes { bytes: 1_009 })));
+    }
+}

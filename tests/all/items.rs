@@ -1,0 +1,261 @@
+//! Issue 20: the listener delivers the items of an envelope one by one (or in batches),
+//! fails them one by one, puts the failed ones back BEFORE it deletes the envelope, poisons
+//! an item alone, poisons a broken envelope with its reason, and puts handlers' answers on
+//! the reply queue. A memory queue behind hooks, under tokio's paused clock.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use ebb::handler::{Handler, IncomingMessage, ItemPosition};
+use ebb::listener::{Listener, QueueSettings, Reply};
+use ebb::payload::{Codec, Delivery, Item, Packer, PayloadSettings};
+use ebb::queue::memory::MemoryQueue;
+use ebb::queue::{MessageId, QueueClient, QueueError, TokioClock};
+use tokio::time::sleep;
+
+use crate::hooked_queue::{Hooked, Hooks};
+
+const QUEUE: &str = "work";
+
+/// Records puts and deletes in order; fails puts while `fail_puts` is set.
+#[derive(Default)]
+struct Storage {
+    fail_puts: AtomicBool,
+    events: Mutex<Vec<&'static str>>,
+}
+
+#[async_trait]
+impl Hooks for Storage {
+    async fn before_put(&self, _body: &[u8]) -> Result<(), QueueError> {
+        if self.fail_puts.load(Ordering::SeqCst) {
+            self.events.lock().unwrap().push("put refused");
+            return Err(QueueError::Fatal(anyhow::anyhow!("storage refuses puts")));
+        }
+        self.events.lock().unwrap().push("put");
+        Ok(())
+    }
+    async fn before_delete(&self, _id: &MessageId) {
+        self.events.lock().unwrap().push("delete");
+    }
+}
+
+/// One call the handler saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Call {
+    body: String,
+    item: Option<ItemPosition>,
+    dequeue_count: u32,
+}
+
+/// Fails every item whose body starts with `fail`; answers `re:<body>`; records calls and
+/// the sizes of the batches it was given.
+#[derive(Default)]
+struct Recorder {
+    calls: Mutex<Vec<Call>>,
+    batches: Mutex<Vec<usize>>,
+}
+
+impl Recorder {
+    fn take(&self, message: &IncomingMessage) -> anyhow::Result<()> {
+        let body = String::from_utf8_lossy(&message.body).into_owned();
+        self.calls.lock().unwrap().push(Call { body: body.clone(), item: message.item, dequeue_count: message.dequeue_count });
+        anyhow::ensure!(!body.starts_with("fail"), "{body} fails");
+        Ok(())
+    }
+
+    fn bodies(&self, body: &str) -> Vec<Call> {
+        self.calls.lock().unwrap().iter().filter(|c| c.body == body).cloned().collect()
+    }
+}
+
+#[async_trait]
+impl Handler for Recorder {
+    async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
+        self.take(message)
+    }
+    async fn handle_with_reply(&self, message: &IncomingMessage) -> anyhow::Result<Option<Bytes>> {
+        self.take(message)?;
+        Ok(Some(Bytes::from(format!("re:{}", String::from_utf8_lossy(&message.body)))))
+    }
+    async fn handle_batch(&self, items: &[IncomingMessage]) -> Vec<anyhow::Result<()>> {
+        self.batches.lock().unwrap().push(items.len());
+        items.iter().map(|item| self.take(item)).collect()
+    }
+}
+
+struct Fixture {
+    queue: Arc<Hooked<Storage>>,
+    poison: Arc<MemoryQueue>,
+    reply: Arc<MemoryQueue>,
+    handler: Arc<Recorder>,
+    listener: Listener,
+}
+
+fn fixture(delivery: Delivery, with_reply: bool) -> Fixture {
+    let clock = Arc::new(TokioClock::new());
+    let queue = Hooked::new(MemoryQueue::new(QUEUE, clock.clone(), 65536), Storage::default());
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock.clone(), 65536));
+    let reply = Arc::new(MemoryQueue::new("work-replies", clock, 65536));
+    let handler = Arc::new(Recorder::default());
+    let settings = QueueSettings {
+        max_dequeue_count: 3,
+        visibility_timeout: Duration::from_secs(1),
+        min_polling_interval: Duration::from_millis(100),
+        max_polling_interval: Duration::from_millis(500),
+        random_seed: Some(7),
+        ..QueueSettings::default()
+    };
+    let payload = PayloadSettings { delivery, max_batch_items: 32, max_envelope_bytes: 65536, ..PayloadSettings::default() };
+    let mut builder = Listener::builder(queue.clone(), poison.clone(), handler.clone()).settings(settings).payload(payload, false);
+    if with_reply {
+        builder = builder.reply_queue(reply.clone());
+    }
+    let listener = builder.build();
+    Fixture { queue, poison, reply, handler, listener }
+}
+
+/// One envelope of `bodies`.
+fn envelope(bodies: &[&str]) -> Vec<u8> {
+    let items: Vec<Item> = bodies.iter().map(|b| Item::inline(b.to_string())).collect();
+    let packed = Packer::new(Codec::Zstd, 65536).unwrap().pack(&items).unwrap();
+    assert_eq!(packed.envelopes.len(), 1);
+    packed.envelopes.into_iter().next().unwrap().bytes
+}
+
+/// Every message of `queue` now (leased for a minute, so each is read once).
+async fn drain(queue: &dyn QueueClient) -> Vec<Bytes> {
+    let mut all = Vec::new();
+    loop {
+        let got = queue.get(32, Duration::from_secs(60)).await.unwrap();
+        if got.is_empty() {
+            return all;
+        }
+        all.extend(got.into_iter().map(|m| m.body));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_item_of_an_envelope_reaches_the_handler_on_its_own_and_the_envelope_is_deleted() {
+    let f = fixture(Delivery::Item, false);
+    let bodies: Vec<String> = (0..50).map(|i| format!("{{\"order\":{i}}}")).collect();
+    let refs: Vec<&str> = bodies.iter().map(String::as_str).collect();
+    f.queue.put(&envelope(&refs), Duration::ZERO).await.unwrap();
+    f.listener.start();
+    sleep(Duration::from_secs(5)).await;
+    let calls = f.handler.calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 50);
+    for (i, body) in bodies.iter().enumerate() {
+        let call = calls.iter().find(|c| &c.body == body).unwrap_or_else(|| panic!("{body} not delivered"));
+        assert_eq!(call.item, Some(ItemPosition { index: i as u32, count: 50, attempts: 0 }));
+        assert_eq!(call.dequeue_count, 1);
+    }
+    assert_eq!(f.queue.inner.approximate_count().await.unwrap(), 0, "the envelope was deleted");
+    let status = f.listener.status();
+    assert_eq!((status.envelopes, status.items_delivered, status.items_failed, status.processed), (1, 50, 0, 1));
+    f.listener.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_item_is_retried_alone_with_its_attempt_count_and_poisoned_alone() {
+    let f = fixture(Delivery::Item, false);
+    f.queue.put(&envelope(&["a", "fail-x", "b"]), Duration::ZERO).await.unwrap();
+    f.listener.start();
+    sleep(Duration::from_secs(30)).await;
+    assert_eq!(f.handler.bodies("a").len(), 1, "a handled once");
+    assert_eq!(f.handler.bodies("b").len(), 1, "b handled once");
+    let tries = f.handler.bodies("fail-x");
+    let seen: Vec<(Option<u32>, u32, u32)> = tries.iter().map(|c| (c.item.map(|i| i.attempts), c.item.map_or(0, |i| i.count), c.dequeue_count)).collect();
+    // First in the envelope of 3; then alone in envelopes of 1, one more attempt each time.
+    assert_eq!(seen, [(Some(0), 3, 1), (Some(1), 1, 2), (Some(2), 1, 3)]);
+    let poisoned = drain(&*f.poison).await;
+    assert_eq!(poisoned.len(), 1, "only the failing item is poisoned");
+    let poisoned: serde_json::Value = serde_json::from_slice(&poisoned[0]).unwrap();
+    assert_eq!(poisoned["body"], "fail-x");
+    assert_eq!(poisoned["item"], 0, "its index in the envelope it was poisoned from");
+    assert!(poisoned["error"].as_str().unwrap().contains("fail-x fails"), "{poisoned}");
+    assert_eq!(f.queue.inner.approximate_count().await.unwrap(), 0);
+    let status = f.listener.status();
+    assert_eq!((status.items_delivered, status.items_failed, status.items_poisoned), (2, 3, 1));
+    f.listener.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_envelope_is_not_deleted_before_its_failed_items_were_put_back() {
+    let f = fixture(Delivery::Item, false);
+    f.queue.put(&envelope(&["a", "fail-x"]), Duration::ZERO).await.unwrap();
+    f.queue.fail_puts.store(true, Ordering::SeqCst);
+    f.listener.start();
+    sleep(Duration::from_millis(500)).await;
+    // The put back was refused: the envelope stays, nothing was deleted.
+    assert_eq!(f.queue.events.lock().unwrap().clone(), ["put", "put refused"]);
+    assert_eq!(f.queue.inner.approximate_count().await.unwrap(), 1, "the envelope is still there");
+    f.queue.fail_puts.store(false, Ordering::SeqCst);
+    sleep(Duration::from_secs(30)).await;
+    let events = f.queue.events.lock().unwrap().clone();
+    let first_delete = events.iter().position(|e| *e == "delete").expect("deleted once the put back worked");
+    assert_eq!(events[first_delete - 1], "put", "the failed item was put back just before: {events:?}");
+    // Nothing lost: a delivered again (at least once), fail-x tried until poisoned.
+    assert!(f.handler.bodies("a").len() >= 2);
+    assert_eq!(f.handler.bodies("fail-x").last().unwrap().dequeue_count, 3);
+    assert_eq!(drain(&*f.poison).await.len(), 1);
+    f.listener.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_corrupt_envelope_goes_to_poison_with_the_reason_and_a_plain_message_is_delivered_as_it_is() {
+    let f = fixture(Delivery::Item, false);
+    let mut corrupt = envelope(&["a", "b"]);
+    let middle = corrupt.len() / 2;
+    corrupt[middle] ^= 0x40;
+    f.queue.put(&corrupt, Duration::ZERO).await.unwrap();
+    f.queue.put(b"plain old message", Duration::ZERO).await.unwrap();
+    f.listener.start();
+    sleep(Duration::from_secs(5)).await;
+    assert_eq!(f.handler.calls.lock().unwrap().clone(), [Call { body: "plain old message".into(), item: None, dequeue_count: 1 }]);
+    let poisoned = drain(&*f.poison).await;
+    assert_eq!(poisoned.len(), 1);
+    let poisoned: serde_json::Value = serde_json::from_slice(&poisoned[0]).unwrap();
+    assert!(poisoned["error"].as_str().unwrap().starts_with("broken envelope: corrupted envelope: its CRC32 is"), "{poisoned}");
+    assert_eq!(poisoned["body_hex"], hex::encode(&corrupt), "the envelope is kept whole");
+    f.listener.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn batch_delivery_gives_up_to_max_batch_items_per_call_and_retries_the_failed_alone() {
+    let f = fixture(Delivery::Batch, false);
+    let bodies: Vec<String> = (0..70).map(|i| if i == 40 { "fail-40".to_string() } else { format!("item-{i}") }).collect();
+    let refs: Vec<&str> = bodies.iter().map(String::as_str).collect();
+    f.queue.put(&envelope(&refs), Duration::ZERO).await.unwrap();
+    f.listener.start();
+    sleep(Duration::from_secs(30)).await;
+    let mut batches = f.handler.batches.lock().unwrap().clone();
+    batches.sort_unstable();
+    // 70 items in batches of at most 32; then the failed item alone, twice more.
+    assert_eq!(batches, [1, 1, 6, 32, 32]);
+    assert_eq!(f.handler.bodies("item-39").len(), 1);
+    assert_eq!(f.handler.bodies("fail-40").len(), 3);
+    assert_eq!(drain(&*f.poison).await.len(), 1);
+    f.listener.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn answers_reach_the_reply_queue_with_the_request_id_as_correlation_id_before_the_delete() {
+    let f = fixture(Delivery::Item, true);
+    let plain = f.queue.put(b"question", Duration::ZERO).await.unwrap();
+    let packed = f.queue.put(&envelope(&["q0", "q1"]), Duration::ZERO).await.unwrap();
+    f.listener.start();
+    sleep(Duration::from_secs(5)).await;
+    let mut replies: Vec<Reply> = drain(&*f.reply).await.iter().map(|b| serde_json::from_slice(b).unwrap()).collect();
+    replies.sort_by_key(|r| (r.correlation_id.clone(), r.item));
+    let mut expected = vec![(plain.to_string(), None, "re:question"), (packed.to_string(), Some(0), "re:q0"), (packed.to_string(), Some(1), "re:q1")];
+    expected.sort();
+    let got: Vec<(String, Option<u32>, String)> = replies.iter().map(|r| (r.correlation_id.clone(), r.item, String::from_utf8(r.bytes()).unwrap())).collect();
+    assert_eq!(got, expected.into_iter().map(|(a, b, c)| (a, b, c.to_string())).collect::<Vec<_>>());
+    assert!(replies.iter().all(|r| r.queue == QUEUE));
+    assert_eq!(f.queue.inner.approximate_count().await.unwrap(), 0);
+    assert_eq!(f.listener.status().replies, 3);
+    f.listener.shutdown(Duration::from_secs(1)).await;
+}

@@ -77,6 +77,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
             handler_timeout: Duration::from_secs(30),
             partitions: 1,
             backend,
+            record_max_bytes: None,
         }],
     };
     // The demo's own display of the depth: not through the host's metered client, so the

@@ -63,7 +63,8 @@
 //!    stdin), `log_limit`, `panics`.
 //! 2. **Parts**: [`queue`] (the storage seam, backends and decorators), [`rules`] (the
 //!    WASM engine, the rule slots, the watcher), [`bus`] (push between hosts),
-//!    [`handler`] (where messages go), [`payload`] (envelopes of many items), `cost`.
+//!    [`handler`] (where messages go), [`payload`] (envelopes of many items), `cost`,
+//!    [`record`] (each queue's arrivals, for `ebb trace export`).
 //! 3. **[`listener`]**: the paper's dequeue loop over one storage queue.
 //! 4. **[`config`]**: the file form of `ebb.toml`, validated into each part's settings.
 //! 5. **`service`**: what a host runs, assembled from the configuration: each queue's
@@ -90,6 +91,7 @@ pub mod listener;
 mod log_limit;
 pub mod names;
 mod panics;
+pub mod record;
 pub mod payload;
 pub mod queue;
 pub mod rules;

@@ -207,6 +207,14 @@ pub struct QueueFile {
     /// with its own listener and rule decisions. Default 1 (no partitions).
     #[serde(default = "serde_defaults::partitions")]
     pub partitions: u32,
+    /// Whether the queue's arrivals are recorded (per second, in `data_dir/recordings`) for
+    /// `ebb trace export`. Default true.
+    #[serde(default = "serde_defaults::record")]
+    pub record: bool,
+    /// The recording's size cap, in bytes, 64 KiB to 1 GiB; the oldest seconds are dropped
+    /// first. Default 8388608 (8 MiB).
+    #[serde(default = "serde_defaults::record_max_bytes")]
+    pub record_max_bytes: u64,
     /// Rule file name in `rules_dir`. Default: the built-in rule (the paper's).
     pub rule: Option<String>,
     /// Parameters passed to the rule's `configure`. Default: none.
@@ -332,6 +340,12 @@ pub(super) mod serde_defaults {
     }
     pub fn max_pickup_delay() -> Duration {
         d::MAX_PICKUP_DELAY
+    }
+    pub fn record() -> bool {
+        d::RECORD
+    }
+    pub fn record_max_bytes() -> u64 {
+        d::RECORD_MAX_BYTES
     }
     pub fn partitions() -> u32 {
         d::PARTITIONS

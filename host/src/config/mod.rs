@@ -97,6 +97,8 @@ pub struct QueueConfig {
     pub partitions: u32,
     /// Where its messages live.
     pub backend: Backend,
+    /// Its arrivals recording's size cap in bytes; `None`: not recorded (`record = false`).
+    pub record_max_bytes: Option<u64>,
 }
 
 impl QueueConfig {

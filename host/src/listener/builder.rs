@@ -10,6 +10,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::handler::Handler;
 use crate::log_limit::LogLimiter;
+use crate::record::QueueRecording;
 use crate::queue::{Clock, QueueClient, SystemClock, Transactions};
 use crate::rules::{BuiltInRule, Decider};
 
@@ -31,6 +32,7 @@ pub struct ListenerBuilder {
     clock: Arc<dyn Clock>,
     settings: QueueSettings,
     transactions: Option<Arc<Transactions>>,
+    recording: Option<Arc<QueueRecording>>,
 }
 
 impl Listener {
@@ -44,6 +46,7 @@ impl Listener {
             clock: Arc::new(SystemClock),
             settings: QueueSettings::default(),
             transactions: None,
+            recording: None,
         }
     }
 }
@@ -76,9 +79,16 @@ impl ListenerBuilder {
         self
     }
 
+    /// Where messages its gets see for the first time are counted as arrivals (see
+    /// [`crate::record`]); default: nowhere.
+    pub fn recording(mut self, recording: Arc<QueueRecording>) -> Self {
+        self.recording = Some(recording);
+        self
+    }
+
     /// The listener; no task runs until [`Listener::start`].
     pub fn build(self) -> Listener {
-        let ListenerBuilder { queue, poison, handler, decider, clock, settings, transactions } = self;
+        let ListenerBuilder { queue, poison, handler, decider, clock, settings, transactions, recording } = self;
         let seed = settings.random_seed.unwrap_or_else(|| fastrand::u64(..));
         let slots = super::slots::Slots::new(settings.max_concurrent_calls);
         Listener {
@@ -90,6 +100,7 @@ impl ListenerBuilder {
                 clock,
                 settings,
                 transactions,
+                recording,
                 counters: Counters::default(),
                 work: Notify::new(),
                 wake: Notify::new(),

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use crate::bus::Bus;
 use crate::listener::{Listener, Pause};
 use crate::queue::{MessageId, QueueClient, QueueError};
+use crate::record::{QueueRecording, Seen};
 
 /// The longest a send waits for storage before giving up with a transient error (storage
 /// that stalls must still get the sender an answer).
@@ -37,6 +38,8 @@ struct Inner {
     /// One poison operation at a time on this host: each leases what it looks at, so two at
     /// once would each see only part of the poison queue.
     poison_operations: tokio::sync::Mutex<()>,
+    /// Where sends and notifications are counted as arrivals (none: not recorded).
+    recording: std::sync::OnceLock<Arc<QueueRecording>>,
 }
 
 impl QueueHandle {
@@ -54,8 +57,21 @@ impl QueueHandle {
             paused: watch::Sender::new(None),
             poison: std::sync::OnceLock::new(),
             poison_operations: tokio::sync::Mutex::new(()),
+            recording: std::sync::OnceLock::new(),
         };
         QueueHandle { inner: Arc::new(inner) }
+    }
+
+    /// From now on, sends and notifications are counted in `recording` (the listeners count
+    /// what their gets see first; see [`crate::record`]).
+    pub(crate) fn attach_recording(&self, recording: Arc<QueueRecording>) {
+        let _ = self.inner.recording.set(recording);
+    }
+
+    fn record(&self, what: Seen) {
+        if let Some(recording) = self.inner.recording.get() {
+            recording.record(what, 1);
+        }
     }
 
     /// The queue's poison queue is `poison` (see [`crate::service::poison`]).
@@ -156,6 +172,7 @@ impl QueueHandle {
             Err(_) => return Err(QueueError::Transient(anyhow::anyhow!("storage did not answer within {}", humantime::format_duration(deadline)))),
         };
         self.count_arrival();
+        self.record(Seen::Put);
         self.wake(delay);
         self.publish(Some(1), delay);
         Ok(id)
@@ -165,6 +182,7 @@ impl QueueHandle {
     /// listeners and tell every other host.
     pub fn notify(&self) {
         self.count_arrival();
+        self.record(Seen::Notification);
         self.wake(Duration::ZERO);
         self.publish(None, Duration::ZERO);
     }

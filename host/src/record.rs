@@ -386,13 +386,13 @@ pub fn arrivals(buckets: &[Bucket]) -> Vec<(u64, u64)> {
 pub const LINES_PER_SECOND: u64 = 10;
 
 /// The trace (`seconds,count` per line, seconds from `from_second`) of `arrivals`, each
-/// second's spread over up to [`LINES_PER_SECOND`] lines; at most `max_count_per_line` in a
+/// second's spread over up to `lines_per_second` lines; at most `max_count_per_line` in a
 /// line.
-pub fn trace_text(arrivals: &[(u64, u64)], from_second: u64, max_count_per_line: u64) -> String {
+pub fn trace_text(arrivals: &[(u64, u64)], from_second: u64, lines_per_second: u64, max_count_per_line: u64) -> String {
     let mut text = String::new();
     for &(second, count) in arrivals {
         let offset = second.saturating_sub(from_second);
-        let lines = count.min(LINES_PER_SECOND).max(count.div_ceil(max_count_per_line.max(1)));
+        let lines = count.min(lines_per_second.max(1)).max(count.div_ceil(max_count_per_line.max(1)));
         for line in 0..lines {
             // Shares that differ by at most one and add up to `count`.
             let share = count / lines + u64::from(line < count % lines);
@@ -418,16 +418,47 @@ pub fn check_since(since: Duration) -> Result<Duration> {
     Ok(since)
 }
 
+/// What the simulator takes in a trace.
+#[derive(Debug, Clone, Copy)]
+pub struct TraceLimits {
+    /// Lines.
+    pub max_lines: u64,
+    /// Messages in a line.
+    pub max_count_per_line: u64,
+    /// Messages in all.
+    pub max_messages: u64,
+}
+
 /// Reads what `data_dir` recorded for `queue` over the last `since` before `now_ms`, and
-/// gives the trace and how many messages it holds.
-pub fn export(data_dir: &Path, queue: &str, since: Duration, now_ms: u64, max_count_per_line: u64) -> Result<Export> {
+/// gives the trace and how many messages it holds: each second spread over up to
+/// [`LINES_PER_SECOND`] lines, or a line per second when that would be more lines than
+/// the simulator takes. More messages or busy seconds than it takes is an error saying so.
+pub fn export(data_dir: &Path, queue: &str, since: Duration, now_ms: u64, limits: TraceLimits) -> Result<Export> {
     check_since(since)?;
     let from_second = (now_ms / 1000).saturating_sub(since.as_secs());
     let (buckets, warnings) = read(data_dir, queue, from_second);
     let arrivals = arrivals(&buckets);
     let messages = arrivals.iter().map(|(_, n)| *n).fold(0u64, u64::saturating_add);
+    if messages > limits.max_messages {
+        bail!(
+            "queue {queue}: {messages} messages recorded in the last {}, more than the {} a trace holds; give a shorter --since",
+            humantime::format_duration(since),
+            limits.max_messages
+        );
+    }
+    let lines_for = |per_second: u64| {
+        arrivals.iter().map(|(_, n)| (*n).min(per_second).max(n.div_ceil(limits.max_count_per_line.max(1)))).fold(0u64, u64::saturating_add)
+    };
+    let Some(per_second) = [LINES_PER_SECOND, 1].into_iter().find(|per_second| lines_for(*per_second) <= limits.max_lines) else {
+        bail!(
+            "queue {queue}: {} seconds with arrivals in the last {}, more than the {} lines a trace holds; give a shorter --since",
+            arrivals.len(),
+            humantime::format_duration(since),
+            limits.max_lines
+        );
+    };
     let first = arrivals.first().map_or(from_second, |(second, _)| *second);
-    let text = trace_text(&arrivals, first, max_count_per_line);
+    let text = trace_text(&arrivals, first, per_second, limits.max_count_per_line);
     Ok(Export { text, messages, first_second: (!arrivals.is_empty()).then_some(first), warnings })
 }
 
@@ -583,13 +614,13 @@ mod tests {
                 })
                 .collect()
         };
-        let arrivals = lines(&trace_text(&[(100, 1), (101, 25), (105, 3)], 100, 100_000));
+        let arrivals = lines(&trace_text(&[(100, 1), (101, 25), (105, 3)], 100, LINES_PER_SECOND, 100_000));
         assert_eq!(arrivals.iter().map(|a| a.1).sum::<u64>(), 29);
         let in_second = |s: f64| arrivals.iter().filter(|a| a.0.floor() == s).count();
         assert_eq!((in_second(0.0), in_second(1.0), in_second(5.0)), (1, 10, 3));
         assert!(arrivals.windows(2).all(|w| w[0].0 < w[1].0), "spread, in order: {arrivals:?}");
         // A line never holds more than the simulator takes.
-        let big = lines(&trace_text(&[(0, 2_000_000)], 0, 100_000));
+        let big = lines(&trace_text(&[(0, 2_000_000)], 0, LINES_PER_SECOND, 100_000));
         assert!(big.iter().all(|a| a.1 <= 100_000));
         assert_eq!(big.iter().map(|a| a.1).sum::<u64>(), 2_000_000);
     }

@@ -23,6 +23,7 @@ mod rule_author;
 mod rule_check;
 mod rule_languages;
 mod rule_state;
+mod rollout;
 mod rules;
 mod scaler;
 mod shape;

@@ -12,6 +12,8 @@
 //! - `measure`: what a run is measured with: the process's CPU time, and a storage backend
 //!   counting the bytes redb writes.
 //! - `report`: medians, ratios, the issue's goals, and the table or JSON printed.
+//! - `record`: what recording arrivals costs at load (issue 22): the same run, recording
+//!   on and off, alternating.
 //! - `codecs`: the envelope's codecs (issue 20) on a corpus of JSON work items: ratio,
 //!   items per envelope, packing and decoding speed, against no compression.
 
@@ -19,5 +21,6 @@ pub(crate) mod codecs;
 pub(crate) mod contenders;
 pub(crate) mod http;
 pub(crate) mod measure;
+pub(crate) mod record;
 pub(crate) mod report;
 pub(crate) mod server;

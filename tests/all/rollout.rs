@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ebb_tests::guests;
@@ -245,3 +246,45 @@ async fn the_exported_trace_of_a_real_run_simulated_with_its_config_bills_within
     assert!(difference <= 0.10, "simulated {sim}, real {real}: {:.1} % apart", difference * 100.0);
 }
 
+
+/// Fails each message's first try, handles the retry.
+struct FailsFirstTry(std::sync::atomic::AtomicU64);
+
+#[async_trait::async_trait]
+impl ebb::handler::Handler for FailsFirstTry {
+    async fn handle(&self, message: &ebb::handler::IncomingMessage) -> anyhow::Result<()> {
+        if message.dequeue_count == 1 {
+            anyhow::bail!("the first try fails");
+        }
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_redelivered_message_is_not_recorded_as_a_second_arrival() {
+    use ebb::queue::QueueClient as _;
+    let clock = Arc::new(ebb::queue::TokioClock::new());
+    let queue = Arc::new(ebb::queue::memory::MemoryQueue::new("orders", clock.clone(), 65536));
+    let poison = Arc::new(ebb::queue::memory::MemoryQueue::new("orders-poison", clock.clone(), 65536));
+    for i in 0..40 {
+        queue.put(format!("m{i}").as_bytes(), Duration::ZERO).await.unwrap();
+    }
+    let recording = Arc::new(ebb::record::QueueRecording::new("orders", clock.clone()));
+    let handler = Arc::new(FailsFirstTry(Default::default()));
+    let settings = ebb::listener::QueueSettings { visibility_timeout: Duration::from_millis(100), ..Default::default() };
+    let listener = ebb::listener::Listener::builder(queue, poison, handler.clone()).settings(settings).recording(recording.clone()).build();
+    listener.start();
+    for _ in 0..600 {
+        if handler.0.load(std::sync::atomic::Ordering::SeqCst) == 40 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    listener.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(handler.0.load(std::sync::atomic::Ordering::SeqCst), 40, "each message handled at its second try");
+    let buckets = recording.take_finished(true);
+    let first_seen: u64 = buckets.iter().map(|b| b.first_seen).sum();
+    assert_eq!(first_seen, 40, "40 messages got twice each are 40 arrivals: {buckets:?}");
+    assert_eq!(ebb::record::arrivals(&buckets).iter().map(|(_, n)| n).sum::<u64>(), 40);
+}

@@ -446,9 +446,8 @@ pub fn export(data_dir: &Path, queue: &str, since: Duration, now_ms: u64, limits
             limits.max_messages
         );
     }
-    let lines_for = |per_second: u64| {
-        arrivals.iter().map(|(_, n)| (*n).min(per_second).max(n.div_ceil(limits.max_count_per_line.max(1)))).fold(0u64, u64::saturating_add)
-    };
+    let lines_for =
+        |per_second: u64| arrivals.iter().map(|(_, n)| (*n).min(per_second).max(n.div_ceil(limits.max_count_per_line.max(1)))).fold(0u64, u64::saturating_add);
     let Some(per_second) = [LINES_PER_SECOND, 1].into_iter().find(|per_second| lines_for(*per_second) <= limits.max_lines) else {
         bail!(
             "queue {queue}: {} seconds with arrivals in the last {}, more than the {} lines a trace holds; give a shorter --since",

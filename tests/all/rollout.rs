@@ -188,8 +188,14 @@ fn simulate_with_the_config_runs_the_queues_rule_and_candidates_reproducibly() {
         (vec!["--queue", "orders", "--candidate", guests::PROPORTIONAL, "--param", "per_task=0"], "per_task"),
         (vec!["--queue", "orders", "--candidate", guests::PROPORTIONAL, "--param", "a=1", "--param", "a=2"], "--param a: given twice"),
     ] {
-        let output =
-            Command::new(EBB).arg("simulate").arg("--config").arg(site.config()).args(["--scenario", "idle", "--duration", "1m"]).args(&extra).output().unwrap();
+        let output = Command::new(EBB)
+            .arg("simulate")
+            .arg("--config")
+            .arg(site.config())
+            .args(["--scenario", "idle", "--duration", "1m"])
+            .args(&extra)
+            .output()
+            .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(1), "{extra:?}: {stderr}");
         assert!(stderr.contains(expected), "{extra:?}: expected {expected:?} in {stderr}");
@@ -245,7 +251,6 @@ async fn the_exported_trace_of_a_real_run_simulated_with_its_config_bills_within
     println!("billed: simulated {sim} {}, real {real} {}", rule["transactions"], status["queues"][0]["transactions"]);
     assert!(difference <= 0.10, "simulated {sim}, real {real}: {:.1} % apart", difference * 100.0);
 }
-
 
 /// Fails each message's first try, handles the retry.
 struct FailsFirstTry(std::sync::atomic::AtomicU64);

@@ -77,7 +77,13 @@ pub(crate) fn run(bench: RecordBench, json: bool) -> anyhow::Result<()> {
         let order = if round % 2 == 1 { [false, true] } else { [true, false] };
         for recording in order {
             let run = runtime.block_on(one_run(&bench, &url, &body, recording)).with_context(|| format!("round {round}, recording {}", on_off(recording)))?;
-            eprintln!("round {round}/{}: recording {}: {:.0} msg/s, {:.1} CPU µs per message", bench.rounds, on_off(recording), run.msg_per_sec, run.cpu_us_per_message);
+            eprintln!(
+                "round {round}/{}: recording {}: {:.0} msg/s, {:.1} CPU µs per message",
+                bench.rounds,
+                on_off(recording),
+                run.msg_per_sec,
+                run.cpu_us_per_message
+            );
             runs.push(run);
         }
     }
@@ -181,5 +187,9 @@ async fn one_run(bench: &RecordBench, url: &reqwest::Url, body: &Bytes, recordin
             bail!("the recording holds {puts} puts and {seen} first deliveries of {} messages ({warnings:?})", bench.messages);
         }
     }
-    Ok(RecordRun { recording, msg_per_sec: bench.messages as f64 / elapsed.as_secs_f64().max(1e-9), cpu_us_per_message: cpu.as_secs_f64() * 1e6 / bench.messages.max(1) as f64 })
+    Ok(RecordRun {
+        recording,
+        msg_per_sec: bench.messages as f64 / elapsed.as_secs_f64().max(1e-9),
+        cpu_us_per_message: cpu.as_secs_f64() * 1e6 / bench.messages.max(1) as f64,
+    })
 }

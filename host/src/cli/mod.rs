@@ -109,7 +109,7 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Compare rules over a scenario on the real listener, the in-memory queue and a paused
     /// clock (a simulated day takes seconds): billed transactions, $/month, pickup latency.
-    Simulate(simulate::SimulateArgs),
+    Simulate(Box<simulate::SimulateArgs>),
     /// Traces of real traffic: export a queue's recorded arrivals for `ebb simulate --trace`.
     #[command(subcommand)]
     Trace(trace::TraceCommand),
@@ -225,7 +225,7 @@ pub fn main(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Rule(command) => rule::run(command),
         Command::Bench(command) => bench::run(command),
-        Command::Simulate(args) => simulate::run(args),
+        Command::Simulate(args) => simulate::run(*args),
         Command::Trace(command) => trace::run(command),
         Command::Check { config } => host::check(&config),
         Command::Demo { duration, processing_time, burst, trickle, backend } => {

@@ -10,8 +10,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::handler::Handler;
 use crate::log_limit::LogLimiter;
-use crate::record::QueueRecording;
 use crate::queue::{Clock, QueueClient, SystemClock, Transactions};
+use crate::record::QueueRecording;
 use crate::rules::{BuiltInRule, Decider};
 
 use super::counters::Counters;

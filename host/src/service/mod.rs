@@ -147,7 +147,9 @@ impl Service {
             let options = StackOptions { metered: true, retry: Some(RetryPolicy::default()), readiness: Some(readiness.clone()) };
             let stack = QueueStack::assemble(queue_config, &open, &options)?;
             let listeners = match role {
-                Role::Worker => worker_listeners(queue_config, handlers.get(queue_config.name.as_str()), &stack, &rules, config.bus.is_some(), recording.as_ref())?,
+                Role::Worker => {
+                    worker_listeners(queue_config, handlers.get(queue_config.name.as_str()), &stack, &rules, config.bus.is_some(), recording.as_ref())?
+                }
                 Role::Watcher => Vec::new(),
             };
             let handle = QueueHandle::new(&queue_config.name, stack.logical.clone(), listeners);
@@ -195,11 +197,12 @@ impl Service {
     /// queue whose storage does not answer is marked not ready and retried in the
     /// background with back-off, and its listeners start when it answers.
     pub async fn start_work(&self) -> Result<()> {
-        let mut recorder_task = self.recorder_task.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !self.recorder.is_empty() && recorder_task.is_none() {
-            *recorder_task = Some(self.recorder.clone().spawn(self.recorder_stop.clone()));
+        {
+            let mut recorder_task = self.recorder_task.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !self.recorder.is_empty() && recorder_task.is_none() {
+                *recorder_task = Some(self.recorder.clone().spawn(self.recorder_stop.clone()));
+            }
         }
-        drop(recorder_task);
         for queue in self.queues.values() {
             match queue.stack.create_if_missing().await {
                 Ok(()) => self.queue_started(queue),

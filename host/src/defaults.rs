@@ -78,6 +78,10 @@ pub const SAFETY_POLL: Duration = Duration::from_secs(2 * 3600);
 pub const SCALE_INTERVAL: Duration = Duration::from_secs(1);
 /// `[queues.<name>] max_pickup_delay`.
 pub const MAX_PICKUP_DELAY: Duration = Duration::from_millis(500);
+/// `[queues.<name>] record`.
+pub const RECORD: bool = true;
+/// `[queues.<name>] record_max_bytes`: about four days of a line every second.
+pub const RECORD_MAX_BYTES: u64 = 8 << 20;
 /// `[queues.<name>] partitions`.
 pub const PARTITIONS: u32 = 1;
 /// `[queues.<name>] pack_linger`: a Kafka producer's `linger.ms` is 5 ms (since 4.0); 10 ms
@@ -131,6 +135,8 @@ pub(crate) fn documented() -> Vec<(&'static str, &'static str, String)> {
         ("`[queues.<name>]`", "pack_linger", d(PACK_LINGER)),
         ("`[queues.<name>]`", "delivery", "item".to_string()),
         ("`[queues.<name>]`", "max_batch_items", MAX_BATCH_ITEMS.to_string()),
+        ("`[queues.<name>]`", "record", RECORD.to_string()),
+        ("`[queues.<name>]`", "record_max_bytes", RECORD_MAX_BYTES.to_string()),
         ("`[queues.<name>]`", "handler.timeout", d(HANDLER_TIMEOUT)),
     ]
 }

@@ -79,6 +79,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
             backend,
             claims: crate::payload::claims::ClaimSettings::default(),
             payload: crate::payload::PayloadSettings::default(),
+            record_max_bytes: None,
         }],
     };
     // The demo's own display of the depth: not through the host's metered client, so the

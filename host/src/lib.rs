@@ -63,7 +63,8 @@
 //!    stdin), `log_limit`, `panics`.
 //! 2. **Parts**: [`queue`] (the storage seam, backends and decorators), [`rules`] (the
 //!    WASM engine, the rule slots, the watcher), [`bus`] (push between hosts),
-//!    [`handler`] (where messages go), [`payload`] (envelopes of many items), `cost`.
+//!    [`handler`] (where messages go), [`payload`] (envelopes of many items), `cost`,
+//!    [`record`] (each queue's arrivals, for `ebb trace export`).
 //! 3. **[`listener`]**: the paper's dequeue loop over one storage queue.
 //! 4. **[`config`]**: the file form of `ebb.toml`, validated into each part's settings.
 //! 5. **`service`**: what a host runs, assembled from the configuration: each queue's
@@ -92,6 +93,7 @@ pub mod names;
 mod panics;
 pub mod payload;
 pub mod queue;
+pub mod record;
 pub mod rules;
 mod scaler;
 mod service;

@@ -93,3 +93,16 @@ fn bench_knee_refuses_an_app_that_takes_no_time() {
     assert!(!output.status.success() && stderr.contains("--latency: more than 0"), "{stderr}");
     assert!(output.stdout.is_empty(), "ebb bench knee --latency 0ms ran: {}", String::from_utf8_lossy(&output.stdout));
 }
+
+#[test]
+fn bench_record_runs_recording_on_and_off_alternating_and_reports_the_cost() {
+    let output = Command::new(EBB).args(["bench", "record", "--json", "--messages", "300", "--rounds", "2", "--concurrency", "8"]).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    positive(&report["off_msg_per_sec"], "off_msg_per_sec");
+    positive(&report["on_msg_per_sec"], "on_msg_per_sec");
+    assert!(report["throughput_cost_percent"].is_number() && report["goal_met"].is_boolean(), "{report}");
+    // Off then on, then on then off: the order alternates so drift hits both alike.
+    let order: Vec<bool> = report["runs"].as_array().unwrap().iter().map(|r| r["recording"].as_bool().unwrap()).collect();
+    assert_eq!(order, [false, true, true, false]);
+}

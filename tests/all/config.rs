@@ -45,6 +45,9 @@ fn a_minimal_config_gets_the_documented_defaults() {
     assert_eq!((s.batch_size, s.min_tasks, s.max_tasks, s.max_dequeue_count), (32, 1, 32, 5));
     assert_eq!((s.min_polling_interval.as_millis(), s.max_polling_interval.as_secs()), (800, 60));
     assert_eq!(queue.rule, None);
+    assert_eq!(queue.record_max_bytes, Some(8 << 20), "recorded by default, within 8 MiB");
+    let off = Config::parse(&text.replace("handler", "record = false\nhandler"), Path::new("/srv/ebb"), None).unwrap();
+    assert_eq!(off.queues[0].record_max_bytes, None);
 }
 
 #[test]
@@ -166,6 +169,8 @@ fn the_documented_defaults_are_the_code_defaults() {
                 "max_claim_check_bytes" => Code::Number(queue.claims.max_bytes),
                 "claim_check_retention" => Code::Duration(queue.claims.retention),
                 "claim_sweep_interval" => Code::Duration(queue.claims.sweep_interval),
+                "record" => Code::Bool(queue.record_max_bytes.is_some()),
+                "record_max_bytes" => Code::Number(queue.record_max_bytes.unwrap_or(0)),
                 "backend" => Code::Text(if matches!(queue.backend, ebb::config::Backend::Embedded) { "embedded" } else { "azure" }.into()),
                 "rule" => queue.rule.as_ref().map_or(Code::Absent, |file| Code::Text(file.to_string())),
                 "rule_params" if queue.rule_params.is_empty() => Code::Absent,

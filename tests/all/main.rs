@@ -24,6 +24,7 @@ mod kubernetes;
 mod listener;
 mod payload;
 mod replay;
+mod rollout;
 mod rule_author;
 mod rule_check;
 mod rule_languages;

@@ -19,6 +19,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("handler", 2),
     ("cost", 2),
     ("payload", 2),
+    ("record", 2),
     ("listener", 3),
     ("config", 4),
     ("service", 5),

@@ -298,7 +298,7 @@ async fn fill_store(queue: &Arc<crate::queue::embedded::EmbeddedQueue>, body: &B
 /// Waits until the listener has deleted `messages` messages, and returns the most handler
 /// calls seen at once; fails on a handler failure (the app always answers 200: a failure is
 /// the bench's own problem) or a stall.
-async fn wait_until_processed(listener: &Listener, messages: u64) -> anyhow::Result<u32> {
+pub(crate) async fn wait_until_processed(listener: &Listener, messages: u64) -> anyhow::Result<u32> {
     let (mut last, mut last_progress, mut peak_calls) = (0, Instant::now(), 0);
     loop {
         let status = listener.status();

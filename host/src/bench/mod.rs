@@ -14,6 +14,8 @@
 //! - `report`: medians, ratios, the issue's goals, and the table or JSON printed.
 //! - `claims`: a large body (50 MiB by default) through a claim-check store on Azurite's
 //!   blob service, against the official SDK's own upload and download of the same bytes.
+//! - `record`: what recording arrivals costs at load (issue 22): the same run, recording
+//!   on and off, alternating.
 //! - `codecs`: the envelope's codecs (issue 20) on a corpus of JSON work items: ratio,
 //!   items per envelope, packing and decoding speed, against no compression.
 //! - `payloads`: producers sending one item at a time, packed against unpacked, through a
@@ -25,5 +27,6 @@ pub(crate) mod contenders;
 pub(crate) mod http;
 pub(crate) mod measure;
 pub(crate) mod payloads;
+pub(crate) mod record;
 pub(crate) mod report;
 pub(crate) mod server;

@@ -45,6 +45,12 @@ pub(crate) enum BenchCommand {
     /// Azurite: billed transactions per item, pickup p50/p99 from the send, items per
     /// second, and the issue's goals. Build with --release for figures worth reading.
     Payloads(PayloadsArgs),
+    /// Recording arrivals (issue 22): producers send through a queue handle into the
+    /// embedded store while the listener posts every message to a local app, with recording
+    /// on and off alternating in each round: msg/s and CPU per message (medians), the cost in
+    /// percent of throughput, and the goal (at most 1 %). Build with --release for figures
+    /// worth reading.
+    Record(RecordArgs),
     /// The app `ebb bench http` posts to: 200 with an empty body at once, on 127.0.0.1 (a
     /// free port, written to --port-file), until stdin closes. Started by the bench itself.
     #[command(hide = true)]
@@ -112,6 +118,25 @@ pub(crate) struct KneeArgs {
     /// Seed of every random choice.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RecordArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Rounds, 1 to 20: each runs recording off and on, in turn (the order alternates).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_ROUNDS)))]
+    rounds: u32,
+    /// Messages per run, 1 to 100,000.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..=MAX_MESSAGES))]
+    messages: u64,
+    /// Producer tasks and the queue's max_concurrent_calls, 1 to 1,024.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_CONCURRENCY)))]
+    concurrency: u32,
+    /// Body size in bytes, 1 to 65,536.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_BODY_BYTES)))]
+    body_bytes: u32,
 }
 
 #[derive(Debug, Args)]
@@ -296,6 +321,10 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        BenchCommand::Record(args) => crate::bench::record::run(
+            crate::bench::record::RecordBench { messages: args.messages, concurrency: args.concurrency, body_bytes: args.body_bytes, rounds: args.rounds },
+            args.json,
+        ),
         BenchCommand::Serve { port_file } => crate::bench::server::serve(&port_file),
     }
 }

@@ -7,6 +7,7 @@ mod host;
 mod rule;
 mod rule_test;
 mod simulate;
+mod trace;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -120,7 +121,10 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Compare rules over a scenario on the real listener, the in-memory queue and a paused
     /// clock (a simulated day takes seconds): billed transactions, $/month, pickup latency.
-    Simulate(simulate::SimulateArgs),
+    Simulate(Box<simulate::SimulateArgs>),
+    /// Traces of real traffic: export a queue's recorded arrivals for `ebb simulate --trace`.
+    #[command(subcommand)]
+    Trace(trace::TraceCommand),
 }
 
 /// `ebb queue …`.
@@ -233,7 +237,8 @@ pub fn main(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Rule(command) => rule::run(command),
         Command::Bench(command) => bench::run(command),
-        Command::Simulate(args) => simulate::run(args),
+        Command::Simulate(args) => simulate::run(*args),
+        Command::Trace(command) => trace::run(command),
         Command::Check { config } => host::check(&config),
         Command::Demo { duration, processing_time, burst, trickle, backend } => {
             let options = crate::demo::DemoOptions { duration, processing_time, burst, trickle_per_sec: trickle, azurite: backend == "azurite" };
@@ -302,6 +307,17 @@ fn init_logging(default_level: &str) {
     // Colours only on a terminal: not into log files and journals.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
+}
+
+/// The queue `name` of `config`, or an error naming the queues it has.
+fn configured_queue<'a>(config: &'a crate::config::Config, name: &str) -> anyhow::Result<&'a crate::config::QueueConfig> {
+    config.queues.iter().find(|q| q.name.as_str() == name).ok_or_else(|| {
+        let names: Vec<&str> = config.queues.iter().map(|q| q.name.as_str()).collect();
+        match names.is_empty() {
+            true => anyhow::anyhow!("queue {name:?}: the configuration has no queue"),
+            false => anyhow::anyhow!("queue {name:?}: not in the configuration (its queues: {})", names.join(", ")),
+        }
+    })
 }
 
 /// Parses `key=value` (for `--param`).

@@ -29,14 +29,27 @@ pub struct SimulateArgs {
     /// A rule: `fixed-1s`, `functions`, `paper`, `paper-push`, a rule component `FILE.wasm`
     /// (pull), or `push:FILE.wasm` (push, zero idle tasks, as `paper-push`). Repeat to
     /// compare. Default: all four built-ins.
-    #[arg(long = "rule")]
+    #[arg(long = "rule", conflicts_with = "config")]
     rules: Vec<String>,
-    /// A parameter for the rule component given by the `--rule` before it, as in the queue's
-    /// `rule_params` (repeatable): `--rule a.wasm --param per_task=10 --rule b.wasm`.
+    /// Simulate what a configured queue runs: with `--queue`, its rule file and
+    /// `rule_params` (or the built-in rule), min/max tasks, intervals, batch size, push,
+    /// safety poll, `max_concurrent_calls` and the `[rule_limits]`, as `ebb run` builds its
+    /// listener from this file. A partitioned queue is simulated as one of its partitions.
+    #[arg(long, requires = "queue", conflicts_with = "bench")]
+    config: Option<PathBuf>,
+    /// The configured queue to simulate (with `--config`).
+    #[arg(long, requires = "config")]
+    queue: Option<String>,
+    /// A rule component to compare with the queue's live rule, on the queue's settings
+    /// (with `--config`; repeatable); `--param` after it gives its parameters.
+    #[arg(long = "candidate", value_name = "FILE.wasm", requires = "config")]
+    candidates: Vec<PathBuf>,
+    /// A parameter for the rule component given by the `--rule` or `--candidate` before it,
+    /// as in the queue's `rule_params` (repeatable): `--rule a.wasm --param per_task=10 --rule b.wasm`.
     #[arg(long = "param", value_name = "KEY=VALUE", value_parser = super::parse_key_value)]
     params: Vec<(String, String)>,
-    /// For each `--param`, the index of the `--rule` it follows (set from the command
-    /// line's positions by [`SimulateArgs::attach_params`]).
+    /// For each `--param`, the index of the `--rule` (or `--candidate`) it follows (set from
+    /// the command line's positions by [`SimulateArgs::attach_params`]).
     #[arg(skip)]
     param_owners: Vec<Option<usize>>,
     /// How long to simulate (default: the scenario's own; a trace's last arrival + 10 min).
@@ -92,9 +105,46 @@ pub struct SimulateArgs {
 impl SimulateArgs {
     /// Records which `--rule` each `--param` follows, from where each stands on the command line.
     pub(super) fn attach_params(&mut self, matches: &clap::ArgMatches) {
-        let rules: Vec<usize> = matches.indices_of("rules").map(Iterator::collect).unwrap_or_default();
+        // `--rule` and `--config` (which `--candidate` needs) exclude each other: one of the two lists is empty.
+        let rules: Vec<usize> = ["rules", "candidates"].iter().flat_map(|id| matches.indices_of(id).into_iter().flatten()).collect();
         let params = matches.indices_of("params").map(Iterator::collect::<Vec<_>>).unwrap_or_default();
         self.param_owners = params.iter().map(|at| rules.iter().rposition(|rule| rule < at)).collect();
+    }
+
+    /// Each `--param` with the index of the rule (or candidate) it follows among `count`.
+    fn params_per_owner(&self, count: usize, flag: &str) -> Result<Vec<Vec<(String, String)>>> {
+        let mut params = vec![Vec::new(); count];
+        for (index, (key, value)) in self.params.iter().enumerate() {
+            // Without positions (a caller that built the arguments itself), a lone rule takes them all.
+            let owner = self.param_owners.get(index).copied().unwrap_or((count == 1).then_some(0));
+            let Some(owner) = owner.filter(|owner| *owner < count) else { bail!("--param {key}={value}: give it after the {flag} FILE.wasm it is for") };
+            params[owner].push((key.clone(), value.clone()));
+        }
+        for params in &params {
+            super::refuse_repeated_params(params)?;
+        }
+        Ok(params)
+    }
+
+    /// With `--config --queue`: the queue's live rule, then each candidate with its
+    /// parameters; the queue's settings; the configuration's rule limits.
+    fn configured(&self) -> Result<Option<(Vec<RuleChoice>, crate::listener::QueueSettings, crate::rules::RuleLimits)>> {
+        let (Some(path), Some(name)) = (&self.config, &self.queue) else { return Ok(None) };
+        let config = crate::config::Config::load(path)?;
+        let queue = super::configured_queue(&config, name)?;
+        if queue.partitions > 1 {
+            eprintln!("note: queue {name} has {} partitions, each with its own listener: one is simulated, with the queue's settings", queue.partitions);
+        }
+        let live = queue.rule.as_ref().map(|file| simulate::RuleFile { path: file.in_dir(&config.rules_dir), params: queue.rule_params.clone() });
+        let mut rules = vec![RuleChoice::Live(live)];
+        let params = self.params_per_owner(self.candidates.len(), "--candidate")?;
+        for (path, params) in self.candidates.iter().zip(params) {
+            if path.extension().is_none_or(|e| e != "wasm") {
+                bail!("--candidate: {} is not a rule component (FILE.wasm)", path.display());
+            }
+            rules.push(RuleChoice::Wasm(simulate::RuleFile { path: path.clone(), params }));
+        }
+        Ok(Some((rules, queue.settings.clone(), config.rule_limits.clone())))
     }
 
     /// The rules to compare, each with the parameters that follow it.
@@ -105,21 +155,8 @@ impl SimulateArgs {
             }
             return simulate::rules::BUILT_INS.iter().map(|name| RuleChoice::parse(name)).collect();
         }
-        let mut params = vec![Vec::new(); self.rules.len()];
-        for (index, (key, value)) in self.params.iter().enumerate() {
-            // Without positions (a caller that built the arguments itself), a lone rule takes them all.
-            let owner = self.param_owners.get(index).copied().unwrap_or((self.rules.len() == 1).then_some(0));
-            let Some(owner) = owner else { bail!("--param {key}={value}: give it after the --rule FILE.wasm it is for") };
-            params[owner].push((key.clone(), value.clone()));
-        }
-        self.rules
-            .iter()
-            .zip(params)
-            .map(|(text, params)| {
-                super::refuse_repeated_params(&params)?;
-                RuleChoice::parse(text)?.with_params(params)
-            })
-            .collect()
+        let params = self.params_per_owner(self.rules.len(), "--rule")?;
+        self.rules.iter().zip(params).map(|(text, params)| RuleChoice::parse(text)?.with_params(params)).collect()
     }
 }
 
@@ -129,7 +166,10 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         (Some(name), None) => Scenario::named(name)?,
         (None, None) => Scenario::PaperBilling,
     };
-    let rules = args.rule_choices()?;
+    let (rules, queue_settings, rule_limits) = match args.configured()? {
+        Some((rules, settings, limits)) => (rules, Some(settings), Some(limits)),
+        None => (args.rule_choices()?, None, None),
+    };
     if let Some(chart) = &args.chart {
         if chart.extension().is_none_or(|e| e != "svg") {
             bail!("--chart: {} must end in .svg (the chart is SVG)", chart.display());
@@ -165,6 +205,8 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         wait_budget: args.wait_budget,
         handler_knee: args.handler_knee,
         max_concurrent_calls: args.max_concurrent_calls,
+        queue_settings,
+        rule_limits,
         rule_cache: super::rule::user_rule_cache(),
     };
     if args.bench {

@@ -240,6 +240,14 @@ pub struct QueueFile {
     /// billed list call on Azure). Default `1h`, `1m` to `24h`.
     #[serde(default = "serde_defaults::claim_sweep_interval", with = "humantime_serde")]
     pub claim_sweep_interval: Duration,
+    /// Whether the queue's arrivals are recorded (per second, in `data_dir/recordings`) for
+    /// `ebb trace export`. Default true.
+    #[serde(default = "serde_defaults::record")]
+    pub record: bool,
+    /// The recording's size cap, in bytes, 64 KiB to 1 GiB; the oldest seconds are dropped
+    /// first. Default 8388608 (8 MiB).
+    #[serde(default = "serde_defaults::record_max_bytes")]
+    pub record_max_bytes: u64,
     /// Rule file name in `rules_dir`. Default: the built-in rule (the paper's).
     pub rule: Option<String>,
     /// Parameters passed to the rule's `configure`. Default: none.
@@ -380,6 +388,12 @@ pub(super) mod serde_defaults {
     }
     pub fn max_pickup_delay() -> Duration {
         d::MAX_PICKUP_DELAY
+    }
+    pub fn record() -> bool {
+        d::RECORD
+    }
+    pub fn record_max_bytes() -> u64 {
+        d::RECORD_MAX_BYTES
     }
     pub fn partitions() -> u32 {
         d::PARTITIONS

@@ -104,6 +104,8 @@ pub struct QueueConfig {
     pub claims: crate::payload::claims::ClaimSettings,
     /// Packing, delivery of items and answers.
     pub payload: crate::payload::PayloadSettings,
+    /// Its arrivals recording's size cap in bytes; `None`: not recorded (`record = false`).
+    pub record_max_bytes: Option<u64>,
 }
 
 impl QueueConfig {

@@ -84,6 +84,14 @@ impl QueueFile {
             None => None,
             Some(file) => Some(RuleFileName::new(&file).context("rule")?),
         };
+        if !(crate::record::MIN_MAX_BYTES..=crate::record::MAX_MAX_BYTES).contains(&self.record_max_bytes) {
+            bail!(
+                "record_max_bytes: must be {} to {} bytes (64 KiB to 1 GiB), got {}",
+                crate::record::MIN_MAX_BYTES,
+                crate::record::MAX_MAX_BYTES,
+                self.record_max_bytes
+            );
+        }
         let handler_url = self.handler.as_ref().map(|handler| parse_handler_url(&handler.url)).transpose()?;
         let handler_timeout = self.handler.as_ref().map_or(crate::defaults::HANDLER_TIMEOUT, |handler| handler.timeout);
         check_duration("handler.timeout", handler_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
@@ -145,6 +153,7 @@ impl QueueFile {
                 max_envelope_bytes,
                 reply_queue,
             },
+            record_max_bytes: self.record.then_some(self.record_max_bytes),
         })
     }
 

@@ -12,6 +12,7 @@ use crate::handler::Handler;
 use crate::log_limit::LogLimiter;
 use crate::payload::{MIN_ENVELOPE_BYTES, Packer, PayloadSettings};
 use crate::queue::{Clock, QueueClient, SystemClock, Transactions};
+use crate::record::QueueRecording;
 use crate::rules::{BuiltInRule, Decider};
 
 use super::counters::Counters;
@@ -35,6 +36,7 @@ pub struct ListenerBuilder {
     payload: PayloadSettings,
     text_envelopes: bool,
     reply: Option<Arc<dyn QueueClient>>,
+    recording: Option<Arc<QueueRecording>>,
 }
 
 impl Listener {
@@ -51,6 +53,7 @@ impl Listener {
             payload: PayloadSettings::default(),
             text_envelopes: false,
             reply: None,
+            recording: None,
         }
     }
 }
@@ -97,9 +100,16 @@ impl ListenerBuilder {
         self
     }
 
+    /// Where messages its gets see for the first time are counted as arrivals (see
+    /// [`crate::record`]); default: nowhere.
+    pub fn recording(mut self, recording: Arc<QueueRecording>) -> Self {
+        self.recording = Some(recording);
+        self
+    }
+
     /// The listener; no task runs until [`Listener::start`].
     pub fn build(self) -> Listener {
-        let ListenerBuilder { queue, poison, handler, decider, clock, settings, transactions, payload, text_envelopes, reply } = self;
+        let ListenerBuilder { queue, poison, handler, decider, clock, settings, transactions, payload, text_envelopes, reply, recording } = self;
         let packer = Packer::new(payload.compression, payload.max_envelope_bytes.max(MIN_ENVELOPE_BYTES)).expect("the limit is at least the smallest envelope");
         let seed = settings.random_seed.unwrap_or_else(|| fastrand::u64(..));
         let slots = super::slots::Slots::new(settings.max_concurrent_calls);
@@ -112,6 +122,7 @@ impl ListenerBuilder {
                 clock,
                 settings,
                 transactions,
+                recording,
                 counters: Counters::default(),
                 work: Notify::new(),
                 wake: Notify::new(),

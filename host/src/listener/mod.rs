@@ -74,6 +74,8 @@ struct Shared {
     clock: Arc<dyn Clock>,
     settings: QueueSettings,
     transactions: Option<Arc<Transactions>>,
+    /// Counts the messages gets see for the first time (arrivals, for `ebb trace export`).
+    recording: Option<Arc<crate::record::QueueRecording>>,
     counters: Counters,
     /// Raised by `work_detected`; the scaler coalesces raises.
     work: Notify,

@@ -31,6 +31,11 @@ impl Shared {
         let oldest = messages.iter().map(|m| m.inserted_at).min();
         let oldest_age_ms = oldest.map(|at| now.duration_since(at).map_or(0, |age| age.as_millis() as u64));
         self.counters.record_get(LastGet { messages: messages.len().min(u32::MAX as usize) as u32, asked, oldest_age_ms });
+        if let Some(recording) = &self.recording {
+            // A redelivery is the same arrival again: only a first delivery counts.
+            let first = messages.iter().filter(|m| m.dequeue_count == 1).count();
+            recording.record(crate::record::Seen::FirstGet, first as u64);
+        }
     }
 
     /// `QueueEmpty` for a task that found the queue empty `idle_count` times in a row.

@@ -12,6 +12,7 @@ use crate::bus::Bus;
 use crate::listener::{Listener, Pause};
 use crate::payload::PayloadSettings;
 use crate::queue::{MessageId, QueueClient, QueueError};
+use crate::record::{QueueRecording, Seen};
 
 use super::packing::{ItemsError, ItemsSent, Packing};
 
@@ -54,6 +55,8 @@ struct Inner {
     packing: tokio::sync::OnceCell<Packing>,
     /// The queue's reply queue, if it has one.
     reply: std::sync::OnceLock<Arc<dyn QueueClient>>,
+    /// Where sends and notifications are counted as arrivals (none: not recorded).
+    recording: std::sync::OnceLock<Arc<QueueRecording>>,
 }
 
 impl QueueHandle {
@@ -74,8 +77,21 @@ impl QueueHandle {
             payload: std::sync::OnceLock::new(),
             packing: tokio::sync::OnceCell::new(),
             reply: std::sync::OnceLock::new(),
+            recording: std::sync::OnceLock::new(),
         };
         QueueHandle { inner: Arc::new(inner) }
+    }
+
+    /// From now on, sends and notifications are counted in `recording` (the listeners count
+    /// what their gets see first; see [`crate::record`]).
+    pub(crate) fn attach_recording(&self, recording: Arc<QueueRecording>) {
+        let _ = self.inner.recording.set(recording);
+    }
+
+    fn record(&self, what: Seen) {
+        if let Some(recording) = self.inner.recording.get() {
+            recording.record(what, 1);
+        }
     }
 
     /// The queue's poison queue is `poison` (see [`crate::service::poison`]).
@@ -176,6 +192,7 @@ impl QueueHandle {
             Err(_) => return Err(QueueError::Transient(anyhow::anyhow!("storage did not answer within {}", humantime::format_duration(deadline)))),
         };
         self.count_arrival();
+        self.record(Seen::Put);
         self.wake(delay);
         self.publish(Some(1), delay);
         Ok(id)
@@ -274,6 +291,7 @@ impl QueueHandle {
     /// listeners and tell every other host.
     pub fn notify(&self) {
         self.count_arrival();
+        self.record(Seen::Notification);
         self.wake(Duration::ZERO);
         self.publish(None, Duration::ZERO);
     }

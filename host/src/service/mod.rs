@@ -37,6 +37,7 @@ use crate::log_limit::LogLimiter;
 use crate::names::RuleSlot;
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::queue::{QueueError, RetryPolicy, SystemClock};
+use crate::record::{QueueRecording, Recorder};
 use crate::rules::{QueueRuleConfig, QueueRules, RuleEngine, RuleLoad, RuleSet, RuleWatcher};
 
 /// Debounce of rule file events.
@@ -111,6 +112,11 @@ pub struct Service {
     bus: Option<Arc<Bus>>,
     stop: CancellationToken,
     tasks: TaskTracker,
+    /// Each queue's arrivals recording, and the task writing it (stopped last, after the
+    /// listeners, so what they saw while draining is written).
+    recorder: Arc<Recorder>,
+    recorder_stop: CancellationToken,
+    recorder_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Service {
@@ -136,12 +142,16 @@ impl Service {
             tracing::warn!(queue = %stray, "paused.json holds a pause for a queue the configuration does not have; it is kept, and applies if the queue comes back");
         }
         let mut queues = BTreeMap::new();
+        let mut recorder = Recorder::new();
         for queue_config in &config.queues {
+            let recording = queue_config.record_max_bytes.map(|max| recorder.add(&config.data_dir, &queue_config.name, max, Arc::new(SystemClock)));
             let open = |name: &str| storage_queue(&queue_config.backend, Some(&store), name);
             let options = StackOptions { metered: true, retry: Some(RetryPolicy::default()), readiness: Some(readiness.clone()) };
             let stack = QueueStack::assemble(queue_config, &open, &options)?;
             let listeners = match role {
-                Role::Worker => worker_listeners(queue_config, handlers.get(queue_config.name.as_str()), &stack, &rules, config.bus.is_some())?,
+                Role::Worker => {
+                    worker_listeners(queue_config, handlers.get(queue_config.name.as_str()), &stack, &rules, config.bus.is_some(), recording.as_ref())?
+                }
                 Role::Watcher => Vec::new(),
             };
             let handle = QueueHandle::new(&queue_config.name, stack.logical.clone(), listeners);
@@ -150,6 +160,9 @@ impl Service {
             handle.attach_payload(queue_config.payload.clone(), text_envelopes(&queue_config.backend));
             if let Some(reply) = &stack.reply {
                 handle.attach_reply(reply.clone());
+            }
+            if let Some(recording) = recording {
+                handle.attach_recording(recording);
             }
             // Not ready until its storage has answered (see start_work), nor while its rule is
             // compiling or cannot load (the built-in rule decides meanwhile).
@@ -179,6 +192,9 @@ impl Service {
             bus,
             stop: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            recorder: Arc::new(recorder),
+            recorder_stop: CancellationToken::new(),
+            recorder_task: std::sync::Mutex::new(None),
         })
     }
 
@@ -187,6 +203,12 @@ impl Service {
     /// queue whose storage does not answer is marked not ready and retried in the
     /// background with back-off, and its listeners start when it answers.
     pub async fn start_work(&self) -> Result<()> {
+        {
+            let mut recorder_task = self.recorder_task.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !self.recorder.is_empty() && recorder_task.is_none() {
+                *recorder_task = Some(self.recorder.clone().spawn(self.recorder_stop.clone()));
+            }
+        }
         for queue in self.queues.values() {
             match queue.stack.create_if_missing().await {
                 Ok(()) => self.queue_started(queue),
@@ -300,6 +322,7 @@ impl Service {
         if let Some(bus) = &self.bus {
             bus.stop();
         }
+        self.recorder_stop.cancel();
     }
 
     /// Stops start-up retries, stops dequeuing, drains in-flight messages (releasing what
@@ -315,6 +338,11 @@ impl Service {
         futures::future::join_all(self.queues.values().map(|q| q.handle.shutdown_listeners(drain))).await;
         if let Some(bus) = &self.bus {
             bus.shutdown().await;
+        }
+        self.recorder_stop.cancel();
+        let recorder_task = self.recorder_task.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(task) = recorder_task {
+            let _ = task.await;
         }
         drop(self.watcher);
         let rules = self.rules.clone();
@@ -421,7 +449,14 @@ fn rule_problem(rules: &QueueRules) -> Option<String> {
 }
 
 /// A worker's listeners on `queue`, one per partition, not started.
-fn worker_listeners(queue: &QueueConfig, handler: Option<&Arc<dyn Handler>>, stack: &QueueStack, rules: &RuleSet, with_bus: bool) -> Result<Vec<Listener>> {
+fn worker_listeners(
+    queue: &QueueConfig,
+    handler: Option<&Arc<dyn Handler>>,
+    stack: &QueueStack,
+    rules: &RuleSet,
+    with_bus: bool,
+    recording: Option<&Arc<QueueRecording>>,
+) -> Result<Vec<Listener>> {
     let handler: Arc<dyn Handler> = match (handler, &queue.handler_url) {
         (Some(handler), _) => handler.clone(),
         (None, Some(url)) => Arc::new(HttpHandler::new(url.clone(), queue.handler_timeout)?),
@@ -440,6 +475,9 @@ fn worker_listeners(queue: &QueueConfig, handler: Option<&Arc<dyn Handler>>, sta
         }
         if let Some(transactions) = &partition.transactions {
             builder = builder.transactions(transactions.clone());
+        }
+        if let Some(recording) = recording {
+            builder = builder.recording(recording.clone());
         }
         let listener = builder.build();
         if with_bus {

@@ -84,6 +84,11 @@ pub struct SimOptions {
     /// The queue's `max_concurrent_calls`; `None`: every call the tasks' batches bring
     /// (`max_tasks × batch_size`), an app that scales out.
     pub max_concurrent_calls: Option<u32>,
+    /// The settings of a configured queue (`--config --queue`): every rule then runs with
+    /// them (push included) instead of its own; `None`: each rule's own.
+    pub queue_settings: Option<crate::listener::QueueSettings>,
+    /// The limits rules run under (a configuration's `[rule_limits]`); `None`: the defaults.
+    pub rule_limits: Option<RuleLimits>,
     /// Where compiled rule components are kept between runs (`ebb simulate` uses the user's
     /// compile cache, as `ebb rule check` does); `None` compiles each time.
     pub rule_cache: Option<PathBuf>,
@@ -106,6 +111,8 @@ impl SimOptions {
             wait_budget: floor::DEFAULT_WAIT_BUDGET,
             handler_knee: None,
             max_concurrent_calls: None,
+            queue_settings: None,
+            rule_limits: None,
             rule_cache: None,
         }
     }
@@ -279,7 +286,8 @@ pub struct SimReport {
 pub fn run(options: &SimOptions) -> Result<SimReport> {
     options.check()?;
     let any_wasm = options.rules.iter().any(|r| r.wasm().is_some());
-    let engine = if any_wasm { Some(rule_engine(options.rule_cache.as_ref())?) } else { None };
+    let limits = options.rule_limits.clone().unwrap_or_default();
+    let engine = if any_wasm { Some(rule_engine(limits, options.rule_cache.as_ref())?) } else { None };
     let floor = floor::floor(&options.workload.arrivals, options.wait_budget);
     let mut reports = Vec::new();
     for rule in &options.rules {
@@ -306,14 +314,14 @@ pub fn run(options: &SimOptions) -> Result<SimReport> {
 
 /// The engine of a simulation: with the compile cache when it can be used, else without it
 /// (compiling each time, and saying why).
-fn rule_engine(cache: Option<&PathBuf>) -> Result<Arc<RuleEngine>> {
+fn rule_engine(limits: RuleLimits, cache: Option<&PathBuf>) -> Result<Arc<RuleEngine>> {
     if let Some(dir) = cache {
-        match RuleEngine::new(RuleLimits::default(), Some(dir.clone())) {
+        match RuleEngine::new(limits.clone(), Some(dir.clone())) {
             Ok(engine) => return Ok(engine),
             Err(error) => tracing::warn!("no compile cache for the simulated rules ({error:#}); compiling them each time"),
         }
     }
-    RuleEngine::new(RuleLimits::default(), None)
+    RuleEngine::new(limits, None)
 }
 
 fn run_rule(rule: &RuleChoice, engine: Option<&Arc<RuleEngine>>, options: &SimOptions) -> Result<RuleReport> {
@@ -418,15 +426,20 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
         calls: AtomicU32::new(0),
         peak_calls: AtomicU32::new(0),
     });
-    let mut settings = crate::listener::QueueSettings { random_seed: Some(options.seed), ..rule.settings() };
+    let own = options.queue_settings.clone().unwrap_or_else(|| rule.settings());
+    let mut settings = crate::listener::QueueSettings { random_seed: Some(options.seed), ..own };
     if let Some(interval) = options.safety_poll {
         settings.safety_poll = interval;
     }
-    // Unless told otherwise, the simulated app takes every call the tasks' batches bring
-    // (a serverless function scales out so): the pickup latency then measures the listener,
-    // not the app's pool.
-    settings.max_concurrent_calls =
-        options.max_concurrent_calls.unwrap_or_else(|| settings.max_tasks.saturating_mul(settings.batch_size).clamp(1, crate::config::MAX_CONCURRENT_CALLS));
+    // Unless told otherwise (or simulating a configured queue, whose limit it is), the
+    // simulated app takes every call the tasks' batches bring (a serverless function scales
+    // out so): the pickup latency then measures the listener, not the app's pool.
+    settings.max_concurrent_calls = match (options.max_concurrent_calls, &options.queue_settings) {
+        (Some(limit), _) => limit,
+        (None, Some(queue)) => queue.max_concurrent_calls,
+        (None, None) => settings.max_tasks.saturating_mul(settings.batch_size).clamp(1, crate::config::MAX_CONCURRENT_CALLS),
+    };
+    let push = settings.push_enabled;
     let listener = Listener::builder(queue.clone(), poison, handler.clone())
         .decider(rule.decider(rule_set.as_deref())?)
         .settings(settings)
@@ -442,7 +455,7 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
         let (queue, memory, listener, peak_backlog, sample_backlog) =
             (queue.clone(), memory.clone(), listener.clone(), peak_backlog.clone(), sample_backlog.clone());
         let arrivals = workload.arrivals.clone();
-        let notify = options.notify || rule.push();
+        let notify = options.notify || push;
         tokio::spawn(async move {
             for arrival in arrivals {
                 tokio::time::sleep_until(start + arrival.at).await;

@@ -29,6 +29,9 @@ pub enum RuleChoice {
     Wasm(RuleFile),
     /// A rule component with push, as `paper-push` (`push:FILE.wasm`).
     WasmPush(RuleFile),
+    /// What a configured queue runs (`--config --queue`): its rule file and `rule_params`,
+    /// or the built-in rule (`None`), with the queue's settings.
+    Live(Option<RuleFile>),
 }
 
 /// A rule component and the parameters its `configure` is given (a queue's `rule_params`).
@@ -71,6 +74,8 @@ impl RuleChoice {
             RuleChoice::PaperPush => "paper-push".into(),
             RuleChoice::Wasm(rule) => rule_name(rule),
             RuleChoice::WasmPush(rule) => format!("{} (push)", rule_name(rule)),
+            RuleChoice::Live(Some(rule)) => format!("live: {}", rule_name(rule)),
+            RuleChoice::Live(None) => "live: built-in".into(),
         }
     }
 
@@ -82,7 +87,7 @@ impl RuleChoice {
     /// The rule component and its parameters, if the rule is one.
     pub fn wasm(&self) -> Option<&RuleFile> {
         match self {
-            RuleChoice::Wasm(rule) | RuleChoice::WasmPush(rule) => Some(rule),
+            RuleChoice::Wasm(rule) | RuleChoice::WasmPush(rule) | RuleChoice::Live(Some(rule)) => Some(rule),
             _ => None,
         }
     }
@@ -118,7 +123,7 @@ impl RuleChoice {
                 max_polling_interval: Duration::from_secs(60),
                 ..defaults
             },
-            RuleChoice::Paper | RuleChoice::Wasm(_) => defaults,
+            RuleChoice::Paper | RuleChoice::Wasm(_) | RuleChoice::Live(_) => defaults,
             RuleChoice::PaperPush | RuleChoice::WasmPush(_) => QueueSettings { min_tasks: 0, push_enabled: true, ..defaults },
         }
     }

@@ -1,0 +1,95 @@
+//! `ebb trace export`: a queue's recorded arrivals as a trace for `ebb simulate --trace`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use clap::Subcommand;
+
+use crate::config::Config;
+use crate::queue::Clock as _;
+use crate::record::{self, TraceLimits};
+use crate::simulate::scenario;
+
+/// `ebb trace …`.
+#[derive(Debug, Subcommand)]
+pub enum TraceCommand {
+    /// Write a queue's recorded arrivals (`record = true`, the default) as the trace
+    /// `ebb simulate --trace` reads: `seconds,count` lines, seconds from the first arrival.
+    /// Reads the recording in the data directory; works while the host runs (the last
+    /// second or two are not written yet).
+    Export {
+        /// The queue.
+        queue: String,
+        /// How far back, from now (`90m`, `24h`, `7d`; 1 s to 31 days).
+        #[arg(long, default_value = "24h", value_parser = parse_since)]
+        since: Duration,
+        /// The configuration file.
+        #[arg(long, short, default_value = "ebb.toml")]
+        config: PathBuf,
+        /// Where to write the trace (default: stdout).
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
+}
+
+fn parse_since(text: &str) -> Result<Duration, String> {
+    let since = humantime::parse_duration(text).map_err(|e| format!("{e} (e.g. 90m, 24h, 7d)"))?;
+    record::check_since(since).map_err(|e| e.to_string().trim_start_matches("--since: ").to_string())
+}
+
+pub fn run(command: TraceCommand) -> Result<()> {
+    match command {
+        TraceCommand::Export { queue, since, config, output } => export(&queue, since, &config, output.as_deref()),
+    }
+}
+
+fn export(queue: &str, since: Duration, config_path: &Path, output: Option<&Path>) -> Result<()> {
+    let config = Config::load(config_path)?;
+    let configured = super::configured_queue(&config, queue)?;
+    if let Some(path) = output {
+        refuse_unwritable(path)?;
+    }
+    let limits = TraceLimits {
+        max_lines: scenario::MAX_TRACE_LINES as u64,
+        max_count_per_line: u64::from(scenario::MAX_COUNT_PER_LINE),
+        max_messages: scenario::MAX_MESSAGES,
+    };
+    let export = record::export(&config.data_dir, queue, since, crate::queue::SystemClock.now_ms(), limits)?;
+    for warning in &export.warnings {
+        eprintln!("warning: {warning}");
+    }
+    let since_text = humantime::format_duration(since);
+    let mut text = format!("# ebb trace export: queue {queue}, the last {since_text}, {} messages\n", export.messages);
+    match export.first_second {
+        Some(second) => {
+            let at = humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(second));
+            text.push_str(&format!("# second 0 is {at}\nseconds,count\n"));
+        }
+        None => {
+            let why = if configured.record_max_bytes.is_none() { " (the queue has record = false)" } else { "" };
+            eprintln!("warning: no arrival of queue {queue} recorded in the last {since_text}{why}");
+            text.push_str("seconds,count\n");
+        }
+    }
+    text.push_str(&export.text);
+    match output {
+        Some(path) => std::fs::write(path, text).with_context(|| format!("-o: cannot write {}", path.display()))?,
+        None => {
+            use std::io::Write as _;
+            std::io::stdout().lock().write_all(text.as_bytes())?;
+        }
+    }
+    Ok(())
+}
+
+/// Refuses, before any reading, an output path that is there and is not a regular file
+/// (a FIFO would hang the write).
+fn refuse_unwritable(path: &Path) -> Result<()> {
+    if let Ok(meta) = std::fs::metadata(path)
+        && let Some(kind) = crate::input::file_kind(&meta)
+    {
+        bail!("-o: {} is {kind}, not a regular file", path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,634 @@
+//! Recording each queue's arrivals, so that `ebb trace export` can give the simulator the
+//! traffic a queue really had (issue 22).
+//!
+//! What is recorded, per queue and per second: puts through this host (`QueueHandle::send`,
+//! the API's `/messages`), notifications made to it (`/notify`: they say messages arrived,
+//! not how many), and messages a get returned for the first time (dequeue count 1). A
+//! redelivery (dequeue count 2 and up) is the same arrival again and is not counted; a
+//! message put through this host is counted when put and again when first got, which the
+//! export undoes (see [`arrivals`]): a first sight is an arrival of its own only when no put
+//! through the host is still waiting to be seen.
+//!
+//! The hot path is an atomic add into the bucket of the current second (a ring of a few
+//! seconds); a background task ([`Recorder::spawn`]) takes the finished seconds once a
+//! second and appends a line per second with arrivals to `<data_dir>/recordings/<queue>.csv`.
+//! When that file reaches half the queue's `record_max_bytes`, it becomes
+//! `<queue>.old.csv` (the previous old one is dropped): the two never hold more than the
+//! cap, and the oldest seconds go first. A write that fails (a full disk, a folder that
+//! cannot be written) stops that queue's recording with one warning; the queue runs on.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use tokio_util::sync::CancellationToken;
+
+use crate::log_limit::LogLimiter;
+use crate::queue::Clock;
+
+/// The recordings' folder in the data directory.
+pub const DIR: &str = "recordings";
+/// The smallest `record_max_bytes`: a day of a line every second is about 2 MiB.
+pub const MIN_MAX_BYTES: u64 = 64 << 10;
+/// The largest `record_max_bytes`.
+pub const MAX_MAX_BYTES: u64 = 1 << 30;
+/// The first line of every recording file: what the columns are, and the format's version.
+const HEADER: &str = "# ebb arrivals v1: unix_second,puts,first_seen,notifications";
+/// Seconds in the ring: a flush that is late by less than this loses nothing, and one
+/// later still only moves the late seconds to the spill list.
+const RING: usize = 8;
+/// How often the finished seconds are written.
+pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
+
+/// What was seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// Messages put through this host.
+    Put,
+    /// Messages a get returned with dequeue count 1.
+    FirstGet,
+    /// A notification (messages were put by someone else; how many is not said).
+    Notification,
+}
+
+/// One second's counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Bucket {
+    /// Seconds since the Unix epoch.
+    pub second: u64,
+    /// Messages put through this host.
+    pub puts: u64,
+    /// Messages first got.
+    pub first_seen: u64,
+    /// Notifications.
+    pub notifications: u64,
+}
+
+impl Bucket {
+    fn is_empty(&self) -> bool {
+        self.puts == 0 && self.first_seen == 0 && self.notifications == 0
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    second: AtomicU64,
+    puts: AtomicU64,
+    first_seen: AtomicU64,
+    notifications: AtomicU64,
+}
+
+impl Slot {
+    fn take(&self) -> Bucket {
+        Bucket {
+            second: self.second.load(Ordering::Acquire),
+            puts: self.puts.swap(0, Ordering::Relaxed),
+            first_seen: self.first_seen.swap(0, Ordering::Relaxed),
+            notifications: self.notifications.swap(0, Ordering::Relaxed),
+        }
+    }
+}
+
+/// One queue's counters, shared by its handle and its listeners.
+pub struct QueueRecording {
+    queue: String,
+    clock: Arc<dyn Clock>,
+    slots: [Slot; RING],
+    /// Seconds a writer had to push out of the ring before the flusher took them, and the
+    /// lock of every change of a slot's second.
+    spilled: Mutex<Vec<Bucket>>,
+    active: AtomicBool,
+}
+
+impl QueueRecording {
+    /// Counters for `queue`, timed by `clock`.
+    pub fn new(queue: &str, clock: Arc<dyn Clock>) -> QueueRecording {
+        QueueRecording { queue: queue.to_string(), clock, slots: Default::default(), spilled: Mutex::default(), active: AtomicBool::new(true) }
+    }
+
+    /// The queue's name.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// Whether it still records (a failed write stops it).
+    pub fn is_active(&self) -> bool {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Counts `n` of `what` now. Never waits on a disk; takes a lock only once per second
+    /// per ring slot, to start the slot's new second.
+    pub fn record(&self, what: Seen, n: u64) {
+        if n == 0 || !self.active.load(Ordering::Relaxed) {
+            return;
+        }
+        let second = self.clock.now_ms() / 1000;
+        let slot = &self.slots[(second % RING as u64) as usize];
+        if slot.second.load(Ordering::Acquire) != second {
+            self.start_second(slot, second);
+        }
+        let counter = match what {
+            Seen::Put => &slot.puts,
+            Seen::FirstGet => &slot.first_seen,
+            Seen::Notification => &slot.notifications,
+        };
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn start_second(&self, slot: &Slot, second: u64) {
+        let mut spilled = self.spilled.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let held = slot.second.load(Ordering::Acquire);
+        // Another writer started it, or the clock stepped back: count into what the slot holds.
+        if held >= second {
+            return;
+        }
+        let old = slot.take();
+        if !old.is_empty() {
+            spilled.push(old);
+        }
+        slot.second.store(second, Ordering::Release);
+    }
+
+    /// The seconds finished before `now_ms`'s (all of them when `all`), oldest first, with
+    /// what they counted; each second is taken once. A count added to a second after it was
+    /// taken (a writer delayed across the flush) comes back as a second line for that
+    /// second; readers sum lines of the same second.
+    pub fn take_finished(&self, all: bool) -> Vec<Bucket> {
+        let current = self.clock.now_ms() / 1000;
+        let mut spilled = self.spilled.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut finished = std::mem::take(&mut *spilled);
+        for slot in &self.slots {
+            if all || slot.second.load(Ordering::Acquire) < current {
+                let bucket = slot.take();
+                if !bucket.is_empty() {
+                    finished.push(bucket);
+                }
+            }
+        }
+        finished.sort_by_key(|b| b.second);
+        finished
+    }
+
+    fn stop(&self) {
+        self.active.store(false, Ordering::Relaxed);
+    }
+}
+
+/// A queue's recording files.
+struct Files {
+    current: PathBuf,
+    old: PathBuf,
+    /// Each file's cap: half the queue's `record_max_bytes`.
+    segment_bytes: u64,
+    /// Bytes in `current` (read at the first write).
+    current_len: Option<u64>,
+}
+
+/// The current and the old file of `queue` in `data_dir`.
+pub fn files_of(data_dir: &Path, queue: &str) -> [PathBuf; 2] {
+    let dir = data_dir.join(DIR);
+    [dir.join(format!("{queue}.old.csv")), dir.join(format!("{queue}.csv"))]
+}
+
+impl Files {
+    fn new(data_dir: &Path, queue: &str, max_bytes: u64) -> Files {
+        let [old, current] = files_of(data_dir, queue);
+        Files { current, old, segment_bytes: (max_bytes / 2).max(1), current_len: None }
+    }
+
+    fn append(&mut self, buckets: &[Bucket]) -> std::io::Result<()> {
+        use std::io::Write as _;
+        let mut lines = String::new();
+        for bucket in buckets {
+            lines.push_str(&format!("{},{},{},{}\n", bucket.second, bucket.puts, bucket.first_seen, bucket.notifications));
+        }
+        let len = match self.current_len {
+            Some(len) => len,
+            None => {
+                std::fs::create_dir_all(self.current.parent().unwrap_or(Path::new(".")))?;
+                std::fs::metadata(&self.current).map_or(0, |meta| meta.len())
+            }
+        };
+        let mut len = if len > 0 && len + lines.len() as u64 > self.segment_bytes {
+            std::fs::rename(&self.current, &self.old)?;
+            0
+        } else {
+            len
+        };
+        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&self.current)?;
+        if len == 0 {
+            let header = format!("{HEADER}\n");
+            file.write_all(header.as_bytes())?;
+            len += header.len() as u64;
+        }
+        file.write_all(lines.as_bytes())?;
+        self.current_len = Some(len + lines.len() as u64);
+        Ok(())
+    }
+}
+
+/// Every recorded queue of a host, and the task that writes them.
+pub struct Recorder {
+    queues: Vec<(Arc<QueueRecording>, Mutex<Files>)>,
+    warnings: LogLimiter,
+}
+
+impl Recorder {
+    /// A recorder writing under `data_dir`.
+    pub fn new() -> Recorder {
+        Recorder { queues: Vec::new(), warnings: LogLimiter::new(5, Duration::from_secs(60)) }
+    }
+
+    /// Records `queue` into at most `max_bytes` of files in `data_dir`; returns its counters.
+    pub fn add(&mut self, data_dir: &Path, queue: &str, max_bytes: u64, clock: Arc<dyn Clock>) -> Arc<QueueRecording> {
+        let recording = Arc::new(QueueRecording::new(queue, clock));
+        self.queues.push((recording.clone(), Mutex::new(Files::new(data_dir, queue, max_bytes))));
+        recording
+    }
+
+    /// Whether it records any queue.
+    pub fn is_empty(&self) -> bool {
+        self.queues.is_empty()
+    }
+
+    /// Writes the finished seconds of every queue (all seconds when `all`). A queue whose
+    /// write fails stops recording, with a warning.
+    pub fn flush(&self, all: bool) {
+        for (recording, files) in &self.queues {
+            if !recording.is_active() {
+                continue;
+            }
+            let _span = tracing::info_span!("record", queue = %recording.queue()).entered();
+            let buckets = recording.take_finished(all);
+            if buckets.is_empty() {
+                continue;
+            }
+            let mut files = files.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Err(error) = files.append(&buckets) {
+                recording.stop();
+                if let Some(suppressed) = self.warnings.allow() {
+                    tracing::warn!(
+                        file = %files.current.display(),
+                        suppressed,
+                        "cannot write the arrivals recording ({error}); recording of this queue stops until the host restarts, the queue runs on"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Writes the finished seconds every [`FLUSH_EVERY`] on tokio's blocking pool (a slow
+    /// disk holds no worker thread), until `stop`; then writes what is left.
+    pub fn spawn(self: Arc<Self>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(FLUSH_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                let all = tokio::select! {
+                    _ = tick.tick() => false,
+                    () = stop.cancelled() => true,
+                };
+                let recorder = self.clone();
+                if let Err(error) = tokio::task::spawn_blocking(move || recorder.flush(all)).await {
+                    tracing::error!("the arrivals recorder's flush panicked: {error}");
+                }
+                if all {
+                    return;
+                }
+            }
+        })
+    }
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder::new()
+    }
+}
+
+/// The largest recording file read: a segment of the largest cap, plus a line of slack.
+const MAX_FILE_BYTES: u64 = MAX_MAX_BYTES / 2 + 256;
+
+/// The buckets recorded for `queue` in `data_dir` from `since_second` on, summed per second,
+/// oldest first, and a warning for each file skipped (damaged, or not a regular file).
+pub fn read(data_dir: &Path, queue: &str, since_second: u64) -> (Vec<Bucket>, Vec<String>) {
+    let mut seconds = std::collections::BTreeMap::<u64, Bucket>::new();
+    let mut warnings = Vec::new();
+    for path in files_of(data_dir, queue) {
+        if std::fs::symlink_metadata(&path).is_err() {
+            continue;
+        }
+        let parsed = crate::input::read_text("recording", &path, MAX_FILE_BYTES).and_then(|text| parse(&text));
+        match parsed {
+            Ok(buckets) => {
+                for bucket in buckets.into_iter().filter(|b| b.second >= since_second) {
+                    let sum = seconds.entry(bucket.second).or_insert(Bucket { second: bucket.second, ..Bucket::default() });
+                    sum.puts = sum.puts.saturating_add(bucket.puts);
+                    sum.first_seen = sum.first_seen.saturating_add(bucket.first_seen);
+                    sum.notifications = sum.notifications.saturating_add(bucket.notifications);
+                }
+            }
+            Err(error) => warnings.push(format!("skipped the recording {}: {error:#}", path.display())),
+        }
+    }
+    (seconds.into_values().collect(), warnings)
+}
+
+/// Parses a recording file. A last line without its line end (a write cut short by a
+/// crash) is left out; any other line that is not four numbers makes the file damaged.
+fn parse(text: &str) -> Result<Vec<Bucket>> {
+    let complete = match text.rfind('\n') {
+        Some(end) => &text[..=end],
+        None => "",
+    };
+    let mut lines = complete.lines();
+    match lines.next() {
+        Some(HEADER) => {}
+        None => return Ok(Vec::new()),
+        Some(_) => bail!("its first line is not {HEADER:?}"),
+    }
+    let mut buckets = Vec::new();
+    for (index, line) in lines.enumerate() {
+        let fields: Vec<&str> = line.split(',').collect();
+        let numbers: Option<Vec<u64>> = fields.iter().map(|f| f.parse().ok()).collect();
+        match numbers.as_deref() {
+            Some(&[second, puts, first_seen, notifications]) => buckets.push(Bucket { second, puts, first_seen, notifications }),
+            _ => bail!("line {}: {line:?} is not four whole numbers", index + 2),
+        }
+    }
+    Ok(buckets)
+}
+
+/// The arrivals per second the buckets describe: every put through the host, and every
+/// first sight that no earlier put still waiting to be seen accounts for (it was put by
+/// someone else, or before the recording began). Puts are matched to first sights oldest
+/// first.
+pub fn arrivals(buckets: &[Bucket]) -> Vec<(u64, u64)> {
+    let mut unseen_puts = 0u64;
+    let mut out = Vec::new();
+    for bucket in buckets {
+        unseen_puts = unseen_puts.saturating_add(bucket.puts);
+        let explained = bucket.first_seen.min(unseen_puts);
+        unseen_puts -= explained;
+        let count = bucket.puts.saturating_add(bucket.first_seen - explained);
+        if count > 0 {
+            out.push((bucket.second, count));
+        }
+    }
+    out
+}
+
+/// Most lines a second becomes in a trace: its arrivals spread evenly over the second (the
+/// simulator puts a line's messages at one instant; real traffic spreads them), within
+/// the simulator's limit of lines for a day.
+pub const LINES_PER_SECOND: u64 = 10;
+
+/// The trace (`seconds,count` per line, seconds from `from_second`) of `arrivals`, each
+/// second's spread over up to `lines_per_second` lines; at most `max_count_per_line` in a
+/// line.
+pub fn trace_text(arrivals: &[(u64, u64)], from_second: u64, lines_per_second: u64, max_count_per_line: u64) -> String {
+    let mut text = String::new();
+    for &(second, count) in arrivals {
+        let offset = second.saturating_sub(from_second);
+        let lines = count.min(lines_per_second.max(1)).max(count.div_ceil(max_count_per_line.max(1)));
+        for line in 0..lines {
+            // Shares that differ by at most one and add up to `count`.
+            let share = count / lines + u64::from(line < count % lines);
+            let at = offset as f64 + line as f64 / lines as f64;
+            if share == 1 {
+                text.push_str(&format!("{at:.3}\n"));
+            } else {
+                text.push_str(&format!("{at:.3},{share}\n"));
+            }
+        }
+    }
+    text
+}
+
+/// `ebb trace export`'s reading of `--since`: at most this far back.
+pub const MAX_SINCE: Duration = Duration::from_secs(31 * 24 * 3600);
+
+/// Refuses a `--since` outside 1 s to 31 days.
+pub fn check_since(since: Duration) -> Result<Duration> {
+    if since < Duration::from_secs(1) || since > MAX_SINCE {
+        bail!("--since: {} is outside 1s to 31 days (the longest trace the simulator takes)", humantime::format_duration(since));
+    }
+    Ok(since)
+}
+
+/// What the simulator takes in a trace.
+#[derive(Debug, Clone, Copy)]
+pub struct TraceLimits {
+    /// Lines.
+    pub max_lines: u64,
+    /// Messages in a line.
+    pub max_count_per_line: u64,
+    /// Messages in all.
+    pub max_messages: u64,
+}
+
+/// Reads what `data_dir` recorded for `queue` over the last `since` before `now_ms`, and
+/// gives the trace and how many messages it holds: each second spread over up to
+/// [`LINES_PER_SECOND`] lines, or a line per second when that would be more lines than
+/// the simulator takes. More messages or busy seconds than it takes is an error saying so.
+pub fn export(data_dir: &Path, queue: &str, since: Duration, now_ms: u64, limits: TraceLimits) -> Result<Export> {
+    check_since(since)?;
+    let from_second = (now_ms / 1000).saturating_sub(since.as_secs());
+    let (buckets, warnings) = read(data_dir, queue, from_second);
+    let arrivals = arrivals(&buckets);
+    let messages = arrivals.iter().map(|(_, n)| *n).fold(0u64, u64::saturating_add);
+    if messages > limits.max_messages {
+        bail!(
+            "queue {queue}: {messages} messages recorded in the last {}, more than the {} a trace holds; give a shorter --since",
+            humantime::format_duration(since),
+            limits.max_messages
+        );
+    }
+    let lines_for =
+        |per_second: u64| arrivals.iter().map(|(_, n)| (*n).min(per_second).max(n.div_ceil(limits.max_count_per_line.max(1)))).fold(0u64, u64::saturating_add);
+    let Some(per_second) = [LINES_PER_SECOND, 1].into_iter().find(|per_second| lines_for(*per_second) <= limits.max_lines) else {
+        bail!(
+            "queue {queue}: {} seconds with arrivals in the last {}, more than the {} lines a trace holds; give a shorter --since",
+            arrivals.len(),
+            humantime::format_duration(since),
+            limits.max_lines
+        );
+    };
+    let first = arrivals.first().map_or(from_second, |(second, _)| *second);
+    let text = trace_text(&arrivals, first, per_second, limits.max_count_per_line);
+    Ok(Export { text, messages, first_second: (!arrivals.is_empty()).then_some(first), warnings })
+}
+
+/// What [`export`] gives.
+#[derive(Debug)]
+pub struct Export {
+    /// The trace: `seconds,count` lines, seconds from `first_second`.
+    pub text: String,
+    /// Messages in it.
+    pub messages: u64,
+    /// The Unix second its time 0 stands for (`None`: nothing was recorded in the window).
+    pub first_second: Option<u64>,
+    /// Files skipped, with the reason.
+    pub warnings: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::TokioClock;
+
+    fn recorder_in(dir: &Path, max_bytes: u64) -> (Arc<Recorder>, Arc<QueueRecording>, Arc<TokioClock>) {
+        let mut recorder = Recorder::new();
+        let clock = Arc::new(TokioClock::new());
+        let recording = recorder.add(dir, "orders", max_bytes, clock.clone());
+        (Arc::new(recorder), recording, clock)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn seconds_are_counted_apart_and_written_once_finished() {
+        let dir = tempfile::tempdir().unwrap();
+        let (recorder, recording, clock) = recorder_in(dir.path(), 8 << 20);
+        // Start on a second's edge, so the counts below fall in known seconds.
+        tokio::time::advance(Duration::from_millis(1000 - clock.now_ms() % 1000)).await;
+        let first = clock.now_ms() / 1000;
+        recording.record(Seen::Put, 3);
+        recording.record(Seen::FirstGet, 2);
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        recording.record(Seen::FirstGet, 1);
+        recording.record(Seen::Notification, 1);
+        recorder.flush(false);
+        let (buckets, warnings) = read(dir.path(), "orders", 0);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(buckets, vec![Bucket { second: first, puts: 3, first_seen: 2, notifications: 0 }], "the current second waits");
+        // Twenty seconds later (past the ring): the second still waiting was not lost.
+        tokio::time::advance(Duration::from_secs(20)).await;
+        recording.record(Seen::Put, 1);
+        recorder.flush(true);
+        let (buckets, _) = read(dir.path(), "orders", 0);
+        let seconds: Vec<(u64, u64, u64, u64)> = buckets.iter().map(|b| (b.second - first, b.puts, b.first_seen, b.notifications)).collect();
+        assert_eq!(seconds, vec![(0, 3, 2, 0), (1, 0, 1, 1), (21, 1, 0, 0)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_second_pushed_out_of_the_ring_before_the_flush_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (recorder, recording, _clock) = recorder_in(dir.path(), 8 << 20);
+        recording.record(Seen::Put, 5);
+        // The same slot again, RING seconds on, with no flush between.
+        tokio::time::advance(Duration::from_secs(RING as u64)).await;
+        recording.record(Seen::Put, 7);
+        recorder.flush(true);
+        let (buckets, _) = read(dir.path(), "orders", 0);
+        assert_eq!(buckets.iter().map(|b| b.puts).collect::<Vec<_>>(), vec![5, 7]);
+        assert_eq!(buckets[1].second - buckets[0].second, RING as u64);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_files_rotate_and_stay_under_the_cap_dropping_the_oldest() {
+        let dir = tempfile::tempdir().unwrap();
+        let cap = 4096;
+        let (recorder, recording, clock) = recorder_in(dir.path(), cap);
+        let start = clock.now_ms() / 1000;
+        for _ in 0..2000 {
+            recording.record(Seen::Put, 1);
+            tokio::time::advance(Duration::from_secs(1)).await;
+            recorder.flush(false);
+        }
+        let [old, current] = files_of(dir.path(), "orders");
+        let total = std::fs::metadata(&old).unwrap().len() + std::fs::metadata(&current).unwrap().len();
+        assert!(total <= cap, "{total} bytes over the cap of {cap}");
+        let (buckets, warnings) = read(dir.path(), "orders", 0);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        // The newest seconds are kept, without a gap; the oldest were dropped.
+        let last = buckets.last().unwrap().second;
+        assert_eq!(last, start + 1999);
+        assert!(buckets.first().unwrap().second > start + 1000, "the oldest are dropped");
+        assert!(buckets.windows(2).all(|w| w[1].second == w[0].second + 1), "no gap in what is kept");
+        assert!(buckets.len() > 100, "about half the cap's worth or more is kept: {}", buckets.len());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_damaged_file_is_skipped_with_a_warning_and_the_other_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let (recorder, recording, _clock) = recorder_in(dir.path(), 8 << 20);
+        recording.record(Seen::Put, 4);
+        recorder.flush(true);
+        let [old, current] = files_of(dir.path(), "orders");
+        std::fs::write(&old, format!("{HEADER}\n12,1,0,0\n13,x,0,0\n")).unwrap();
+        let (buckets, warnings) = read(dir.path(), "orders", 0);
+        assert_eq!(buckets.iter().map(|b| b.puts).sum::<u64>(), 4, "the current file still counts");
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("orders.old.csv") && warnings[0].contains("line 3"), "{warnings:?}");
+        // A line cut short at the end (a crash mid-write) is left out, not a damage.
+        let text = std::fs::read_to_string(&current).unwrap();
+        std::fs::write(&current, format!("{text}99,1")).unwrap();
+        std::fs::write(&old, "not a recording\n").unwrap();
+        let (buckets, warnings) = read(dir.path(), "orders", 0);
+        assert_eq!(buckets.iter().map(|b| b.puts).sum::<u64>(), 4);
+        assert!(warnings[0].contains("its first line is not"), "{warnings:?}");
+        // Not a regular file: refused at once, not read.
+        std::fs::remove_file(&old).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &old).unwrap();
+        let (_, warnings) = read(dir.path(), "orders", 0);
+        assert!(warnings[0].contains("not a regular file"), "{warnings:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_folder_that_cannot_be_written_stops_the_recording_not_the_counting_caller() {
+        let dir = tempfile::tempdir().unwrap();
+        // A file where the recordings' folder should be: nothing can be created under it.
+        std::fs::write(dir.path().join(DIR), b"in the way").unwrap();
+        let (recorder, recording, _clock) = recorder_in(dir.path(), 8 << 20);
+        recording.record(Seen::Put, 1);
+        recorder.flush(true);
+        assert!(!recording.is_active(), "a failed write stops the recording");
+        // Counting afterwards costs nothing and fails nothing.
+        recording.record(Seen::Put, 1);
+        assert!(recording.take_finished(true).is_empty(), "nothing is counted once stopped");
+    }
+
+    #[test]
+    fn first_sights_of_puts_through_the_host_are_not_counted_twice() {
+        let bucket = |second, puts, first_seen| Bucket { second, puts, first_seen, notifications: 0 };
+        // 3 put at 10, seen at 11: three arrivals, at 10.
+        assert_eq!(arrivals(&[bucket(10, 3, 0), bucket(11, 0, 3)]), vec![(10, 3)]);
+        // At 12, 1 put here and 2 put elsewhere, all 3 first seen at 12 and 13. Without ids,
+        // which sight a put accounts for is not known: oldest first; the total is exact.
+        let buckets = [bucket(12, 1, 2), bucket(13, 0, 1)];
+        assert_eq!(arrivals(&buckets), vec![(12, 2), (13, 1)]);
+        // Messages waiting before the host started: seen, never put through it.
+        assert_eq!(arrivals(&[bucket(5, 0, 40)]), vec![(5, 40)]);
+    }
+
+    #[test]
+    fn a_trace_spreads_each_second_and_reads_back_as_the_same_arrivals() {
+        // (seconds, count) per line, as the simulator reads `seconds[,count]`.
+        let lines = |text: &str| -> Vec<(f64, u64)> {
+            text.lines()
+                .map(|line| match line.split_once(',') {
+                    Some((at, count)) => (at.parse().unwrap(), count.parse().unwrap()),
+                    None => (line.parse().unwrap(), 1),
+                })
+                .collect()
+        };
+        let arrivals = lines(&trace_text(&[(100, 1), (101, 25), (105, 3)], 100, LINES_PER_SECOND, 100_000));
+        assert_eq!(arrivals.iter().map(|a| a.1).sum::<u64>(), 29);
+        let in_second = |s: f64| arrivals.iter().filter(|a| a.0.floor() == s).count();
+        assert_eq!((in_second(0.0), in_second(1.0), in_second(5.0)), (1, 10, 3));
+        assert!(arrivals.windows(2).all(|w| w[0].0 < w[1].0), "spread, in order: {arrivals:?}");
+        // A line never holds more than the simulator takes.
+        let big = lines(&trace_text(&[(0, 2_000_000)], 0, LINES_PER_SECOND, 100_000));
+        assert!(big.iter().all(|a| a.1 <= 100_000));
+        assert_eq!(big.iter().map(|a| a.1).sum::<u64>(), 2_000_000);
+    }
+
+    #[test]
+    fn since_is_bounded() {
+        assert!(check_since(Duration::from_secs(3600)).is_ok());
+        for bad in [Duration::ZERO, Duration::from_secs(32 * 24 * 3600)] {
+            assert!(format!("{:#}", check_since(bad).unwrap_err()).contains("outside 1s to 31 days"));
+        }
+    }
+}

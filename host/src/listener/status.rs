@@ -139,6 +139,9 @@ pub struct ListenerStatus {
     pub rule_call_panics: u64,
     /// The queue's rule.
     pub rule: Option<RuleStatus>,
+    /// The queue's shadow rule: its agreement with the rule, counts, largest disagreements
+    /// and faults; `None` without a `shadow_rule`.
+    pub shadow: Option<crate::rules::ShadowStatus>,
     /// The last task-count decision.
     pub last_task_count: Option<RecordedDecision<u32>>,
     /// The last queue-empty decision.
@@ -227,6 +230,7 @@ impl Shared {
             task_panics: load64(&c.task_panics),
             rule_call_panics: load64(&c.rule_call_panics),
             rule: self.decider.status(),
+            shadow: self.decider.shadow_status(),
             last_task_count,
             last_queue_empty,
             transactions: self.transactions.as_ref().map(|t| t.snapshot()),

@@ -430,3 +430,203 @@ impl Worker {
 fn json<T: Serialize>(value: &T) -> serde_json::Value {
     serde_json::to_value(value).unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc::{Receiver, Sender, channel};
+
+    use super::*;
+    use crate::rules::{BuiltInRule, NativeRule, QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
+
+    const BOUND: Duration = Duration::from_secs(10);
+
+    /// Decides `tasks` tasks and `delay_ms` when empty.
+    struct Fixed {
+        tasks: u32,
+        delay_ms: u64,
+    }
+
+    impl NativeRule for Fixed {
+        fn name(&self) -> &str {
+            "fixed"
+        }
+        fn optimal_dequeue_task_count(&self, _state: &QueueState) -> u32 {
+            self.tasks
+        }
+        fn on_queue_empty(&self, _ctx: &IdleContext) -> IdleDecision {
+            IdleDecision { delay_ms: self.delay_ms, stop: false }
+        }
+    }
+
+    /// Decides as many tasks as the queue is deep.
+    struct DepthTasks;
+
+    impl NativeRule for DepthTasks {
+        fn name(&self) -> &str {
+            "depth"
+        }
+        fn optimal_dequeue_task_count(&self, state: &QueueState) -> u32 {
+            u32::try_from(state.approximate_depth).unwrap_or(u32::MAX)
+        }
+        fn on_queue_empty(&self, _ctx: &IdleContext) -> IdleDecision {
+            IdleDecision::default()
+        }
+    }
+
+    struct Panics;
+
+    impl NativeRule for Panics {
+        fn name(&self) -> &str {
+            "panics"
+        }
+        fn optimal_dequeue_task_count(&self, _state: &QueueState) -> u32 {
+            panic!("a shadow rule's bug")
+        }
+        fn on_queue_empty(&self, _ctx: &IdleContext) -> IdleDecision {
+            panic!("a shadow rule's bug")
+        }
+    }
+
+    /// Says it has started, then holds its thread until released.
+    struct Stuck {
+        started: Mutex<Sender<()>>,
+        release: Mutex<Receiver<()>>,
+    }
+
+    impl NativeRule for Stuck {
+        fn name(&self) -> &str {
+            "stuck"
+        }
+        fn optimal_dequeue_task_count(&self, _state: &QueueState) -> u32 {
+            let _ = lock(&self.started).send(());
+            let _ = lock(&self.release).recv();
+            1
+        }
+        fn on_queue_empty(&self, _ctx: &IdleContext) -> IdleDecision {
+            IdleDecision::default()
+        }
+    }
+
+    fn state(depth: u64) -> QueueState {
+        QueueState { min_tasks: 0, max_tasks: 10_000, approximate_depth: depth, ..Default::default() }
+    }
+
+    fn idle() -> IdleContext {
+        IdleContext { idle_count: 1, min_interval_ms: 10, max_interval_ms: 60_000, ..Default::default() }
+    }
+
+    fn shadowed(live: impl Decider, shadow: impl Decider, capacity: usize) -> Shadowed {
+        Shadowed::new("work", Arc::new(live), Arc::new(shadow), capacity).unwrap()
+    }
+
+    #[test]
+    fn a_panicking_shadow_never_changes_the_live_decision_and_counts_faults() {
+        let decider = shadowed(Fixed { tasks: 3, delay_ms: 500 }, Panics, 16);
+        for depth in 0..5 {
+            assert_eq!(decider.decide_task_count(&state(depth)), Fixed { tasks: 3, delay_ms: 500 }.decide_task_count(&state(depth)));
+        }
+        assert_eq!(decider.decide_queue_empty(&idle()).value, IdleDecision { delay_ms: 500, stop: false });
+        assert!(decider.flush(BOUND));
+        let status = decider.shadow_status();
+        assert_eq!(status.decisions["task_count"], ShadowCounts { fault: 5, ..Default::default() });
+        assert_eq!(status.decisions["queue_empty"], ShadowCounts { fault: 1, ..Default::default() });
+        assert_eq!(status.agreement_percent, None, "nothing was compared");
+    }
+
+    #[test]
+    fn agreements_and_disagreements_are_counted_per_kind() {
+        // Live: 4 tasks; shadow: as deep as the queue. Depths 4 and 4 agree; 1, 2, 9 do not.
+        let decider = shadowed(Fixed { tasks: 4, delay_ms: 100 }, DepthTasks, 16);
+        for depth in [4, 1, 4, 2, 9] {
+            assert_eq!(decider.decide_task_count(&state(depth)).value, 4);
+        }
+        // The shadow's empty-queue delay is 0, clamped to 10: a disagreement of 90 ms.
+        decider.decide_queue_empty(&idle());
+        assert!(decider.flush(BOUND));
+        let status = decider.shadow_status();
+        assert_eq!(status.decisions["task_count"], ShadowCounts { agree: 2, disagree: 3, ..Default::default() });
+        assert_eq!(status.decisions["queue_empty"], ShadowCounts { disagree: 1, ..Default::default() });
+        assert_eq!(status.decisions["concurrency"], ShadowCounts::default());
+        assert_eq!(status.agreement_percent, Some(2.0 * 100.0 / 6.0));
+        let largest = &status.top_disagreements[0];
+        assert_eq!((largest.kind, largest.magnitude), (DecisionKind::QueueEmpty, 90));
+        assert_eq!((&largest.live, &largest.shadow), (&serde_json::json!({"delay_ms": 100, "stop": false}), &serde_json::json!({"delay_ms": 10, "stop": false})));
+        assert_eq!(status.top_disagreements[1].magnitude, 5, "depth 9 against 4 tasks");
+        assert_eq!(status.top_disagreements[1].inputs["approximate_depth"], 9);
+    }
+
+    #[test]
+    fn the_top_disagreements_are_bounded_and_keep_the_largest() {
+        let decider = shadowed(Fixed { tasks: 0, delay_ms: 0 }, DepthTasks, 256);
+        // Magnitudes 1..=100 in a scrambled order.
+        for i in 0..100u64 {
+            decider.decide_task_count(&state((i * 37) % 100 + 1));
+        }
+        assert!(decider.flush(BOUND));
+        let status = decider.shadow_status();
+        assert_eq!(status.decisions["task_count"].disagree, 100);
+        let kept: Vec<u64> = status.top_disagreements.iter().map(|d| d.magnitude).collect();
+        assert_eq!(kept, (91..=100).rev().collect::<Vec<u64>>());
+    }
+
+    #[test]
+    fn a_full_channel_drops_and_counts_without_waiting() {
+        let (started, on_start) = channel();
+        let (release, on_release) = channel();
+        let decider = shadowed(Fixed { tasks: 2, delay_ms: 0 }, Stuck { started: Mutex::new(started), release: Mutex::new(on_release) }, 3);
+        decider.decide_task_count(&state(1));
+        on_start.recv_timeout(BOUND).expect("the shadow took the first decision");
+        // The shadow holds its thread: 3 decisions fill the channel, the next 4 are dropped.
+        for _ in 0..7 {
+            assert_eq!(decider.decide_task_count(&state(1)).value, 2);
+        }
+        assert_eq!(decider.shadow_status().decisions["task_count"].dropped, 4);
+        for _ in 0..4 {
+            release.send(()).unwrap();
+        }
+        assert!(decider.flush(BOUND));
+        let counts = decider.shadow_status().decisions["task_count"];
+        assert_eq!(counts, ShadowCounts { disagree: 4, dropped: 4, ..Default::default() }, "the shadow said 1 to the live 2, four times");
+    }
+
+    #[test]
+    fn a_shadow_whose_file_is_missing_is_skipped_and_the_live_rule_decides() {
+        let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
+        let slot = crate::names::RuleSlot::new("work").unwrap();
+        let missing = std::env::temp_dir().join("ebb-no-such-shadow-rule.wasm");
+        let set = RuleSet::new(engine, [QueueRuleConfig { slot: slot.shadow(), rule: Some(missing), params: vec![] }]);
+        assert_eq!(set.load_all().len(), 1, "the shadow's file does not exist");
+        let decider = shadowed(Fixed { tasks: 7, delay_ms: 0 }, set.queue(&slot.shadow()).unwrap(), 16);
+        assert_eq!(decider.decide_task_count(&state(100)).value, 7);
+        assert!(decider.flush(BOUND));
+        let status = decider.shadow_status();
+        assert_eq!(status.decisions["task_count"], ShadowCounts { skipped: 1, ..Default::default() });
+        assert_eq!(status.rule.map(|r| r.state), Some(crate::rules::RuleState::Error));
+        assert_eq!(status.file, None);
+    }
+
+    #[test]
+    fn a_shadow_never_shares_an_instance_with_the_live_rule_of_the_same_file() {
+        let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
+        let slot = crate::names::RuleSlot::new("work").unwrap();
+        let file = std::env::temp_dir().join("ebb-same-rule.wasm");
+        let set = RuleSet::new(
+            engine,
+            [
+                QueueRuleConfig { slot: slot.clone(), rule: Some(file.clone()), params: vec![] },
+                QueueRuleConfig { slot: slot.shadow(), rule: Some(file), params: vec![] },
+            ],
+        );
+        assert_eq!(set.status("work").unwrap().shared_by, 1);
+        assert_eq!(set.status(&slot.shadow()).unwrap().shared_by, 1);
+    }
+
+    #[test]
+    fn a_shadow_deciding_as_the_built_in_rule_is_skipped_not_compared() {
+        let decider = shadowed(BuiltInRule, BuiltInRule, 16);
+        decider.decide_task_count(&state(10));
+        assert!(decider.flush(BOUND));
+        // The built-in rule decides with source built-in: the shadow slot had no rule to ask.
+        assert_eq!(decider.shadow_status().decisions["task_count"], ShadowCounts { skipped: 1, ..Default::default() });
+    }
+}

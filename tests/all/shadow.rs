@@ -1,0 +1,183 @@
+//! Shadow rules: a faulting or removed shadow never touches the live decision; through the
+//! binary, a shadow shows in `/status` and `/metrics` and `ebb rule promote` makes it live.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use ebb::names::RuleSlot;
+use ebb::rules::{Decider, DecisionSource, QueueRuleConfig, RuleLimits, RuleSet, RuleState, ShadowCounts, Shadowed};
+use ebb_tests::guests;
+
+use crate::binary::{App, EBB, signal, wait_until};
+use crate::rules::{QUEUE, engine, idle, state};
+
+const BOUND: Duration = Duration::from_secs(30);
+
+/// `QUEUE` deciding with `live`, its shadow with `shadow` (a path, maybe not there yet).
+fn with_shadow(limits: RuleLimits, live: &Path, live_params: &[(&str, &str)], shadow: &Path) -> (Arc<RuleSet>, Shadowed) {
+    let slot = RuleSlot::new(QUEUE).unwrap();
+    let params = live_params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let set = Arc::new(RuleSet::new(
+        engine(limits),
+        [
+            QueueRuleConfig { slot: slot.clone(), rule: Some(live.to_path_buf()), params },
+            QueueRuleConfig { slot: slot.shadow(), rule: Some(shadow.to_path_buf()), params: vec![] },
+        ],
+    ));
+    set.load_all();
+    let decider = Shadowed::new(QUEUE, Arc::new(set.queue(QUEUE).unwrap()), Arc::new(set.queue(&slot.shadow()).unwrap()), 64).unwrap();
+    (set, decider)
+}
+
+/// The live rule decides 3 tasks, from its rule, at every call; and its status is untouched.
+fn assert_live_unchanged(set: &RuleSet, decider: &Shadowed, calls: u64) {
+    for depth in 0..calls {
+        let decision = decider.decide_task_count(&state(depth * 100));
+        assert_eq!((decision.value, decision.source), (3, DecisionSource::Rule));
+        decider.decide_queue_empty(&idle(1, 0));
+    }
+    let live = set.status(QUEUE).unwrap();
+    assert_eq!((live.state, live.faults_total, live.quarantined), (RuleState::Loaded, 0, false));
+}
+
+#[test]
+fn a_trapping_shadow_never_changes_the_live_decision_and_is_quarantined_on_its_own() {
+    let limits = RuleLimits { quarantine_after: 3, ..RuleLimits::default() };
+    let (set, decider) = with_shadow(limits, Path::new(guests::FIXED_TASKS), &[("tasks", "3")], Path::new(guests::TRAP));
+    assert_live_unchanged(&set, &decider, 10);
+    assert!(decider.flush(BOUND));
+    let status = decider.shadow_status();
+    let counts = status.decisions["task_count"];
+    assert!(counts.fault >= 1 && counts.agree + counts.disagree == 0, "{counts:?}");
+    assert_eq!(counts.fault + counts.skipped, 10, "each decision is a fault, or skipped once the shadow is quarantined: {counts:?}");
+    assert_eq!(status.rule.unwrap().state, RuleState::Quarantined);
+}
+
+#[test]
+fn a_looping_shadow_is_stopped_by_fuel_and_never_changes_the_live_decision() {
+    let limits = RuleLimits { call_fuel: 1_000_000, quarantine_after: 0, ..RuleLimits::default() };
+    let (set, decider) = with_shadow(limits, Path::new(guests::FIXED_TASKS), &[("tasks", "3")], Path::new(guests::LOOP_FOREVER));
+    assert_live_unchanged(&set, &decider, 5);
+    assert!(decider.flush(BOUND));
+    let status = decider.shadow_status();
+    assert!(status.decisions["task_count"].fault >= 1, "{:?}", status.decisions);
+    assert!(status.rule.unwrap().last_error.unwrap().contains("fuel"));
+}
+
+#[test]
+fn a_removed_shadow_is_skipped_and_a_disagreeing_one_is_counted() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let shadow = dir.path().join("candidate.wasm");
+    std::fs::copy(guests::FIXED_TASKS, &shadow)?; // 7 tasks, against the live 3
+    let (set, decider) = with_shadow(RuleLimits::default(), Path::new(guests::FIXED_TASKS), &[("tasks", "3")], &shadow);
+    assert_live_unchanged(&set, &decider, 4);
+    assert!(decider.flush(BOUND));
+    assert_eq!(decider.shadow_status().decisions["task_count"], ShadowCounts { disagree: 4, ..Default::default() });
+    assert_eq!(decider.shadow_status().file.as_deref(), Some("candidate.wasm"));
+    std::fs::remove_file(&shadow)?;
+    set.apply_file(&shadow)?;
+    assert_live_unchanged(&set, &decider, 2);
+    assert!(decider.flush(BOUND));
+    let status = decider.shadow_status();
+    assert_eq!(status.decisions["task_count"], ShadowCounts { disagree: 4, skipped: 2, ..Default::default() });
+    assert_eq!(status.agreement_percent, Some(0.0));
+    assert_eq!(status.top_disagreements[0].magnitude, 4);
+    Ok(())
+}
+
+fn promote(config: &Path, queue: &str) -> (bool, String) {
+    let output = Command::new(EBB).args(["rule", "promote", queue, "--config"]).arg(config).output().unwrap();
+    (output.status.success(), format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_rule_shows_in_status_and_metrics_and_promote_makes_it_live() -> Result<()> {
+    use sha2::Digest as _;
+    let (_app, app) = App::start(Duration::ZERO).await;
+    let dir = tempfile::tempdir()?;
+    let api = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    std::fs::create_dir_all(dir.path().join("rules"))?;
+    std::fs::copy(guests::PAPER_DEFAULT, dir.path().join("rules/live.wasm"))?;
+    std::fs::copy(guests::FIXED_TASKS, dir.path().join("rules/candidate.wasm"))?;
+    let config = dir.path().join("ebb.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "drain_timeout = \"10s\"\n[api]\nlisten = \"{api}\"\ntoken = \"t\"\n\n[queues.orders]\nrule = \"live.wasm\"\nshadow_rule = \"candidate.wasm\"\n\
+             scale_interval = \"100ms\"\nhandler = {{ url = \"http://{app}/work\" }}\n\n[queues.plain]\nrule = \"live.wasm\"\nhandler = {{ url = \"http://{app}/work\" }}\n"
+        ),
+    )?;
+    let log = std::fs::File::create(dir.path().join("host.log"))?;
+    let host = Command::new(EBB).arg("run").arg("--config").arg(&config).stderr(log).spawn()?;
+    let client = reqwest::Client::new();
+    let get = |path: &'static str| {
+        let request = client.get(format!("http://{api}{path}")).bearer_auth("t");
+        async move { request.send().await.ok()?.text().await.ok() }
+    };
+    let orders = |status: &serde_json::Value| status["queues"].as_array().and_then(|qs| qs.iter().find(|q| q["queue"] == "orders").cloned()).unwrap_or_default();
+    let status = || async { get("/status").await.and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok()).unwrap_or_default() };
+    // The paper's rule decides 1 task for an empty queue, the candidate 7: they disagree.
+    wait_until("a shadow disagreement", || async { orders(&status().await)["shadow"]["decisions"]["task_count"]["disagree"].as_u64() > Some(0) }).await;
+    let shadow = orders(&status().await)["shadow"].clone();
+    assert_eq!(shadow["file"], "candidate.wasm", "{shadow}");
+    assert_eq!(shadow["sha256"], hex::encode(sha2::Sha256::digest(std::fs::read(guests::FIXED_TASKS)?)));
+    assert_eq!(shadow["agreement_percent"], 0.0, "{shadow}");
+    assert_eq!(shadow["top_disagreements"][0]["kind"], "task_count", "{shadow}");
+    assert_eq!(orders(&status().await)["rule"]["file"], "live.wasm");
+    let metrics = get("/metrics").await.unwrap_or_default();
+    assert!(metrics.contains("ebb_shadow_decisions_total{queue=\"orders\",kind=\"task_count\",outcome=\"disagree\"}"), "{metrics}");
+    assert!(!metrics.contains("ebb_shadow_decisions_total{queue=\"plain\""), "a queue without a shadow has no shadow metrics");
+
+    // Hostile: a queue with no shadow, a queue that does not exist.
+    let (ok, said) = promote(&config, "plain");
+    assert!(!ok && said.contains("queue plain has no shadow_rule"), "{said}");
+    let (ok, said) = promote(&config, "nope");
+    assert!(!ok && said.contains("\"nope\" is not in the configuration"), "{said}");
+
+    let (ok, said) = promote(&config, "orders");
+    assert!(ok, "{said}");
+    assert!(said.contains("candidate.wasm") && said.contains("live.wasm"), "{said}");
+    assert!(!dir.path().join("rules/candidate.wasm").exists());
+    let promoted = hex::encode(sha2::Sha256::digest(std::fs::read(guests::FIXED_TASKS)?));
+    wait_until("the promoted rule in use", || async { orders(&status().await)["rule"]["sha256"] == promoted.as_str() }).await;
+    wait_until("the shadow gone", || async { orders(&status().await)["shadow"]["rule"]["state"] == "error" }).await;
+
+    // Hostile: the shadow's file is missing now.
+    let (ok, said) = promote(&config, "orders");
+    assert!(!ok && said.contains("candidate.wasm does not exist"), "{said}");
+    assert_eq!(std::fs::read(dir.path().join("rules/live.wasm"))?, std::fs::read(guests::FIXED_TASKS)?, "a refused promote changes nothing");
+
+    signal(&host, "-TERM");
+    let mut host = host;
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await?.success());
+    Ok(())
+}
+
+#[test]
+fn promote_refuses_differing_params_and_a_live_file_that_is_missing() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    std::fs::create_dir_all(dir.path().join("rules"))?;
+    std::fs::copy(guests::FIXED_TASKS, dir.path().join("rules/candidate.wasm"))?;
+    let config = dir.path().join("ebb.toml");
+    let write = |extra: &str| {
+        std::fs::write(
+            &config,
+            format!("[queues.orders]\nrule = \"live.wasm\"\nshadow_rule = \"candidate.wasm\"\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n{extra}"),
+        )
+    };
+    write("")?;
+    let (ok, said) = promote(&config, "orders");
+    assert!(!ok && said.contains("live.wasm does not exist"), "{said}");
+    std::fs::copy(guests::PAPER_DEFAULT, dir.path().join("rules/live.wasm"))?;
+    write("[queues.orders.shadow_rule_params]\ntasks = \"9\"\n")?;
+    let (ok, said) = promote(&config, "orders");
+    assert!(!ok && said.contains("rule_params (none) differ from shadow_rule_params (tasks=\"9\")"), "{said}");
+    assert!(dir.path().join("rules/candidate.wasm").exists(), "a refused promote renames nothing");
+    let output = Command::new(EBB).args(["rule", "promote", "orders", "--with-rule-params", "--config"]).arg(&config).output()?;
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(std::fs::read(dir.path().join("rules/live.wasm"))?, std::fs::read(guests::FIXED_TASKS)?);
+    Ok(())
+}

@@ -47,13 +47,16 @@ fn assert_live_unchanged(set: &RuleSet, decider: &Shadowed, calls: u64) {
 fn a_trapping_shadow_never_changes_the_live_decision_and_is_quarantined_on_its_own() {
     let limits = RuleLimits { quarantine_after: 3, ..RuleLimits::default() };
     let (set, decider) = with_shadow(limits, Path::new(guests::FIXED_TASKS), &[("tasks", "3")], Path::new(guests::TRAP));
-    assert_live_unchanged(&set, &decider, 10);
-    assert!(decider.flush(BOUND));
-    let status = decider.shadow_status();
-    let counts = status.decisions["task_count"];
+    // Between faults the shadow's instance is rebuilt on a thread of its own (its decisions
+    // are skipped meanwhile): go on deciding until its faults in a row quarantine it.
+    let deadline = std::time::Instant::now() + BOUND;
+    while decider.shadow_status().rule.unwrap().state != RuleState::Quarantined {
+        assert!(std::time::Instant::now() < deadline, "the shadow was never quarantined: {:?}", decider.shadow_status().decisions);
+        assert_live_unchanged(&set, &decider, 1);
+        assert!(decider.flush(BOUND));
+    }
+    let counts = decider.shadow_status().decisions["task_count"];
     assert!(counts.fault >= 1 && counts.agree + counts.disagree == 0, "{counts:?}");
-    assert_eq!(counts.fault + counts.skipped, 10, "each decision is a fault, or skipped once the shadow is quarantined: {counts:?}");
-    assert_eq!(status.rule.unwrap().state, RuleState::Quarantined);
 }
 
 #[test]
@@ -83,9 +86,22 @@ fn a_removed_shadow_is_skipped_and_a_disagreeing_one_is_counted() -> Result<()> 
     assert!(decider.flush(BOUND));
     let status = decider.shadow_status();
     assert_eq!(status.decisions["task_count"], ShadowCounts { disagree: 4, skipped: 2, ..Default::default() });
-    assert_eq!(status.agreement_percent, Some(0.0));
+    // Both rules back off as the paper does when the queue is empty: those agree.
+    assert_eq!(status.decisions["queue_empty"], ShadowCounts { agree: 4, skipped: 2, ..Default::default() });
+    assert_eq!(status.agreement_percent, Some(50.0));
     assert_eq!(status.top_disagreements[0].magnitude, 4);
     Ok(())
+}
+
+struct KillOnDrop(Option<std::process::Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 fn promote(config: &Path, queue: &str) -> (bool, String) {
@@ -111,7 +127,9 @@ async fn a_shadow_rule_shows_in_status_and_metrics_and_promote_makes_it_live() -
         ),
     )?;
     let log = std::fs::File::create(dir.path().join("host.log"))?;
-    let host = Command::new(EBB).arg("run").arg("--config").arg(&config).stderr(log).spawn()?;
+    let host = Command::new(EBB).arg("run").arg("--config").arg(&config).stdout(std::process::Stdio::null()).stderr(log).spawn()?;
+    // A failed assertion must not leave the host running.
+    let mut host = KillOnDrop(Some(host));
     let client = reqwest::Client::new();
     let get = |path: &'static str| {
         let request = client.get(format!("http://{api}{path}")).bearer_auth("t");
@@ -119,12 +137,18 @@ async fn a_shadow_rule_shows_in_status_and_metrics_and_promote_makes_it_live() -
     };
     let orders = |status: &serde_json::Value| status["queues"].as_array().and_then(|qs| qs.iter().find(|q| q["queue"] == "orders").cloned()).unwrap_or_default();
     let status = || async { get("/status").await.and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok()).unwrap_or_default() };
-    // The paper's rule decides 1 task for an empty queue, the candidate 7: they disagree.
+    // Task counts are decided when work is detected: for a short backlog the paper's rule
+    // decides fewer tasks than the candidate's 7.
+    wait_until("the host's API", || async { reqwest::get(format!("http://{api}/healthz")).await.is_ok_and(|r| r.status().is_success()) }).await;
+    for i in 0..50 {
+        let sent = client.post(format!("http://{api}/queues/orders/messages")).bearer_auth("t").body(format!("m{i}")).send().await?;
+        assert!(sent.status().is_success(), "{sent:?}");
+    }
     wait_until("a shadow disagreement", || async { orders(&status().await)["shadow"]["decisions"]["task_count"]["disagree"].as_u64() > Some(0) }).await;
     let shadow = orders(&status().await)["shadow"].clone();
     assert_eq!(shadow["file"], "candidate.wasm", "{shadow}");
     assert_eq!(shadow["sha256"], hex::encode(sha2::Sha256::digest(std::fs::read(guests::FIXED_TASKS)?)));
-    assert_eq!(shadow["agreement_percent"], 0.0, "{shadow}");
+    assert!(shadow["agreement_percent"].as_f64().is_some_and(|p| p < 100.0), "{shadow}");
     assert_eq!(shadow["top_disagreements"][0]["kind"], "task_count", "{shadow}");
     assert_eq!(orders(&status().await)["rule"]["file"], "live.wasm");
     let metrics = get("/metrics").await.unwrap_or_default();
@@ -150,8 +174,8 @@ async fn a_shadow_rule_shows_in_status_and_metrics_and_promote_makes_it_live() -
     assert!(!ok && said.contains("candidate.wasm does not exist"), "{said}");
     assert_eq!(std::fs::read(dir.path().join("rules/live.wasm"))?, std::fs::read(guests::FIXED_TASKS)?, "a refused promote changes nothing");
 
+    let mut host = host.0.take().unwrap();
     signal(&host, "-TERM");
-    let mut host = host;
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await?.success());
     Ok(())
 }

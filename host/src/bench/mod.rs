@@ -14,6 +14,7 @@
 //! - `report`: medians, ratios, the issue's goals, and the table or JSON printed.
 //! - `codecs`: the envelope's codecs (issue 20) on a corpus of JSON work items: ratio,
 //!   items per envelope, packing and decoding speed, against no compression.
+//! - `shadow`: a shadow rule's added cost per decision (issue 22), against no shadow.
 
 pub(crate) mod codecs;
 pub(crate) mod contenders;
@@ -21,3 +22,4 @@ pub(crate) mod http;
 pub(crate) mod measure;
 pub(crate) mod report;
 pub(crate) mod server;
+pub(crate) mod shadow;

@@ -135,7 +135,8 @@ async fn a_shadow_rule_shows_in_status_and_metrics_and_promote_makes_it_live() -
         let request = client.get(format!("http://{api}{path}")).bearer_auth("t");
         async move { request.send().await.ok()?.text().await.ok() }
     };
-    let orders = |status: &serde_json::Value| status["queues"].as_array().and_then(|qs| qs.iter().find(|q| q["queue"] == "orders").cloned()).unwrap_or_default();
+    let orders =
+        |status: &serde_json::Value| status["queues"].as_array().and_then(|qs| qs.iter().find(|q| q["queue"] == "orders").cloned()).unwrap_or_default();
     let status = || async { get("/status").await.and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok()).unwrap_or_default() };
     // Task counts are decided when work is detected: for a short backlog the paper's rule
     // decides fewer tasks than the candidate's 7.

@@ -169,9 +169,18 @@ pub struct ShadowStatus {
 
 /// A decision for the shadow to take again.
 enum Job {
-    TaskCount { state: QueueState, live: u32 },
-    QueueEmpty { ctx: IdleContext, live: IdleDecision },
-    Concurrency { state: HandlerState, live: Option<u32> },
+    TaskCount {
+        state: QueueState,
+        live: u32,
+    },
+    QueueEmpty {
+        ctx: IdleContext,
+        live: IdleDecision,
+    },
+    Concurrency {
+        state: HandlerState,
+        live: Option<u32>,
+    },
     /// Answers once every job before it is done (tests, benchmarks).
     Flush(SyncSender<()>),
 }
@@ -421,7 +430,10 @@ impl Worker {
     fn log_dropped(&mut self) {
         let dropped: u64 = DecisionKind::ALL.iter().map(|&k| self.book.counts(k).dropped).sum();
         if dropped > self.dropped_logged && self.book.log.allow().is_some() {
-            tracing::warn!(dropped = dropped - self.dropped_logged, "the shadow rule fell behind; decisions it could not take were dropped (live decisions are unaffected)");
+            tracing::warn!(
+                dropped = dropped - self.dropped_logged,
+                "the shadow rule fell behind; decisions it could not take were dropped (live decisions are unaffected)"
+            );
             self.dropped_logged = dropped;
         }
     }
@@ -550,7 +562,10 @@ mod tests {
         assert_eq!(status.agreement_percent, Some(2.0 * 100.0 / 6.0));
         let largest = &status.top_disagreements[0];
         assert_eq!((largest.kind, largest.magnitude), (DecisionKind::QueueEmpty, 90));
-        assert_eq!((&largest.live, &largest.shadow), (&serde_json::json!({"delay_ms": 100, "stop": false}), &serde_json::json!({"delay_ms": 10, "stop": false})));
+        assert_eq!(
+            (&largest.live, &largest.shadow),
+            (&serde_json::json!({"delay_ms": 100, "stop": false}), &serde_json::json!({"delay_ms": 10, "stop": false}))
+        );
         assert_eq!(status.top_disagreements[1].magnitude, 5, "depth 9 against 4 tasks");
         assert_eq!(status.top_disagreements[1].inputs["approximate_depth"], 9);
     }

@@ -112,8 +112,10 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
         "Live decisions by what the queue's shadow rule made of them: agree, disagree, fault (the shadow faulted), dropped (it fell behind), skipped (no shadow rule in use)",
         shadow_decisions.clone(),
     );
-    let shadow_faults = counter(&mut registry, "shadow_rule_faults", "Shadow rule calls that faulted, whatever the shadow file (never applied: live decisions are unaffected)");
-    let shadow_quarantined = gauge(&mut registry, "shadow_rule_quarantined", "1 while the queue's shadow rule is quarantined (it is not asked until its file changes)");
+    let shadow_faults =
+        counter(&mut registry, "shadow_rule_faults", "Shadow rule calls that faulted, whatever the shadow file (never applied: live decisions are unaffected)");
+    let shadow_quarantined =
+        gauge(&mut registry, "shadow_rule_quarantined", "1 while the queue's shadow rule is quarantined (it is not asked until its file changes)");
     let clamps = counter(&mut registry, "rule_clamps", "Rule decisions clamped into the queue's bounds");
     let loaded_at = Family::<QueueLabel, Gauge<f64, AtomicU64>>::default();
     registry.register(
@@ -194,7 +196,9 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
             for kind in DecisionKind::ALL {
                 let counts = shadow.decisions.get(kind.name()).copied().unwrap_or_default();
                 for outcome in ShadowOutcome::ALL {
-                    shadow_decisions.get_or_create(&ShadowLabel { queue: s.queue.clone(), kind: kind.name(), outcome: outcome.name() }).inc_by(counts.get(outcome));
+                    shadow_decisions
+                        .get_or_create(&ShadowLabel { queue: s.queue.clone(), kind: kind.name(), outcome: outcome.name() })
+                        .inc_by(counts.get(outcome));
                 }
             }
             shadow_faults.get_or_create(&label).inc_by(shadow.rule.as_ref().map_or(0, |r| r.faults_total));

@@ -164,6 +164,8 @@ fn the_documented_defaults_are_the_code_defaults() {
                 "backend" => Code::Text(if matches!(queue.backend, ebb::config::Backend::Embedded) { "embedded" } else { "azure" }.into()),
                 "rule" => queue.rule.as_ref().map_or(Code::Absent, |file| Code::Text(file.to_string())),
                 "rule_params" if queue.rule_params.is_empty() => Code::Absent,
+                "shadow_rule" => queue.shadow_rule.as_ref().map_or(Code::Absent, |file| Code::Text(file.to_string())),
+                "shadow_rule_params" if queue.shadow_rule_params.is_empty() => Code::Absent,
                 "handler.url" => Code::Absent, // required
                 "handler.timeout" => Code::Duration(queue.handler_timeout),
                 _ => panic!("docs/config.md documents queues.{key}: add it to this test"),

@@ -131,7 +131,8 @@ pub fn run(command: RuleCommand) -> Result<()> {
             let config = crate::config::Config::load(&config)?;
             let promoted = super::promote::promote(&config, &queue, with_rule_params)?;
             println!(
-                "promoted {} to {} (sha256 {}); the host's watcher swaps it in. Queue {queue} has no shadow rule until a file is put at {} again",
+                "promoted {} to {} (sha256 {}); the host's watcher swaps it in. Queue {queue} has no shadow rule until a file is put at {} again \
+                 (or remove shadow_rule from the configuration: `ebb check` reports the missing file)",
                 promoted.from.display(),
                 promoted.to.display(),
                 &promoted.sha256[..12],

@@ -206,3 +206,14 @@ fn promote_refuses_differing_params_and_a_live_file_that_is_missing() -> Result<
     assert_eq!(std::fs::read(dir.path().join("rules/live.wasm"))?, std::fs::read(guests::FIXED_TASKS)?);
     Ok(())
 }
+
+#[test]
+fn a_shadow_faulting_on_concurrency_counts_a_fault_not_an_answer_of_none() {
+    let (set, decider) = with_shadow(RuleLimits::default(), Path::new(guests::FIXED_TASKS), &[("tasks", "3")], Path::new(guests::TRAPS_DECIDING_CONCURRENCY));
+    let window = crate::rules::handler_window(8, 10, 5.0);
+    let live = set.queue(QUEUE).unwrap().decide_concurrency(&window);
+    assert_eq!(decider.decide_concurrency(&window), live, "the live answer, whatever the shadow does");
+    assert!(decider.flush(BOUND));
+    let counts = decider.shadow_status().decisions["concurrency"];
+    assert_eq!(counts, ShadowCounts { fault: 1, ..Default::default() });
+}

@@ -373,7 +373,12 @@ impl Worker {
                 if !shadow.may_decide_concurrency() {
                     return self.book.count(DecisionKind::Concurrency, ShadowOutcome::Skipped);
                 }
+                // A WASM rule's fault here answers "none" like a rule that keeps the bound: its
+                // slot's fault count tells them apart (only this thread asks the shadow's slot).
+                let faults = || shadow.status().map_or(0, |s| s.faults_total);
+                let before = faults();
                 let answer = match catch_unwind(AssertUnwindSafe(|| shadow.decide_concurrency(&state))) {
+                    Ok(_) if faults() > before => Answer::Fault,
                     Ok(None) => Answer::Decided(None),
                     Ok(Some(decision)) => match answer(Ok(decision)) {
                         Answer::Decided(value) => Answer::Decided(Some(value)),

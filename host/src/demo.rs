@@ -73,6 +73,8 @@ pub async fn run(options: DemoOptions) -> Result<()> {
             settings: QueueSettings { max_polling_interval: Duration::from_secs(5), ..QueueSettings::default() },
             rule: Some(crate::names::RuleFileName::new("demo.wasm")?),
             rule_params: vec![],
+            shadow_rule: None,
+            shadow_rule_params: vec![],
             handler_url: Some(format!("http://{app}/work").parse()?),
             handler_timeout: Duration::from_secs(30),
             partitions: 1,

@@ -25,6 +25,10 @@ pub const MAX_PARTITIONS: u32 = 64;
 /// The suffix of a queue's KEDA rule slot.
 const SCALER_SLOT_SUFFIX: &str = "/instances";
 
+/// The suffix of a slot's shadow slot: its own group, counters and quarantine, so that a
+/// shadow rule never shares an instance (or a fault run) with a live one.
+const SHADOW_SLOT_SUFFIX: &str = "/shadow";
+
 /// Lowercase letters, digits and single dashes, neither first nor last, `min..=max` long.
 fn is_storage_name(name: &str, max: usize) -> bool {
     let ok_chars = name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
@@ -168,6 +172,21 @@ impl RuleSlot {
             );
         }
         Ok(RuleSlot(name.to_string()))
+    }
+
+    /// The slot the shadow rule of this slot decides in: never applied, only compared.
+    pub fn shadow(&self) -> RuleSlot {
+        RuleSlot(format!("{}{SHADOW_SLOT_SUFFIX}", self.0))
+    }
+
+    /// Whether this is a queue's KEDA slot (see [`RuleSlot::scaler`]).
+    pub fn is_scaler(&self) -> bool {
+        self.0.ends_with(SCALER_SLOT_SUFFIX)
+    }
+
+    /// Whether this is a shadow rule's slot (see [`RuleSlot::shadow`]).
+    pub fn is_shadow(&self) -> bool {
+        self.0.ends_with(SHADOW_SLOT_SUFFIX)
     }
 
     /// The slot the KEDA scaler decides in for `queue`: its own counters, the same rule

@@ -31,6 +31,7 @@ mod rule_languages;
 mod rule_state;
 mod rules;
 mod scaler;
+mod shadow;
 mod shape;
 mod simulate;
 mod tokens;

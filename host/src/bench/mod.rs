@@ -20,6 +20,7 @@
 //!   items per envelope, packing and decoding speed, against no compression.
 //! - `payloads`: producers sending one item at a time, packed against unpacked, through a
 //!   real host (issue 20): billed transactions per item, pickup latency, items per second.
+//! - `shadow`: a shadow rule's added cost per decision (issue 22), against no shadow.
 
 pub(crate) mod claims;
 pub(crate) mod codecs;
@@ -30,3 +31,4 @@ pub(crate) mod payloads;
 pub(crate) mod record;
 pub(crate) mod report;
 pub(crate) mod server;
+pub(crate) mod shadow;

@@ -51,6 +51,11 @@ pub(crate) enum BenchCommand {
     /// percent of throughput, and the goal (at most 1 %). Build with --release for figures
     /// worth reading.
     Record(RecordArgs),
+    /// A shadow rule's added cost per decision (issue 22): a rule in Rust decides with no
+    /// shadow and with one (the same rule), batch by batch in one run, every decision timed;
+    /// p50 and p99 of each and their difference, against the goal of at most 1 µs at p50.
+    /// Build with --release for figures worth reading.
+    Shadow(ShadowArgs),
     /// The app `ebb bench http` posts to: 200 with an empty body at once, on 127.0.0.1 (a
     /// free port, written to --port-file), until stdin closes. Started by the bench itself.
     #[command(hide = true)]
@@ -59,6 +64,16 @@ pub(crate) enum BenchCommand {
         #[arg(long)]
         port_file: PathBuf,
     },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ShadowArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Decisions timed per contender, 256 to 10,000,000.
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(256..=10_000_000))]
+    decisions: u64,
 }
 
 #[derive(Debug, Args)]
@@ -325,6 +340,15 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
             crate::bench::record::RecordBench { messages: args.messages, concurrency: args.concurrency, body_bytes: args.body_bytes, rounds: args.rounds },
             args.json,
         ),
+        BenchCommand::Shadow(args) => {
+            let report = crate::bench::shadow::run(usize::try_from(args.decisions)?)?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", crate::bench::shadow::table(&report));
+            }
+            Ok(())
+        }
         BenchCommand::Serve { port_file } => crate::bench::server::serve(&port_file),
     }
 }

@@ -143,15 +143,23 @@ pub fn check(config_path: &Path) -> Result<()> {
     // And of the store: a file there that is not a valid store is refused as `run` refuses it.
     crate::queue::embedded::check_store(&config.data_dir)?;
     let engine = RuleEngine::new(config.rule_limits.clone(), None)?;
-    let rules = RuleSet::new(engine, config.queues.iter().map(|q| q.rule_config(RuleSlot::from(&q.name), &config.rules_dir)));
+    // Shadow rules are checked as rules are: a shadow that cannot load is a problem to fix
+    // before it is relied on, though it would never stop the host.
+    let slots = config.queues.iter().flat_map(|q| {
+        let slot = RuleSlot::from(&q.name);
+        let shadow = q.shadow_rule_config(&slot, &config.rules_dir);
+        std::iter::once(q.rule_config(slot, &config.rules_dir)).chain(shadow)
+    });
+    let rules = RuleSet::new(engine, slots);
     let problems = rules.load_all();
     for queue in &config.queues {
         let rule = match &queue.rule {
             Some(file) => file.in_dir(&config.rules_dir).display().to_string(),
             None => "built-in (the paper's rule)".into(),
         };
+        let shadow = queue.shadow_rule.as_ref().map(|file| format!(", shadow rule {}", file.in_dir(&config.rules_dir).display())).unwrap_or_default();
         println!(
-            "queue {}: rule {rule}, tasks {}..{}, handler {}",
+            "queue {}: rule {rule}{shadow}, tasks {}..{}, handler {}",
             queue.name,
             queue.settings.min_tasks,
             queue.settings.max_tasks,

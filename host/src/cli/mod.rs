@@ -4,6 +4,7 @@ mod author;
 mod bench;
 mod client;
 mod host;
+mod promote;
 mod rule;
 mod rule_test;
 mod simulate;

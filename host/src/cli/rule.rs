@@ -90,6 +90,23 @@ pub enum RuleCommand {
         #[arg(long, value_name = "PARENT", default_value = ".")]
         dir: PathBuf,
     },
+    /// Make a queue's shadow rule its rule: renames the `shadow_rule` file over the `rule`
+    /// file in the rules folder (atomic), and the running host's watcher swaps it in. The queue
+    /// has no shadow afterwards until a file is put at `shadow_rule` again. Refused when the
+    /// queue has no shadow, a file is missing, the shadow does not load with `rule_params`,
+    /// the files cannot be renamed atomically, or `rule_params` and `shadow_rule_params`
+    /// differ (the host configures the promoted rule with `rule_params`, read at start;
+    /// `--with-rule-params` accepts that).
+    Promote {
+        /// The queue.
+        queue: String,
+        /// The configuration file.
+        #[arg(long, short, default_value = "ebb.toml")]
+        config: PathBuf,
+        /// Promote even though `shadow_rule_params` differ: the rule runs with `rule_params`.
+        #[arg(long)]
+        with_rule_params: bool,
+    },
     /// Build a rule folder (made by `ebb rule new`) into FOLDER/NAME.wasm with the right
     /// toolchain: cargo for wasm32-wasip2, componentize-py or componentize-qjs (pinned,
     /// installed on first use into $EBB_TOOL_CACHE, else ~/.cache/ebb/tools).
@@ -110,6 +127,19 @@ pub fn run(command: RuleCommand) -> Result<()> {
         RuleCommand::Compile { files, out, config } => compile(&files, out, config),
         RuleCommand::New { name, lang, dir } => super::author::new::create(&name, lang, &dir).map(|folder| super::author::new::print_next_steps(&folder, lang)),
         RuleCommand::Build { folder } => super::author::build::run(&folder),
+        RuleCommand::Promote { queue, config, with_rule_params } => {
+            let config = crate::config::Config::load(&config)?;
+            let promoted = super::promote::promote(&config, &queue, with_rule_params)?;
+            println!(
+                "promoted {} to {} (sha256 {}); the host's watcher swaps it in. Queue {queue} has no shadow rule until a file is put at {} again \
+                 (or remove shadow_rule from the configuration: `ebb check` reports the missing file)",
+                promoted.from.display(),
+                promoted.to.display(),
+                &promoted.sha256[..12],
+                promoted.from.display()
+            );
+            Ok(())
+        }
     }
 }
 

@@ -253,6 +253,12 @@ pub struct QueueFile {
     /// Parameters passed to the rule's `configure`. Default: none.
     #[serde(default)]
     pub rule_params: BTreeMap<String, String>,
+    /// A shadow rule's file name in `rules_dir`: asked with the same inputs as `rule` at
+    /// every decision, never applied, compared. Default: none.
+    pub shadow_rule: Option<String>,
+    /// Parameters passed to the shadow rule's `configure`. Default: none.
+    #[serde(default)]
+    pub shadow_rule_params: BTreeMap<String, String>,
     /// Where messages go: required, unless ebb is embedded as a library with a Rust
     /// handler for this queue.
     pub handler: Option<HandlerFile>,

@@ -92,6 +92,10 @@ pub struct QueueConfig {
     pub rule: Option<RuleFileName>,
     /// Its `rule_params`, passed to the rule's `configure`.
     pub rule_params: Vec<(String, String)>,
+    /// Its shadow rule file in the rules folder: asked beside the rule, never applied.
+    pub shadow_rule: Option<RuleFileName>,
+    /// Its `shadow_rule_params`, passed to the shadow rule's `configure`.
+    pub shadow_rule_params: Vec<(String, String)>,
     /// Handler URL; `None` when the embedding program gives a Rust handler instead.
     pub handler_url: Option<reqwest::Url>,
     /// Handler timeout.
@@ -123,6 +127,13 @@ impl QueueConfig {
     /// parameters.
     pub fn rule_config(&self, slot: RuleSlot, rules_dir: &Path) -> QueueRuleConfig {
         QueueRuleConfig { slot, rule: self.rule.as_ref().map(|file| file.in_dir(rules_dir)), params: self.rule_params.clone() }
+    }
+
+    /// The shadow rule beside `slot`, in the slot's shadow slot ([`RuleSlot::shadow`]);
+    /// `None` when the queue has no `shadow_rule`.
+    pub fn shadow_rule_config(&self, slot: &RuleSlot, rules_dir: &Path) -> Option<QueueRuleConfig> {
+        let file = self.shadow_rule.as_ref()?;
+        Some(QueueRuleConfig { slot: slot.shadow(), rule: Some(file.in_dir(rules_dir)), params: self.shadow_rule_params.clone() })
     }
 }
 

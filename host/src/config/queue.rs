@@ -92,6 +92,11 @@ impl QueueFile {
                 self.record_max_bytes
             );
         }
+        let shadow_rule = match self.shadow_rule {
+            None if !self.shadow_rule_params.is_empty() => bail!("shadow_rule_params: given, but no shadow_rule is set"),
+            None => None,
+            Some(file) => Some(RuleFileName::new(&file).context("shadow_rule")?),
+        };
         let handler_url = self.handler.as_ref().map(|handler| parse_handler_url(&handler.url)).transpose()?;
         let handler_timeout = self.handler.as_ref().map_or(crate::defaults::HANDLER_TIMEOUT, |handler| handler.timeout);
         check_duration("handler.timeout", handler_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
@@ -140,6 +145,8 @@ impl QueueFile {
             },
             rule,
             rule_params: self.rule_params.into_iter().collect(),
+            shadow_rule,
+            shadow_rule_params: self.shadow_rule_params.into_iter().collect(),
             handler_url,
             handler_timeout,
             partitions: self.partitions,

@@ -184,6 +184,9 @@ pub struct ListenerStatus {
     pub replies: u64,
     /// The queue's rule.
     pub rule: Option<RuleStatus>,
+    /// The queue's shadow rule: its agreement with the rule, counts, largest disagreements
+    /// and faults; `None` without a `shadow_rule`.
+    pub shadow: Option<crate::rules::ShadowStatus>,
     /// The last task-count decision.
     pub last_task_count: Option<RecordedDecision<u32>>,
     /// The last task-count decisions with their inputs, oldest first (at most 10).
@@ -282,6 +285,7 @@ impl Shared {
             items_poisoned: load64(&c.items.poisoned),
             replies: load64(&c.items.replies),
             rule: self.decider.status(),
+            shadow: self.decider.shadow_status(),
             last_task_count,
             recent_decisions: c.recent_decisions(),
             pickup_latency_ms: c.pickup_latency_ms(),

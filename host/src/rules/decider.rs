@@ -8,8 +8,8 @@
 use ebb_rules_sdk::{HandlerState, IdleContext, IdleDecision, QueueState};
 
 use super::{
-    Decision, DecisionSource, NativeRule, QueueRules, RuleStatus, built_in_queue_empty, built_in_task_count, native_concurrency, native_queue_empty,
-    native_task_count,
+    Decision, DecisionSource, NativeRule, QueueRules, RuleStatus, ShadowStatus, built_in_queue_empty, built_in_task_count, native_concurrency,
+    native_queue_empty, native_task_count,
 };
 
 /// Decides a queue's task count and what a task does when the queue is empty.
@@ -37,6 +37,12 @@ pub trait Decider: Send + Sync + 'static {
     /// The rule's state as `/status` shows it; `None` when there is nothing beyond the
     /// decisions themselves (the built-in rule, a rule in Rust). Never waits on a decision.
     fn status(&self) -> Option<RuleStatus> {
+        None
+    }
+
+    /// The queue's shadow rule, as `/status` shows it; `None` without one (see
+    /// [`super::Shadowed`]). Never waits on a decision.
+    fn shadow_status(&self) -> Option<ShadowStatus> {
         None
     }
 

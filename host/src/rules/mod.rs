@@ -18,7 +18,8 @@
 //!   [`NativeRule`]s;
 //! - `slot`: one queue's [`QueueRules`] and the group sharing its instance (fallback,
 //!   rebuild, quarantine); `set`: the [`RuleSet`] of every queue, loading and swapping
-//!   rules; `watcher`: hot reload from the rules folder; `threads`: the set's threads,
+//!   rules; `shadow`: a queue's shadow rule, asked beside the live one and never applied
+//!   ([`Shadowed`]); `watcher`: hot reload from the rules folder; `threads`: the set's threads,
 //!   counted and joined when it stops; `stderr`: a rule's output, logged.
 
 mod bindings;
@@ -35,6 +36,7 @@ mod limits;
 mod memory;
 mod sandbox;
 mod set;
+mod shadow;
 mod slot;
 mod stderr;
 mod threads;
@@ -52,6 +54,7 @@ pub use hint::{HINT_PREFIX, hint};
 pub use instance::RuleInstance;
 pub use limits::{BACKSTOP_FACTOR, MIN_BACKSTOP, RuleLimits, backstop};
 pub use set::{QueueRuleConfig, RuleSet};
+pub use shadow::{DecisionKind, Disagreement, SHADOW_CHANNEL_CAPACITY, ShadowCounts, ShadowOutcome, ShadowStatus, Shadowed, TOP_DISAGREEMENTS};
 pub use slot::{ConsecutiveFaults, Export, Quarantine, QueueRules, RefusedFile, RuleLoad, RuleState, RuleStatus, RuleSwap};
 pub use watcher::{MAX_DEBOUNCE_DELAY, RuleWatcher};
 

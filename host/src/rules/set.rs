@@ -72,20 +72,21 @@ impl RuleSet {
         let threads = Arc::new(RuleThreads::default());
         let mut groups: Vec<Arc<RuleGroup>> = Vec::new();
         // (rule file, sorted parameters) -> (group index, its queues)
-        type Members = HashMap<(Option<PathBuf>, Vec<(String, String)>), (usize, Vec<RuleSlot>)>;
+        // A shadow never shares a group with a live slot: its faults must not quarantine a live rule.
+        type Members = HashMap<(Option<PathBuf>, Vec<(String, String)>, bool), (usize, Vec<RuleSlot>)>;
         let mut members: Members = HashMap::new();
         let mut configs = Vec::new();
         for config in queues {
             let mut params = config.params.clone();
             params.sort();
             let next = members.len();
-            let entry = members.entry((config.rule.clone(), params)).or_insert_with(|| (next, Vec::new()));
+            let entry = members.entry((config.rule.clone(), params, config.slot.is_shadow())).or_insert_with(|| (next, Vec::new()));
             entry.1.push(config.slot.clone());
             configs.push((entry.0, config));
         }
         let mut ordered: Vec<_> = members.into_iter().collect();
         ordered.sort_by_key(|(_, (index, _))| *index);
-        for ((path, _), (_, queues)) in ordered {
+        for ((path, _, _), (_, queues)) in ordered {
             let params = configs.iter().find(|(_, c)| c.slot == queues[0]).map(|(_, c)| c.params.clone()).unwrap_or_default();
             groups.push(Arc::new(RuleGroup {
                 engine: engine.clone(),

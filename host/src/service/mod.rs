@@ -38,7 +38,7 @@ use crate::names::RuleSlot;
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::queue::{QueueError, RetryPolicy, SystemClock};
 use crate::record::{QueueRecording, Recorder};
-use crate::rules::{QueueRuleConfig, QueueRules, RuleEngine, RuleLoad, RuleSet, RuleWatcher};
+use crate::rules::{Decider, QueueRuleConfig, QueueRules, RuleEngine, RuleLoad, RuleSet, RuleWatcher, SHADOW_CHANNEL_CAPACITY, Shadowed};
 
 /// Debounce of rule file events.
 pub(crate) const RULE_DEBOUNCE: Duration = Duration::from_millis(30);
@@ -425,7 +425,13 @@ impl StartRetry {
 fn rule_slots(config: &Config, role: Role, rules_dir: &std::path::Path) -> Vec<QueueRuleConfig> {
     let mut slots = Vec::new();
     for q in &config.queues {
-        slots.extend(rule_slot_names(q, role, config.scaler.is_some()).into_iter().map(|slot| q.rule_config(slot, rules_dir)));
+        for slot in rule_slot_names(q, role, config.scaler.is_some()) {
+            // Only listeners' decisions have a shadow: the scaler's slot has none.
+            if role == Role::Worker && !slot.is_scaler() {
+                slots.extend(q.shadow_rule_config(&slot, rules_dir));
+            }
+            slots.push(q.rule_config(slot, rules_dir));
+        }
     }
     slots
 }
@@ -466,8 +472,13 @@ fn worker_listeners(
     for partition in &stack.partitions {
         let name = partition.client.name().to_string();
         let queue_rules = rules.queue(&name).with_context(|| format!("queue {name} has no rule slot"))?;
+        let live: Arc<dyn Decider> = Arc::new(queue_rules);
+        let decider: Arc<dyn Decider> = match rules.queue(&RuleSlot::new(&name)?.shadow()) {
+            Some(shadow) => Arc::new(Shadowed::new(&name, live, Arc::new(shadow), SHADOW_CHANNEL_CAPACITY)?),
+            None => live,
+        };
         let mut builder = Listener::builder(partition.client.clone(), stack.poison.clone(), handler.clone())
-            .decider(Arc::new(queue_rules))
+            .decider(decider)
             .settings(QueueSettings { poison_envelope: matches!(queue.backend, Backend::Embedded), ..queue.settings.clone() })
             .payload(queue.payload.clone(), text_envelopes(&queue.backend));
         if let Some(reply) = &stack.reply {

@@ -16,6 +16,7 @@ use super::status::{queue_cost, statuses};
 use crate::cost::CostStatus;
 use crate::http::Api;
 use crate::http::errors;
+use crate::rules::{DecisionKind, ShadowOutcome};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabel {
@@ -37,6 +38,13 @@ struct KindLabel {
 struct TransactionLabel {
     queue: String,
     kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShadowLabel {
+    queue: String,
+    kind: &'static str,
+    outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -103,6 +111,16 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let load_failed =
         gauge(&mut registry, "rule_load_failed", "1 while the queue's configured rule cannot load (the built-in rule decides until the file is fixed)");
     let refused = gauge(&mut registry, "rule_refused", "1 while a newer content of the queue's rule file is refused (the rule in use goes on deciding)");
+    let shadow_decisions = Family::<ShadowLabel, Counter>::default();
+    registry.register(
+        "shadow_decisions",
+        "Live decisions by what the queue's shadow rule made of them: agree, disagree, fault (the shadow faulted), dropped (it fell behind), skipped (no shadow rule in use)",
+        shadow_decisions.clone(),
+    );
+    let shadow_faults =
+        counter(&mut registry, "shadow_rule_faults", "Shadow rule calls that faulted, whatever the shadow file (never applied: live decisions are unaffected)");
+    let shadow_quarantined =
+        gauge(&mut registry, "shadow_rule_quarantined", "1 while the queue's shadow rule is quarantined (it is not asked until its file changes)");
     let clamps = counter(&mut registry, "rule_clamps", "Rule decisions clamped into the queue's bounds");
     let loaded_at = Family::<QueueLabel, Gauge<f64, AtomicU64>>::default();
     registry.register(
@@ -183,6 +201,18 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
             if let Some(at) = rule.loaded_at.and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok()) {
                 loaded_at.get_or_create(&label).set(at.as_secs_f64());
             }
+        }
+        if let Some(shadow) = &s.shadow {
+            for kind in DecisionKind::ALL {
+                let counts = shadow.decisions.get(kind.name()).copied().unwrap_or_default();
+                for outcome in ShadowOutcome::ALL {
+                    shadow_decisions
+                        .get_or_create(&ShadowLabel { queue: s.queue.clone(), kind: kind.name(), outcome: outcome.name() })
+                        .inc_by(counts.get(outcome));
+                }
+            }
+            shadow_faults.get_or_create(&label).inc_by(shadow.rule.as_ref().map_or(0, |r| r.faults_total));
+            shadow_quarantined.get_or_create(&label).set(i64::from(shadow.rule.as_ref().is_some_and(|r| r.quarantined)));
         }
         if let Some(t) = s.transactions {
             for (kind, n) in [

@@ -190,6 +190,9 @@ pub(crate) struct ClaimsArgs {
     /// target/azurite/node_modules/.bin/azurite-blob).
     #[arg(long)]
     azurite_blob: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
 pub(crate) struct PayloadsArgs {
     /// Print JSON instead of a table.
     #[arg(long)]

@@ -76,11 +76,16 @@ struct Host {
 
 impl Host {
     async fn start(queues: &str) -> Result<Host> {
+        Host::start_with(&format!("token = \"{TOKEN}\"\n"), queues).await
+    }
+
+    /// The host with `api` as the rest of its `[api]` table (its tokens).
+    async fn start_with(api_tokens: &str, queues: &str) -> Result<Host> {
         let dir = tempfile::tempdir()?;
         let api: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         std::fs::create_dir_all(dir.path().join("rules"))?;
         std::fs::copy(guests::PAPER_DEFAULT, dir.path().join("rules/paper.wasm"))?;
-        std::fs::write(dir.path().join("ebb.toml"), format!("drain_timeout = \"5s\"\n[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n\n{queues}"))?;
+        std::fs::write(dir.path().join("ebb.toml"), format!("drain_timeout = \"5s\"\n[api]\nlisten = \"{api}\"\n{api_tokens}\n{queues}"))?;
         let log = std::fs::File::create(dir.path().join("host.log"))?;
         let child = Command::new(EBB).arg("run").arg("--config").arg(dir.path().join("ebb.toml")).stdout(Stdio::null()).stderr(log).spawn()?;
         let host = Host { dir, api, child };
@@ -208,8 +213,13 @@ impl Browser {
     /// Opens the console of `host` as an operator would: the page asks for the token on the
     /// first 401, and shows the queues once it has it. The log is checked to be clean after.
     async fn open(&self, host: &Host) -> Result<()> {
+        self.open_as(host, TOKEN).await
+    }
+
+    /// [`Browser::open`], giving `token`.
+    async fn open_as(&self, host: &Host, token: &str) -> Result<()> {
         self.client.goto(&host.url("/")).await?;
-        self.client.wait().for_element(Locator::Css("#login:not([hidden]) #token")).await?.send_keys(TOKEN).await?;
+        self.client.wait().for_element(Locator::Css("#login:not([hidden]) #token")).await?.send_keys(token).await?;
         // The 401 that made the page ask is in the log as a failed load: expected.
         let before: Vec<String> = self.errors().await?;
         ensure!(before.iter().all(|m| m.contains("401")), "errors before the token was given: {before:?}");
@@ -393,6 +403,50 @@ async fn a_hostile_poison_body_shows_as_text_and_requeue_from_the_page_reaches_t
     assert_eq!(browser.script("return typeof window.__pwned").await?, json!("undefined"), "the body's script ran");
     let errors = browser.errors().await?;
     assert!(errors.is_empty(), "the browser logged errors: {errors:?}\nhost log:\n{}", host.log());
+    browser.close().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_token_sees_the_queues_but_no_control_that_changes_them_and_its_calls_get_403() -> Result<()> {
+    const VIEWER: &str = "v1ewer-token";
+    let (app, app_addr) = App::start(Duration::ZERO).await;
+    let tokens = format!(
+        "[[api.tokens]]\nname = \"viewer\"\nrole = \"read\"\ntoken = \"{VIEWER}\"\n\n[[api.tokens]]\nname = \"ops\"\nrole = \"admin\"\ntoken = \"{TOKEN}\"\n"
+    );
+    let host = Host::start_with(
+        &tokens,
+        &format!("[queues.orders]\nmax_dequeue_count = 1\nmax_polling_interval = \"1s\"\nhandler = {{ url = \"http://{app_addr}/work\" }}\n"),
+    )
+    .await?;
+    host.send("orders", "poison for the list").await?;
+    wait_until("the message poisoned", || async { host.queue_status("orders").await.is_ok_and(|q| q["poisoned"] == 1) }).await;
+
+    let browser = Browser::start().await?;
+    browser.open_as(&host, VIEWER).await?;
+    browser.until("the role shown", "return document.getElementById('who').textContent === 'viewer · read only'").await?;
+    browser.client.find(Locator::Css(&row("orders", "name"))).await?.click().await?;
+    browser.until("the poison row", "return document.querySelectorAll('#poison tbody tr').length === 1").await?;
+    // Every control that changes something is on the page but not shown; what only reads is.
+    let shown = |id: &str| format!("return (e => !!e && e.getClientRects().length > 0)(document.querySelector('{id}'))");
+    for control in ["#pause", "#resume", "#requeue-selected", "#requeue-all", "#purge", "#purge-confirm", "#poison tbody button.requeue-one"] {
+        ensure!(browser.script(&shown(control)).await? == json!(false), "{control} is shown to a read token");
+    }
+    for control in ["#poison-refresh", "#poison tbody td.body", "#queues tbody tr"] {
+        ensure!(browser.script(&shown(control)).await? == json!(true), "{control} is hidden from a read token");
+    }
+    // The page's own fetch, with the token it holds, is refused by the host.
+    let answer = browser
+        .script(
+            "const token = sessionStorage.getItem('ebb-token'); \
+             return fetch('/queues/orders/pause', { method: 'POST', headers: { authorization: 'Bearer ' + token } }).then(r => r.status)",
+        )
+        .await?;
+    ensure!(answer == json!(403), "a read token's pause from the page: {answer}");
+    ensure!(host.queue_status("orders").await?["paused"].is_null(), "the read token paused the queue");
+    ensure!(app.handled().is_empty(), "nothing was requeued: {:?}", app.handled());
+    // A 403 in the log is the one the test caused.
+    let errors: Vec<String> = browser.errors().await?.into_iter().filter(|m| !m.contains("403")).collect();
+    ensure!(errors.is_empty(), "the browser logged errors: {errors:?}");
     browser.close().await
 }
 

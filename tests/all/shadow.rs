@@ -201,6 +201,17 @@ fn promote_refuses_differing_params_and_a_live_file_that_is_missing() -> Result<
     let (ok, said) = promote(&config, "orders");
     assert!(!ok && said.contains("rule_params (none) differ from shadow_rule_params (tasks=\"9\")"), "{said}");
     assert!(dir.path().join("rules/candidate.wasm").exists(), "a refused promote renames nothing");
+    // A shadow that links to the live file: renaming the link would leave live.wasm a link
+    // to itself, the rule's bytes gone.
+    write("")?;
+    std::fs::rename(dir.path().join("rules/candidate.wasm"), dir.path().join("rules/kept.wasm"))?;
+    std::os::unix::fs::symlink("live.wasm", dir.path().join("rules/candidate.wasm"))?;
+    let (ok, said) = promote(&config, "orders");
+    assert!(!ok && said.contains("candidate.wasm is a symbolic link"), "{said}");
+    assert_eq!(std::fs::read(dir.path().join("rules/live.wasm"))?, std::fs::read(guests::PAPER_DEFAULT)?, "the live rule is intact");
+    std::fs::remove_file(dir.path().join("rules/candidate.wasm"))?;
+    std::fs::rename(dir.path().join("rules/kept.wasm"), dir.path().join("rules/candidate.wasm"))?;
+    write("[queues.orders.shadow_rule_params]\ntasks = \"9\"\n")?;
     let output = Command::new(EBB).args(["rule", "promote", "orders", "--with-rule-params", "--config"]).arg(&config).output()?;
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert_eq!(std::fs::read(dir.path().join("rules/live.wasm"))?, std::fs::read(guests::FIXED_TASKS)?);

@@ -80,7 +80,12 @@ impl Host {
     }
 
     pub(crate) async fn call(&self, method: &str, path: &str, token: Option<&str>) -> Result<Answer> {
-        let body: &[u8] = if method == "POST" { b"{\"order\": 1}" } else { b"" };
+        let body: &[u8] = match method {
+            // The items route takes an array of items.
+            "POST" if path.contains("/items") => b"[{\"order\": 1}]",
+            "POST" => b"{\"order\": 1}",
+            _ => b"",
+        };
         raw(self.api, &request(method, path, token, body)).await.with_context(|| format!("{method} {path}"))
     }
 

@@ -45,6 +45,14 @@ pub fn promote(config: &Config, queue: &str, with_rule_params: bool) -> Result<P
     }
     let live = live_name.in_dir(&config.rules_dir);
     let shadow = shadow_name.in_dir(&config.rules_dir);
+    // A rename moves a link, not what it points at: a shadow linking to the live file would
+    // become a link to itself and the rule's bytes would be gone.
+    if std::fs::symlink_metadata(&shadow).is_ok_and(|m| m.file_type().is_symlink()) {
+        bail!(
+            "queues.{queue}.shadow_rule: {} is a symbolic link; promote renames the file itself, so copy the rule into the rules folder as a regular file",
+            shadow.display()
+        );
+    }
     let bytes = match read_rule_file(&shadow, config.rule_limits.max_file_bytes)? {
         Some(bytes) => bytes,
         None => bail!("queues.{queue}.shadow_rule: {} does not exist: there is nothing to promote", shadow.display()),

@@ -187,3 +187,13 @@ fn is_zstd_output_full(error: &std::io::Error) -> bool {
     use zstd::zstd_safe::zstd_sys::ZSTD_ErrorCode;
     error.get_ref().and_then(|e| e.downcast_ref::<zstd::Error>()).is_some_and(|e| e.is(ZSTD_ErrorCode::ZSTD_error_dstSize_tooSmall))
 }
+
+#[cfg(test)]
+mod default_tests {
+    use super::Codec;
+
+    #[test]
+    fn the_default_codec_is_the_one_the_defaults_table_documents() {
+        assert_eq!(Codec::default().name(), crate::defaults::COMPRESSION);
+    }
+}

@@ -45,9 +45,12 @@ pub(super) enum ItemResult {
 impl Shared {
     /// Whether `body` is an envelope (raw, or as base64 text from a queue of text).
     pub(super) fn unpack(&self, body: &[u8]) -> Unpacked {
-        // Claim checks into this queue's own store are read (and refused item by item
-        // until the claim store is wired in); any other reference is a hostile envelope.
-        let limits = Limits { references: AllowedReferences { azure: None, embedded_queue: Some(self.queue.name().to_string()) }, ..Limits::default() };
+        // Claim checks into this queue's own store are read (without a store, refused item
+        // by item); any other reference is a hostile envelope.
+        let limits = match &self.claims {
+            Some(claims) => Limits { references: claims.allowed(), max_claim_check_bytes: claims.max_bytes(), ..Limits::default() },
+            None => Limits { references: AllowedReferences { azure: None, embedded_queue: Some(self.queue.name().to_string()) }, ..Limits::default() },
+        };
         let decoded = match decode(body, &limits) {
             Ok(Decoded::NotAnEnvelope) if body.starts_with(TEXT_MAGIC) => match std::str::from_utf8(body) {
                 Ok(text) => decode_text(text, &limits),
@@ -77,23 +80,19 @@ impl Shared {
     /// of `max_batch_items`. One result per item, in order.
     pub(super) async fn deliver_items(&self, message: &IncomingMessage, envelope: &Envelope) -> Vec<ItemResult> {
         let mut results: Vec<Option<ItemResult>> = envelope.items.iter().map(|_| None).collect();
+        let width = self.settings.max_concurrent_calls.max(1) as usize;
+        let bodies = self.claim_bodies(envelope, width).await;
         let mut single = Vec::new();
         let mut batchable = Vec::new();
-        for (index, item) in envelope.items.iter().enumerate() {
-            match &item.body {
-                Body::ClaimCheck(check) => {
-                    results[index] = Some(ItemResult::Refused(format!(
-                        "claim checks not enabled (item {index} is a claim check for {} bytes at {})",
-                        check.size, check.location
-                    )))
-                }
+        for (index, body) in bodies.into_iter().enumerate() {
+            match body {
+                Err(result) => results[index] = Some(result),
                 // A batch is a JSON array: an item that is not UTF-8 goes alone.
-                Body::Inline(body) if self.payload.delivery == Delivery::Batch && std::str::from_utf8(body).is_ok() => batchable.push((index, body.clone())),
-                Body::Inline(body) => single.push((index, body.clone())),
+                Ok(body) if self.payload.delivery == Delivery::Batch && std::str::from_utf8(&body).is_ok() => batchable.push((index, body)),
+                Ok(body) => single.push((index, body)),
             }
         }
         let with_reply = self.reply.is_some();
-        let width = self.settings.max_concurrent_calls.max(1) as usize;
         let singles = futures::stream::iter(single)
             .map(|(index, body)| {
                 let item = Self::item_message(message, envelope, index, body);
@@ -137,6 +136,38 @@ impl Shared {
         results.into_iter().map(|result| result.expect("every item has a result")).collect()
     }
 
+    /// Each item's body: inline, or fetched from the claim store (at most `width` at once,
+    /// each at most `max_claim_check_bytes`). A fetch that fails for now makes the item a
+    /// failed delivery (retried with its attempts); any other failure poisons it alone.
+    async fn claim_bodies(&self, envelope: &Envelope, width: usize) -> Vec<Result<Bytes, ItemResult>> {
+        // Boxed futures made up front: a stream mapping borrowed items is not provably Send.
+        let fetches: Vec<futures::future::BoxFuture<'_, Result<Bytes, ItemResult>>> = envelope
+            .items
+            .iter()
+            .enumerate()
+            .map(|(index, item)| {
+                async move {
+                match &item.body {
+                    Body::Inline(body) => Ok(body.clone()),
+                    Body::ClaimCheck(check) => match &self.claims {
+                        None => Err(ItemResult::Refused(format!(
+                            "claim checks not enabled (item {index} is a claim check for {} bytes at {})",
+                            check.size, check.location
+                        ))),
+                        Some(claims) => match claims.get(check, claims.max_bytes()).await {
+                            Ok(body) => Ok(body),
+                            Err(error) if error.is_retryable() => Err(ItemResult::Failed(anyhow::Error::new(error).context(format!("fetching item {index}'s body")))),
+                            Err(error) => Err(ItemResult::Refused(format!("{error} (item {index})"))),
+                        },
+                    },
+                }
+                }
+                .boxed()
+            })
+            .collect();
+        futures::stream::iter(fetches).buffered(width).collect().await
+    }
+
     /// A handler call's result, a panic made a failure.
     fn contained(&self, result: std::thread::Result<anyhow::Result<Option<Bytes>>>) -> anyhow::Result<Option<Bytes>> {
         result.unwrap_or_else(|panic| {
@@ -163,10 +194,14 @@ impl Shared {
         let mut poison = Vec::new();
         let mut replies = Vec::new();
         let mut most_attempts = 0;
+        let mut handled_claims = Vec::new();
         for (index, result) in results.into_iter().enumerate() {
             match result {
                 ItemResult::Handled(reply) => {
                     items.delivered.fetch_add(1, Ordering::Relaxed);
+                    if let Body::ClaimCheck(check) = &envelope.items[index].body {
+                        handled_claims.push(check);
+                    }
                     if let Some(reply) = reply {
                         replies.push((index, reply));
                     }
@@ -203,8 +238,16 @@ impl Shared {
         if all_put {
             for (index, reason) in &poison {
                 let Body::Inline(body) = &envelope.items[*index].body else {
-                    // A claim check moves as its reference: the poison queue gets the reason.
-                    let item = Self::item_message(message, envelope, *index, Bytes::new());
+                    // A claim check moves as its reference (a one-item envelope), its body
+                    // kept: the sweeper's retention outlives the poison copy.
+                    let reference = match self.packer.pack(std::slice::from_ref(&envelope.items[*index])) {
+                        Ok(packed) => packed.envelopes.into_iter().next().map(|e| Bytes::from(e.bytes)).unwrap_or_default(),
+                        Err(error) => {
+                            tracing::warn!(id = %message.id, item = index, "could not pack the claim check for the poison queue (only the reason goes): {error:#}");
+                            Bytes::new()
+                        }
+                    };
+                    let item = Self::item_message(message, envelope, *index, reference);
                     all_put &= self.poison_item(&item, reason).await;
                     continue;
                 };
@@ -222,7 +265,17 @@ impl Shared {
         let deleted = self.queue.delete(&message.id, receipt).await;
         self.counters.record_success(latency);
         if let Err(error) = deleted {
+            // The envelope comes back and its claim checks are followed again: keep their bodies.
             tracing::warn!(id = %message.id, "envelope settled, but the delete failed (its items may be delivered again): {error}");
+            return;
+        }
+        // Only the handled items' bodies: the ones put back or poisoned still reference theirs.
+        if let Some(claims) = &self.claims {
+            for check in handled_claims {
+                if let Err(error) = claims.delete(check).await {
+                    tracing::warn!(id = %message.id, location = %check.location, "claim-check body not deleted (the sweeper removes it later): {error}");
+                }
+            }
         }
     }
 

@@ -47,7 +47,9 @@ async fn open_store(dir: &Path) -> EmbeddedStore {
     loop {
         match EmbeddedStore::open(&dir.join("data"), EmbeddedOptions::default()) {
             Ok(store) => return store,
-            Err(error) if std::time::Instant::now() < deadline && format!("{error:#}").contains("in use") => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(error) if std::time::Instant::now() < deadline && format!("{error:#}").contains("in use") => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
             Err(error) => panic!("{error:#}"),
         }
     }

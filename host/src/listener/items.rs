@@ -147,20 +147,22 @@ impl Shared {
             .enumerate()
             .map(|(index, item)| {
                 async move {
-                match &item.body {
-                    Body::Inline(body) => Ok(body.clone()),
-                    Body::ClaimCheck(check) => match &self.claims {
-                        None => Err(ItemResult::Refused(format!(
-                            "claim checks not enabled (item {index} is a claim check for {} bytes at {})",
-                            check.size, check.location
-                        ))),
-                        Some(claims) => match claims.get(check, claims.max_bytes()).await {
-                            Ok(body) => Ok(body),
-                            Err(error) if error.is_retryable() => Err(ItemResult::Failed(anyhow::Error::new(error).context(format!("fetching item {index}'s body")))),
-                            Err(error) => Err(ItemResult::Refused(format!("{error} (item {index})"))),
+                    match &item.body {
+                        Body::Inline(body) => Ok(body.clone()),
+                        Body::ClaimCheck(check) => match &self.claims {
+                            None => Err(ItemResult::Refused(format!(
+                                "claim checks not enabled (item {index} is a claim check for {} bytes at {})",
+                                check.size, check.location
+                            ))),
+                            Some(claims) => match claims.get(check, claims.max_bytes()).await {
+                                Ok(body) => Ok(body),
+                                Err(error) if error.is_retryable() => {
+                                    Err(ItemResult::Failed(anyhow::Error::new(error).context(format!("fetching item {index}'s body"))))
+                                }
+                                Err(error) => Err(ItemResult::Refused(format!("{error} (item {index})"))),
+                            },
                         },
-                    },
-                }
+                    }
                 }
                 .boxed()
             })

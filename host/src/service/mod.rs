@@ -149,9 +149,15 @@ impl Service {
             let options = StackOptions { metered: true, retry: Some(RetryPolicy::default()), readiness: Some(readiness.clone()) };
             let stack = QueueStack::assemble(queue_config, &open, &options)?;
             let listeners = match role {
-                Role::Worker => {
-                    worker_listeners(queue_config, handlers.get(queue_config.name.as_str()), &stack, &rules, config.bus.is_some(), recording.as_ref(), Some(&store))?
-                }
+                Role::Worker => worker_listeners(
+                    queue_config,
+                    handlers.get(queue_config.name.as_str()),
+                    &stack,
+                    &rules,
+                    config.bus.is_some(),
+                    recording.as_ref(),
+                    Some(&store),
+                )?,
                 Role::Watcher => Vec::new(),
             };
             let handle = QueueHandle::new(&queue_config.name, stack.logical.clone(), listeners);

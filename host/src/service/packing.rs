@@ -91,7 +91,10 @@ pub enum ItemsError {
 impl ItemsError {
     /// Whether the sender's own items were the problem (never worth sending again as they are).
     pub fn is_senders(&self) -> bool {
-        matches!(self, ItemsError::Empty | ItemsError::TooMany { .. } | ItemsError::TooManyBytes { .. } | ItemsError::TooLarge { .. } | ItemsError::OverClaimLimit { .. })
+        matches!(
+            self,
+            ItemsError::Empty | ItemsError::TooMany { .. } | ItemsError::TooManyBytes { .. } | ItemsError::TooLarge { .. } | ItemsError::OverClaimLimit { .. }
+        )
     }
 }
 
@@ -133,7 +136,13 @@ impl Packing {
     }
 
     /// [`Packing::start`] with a buffer of `room` bytes.
-    fn start_with_room(settings: &PayloadSettings, put: PutEnvelope, arrived: Arrived, claims: Option<Arc<dyn ClaimStore>>, room: usize) -> anyhow::Result<Packing> {
+    fn start_with_room(
+        settings: &PayloadSettings,
+        put: PutEnvelope,
+        arrived: Arrived,
+        claims: Option<Arc<dyn ClaimStore>>,
+        room: usize,
+    ) -> anyhow::Result<Packing> {
         let packer = Packer::new(settings.compression, settings.max_envelope_bytes)?;
         let (sends, receiver) = mpsc::channel(QUEUED_SENDS);
         let task = Task { packer, linger: settings.pack_linger, put, arrived, claims, ratio: 1.0 };
@@ -248,8 +257,12 @@ impl Task {
                         Ok(check) => sends[send].items[item] = Item::claim_check(check),
                         Err(error) => {
                             let refusal = match error {
-                                ClaimError::Refused(_) => ItemsError::OverClaimLimit { index: item, size, limit: self.claims.as_ref().map_or(0, |c| c.max_bytes()) },
-                                error if error.is_retryable() => ItemsError::Storage(QueueError::Transient(anyhow::Error::new(error).context("storing an item's claim-check body"))),
+                                ClaimError::Refused(_) => {
+                                    ItemsError::OverClaimLimit { index: item, size, limit: self.claims.as_ref().map_or(0, |c| c.max_bytes()) }
+                                }
+                                error if error.is_retryable() => {
+                                    ItemsError::Storage(QueueError::Transient(anyhow::Error::new(error).context("storing an item's claim-check body")))
+                                }
                                 error => ItemsError::Storage(QueueError::Fatal(anyhow::Error::new(error).context("storing an item's claim-check body"))),
                             };
                             refused[send].get_or_insert(refusal);
@@ -460,6 +473,45 @@ mod tests {
         let puts = puts.lock().unwrap();
         assert_eq!(puts.len(), 1);
         assert_eq!(items_of(&puts[0].1), vec![Bytes::from_static(b"fine")], "nothing of the refused send was put");
+    }
+
+    #[tokio::test]
+    async fn an_item_too_large_for_any_envelope_is_offloaded_before_its_envelope_and_one_over_the_claim_limit_is_refused() {
+        use crate::payload::claims::EmbeddedClaims;
+        use crate::queue::QueueClient as _;
+        use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap();
+        let queue = store.queue("orders");
+        queue.create_if_missing().await.unwrap();
+        let claims: Arc<dyn ClaimStore> = Arc::new(EmbeddedClaims::new(store.queue("orders"), 1_000));
+        let (put, puts) = recording(Duration::ZERO, Arc::default());
+        // The envelope's put looks into the store: the body must already be there.
+        let seen_claims = claims.clone();
+        let checked: PutEnvelope = Arc::new(move |bytes: Vec<u8>| {
+            let (put, claims) = (put.clone(), seen_claims.clone());
+            Box::pin(async move {
+                if let Decoded::Envelope(envelope) = decode(&bytes, &Limits { references: claims.allowed(), ..Limits::default() }).unwrap() {
+                    for item in &envelope.items {
+                        if let crate::payload::Body::ClaimCheck(check) = &item.body {
+                            assert_eq!(claims.get(check, 1_000).await.unwrap().len(), 500, "the body was stored before its envelope was put");
+                        }
+                    }
+                }
+                put(bytes).await
+            })
+        });
+        let small = PayloadSettings { compression: Codec::None, max_envelope_bytes: 100, ..settings(Duration::ZERO) };
+        let packing = Packing::start_with_claims(&small, checked, Arc::new(|_| {}), claims.clone()).unwrap();
+        let mut rng = fastrand::Rng::with_seed(7);
+        let big = Bytes::from((0..500).map(|_| rng.u8(..)).collect::<Vec<u8>>());
+        let sent = packing.send(vec![Bytes::from_static(b"ok"), big.clone()]).await.unwrap();
+        assert_eq!(sent.items, 2);
+        assert_eq!(puts.lock().unwrap().len(), 1, "one envelope: the inline item and the claim check");
+        let over = packing.send(vec![Bytes::from(vec![b'x'; 1_001])]).await;
+        assert!(matches!(over, Err(ItemsError::OverClaimLimit { index: 0, size: 1_001, limit: 1_000 })), "{over:?}");
+        assert!(over.unwrap_err().to_string().contains("max_claim_check_bytes"));
+        assert_eq!(puts.lock().unwrap().len(), 1, "nothing of the refused send was put");
     }
 
     #[tokio::test(start_paused = true)]

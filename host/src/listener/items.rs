@@ -14,7 +14,7 @@ use futures::{FutureExt as _, StreamExt as _};
 
 use crate::handler::{IncomingMessage, ItemPosition};
 use crate::panics::panic_message;
-use crate::payload::{AllowedReferences, Body, Decoded, Delivery, Envelope, Limits, decode, decode_text};
+use crate::payload::{AllowedReferences, Body, ClaimCheck, Decoded, Delivery, Envelope, Limits, decode, decode_text};
 use crate::queue::{PopReceipt, QueueError};
 
 use super::Shared;
@@ -81,27 +81,37 @@ impl Shared {
     pub(super) async fn deliver_items(&self, message: &IncomingMessage, envelope: &Envelope) -> Vec<ItemResult> {
         let mut results: Vec<Option<ItemResult>> = envelope.items.iter().map(|_| None).collect();
         let width = self.settings.max_concurrent_calls.max(1) as usize;
-        let bodies = self.claim_bodies(envelope, width).await;
         let mut single = Vec::new();
         let mut batchable = Vec::new();
-        for (index, body) in bodies.into_iter().enumerate() {
-            match body {
-                Err(result) => results[index] = Some(result),
+        for (index, item) in envelope.items.iter().enumerate() {
+            match &item.body {
+                // Fetched in its own call's turn, so at most `width` bodies are in memory;
+                // and alone, never in a batch.
+                Body::ClaimCheck(check) => single.push((index, Err(check.clone()))),
                 // A batch is a JSON array: an item that is not UTF-8 goes alone.
-                Ok(body) if self.payload.delivery == Delivery::Batch && std::str::from_utf8(&body).is_ok() => batchable.push((index, body)),
-                Ok(body) => single.push((index, body)),
+                Body::Inline(body) if self.payload.delivery == Delivery::Batch && std::str::from_utf8(body).is_ok() => batchable.push((index, body.clone())),
+                Body::Inline(body) => single.push((index, Ok(body.clone()))),
             }
         }
         let with_reply = self.reply.is_some();
         let singles = futures::stream::iter(single)
-            .map(|(index, body)| {
+            .map(|(index, body)| async move {
+                let body = match body {
+                    Ok(body) => body,
+                    Err(check) => match self.claim_body(index, &check).await {
+                        Ok(body) => body,
+                        Err(result) => return (index, result),
+                    },
+                };
                 let item = Self::item_message(message, envelope, index, body);
-                async move {
-                    let call = AssertUnwindSafe(async {
-                        if with_reply { self.handler.handle_with_reply(&item).await } else { self.handler.handle(&item).await.map(|()| None) }
-                    });
-                    (index, self.contained(call.catch_unwind().await))
-                }
+                let call = AssertUnwindSafe(async {
+                    if with_reply { self.handler.handle_with_reply(&item).await } else { self.handler.handle(&item).await.map(|()| None) }
+                });
+                let result = match self.contained(call.catch_unwind().await) {
+                    Ok(reply) => ItemResult::Handled(reply),
+                    Err(error) => ItemResult::Failed(error),
+                };
+                (index, result)
             })
             .buffer_unordered(width)
             .collect::<Vec<_>>();
@@ -127,7 +137,10 @@ impl Shared {
             .buffer_unordered(width)
             .collect::<Vec<_>>();
         let (singles, batches) = tokio::join!(singles, batches);
-        for (index, result) in singles.into_iter().chain(batches.into_iter().flatten()) {
+        for (index, result) in singles {
+            results[index] = Some(result);
+        }
+        for (index, result) in batches.into_iter().flatten() {
             results[index] = Some(match result {
                 Ok(reply) => ItemResult::Handled(reply),
                 Err(error) => ItemResult::Failed(error),
@@ -136,38 +149,21 @@ impl Shared {
         results.into_iter().map(|result| result.expect("every item has a result")).collect()
     }
 
-    /// Each item's body: inline, or fetched from the claim store (at most `width` at once,
-    /// each at most `max_claim_check_bytes`). A fetch that fails for now makes the item a
-    /// failed delivery (retried with its attempts); any other failure poisons it alone.
-    async fn claim_bodies(&self, envelope: &Envelope, width: usize) -> Vec<Result<Bytes, ItemResult>> {
-        // Boxed futures made up front: a stream mapping borrowed items is not provably Send.
-        let fetches: Vec<futures::future::BoxFuture<'_, Result<Bytes, ItemResult>>> = envelope
-            .items
-            .iter()
-            .enumerate()
-            .map(|(index, item)| {
-                async move {
-                    match &item.body {
-                        Body::Inline(body) => Ok(body.clone()),
-                        Body::ClaimCheck(check) => match &self.claims {
-                            None => Err(ItemResult::Refused(format!(
-                                "claim checks not enabled (item {index} is a claim check for {} bytes at {})",
-                                check.size, check.location
-                            ))),
-                            Some(claims) => match claims.get(check, claims.max_bytes()).await {
-                                Ok(body) => Ok(body),
-                                Err(error) if error.is_retryable() => {
-                                    Err(ItemResult::Failed(anyhow::Error::new(error).context(format!("fetching item {index}'s body"))))
-                                }
-                                Err(error) => Err(ItemResult::Refused(format!("{error} (item {index})"))),
-                            },
-                        },
-                    }
-                }
-                .boxed()
-            })
-            .collect();
-        futures::stream::iter(fetches).buffered(width).collect().await
+    /// Item `index`'s body from the claim store, at most `max_claim_check_bytes`. A fetch
+    /// that fails for now makes the item a failed delivery (retried with its attempts); any
+    /// other failure poisons it alone.
+    async fn claim_body(&self, index: usize, check: &ClaimCheck) -> Result<Bytes, ItemResult> {
+        let Some(claims) = &self.claims else {
+            return Err(ItemResult::Refused(format!(
+                "claim checks not enabled (item {index} is a claim check for {} bytes at {})",
+                check.size, check.location
+            )));
+        };
+        match claims.get(check, claims.max_bytes()).await {
+            Ok(body) => Ok(body),
+            Err(error) if error.is_retryable() => Err(ItemResult::Failed(anyhow::Error::new(error).context(format!("fetching item {index}'s body")))),
+            Err(error) => Err(ItemResult::Refused(format!("{error} (item {index})"))),
+        }
     }
 
     /// A handler call's result, a panic made a failure.

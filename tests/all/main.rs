@@ -8,6 +8,7 @@ mod binary;
 mod bus;
 mod check_and_run;
 mod claims;
+mod claims_wired;
 mod concurrency;
 mod config;
 mod console;

@@ -383,6 +383,9 @@ pub async fn send_items(config_path: &Path, queue: &str, path: &Path) -> Result<
         stack.create_if_missing().await?;
         let handle = crate::service::QueueHandle::new(queue, stack.logical.clone(), Vec::new());
         handle.attach_payload(queue_config.payload.clone(), crate::service::text_envelopes(&queue_config.backend));
+        if let Some(claims) = crate::service::producer_claims(queue_config, store.as_ref()) {
+            handle.attach_claims(claims);
+        }
         let mut messages = 0;
         for chunk in lines.chunks(crate::service::packing::MAX_ITEMS_PER_SEND) {
             let items = chunk

@@ -37,6 +37,7 @@ pub struct ListenerBuilder {
     text_envelopes: bool,
     reply: Option<Arc<dyn QueueClient>>,
     recording: Option<Arc<QueueRecording>>,
+    claims: Option<Arc<dyn crate::payload::claims::ClaimStore>>,
 }
 
 impl Listener {
@@ -54,6 +55,7 @@ impl Listener {
             text_envelopes: false,
             reply: None,
             recording: None,
+            claims: None,
         }
     }
 }
@@ -107,9 +109,16 @@ impl ListenerBuilder {
         self
     }
 
+    /// The queue's claim store: claim-check items are fetched from it, and their bodies
+    /// deleted once handled (default: none, such items are poisoned).
+    pub fn claims(mut self, claims: Arc<dyn crate::payload::claims::ClaimStore>) -> Self {
+        self.claims = Some(claims);
+        self
+    }
+
     /// The listener; no task runs until [`Listener::start`].
     pub fn build(self) -> Listener {
-        let ListenerBuilder { queue, poison, handler, decider, clock, settings, transactions, payload, text_envelopes, reply, recording } = self;
+        let ListenerBuilder { queue, poison, handler, decider, clock, settings, transactions, payload, text_envelopes, reply, recording, claims } = self;
         let packer = Packer::new(payload.compression, payload.max_envelope_bytes.max(MIN_ENVELOPE_BYTES)).expect("the limit is at least the smallest envelope");
         let seed = settings.random_seed.unwrap_or_else(|| fastrand::u64(..));
         let slots = super::slots::Slots::new(settings.max_concurrent_calls);
@@ -148,6 +157,7 @@ impl ListenerBuilder {
                 paused: tokio::sync::watch::Sender::new(None),
                 payload,
                 packer,
+                claims,
                 text_envelopes,
                 reply,
             }),

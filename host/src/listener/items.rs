@@ -14,7 +14,7 @@ use futures::{FutureExt as _, StreamExt as _};
 
 use crate::handler::{IncomingMessage, ItemPosition};
 use crate::panics::panic_message;
-use crate::payload::{AllowedReferences, Body, Decoded, Delivery, Envelope, Limits, decode, decode_text};
+use crate::payload::{AllowedReferences, Body, ClaimCheck, Decoded, Delivery, Envelope, Limits, decode, decode_text};
 use crate::queue::{PopReceipt, QueueError};
 
 use super::Shared;
@@ -45,9 +45,12 @@ pub(super) enum ItemResult {
 impl Shared {
     /// Whether `body` is an envelope (raw, or as base64 text from a queue of text).
     pub(super) fn unpack(&self, body: &[u8]) -> Unpacked {
-        // Claim checks into this queue's own store are read (and refused item by item
-        // until the claim store is wired in); any other reference is a hostile envelope.
-        let limits = Limits { references: AllowedReferences { azure: None, embedded_queue: Some(self.queue.name().to_string()) }, ..Limits::default() };
+        // Claim checks into this queue's own store are read (without a store, refused item
+        // by item); any other reference is a hostile envelope.
+        let limits = match &self.claims {
+            Some(claims) => Limits { references: claims.allowed(), max_claim_check_bytes: claims.max_bytes(), ..Limits::default() },
+            None => Limits { references: AllowedReferences { azure: None, embedded_queue: Some(self.queue.name().to_string()) }, ..Limits::default() },
+        };
         let decoded = match decode(body, &limits) {
             Ok(Decoded::NotAnEnvelope) if body.starts_with(TEXT_MAGIC) => match std::str::from_utf8(body) {
                 Ok(text) => decode_text(text, &limits),
@@ -77,32 +80,38 @@ impl Shared {
     /// of `max_batch_items`. One result per item, in order.
     pub(super) async fn deliver_items(&self, message: &IncomingMessage, envelope: &Envelope) -> Vec<ItemResult> {
         let mut results: Vec<Option<ItemResult>> = envelope.items.iter().map(|_| None).collect();
+        let width = self.settings.max_concurrent_calls.max(1) as usize;
         let mut single = Vec::new();
         let mut batchable = Vec::new();
         for (index, item) in envelope.items.iter().enumerate() {
             match &item.body {
-                Body::ClaimCheck(check) => {
-                    results[index] = Some(ItemResult::Refused(format!(
-                        "claim checks not enabled (item {index} is a claim check for {} bytes at {})",
-                        check.size, check.location
-                    )))
-                }
+                // Fetched in its own call's turn, so at most `width` bodies are in memory;
+                // and alone, never in a batch.
+                Body::ClaimCheck(check) => single.push((index, Err(check.clone()))),
                 // A batch is a JSON array: an item that is not UTF-8 goes alone.
                 Body::Inline(body) if self.payload.delivery == Delivery::Batch && std::str::from_utf8(body).is_ok() => batchable.push((index, body.clone())),
-                Body::Inline(body) => single.push((index, body.clone())),
+                Body::Inline(body) => single.push((index, Ok(body.clone()))),
             }
         }
         let with_reply = self.reply.is_some();
-        let width = self.settings.max_concurrent_calls.max(1) as usize;
         let singles = futures::stream::iter(single)
-            .map(|(index, body)| {
+            .map(|(index, body)| async move {
+                let body = match body {
+                    Ok(body) => body,
+                    Err(check) => match self.claim_body(index, &check).await {
+                        Ok(body) => body,
+                        Err(result) => return (index, result),
+                    },
+                };
                 let item = Self::item_message(message, envelope, index, body);
-                async move {
-                    let call = AssertUnwindSafe(async {
-                        if with_reply { self.handler.handle_with_reply(&item).await } else { self.handler.handle(&item).await.map(|()| None) }
-                    });
-                    (index, self.contained(call.catch_unwind().await))
-                }
+                let call = AssertUnwindSafe(async {
+                    if with_reply { self.handler.handle_with_reply(&item).await } else { self.handler.handle(&item).await.map(|()| None) }
+                });
+                let result = match self.contained(call.catch_unwind().await) {
+                    Ok(reply) => ItemResult::Handled(reply),
+                    Err(error) => ItemResult::Failed(error),
+                };
+                (index, result)
             })
             .buffer_unordered(width)
             .collect::<Vec<_>>();
@@ -128,13 +137,33 @@ impl Shared {
             .buffer_unordered(width)
             .collect::<Vec<_>>();
         let (singles, batches) = tokio::join!(singles, batches);
-        for (index, result) in singles.into_iter().chain(batches.into_iter().flatten()) {
+        for (index, result) in singles {
+            results[index] = Some(result);
+        }
+        for (index, result) in batches.into_iter().flatten() {
             results[index] = Some(match result {
                 Ok(reply) => ItemResult::Handled(reply),
                 Err(error) => ItemResult::Failed(error),
             });
         }
         results.into_iter().map(|result| result.expect("every item has a result")).collect()
+    }
+
+    /// Item `index`'s body from the claim store, at most `max_claim_check_bytes`. A fetch
+    /// that fails for now makes the item a failed delivery (retried with its attempts); any
+    /// other failure poisons it alone.
+    async fn claim_body(&self, index: usize, check: &ClaimCheck) -> Result<Bytes, ItemResult> {
+        let Some(claims) = &self.claims else {
+            return Err(ItemResult::Refused(format!(
+                "claim checks not enabled (item {index} is a claim check for {} bytes at {})",
+                check.size, check.location
+            )));
+        };
+        match claims.get(check, claims.max_bytes()).await {
+            Ok(body) => Ok(body),
+            Err(error) if error.is_retryable() => Err(ItemResult::Failed(anyhow::Error::new(error).context(format!("fetching item {index}'s body")))),
+            Err(error) => Err(ItemResult::Refused(format!("{error} (item {index})"))),
+        }
     }
 
     /// A handler call's result, a panic made a failure.
@@ -163,10 +192,14 @@ impl Shared {
         let mut poison = Vec::new();
         let mut replies = Vec::new();
         let mut most_attempts = 0;
+        let mut handled_claims = Vec::new();
         for (index, result) in results.into_iter().enumerate() {
             match result {
                 ItemResult::Handled(reply) => {
                     items.delivered.fetch_add(1, Ordering::Relaxed);
+                    if let Body::ClaimCheck(check) = &envelope.items[index].body {
+                        handled_claims.push(check);
+                    }
                     if let Some(reply) = reply {
                         replies.push((index, reply));
                     }
@@ -203,8 +236,16 @@ impl Shared {
         if all_put {
             for (index, reason) in &poison {
                 let Body::Inline(body) = &envelope.items[*index].body else {
-                    // A claim check moves as its reference: the poison queue gets the reason.
-                    let item = Self::item_message(message, envelope, *index, Bytes::new());
+                    // A claim check moves as its reference (a one-item envelope), its body
+                    // kept: the sweeper's retention outlives the poison copy.
+                    let reference = match self.packer.pack(std::slice::from_ref(&envelope.items[*index])) {
+                        Ok(packed) => packed.envelopes.into_iter().next().map(|e| Bytes::from(e.bytes)).unwrap_or_default(),
+                        Err(error) => {
+                            tracing::warn!(id = %message.id, item = index, "could not pack the claim check for the poison queue (only the reason goes): {error:#}");
+                            Bytes::new()
+                        }
+                    };
+                    let item = Self::item_message(message, envelope, *index, reference);
                     all_put &= self.poison_item(&item, reason).await;
                     continue;
                 };
@@ -222,7 +263,17 @@ impl Shared {
         let deleted = self.queue.delete(&message.id, receipt).await;
         self.counters.record_success(latency);
         if let Err(error) = deleted {
+            // The envelope comes back and its claim checks are followed again: keep their bodies.
             tracing::warn!(id = %message.id, "envelope settled, but the delete failed (its items may be delivered again): {error}");
+            return;
+        }
+        // Only the handled items' bodies: the ones put back or poisoned still reference theirs.
+        if let Some(claims) = &self.claims {
+            for check in handled_claims {
+                if let Err(error) = claims.delete(check).await {
+                    tracing::warn!(id = %message.id, location = %check.location, "claim-check body not deleted (the sweeper removes it later): {error}");
+                }
+            }
         }
     }
 

@@ -132,6 +132,8 @@ struct Shared {
     text_envelopes: bool,
     /// Where handlers' answers go, if anywhere.
     reply: Option<Arc<dyn QueueClient>>,
+    /// Where claim-check items' bodies are, if the queue has a claim store.
+    claims: Option<Arc<dyn crate::payload::claims::ClaimStore>>,
 }
 
 impl Listener {

@@ -51,6 +51,8 @@ struct Inner {
     /// The queue's payload settings (the defaults for a handle outside a service) and
     /// whether its messages are text (an Azure queue with `encoding = "none"`).
     payload: std::sync::OnceLock<(PayloadSettings, bool)>,
+    /// The queue's claim store, for items too large for any envelope (none: they are refused).
+    claims: std::sync::OnceLock<Arc<dyn crate::payload::claims::ClaimStore>>,
     /// The packing task of items sent through this host, started at the first send of items.
     packing: tokio::sync::OnceCell<Packing>,
     /// The queue's reply queue, if it has one.
@@ -75,6 +77,7 @@ impl QueueHandle {
             poison: std::sync::OnceLock::new(),
             poison_operations: tokio::sync::Mutex::new(()),
             payload: std::sync::OnceLock::new(),
+            claims: std::sync::OnceLock::new(),
             packing: tokio::sync::OnceCell::new(),
             reply: std::sync::OnceLock::new(),
             recording: std::sync::OnceLock::new(),
@@ -204,6 +207,12 @@ impl QueueHandle {
         let _ = self.inner.payload.set((settings, text));
     }
 
+    /// Items too large for any envelope are offloaded into `claims` (set once, before the
+    /// first send of items); without it they are refused.
+    pub fn attach_claims(&self, claims: Arc<dyn crate::payload::claims::ClaimStore>) {
+        let _ = self.inner.claims.set(claims);
+    }
+
     /// Handlers' answers to this queue's messages are read from `reply` (its `reply_queue`).
     pub fn attach_reply(&self, reply: Arc<dyn QueueClient>) {
         let _ = self.inner.reply.set(reply);
@@ -284,7 +293,10 @@ impl QueueHandle {
                 handle.publish(Some(messages as u64), Duration::ZERO);
             }
         });
-        Packing::start(&settings, put, arrived)
+        match self.inner.claims.get() {
+            Some(claims) => Packing::start_with_claims(&settings, put, arrived, claims.clone()),
+            None => Packing::start(&settings, put, arrived),
+        }
     }
 
     /// Messages were put straight into storage (by another program): wake this host's

@@ -149,15 +149,24 @@ impl Service {
             let options = StackOptions { metered: true, retry: Some(RetryPolicy::default()), readiness: Some(readiness.clone()) };
             let stack = QueueStack::assemble(queue_config, &open, &options)?;
             let listeners = match role {
-                Role::Worker => {
-                    worker_listeners(queue_config, handlers.get(queue_config.name.as_str()), &stack, &rules, config.bus.is_some(), recording.as_ref())?
-                }
+                Role::Worker => worker_listeners(
+                    queue_config,
+                    handlers.get(queue_config.name.as_str()),
+                    &stack,
+                    &rules,
+                    config.bus.is_some(),
+                    recording.as_ref(),
+                    Some(&store),
+                )?,
                 Role::Watcher => Vec::new(),
             };
             let handle = QueueHandle::new(&queue_config.name, stack.logical.clone(), listeners);
             handle.attach_pauses(pauses.clone());
             handle.attach_poison(stack.poison.clone());
             handle.attach_payload(queue_config.payload.clone(), text_envelopes(&queue_config.backend));
+            if let Some(claims) = producer_claims(queue_config, Some(&store)) {
+                handle.attach_claims(claims);
+            }
             if let Some(reply) = &stack.reply {
                 handle.attach_reply(reply.clone());
             }
@@ -462,6 +471,7 @@ fn worker_listeners(
     rules: &RuleSet,
     with_bus: bool,
     recording: Option<&Arc<QueueRecording>>,
+    store: Option<&EmbeddedStore>,
 ) -> Result<Vec<Listener>> {
     let handler: Arc<dyn Handler> = match (handler, &queue.handler_url) {
         (Some(handler), _) => handler.clone(),
@@ -481,6 +491,9 @@ fn worker_listeners(
             .decider(decider)
             .settings(QueueSettings { poison_envelope: matches!(queue.backend, Backend::Embedded), ..queue.settings.clone() })
             .payload(queue.payload.clone(), text_envelopes(&queue.backend));
+        if let Some(claims) = store_of_claims(queue, store, &name) {
+            builder = builder.claims(claims);
+        }
         if let Some(reply) = &stack.reply {
             builder = builder.reply_queue(reply.clone());
         }
@@ -502,6 +515,28 @@ fn worker_listeners(
 
 /// Whether envelopes go as base64 text on `backend` (an Azure queue with `encoding = "none"`
 /// stores text only).
+/// The claim store of storage queue `name` of `queue`, if it can have one (an Azure account
+/// without a blob endpoint cannot: its items too large for a message are refused).
+fn store_of_claims(queue: &QueueConfig, store: Option<&EmbeddedStore>, name: &str) -> Option<Arc<dyn crate::payload::claims::ClaimStore>> {
+    match claim_store(&queue.backend, store, name, &queue.claims) {
+        Ok(claims) => Some(claims),
+        Err(error) => {
+            tracing::info!(queue = %name, "no claim checks (items too large for a message are refused): {error:#}");
+            None
+        }
+    }
+}
+
+/// The claim store a producer offloads `queue`'s large items into: only for a queue of one
+/// storage queue, because a listener follows references into its own partition's store
+/// only, and the producer does not know which partition an envelope lands in.
+pub(crate) fn producer_claims(queue: &QueueConfig, store: Option<&EmbeddedStore>) -> Option<Arc<dyn crate::payload::claims::ClaimStore>> {
+    match queue.storage_queues().as_slice() {
+        [only] => store_of_claims(queue, store, only.as_str()),
+        _ => None,
+    }
+}
+
 pub(crate) fn text_envelopes(backend: &Backend) -> bool {
     matches!(backend, Backend::Azure { encoding: crate::queue::azure::Encoding::None, .. })
 }

@@ -16,7 +16,8 @@ use futures::future::BoxFuture;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::payload::{DEFAULT_MAX_ITEMS, Item, MIN_ITEM_BYTES, Packer, PayloadSettings};
+use crate::payload::claims::{ClaimError, ClaimStore};
+use crate::payload::{Body, DEFAULT_MAX_ITEMS, Item, MIN_ITEM_BYTES, Packer, PayloadSettings};
 use crate::queue::{MessageId, QueueError};
 
 /// Most bytes of items waiting for the packing task or being put, per queue: at zstd's
@@ -69,6 +70,16 @@ pub enum ItemsError {
         /// The queue's envelope limit in bytes.
         limit: usize,
     },
+    /// An item too large for any envelope and over the queue's claim-check limit.
+    #[error("item {index} of {size} bytes is over the queue's max_claim_check_bytes of {limit} bytes (too large for a message, and for a claim check)")]
+    OverClaimLimit {
+        /// Its index in the send.
+        index: usize,
+        /// Its size in bytes.
+        size: usize,
+        /// The queue's `max_claim_check_bytes`.
+        limit: u64,
+    },
     /// A put failed.
     #[error(transparent)]
     Storage(#[from] QueueError),
@@ -80,7 +91,10 @@ pub enum ItemsError {
 impl ItemsError {
     /// Whether the sender's own items were the problem (never worth sending again as they are).
     pub fn is_senders(&self) -> bool {
-        matches!(self, ItemsError::Empty | ItemsError::TooMany { .. } | ItemsError::TooManyBytes { .. } | ItemsError::TooLarge { .. })
+        matches!(
+            self,
+            ItemsError::Empty | ItemsError::TooMany { .. } | ItemsError::TooManyBytes { .. } | ItemsError::TooLarge { .. } | ItemsError::OverClaimLimit { .. }
+        )
     }
 }
 
@@ -91,7 +105,8 @@ pub type PutEnvelope = Arc<dyn Fn(Vec<u8>) -> BoxFuture<'static, Result<MessageI
 pub type Arrived = Arc<dyn Fn(usize) + Send + Sync>;
 
 struct Pending {
-    items: Vec<Bytes>,
+    /// Inline until an item is offloaded to the claim store (then its claim check).
+    items: Vec<Item>,
     bytes: usize,
     /// Its room in the buffer, given back when it is answered.
     _room: OwnedSemaphorePermit,
@@ -110,14 +125,27 @@ impl Packing {
     /// Starts the packing task of a queue with `settings`, putting through `put` and telling
     /// `arrived` after each flush.
     pub fn start(settings: &PayloadSettings, put: PutEnvelope, arrived: Arrived) -> anyhow::Result<Packing> {
-        Packing::start_with_room(settings, put, arrived, LINGER_BUFFER_BYTES)
+        Packing::start_with_room(settings, put, arrived, None, LINGER_BUFFER_BYTES)
+    }
+
+    /// [`Packing::start`] offloading items too large for any envelope into `claims` (the
+    /// queue's claim store), up to its `max_bytes`: each body is stored durably before the
+    /// envelope carrying its claim check is put.
+    pub fn start_with_claims(settings: &PayloadSettings, put: PutEnvelope, arrived: Arrived, claims: Arc<dyn ClaimStore>) -> anyhow::Result<Packing> {
+        Packing::start_with_room(settings, put, arrived, Some(claims), LINGER_BUFFER_BYTES)
     }
 
     /// [`Packing::start`] with a buffer of `room` bytes.
-    fn start_with_room(settings: &PayloadSettings, put: PutEnvelope, arrived: Arrived, room: usize) -> anyhow::Result<Packing> {
+    fn start_with_room(
+        settings: &PayloadSettings,
+        put: PutEnvelope,
+        arrived: Arrived,
+        claims: Option<Arc<dyn ClaimStore>>,
+        room: usize,
+    ) -> anyhow::Result<Packing> {
         let packer = Packer::new(settings.compression, settings.max_envelope_bytes)?;
         let (sends, receiver) = mpsc::channel(QUEUED_SENDS);
-        let task = Task { packer, linger: settings.pack_linger, put, arrived, ratio: 1.0 };
+        let task = Task { packer, linger: settings.pack_linger, put, arrived, claims, ratio: 1.0 };
         tokio::spawn(task.run(receiver));
         Ok(Packing { sends, room: Arc::new(Semaphore::new(room)), room_bytes: room })
     }
@@ -138,6 +166,7 @@ impl Packing {
         }
         let room = self.room.clone().acquire_many_owned(bytes as u32).await.map_err(|_| ItemsError::Stopped)?;
         let (answer, answered) = oneshot::channel();
+        let items = items.into_iter().map(Item::inline).collect();
         self.sends.send(Pending { items, bytes, _room: room, answer }).await.map_err(|_| ItemsError::Stopped)?;
         answered.await.map_err(|_| ItemsError::Stopped)?
     }
@@ -148,6 +177,8 @@ struct Task {
     linger: Duration,
     put: PutEnvelope,
     arrived: Arrived,
+    /// Where items too large for any envelope go, if the queue has a claim store.
+    claims: Option<Arc<dyn ClaimStore>>,
     /// Item bytes per envelope byte at the last flush: how many bytes make an envelope full.
     ratio: f64,
 }
@@ -179,7 +210,7 @@ impl Task {
     /// Packs the sends' items and puts the envelopes; answers each send.
     async fn flush(&mut self, mut sends: Vec<Pending>) {
         loop {
-            let items: Vec<Item> = sends.iter().flat_map(|send| send.items.iter().cloned().map(Item::inline)).collect();
+            let items: Vec<Item> = sends.iter().flat_map(|send| send.items.iter().cloned()).collect();
             let owners: Vec<(usize, usize)> = sends.iter().enumerate().flat_map(|(s, send)| (0..send.items.len()).map(move |i| (s, i))).collect();
             let packed = match self.packer.pack(&items) {
                 Ok(packed) => packed,
@@ -193,15 +224,50 @@ impl Task {
                 }
             };
             if !packed.needs_claim_check.is_empty() {
-                // Those sends are refused whole (nothing of theirs put), the others packed again.
+                // Offloaded into the claim store first (durably), then packed again as claim
+                // checks. A send with an item that cannot be offloaded is refused whole
+                // (nothing of its put but orphan bodies, which the sweeper removes), the
+                // others packed again.
                 let mut refused: Vec<Option<ItemsError>> = sends.iter().map(|_| None).collect();
+                let mut offloads = Vec::new();
                 for &index in &packed.needs_claim_check {
                     let (send, item) = owners[index];
-                    refused[send].get_or_insert(ItemsError::TooLarge {
-                        index: item,
-                        size: sends[send].items[item].len(),
-                        limit: self.packer.max_envelope_bytes(),
-                    });
+                    let Body::Inline(body) = &sends[send].items[item].body else {
+                        // A claim check always fits an envelope; refusing keeps this loop finite.
+                        refused[send].get_or_insert(ItemsError::TooLarge { index: item, size: 0, limit: self.packer.max_envelope_bytes() });
+                        continue;
+                    };
+                    match &self.claims {
+                        None => {
+                            refused[send].get_or_insert(ItemsError::TooLarge { index: item, size: body.len(), limit: self.packer.max_envelope_bytes() });
+                        }
+                        Some(claims) if body.len() as u64 > claims.max_bytes() => {
+                            refused[send].get_or_insert(ItemsError::OverClaimLimit { index: item, size: body.len(), limit: claims.max_bytes() });
+                        }
+                        Some(claims) => offloads.push((send, item, claims.clone(), body.clone())),
+                    }
+                }
+                let stored = futures::future::join_all(offloads.into_iter().map(|(send, item, claims, body)| async move {
+                    let size = body.len();
+                    (send, item, size, claims.put(body).await)
+                }))
+                .await;
+                for (send, item, size, result) in stored {
+                    match result {
+                        Ok(check) => sends[send].items[item] = Item::claim_check(check),
+                        Err(error) => {
+                            let refusal = match error {
+                                ClaimError::Refused(_) => {
+                                    ItemsError::OverClaimLimit { index: item, size, limit: self.claims.as_ref().map_or(0, |c| c.max_bytes()) }
+                                }
+                                error if error.is_retryable() => {
+                                    ItemsError::Storage(QueueError::Transient(anyhow::Error::new(error).context("storing an item's claim-check body")))
+                                }
+                                error => ItemsError::Storage(QueueError::Fatal(anyhow::Error::new(error).context("storing an item's claim-check body"))),
+                            };
+                            refused[send].get_or_insert(refusal);
+                        }
+                    }
                 }
                 let mut kept = Vec::new();
                 for (send, refusal) in sends.into_iter().zip(refused) {
@@ -409,11 +475,50 @@ mod tests {
         assert_eq!(items_of(&puts[0].1), vec![Bytes::from_static(b"fine")], "nothing of the refused send was put");
     }
 
+    #[tokio::test]
+    async fn an_item_too_large_for_any_envelope_is_offloaded_before_its_envelope_and_one_over_the_claim_limit_is_refused() {
+        use crate::payload::claims::EmbeddedClaims;
+        use crate::queue::QueueClient as _;
+        use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap();
+        let queue = store.queue("orders");
+        queue.create_if_missing().await.unwrap();
+        let claims: Arc<dyn ClaimStore> = Arc::new(EmbeddedClaims::new(store.queue("orders"), 1_000));
+        let (put, puts) = recording(Duration::ZERO, Arc::default());
+        // The envelope's put looks into the store: the body must already be there.
+        let seen_claims = claims.clone();
+        let checked: PutEnvelope = Arc::new(move |bytes: Vec<u8>| {
+            let (put, claims) = (put.clone(), seen_claims.clone());
+            Box::pin(async move {
+                if let Decoded::Envelope(envelope) = decode(&bytes, &Limits { references: claims.allowed(), ..Limits::default() }).unwrap() {
+                    for item in &envelope.items {
+                        if let crate::payload::Body::ClaimCheck(check) = &item.body {
+                            assert_eq!(claims.get(check, 1_000).await.unwrap().len(), 500, "the body was stored before its envelope was put");
+                        }
+                    }
+                }
+                put(bytes).await
+            })
+        });
+        let small = PayloadSettings { compression: Codec::None, max_envelope_bytes: 100, ..settings(Duration::ZERO) };
+        let packing = Packing::start_with_claims(&small, checked, Arc::new(|_| {}), claims.clone()).unwrap();
+        let mut rng = fastrand::Rng::with_seed(7);
+        let big = Bytes::from((0..500).map(|_| rng.u8(..)).collect::<Vec<u8>>());
+        let sent = packing.send(vec![Bytes::from_static(b"ok"), big.clone()]).await.unwrap();
+        assert_eq!(sent.items, 2);
+        assert_eq!(puts.lock().unwrap().len(), 1, "one envelope: the inline item and the claim check");
+        let over = packing.send(vec![Bytes::from(vec![b'x'; 1_001])]).await;
+        assert!(matches!(over, Err(ItemsError::OverClaimLimit { index: 0, size: 1_001, limit: 1_000 })), "{over:?}");
+        assert!(over.unwrap_err().to_string().contains("max_claim_check_bytes"));
+        assert_eq!(puts.lock().unwrap().len(), 1, "nothing of the refused send was put");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_full_buffer_makes_senders_wait_for_room() {
         // Puts that take a minute hold the buffer's room until they end.
         let (put, puts) = recording(Duration::from_secs(60), Arc::default());
-        let packing = Packing::start_with_room(&settings(Duration::ZERO), put, Arc::new(|_| {}), 1_000).unwrap();
+        let packing = Packing::start_with_room(&settings(Duration::ZERO), put, Arc::new(|_| {}), None, 1_000).unwrap();
         let send = |fill: u8| {
             let packing = packing.clone();
             tokio::spawn(async move { packing.send(vec![Bytes::from(vec![fill; 591])]).await })

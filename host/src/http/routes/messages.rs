@@ -149,7 +149,7 @@ pub(super) async fn send_items(
     };
     match queue.send_items(items).await {
         Ok(sent) => (StatusCode::CREATED, Json(json!({ "items": sent.items, "messages": sent.messages }))).into_response(),
-        Err(e @ (ItemsError::TooLarge { .. } | ItemsError::TooMany { .. } | ItemsError::TooManyBytes { .. })) => {
+        Err(e @ (ItemsError::TooLarge { .. } | ItemsError::OverClaimLimit { .. } | ItemsError::TooMany { .. } | ItemsError::TooManyBytes { .. })) => {
             error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string())
         }
         Err(e @ ItemsError::Empty) => error(StatusCode::BAD_REQUEST, e.to_string()),

@@ -1,0 +1,140 @@
+//! Issue 20, item 3 wired in: an item too large for any envelope is offloaded into the
+//! queue's claim store before its envelope is put, the listener fetches it and hands it over
+//! byte-identical, deletes its body once handled, keeps it while the item is retried, and
+//! poisons an item whose body is missing with that reason. A host embedding ebb on the
+//! embedded queue (its claim store is the same redb store), its producer the queue handle.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use ebb::handler::{Handler, IncomingMessage};
+use ebb::payload::claims::{ClaimStore, EmbeddedClaims, sha256};
+use ebb::payload::{Codec, Item, Packer};
+use ebb::queue::QueueClient;
+use ebb::queue::embedded::{EmbeddedOptions, EmbeddedStore};
+use ebb::{Config, Host};
+
+const BIG: usize = 5 << 20;
+
+/// Fails the first delivery of each item, records each call's body size and SHA-256.
+#[derive(Default)]
+struct FailsFirst {
+    calls: Mutex<Vec<(usize, [u8; 32], u32)>>,
+}
+
+#[async_trait::async_trait]
+impl Handler for FailsFirst {
+    async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
+        self.calls.lock().unwrap().push((message.body.len(), sha256(&message.body), message.dequeue_count));
+        anyhow::ensure!(message.dequeue_count > 1, "first try");
+        Ok(())
+    }
+}
+
+fn config(dir: &Path) -> Config {
+    let data = dir.join("data");
+    let text = format!(
+        "data_dir = {data:?}\n[api]\nlisten = \"127.0.0.1:0\"\n[queues.orders]\nmax_retry_delay = \"1s\"\nvisibility_timeout = \"1s\"\nmin_polling_interval = \"100ms\"\n"
+    );
+    Config::parse(&text, dir, None).unwrap()
+}
+
+/// The host's store, once the host that owned it let go of it.
+async fn open_store(dir: &Path) -> EmbeddedStore {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match EmbeddedStore::open(&dir.join("data"), EmbeddedOptions::default()) {
+            Ok(store) => return store,
+            Err(error) if std::time::Instant::now() < deadline && format!("{error:#}").contains("in use") => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(error) => panic!("{error:#}"),
+        }
+    }
+}
+
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5_mib_item_is_offloaded_retried_with_its_body_and_its_body_deleted_once_handled() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let handler = Arc::new(FailsFirst::default());
+    struct Shared(Arc<FailsFirst>);
+    #[async_trait::async_trait]
+    impl Handler for Shared {
+        async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
+            self.0.handle(message).await
+        }
+    }
+    let host = Host::builder(&config).handler("orders", Shared(handler.clone())).start().await.unwrap();
+    // Incompressible: no codec makes it fit a 64 KiB message.
+    let mut rng = fastrand::Rng::with_seed(20);
+    let big: Vec<u8> = (0..BIG).map(|_| rng.u8(..)).collect();
+    let digest = sha256(&big);
+    let sent = host.queue("orders").unwrap().send_items(vec![Bytes::from(big), Bytes::from_static(b"small")]).await.unwrap();
+    assert_eq!(sent.items, 2);
+    wait_until("the big item handled on its second try", || handler.calls.lock().unwrap().iter().filter(|c| c.0 == BIG && c.2 > 1).count() == 1).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while host.depth("orders").await.unwrap() > 0 {
+        assert!(std::time::Instant::now() < deadline, "the retried item was not deleted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Let the listener finish the body's delete after the envelope's.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    host.shutdown().await;
+    let calls = handler.calls.lock().unwrap().clone();
+    let big_calls: Vec<_> = calls.iter().filter(|c| c.0 == BIG).collect();
+    assert_eq!(big_calls.len(), 2, "failed once, retried once: {:?}", calls.iter().map(|c| (c.0, c.2)).collect::<Vec<_>>());
+    assert!(big_calls.iter().all(|c| c.1 == digest), "the handler got the 5 MiB body byte-identical, on the retry too (its body was kept)");
+    let store = open_store(dir.path()).await;
+    let claims = EmbeddedClaims::new(store.queue("orders"), ebb::payload::DEFAULT_MAX_CLAIM_CHECK_BYTES);
+    assert_eq!(claims.sweep(Duration::ZERO).await.unwrap().removed, 0, "no claim body left behind after the item was handled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_check_item_whose_body_is_missing_goes_to_poison_with_the_reason_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    {
+        // A producer that offloaded a body, whose body then went (swept, say).
+        let store = open_store(dir.path()).await;
+        let queue = store.queue("orders");
+        queue.create_if_missing().await.unwrap();
+        let claims = EmbeddedClaims::new(store.queue("orders"), ebb::payload::DEFAULT_MAX_CLAIM_CHECK_BYTES);
+        let check = claims.put(Bytes::from(vec![7u8; 100_000])).await.unwrap();
+        claims.delete(&check).await.unwrap();
+        let packed = Packer::new(Codec::None, 65_536).unwrap().pack(&[Item::claim_check(check), Item::inline(Bytes::from_static(b"fine"))]).unwrap();
+        queue.put(&packed.envelopes[0].bytes, Duration::ZERO).await.unwrap();
+    }
+    let handler = Arc::new(FailsFirst::default());
+    struct Shared(Arc<FailsFirst>);
+    #[async_trait::async_trait]
+    impl Handler for Shared {
+        async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
+            self.0.handle(message).await
+        }
+    }
+    let host = Host::builder(&config).handler("orders", Shared(handler.clone())).start().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while host.depth("orders").await.unwrap() > 0 || handler.calls.lock().unwrap().len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "not settled: {:?}", handler.calls.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    host.shutdown().await;
+    assert!(handler.calls.lock().unwrap().iter().all(|c| c.0 == 4), "only the inline item reached the handler");
+    let store = open_store(dir.path()).await;
+    let poison = store.queue("orders-poison");
+    let poisoned = poison.get(32, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(poisoned.len(), 1, "the missing item alone went to poison");
+    let text = String::from_utf8_lossy(&poisoned[0].body);
+    assert!(text.contains("is missing"), "the reason names the missing body: {text}");
+}

@@ -84,8 +84,8 @@ pub const RECORD: bool = true;
 pub const RECORD_MAX_BYTES: u64 = 8 << 20;
 /// `[queues.<name>] partitions`.
 pub const PARTITIONS: u32 = 1;
-/// `[queues.<name>] compression`: the name of `payload::Codec::default()` (checked by a test
-/// there; this layer cannot name the codec type).
+/// `[queues.<name>] compression`: zstd, by `ebb bench codecs` (see `payload::Codec::default`,
+/// which reads it; this layer cannot name the codec type).
 pub const COMPRESSION: &str = "zstd";
 /// `[queues.<name>] pack_linger`: a Kafka producer's `linger.ms` is 5 ms (since 4.0); 10 ms
 /// adds no pickup delay anyone notices and lets producers that send one item at a time

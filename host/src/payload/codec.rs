@@ -66,7 +66,7 @@ impl Default for Codec {
     /// 90 % of deflate's items per envelope for a fifteenth of deflate's CPU, and decodes
     /// twice as fast. Deflate stays for consumers that must read with a standard library.
     fn default() -> Codec {
-        Codec::Zstd
+        Codec::ALL.into_iter().find(|c| c.name() == crate::defaults::COMPRESSION).expect("defaults::COMPRESSION names a codec")
     }
 }
 

@@ -56,7 +56,10 @@ fn identify<'a>(tokens: &'a [ApiToken], given: &str) -> Option<&'a ApiToken> {
 
 /// The token a request carries (`Authorization: Bearer <token>`), if any.
 fn bearer(headers: &HeaderMap) -> Option<&str> {
-    headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "))
+    // The scheme is case-insensitive (RFC 9110, section 11.1): `bearer` and `BEARER` are Bearer.
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token)
 }
 
 /// Who calls: the holder of the token the request carries; the admin `anonymous` when no
@@ -156,6 +159,11 @@ mod tests {
             assert_eq!(caller(&tokens, &with_bearer(wrong)), None, "{wrong:?}");
         }
         assert_eq!(caller(&tokens, &HeaderMap::new()), None, "no Authorization header");
+        for scheme in ["bearer", "BEARER", "BeArEr"] {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::AUTHORIZATION, format!("{scheme} r3ad").parse().unwrap());
+            assert_eq!(caller(&tokens, &headers).map(|c| c.name), Some("ops".to_string()), "the scheme {scheme} is Bearer");
+        }
         let mut basic = HeaderMap::new();
         basic.insert(header::AUTHORIZATION, "Basic r3ad".parse().unwrap());
         assert_eq!(caller(&tokens, &basic), None, "only the Bearer scheme");

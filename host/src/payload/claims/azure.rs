@@ -21,7 +21,7 @@ use azure_storage_blob::{BlobContainerClient, BlobContainerClientOptions};
 use bytes::Bytes;
 use futures::StreamExt;
 
-use super::{ClaimError, ClaimStore, EMPTY_BODY, SweepReport, check_reference, sha256};
+use super::{ClaimError, ClaimStore, SweepReport, admitted_digest, check_reference, sha256};
 use crate::payload::{AllowedReferences, AzureContainer, BlobRef, ClaimCheck};
 use crate::queue::azure::{API_VERSION, AzureAccount, AzureOptions, Credential, sdk_client_options};
 
@@ -180,14 +180,7 @@ impl ClaimStore for AzureClaims {
     }
 
     async fn put(&self, body: Bytes) -> Result<ClaimCheck, ClaimError> {
-        if body.is_empty() {
-            return Err(ClaimError::Refused(EMPTY_BODY.to_string()));
-        }
-        if body.len() as u64 > self.max_bytes {
-            return Err(ClaimError::Refused(format!("a body of {} bytes, over the limit of {} (max_claim_check_bytes)", body.len(), self.max_bytes)));
-        }
-        let hashed = body.clone();
-        let digest = tokio::task::spawn_blocking(move || sha256(&hashed)).await.map_err(|e| ClaimError::Fatal(anyhow!("hashing the body: {e}")))?;
+        let digest = admitted_digest(&body, self.max_bytes).await?;
         let name = new_blob_name();
         let uploaded = match self.upload(&name, &body).await {
             Err(error) if error_code(&error).as_deref() == Some("ContainerNotFound") => {

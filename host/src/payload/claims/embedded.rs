@@ -7,7 +7,7 @@ use anyhow::anyhow;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{ClaimError, ClaimStore, EMPTY_BODY, SweepReport, check_reference, sha256};
+use super::{ClaimError, ClaimStore, SweepReport, admitted_digest, check_reference, sha256};
 use crate::payload::{AllowedReferences, BlobRef, ClaimCheck};
 use crate::queue::QueueError;
 use crate::queue::embedded::{ClaimRead, EmbeddedQueue, MAX_CLAIM_BODY_BYTES};
@@ -60,14 +60,7 @@ impl ClaimStore for EmbeddedClaims {
     }
 
     async fn put(&self, body: Bytes) -> Result<ClaimCheck, ClaimError> {
-        if body.is_empty() {
-            return Err(ClaimError::Refused(EMPTY_BODY.to_string()));
-        }
-        if body.len() as u64 > self.max_bytes {
-            return Err(ClaimError::Refused(format!("a body of {} bytes, over the limit of {} (max_claim_check_bytes)", body.len(), self.max_bytes)));
-        }
-        let hashed = body.clone();
-        let digest = tokio::task::spawn_blocking(move || sha256(&hashed)).await.map_err(|e| ClaimError::Fatal(anyhow!("hashing the body: {e}")))?;
+        let digest = admitted_digest(&body, self.max_bytes).await?;
         let size = body.len() as u64;
         let key = self.queue.put_claim(body).await.map_err(storage)?;
         Ok(ClaimCheck { location: BlobRef::Embedded { queue: crate::queue::QueueClient::name(&self.queue).to_string(), key }, size, sha256: digest })

@@ -185,6 +185,19 @@ pub trait ClaimStore: Send + Sync + 'static {
 /// Why an empty body is not offloaded: it fits any envelope.
 pub(crate) const EMPTY_BODY: &str = "an empty body: it fits any envelope, nothing to offload";
 
+/// The SHA-256 of a body a store may take (neither empty nor over `max_bytes`), hashed off
+/// the async threads: every store's `put` starts here.
+pub(crate) async fn admitted_digest(body: &Bytes, max_bytes: u64) -> Result<[u8; 32], ClaimError> {
+    if body.is_empty() {
+        return Err(ClaimError::Refused(EMPTY_BODY.to_string()));
+    }
+    if body.len() as u64 > max_bytes {
+        return Err(ClaimError::Refused(format!("a body of {} bytes, over the limit of {max_bytes} (max_claim_check_bytes)", body.len())));
+    }
+    let hashed = body.clone();
+    tokio::task::spawn_blocking(move || sha256(&hashed)).await.map_err(|e| ClaimError::Fatal(anyhow::anyhow!("hashing the body: {e}")))
+}
+
 /// SHA-256 of `body`.
 pub fn sha256(body: &[u8]) -> [u8; 32] {
     Sha256::digest(body).into()

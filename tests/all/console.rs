@@ -87,7 +87,9 @@ impl Host {
         std::fs::copy(guests::PAPER_DEFAULT, dir.path().join("rules/paper.wasm"))?;
         std::fs::write(dir.path().join("ebb.toml"), format!("drain_timeout = \"5s\"\n[api]\nlisten = \"{api}\"\n{api_tokens}\n{queues}"))?;
         let log = std::fs::File::create(dir.path().join("host.log"))?;
-        let child = Command::new(EBB).arg("run").arg("--config").arg(dir.path().join("ebb.toml")).stdout(Stdio::null()).stderr(log).spawn()?;
+        // `EBB_CONSOLE_HOST_BINARY` lets the goals harness measure a release build.
+        let binary = std::env::var("EBB_CONSOLE_HOST_BINARY").unwrap_or_else(|_| EBB.to_string());
+        let child = Command::new(binary).arg("run").arg("--config").arg(dir.path().join("ebb.toml")).stdout(Stdio::null()).stderr(log).spawn()?;
         let host = Host { dir, api, child };
         let url = format!("http://{api}/healthz");
         wait_until("the host's API", || async { reqwest::get(&url).await.is_ok_and(|r| r.status().is_success()) }).await;

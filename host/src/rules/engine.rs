@@ -2,7 +2,7 @@
 //! components under limits.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -19,9 +19,7 @@ use super::hint::with_hint;
 use super::limits::RuleLimits;
 use super::lock;
 use super::sandbox::RuleHost;
-
-/// How often the epoch ticker advances the engine's epoch: the deadline's resolution.
-const EPOCH_TICK: Duration = Duration::from_millis(1);
+use super::ticker::{EPOCH_TICK, EpochTicker};
 
 /// A compiled, validated rule component, shared by every queue that uses the file.
 pub struct CompiledRule {
@@ -61,18 +59,7 @@ pub struct RuleEngine {
     pub(super) cache_dir: Option<PathBuf>,
     pub(super) compiled: Mutex<Compiled>,
     pub(super) compilations: AtomicU64,
-    pub(super) ticker_stop: Arc<AtomicBool>,
-    ticker: Mutex<Option<std::thread::JoinHandle<()>>>,
-}
-
-impl Drop for RuleEngine {
-    /// Stops the deadline ticker and joins it (it notices within one tick).
-    fn drop(&mut self) {
-        self.ticker_stop.store(true, Ordering::Relaxed);
-        if let Some(ticker) = lock(&self.ticker).take() {
-            let _ = ticker.join();
-        }
-    }
+    pub(super) ticker: EpochTicker,
 }
 
 impl RuleEngine {
@@ -89,9 +76,8 @@ impl RuleEngine {
         if let Some(dir) = &cache_dir {
             std::fs::create_dir_all(dir).with_context(|| format!("failed to create rule cache {}", dir.display()))?;
         }
-        let ticker_stop = Arc::new(AtomicBool::new(false));
-        let ticker = Mutex::new(Some(spawn_epoch_ticker(engine.clone(), ticker_stop.clone())?));
-        Ok(Arc::new(RuleEngine { engine, linker, limits, cache_dir, compiled: Mutex::default(), compilations: AtomicU64::new(0), ticker_stop, ticker }))
+        let ticker = EpochTicker::start(engine.clone())?;
+        Ok(Arc::new(RuleEngine { engine, linker, limits, cache_dir, compiled: Mutex::default(), compilations: AtomicU64::new(0), ticker }))
     }
 
     /// The limits every rule runs under.
@@ -170,16 +156,4 @@ pub(super) fn deadline_ticks(deadline: Duration) -> u64 {
 /// Epoch ticks until the next check of a running call, `wait` from now (at least one).
 pub(super) fn ticks_until(wait: Duration) -> u64 {
     wait.as_micros().div_ceil(EPOCH_TICK.as_micros()).clamp(1, u128::from(u64::MAX)) as u64
-}
-
-fn spawn_epoch_ticker(engine: Engine, stop: Arc<AtomicBool>) -> Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("ebb-rule-epoch".into())
-        .spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(EPOCH_TICK);
-                engine.increment_epoch();
-            }
-        })
-        .context("failed to start the rule deadline ticker")
 }

@@ -12,10 +12,13 @@ use super::hint::with_hint;
 use super::limits::{RuleLimits, Stopwatch, Verdict};
 use super::sandbox::{MemoryLimiter, RuleHost, capability_free_wasi};
 use super::stderr::CapturedOutput;
+use super::ticker::{Running, TickerHandle};
 
 impl RuleEngine {
     /// A fresh instance of `rule`, configured with `params`, under the setup limits.
     pub fn instantiate(&self, rule: &CompiledRule, params: &[(String, String)]) -> Result<RuleInstance> {
+        let ticker = self.ticker.handle();
+        let _running = ticker.running();
         let output = CapturedOutput::default();
         let host = RuleHost {
             wasi: capability_free_wasi(&output),
@@ -67,6 +70,7 @@ impl RuleEngine {
             call_fuel: self.limits.call_fuel,
             call_ticks: deadline_ticks(self.limits.call_deadline),
             limits: self.limits.clone(),
+            ticker,
         })
     }
 }
@@ -85,15 +89,17 @@ pub struct RuleInstance {
     pub(super) call_fuel: u64,
     pub(super) call_ticks: u64,
     pub(super) limits: RuleLimits,
+    ticker: TickerHandle,
 }
 
 impl RuleInstance {
-    /// Gives the next call its fuel and deadline, timed from now on this thread.
-    fn arm(&mut self) -> Result<()> {
+    /// Gives the next call its fuel and deadline, timed from now on this thread; the deadline
+    /// runs while the guard is held.
+    fn arm(&mut self) -> Result<Running> {
         self.store.set_fuel(self.call_fuel).map_err(anyhow::Error::from)?;
         self.store.data_mut().stopwatch = Stopwatch::start(self.limits.call_deadline, self.limits.call_backstop());
         self.store.set_epoch_deadline(self.call_ticks);
-        Ok(())
+        Ok(self.ticker.running())
     }
 
     fn fault(&self, error: wasmtime::Error, export: &str) -> anyhow::Error {
@@ -103,7 +109,7 @@ impl RuleInstance {
 
     /// `optimal-dequeue-task-count`, raw (unclamped). Any error means the instance is unusable.
     pub fn optimal_dequeue_task_count(&mut self, state: &ebb_rules_sdk::QueueState) -> Result<u32> {
-        self.arm()?;
+        let _running = self.arm()?;
         let called = match &self.bindings {
             // A 0.1.0 rule is told 0.1.0's fields only.
             Bindings::V0_1(b) => b.ebb_rules_decisions().call_optimal_dequeue_task_count(&mut self.store, &state.into()),
@@ -115,7 +121,7 @@ impl RuleInstance {
 
     /// `on-queue-empty`, raw (unclamped). Any error means the instance is unusable.
     pub fn on_queue_empty(&mut self, ctx: &ebb_rules_sdk::IdleContext) -> Result<ebb_rules_sdk::IdleDecision> {
-        self.arm()?;
+        let _running = self.arm()?;
         let called = match &self.bindings {
             Bindings::V0_1(b) => b.ebb_rules_decisions().call_on_queue_empty(&mut self.store, &ctx.into()).map(Into::into),
             Bindings::V0_2(b) => b.ebb_rules_decisions().call_on_queue_empty(&mut self.store, &ctx.into()).map(Into::into),
@@ -131,7 +137,7 @@ impl RuleInstance {
         if !self.decides_concurrency() {
             return Ok(None);
         }
-        self.arm()?;
+        let _running = self.arm()?;
         let Bindings::V0_3(b) = &self.bindings else { return Ok(None) };
         b.ebb_rules_decisions().call_max_concurrent_calls(&mut self.store, &state.into()).map_err(|e| self.fault(e, "max-concurrent-calls"))
     }

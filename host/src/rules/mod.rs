@@ -40,6 +40,7 @@ mod shadow;
 mod slot;
 mod stderr;
 mod threads;
+mod ticker;
 mod watcher;
 
 pub use bindings::{CONTRACT_INTERFACE, CONTRACT_VERSION, CONTRACT_VERSIONS, ContractVersion};

@@ -1,15 +1,21 @@
 //! `ebb bench shadow`: what a shadow rule adds to a live decision (issue 22), for a rule in
 //! Rust: the same live rule decides with no shadow and with one, interleaved batch by batch
 //! in one run, each decision timed; the added cost is the difference of the percentiles.
+//! The rule is a component given with `--rule` (live and shadow each get an instance of it,
+//! through the rule set the listener uses), or by default the same arithmetic compiled into
+//! the host.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use std::path::Path;
+
+use anyhow::{Context as _, Result, bail};
 use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState};
 use serde::Serialize;
 
-use crate::rules::{Decider, NativeRule, SHADOW_CHANNEL_CAPACITY, Shadowed};
+use crate::names::RuleSlot;
+use crate::rules::{Decider, DecisionSource, NativeRule, QueueRuleConfig, RuleEngine, RuleLimits, RuleSet, SHADOW_CHANNEL_CAPACITY, Shadowed};
 
 /// Decisions per batch: well within the shadow's channel, so that every decision is handed
 /// over (a full channel's drop would be cheaper, and flatter the figure).
@@ -43,6 +49,8 @@ pub(crate) struct Percentiles {
 /// What `ebb bench shadow` reports.
 #[derive(Debug, Serialize)]
 pub(crate) struct ShadowReport {
+    /// The rule file decided with, or "native" (compiled into the host).
+    pub(crate) rule: String,
     pub(crate) decisions: usize,
     pub(crate) no_shadow: Percentiles,
     pub(crate) with_shadow: Percentiles,
@@ -60,13 +68,36 @@ fn percentiles(mut samples: Vec<u64>) -> Percentiles {
     Percentiles { p50_ns: at(0.50), p99_ns: at(0.99) }
 }
 
+/// The live and the shadow decider: instances of the component at `rule`, through a rule set
+/// as the listener holds them, or the native rule.
+fn contenders(rule: Option<&Path>) -> Result<(Arc<dyn Decider>, Arc<dyn Decider>, Option<RuleSet>)> {
+    let Some(rule) = rule else {
+        return Ok((Arc::new(PerTen), Arc::new(PerTen), None));
+    };
+    let rule = rule.canonicalize().with_context(|| format!("failed to read rule {}", rule.display()))?;
+    let live_slot = RuleSlot::new("bench")?;
+    let shadow_slot = live_slot.shadow();
+    let engine = RuleEngine::new(RuleLimits::default(), None)?;
+    let set = RuleSet::new(engine, [live_slot.clone(), shadow_slot.clone()].map(|slot| QueueRuleConfig { slot, rule: Some(rule.clone()), params: vec![] }));
+    if let Some(error) = set.load_all().into_iter().next() {
+        return Err(error.context(format!("failed to load rule {}", rule.display())));
+    }
+    let live = set.queue(&live_slot).context("the bench queue has no rule slot")?;
+    let shadow = set.queue(&shadow_slot).context("the bench queue has no shadow slot")?;
+    let probe = QueueState { queue: "bench".into(), approximate_depth: 5, max_tasks: 1_000, ..Default::default() };
+    if live.decide_task_count(&probe).source != DecisionSource::Rule {
+        bail!("rule {} does not decide (the built-in rule answered instead)", rule.display());
+    }
+    Ok((Arc::new(live), Arc::new(shadow), Some(set)))
+}
+
 /// Times `decisions` task-count decisions of each contender, a batch of each in turn.
-pub(crate) fn run(decisions: usize) -> Result<ShadowReport> {
+pub(crate) fn run(decisions: usize, rule: Option<&Path>) -> Result<ShadowReport> {
     if decisions < BATCH {
         bail!("--decisions: at least {BATCH}");
     }
-    let plain: Arc<dyn Decider> = Arc::new(PerTen);
-    let shadowed = Shadowed::new("bench", Arc::new(PerTen), Arc::new(PerTen), SHADOW_CHANNEL_CAPACITY)?;
+    let (plain, shadow, _set) = contenders(rule)?;
+    let shadowed = Shadowed::new("bench", plain.clone(), shadow, SHADOW_CHANNEL_CAPACITY)?;
     let mut no_shadow = Vec::with_capacity(decisions);
     let mut with_shadow = Vec::with_capacity(decisions);
     let mut state = QueueState { queue: "bench".into(), min_tasks: 0, max_tasks: 1_000, ..Default::default() };
@@ -91,6 +122,7 @@ pub(crate) fn run(decisions: usize) -> Result<ShadowReport> {
     let (no_shadow, with_shadow) = (percentiles(no_shadow), percentiles(with_shadow));
     let added_p50_ns = with_shadow.p50_ns - no_shadow.p50_ns;
     Ok(ShadowReport {
+        rule: rule.map_or_else(|| "native".to_string(), |r| r.display().to_string()),
         decisions: status.decisions.values().map(|c| c.agree + c.disagree + c.fault + c.dropped + c.skipped).sum::<u64>() as usize,
         no_shadow,
         with_shadow,
@@ -105,9 +137,10 @@ pub(crate) fn run(decisions: usize) -> Result<ShadowReport> {
 /// The report as a table.
 pub(crate) fn table(report: &ShadowReport) -> String {
     format!(
-        "shadow rule cost per task-count decision (a rule in Rust, {} decisions each)\n\
+        "shadow rule cost per task-count decision (rule {}, {} decisions each)\n\
          {:<14} {:>10} {:>10}\n{:<14} {:>10.0} {:>10.0}\n{:<14} {:>10.0} {:>10.0}\n{:<14} {:>10.0} {:>10.0}\n\
          goal: added p50 <= {:.0} ns: {}\n",
+        report.rule,
         report.decisions,
         "",
         "p50 ns",

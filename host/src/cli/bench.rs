@@ -74,6 +74,10 @@ pub(crate) struct ShadowArgs {
     /// Decisions timed per contender, 256 to 10,000,000.
     #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(256..=10_000_000))]
     decisions: u64,
+    /// A rule component (.wasm) deciding live and in the shadow, each in its own instance;
+    /// without it, the same arithmetic compiled into the host.
+    #[arg(long)]
+    rule: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -344,7 +348,7 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
             args.json,
         ),
         BenchCommand::Shadow(args) => {
-            let report = crate::bench::shadow::run(usize::try_from(args.decisions)?)?;
+            let report = crate::bench::shadow::run(usize::try_from(args.decisions)?, args.rule.as_deref())?;
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

@@ -225,7 +225,9 @@ pub async fn host_view(config: &Config, queue: &str) -> HostView {
         let shadow = body["queues"].as_array().and_then(|queues| queues.iter().find(|q| q["queue"] == queue)).map(|q| q["shadow"]["rule"].clone());
         match shadow {
             Some(rule) if rule.is_object() => Ok(HostView::Shadow(rule)),
-            Some(_) => Ok(HostView::Unknown(format!("the host at {url} runs queue {queue} without a shadow rule (restarted since the configuration changed?)"))),
+            Some(_) => {
+                Ok(HostView::Unknown(format!("the host at {url} runs queue {queue} without a shadow rule (restarted since the configuration changed?)")))
+            }
             None => Ok(HostView::Unknown(format!("the host at {url} does not run queue {queue}"))),
         }
     };
@@ -233,5 +235,28 @@ pub async fn host_view(config: &Config, queue: &str) -> HostView {
         Ok(view) => view,
         Err(error) if error.downcast_ref::<reqwest::Error>().is_some_and(reqwest::Error::is_connect) => HostView::Unknown(format!("no host answers at {url}")),
         Err(error) => HostView::Unknown(format!("could not ask the host at {url}: {error:#}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shadow_fault;
+    use serde_json::json;
+
+    #[test]
+    fn only_faults_of_the_content_being_promoted_are_held_against_it() {
+        let quarantined =
+            json!({"state": "quarantined", "sha256": "aa", "faults": 3, "quarantine": {"export": "on-queue-empty", "faults": 3, "reason": "trapped"}});
+        let said = shadow_fault(&quarantined, "aa").unwrap();
+        assert!(said.contains("quarantined the shadow rule (3 faults in a row of on-queue-empty: trapped)"), "{said}");
+        assert_eq!(shadow_fault(&quarantined, "bb"), None, "the file changed since: the new content was not judged");
+        let faulted = json!({"state": "loaded", "sha256": "aa", "faults": 2, "last_error": "fuel"});
+        assert!(shadow_fault(&faulted, "aa").unwrap().contains("counted 2 faults of the shadow rule (the last: fuel)"));
+        let refused = json!({"state": "loaded", "sha256": "aa", "faults": 0, "refused": {"sha256": "bb", "reason": "not a component"}});
+        assert!(shadow_fault(&refused, "bb").unwrap().contains("refused this content of the shadow file: not a component"));
+        let cannot_load = json!({"state": "error", "sha256": null, "error": "configure failed"});
+        assert!(shadow_fault(&cannot_load, "aa").unwrap().contains("cannot load the shadow rule: configure failed"));
+        let healthy = json!({"state": "loaded", "sha256": "aa", "faults": 0});
+        assert_eq!(shadow_fault(&healthy, "aa"), None);
     }
 }

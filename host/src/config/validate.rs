@@ -134,7 +134,12 @@ fn refuse_reply_cycles(queues: &[QueueConfig], owners: &BTreeMap<String, &str>) 
             if next == start.name.as_str() {
                 let hops: Vec<String> = path
                     .iter()
-                    .map(|queue| format!("{queue} (reply_queue = {:?})", queues.iter().find(|q| q.name.as_str() == *queue).and_then(|q| q.payload.reply_queue.as_deref()).unwrap_or_default()))
+                    .map(|queue| {
+                        format!(
+                            "{queue} (reply_queue = {:?})",
+                            queues.iter().find(|q| q.name.as_str() == *queue).and_then(|q| q.payload.reply_queue.as_deref()).unwrap_or_default()
+                        )
+                    })
                     .collect();
                 bail!(
                     "queues.{}.reply_queue: the answers go round a cycle, {} -> {next}: each answer is handled and answered again, without end; end the chain at a queue without a reply_queue",

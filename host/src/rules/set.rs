@@ -364,7 +364,9 @@ impl RuleSet {
             let mut status = lock(&group.status);
             if status.rule.is_some() {
                 match group.is_shadow() {
-                    true => tracing::warn!(queues = %group.label(), rule = %path.display(), "shadow rule file removed; no shadow rule is asked until it is back"),
+                    true => {
+                        tracing::warn!(queues = %group.label(), rule = %path.display(), "shadow rule file removed; no shadow rule is asked until it is back")
+                    }
                     false => tracing::warn!(queues = %group.label(), rule = %path.display(), "rule file removed; using the built-in rule"),
                 }
                 self.swaps.fetch_add(1, Ordering::Relaxed);

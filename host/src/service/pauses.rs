@@ -84,7 +84,8 @@ impl Pauses {
             None => next.remove(queue),
         };
         next.retain(|_, pause| pause.holds_at(now_ms));
-        crate::output::write_atomically(&self.file, &serde_json::to_vec_pretty(&next)?).with_context(|| format!("failed to write paused queues {}", self.file.display()))?;
+        crate::output::write_atomically(&self.file, &serde_json::to_vec_pretty(&next)?)
+            .with_context(|| format!("failed to write paused queues {}", self.file.display()))?;
         *queues = next;
         Ok(())
     }

@@ -193,7 +193,13 @@ impl RuleSet {
             Ok(Ok(Some(rule))) => {
                 let elapsed = started.elapsed();
                 let (slots, _) = self.while_unusable(path);
-                tracing::info!(%slots, rule = %rule.name, from_cache = rule.from_cache, ?elapsed, "rule ready; its slots no longer use the built-in rule");
+                let users = self.users(path);
+                let now = match (users.iter().any(|g| !g.is_shadow()), users.iter().any(|g| g.is_shadow())) {
+                    (true, false) => "its queues no longer use the built-in rule",
+                    (false, true) => "its shadow rule slots ask it beside the live rules, never applied",
+                    _ => "its queues no longer use the built-in rule, and its shadow rule slots ask it beside the live rules",
+                };
+                tracing::info!(%slots, rule = %rule.name, from_cache = rule.from_cache, ?elapsed, "rule ready; {now}");
                 (None, true)
             }
             Ok(Ok(None)) => (Some(anyhow::anyhow!("rule file {} does not exist", path.display())), true),

@@ -80,6 +80,7 @@ pub mod config;
 mod cost;
 mod defaults;
 mod demo;
+mod durations;
 #[cfg(test)]
 mod fuzz;
 pub mod handler;
@@ -90,6 +91,7 @@ mod input;
 pub mod listener;
 mod log_limit;
 pub mod names;
+mod output;
 mod panics;
 pub mod payload;
 pub mod queue;

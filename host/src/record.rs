@@ -15,7 +15,10 @@
 //! When that file reaches half the queue's `record_max_bytes`, it becomes
 //! `<queue>.old.csv` (the previous old one is dropped): the two never hold more than the
 //! cap, and the oldest seconds go first. A write that fails (a full disk, a folder that
-//! cannot be written) stops that queue's recording with one warning; the queue runs on.
+//! cannot be written) stops that queue's recording with one warning; the queue runs on. A
+//! file or folder removed while the host runs is made again (with its header), and a line a
+//! crash cut short is cut off before the next write; a reader skips damaged lines, counting
+//! them, and reads the rest.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -182,8 +185,6 @@ struct Files {
     old: PathBuf,
     /// Each file's cap: half the queue's `record_max_bytes`.
     segment_bytes: u64,
-    /// Bytes in `current` (read at the first write).
-    current_len: Option<u64>,
 }
 
 /// The current and the old file of `queue` in `data_dir`.
@@ -195,38 +196,69 @@ pub fn files_of(data_dir: &Path, queue: &str) -> [PathBuf; 2] {
 impl Files {
     fn new(data_dir: &Path, queue: &str, max_bytes: u64) -> Files {
         let [old, current] = files_of(data_dir, queue);
-        Files { current, old, segment_bytes: (max_bytes / 2).max(1), current_len: None }
+        Files { current, old, segment_bytes: (max_bytes / 2).max(1) }
     }
 
+    /// Appends the lines of `buckets`. The file's length is taken from the opened file at
+    /// every write, not remembered: a file deleted (or replaced) while the host runs is begun
+    /// again with its header, and a line a crash cut short is cut off first.
     fn append(&mut self, buckets: &[Bucket]) -> std::io::Result<()> {
         use std::io::Write as _;
         let mut lines = String::new();
         for bucket in buckets {
             lines.push_str(&format!("{},{},{},{}\n", bucket.second, bucket.puts, bucket.first_seen, bucket.notifications));
         }
-        let len = match self.current_len {
-            Some(len) => len,
-            None => {
-                std::fs::create_dir_all(self.current.parent().unwrap_or(Path::new(".")))?;
-                std::fs::metadata(&self.current).map_or(0, |meta| meta.len())
-            }
-        };
-        let mut len = if len > 0 && len + lines.len() as u64 > self.segment_bytes {
+        let mut file = self.open_current()?;
+        let mut len = cut_torn_tail(&file)?;
+        if len > 0 && len + lines.len() as u64 > self.segment_bytes {
+            drop(file);
             std::fs::rename(&self.current, &self.old)?;
-            0
-        } else {
-            len
-        };
-        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&self.current)?;
-        if len == 0 {
-            let header = format!("{HEADER}\n");
-            file.write_all(header.as_bytes())?;
-            len += header.len() as u64;
+            file = self.open_current()?;
+            len = cut_torn_tail(&file)?;
         }
-        file.write_all(lines.as_bytes())?;
-        self.current_len = Some(len + lines.len() as u64);
-        Ok(())
+        let mut text = String::with_capacity(HEADER.len() + 1 + lines.len());
+        if len == 0 {
+            text.push_str(HEADER);
+            text.push('\n');
+        }
+        text.push_str(&lines);
+        file.write_all(text.as_bytes())
     }
+
+    /// The current file, opened to append (created, and its folder too, when missing).
+    fn open_current(&self) -> std::io::Result<std::fs::File> {
+        let open = || std::fs::OpenOptions::new().read(true).create(true).append(true).open(&self.current);
+        match open() {
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir_all(self.current.parent().unwrap_or(Path::new(".")))?;
+                open()
+            }
+            opened => opened,
+        }
+    }
+}
+
+/// Cuts off the end of `file` after its last line end: what a crash left of a line being
+/// written, which the next append would otherwise run on from. Returns the length kept.
+fn cut_torn_tail(file: &std::fs::File) -> std::io::Result<u64> {
+    use std::os::unix::fs::FileExt as _;
+    let len = file.metadata()?.len();
+    let mut chunk = [0u8; 512];
+    let mut end = len;
+    while end > 0 {
+        let start = end.saturating_sub(chunk.len() as u64);
+        let part = &mut chunk[..(end - start) as usize];
+        file.read_exact_at(part, start)?;
+        if let Some(at) = part.iter().rposition(|byte| *byte == b'\n') {
+            end = start + at as u64 + 1;
+            break;
+        }
+        end = start;
+    }
+    if end < len {
+        file.set_len(end)?;
+    }
+    Ok(end)
 }
 
 /// Every recorded queue of a host, and the task that writes them.
@@ -312,7 +344,8 @@ impl Default for Recorder {
 const MAX_FILE_BYTES: u64 = MAX_MAX_BYTES / 2 + 256;
 
 /// The buckets recorded for `queue` in `data_dir` from `since_second` on, summed per second,
-/// oldest first, and a warning for each file skipped (damaged, or not a regular file).
+/// oldest first, and a warning for each file skipped (not a regular file, too large, of
+/// another version) and for each file with damaged lines (skipped, counted).
 pub fn read(data_dir: &Path, queue: &str, since_second: u64) -> (Vec<Bucket>, Vec<String>) {
     let mut seconds = std::collections::BTreeMap::<u64, Bucket>::new();
     let mut warnings = Vec::new();
@@ -320,9 +353,14 @@ pub fn read(data_dir: &Path, queue: &str, since_second: u64) -> (Vec<Bucket>, Ve
         if std::fs::symlink_metadata(&path).is_err() {
             continue;
         }
-        let parsed = crate::input::read_text("recording", &path, MAX_FILE_BYTES).and_then(|text| parse(&text));
+        // A stray byte that is not UTF-8 damages its line, not the file.
+        let parsed = crate::input::read_file("recording", &path, MAX_FILE_BYTES).and_then(|bytes| parse(&String::from_utf8_lossy(&bytes)));
         match parsed {
-            Ok(buckets) => {
+            Ok(Parsed { buckets, damaged, first_damaged }) => {
+                if let Some(first) = first_damaged {
+                    let lines = if damaged == 1 { "line" } else { "lines" };
+                    warnings.push(format!("the recording {}: skipped {damaged} damaged {lines} (the first: {first})", path.display()));
+                }
                 for bucket in buckets.into_iter().filter(|b| b.second >= since_second) {
                     let sum = seconds.entry(bucket.second).or_insert(Bucket { second: bucket.second, ..Bucket::default() });
                     sum.puts = sum.puts.saturating_add(bucket.puts);
@@ -336,29 +374,53 @@ pub fn read(data_dir: &Path, queue: &str, since_second: u64) -> (Vec<Bucket>, Ve
     (seconds.into_values().collect(), warnings)
 }
 
+/// What a recording file holds.
+#[derive(Debug, Default)]
+struct Parsed {
+    buckets: Vec<Bucket>,
+    /// Lines that are not four whole numbers, skipped.
+    damaged: u64,
+    /// The first of them, for the warning.
+    first_damaged: Option<String>,
+}
+
+/// The start of every version's header: a file of another version is not read at all.
+const HEADER_PREFIX: &str = "# ebb arrivals v";
+
+/// Longest part of a damaged line a warning shows.
+const SHOWN_LINE_CHARS: usize = 60;
+
 /// Parses a recording file. A last line without its line end (a write cut short by a
-/// crash) is left out; any other line that is not four numbers makes the file damaged.
-fn parse(text: &str) -> Result<Vec<Bucket>> {
+/// crash) is left out; any other line that is not four numbers is damaged: skipped and
+/// counted, and the rest is read. A first line that is not the header is one of them (the
+/// header itself damaged), unless it is the header of another version of the format.
+fn parse(text: &str) -> Result<Parsed> {
     let complete = match text.rfind('\n') {
         Some(end) => &text[..=end],
         None => "",
     };
-    let mut lines = complete.lines();
-    match lines.next() {
-        Some(HEADER) => {}
-        None => return Ok(Vec::new()),
-        Some(_) => bail!("its first line is not {HEADER:?}"),
-    }
-    let mut buckets = Vec::new();
-    for (index, line) in lines.enumerate() {
-        let fields: Vec<&str> = line.split(',').collect();
-        let numbers: Option<Vec<u64>> = fields.iter().map(|f| f.parse().ok()).collect();
+    let mut parsed = Parsed::default();
+    for (index, line) in complete.lines().enumerate() {
+        if index == 0 && line == HEADER {
+            continue;
+        }
+        if index == 0 && line.starts_with(HEADER_PREFIX) {
+            bail!("its first line is {line:?}, a version of the format this ebb does not read (it reads {HEADER:?})");
+        }
+        let numbers: Option<Vec<u64>> = line.split(',').map(|field| field.parse().ok()).collect();
         match numbers.as_deref() {
-            Some(&[second, puts, first_seen, notifications]) => buckets.push(Bucket { second, puts, first_seen, notifications }),
-            _ => bail!("line {}: {line:?} is not four whole numbers", index + 2),
+            Some(&[second, puts, first_seen, notifications]) => parsed.buckets.push(Bucket { second, puts, first_seen, notifications }),
+            _ => {
+                parsed.damaged += 1;
+                if parsed.first_damaged.is_none() {
+                    let shown: String = line.chars().take(SHOWN_LINE_CHARS).collect();
+                    let cut = if shown.len() < line.len() { "…" } else { "" };
+                    parsed.first_damaged = Some(format!("line {}: {shown:?}{cut} is not four whole numbers", index + 1));
+                }
+            }
         }
     }
-    Ok(buckets)
+    Ok(parsed)
 }
 
 /// The arrivals per second the buckets describe: every put through the host, and every
@@ -410,10 +472,10 @@ pub fn trace_text(arrivals: &[(u64, u64)], from_second: u64, lines_per_second: u
 /// `ebb trace export`'s reading of `--since`: at most this far back.
 pub const MAX_SINCE: Duration = Duration::from_secs(31 * 24 * 3600);
 
-/// Refuses a `--since` outside 1 s to 31 days.
+/// Refuses a `--since` outside 1 s to [`MAX_SINCE`].
 pub fn check_since(since: Duration) -> Result<Duration> {
     if since < Duration::from_secs(1) || since > MAX_SINCE {
-        bail!("--since: {} is outside 1s to 31 days (the longest trace the simulator takes)", humantime::format_duration(since));
+        bail!("--since: {} is outside 1s to {} (the longest trace the simulator takes)", crate::durations::show(since), crate::durations::show(MAX_SINCE));
     }
     Ok(since)
 }
@@ -442,7 +504,7 @@ pub fn export(data_dir: &Path, queue: &str, since: Duration, now_ms: u64, limits
     if messages > limits.max_messages {
         bail!(
             "queue {queue}: {messages} messages recorded in the last {}, more than the {} a trace holds; give a shorter --since",
-            humantime::format_duration(since),
+            crate::durations::show(since),
             limits.max_messages
         );
     }
@@ -452,7 +514,7 @@ pub fn export(data_dir: &Path, queue: &str, since: Duration, now_ms: u64, limits
         bail!(
             "queue {queue}: {} seconds with arrivals in the last {}, more than the {} lines a trace holds; give a shorter --since",
             arrivals.len(),
-            humantime::format_duration(since),
+            crate::durations::show(since),
             limits.max_lines
         );
     };
@@ -550,7 +612,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_damaged_file_is_skipped_with_a_warning_and_the_other_read() {
+    async fn a_damaged_line_is_skipped_with_a_warning_and_the_rest_read() {
         let dir = tempfile::tempdir().unwrap();
         let (recorder, recording, _clock) = recorder_in(dir.path(), 8 << 20);
         recording.record(Seen::Put, 4);
@@ -558,21 +620,92 @@ mod tests {
         let [old, current] = files_of(dir.path(), "orders");
         std::fs::write(&old, format!("{HEADER}\n12,1,0,0\n13,x,0,0\n")).unwrap();
         let (buckets, warnings) = read(dir.path(), "orders", 0);
-        assert_eq!(buckets.iter().map(|b| b.puts).sum::<u64>(), 4, "the current file still counts");
+        assert_eq!(buckets.iter().map(|b| b.puts).sum::<u64>(), 5, "the current file counts, and the old one's good line");
         assert_eq!(warnings.len(), 1, "{warnings:?}");
-        assert!(warnings[0].contains("orders.old.csv") && warnings[0].contains("line 3"), "{warnings:?}");
+        assert!(warnings[0].contains("orders.old.csv") && warnings[0].contains("1 damaged line") && warnings[0].contains("line 3"), "{warnings:?}");
+        assert_eq!(buckets.iter().map(|b| b.second).collect::<Vec<_>>()[..1], [12], "the old file's good line still counts");
         // A line cut short at the end (a crash mid-write) is left out, not a damage.
         let text = std::fs::read_to_string(&current).unwrap();
         std::fs::write(&current, format!("{text}99,1")).unwrap();
         std::fs::write(&old, "not a recording\n").unwrap();
         let (buckets, warnings) = read(dir.path(), "orders", 0);
         assert_eq!(buckets.iter().map(|b| b.puts).sum::<u64>(), 4);
-        assert!(warnings[0].contains("its first line is not"), "{warnings:?}");
+        assert!(warnings[0].contains("skipped 1 damaged line"), "{warnings:?}");
+        // A later version of the format is not read as this one.
+        std::fs::write(&old, "# ebb arrivals v2: unix_second,queue,puts\n12,orders,1\n").unwrap();
+        let (_, warnings) = read(dir.path(), "orders", 0);
+        assert!(warnings[0].contains("a version of the format this ebb does not read"), "{warnings:?}");
         // Not a regular file: refused at once, not read.
         std::fs::remove_file(&old).unwrap();
         std::os::unix::fs::symlink("/dev/zero", &old).unwrap();
         let (_, warnings) = read(dir.path(), "orders", 0);
         assert!(warnings[0].contains("not a regular file"), "{warnings:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn damaged_lines_are_skipped_with_one_warning_that_counts_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let [_, current] = files_of(dir.path(), "orders");
+        std::fs::create_dir_all(current.parent().unwrap()).unwrap();
+        // A line with a letter, a stray byte that is not UTF-8, a line cut by a crash and
+        // written over: each is one damaged line; the good lines around them still count.
+        let mut bytes = format!("{HEADER}\n10,1,0,0\n11,x,0,0\n").into_bytes();
+        bytes.extend_from_slice(b"12,2,0\xff,0\n13,4,0,0\n14,115,1,0,0\n15,8,0,0\n");
+        std::fs::write(&current, bytes).unwrap();
+        let (buckets, warnings) = read(dir.path(), "orders", 0);
+        assert_eq!(buckets.iter().map(|b| (b.second, b.puts)).collect::<Vec<_>>(), vec![(10, 1), (13, 4), (15, 8)]);
+        assert_eq!(warnings.len(), 1, "one warning for the file: {warnings:?}");
+        assert!(warnings[0].contains("orders.csv") && warnings[0].contains("3 damaged lines") && warnings[0].contains("line 3"), "{warnings:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recording_file_deleted_while_the_host_runs_is_recreated_with_its_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let (recorder, recording, _clock) = recorder_in(dir.path(), 8 << 20);
+        recording.record(Seen::Put, 2);
+        recorder.flush(true);
+        let [_, current] = files_of(dir.path(), "orders");
+        std::fs::remove_file(&current).unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        recording.record(Seen::Put, 3);
+        recorder.flush(true);
+        let text = std::fs::read_to_string(&current).unwrap();
+        assert!(text.starts_with(&format!("{HEADER}\n")), "{text:?}");
+        let (buckets, warnings) = read(dir.path(), "orders", 0);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(buckets.iter().map(|b| b.puts).sum::<u64>(), 3);
+        // The folder too: it is made again.
+        std::fs::remove_dir_all(current.parent().unwrap()).unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        recording.record(Seen::Put, 4);
+        recorder.flush(true);
+        assert!(recording.is_active(), "a removed folder is made again, not a reason to stop");
+        let (buckets, warnings) = read(dir.path(), "orders", 0);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(buckets.iter().map(|b| b.puts).sum::<u64>(), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_torn_tail_is_cut_on_open_so_the_next_append_starts_a_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let [_, current] = files_of(dir.path(), "orders");
+        std::fs::create_dir_all(current.parent().unwrap()).unwrap();
+        // The last host crashed in the middle of a line.
+        std::fs::write(&current, format!("{HEADER}\n10,1,0,0\n11,7")).unwrap();
+        let (recorder, recording, _clock) = recorder_in(dir.path(), 8 << 20);
+        recording.record(Seen::Put, 5);
+        recorder.flush(true);
+        let (buckets, warnings) = read(dir.path(), "orders", 0);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(buckets.iter().map(|b| b.puts).collect::<Vec<_>>(), vec![1, 5]);
+        // A file torn inside its header is begun again.
+        std::fs::write(&current, &HEADER[..10]).unwrap();
+        let (recorder, recording, _clock) = recorder_in(dir.path(), 8 << 20);
+        recording.record(Seen::Put, 6);
+        recorder.flush(true);
+        let (buckets, warnings) = read(dir.path(), "orders", 0);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(buckets.iter().map(|b| b.puts).collect::<Vec<_>>(), vec![6]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -628,7 +761,7 @@ mod tests {
     fn since_is_bounded() {
         assert!(check_since(Duration::from_secs(3600)).is_ok());
         for bad in [Duration::ZERO, Duration::from_secs(32 * 24 * 3600)] {
-            assert!(format!("{:#}", check_since(bad).unwrap_err()).contains("outside 1s to 31 days"));
+            assert!(format!("{:#}", check_since(bad).unwrap_err()).contains("outside 1s to 31days"));
         }
     }
 }

@@ -224,3 +224,14 @@ fn the_documented_defaults_are_the_code_defaults() {
     assert!(Config::parse(&name(max), Path::new("/srv"), None).is_ok());
     assert!(Config::parse(&name(max + 1), Path::new("/srv"), None).is_err());
 }
+
+/// Replies that lead on to a queue without a `reply_queue` end there: only a cycle is refused.
+#[test]
+fn a_chain_of_reply_queues_without_a_cycle_is_accepted() {
+    let text = "[queues.orders]\nhandler = { url = \"http://127.0.0.1:8080/work\" }\nreply_queue = \"invoices\"\n\
+                [queues.invoices]\nhandler = { url = \"http://127.0.0.1:8080/work\" }\nreply_queue = \"audit\"\n\
+                [queues.audit]\nhandler = { url = \"http://127.0.0.1:8080/work\" }\n";
+    let config = Config::parse(text, Path::new("/srv/ebb"), None).unwrap();
+    let replies: Vec<_> = config.queues.iter().map(|q| (q.name.as_str(), q.payload.reply_queue.as_deref())).collect();
+    assert_eq!(replies, [("audit", None), ("invoices", Some("audit")), ("orders", Some("invoices"))]);
+}

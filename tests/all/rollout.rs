@@ -3,7 +3,7 @@
 //! own rule and settings on it against candidate rules.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -124,12 +124,12 @@ async fn trace_export_gives_each_arrival_once_while_the_host_runs_and_after() {
     }
 
     stop(host).await;
-    // A damaged file is skipped with a warning; what the other holds is still exported.
+    // A damaged line is skipped with a warning; what the files hold besides is still exported.
     let old = site.dir.path().join("ebb-data/recordings/orders.old.csv");
     std::fs::write(&old, "not a recording\n").unwrap();
     let (lines, stderr) = site.export(&["--since", "1h"]);
     assert_eq!(total(&lines), 25, "after the shutdown's last write: {lines:?}");
-    assert!(stderr.contains("warning: skipped the recording") && stderr.contains("orders.old.csv"), "{stderr}");
+    assert!(stderr.contains("warning: the recording") && stderr.contains("orders.old.csv: skipped 1 damaged line"), "{stderr}");
 }
 
 /// A run of `ebb simulate` with these arguments, as JSON without its real-time figures.
@@ -292,4 +292,67 @@ async fn a_redelivered_message_is_not_recorded_as_a_second_arrival() {
     let first_seen: u64 = buckets.iter().map(|b| b.first_seen).sum();
     assert_eq!(first_seen, 40, "40 messages got twice each are 40 arrivals: {buckets:?}");
     assert_eq!(ebb::record::arrivals(&buckets).iter().map(|(_, n)| n).sum::<u64>(), 40);
+}
+
+/// A recording of `orders` in `site`'s data directory: `puts` put a minute ago.
+fn recorded(site: &Site, puts: u64) {
+    let dir = site.dir.path().join("ebb-data/recordings");
+    std::fs::create_dir_all(&dir).unwrap();
+    let second = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs() - 60;
+    std::fs::write(dir.join("orders.csv"), format!("# ebb arrivals v1: unix_second,puts,first_seen,notifications\n{second},{puts},0,0\n")).unwrap();
+}
+
+#[test]
+fn trace_export_writes_to_a_device_or_a_fifo_as_it_is_and_refuses_a_directory() {
+    let site = Site::new("127.0.0.1:9".parse().unwrap(), "");
+    recorded(&site, 3);
+    let export_to = |output: &Path| site.ebb(&["trace", "export", "orders", "-o", output.to_str().unwrap()]);
+    let done = export_to(Path::new("/dev/null"));
+    assert!(done.status.success(), "-o /dev/null: {}", String::from_utf8_lossy(&done.stderr));
+
+    // A FIFO is written straight into, not replaced: its reader gets the trace.
+    let fifo = site.dir.path().join("trace.fifo");
+    let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    let reader = std::thread::spawn({
+        let fifo = fifo.clone();
+        move || std::fs::read_to_string(fifo).unwrap()
+    });
+    let done = export_to(&fifo);
+    assert!(done.status.success(), "-o FIFO: {}", String::from_utf8_lossy(&done.stderr));
+    assert_eq!(total(&trace_lines(&reader.join().unwrap())), 3);
+    use std::os::unix::fs::FileTypeExt as _;
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO is still a FIFO");
+
+    // A regular file gets the whole trace, through a temporary file that does not stay behind.
+    let file = site.dir.path().join("out/trace.csv");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(&file, "an older trace\n").unwrap();
+    let done = export_to(&file);
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    assert_eq!(total(&trace_lines(&std::fs::read_to_string(&file).unwrap())), 3);
+    assert_eq!(std::fs::read_dir(file.parent().unwrap()).unwrap().count(), 1, "no temporary file is left");
+
+    // A directory is not something to write a trace into.
+    let done = export_to(site.dir.path());
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(!done.status.success() && stderr.contains("is a directory"), "{stderr}");
+}
+
+#[test]
+fn trace_export_shows_durations_as_they_are_written() {
+    let site = Site::new("127.0.0.1:9".parse().unwrap(), "");
+    recorded(&site, 2);
+    let file = site.dir.path().join("exported.csv");
+    let done = site.ebb(&["trace", "export", "orders", "-o", file.to_str().unwrap()]);
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.starts_with("# ebb trace export: queue orders, the last 1day, 2 messages\n"), "{text}");
+    let done = site.ebb(&["trace", "export", "orders", "--since", "32days"]);
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(stderr.contains("32days is outside 1s to 31days"), "{stderr}");
+    let done = Command::new(EBB).args(["trace", "export", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&done.stdout);
+    assert!(help.contains("1s to 31days") && help.contains("[default: 24h]"), "{help}");
 }

@@ -105,7 +105,11 @@ impl Drop for KillOnDrop {
 }
 
 fn promote(config: &Path, queue: &str) -> (bool, String) {
-    let output = Command::new(EBB).args(["rule", "promote", queue, "--config"]).arg(config).output().unwrap();
+    promote_with(config, queue, &[])
+}
+
+fn promote_with(config: &Path, queue: &str, flags: &[&str]) -> (bool, String) {
+    let output = Command::new(EBB).args(["rule", "promote", queue, "--config"]).arg(config).args(flags).output().unwrap();
     (output.status.success(), format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)))
 }
 
@@ -162,7 +166,11 @@ async fn a_shadow_rule_shows_in_status_and_metrics_and_promote_makes_it_live() -
     let (ok, said) = promote(&config, "nope");
     assert!(!ok && said.contains("\"nope\" is not in the configuration"), "{said}");
 
+    // Queue plain runs live.wasm too: a rename over it would change plain's rule, unasked.
     let (ok, said) = promote(&config, "orders");
+    assert!(!ok && said.contains("queues.plain.rule") && said.contains("--force"), "{said}");
+    assert!(dir.path().join("rules/candidate.wasm").exists(), "a refused promote renames nothing");
+    let (ok, said) = promote_with(&config, "orders", &["--force"]);
     assert!(ok, "{said}");
     assert!(said.contains("candidate.wasm") && said.contains("live.wasm"), "{said}");
     assert!(!dir.path().join("rules/candidate.wasm").exists());
@@ -187,10 +195,14 @@ fn promote_refuses_differing_params_and_a_live_file_that_is_missing() -> Result<
     std::fs::create_dir_all(dir.path().join("rules"))?;
     std::fs::copy(guests::FIXED_TASKS, dir.path().join("rules/candidate.wasm"))?;
     let config = dir.path().join("ebb.toml");
+    // No host runs: promote says it could not ask one about the shadow's faults.
+    let idle_api = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let write = |extra: &str| {
         std::fs::write(
             &config,
-            format!("[queues.orders]\nrule = \"live.wasm\"\nshadow_rule = \"candidate.wasm\"\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n{extra}"),
+            format!(
+                "[api]\nlisten = \"{idle_api}\"\n[queues.orders]\nrule = \"live.wasm\"\nshadow_rule = \"candidate.wasm\"\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n{extra}"
+            ),
         )
     };
     write("")?;
@@ -213,7 +225,9 @@ fn promote_refuses_differing_params_and_a_live_file_that_is_missing() -> Result<
     std::fs::rename(dir.path().join("rules/kept.wasm"), dir.path().join("rules/candidate.wasm"))?;
     write("[queues.orders.shadow_rule_params]\ntasks = \"9\"\n")?;
     let output = Command::new(EBB).args(["rule", "promote", "orders", "--with-rule-params", "--config"]).arg(&config).output()?;
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("no host answers") && stderr.contains("faults"), "says the shadow's faults were not known: {stderr}");
     assert_eq!(std::fs::read(dir.path().join("rules/live.wasm"))?, std::fs::read(guests::FIXED_TASKS)?);
     Ok(())
 }
@@ -227,4 +241,90 @@ fn a_shadow_faulting_on_concurrency_counts_a_fault_not_an_answer_of_none() {
     assert!(decider.flush(BOUND));
     let counts = decider.shadow_status().decisions["concurrency"];
     assert_eq!(counts, ShadowCounts { fault: 1, ..Default::default() });
+}
+
+/// A host in `dir` running `config` (an `[api]` section is added), its log in `dir/host.log`.
+async fn run_host(dir: &Path, queues: &str) -> Result<(KillOnDrop, std::net::SocketAddr, std::path::PathBuf)> {
+    let api = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let config = dir.join("ebb.toml");
+    std::fs::write(&config, format!("drain_timeout = \"10s\"\n[api]\nlisten = \"{api}\"\ntoken = \"t\"\n\n{queues}"))?;
+    let log = std::fs::File::create(dir.join("host.log"))?;
+    let host = Command::new(EBB).arg("run").arg("--config").arg(&config).stdout(std::process::Stdio::null()).stderr(log).spawn()?;
+    let host = KillOnDrop(Some(host));
+    wait_until("the host's API", || async { reqwest::get(format!("http://{api}/healthz")).await.is_ok_and(|r| r.status().is_success()) }).await;
+    Ok((host, api, config))
+}
+
+async fn stop_host(mut host: KillOnDrop) -> Result<()> {
+    let mut host = host.0.take().unwrap();
+    signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await?.success());
+    Ok(())
+}
+
+/// The `shadow` of queue `queue` in the host's `/status`.
+async fn shadow_of(api: std::net::SocketAddr, queue: &str) -> serde_json::Value {
+    let response = reqwest::Client::new().get(format!("http://{api}/status")).bearer_auth("t").send().await;
+    let status: serde_json::Value = match response {
+        Ok(response) => response.bytes().await.ok().and_then(|bytes| serde_json::from_slice(&bytes).ok()).unwrap_or_default(),
+        Err(_) => return serde_json::Value::Null,
+    };
+    status["queues"].as_array().and_then(|qs| qs.iter().find(|q| q["queue"] == queue).map(|q| q["shadow"].clone())).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promote_refuses_a_shadow_the_running_host_quarantined_unless_forced() -> Result<()> {
+    let (_app, app) = App::start(Duration::ZERO).await;
+    let dir = tempfile::tempdir()?;
+    std::fs::create_dir_all(dir.path().join("rules"))?;
+    std::fs::copy(guests::PAPER_DEFAULT, dir.path().join("rules/live.wasm"))?;
+    std::fs::copy(guests::TRAP, dir.path().join("rules/candidate.wasm"))?;
+    let queues = format!(
+        "[rule_limits]\nquarantine_after = 2\n\n[queues.orders]\nrule = \"live.wasm\"\nshadow_rule = \"candidate.wasm\"\n\
+         min_polling_interval = \"50ms\"\nmax_polling_interval = \"100ms\"\nhandler = {{ url = \"http://{app}/work\" }}\n"
+    );
+    let (host, api, config) = run_host(dir.path(), &queues).await?;
+    // The queue is empty: each poll's queue-empty decision is one the shadow traps on.
+    wait_until("the shadow quarantined", || async { shadow_of(api, "orders").await["rule"]["state"] == "quarantined" }).await;
+    let (ok, said) = promote(&config, "orders");
+    assert!(!ok && said.contains("quarantined") && said.contains("this rule always fails") && said.contains("--force"), "{said}");
+    assert_eq!(std::fs::read(dir.path().join("rules/live.wasm"))?, std::fs::read(guests::PAPER_DEFAULT)?, "a refused promote changes nothing");
+    let (ok, said) = promote_with(&config, "orders", &["--force"]);
+    assert!(ok, "{said}");
+    assert_eq!(std::fs::read(dir.path().join("rules/live.wasm"))?, std::fs::read(guests::TRAP)?);
+    stop_host(host).await?;
+    // The shadow's faults and quarantine were logged as the shadow's: nothing of it decided.
+    let log = std::fs::read_to_string(dir.path().join("host.log"))?;
+    let shadow_lines: Vec<&str> = log.lines().filter(|line| line.contains("ebb::rules::slot") && line.contains("orders/shadow")).collect();
+    assert!(shadow_lines.iter().any(|line| line.contains("quarantined")), "{log}");
+    for line in shadow_lines {
+        assert!(line.contains("shadow rule") && !line.contains("the built-in rule decides"), "{line}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_rule_that_cannot_load_is_logged_as_the_shadow_not_as_the_live_rule() -> Result<()> {
+    let (_app, app) = App::start(Duration::ZERO).await;
+    let dir = tempfile::tempdir()?;
+    std::fs::create_dir_all(dir.path().join("rules"))?;
+    std::fs::copy(guests::PAPER_DEFAULT, dir.path().join("rules/live.wasm"))?;
+    std::fs::write(dir.path().join("rules/broken.wasm"), b"not a component")?;
+    let queues = format!("[queues.orders]\nrule = \"live.wasm\"\nshadow_rule = \"broken.wasm\"\nhandler = {{ url = \"http://{app}/work\" }}\n");
+    let (host, api, _config) = run_host(dir.path(), &queues).await?;
+    wait_until("the shadow's load failed", || async { shadow_of(api, "orders").await["rule"]["state"] == "error" }).await;
+    // A new broken content, while the host runs: the watcher refuses it.
+    std::fs::write(dir.path().join("rules/broken.wasm"), b"still not a component")?;
+    let log = dir.path().join("host.log");
+    let broken_lines = || std::fs::read_to_string(&log).unwrap_or_default().lines().filter(|line| line.contains("broken.wasm")).count();
+    wait_until("the watcher's refusal", || async { broken_lines() >= 2 }).await;
+    stop_host(host).await?;
+    let text = std::fs::read_to_string(&log)?;
+    let lines: Vec<&str> = text.lines().filter(|line| line.contains("broken.wasm")).collect();
+    assert!(lines.len() >= 2, "the load at start and the refused new content: {text}");
+    for line in lines {
+        assert!(line.contains("orders/shadow") && line.contains("shadow rule"), "a line about the shadow names its slot: {line}");
+        assert!(!line.contains("the queue uses the built-in rule") && !line.contains("each queue keeps the rule it has"), "{line}");
+    }
+    Ok(())
 }

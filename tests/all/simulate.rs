@@ -160,14 +160,14 @@ fn simulate_refuses_hostile_inputs_with_the_reason() {
     assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     for (args, expected) in [
         (vec!["--listeners", "0"], "--listeners: must be 1 to 1000000"),
-        (vec!["--duration", "40days"], "--duration: must be 1s to 31 days, got 40 days"),
+        (vec!["--duration", "40days"], "--duration: must be 1s to 31days, got 40days"),
         (vec!["--handler-time", "2h"], "--handler-time: 2h is more than 10m"),
         (vec!["--rule", "fixed-2s"], "--rule: \"fixed-2s\" is neither a built-in"),
         (vec!["--rule", "/nonexistent/rule.wasm"], "--rule: cannot open /nonexistent/rule.wasm"),
         (vec!["--scenario", "monday"], "unknown scenario \"monday\""),
         (vec!["--price=-1"], "--price: must be 0 to 100"),
         (vec!["--price=NaN"], "--price: must be 0 to 100"),
-        (vec!["--safety-poll", "2days"], "--safety-poll: must be 1s to 24h"),
+        (vec!["--safety-poll", "2days"], "--safety-poll: must be 1s to 1day, got 2days"),
         (vec!["--chart", "out.png"], "--chart: out.png must end in .svg"),
         // Review (session 4): these were found only after the whole run (and a FIFO hung).
         (vec!["--chart", "/nonexistent/chart.svg"], "--chart: cannot write /nonexistent/chart.svg"),

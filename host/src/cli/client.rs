@@ -14,7 +14,7 @@ use crate::queue::RetryPolicy;
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::service::{QueueStack, StackOptions};
 
-fn api_base(config: &Config) -> String {
+pub(super) fn api_base(config: &Config) -> String {
     let mut addr = config.listen;
     if addr.ip().is_unspecified() {
         addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
@@ -22,7 +22,7 @@ fn api_base(config: &Config) -> String {
     format!("http://{addr}")
 }
 
-fn client(config: &Config) -> Result<reqwest::Client> {
+pub(super) fn client(config: &Config) -> Result<reqwest::Client> {
     let mut headers = reqwest::header::HeaderMap::new();
     if let Some(token) = config.default_token() {
         headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {token}").parse()?);

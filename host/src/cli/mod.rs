@@ -135,7 +135,7 @@ pub enum QueueCommand {
     Pause {
         /// The queue.
         queue: String,
-        /// Resume by itself after this long (`90s`, `10m`, `2h`; 1 s to 365 days); without
+        /// Resume by itself after this long (`90s`, `10m`, `2h`; 1s to 365days); without
         /// it, the queue stays paused until resumed.
         #[arg(long = "for", value_name = "DURATION", value_parser = parse_pause_duration)]
         for_: Option<std::time::Duration>,

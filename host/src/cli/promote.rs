@@ -5,6 +5,10 @@
 //! read at start. When `shadow_rule_params` differ, promoting would run the shadow with
 //! parameters it was never compared with, so it is refused unless `--with-rule-params` says
 //! that is meant.
+//!
+//! Two more refusals that `--force` overrides: a rename changes every queue that names either
+//! file, not only this one; and a shadow the running host saw fault (its `/status`) would
+//! become a faulting live rule.
 
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
@@ -13,7 +17,7 @@ use anyhow::{Context as _, Result, bail};
 use sha2::{Digest as _, Sha256};
 
 use crate::config::{Config, QueueConfig};
-use crate::names::RuleSlot;
+use crate::names::{RuleFileName, RuleSlot};
 use crate::rules::{QueueRuleConfig, RuleEngine, RuleSet, read_rule_file};
 
 /// What a promotion did.
@@ -27,13 +31,33 @@ pub struct Promoted {
     pub sha256: String,
 }
 
-/// Promotes `queue`'s shadow rule of `config`; `with_rule_params` accepts that the promoted
-/// rule is configured with `rule_params` when they differ from `shadow_rule_params`.
-pub fn promote(config: &Config, queue: &str, with_rule_params: bool) -> Result<Promoted> {
+/// What the user allowed beyond the safe promotion.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PromoteOptions {
+    /// The promoted rule may run with `rule_params` when they differ from `shadow_rule_params`.
+    pub with_rule_params: bool,
+    /// Other queues naming the files may change with it, and a shadow the host saw fault may
+    /// become live.
+    pub force: bool,
+}
+
+/// What the running host says of the queue's shadow rule (its `/status`).
+#[derive(Debug, Clone)]
+pub enum HostView {
+    /// `shadow.rule` of the queue in the host's `/status`.
+    Shadow(serde_json::Value),
+    /// No host could be asked, or it did not say; why.
+    Unknown(String),
+}
+
+/// Promotes `queue`'s shadow rule of `config`, refusing what `options` do not allow; `host`
+/// is what the running host says of the shadow.
+pub fn promote(config: &Config, queue: &str, options: PromoteOptions, host: &HostView) -> Result<Promoted> {
     let Some(q) = config.queues.iter().find(|q| q.name.as_str() == queue) else {
         bail!("queue {queue:?} is not in the configuration");
     };
     let (live_name, shadow_name) = files(q)?;
+    let with_rule_params = options.with_rule_params;
     if !with_rule_params && sorted(&q.rule_params) != sorted(&q.shadow_rule_params) {
         bail!(
             "queues.{queue}: rule_params ({}) differ from shadow_rule_params ({}): the running host configures the promoted rule with rule_params, \
@@ -64,8 +88,19 @@ pub fn promote(config: &Config, queue: &str, with_rule_params: bool) -> Result<P
         );
     }
     same_filesystem(&shadow, &live, &config.rules_dir)?;
+    if !options.force {
+        refuse_shared_files(config, q, live_name, shadow_name)?;
+    }
     loads(config, q, &shadow)?;
     let sha256 = hex::encode(Sha256::digest(&bytes));
+    if !options.force
+        && let HostView::Shadow(status) = host
+        && let Some(fault) = shadow_fault(status, &sha256)
+    {
+        bail!(
+            "queues.{queue}.shadow_rule: {fault}; promoted, it would fault as the live rule. Fix the shadow (the host tries a new content at once), or pass --force to promote it anyway"
+        );
+    }
     std::fs::rename(&shadow, &live).map_err(|error| match error.kind() {
         std::io::ErrorKind::CrossesDevices => anyhow::anyhow!("cannot rename {} to {}: they are on different filesystems", shadow.display(), live.display()),
         _ => anyhow::anyhow!("cannot rename {} to {}: {error}", shadow.display(), live.display()),
@@ -82,10 +117,58 @@ fn files(q: &QueueConfig) -> Result<(&crate::names::RuleFileName, &crate::names:
     let Some(live) = &q.rule else {
         bail!("queue {queue} has no rule (it runs the built-in rule): set queues.{queue}.rule to the file the shadow should replace");
     };
-    if live == shadow {
-        bail!("queues.{queue}: rule and shadow_rule are the same file ({}): it is already live", live.as_str());
-    }
     Ok((live, shadow))
+}
+
+/// Refuses when other queues name the live or the shadow file: the rename changes their rule
+/// (or removes their shadow) too, which nobody asked for.
+fn refuse_shared_files(config: &Config, q: &QueueConfig, live: &RuleFileName, shadow: &RuleFileName) -> Result<()> {
+    let mut others = Vec::new();
+    for other in config.queues.iter().filter(|other| other.name != q.name) {
+        for (key, file) in [("rule", &other.rule), ("shadow_rule", &other.shadow_rule)] {
+            if let Some(file) = file.as_ref().filter(|file| *file == live || *file == shadow) {
+                others.push(format!("queues.{}.{key} ({})", other.name, file.as_str()));
+            }
+        }
+    }
+    if !others.is_empty() {
+        bail!(
+            "queues.{}: promote renames {} over {}, and other queues name these files: {}; their rules would change too. Give queue {} files of its own, \
+             or pass --force to change them all",
+            q.name,
+            shadow.as_str(),
+            live.as_str(),
+            others.join(", "),
+            q.name
+        );
+    }
+    Ok(())
+}
+
+/// Why the host's view of the shadow (`shadow.rule` of `/status`) says it should not be
+/// promoted, when the content it judged is `sha256`; `None` when nothing is held against it.
+/// Faults of another content (the file changed since) are not held against this one.
+pub fn shadow_fault(rule: &serde_json::Value, sha256: &str) -> Option<String> {
+    let text = |value: &serde_json::Value| value.as_str().unwrap_or("no reason given").to_string();
+    if rule["refused"]["sha256"] == sha256 {
+        return Some(format!("the running host refused this content of the shadow file: {}", text(&rule["refused"]["reason"])));
+    }
+    match rule["state"].as_str() {
+        Some("error") => return Some(format!("the running host cannot load the shadow rule: {}", text(&rule["error"]))),
+        Some("quarantined") if rule["sha256"] == sha256 => {
+            let quarantine = &rule["quarantine"];
+            let export = quarantine["export"].as_str().map_or_else(|| "rebuilding its instance".to_string(), |export| format!("of {export}"));
+            return Some(format!(
+                "the running host quarantined the shadow rule ({} faults in a row {export}: {})",
+                quarantine["faults"],
+                text(&quarantine["reason"])
+            ));
+        }
+        _ => {}
+    }
+    let faults = rule["faults"].as_u64().unwrap_or(0);
+    (faults > 0 && rule["sha256"] == sha256)
+        .then(|| format!("the running host counted {faults} faults of the shadow rule (the last: {})", text(&rule["last_error"])))
 }
 
 /// A rename within one filesystem is atomic; across two it fails, and a file that is a mount
@@ -126,4 +209,54 @@ fn shown(params: &[(String, String)]) -> String {
         return "none".into();
     }
     sorted(params).iter().map(|(k, v)| format!("{k}={v:?}")).collect::<Vec<_>>().join(", ")
+}
+
+/// What the host running `config` says of `queue`'s shadow rule; asked with a short timeout,
+/// as a promotion with no host running is fine (the watcher of the next host loads the file).
+pub async fn host_view(config: &Config, queue: &str) -> HostView {
+    let url = format!("{}/status", super::client::api_base(config));
+    let asked = async {
+        let response = super::client::client(config)?.get(&url).timeout(std::time::Duration::from_secs(5)).send().await?;
+        let status = response.status();
+        let body: serde_json::Value = serde_json::from_slice(&response.bytes().await?).context("its answer is not JSON")?;
+        if !status.is_success() {
+            bail!("it answered {status}");
+        }
+        let shadow = body["queues"].as_array().and_then(|queues| queues.iter().find(|q| q["queue"] == queue)).map(|q| q["shadow"]["rule"].clone());
+        match shadow {
+            Some(rule) if rule.is_object() => Ok(HostView::Shadow(rule)),
+            Some(_) => {
+                Ok(HostView::Unknown(format!("the host at {url} runs queue {queue} without a shadow rule (restarted since the configuration changed?)")))
+            }
+            None => Ok(HostView::Unknown(format!("the host at {url} does not run queue {queue}"))),
+        }
+    };
+    match asked.await {
+        Ok(view) => view,
+        Err(error) if error.downcast_ref::<reqwest::Error>().is_some_and(reqwest::Error::is_connect) => HostView::Unknown(format!("no host answers at {url}")),
+        Err(error) => HostView::Unknown(format!("could not ask the host at {url}: {error:#}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shadow_fault;
+    use serde_json::json;
+
+    #[test]
+    fn only_faults_of_the_content_being_promoted_are_held_against_it() {
+        let quarantined =
+            json!({"state": "quarantined", "sha256": "aa", "faults": 3, "quarantine": {"export": "on-queue-empty", "faults": 3, "reason": "trapped"}});
+        let said = shadow_fault(&quarantined, "aa").unwrap();
+        assert!(said.contains("quarantined the shadow rule (3 faults in a row of on-queue-empty: trapped)"), "{said}");
+        assert_eq!(shadow_fault(&quarantined, "bb"), None, "the file changed since: the new content was not judged");
+        let faulted = json!({"state": "loaded", "sha256": "aa", "faults": 2, "last_error": "fuel"});
+        assert!(shadow_fault(&faulted, "aa").unwrap().contains("counted 2 faults of the shadow rule (the last: fuel)"));
+        let refused = json!({"state": "loaded", "sha256": "aa", "faults": 0, "refused": {"sha256": "bb", "reason": "not a component"}});
+        assert!(shadow_fault(&refused, "bb").unwrap().contains("refused this content of the shadow file: not a component"));
+        let cannot_load = json!({"state": "error", "sha256": null, "error": "configure failed"});
+        assert!(shadow_fault(&cannot_load, "aa").unwrap().contains("cannot load the shadow rule: configure failed"));
+        let healthy = json!({"state": "loaded", "sha256": "aa", "faults": 0});
+        assert_eq!(shadow_fault(&healthy, "aa"), None);
+    }
 }

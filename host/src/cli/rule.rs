@@ -96,7 +96,9 @@ pub enum RuleCommand {
     /// queue has no shadow, a file is missing, the shadow does not load with `rule_params`,
     /// the files cannot be renamed atomically, or `rule_params` and `shadow_rule_params`
     /// differ (the host configures the promoted rule with `rule_params`, read at start;
-    /// `--with-rule-params` accepts that).
+    /// `--with-rule-params` accepts that); and, unless `--force`, when other queues name either
+    /// file (the rename changes them too) or the running host's `/status` shows the shadow
+    /// faulting (quarantined, refused, or faults counted).
     Promote {
         /// The queue.
         queue: String,
@@ -106,6 +108,10 @@ pub enum RuleCommand {
         /// Promote even though `shadow_rule_params` differ: the rule runs with `rule_params`.
         #[arg(long)]
         with_rule_params: bool,
+        /// Promote even though other queues name the rule's or the shadow's file (they change
+        /// too), or the running host saw the shadow fault (quarantined, refused, faults counted).
+        #[arg(long)]
+        force: bool,
     },
     /// Build a rule folder (made by `ebb rule new`) into FOLDER/NAME.wasm with the right
     /// toolchain: cargo for wasm32-wasip2, componentize-py or componentize-qjs (pinned,
@@ -127,9 +133,14 @@ pub fn run(command: RuleCommand) -> Result<()> {
         RuleCommand::Compile { files, out, config } => compile(&files, out, config),
         RuleCommand::New { name, lang, dir } => super::author::new::create(&name, lang, &dir).map(|folder| super::author::new::print_next_steps(&folder, lang)),
         RuleCommand::Build { folder } => super::author::build::run(&folder),
-        RuleCommand::Promote { queue, config, with_rule_params } => {
+        RuleCommand::Promote { queue, config, with_rule_params, force } => {
+            use super::promote::{HostView, PromoteOptions};
             let config = crate::config::Config::load(&config)?;
-            let promoted = super::promote::promote(&config, &queue, with_rule_params)?;
+            let host = tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(super::promote::host_view(&config, &queue));
+            if let HostView::Unknown(why) = &host {
+                eprintln!("warning: {why}: the shadow's faults on live traffic are not known; promoting on the checks of the file alone");
+            }
+            let promoted = super::promote::promote(&config, &queue, PromoteOptions { with_rule_params, force }, &host)?;
             println!(
                 "promoted {} to {} (sha256 {}); the host's watcher swaps it in. Queue {queue} has no shadow rule until a file is put at {} again \
                  (or remove shadow_rule from the configuration: `ebb check` reports the missing file)",

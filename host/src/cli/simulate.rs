@@ -247,5 +247,9 @@ pub fn run(args: SimulateArgs) -> Result<()> {
 
 /// `--safety-poll`'s help, with the default the config uses.
 fn safety_poll_help() -> String {
-    format!("The safety poll of push rules (1s to 24h; default {}, the config's default)", humantime::format_duration(crate::defaults::SAFETY_POLL))
+    format!(
+        "The safety poll of push rules (1s to {}; default {}, the config's default)",
+        crate::durations::show(crate::config::MAX_SAFETY_POLL),
+        crate::durations::show(crate::defaults::SAFETY_POLL)
+    )
 }

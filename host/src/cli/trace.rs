@@ -21,13 +21,15 @@ pub enum TraceCommand {
     Export {
         /// The queue.
         queue: String,
-        /// How far back, from now (`90m`, `24h`, `7d`; 1 s to 31 days).
+        /// How far back, from now (`90m`, `24h`, `7d`; 1s to 31days).
         #[arg(long, default_value = "24h", value_parser = parse_since)]
         since: Duration,
         /// The configuration file.
         #[arg(long, short, default_value = "ebb.toml")]
         config: PathBuf,
-        /// Where to write the trace (default: stdout).
+        /// Where to write the trace (default: stdout). A file is replaced whole (written
+        /// beside it, then renamed over it); a FIFO or a character device (`/dev/null`) is
+        /// written into as it is.
         #[arg(long, short)]
         output: Option<PathBuf>,
     },
@@ -59,7 +61,7 @@ fn export(queue: &str, since: Duration, config_path: &Path, output: Option<&Path
     for warning in &export.warnings {
         eprintln!("warning: {warning}");
     }
-    let since_text = humantime::format_duration(since);
+    let since_text = crate::durations::show(since);
     let mut text = format!("# ebb trace export: queue {queue}, the last {since_text}, {} messages\n", export.messages);
     match export.first_second {
         Some(second) => {
@@ -74,7 +76,7 @@ fn export(queue: &str, since: Duration, config_path: &Path, output: Option<&Path
     }
     text.push_str(&export.text);
     match output {
-        Some(path) => std::fs::write(path, text).with_context(|| format!("-o: cannot write {}", path.display()))?,
+        Some(path) => write_output(path, text.as_bytes()).with_context(|| format!("-o: cannot write {}", path.display()))?,
         None => {
             use std::io::Write as _;
             std::io::stdout().lock().write_all(text.as_bytes())?;
@@ -83,13 +85,38 @@ fn export(queue: &str, since: Duration, config_path: &Path, output: Option<&Path
     Ok(())
 }
 
-/// Refuses, before any reading, an output path that is there and is not a regular file
-/// (a FIFO would hang the write).
+/// Whether `meta` is of a file written into as it is, not replaced: a FIFO (its reader is
+/// waiting on it) or a character device (`/dev/null`, a terminal).
+fn written_in_place(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::FileTypeExt as _;
+    meta.file_type().is_fifo() || meta.file_type().is_char_device()
+}
+
+/// Refuses, before any reading, an output path that is there and is neither a regular file,
+/// a FIFO nor a character device (a directory, a socket, a disk).
 fn refuse_unwritable(path: &Path) -> Result<()> {
     if let Ok(meta) = std::fs::metadata(path)
+        && !written_in_place(&meta)
         && let Some(kind) = crate::input::file_kind(&meta)
     {
-        bail!("-o: {} is {kind}, not a regular file", path.display());
+        bail!("-o: {} is {kind}; give a file, a FIFO or a character device", path.display());
+    }
+    Ok(())
+}
+
+/// Writes the trace to `path`: into a FIFO or a device as it is (it cannot be renamed over,
+/// and replacing it would cut off its reader); a file whole, through a temporary file, so an
+/// interrupted export never leaves half a trace behind. A link to a file is followed, so the
+/// link stays.
+fn write_output(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write as _;
+    match std::fs::metadata(path) {
+        Ok(meta) if written_in_place(&meta) => {
+            let mut file = std::fs::OpenOptions::new().write(true).open(path)?;
+            file.write_all(bytes)?;
+        }
+        Ok(_) => crate::output::write_atomically(&std::fs::canonicalize(path)?, bytes)?,
+        Err(_) => crate::output::write_atomically(path, bytes)?,
     }
     Ok(())
 }

@@ -97,6 +97,14 @@ impl QueueFile {
             None => None,
             Some(file) => Some(RuleFileName::new(&file).context("shadow_rule")?),
         };
+        if let (Some(shadow), Some(live)) = (&shadow_rule, &rule)
+            && shadow == live
+        {
+            bail!(
+                "shadow_rule: {:?} is also this queue's rule; a shadow that is the live rule can only agree with it: name the candidate rule's file, or remove shadow_rule",
+                shadow.as_str()
+            );
+        }
         let handler_url = self.handler.as_ref().map(|handler| parse_handler_url(&handler.url)).transpose()?;
         let handler_timeout = self.handler.as_ref().map_or(crate::defaults::HANDLER_TIMEOUT, |handler| handler.timeout);
         check_duration("handler.timeout", handler_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;

@@ -14,7 +14,7 @@ use super::checks::{
 };
 use super::file::{ApiTokenFile, ConfigFile, ScalerFile};
 use super::settings::{ApiLimits, ApiRole, ApiToken, ScalerSettings};
-use super::{Config, SCALER_TOKEN_ENV, TOKEN_ENV};
+use super::{Config, QueueConfig, SCALER_TOKEN_ENV, TOKEN_ENV};
 use crate::rules::RuleLimits;
 
 impl ConfigFile {
@@ -86,6 +86,7 @@ impl ConfigFile {
         if queues.is_empty() {
             bail!("queues: configure at least one queue ([queues.<name>] with a handler)");
         }
+        refuse_reply_cycles(&queues, &owners)?;
         let bus = self.bus.map(BusFile::validate).transpose()?;
         Ok(Config {
             data_dir,
@@ -116,6 +117,45 @@ impl ConfigFile {
             queues,
         })
     }
+}
+
+/// Refuses `reply_queue`s that lead back to where they started: each handler's answer is a
+/// message to the next queue's handler, whose answer goes on, around the cycle without end.
+/// `owners` gives the configured queue of each storage queue (a queue, or a partition).
+fn refuse_reply_cycles(queues: &[QueueConfig], owners: &BTreeMap<String, &str>) -> Result<()> {
+    let replies_to = |queue: &str| -> Option<&str> {
+        let reply = queues.iter().find(|q| q.name.as_str() == queue)?.payload.reply_queue.as_deref()?;
+        owners.get(reply).copied()
+    };
+    for start in queues {
+        let mut path = vec![start.name.as_str()];
+        let mut at = start.name.as_str();
+        while let Some(next) = replies_to(at) {
+            if next == start.name.as_str() {
+                let hops: Vec<String> = path
+                    .iter()
+                    .map(|queue| {
+                        format!(
+                            "{queue} (reply_queue = {:?})",
+                            queues.iter().find(|q| q.name.as_str() == *queue).and_then(|q| q.payload.reply_queue.as_deref()).unwrap_or_default()
+                        )
+                    })
+                    .collect();
+                bail!(
+                    "queues.{}.reply_queue: the answers go round a cycle, {} -> {next}: each answer is handled and answered again, without end; end the chain at a queue without a reply_queue",
+                    start.name,
+                    hops.join(" -> ")
+                );
+            }
+            // A cycle that does not pass through `start` is reported from one of its own queues.
+            if path.contains(&next) {
+                break;
+            }
+            path.push(next);
+            at = next;
+        }
+    }
+    Ok(())
 }
 
 impl ScalerFile {

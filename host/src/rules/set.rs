@@ -164,7 +164,8 @@ impl RuleSet {
                 Ok(false) => anyhow::anyhow!("rule {} was not loaded: the host is stopping", path.display()),
                 Err(error) => anyhow::anyhow!("could not start loading rule {}: {error}", path.display()),
             };
-            tracing::warn!("{error:#}; the queue uses the built-in rule");
+            let (slots, meanwhile) = self.while_unusable(&path);
+            tracing::warn!(%slots, "{error:#}; {meanwhile}");
             self.record_error(&path, &error, None);
             self.users(&path).iter().for_each(|group| lock(&group.status).compiling = false);
         }
@@ -191,7 +192,14 @@ impl RuleSet {
         let (error, kept) = match loaded {
             Ok(Ok(Some(rule))) => {
                 let elapsed = started.elapsed();
-                tracing::info!(rule = %rule.name, from_cache = rule.from_cache, ?elapsed, "rule ready; its queues no longer use the built-in rule");
+                let (slots, _) = self.while_unusable(path);
+                let users = self.users(path);
+                let now = match (users.iter().any(|g| !g.is_shadow()), users.iter().any(|g| g.is_shadow())) {
+                    (true, false) => "its queues no longer use the built-in rule",
+                    (false, true) => "its shadow rule slots ask it beside the live rules, never applied",
+                    _ => "its queues no longer use the built-in rule, and its shadow rule slots ask it beside the live rules",
+                };
+                tracing::info!(%slots, rule = %rule.name, from_cache = rule.from_cache, ?elapsed, "rule ready; {now}");
                 (None, true)
             }
             Ok(Ok(None)) => (Some(anyhow::anyhow!("rule file {} does not exist", path.display())), true),
@@ -199,7 +207,8 @@ impl RuleSet {
             Err(panic) => (Some(anyhow::anyhow!("the host panicked while loading rule {}: {}", path.display(), panic_message(&*panic))), false),
         };
         if let Some(error) = &error {
-            tracing::warn!("{error:#}; the queue uses the built-in rule until the file is fixed");
+            let (slots, meanwhile) = self.while_unusable(path);
+            tracing::warn!(%slots, "{error:#}; until the file is fixed, {meanwhile}");
             if !kept {
                 self.record_error(path, error, None);
             }
@@ -300,7 +309,8 @@ impl RuleSet {
             Ok(None) => self.remove(path),
             Ok(Some(bytes)) => {
                 if let Err(error) = self.apply_bytes(path, &bytes) {
-                    tracing::warn!(rule = %name, "not using this file (each queue keeps the rule it has, or the built-in one): {error:#}");
+                    let (slots, meanwhile) = self.while_unusable(path);
+                    tracing::warn!(rule = %name, %slots, "not using this file ({meanwhile}): {error:#}");
                 }
                 // The file's bytes (as large as the rule) are freed only now.
                 let freed = bytes.len();
@@ -308,7 +318,8 @@ impl RuleSet {
                 release_free_memory_after(freed);
             }
             Err(error) => {
-                tracing::warn!(rule = %name, "not using this file (each queue keeps the rule it has, or the built-in one): {error:#}");
+                let (slots, meanwhile) = self.while_unusable(path);
+                tracing::warn!(rule = %name, %slots, "not using this file ({meanwhile}): {error:#}");
                 self.record_error(path, &error, None);
             }
         }
@@ -316,6 +327,22 @@ impl RuleSet {
 
     fn users(&self, path: &Path) -> Vec<&Arc<RuleGroup>> {
         self.groups.iter().filter(|g| g.path.as_deref() == Some(path)).collect()
+    }
+
+    /// For a log line about `path` that cannot be used: the slots that name it, and what
+    /// they do meanwhile. A shadow's slot says so: its failure changes nothing live, and a
+    /// line reading as the live rule's failure would send an operator after the wrong file.
+    fn while_unusable(&self, path: &Path) -> (String, String) {
+        let users = self.users(path);
+        let slots = users.iter().flat_map(|group| group.queues.iter().map(|slot| slot.as_str())).collect::<Vec<_>>().join(", ");
+        let mut meanwhile = Vec::new();
+        if users.iter().any(|group| !group.is_shadow()) {
+            meanwhile.push("each queue keeps the rule it has, or the built-in one");
+        }
+        if users.iter().any(|group| group.is_shadow()) {
+            meanwhile.push("each shadow rule slot keeps the shadow rule it has, or none is asked; the live rules are not affected");
+        }
+        (slots, meanwhile.join("; "))
     }
 
     /// Keeps why `path` (whose content has `sha256`, if it could be read) was not loaded: the
@@ -342,7 +369,12 @@ impl RuleSet {
             let mut slot = lock(&group.slot);
             let mut status = lock(&group.status);
             if status.rule.is_some() {
-                tracing::warn!(queues = %group.label(), rule = %path.display(), "rule file removed; using the built-in rule");
+                match group.is_shadow() {
+                    true => {
+                        tracing::warn!(queues = %group.label(), rule = %path.display(), "shadow rule file removed; no shadow rule is asked until it is back")
+                    }
+                    false => tracing::warn!(queues = %group.label(), rule = %path.display(), "rule file removed; using the built-in rule"),
+                }
                 self.swaps.fetch_add(1, Ordering::Relaxed);
                 status.record_swap(None);
             }
@@ -400,7 +432,8 @@ impl RuleSet {
             group.memory_bytes.store(memory, Ordering::Relaxed);
             if previous.as_deref() != Some(rule.sha256.as_str()) {
                 status.record_swap(Some(&rule));
-                tracing::info!(queues = %group.label(), rule = %rule.name, sha256 = %&rule.sha256[..12], from_cache = rule.from_cache, "rule loaded");
+                let loaded = if group.is_shadow() { "shadow rule loaded" } else { "rule loaded" };
+                tracing::info!(queues = %group.label(), rule = %rule.name, sha256 = %&rule.sha256[..12], from_cache = rule.from_cache, "{loaded}");
             }
         }
         self.swaps.fetch_add(1, Ordering::Relaxed);

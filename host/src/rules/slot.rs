@@ -526,6 +526,16 @@ pub(super) enum Called<T> {
 }
 
 impl RuleGroup {
+    /// Whether its slots are shadow rules' (a group never mixes shadow and live slots).
+    pub(super) fn is_shadow(&self) -> bool {
+        self.queues.first().is_some_and(RuleSlot::is_shadow)
+    }
+
+    /// What its rule is, in a log line: a shadow's answers are only compared, never applied.
+    fn kind(&self) -> &'static str {
+        if self.is_shadow() { "shadow rule" } else { "rule" }
+    }
+
     pub(super) fn label(&self) -> String {
         match self.queues.as_slice() {
             [one] => format!("queue {one}"),
@@ -569,18 +579,20 @@ impl RuleGroup {
     fn fault(self: &Arc<Self>, queue: &QueueSlot, site: FaultSite, rule: &str, reason: String) {
         // The paper has no concurrency decision: that call keeps the configured bound instead.
         let instead = match site {
+            _ if self.is_shadow() => "this decision is not compared; the live rule is not affected",
             FaultSite::Call(Export::MaxConcurrentCalls) => "the queue keeps its configured max_concurrent_calls",
             _ => "the built-in rule decides this call",
         };
+        let kind = self.kind();
         match self.fault_log.allow() {
-            Some(0) => tracing::warn!(queue = %queue.name, rule, export = site.export().map(Export::name), %reason, "rule faulted; {instead}"),
+            Some(0) => tracing::warn!(queue = %queue.name, rule, export = site.export().map(Export::name), %reason, "{kind} faulted; {instead}"),
             Some(suppressed) => tracing::warn!(
                 queue = %queue.name,
                 rule,
                 export = site.export().map(Export::name),
                 %reason,
                 suppressed,
-                "rule faulted; {instead} ({suppressed} more fault lines of this rule were suppressed; its status counts every fault)"
+                "{kind} faulted; {instead} ({suppressed} more fault lines of this rule were suppressed; its status counts every fault)"
             ),
             None => {}
         }
@@ -600,13 +612,15 @@ impl RuleGroup {
         let faults = self.consecutive_faults.fault(site);
         if self.engine.limits().quarantines_at(faults) && status.quarantine.is_none() && status.rule.is_some() {
             let export = site.export().map_or("(rebuilding its instance)", Export::name);
+            let meanwhile = if self.is_shadow() { "it is not asked meanwhile; the live rule is not affected" } else { "the built-in rule decides" };
             tracing::warn!(
                 queues = %self.label(),
                 rule,
                 export,
                 faults,
                 %reason,
-                "rule quarantined until its file's content changes; the built-in rule decides"
+                "{} quarantined until its file's content changes; {meanwhile}",
+                self.kind()
             );
             status.quarantine = Some(Quarantine { export: site.export(), faults, since: SystemTime::now(), reason: reason.clone() });
         }
@@ -660,14 +674,16 @@ impl RuleGroup {
                 // Counted like a faulty call, in a run of its own; the next decision tries
                 // again (or quarantine holds).
                 let reason = format!("its instance could not be rebuilt: {error:#}");
+                let meanwhile = if self.is_shadow() { "it is not asked; the live rule is not affected" } else { "the built-in rule decides" };
+                let kind = self.kind();
                 match self.fault_log.allow() {
-                    Some(0) => tracing::warn!(queues = %self.label(), rule = %rule.name, %reason, "rule faulted; the built-in rule decides"),
+                    Some(0) => tracing::warn!(queues = %self.label(), rule = %rule.name, %reason, "{kind} faulted; {meanwhile}"),
                     Some(suppressed) => tracing::warn!(
                         queues = %self.label(),
                         rule = %rule.name,
                         %reason,
                         suppressed,
-                        "rule faulted; the built-in rule decides ({suppressed} more fault lines of this rule were suppressed)"
+                        "{kind} faulted; {meanwhile} ({suppressed} more fault lines of this rule were suppressed)"
                     ),
                     None => {}
                 }

@@ -24,7 +24,7 @@ pub const MAX_PAUSE: Duration = Duration::from_secs(365 * 24 * 3600);
 /// A pause's length as `ebb queue pause --for` and `?for=` take it: 1 s to [`MAX_PAUSE`].
 pub fn check_pause_length(length: Duration) -> Result<Duration, String> {
     if length < Duration::from_secs(1) || length > MAX_PAUSE {
-        return Err(format!("{} is outside 1s to 365 days", humantime::format_duration(length)));
+        return Err(format!("{} is outside 1s to {}", crate::durations::show(length), crate::durations::show(MAX_PAUSE)));
     }
     Ok(length)
 }
@@ -84,22 +84,11 @@ impl Pauses {
             None => next.remove(queue),
         };
         next.retain(|_, pause| pause.holds_at(now_ms));
-        write_atomically(&self.file, &serde_json::to_vec_pretty(&next)?).with_context(|| format!("failed to write paused queues {}", self.file.display()))?;
+        crate::output::write_atomically(&self.file, &serde_json::to_vec_pretty(&next)?)
+            .with_context(|| format!("failed to write paused queues {}", self.file.display()))?;
         *queues = next;
         Ok(())
     }
-}
-
-fn write_atomically(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let dir = file.parent().unwrap_or(Path::new("."));
-    // Paused before the first start (`ebb queue pause` with no host): the folder is new.
-    std::fs::create_dir_all(dir)?;
-    let mut temp = tempfile::NamedTempFile::new_in(dir)?;
-    temp.write_all(bytes)?;
-    temp.as_file().sync_all()?;
-    temp.persist(file).map_err(|e| e.error)?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]

@@ -133,7 +133,7 @@ impl SimOptions {
         if let Some(interval) = self.safety_poll
             && !(Duration::from_secs(1)..=crate::config::MAX_SAFETY_POLL).contains(&interval)
         {
-            bail!("--safety-poll: must be 1s to 24h, got {}", humantime::format_duration(interval));
+            bail!("--safety-poll: must be 1s to {}, got {}", scenario::show_duration(crate::config::MAX_SAFETY_POLL), scenario::show_duration(interval));
         }
         if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&self.max_wall) {
             bail!("--max-wall: must be 1s to 1h, got {}", humantime::format_duration(self.max_wall));

@@ -103,7 +103,7 @@ impl Scenario {
         if let Some(d) = duration
             && !(Duration::from_secs(1)..=MAX_DURATION).contains(&d)
         {
-            bail!("--duration: must be 1s to 31 days, got {}", show_duration(d));
+            bail!("--duration: must be 1s to {}, got {}", show_duration(MAX_DURATION), show_duration(d));
         }
         let hour = Duration::from_secs(3600);
         let mut rng = fastrand::Rng::with_seed(seed);
@@ -147,13 +147,7 @@ impl Scenario {
 }
 
 /// A duration for a message: whole days as days (humantime would say months).
-pub fn show_duration(d: Duration) -> String {
-    if d.as_secs() >= 86_400 && d.as_secs().is_multiple_of(86_400) && d.subsec_nanos() == 0 {
-        format!("{} days", d.as_secs() / 86_400)
-    } else {
-        humantime::format_duration(d).to_string()
-    }
-}
+pub use crate::durations::show as show_duration;
 
 /// A Poisson process of `per_sec` messages a second from `from` to `to`.
 fn poisson(rng: &mut fastrand::Rng, from: Duration, to: Duration, per_sec: f64, out: &mut Vec<Arrival>) {

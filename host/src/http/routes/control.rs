@@ -20,14 +20,14 @@ fn parse_pause_query(query: Option<&str>) -> Result<Option<Duration>, String> {
     let mut for_ = None;
     for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         if key != "for" {
-            return Err(format!("unknown query parameter {:?} (this route takes only for)", crate::health::truncate_reason(&key)));
+            return Err(format!("unknown query parameter {:?} (this route takes only for)", crate::http::errors::echoed(&key)));
         }
         if for_.is_some() {
             return Err("for: given more than once".into());
         }
         // Bounded before parsing: humantime reads any length.
         let parsed = (value.len() <= 64).then(|| humantime::parse_duration(&value).ok()).flatten();
-        let duration = parsed.ok_or_else(|| format!("for: {:?} is not a duration such as 90s, 10m or 2h", crate::health::truncate_reason(&value)))?;
+        let duration = parsed.ok_or_else(|| format!("for: {:?} is not a duration such as 90s, 10m or 2h", crate::http::errors::echoed(&value)))?;
         for_ = Some(check_pause_length(duration).map_err(|reason| format!("for: {reason}"))?);
     }
     Ok(for_)
@@ -35,7 +35,7 @@ fn parse_pause_query(query: Option<&str>) -> Result<Option<Duration>, String> {
 
 pub(super) async fn pause(State(api): State<Arc<Api>>, Extension(caller): Extension<Caller>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
     let Some(queue) = api.handles.get(&name) else {
-        return error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host"));
+        return crate::http::errors::no_queue(&name);
     };
     let for_ = match parse_pause_query(query.as_deref()) {
         Ok(for_) => for_,
@@ -54,12 +54,9 @@ pub(super) async fn pause(State(api): State<Arc<Api>>, Extension(caller): Extens
     }
 }
 
-pub(super) async fn resume(State(api): State<Arc<Api>>, Extension(caller): Extension<Caller>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
-    if let Some((key, _)) = form_urlencoded::parse(query.unwrap_or_default().as_bytes()).next() {
-        return error(StatusCode::BAD_REQUEST, format!("unknown query parameter {:?} (this route takes none)", crate::health::truncate_reason(&key)));
-    }
+pub(super) async fn resume(State(api): State<Arc<Api>>, Extension(caller): Extension<Caller>, Path(name): Path<String>) -> Response {
     let Some(queue) = api.handles.get(&name) else {
-        return error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host"));
+        return crate::http::errors::no_queue(&name);
     };
     match queue.resume() {
         Ok(()) => {

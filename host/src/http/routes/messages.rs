@@ -23,7 +23,7 @@ fn parse_send_query(query: Option<&str>) -> Result<Duration, String> {
     let mut delay = None;
     for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         if key != "delay_ms" {
-            return Err(format!("unknown query parameter {key:?} (this route takes only delay_ms)"));
+            return Err(format!("unknown query parameter {:?} (this route takes only delay_ms)", crate::http::errors::echoed(&key)));
         }
         if delay.is_some() {
             return Err("delay_ms: given more than once".into());
@@ -32,7 +32,7 @@ fn parse_send_query(query: Option<&str>) -> Result<Duration, String> {
         let ms: u64 = Some(value.as_ref())
             .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|v| v.parse().ok())
-            .ok_or_else(|| format!("delay_ms: {value:?} is not a whole number of milliseconds"))?;
+            .ok_or_else(|| format!("delay_ms: {:?} is not a whole number of milliseconds", crate::http::errors::echoed(&value)))?;
         if u128::from(ms) > MAX_VISIBILITY.as_millis() {
             return Err(format!("delay_ms: {ms} is more than {} (7 days), the longest a message may stay invisible", MAX_VISIBILITY.as_millis()));
         }
@@ -49,7 +49,7 @@ pub(super) async fn send(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let Some(queue) = api.handles.get(&name) else {
-        return error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host"));
+        return crate::http::errors::no_queue(&name);
     };
     let delay = match parse_send_query(query.as_deref()) {
         Ok(delay) => delay,
@@ -123,16 +123,12 @@ pub(super) async fn send_items(
     State(api): State<Arc<Api>>,
     Extension(limits): Extension<ApiLimits>,
     Path(name): Path<String>,
-    RawQuery(query): RawQuery,
     headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let Some(queue) = api.handles.get(&name) else {
-        return error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host"));
+        return crate::http::errors::no_queue(&name);
     };
-    if let Some((key, _)) = form_urlencoded::parse(query.unwrap_or_default().as_bytes()).next() {
-        return error(StatusCode::BAD_REQUEST, format!("unknown query parameter {:?} (this route takes none)", crate::health::truncate_reason(&key)));
-    }
     let body = match body {
         Ok(body) => body,
         Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => return too_large(limits),
@@ -172,12 +168,12 @@ pub(super) async fn take_reply(
     RawQuery(query): RawQuery,
 ) -> Response {
     let Some(queue) = api.handles.get(&name) else {
-        return error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host"));
+        return crate::http::errors::no_queue(&name);
     };
     let mut timeout = None;
     for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         if key != "timeout_ms" || timeout.is_some() {
-            return error(StatusCode::BAD_REQUEST, format!("{:?}: this route takes timeout_ms, once", crate::health::truncate_reason(&key)));
+            return error(StatusCode::BAD_REQUEST, format!("{:?}: this route takes timeout_ms, once", crate::http::errors::echoed(&key)));
         }
         match value.parse::<u64>() {
             Ok(ms) if !value.starts_with('+') && Duration::from_millis(ms) <= MAX_REPLY_WAIT => timeout = Some(Duration::from_millis(ms)),
@@ -189,24 +185,21 @@ pub(super) async fn take_reply(
     match queue.wait_reply(&MessageId::from(id.as_str()), timeout).await {
         Ok(Some(reply)) => (StatusCode::OK, Json(reply)).into_response(),
         Ok(None) => {
-            error(StatusCode::NOT_FOUND, format!("no reply to message {} within {}", crate::health::truncate_reason(&id), humantime::format_duration(timeout)))
+            error(StatusCode::NOT_FOUND, format!("no reply to message {} within {}", crate::http::errors::echoed(&id), humantime::format_duration(timeout)))
         }
         Err(e) if queue.has_reply_queue() => error(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")),
         Err(e) => error(StatusCode::CONFLICT, format!("{e:#}")),
     }
 }
 
-pub(super) async fn notify(State(api): State<Arc<Api>>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
-    if let Some((key, _)) = form_urlencoded::parse(query.unwrap_or_default().as_bytes()).next() {
-        return error(StatusCode::BAD_REQUEST, format!("unknown query parameter {key:?} (this route takes none)"));
-    }
+pub(super) async fn notify(State(api): State<Arc<Api>>, Path(name): Path<String>) -> Response {
     match api.handles.get(&name) {
         Some(queue) => {
             // Messages put straight into storage: this host's listeners and every other host hear of it.
             queue.notify();
             StatusCode::ACCEPTED.into_response()
         }
-        None => error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host")),
+        None => crate::http::errors::no_queue(&name),
     }
 }
 

@@ -26,7 +26,7 @@ fn query_pairs(query: Option<&str>, allowed: &[&str]) -> Result<Vec<(String, Str
     let mut pairs: Vec<(String, String)> = Vec::new();
     for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         if !allowed.contains(&key.as_ref()) {
-            return Err(format!("unknown query parameter {:?} (this route takes {})", crate::health::truncate_reason(&key), allowed.join(", ")));
+            return Err(format!("unknown query parameter {:?} (this route takes {})", crate::http::errors::echoed(&key), allowed.join(", ")));
         }
         if pairs.iter().any(|(k, _)| *k == key) {
             return Err(format!("{key}: given more than once"));
@@ -39,7 +39,7 @@ fn query_pairs(query: Option<&str>, allowed: &[&str]) -> Result<Vec<(String, Str
 /// The queue's handle and poison queue, or why not (a 404's reason).
 fn queue<'a>(api: &'a Api, name: &str) -> Result<(&'a QueueHandle, Arc<dyn crate::queue::QueueClient>), String> {
     let Some(handle) = api.handles.get(name) else {
-        return Err(format!("no queue named {name} on this host"));
+        return Err(format!("no queue named {} on this host", crate::http::errors::echoed(name)));
     };
     let Some(poison) = handle.poison_queue() else {
         return Err(format!("queue {name} has no poison queue on this host"));
@@ -60,7 +60,7 @@ pub(super) async fn list(State(api): State<Arc<Api>>, Path(name): Path<String>, 
                 None => {
                     return error(
                         StatusCode::BAD_REQUEST,
-                        format!("limit: {:?} is not a count from 1 to {MAX_PER_OPERATION}", crate::health::truncate_reason(value)),
+                        format!("limit: {:?} is not a count from 1 to {MAX_PER_OPERATION}", crate::http::errors::echoed(value)),
                     );
                 }
             },
@@ -123,7 +123,7 @@ pub(super) async fn requeue(
 pub(super) async fn purge(State(api): State<Arc<Api>>, Extension(caller): Extension<Caller>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
     match query_pairs(query.as_deref(), &["confirm"]) {
         Ok(pairs) if pairs.first().is_some_and(|(_, value)| *value == name) => {}
-        Ok(_) => return error(StatusCode::BAD_REQUEST, format!("purging deletes every poison message of {name}: confirm with ?confirm={name}")),
+        Ok(_) => return error(StatusCode::BAD_REQUEST, format!("purging deletes every poison message of {0}: confirm with ?confirm={0}", crate::http::errors::echoed(&name))),
         Err(reason) => return error(StatusCode::BAD_REQUEST, reason),
     }
     let (handle, poison) = match queue(&api, &name) {

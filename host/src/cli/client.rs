@@ -248,9 +248,9 @@ pub async fn pause(config_path: &Path, token: &TokenArgs, queue: &str, pause: Op
 pub async fn poison(command: super::PoisonCommand) -> Result<()> {
     use super::PoisonCommand;
     let (config_path, queue, token) = match &command {
-        PoisonCommand::List { config, queue, token, .. } | PoisonCommand::Requeue { config, queue, token, .. } | PoisonCommand::Purge { config, queue, token, .. } => {
-            (config, queue, token)
-        }
+        PoisonCommand::List { config, queue, token, .. }
+        | PoisonCommand::Requeue { config, queue, token, .. }
+        | PoisonCommand::Purge { config, queue, token, .. } => (config, queue, token),
     };
     let (config, token) = load(config_path, token)?;
     if !config.queues.iter().any(|q| q.name == queue.as_str()) {

@@ -30,8 +30,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::cost::CostStatus;
 use crate::config::ApiRole;
+use crate::cost::CostStatus;
 use crate::http::errors::error;
 use crate::http::{Api, Caller};
 use crate::listener::ListenerStatus;
@@ -409,8 +409,7 @@ pub(crate) async fn events(Extension(console): Extension<Arc<Console>>, Extensio
         return response;
     };
     let frames = console.frames.subscribe();
-    let mut client =
-        Client { console, frames, sent: None, samples_sent: 0, keep_alive_at: Instant::now() + KEEP_ALIVE, _slot: slot, _read_slot: read_slot };
+    let mut client = Client { console, frames, sent: None, samples_sent: 0, keep_alive_at: Instant::now() + KEEP_ALIVE, _slot: slot, _read_slot: read_slot };
     let first = client.hello();
     let rest = futures::stream::unfold(client, |mut client| async move {
         let chunk = client.next().await?;

@@ -89,6 +89,12 @@ pub(crate) fn refused_query(query: Option<&str>, allowed: &[&str]) -> Option<Str
     None
 }
 
+/// The value of the query parameter `key`, if given. Only the parameters a route takes, each
+/// at most once, reach its handler ([`only_query`]): the handler reads values, not keys.
+pub(super) fn query_value(query: Option<&str>, key: &str) -> Option<String> {
+    form_urlencoded::parse(query.unwrap_or_default().as_bytes()).find(|(k, _)| k == key).map(|(_, value)| value.into_owned())
+}
+
 /// 400 naming the first query parameter the route does not take (or takes once and got twice).
 async fn only_query(State(allowed): State<&'static [&'static str]>, request: Request, next: Next) -> Response {
     match refused_query(request.uri().query(), allowed) {
@@ -160,20 +166,11 @@ async fn audit_entries(
 ) -> axum::response::Response {
     use axum::http::StatusCode;
     use axum::response::IntoResponse as _;
-    let mut limit = None;
-    for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
-        match (key.as_ref(), value.parse::<usize>()) {
-            ("limit", _) if limit.is_some() => return super::errors::error(StatusCode::BAD_REQUEST, "limit: given more than once"),
-            ("limit", Ok(n)) if (1..=MAX_AUDIT_ENTRIES).contains(&n) => limit = Some(n),
-            ("limit", _) => return super::errors::error(StatusCode::BAD_REQUEST, format!("limit: a count from 1 to {MAX_AUDIT_ENTRIES}")),
-            _ => {
-                return super::errors::error(
-                    StatusCode::BAD_REQUEST,
-                    format!("unknown query parameter {:?} (this route takes only limit)", crate::http::errors::echoed(&key)),
-                );
-            }
-        }
-    }
+    let limit = match query_value(query.as_deref(), "limit").map(|value| value.parse::<usize>()) {
+        None => None,
+        Some(Ok(n)) if (1..=MAX_AUDIT_ENTRIES).contains(&n) => Some(n),
+        Some(_) => return super::errors::error(StatusCode::BAD_REQUEST, format!("limit: a count from 1 to {MAX_AUDIT_ENTRIES}")),
+    };
     let tail = match &api.audit {
         Some(log) => match log.tail(limit.unwrap_or(100)) {
             Ok(tail) => tail,
@@ -182,4 +179,41 @@ async fn audit_entries(
         None => crate::service::AuditTail { entries: Vec::new(), skipped: 0 },
     };
     axum::response::Json(serde_json::json!({ "entries": tail.entries, "skipped": tail.skipped })).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_query_holds_only_the_parameters_its_route_takes_each_once() {
+        assert_eq!(refused_query(None, &[]), None);
+        assert_eq!(refused_query(Some(""), &[]), None);
+        assert_eq!(refused_query(Some("delay_ms=250"), &["delay_ms"]), None);
+        assert_eq!(refused_query(Some("ids=a,b"), &["ids", "all"]), None);
+        for (query, allowed, reason) in [
+            ("x=1", &[][..], "unknown query parameter \"x\" (this route takes none)"),
+            ("x", &[], "unknown query parameter \"x\" (this route takes none)"),
+            ("delay=1", &["delay_ms"], "unknown query parameter \"delay\" (this route takes only delay_ms)"),
+            // Percent-encoded keys are decoded before they are compared.
+            ("delay_%6Ds=1&x", &["delay_ms"], "unknown query parameter \"x\" (this route takes only delay_ms)"),
+            ("until=1m", &["for"], "unknown query parameter \"until\" (this route takes only for)"),
+            ("all=true&what=1", &["ids", "all"], "unknown query parameter \"what\" (this route takes ids, all)"),
+            ("delay_ms=1&delay_ms=1", &["delay_ms"], "delay_ms: given more than once"),
+            ("for=1m&for=2m", &["for"], "for: given more than once"),
+        ] {
+            assert_eq!(refused_query(Some(query), allowed).as_deref(), Some(reason), "{query}");
+        }
+        let long_key = format!("{}=1", "x".repeat(60_000));
+        let refused = refused_query(Some(&long_key), &["for"]).unwrap();
+        assert!(refused.len() < 200 && refused.contains('…'), "an unknown key is echoed cut short: {refused}");
+    }
+
+    #[test]
+    fn a_handler_reads_the_value_of_its_parameter() {
+        assert_eq!(query_value(Some("limit=5"), "limit").as_deref(), Some("5"));
+        assert_eq!(query_value(Some("confirm=a%20b"), "confirm").as_deref(), Some("a b"));
+        assert_eq!(query_value(Some("ids=1"), "all"), None);
+        assert_eq!(query_value(None, "limit"), None);
+    }
 }

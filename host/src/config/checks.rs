@@ -152,7 +152,7 @@ pub(super) fn check_token(key: &str, file: Option<String>, env: &str, from_env: 
 
 /// A token's text (`key` names where it came from): neither empty nor blank, at most
 /// [`MAX_TOKEN_BYTES`], visible ASCII only (it travels in a header).
-pub(crate) fn check_token_text(key: &str, token: &str) -> Result<()> {
+pub(super) fn check_token_text(key: &str, token: &str) -> Result<()> {
     if token.trim().is_empty() {
         bail!("{key}: is empty or blank; set a token");
     }

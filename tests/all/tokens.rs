@@ -111,7 +111,7 @@ impl Drop for Host {
 
 /// The environment of a test's `ebb`: none of the caller's token or log variables, then `env`.
 fn clean_env(command: &mut Command, env: &[(String, String)]) {
-    for variable in ["RUST_LOG", "EBB_LOG", "EBB_API_TOKEN", VIEWER_ENV] {
+    for variable in ["RUST_LOG", "EBB_LOG", "EBB_API_TOKEN", "EBB_TOKEN_NAME", VIEWER_ENV] {
         command.env_remove(variable);
     }
     command.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
@@ -294,4 +294,81 @@ fn a_public_listen_with_only_named_tokens_is_accepted_and_without_any_refused() 
     assert_eq!(config.tokens.len(), 1);
     let error = format!("{:#}", ebb::Config::parse(&format!("[api]\nlisten = \"0.0.0.0:7070\"\n{queue}"), Path::new("/srv"), None).unwrap_err());
     assert!(error.contains("is not a loopback address, so a token is required"), "{error}");
+}
+
+/// Attack pass, defect 9: a client command sent only the token named `default`, and
+/// `EBB_API_TOKEN` set to a named token's secret was refused as a duplicate before anything
+/// was sent: a holder of a named token could not use the CLI. A client command sends
+/// `EBB_API_TOKEN` as it is (the host judges it), or the configured token it is told to by name
+/// (`--token-name`, `EBB_TOKEN_NAME`), and the audit log names who acted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_acts_as_the_token_it_is_given_or_the_configured_token_it_names() -> Result<()> {
+    let host = Host::start(&named_tokens(), &[("EBB_API_TOKEN", DEFAULT_TOKEN), (VIEWER_ENV, VIEWER_TOKEN)]).await?;
+    let config = host.config();
+    let run = |args: &[&str], env: &[(&str, &str)]| -> Result<(bool, String)> {
+        let out = host.cli(args, &config, env)?;
+        Ok((out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))))
+    };
+    // A read token's secret in EBB_API_TOKEN: the commands that read work.
+    for args in [&["status"][..], &["poison", "list", "orders"]] {
+        let (ok, out) = run(args, &[("EBB_API_TOKEN", VIEWER_TOKEN)])?;
+        ensure!(ok, "ebb {args:?} with the read token in EBB_API_TOKEN: {out}");
+    }
+    let (ok, out) = run(&["queue", "pause", "orders"], &[("EBB_API_TOKEN", VIEWER_TOKEN)])?;
+    ensure!(!ok && out.contains("403 Forbidden") && out.contains("token \"viewer\" has role read"), "a read token cannot pause: {out}");
+    // An admin token's secret in EBB_API_TOKEN.
+    let (ok, out) = run(&["queue", "pause", "orders"], &[("EBB_API_TOKEN", DEPLOYER_TOKEN)])?;
+    ensure!(ok, "pause with the deployer's secret in EBB_API_TOKEN: {out}");
+    // A configured token by name, over EBB_API_TOKEN (the host's environment still has the default's).
+    let (ok, out) = run(&["queue", "resume", "orders", "--token-name", "deployer"], &[])?;
+    ensure!(ok, "resume --token-name deployer: {out}");
+    let (ok, out) = run(&["queue", "pause", "orders"], &[("EBB_TOKEN_NAME", "deployer")])?;
+    ensure!(ok, "pause with EBB_TOKEN_NAME=deployer: {out}");
+    // The read token by name: its secret comes from the variable its token_env names.
+    let (ok, out) = run(&["status", "--token-name", "viewer"], &[])?;
+    ensure!(ok, "status --token-name viewer: {out}");
+    let (ok, out) = run(&["poison", "purge", "orders", "--yes", "--token-name", "viewer"], &[])?;
+    ensure!(!ok && out.contains("token \"viewer\" has role read"), "purge as viewer: {out}");
+    let (ok, out) = run(&["queue", "resume", "orders", "--token-name", "default"], &[])?;
+    ensure!(ok, "resume --token-name default: {out}");
+    // A name the config does not hold, or whose secret is not at hand, is refused before sending.
+    let (ok, out) = run(&["status", "--token-name", "nobody"], &[])?;
+    ensure!(!ok && out.contains("--token-name nobody") && out.contains("viewer") && out.contains("deployer"), "an unknown name: {out}");
+    let (ok, out) = run(&["status", "--token-name", "viewer"], &[(VIEWER_ENV, "")])?;
+    ensure!(!ok && out.contains(VIEWER_ENV), "viewer's variable unset: {out}");
+
+    let audit: serde_json::Value = serde_json::from_str(&host.call("GET", "/audit", Some(VIEWER_TOKEN)).await?.body)?;
+    let actors: Vec<(&str, &str)> =
+        audit["entries"].as_array().unwrap().iter().map(|e| (e["actor"].as_str().unwrap_or("?"), e["action"].as_str().unwrap_or("?"))).collect();
+    ensure!(actors == [("deployer", "pause"), ("deployer", "resume"), ("deployer", "pause"), ("default", "resume")], "audit actors: {actors:?}");
+    // The host itself still refuses EBB_API_TOKEN equal to a named token's secret: it would
+    // not know whom a call came from.
+    let mut command = Command::new(EBB);
+    command.args(["check", "--config"]).arg(&config);
+    clean_env(&mut command, &[("EBB_API_TOKEN".into(), DEPLOYER_TOKEN.into()), (VIEWER_ENV.into(), VIEWER_TOKEN.into())]);
+    let out = command.output()?;
+    ensure!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("the same token as EBB_API_TOKEN"), "ebb check: {out:?}");
+    Ok(())
+}
+
+/// Attack pass, defect 17: a token of megabytes passed `ebb check`. A token (the file's, an
+/// environment variable's, a named one's, the scaler's) is at most 4 KiB, and the error
+/// names where it came from without showing it.
+#[test]
+fn a_token_over_4_kib_is_refused_naming_where_it_came_from() {
+    let queue = "[queues.orders]\nhandler = { url = \"http://127.0.0.1:8080/work\" }\n";
+    let base = Path::new("/srv");
+    let long = "a".repeat(4097);
+    let fits = "a".repeat(4096);
+    let error = |result: Result<ebb::Config>| format!("{:#}", result.unwrap_err());
+    let from_env = error(ebb::Config::parse(queue, base, Some(long.clone())));
+    assert!(from_env.starts_with("EBB_API_TOKEN: is 4097 bytes; a token may be at most 4096"), "{from_env}");
+    let from_scaler_env = error(ebb::Config::parse_with_env(&format!("[scaler]\nlisten = \"127.0.0.1:7071\"\n{queue}"), base, None, Some(long.clone())));
+    assert!(from_scaler_env.starts_with("EBB_SCALER_TOKEN: is 4097 bytes"), "{from_scaler_env}");
+    let huge = "a".repeat(3 << 20);
+    let from_env = error(ebb::Config::parse(queue, base, Some(huge)));
+    assert!(from_env.len() < 200, "the token is not shown: {} bytes", from_env.len());
+    assert!(ebb::Config::parse(queue, base, Some(fits.clone())).is_ok(), "4 KiB is a token");
+    let named = format!("[[api.tokens]]\nname = \"ops\"\nrole = \"read\"\ntoken = \"{fits}\"\n{queue}");
+    assert!(ebb::Config::parse(&named, base, None).is_ok(), "4 KiB is a named token");
 }

@@ -22,16 +22,33 @@ pub(super) fn api_base(config: &Config) -> String {
     format!("http://{addr}")
 }
 
-pub(super) fn client(config: &Config) -> Result<reqwest::Client> {
+/// Which configured token a command that calls the running host sends.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TokenArgs {
+    /// Send the configured API token of this name (`default`, or a `[[api.tokens]]` name; its
+    /// `token_env` variable must be set here), instead of `EBB_API_TOKEN` or `api.token`. Or
+    /// set `EBB_TOKEN_NAME`.
+    #[arg(long, value_name = "NAME")]
+    pub token_name: Option<String>,
+}
+
+/// The config at `config_path` and the token to send: the one named by `--token-name` (or
+/// `EBB_TOKEN_NAME`), else `EBB_API_TOKEN` as it is, else `api.token`.
+fn load(config_path: &Path, token: &TokenArgs) -> Result<(Config, Option<String>)> {
+    let name = token.token_name.clone().or_else(|| std::env::var(crate::config::TOKEN_NAME_ENV).ok().filter(|n| !n.is_empty()));
+    Config::load_for_client(config_path, name.as_deref())
+}
+
+pub(super) fn client(token: Option<&str>) -> Result<reqwest::Client> {
     let mut headers = reqwest::header::HeaderMap::new();
-    if let Some(token) = config.default_token() {
+    if let Some(token) = token {
         headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {token}").parse()?);
     }
     Ok(reqwest::Client::builder().default_headers(headers).timeout(Duration::from_secs(30)).build()?)
 }
 
-pub async fn send(config_path: &Path, queue: &str, count: u64, body: Option<String>) -> Result<()> {
-    let config = Config::load(config_path)?;
+pub async fn send(config_path: &Path, token: &TokenArgs, queue: &str, count: u64, body: Option<String>) -> Result<()> {
+    let (config, token) = load(config_path, token)?;
     let Some(queue_config) = config.queues.iter().find(|q| q.name == queue) else {
         bail!("queue {queue} is not configured in {}", config_path.display());
     };
@@ -39,7 +56,7 @@ pub async fn send(config_path: &Path, queue: &str, count: u64, body: Option<Stri
         Some(body) => body.into_bytes(),
         None => crate::input::read_stdin(&format!("the message (max_message_bytes: {} bytes)", config.max_message_bytes), config.max_message_bytes as u64)?,
     };
-    let http = client(&config)?;
+    let http = client(token.as_deref())?;
     let url = format!("{}/queues/{queue}/messages", api_base(&config));
     let first = http.post(&url).body(body.clone()).send().await;
     match first {
@@ -99,9 +116,9 @@ const REPLAY_IN_FLIGHT: usize = 64;
 /// through the same bounded reader as `ebb simulate --trace`) sent at its time, from now,
 /// through the running host's API, each message its own request (so each notifies the queue
 /// as any send does). Ctrl-C stops it at once.
-pub async fn send_trace(config_path: &Path, queue: &str, trace: &Path, body: Option<String>) -> Result<()> {
+pub async fn send_trace(config_path: &Path, token: &TokenArgs, queue: &str, trace: &Path, body: Option<String>) -> Result<()> {
     let arrivals = crate::simulate::scenario::read_trace(trace)?;
-    let config = Config::load(config_path)?;
+    let (config, token) = load(config_path, token)?;
     if !config.queues.iter().any(|q| q.name == queue) {
         bail!("queue {queue} is not configured in {}", config_path.display());
     }
@@ -110,7 +127,7 @@ pub async fn send_trace(config_path: &Path, queue: &str, trace: &Path, body: Opt
     {
         bail!("the message is {} bytes, over max_message_bytes ({} bytes)", body.len(), config.max_message_bytes);
     }
-    let http = client(&config)?;
+    let http = client(token.as_deref())?;
     let base = api_base(&config);
     // Found now, not at the first arrival (which may be hours away).
     let probe = format!("{base}/healthz");
@@ -187,12 +204,12 @@ async fn replay(
 
 /// Pauses `queue` (`Some`: for that long, or until resumed) or resumes it (`None`): through
 /// the running host's API, else in the data directory, where the next start reads it.
-pub async fn pause(config_path: &Path, queue: &str, pause: Option<Option<Duration>>) -> Result<()> {
-    let config = Config::load(config_path)?;
+pub async fn pause(config_path: &Path, token: &TokenArgs, queue: &str, pause: Option<Option<Duration>>) -> Result<()> {
+    let (config, token) = load(config_path, token)?;
     if !config.queues.iter().any(|q| q.name == queue) {
         bail!("queue {queue} is not configured in {}", config_path.display());
     }
-    let http = client(&config)?;
+    let http = client(token.as_deref())?;
     let (verb, query) = match pause {
         Some(Some(for_)) => ("pause", format!("?for={}", humantime::format_duration(for_).to_string().replace(' ', ""))),
         Some(None) => ("pause", String::new()),
@@ -230,16 +247,16 @@ pub async fn pause(config_path: &Path, queue: &str, pause: Option<Option<Duratio
 /// `ebb poison list|requeue|purge`, through the running host's API.
 pub async fn poison(command: super::PoisonCommand) -> Result<()> {
     use super::PoisonCommand;
-    let (config_path, queue) = match &command {
-        PoisonCommand::List { config, queue, .. } | PoisonCommand::Requeue { config, queue, .. } | PoisonCommand::Purge { config, queue, .. } => {
-            (config, queue)
-        }
+    let (config_path, queue, token) = match &command {
+        PoisonCommand::List { config, queue, token, .. }
+        | PoisonCommand::Requeue { config, queue, token, .. }
+        | PoisonCommand::Purge { config, queue, token, .. } => (config, queue, token),
     };
-    let config = Config::load(config_path)?;
+    let (config, token) = load(config_path, token)?;
     if !config.queues.iter().any(|q| q.name == queue.as_str()) {
         bail!("queue {queue} is not configured in {}", config_path.display());
     }
-    let http = client(&config)?;
+    let http = client(token.as_deref())?;
     let base = format!("{}/queues/{queue}/poison", api_base(&config));
     let encode = |text: &str| form_urlencoded::byte_serialize(text.as_bytes()).collect::<String>();
     let request = match &command {
@@ -281,11 +298,11 @@ const MAX_REPLY_TIMEOUT: Duration = Duration::from_secs(3600);
 /// `ebb send QUEUE [BODY] --wait-reply`: sends through the running host's API, then waits
 /// for the answer on the queue's reply queue (each look at most 30 s, until `timeout`) and
 /// prints its body.
-pub async fn send_wait_reply(config_path: &Path, queue: &str, body: Option<String>, timeout: Duration) -> Result<()> {
+pub async fn send_wait_reply(config_path: &Path, token: &TokenArgs, queue: &str, body: Option<String>, timeout: Duration) -> Result<()> {
     if timeout > MAX_REPLY_TIMEOUT {
         bail!("--timeout: at most {}, got {}", humantime::format_duration(MAX_REPLY_TIMEOUT), humantime::format_duration(timeout));
     }
-    let config = Config::load(config_path)?;
+    let (config, token) = load(config_path, token)?;
     let Some(queue_config) = config.queues.iter().find(|q| q.name == queue) else {
         bail!("queue {queue} is not configured in {}", config_path.display());
     };
@@ -296,7 +313,7 @@ pub async fn send_wait_reply(config_path: &Path, queue: &str, body: Option<Strin
         Some(body) => body.into_bytes(),
         None => crate::input::read_stdin(&format!("the message (max_message_bytes: {} bytes)", config.max_message_bytes), config.max_message_bytes as u64)?,
     };
-    let http = client(&config)?;
+    let http = client(token.as_deref())?;
     let base = api_base(&config);
     let sent = http
         .post(format!("{base}/queues/{queue}/messages"))
@@ -343,8 +360,8 @@ const MAX_ITEMS_FILE_BYTES: u64 = 256 << 20;
 /// `ebb send QUEUE --items FILE`: the NDJSON items of `path` (`-`: stdin), through the
 /// running host's API in requests within its body limit, or packed here and put straight
 /// into storage when no host runs.
-pub async fn send_items(config_path: &Path, queue: &str, path: &Path) -> Result<()> {
-    let config = Config::load(config_path)?;
+pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path: &Path) -> Result<()> {
+    let (config, token) = load(config_path, token)?;
     let Some(queue_config) = config.queues.iter().find(|q| q.name == queue) else {
         bail!("queue {queue} is not configured in {}", config_path.display());
     };
@@ -367,7 +384,7 @@ pub async fn send_items(config_path: &Path, queue: &str, path: &Path) -> Result<
         bail!("{}: no items (one JSON value per line)", path.display());
     }
     let count = lines.len() as u64;
-    let http = client(&config)?;
+    let http = client(token.as_deref())?;
     let url = format!("{}/queues/{queue}/items", api_base(&config));
     let probe = http.get(format!("{}/healthz", api_base(&config))).send().await;
     if matches!(&probe, Err(error) if error.is_connect()) {
@@ -462,7 +479,9 @@ async fn check_response(response: reqwest::Response) -> Result<()> {
 fn refusal(status: reqwest::StatusCode, reason: &str) -> String {
     if status == reqwest::StatusCode::FORBIDDEN {
         return format!(
-            "the host answered {status}: {reason}\nthe token this command sends (api.token or {}) has role read on that host: use an admin token to change anything",
+            "the host answered {status}: {reason}\nthe token this command sends has role read on that host: use an admin token to change anything \
+             (--token-name NAME or {} for a configured one, or {} set to its secret)",
+            crate::config::TOKEN_NAME_ENV,
             crate::config::TOKEN_ENV
         );
     }
@@ -473,10 +492,10 @@ fn plural(n: u64) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
 
-pub async fn status(config_path: &Path, json: bool) -> Result<()> {
-    let config = Config::load(config_path)?;
+pub async fn status(config_path: &Path, token: &TokenArgs, json: bool) -> Result<()> {
+    let (config, token) = load(config_path, token)?;
     let url = format!("{}/status", api_base(&config));
-    let response = client(&config)?.get(&url).send().await.with_context(|| format!("no host answers at {url}"))?;
+    let response = client(token.as_deref())?.get(&url).send().await.with_context(|| format!("no host answers at {url}"))?;
     let status = response.status();
     let body: Value = serde_json::from_slice(&response.bytes().await?).context("the host answered with invalid JSON")?;
     if !status.is_success() {

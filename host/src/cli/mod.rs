@@ -93,6 +93,8 @@ enum Command {
         /// With `--wait-reply`: how long to wait, at most 1h.
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, requires = "wait_reply")]
         timeout: std::time::Duration,
+        #[command(flatten)]
+        token: client::TokenArgs,
         /// The configuration file.
         #[arg(long, short, default_value = "ebb.toml")]
         config: PathBuf,
@@ -102,6 +104,8 @@ enum Command {
         /// Print the raw JSON of `GET /status`.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        token: client::TokenArgs,
         /// The configuration file.
         #[arg(long, short, default_value = "ebb.toml")]
         config: PathBuf,
@@ -139,6 +143,8 @@ pub enum QueueCommand {
         /// it, the queue stays paused until resumed.
         #[arg(long = "for", value_name = "DURATION", value_parser = parse_pause_duration)]
         for_: Option<std::time::Duration>,
+        #[command(flatten)]
+        token: client::TokenArgs,
         /// The configuration file.
         #[arg(long, short, default_value = "ebb.toml")]
         config: PathBuf,
@@ -147,6 +153,8 @@ pub enum QueueCommand {
     Resume {
         /// The queue.
         queue: String,
+        #[command(flatten)]
+        token: client::TokenArgs,
         /// The configuration file.
         #[arg(long, short, default_value = "ebb.toml")]
         config: PathBuf,
@@ -166,6 +174,8 @@ pub enum PoisonCommand {
         /// Print the raw JSON of `GET /queues/{name}/poison`.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        token: client::TokenArgs,
         /// The configuration file.
         #[arg(long, short, default_value = "ebb.toml")]
         config: PathBuf,
@@ -180,6 +190,8 @@ pub enum PoisonCommand {
         /// Every poison message of the queue.
         #[arg(long)]
         all: bool,
+        #[command(flatten)]
+        token: client::TokenArgs,
         /// The configuration file.
         #[arg(long, short, default_value = "ebb.toml")]
         config: PathBuf,
@@ -191,6 +203,8 @@ pub enum PoisonCommand {
         /// Confirms the purge (it cannot be undone).
         #[arg(long)]
         yes: bool,
+        #[command(flatten)]
+        token: client::TokenArgs,
         /// The configuration file.
         #[arg(long, short, default_value = "ebb.toml")]
         config: PathBuf,
@@ -247,18 +261,24 @@ pub fn main(cli: Cli) -> ExitCode {
         }
         Command::Run { config } => runtime().and_then(|rt| rt.block_on(host::run(&config))),
         Command::Scaler { config } => runtime().and_then(|rt| rt.block_on(host::scaler(&config))),
-        Command::Send { queue, body, wait_reply: true, timeout, config, .. } => {
-            runtime().and_then(|rt| rt.block_on(client::send_wait_reply(&config, &queue, body, timeout)))
+        Command::Send { queue, body, wait_reply: true, timeout, config, token, .. } => {
+            runtime().and_then(|rt| rt.block_on(client::send_wait_reply(&config, &token, &queue, body, timeout)))
         }
-        Command::Send { queue, items: Some(items), config, .. } => runtime().and_then(|rt| rt.block_on(client::send_items(&config, &queue, &items))),
-        Command::Send { queue, body, count, trace: None, config, .. } => runtime().and_then(|rt| rt.block_on(client::send(&config, &queue, count, body))),
-        Command::Send { queue, body, trace: Some(trace), config, .. } => {
-            runtime().and_then(|rt| rt.block_on(client::send_trace(&config, &queue, &trace, body)))
+        Command::Send { queue, items: Some(items), config, token, .. } => {
+            runtime().and_then(|rt| rt.block_on(client::send_items(&config, &token, &queue, &items)))
         }
-        Command::Status { json, config } => runtime().and_then(|rt| rt.block_on(client::status(&config, json))),
-        Command::Queue(QueueCommand::Pause { queue, for_, config }) => runtime().and_then(|rt| rt.block_on(client::pause(&config, &queue, Some(for_)))),
+        Command::Send { queue, body, count, trace: None, config, token, .. } => {
+            runtime().and_then(|rt| rt.block_on(client::send(&config, &token, &queue, count, body)))
+        }
+        Command::Send { queue, body, trace: Some(trace), config, token, .. } => {
+            runtime().and_then(|rt| rt.block_on(client::send_trace(&config, &token, &queue, &trace, body)))
+        }
+        Command::Status { json, config, token } => runtime().and_then(|rt| rt.block_on(client::status(&config, &token, json))),
+        Command::Queue(QueueCommand::Pause { queue, for_, config, token }) => {
+            runtime().and_then(|rt| rt.block_on(client::pause(&config, &token, &queue, Some(for_))))
+        }
         Command::Poison(command) => runtime().and_then(|rt| rt.block_on(client::poison(command))),
-        Command::Queue(QueueCommand::Resume { queue, config }) => runtime().and_then(|rt| rt.block_on(client::pause(&config, &queue, None))),
+        Command::Queue(QueueCommand::Resume { queue, config, token }) => runtime().and_then(|rt| rt.block_on(client::pause(&config, &token, &queue, None))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -216,7 +216,7 @@ fn shown(params: &[(String, String)]) -> String {
 pub async fn host_view(config: &Config, queue: &str) -> HostView {
     let url = format!("{}/status", super::client::api_base(config));
     let asked = async {
-        let response = super::client::client(config)?.get(&url).timeout(std::time::Duration::from_secs(5)).send().await?;
+        let response = super::client::client(config.default_token())?.get(&url).timeout(std::time::Duration::from_secs(5)).send().await?;
         let status = response.status();
         let body: serde_json::Value = serde_json::from_slice(&response.bytes().await?).context("its answer is not JSON")?;
         if !status.is_success() {

@@ -112,8 +112,20 @@ pub(super) fn check_folder(key: &str, given: &Path, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Longest API or scaler token, in bytes: far beyond any secret's need, far below what a
+/// request header may carry.
+pub const MAX_TOKEN_BYTES: usize = 4096;
+
+/// Refuses a token over [`MAX_TOKEN_BYTES`], naming `key` and its length (never the token).
+fn check_token_length(key: &str, token: &str) -> Result<()> {
+    if token.len() > MAX_TOKEN_BYTES {
+        bail!("{key}: is {} bytes; a token may be at most {MAX_TOKEN_BYTES} bytes (it is sent in an HTTP header)", token.len());
+    }
+    Ok(())
+}
+
 /// A token from the file (`key`) or the environment (`env`, which wins): neither empty nor
-/// blank, visible ASCII only (it travels in a header).
+/// blank, at most [`MAX_TOKEN_BYTES`], visible ASCII only (it travels in a header).
 pub(super) fn check_token(key: &str, file: Option<String>, env: &str, from_env: Option<String>) -> Result<Option<String>> {
     if file.as_deref().is_some_and(|t| t.trim().is_empty()) {
         bail!("{key}: is empty or blank; set a token, or remove the key to run without one");
@@ -121,6 +133,12 @@ pub(super) fn check_token(key: &str, file: Option<String>, env: &str, from_env: 
     let from_env = from_env.filter(|t| !t.is_empty());
     if from_env.as_deref().is_some_and(|t| t.trim().is_empty()) {
         bail!("{env}: is blank; set a token, or unset the variable");
+    }
+    if let Some(token) = &file {
+        check_token_length(key, token)?;
+    }
+    if let Some(token) = &from_env {
+        check_token_length(env, token)?;
     }
     let visible_ascii = |t: &str| t.bytes().all(|b| b.is_ascii_graphic());
     if file.as_deref().is_some_and(|t| !visible_ascii(t)) {
@@ -132,12 +150,13 @@ pub(super) fn check_token(key: &str, file: Option<String>, env: &str, from_env: 
     Ok(from_env.or(file))
 }
 
-/// A token's text (`key` names where it came from): neither empty nor blank, visible ASCII
-/// only (it travels in a header).
+/// A token's text (`key` names where it came from): neither empty nor blank, at most
+/// [`MAX_TOKEN_BYTES`], visible ASCII only (it travels in a header).
 pub(super) fn check_token_text(key: &str, token: &str) -> Result<()> {
     if token.trim().is_empty() {
         bail!("{key}: is empty or blank; set a token");
     }
+    check_token_length(key, token)?;
     if !token.bytes().all(|b| b.is_ascii_graphic()) {
         bail!("{key}: use visible ASCII characters only (no spaces, no accents): it is sent in an HTTP header");
     }

@@ -38,14 +38,21 @@ pub use backend::Backend;
 pub use bus::BusConfig;
 pub use checks::{
     MAX_API_CONNECTIONS, MAX_CACHE_MIB, MAX_CALL_DEADLINE, MAX_CONCURRENT_CALLS, MAX_INSTANCES, MAX_INTERVAL, MAX_MEMORY_MIB, MAX_MESSAGE_BYTES_LIMIT,
-    MAX_PACK_LINGER, MAX_PRICE_PER_10K, MAX_QUEUE_NAME_LEN, MAX_SAFETY_POLL, MAX_TASKS,
+    MAX_PACK_LINGER, MAX_PRICE_PER_10K, MAX_QUEUE_NAME_LEN, MAX_SAFETY_POLL, MAX_TASKS, MAX_TOKEN_BYTES,
 };
 use file::ConfigFile;
 pub use settings::{ApiLimits, ApiRole, ApiToken, ScalerSettings};
 pub use validate::{DEFAULT_TOKEN_NAME, MAX_TOKEN_NAME_LEN};
 
-/// Environment variable that supplies the API token (overrides `api.token`).
+/// Environment variable that supplies the API token. For `ebb run`, `ebb scaler` and
+/// `ebb check` it is the host's admin token `default` (overriding `api.token`); for the
+/// commands that call a running host (`ebb status`, `send`, `queue`, `poison`) it is the token
+/// they send, as it is: any token the host knows, a named one included.
 pub const TOKEN_ENV: &str = "EBB_API_TOKEN";
+
+/// Environment variable naming the configured token the client commands send (as
+/// `--token-name` does): `default` or a `[[api.tokens]]` name.
+pub const TOKEN_NAME_ENV: &str = "EBB_TOKEN_NAME";
 
 /// Environment variable that supplies the scaler token (overrides `scaler.token`).
 pub const SCALER_TOKEN_ENV: &str = "EBB_SCALER_TOKEN";
@@ -138,10 +145,37 @@ impl QueueConfig {
 }
 
 impl Config {
-    /// The token `ebb` commands send to the running host: `api.token` or `EBB_API_TOKEN`
-    /// (named tokens belong to other clients).
+    /// The host's admin token `default`: `api.token` or `EBB_API_TOKEN`.
     pub fn default_token(&self) -> Option<&str> {
         self.tokens.iter().find(|t| t.name == DEFAULT_TOKEN_NAME).map(|t| t.secret.as_str())
+    }
+
+    /// Reads `path` for a command that calls the running host (`ebb status`, `send`,
+    /// `queue`, `poison`), and picks the token it sends ([`Config::parse_for_client`]).
+    /// `token_name`: `--token-name` or `EBB_TOKEN_NAME`.
+    pub fn load_for_client(path: &Path, token_name: Option<&str>) -> Result<(Config, Option<String>)> {
+        let text = crate::input::read_text("config", path, crate::input::MAX_CONFIG_BYTES)?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let env = |var: &str| std::env::var(var).ok();
+        Config::parse_for_client(&text, &base, token_name, &env).map_err(|error| {
+            // A token that cannot be picked is the command's to fix, not the file's.
+            if error.downcast_ref::<ClientTokenError>().is_some() { error } else { error.context(format!("invalid config {}", path.display())) }
+        })
+    }
+
+    /// [`Config::parse`] for a client of the running host, with the token it sends. The API's
+    /// tokens are the host's to check, not a client's: `EBB_API_TOKEN` is not made the host's
+    /// `default` here (so a named token's secret in it is no duplicate), a `[[api.tokens]]`
+    /// whose `token_env` is not set here is left out (a client holds its own token, not
+    /// everyone's), and a public `api.listen` needs no token in the file. The token sent:
+    /// the configured token named `token_name` (`default` is `EBB_API_TOKEN`, else
+    /// `api.token`); else `EBB_API_TOKEN` as it is (the host judges it); else `api.token`.
+    /// Variables (`EBB_API_TOKEN`, `EBB_SCALER_TOKEN`, each `token_env`) are read through `env`.
+    pub fn parse_for_client(text: &str, base: &Path, token_name: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result<(Config, Option<String>)> {
+        let config = Config::parse_as(text, base, None, env(SCALER_TOKEN_ENV), validate::Reader::Client, env)?;
+        let file: ConfigFile = toml::from_str(text).map_err(toml_error)?;
+        let token = file.api.client_token(token_name, env(TOKEN_ENV), env).map_err(|error| anyhow::Error::new(ClientTokenError(format!("{error:#}"))))?;
+        Ok((config, token))
     }
 
     /// Reads and validates `path`.
@@ -185,13 +219,24 @@ impl Config {
 
     /// [`Config::parse`], with the scaler token's variable too (`EBB_SCALER_TOKEN`).
     pub fn parse_with_env(text: &str, base: &Path, env_token: Option<String>, env_scaler_token: Option<String>) -> Result<Config> {
+        Config::parse_as(text, base, env_token, env_scaler_token, validate::Reader::Host, &|var| std::env::var(var).ok())
+    }
+
+    fn parse_as(
+        text: &str,
+        base: &Path,
+        env_token: Option<String>,
+        env_scaler_token: Option<String>,
+        reader: validate::Reader,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config> {
         let file: ConfigFile = match toml::from_str(text) {
             Ok(file) => file,
             // serde stops at the first bad value; for rule_params, say them all at once.
             Err(error) => return Err(unquoted_rule_params(text).unwrap_or_else(|| toml_error(error))),
         };
         let scaler = file.scaler.validate(env_scaler_token)?;
-        let mut config = file.validate(base, env_token)?;
+        let mut config = file.validate(base, env_token, reader, env)?;
         if let Some(scaler) = &scaler
             && scaler.listen == config.listen
             && scaler.listen.port() != 0
@@ -202,6 +247,18 @@ impl Config {
         Ok(config)
     }
 }
+
+/// Why a client command cannot pick the token it was told to send.
+#[derive(Debug)]
+struct ClientTokenError(String);
+
+impl std::fmt::Display for ClientTokenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ClientTokenError {}
 
 /// Every `rule_params` value of every queue that is not a string (`per_task = 10`), in one
 /// error saying how to quote them; `None` when there is none (or the text is not TOML).

@@ -17,14 +17,24 @@ use super::settings::{ApiLimits, ApiRole, ApiToken, ScalerSettings};
 use super::{Config, QueueConfig, SCALER_TOKEN_ENV, TOKEN_ENV};
 use crate::rules::RuleLimits;
 
+/// Who reads the config: the host, which serves the API's tokens, or a client of it
+/// ([`Config::parse_for_client`]), which only sends one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reader {
+    Host,
+    Client,
+}
+
 impl ConfigFile {
-    pub(super) fn validate(self, base: &Path, env_token: Option<String>) -> Result<Config> {
+    /// `env` reads the variables `[[api.tokens]]` name.
+    pub(super) fn validate(self, base: &Path, env_token: Option<String>, reader: Reader, env: &dyn Fn(&str) -> Option<String>) -> Result<Config> {
         let listen: SocketAddr =
             self.api.listen.parse().map_err(|_| anyhow::anyhow!("api.listen: {:?} is not an address like 127.0.0.1:7070", self.api.listen))?;
+        let env_token = if reader == Reader::Host { env_token } else { None };
         let default_key = if env_token.as_deref().is_some_and(|t| !t.is_empty()) { TOKEN_ENV } else { "api.token" };
         let token = check_token("api.token", self.api.token, TOKEN_ENV, env_token)?;
-        let tokens = api_tokens(token.map(|t| (default_key, t)), &self.api.tokens, &|var| std::env::var(var).ok())?;
-        if !listen.ip().is_loopback() && tokens.is_empty() {
+        let tokens = api_tokens(token.map(|t| (default_key, t)), &self.api.tokens, env, reader == Reader::Client)?;
+        if reader == Reader::Host && !listen.ip().is_loopback() && tokens.is_empty() {
             bail!("api.listen: {listen} is not a loopback address, so a token is required: api.token (or {TOKEN_ENV}) or [[api.tokens]]");
         }
         check_duration("api.header_read_timeout", self.api.header_read_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
@@ -179,6 +189,45 @@ impl ScalerFile {
     }
 }
 
+impl super::file::ApiFile {
+    /// The token a client command sends (see [`Config::parse_for_client`]): the configured
+    /// token named `name`; else `env_token` (`EBB_API_TOKEN`) as it is; else `api.token`.
+    pub(super) fn client_token(&self, name: Option<&str>, env_token: Option<String>, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<String>> {
+        let env_token = env_token.filter(|t| !t.is_empty());
+        let Some(name) = name else {
+            if let Some(token) = env_token {
+                check_token_text(TOKEN_ENV, &token)?;
+                return Ok(Some(token));
+            }
+            // api.token is checked with the rest of the file.
+            return Ok(self.token.clone());
+        };
+        let shown = crate::health::truncate_reason(name);
+        if name == DEFAULT_TOKEN_NAME {
+            return match (env_token, &self.token) {
+                (Some(token), _) => check_token_text(TOKEN_ENV, &token).map(|()| Some(token)),
+                (None, Some(token)) => Ok(Some(token.clone())),
+                (None, None) => bail!("--token-name default: neither {TOKEN_ENV} nor api.token is set"),
+            };
+        }
+        let Some((i, file)) = self.tokens.iter().enumerate().find(|(_, t)| t.name.as_deref() == Some(name)) else {
+            let names: Vec<&str> = self.token.iter().map(|_| DEFAULT_TOKEN_NAME).chain(self.tokens.iter().filter_map(|t| t.name.as_deref())).collect();
+            let names = if names.is_empty() { "none".to_string() } else { names.join(", ") };
+            bail!("--token-name {shown}: the config has no token of that name (its tokens: {names})");
+        };
+        let (key, secret) = match (&file.token, &file.token_env) {
+            (Some(secret), _) => (format!("api.tokens[{i}].token"), secret.clone()),
+            (None, Some(var)) => match env(var).filter(|s| !s.is_empty()) {
+                Some(secret) => (format!("api.tokens[{i}].token_env ({var})"), secret),
+                None => bail!("--token-name {shown}: its secret is read from {var} (api.tokens[{i}].token_env), which is not set here"),
+            },
+            (None, None) => bail!("api.tokens[{i}]: give the token as token = \"…\" or token_env = \"VARIABLE\""),
+        };
+        check_token_text(&key, &secret)?;
+        Ok(Some(secret))
+    }
+}
+
 /// The name `api.token` (or `EBB_API_TOKEN`) goes by.
 pub const DEFAULT_TOKEN_NAME: &str = "default";
 /// Names that mean someone else in the audit log: no token (`anonymous`), `ebb queue` with no
@@ -189,8 +238,14 @@ pub const MAX_TOKEN_NAME_LEN: usize = 64;
 
 /// Every API token: `default` (the admin token of `api.token` / `EBB_API_TOKEN`, already
 /// checked) first, then `[[api.tokens]]` in order, their variables read through `env`. Names
-/// and secrets are each unique, so the audit log can tell who acted.
-pub(super) fn api_tokens(default: Option<(&str, String)>, named: &[ApiTokenFile], env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<ApiToken>> {
+/// and secrets are each unique, so the audit log can tell who acted. `skip_unset`: a token
+/// whose variable is not set (or empty) is left out instead of refused (a client's view).
+pub(super) fn api_tokens(
+    default: Option<(&str, String)>,
+    named: &[ApiTokenFile],
+    env: &dyn Fn(&str) -> Option<String>,
+    skip_unset: bool,
+) -> Result<Vec<ApiToken>> {
     let mut tokens: Vec<(String, ApiToken)> = Vec::new();
     if let Some((key, secret)) = default {
         tokens.push((key.to_string(), ApiToken { name: DEFAULT_TOKEN_NAME.into(), role: ApiRole::Admin, secret }));
@@ -226,7 +281,11 @@ pub(super) fn api_tokens(default: Option<(&str, String)>, named: &[ApiTokenFile]
                 if var.trim().is_empty() {
                     bail!("{secret_key}: is empty; name the environment variable holding the token");
                 }
-                let Some(secret) = env(var) else { bail!("{secret_key}: {var} is not set") };
+                let secret = env(var);
+                if skip_unset && secret.as_deref().is_none_or(str::is_empty) {
+                    continue;
+                }
+                let Some(secret) = secret else { bail!("{secret_key}: {var} is not set") };
                 (format!("{secret_key} ({var})"), secret)
             }
             (Some(_), Some(_)) => bail!("{key}: give the token as exactly one of token or token_env, not both"),
@@ -256,10 +315,10 @@ mod tests {
     #[test]
     fn the_default_token_comes_first_as_admin_and_named_tokens_keep_their_role() {
         let named = [token("ops", "read", None, Some("EBB_OPS_TOKEN")), token("deploy-bot_2", "admin", Some("s3cret"), None)];
-        let tokens = api_tokens(Some(("api.token", "t0ken".into())), &named, &env).unwrap();
+        let tokens = api_tokens(Some(("api.token", "t0ken".into())), &named, &env, false).unwrap();
         let seen: Vec<(&str, ApiRole, &str)> = tokens.iter().map(|t| (t.name.as_str(), t.role, t.secret.as_str())).collect();
         assert_eq!(seen, [("default", ApiRole::Admin, "t0ken"), ("ops", ApiRole::Read, "from-the-environment"), ("deploy-bot_2", ApiRole::Admin, "s3cret")]);
-        assert!(api_tokens(None, &[], &env).unwrap().is_empty());
+        assert!(api_tokens(None, &[], &env, false).unwrap().is_empty());
         assert!(!format!("{tokens:?}").contains("s3cret"), "a logged config shows no secret");
     }
 
@@ -290,7 +349,7 @@ mod tests {
             ),
         ];
         for (named, expected) in cases {
-            let error = format!("{:#}", api_tokens(Some(("api.token", "t0ken".into())), &named, &env).unwrap_err());
+            let error = format!("{:#}", api_tokens(Some(("api.token", "t0ken".into())), &named, &env, false).unwrap_err());
             assert!(error.starts_with(expected), "expected {expected:?}, got {error:?}");
         }
     }

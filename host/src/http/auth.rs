@@ -20,9 +20,6 @@ use crate::config::{ApiRole, ApiToken};
 /// The name of the caller when no token is configured (the API then listens on loopback only).
 pub const ANONYMOUS: &str = "anonymous";
 
-/// Longest request path a 403 shows when the path is no route's (the route's pattern otherwise).
-const MAX_SHOWN_PATH: usize = 64;
-
 /// Who made a request, in its extensions once the token is checked (`GET /whoami` answers it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Caller {
@@ -93,14 +90,7 @@ fn shown_route(routes: &[&'static str], path: &str) -> String {
     if let Some(pattern) = routes.iter().find(|p| matches(p)) {
         return (*pattern).to_string();
     }
-    if path.len() <= MAX_SHOWN_PATH {
-        return path.to_string();
-    }
-    let mut end = MAX_SHOWN_PATH;
-    while !path.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &path[..end])
+    super::errors::echoed(path)
 }
 
 /// What [`require_token`] needs: the API (its tokens) and the routes' patterns, for the 403.
@@ -184,6 +174,6 @@ mod tests {
         assert_eq!(shown_route(&routes, "/nowhere"), "/nowhere");
         let long = format!("/{}", "é".repeat(10_000));
         let shown = shown_route(&routes, &long);
-        assert!(shown.len() <= MAX_SHOWN_PATH + '…'.len_utf8() && shown.ends_with('…'), "{shown}");
+        assert!(shown.len() <= super::super::errors::MAX_ECHO_BYTES + '…'.len_utf8() && shown.ends_with('…'), "{shown}");
     }
 }

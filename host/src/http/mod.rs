@@ -7,7 +7,9 @@
 //! without a known one; without one `/readyz` shows no reasons), and a `read` token gets 403
 //! on every method but `GET`.
 //!
-//! Every error answer is JSON, `{"error": "<reason>"}`. [`serve`] runs the API on hyper with
+//! Every route takes only the query parameters the route table names for it, each once (400
+//! otherwise, checked before the handler runs). Every error answer is JSON,
+//! `{"error": "<reason>"}`, repeating at most 64 bytes of anything the request sent. [`serve`] runs the API on hyper with
 //! the limits of [`ApiLimits`] (header and body deadlines, an idle timeout, a connection limit
 //! that keeps room for the probes), so slow or idle clients cannot hold the API.
 //!

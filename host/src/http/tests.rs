@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Api;
+use super::errors::MAX_ECHO_BYTES;
 use crate::config::ApiLimits;
 use crate::health::{Health, Readiness, ReadinessPart};
 use crate::queue::memory::MemoryQueue;
@@ -140,7 +141,7 @@ async fn shutdown_closes_idle_connections_and_serve_returns() -> Result<()> {
 
 /// Issue 25: liveness apart from readiness. `/readyz` answers 200 when every queue is ready
 /// and 503 with each queue's reasons when one is not; like `/healthz` it needs no token, but
-/// without it shows only each queue's `ready`. It reads no query.
+/// without it shows only each queue's `ready`. A query is refused.
 #[tokio::test(start_paused = true)]
 async fn readyz_answers_per_queue_and_shows_reasons_only_with_the_token() -> Result<()> {
     let readiness = Readiness::default();
@@ -156,14 +157,17 @@ async fn readyz_answers_per_queue_and_shows_reasons_only_with_the_token() -> Res
 
     let reason = "connection refused by 10.0.0.7:10001 (account prodstore)";
     readiness.set_problem("orders", ReadinessPart::Storage, reason);
-    let long_query = format!("/readyz?{}", "x=1&".repeat(10_000));
-    for (path, token) in [("/readyz", None), ("/readyz", Some("wrong")), (long_query.as_str(), None)] {
+    for (path, token) in [("/readyz", None), ("/readyz", Some("wrong"))] {
         let answer = raw(addr, &get(path, token)).await?;
         ensure!(answer.status == 503 && answer.error()?.contains("not every queue is ready"), "{answer:?}");
         let body = json(&answer)?;
         ensure!(body["queues"] == serde_json::json!({ "invoices": { "ready": true }, "orders": { "ready": false } }), "{answer:?}");
         ensure!(!answer.body.contains("refused"), "the reason shown without the token: {answer:?}");
     }
+    // A query is refused, as on every route, briefly however long.
+    let long_query = format!("/readyz?{}", "x=1&".repeat(10_000));
+    let answer = raw(addr, &get(&long_query, None)).await?;
+    ensure!(answer.status == 400 && answer.body.len() < 200 && answer.error()?.contains("unknown query parameter \"x\""), "{answer:?}");
     let answer = raw(addr, &get("/readyz", Some(TOKEN))).await?;
     ensure!(answer.status == 503, "{answer:?}");
     let body = json(&answer)?;
@@ -482,5 +486,121 @@ async fn a_send_to_stalled_storage_answers_503_in_time_and_an_impossible_body_40
     let answer = raw(addr, &request("POST", "/queues/orders/messages", Some(TOKEN), b"x")).await?;
     assert_eq!(answer.status, 400, "{answer:?}");
     assert!(answer.error()?.contains("U+0000"), "{answer:?}");
+    Ok(())
+}
+
+/// Attack pass, defect 13: a 404, a 405 and a route's own errors echoed the request's path,
+/// method, queue name and query unbounded (a 30 KB path came back whole). What an answer
+/// echoes is cut short, marked, and the answer stays small.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_echoes_at_most_a_short_part_of_the_request() -> Result<()> {
+    let (addr, shutdown, _task) = serve(ApiLimits::default()).await;
+    let long = "n".repeat(30_000);
+    let digits = "9".repeat(30_000);
+    let requests = [
+        get(&format!("/{long}"), Some(TOKEN)),
+        get(&format!("/queues/{long}/messages"), Some(TOKEN)),
+        request(&"N".repeat(10_000), "/status", Some(TOKEN), b""),
+        request("POST", &format!("/queues/{long}/messages"), Some(TOKEN), b"x"),
+        request("POST", &format!("/queues/{long}/items"), Some(TOKEN), b"[1]"),
+        request("POST", &format!("/queues/{long}/notify"), Some(TOKEN), b""),
+        request("POST", &format!("/queues/{long}/pause"), Some(TOKEN), b""),
+        request("POST", &format!("/queues/{long}/resume"), Some(TOKEN), b""),
+        request("POST", &format!("/queues/{long}/replies/{long}?timeout_ms=1"), Some(TOKEN), b""),
+        request("POST", &format!("/queues/orders/replies/{long}?timeout_ms=1"), Some(TOKEN), b""),
+        get(&format!("/queues/{long}/poison"), Some(TOKEN)),
+        request("POST", &format!("/queues/{long}/poison/requeue?all=true"), Some(TOKEN), b""),
+        request("POST", &format!("/queues/{long}/poison/purge?confirm=x"), Some(TOKEN), b""),
+        request("POST", &format!("/queues/{long}/poison/purge?confirm={long}"), Some(TOKEN), b""),
+        request("POST", &format!("/queues/orders/messages?delay_ms={digits}"), Some(TOKEN), b"x"),
+        request("POST", &format!("/queues/orders/notify?{long}=1"), Some(TOKEN), b""),
+        request("POST", &format!("/queues/orders/pause?for={long}"), Some(TOKEN), b""),
+        get(&format!("/audit?limit={long}"), Some(TOKEN)),
+        get(&format!("/status?{long}"), Some(TOKEN)),
+    ];
+    for request in requests {
+        let answer = raw(addr, &request).await?;
+        let line = String::from_utf8_lossy(&request[..request.len().min(80)]).into_owned();
+        ensure!((400..500).contains(&answer.status), "{line}…: {answer:?}");
+        let error = answer.error()?;
+        ensure!(answer.body.len() <= 1_024, "{line}…: a {}-byte answer: {}…", answer.body.len(), &error[..error.len().min(200)]);
+        for run in ["n", "9", "N"] {
+            ensure!(!error.contains(&run.repeat(MAX_ECHO_BYTES + 1)), "{line}…: more than {MAX_ECHO_BYTES} bytes of the request echoed: {error}");
+        }
+        ensure!(error.contains('…') || !error.contains(&"n".repeat(10)), "{line}…: what is cut is marked: {error}");
+    }
+    shutdown.cancel();
+    Ok(())
+}
+
+/// The request path (with `{name}` and `{id}` filled in) of each route, for a call that
+/// gets past the route's own checks.
+fn route_path(pattern: &str) -> String {
+    pattern.replace("{name}", "orders").replace("{id}", "m1")
+}
+
+/// Attack pass, defect 14: `GET /status?x=1` was answered as if `x` were not there. Every
+/// route, the probes and the console's files included, refuses a query parameter it does not
+/// take (and one given twice), naming it; the parameters a route takes still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_refuses_a_query_parameter_it_does_not_take_naming_it() -> Result<()> {
+    let (addr, shutdown, _task) = serve(ApiLimits::default()).await;
+    let mut calls: Vec<(String, String)> =
+        super::authenticated_route_table().into_iter().map(|(method, pattern)| (method.to_string(), route_path(pattern))).collect();
+    for path in ["/healthz", "/readyz", "/", "/console/app.js", "/console/app.css"] {
+        calls.push(("GET".into(), path.into()));
+    }
+    ensure!(calls.len() >= 19, "only {} routes tried", calls.len());
+    for (method, path) in &calls {
+        for query in ["x=1", "x"] {
+            let answer = raw(addr, &request(method, &format!("{path}?{query}"), Some(TOKEN), b"")).await?;
+            ensure!(answer.status == 400, "{method} {path}?{query}: {answer:?}");
+            let error = answer.error()?;
+            ensure!(error.contains("unknown query parameter \"x\""), "{method} {path}?{query}: {error:?}");
+        }
+    }
+    let answer = raw(addr, &get("/audit?limit=5&x=1", Some(TOKEN))).await?;
+    ensure!(answer.status == 400 && answer.error()?.contains("unknown query parameter \"x\""), "a known one beside: {answer:?}");
+    for (method, path) in [("GET", "/audit?limit=1&limit=2"), ("POST", "/queues/orders/messages?delay_ms=1&delay_ms=1")] {
+        let answer = raw(addr, &request(method, path, Some(TOKEN), b"x")).await?;
+        ensure!(answer.status == 400 && answer.error()?.contains("given more than once"), "{method} {path}: {answer:?}");
+    }
+    // Without a token, the token is what is wrong (a query says nothing to a stranger).
+    ensure!(raw(addr, &get("/status?x=1", None)).await?.status == 401);
+    for (method, path, status) in [
+        ("GET", "/audit?limit=5", 200),
+        ("POST", "/queues/orders/messages?delay_ms=1", 201),
+        ("POST", "/queues/orders/pause?for=1m", 200),
+        ("POST", "/queues/orders/resume", 200),
+        ("POST", "/queues/orders/replies/m1?timeout_ms=1", 409),
+        ("GET", "/queues/orders/poison?limit=5", 404),
+    ] {
+        let answer = raw(addr, &request(method, path, Some(TOKEN), b"x")).await?;
+        ensure!(answer.status == status, "{method} {path}: {answer:?}");
+    }
+    shutdown.cancel();
+    Ok(())
+}
+
+/// A request header is bounded before anything parses it: hyper reads at most its buffer
+/// (~400 KiB) of head and answers 431 to a 1 MiB `Authorization` header, never holding the
+/// megabyte; the server goes on answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_mib_header_gets_431_without_being_read_whole() -> Result<()> {
+    let (addr, shutdown, _task) = serve(ApiLimits::default()).await;
+    for header in ["Authorization: Bearer ", "X-Anything: "] {
+        let head = format!("GET /status HTTP/1.1\r\nHost: ebb\r\n{header}{}\r\n\r\n", "a".repeat(1 << 20));
+        let (mut read, mut write) = TcpStream::connect(addr).await?.into_split();
+        let writer = tokio::spawn(async move {
+            // The server stops reading at its limit: the rest of the write may be refused.
+            let _ = write.write_all(head.as_bytes()).await;
+            write
+        });
+        let answer = tokio::time::timeout(Duration::from_secs(10), read_answer(&mut read)).await.context("no answer")??;
+        ensure!(answer.status == 431, "{header}<1 MiB>: {answer:?}");
+        drop(writer.await?);
+    }
+    ensure!(raw(addr, &get("/status", Some(TOKEN))).await?.status == 200, "the server goes on");
+    shutdown.cancel();
     Ok(())
 }

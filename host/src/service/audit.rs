@@ -70,27 +70,70 @@ impl AuditLog {
         }
         let mut line = serde_json::to_vec(entry)?;
         line.push(b'\n');
-        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&self.file)?;
+        let mut file = std::fs::OpenOptions::new().create(true).append(true).read(true).open(&self.file)?;
+        // A crash may have cut the last line short: the entry starts on a line of its own, or
+        // it would be glued to the torn one and lost with it.
+        if ends_torn(&mut file)? {
+            line.insert(0, b'\n');
+        }
         file.write_all(&line)?;
         file.sync_data()?;
         Ok(())
     }
 
-    /// The last `limit` entries, oldest first (from the file's last MiB; lines that are not
-    /// entries are skipped).
-    pub fn recent(&self, limit: usize) -> Result<Vec<AuditEntry>> {
+    /// The last `limit` entries, oldest first, and how many lines of the file's last MiB were
+    /// not entries (torn by a crash, or damaged) and skipped.
+    pub fn tail(&self, limit: usize) -> Result<AuditTail> {
         use std::io::{Read as _, Seek as _, SeekFrom};
         let mut file = match std::fs::File::open(&self.file) {
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(AuditTail { entries: Vec::new(), skipped: 0 }),
             opened => opened.with_context(|| format!("failed to read audit log {}", self.file.display()))?,
         };
         let len = file.metadata()?.len();
-        file.seek(SeekFrom::Start(len.saturating_sub(TAIL_BYTES)))?;
+        let start = len.saturating_sub(TAIL_BYTES);
+        file.seek(SeekFrom::Start(start))?;
         let mut tail = Vec::new();
         file.take(TAIL_BYTES).read_to_end(&mut tail)?;
-        let entries: Vec<AuditEntry> = tail.split(|b| *b == b'\n').filter_map(|line| serde_json::from_slice(line).ok()).collect();
-        Ok(entries[entries.len().saturating_sub(limit)..].to_vec())
+        let mut lines = tail.split(|b| *b == b'\n');
+        if start > 0 {
+            // Read from the middle of a line: its end alone is no entry, and no damage either.
+            lines.next();
+        }
+        let mut entries = Vec::new();
+        let mut skipped = 0;
+        for line in lines.filter(|line| !line.iter().all(u8::is_ascii_whitespace)) {
+            match serde_json::from_slice::<AuditEntry>(line) {
+                Ok(entry) => entries.push(entry),
+                Err(_) => skipped += 1,
+            }
+        }
+        if skipped > 0 {
+            tracing::warn!(file = %self.file.display(), "the audit log has {skipped} damaged line(s) in its last MiB (cut short by a crash?); they are skipped");
+        }
+        let entries = entries.split_off(entries.len().saturating_sub(limit));
+        Ok(AuditTail { entries, skipped })
     }
+}
+
+/// The end of the audit log: its last entries and the lines around them that were not.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AuditTail {
+    /// The last entries, oldest first.
+    pub entries: Vec<AuditEntry>,
+    /// Lines that were not entries (cut short by a crash, or damaged), skipped.
+    pub skipped: usize,
+}
+
+/// Whether `file` is not empty and its last byte is not a newline (a line cut short).
+fn ends_torn(file: &mut std::fs::File) -> Result<bool> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    if file.metadata()?.len() == 0 {
+        return Ok(false);
+    }
+    file.seek(SeekFrom::End(-1))?;
+    let mut last = [0u8];
+    file.read_exact(&mut last)?;
+    Ok(last[0] != b'\n')
 }
 
 #[cfg(test)]
@@ -101,14 +144,32 @@ mod tests {
     fn entries_are_appended_and_read_back_newest_last() {
         let dir = tempfile::tempdir().unwrap();
         let log = AuditLog::new(&dir.path().join("data"));
-        assert!(log.recent(10).unwrap().is_empty());
+        assert!(log.tail(10).unwrap().entries.is_empty());
         log.record("api", "pause", "orders", "ok: paused until resumed");
         log.record("cli", "resume", "orders", "ok: resumed");
         std::fs::OpenOptions::new().append(true).open(dir.path().join("data").join(AUDIT_FILE)).unwrap().write_all(b"not json\n").unwrap();
         log.record("api", "purge", "mail", &"x".repeat(10_000));
-        let recent = log.recent(2).unwrap();
+        let recent = log.tail(2).unwrap().entries;
         assert_eq!(recent.iter().map(|e| e.action.as_str()).collect::<Vec<_>>(), ["resume", "purge"]);
         assert!(recent[1].result.len() < 1_000, "a long result is cut");
-        assert_eq!(log.recent(10).unwrap().len(), 3, "the damaged line is skipped");
+        assert_eq!(log.tail(10).unwrap(), AuditTail { entries: log.tail(3).unwrap().entries, skipped: 1 }, "the damaged line is skipped, counted");
+    }
+
+    /// Attack pass, defect 10: a line cut short by a crash (no newline at its end) swallowed
+    /// the next entry, appended onto it. An append starts on a line of its own.
+    #[test]
+    fn a_torn_last_line_costs_no_entry_written_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = AuditLog::new(dir.path());
+        log.record("ops", "pause", "orders", "ok: paused until resumed");
+        let torn = br#"{"at":"2026-11-27T16:00:00.000Z","actor":"ops","act"#;
+        std::fs::OpenOptions::new().append(true).open(dir.path().join(AUDIT_FILE)).unwrap().write_all(torn).unwrap();
+        log.record("ops", "resume", "orders", "ok: resumed");
+        log.record("ops", "purge", "orders", "ok: 0 purged");
+        let tail = log.tail(10).unwrap();
+        assert_eq!(tail.entries.iter().map(|e| e.action.as_str()).collect::<Vec<_>>(), ["pause", "resume", "purge"]);
+        assert_eq!(tail.skipped, 1, "the torn line is counted");
+        let text = std::fs::read_to_string(dir.path().join(AUDIT_FILE)).unwrap();
+        assert_eq!(text.lines().count(), 4, "each entry on its own line: {text}");
     }
 }

@@ -24,7 +24,7 @@ use tracing::Instrument as _;
 
 pub use assembly::claim_store;
 pub(crate) use assembly::{QueueStack, StackOptions, storage_queue};
-pub use audit::AuditLog;
+pub use audit::{AuditLog, AuditTail};
 pub use handle::QueueHandle;
 pub use pauses::{Pauses, check_pause_length};
 

@@ -7,7 +7,8 @@
 //! on a `watch` channel. Each client sends what changed since the frame it last sent: a
 //! client that reads slowly skips frames (the channel holds only the latest) and catches up
 //! on the samples it missed from the bounded history, so no client makes the host buffer.
-//! At most [`MAX_EVENT_CLIENTS`] streams are open at once.
+//! At most [`MAX_EVENT_CLIENTS`] streams are open at once, at most [`MAX_READ_EVENT_CLIENTS`]
+//! of them a read token's.
 //!
 //! Events: `hello` (the host, every queue and the history, once), `update` (the host if
 //! changed, the queues whose figures changed), `samples` (the points taken since the last
@@ -21,7 +22,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Extension, RawQuery};
+use axum::extract::Extension;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -29,9 +30,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::ApiRole;
 use crate::cost::CostStatus;
-use crate::http::Api;
 use crate::http::errors::error;
+use crate::http::{Api, Caller};
 use crate::listener::ListenerStatus;
 
 /// How often a watched page gets the figures that changed.
@@ -42,6 +44,9 @@ pub const SAMPLE_EVERY: Duration = Duration::from_secs(10);
 pub const SAMPLES_KEPT: usize = 360;
 /// Most event streams open at once; more get 503.
 pub const MAX_EVENT_CLIENTS: usize = 8;
+/// Most of them read tokens hold: the rest are kept for admin tokens, so read-only viewers
+/// (a wall display, a team's tabs) cannot lock the operators out of the console.
+pub const MAX_READ_EVENT_CLIENTS: usize = 6;
 /// Longest time a stream goes without a byte.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// Processed counts kept per queue for the throughput: about 10 s at [`PUSH_EVERY`].
@@ -84,6 +89,8 @@ pub(crate) struct Console {
     history: Mutex<History>,
     frames: watch::Sender<Arc<Frame>>,
     clients: Arc<Semaphore>,
+    /// The read tokens' share of `clients`.
+    read_clients: Arc<Semaphore>,
     closing: CancellationToken,
     /// The wall clock and the monotonic clock at start: sample times are the first plus
     /// the second's elapsed time, so they never go back when the system clock is set.
@@ -155,6 +162,7 @@ impl Console {
             history: Mutex::new(history),
             frames,
             clients: Arc::new(Semaphore::new(MAX_EVENT_CLIENTS)),
+            read_clients: Arc::new(Semaphore::new(MAX_READ_EVENT_CLIENTS)),
             closing,
             started: (SystemTime::now(), now),
         });
@@ -292,6 +300,8 @@ struct Client {
     samples_sent: u64,
     keep_alive_at: Instant,
     _slot: OwnedSemaphorePermit,
+    /// A read token's stream also holds one of the read tokens' share.
+    _read_slot: Option<OwnedSemaphorePermit>,
 }
 
 impl Client {
@@ -374,11 +384,24 @@ impl Client {
     }
 }
 
-/// `GET /events`: the stream (no query parameter; 503 beyond [`MAX_EVENT_CLIENTS`]).
-pub(crate) async fn events(Extension(console): Extension<Arc<Console>>, RawQuery(query): RawQuery) -> Response {
-    if let Some((key, _)) = form_urlencoded::parse(query.unwrap_or_default().as_bytes()).next() {
-        return error(StatusCode::BAD_REQUEST, format!("unknown query parameter {:?} (this route takes none)", crate::health::truncate_reason(&key)));
-    }
+/// `GET /events`: the stream (503 beyond [`MAX_EVENT_CLIENTS`], or for a read token beyond
+/// its share, [`MAX_READ_EVENT_CLIENTS`]).
+pub(crate) async fn events(Extension(console): Extension<Arc<Console>>, Extension(caller): Extension<Caller>) -> Response {
+    let read_slot = match caller.role {
+        ApiRole::Admin => None,
+        ApiRole::Read => match console.read_clients.clone().try_acquire_owned() {
+            Ok(slot) => Some(slot),
+            Err(_) => {
+                let reason = format!(
+                    "read tokens hold {MAX_READ_EVENT_CLIENTS} of the console's {MAX_EVENT_CLIENTS} event streams already (the other {} are kept for admin tokens); try again later",
+                    MAX_EVENT_CLIENTS - MAX_READ_EVENT_CLIENTS
+                );
+                let mut response = error(StatusCode::SERVICE_UNAVAILABLE, reason);
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("10"));
+                return response;
+            }
+        },
+    };
     let Ok(slot) = console.clients.clone().try_acquire_owned() else {
         let mut response =
             error(StatusCode::SERVICE_UNAVAILABLE, format!("the console's event stream has its {MAX_EVENT_CLIENTS} clients already; try again later"));
@@ -386,7 +409,7 @@ pub(crate) async fn events(Extension(console): Extension<Arc<Console>>, RawQuery
         return response;
     };
     let frames = console.frames.subscribe();
-    let mut client = Client { console, frames, sent: None, samples_sent: 0, keep_alive_at: Instant::now() + KEEP_ALIVE, _slot: slot };
+    let mut client = Client { console, frames, sent: None, samples_sent: 0, keep_alive_at: Instant::now() + KEEP_ALIVE, _slot: slot, _read_slot: read_slot };
     let first = client.hello();
     let rest = futures::stream::unfold(client, |mut client| async move {
         let chunk = client.next().await?;

@@ -22,6 +22,8 @@ use crate::queue::memory::MemoryQueue;
 use crate::queue::{QueueClient, TokioClock};
 
 const TOKEN: &str = "t0ken";
+/// The read token `viewer`.
+const READ_TOKEN: &str = "r3ad";
 
 struct NoHandler;
 
@@ -50,7 +52,10 @@ fn api(closing: CancellationToken) -> (axum::Router, BTreeMap<String, Arc<dyn Qu
     let api = Api {
         listeners,
         handles,
-        tokens: vec![crate::config::ApiToken { name: "default".into(), role: crate::config::ApiRole::Admin, secret: TOKEN.to_string() }],
+        tokens: vec![
+            crate::config::ApiToken { name: "default".into(), role: crate::config::ApiRole::Admin, secret: TOKEN.to_string() },
+            crate::config::ApiToken { name: "viewer".into(), role: crate::config::ApiRole::Read, secret: READ_TOKEN.to_string() },
+        ],
         health: Health::default(),
         readiness: Default::default(),
         bus: None,
@@ -73,7 +78,11 @@ struct Events(axum::body::BodyDataStream);
 
 impl Events {
     async fn open(router: &axum::Router) -> Result<Events> {
-        let response = call(router, "/events", Some(TOKEN)).await;
+        Events::open_as(router, TOKEN).await
+    }
+
+    async fn open_as(router: &axum::Router, token: &str) -> Result<Events> {
+        let response = call(router, "/events", Some(token)).await;
         ensure!(response.status() == StatusCode::OK, "GET /events: {}", response.status());
         ensure!(response.headers()[header::CONTENT_TYPE] == "text/event-stream");
         Ok(Events(response.into_body().into_data_stream()))
@@ -177,6 +186,36 @@ async fn streams_beyond_the_limit_get_503_until_one_closes() -> Result<()> {
     assert!(refused.headers().contains_key(header::RETRY_AFTER));
     open.pop();
     Events::open(&router).await?;
+    Ok(())
+}
+
+/// Attack pass, defect 18: read tokens could hold all the streams, and an admin then had no
+/// console. Read tokens get at most a share of the streams; the rest stay an admin's.
+#[tokio::test(start_paused = true)]
+async fn read_tokens_cannot_take_the_streams_an_admin_needs() -> Result<()> {
+    let (router, _queues) = api(CancellationToken::new());
+    let mut open = Vec::new();
+    while open.len() < MAX_EVENT_CLIENTS {
+        let response = call(&router, "/events", Some(READ_TOKEN)).await;
+        if response.status() != StatusCode::OK {
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            let body = axum::body::to_bytes(response.into_body(), 1 << 16).await?;
+            ensure!(String::from_utf8_lossy(&body).contains("read tokens"), "the refusal says why: {}", String::from_utf8_lossy(&body));
+            break;
+        }
+        open.push(response);
+    }
+    let read_streams = open.len();
+    ensure!(read_streams < MAX_EVENT_CLIENTS, "read tokens took all {read_streams} streams");
+    ensure!(read_streams >= MAX_EVENT_CLIENTS / 2, "read tokens got only {read_streams} streams");
+    let mut admin = Vec::new();
+    for _ in read_streams..MAX_EVENT_CLIENTS {
+        admin.push(Events::open_as(&router, TOKEN).await.context("an admin's stream")?);
+    }
+    ensure!(call(&router, "/events", Some(TOKEN)).await.status() == StatusCode::SERVICE_UNAVAILABLE, "the total is still the limit");
+    // A read stream closed frees a read slot.
+    open.pop();
+    ensure!(call(&router, "/events", Some(READ_TOKEN)).await.status() == StatusCode::OK);
     Ok(())
 }
 

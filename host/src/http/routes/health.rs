@@ -22,7 +22,7 @@ pub(super) async fn healthz(State(api): State<Arc<Api>>) -> Response {
 
 /// 200 when every queue is ready (its storage answers, its rule is loaded), 503 when one is
 /// not; JSON per queue either way. Without the token (when one is configured) only each
-/// queue's `ready` shows: the reasons may name accounts, hosts and files. Takes no query.
+/// queue's `ready` shows: the reasons may name accounts, hosts and files. Takes no query (the route table refuses one).
 pub(super) async fn readyz(State(api): State<Arc<Api>>, headers: HeaderMap) -> Response {
     let queues = api.readiness.snapshot();
     let ready = queues.values().all(|queue| queue.ready);

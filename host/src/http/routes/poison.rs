@@ -21,25 +21,10 @@ const DEFAULT_LIMIT: u32 = 100;
 /// Most ids one requeue names.
 const MAX_IDS: usize = 1_000;
 
-/// The query's pairs, each key at most once and among `allowed`.
-fn query_pairs(query: Option<&str>, allowed: &[&str]) -> Result<Vec<(String, String)>, String> {
-    let mut pairs: Vec<(String, String)> = Vec::new();
-    for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
-        if !allowed.contains(&key.as_ref()) {
-            return Err(format!("unknown query parameter {:?} (this route takes {})", crate::health::truncate_reason(&key), allowed.join(", ")));
-        }
-        if pairs.iter().any(|(k, _)| *k == key) {
-            return Err(format!("{key}: given more than once"));
-        }
-        pairs.push((key.into_owned(), value.into_owned()));
-    }
-    Ok(pairs)
-}
-
 /// The queue's handle and poison queue, or why not (a 404's reason).
 fn queue<'a>(api: &'a Api, name: &str) -> Result<(&'a QueueHandle, Arc<dyn crate::queue::QueueClient>), String> {
     let Some(handle) = api.handles.get(name) else {
-        return Err(format!("no queue named {name} on this host"));
+        return Err(format!("no queue named {} on this host", crate::http::errors::echoed(name)));
     };
     let Some(poison) = handle.poison_queue() else {
         return Err(format!("queue {name} has no poison queue on this host"));
@@ -52,20 +37,17 @@ fn failed(reason: anyhow::Error) -> Response {
 }
 
 pub(super) async fn list(State(api): State<Arc<Api>>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
-    let limit = match query_pairs(query.as_deref(), &["limit"]) {
-        Ok(pairs) => match pairs.first() {
-            None => DEFAULT_LIMIT,
-            Some((_, value)) => match value.parse::<u32>().ok().filter(|n| (1..=MAX_PER_OPERATION).contains(n)) {
-                Some(limit) => limit,
-                None => {
-                    return error(
-                        StatusCode::BAD_REQUEST,
-                        format!("limit: {:?} is not a count from 1 to {MAX_PER_OPERATION}", crate::health::truncate_reason(value)),
-                    );
-                }
-            },
+    let limit = match super::query_value(query.as_deref(), "limit") {
+        None => DEFAULT_LIMIT,
+        Some(value) => match value.parse::<u32>().ok().filter(|n| (1..=MAX_PER_OPERATION).contains(n)) {
+            Some(limit) => limit,
+            None => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("limit: {:?} is not a count from 1 to {MAX_PER_OPERATION}", crate::http::errors::echoed(&value)),
+                );
+            }
         },
-        Err(reason) => return error(StatusCode::BAD_REQUEST, reason),
     };
     let (handle, poison) = match queue(&api, &name) {
         Ok(found) => found,
@@ -84,13 +66,10 @@ pub(super) async fn requeue(
     Path(name): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Response {
-    let pairs = match query_pairs(query.as_deref(), &["ids", "all"]) {
-        Ok(pairs) => pairs,
-        Err(reason) => return error(StatusCode::BAD_REQUEST, reason),
-    };
-    let selection = match pairs.as_slice() {
-        [(key, value)] if key == "all" && value == "true" => Selection::All,
-        [(key, value)] if key == "ids" => {
+    let (ids, all) = (super::query_value(query.as_deref(), "ids"), super::query_value(query.as_deref(), "all"));
+    let selection = match (ids, all.as_deref()) {
+        (None, Some("true")) => Selection::All,
+        (Some(value), None) => {
             let ids: BTreeSet<String> = value.split(',').map(str::trim).filter(|id| !id.is_empty()).map(str::to_owned).collect();
             if ids.is_empty() || ids.len() > MAX_IDS {
                 return error(StatusCode::BAD_REQUEST, format!("ids: 1 to {MAX_IDS} ids, comma-separated"));
@@ -121,10 +100,11 @@ pub(super) async fn requeue(
 }
 
 pub(super) async fn purge(State(api): State<Arc<Api>>, Extension(caller): Extension<Caller>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Response {
-    match query_pairs(query.as_deref(), &["confirm"]) {
-        Ok(pairs) if pairs.first().is_some_and(|(_, value)| *value == name) => {}
-        Ok(_) => return error(StatusCode::BAD_REQUEST, format!("purging deletes every poison message of {name}: confirm with ?confirm={name}")),
-        Err(reason) => return error(StatusCode::BAD_REQUEST, reason),
+    if super::query_value(query.as_deref(), "confirm").is_none_or(|confirm| confirm != name) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("purging deletes every poison message of {0}: confirm with ?confirm={0}", crate::http::errors::echoed(&name)),
+        );
     }
     let (handle, poison) = match queue(&api, &name) {
         Ok(found) => found,

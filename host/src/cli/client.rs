@@ -278,6 +278,14 @@ pub async fn poison(command: super::PoisonCommand) -> Result<()> {
 /// Longest `ebb send --wait-reply --timeout`.
 const MAX_REPLY_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// Longest wait one look for a reply asks the host for (the host's own bound).
+const REPLY_LONG_POLL: Duration = Duration::from_secs(30);
+
+/// How much longer than the wait it asks for a look for a reply may take: the client's own
+/// timeout (30 s for every other request) would end a 30 s long poll before the host's
+/// answer, however long `--timeout` is.
+const REPLY_LONG_POLL_MARGIN: Duration = Duration::from_secs(15);
+
 /// `ebb send QUEUE [BODY] --wait-reply`: sends through the running host's API, then waits
 /// for the answer on the queue's reply queue (each look at most 30 s, until `timeout`) and
 /// prints its body.
@@ -315,9 +323,9 @@ pub async fn send_wait_reply(config_path: &Path, queue: &str, body: Option<Strin
         .context("the host's answer names no message id")?;
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now()).min(Duration::from_secs(30));
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now()).min(REPLY_LONG_POLL);
         let url = format!("{base}/queues/{queue}/replies/{id}?timeout_ms={}", left.as_millis());
-        let answer = http.post(&url).send().await?;
+        let answer = http.post(&url).timeout(left + REPLY_LONG_POLL_MARGIN).send().await.with_context(|| format!("waiting for the reply to message {id}"))?;
         let status = answer.status();
         let text = answer.text().await.unwrap_or_default();
         if status.is_success() {

@@ -148,7 +148,7 @@ pub(super) async fn send_items(
         Err((status, reason)) => return error(status, reason),
     };
     match queue.send_items(items).await {
-        Ok(sent) => (StatusCode::CREATED, Json(json!({ "items": sent.items, "messages": sent.messages }))).into_response(),
+        Ok(sent) => (StatusCode::CREATED, Json(json!({ "items": sent.items, "messages": sent.messages, "ids": sent.ids }))).into_response(),
         Err(e @ (ItemsError::TooLarge { .. } | ItemsError::OverClaimLimit { .. } | ItemsError::TooMany { .. } | ItemsError::TooManyBytes { .. })) => {
             error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string())
         }
@@ -162,9 +162,10 @@ pub(super) async fn send_items(
 /// Longest `timeout_ms` of a wait for a reply: within the API's idle timeout's default.
 const MAX_REPLY_WAIT: Duration = Duration::from_secs(30);
 
-/// `POST /queues/{name}/replies/{id}?timeout_ms=N`: waits up to N ms (default and most
-/// 30,000) for the answer to message `id` on the queue's reply queue and takes it: `200`
-/// with the reply (docs/payloads.md), `404` when none came in time.
+/// `POST /queues/{name}/replies/{id}?timeout_ms=N&item=K`: waits up to N ms (default and
+/// most 30,000) for the answer to message `id` (with `item`: to item K of envelope `id`,
+/// as `POST /queues/{name}/items` answered in `ids`) on the queue's reply queue and takes
+/// it: `200` with the reply (docs/payloads.md), `404` when none came in time.
 pub(super) async fn take_reply(
     State(api): State<Arc<Api>>,
     Extension(limits): Extension<ApiLimits>,
@@ -175,9 +176,18 @@ pub(super) async fn take_reply(
         return error(StatusCode::NOT_FOUND, format!("no queue named {name} on this host"));
     };
     let mut timeout = None;
+    let mut item = None;
     for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        if key == "item" && item.is_none() {
+            // Digits only: u32's parser would take a sign.
+            match Some(value.as_ref()).filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit())).and_then(|v| v.parse::<u32>().ok()) {
+                Some(index) => item = Some(index),
+                None => return error(StatusCode::BAD_REQUEST, format!("item: {:?} is not an item index (0 to {})", crate::health::truncate_reason(&value), u32::MAX)),
+            }
+            continue;
+        }
         if key != "timeout_ms" || timeout.is_some() {
-            return error(StatusCode::BAD_REQUEST, format!("{:?}: this route takes timeout_ms, once", crate::health::truncate_reason(&key)));
+            return error(StatusCode::BAD_REQUEST, format!("{:?}: this route takes timeout_ms and item, each once", crate::health::truncate_reason(&key)));
         }
         match value.parse::<u64>() {
             Ok(ms) if !value.starts_with('+') && Duration::from_millis(ms) <= MAX_REPLY_WAIT => timeout = Some(Duration::from_millis(ms)),
@@ -186,7 +196,7 @@ pub(super) async fn take_reply(
     }
     // Within the connection's idle timeout, so the client gets the answer.
     let timeout = timeout.unwrap_or(MAX_REPLY_WAIT).min(limits.idle_timeout / 2);
-    match queue.wait_reply(&MessageId::from(id.as_str()), timeout).await {
+    match queue.wait_answer(&MessageId::from(id.as_str()), item, timeout).await {
         Ok(Some(reply)) => (StatusCode::OK, Json(reply)).into_response(),
         Ok(None) => {
             error(StatusCode::NOT_FOUND, format!("no reply to message {} within {}", crate::health::truncate_reason(&id), humantime::format_duration(timeout)))

@@ -129,7 +129,10 @@ async fn senders_whose_items_share_an_envelope_each_take_only_their_own_reply() 
         let reply = http.post(format!("http://{}/queues/packed/replies/{message_id}?item={item}&timeout_ms=20000", host.api)).send().await?;
         assert_eq!(reply.status(), 200, "item {item}");
         let reply: Value = serde_json::from_str(&reply.text().await?)?;
-        assert_eq!((reply["correlation_id"].as_str(), reply["item"].as_u64(), reply["body"].as_str()), (Some(message_id.as_str()), Some(*item), Some(expected)));
+        assert_eq!(
+            (reply["correlation_id"].as_str(), reply["item"].as_u64(), reply["body"].as_str()),
+            (Some(message_id.as_str()), Some(*item), Some(expected))
+        );
     }
     // A bad item number is named.
     let bad = http.post(format!("http://{}/queues/packed/replies/{envelope}?item=-1", host.api)).send().await?;

@@ -128,7 +128,8 @@ impl ListenerBuilder {
 
     /// The listener; no task runs until [`Listener::start`].
     pub fn build(self) -> Listener {
-        let ListenerBuilder { queue, poison, handler, decider, clock, settings, transactions, payload, text_envelopes, reply, recording, claims, partition } = self;
+        let ListenerBuilder { queue, poison, handler, decider, clock, settings, transactions, payload, text_envelopes, reply, recording, claims, partition } =
+            self;
         let packer = Packer::new(payload.compression, payload.max_envelope_bytes.max(MIN_ENVELOPE_BYTES)).expect("the limit is at least the smallest envelope");
         let seed = settings.random_seed.unwrap_or_else(|| fastrand::u64(..));
         let slots = super::slots::Slots::new(settings.max_concurrent_calls);

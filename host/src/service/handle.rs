@@ -247,8 +247,7 @@ impl QueueHandle {
             let got = reply.get(crate::queue::MAX_BATCH, REPLY_LEASE).await?;
             let mut found = None;
             for message in got {
-                let answer =
-                    serde_json::from_slice::<crate::listener::Reply>(&message.body)
+                let answer = serde_json::from_slice::<crate::listener::Reply>(&message.body)
                     .ok()
                     .filter(|r| r.correlation_id == id.as_str() && r.item == item && found.is_none());
                 match answer {

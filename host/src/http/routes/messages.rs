@@ -182,7 +182,12 @@ pub(super) async fn take_reply(
             // Digits only: u32's parser would take a sign.
             match Some(value.as_ref()).filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit())).and_then(|v| v.parse::<u32>().ok()) {
                 Some(index) => item = Some(index),
-                None => return error(StatusCode::BAD_REQUEST, format!("item: {:?} is not an item index (0 to {})", crate::health::truncate_reason(&value), u32::MAX)),
+                None => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        format!("item: {:?} is not an item index (0 to {})", crate::health::truncate_reason(&value), u32::MAX),
+                    );
+                }
             }
             continue;
         }

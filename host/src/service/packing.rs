@@ -451,7 +451,7 @@ mod tests {
         let mut places: Vec<u32> = answers.iter().map(|a| a.ids[0].item).collect();
         places.sort_unstable();
         assert_eq!(places, (0..16).collect::<Vec<u32>>(), "each sender's item has its own place in the shared envelope");
-        assert!(answers.iter().all(|a| a.ids.len() == 1 && a.ids[0].message_id == MessageId::from("m1")));
+        assert!(answers.iter().all(|a| a.ids.len() == 1 && a.ids[0].message_id.as_str() == "m1"));
         assert_eq!(arrived.load(std::sync::atomic::Ordering::SeqCst), 1, "told of one message");
     }
 

@@ -152,3 +152,19 @@ async fn ebb_send_wait_reply_waits_past_one_long_poll() -> Result<()> {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "re:sleep:35000\n");
     Ok(())
 }
+
+/// `ebb send --items FILE --wait-reply` waits for each item's own answer (by its envelope's
+/// id and its index) and prints the replies in the order of the items.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ebb_send_items_wait_reply_prints_each_items_answer_in_order() -> Result<()> {
+    let host = start().await?;
+    let file = host.dir.path().join("asks.ndjson");
+    std::fs::write(&file, "\"alpha\"\n\"beta\"\n{\"n\": 3}\n")?;
+    let out = Command::new(EBB).args(["send", "packed", "--items"]).arg(&file).args(["--wait-reply", "--timeout", "20s", "--config"]).arg(host.config()).output()?;
+    ensure!(out.status.success(), "ebb send --items --wait-reply: {}", String::from_utf8_lossy(&out.stderr));
+    let replies: Vec<Value> = String::from_utf8(out.stdout)?.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+    let answers: Vec<&str> = replies.iter().map(|r| r["body"].as_str().unwrap_or_default()).collect();
+    assert_eq!(answers, ["re:alpha", "re:beta", "re:{\"n\": 3}"]);
+    assert!(replies.iter().all(|r| r["item"].is_u64() && r["correlation_id"].is_string()), "{replies:?}");
+    Ok(())
+}

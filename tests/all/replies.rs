@@ -160,7 +160,8 @@ async fn ebb_send_items_wait_reply_prints_each_items_answer_in_order() -> Result
     let host = start().await?;
     let file = host.dir.path().join("asks.ndjson");
     std::fs::write(&file, "\"alpha\"\n\"beta\"\n{\"n\": 3}\n")?;
-    let out = Command::new(EBB).args(["send", "packed", "--items"]).arg(&file).args(["--wait-reply", "--timeout", "20s", "--config"]).arg(host.config()).output()?;
+    let out =
+        Command::new(EBB).args(["send", "packed", "--items"]).arg(&file).args(["--wait-reply", "--timeout", "20s", "--config"]).arg(host.config()).output()?;
     ensure!(out.status.success(), "ebb send --items --wait-reply: {}", String::from_utf8_lossy(&out.stderr));
     let replies: Vec<Value> = String::from_utf8(out.stdout)?.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
     let answers: Vec<&str> = replies.iter().map(|r| r["body"].as_str().unwrap_or_default()).collect();

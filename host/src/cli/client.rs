@@ -477,9 +477,7 @@ pub async fn send_items(config_path: &Path, queue: &str, path: &Path, wait_reply
                 let messages =
                     answer["messages"].as_array().map_or(Vec::new(), |ids| ids.iter().filter_map(|id| id.as_str().map(str::to_owned)).collect::<Vec<_>>());
                 let ids: Vec<(String, u32)> = answer["ids"].as_array().map_or(Vec::new(), |ids| {
-                    ids.iter()
-                        .filter_map(|id| Some((id["message_id"].as_str()?.to_owned(), u32::try_from(id["item"].as_u64()?).ok()?)))
-                        .collect()
+                    ids.iter().filter_map(|id| Some((id["message_id"].as_str()?.to_owned(), u32::try_from(id["item"].as_u64()?).ok()?))).collect()
                 });
                 Ok::<_, anyhow::Error>((messages, ids))
             }

@@ -233,7 +233,7 @@ pub const MAX_REPLY_BYTES: usize = 1 << 20;
 /// Most bytes of a batch call's answer read for the failed indexes.
 const MAX_BATCH_ANSWER_BYTES: usize = 1 << 20;
 
-/// What a batch call's answer may name: `{"failed": [indexes]}`.
+/// What a batch call's answer may name: `{"failed": [indexes]}` (other fields ignored).
 #[derive(serde::Deserialize)]
 struct BatchAnswer {
     failed: Vec<u64>,
@@ -314,8 +314,10 @@ impl Handler for HttpHandler {
 
     /// One POST of a JSON array: each item's body as a JSON value when it is JSON, else as
     /// a string (every item here is UTF-8: the listener delivers others alone). A 2xx
-    /// answer with `{"failed": [indexes]}` fails those items; any other 2xx, all succeeded;
-    /// anything else (429 and 503 pushing back), all failed alike.
+    /// answer with `{"failed": [indexes]}` fails those items; a 2xx with an empty body, all
+    /// succeeded; a 2xx with any other body (not JSON, wrong types, no `failed`, an index
+    /// out of range), all failed with that reason; anything else (429 and 503 pushing
+    /// back), all failed alike.
     async fn handle_batch(&self, items: &[IncomingMessage]) -> Vec<anyhow::Result<()>> {
         let Some(first) = items.first() else { return Vec::new() };
         let mut array = Vec::with_capacity(items.iter().map(|i| i.body.len() + 3).sum::<usize>() + 2);
@@ -347,10 +349,31 @@ impl Handler for HttpHandler {
             Ok(response) => response,
             Err(error) => return all(&error),
         };
-        let body = body_prefix(response, MAX_BATCH_ANSWER_BYTES).await;
-        let failed = match serde_json::from_slice::<BatchAnswer>(&body) {
-            Ok(answer) => answer.failed,
-            Err(_) => Vec::new(),
+        // One byte past the limit shows an answer cut short (refused, not half-read).
+        let body = body_prefix(response, MAX_BATCH_ANSWER_BYTES + 1).await;
+        let failed = if body.iter().all(u8::is_ascii_whitespace) {
+            Vec::new()
+        } else {
+            match serde_json::from_slice::<BatchAnswer>(&body) {
+                Ok(answer) if body.len() <= MAX_BATCH_ANSWER_BYTES => answer.failed,
+                // Not silently "all succeeded": the handler may have done none of it.
+                outcome => {
+                    let why = match outcome {
+                        Err(error) => error.to_string(),
+                        Ok(_) => format!("more than {MAX_BATCH_ANSWER_BYTES} bytes"),
+                    };
+                    let quoted: String = String::from_utf8_lossy(&body)
+                        .chars()
+                        .take(ERROR_QUOTE_CHARS)
+                        .flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] })
+                        .collect();
+                    return all(&anyhow::anyhow!(
+                        "handler {} answered the batch of {} with a 2xx whose body is not {{\"failed\": [indexes]}} ({why}): \"{quoted}\"; every item of the batch counts as failed",
+                        self.shown_url,
+                        items.len()
+                    ));
+                }
+            }
         };
         if let Some(out_of_range) = failed.iter().find(|&&i| i >= items.len() as u64) {
             return all(&anyhow::anyhow!("handler {} answered that item {out_of_range} failed, of a batch of {}", self.shown_url, items.len()));

@@ -103,6 +103,7 @@ pub mod simulate;
 
 pub use config::Config;
 pub use host::Host;
+pub use service::packing::{ItemId, ItemsError, ItemsSent};
 pub use service::{QueueHandle, Role};
 
 /// Who calls the HTTP API: the caller a token resolves to, and the routes that need a token.

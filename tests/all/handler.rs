@@ -126,3 +126,56 @@ async fn too_many_requests_and_unavailable_push_back_with_the_apps_retry_after()
     let broken = retry_after(call("/broken").await).unwrap_err();
     assert!(broken.contains("500"), "{broken}");
 }
+
+/// Attack pass defect 5: a batch answer that is not `{"failed": [indexes]}` (text, malformed
+/// JSON, wrong types, no `failed`) counted as success for every item. It now fails the
+/// whole batch with a reason quoting the answer; a 2xx with an empty body, or `failed`
+/// empty, is still "all succeeded", and the named items still fail alone.
+#[tokio::test]
+async fn a_batch_answer_that_is_not_the_documented_form_fails_the_whole_batch() {
+    let router = axum::Router::new().route(
+        "/batch",
+        axum::routing::post(|headers: axum::http::HeaderMap| async move {
+            // The test names the answer in the first item's message id.
+            let answer = headers.get("ebb-message-id").unwrap().to_str().unwrap().to_string();
+            match answer.as_str() {
+                "empty" => String::new(),
+                "blank" => " \n".to_string(),
+                "none-failed" => r#"{"failed": []}"#.to_string(),
+                "one-failed" => r#"{"failed": [1], "note": "kept for later"}"#.to_string(),
+                "text" => "OK".to_string(),
+                "truncated" => r#"{"failed": [1"#.to_string(),
+                "strings" => r#"{"failed": ["1"]}"#.to_string(),
+                "negative" => r#"{"failed": [-1]}"#.to_string(),
+                "no-failed" => r#"{"ok": true}"#.to_string(),
+                "null" => r#"{"failed": null}"#.to_string(),
+                "array" => "[1]".to_string(),
+                "out-of-range" => r#"{"failed": [7]}"#.to_string(),
+                other => panic!("unknown case {other}"),
+            }
+        }),
+    );
+    let addr = serve(router).await;
+    let handler = HttpHandler::new(format!("http://{addr}/batch").parse().unwrap(), Duration::from_secs(5)).unwrap();
+    let batch = |case: &str| -> Vec<IncomingMessage> { (0..3).map(|_| IncomingMessage { id: case.into(), ..message() }).collect() };
+    for case in ["empty", "blank", "none-failed"] {
+        let results = handler.handle_batch(&batch(case)).await;
+        assert!(results.iter().all(Result::is_ok), "{case}: all succeeded");
+    }
+    let results = handler.handle_batch(&batch("one-failed")).await;
+    assert_eq!(results.iter().map(Result::is_ok).collect::<Vec<_>>(), [true, false, true], "only the named item fails");
+    for case in ["text", "truncated", "strings", "negative", "no-failed", "null", "array", "out-of-range"] {
+        let results = handler.handle_batch(&batch(case)).await;
+        assert_eq!(results.len(), 3, "{case}");
+        for result in results {
+            let error = format!("{:#}", result.expect_err(case));
+            assert!(error.contains(&format!("http://{addr}/batch")), "{case}: {error}");
+            if case != "out-of-range" {
+                assert!(error.contains(r#"not {"failed": [indexes]}"#), "{case}: {error}");
+            }
+        }
+    }
+    // The answer is quoted, its control characters escaped.
+    let error = format!("{:#}", handler.handle_batch(&batch("text")).await.remove(0).unwrap_err());
+    assert!(error.contains("\"OK\""), "{error}");
+}

@@ -259,3 +259,92 @@ async fn answers_reach_the_reply_queue_with_the_request_id_as_correlation_id_bef
     assert_eq!(f.listener.status().replies, 3);
     f.listener.shutdown(Duration::from_secs(1)).await;
 }
+
+/// Refuses the puts of bodies holding `refuse`, as a reply queue that is gone would.
+#[derive(Default)]
+struct Picky;
+
+#[async_trait]
+impl Hooks for Picky {
+    async fn before_put(&self, body: &[u8]) -> Result<(), QueueError> {
+        if body.windows(6).any(|w| w == b"refuse") {
+            return Err(QueueError::Fatal(anyhow::anyhow!("the reply queue is gone")));
+        }
+        Ok(())
+    }
+}
+
+/// A listener on `queue` whose answers go to `reply`, with the fixture's settings.
+fn replying(queue: Arc<Hooked<Storage>>, poison: Arc<MemoryQueue>, reply: Arc<dyn QueueClient>, handler: Arc<Recorder>) -> Listener {
+    let settings = QueueSettings {
+        max_dequeue_count: 3,
+        visibility_timeout: Duration::from_secs(1),
+        min_polling_interval: Duration::from_millis(100),
+        max_polling_interval: Duration::from_millis(500),
+        random_seed: Some(7),
+        ..QueueSettings::default()
+    };
+    let payload = PayloadSettings { max_envelope_bytes: 65536, ..PayloadSettings::default() };
+    Listener::builder(queue, poison, handler).settings(settings).payload(payload, false).reply_queue(reply).build()
+}
+
+/// Attack pass defect 1: an item whose answer the reply queue refused made the whole
+/// envelope come back forever (never poisoned, every item handled again each time). The
+/// item is now a failed delivery of its own: retried alone, poisoned alone with the reason
+/// after `max_dequeue_count`; the other items settle at once.
+#[tokio::test(start_paused = true)]
+async fn an_item_whose_reply_cannot_be_put_is_poisoned_alone_and_the_others_settle() {
+    let clock = Arc::new(TokioClock::new());
+    let queue = Hooked::new(MemoryQueue::new(QUEUE, clock.clone(), 65536), Storage::default());
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock.clone(), 65536));
+    let reply = Hooked::new(MemoryQueue::new("work-replies", clock, 65536), Picky);
+    let handler = Arc::new(Recorder::default());
+    let listener = replying(queue.clone(), poison.clone(), reply.clone(), handler.clone());
+    queue.put(&envelope(&["a", "refuse-me", "b"]), Duration::ZERO).await.unwrap();
+    listener.start();
+    sleep(Duration::from_secs(60)).await;
+    assert_eq!((handler.bodies("a").len(), handler.bodies("b").len()), (1, 1), "the items whose answers were put are handled once");
+    assert_eq!(handler.bodies("refuse-me").len(), 3, "tried max_dequeue_count times");
+    let mut answers: Vec<String> =
+        drain(&*reply.inner).await.iter().map(|b| String::from_utf8(serde_json::from_slice::<Reply>(b).unwrap().bytes()).unwrap()).collect();
+    answers.sort();
+    assert_eq!(answers, ["re:a", "re:b"]);
+    let poisoned = drain(&*poison).await;
+    assert_eq!(poisoned.len(), 1, "only the item whose answer was refused");
+    let poisoned: serde_json::Value = serde_json::from_slice(&poisoned[0]).unwrap();
+    assert_eq!(poisoned["body"], "refuse-me");
+    let reason = poisoned["error"].as_str().unwrap();
+    assert!(reason.contains("reply could not be put") && reason.contains("the reply queue is gone"), "{reason}");
+    assert_eq!(queue.inner.approximate_count().await.unwrap(), 0, "nothing comes back");
+    assert_eq!(listener.status().items_poisoned, 1);
+    listener.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Attack pass defect 1: an answer too large for a message of the reply queue can never be
+/// put; the item (or plain message) goes to the poison queue at its first delivery, with a
+/// reason naming the limit, rather than being handled again and again.
+#[tokio::test(start_paused = true)]
+async fn an_answer_too_large_for_the_reply_queue_poisons_its_request_at_once_naming_the_limit() {
+    let clock = Arc::new(TokioClock::new());
+    let queue = Hooked::new(MemoryQueue::new(QUEUE, clock.clone(), 65536), Storage::default());
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock.clone(), 65536));
+    let reply = Arc::new(MemoryQueue::new("work-replies", clock, 300));
+    let handler = Arc::new(Recorder::default());
+    let listener = replying(queue.clone(), poison.clone(), reply.clone(), handler.clone());
+    let big = "x".repeat(400);
+    let bigger = "y".repeat(500);
+    queue.put(&envelope(&["a", &big]), Duration::ZERO).await.unwrap();
+    queue.put(bigger.as_bytes(), Duration::ZERO).await.unwrap();
+    listener.start();
+    sleep(Duration::from_secs(60)).await;
+    assert_eq!((handler.bodies(&big).len(), handler.bodies(&bigger).len()), (1, 1), "handled once each, not again");
+    assert_eq!(drain(&*reply).await.len(), 1, "the small answer was put");
+    let poisoned: Vec<serde_json::Value> = drain(&*poison).await.iter().map(|b| serde_json::from_slice(b).unwrap()).collect();
+    assert_eq!(poisoned.len(), 2);
+    for entry in &poisoned {
+        let reason = entry["error"].as_str().unwrap();
+        assert!(reason.contains("too large for the reply queue work-replies") && reason.contains("300 bytes"), "{reason}");
+    }
+    assert_eq!(queue.inner.approximate_count().await.unwrap(), 0);
+    listener.shutdown(Duration::from_secs(1)).await;
+}

@@ -25,6 +25,7 @@ mod kubernetes;
 mod listener;
 mod payload;
 mod replay;
+mod replies;
 mod rollout;
 mod rule_author;
 mod rule_check;

@@ -295,20 +295,65 @@ pub async fn poison(command: super::PoisonCommand) -> Result<()> {
 /// Longest `ebb send --wait-reply --timeout`.
 const MAX_REPLY_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// Longest wait one look for a reply asks the host for (the host's own bound).
+const REPLY_LONG_POLL: Duration = Duration::from_secs(30);
+
+/// How much longer than the wait it asks for a look for a reply may take: the client's own
+/// timeout (30 s for every other request) would end a 30 s long poll before the host's
+/// answer, however long `--timeout` is.
+const REPLY_LONG_POLL_MARGIN: Duration = Duration::from_secs(15);
+
+/// Refuses a `--wait-reply` that cannot be: a timeout over [`MAX_REPLY_TIMEOUT`], or a
+/// queue without a `reply_queue`.
+fn check_wait_reply(config_path: &Path, queue: &crate::config::QueueConfig, timeout: Duration) -> Result<()> {
+    if timeout > MAX_REPLY_TIMEOUT {
+        bail!("--timeout: at most {}, got {}", humantime::format_duration(MAX_REPLY_TIMEOUT), humantime::format_duration(timeout));
+    }
+    if queue.payload.reply_queue.is_none() {
+        bail!("queue {} has no reply_queue in {}: there is no answer to wait for", queue.name, config_path.display());
+    }
+    Ok(())
+}
+
+/// Waits until `deadline` for the answer to message `id` (with `item`: to that item of
+/// envelope `id`) through the host's long poll, asking again every 30 s; the reply's JSON,
+/// none when the deadline passed.
+async fn wait_for_reply(
+    http: &reqwest::Client,
+    base: &str,
+    queue: &str,
+    id: &str,
+    item: Option<u32>,
+    deadline: tokio::time::Instant,
+) -> Result<Option<String>> {
+    let item_query = item.map_or(String::new(), |item| format!("&item={item}"));
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now()).min(REPLY_LONG_POLL);
+        let url = format!("{base}/queues/{queue}/replies/{id}?timeout_ms={}{item_query}", left.as_millis());
+        let answer = http.post(&url).timeout(left + REPLY_LONG_POLL_MARGIN).send().await.with_context(|| format!("waiting for the reply to message {id}"))?;
+        let status = answer.status();
+        let text = answer.text().await.unwrap_or_default();
+        if status.is_success() {
+            return Ok(Some(text));
+        }
+        if status != reqwest::StatusCode::NOT_FOUND {
+            bail!("the host answered {status}: {}", text.trim());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(None);
+        }
+    }
+}
+
 /// `ebb send QUEUE [BODY] --wait-reply`: sends through the running host's API, then waits
 /// for the answer on the queue's reply queue (each look at most 30 s, until `timeout`) and
 /// prints its body.
 pub async fn send_wait_reply(config_path: &Path, token: &TokenArgs, queue: &str, body: Option<String>, timeout: Duration) -> Result<()> {
-    if timeout > MAX_REPLY_TIMEOUT {
-        bail!("--timeout: at most {}, got {}", humantime::format_duration(MAX_REPLY_TIMEOUT), humantime::format_duration(timeout));
-    }
     let (config, token) = load(config_path, token)?;
     let Some(queue_config) = config.queues.iter().find(|q| q.name == queue) else {
         bail!("queue {queue} is not configured in {}", config_path.display());
     };
-    if queue_config.payload.reply_queue.is_none() {
-        bail!("queue {queue} has no reply_queue in {}: there is no answer to wait for", config_path.display());
-    }
+    check_wait_reply(config_path, queue_config, timeout)?;
     let body = match body {
         Some(body) => body.into_bytes(),
         None => crate::input::read_stdin(&format!("the message (max_message_bytes: {} bytes)", config.max_message_bytes), config.max_message_bytes as u64)?,
@@ -331,27 +376,15 @@ pub async fn send_wait_reply(config_path: &Path, token: &TokenArgs, queue: &str,
         .and_then(|v| v["id"].as_str().map(str::to_owned))
         .context("the host's answer names no message id")?;
     let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now()).min(Duration::from_secs(30));
-        let url = format!("{base}/queues/{queue}/replies/{id}?timeout_ms={}", left.as_millis());
-        let answer = http.post(&url).send().await?;
-        let status = answer.status();
-        let text = answer.text().await.unwrap_or_default();
-        if status.is_success() {
-            let reply: crate::listener::Reply = serde_json::from_str(&text).context("the host's reply is not a reply")?;
-            use std::io::Write as _;
-            let mut out = std::io::stdout().lock();
-            out.write_all(&reply.bytes())?;
-            out.write_all(b"\n")?;
-            return Ok(());
-        }
-        if status != reqwest::StatusCode::NOT_FOUND {
-            bail!("the host answered {status}: {}", text.trim());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            bail!("no reply to message {id} within {}", humantime::format_duration(timeout));
-        }
-    }
+    let Some(text) = wait_for_reply(&http, &base, queue, &id, None, deadline).await? else {
+        bail!("no reply to message {id} within {}", humantime::format_duration(timeout));
+    };
+    let reply: crate::listener::Reply = serde_json::from_str(&text).context("the host's reply is not a reply")?;
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    out.write_all(&reply.bytes())?;
+    out.write_all(b"\n")?;
+    Ok(())
 }
 
 /// Largest file of items `ebb send --items` reads.
@@ -359,12 +392,17 @@ const MAX_ITEMS_FILE_BYTES: u64 = 256 << 20;
 
 /// `ebb send QUEUE --items FILE`: the NDJSON items of `path` (`-`: stdin), through the
 /// running host's API in requests within its body limit, or packed here and put straight
-/// into storage when no host runs.
-pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path: &Path) -> Result<()> {
+/// into storage when no host runs. With `wait_reply` (through a running host only): then
+/// waits up to that long for each item's answer and prints each reply's JSON on a line, in
+/// the order of the items.
+pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path: &Path, wait_reply: Option<Duration>) -> Result<()> {
     let (config, token) = load(config_path, token)?;
     let Some(queue_config) = config.queues.iter().find(|q| q.name == queue) else {
         bail!("queue {queue} is not configured in {}", config_path.display());
     };
+    if let Some(timeout) = wait_reply {
+        check_wait_reply(config_path, queue_config, timeout)?;
+    }
     let text = if path == Path::new("-") {
         crate::input::read_stdin("the items", MAX_ITEMS_FILE_BYTES)?
     } else {
@@ -388,6 +426,9 @@ pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path
     let url = format!("{}/queues/{queue}/items", api_base(&config));
     let probe = http.get(format!("{}/healthz", api_base(&config))).send().await;
     if matches!(&probe, Err(error) if error.is_connect()) {
+        if wait_reply.is_some() {
+            bail!("no host answers at {}: --wait-reply needs a running host (nothing was sent)", api_base(&config));
+        }
         let store = match queue_config.backend {
             Backend::Embedded => Some(
                 EmbeddedStore::open(&config.data_dir, EmbeddedOptions { max_message_bytes: config.max_message_bytes, ..Default::default() })
@@ -450,17 +491,42 @@ pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path
                     bail!("the host answered {status}: {}", text.trim());
                 }
                 let answer: serde_json::Value = serde_json::from_str(&text).context("the host's answer is not JSON")?;
-                Ok::<_, anyhow::Error>(
-                    answer["messages"].as_array().map_or(Vec::new(), |ids| ids.iter().filter_map(|id| id.as_str().map(str::to_owned)).collect::<Vec<_>>()),
-                )
+                let messages =
+                    answer["messages"].as_array().map_or(Vec::new(), |ids| ids.iter().filter_map(|id| id.as_str().map(str::to_owned)).collect::<Vec<_>>());
+                let ids: Vec<(String, u32)> = answer["ids"].as_array().map_or(Vec::new(), |ids| {
+                    ids.iter().filter_map(|id| Some((id["message_id"].as_str()?.to_owned(), u32::try_from(id["item"].as_u64()?).ok()?))).collect()
+                });
+                Ok::<_, anyhow::Error>((messages, ids))
             }
         })
-        .buffer_unordered(16);
+        // In order: the items' ids line up with the file's lines.
+        .buffered(16);
     let mut messages = std::collections::BTreeSet::new();
+    let mut ids = Vec::new();
     while let Some(sent) = sends.next().await {
-        messages.extend(sent?);
+        let (sent_messages, sent_ids) = sent?;
+        messages.extend(sent_messages);
+        ids.extend(sent_ids);
     }
-    println!("sent {count} item{} in {} message{} to {queue} via {}", plural(count), messages.len(), plural(messages.len() as u64), api_base(&config));
+    let Some(timeout) = wait_reply else {
+        println!("sent {count} item{} in {} message{} to {queue} via {}", plural(count), messages.len(), plural(messages.len() as u64), api_base(&config));
+        return Ok(());
+    };
+    if ids.len() as u64 != count {
+        bail!("the host answered {} item ids for {count} items: cannot wait for their replies (an older host?)", ids.len());
+    }
+    let deadline = tokio::time::Instant::now() + timeout;
+    let base = api_base(&config);
+    use std::io::Write as _;
+    for (message_id, item) in ids {
+        let Some(text) = wait_for_reply(&http, &base, queue, &message_id, Some(item), deadline).await? else {
+            bail!("no reply to item {item} of message {message_id} within {}", humantime::format_duration(timeout));
+        };
+        let reply: Value = serde_json::from_str(&text).context("the host's reply is not JSON")?;
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer(&mut out, &reply)?;
+        out.write_all(b"\n")?;
+    }
     Ok(())
 }
 

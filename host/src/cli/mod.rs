@@ -87,8 +87,10 @@ enum Command {
         #[arg(long, conflicts_with_all = ["count", "trace", "body"])]
         items: Option<PathBuf>,
         /// After sending the message, wait for the handler's answer on the queue's
-        /// `reply_queue` (matched by the message's id) and print it. Needs a running host.
-        #[arg(long, conflicts_with_all = ["count", "trace", "items"])]
+        /// `reply_queue` (matched by the message's id) and print it; with `--items`, wait for
+        /// each item's answer (matched by its envelope's id and its index there) and print
+        /// each reply's JSON on a line, in the order of the items. Needs a running host.
+        #[arg(long, conflicts_with_all = ["count", "trace"])]
         wait_reply: bool,
         /// With `--wait-reply`: how long to wait, at most 1h.
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, requires = "wait_reply")]
@@ -261,11 +263,11 @@ pub fn main(cli: Cli) -> ExitCode {
         }
         Command::Run { config } => runtime().and_then(|rt| rt.block_on(host::run(&config))),
         Command::Scaler { config } => runtime().and_then(|rt| rt.block_on(host::scaler(&config))),
-        Command::Send { queue, body, wait_reply: true, timeout, config, token, .. } => {
+        Command::Send { queue, body, items: None, wait_reply: true, timeout, config, token, .. } => {
             runtime().and_then(|rt| rt.block_on(client::send_wait_reply(&config, &token, &queue, body, timeout)))
         }
-        Command::Send { queue, items: Some(items), config, token, .. } => {
-            runtime().and_then(|rt| rt.block_on(client::send_items(&config, &token, &queue, &items)))
+        Command::Send { queue, items: Some(items), wait_reply, timeout, config, token, .. } => {
+            runtime().and_then(|rt| rt.block_on(client::send_items(&config, &token, &queue, &items, wait_reply.then_some(timeout))))
         }
         Command::Send { queue, body, count, trace: None, config, token, .. } => {
             runtime().and_then(|rt| rt.block_on(client::send(&config, &token, &queue, count, body)))

@@ -38,6 +38,7 @@ pub struct ListenerBuilder {
     reply: Option<Arc<dyn QueueClient>>,
     recording: Option<Arc<QueueRecording>>,
     claims: Option<Arc<dyn crate::payload::claims::ClaimStore>>,
+    partition: Option<usize>,
 }
 
 impl Listener {
@@ -56,6 +57,7 @@ impl Listener {
             reply: None,
             recording: None,
             claims: None,
+            partition: None,
         }
     }
 }
@@ -116,9 +118,18 @@ impl ListenerBuilder {
         self
     }
 
+    /// The queue is partition `index` of a partitioned queue: replies name their requests
+    /// by the logical queue's ids (`<index>:<id>`), the ids its producers got back from
+    /// their sends (default: the queue's own ids).
+    pub fn partition(mut self, index: usize) -> Self {
+        self.partition = Some(index);
+        self
+    }
+
     /// The listener; no task runs until [`Listener::start`].
     pub fn build(self) -> Listener {
-        let ListenerBuilder { queue, poison, handler, decider, clock, settings, transactions, payload, text_envelopes, reply, recording, claims } = self;
+        let ListenerBuilder { queue, poison, handler, decider, clock, settings, transactions, payload, text_envelopes, reply, recording, claims, partition } =
+            self;
         let packer = Packer::new(payload.compression, payload.max_envelope_bytes.max(MIN_ENVELOPE_BYTES)).expect("the limit is at least the smallest envelope");
         let seed = settings.random_seed.unwrap_or_else(|| fastrand::u64(..));
         let slots = super::slots::Slots::new(settings.max_concurrent_calls);
@@ -160,6 +171,7 @@ impl ListenerBuilder {
                 claims,
                 text_envelopes,
                 reply,
+                partition,
             }),
         }
     }

@@ -34,8 +34,8 @@ const TEXT_MAGIC: &[u8] = b"wUVCQg0K";
 
 /// How one item's delivery ended.
 pub(super) enum ItemResult {
-    /// Handled; the handler's answer, if any.
-    Handled(Option<Bytes>),
+    /// Handled, and its answer (if any) put on the reply queue.
+    Handled,
     /// The handler failed (or panicked): retried alone, or poisoned once out of attempts.
     Failed(anyhow::Error),
     /// It can never be delivered here: poisoned alone with this reason.
@@ -107,8 +107,15 @@ impl Shared {
                 let call = AssertUnwindSafe(async {
                     if with_reply { self.handler.handle_with_reply(&item).await } else { self.handler.handle(&item).await.map(|()| None) }
                 });
+                // The answer goes at once, so at most `width` answers are in memory, not
+                // one per item of the envelope.
                 let result = match self.contained(call.catch_unwind().await) {
-                    Ok(reply) => ItemResult::Handled(reply),
+                    Ok(Some(reply)) => match self.put_reply(message, Some(index as u32), &reply).await {
+                        Ok(()) => ItemResult::Handled,
+                        Err(ReplyNotPut::Never(reason)) => ItemResult::Refused(format!("{reason} (item {index})")),
+                        Err(ReplyNotPut::NotNow(error)) => ItemResult::Failed(error),
+                    },
+                    Ok(None) => ItemResult::Handled,
                     Err(error) => ItemResult::Failed(error),
                 };
                 (index, result)
@@ -131,7 +138,7 @@ impl Shared {
                             items.iter().map(|_| Err(anyhow!("{reason}"))).collect()
                         }
                     };
-                    batch.iter().map(|(index, _)| *index).zip(answers.into_iter().map(|answer| answer.map(|()| None))).collect::<Vec<_>>()
+                    batch.iter().map(|(index, _)| *index).zip(answers).collect::<Vec<_>>()
                 }
             })
             .buffer_unordered(width)
@@ -142,7 +149,7 @@ impl Shared {
         }
         for (index, result) in batches.into_iter().flatten() {
             results[index] = Some(match result {
-                Ok(reply) => ItemResult::Handled(reply),
+                Ok(()) => ItemResult::Handled,
                 Err(error) => ItemResult::Failed(error),
             });
         }
@@ -174,10 +181,12 @@ impl Shared {
         })
     }
 
-    /// Settles an envelope whose items were delivered: replies put, failed items put back
-    /// (a new envelope, hidden for the retry delay) or poisoned alone, and only then the
-    /// envelope deleted. If any of those puts fails, nothing is deleted: the envelope comes
-    /// back after the retry delay and all its items are delivered again (at least once).
+    /// Settles an envelope whose items were delivered (and whose handled items' answers
+    /// were put): failed items put back (a new envelope, hidden for the retry delay) or
+    /// poisoned alone, and only then the envelope deleted. If any of those puts fails,
+    /// nothing is deleted: the envelope comes back after the retry delay and all its items
+    /// are delivered again (at least once). An item whose answer the reply queue refused is
+    /// a failed item like any other (poisoned at once when it can never fit).
     pub(super) async fn settle_envelope(
         self: &Arc<Self>,
         message: &IncomingMessage,
@@ -190,18 +199,14 @@ impl Shared {
         items.envelopes.fetch_add(1, Ordering::Relaxed);
         let mut retry = Vec::new();
         let mut poison = Vec::new();
-        let mut replies = Vec::new();
         let mut most_attempts = 0;
         let mut handled_claims = Vec::new();
         for (index, result) in results.into_iter().enumerate() {
             match result {
-                ItemResult::Handled(reply) => {
+                ItemResult::Handled => {
                     items.delivered.fetch_add(1, Ordering::Relaxed);
                     if let Body::ClaimCheck(check) = &envelope.items[index].body {
                         handled_claims.push(check);
-                    }
-                    if let Some(reply) = reply {
-                        replies.push((index, reply));
                     }
                 }
                 ItemResult::Failed(error) => {
@@ -224,13 +229,7 @@ impl Shared {
             }
         }
         let mut all_put = true;
-        for (index, reply) in &replies {
-            if let Err(error) = self.put_reply(message, Some(*index as u32), reply).await {
-                tracing::warn!(id = %message.id, item = index, "could not put the reply; the envelope is delivered again later: {error}");
-                all_put = false;
-            }
-        }
-        if all_put && !retry.is_empty() {
+        if !retry.is_empty() {
             all_put = self.put_back(message, envelope, &retry, self.settings.retry_delay(most_attempts)).await;
         }
         if all_put {
@@ -321,14 +320,43 @@ impl Shared {
         }
     }
 
-    /// Puts a handler's answer on the reply queue (a no-op without one).
-    pub(super) async fn put_reply(&self, message: &IncomingMessage, item: Option<u32>, reply: &Bytes) -> Result<(), QueueError> {
+    /// Puts a handler's answer on the reply queue (a no-op without one), correlated by the
+    /// id the producer got back (on a partitioned queue, the logical queue's).
+    pub(super) async fn put_reply(&self, message: &IncomingMessage, item: Option<u32>, reply: &Bytes) -> Result<(), ReplyNotPut> {
         let Some(queue) = &self.reply else { return Ok(()) };
-        let body = serde_json::to_vec(&Reply::new(message, item, reply)).expect("a reply serialises");
-        queue.put(&body, Duration::ZERO).await?;
-        self.counters.items.replies.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        let correlation_id = match self.partition {
+            Some(index) => crate::queue::partitioned::tagged(index, &message.id),
+            None => message.id.clone(),
+        };
+        let body = serde_json::to_vec(&Reply::new(correlation_id.to_string(), message, item, reply)).expect("a reply serialises");
+        match queue.put(&body, Duration::ZERO).await {
+            Ok(_) => {
+                self.counters.items.replies.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            // Handling it again would give an answer as large: no retry can put it.
+            Err(QueueError::MessageTooLarge { size, limit }) => Err(ReplyNotPut::Never(format!(
+                "handled, but its answer of {} bytes is too large for the reply queue {}: the reply message would be {size} bytes, over its limit of {limit} bytes (an answer must fit one message of the reply queue with its JSON: on Azure about 48 KiB of UTF-8, about 36 KiB of other bytes, which go as base64)",
+                reply.len(),
+                queue.name()
+            ))),
+            Err(error @ QueueError::InvalidBody(_)) => {
+                Err(ReplyNotPut::Never(format!("handled, but its answer cannot be a message of the reply queue {}: {error}", queue.name())))
+            }
+            Err(error) => Err(ReplyNotPut::NotNow(
+                anyhow::Error::new(error).context(format!("handled, but its reply could not be put on the reply queue {}", queue.name())),
+            )),
+        }
     }
+}
+
+/// Why a handler's answer is not on the reply queue.
+pub(super) enum ReplyNotPut {
+    /// It can never be put there (too large for a message of it): the request is poisoned
+    /// at once, with this reason.
+    Never(String),
+    /// The put failed; a later delivery may succeed: a failed delivery of the request.
+    NotNow(anyhow::Error),
 }
 
 /// What a reply queue holds for each answer (JSON; docs/payloads.md).
@@ -352,10 +380,10 @@ pub struct Reply {
 }
 
 impl Reply {
-    fn new(message: &IncomingMessage, item: Option<u32>, reply: &Bytes) -> Reply {
+    fn new(correlation_id: String, message: &IncomingMessage, item: Option<u32>, reply: &Bytes) -> Reply {
         let text = std::str::from_utf8(reply).ok().map(str::to_owned);
         Reply {
-            correlation_id: message.id.to_string(),
+            correlation_id,
             queue: message.queue.clone(),
             item,
             replied_at: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),

@@ -134,6 +134,9 @@ struct Shared {
     reply: Option<Arc<dyn QueueClient>>,
     /// Where claim-check items' bodies are, if the queue has a claim store.
     claims: Option<Arc<dyn crate::payload::claims::ClaimStore>>,
+    /// Which partition of its logical queue the queue is, if it is one: replies carry the
+    /// logical ids producers know.
+    partition: Option<usize>,
 }
 
 impl Listener {

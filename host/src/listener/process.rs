@@ -13,7 +13,7 @@ use crate::queue::{Message, MessageId, PopReceipt, QueueError};
 
 use super::Shared;
 use super::concurrency::{CallEnd, FetchedAhead};
-use super::items::{ItemResult, Unpacked};
+use super::items::{ItemResult, ReplyNotPut, Unpacked};
 use super::lease::Lease;
 use super::slots::{Slot, SlotGrant};
 
@@ -101,7 +101,7 @@ impl Shared {
             self.record_call_latency(latency);
             match delivered {
                 Some(results) => {
-                    let all_ok = results.iter().all(|r| matches!(r, ItemResult::Handled(_)));
+                    let all_ok = results.iter().all(|r| matches!(r, ItemResult::Handled));
                     self.counters.calls.lock().unwrap().record(if all_ok { CallEnd::Succeeded } else { CallEnd::Failed }, latency);
                     self.settle_envelope(&incoming, &lease.receipt, &envelope, results, latency).await;
                 }
@@ -124,17 +124,23 @@ impl Shared {
         match outcome {
             Outcome::Handled(Ok(reply)) => {
                 if let Some(reply) = reply
-                    && let Err(error) = self.put_reply(message, None, &reply).await
+                    && let Err(refusal) = self.put_reply(message, None, &reply).await
                 {
-                    // The answer must reach the reply queue before the request goes: retried.
+                    // The answer must reach the reply queue before the request goes: retried,
+                    // or poisoned at once when it can never be put.
                     self.counters.record_failure(latency);
                     let delay = self.settings.retry_delay(message.dequeue_count);
-                    let reason = format!("handled, but its reply could not be put on the reply queue: {error}");
-                    if message.dequeue_count >= self.settings.max_dequeue_count {
-                        self.poison(message, receipt, &reason).await;
-                    } else {
-                        tracing::warn!(id = %message.id, ?delay, "{reason}; retrying later");
-                        self.retry_later(message, receipt, delay).await;
+                    match refusal {
+                        ReplyNotPut::Never(reason) => self.poison(message, receipt, &reason).await,
+                        ReplyNotPut::NotNow(error) if message.dequeue_count >= self.settings.max_dequeue_count => {
+                            self.poison(message, receipt, &format!("{error:#}")).await
+                        }
+                        ReplyNotPut::NotNow(error) => {
+                            if let Some(suppressed) = self.failure_log.allow() {
+                                tracing::warn!(id = %message.id, ?delay, suppressed, "{error:#}; retrying later");
+                            }
+                            self.retry_later(message, receipt, delay).await;
+                        }
                     }
                     return;
                 }

@@ -48,7 +48,9 @@ impl Partitioned {
     }
 }
 
-fn tagged(index: usize, id: &MessageId) -> MessageId {
+/// The logical queue's id of message `id` of partition `index`: what a producer's send
+/// answered.
+pub fn tagged(index: usize, id: &MessageId) -> MessageId {
     MessageId::from(format!("{index}:{id}"))
 }
 

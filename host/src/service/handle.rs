@@ -223,10 +223,22 @@ impl QueueHandle {
         self.inner.reply.get().is_some()
     }
 
-    /// Waits up to `timeout` for the answer to message `id` on the queue's reply queue:
-    /// takes it (deleted once read) and leaves every other answer (released at once).
-    /// `None` when none came in time. Fails when the queue has no reply queue.
+    /// Waits up to `timeout` for the answer to message `id` (a message sent with
+    /// [`QueueHandle::send`]) on the queue's reply queue: takes it (deleted once read) and
+    /// leaves every other answer (released at once), items' answers included. `None` when
+    /// none came in time. Fails when the queue has no reply queue.
     pub async fn wait_reply(&self, id: &MessageId, timeout: Duration) -> anyhow::Result<Option<crate::listener::Reply>> {
+        self.wait_answer(id, None, timeout).await
+    }
+
+    /// [`QueueHandle::wait_reply`] for an item sent with [`QueueHandle::send_items`]: its
+    /// answer only, never that of another item of its envelope (another sender's, maybe).
+    pub async fn wait_item_reply(&self, item: &super::packing::ItemId, timeout: Duration) -> anyhow::Result<Option<crate::listener::Reply>> {
+        self.wait_answer(&item.message_id, Some(item.item), timeout).await
+    }
+
+    /// Waits for the reply whose `correlation_id` is `id` and whose `item` is `item`.
+    pub(crate) async fn wait_answer(&self, id: &MessageId, item: Option<u32>, timeout: Duration) -> anyhow::Result<Option<crate::listener::Reply>> {
         use anyhow::Context as _;
         let reply = self.inner.reply.get().with_context(|| format!("queue {} has no reply_queue", self.inner.name))?;
         let deadline = tokio::time::Instant::now() + timeout;
@@ -235,8 +247,9 @@ impl QueueHandle {
             let got = reply.get(crate::queue::MAX_BATCH, REPLY_LEASE).await?;
             let mut found = None;
             for message in got {
-                let answer =
-                    serde_json::from_slice::<crate::listener::Reply>(&message.body).ok().filter(|r| r.correlation_id == id.as_str() && found.is_none());
+                let answer = serde_json::from_slice::<crate::listener::Reply>(&message.body)
+                    .ok()
+                    .filter(|r| r.correlation_id == id.as_str() && r.item == item && found.is_none());
                 match answer {
                     Some(answer) => {
                         reply.delete(&message.id, &message.pop_receipt).await?;

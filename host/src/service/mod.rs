@@ -479,7 +479,8 @@ fn worker_listeners(
         (None, None) => anyhow::bail!("queues.{}.handler: not set", queue.name),
     };
     let mut listeners = Vec::new();
-    for partition in &stack.partitions {
+    let partitioned = stack.partitions.len() > 1;
+    for (index, partition) in stack.partitions.iter().enumerate() {
         let name = partition.client.name().to_string();
         let queue_rules = rules.queue(&name).with_context(|| format!("queue {name} has no rule slot"))?;
         let live: Arc<dyn Decider> = Arc::new(queue_rules);
@@ -496,6 +497,9 @@ fn worker_listeners(
         }
         if let Some(reply) = &stack.reply {
             builder = builder.reply_queue(reply.clone());
+        }
+        if partitioned {
+            builder = builder.partition(index);
         }
         if let Some(transactions) = &partition.transactions {
             builder = builder.transactions(transactions.clone());

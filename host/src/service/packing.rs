@@ -37,6 +37,20 @@ pub struct ItemsSent {
     pub items: usize,
     /// The messages (envelopes) that hold them, each once, in the order put.
     pub messages: Vec<MessageId>,
+    /// Where each item went, in the order sent: what a sender waits on for the item's
+    /// answer ([`crate::QueueHandle::wait_item_reply`]). Other senders' items may share
+    /// its envelope, so the message id alone does not name an item.
+    pub ids: Vec<ItemId>,
+}
+
+/// One item sent: the message (envelope) holding it and its index there, as a reply
+/// names it (`correlation_id` and `item`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ItemId {
+    /// The envelope's message id.
+    pub message_id: MessageId,
+    /// The item's index in the envelope, from 0.
+    pub item: u32,
 }
 
 /// Why a send of items failed. Nothing was stored, except after [`ItemsError::Storage`]
@@ -287,16 +301,20 @@ impl Task {
             if envelope_bytes > 0 {
                 self.ratio = (item_bytes as f64 / envelope_bytes as f64).clamp(0.1, 100.0);
             }
-            let holders: Vec<Vec<usize>> = packed.envelopes.iter().map(|e| e.items.iter().map(|&i| owners[i].0).collect()).collect();
+            // Each envelope's items, as (send, index in that send), in the envelope's order.
+            let holders: Vec<Vec<(usize, usize)>> = packed.envelopes.iter().map(|e| e.items.iter().map(|&i| owners[i]).collect()).collect();
             let puts = packed.envelopes.into_iter().map(|envelope| (self.put)(envelope.bytes));
             let results = futures::future::join_all(puts).await;
-            let mut answers: Vec<Result<ItemsSent, ItemsError>> = sends.iter().map(|s| Ok(ItemsSent { items: s.items.len(), messages: Vec::new() })).collect();
+            let mut answers: Vec<Result<ItemsSent, ItemsError>> =
+                sends.iter().map(|s| Ok(ItemsSent { items: s.items.len(), messages: Vec::new(), ids: Vec::new() })).collect();
+            let mut places: Vec<Vec<Option<ItemId>>> = sends.iter().map(|s| vec![None; s.items.len()]).collect();
             let mut stored = 0;
             for (result, holders) in results.into_iter().zip(holders) {
                 match result {
                     Ok(id) => {
                         stored += 1;
-                        for send in holders {
+                        for (position, (send, item)) in holders.into_iter().enumerate() {
+                            places[send][item] = Some(ItemId { message_id: id.clone(), item: position as u32 });
                             if let Ok(sent) = &mut answers[send]
                                 && sent.messages.last() != Some(&id)
                             {
@@ -305,7 +323,7 @@ impl Task {
                         }
                     }
                     Err(error) => {
-                        for send in holders {
+                        for (send, _) in holders {
                             if answers[send].is_ok() {
                                 answers[send] = Err(ItemsError::Storage(copy_of(&error)));
                             }
@@ -315,6 +333,12 @@ impl Task {
             }
             if stored > 0 {
                 (self.arrived)(stored);
+            }
+            for (answer, places) in answers.iter_mut().zip(places) {
+                if let Ok(sent) = answer {
+                    // Every envelope holding one of its items was put: each item has its place.
+                    sent.ids = places.into_iter().flatten().collect();
+                }
             }
             for (send, answer) in sends.into_iter().zip(answers) {
                 let _ = send.answer.send(answer);
@@ -424,6 +448,10 @@ mod tests {
         expected.sort();
         assert_eq!(items, expected);
         assert!(answers.iter().all(|a| a.items == 1 && a.messages == [MessageId::from("m1")]));
+        let mut places: Vec<u32> = answers.iter().map(|a| a.ids[0].item).collect();
+        places.sort_unstable();
+        assert_eq!(places, (0..16).collect::<Vec<u32>>(), "each sender's item has its own place in the shared envelope");
+        assert!(answers.iter().all(|a| a.ids.len() == 1 && a.ids[0].message_id.as_str() == "m1"));
         assert_eq!(arrived.load(std::sync::atomic::Ordering::SeqCst), 1, "told of one message");
     }
 

@@ -135,7 +135,7 @@ pub(super) async fn send_items(
         Err((status, reason)) => return error(status, reason),
     };
     match queue.send_items(items).await {
-        Ok(sent) => (StatusCode::CREATED, Json(json!({ "items": sent.items, "messages": sent.messages }))).into_response(),
+        Ok(sent) => (StatusCode::CREATED, Json(json!({ "items": sent.items, "messages": sent.messages, "ids": sent.ids }))).into_response(),
         Err(e @ (ItemsError::TooLarge { .. } | ItemsError::OverClaimLimit { .. } | ItemsError::TooMany { .. } | ItemsError::TooManyBytes { .. })) => {
             error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string())
         }
@@ -149,9 +149,10 @@ pub(super) async fn send_items(
 /// Longest `timeout_ms` of a wait for a reply: within the API's idle timeout's default.
 const MAX_REPLY_WAIT: Duration = Duration::from_secs(30);
 
-/// `POST /queues/{name}/replies/{id}?timeout_ms=N`: waits up to N ms (default and most
-/// 30,000) for the answer to message `id` on the queue's reply queue and takes it: `200`
-/// with the reply (docs/payloads.md), `404` when none came in time.
+/// `POST /queues/{name}/replies/{id}?timeout_ms=N&item=K`: waits up to N ms (default and
+/// most 30,000) for the answer to message `id` (with `item`: to item K of envelope `id`,
+/// as `POST /queues/{name}/items` answered in `ids`) on the queue's reply queue and takes
+/// it: `200` with the reply (docs/payloads.md), `404` when none came in time.
 pub(super) async fn take_reply(
     State(api): State<Arc<Api>>,
     Extension(limits): Extension<ApiLimits>,
@@ -160,6 +161,14 @@ pub(super) async fn take_reply(
 ) -> Response {
     let Some(queue) = api.handles.get(&name) else {
         return crate::http::errors::no_queue(&name);
+    };
+    let item = match super::query_value(query.as_deref(), "item") {
+        None => None,
+        // Digits only: u32's parser would take a sign.
+        Some(value) => match Some(value.as_str()).filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit())).and_then(|v| v.parse::<u32>().ok()) {
+            Some(index) => Some(index),
+            None => return error(StatusCode::BAD_REQUEST, format!("item: {} is not an item index (0 to {})", crate::http::errors::echoed(&value), u32::MAX)),
+        },
     };
     let timeout = match super::query_value(query.as_deref(), "timeout_ms") {
         None => None,
@@ -170,7 +179,7 @@ pub(super) async fn take_reply(
     };
     // Within the connection's idle timeout, so the client gets the answer.
     let timeout = timeout.unwrap_or(MAX_REPLY_WAIT).min(limits.idle_timeout / 2);
-    match queue.wait_reply(&MessageId::from(id.as_str()), timeout).await {
+    match queue.wait_answer(&MessageId::from(id.as_str()), item, timeout).await {
         Ok(Some(reply)) => (StatusCode::OK, Json(reply)).into_response(),
         Ok(None) => {
             error(StatusCode::NOT_FOUND, format!("no reply to message {} within {}", crate::http::errors::echoed(&id), humantime::format_duration(timeout)))

@@ -56,7 +56,7 @@ fn authenticated_routes() -> Vec<Route> {
         route(Method::GET, "/whoami", &[], whoami),
         route(Method::POST, "/queues/{name}/messages", &["delay_ms"], messages::send),
         route(Method::POST, "/queues/{name}/items", &[], messages::send_items),
-        route(Method::POST, "/queues/{name}/replies/{id}", &["timeout_ms"], messages::take_reply),
+        route(Method::POST, "/queues/{name}/replies/{id}", &["timeout_ms", "item"], messages::take_reply),
         route(Method::POST, "/queues/{name}/notify", &[], messages::notify),
         route(Method::POST, "/queues/{name}/pause", &["for"], control::pause),
         route(Method::POST, "/queues/{name}/resume", &[], control::resume),

@@ -1,0 +1,171 @@
+//! Reply queues through the binary on the embedded queue (issue 20, the attack pass's
+//! defects): a partitioned queue's replies carry the id its producer got back; each item
+//! sent gets an id of its own to wait on, so senders whose items share an envelope never
+//! take each other's answers; and `ebb send --wait-reply` outlasts a long poll.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use serde_json::Value;
+use tokio::time::Instant;
+
+const EBB: &str = env!("CARGO_BIN_EXE_ebb-under-test");
+
+struct Host {
+    dir: tempfile::TempDir,
+    api: SocketAddr,
+    child: Child,
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Host {
+    fn config(&self) -> std::path::PathBuf {
+        self.dir.path().join("ebb.toml")
+    }
+}
+
+/// A host whose handler answers `re:<body>`, after the number of milliseconds a body
+/// `sleep:<ms>` names.
+async fn start() -> Result<Host> {
+    let app = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let app_addr = app.local_addr()?;
+    let router = axum::Router::new().route(
+        "/answer",
+        axum::routing::post(|body: String| async move {
+            if let Some(ms) = body.strip_prefix("sleep:").and_then(|ms| ms.parse().ok()) {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            format!("re:{body}")
+        }),
+    );
+    tokio::spawn(async move { axum::serve(app, router).await });
+    let dir = tempfile::tempdir()?;
+    let api: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let config = format!(
+        "[api]\nlisten = \"{api}\"\n\n\
+         [queues.split]\npartitions = 2\nreply_queue = \"split-answers\"\nhandler = {{ url = \"http://{app_addr}/answer\" }}\n\n\
+         [queues.packed]\npack_linger = \"300ms\"\nreply_queue = \"packed-answers\"\nhandler = {{ url = \"http://{app_addr}/answer\" }}\n\n\
+         [queues.slow]\nreply_queue = \"slow-answers\"\nhandler = {{ url = \"http://{app_addr}/answer\", timeout = \"60s\" }}\n"
+    );
+    std::fs::write(dir.path().join("ebb.toml"), config)?;
+    let log = std::fs::File::create(dir.path().join("host.log"))?;
+    let child =
+        Command::new(EBB).arg("run").arg("--config").arg(dir.path().join("ebb.toml")).env_remove("EBB_API_TOKEN").stdout(Stdio::null()).stderr(log).spawn()?;
+    let host = Host { dir, api, child };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while reqwest::get(format!("http://{api}/readyz")).await.map(|r| r.status().as_u16()).ok() != Some(200) {
+        ensure!(Instant::now() < deadline, "the host did not come up: {}", std::fs::read_to_string(host.dir.path().join("host.log"))?);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(host)
+}
+
+/// Attack pass defect 2: on a partitioned queue the reply's correlation id was the
+/// partition's own message id (`1`), not the logical id the send answered (`0:1`), so no
+/// waiter ever matched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_queues_replies_are_found_by_the_id_the_producer_got() -> Result<()> {
+    let host = start().await?;
+    // Puts go round robin: two sends land in both partitions.
+    for body in ["first", "second"] {
+        let out = Command::new(EBB).args(["send", "split", body, "--wait-reply", "--timeout", "20s", "--config"]).arg(host.config()).output()?;
+        ensure!(out.status.success(), "ebb send --wait-reply {body}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("re:{body}\n"));
+    }
+    // Through the API: the id the send answered is the correlation id.
+    let http = reqwest::Client::new();
+    let sent: Value = serde_json::from_str(&http.post(format!("http://{}/queues/split/messages", host.api)).body("third").send().await?.text().await?)?;
+    let id = sent["id"].as_str().unwrap();
+    assert!(id.contains(':'), "a partitioned queue's id names its partition: {id}");
+    let reply = http.post(format!("http://{}/queues/split/replies/{id}?timeout_ms=20000", host.api)).send().await?;
+    assert_eq!(reply.status(), 200);
+    let reply: Value = serde_json::from_str(&reply.text().await?)?;
+    assert_eq!((reply["correlation_id"].as_str(), reply["body"].as_str()), (Some(id), Some("re:third")));
+    Ok(())
+}
+
+/// Attack pass defect 4: items of two senders packed into one envelope shared its message
+/// id, so a sender waiting by that id could take the other sender's answer. Each item sent
+/// now has `{message_id, item}`, and a wait names both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn senders_whose_items_share_an_envelope_each_take_only_their_own_reply() -> Result<()> {
+    let host = start().await?;
+    let http = reqwest::Client::new();
+    let url = format!("http://{}/queues/packed/items", host.api);
+    // Two senders within the 300 ms linger: one envelope.
+    let (one, two) = tokio::join!(http.post(&url).body(r#"["one", "uno"]"#).send(), http.post(&url).body(r#"["two"]"#).send());
+    let one: Value = serde_json::from_str(&one?.text().await?)?;
+    let two: Value = serde_json::from_str(&two?.text().await?)?;
+    // The existing fields stay.
+    assert_eq!((one["items"].as_u64(), two["items"].as_u64()), (Some(2), Some(1)), "{one} {two}");
+    assert_eq!(one["messages"], two["messages"], "both senders' items share one envelope: {one} {two}");
+    let ids = |answer: &Value| -> Vec<(String, u64)> {
+        answer["ids"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no ids in {answer}"))
+            .iter()
+            .map(|id| (id["message_id"].as_str().unwrap().to_string(), id["item"].as_u64().unwrap()))
+            .collect()
+    };
+    let (one_ids, two_ids) = (ids(&one), ids(&two));
+    assert_eq!((one_ids.len(), two_ids.len()), (2, 1));
+    let mut positions: Vec<u64> = one_ids.iter().chain(&two_ids).map(|(_, item)| *item).collect();
+    positions.sort_unstable();
+    assert_eq!(positions, [0, 1, 2], "each item its own place in the envelope");
+    let envelope = &two_ids[0].0;
+    // Waiting by the envelope's id alone names no item: no item's answer is handed out.
+    let bare = http.post(format!("http://{}/queues/packed/replies/{envelope}?timeout_ms=2000", host.api)).send().await?;
+    assert_eq!(bare.status(), 404, "{}", bare.text().await?);
+    // Each sender takes exactly its own answers, the second sender first.
+    for ((message_id, item), expected) in two_ids.iter().chain(&one_ids).zip(["re:two", "re:one", "re:uno"]) {
+        let reply = http.post(format!("http://{}/queues/packed/replies/{message_id}?item={item}&timeout_ms=20000", host.api)).send().await?;
+        assert_eq!(reply.status(), 200, "item {item}");
+        let reply: Value = serde_json::from_str(&reply.text().await?)?;
+        assert_eq!(
+            (reply["correlation_id"].as_str(), reply["item"].as_u64(), reply["body"].as_str()),
+            (Some(message_id.as_str()), Some(*item), Some(expected))
+        );
+    }
+    // A bad item number is named.
+    let bad = http.post(format!("http://{}/queues/packed/replies/{envelope}?item=-1", host.api)).send().await?;
+    assert_eq!(bad.status(), 400);
+    assert!(bad.text().await?.contains("item"));
+    Ok(())
+}
+
+/// Attack pass defect 3: every CLI request had a fixed 30 s client timeout, and the long
+/// poll for a reply asks the host to wait up to 30 s: `ebb send --wait-reply --timeout 5m`
+/// died at the first poll that found nothing. The handler here answers after 35 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ebb_send_wait_reply_waits_past_one_long_poll() -> Result<()> {
+    let host = start().await?;
+    let out = Command::new(EBB).args(["send", "slow", "sleep:35000", "--wait-reply", "--timeout", "90s", "--config"]).arg(host.config()).output()?;
+    ensure!(out.status.success(), "ebb send --wait-reply: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "re:sleep:35000\n");
+    Ok(())
+}
+
+/// `ebb send --items FILE --wait-reply` waits for each item's own answer (by its envelope's
+/// id and its index) and prints the replies in the order of the items.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ebb_send_items_wait_reply_prints_each_items_answer_in_order() -> Result<()> {
+    let host = start().await?;
+    let file = host.dir.path().join("asks.ndjson");
+    std::fs::write(&file, "\"alpha\"\n\"beta\"\n{\"n\": 3}\n")?;
+    let out =
+        Command::new(EBB).args(["send", "packed", "--items"]).arg(&file).args(["--wait-reply", "--timeout", "20s", "--config"]).arg(host.config()).output()?;
+    ensure!(out.status.success(), "ebb send --items --wait-reply: {}", String::from_utf8_lossy(&out.stderr));
+    let replies: Vec<Value> = String::from_utf8(out.stdout)?.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+    let answers: Vec<&str> = replies.iter().map(|r| r["body"].as_str().unwrap_or_default()).collect();
+    assert_eq!(answers, ["re:alpha", "re:beta", "re:{\"n\": 3}"]);
+    assert!(replies.iter().all(|r| r["item"].is_u64() && r["correlation_id"].is_string()), "{replies:?}");
+    Ok(())
+}

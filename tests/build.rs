@@ -279,7 +279,21 @@ fn build_c_rule(source: &Path, wit: &Path, tools: &Path, out_dir: &Path) -> Path
     let zig_cache = tools.join("zig-cache");
     run(
         Command::new(zig_python(tools))
-            .args(["-m", "ziglang", "cc", "--target=wasm32-wasi", "-mexec-model=reactor", "-O2", "-s", "-std=c11", "-Wall", "-Wextra", "-Werror", "-I"])
+            .args([
+                "-m",
+                "ziglang",
+                "cc",
+                "--target=wasm32-wasi",
+                "-mexec-model=reactor",
+                "-O2",
+                "-s",
+                "-std=c11",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-Wl,-z,stack-size=1048576",
+                "-I",
+            ])
             .arg(&bindings)
             .arg(source)
             .arg(bindings.join("scaling_rule.c"))

@@ -100,8 +100,10 @@ fn c_and_rust(engine: &RuleEngine, params: &[(&str, &str)]) -> Result<(RuleInsta
 #[test]
 fn c_rule_decides_as_its_rust_counterpart() -> Result<()> {
     let engine = RuleEngine::new(RuleLimits::default(), Some(shared_cache()))?;
-    let (mut c, _) = c_and_rust(&engine, &[])?;
+    let (mut c, rust) = c_and_rust(&engine, &[])?;
     assert!(c.decides_concurrency(), "the C rule speaks contract 0.3.0");
+    // Built with a 1 MiB stack (Zig's default, 16 MiB, would be held by every instance).
+    assert!(c.memory_bytes() <= 2 * rust.memory_bytes(), "C {} bytes, Rust {} bytes", c.memory_bytes(), rust.memory_bytes());
     // The documented count: one task per 200 queued messages, rounded up.
     let tasks = |rule: &mut RuleInstance, depth| rule.optimal_dequeue_task_count(&state(depth, 0.0, 1)).unwrap();
     assert_eq!([0, 1, 200, 201, 3000].map(|depth| tasks(&mut c, depth)), [0, 1, 1, 2, 15]);

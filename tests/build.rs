@@ -79,7 +79,6 @@ fn main() {
     constants.push_str(&format!("pub const COMPONENTIZE_PY: &str = {:?};\n", path_str(&componentize_py(&tools))));
     constants.push_str(&format!("pub const COMPONENTIZE_QJS: &str = {:?};\n", path_str(&componentize_qjs(&tools))));
     constants.push_str(&format!("pub const GUEST_TOOLS: &str = {:?};\n", path_str(&tools)));
-    constants.push_str(&format!("pub const ZIG_PYTHON: &str = {:?};\n", path_str(&zig_python(&tools))));
     std::fs::write(out_dir.join("guests.rs"), constants).unwrap();
 
     // KEDA's scaler protocol, for a client from another toolchain: Python grpcio, with

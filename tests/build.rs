@@ -6,6 +6,10 @@
 //!   with rustup when missing).
 //! - Python and JavaScript example rules, with pinned componentize-py and componentize-qjs
 //!   installed into `<target>/guest-tools/` on first use.
+//! - The C example rule: bindings generated from the WIT by the `wit-bindgen-c` crate, compiled
+//!   by Zig's clang (`ziglang` pinned from PyPI, in `<target>/guest-tools/zig/`, its cache of
+//!   the WASI libc in `<target>/guest-tools/zig-cache/`), made a component by `wit-component`
+//!   with wasmtime's WASI preview1 reactor adapter.
 //! - Azurite (the Azure Storage emulator) for the Azure queue tests, pinned by
 //!   `tests/azurite/package-lock.json`, installed into `<target>/azurite/` with `npm ci`
 //!   whenever the lock changes; its path is `AZURITE_QUEUE` in `$OUT_DIR/azurite.rs`, and its
@@ -62,7 +66,8 @@ fn main() {
             .args(["-o", path_str(&javascript_rule)]),
         "componentize-qjs of example-rules/javascript",
     );
-    for (name, path) in [("PYTHON_DRAIN_TIME", python_rule), ("JAVASCRIPT_SPARE_CAPACITY", javascript_rule)] {
+    let c_rule = build_c_rule(&root.join("example-rules/c/proportional.c"), &root.join("wit/ebb-rules-0.3.0"), &tools, &built);
+    for (name, path) in [("PYTHON_DRAIN_TIME", python_rule), ("JAVASCRIPT_SPARE_CAPACITY", javascript_rule), ("C_PROPORTIONAL", c_rule)] {
         constants.push_str(&format!("pub const {name}: &str = {:?};\n", path.display().to_string()));
     }
     // Test guests in other languages: `tests/guests-js/<name>.js` (built with `--sync`) and
@@ -233,6 +238,95 @@ fn pinned_python(tools: &Path, name: &str, requirements: &Path) -> PathBuf {
     run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", "-r"]).arg(requirements), &format!("pip install -r {}", requirements.display()));
     std::fs::write(&installed, &pins).unwrap();
     python
+}
+
+/// Zig from PyPI, for its C compiler (clang with a WASI libc for `wasm32-wasi`).
+const ZIGLANG: &str = "ziglang==0.17.0";
+
+/// The Python of a virtualenv holding the pinned `ziglang` (installed on first use): the
+/// compiler runs as `python -m ziglang cc`, wherever the wheel put its binary.
+fn zig_python(tools: &Path) -> PathBuf {
+    let venv = tools.join("zig");
+    let python = venv.join("bin/python");
+    let marker = venv.join(ZIGLANG);
+    if !marker.exists() {
+        run(Command::new("python3").args(["-m", "venv"]).arg(&venv), "python3 -m venv (for ziglang)");
+        run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", ZIGLANG]), "pip install ziglang");
+        std::fs::write(&marker, "").unwrap();
+    }
+    python
+}
+
+/// The C example rule as a component of contract 0.3.0, the way a C author makes one with
+/// released tools, but without installing CLIs: C bindings generated from the WIT by
+/// wit-bindgen-c, the rule and bindings compiled by Zig's clang into a WASI preview1 reactor
+/// module, and that module made a component with the preview1 reactor adapter of the
+/// wasmtime the host runs (wit-component). Returns the component's path.
+fn build_c_rule(source: &Path, wit: &Path, tools: &Path, out_dir: &Path) -> PathBuf {
+    let bindings = out_dir.join("c-bindings");
+    std::fs::create_dir_all(&bindings).unwrap();
+    let mut resolve = wit_parser::Resolve::default();
+    let (package, _) = resolve.push_dir(wit).unwrap_or_else(|e| panic!("reading {}: {e:#}", wit.display()));
+    let world = resolve.select_world(&[package], Some("scaling-rule")).unwrap();
+    let mut files = wit_bindgen_core::Files::default();
+    wit_bindgen_c::Opts::default().build().generate(&mut resolve, world, &mut files).unwrap_or_else(|e| panic!("wit-bindgen-c of {}: {e:#}", wit.display()));
+    for (name, contents) in files.iter() {
+        write_if_changed(&bindings.join(name), contents);
+    }
+
+    let core = out_dir.join("c_proportional.core.wasm");
+    let zig_cache = tools.join("zig-cache");
+    run(
+        Command::new(zig_python(tools))
+            .args([
+                "-m",
+                "ziglang",
+                "cc",
+                "--target=wasm32-wasi",
+                "-mexec-model=reactor",
+                "-O2",
+                "-s",
+                "-std=c11",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-Wl,-z,stack-size=1048576",
+                "-I",
+            ])
+            .arg(&bindings)
+            .arg(source)
+            .arg(bindings.join("scaling_rule.c"))
+            .arg(bindings.join("scaling_rule_component_type.o"))
+            .arg("-o")
+            .arg(&core)
+            // Zig builds its WASI libc once and keeps it here, not in the user's home.
+            .env("ZIG_GLOBAL_CACHE_DIR", &zig_cache)
+            .env("ZIG_LOCAL_CACHE_DIR", &zig_cache),
+        &format!("zig cc of {}", source.display()),
+    );
+    let module = std::fs::read(&core).unwrap();
+    let component = wit_component::ComponentEncoder::default()
+        .validate(true)
+        .module(&module)
+        .and_then(|encoder| {
+            encoder.adapter(
+                wasi_preview1_component_adapter_provider::WASI_SNAPSHOT_PREVIEW1_ADAPTER_NAME,
+                wasi_preview1_component_adapter_provider::WASI_SNAPSHOT_PREVIEW1_REACTOR_ADAPTER,
+            )
+        })
+        .and_then(|mut encoder| encoder.encode())
+        .unwrap_or_else(|e| panic!("making a component of {}: {e:#}", core.display()));
+    let wasm = out_dir.join("c_proportional.wasm");
+    write_if_changed(&wasm, &component);
+    wasm
+}
+
+/// Writes only when the bytes differ, so that what depends on the file's time (zig's cache,
+/// a test's compile cache) sees no change when there is none.
+fn write_if_changed(path: &Path, contents: &[u8]) {
+    if std::fs::read(path).ok().as_deref() != Some(contents) {
+        std::fs::write(path, contents).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    }
 }
 
 /// componentize-qjs in a node_modules of its own, installed on first use.

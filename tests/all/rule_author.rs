@@ -137,7 +137,7 @@ async fn author_loop(lang: &str, parent: &Path) -> PathBuf {
 /// Starts a host whose queue names `NAME.wasm` before it exists (the built-in rule decides),
 /// copies the rule into the rules folder as an author would, and waits until the rule is in
 /// use and has decided for a delivered message, without a fault.
-async fn decides_in_a_running_host(wasm: &Path, name: &str) {
+pub(crate) async fn decides_in_a_running_host(wasm: &Path, name: &str) {
     let (app, app_addr) = App::start(Duration::ZERO).await;
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules");

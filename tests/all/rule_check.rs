@@ -255,6 +255,7 @@ fn rule_check_passes_rules_that_decide_in_every_language_even_when_the_host_boun
         (guests::CONTRACT_0_1, 18),
         (guests::JAVASCRIPT_SPARE_CAPACITY, 18),
         (guests::PYTHON_DRAIN_TIME, 18),
+        (guests::C_PROPORTIONAL, 26),
     ] {
         let checked = check(rule, &[]);
         assert_eq!(checked.code, Some(0), "{rule}: {}\n{}", checked.stdout, checked.stderr);

@@ -1,7 +1,8 @@
 //! Rules engine figures, printed as JSON: `cargo bench -p ebb-tests --bench rules`.
 //!
-//! - decision calls on a reused instance (Rust, Python, JavaScript rules) against the same
-//!   logic as a native Rust function, in the same run;
+//! - decision calls on a reused instance (Rust, C, Python, JavaScript rules; the C rule
+//!   beside its Rust counterpart `proportional`) against the same logic as a native Rust
+//!   function, in the same run;
 //! - rule file written → new rule deciding, over many swaps, with a decider running alongside;
 //! - compile time, cached load time (new engine, disk cache) and instance memory per rule;
 //! - each in a fresh process (this binary run again with `--section NAME`), so that one
@@ -9,7 +10,8 @@
 //!   and watched (`idle`), RSS across 20 swaps of a 25 MB rule (`swaps`), and RSS of 1,000
 //!   queues on the Python example rule (`python-queues`).
 //!
-//! `EBB_BENCH_SECTIONS=idle,swaps,python-queues` runs only those process sections.
+//! `EBB_BENCH_SECTIONS` runs only the sections it names, of `decision_call,hot_swap,load`
+//! (in this process) and `idle,swaps,python-queues` (each in a fresh one); all by default.
 
 use std::hint::black_box;
 use std::path::Path;
@@ -37,22 +39,28 @@ fn main() {
         println!("{}", serde_json::to_string(&report).unwrap());
         return;
     }
-    let process_sections = std::env::var("EBB_BENCH_SECTIONS").ok();
+    let sections = std::env::var("EBB_BENCH_SECTIONS").unwrap_or_else(|_| "decision_call,hot_swap,load,idle,swaps,python-queues".into());
     let mut report = json!({});
-    if process_sections.is_none() {
-        let swaps: usize = std::env::var("EBB_BENCH_SWAPS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
-        report["decision_call"] = decision_calls();
-        report["hot_swap"] = hot_swaps(swaps);
-        report["load"] = loads();
-    }
-    let sections = process_sections.unwrap_or_else(|| "idle,swaps,python-queues".into());
     for section in sections.split(',').filter(|s| !s.is_empty()) {
-        let out = std::process::Command::new(std::env::current_exe().unwrap()).args(["--section", section]).output().unwrap();
-        assert!(out.status.success(), "section {section} failed: {}", String::from_utf8_lossy(&out.stderr));
-        let line = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_string();
-        report[section] = serde_json::from_str(&line).unwrap();
+        match section {
+            "decision_call" => report[section] = decision_calls(),
+            "hot_swap" => {
+                let swaps: usize = std::env::var("EBB_BENCH_SWAPS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+                report[section] = hot_swaps(swaps);
+            }
+            "load" => report[section] = loads(),
+            _ => report[section] = in_fresh_process(section),
+        }
     }
     println!("{}", serde_json::to_string_pretty(&report).unwrap());
+}
+
+/// Runs `section` in a fresh process (this binary with `--section`) and returns its report.
+fn in_fresh_process(section: &str) -> Value {
+    let out = std::process::Command::new(std::env::current_exe().unwrap()).args(["--section", section]).output().unwrap();
+    assert!(out.status.success(), "section {section} failed: {}", String::from_utf8_lossy(&out.stderr));
+    let line = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_string();
+    serde_json::from_str(&line).unwrap()
 }
 
 /// Resident memory of this process, in MiB.
@@ -246,6 +254,8 @@ fn decision_calls() -> Value {
     });
     for (name, guest) in [
         ("rust_paper_default", guests::PAPER_DEFAULT),
+        ("rust_proportional", guests::PROPORTIONAL),
+        ("c_proportional", guests::C_PROPORTIONAL),
         ("python_drain_time", guests::PYTHON_DRAIN_TIME),
         ("javascript_spare_capacity", guests::JAVASCRIPT_SPARE_CAPACITY),
     ] {
@@ -317,6 +327,8 @@ fn loads() -> Value {
     for (name, guest) in [
         ("rust_paper_default", guests::PAPER_DEFAULT),
         ("rust_threshold_table", guests::THRESHOLD_TABLE),
+        ("rust_proportional", guests::PROPORTIONAL),
+        ("c_proportional", guests::C_PROPORTIONAL),
         ("python_drain_time", guests::PYTHON_DRAIN_TIME),
         ("javascript_spare_capacity", guests::JAVASCRIPT_SPARE_CAPACITY),
     ] {

@@ -1,7 +1,7 @@
 //! Decisions: where each came from, the clamp into the queue's bounds, the built-in
 //! (paper's) rule, and native rules.
 
-use ebb_rules_sdk::{HandlerState, IdleContext, IdleDecision, QueueState, paper};
+use ebb_rules_sdk::{FailureContext, FailureDecision, HandlerState, IdleContext, IdleDecision, MAX_FAILURE_TEXT_BYTES, QueueState, paper};
 use serde::Serialize;
 
 /// Where a decision came from.
@@ -59,6 +59,49 @@ pub trait NativeRule: Send + Sync + 'static {
     fn max_concurrent_calls(&self, _state: &HandlerState) -> Option<u32> {
         None
     }
+    /// What happens to a message whose handler failed, before the clamp; `None` (the
+    /// default) keeps the queue's `max_dequeue_count` handling.
+    fn on_handler_failure(&self, _ctx: &FailureContext) -> Option<FailureDecision> {
+        None
+    }
+}
+
+/// A native rule's failure decision, clamped like a WASM rule's.
+pub fn native_failure(rule: &dyn NativeRule, ctx: &FailureContext) -> Option<Decision<FailureDecision>> {
+    rule.on_handler_failure(ctx).map(|raw| clamp_failure(raw, DecisionSource::Rule, ctx))
+}
+
+/// A failure decision made safe to act on: a retry's delay clamped to
+/// `[0, min(ctx.max_retry_delay_ms, the backends' longest visibility of 7 days)]`; a poison
+/// reason cut to [`MAX_FAILURE_TEXT_BYTES`] (at a character boundary), its control characters
+/// escaped, and an empty one named. Each counts as a clamp.
+pub fn clamp_failure(raw: FailureDecision, source: DecisionSource, ctx: &FailureContext) -> Decision<FailureDecision> {
+    match raw {
+        FailureDecision::Retry(delay_ms) => {
+            let most = ctx.max_retry_delay_ms.min(crate::queue::MAX_VISIBILITY.as_millis() as u64);
+            let value = delay_ms.min(most);
+            Decision { value: FailureDecision::Retry(value), source, clamped: value != delay_ms }
+        }
+        FailureDecision::Poison(reason) => {
+            let bounded = crate::health::untrusted_text(&reason);
+            let bounded = if bounded.trim().is_empty() { "(the rule gave no reason)".to_string() } else { cut(&bounded, MAX_FAILURE_TEXT_BYTES).to_string() };
+            let clamped = bounded != reason;
+            Decision { value: FailureDecision::Poison(bounded), source, clamped }
+        }
+        FailureDecision::Default => Decision { value: FailureDecision::Default, source, clamped: false },
+    }
+}
+
+/// `text`, at most `max` bytes of it, cut at a character boundary.
+pub(crate) fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// A native rule's task count, clamped to the queue's bounds.

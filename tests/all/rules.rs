@@ -186,7 +186,7 @@ fn contract_version_mismatch_names_its_version_and_the_hosts() {
     let error = load_error(guests::FUTURE_VERSION);
     assert!(
         error.contains(
-            "it exports ebb:rules/decisions@0.4.0, but this host speaks ebb:rules/decisions@0.3.0 or ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0"
+            "it exports ebb:rules/decisions@0.9.0, but this host speaks ebb:rules/decisions@0.4.0 or ebb:rules/decisions@0.3.0 or ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0"
         ),
         "{error}"
     );

@@ -11,10 +11,10 @@ use anyhow::{Context as _, Result, bail};
 
 use super::{Lang, MANIFEST, validate_name, validate_rust_name};
 
-/// The contract a new Rust rule is built against: the SDK's (wit/ebb-rules-0.3.0).
-const SDK_CONTRACT_WIT: &str = include_str!("../../../../wit/ebb-rules-0.3.0/rules.wit");
+/// The contract a new Rust rule is built against: the SDK's (wit/ebb-rules-0.4.0).
+const SDK_CONTRACT_WIT: &str = include_str!("../../../../wit/ebb-rules-0.4.0/rules.wit");
 /// Where the SDK reads the contract from, relative to its own folder (rules-sdk/src/guest.rs).
-const SDK_WIT_DIR: &str = "vendor/wit/ebb-rules-0.3.0";
+const SDK_WIT_DIR: &str = "vendor/wit/ebb-rules-0.4.0";
 /// The contract a new Python or JavaScript rule is written against (wit/ebb-rules-0.2.0):
 /// their templates decide no handler concurrency, and a 0.2.0 rule keeps loading, its queues
 /// keeping their configured bound. Moving them means a `max_concurrent_calls` in each template.

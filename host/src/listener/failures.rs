@@ -116,3 +116,26 @@ impl Shared {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_is_classed_by_its_typed_error_anywhere_in_its_chain() {
+        let status: anyhow::Error = HandlerStatus { status: 422, detail: "handler answered 422".into() }.into();
+        assert_eq!(classify(&status), (ErrorClass::HttpStatus, Some(422)));
+        let panicked: anyhow::Error = HandlerPanicked("bug".into()).into();
+        assert_eq!(classify(&panicked), (ErrorClass::Panic, None));
+        assert_eq!(classify(&anyhow::anyhow!("the app's own error")), (ErrorClass::Other, None));
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_a_connect_failure() {
+        // A port nothing listens on: bound, then closed.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let error = reqwest::Client::new().post(format!("http://127.0.0.1:{port}/")).send().await.unwrap_err();
+        let error = anyhow::Error::new(error).context("handler did not answer");
+        assert_eq!(classify(&error), (ErrorClass::Connect, None));
+    }
+}

@@ -135,3 +135,35 @@ pub(crate) fn clamp_idle(raw: IdleDecision, source: DecisionSource, ctx: &IdleCo
     let delay_ms = raw.delay_ms.clamp(ctx.min_interval_ms, ctx.max_interval_ms.max(ctx.min_interval_ms));
     Decision { value: IdleDecision { delay_ms, stop: raw.stop }, source, clamped: delay_ms != raw.delay_ms }
 }
+
+#[cfg(test)]
+mod failure_tests {
+    use super::*;
+
+    fn ctx() -> FailureContext {
+        FailureContext { max_retry_delay_ms: 60_000, ..Default::default() }
+    }
+
+    #[test]
+    fn a_retry_is_clamped_to_max_retry_delay_and_to_seven_days_and_counted() {
+        let clamped = clamp_failure(FailureDecision::Retry(u64::MAX), DecisionSource::Rule, &ctx());
+        assert_eq!((clamped.value, clamped.clamped), (FailureDecision::Retry(60_000), true));
+        let unbounded = FailureContext { max_retry_delay_ms: u64::MAX, ..ctx() };
+        assert_eq!(clamp_failure(FailureDecision::Retry(u64::MAX), DecisionSource::Rule, &unbounded).value, FailureDecision::Retry(7 * 24 * 3_600_000));
+        let kept = clamp_failure(FailureDecision::Retry(5_000), DecisionSource::Rule, &ctx());
+        assert_eq!((kept.value, kept.clamped), (FailureDecision::Retry(5_000), false));
+    }
+
+    #[test]
+    fn a_poison_reason_is_bounded_escaped_and_never_empty() {
+        let long = clamp_failure(FailureDecision::Poison("é".repeat(2_000)), DecisionSource::Rule, &ctx());
+        let FailureDecision::Poison(reason) = &long.value else { panic!("{long:?}") };
+        assert!(reason.len() <= MAX_FAILURE_TEXT_BYTES && long.clamped, "{} bytes", reason.len());
+        let forged = clamp_failure(FailureDecision::Poison("no\nWARN forged line".into()), DecisionSource::Rule, &ctx());
+        assert_eq!(forged.value, FailureDecision::Poison("no\\nWARN forged line".into()));
+        let empty = clamp_failure(FailureDecision::Poison("  ".into()), DecisionSource::Rule, &ctx());
+        assert_eq!(empty.value, FailureDecision::Poison("(the rule gave no reason)".into()));
+        let fine = clamp_failure(FailureDecision::Poison("HTTP 422".into()), DecisionSource::Rule, &ctx());
+        assert!(!fine.clamped);
+    }
+}

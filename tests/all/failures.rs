@@ -189,6 +189,49 @@ async fn a_trapping_or_looping_failures_rule_falls_back_to_max_dequeue_count_and
     }
 }
 
+#[tokio::test(start_paused = true)]
+async fn an_envelopes_failed_items_are_each_decided_by_the_rule() {
+    use ebb::payload::{Codec, Delivery, Item, Packer, PayloadSettings};
+    let clock = Arc::new(TokioClock::new());
+    let queue: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
+    let poison: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
+    let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
+    let rules = RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(QUEUE).unwrap(), rule: Some(guests::RETRY_POLICY.into()), params: vec![] }]);
+    assert!(rules.load_all().is_empty());
+    let app = Arc::new(FailingApp::default());
+    let settings = QueueSettings {
+        max_dequeue_count: 5,
+        visibility_timeout: Duration::from_secs(30),
+        min_polling_interval: Duration::from_millis(10),
+        max_polling_interval: Duration::from_millis(100),
+        random_seed: Some(7),
+        ..Default::default()
+    };
+    let payload = PayloadSettings { delivery: Delivery::Item, max_batch_items: 32, max_envelope_bytes: 65536, ..PayloadSettings::default() };
+    let listener = Listener::builder(queue.clone(), poison.clone(), app.clone())
+        .decider(Arc::new(rules.queue(QUEUE).unwrap()))
+        .settings(settings)
+        .payload(payload, false)
+        .build();
+    let items: Vec<Item> = ["status 422", "fail", "ok"].iter().map(|b| Item::inline(b.to_string())).collect();
+    let packed = Packer::new(Codec::Zstd, 65536).unwrap().pack(&items).unwrap();
+    listener.start();
+    queue.put(&packed.envelopes[0].bytes, Duration::ZERO).await.unwrap();
+    sleep(Duration::from_secs(5)).await;
+    // The 422 item is poisoned alone at its first failure, with the rule's reason and its index.
+    let poisoned = poisoned(&*poison).await;
+    assert_eq!(poisoned.len(), 1, "{poisoned:?}");
+    assert_eq!((&poisoned[0]["body"], &poisoned[0]["item"]), (&serde_json::json!("status 422"), &serde_json::json!(0)));
+    assert!(poisoned[0]["error"].as_str().unwrap().contains("retry-policy: HTTP 422 is not retried"), "{}", poisoned[0]["error"]);
+    // The failing item is put back after the rule's delay (1 s, ±10 %), not the queue's 30 s.
+    let calls = app.calls("fail");
+    assert!(calls.len() >= 2, "{calls:?}");
+    let waited = calls[1] - calls[0];
+    assert!(waited >= Duration::from_millis(900) && waited <= Duration::from_millis(1_200), "{waited:?}");
+    assert_eq!((app.calls("ok").len(), app.calls("status 422").len()), (1, 1));
+    listener.shutdown(Duration::from_secs(1)).await;
+}
+
 #[test]
 fn the_python_retry_example_loads_and_decides() -> anyhow::Result<()> {
     let engine = RuleEngine::new(RuleLimits::default(), None)?;

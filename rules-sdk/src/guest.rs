@@ -151,7 +151,7 @@ macro_rules! export_rule {
     ($rule:ty) => {
         const _: () = {
             $crate::__export_rule_decisions!($rule, bindings);
-            $crate::bindings::__export_scaling_rule!(EbbRuleExport with_types_in $crate::bindings);
+    $crate::bindings::__export_scaling_rule!(EbbRuleExport with_types_in $crate::bindings);
         };
     };
     ($rule:ty, failures) => {
@@ -167,7 +167,7 @@ macro_rules! export_rule {
                 }
             }
 
-            $crate::failure_bindings::__export_failure_aware_rule!(EbbRuleExport with_types_in $crate::failure_bindings);
+    $crate::failure_bindings::__export_failure_aware_rule!(EbbRuleExport with_types_in $crate::failure_bindings);
         };
     };
     ($rule:ty, $other:ident) => {

@@ -91,12 +91,12 @@ mod guest;
 pub use model::{DepthSource, ErrorClass, FailureContext, FailureDecision, HandlerState, IdleContext, IdleDecision, MAX_FAILURE_TEXT_BYTES, QueueState};
 pub use params::{Params, ParamsExt};
 
-#[cfg(feature = "guest")]
-#[doc(hidden)]
-pub use guest::bindings;
 #[cfg(feature = "failures")]
 #[doc(hidden)]
 pub use ebb_rules_failure_bindings as failure_bindings;
+#[cfg(feature = "guest")]
+#[doc(hidden)]
+pub use guest::bindings;
 #[cfg(feature = "guest")]
 pub use wit_bindgen;
 

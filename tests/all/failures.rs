@@ -107,7 +107,8 @@ async fn a_rule_that_poisons_http_422_poisons_at_the_first_failure_with_its_reas
 
 #[tokio::test(start_paused = true)]
 async fn a_rule_that_retries_after_a_delay_hides_the_message_for_that_delay() {
-    let f = fixture(QueueSettings { max_dequeue_count: 3, ..Default::default() }, Some(guests::FAILURE_PROBE), &[("mode", "retry"), ("delay_ms", "45000")]).await;
+    let f =
+        fixture(QueueSettings { max_dequeue_count: 3, ..Default::default() }, Some(guests::FAILURE_PROBE), &[("mode", "retry"), ("delay_ms", "45000")]).await;
     f.listener.start();
     f.queue.put(b"fail", Duration::ZERO).await.unwrap();
     sleep(Duration::from_secs(1)).await;

@@ -34,7 +34,14 @@ impl NativeRule for NativeRetryPolicy {
             return Some(FailureDecision::Poison(format!("retry-policy: HTTP {} is not retried", ctx.http_status.unwrap_or_default())));
         }
         let base = if matches!(ctx.error_class, ErrorClass::Timeout | ErrorClass::Connect) { 10_000 } else { 1_000 };
-        Some(FailureDecision::Retry(ebb_rules_sdk::backoff::jittered_geometric(ctx.dequeue_count, base, ctx.max_retry_delay_ms.max(base), 2.0, (0.9, 1.1), ctx.random)))
+        Some(FailureDecision::Retry(ebb_rules_sdk::backoff::jittered_geometric(
+            ctx.dequeue_count,
+            base,
+            ctx.max_retry_delay_ms.max(base),
+            2.0,
+            (0.9, 1.1),
+            ctx.random,
+        )))
     }
 }
 

@@ -77,7 +77,10 @@ impl Shared {
                 let ceiling = PUSHED_BACK_POISON_DEQUEUES.max(self.settings.max_dequeue_count);
                 if failed.tries >= ceiling {
                     counters.failure_rule_defaults.fetch_add(1, Ordering::Relaxed);
-                    return FailureVerdict::Poison(format!("{reason} (the rule retried it, but it was delivered {} times, the most a rule's retries may take)", failed.tries));
+                    return FailureVerdict::Poison(format!(
+                        "{reason} (the rule retried it, but it was delivered {} times, the most a rule's retries may take)",
+                        failed.tries
+                    ));
                 }
                 counters.failure_rule_retries.fetch_add(1, Ordering::Relaxed);
                 FailureVerdict::Retry(Duration::from_millis(delay_ms))

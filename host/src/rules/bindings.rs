@@ -159,21 +159,21 @@ macro_rules! handler_state_0_3 {
             impl From<&ebb_rules_sdk::HandlerState> for wit::HandlerState {
                 fn from(s: &ebb_rules_sdk::HandlerState) -> Self {
                     wit::HandlerState {
-            queue: s.queue.clone(),
-            current_limit: s.current_limit,
-            max_limit: s.max_limit,
-            in_flight: s.in_flight,
-            peak_in_flight: s.peak_in_flight,
-            waiting_tasks: s.waiting_tasks,
-            window_ms: s.window_ms,
-            completed: s.completed,
-            failed: s.failed,
-            pushed_back: s.pushed_back,
-            latency_mean_ms: s.latency_mean_ms,
-            latency_min_ms: s.latency_min_ms,
-            latency_max_ms: s.latency_max_ms,
-            timestamp_ms: s.timestamp_ms,
-            random: s.random,
+                        queue: s.queue.clone(),
+                        current_limit: s.current_limit,
+                        max_limit: s.max_limit,
+                        in_flight: s.in_flight,
+                        peak_in_flight: s.peak_in_flight,
+                        waiting_tasks: s.waiting_tasks,
+                        window_ms: s.window_ms,
+                        completed: s.completed,
+                        failed: s.failed,
+                        pushed_back: s.pushed_back,
+                        latency_mean_ms: s.latency_mean_ms,
+                        latency_min_ms: s.latency_min_ms,
+                        latency_max_ms: s.latency_max_ms,
+                        timestamp_ms: s.timestamp_ms,
+                        random: s.random,
                     }
                 }
             }

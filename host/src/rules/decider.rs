@@ -8,8 +8,8 @@
 use ebb_rules_sdk::{FailureContext, FailureDecision, HandlerState, IdleContext, IdleDecision, QueueState};
 
 use super::{
-    Decision, DecisionSource, NativeRule, QueueRules, RuleStatus, ShadowStatus, built_in_queue_empty, built_in_task_count, native_concurrency,
-    native_failure, native_queue_empty, native_task_count,
+    Decision, DecisionSource, NativeRule, QueueRules, RuleStatus, ShadowStatus, built_in_queue_empty, built_in_task_count, native_concurrency, native_failure,
+    native_queue_empty, native_task_count,
 };
 
 /// Decides a queue's task count and what a task does when the queue is empty.

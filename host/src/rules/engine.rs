@@ -148,7 +148,9 @@ impl RuleEngine {
         check_signatures(&self.engine, &ty, contract)?;
         let decides_failures = exports_failures(&self.engine, &ty, &exports)?;
         if decides_failures && contract != ContractVersion::V0_4 {
-            bail!("it exports ebb:rules/failures@0.4.0 beside ebb:rules/decisions@{contract}: build both from the failure-aware-rule world of wit/ebb-rules-0.4.0");
+            bail!(
+                "it exports ebb:rules/failures@0.4.0 beside ebb:rules/decisions@{contract}: build both from the failure-aware-rule world of wit/ebb-rules-0.4.0"
+            );
         }
         let instance_pre =
             self.linker.instantiate_pre(&component).map_err(anyhow::Error::from).context("its imports cannot be satisfied (a rule gets no capabilities)")?;

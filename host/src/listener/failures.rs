@@ -90,10 +90,13 @@ impl Shared {
                 FailureVerdict::Poison(format!("poisoned by the queue's rule: {why} (the handler: {reason})"))
             }
             // The rule said `default`, or could not answer (its fault is counted with the rule's).
-            Some(Decision { value: FailureDecision::Default, .. }) | None => {
+            Some(Decision { value: FailureDecision::Default, .. }) => {
                 counters.failure_rule_defaults.fetch_add(1, Ordering::Relaxed);
                 self.default_verdict(&failed, reason)
             }
+            // Not decided: a native rule without the decision, or a call that panicked
+            // (counted in rule_call_panics).
+            None => self.default_verdict(&failed, reason),
         }
     }
 

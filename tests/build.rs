@@ -67,7 +67,16 @@ fn main() {
         "componentize-qjs of example-rules/javascript",
     );
     let c_rule = build_c_rule(&root.join("example-rules/c/proportional.c"), &root.join("wit/ebb-rules-0.3.0"), &tools, &built);
-    for (name, path) in [("PYTHON_DRAIN_TIME", python_rule), ("JAVASCRIPT_SPARE_CAPACITY", javascript_rule), ("C_PROPORTIONAL", c_rule)] {
+    // The Python retry policy decides failures: contract 0.4.0's failure-aware-rule world.
+    let python_retry = built.join("python_retry.wasm");
+    run(
+        Command::new(componentize_py(&tools))
+            .args(["-d", path_str(&root.join("wit/ebb-rules-0.4.0")), "-w", "failure-aware-rule", "componentize", "-p"])
+            .arg(root.join("example-rules/python-retry"))
+            .args(["app", "-o", path_str(&python_retry)]),
+        "componentize-py of example-rules/python-retry",
+    );
+    for (name, path) in [("PYTHON_DRAIN_TIME", python_rule), ("JAVASCRIPT_SPARE_CAPACITY", javascript_rule), ("PYTHON_RETRY", python_retry), ("C_PROPORTIONAL", c_rule)] {
         constants.push_str(&format!("pub const {name}: &str = {:?};\n", path.display().to_string()));
     }
     // Test guests in other languages: `tests/guests-js/<name>.js` (built with `--sync`) and

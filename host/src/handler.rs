@@ -87,6 +87,22 @@ pub trait Handler: Send + Sync + 'static {
 #[error("the host could not call the handler: {0:#}")]
 pub struct HostError(pub anyhow::Error);
 
+/// The handler answered an HTTP status that is a failure (not 2xx, 429 or 503): what a
+/// failure rule is told as `http-status`.
+#[derive(Debug, thiserror::Error)]
+#[error("{detail}")]
+pub struct HandlerStatus {
+    /// The status code.
+    pub status: u16,
+    /// What answered, and the start of its answer, for the log and the poison envelope.
+    pub detail: String,
+}
+
+/// A handler (a Rust one, embedded) panicked; the panic was contained.
+#[derive(Debug, thiserror::Error)]
+#[error("handler panicked: {0}")]
+pub struct HandlerPanicked(pub String);
+
 /// The app asked for a pause (HTTP 429 Too Many Requests or 503 Service Unavailable, or a
 /// Rust handler returning this error): not the message's fault. The message is made visible
 /// again after the app's `Retry-After` (capped at the queue's `max_retry_delay`; the queue's
@@ -275,7 +291,8 @@ impl HttpHandler {
         let status = response.status();
         if status.is_redirection() {
             let to = response.headers().get(reqwest::header::LOCATION).and_then(|v| v.to_str().ok()).unwrap_or("?").to_string();
-            bail!("handler {} answered {status} (to {to}); ebb does not follow redirects: set handler.url to the final address", self.shown_url);
+            let detail = format!("handler {} answered {status} (to {to}); ebb does not follow redirects: set handler.url to the final address", self.shown_url);
+            return Err(HandlerStatus { status: status.as_u16(), detail }.into());
         }
         if matches!(status, reqwest::StatusCode::TOO_MANY_REQUESTS | reqwest::StatusCode::SERVICE_UNAVAILABLE) {
             let retry_after = response.headers().get(reqwest::header::RETRY_AFTER).map_or(RetryAfter::Unspecified, |v| RetryAfter::parse(v.as_bytes()));
@@ -286,7 +303,7 @@ impl HttpHandler {
             // Control characters escaped: an answer must not write lines of its own into the log.
             let text: String =
                 text.chars().take(ERROR_QUOTE_CHARS).flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect();
-            bail!("handler {} answered {status}: {text}", self.shown_url);
+            return Err(HandlerStatus { status: status.as_u16(), detail: format!("handler {} answered {status}: {text}", self.shown_url) }.into());
         }
         Ok(response)
     }

@@ -21,7 +21,7 @@
 //! export_rule!(SlowHandlerRule);
 //! ```
 //!
-//! The component speaks the contract `ebb:rules/decisions@0.3.0` (`wit/ebb-rules-0.3.0`).
+//! The component speaks the contract `ebb:rules/decisions@0.4.0` (`wit/ebb-rules-0.4.0`).
 //! Its [`QueueState`] carries what a rule needs to decide without costing storage calls:
 //! [`QueueState::last_get_messages`] against [`QueueState::batch_size`] (a short get emptied
 //! the queue), [`QueueState::arrivals_per_sec`], [`QueueState::oldest_message_age_ms`] and
@@ -36,6 +36,35 @@
 //! calls, so a rule may remember what it saw in a `Cell` or `RefCell` field (the decisions
 //! take `&self`); a reload, or a fault of any decision, starts a fresh instance from
 //! [`Default`] and `configure`. `example-rules/adaptive-concurrency` is such a rule.
+//!
+//! Since 0.4.0 a rule may also decide what happens to a message whose handler failed:
+//! enable the SDK's `failures` feature, implement [`FailureRule`] and export with
+//! `export_rule!(MyRule, failures)`, which builds
+//! the `failure-aware-rule` world (the `scaling-rule` world plus the `failures` interface).
+//! The host tells the two worlds apart by the component's exports; a rule exported with
+//! plain `export_rule!(MyRule)` is never asked, and its queue keeps `max_dequeue_count`:
+//!
+//! ```ignore
+//! // (needs the `failures` feature)
+//! use ebb_rules_sdk::{export_rule, ErrorClass, FailureContext, FailureDecision, FailureRule, ScalingRule};
+//!
+//! /// A 422 will never succeed: poison it at once; everything else as the host would.
+//! #[derive(Default)]
+//! struct NoRetryOnInvalid;
+//!
+//! impl ScalingRule for NoRetryOnInvalid {}
+//!
+//! impl FailureRule for NoRetryOnInvalid {
+//!     fn on_handler_failure(&self, ctx: &FailureContext) -> FailureDecision {
+//!         match (ctx.error_class, ctx.http_status) {
+//!             (ErrorClass::HttpStatus, Some(422)) => FailureDecision::Poison("unprocessable: not retried".into()),
+//!             _ => FailureDecision::Default,
+//!         }
+//!     }
+//! }
+//!
+//! export_rule!(NoRetryOnInvalid, failures);
+//! ```
 //!
 //! A rule built with an older SDK (contract 0.2.0 or 0.1.0) keeps loading in a newer host
 //! (its queues keep their configured concurrency); rebuilt with this one, it compiles
@@ -59,9 +88,12 @@ pub mod thresholds;
 #[cfg(feature = "guest")]
 mod guest;
 
-pub use model::{DepthSource, HandlerState, IdleContext, IdleDecision, QueueState};
+pub use model::{DepthSource, ErrorClass, FailureContext, FailureDecision, HandlerState, IdleContext, IdleDecision, MAX_FAILURE_TEXT_BYTES, QueueState};
 pub use params::{Params, ParamsExt};
 
+#[cfg(feature = "failures")]
+#[doc(hidden)]
+pub use ebb_rules_failure_bindings as failure_bindings;
 #[cfg(feature = "guest")]
 #[doc(hidden)]
 pub use guest::bindings;
@@ -108,6 +140,25 @@ pub trait ScalingRule: Default + 'static {
     fn max_concurrent_calls(&self, state: &HandlerState) -> Option<u32> {
         let _ = state;
         None
+    }
+}
+
+/// The failure decision of a rule built for the `failure-aware-rule` world (contract 0.4.0),
+/// exported with `export_rule!(MyRule, failures)`.
+///
+/// The host asks it once per failed delivery (of a message, or of an item of an envelope),
+/// on the same instance as the [`ScalingRule`] decisions and under the same limits. Pushed-back
+/// calls (HTTP 429, 503) and calls the host could not make are not failures of the message
+/// and never reach it. A fault (a panic, a deadline, fuel) makes the host decide by default
+/// and counts towards the rule's quarantine.
+pub trait FailureRule: ScalingRule {
+    /// What happens to the message: [`FailureDecision::Retry`] after a delay (clamped to
+    /// `[0, max_retry_delay_ms]`), [`FailureDecision::Poison`] now with a reason, or
+    /// [`FailureDecision::Default`] (the default): the host's own `max_dequeue_count`
+    /// handling, with [`FailureContext::default_retry_delay_ms`].
+    fn on_handler_failure(&self, ctx: &FailureContext) -> FailureDecision {
+        let _ = ctx;
+        FailureDecision::Default
     }
 }
 

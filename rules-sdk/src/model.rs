@@ -1,4 +1,5 @@
-//! The decision contexts, as plain Rust values (the WIT records of `ebb:rules/decisions@0.3.0`).
+//! The decision contexts, as plain Rust values (the WIT records of `ebb:rules/decisions@0.4.0`
+//! and `ebb:rules/failures@0.4.0`).
 
 /// Where [`QueueState::approximate_depth`] comes from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -133,4 +134,79 @@ pub struct HandlerState {
     pub timestamp_ms: u64,
     /// A uniformly random value supplied by the host, for jitter.
     pub random: u64,
+}
+
+/// How a handler call failed (`error-class` of `ebb:rules/failures@0.4.0`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
+pub enum ErrorClass {
+    /// The handler did not answer within the queue's handler timeout.
+    Timeout,
+    /// The handler could not be reached (connection refused, reset, DNS).
+    Connect,
+    /// The handler answered with a status other than 2xx, 429 and 503 (see
+    /// [`FailureContext::http_status`]).
+    HttpStatus,
+    /// The handler (a Rust handler embedded in the host) panicked.
+    Panic,
+    /// Anything else: a handler's own error, an answer that could not be read.
+    #[default]
+    Other,
+}
+
+/// What the host knows about one failed delivery, of a message or of one item of an
+/// envelope (then the counts are the item's own). Pushed-back calls (HTTP 429 and 503) and
+/// calls the host itself could not make are never given to a rule. (Since contract 0.4.0.)
+#[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
+pub struct FailureContext {
+    /// The queue's name, as in the host configuration.
+    pub queue: String,
+    /// Deliveries of this message (or item) so far, this one included: 1 on the first failure.
+    pub dequeue_count: u32,
+    /// The queue's `max_dequeue_count`: the default poisons once `dequeue_count` reaches it.
+    pub max_dequeue_count: u32,
+    /// How the call failed.
+    pub error_class: ErrorClass,
+    /// The handler's HTTP status, when it answered one.
+    pub http_status: Option<u16>,
+    /// The error, in words, at most [`MAX_FAILURE_TEXT_BYTES`] bytes.
+    pub error: String,
+    /// For an item of an envelope: its index; `None` for a plain message.
+    pub item: Option<u32>,
+    /// Time since the message was put on the queue, in milliseconds.
+    pub elapsed_ms: u64,
+    /// How long the failed handler call took, in milliseconds.
+    pub handler_latency_ms: u64,
+    /// The delay the host would retry after by default, in milliseconds.
+    pub default_retry_delay_ms: u64,
+    /// The queue's `max_retry_delay`, in milliseconds: a retry's delay is clamped to it.
+    pub max_retry_delay_ms: u64,
+    /// Wall-clock time of the decision, in milliseconds since the Unix epoch.
+    pub timestamp_ms: u64,
+    /// A uniformly random value supplied by the host, for jitter.
+    pub random: u64,
+}
+
+/// The longest error text a [`FailureContext`] carries and the longest poison reason the
+/// host keeps, in bytes.
+pub const MAX_FAILURE_TEXT_BYTES: usize = 1024;
+
+/// What happens to a message whose handler failed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
+pub enum FailureDecision {
+    /// Deliver it again after this many milliseconds (clamped to
+    /// `[0, max_retry_delay_ms]`); honoured past `max_dequeue_count`, up to the host's
+    /// ceiling of 1000 deliveries.
+    Retry(u64),
+    /// Move it to the poison queue now, with this reason.
+    Poison(String),
+    /// The host's own handling: retry after `default_retry_delay_ms`, poison once
+    /// `dequeue_count` reaches `max_dequeue_count`.
+    #[default]
+    Default,
 }

@@ -290,8 +290,9 @@ fn rule_check_describes_a_rule_and_fails_with_the_reason() {
     for field in [
         "sha256:",
         "compile time:",
-        "contract:     ebb:rules/decisions@0.3.0\n",
-        "exports:      ebb:rules/decisions@0.3.0",
+        "contract:     ebb:rules/decisions@0.4.0\n",
+        "exports:      ebb:rules/decisions@0.4.0",
+        "failures:     not decided by the rule",
         "imports:",
         "configure:    ok (1 parameter)",
     ] {
@@ -306,7 +307,7 @@ fn rule_check_describes_a_rule_and_fails_with_the_reason() {
     assert_eq!(output.status.code(), Some(1));
     let error = String::from_utf8_lossy(&output.stderr);
     assert!(
-        error.contains("ebb:rules/decisions@0.4.0, but this host speaks ebb:rules/decisions@0.3.0 or ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0"),
+        error.contains("ebb:rules/decisions@0.9.0, but this host speaks ebb:rules/decisions@0.4.0 or ebb:rules/decisions@0.3.0 or ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0"),
         "{error}"
     );
     let output = ebb_raw(&["rule", "check", guests::THRESHOLD_TABLE, "--param", "tabel=1"]);

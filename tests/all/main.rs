@@ -15,6 +15,7 @@ mod console;
 mod decorators;
 mod embedded_queue;
 mod embedding;
+mod failures;
 mod grafana;
 mod handler;
 mod hooked_queue;

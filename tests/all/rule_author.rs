@@ -105,7 +105,7 @@ async fn author_loop(lang: &str, parent: &Path) -> PathBuf {
     let output = succeeds(ebb(&folder, &["rule", "check", &wasm, "--param", "per_task=32"]));
     // The Rust template follows the SDK's contract; the Python and JavaScript ones stay on 0.2.0.
     let contract =
-        if lang == "rust" { "contract:     ebb:rules/decisions@0.3.0\n" } else { "contract:     ebb:rules/decisions@0.2.0 (an older contract, still served" };
+        if lang == "rust" { "contract:     ebb:rules/decisions@0.4.0\n" } else { "contract:     ebb:rules/decisions@0.2.0 (an older contract, still served" };
     assert!(String::from_utf8_lossy(&output.stdout).contains(contract), "{}", text(&output));
     // Review defect: each template read per_task its own way (JS took 1e3 and 0x10, Python 5_000).
     for bad in ["zero", "1e3", "0x10", "5_000", "٣"] {
@@ -207,7 +207,7 @@ async fn a_rust_rule_goes_from_rule_new_to_a_running_host() {
     succeeds(ebb(&fresh, &["rule", "new", "depth-rust", "--lang", "rust"]));
     assert_eq!(lock(&folder), lock(&fresh.join("depth-rust")), "cargo changed the Cargo.lock that rule new wrote");
     // Self-contained: the SDK and the contract came with it, and the lock pins the versions.
-    for file in ["vendor/ebb-rules-sdk/src/lib.rs", "vendor/wit/ebb-rules-0.3.0/rules.wit", "Cargo.lock"] {
+    for file in ["vendor/ebb-rules-sdk/src/lib.rs", "vendor/wit/ebb-rules-0.4.0/rules.wit", "Cargo.lock"] {
         assert!(folder.join(file).is_file(), "{file}");
     }
 }

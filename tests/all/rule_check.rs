@@ -87,8 +87,8 @@ fn rule_check_fails_a_wrong_contract_version_naming_the_versions_served() {
     assert_fails_with(
         &check(guests::FUTURE_VERSION, &[]),
         &[
-            "ebb:rules/decisions@0.4.0, but this host speaks ebb:rules/decisions@0.3.0 or ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0",
-            "hint: rebuild the rule against wit/ebb-rules-0.3.0",
+            "ebb:rules/decisions@0.9.0, but this host speaks ebb:rules/decisions@0.4.0 or ebb:rules/decisions@0.3.0 or ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0",
+            "hint: rebuild the rule against wit/ebb-rules-0.4.0",
         ],
     );
 }
@@ -235,7 +235,7 @@ fn rule_check_fails_a_trap_in_max_concurrent_calls_naming_the_export_and_each_co
 fn rule_check_calls_the_adaptive_example_with_every_handler_state_and_passes_it() {
     let checked = check(guests::ADAPTIVE_CONCURRENCY, &["initial=4", "tolerance=1.5"]);
     assert_eq!(checked.code, Some(0), "{}\n{}", checked.stdout, checked.stderr);
-    assert!(checked.stdout.contains("contract:     ebb:rules/decisions@0.3.0\n"), "{}", checked.stdout);
+    assert!(checked.stdout.contains("contract:     ebb:rules/decisions@0.4.0\n"), "{}", checked.stdout);
     assert!(checked.stdout.contains("ok: 26 calls"), "{}", checked.stdout);
     // A queue starting at its ceiling starts from `initial`.
     assert_eq!(row(&checked.stdout, "max-concurrent-calls", "a busy window"), "4", "{}", checked.stdout);

@@ -18,7 +18,7 @@ use crate::rules::{QUEUE, engine, idle, loaded, rules_for, sha_of, state, wait_f
 fn a_newer_file_whose_configure_rejects_the_parameters_is_shown_refused_while_the_old_rule_decides() {
     let w = watched_with_params(guests::FIXED_TASKS, RuleLimits::default(), Duration::from_millis(20), &[("tasks", "3")]);
     let status = w.rules.status(QUEUE).unwrap();
-    assert_eq!((status.state, status.contract, status.refused.as_ref()), (RuleState::Loaded, Some("0.3.0"), None));
+    assert_eq!((status.state, status.contract, status.refused.as_ref()), (RuleState::Loaded, Some("0.4.0"), None));
 
     // echo-state takes `field`, not `tasks`: its configure rejects the queue's parameters.
     w.deploy(guests::ECHO_STATE);
@@ -364,7 +364,7 @@ async fn status_shows_a_refused_file_and_after_a_restart_the_rule_that_cannot_lo
     wait_until("the rule in use", || async { site.rule().await["state"] == "loaded" }).await;
     let text = site.status_text();
     let short = &sha_of(guests::FIXED_TASKS)[..12];
-    assert!(text.contains(&format!("orders.wasm ({short}, contract 0.3.0, 0 faults)")), "{text}");
+    assert!(text.contains(&format!("orders.wasm ({short}, contract 0.4.0, 0 faults)")), "{text}");
 
     site.deploy(guests::ECHO_STATE);
     wait_until("the refusal", || async { site.rule().await["refused"].is_object() }).await;

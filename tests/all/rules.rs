@@ -186,7 +186,7 @@ fn contract_version_mismatch_names_its_version_and_the_hosts() {
     let error = load_error(guests::FUTURE_VERSION);
     assert!(
         error.contains(
-            "it exports ebb:rules/decisions@0.4.0, but this host speaks ebb:rules/decisions@0.3.0 or ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0"
+            "it exports ebb:rules/decisions@0.9.0, but this host speaks ebb:rules/decisions@0.4.0 or ebb:rules/decisions@0.3.0 or ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0"
         ),
         "{error}"
     );
@@ -302,13 +302,13 @@ fn a_rule_built_against_contract_0_2_0_still_loads_and_decides_unchanged() -> Re
     Ok(())
 }
 
-/// Contract 0.2.0: each field it added reaches a rule built with the SDK (0.3.0 now), as the
+/// Contract 0.2.0: each field it added reaches a rule built with the SDK (0.4.0 now), as the
 /// host set it.
 #[test]
 fn a_rule_built_with_the_sdk_is_told_every_field_contract_0_2_0_added() -> Result<()> {
     let engine = engine(RuleLimits::default());
     let rule = engine.load_file(Path::new(guests::ECHO_STATE))?;
-    assert_eq!(rule.contract, ContractVersion::V0_3);
+    assert_eq!(rule.contract, ContractVersion::V0_4);
     let full = state_with_0_2_fields(5);
     let cases: [(&str, &QueueState, u32); 9] = [
         ("approximate_depth", &full, 5),

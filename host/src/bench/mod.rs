@@ -25,6 +25,7 @@
 pub(crate) mod claims;
 pub(crate) mod codecs;
 pub(crate) mod contenders;
+pub(crate) mod failures;
 pub(crate) mod http;
 pub(crate) mod measure;
 pub(crate) mod payloads;

@@ -56,6 +56,11 @@ pub(crate) enum BenchCommand {
     /// p50 and p99 of each and their difference, against the goal of at most 1 µs at p50.
     /// Build with --release for figures worth reading.
     Shadow(ShadowArgs),
+    /// What a failure decision costs (issue 22): a WASM rule that exports
+    /// ebb:rules/failures, asked through its queue's rule slot as the listener asks it,
+    /// against the same policy in Rust run in the host, batch by batch in one run: p50 and
+    /// p99 per decision. Build with --release for figures worth reading.
+    Failures(FailuresArgs),
     /// The app `ebb bench http` posts to: 200 with an empty body at once, on 127.0.0.1 (a
     /// free port, written to --port-file), until stdin closes. Started by the bench itself.
     #[command(hide = true)]
@@ -78,6 +83,20 @@ pub(crate) struct ShadowArgs {
     /// without it, the same arithmetic compiled into the host.
     #[arg(long)]
     rule: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct FailuresArgs {
+    /// A rule component of the failure-aware-rule world (contract 0.4.0), e.g.
+    /// example-rules/retry-policy built for wasm32-wasip2.
+    #[arg(long)]
+    rule: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Decisions timed per contender, 1,024 to 10,000,000.
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1_024..=10_000_000))]
+    decisions: u64,
 }
 
 #[derive(Debug, Args)]
@@ -353,6 +372,15 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 print!("{}", crate::bench::shadow::table(&report));
+            }
+            Ok(())
+        }
+        BenchCommand::Failures(args) => {
+            let report = crate::bench::failures::run(&args.rule, usize::try_from(args.decisions)?)?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", crate::bench::failures::table(&report));
             }
             Ok(())
         }

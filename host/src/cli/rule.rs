@@ -251,6 +251,7 @@ fn check(file: &Path, params: Vec<(String, String)>) -> Result<()> {
     let contract = rule.contract.interface();
     let newest = crate::rules::CONTRACT_VERSION;
     match rule.contract {
+        ContractVersion::V0_4 => println!("contract:     {contract}"),
         ContractVersion::V0_3 => println!("contract:     {contract}"),
         ContractVersion::V0_2 => println!(
             "contract:     {contract} (an older contract, still served: the rule does not decide handler concurrency (max-concurrent-calls, added in 0.3.0), so its queues keep their max_concurrent_calls; rebuild it against wit/ebb-rules-{newest} to decide it)"
@@ -260,6 +261,14 @@ fn check(file: &Path, params: Vec<(String, String)>) -> Result<()> {
         ),
     }
     println!("exports:      {}", rule.exports.join(", "));
+    println!(
+        "failures:     {}",
+        if rule.decides_failures {
+            "decided by the rule (it exports ebb:rules/failures@0.4.0: on-handler-failure)"
+        } else {
+            "not decided by the rule (it does not export ebb:rules/failures@0.4.0): its queues keep max_dequeue_count"
+        }
+    );
     println!("imports:      {}", if rule.imports.is_empty() { "none".into() } else { rule.imports.join(", ") });
     println!("memory:       {} bytes after configure", instance.memory_bytes());
     println!("configure:    ok ({} parameter{})", params.len(), if params.len() == 1 { "" } else { "s" });

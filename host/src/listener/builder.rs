@@ -153,6 +153,7 @@ impl ListenerBuilder {
                 tasks: TaskTracker::new(),
                 random: Mutex::new(fastrand::Rng::with_seed(seed)),
                 concurrency_random: Mutex::new(fastrand::Rng::with_seed(seed.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15)),
+                failure_random: Mutex::new(fastrand::Rng::with_seed(seed.rotate_left(16) ^ 0xc2b2_ae3d_27d4_eb4f)),
                 failure_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
                 poison_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
                 depth_counted: Mutex::new(None),

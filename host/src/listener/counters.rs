@@ -37,6 +37,10 @@ pub(super) struct Counters {
     pub retry_after_unusable: AtomicU64,
     pub task_panics: AtomicU64,
     pub rule_call_panics: AtomicU64,
+    /// Failures the queue's failure rule decided, by decision (see `failures`).
+    pub failure_rule_retries: AtomicU64,
+    pub failure_rule_poisons: AtomicU64,
+    pub failure_rule_defaults: AtomicU64,
     pub last_depth: AtomicU64,
     /// When `last_depth` was read, in ms since the epoch (0: never).
     pub last_depth_at_ms: AtomicU64,

@@ -18,6 +18,7 @@ use crate::payload::{AllowedReferences, Body, ClaimCheck, Decoded, Delivery, Env
 use crate::queue::{PopReceipt, QueueError};
 
 use super::Shared;
+use super::failures::{FailedDelivery, FailureVerdict};
 
 /// What a message turned out to be.
 pub(super) enum Unpacked {
@@ -134,8 +135,8 @@ impl Shared {
                         }
                         Err(panic) => {
                             self.counters.handler_panics.fetch_add(1, Ordering::Relaxed);
-                            let reason = format!("handler panicked: {}", panic_message(&*panic));
-                            items.iter().map(|_| Err(anyhow!("{reason}"))).collect()
+                            let message = panic_message(&*panic);
+                            items.iter().map(|_| Err(crate::handler::HandlerPanicked(message.clone()).into())).collect()
                         }
                     };
                     batch.iter().map(|(index, _)| *index).zip(answers).collect::<Vec<_>>()
@@ -177,7 +178,7 @@ impl Shared {
     fn contained(&self, result: std::thread::Result<anyhow::Result<Option<Bytes>>>) -> anyhow::Result<Option<Bytes>> {
         result.unwrap_or_else(|panic| {
             self.counters.handler_panics.fetch_add(1, Ordering::Relaxed);
-            Err(anyhow!("handler panicked: {}", panic_message(&*panic)))
+            Err(crate::handler::HandlerPanicked(panic_message(&*panic)).into())
         })
     }
 
@@ -199,7 +200,7 @@ impl Shared {
         items.envelopes.fetch_add(1, Ordering::Relaxed);
         let mut retry = Vec::new();
         let mut poison = Vec::new();
-        let mut most_attempts = 0;
+        let mut retry_delay = Duration::ZERO;
         let mut handled_claims = Vec::new();
         for (index, result) in results.into_iter().enumerate() {
             match result {
@@ -212,14 +213,17 @@ impl Shared {
                 ItemResult::Failed(error) => {
                     items.failed.fetch_add(1, Ordering::Relaxed);
                     let tries = envelope.items[index].attempts.saturating_add(message.dequeue_count);
-                    if tries >= self.settings.max_dequeue_count {
-                        poison.push((index, format!("{error:#} (item {index}, {tries} failed deliveries)")));
-                    } else {
-                        most_attempts = most_attempts.max(tries);
-                        if let Some(suppressed) = self.failure_log.allow() {
-                            tracing::warn!(id = %message.id, item = index, tries, suppressed, "item failed, retried alone later: {error:#}");
+                    let failed = FailedDelivery { message, error: &error, tries, item: Some(index as u32), latency };
+                    match self.failure_verdict(failed, format!("{error:#} (item {index}, {tries} failed deliveries)")).await {
+                        FailureVerdict::Poison(reason) => poison.push((index, reason)),
+                        FailureVerdict::Retry(delay) => {
+                            // One envelope carries the items put back: the longest delay asked.
+                            retry_delay = retry_delay.max(delay);
+                            if let Some(suppressed) = self.failure_log.allow() {
+                                tracing::warn!(id = %message.id, item = index, tries, ?delay, suppressed, "item failed, retried alone later: {error:#}");
+                            }
+                            retry.push(index);
                         }
-                        retry.push(index);
                     }
                 }
                 ItemResult::Refused(reason) => {
@@ -230,7 +234,7 @@ impl Shared {
         }
         let mut all_put = true;
         if !retry.is_empty() {
-            all_put = self.put_back(message, envelope, &retry, self.settings.retry_delay(most_attempts)).await;
+            all_put = self.put_back(message, envelope, &retry, retry_delay).await;
         }
         if all_put {
             for (index, reason) in &poison {

@@ -6,7 +6,6 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use anyhow::anyhow;
 use futures::FutureExt as _;
 use tokio::time::Instant;
 
@@ -92,7 +91,7 @@ impl Shared {
         .map(|result| {
             result.unwrap_or_else(|panic| {
                 counters.handler_panics.fetch_add(1, Ordering::Relaxed);
-                Err(anyhow!("handler panicked: {}", panic_message(&*panic)))
+                Err(crate::handler::HandlerPanicked(panic_message(&*panic)).into())
             })
         });
         match self.run_under_lease(message, lease, handling).await {

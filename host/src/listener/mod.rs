@@ -11,7 +11,8 @@
 //! - `tasks`: the dequeue task loop (get, process or back off, retire), and its slots;
 //! - `process`: a batch's messages through the handler, and each one's outcome (delete,
 //!   retry later, release at shutdown); `lease`: renewing a message's lease while the
-//!   handler runs; `poison`: moving a message that cannot be handled aside;
+//!   handler runs; `poison`: moving a message that cannot be handled aside; `failures`:
+//!   retry or poison after a failure (the rule's `on-handler-failure`, or `max_dequeue_count`);
 //! - `work`: work-detected events, pushes, wake-ups and the safety poll;
 //! - `scaling`: the scaler, which moves the task count toward the rule's;
 //!   `rule`: what the rule is told and the thread it is asked on;
@@ -21,6 +22,7 @@
 mod builder;
 mod concurrency;
 mod counters;
+mod failures;
 mod items;
 mod lease;
 mod pause;
@@ -95,6 +97,8 @@ struct Shared {
     /// The concurrency decision's own random values, so that adding it left the task-count
     /// and idle decisions' sequences (and a seeded simulation's figures) as they were.
     concurrency_random: Mutex<fastrand::Rng>,
+    /// The failure decision's, likewise.
+    failure_random: Mutex<fastrand::Rng>,
     /// Handler failures and retries are logged at WARN, this many per window.
     failure_log: LogLimiter,
     /// Poisonings, likewise (each one's reason stays in the status and the metrics).

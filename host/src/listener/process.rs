@@ -13,6 +13,7 @@ use crate::queue::{Message, MessageId, PopReceipt, QueueError};
 
 use super::Shared;
 use super::concurrency::{CallEnd, FetchedAhead};
+use super::failures::{FailedDelivery, FailureVerdict};
 use super::items::{ItemResult, ReplyNotPut, Unpacked};
 use super::lease::Lease;
 use super::slots::{Slot, SlotGrant};
@@ -183,14 +184,15 @@ impl Shared {
             Outcome::Handled(Err(error)) => {
                 self.counters.record_failure(latency);
                 let reason = format!("{error:#}");
-                if message.dequeue_count >= self.settings.max_dequeue_count {
-                    self.poison(message, receipt, &reason).await;
-                } else {
-                    let delay = self.settings.retry_delay(message.dequeue_count);
-                    if let Some(suppressed) = self.failure_log.allow() {
-                        tracing::warn!(id = %message.id, dequeue_count = message.dequeue_count, ?delay, suppressed, "handler failed, retrying later: {reason}");
+                let failed = FailedDelivery { message, error: &error, tries: message.dequeue_count, item: None, latency };
+                match self.failure_verdict(failed, reason.clone()).await {
+                    FailureVerdict::Poison(reason) => self.poison(message, receipt, &reason).await,
+                    FailureVerdict::Retry(delay) => {
+                        if let Some(suppressed) = self.failure_log.allow() {
+                            tracing::warn!(id = %message.id, dequeue_count = message.dequeue_count, ?delay, suppressed, "handler failed, retrying later: {reason}");
+                        }
+                        self.retry_later(message, receipt, delay).await;
                     }
-                    self.retry_later(message, receipt, delay).await;
                 }
             }
             Outcome::Abandoned => {

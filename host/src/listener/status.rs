@@ -172,6 +172,14 @@ pub struct ListenerStatus {
     pub task_panics: u64,
     /// Rule calls whose blocking task panicked (the built-in rule decided).
     pub rule_call_panics: u64,
+    /// Failed deliveries (messages or items) the queue's rule retried after a delay of its
+    /// own (`on-handler-failure`, contract 0.4.0). 0 for a rule that does not export `failures`.
+    pub failure_rule_retries: u64,
+    /// Failed deliveries the queue's rule poisoned.
+    pub failure_rule_poisons: u64,
+    /// Failed deliveries the queue's rule left to the default handling (`max_dequeue_count`):
+    /// it said `default`, or could not answer (a fault: counted in `rule.faults`).
+    pub failure_rule_defaults: u64,
     /// Envelopes whose items were delivered (issue 20).
     pub envelopes: u64,
     /// Items of envelopes handled.
@@ -279,6 +287,9 @@ impl Shared {
             retry_after_unusable: load64(&c.retry_after_unusable),
             task_panics: load64(&c.task_panics),
             rule_call_panics: load64(&c.rule_call_panics),
+            failure_rule_retries: load64(&c.failure_rule_retries),
+            failure_rule_poisons: load64(&c.failure_rule_poisons),
+            failure_rule_defaults: load64(&c.failure_rule_defaults),
             envelopes: load64(&c.items.envelopes),
             items_delivered: load64(&c.items.delivered),
             items_failed: load64(&c.items.failed),

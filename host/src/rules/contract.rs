@@ -6,7 +6,7 @@ use wasmtime::Engine;
 use wasmtime::component::ComponentType;
 use wasmtime::component::types::ComponentFunc;
 
-use super::bindings::{CONTRACT_INTERFACE, CONTRACT_VERSIONS, ContractVersion, v0_1, v0_2, v0_3};
+use super::bindings::{CONTRACT_INTERFACE, CONTRACT_VERSIONS, ContractVersion, FAILURES_INTERFACE, v0_1, v0_2, v0_3, v0_4};
 
 /// The contract version a component speaks, from the `ebb:rules/decisions@<version>` it
 /// exports: the newest the host serves when it exports several.
@@ -48,10 +48,37 @@ pub(super) fn check_signatures(engine: &Engine, ty: &wasmtime::component::types:
                 "max-concurrent-calls" => func.typecheck::<(v0_3::wit::HandlerState,), (Option<u32>,)>(&ty.instance_type()).map_err(anyhow::Error::from),
                 _ => typecheck::<v0_3::wit::QueueState, v0_3::wit::IdleContext, v0_3::wit::IdleDecision>(ty, &func, name),
             },
+            ContractVersion::V0_4 => match name {
+                "max-concurrent-calls" => func.typecheck::<(v0_4::wit::HandlerState,), (Option<u32>,)>(&ty.instance_type()).map_err(anyhow::Error::from),
+                _ => typecheck::<v0_4::wit::QueueState, v0_4::wit::IdleContext, v0_4::wit::IdleDecision>(ty, &func, name),
+            },
         };
         checked.with_context(|| format!("its function {name} does not have the type of contract {version}"))?;
     }
     Ok(())
+}
+
+/// Whether the component exports the optional `ebb:rules/failures@0.4.0` (the
+/// `failure-aware-rule` world) and, if it does, that `on-handler-failure` has its type.
+/// Another version of the interface is refused by name: no host serves one yet.
+pub(super) fn exports_failures(engine: &Engine, ty: &wasmtime::component::types::Component, exports: &[String]) -> Result<bool> {
+    use wasmtime::component::types::ComponentItem;
+    if !exports.iter().any(|e| e == FAILURES_INTERFACE) {
+        if let Some(other) = exports.iter().find(|e| e.starts_with("ebb:rules/failures@")) {
+            bail!("it exports {other}, but this host speaks {FAILURES_INTERFACE}");
+        }
+        return Ok(false);
+    }
+    let Some(ComponentItem::ComponentInstance(failures)) = ty.get_export(engine, FAILURES_INTERFACE).map(|e| e.ty) else {
+        bail!("its export {FAILURES_INTERFACE} is not an instance");
+    };
+    let Some(ComponentItem::ComponentFunc(func)) = failures.get_export(engine, "on-handler-failure").map(|e| e.ty) else {
+        bail!("its export {FAILURES_INTERFACE} lacks the function on-handler-failure");
+    };
+    func.typecheck::<(v0_4::failures_wit::FailureContext,), (v0_4::failures_wit::FailureDecision,)>(&ty.instance_type())
+        .map_err(anyhow::Error::from)
+        .context("its function on-handler-failure does not have the type of contract 0.4.0")?;
+    Ok(true)
 }
 
 /// Type-checks the decision function `name` (one of the three every version has) against

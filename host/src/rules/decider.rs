@@ -5,10 +5,10 @@
 //! they came from; the listener only chooses the thread it calls on ([`Decider::may_block`])
 //! and lets the built-in rule decide a call that panicked.
 
-use ebb_rules_sdk::{HandlerState, IdleContext, IdleDecision, QueueState};
+use ebb_rules_sdk::{FailureContext, FailureDecision, HandlerState, IdleContext, IdleDecision, QueueState};
 
 use super::{
-    Decision, DecisionSource, NativeRule, QueueRules, RuleStatus, ShadowStatus, built_in_queue_empty, built_in_task_count, native_concurrency,
+    Decision, DecisionSource, NativeRule, QueueRules, RuleStatus, ShadowStatus, built_in_queue_empty, built_in_task_count, native_concurrency, native_failure,
     native_queue_empty, native_task_count,
 };
 
@@ -32,6 +32,20 @@ pub trait Decider: Send + Sync + 'static {
     /// rule, a WASM rule of a contract before 0.3.0 or none loaded yet).
     fn may_decide_concurrency(&self) -> bool {
         true
+    }
+
+    /// What happens to a message whose handler failed (a retry's delay clamped to
+    /// `[0, ctx.max_retry_delay_ms]`); `None` when the rule does not decide it (the queue keeps
+    /// its `max_dequeue_count` handling). Only rules that export `ebb:rules/failures@0.4.0`
+    /// can decide it.
+    fn decide_failure(&self, _ctx: &FailureContext) -> Option<Decision<FailureDecision>> {
+        None
+    }
+
+    /// Whether [`Decider::decide_failure`] may answer now: `false` spares the listener a
+    /// trip to a blocking thread for every failure of a queue whose rule cannot.
+    fn may_decide_failures(&self) -> bool {
+        false
     }
 
     /// The rule's state as `/status` shows it; `None` when there is nothing beyond the
@@ -94,6 +108,14 @@ impl Decider for QueueRules {
         QueueRules::rule_decides_concurrency(self)
     }
 
+    fn decide_failure(&self, ctx: &FailureContext) -> Option<Decision<FailureDecision>> {
+        QueueRules::decide_failure(self, ctx)
+    }
+
+    fn may_decide_failures(&self) -> bool {
+        QueueRules::rule_decides_failures(self)
+    }
+
     fn status(&self) -> Option<RuleStatus> {
         Some(QueueRules::status(self))
     }
@@ -112,6 +134,14 @@ impl<R: NativeRule> Decider for R {
 
     fn decide_concurrency(&self, state: &HandlerState) -> Option<Decision<u32>> {
         native_concurrency(self, state)
+    }
+
+    fn decide_failure(&self, ctx: &FailureContext) -> Option<Decision<FailureDecision>> {
+        native_failure(self, ctx)
+    }
+
+    fn may_decide_failures(&self) -> bool {
+        true
     }
 
     fn may_block(&self) -> bool {

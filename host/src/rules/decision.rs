@@ -1,7 +1,7 @@
 //! Decisions: where each came from, the clamp into the queue's bounds, the built-in
 //! (paper's) rule, and native rules.
 
-use ebb_rules_sdk::{HandlerState, IdleContext, IdleDecision, QueueState, paper};
+use ebb_rules_sdk::{FailureContext, FailureDecision, HandlerState, IdleContext, IdleDecision, MAX_FAILURE_TEXT_BYTES, QueueState, paper};
 use serde::Serialize;
 
 /// Where a decision came from.
@@ -59,6 +59,49 @@ pub trait NativeRule: Send + Sync + 'static {
     fn max_concurrent_calls(&self, _state: &HandlerState) -> Option<u32> {
         None
     }
+    /// What happens to a message whose handler failed, before the clamp; `None` (the
+    /// default) keeps the queue's `max_dequeue_count` handling.
+    fn on_handler_failure(&self, _ctx: &FailureContext) -> Option<FailureDecision> {
+        None
+    }
+}
+
+/// A native rule's failure decision, clamped like a WASM rule's.
+pub fn native_failure(rule: &dyn NativeRule, ctx: &FailureContext) -> Option<Decision<FailureDecision>> {
+    rule.on_handler_failure(ctx).map(|raw| clamp_failure(raw, DecisionSource::Rule, ctx))
+}
+
+/// A failure decision made safe to act on: a retry's delay clamped to
+/// `[0, min(ctx.max_retry_delay_ms, the backends' longest visibility of 7 days)]`; a poison
+/// reason cut to [`MAX_FAILURE_TEXT_BYTES`] (at a character boundary), its control characters
+/// escaped, and an empty one named. Each counts as a clamp.
+pub fn clamp_failure(raw: FailureDecision, source: DecisionSource, ctx: &FailureContext) -> Decision<FailureDecision> {
+    match raw {
+        FailureDecision::Retry(delay_ms) => {
+            let most = ctx.max_retry_delay_ms.min(crate::queue::MAX_VISIBILITY.as_millis() as u64);
+            let value = delay_ms.min(most);
+            Decision { value: FailureDecision::Retry(value), source, clamped: value != delay_ms }
+        }
+        FailureDecision::Poison(reason) => {
+            let bounded = crate::health::untrusted_text(&reason);
+            let bounded = if bounded.trim().is_empty() { "(the rule gave no reason)".to_string() } else { cut(&bounded, MAX_FAILURE_TEXT_BYTES).to_string() };
+            let clamped = bounded != reason;
+            Decision { value: FailureDecision::Poison(bounded), source, clamped }
+        }
+        FailureDecision::Default => Decision { value: FailureDecision::Default, source, clamped: false },
+    }
+}
+
+/// `text`, at most `max` bytes of it, cut at a character boundary.
+pub(crate) fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// A native rule's task count, clamped to the queue's bounds.
@@ -91,4 +134,36 @@ pub(crate) fn clamp_task_count(raw: u32, source: DecisionSource, state: &QueueSt
 pub(crate) fn clamp_idle(raw: IdleDecision, source: DecisionSource, ctx: &IdleContext) -> Decision<IdleDecision> {
     let delay_ms = raw.delay_ms.clamp(ctx.min_interval_ms, ctx.max_interval_ms.max(ctx.min_interval_ms));
     Decision { value: IdleDecision { delay_ms, stop: raw.stop }, source, clamped: delay_ms != raw.delay_ms }
+}
+
+#[cfg(test)]
+mod failure_tests {
+    use super::*;
+
+    fn ctx() -> FailureContext {
+        FailureContext { max_retry_delay_ms: 60_000, ..Default::default() }
+    }
+
+    #[test]
+    fn a_retry_is_clamped_to_max_retry_delay_and_to_seven_days_and_counted() {
+        let clamped = clamp_failure(FailureDecision::Retry(u64::MAX), DecisionSource::Rule, &ctx());
+        assert_eq!((clamped.value, clamped.clamped), (FailureDecision::Retry(60_000), true));
+        let unbounded = FailureContext { max_retry_delay_ms: u64::MAX, ..ctx() };
+        assert_eq!(clamp_failure(FailureDecision::Retry(u64::MAX), DecisionSource::Rule, &unbounded).value, FailureDecision::Retry(7 * 24 * 3_600_000));
+        let kept = clamp_failure(FailureDecision::Retry(5_000), DecisionSource::Rule, &ctx());
+        assert_eq!((kept.value, kept.clamped), (FailureDecision::Retry(5_000), false));
+    }
+
+    #[test]
+    fn a_poison_reason_is_bounded_escaped_and_never_empty() {
+        let long = clamp_failure(FailureDecision::Poison("é".repeat(2_000)), DecisionSource::Rule, &ctx());
+        let FailureDecision::Poison(reason) = &long.value else { panic!("{long:?}") };
+        assert!(reason.len() <= MAX_FAILURE_TEXT_BYTES && long.clamped, "{} bytes", reason.len());
+        let forged = clamp_failure(FailureDecision::Poison("no\nWARN forged line".into()), DecisionSource::Rule, &ctx());
+        assert_eq!(forged.value, FailureDecision::Poison("no\\nWARN forged line".into()));
+        let empty = clamp_failure(FailureDecision::Poison("  ".into()), DecisionSource::Rule, &ctx());
+        assert_eq!(empty.value, FailureDecision::Poison("(the rule gave no reason)".into()));
+        let fine = clamp_failure(FailureDecision::Poison("HTTP 422".into()), DecisionSource::Rule, &ctx());
+        assert!(!fine.clamped);
+    }
 }

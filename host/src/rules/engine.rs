@@ -11,9 +11,9 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::Linker;
 use wasmtime::{Config, Engine};
 
-use super::bindings::{ContractVersion, v0_1, v0_2, v0_3};
+use super::bindings::{ContractVersion, v0_1, v0_2, v0_3, v0_4};
 use super::cache::Compiled;
-use super::contract::{check_signatures, contract_version};
+use super::contract::{check_signatures, contract_version, exports_failures};
 use super::file::{file_name, read_rule_file};
 use super::hint::with_hint;
 use super::limits::RuleLimits;
@@ -41,6 +41,9 @@ pub struct CompiledRule {
     pub exports: Vec<String>,
     /// The contract version it was built for (read from its exports).
     pub contract: ContractVersion,
+    /// Whether it exports `ebb:rules/failures@0.4.0` (the `failure-aware-rule` world): it
+    /// decides what happens to failed messages.
+    pub decides_failures: bool,
     pub(super) pre: RulePre,
 }
 
@@ -49,6 +52,12 @@ pub(super) enum RulePre {
     V0_1(v0_1::ScalingRulePre<RuleHost>),
     V0_2(v0_2::ScalingRulePre<RuleHost>),
     V0_3(v0_3::ScalingRulePre<RuleHost>),
+    /// Loaded interface by interface: `failures` only when the rule exports it.
+    V0_4 {
+        pre: wasmtime::component::InstancePre<RuleHost>,
+        decisions: v0_4::wit::GuestIndices,
+        failures: Option<v0_4::failures_wit::GuestIndices>,
+    },
 }
 
 /// The process-wide rule engine.
@@ -123,6 +132,12 @@ impl RuleEngine {
         let exports: Vec<String> = ty.exports(&self.engine).map(|(n, _)| n.to_string()).collect();
         let contract = contract_version(&exports)?;
         check_signatures(&self.engine, &ty, contract)?;
+        let decides_failures = exports_failures(&self.engine, &ty, &exports)?;
+        if decides_failures && contract != ContractVersion::V0_4 {
+            bail!(
+                "it exports ebb:rules/failures@0.4.0 beside ebb:rules/decisions@{contract}: build both from the failure-aware-rule world of wit/ebb-rules-0.4.0"
+            );
+        }
         let instance_pre =
             self.linker.instantiate_pre(&component).map_err(anyhow::Error::from).context("its imports cannot be satisfied (a rule gets no capabilities)")?;
         let world = || format!("its exports do not match the ebb:rules/scaling-rule@{contract} world");
@@ -130,6 +145,18 @@ impl RuleEngine {
             ContractVersion::V0_1 => RulePre::V0_1(v0_1::ScalingRulePre::new(instance_pre).map_err(anyhow::Error::from).with_context(world)?),
             ContractVersion::V0_2 => RulePre::V0_2(v0_2::ScalingRulePre::new(instance_pre).map_err(anyhow::Error::from).with_context(world)?),
             ContractVersion::V0_3 => RulePre::V0_3(v0_3::ScalingRulePre::new(instance_pre).map_err(anyhow::Error::from).with_context(world)?),
+            ContractVersion::V0_4 => RulePre::V0_4 {
+                decisions: v0_4::wit::GuestIndices::new(&instance_pre).map_err(anyhow::Error::from).with_context(world)?,
+                failures: match decides_failures {
+                    true => Some(
+                        v0_4::failures_wit::GuestIndices::new(&instance_pre)
+                            .map_err(anyhow::Error::from)
+                            .context("its exports do not match the ebb:rules/failure-aware-rule@0.4.0 world")?,
+                    ),
+                    false => None,
+                },
+                pre: instance_pre,
+            },
         };
         let rule = Arc::new(CompiledRule {
             name: name.to_string(),
@@ -141,6 +168,7 @@ impl RuleEngine {
             imports,
             exports,
             contract,
+            decides_failures,
             pre,
         });
         lock(&self.compiled).handed_out.push((sha256, Arc::downgrade(&rule)));

@@ -5,7 +5,7 @@ use anyhow::{Context as _, Result, bail};
 use wasmtime::component::ResourceTable;
 use wasmtime::{Store, UpdateDeadline};
 
-use super::bindings::{v0_1, v0_2, v0_3};
+use super::bindings::{v0_1, v0_2, v0_3, v0_4};
 use super::engine::{CompiledRule, RuleEngine, RulePre, deadline_ticks, ticks_until};
 use super::fault::{Phase, describe_fault, with_output};
 use super::hint::with_hint;
@@ -47,6 +47,11 @@ impl RuleEngine {
             RulePre::V0_1(pre) => pre.instantiate(&mut store).map(Bindings::V0_1),
             RulePre::V0_2(pre) => pre.instantiate(&mut store).map(Bindings::V0_2),
             RulePre::V0_3(pre) => pre.instantiate(&mut store).map(Bindings::V0_3),
+            RulePre::V0_4 { pre, decisions, failures } => pre.instantiate(&mut store).and_then(|instance| {
+                let decisions = decisions.load(&mut store, &instance)?;
+                let failures = failures.as_ref().map(|f| f.load(&mut store, &instance)).transpose()?;
+                Ok(Bindings::V0_4 { decisions, failures })
+            }),
         };
         let bindings = match bindings {
             Ok(bindings) => bindings,
@@ -56,6 +61,7 @@ impl RuleEngine {
             Bindings::V0_1(b) => b.ebb_rules_decisions().call_configure(&mut store, params),
             Bindings::V0_2(b) => b.ebb_rules_decisions().call_configure(&mut store, params),
             Bindings::V0_3(b) => b.ebb_rules_decisions().call_configure(&mut store, params),
+            Bindings::V0_4 { decisions, .. } => decisions.call_configure(&mut store, params),
         };
         let configured = match configured {
             Ok(configured) => configured,
@@ -80,6 +86,7 @@ pub(super) enum Bindings {
     V0_1(v0_1::ScalingRule),
     V0_2(v0_2::ScalingRule),
     V0_3(v0_3::ScalingRule),
+    V0_4 { decisions: v0_4::wit::Guest, failures: Option<v0_4::failures_wit::Guest> },
 }
 
 /// A live, configured rule instance. Not shared: callers hold it behind a lock.
@@ -115,6 +122,7 @@ impl RuleInstance {
             Bindings::V0_1(b) => b.ebb_rules_decisions().call_optimal_dequeue_task_count(&mut self.store, &state.into()),
             Bindings::V0_2(b) => b.ebb_rules_decisions().call_optimal_dequeue_task_count(&mut self.store, &state.into()),
             Bindings::V0_3(b) => b.ebb_rules_decisions().call_optimal_dequeue_task_count(&mut self.store, &state.into()),
+            Bindings::V0_4 { decisions, .. } => decisions.call_optimal_dequeue_task_count(&mut self.store, &state.into()),
         };
         called.map_err(|e| self.fault(e, "optimal-dequeue-task-count"))
     }
@@ -126,6 +134,7 @@ impl RuleInstance {
             Bindings::V0_1(b) => b.ebb_rules_decisions().call_on_queue_empty(&mut self.store, &ctx.into()).map(Into::into),
             Bindings::V0_2(b) => b.ebb_rules_decisions().call_on_queue_empty(&mut self.store, &ctx.into()).map(Into::into),
             Bindings::V0_3(b) => b.ebb_rules_decisions().call_on_queue_empty(&mut self.store, &ctx.into()).map(Into::into),
+            Bindings::V0_4 { decisions, .. } => decisions.call_on_queue_empty(&mut self.store, &ctx.into()).map(Into::into),
         };
         called.map_err(|e| self.fault(e, "on-queue-empty"))
     }
@@ -138,13 +147,31 @@ impl RuleInstance {
             return Ok(None);
         }
         let _running = self.arm()?;
-        let Bindings::V0_3(b) = &self.bindings else { return Ok(None) };
-        b.ebb_rules_decisions().call_max_concurrent_calls(&mut self.store, &state.into()).map_err(|e| self.fault(e, "max-concurrent-calls"))
+        let called = match &self.bindings {
+            Bindings::V0_3(b) => b.ebb_rules_decisions().call_max_concurrent_calls(&mut self.store, &state.into()),
+            Bindings::V0_4 { decisions, .. } => decisions.call_max_concurrent_calls(&mut self.store, &state.into()),
+            Bindings::V0_1(_) | Bindings::V0_2(_) => return Ok(None),
+        };
+        called.map_err(|e| self.fault(e, "max-concurrent-calls"))
     }
 
     /// Whether the rule decides how many handler calls run at once (contract 0.3.0 and later).
     pub fn decides_concurrency(&self) -> bool {
-        matches!(self.bindings, Bindings::V0_3(_))
+        matches!(self.bindings, Bindings::V0_3(_) | Bindings::V0_4 { .. })
+    }
+
+    /// `on-handler-failure`, raw (unclamped): `None` when the rule does not export
+    /// `ebb:rules/failures` (nothing is called). Any error means the instance is unusable.
+    pub fn on_handler_failure(&mut self, ctx: &ebb_rules_sdk::FailureContext) -> Result<Option<ebb_rules_sdk::FailureDecision>> {
+        let Bindings::V0_4 { failures: Some(_), .. } = &self.bindings else { return Ok(None) };
+        let _running = self.arm()?;
+        let Bindings::V0_4 { failures: Some(failures), .. } = &self.bindings else { return Ok(None) };
+        failures.call_on_handler_failure(&mut self.store, &ctx.into()).map(|d| Some(d.into())).map_err(|e| self.fault(e, "on-handler-failure"))
+    }
+
+    /// Whether the rule decides what happens to failed messages (it exports `ebb:rules/failures`).
+    pub fn decides_failures(&self) -> bool {
+        matches!(self.bindings, Bindings::V0_4 { failures: Some(_), .. })
     }
 
     /// Whether the last call took longer than its deadline in wall-clock time but not in CPU

@@ -1,6 +1,8 @@
 //! Scaling rules: WebAssembly components that decide how many dequeue tasks a queue runs,
 //! what a task does when the queue is empty (the paper's rule is built in) and, since
-//! contract 0.3.0, how many handler calls run at once (without a rule: the configured bound).
+//! contract 0.3.0, how many handler calls run at once (without a rule: the configured bound)
+//! and, since 0.4.0 and for rules that export the optional `failures` interface, what
+//! happens to a message whose handler failed (without: `max_dequeue_count`).
 //!
 //! Calls are synchronous and may block for up to the call deadline: from async code, call
 //! them through `tokio::task::spawn_blocking`. The files, along the way a rule goes:
@@ -43,12 +45,13 @@ mod threads;
 mod ticker;
 mod watcher;
 
-pub use bindings::{CONTRACT_INTERFACE, CONTRACT_VERSION, CONTRACT_VERSIONS, ContractVersion};
+pub use bindings::{CONTRACT_INTERFACE, CONTRACT_VERSION, CONTRACT_VERSIONS, ContractVersion, FAILURES_INTERFACE};
 pub use decider::{BuiltInRule, Decider};
 pub use decision::{
-    Decision, DecisionSource, NativeRule, built_in_queue_empty, built_in_task_count, native_concurrency, native_queue_empty, native_task_count,
+    Decision, DecisionSource, NativeRule, built_in_queue_empty, built_in_task_count, clamp_failure, native_concurrency, native_failure, native_queue_empty,
+    native_task_count,
 };
-pub(crate) use decision::{clamp_concurrency, clamp_idle, clamp_task_count};
+pub(crate) use decision::{clamp_concurrency, clamp_idle, clamp_task_count, cut};
 pub use engine::{CompiledRule, RuleEngine};
 pub(crate) use file::read_rule_file;
 pub use hint::{HINT_PREFIX, hint};
@@ -59,7 +62,7 @@ pub use shadow::{DecisionKind, Disagreement, SHADOW_CHANNEL_CAPACITY, ShadowCoun
 pub use slot::{ConsecutiveFaults, Export, Quarantine, QueueRules, RefusedFile, RuleLoad, RuleState, RuleStatus, RuleSwap};
 pub use watcher::{MAX_DEBOUNCE_DELAY, RuleWatcher};
 
-pub use ebb_rules_sdk::{DepthSource, HandlerState, IdleContext, IdleDecision, QueueState};
+pub use ebb_rules_sdk::{DepthSource, ErrorClass, FailureContext, FailureDecision, HandlerState, IdleContext, IdleDecision, QueueState};
 
 /// A poisoned lock only means a panic elsewhere: the data under it is still consistent here.
 pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -311,6 +311,15 @@ impl Decider for Shadowed {
         self.live.may_decide_concurrency()
     }
 
+    /// The live rule's alone: a shadow is not asked about failures (it compares scaling).
+    fn decide_failure(&self, ctx: &ebb_rules_sdk::FailureContext) -> Option<Decision<ebb_rules_sdk::FailureDecision>> {
+        self.live.decide_failure(ctx)
+    }
+
+    fn may_decide_failures(&self) -> bool {
+        self.live.may_decide_failures()
+    }
+
     fn status(&self) -> Option<RuleStatus> {
         self.live.status()
     }

@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use anyhow::Result;
-use ebb_rules_sdk::{HandlerState, IdleContext, IdleDecision, QueueState, paper};
+use ebb_rules_sdk::{FailureContext, FailureDecision, HandlerState, IdleContext, IdleDecision, QueueState, paper};
 use serde::Serialize;
 
-use super::decision::{Decision, DecisionSource, clamp_concurrency, clamp_idle, clamp_task_count};
+use super::decision::{Decision, DecisionSource, clamp_concurrency, clamp_failure, clamp_idle, clamp_task_count};
 use super::engine::{CompiledRule, RuleEngine};
 use super::instance::RuleInstance;
 use super::lock;
@@ -118,6 +118,8 @@ pub enum Export {
     OnQueueEmpty,
     /// `max-concurrent-calls` (since contract 0.3.0).
     MaxConcurrentCalls,
+    /// `on-handler-failure` of the optional `failures` interface (since contract 0.4.0).
+    OnHandlerFailure,
 }
 
 impl Export {
@@ -127,6 +129,7 @@ impl Export {
             Export::OptimalDequeueTaskCount => "optimal-dequeue-task-count",
             Export::OnQueueEmpty => "on-queue-empty",
             Export::MaxConcurrentCalls => "max-concurrent-calls",
+            Export::OnHandlerFailure => "on-handler-failure",
         }
     }
 }
@@ -147,7 +150,8 @@ impl FaultSite {
             FaultSite::Call(Export::OptimalDequeueTaskCount) => 0,
             FaultSite::Call(Export::OnQueueEmpty) => 1,
             FaultSite::Call(Export::MaxConcurrentCalls) => 2,
-            FaultSite::Rebuild => 3,
+            FaultSite::Call(Export::OnHandlerFailure) => 3,
+            FaultSite::Rebuild => 4,
         }
     }
 
@@ -161,7 +165,7 @@ impl FaultSite {
 
 /// Consecutive faults of a rule group, one run per [`FaultSite`].
 #[derive(Default)]
-pub(super) struct FaultRuns([AtomicU32; 4]);
+pub(super) struct FaultRuns([AtomicU32; 5]);
 
 impl FaultRuns {
     /// Adds a fault at `site`; returns the length of its run.
@@ -185,6 +189,7 @@ impl FaultRuns {
             optimal_dequeue_task_count: run(FaultSite::Call(Export::OptimalDequeueTaskCount)),
             on_queue_empty: run(FaultSite::Call(Export::OnQueueEmpty)),
             max_concurrent_calls: run(FaultSite::Call(Export::MaxConcurrentCalls)),
+            on_handler_failure: run(FaultSite::Call(Export::OnHandlerFailure)),
             rebuild: run(FaultSite::Rebuild),
         }
     }
@@ -200,6 +205,8 @@ pub struct ConsecutiveFaults {
     pub on_queue_empty: u32,
     /// Of `max-concurrent-calls` (0 for a rule of a contract before 0.3.0, never called).
     pub max_concurrent_calls: u32,
+    /// Of `on-handler-failure` (0 for a rule that does not export `failures`, never called).
+    pub on_handler_failure: u32,
     /// Failed rebuilds of the instance after a fault.
     pub rebuild: u32,
 }
@@ -428,6 +435,26 @@ impl QueueRules {
         Some(self.finish(decision))
     }
 
+    /// Whether the rule in use exports `ebb:rules/failures` (the `failure-aware-rule` world).
+    pub fn rule_decides_failures(&self) -> bool {
+        lock(&self.slot.group.status).rule.as_ref().is_some_and(|rule| rule.decides_failures)
+    }
+
+    /// What happens to a message whose handler failed, the delay clamped to
+    /// `[0, ctx.max_retry_delay_ms]` and the reason bounded (see [`clamp_failure`]). `None`
+    /// when no rule that decides failures is in use: nothing was asked, and the queue's
+    /// `max_dequeue_count` handling applies as it always did. When the rule cannot answer (it
+    /// faulted on this call, counted as a fault of `on-handler-failure` towards quarantine;
+    /// it is quarantined; its instance is being rebuilt), the decision is
+    /// [`FailureDecision::Default`].
+    pub fn decide_failure(&self, ctx: &FailureContext) -> Option<Decision<FailureDecision>> {
+        if !self.rule_decides_failures() {
+            return None;
+        }
+        let (raw, source) = self.decide(Export::OnHandlerFailure, |i| i.on_handler_failure(ctx).map(Option::unwrap_or_default), || FailureDecision::Default);
+        Some(self.finish(clamp_failure(raw, source, ctx)))
+    }
+
     /// The queue's rule state. Never waits on a rule call or an instantiation.
     pub fn status(&self) -> RuleStatus {
         let slot = &self.slot;
@@ -581,6 +608,7 @@ impl RuleGroup {
         let instead = match site {
             _ if self.is_shadow() => "this decision is not compared; the live rule is not affected",
             FaultSite::Call(Export::MaxConcurrentCalls) => "the queue keeps its configured max_concurrent_calls",
+            FaultSite::Call(Export::OnHandlerFailure) => "the message is retried or poisoned as max_dequeue_count says",
             _ => "the built-in rule decides this call",
         };
         let kind = self.kind();

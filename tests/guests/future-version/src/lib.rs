@@ -1,8 +1,8 @@
-//! Speaks ebb:rules@0.4.0, a version no host serves yet: loading must fail naming it and
+//! Speaks ebb:rules@0.9.0, a version no host serves yet: loading must fail naming it and
 //! the versions the host speaks.
 wit_bindgen::generate!({
     inline: r#"
-        package ebb:rules@0.4.0;
+        package ebb:rules@0.9.0;
         interface decisions {
             record queue-state { queue: string, approximate-depth: u64, in-flight: u32, active-tasks: u32, min-tasks: u32, max-tasks: u32, throughput-per-sec: f64, mean-handler-latency-ms: f64, recent-failures: u32, push-enabled: bool, timestamp-ms: u64, random: u64 }
             record idle-context { queue: string, idle-count: u32, active-tasks: u32, min-interval-ms: u64, max-interval-ms: u64, push-enabled: bool, timestamp-ms: u64, random: u64 }

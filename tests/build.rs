@@ -76,7 +76,9 @@ fn main() {
             .args(["app", "-o", path_str(&python_retry)]),
         "componentize-py of example-rules/python-retry",
     );
-    for (name, path) in [("PYTHON_DRAIN_TIME", python_rule), ("JAVASCRIPT_SPARE_CAPACITY", javascript_rule), ("PYTHON_RETRY", python_retry), ("C_PROPORTIONAL", c_rule)] {
+    for (name, path) in
+        [("PYTHON_DRAIN_TIME", python_rule), ("JAVASCRIPT_SPARE_CAPACITY", javascript_rule), ("PYTHON_RETRY", python_retry), ("C_PROPORTIONAL", c_rule)]
+    {
         constants.push_str(&format!("pub const {name}: &str = {:?};\n", path.display().to_string()));
     }
     // Test guests in other languages: `tests/guests-js/<name>.js` (built with `--sync`) and

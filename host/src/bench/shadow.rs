@@ -68,11 +68,18 @@ fn percentiles(mut samples: Vec<u64>) -> Percentiles {
     Percentiles { p50_ns: at(0.50), p99_ns: at(0.99) }
 }
 
+/// The live and the shadow decider, and the rule set they come from (kept while they decide).
+struct Contenders {
+    live: Arc<dyn Decider>,
+    shadow: Arc<dyn Decider>,
+    _set: Option<RuleSet>,
+}
+
 /// The live and the shadow decider: instances of the component at `rule`, through a rule set
 /// as the listener holds them, or the native rule.
-fn contenders(rule: Option<&Path>) -> Result<(Arc<dyn Decider>, Arc<dyn Decider>, Option<RuleSet>)> {
+fn contenders(rule: Option<&Path>) -> Result<Contenders> {
     let Some(rule) = rule else {
-        return Ok((Arc::new(PerTen), Arc::new(PerTen), None));
+        return Ok(Contenders { live: Arc::new(PerTen), shadow: Arc::new(PerTen), _set: None });
     };
     let rule = rule.canonicalize().with_context(|| format!("failed to read rule {}", rule.display()))?;
     let live_slot = RuleSlot::new("bench")?;
@@ -88,7 +95,7 @@ fn contenders(rule: Option<&Path>) -> Result<(Arc<dyn Decider>, Arc<dyn Decider>
     if live.decide_task_count(&probe).source != DecisionSource::Rule {
         bail!("rule {} does not decide (the built-in rule answered instead)", rule.display());
     }
-    Ok((Arc::new(live), Arc::new(shadow), Some(set)))
+    Ok(Contenders { live: Arc::new(live), shadow: Arc::new(shadow), _set: Some(set) })
 }
 
 /// Times `decisions` task-count decisions of each contender, a batch of each in turn.
@@ -96,8 +103,9 @@ pub(crate) fn run(decisions: usize, rule: Option<&Path>) -> Result<ShadowReport>
     if decisions < BATCH {
         bail!("--decisions: at least {BATCH}");
     }
-    let (plain, shadow, _set) = contenders(rule)?;
-    let shadowed = Shadowed::new("bench", plain.clone(), shadow, SHADOW_CHANNEL_CAPACITY)?;
+    let contenders = contenders(rule)?;
+    let plain = contenders.live.clone();
+    let shadowed = Shadowed::new("bench", plain.clone(), contenders.shadow.clone(), SHADOW_CHANNEL_CAPACITY)?;
     let mut no_shadow = Vec::with_capacity(decisions);
     let mut with_shadow = Vec::with_capacity(decisions);
     let mut state = QueueState { queue: "bench".into(), min_tasks: 0, max_tasks: 1_000, ..Default::default() };

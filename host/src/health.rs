@@ -53,8 +53,15 @@ pub fn truncate_reason(reason: &str) -> String {
 /// characters escaped (a newline or a terminal escape cannot forge a log line or repaint a
 /// terminal), then cut to [`MAX_REASON_BYTES`].
 pub fn untrusted_text(text: &str) -> String {
-    let escaped: String = text.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect();
-    truncate_reason(&escaped)
+    truncate_reason(&escaped_text(text))
+}
+
+/// `text` with its control characters escaped, and the invisible ones that reorder or break
+/// what a reader sees (bidirectional overrides and isolates, line and paragraph separators),
+/// uncut: for callers with a bound of their own.
+pub fn escaped_text(text: &str) -> String {
+    let hidden = |c: char| c.is_control() || matches!(c, '\u{200e}' | '\u{200f}' | '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    text.chars().flat_map(|c| if hidden(c) { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect()
 }
 
 /// What a queue needs before it can work.
@@ -140,6 +147,13 @@ impl Readiness {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Attack pass (session 11): U+202E and U+2028 went through as they were.
+    #[test]
+    fn characters_that_reorder_or_break_a_line_are_escaped() {
+        assert_eq!(untrusted_text("ok\u{202e}txt.exe\u{2028}WARN"), "ok\\u{202e}txt.exe\\u{2028}WARN");
+        assert_eq!(untrusted_text("plain é ü"), "plain é ü");
+    }
 
     #[test]
     fn a_hostile_reason_is_cut_on_a_character_boundary() {

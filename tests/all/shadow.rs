@@ -243,6 +243,31 @@ fn a_shadow_faulting_on_concurrency_counts_a_fault_not_an_answer_of_none() {
     assert_eq!(counts, ShadowCounts { fault: 1, ..Default::default() });
 }
 
+/// Attack pass (session 11): a quarantined shadow's concurrency fallback ("none", keep the
+/// bound) was compared as its answer and counted as agreeing, so an always-trapping shadow
+/// showed 100 % agreement.
+#[test]
+fn a_quarantined_shadows_concurrency_fallback_is_skipped_not_counted_as_agreeing() {
+    let limits = RuleLimits { quarantine_after: 1, ..RuleLimits::default() };
+    let (set, decider) = with_shadow(limits, Path::new(guests::FIXED_TASKS), &[("tasks", "3")], Path::new(guests::TRAPS_DECIDING_CONCURRENCY));
+    let window = crate::rules::handler_window(8, 10, 5.0);
+    let deadline = std::time::Instant::now() + BOUND;
+    while decider.shadow_status().rule.unwrap().state != RuleState::Quarantined {
+        assert!(std::time::Instant::now() < deadline, "the shadow was never quarantined: {:?}", decider.shadow_status().decisions);
+        decider.decide_concurrency(&window);
+        assert!(decider.flush(BOUND));
+    }
+    let before = decider.shadow_status().decisions["concurrency"];
+    let live = set.queue(QUEUE).unwrap().decide_concurrency(&window);
+    for _ in 0..5 {
+        assert_eq!(decider.decide_concurrency(&window), live);
+    }
+    assert!(decider.flush(BOUND));
+    let after = decider.shadow_status().decisions["concurrency"];
+    assert_eq!((after.agree, after.disagree), (before.agree, before.disagree), "a quarantined shadow was compared: {after:?}");
+    assert_eq!(after.skipped, before.skipped + 5, "{after:?}");
+}
+
 /// A host in `dir` running `config` (an `[api]` section is added), its log in `dir/host.log`.
 async fn run_host(dir: &Path, queues: &str) -> Result<(KillOnDrop, std::net::SocketAddr, std::path::PathBuf)> {
     let api = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;

@@ -13,6 +13,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("panics", 1),
     ("input", 1),
     ("names", 1),
+    ("durations", 1),
+    ("output", 1),
     ("queue", 2),
     ("rules", 2),
     ("bus", 2),

@@ -104,7 +104,8 @@ impl Shared {
         let (error_class, http_status) = classify(failed.error);
         let now_ms = self.clock.now_ms();
         let inserted_ms = failed.message.inserted_at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        let error = crate::health::untrusted_text(&format!("{:#}", failed.error));
+        let error = format!("{:#}", failed.error);
+        let error = crate::health::escaped_text(crate::rules::cut(&error, MAX_FAILURE_TEXT_BYTES));
         FailureContext {
             queue: self.queue.name().to_string(),
             dequeue_count: failed.tries,

@@ -83,7 +83,8 @@ pub fn clamp_failure(raw: FailureDecision, source: DecisionSource, ctx: &Failure
             Decision { value: FailureDecision::Retry(value), source, clamped: value != delay_ms }
         }
         FailureDecision::Poison(reason) => {
-            let bounded = crate::health::untrusted_text(&reason);
+            // Cut before and after escaping: a 10 MiB reason is never escaped whole.
+            let bounded = crate::health::escaped_text(cut(&reason, MAX_FAILURE_TEXT_BYTES));
             let bounded = if bounded.trim().is_empty() { "(the rule gave no reason)".to_string() } else { cut(&bounded, MAX_FAILURE_TEXT_BYTES).to_string() };
             let clamped = bounded != reason;
             Decision { value: FailureDecision::Poison(bounded), source, clamped }
@@ -159,6 +160,8 @@ mod failure_tests {
         let long = clamp_failure(FailureDecision::Poison("é".repeat(2_000)), DecisionSource::Rule, &ctx());
         let FailureDecision::Poison(reason) = &long.value else { panic!("{long:?}") };
         assert!(reason.len() <= MAX_FAILURE_TEXT_BYTES && long.clamped, "{} bytes", reason.len());
+        // Attack pass (session 11): the contract keeps 1024 bytes; 512 were kept.
+        assert!(reason.len() > MAX_FAILURE_TEXT_BYTES - 4, "only {} bytes kept", reason.len());
         let forged = clamp_failure(FailureDecision::Poison("no\nWARN forged line".into()), DecisionSource::Rule, &ctx());
         assert_eq!(forged.value, FailureDecision::Poison("no\\nWARN forged line".into()));
         let empty = clamp_failure(FailureDecision::Poison("  ".into()), DecisionSource::Rule, &ctx());

@@ -337,7 +337,7 @@ impl RuleSet {
         let slots = users.iter().flat_map(|group| group.queues.iter().map(|slot| slot.as_str())).collect::<Vec<_>>().join(", ");
         let mut meanwhile = Vec::new();
         if users.iter().any(|group| !group.is_shadow()) {
-            meanwhile.push("each queue keeps the rule it has, or the built-in one");
+            meanwhile.push("each queue keeps the rule it has, or the built-in rule");
         }
         if users.iter().any(|group| group.is_shadow()) {
             meanwhile.push("each shadow rule slot keeps the shadow rule it has, or none is asked; the live rules are not affected");

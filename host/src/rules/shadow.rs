@@ -379,7 +379,8 @@ impl Worker {
                 self.compare(DecisionKind::QueueEmpty, answer, live, magnitude, || json(&ctx));
             }
             Job::Concurrency { state, live } => {
-                if !shadow.may_decide_concurrency() {
+                // A quarantined rule's "none" is its fallback keeping the bound, not its answer.
+                if !shadow.may_decide_concurrency() || shadow.status().is_some_and(|s| s.quarantined) {
                     return self.book.count(DecisionKind::Concurrency, ShadowOutcome::Skipped);
                 }
                 // A WASM rule's fault here answers "none" like a rule that keeps the bound: its

@@ -497,8 +497,18 @@ pub struct TraceLimits {
 /// the simulator takes. More messages or busy seconds than it takes is an error saying so.
 pub fn export(data_dir: &Path, queue: &str, since: Duration, now_ms: u64, limits: TraceLimits) -> Result<Export> {
     check_since(since)?;
-    let from_second = (now_ms / 1000).saturating_sub(since.as_secs());
-    let (buckets, warnings) = read(data_dir, queue, from_second);
+    let now_second = now_ms / 1000;
+    let from_second = now_second.saturating_sub(since.as_secs());
+    let (buckets, mut warnings) = read(data_dir, queue, from_second);
+    // A second after now was recorded under a clock since stepped back (or written by hand):
+    // in the trace it would stretch it past what the simulator takes.
+    let (buckets, ahead): (Vec<_>, Vec<_>) = buckets.into_iter().partition(|b| b.second <= now_second);
+    if let Some(latest) = ahead.iter().map(|b| b.second).max() {
+        let at = std::time::UNIX_EPOCH
+            .checked_add(Duration::from_secs(latest))
+            .map_or_else(|| format!("second {latest}"), |t| humantime::format_rfc3339_seconds(t).to_string());
+        warnings.push(format!("queue {queue}: skipped {} seconds recorded after now (a clock stepped back?), the latest {at}", ahead.len()));
+    }
     let arrivals = arrivals(&buckets);
     let messages = arrivals.iter().map(|(_, n)| *n).fold(0u64, u64::saturating_add);
     if messages > limits.max_messages {
@@ -656,6 +666,22 @@ mod tests {
         assert_eq!(buckets.iter().map(|b| (b.second, b.puts)).collect::<Vec<_>>(), vec![(10, 1), (13, 4), (15, 8)]);
         assert_eq!(warnings.len(), 1, "one warning for the file: {warnings:?}");
         assert!(warnings[0].contains("orders.csv") && warnings[0].contains("3 damaged lines") && warnings[0].contains("line 3"), "{warnings:?}");
+    }
+
+    /// Attack pass (session 11): a second recorded in the future went into the trace, which
+    /// the simulator then refused (past 31 days), or stretched it to 2^64 seconds.
+    #[test]
+    fn seconds_recorded_after_now_are_left_out_of_the_export_with_a_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        let [_, current] = files_of(dir.path(), "orders");
+        std::fs::create_dir_all(current.parent().unwrap()).unwrap();
+        let now = 1_000_000_000u64;
+        std::fs::write(&current, format!("{HEADER}\n{},3,0,0\n{},5,0,0\n{},7,0,0\n", now - 9, now + 40 * 86_400, u64::MAX)).unwrap();
+        let limits = TraceLimits { max_lines: 1_000, max_count_per_line: 1_000, max_messages: 1_000 };
+        let export = export(dir.path(), "orders", Duration::from_secs(3600), now * 1000 + 500, limits).unwrap();
+        assert_eq!(export.messages, 3, "{}", export.text);
+        assert_eq!(export.first_second, Some(now - 9));
+        assert!(export.warnings.iter().any(|w| w.contains("skipped 2 seconds recorded after now")), "{:?}", export.warnings);
     }
 
     #[tokio::test(start_paused = true)]

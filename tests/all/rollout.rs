@@ -340,6 +340,36 @@ fn trace_export_writes_to_a_device_or_a_fifo_as_it_is_and_refuses_a_directory() 
     assert!(!done.status.success() && stderr.contains("is a directory"), "{stderr}");
 }
 
+/// Attack pass (session 11): `-o` into a missing folder made the folders (at the root of the
+/// disk for `/nonexist/dir/f`), `-o` onto the queue's own recording replaced it, and a file
+/// replaced through the temporary file came out 0600.
+#[test]
+fn trace_export_makes_no_folder_spares_the_recordings_and_keeps_a_files_mode() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let site = Site::new("127.0.0.1:9".parse().unwrap(), "");
+    recorded(&site, 3);
+    let export_to = |output: &Path| site.ebb(&["trace", "export", "orders", "-o", output.to_str().unwrap()]);
+    let missing = site.dir.path().join("no-such-folder/deeper/trace.csv");
+    let done = export_to(&missing);
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(!done.status.success() && stderr.contains("does not exist"), "{stderr}");
+    assert!(!site.dir.path().join("no-such-folder").exists(), "the folder was made");
+
+    let recording = site.dir.path().join("ebb-data/recordings/orders.csv");
+    let before = std::fs::read(&recording).unwrap();
+    let done = export_to(&recording);
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(!done.status.success() && stderr.contains("recordings"), "{stderr}");
+    assert_eq!(std::fs::read(&recording).unwrap(), before, "the recording was replaced");
+
+    let file = site.dir.path().join("shared.csv");
+    std::fs::write(&file, "an older trace\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let done = export_to(&file);
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o644);
+}
+
 #[test]
 fn trace_export_shows_durations_as_they_are_written() {
     let site = Site::new("127.0.0.1:9".parse().unwrap(), "");

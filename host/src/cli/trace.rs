@@ -51,6 +51,7 @@ fn export(queue: &str, since: Duration, config_path: &Path, output: Option<&Path
     let configured = super::configured_queue(&config, queue)?;
     if let Some(path) = output {
         refuse_unwritable(path)?;
+        refuse_recordings(path, &config.data_dir)?;
     }
     let limits = TraceLimits {
         max_lines: scenario::MAX_TRACE_LINES as u64,
@@ -100,6 +101,25 @@ fn refuse_unwritable(path: &Path) -> Result<()> {
         && let Some(kind) = crate::input::file_kind(&meta)
     {
         bail!("-o: {} is {kind}; give a file, a FIFO or a character device", path.display());
+    }
+    // A typo in a folder's name must not make folders (once, at the root of the disk).
+    if std::fs::symlink_metadata(path).is_err() {
+        let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        if !folder.is_dir() {
+            bail!("-o: {}: the folder {} does not exist (it is not made)", path.display(), folder.display());
+        }
+    }
+    Ok(())
+}
+
+/// Refuses an output in the recordings' own folder: it would replace what it was read from.
+fn refuse_recordings(path: &Path, data_dir: &Path) -> Result<()> {
+    let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let recordings = data_dir.join(record::DIR);
+    if let (Ok(folder), Ok(recordings)) = (std::fs::canonicalize(folder), std::fs::canonicalize(&recordings))
+        && folder == recordings
+    {
+        bail!("-o: {} is in the recordings' folder {}; write the trace elsewhere", path.display(), recordings.display());
     }
     Ok(())
 }

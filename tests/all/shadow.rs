@@ -222,6 +222,12 @@ fn promote_refuses_differing_params_and_a_live_file_that_is_missing() -> Result<
     assert!(!ok && said.contains("candidate.wasm is a symbolic link"), "{said}");
     assert_eq!(std::fs::read(dir.path().join("rules/live.wasm"))?, std::fs::read(guests::PAPER_DEFAULT)?, "the live rule is intact");
     std::fs::remove_file(dir.path().join("rules/candidate.wasm"))?;
+    // Attack pass (session 11): a shadow that is a hard link of the live file was "promoted"
+    // (rename(2) between two links of one file does nothing) and both names stayed.
+    std::fs::hard_link(dir.path().join("rules/live.wasm"), dir.path().join("rules/candidate.wasm"))?;
+    let (ok, said) = promote(&config, "orders");
+    assert!(!ok && said.contains("are one file"), "{said}");
+    std::fs::remove_file(dir.path().join("rules/candidate.wasm"))?;
     std::fs::rename(dir.path().join("rules/kept.wasm"), dir.path().join("rules/candidate.wasm"))?;
     write("[queues.orders.shadow_rule_params]\ntasks = \"9\"\n")?;
     let output = Command::new(EBB).args(["rule", "promote", "orders", "--with-rule-params", "--config"]).arg(&config).output()?;

@@ -88,6 +88,17 @@ pub fn promote(config: &Config, queue: &str, options: PromoteOptions, host: &Hos
         );
     }
     same_filesystem(&shadow, &live, &config.rules_dir)?;
+    // Two names of one file (a hard link): rename(2) between them does nothing, and the shadow
+    // would only ever have agreed with the live rule.
+    if let (Ok(a), Ok(b)) = (std::fs::metadata(&shadow), std::fs::metadata(&live))
+        && (a.dev(), a.ino()) == (b.dev(), b.ino())
+    {
+        bail!(
+            "queues.{queue}.shadow_rule: {} and {} are one file (hard links): there is nothing to promote; copy the candidate into the shadow's file instead",
+            shadow.display(),
+            live.display()
+        );
+    }
     if !options.force {
         refuse_shared_files(config, q, live_name, shadow_name)?;
     }

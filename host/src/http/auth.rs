@@ -54,7 +54,13 @@ fn identify<'a>(tokens: &'a [ApiToken], given: &str) -> Option<&'a ApiToken> {
 /// The token a request carries (`Authorization: Bearer <token>`), if any.
 fn bearer(headers: &HeaderMap) -> Option<&str> {
     // The scheme is case-insensitive (RFC 9110, section 11.1): `bearer` and `BEARER` are Bearer.
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let value = values.next()?.to_str().ok()?;
+    // Two credentials: which one the caller meant is not ours to pick (the first one won,
+    // so a read token behind an admin one acted as the admin).
+    if values.next().is_some() {
+        return None;
+    }
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then_some(token)
 }
@@ -157,6 +163,17 @@ mod tests {
         let mut basic = HeaderMap::new();
         basic.insert(header::AUTHORIZATION, "Basic r3ad".parse().unwrap());
         assert_eq!(caller(&tokens, &basic), None, "only the Bearer scheme");
+    }
+
+    /// Attack pass (session 11): with two Authorization headers the first one was used.
+    #[test]
+    fn two_authorization_headers_are_no_credential() {
+        let tokens = [token("ops", ApiRole::Read, "r3ad"), token("bot", ApiRole::Admin, "b0t")];
+        for (first, second) in [("b0t", "r3ad"), ("r3ad", "b0t"), ("b0t", "b0t")] {
+            let mut headers = with_bearer(first);
+            headers.append(header::AUTHORIZATION, format!("Bearer {second}").parse().unwrap());
+            assert_eq!(caller(&tokens, &headers), None, "{first} then {second}");
+        }
     }
 
     #[test]

@@ -191,7 +191,9 @@ async fn check(request: FuzzRequest) -> Result<(), TestCaseError> {
     let built = build(&request);
     let path = built.uri().path().to_string();
     let method = built.method().clone();
-    let authorized = built.headers().get(header::AUTHORIZATION).is_some_and(|v| v.as_bytes() == format!("Bearer {TOKEN}").as_bytes());
+    // Exactly one Authorization header, with the token: two are no credential, whatever they say.
+    let credentials: Vec<_> = built.headers().get_all(header::AUTHORIZATION).iter().collect();
+    let authorized = matches!(credentials.as_slice(), [only] if only.as_bytes() == format!("Bearer {TOKEN}").as_bytes());
     let declared_length = built.headers().contains_key(header::CONTENT_LENGTH) || built.headers().contains_key(header::TRANSFER_ENCODING);
     let response = tower_service::Service::call(&mut router.clone(), built).await.unwrap_or_else(|never| match never {});
     let status = response.status();

@@ -23,9 +23,10 @@ struct Seen {
     batches: Mutex<Vec<Value>>,
 }
 
-struct Host {
-    dir: tempfile::TempDir,
-    api: SocketAddr,
+/// `ebb run` in a folder of its own, killed when dropped.
+pub(crate) struct Host {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) api: SocketAddr,
     child: Child,
 }
 
@@ -68,17 +69,36 @@ async fn start(seen: Arc<Seen>) -> Result<Host> {
          handler = {{ url = \"http://{app_addr}/batch\" }}\n\n\
          [queues.asks]\nreply_queue = \"answers\"\nhandler = {{ url = \"http://{app_addr}/answer\" }}\n"
     );
-    std::fs::write(dir.path().join("ebb.toml"), config)?;
-    let log = std::fs::File::create(dir.path().join("host.log"))?;
-    let child =
-        Command::new(EBB).arg("run").arg("--config").arg(dir.path().join("ebb.toml")).env_remove("EBB_API_TOKEN").stdout(Stdio::null()).stderr(log).spawn()?;
-    let host = Host { dir, api, child };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while reqwest::get(format!("http://{api}/readyz")).await.map(|r| r.status().as_u16()).ok() != Some(200) {
-        ensure!(Instant::now() < deadline, "the host did not come up: {}", std::fs::read_to_string(host.dir.path().join("host.log"))?);
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    Host::run(dir, api, &config).await
+}
+
+impl Host {
+    /// Its configuration file.
+    pub(crate) fn config(&self) -> std::path::PathBuf {
+        self.dir.path().join("ebb.toml")
     }
-    Ok(host)
+
+    /// Writes `config` (the API at `api`) into `dir`, starts `ebb run` on it (its log in
+    /// `dir/host.log`) and waits until it is ready.
+    pub(crate) async fn run(dir: tempfile::TempDir, api: SocketAddr, config: &str) -> Result<Host> {
+        std::fs::write(dir.path().join("ebb.toml"), config)?;
+        let log = std::fs::File::create(dir.path().join("host.log"))?;
+        let child = Command::new(EBB)
+            .arg("run")
+            .arg("--config")
+            .arg(dir.path().join("ebb.toml"))
+            .env_remove("EBB_API_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?;
+        let host = Host { dir, api, child };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while reqwest::get(format!("http://{api}/readyz")).await.map(|r| r.status().as_u16()).ok() != Some(200) {
+            ensure!(Instant::now() < deadline, "the host did not come up: {}", std::fs::read_to_string(host.dir.path().join("host.log"))?);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(host)
+    }
 }
 
 async fn wait_for(what: &str, mut done: impl FnMut() -> bool) -> Result<()> {

@@ -4,33 +4,15 @@
 //! take each other's answers; and `ebb send --wait-reply` outlasts a long poll.
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use serde_json::Value;
-use tokio::time::Instant;
 
 const EBB: &str = env!("CARGO_BIN_EXE_ebb-under-test");
 
-struct Host {
-    dir: tempfile::TempDir,
-    api: SocketAddr,
-    child: Child,
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Host {
-    fn config(&self) -> std::path::PathBuf {
-        self.dir.path().join("ebb.toml")
-    }
-}
+use crate::items_binary::Host;
 
 /// A host whose handler answers `re:<body>`, after the number of milliseconds a body
 /// `sleep:<ms>` names.
@@ -55,17 +37,7 @@ async fn start() -> Result<Host> {
          [queues.packed]\npack_linger = \"300ms\"\nreply_queue = \"packed-answers\"\nhandler = {{ url = \"http://{app_addr}/answer\" }}\n\n\
          [queues.slow]\nreply_queue = \"slow-answers\"\nhandler = {{ url = \"http://{app_addr}/answer\", timeout = \"60s\" }}\n"
     );
-    std::fs::write(dir.path().join("ebb.toml"), config)?;
-    let log = std::fs::File::create(dir.path().join("host.log"))?;
-    let child =
-        Command::new(EBB).arg("run").arg("--config").arg(dir.path().join("ebb.toml")).env_remove("EBB_API_TOKEN").stdout(Stdio::null()).stderr(log).spawn()?;
-    let host = Host { dir, api, child };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while reqwest::get(format!("http://{api}/readyz")).await.map(|r| r.status().as_u16()).ok() != Some(200) {
-        ensure!(Instant::now() < deadline, "the host did not come up: {}", std::fs::read_to_string(host.dir.path().join("host.log"))?);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(host)
+    Host::run(dir, api, &config).await
 }
 
 /// Attack pass defect 2: on a partitioned queue the reply's correlation id was the

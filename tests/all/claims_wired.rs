@@ -138,3 +138,93 @@ async fn a_claim_check_item_whose_body_is_missing_goes_to_poison_with_the_reason
     let text = String::from_utf8_lossy(&poisoned[0].body);
     assert!(text.contains("is missing"), "the reason names the missing body: {text}");
 }
+
+/// Records each call's body size, SHA-256, delivery count and whether it came as an item.
+#[derive(Default)]
+struct PlainCalls {
+    calls: Mutex<Vec<(usize, [u8; 32], u32, bool)>>,
+}
+
+#[async_trait::async_trait]
+impl Handler for PlainCalls {
+    async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
+        self.calls.lock().unwrap().push((message.body.len(), sha256(&message.body), message.dequeue_count, message.item.is_some()));
+        anyhow::ensure!(message.dequeue_count > 1, "first try");
+        Ok(())
+    }
+}
+
+struct SharedPlain(Arc<PlainCalls>);
+
+#[async_trait::async_trait]
+impl Handler for SharedPlain {
+    async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
+        self.0.handle(message).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5_mib_plain_send_is_offloaded_delivered_as_the_plain_message_retried_and_its_body_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let handler = Arc::new(PlainCalls::default());
+    let host = Host::builder(&config).handler("orders", SharedPlain(handler.clone())).start().await.unwrap();
+    let mut rng = fastrand::Rng::with_seed(21);
+    let big: Vec<u8> = (0..BIG).map(|_| rng.u8(..)).collect();
+    let digest = sha256(&big);
+    let id = host.queue("orders").unwrap().send(&big, Duration::ZERO, Duration::from_secs(20)).await.unwrap();
+    wait_until("the big message handled on its second try", || handler.calls.lock().unwrap().iter().any(|c| c.2 > 1)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while host.depth("orders").await.unwrap() > 0 {
+        assert!(std::time::Instant::now() < deadline, "the retried message was not deleted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    host.shutdown().await;
+    let calls = handler.calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 2, "failed once, retried once: {:?}", calls.iter().map(|c| (c.0, c.2, c.3)).collect::<Vec<_>>());
+    assert!(calls.iter().all(|c| c.0 == BIG && c.1 == digest), "the handler got the 5 MiB body byte-identical, on the retry too");
+    assert!(calls.iter().all(|c| !c.3), "delivered as the plain message it was sent as, not as an item");
+    assert!(!id.as_str().is_empty());
+    let store = open_store(dir.path()).await;
+    let claims = EmbeddedClaims::new(store.queue("orders"), ebb::payload::DEFAULT_MAX_CLAIM_CHECK_BYTES);
+    assert_eq!(claims.sweep(Duration::ZERO).await.unwrap().removed, 0, "no claim body left behind after the message was handled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offloaded_plain_message_whose_body_is_missing_goes_to_poison_with_the_reason_and_one_over_the_claim_limit_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "data_dir = {:?}\n[api]\nlisten = \"127.0.0.1:0\"\n[queues.orders]\nmax_claim_check_bytes = 1048576\nmax_retry_delay = \"1s\"\nmin_polling_interval = \"100ms\"\n",
+        dir.path().join("data")
+    );
+    let config = Config::parse(&text, dir.path(), None).unwrap();
+    {
+        let store = open_store(dir.path()).await;
+        let queue = store.queue("orders");
+        queue.create_if_missing().await.unwrap();
+        let claims = EmbeddedClaims::new(store.queue("orders"), ebb::payload::DEFAULT_MAX_CLAIM_CHECK_BYTES);
+        let check = claims.put(Bytes::from(vec![7u8; 100_000])).await.unwrap();
+        claims.delete(&check).await.unwrap();
+        queue.put(&ebb::payload::encode_message(check).unwrap(), Duration::ZERO).await.unwrap();
+    }
+    let handler = Arc::new(PlainCalls::default());
+    let host = Host::builder(&config).handler("orders", SharedPlain(handler.clone())).start().await.unwrap();
+    let refused = host.queue("orders").unwrap().send(&vec![1u8; (1 << 20) + 1], Duration::ZERO, Duration::from_secs(20)).await;
+    match refused {
+        Err(ebb::queue::QueueError::MessageTooLarge { size, limit }) => assert_eq!((size, limit), ((1 << 20) + 1, 1 << 20)),
+        other => panic!("a body over max_claim_check_bytes must be refused as too large, got {other:?}"),
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while host.depth("orders").await.unwrap() > 0 {
+        assert!(std::time::Instant::now() < deadline, "not settled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    host.shutdown().await;
+    assert!(handler.calls.lock().unwrap().is_empty(), "the handler never saw a message without its body");
+    let store = open_store(dir.path()).await;
+    let poisoned = store.queue("orders-poison").get(32, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(poisoned.len(), 1, "the message went to poison once");
+    let text = String::from_utf8_lossy(&poisoned[0].body);
+    assert!(text.contains("offloaded body") && text.contains("is missing"), "the reason names the missing body: {text}");
+}

@@ -23,6 +23,7 @@ mod items;
 mod items_binary;
 mod knee;
 mod kubernetes;
+mod large_sends;
 mod listener;
 mod payload;
 mod replay;

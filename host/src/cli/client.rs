@@ -9,7 +9,6 @@ use futures::StreamExt as _;
 use serde_json::Value;
 
 use crate::config::{Backend, Config};
-use crate::queue::QueueClient;
 use crate::queue::RetryPolicy;
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::service::{QueueStack, StackOptions};
@@ -52,10 +51,7 @@ pub async fn send(config_path: &Path, token: &TokenArgs, queue: &str, count: u64
     let Some(queue_config) = config.queues.iter().find(|q| q.name == queue) else {
         bail!("queue {queue} is not configured in {}", config_path.display());
     };
-    let body = match body {
-        Some(body) => body.into_bytes(),
-        None => crate::input::read_stdin(&format!("the message (max_message_bytes: {} bytes)", config.max_message_bytes), config.max_message_bytes as u64)?,
-    };
+    let body = read_message(&config, queue_config, body)?;
     let http = client(token.as_deref())?;
     let url = format!("{}/queues/{queue}/messages", api_base(&config));
     let first = http.post(&url).body(body.clone()).send().await;
@@ -71,8 +67,13 @@ pub async fn send(config_path: &Path, token: &TokenArgs, queue: &str, count: u64
             let open = |name: &str| crate::service::storage_queue(&queue_config.backend, store.as_ref(), name);
             let stack = QueueStack::assemble(queue_config, &open, &StackOptions { metered: false, retry: Some(RetryPolicy::default()), readiness: None })?;
             stack.create_if_missing().await?;
-            let target = stack.logical;
-            let mut puts = futures::stream::iter(0..count).map(|_| target.put(&body, Duration::ZERO)).buffer_unordered(256);
+            // Through a handle, so a body too large for a message goes to the claim store.
+            let handle = crate::service::QueueHandle::new(queue, stack.logical.clone(), Vec::new());
+            handle.attach_payload(queue_config.payload.clone(), crate::service::text_envelopes(&queue_config.backend));
+            if let Some(claims) = crate::service::producer_claims(queue_config, store.as_ref()) {
+                handle.attach_claims(claims);
+            }
+            let mut puts = futures::stream::iter(0..count).map(|_| handle.send(&body, Duration::ZERO, Duration::MAX)).buffer_unordered(256);
             while let Some(put) = puts.next().await {
                 put?;
             }
@@ -106,6 +107,23 @@ pub async fn send(config_path: &Path, token: &TokenArgs, queue: &str, count: u64
         }
     }
     Ok(())
+}
+
+/// The message `ebb send` sends: `body`, or stdin up to the largest body the queue takes
+/// (its `max_claim_check_bytes` when a body too large for a message can go to its claim
+/// store: a queue of one storage queue, not partitioned; the host or the store refuses it
+/// when there is no claim store after all).
+fn read_message(config: &crate::config::Config, queue: &crate::config::QueueConfig, body: Option<String>) -> Result<Vec<u8>> {
+    if let Some(body) = body {
+        return Ok(body.into_bytes());
+    }
+    let offloads = queue.storage_queues().len() == 1;
+    let (key, limit) = if offloads {
+        ("max_claim_check_bytes", queue.claims.max_bytes.max(config.max_message_bytes as u64))
+    } else {
+        ("max_message_bytes", config.max_message_bytes as u64)
+    };
+    crate::input::read_stdin(&format!("the message ({key}: {limit} bytes)"), limit)
 }
 
 /// Requests of a replay in flight at once: more waits (and the replay falls behind the
@@ -354,10 +372,7 @@ pub async fn send_wait_reply(config_path: &Path, token: &TokenArgs, queue: &str,
         bail!("queue {queue} is not configured in {}", config_path.display());
     };
     check_wait_reply(config_path, queue_config, timeout)?;
-    let body = match body {
-        Some(body) => body.into_bytes(),
-        None => crate::input::read_stdin(&format!("the message (max_message_bytes: {} bytes)", config.max_message_bytes), config.max_message_bytes as u64)?,
-    };
+    let body = read_message(&config, queue_config, body)?;
     let http = client(token.as_deref())?;
     let base = api_base(&config);
     let sent = http

@@ -160,7 +160,7 @@ impl Shared {
     /// Item `index`'s body from the claim store, at most `max_claim_check_bytes`. A fetch
     /// that fails for now makes the item a failed delivery (retried with its attempts); any
     /// other failure poisons it alone.
-    async fn claim_body(&self, index: usize, check: &ClaimCheck) -> Result<Bytes, ItemResult> {
+    pub(super) async fn claim_body(&self, index: usize, check: &ClaimCheck) -> Result<Bytes, ItemResult> {
         let Some(claims) = &self.claims else {
             return Err(ItemResult::Refused(format!(
                 "claim checks not enabled (item {index} is a claim check for {} bytes at {})",

@@ -95,6 +95,11 @@ impl Shared {
             return;
         }
         let started = Instant::now();
+        if let Some(envelope) = envelope.as_ref().filter(|envelope| envelope.message) {
+            self.process_offloaded_message(&incoming, &mut lease, envelope, started).await;
+            drop(slot);
+            return;
+        }
         if let Some(envelope) = envelope {
             let delivered = self.run_under_lease(&incoming, &mut lease, self.deliver_items(&incoming, &envelope)).await;
             let latency = started.elapsed();
@@ -106,7 +111,9 @@ impl Shared {
                     self.counters.calls.lock().unwrap().record(if all_ok { CallEnd::Succeeded } else { CallEnd::Failed }, latency);
                     self.settle_envelope(&incoming, &lease.receipt, &envelope, results, latency).await;
                 }
-                None => self.settle(&incoming, &lease.receipt, Outcome::Abandoned, latency).await,
+                None => {
+                    self.settle(&incoming, &lease.receipt, Outcome::Abandoned, latency).await;
+                }
             }
             return;
         }
@@ -120,8 +127,45 @@ impl Shared {
         self.settle(&incoming, &lease.receipt, outcome, latency).await;
     }
 
-    /// Acts on how handling ended, with the latest receipt.
-    async fn settle(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, outcome: Outcome, latency: Duration) {
+    /// A plain message whose body was offloaded ([`crate::payload::FLAG_MESSAGE`]): its body
+    /// fetched from the claim store and handled as the message it was sent as. Retried and
+    /// poisoned as the envelope (the reference: its body stays in the store until the
+    /// message is handled and deleted, and the sweeper's retention outlives a poison copy).
+    async fn process_offloaded_message(self: &Arc<Self>, incoming: &IncomingMessage, lease: &mut Lease, envelope: &crate::payload::Envelope, started: Instant) {
+        let [crate::payload::Item { body: crate::payload::Body::ClaimCheck(check), .. }] = envelope.items.as_slice() else {
+            unreachable!("the decoder refuses an offloaded message that is not one claim check")
+        };
+        let fetched = self.run_under_lease(incoming, lease, self.claim_body(0, check)).await;
+        let outcome = match fetched {
+            None => Outcome::Abandoned,
+            Some(Err(ItemResult::Refused(reason))) => {
+                self.poison(incoming, &lease.receipt, &format!("the message's offloaded body: {reason}")).await;
+                return;
+            }
+            // Storage's failure, not the message's: retried without counting towards poisoning.
+            Some(Err(ItemResult::Failed(error))) => Outcome::Handled(Err(HostError(error.context("fetching the message's offloaded body")).into())),
+            Some(Err(ItemResult::Handled)) => unreachable!("a fetch does not handle"),
+            Some(Ok(body)) => {
+                let delivered = IncomingMessage { body, ..incoming.clone() };
+                self.handle_under_lease(&delivered, lease).await
+            }
+        };
+        let latency = started.elapsed();
+        self.record_call_latency(latency);
+        if let Outcome::Handled(result) = &outcome {
+            self.counters.calls.lock().unwrap().record(call_end(result), latency);
+        }
+        if self.settle(incoming, &lease.receipt, outcome, latency).await
+            && let Some(claims) = &self.claims
+            && let Err(error) = claims.delete(check).await
+        {
+            tracing::warn!(id = %incoming.id, location = %check.location, "offloaded body not deleted (the sweeper removes it later): {error}");
+        }
+    }
+
+    /// Acts on how handling ended, with the latest receipt. True when the message was
+    /// handled and deleted.
+    async fn settle(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, outcome: Outcome, latency: Duration) -> bool {
         match outcome {
             Outcome::Handled(Ok(reply)) => {
                 if let Some(reply) = reply
@@ -143,7 +187,7 @@ impl Shared {
                             self.retry_later(message, receipt, delay).await;
                         }
                     }
-                    return;
+                    return false;
                 }
                 // Counted once the delete has returned: `processed` means handled and deleted.
                 let deleted = self.queue.delete(&message.id, receipt).await;
@@ -151,7 +195,9 @@ impl Shared {
                 if let Err(error) = deleted {
                     // The work was done; the message may be handled again (at least once).
                     tracing::warn!(id = %message.id, "handled, but the delete failed: {error}");
+                    return false;
                 }
+                return true;
             }
             Outcome::Handled(Err(error)) if error.is::<HostError>() => {
                 // Not the message's fault: retried later, never poisoned for it.
@@ -174,7 +220,7 @@ impl Shared {
                 };
                 if message.dequeue_count >= PUSHED_BACK_POISON_DEQUEUES.max(self.settings.max_dequeue_count) {
                     self.poison(message, receipt, &format!("{error:#} (dequeued {} times)", message.dequeue_count)).await;
-                    return;
+                    return false;
                 }
                 if let Some(suppressed) = self.failure_log.allow() {
                     tracing::info!(id = %message.id, ?delay, ?adjustment, suppressed, "{error:#}; the message is retried then (not counted as a failure)");
@@ -202,6 +248,7 @@ impl Shared {
                 }
             }
         }
+        false
     }
 
     /// Hides a failed message for its retry delay.

@@ -50,6 +50,12 @@ pub enum EnvelopeError {
         /// The flags field.
         flags: u16,
     },
+    /// An offloaded message ([`FLAG_MESSAGE`](super::format::FLAG_MESSAGE)) that is not one claim check.
+    #[error("an offloaded message (flag 0x0001) must be one claim check, got {count} item(s) or an inline body")]
+    BadMessage {
+        /// Its item count.
+        count: u32,
+    },
     /// More items than the consumer accepts.
     #[error("{count} items, over the limit of {limit}")]
     TooManyItems {

@@ -5,7 +5,8 @@
 //! header   0..8    magic            C1 45 42 42 0D 0A 1A 0A
 //!          8       version          1
 //!          9       codec            0 none, 1 deflate, 2 zstd, 3 lz4
-//!          10..12  flags            0 (a reader refuses flags it does not know)
+//!          10..12  flags            bit 0: one plain message offloaded (below); a reader
+//!                                   refuses flags it does not know
 //!          12..16  item count       u32
 //!          16..20  decoded length   u32: the item section's bytes once decompressed
 //!          20..24  stored length    u32: the item section's bytes as they follow
@@ -22,6 +23,10 @@
 //!                   1 azure blob:    account (u8 length, bytes), container (u8, bytes), blob (u16, bytes)
 //!                   2 embedded body: queue (u8 length, bytes), key u64
 //! ```
+//!
+//! With flag bit 0 ([`FLAG_MESSAGE`]) the envelope is one plain message whose body was too
+//! large for the queue: exactly one item, a claim check. It is delivered as the plain
+//! message it was sent as (no item position, answered and retried as a message).
 
 use bytes::Bytes;
 
@@ -39,6 +44,8 @@ pub const MAGIC: [u8; 8] = [0xC1, b'E', b'B', b'B', b'\r', b'\n', 0x1A, b'\n'];
 pub const FORMAT_VERSION: u8 = 1;
 /// The header's length.
 const HEADER_BYTES: usize = 24;
+/// Flag bit 0: the envelope carries one plain message's body, offloaded (one claim check).
+pub const FLAG_MESSAGE: u16 = 1;
 /// The CRC32 after the section.
 const TRAILER_BYTES: usize = 4;
 /// Header and trailer: an envelope's bytes besides its item section.
@@ -67,6 +74,9 @@ pub struct Envelope {
     pub codec: Codec,
     /// Its items, in the order they were packed.
     pub items: Vec<Item>,
+    /// One plain message, offloaded ([`FLAG_MESSAGE`]): its only item is a claim check,
+    /// delivered as the message it was sent as.
+    pub message: bool,
 }
 
 /// Appends `item`'s record to an item section.
@@ -112,13 +122,17 @@ pub(super) fn write_record(item: &Item, out: &mut Vec<u8>) -> anyhow::Result<()>
 
 /// Appends a whole envelope of `count` items whose section is `section` to `out`.
 pub(super) fn seal(codec: Codec, count: usize, section: &[u8], compressor: &mut Compressor, out: &mut Vec<u8>) -> anyhow::Result<()> {
+    seal_with_flags(codec, 0, count, section, compressor, out)
+}
+
+fn seal_with_flags(codec: Codec, flags: u16, count: usize, section: &[u8], compressor: &mut Compressor, out: &mut Vec<u8>) -> anyhow::Result<()> {
     let count = u32::try_from(count).map_err(|_| anyhow::anyhow!("{count} items in one envelope: at most {}", u32::MAX))?;
     let decoded = u32::try_from(section.len()).map_err(|_| anyhow::anyhow!("an item section of {} bytes: at most 4 GiB", section.len()))?;
     let start = out.len();
     out.extend_from_slice(&MAGIC);
     out.push(FORMAT_VERSION);
     out.push(codec.id());
-    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&flags.to_le_bytes());
     out.extend_from_slice(&count.to_le_bytes());
     out.extend_from_slice(&decoded.to_le_bytes());
     out.extend_from_slice(&[0; 4]); // the stored length, known once compressed
@@ -140,6 +154,17 @@ pub fn encode(items: &[Item], codec: Codec) -> anyhow::Result<Vec<u8>> {
     }
     let mut envelope = Vec::with_capacity(ENVELOPE_OVERHEAD_BYTES + section.len());
     seal(codec, items.len(), &section, &mut Compressor::new(codec)?, &mut envelope)?;
+    Ok(envelope)
+}
+
+/// The envelope of one plain message whose body was offloaded to `check` (see
+/// [`FLAG_MESSAGE`]); a few hundred bytes, whatever the body's size.
+pub fn encode_message(check: ClaimCheck) -> anyhow::Result<Vec<u8>> {
+    let mut section = Vec::new();
+    write_record(&Item::claim_check(check), &mut section)?;
+    let mut envelope = Vec::with_capacity(ENVELOPE_OVERHEAD_BYTES + section.len());
+    // A reference does not compress: stored as it is, readable with no codec at all.
+    seal_with_flags(Codec::None, FLAG_MESSAGE, 1, &section, &mut Compressor::new(Codec::None)?, &mut envelope)?;
     Ok(envelope)
 }
 
@@ -184,9 +209,10 @@ pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Decoded, EnvelopeError> {
     }
     let codec = Codec::from_id(bytes[9]).ok_or(EnvelopeError::UnknownCodec { id: bytes[9] })?;
     let flags = u16_at(bytes, 10);
-    if flags != 0 {
+    if flags & !FLAG_MESSAGE != 0 {
         return Err(EnvelopeError::UnknownFlags { flags });
     }
+    let message = flags & FLAG_MESSAGE != 0;
     let count = u32_at(bytes, 12);
     if count > limits.max_items {
         return Err(EnvelopeError::TooManyItems { count, limit: limits.max_items });
@@ -209,7 +235,10 @@ pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Decoded, EnvelopeError> {
     if fields.at != section.len() {
         return Err(EnvelopeError::ExtraBytes { count, extra: section.len() - fields.at });
     }
-    Ok(Decoded::Envelope(Envelope { codec, items }))
+    if message && !matches!(items.as_slice(), [Item { body: Body::ClaimCheck(_), .. }]) {
+        return Err(EnvelopeError::BadMessage { count });
+    }
+    Ok(Decoded::Envelope(Envelope { codec, items, message }))
 }
 
 /// A reader of one item's fields, each checked against what is left of the section.

@@ -156,7 +156,8 @@ fn hostile_envelopes_are_refused_each_with_its_reason() -> anyhow::Result<()> {
         ("a bit flipped in an item".into(), good.iter().enumerate().map(|(i, b)| if i == 30 { b ^ 4 } else { *b }).collect(), "corrupted envelope: its CRC32"),
         ("version 2".into(), edited(8, &[2]), "envelope version 2: this ebb reads version 1"),
         ("codec 9".into(), edited(layout::CODEC, &[9]), "unknown codec 9"),
-        ("a flag set".into(), edited(layout::FLAGS, &[1, 0]), "unknown flags 0x0001"),
+        ("a flag set".into(), edited(layout::FLAGS, &[2, 0]), "unknown flags 0x0002"),
+        ("the message flag on packed items".into(), edited(layout::FLAGS, &[1, 0]), "must be one claim check"),
         ("count over the limit".into(), edited(layout::COUNT, &101u32.to_le_bytes()), "101 items, over the limit of 100"),
         ("decoded length over the limit".into(), edited(layout::DECODED, &(1u32 << 30).to_le_bytes()), "over the limit of 65536"),
         ("count no section holds".into(), edited(layout::COUNT, &4u32.to_le_bytes()), "4 items cannot fit in 27 bytes"),
@@ -329,7 +330,7 @@ fn repacking_keeps_only_the_failed_items_each_with_one_more_attempt() -> anyhow:
 
 #[test]
 fn repacking_refuses_an_index_out_of_range_or_named_twice() -> anyhow::Result<()> {
-    let envelope = Envelope { codec: Codec::None, items: vec![Item::inline("a"), Item::inline("b")] };
+    let envelope = Envelope { codec: Codec::None, items: vec![Item::inline("a"), Item::inline("b")], message: false };
     let packer = Packer::new(Codec::None, 1000)?;
     assert_eq!(packer.repack_failed(&envelope, &[2]).unwrap_err().to_string(), "failed item 2: the envelope holds 2 items");
     assert_eq!(packer.repack_failed(&envelope, &[1, 1]).unwrap_err().to_string(), "failed item 1 is named twice");
@@ -351,4 +352,30 @@ fn codec_names_parse_back() {
         assert_eq!(Codec::from_id(codec.id()), Some(codec));
     }
     assert_eq!("gzip".parse::<Codec>().unwrap_err().to_string(), "unknown codec \"gzip\": one of none, deflate, zstd, lz4");
+}
+
+#[test]
+fn an_offloaded_message_is_one_claim_check_with_the_message_flag_and_nothing_else_passes_for_one() -> anyhow::Result<()> {
+    let Item { body: Body::ClaimCheck(check), .. } = claim_check(azure_blob("orders-bodies", "b-1")) else { unreachable!() };
+    let bytes = encode_message(check.clone())?;
+    assert_eq!(u16::from_le_bytes([bytes[layout::FLAGS], bytes[layout::FLAGS + 1]]), FLAG_MESSAGE);
+    let Decoded::Envelope(envelope) = decode(&bytes, &limits_with_references())? else { panic!("not an envelope") };
+    assert!(envelope.message);
+    assert_eq!(envelope.items, vec![Item::claim_check(check)]);
+    // Packed items never carry the flag.
+    let packed = encode(&[Item::inline("a")], Codec::None)?;
+    let Decoded::Envelope(plain) = decode(&packed, &Limits::default())? else { panic!("not an envelope") };
+    assert!(!plain.message);
+    // The flag on an inline item, or on two items, is refused: a reader cannot take one for a message.
+    for items in [vec![Item::inline("a")], vec![claim_check(azure_blob("orders-bodies", "b-1")), Item::inline("b")]] {
+        let mut forged = encode(&items, Codec::None)?;
+        forged[layout::FLAGS] = 1;
+        let forged = reseal(forged);
+        assert!(matches!(decode(&forged, &limits_with_references()), Err(EnvelopeError::BadMessage { .. })), "{items:?}");
+    }
+    // Any other flag is still unknown.
+    let mut unknown = packed.clone();
+    unknown[layout::FLAGS] = 2;
+    assert!(matches!(decode(&reseal(unknown), &Limits::default()), Err(EnvelopeError::UnknownFlags { flags: 2 })));
+    Ok(())
 }

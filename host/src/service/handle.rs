@@ -188,17 +188,60 @@ impl QueueHandle {
 
     /// Puts `body`, hidden for `delay`, within `deadline` (at most [`SEND_DEADLINE`]); then
     /// the queue learns of it at once: nobody waits for a poll.
+    ///
+    /// A body too large for a message of the queue goes to the queue's claim store (up to its
+    /// `max_claim_check_bytes`; the deadline is then [`SEND_DEADLINE`] per step, a body of
+    /// megabytes takes its time) and a small envelope referencing it is put instead; the
+    /// listener delivers it as the plain message it was sent as. Without a claim store it is
+    /// refused ([`QueueError::MessageTooLarge`]).
     pub async fn send(&self, body: &[u8], delay: Duration, deadline: Duration) -> Result<MessageId, QueueError> {
         let deadline = deadline.min(SEND_DEADLINE);
-        let id = match tokio::time::timeout(deadline, self.inner.sender.put(body, delay)).await {
-            Ok(put) => put?,
-            Err(_) => return Err(QueueError::Transient(anyhow::anyhow!("storage did not answer within {}", humantime::format_duration(deadline)))),
+        let timed_out = |deadline: Duration| QueueError::Transient(anyhow::anyhow!("storage did not answer within {}", humantime::format_duration(deadline)));
+        let put = match tokio::time::timeout(deadline, self.inner.sender.put(body, delay)).await {
+            Ok(put) => put,
+            Err(_) => return Err(timed_out(deadline)),
+        };
+        let id = match (put, self.inner.claims.get()) {
+            (Ok(id), _) => id,
+            // The backends measure a body before any request: nothing was billed.
+            (Err(QueueError::MessageTooLarge { .. }), Some(claims)) => self.send_offloaded(claims, body, delay).await?,
+            (Err(error), _) => return Err(error),
         };
         self.count_arrival();
         self.record(Seen::Put);
         self.wake(delay);
         self.publish(Some(1), delay);
         Ok(id)
+    }
+
+    /// Stores `body` in `claims` and puts the envelope referencing it (the body is left for
+    /// the sweeper if that put fails: a send that failed may still have stored it).
+    async fn send_offloaded(&self, claims: &Arc<dyn crate::payload::claims::ClaimStore>, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
+        if body.len() as u64 > claims.max_bytes() {
+            return Err(QueueError::MessageTooLarge { size: body.len(), limit: usize::try_from(claims.max_bytes()).unwrap_or(usize::MAX) });
+        }
+        let stored = tokio::time::timeout(SEND_DEADLINE * 3, claims.put(bytes::Bytes::copy_from_slice(body))).await;
+        let check = match stored {
+            Ok(Ok(check)) => check,
+            Ok(Err(error)) if error.is_retryable() => {
+                return Err(QueueError::Transient(anyhow::Error::new(error).context("storing the message's body in the claim store")));
+            }
+            Ok(Err(error)) => return Err(QueueError::Fatal(anyhow::Error::new(error).context("storing the message's body in the claim store"))),
+            Err(_) => {
+                return Err(QueueError::Transient(anyhow::anyhow!(
+                    "the claim store did not take the body within {}",
+                    humantime::format_duration(SEND_DEADLINE * 3)
+                )));
+            }
+        };
+        let envelope = crate::payload::encode_message(check).map_err(QueueError::Fatal)?;
+        let text = self.inner.payload.get().is_some_and(|(_, text)| *text);
+        let envelope = if text { crate::payload::to_text(&envelope).into_bytes() } else { envelope };
+        let put = self.inner.sender.put(&envelope, delay);
+        match tokio::time::timeout(SEND_DEADLINE, put).await {
+            Ok(put) => put,
+            Err(_) => Err(QueueError::Transient(anyhow::anyhow!("storage did not answer within {}", humantime::format_duration(SEND_DEADLINE)))),
+        }
     }
 
     /// Items are packed and put with `settings` (set once, before the first send of items);
@@ -211,6 +254,12 @@ impl QueueHandle {
     /// first send of items); without it they are refused.
     pub fn attach_claims(&self, claims: Arc<dyn crate::payload::claims::ClaimStore>) {
         let _ = self.inner.claims.set(claims);
+    }
+
+    /// The largest body a send takes when the queue has a claim store (its
+    /// `max_claim_check_bytes`); none: a body must fit a message.
+    pub fn claim_limit(&self) -> Option<usize> {
+        self.inner.claims.get().map(|claims| usize::try_from(claims.max_bytes()).unwrap_or(usize::MAX))
     }
 
     /// Handlers' answers to this queue's messages are read from `reply` (its `reply_queue`).

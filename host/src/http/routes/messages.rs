@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json, Response};
 use serde_json::json;
 
-use crate::http::body_limit::too_large;
+use crate::http::body_limit::{BodyLimit, too_large};
 use crate::http::errors::error;
 use crate::http::{Api, ApiLimits};
 use crate::queue::{MAX_VISIBILITY, MessageId, QueueError};
@@ -35,6 +35,7 @@ fn parse_send_query(query: Option<&str>) -> Result<Duration, String> {
 pub(super) async fn send(
     State(api): State<Arc<Api>>,
     Extension(limits): Extension<ApiLimits>,
+    Extension(body_limit): Extension<BodyLimit>,
     Path(name): Path<String>,
     RawQuery(query): RawQuery,
     body: Result<Bytes, BytesRejection>,
@@ -48,7 +49,7 @@ pub(super) async fn send(
     };
     let body = match body {
         Ok(body) => body,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => return too_large(limits),
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => return too_large(body_limit),
         Err(rejection) => return error(rejection.status(), rejection.body_text()),
     };
     // Storage that stalls (each try may wait its request timeout, and retries add up) must
@@ -112,7 +113,7 @@ pub(crate) fn parse_items(body: &[u8], ndjson: bool) -> Result<Vec<Bytes>, (Stat
 /// queue's `pack_linger`; `201 {"items": n, "messages": [ids]}` once all are stored.
 pub(super) async fn send_items(
     State(api): State<Arc<Api>>,
-    Extension(limits): Extension<ApiLimits>,
+    Extension(body_limit): Extension<BodyLimit>,
     Path(name): Path<String>,
     headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -122,7 +123,7 @@ pub(super) async fn send_items(
     };
     let body = match body {
         Ok(body) => body,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => return too_large(limits),
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => return too_large(body_limit),
         Err(rejection) => return error(rejection.status(), rejection.body_text()),
     };
     let ndjson = headers

@@ -23,7 +23,7 @@ use axum::routing::{MethodFilter, MethodRouter, get, on};
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{Caller, Gate, require_token};
-use super::body_limit::reject_declared_large_bodies;
+use super::body_limit::{BodyGate, limit_bodies};
 use super::console;
 use super::errors::json_errors;
 use super::{Api, ApiLimits};
@@ -127,8 +127,10 @@ pub(crate) fn router_until(api: Arc<Api>, limits: ApiLimits, closing: Cancellati
         .fold(Router::new(), |router, r| router.route(r.path, r.handler))
         .layer(Extension(console))
         .layer(middleware::from_fn_with_state(gate, require_token))
-        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
-        .layer(middleware::from_fn_with_state(limits, reject_declared_large_bodies));
+        // Each request's limit is set by `limit_bodies` (a send to a queue with a claim store
+        // takes larger bodies than the rest).
+        .layer(DefaultBodyLimit::disable())
+        .layer(middleware::from_fn_with_state(BodyGate::new(limits, api.clone()), limit_bodies));
     Router::new()
         .route("/healthz", takes_query(&[], get(health::healthz)))
         .route("/readyz", takes_query(&[], get(health::readyz)))

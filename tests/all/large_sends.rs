@@ -1,0 +1,129 @@
+//! Issue 20, item 3 for plain sends, through the binary on the embedded queue: a body too
+//! large for a message, posted to `POST /queues/{name}/messages` or piped to `ebb send`,
+//! goes to the queue's claim store and reaches the handler byte-identical as the plain
+//! message it was sent as (no item headers), its answer correlated by the id the send gave;
+//! a body over `max_claim_check_bytes`, or any body too large for a message of a
+//! partitioned queue (no claim store for a producer that cannot know the partition), is
+//! refused with 413 naming the limit that applies.
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Result, ensure};
+use axum::http::HeaderMap;
+use sha2::Digest as _;
+
+use crate::items_binary::Host;
+
+const EBB: &str = env!("CARGO_BIN_EXE_ebb-under-test");
+
+/// Each call's body SHA-256 and whether it came with item headers.
+type Calls = Arc<Mutex<Vec<([u8; 32], bool)>>>;
+
+async fn start(calls: Calls) -> Result<Host> {
+    let app = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let app_addr = app.local_addr()?;
+    let router = axum::Router::new()
+        .route(
+            "/work",
+            axum::routing::post(move |headers: HeaderMap, body: axum::body::Bytes| async move {
+                calls.lock().unwrap().push((sha2::Sha256::digest(&body).into(), headers.contains_key("ebb-item-index")));
+                "ok"
+            }),
+        )
+        .route("/answer", axum::routing::post(|body: axum::body::Bytes| async move { format!("got {} bytes", body.len()) }))
+        .layer(axum::extract::DefaultBodyLimit::max(64 << 20));
+    tokio::spawn(async move { axum::serve(app, router).await });
+    let dir = tempfile::tempdir()?;
+    let api = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let config = format!(
+        "[api]\nlisten = \"{api}\"\n\n[queues.orders]\nmax_claim_check_bytes = 8388608\nhandler = {{ url = \"http://{app_addr}/work\" }}\n\n\
+         [queues.asks]\nreply_queue = \"answers\"\nhandler = {{ url = \"http://{app_addr}/answer\" }}\n\n\
+         [queues.parts]\npartitions = 2\nhandler = {{ url = \"http://{app_addr}/work\" }}\n"
+    );
+    Host::run(dir, api, &config).await
+}
+
+/// Posts `mib` MiB of zeros to `path` with no declared length (chunked); the status.
+async fn chunked_post(api: std::net::SocketAddr, path: &str, mib: usize) -> Result<u16> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(api).await?;
+    stream.write_all(format!("POST {path} HTTP/1.1\r\nHost: {api}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+    let chunk = vec![0u8; 1 << 20];
+    for _ in 0..mib {
+        // The host may answer and close before the last chunk: what it answered counts.
+        if stream.write_all(format!("{:x}\r\n", chunk.len()).as_bytes()).await.is_err()
+            || stream.write_all(&chunk).await.is_err()
+            || stream.write_all(b"\r\n").await.is_err()
+        {
+            break;
+        }
+    }
+    let _ = stream.write_all(b"0\r\n\r\n").await;
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+    let text = String::from_utf8_lossy(&answer);
+    let status = text.split(' ').nth(1).and_then(|code| code.parse().ok());
+    status.ok_or_else(|| anyhow::anyhow!("no HTTP answer: {text:?}"))
+}
+
+fn random(len: usize, seed: u64) -> Vec<u8> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    (0..len).map(|_| rng.u8(..)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_send_too_large_for_a_message_reaches_the_handler_whole_and_one_over_the_limit_gets_413_naming_it() -> Result<()> {
+    let calls = Calls::default();
+    let host = start(calls.clone()).await?;
+    let http = reqwest::Client::new();
+    let big = random(3 << 20, 1);
+    let sent = http.post(format!("http://{}/queues/orders/messages", host.api)).body(big.clone()).send().await?;
+    ensure!(sent.status() == 201, "a 3 MiB body is taken: {} {}", sent.status(), sent.text().await?);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while calls.lock().unwrap().is_empty() {
+        ensure!(tokio::time::Instant::now() < deadline, "the 3 MiB message never reached the handler");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let expected: [u8; 32] = sha2::Sha256::digest(&big).into();
+    assert_eq!(calls.lock().unwrap().as_slice(), &[(expected, false)], "byte-identical, as a plain message (no item headers)");
+
+    // Over the queue's max_claim_check_bytes: refused, declared or chunked.
+    let over = http.post(format!("http://{}/queues/orders/messages", host.api)).body(vec![0u8; (8 << 20) + 1]).send().await?;
+    assert_eq!(over.status(), 413);
+    let text = over.text().await?;
+    assert!(text.contains("max_claim_check_bytes (8388608 bytes)"), "{text}");
+    assert_eq!(chunked_post(host.api, "/queues/orders/messages", 9).await?, 413, "a chunked body is cut at the limit too");
+    assert_eq!(chunked_post(host.api, "/queues/orders/messages", 1).await?, 201, "a chunked body within the limit is taken");
+
+    // A partitioned queue has no claim store for producers: the message limit holds.
+    let parts = http.post(format!("http://{}/queues/parts/messages", host.api)).body(vec![1u8; 100_000]).send().await?;
+    assert_eq!(parts.status(), 413);
+    let text = parts.text().await?;
+    assert!(text.contains("max_message_bytes"), "{text}");
+    // Other routes keep the API's limit.
+    let notify = http.post(format!("http://{}/queues/orders/notify", host.api)).body(vec![1u8; 100_000]).send().await?;
+    assert_eq!(notify.status(), 413);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ebb_send_pipes_a_large_body_and_waits_for_its_answer() -> Result<()> {
+    let host = start(Calls::default()).await?;
+    let mut child = Command::new(EBB)
+        .args(["send", "asks", "--wait-reply", "--timeout", "60s", "--config"])
+        .arg(host.config())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let body = random(2 << 20, 2);
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(&body));
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
+    writer.join().unwrap()?;
+    ensure!(out.status.success(), "ebb send --wait-reply of 2 MiB: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("got {} bytes\n", 2 << 20), "the answer to the large message, correlated by its id");
+    Ok(())
+}

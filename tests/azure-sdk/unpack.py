@@ -83,7 +83,8 @@ def envelope_items(data):
     (crc,) = struct.unpack_from("<I", data, len(data) - 4)
     if zlib.crc32(data[:-4]) != crc:
         raise ValueError("corrupted envelope: its CRC32 does not match")
-    if codec not in CODECS or flags != 0:
+    # Flag 1: one plain message whose body was offloaded (exactly one claim-check item).
+    if codec not in CODECS or flags not in (0, 1):
         raise ValueError(f"unknown codec {codec} or flags {flags}")
     if count > MAX_ITEMS or declared > MAX_DECODED_BYTES or count * 9 > declared:
         raise ValueError(f"{count} items in {declared} bytes: over the limits or impossible")

@@ -93,6 +93,9 @@ pub const COMPRESSION: &str = "zstd";
 pub const PACK_LINGER: Duration = Duration::from_millis(10);
 /// `[queues.<name>] max_batch_items`: a full get's worth (`batch_size`).
 pub const MAX_BATCH_ITEMS: u32 = 32;
+/// `[queues.<name>] reply_ttl`: an answer waited for is taken within the wait (at most
+/// minutes); an hour leaves room for a producer that restarts, and bounds what piles up.
+pub const REPLY_TTL: Duration = Duration::from_secs(3600);
 /// `[queues.<name>.handler] timeout`.
 pub const HANDLER_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -138,6 +141,7 @@ pub(crate) fn documented() -> Vec<(&'static str, &'static str, String)> {
         ("`[queues.<name>]`", "pack_linger", d(PACK_LINGER)),
         ("`[queues.<name>]`", "delivery", "item".to_string()),
         ("`[queues.<name>]`", "max_batch_items", MAX_BATCH_ITEMS.to_string()),
+        ("`[queues.<name>]`", "reply_ttl", d(REPLY_TTL)),
         ("`[queues.<name>]`", "record", RECORD.to_string()),
         ("`[queues.<name>]`", "record_max_bytes", RECORD_MAX_BYTES.to_string()),
         ("`[queues.<name>]`", "handler.timeout", d(HANDLER_TIMEOUT)),

@@ -35,7 +35,9 @@ async fn start() -> Result<Host> {
         "[api]\nlisten = \"{api}\"\n\n\
          [queues.split]\npartitions = 2\nreply_queue = \"split-answers\"\nhandler = {{ url = \"http://{app_addr}/answer\" }}\n\n\
          [queues.packed]\npack_linger = \"300ms\"\nreply_queue = \"packed-answers\"\nhandler = {{ url = \"http://{app_addr}/answer\" }}\n\n\
-         [queues.slow]\nreply_queue = \"slow-answers\"\nhandler = {{ url = \"http://{app_addr}/answer\", timeout = \"60s\" }}\n"
+         [queues.slow]\nreply_queue = \"slow-answers\"\nhandler = {{ url = \"http://{app_addr}/answer\", timeout = \"60s\" }}\n\n\
+         [queues.stage-1]\nreply_queue = \"stage-2\"\nhandler = {{ url = \"http://{app_addr}/answer\" }}\n\n\
+         [queues.stage-2]\nhandler = {{ url = \"http://{app_addr}/answer\" }}\n"
     );
     Host::run(dir, api, &config).await
 }
@@ -139,5 +141,25 @@ async fn ebb_send_items_wait_reply_prints_each_items_answer_in_order() -> Result
     let answers: Vec<&str> = replies.iter().map(|r| r["body"].as_str().unwrap_or_default()).collect();
     assert_eq!(answers, ["re:alpha", "re:beta", "re:{\"n\": 3}"]);
     assert!(replies.iter().all(|r| r["item"].is_u64() && r["correlation_id"].is_string()), "{replies:?}");
+    Ok(())
+}
+
+/// Attack pass defect 10: a reply_queue that another configured queue handles (a pipeline)
+/// was waited on like any other, though that queue's listener takes the answers first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_answers_another_queue_handles_is_refused_saying_so_and_nothing_is_sent() -> Result<()> {
+    let host = start().await?;
+    let out = Command::new(EBB).args(["send", "stage-1", "hello", "--wait-reply", "--timeout", "5s", "--config"]).arg(host.config()).output()?;
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("which queue stage-2 handles") && stderr.contains("nothing was sent"), "{stderr}");
+    let http = reqwest::Client::new();
+    let status: Value = serde_json::from_str(&http.get(format!("http://{}/status", host.api)).send().await?.text().await?)?;
+    let stage_1 = status["queues"].as_array().unwrap().iter().find(|q| q["queue"] == "stage-1").unwrap().clone();
+    assert_eq!(stage_1["processed"], 0, "nothing was sent: {stage_1}");
+    let wait = http.post(format!("http://{}/queues/stage-1/replies/1?timeout_ms=100", host.api)).send().await?;
+    assert_eq!(wait.status(), 409);
+    let text = wait.text().await?;
+    assert!(text.contains("which queue stage-2 handles"), "{text}");
     Ok(())
 }

@@ -323,12 +323,20 @@ const REPLY_LONG_POLL_MARGIN: Duration = Duration::from_secs(15);
 
 /// Refuses a `--wait-reply` that cannot be: a timeout over [`MAX_REPLY_TIMEOUT`], or a
 /// queue without a `reply_queue`.
-fn check_wait_reply(config_path: &Path, queue: &crate::config::QueueConfig, timeout: Duration) -> Result<()> {
+fn check_wait_reply(config_path: &Path, config: &crate::config::Config, queue: &crate::config::QueueConfig, timeout: Duration) -> Result<()> {
     if timeout > MAX_REPLY_TIMEOUT {
         bail!("--timeout: at most {}, got {}", humantime::format_duration(MAX_REPLY_TIMEOUT), humantime::format_duration(timeout));
     }
-    if queue.payload.reply_queue.is_none() {
+    let Some(reply) = &queue.payload.reply_queue else {
         bail!("queue {} has no reply_queue in {}: there is no answer to wait for", queue.name, config_path.display());
+    };
+    if let Some(handler) = config.queues.iter().find(|other| other.storage_queues().iter().any(|s| s.as_str() == reply)) {
+        bail!(
+            "queue {}'s answers go to {reply}, which queue {} handles in {} (a pipeline): its listener takes them, so there is no answer to wait for (nothing was sent)",
+            queue.name,
+            handler.name,
+            config_path.display()
+        );
     }
     Ok(())
 }
@@ -371,7 +379,7 @@ pub async fn send_wait_reply(config_path: &Path, token: &TokenArgs, queue: &str,
     let Some(queue_config) = config.queues.iter().find(|q| q.name == queue) else {
         bail!("queue {queue} is not configured in {}", config_path.display());
     };
-    check_wait_reply(config_path, queue_config, timeout)?;
+    check_wait_reply(config_path, &config, queue_config, timeout)?;
     let body = read_message(&config, queue_config, body)?;
     let http = client(token.as_deref())?;
     let base = api_base(&config);
@@ -416,7 +424,7 @@ pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path
         bail!("queue {queue} is not configured in {}", config_path.display());
     };
     if let Some(timeout) = wait_reply {
-        check_wait_reply(config_path, queue_config, timeout)?;
+        check_wait_reply(config_path, &config, queue_config, timeout)?;
     }
     let text = if path == Path::new("-") {
         crate::input::read_stdin("the items", MAX_ITEMS_FILE_BYTES)?

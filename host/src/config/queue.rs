@@ -115,8 +115,12 @@ impl QueueFile {
             Some(count) => count,
             None => crate::defaults::MAX_BATCH_ITEMS,
         };
+        check_duration("reply_ttl", self.reply_ttl, AtLeast::Duration(Duration::from_secs(1)), MAX_VISIBILITY)?;
         let reply_queue = match self.reply_queue {
             None => None,
+            Some(_) if self.delivery == Delivery::Batch => bail!(
+                "reply_queue: a queue with delivery = \"batch\" has no answer per item (the handler answers which items failed); use delivery = \"item\", or remove reply_queue"
+            ),
             Some(reply) => {
                 let reply = QueueName::new(&reply).context("reply_queue")?;
                 if reply == name || name.partitions(self.partitions).iter().any(|p| p.as_str() == reply.as_str()) {
@@ -167,6 +171,7 @@ impl QueueFile {
                 max_batch_items,
                 max_envelope_bytes,
                 reply_queue,
+                reply_ttl: self.reply_ttl,
             },
             record_max_bytes: self.record.then_some(self.record_max_bytes),
         })

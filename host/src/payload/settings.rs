@@ -34,6 +34,8 @@ pub struct PayloadSettings {
     pub max_envelope_bytes: usize,
     /// Where handlers' answers go, with the request's message id as correlation id.
     pub reply_queue: Option<String>,
+    /// How long an answer nobody took stays on the reply queue.
+    pub reply_ttl: Duration,
 }
 
 impl Default for PayloadSettings {
@@ -46,6 +48,7 @@ impl Default for PayloadSettings {
             max_batch_items: d::MAX_BATCH_ITEMS,
             max_envelope_bytes: d::MAX_MESSAGE_BYTES,
             reply_queue: None,
+            reply_ttl: d::REPLY_TTL,
         }
     }
 }

@@ -20,13 +20,6 @@ use super::packing::{ItemsError, ItemsSent, Packing};
 /// that stalls must still get the sender an answer).
 pub const SEND_DEADLINE: Duration = Duration::from_secs(20);
 
-/// The first pause between two looks at a reply queue, doubled up to [`REPLY_POLL_MAX`].
-const REPLY_POLL_MIN: Duration = Duration::from_millis(50);
-/// The longest pause between two looks at a reply queue.
-const REPLY_POLL_MAX: Duration = Duration::from_secs(1);
-/// How long a look at the reply queue leases what it reads (others' answers are released at once).
-const REPLY_LEASE: Duration = Duration::from_secs(5);
-
 /// A logical queue's handle. Cheap to clone.
 #[derive(Clone)]
 pub struct QueueHandle {
@@ -55,8 +48,8 @@ struct Inner {
     claims: std::sync::OnceLock<Arc<dyn crate::payload::claims::ClaimStore>>,
     /// The packing task of items sent through this host, started at the first send of items.
     packing: tokio::sync::OnceCell<Packing>,
-    /// The queue's reply queue, if it has one.
-    reply: std::sync::OnceLock<Arc<dyn QueueClient>>,
+    /// The reader of the queue's reply queue, if it has one.
+    reply: std::sync::OnceLock<Arc<super::replies::ReplyReader>>,
     /// Where sends and notifications are counted as arrivals (none: not recorded).
     recording: std::sync::OnceLock<Arc<QueueRecording>>,
 }
@@ -262,14 +255,27 @@ impl QueueHandle {
         self.inner.claims.get().map(|claims| usize::try_from(claims.max_bytes()).unwrap_or(usize::MAX))
     }
 
-    /// Handlers' answers to this queue's messages are read from `reply` (its `reply_queue`).
-    pub fn attach_reply(&self, reply: Arc<dyn QueueClient>) {
-        let _ = self.inner.reply.set(reply);
+    /// Handlers' answers to this queue's messages are read from `reply` (its `reply_queue`),
+    /// and those nobody took within `ttl` deleted.
+    pub fn attach_reply(&self, reply: Arc<dyn QueueClient>, ttl: Duration) {
+        let _ = self.inner.reply.set(super::replies::ReplyReader::new(reply, ttl, None));
     }
 
-    /// Whether the queue has a reply queue.
+    /// The queue's answers go to `reply`, which configured queue `handled_by` handles (a
+    /// pipeline): nobody waits for them here, and waits are refused saying so.
+    pub(crate) fn attach_handled_reply(&self, reply: Arc<dyn QueueClient>, handled_by: &str) {
+        let _ = self.inner.reply.set(super::replies::ReplyReader::new(reply, Duration::MAX, Some(handled_by.to_string())));
+    }
+
+    /// The reader of the queue's reply queue, for the host's sweep.
+    pub(crate) fn reply_reader(&self) -> Option<&Arc<super::replies::ReplyReader>> {
+        self.inner.reply.get()
+    }
+
+    /// Whether the queue has a reply queue whose answers a producer can wait for (not one
+    /// whose answers another configured queue handles).
     pub fn has_reply_queue(&self) -> bool {
-        self.inner.reply.get().is_some()
+        self.inner.reply.get().is_some_and(|reader| reader.handled_by().is_none())
     }
 
     /// Waits up to `timeout` for the answer to message `id` (a message sent with
@@ -290,36 +296,7 @@ impl QueueHandle {
     pub(crate) async fn wait_answer(&self, id: &MessageId, item: Option<u32>, timeout: Duration) -> anyhow::Result<Option<crate::listener::Reply>> {
         use anyhow::Context as _;
         let reply = self.inner.reply.get().with_context(|| format!("queue {} has no reply_queue", self.inner.name))?;
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut pause = REPLY_POLL_MIN;
-        loop {
-            let got = reply.get(crate::queue::MAX_BATCH, REPLY_LEASE).await?;
-            let mut found = None;
-            for message in got {
-                let answer = serde_json::from_slice::<crate::listener::Reply>(&message.body)
-                    .ok()
-                    .filter(|r| r.correlation_id == id.as_str() && r.item == item && found.is_none());
-                match answer {
-                    Some(answer) => {
-                        reply.delete(&message.id, &message.pop_receipt).await?;
-                        found = Some(answer);
-                    }
-                    None => {
-                        // Another waiter's: back at once.
-                        let _ = reply.update_visibility(&message.id, &message.pop_receipt, Duration::ZERO).await;
-                    }
-                }
-            }
-            if found.is_some() {
-                return Ok(found);
-            }
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return Ok(None);
-            }
-            tokio::time::sleep(pause.min(deadline - now)).await;
-            pause = (pause * 2).min(REPLY_POLL_MAX);
-        }
+        reply.wait(id, item, timeout).await
     }
 
     /// Sends work items: packed with the items this host's other senders send within the

@@ -12,6 +12,7 @@ mod handle;
 pub mod packing;
 mod pauses;
 pub mod poison;
+mod replies;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -168,7 +169,11 @@ impl Service {
                 handle.attach_claims(claims);
             }
             if let Some(reply) = &stack.reply {
-                handle.attach_reply(reply.clone());
+                let handled_by = config.queues.iter().find(|other| other.storage_queues().iter().any(|s| s.as_str() == reply.name()));
+                match handled_by {
+                    Some(other) => handle.attach_handled_reply(reply.clone(), &other.name),
+                    None => handle.attach_reply(reply.clone(), queue_config.payload.reply_ttl),
+                }
             }
             if let Some(recording) = recording {
                 handle.attach_recording(recording);
@@ -232,6 +237,7 @@ impl Service {
         }
         if self.role == Role::Worker {
             self.start_claim_sweepers();
+            self.start_reply_sweepers();
         }
         Ok(())
     }
@@ -249,6 +255,17 @@ impl Service {
                     // nothing can have been offloaded there.
                     Err(error) => tracing::info!(queue = %name, "no claim-check sweeper: {error:#}"),
                 }
+            }
+        }
+    }
+
+    /// One sweeper per reply queue (`reply_ttl`), stopped with the service: answers nobody
+    /// waits for are deleted once they outlive it.
+    fn start_reply_sweepers(&self) {
+        for queue in self.queues.values() {
+            if let Some(reader) = queue.handle.reply_reader().filter(|reader| reader.handled_by().is_none()) {
+                let task = replies::sweeper_task(queue.config.name.to_string(), reader.clone(), queue.config.payload.reply_ttl, self.stop.clone());
+                drop(self.tasks.spawn(task));
             }
         }
     }

@@ -748,6 +748,31 @@ mod tests {
         assert!(recording.take_finished(true).is_empty(), "nothing is counted once stopped");
     }
 
+    /// Issue 22, defect 4: a FIFO, or a link to /dev/zero, at the recording's path was
+    /// written to without a word (a FIFO nobody reads would block the flush once full). Only a
+    /// regular file is written: anything else stops that queue's recording, the caller counts on.
+    #[tokio::test(start_paused = true)]
+    async fn a_recording_path_that_is_not_a_regular_file_stops_the_recording_and_is_not_written() {
+        for kind in ["fifo", "link to /dev/zero"] {
+            let dir = tempfile::tempdir().unwrap();
+            let [_, current] = files_of(dir.path(), "orders");
+            std::fs::create_dir_all(current.parent().unwrap()).unwrap();
+            if kind == "fifo" {
+                assert!(std::process::Command::new("mkfifo").arg(&current).status().unwrap().success());
+            } else {
+                std::os::unix::fs::symlink("/dev/zero", &current).unwrap();
+            }
+            let (recorder, recording, _clock) = recorder_in(dir.path(), 8 << 20);
+            recording.record(Seen::Put, 3);
+            recorder.flush(true);
+            assert!(!recording.is_active(), "{kind}: the recording stops");
+            recording.record(Seen::Put, 1);
+            assert!(recording.take_finished(true).is_empty(), "{kind}: nothing is counted once stopped");
+            use std::os::unix::fs::FileTypeExt as _;
+            assert_eq!(std::fs::symlink_metadata(&current).unwrap().file_type().is_fifo(), kind == "fifo", "{kind}: left as it was");
+        }
+    }
+
     #[test]
     fn first_sights_of_puts_through_the_host_are_not_counted_twice() {
         let bucket = |second, puts, first_seen| Bucket { second, puts, first_seen, notifications: 0 };

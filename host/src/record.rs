@@ -225,16 +225,53 @@ impl Files {
         file.write_all(text.as_bytes())
     }
 
-    /// The current file, opened to append (created, and its folder too, when missing).
+    /// The current file, opened to append (created, and its folder too, when missing). Only a
+    /// regular file: a FIFO would take the lines and block once full, a device (a link to
+    /// /dev/zero, /dev/null) would swallow them; a symbolic link is not followed.
     fn open_current(&self) -> std::io::Result<std::fs::File> {
-        let open = || std::fs::OpenOptions::new().read(true).create(true).append(true).open(&self.current);
-        match open() {
+        use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .create(true)
+                .append(true)
+                // Opening a FIFO or a device must not wait for a peer before the type is seen.
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(&self.current)
+        };
+        let file = match open() {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
                 std::fs::create_dir_all(self.current.parent().unwrap_or(Path::new(".")))?;
                 open()
             }
             opened => opened,
+        };
+        let not_regular = |what: &str| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} is {what}, not a regular file: remove it and restart the host to record again", self.current.display()),
+            )
+        };
+        let file = match file {
+            Err(error) if error.raw_os_error() == Some(libc::ELOOP) => return Err(not_regular("a symbolic link")),
+            opened => opened?,
+        };
+        let kind = file.metadata()?.file_type();
+        if !kind.is_file() {
+            let what = if kind.is_fifo() {
+                "a FIFO"
+            } else if kind.is_char_device() || kind.is_block_device() {
+                "a device"
+            } else if kind.is_socket() {
+                "a socket"
+            } else if kind.is_dir() {
+                "a folder"
+            } else {
+                "something else"
+            };
+            return Err(not_regular(what));
         }
+        Ok(file)
     }
 }
 

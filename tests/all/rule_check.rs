@@ -664,9 +664,10 @@ fn rule_eval_asks_on_handler_failure_with_a_failure_context() {
 
     for (ctx, reason) in [
         (r#"{"attempts": 1}"#, "--failure does not describe a failure-context"),
-        (r#"{"dequeue_count": 0}"#, "dequeue_count 0"),
+        (r#"{"dequeue_count": 0}"#, "dequeue_count is 0"),
         (r#"{"error_class": "http-status"}"#, "http_status"),
-        (r#"{"http_status": 422}"#, "error_class"),
+        (r#"{"error_class": "timeout", "http_status": 422}"#, "error_class"),
+        (r#"{"http_status": 200}"#, "http_status 200 is not a failure"),
     ] {
         let wrong = eval_failure(guests::RETRY_POLICY, &[], ctx);
         assert_eq!(wrong.code, Some(1), "{ctx}: {}", wrong.stdout);

@@ -202,7 +202,8 @@ impl super::file::ApiFile {
             // api.token is checked with the rest of the file.
             return Ok(self.token.clone());
         };
-        let shown = crate::health::truncate_reason(name);
+        // The name comes from the command line or the environment: shown escaped and cut.
+        let shown = crate::health::untrusted_text(name);
         if name == DEFAULT_TOKEN_NAME {
             return match (env_token, &self.token) {
                 (Some(token), _) => check_token_text(TOKEN_ENV, &token).map(|()| Some(token)),

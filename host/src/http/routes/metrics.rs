@@ -101,6 +101,14 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
         counter(&mut registry, "leases_lost", "Leases another lease replaced before or while the handler ran (storage slower than half the lease)");
     let task_panics = counter(&mut registry, "task_panics", "Dequeue or scaler tasks that panicked and were restarted");
     let rule_call_panics = counter(&mut registry, "rule_call_panics", "Rule calls whose blocking task panicked (the built-in rule decided)");
+    let failure_retries =
+        counter(&mut registry, "failure_rule_retries", "Failed deliveries the queue's rule (on-handler-failure) retried after a delay of its own");
+    let failure_poisons = counter(&mut registry, "failure_rule_poisons", "Failed deliveries the queue's rule (on-handler-failure) poisoned");
+    let failure_defaults = counter(
+        &mut registry,
+        "failure_rule_defaults",
+        "Failed deliveries the queue's rule left to max_dequeue_count handling: it said default, could not answer, or retried past the host's ceiling",
+    );
     let faults = counter(&mut registry, "rule_faults", "Rule calls that faulted (the built-in rule decided), whatever the rule file");
     let waited = counter(
         &mut registry,
@@ -191,6 +199,9 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
             retry_after_adjusted.get_or_create(&RetryAfterLabel { queue: label.queue.clone(), reason: reason.into() }).inc_by(count);
         }
         rule_call_panics.get_or_create(&label).inc_by(s.rule_call_panics);
+        failure_retries.get_or_create(&label).inc_by(s.failure_rule_retries);
+        failure_poisons.get_or_create(&label).inc_by(s.failure_rule_poisons);
+        failure_defaults.get_or_create(&label).inc_by(s.failure_rule_defaults);
         if let Some(rule) = &s.rule {
             faults.get_or_create(&label).inc_by(rule.faults_total);
             waited.get_or_create(&label).inc_by(rule.waited_calls);

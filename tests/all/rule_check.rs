@@ -705,12 +705,14 @@ expect = "default"
 "#;
     let tested = rule_test(guests::RETRY_POLICY, cases);
     assert_eq!(tested.code, Some(1), "{}\n{}", tested.stdout, tested.stderr);
-    for line in ["ok    422 is poisoned at once\n", "ok    a timeout waits 10 s\n", "ok    the last attempt takes the default\n", "FAIL  a wrong expectation\n"] {
+    for line in ["ok    422 is poisoned at once\n", "ok    a timeout waits 10 s\n", "ok    the last attempt takes the default\n", "FAIL  a wrong expectation\n"]
+    {
         assert!(tested.stdout.contains(line), "{line:?} in {}", tested.stdout);
     }
     assert!(tested.stdout.contains("- expect: default\n") && tested.stdout.contains("+ got:    retry after "), "{}", tested.stdout);
     assert!(tested.stdout.ends_with("3 passed, 1 failed\n"), "{}", tested.stdout);
-    let trapped = rule_test(guests::FAILURE_PROBE, "[params]\nmode = \"trap\"\n\n[[case]]\nname = \"t\"\ndecision = \"failure\"\nexpect_error = \"probe traps\"\n");
+    let trapped =
+        rule_test(guests::FAILURE_PROBE, "[params]\nmode = \"trap\"\n\n[[case]]\nname = \"t\"\ndecision = \"failure\"\nexpect_error = \"probe traps\"\n");
     assert_eq!(trapped.code, Some(0), "{}\n{}", trapped.stdout, trapped.stderr);
     let wrong = rule_test(guests::RETRY_POLICY, "[[case]]\nname = \"x\"\ndecision = \"failure\"\nstate = {}\nexpect = \"default\"\n");
     assert!(wrong.code == Some(1) && wrong.stderr.contains("a failure case takes `context`"), "{}", wrong.stderr);

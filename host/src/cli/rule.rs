@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 
 use crate::names::RuleSlot;
 use crate::rules::{
-    ContractVersion, DecisionSource, ErrorClass, FailureContext, FailureDecision, HandlerState, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits,
-    RuleSet,
+    ContractVersion, DecisionSource, ErrorClass, FailureContext, FailureDecision, HandlerState, IdleContext, QueueRuleConfig, QueueState, RuleEngine,
+    RuleLimits, RuleSet,
 };
 
 #[derive(Debug, Subcommand)]
@@ -501,7 +501,9 @@ fn check_probes() -> Vec<Probe> {
         change(&mut ctx);
         Probe { context, call: ProbeCall::Failure(ctx) }
     };
-    let http = |status: u16| move |c: &mut FailureContext| (c.error_class, c.http_status, c.error) = (ErrorClass::HttpStatus, Some(status), format!("handler answered {status}"));
+    let http = |status: u16| {
+        move |c: &mut FailureContext| (c.error_class, c.http_status, c.error) = (ErrorClass::HttpStatus, Some(status), format!("handler answered {status}"))
+    };
     let week_ms = crate::queue::MAX_VISIBILITY.as_millis() as u64;
     vec![
         task_count("defaults", &|_| {}),
@@ -695,7 +697,10 @@ pub(super) fn impossible_failure(ctx: &FailureContext) -> Option<String> {
             ));
         }
         (class, Some(status)) if class != ErrorClass::HttpStatus => {
-            return Some(format!("http_status {status} with error_class {:?}: the host gives a status only with error_class \"http-status\"", class_name(class)));
+            return Some(format!(
+                "http_status {status} with error_class {:?}: the host gives a status only with error_class \"http-status\"",
+                class_name(class)
+            ));
         }
         _ => {}
     }

@@ -29,7 +29,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::rule::{
-    failure_defaults, impossible_failure, past_deadline, queue_empty_defaults, shown_failure, task_count_defaults, with_defaults, with_dependent_failure_defaults,
+    failure_defaults, impossible_failure, past_deadline, queue_empty_defaults, shown_failure, task_count_defaults, with_defaults,
+    with_dependent_failure_defaults,
 };
 use crate::rules::{CompiledRule, DecisionSource, FailureContext, FailureDecision, IdleContext, IdleDecision, QueueState, RuleEngine};
 
@@ -226,8 +227,9 @@ fn prepare(raw: Map<String, Value>, shared: &BTreeMap<String, String>) -> Result
             Expect::QueueEmpty(idle)
         }
         (Some(value), None, DecisionKind::Failure) => {
-            let decision: FailureDecision = serde_json::from_value(value)
-                .map_err(|e| anyhow::anyhow!("expect: {e} (write expect = {{ retry = 1000 }}, expect = {{ poison = \"the reason\" }} or expect = \"default\")"))?;
+            let decision: FailureDecision = serde_json::from_value(value).map_err(|e| {
+                anyhow::anyhow!("expect: {e} (write expect = {{ retry = 1000 }}, expect = {{ poison = \"the reason\" }} or expect = \"default\")")
+            })?;
             Expect::Failure(decision)
         }
     };
@@ -251,7 +253,8 @@ fn run_case(engine: &RuleEngine, rule: &CompiledRule, case: &Ready) -> std::resu
         }
         Call::QueueEmpty(ctx) => instance.on_queue_empty(ctx).map(|raw| Got::QueueEmpty(raw, crate::rules::clamp_idle(raw, DecisionSource::Rule, ctx))),
         Call::Failure(ctx) => instance.on_handler_failure(ctx).and_then(|raw| {
-            let raw = raw.context("the rule does not export ebb:rules/failures@0.4.0, so it decides no failure (build it from the failure-aware-rule world)")?;
+            let raw =
+                raw.context("the rule does not export ebb:rules/failures@0.4.0, so it decides no failure (build it from the failure-aware-rule world)")?;
             let clamped = crate::rules::clamp_failure(raw.clone(), DecisionSource::Rule, ctx);
             Ok(Got::Failure(raw, clamped))
         }),

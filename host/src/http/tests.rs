@@ -588,12 +588,9 @@ async fn every_route_refuses_a_query_parameter_it_does_not_take_naming_it() -> R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_method_a_route_does_not_take_gets_405_before_its_query_is_looked_at() -> Result<()> {
     let (addr, shutdown, _task) = serve(ApiLimits::default()).await;
-    for (method, path, allow) in [
-        ("GET", "/queues/orders/messages", "POST"),
-        ("DELETE", "/status", "GET"),
-        ("POST", "/healthz", "GET"),
-        ("PUT", "/queues/orders/poison", "GET"),
-    ] {
+    for (method, path, allow) in
+        [("GET", "/queues/orders/messages", "POST"), ("DELETE", "/status", "GET"), ("POST", "/healthz", "GET"), ("PUT", "/queues/orders/poison", "GET")]
+    {
         for query in ["", "?x=1", "?delay_ms=1&delay_ms=2"] {
             let answer = raw(addr, &request(method, &format!("{path}{query}"), Some(TOKEN), b"")).await?;
             ensure!(answer.status == 405, "{method} {path}{query}: {answer:?}");

@@ -684,7 +684,13 @@ mod tests {
     /// the message (retried after which delay, or poisoned).
     #[test]
     fn a_shadow_is_asked_about_failures_never_applied_and_compared_by_what_would_happen() {
-        let ctx = |tries| FailureContext { dequeue_count: tries, max_dequeue_count: 3, default_retry_delay_ms: 1_000, max_retry_delay_ms: 60_000, ..Default::default() };
+        let ctx = |tries| FailureContext {
+            dequeue_count: tries,
+            max_dequeue_count: 3,
+            default_retry_delay_ms: 1_000,
+            max_retry_delay_ms: 60_000,
+            ..Default::default()
+        };
         // The live rule keeps max_dequeue_count; the shadow retries after 1 s.
         let decider = shadowed(Fails(None), Fails(Some(FailureDecision::Retry(1_000))), 16);
         assert!(decider.may_decide_failures(), "failures are asked about, so that the shadow is");

@@ -225,16 +225,53 @@ impl Files {
         file.write_all(text.as_bytes())
     }
 
-    /// The current file, opened to append (created, and its folder too, when missing).
+    /// The current file, opened to append (created, and its folder too, when missing). Only a
+    /// regular file: a FIFO would take the lines and block once full, a device (a link to
+    /// /dev/zero, /dev/null) would swallow them; a symbolic link is not followed.
     fn open_current(&self) -> std::io::Result<std::fs::File> {
-        let open = || std::fs::OpenOptions::new().read(true).create(true).append(true).open(&self.current);
-        match open() {
+        use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .create(true)
+                .append(true)
+                // Opening a FIFO or a device must not wait for a peer before the type is seen.
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(&self.current)
+        };
+        let file = match open() {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
                 std::fs::create_dir_all(self.current.parent().unwrap_or(Path::new(".")))?;
                 open()
             }
             opened => opened,
+        };
+        let not_regular = |what: &str| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} is {what}, not a regular file: remove it and restart the host to record again", self.current.display()),
+            )
+        };
+        let file = match file {
+            Err(error) if error.raw_os_error() == Some(libc::ELOOP) => return Err(not_regular("a symbolic link")),
+            opened => opened?,
+        };
+        let kind = file.metadata()?.file_type();
+        if !kind.is_file() {
+            let what = if kind.is_fifo() {
+                "a FIFO"
+            } else if kind.is_char_device() || kind.is_block_device() {
+                "a device"
+            } else if kind.is_socket() {
+                "a socket"
+            } else if kind.is_dir() {
+                "a folder"
+            } else {
+                "something else"
+            };
+            return Err(not_regular(what));
         }
+        Ok(file)
     }
 }
 
@@ -746,6 +783,31 @@ mod tests {
         // Counting afterwards costs nothing and fails nothing.
         recording.record(Seen::Put, 1);
         assert!(recording.take_finished(true).is_empty(), "nothing is counted once stopped");
+    }
+
+    /// Issue 22, defect 4: a FIFO, or a link to /dev/zero, at the recording's path was
+    /// written to without a word (a FIFO nobody reads would block the flush once full). Only a
+    /// regular file is written: anything else stops that queue's recording, the caller counts on.
+    #[tokio::test(start_paused = true)]
+    async fn a_recording_path_that_is_not_a_regular_file_stops_the_recording_and_is_not_written() {
+        for kind in ["fifo", "link to /dev/zero"] {
+            let dir = tempfile::tempdir().unwrap();
+            let [_, current] = files_of(dir.path(), "orders");
+            std::fs::create_dir_all(current.parent().unwrap()).unwrap();
+            if kind == "fifo" {
+                assert!(std::process::Command::new("mkfifo").arg(&current).status().unwrap().success());
+            } else {
+                std::os::unix::fs::symlink("/dev/zero", &current).unwrap();
+            }
+            let (recorder, recording, _clock) = recorder_in(dir.path(), 8 << 20);
+            recording.record(Seen::Put, 3);
+            recorder.flush(true);
+            assert!(!recording.is_active(), "{kind}: the recording stops");
+            recording.record(Seen::Put, 1);
+            assert!(recording.take_finished(true).is_empty(), "{kind}: nothing is counted once stopped");
+            use std::os::unix::fs::FileTypeExt as _;
+            assert_eq!(std::fs::symlink_metadata(&current).unwrap().file_type().is_fifo(), kind == "fifo", "{kind}: left as it was");
+        }
     }
 
     #[test]

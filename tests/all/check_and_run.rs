@@ -116,3 +116,32 @@ fn check_and_run_refuse_a_queue_without_a_handler_naming_the_key() {
         assert!(text.contains("queues.orders.handler: not set"), "ebb {command}: expected the key in:\n{text}");
     }
 }
+
+/// Issue 22, defect 5: `ebb check` accepted a queue whose `rule` and `shadow_rule` are hard
+/// links of one file (a shadow that can only agree with the live rule, which `ebb rule
+/// promote` refuses); it is refused naming the key. Two files of the same bytes are fine.
+#[test]
+fn check_refuses_a_shadow_rule_that_is_a_hard_link_of_the_rule_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules");
+    std::fs::create_dir_all(&rules).unwrap();
+    std::fs::copy(ebb_tests::guests::PAPER_DEFAULT, rules.join("orders.wasm")).unwrap();
+    std::fs::hard_link(rules.join("orders.wasm"), rules.join("candidate.wasm")).unwrap();
+    let port = ebb_tests::azurite::free_port();
+    let path = dir.path().join("ebb.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[api]\nlisten = \"127.0.0.1:{port}\"\n[queues.orders]\nrule = \"orders.wasm\"\nshadow_rule = \"candidate.wasm\"\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n"
+        ),
+    )
+    .unwrap();
+    let (code, checked) = ebb("check", &path, Duration::from_secs(60));
+    assert_eq!(code, Some(1), "{checked}");
+    assert!(checked.contains("queues.orders.shadow_rule:") && checked.contains("are one file (hard links)"), "{checked}");
+    // A copy of the same bytes is another file: a shadow that agrees, which is allowed.
+    std::fs::remove_file(rules.join("candidate.wasm")).unwrap();
+    std::fs::copy(rules.join("orders.wasm"), rules.join("candidate.wasm")).unwrap();
+    let (code, checked) = ebb("check", &path, Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{checked}");
+}

@@ -43,7 +43,7 @@ impl Handler for FailingApp {
             let status: u16 = status.parse()?;
             return Err(HandlerStatus { status, detail: format!("handler answered {status}") }.into());
         }
-        if body == "fail" {
+        if body.starts_with("fail") {
             anyhow::bail!("boom on try {}", message.dequeue_count);
         }
         Ok(())
@@ -231,6 +231,54 @@ async fn an_envelopes_failed_items_are_each_decided_by_the_rule() {
     assert!(waited >= Duration::from_millis(900) && waited <= Duration::from_millis(1_200), "{waited:?}");
     assert_eq!((app.calls("ok").len(), app.calls("status 422").len()), (1, 1));
     listener.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Issue 22, defect 1: a failures rule that faulted on one item of an envelope left the
+/// envelope's other failed items to the default (its instance was being rebuilt). Each of
+/// them is now asked of the rebuilt instance: only the item it faulted on takes the default.
+#[tokio::test(start_paused = true)]
+async fn a_failures_rule_that_faults_on_one_item_still_decides_the_envelopes_other_items() {
+    use ebb::payload::{Codec, Delivery, Item, Packer, PayloadSettings};
+    for delivery in [Delivery::Item, Delivery::Batch] {
+        let clock = Arc::new(TokioClock::new());
+        let queue: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
+        let poison: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
+        let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
+        let params = [("mode", "poison"), ("trap_item", "1")].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let rules = RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(QUEUE).unwrap(), rule: Some(guests::FAILURE_PROBE.into()), params }]);
+        assert!(rules.load_all().is_empty());
+        let app = Arc::new(FailingApp::default());
+        let settings = QueueSettings {
+            max_dequeue_count: 5,
+            visibility_timeout: Duration::from_secs(30),
+            min_polling_interval: Duration::from_millis(10),
+            max_polling_interval: Duration::from_millis(100),
+            random_seed: Some(7),
+            ..Default::default()
+        };
+        let payload = PayloadSettings { delivery, max_batch_items: 32, max_envelope_bytes: 65536, ..PayloadSettings::default() };
+        let listener = Listener::builder(queue.clone(), poison.clone(), app.clone())
+            .decider(Arc::new(rules.queue(QUEUE).unwrap()))
+            .settings(settings)
+            .payload(payload, false)
+            .build();
+        let bodies = ["fail 0", "fail 1", "fail 2", "fail 3", "fail 4", "fail 5"];
+        let items: Vec<Item> = bodies.iter().map(|b| Item::inline(b.to_string())).collect();
+        let packed = Packer::new(Codec::Zstd, 65536).unwrap().pack(&items).unwrap();
+        listener.start();
+        queue.put(&packed.envelopes[0].bytes, Duration::ZERO).await.unwrap();
+        sleep(Duration::from_secs(5)).await;
+        // The rule poisons every failed item but the one it faults on, which the default retries.
+        let mut poisoned: Vec<u64> = poisoned(&*poison).await.iter().map(|p| p["item"].as_u64().unwrap()).collect();
+        poisoned.sort();
+        assert_eq!(poisoned, [0, 2, 3, 4, 5], "{delivery:?}");
+        let status = listener.status();
+        assert_eq!((status.failure_rule_poisons, status.failure_rule_defaults), (5, 1), "{delivery:?}: {status:?}");
+        let rule = rules.queue(QUEUE).unwrap().status();
+        assert_eq!(rule.faults, 1, "{delivery:?}: {rule:?}");
+        assert!(rule.last_error.as_deref().unwrap_or_default().contains("probe traps on item 1"), "{delivery:?}: {:?}", rule.last_error);
+        listener.shutdown(Duration::from_secs(1)).await;
+    }
 }
 
 #[test]

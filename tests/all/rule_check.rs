@@ -597,3 +597,125 @@ fn rule_test_prints_case_names_escaped() {
     assert!(!tested.stdout.contains('\u{1b}') && !tested.stdout.contains("\nok    FAKE"), "{}", tested.stdout);
     assert!(tested.stdout.contains(r"ok    \u{1b}[31mRED\nok    FAKE"), "{}", tested.stdout);
 }
+
+// ---- failures (issue 22, defect 2): check, eval --failure and test cases call on-handler-failure ----
+
+/// A failures rule was reported healthy by `ebb rule check` whatever its `on-handler-failure`
+/// did: it is now called over a grid of failures (attempts, status classes, elapsed times)
+/// under the host's limits, and a trap or a loop there fails the check naming the export.
+#[test]
+fn rule_check_calls_on_handler_failure_and_fails_a_rule_that_traps_or_loops_there() {
+    let ok = check(guests::RETRY_POLICY, &[]);
+    assert_eq!(ok.code, Some(0), "{}\n{}", ok.stdout, ok.stderr);
+    assert_eq!(row(&ok.stdout, "on-handler-failure", "HTTP 422, first failure"), "poison \"retry-policy: HTTP 422 is not retried\"");
+    assert_eq!(row(&ok.stdout, "on-handler-failure", "HTTP 500, last attempt"), "default");
+    assert!(row(&ok.stdout, "on-handler-failure", "timeout, first failure").starts_with("retry after "), "{}", ok.stdout);
+    let calls = ok.stdout.lines().filter(|l| l.starts_with("on-handler-failure")).count();
+    assert!(calls >= 10, "a grid of failures, not one: {calls}\n{}", ok.stdout);
+    for (mode, reason) in [("trap", "probe traps on failure"), ("loop", "on-handler-failure did not return within the host's limits")] {
+        let checked = check(guests::FAILURE_PROBE, &[&format!("mode={mode}")]);
+        assert_fails_with(&checked, &["- on-handler-failure (", reason]);
+        assert!(!checked.stderr.contains("- optimal-dequeue-task-count") && !checked.stderr.contains("- on-queue-empty"), "{mode}: {}", checked.stderr);
+        assert_eq!(checked.stdout.lines().filter(|l| l.starts_with("on-handler-failure") && l.ends_with("FAULT")).count(), calls, "{mode}: {}", checked.stdout);
+    }
+    // A rule without the interface is not asked.
+    let paper = check(guests::PAPER_DEFAULT, &[]);
+    assert_eq!(paper.code, Some(0), "{}", paper.stderr);
+    assert!(!paper.stdout.lines().any(|l| l.starts_with("on-handler-failure")), "{}", paper.stdout);
+}
+
+fn eval_failure(rule: &str, params: &[&str], ctx: &str) -> Checked {
+    let dir = with_rule(rule);
+    let mut args = vec!["rule", "eval", "rule.wasm", "--failure", ctx];
+    for param in params {
+        args.extend(["--param", param]);
+    }
+    let output = ebb_in(dir.path(), &args);
+    Checked {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+#[test]
+fn rule_eval_asks_on_handler_failure_with_a_failure_context() {
+    let json =
+        |checked: &Checked| serde_json::from_str::<serde_json::Value>(&checked.stdout).unwrap_or_else(|e| panic!("{e}: {}{}", checked.stdout, checked.stderr));
+    let poisoned = eval_failure(guests::RETRY_POLICY, &[], r#"{"error_class": "http-status", "http_status": 422}"#);
+    assert_eq!(poisoned.code, Some(0), "{}", poisoned.stderr);
+    assert_eq!(json(&poisoned), serde_json::json!({ "value": { "poison": "retry-policy: HTTP 422 is not retried" }, "source": "rule", "clamped": false }));
+    let retried = eval_failure(guests::FAILURE_PROBE, &["mode=retry", "delay_ms=5000"], "{}");
+    assert_eq!(json(&retried), serde_json::json!({ "value": { "retry": 5000 }, "source": "rule", "clamped": false }));
+    let bounded = eval_failure(guests::FAILURE_PROBE, &["mode=retry", "delay_ms=5000"], r#"{"max_retry_delay_ms": 1000}"#);
+    assert_eq!(json(&bounded), serde_json::json!({ "value": { "retry": 1000 }, "source": "rule", "clamped": true }));
+    let by_default = eval_failure(guests::FAILURE_PROBE, &[], r#"{"dequeue_count": 3}"#);
+    assert_eq!(json(&by_default), serde_json::json!({ "value": "default", "source": "rule", "clamped": false }));
+
+    let faulted = eval_failure(guests::FAILURE_PROBE, &["mode=trap"], "{}");
+    assert_eq!(faulted.code, Some(1));
+    assert_eq!(json(&faulted), serde_json::json!({ "value": "default", "source": "fallback", "clamped": false }));
+    assert!(faulted.stderr.contains("the rule faulted") && faulted.stderr.contains("probe traps on failure 1"), "{}", faulted.stderr);
+
+    let not_asked = eval_failure(guests::PAPER_DEFAULT, &[], "{}");
+    assert_eq!(not_asked.code, Some(1));
+    assert!(not_asked.stderr.contains("does not export ebb:rules/failures@0.4.0"), "{}", not_asked.stderr);
+    assert!(not_asked.stdout.is_empty(), "{}", not_asked.stdout);
+
+    for (ctx, reason) in [
+        (r#"{"attempts": 1}"#, "--failure does not describe a failure-context"),
+        (r#"{"dequeue_count": 0}"#, "dequeue_count is 0"),
+        (r#"{"error_class": "http-status"}"#, "http_status"),
+        (r#"{"error_class": "timeout", "http_status": 422}"#, "error_class"),
+        (r#"{"http_status": 200}"#, "http_status 200 is not a failure"),
+    ] {
+        let wrong = eval_failure(guests::RETRY_POLICY, &[], ctx);
+        assert_eq!(wrong.code, Some(1), "{ctx}: {}", wrong.stdout);
+        assert!(wrong.stderr.contains(reason), "{ctx}: {}", wrong.stderr);
+        assert!(wrong.stdout.is_empty(), "{ctx}: the rule was asked: {}", wrong.stdout);
+    }
+}
+
+#[test]
+fn rule_test_runs_failure_cases() {
+    let cases = r#"
+[[case]]
+name = "422 is poisoned at once"
+decision = "failure"
+context = { error_class = "http-status", http_status = 422 }
+expect = { poison = "retry-policy: HTTP 422 is not retried" }
+
+[[case]]
+name = "a timeout waits 10 s"
+decision = "failure"
+context = { error_class = "timeout", random = 9223372036854775808 }
+expect = { retry = 10000 }
+
+[[case]]
+name = "the last attempt takes the default"
+decision = "failure"
+context = { dequeue_count = 5, max_dequeue_count = 5 }
+expect = "default"
+
+[[case]]
+name = "a wrong expectation"
+decision = "failure"
+context = { error_class = "http-status", http_status = 500 }
+expect = "default"
+"#;
+    let tested = rule_test(guests::RETRY_POLICY, cases);
+    assert_eq!(tested.code, Some(1), "{}\n{}", tested.stdout, tested.stderr);
+    for line in ["ok    422 is poisoned at once\n", "ok    a timeout waits 10 s\n", "ok    the last attempt takes the default\n", "FAIL  a wrong expectation\n"]
+    {
+        assert!(tested.stdout.contains(line), "{line:?} in {}", tested.stdout);
+    }
+    assert!(tested.stdout.contains("- expect: default\n") && tested.stdout.contains("+ got:    retry after "), "{}", tested.stdout);
+    assert!(tested.stdout.ends_with("3 passed, 1 failed\n"), "{}", tested.stdout);
+    let trapped =
+        rule_test(guests::FAILURE_PROBE, "[params]\nmode = \"trap\"\n\n[[case]]\nname = \"t\"\ndecision = \"failure\"\nexpect_error = \"probe traps\"\n");
+    assert_eq!(trapped.code, Some(0), "{}\n{}", trapped.stdout, trapped.stderr);
+    let wrong = rule_test(guests::RETRY_POLICY, "[[case]]\nname = \"x\"\ndecision = \"failure\"\nstate = {}\nexpect = \"default\"\n");
+    assert!(wrong.code == Some(1) && wrong.stderr.contains("a failure case takes `context`"), "{}", wrong.stderr);
+    let wrong = rule_test(guests::RETRY_POLICY, "[[case]]\nname = \"x\"\ndecision = \"failure\"\nexpect = { retry = \"soon\" }\n");
+    assert!(wrong.code == Some(1) && wrong.stderr.contains("expect:"), "{}", wrong.stderr);
+}

@@ -485,24 +485,30 @@ pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path
         return Ok(());
     }
     // Requests within the API's body limit and item count; sent side by side, so the host
-    // packs them together.
+    // packs them together. Each body is made when its request is, so the file is held once,
+    // not twice: at most the 16 requests in flight are copies of it.
     let limit = config.max_message_bytes;
-    let mut bodies: Vec<Vec<u8>> = vec![Vec::new()];
-    let mut in_body = 0;
-    for (number, line) in lines.iter().enumerate() {
-        if line.len() + 1 > limit {
-            bail!("{}: item {} is {} bytes, over the API's body limit (max_message_bytes: {limit} bytes)", path.display(), number + 1, line.len());
-        }
-        let current = bodies.last_mut().expect("one body at least");
-        if current.len() + line.len() + 1 > limit || in_body == crate::service::packing::MAX_ITEMS_PER_SEND {
-            bodies.push(Vec::new());
-            in_body = 0;
-        }
-        let current = bodies.last_mut().expect("one body at least");
-        current.extend_from_slice(line);
-        current.push(b'\n');
-        in_body += 1;
+    if let Some((number, line)) = lines.iter().enumerate().find(|(_, line)| line.len() + 1 > limit) {
+        bail!("{}: item {} is {} bytes, over the API's body limit (max_message_bytes: {limit} bytes)", path.display(), number + 1, line.len());
     }
+    let mut rest = lines.as_slice();
+    let bodies = std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut body = Vec::new();
+        let mut taken = 0;
+        while let Some(line) = rest.get(taken) {
+            if taken == crate::service::packing::MAX_ITEMS_PER_SEND || (taken > 0 && body.len() + line.len() + 1 > limit) {
+                break;
+            }
+            body.extend_from_slice(line);
+            body.push(b'\n');
+            taken += 1;
+        }
+        rest = &rest[taken..];
+        Some(body)
+    });
     let mut sends = futures::stream::iter(bodies)
         .map(|body| {
             let request = http.post(&url).header(reqwest::header::CONTENT_TYPE, "application/x-ndjson").body(body);

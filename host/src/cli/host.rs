@@ -134,6 +134,23 @@ async fn check_azure_queue(client: &dyn QueueClient) -> Result<String> {
     Ok(format!("queue {name}: reached on Azure, {count} message{}; may read, process and update", if count == 1 { "" } else { "s" }))
 }
 
+/// A queue whose `shadow_rule` and `rule` are two names of one file (hard links, or a link
+/// to the other): the shadow could only agree with the live rule, and `ebb rule promote`
+/// would have nothing to rename. The names differ, or the configuration refused it already.
+fn shadow_is_the_rule(queue: &crate::config::QueueConfig, rules_dir: &Path) -> Option<anyhow::Error> {
+    use std::os::unix::fs::MetadataExt as _;
+    let (live, shadow) = (queue.rule.as_ref()?.in_dir(rules_dir), queue.shadow_rule.as_ref()?.in_dir(rules_dir));
+    let (a, b) = (std::fs::metadata(&live).ok()?, std::fs::metadata(&shadow).ok()?);
+    ((a.dev(), a.ino()) == (b.dev(), b.ino())).then(|| {
+        anyhow::anyhow!(
+            "queues.{}.shadow_rule: {} and {} are one file (hard links): a shadow that is the live rule can only agree with it; copy the candidate into the shadow's file instead",
+            queue.name,
+            shadow.display(),
+            live.display()
+        )
+    })
+}
+
 pub fn check(config_path: &Path) -> Result<()> {
     let config = Config::load(config_path)?;
     // `ebb run` has no Rust handler: every queue needs its URL.
@@ -176,6 +193,7 @@ pub fn check(config_path: &Path) -> Result<()> {
         println!("scaler: KEDA external scaler on {} ({token}), at most {} instances per queue", scaler.listen, scaler.max_instances);
     }
     let mut problems = problems;
+    problems.extend(config.queues.iter().filter_map(|queue| shadow_is_the_rule(queue, &config.rules_dir)));
     problems.extend(check_azure_queues(&config));
     if let Some(bus) = &config.bus {
         let reached = bus.engine().and_then(|engine| {

@@ -9,7 +9,10 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::names::RuleSlot;
-use crate::rules::{ContractVersion, DecisionSource, HandlerState, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleSet};
+use crate::rules::{
+    ContractVersion, DecisionSource, ErrorClass, FailureContext, FailureDecision, HandlerState, IdleContext, QueueRuleConfig, QueueState, RuleEngine,
+    RuleLimits, RuleSet,
+};
 
 #[derive(Debug, Subcommand)]
 pub enum RuleCommand {
@@ -27,8 +30,8 @@ pub enum RuleCommand {
     /// Ask a rule for one decision and print it as JSON (with its source and any clamp).
     /// Exits with 1 and the reason when the rule faulted (the JSON then shows the built-in
     /// rule's decision, with source "fallback"; for --concurrency, a value of null: the queue
-    /// keeps its configured bound).
-    #[command(group(ArgGroup::new("decision").required(true).args(["task_count", "queue_empty", "concurrency"])))]
+    /// keeps its configured bound; for --failure, "default": max_dequeue_count decides).
+    #[command(group(ArgGroup::new("decision").required(true).args(["task_count", "queue_empty", "concurrency", "failure"])))]
     Eval {
         /// The rule component (.wasm).
         file: PathBuf,
@@ -48,6 +51,14 @@ pub enum RuleCommand {
         /// null means the queue keeps its configured bound. Rules of contract 0.3.0 and later.
         #[arg(long, value_name = "JSON")]
         concurrency: Option<String>,
+        /// A failed delivery as JSON, for `on-handler-failure` (fields of `failure-context`,
+        /// snake_case: `dequeue_count`, `max_dequeue_count`, `error_class` ("timeout",
+        /// "connect", "http-status", "panic", "other"), `http_status`, `error`, `item`,
+        /// `elapsed_ms`, `handler_latency_ms`, `default_retry_delay_ms`,
+        /// `max_retry_delay_ms`; the rest default). Prints the decision: {"retry": MS},
+        /// {"poison": REASON} or "default". Rules that export ebb:rules/failures@0.4.0.
+        #[arg(long, value_name = "JSON")]
+        failure: Option<String>,
         /// A rule parameter, as in the queue's `rule_params` (repeatable).
         #[arg(long = "param", value_name = "KEY=VALUE", value_parser = super::parse_key_value)]
         params: Vec<(String, String)>,
@@ -126,8 +137,8 @@ pub enum RuleCommand {
 pub fn run(command: RuleCommand) -> Result<()> {
     match command {
         RuleCommand::Check { file, params } => super::refuse_repeated_params(&params).and_then(|()| check(&file, params)),
-        RuleCommand::Eval { file, task_count, queue_empty, concurrency, params } => {
-            super::refuse_repeated_params(&params).and_then(|()| eval(&file, Asked { task_count, queue_empty, concurrency }, params))
+        RuleCommand::Eval { file, task_count, queue_empty, concurrency, failure, params } => {
+            super::refuse_repeated_params(&params).and_then(|()| eval(&file, Asked { task_count, queue_empty, concurrency, failure }, params))
         }
         RuleCommand::Test { rule, cases } => super::rule_test::run(&rule, &cases, cli_engine()?),
         RuleCommand::Compile { files, out, config } => compile(&files, out, config),
@@ -272,7 +283,11 @@ fn check(file: &Path, params: Vec<(String, String)>) -> Result<()> {
     println!("imports:      {}", if rule.imports.is_empty() { "none".into() } else { rule.imports.join(", ") });
     println!("memory:       {} bytes after configure", instance.memory_bytes());
     println!("configure:    ok ({} parameter{})", params.len(), if params.len() == 1 { "" } else { "s" });
-    let probes: Vec<Probe> = check_probes().into_iter().filter(|probe| rule.contract.decides_concurrency() || !probe.decides_concurrency()).collect();
+    let probes: Vec<Probe> = check_probes()
+        .into_iter()
+        .filter(|probe| rule.contract.decides_concurrency() || !probe.decides_concurrency())
+        .filter(|probe| rule.decides_failures || !probe.decides_failures())
+        .collect();
     // (export, reason) -> the contexts it happened in: one reason is said once, with every
     // context that produced it.
     let mut failures: Vec<(&str, String, Vec<&str>)> = Vec::new();
@@ -341,6 +356,7 @@ enum ProbeCall {
     TaskCount(QueueState),
     QueueEmpty(IdleContext),
     Concurrency(HandlerState),
+    Failure(FailureContext),
 }
 
 enum ProbeFailure {
@@ -356,7 +372,13 @@ impl Probe {
             ProbeCall::TaskCount(_) => "optimal-dequeue-task-count",
             ProbeCall::QueueEmpty(_) => "on-queue-empty",
             ProbeCall::Concurrency(_) => "max-concurrent-calls",
+            ProbeCall::Failure(_) => "on-handler-failure",
         }
+    }
+
+    /// Whether the probe asks the optional decision of `ebb:rules/failures@0.4.0`.
+    fn decides_failures(&self) -> bool {
+        matches!(self.call, ProbeCall::Failure(_))
     }
 
     /// Whether the probe asks the decision only contract 0.3.0 and later have.
@@ -409,7 +431,33 @@ impl Probe {
                     (format!("{raw}{note}"), None)
                 }
             },
+            ProbeCall::Failure(ctx) => match instance.on_handler_failure(ctx) {
+                Err(error) => ("FAULT".into(), Some(ProbeFailure::Fault(format!("{error:#}")))),
+                // The rule exports the interface (or the probe is not made): never `None`.
+                Ok(None) => ("not asked (the rule does not export ebb:rules/failures)".into(), None),
+                // A delay past max_retry_delay_ms is the host's to bound, as a count past max_tasks.
+                Ok(Some(raw)) => (shown_failure(&raw, &crate::rules::clamp_failure(raw.clone(), DecisionSource::Rule, ctx)), None),
+            },
         }
+    }
+}
+
+/// A failure decision as `ebb rule check` and `ebb rule test` show it: `retry after N ms`,
+/// `poison "reason"` (bounded and escaped, as the host keeps it) or `default`, with what the
+/// host makes of a raw decision it bounds.
+pub(super) fn shown_failure(raw: &FailureDecision, clamped: &crate::rules::Decision<FailureDecision>) -> String {
+    let shown = match &clamped.value {
+        FailureDecision::Retry(_) => match raw {
+            FailureDecision::Retry(delay_ms) => format!("retry after {delay_ms} ms"),
+            _ => unreachable!("a retry is clamped into a retry"),
+        },
+        FailureDecision::Poison(reason) => format!("poison {reason:?}"),
+        FailureDecision::Default => "default".into(),
+    };
+    match &clamped.value {
+        FailureDecision::Retry(delay_ms) if clamped.clamped => format!("{shown} (the host bounds it to {delay_ms} ms, as it should)"),
+        FailureDecision::Poison(_) if clamped.clamped => format!("{shown} (as the host keeps the reason: bounded and escaped)"),
+        _ => shown,
     }
 }
 
@@ -447,6 +495,16 @@ fn check_probes() -> Vec<Probe> {
         Probe { context, call: ProbeCall::Concurrency(state) }
     };
     let max_interval_ms = crate::config::MAX_INTERVAL.as_millis() as u64;
+    let failed: FailureContext = serde_json::from_value(failure_defaults(queue)).expect("the defaults are a failure context");
+    let failure = |context, change: &dyn Fn(&mut FailureContext)| {
+        let mut ctx = failed.clone();
+        change(&mut ctx);
+        Probe { context, call: ProbeCall::Failure(ctx) }
+    };
+    let http = |status: u16| {
+        move |c: &mut FailureContext| (c.error_class, c.http_status, c.error) = (ErrorClass::HttpStatus, Some(status), format!("handler answered {status}"))
+    };
+    let week_ms = crate::queue::MAX_VISIBILITY.as_millis() as u64;
     vec![
         task_count("defaults", &|_| {}),
         task_count("approximate_depth 0", &|s| s.approximate_depth = 0),
@@ -532,6 +590,46 @@ fn check_probes() -> Vec<Probe> {
                 random: u64::MAX,
             };
         }),
+        failure("other error, first failure", &|_| {}),
+        failure("HTTP 422, first failure", &http(422)),
+        failure("HTTP 500, first failure", &http(500)),
+        failure("HTTP 500, last attempt", &|c| {
+            http(500)(c);
+            c.dequeue_count = c.max_dequeue_count;
+        }),
+        failure("HTTP 500, past max_dequeue_count", &|c| {
+            http(500)(c);
+            c.dequeue_count = c.max_dequeue_count + 1;
+        }),
+        failure("timeout, first failure", &|c| (c.error_class, c.error) = (ErrorClass::Timeout, "handler did not answer in time".into())),
+        failure("connect, first failure", &|c| (c.error_class, c.error) = (ErrorClass::Connect, "connection refused".into())),
+        failure("panic, first failure", &|c| (c.error_class, c.error) = (ErrorClass::Panic, "the handler panicked".into())),
+        failure("an item of an envelope", &|c| c.item = Some(3)),
+        failure("dequeue_count 1000 (the ceiling)", &|c| c.dequeue_count = crate::handler::PUSHED_BACK_POISON_DEQUEUES),
+        failure("elapsed 7 days", &|c| c.elapsed_ms = week_ms),
+        failure("error of 1024 bytes", &|c| c.error = "e".repeat(ebb_rules_sdk::MAX_FAILURE_TEXT_BYTES)),
+        failure("random 0", &|c| c.random = 0),
+        failure("random 2^64-1", &|c| c.random = u64::MAX),
+        failure("every field at its least", &|c| {
+            *c = FailureContext { queue: queue.into(), dequeue_count: 1, max_dequeue_count: 1, ..FailureContext::default() };
+        }),
+        failure("every field at its most", &|c| {
+            *c = FailureContext {
+                queue: queue.into(),
+                dequeue_count: u32::MAX,
+                max_dequeue_count: u32::MAX,
+                error_class: ErrorClass::HttpStatus,
+                http_status: Some(599),
+                error: "e".repeat(ebb_rules_sdk::MAX_FAILURE_TEXT_BYTES),
+                item: Some(u32::MAX),
+                elapsed_ms: u64::MAX,
+                handler_latency_ms: u64::MAX,
+                default_retry_delay_ms: week_ms,
+                max_retry_delay_ms: week_ms,
+                timestamp_ms: u64::MAX,
+                random: u64::MAX,
+            };
+        }),
     ]
 }
 
@@ -546,6 +644,79 @@ pub(super) fn concurrency_defaults(queue: &str) -> Value {
     json!({ "queue": queue, "current_limit": 32, "max_limit": 32, "window_ms": 250, "random": 1u64 << 63 })
 }
 
+/// The failed delivery `ebb rule eval --failure`, `ebb rule check` and `ebb rule test` lay a
+/// given one over: a first failure with the queue defaults (`max_dequeue_count` 5,
+/// `visibility_timeout` 1 s, `max_retry_delay` 10 min).
+pub(super) fn failure_defaults(queue: &str) -> Value {
+    json!({
+        "queue": queue,
+        "dequeue_count": 1,
+        "max_dequeue_count": crate::defaults::MAX_DEQUEUE_COUNT,
+        "error_class": "other",
+        "error": "the handler failed",
+        "default_retry_delay_ms": crate::defaults::VISIBILITY_TIMEOUT.as_millis() as u64,
+        "max_retry_delay_ms": crate::defaults::MAX_RETRY_DELAY.as_millis() as u64,
+        "random": 1u64 << 63,
+    })
+}
+
+/// Fields of a failure context whose defaults follow other given fields: a given
+/// `dequeue_count` (or `max_retry_delay_ms`) also sets the default retry delay, doubling from
+/// the queue's default `visibility_timeout` as the host's does; an `http_status` means the
+/// class `http-status`.
+pub(super) fn with_dependent_failure_defaults(mut given: Value) -> Value {
+    if let Value::Object(fields) = &mut given {
+        if fields.contains_key("http_status") && !fields.get("http_status").is_some_and(Value::is_null) {
+            fields.entry("error_class").or_insert_with(|| json!("http-status"));
+        }
+        if !fields.contains_key("default_retry_delay_ms") {
+            let tries = fields.get("dequeue_count").and_then(Value::as_u64).unwrap_or(1);
+            let most = fields.get("max_retry_delay_ms").and_then(Value::as_u64).unwrap_or(crate::defaults::MAX_RETRY_DELAY.as_millis() as u64);
+            let base = crate::defaults::VISIBILITY_TIMEOUT.as_millis() as u64;
+            let delay = base.saturating_mul(1 << tries.saturating_sub(1).min(30)).min(most);
+            fields.insert("default_retry_delay_ms".into(), json!(delay));
+        }
+    }
+    given
+}
+
+/// Why no host would send `ctx` (a rule's answer to it would say nothing), or `None`.
+pub(super) fn impossible_failure(ctx: &FailureContext) -> Option<String> {
+    let most = ebb_rules_sdk::MAX_FAILURE_TEXT_BYTES;
+    if ctx.dequeue_count == 0 {
+        return Some("dequeue_count is 0 (it counts deliveries so far, this one included: 1 on the first failure)".into());
+    }
+    if ctx.max_dequeue_count == 0 {
+        return Some("max_dequeue_count is 0 (the configuration's is at least 1)".into());
+    }
+    match (ctx.error_class, ctx.http_status) {
+        (ErrorClass::HttpStatus, None) => return Some("error_class \"http-status\" without http_status (the handler's status)".into()),
+        (ErrorClass::HttpStatus, Some(status)) if !(100..=599).contains(&status) || (200..=299).contains(&status) || status == 429 || status == 503 => {
+            return Some(format!(
+                "http_status {status} is not a failure (a failure's status is 100 to 599, not 2xx; 429 and 503 push back and never reach the rule)"
+            ));
+        }
+        (class, Some(status)) if class != ErrorClass::HttpStatus => {
+            return Some(format!(
+                "http_status {status} with error_class {:?}: the host gives a status only with error_class \"http-status\"",
+                class_name(class)
+            ));
+        }
+        _ => {}
+    }
+    if ctx.error.len() > most {
+        return Some(format!("error is {} bytes, over the {most} the host sends", ctx.error.len()));
+    }
+    if ctx.default_retry_delay_ms > ctx.max_retry_delay_ms {
+        return Some(format!("default_retry_delay_ms {} is over max_retry_delay_ms {}", ctx.default_retry_delay_ms, ctx.max_retry_delay_ms));
+    }
+    None
+}
+
+fn class_name(class: ErrorClass) -> String {
+    serde_json::to_value(class).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+}
+
 /// The idle context `ebb rule eval --queue-empty` and `ebb rule test` lay a given one over.
 pub(super) fn queue_empty_defaults(queue: &str) -> Value {
     json!({ "queue": queue, "idle_count": 1, "active_tasks": 1, "min_interval_ms": 100, "max_interval_ms": 60000, "random": 1u64 << 63 })
@@ -556,6 +727,7 @@ struct Asked {
     task_count: Option<String>,
     queue_empty: Option<String>,
     concurrency: Option<String>,
+    failure: Option<String>,
 }
 
 fn eval(file: &Path, asked: Asked, params: Vec<(String, String)>) -> Result<()> {
@@ -596,8 +768,27 @@ fn eval(file: &Path, asked: Asked, params: Vec<(String, String)>) -> Result<()> 
             bail!("the rule faulted, so the queue would keep its max_concurrent_calls (the value above is null): {reason}");
         }
         return Ok(());
+    } else if let Some(text) = asked.failure {
+        let given = with_dependent_failure_defaults(parse_json(&text, "--failure")?);
+        let ctx: FailureContext = with_defaults(given, failure_defaults(queue), "--failure")?;
+        if let Some(reason) = impossible_failure(&ctx) {
+            bail!("--failure describes a failed delivery the host never sends: {reason}");
+        }
+        let queue_rules = rules.queue(queue).context("the rule set holds the queue it was made with")?;
+        let Some(decision) = queue_rules.decide_failure(&FailureContext { queue: queue.into(), ..ctx }) else {
+            bail!(
+                "rule {} does not export ebb:rules/failures@0.4.0 (the failure-aware-rule world of wit/ebb-rules-0.4.0): it decides no failure, and its queues keep max_dequeue_count",
+                file.display()
+            );
+        };
+        println!("{}", serde_json::to_string_pretty(&decision)?);
+        if decision.source != DecisionSource::Rule {
+            let reason = rules.status(queue).and_then(|s| s.last_error).unwrap_or_else(|| "no reason recorded".into());
+            bail!("the rule faulted, so the failure would take the default handling (max_dequeue_count; the value above is \"default\"): {reason}");
+        }
+        return Ok(());
     } else {
-        unreachable!("clap requires one of the three")
+        unreachable!("clap requires one of the four")
     };
     println!("{}", serde_json::to_string_pretty(&output)?);
     // The decision printed is the built-in rule's, not the rule's: an author must not miss it.
@@ -671,6 +862,7 @@ pub(super) fn with_defaults<T: DeserializeOwned>(given: Value, mut defaults: Val
         "QueueState" => "a queue-state",
         "IdleContext" => "an idle-context",
         "HandlerState" => "a handler-state",
+        "FailureContext" => "a failure-context",
         _ => "what it should",
     };
     serde_json::from_value(defaults).with_context(|| format!("{what} does not describe {described}"))

@@ -7,9 +7,15 @@
 //!
 //! [[case]]
 //! name = "a deep queue runs one task per 32 messages"
-//! decision = "task-count"                # or "queue-empty", "configure"
+//! decision = "task-count"                # or "queue-empty", "failure", "configure"
 //! state = { approximate_depth = 320 }    # task-count: queue-state fields; the rest default
 //! expect = 10                            # or expect_error = "a substring of the error"
+//!
+//! [[case]]
+//! name = "422 is poisoned at once"
+//! decision = "failure"                   # on-handler-failure, of a failure-aware rule
+//! context = { http_status = 422 }        # failure-context fields; the rest default
+//! expect = { poison = "HTTP 422" }       # or { retry = 1000 }, or "default"
 //! ```
 //!
 //! A case cannot name a limit: fuel, memory and deadlines are the host's defaults.
@@ -22,8 +28,11 @@ use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::rule::{past_deadline, queue_empty_defaults, task_count_defaults, with_defaults};
-use crate::rules::{CompiledRule, DecisionSource, IdleContext, IdleDecision, QueueState, RuleEngine};
+use super::rule::{
+    failure_defaults, impossible_failure, past_deadline, queue_empty_defaults, shown_failure, task_count_defaults, with_defaults,
+    with_dependent_failure_defaults,
+};
+use crate::rules::{CompiledRule, DecisionSource, FailureContext, FailureDecision, IdleContext, IdleDecision, QueueState, RuleEngine};
 
 /// Largest cases file, in bytes.
 pub(crate) const MAX_CASES_BYTES: u64 = 1 << 20;
@@ -63,6 +72,7 @@ struct Case {
 enum DecisionKind {
     TaskCount,
     QueueEmpty,
+    Failure,
     Configure,
 }
 
@@ -86,12 +96,14 @@ enum Call {
     Configure,
     TaskCount(QueueState),
     QueueEmpty(IdleContext),
+    Failure(FailureContext),
 }
 
 enum Expect {
     Success,
     TaskCount(u32),
     QueueEmpty(IdleExpect),
+    Failure(FailureDecision),
     Error(String),
 }
 
@@ -183,6 +195,17 @@ fn prepare(raw: Map<String, Value>, shared: &BTreeMap<String, String>) -> Result
             let ctx: IdleContext = with_defaults(given, queue_empty_defaults(QUEUE), "context")?;
             Call::QueueEmpty(ctx)
         }
+        DecisionKind::Failure => {
+            if case.state.is_some() {
+                bail!("a failure case takes `context` (failure-context fields), not `state`");
+            }
+            let given = with_dependent_failure_defaults(case.context.clone().unwrap_or_else(|| Value::Object(Map::new())));
+            let ctx: FailureContext = with_defaults(given, failure_defaults(QUEUE), "context")?;
+            if let Some(reason) = impossible_failure(&ctx) {
+                bail!("context describes a failed delivery the host never sends: {reason}");
+            }
+            Call::Failure(ctx)
+        }
     };
     let expect = match (case.expect, case.expect_error, case.decision) {
         (Some(_), Some(_), _) => bail!("give `expect` or `expect_error`, not both"),
@@ -202,6 +225,12 @@ fn prepare(raw: Map<String, Value>, shared: &BTreeMap<String, String>) -> Result
                 bail!("expect: give delay_ms, stop or both");
             }
             Expect::QueueEmpty(idle)
+        }
+        (Some(value), None, DecisionKind::Failure) => {
+            let decision: FailureDecision = serde_json::from_value(value).map_err(|e| {
+                anyhow::anyhow!("expect: {e} (write expect = {{ retry = 1000 }}, expect = {{ poison = \"the reason\" }} or expect = \"default\")")
+            })?;
+            Expect::Failure(decision)
         }
     };
     Ok(Ready { name: case.name, params, call, expect })
@@ -223,6 +252,12 @@ fn run_case(engine: &RuleEngine, rule: &CompiledRule, case: &Ready) -> std::resu
             instance.optimal_dequeue_task_count(state).map(|raw| Got::TaskCount(raw, crate::rules::clamp_task_count(raw, DecisionSource::Rule, state)))
         }
         Call::QueueEmpty(ctx) => instance.on_queue_empty(ctx).map(|raw| Got::QueueEmpty(raw, crate::rules::clamp_idle(raw, DecisionSource::Rule, ctx))),
+        Call::Failure(ctx) => instance.on_handler_failure(ctx).and_then(|raw| {
+            let raw =
+                raw.context("the rule does not export ebb:rules/failures@0.4.0, so it decides no failure (build it from the failure-aware-rule world)")?;
+            let clamped = crate::rules::clamp_failure(raw.clone(), DecisionSource::Rule, ctx);
+            Ok(Got::Failure(raw, clamped))
+        }),
     };
     let mut got = call(&mut instance);
     // As `ebb rule check` does: time a busy machine took is not the rule's; one more try.
@@ -242,6 +277,7 @@ fn run_case(engine: &RuleEngine, rule: &CompiledRule, case: &Ready) -> std::resu
                 (Got::QueueEmpty(raw, _), Expect::QueueEmpty(idle)) => {
                     idle.delay_ms.is_none_or(|d| d == raw.delay_ms) && idle.stop.is_none_or(|s| s == raw.stop)
                 }
+                (Got::Failure(raw, _), Expect::Failure(expected)) => raw == expected,
                 _ => unreachable!("a case's expectation is of its decision"),
             };
             if matched { Ok(got.clamp_note()) } else { Err(format!("- expect: {}\n+ got:    {}", expect.describe(), got.describe())) }
@@ -257,17 +293,22 @@ fn matches_error(error: &str, wanted: &str) -> std::result::Result<String, Strin
 enum Got {
     TaskCount(u32, crate::rules::Decision<u32>),
     QueueEmpty(IdleDecision, crate::rules::Decision<IdleDecision>),
+    Failure(FailureDecision, crate::rules::Decision<FailureDecision>),
 }
 
 impl Got {
     fn describe(&self) -> String {
-        format!("{}{}", self.raw(), self.clamp_note())
+        match self {
+            Got::Failure(raw, clamped) => shown_failure(raw, clamped),
+            _ => format!("{}{}", self.raw(), self.clamp_note()),
+        }
     }
 
     fn raw(&self) -> String {
         match self {
             Got::TaskCount(raw, _) => raw.to_string(),
             Got::QueueEmpty(raw, _) => format!("{{ delay_ms = {}, stop = {} }}", raw.delay_ms, raw.stop),
+            Got::Failure(raw, _) => shown_failure(raw, &crate::rules::Decision { value: raw.clone(), source: DecisionSource::Rule, clamped: false }),
         }
     }
 
@@ -276,6 +317,9 @@ impl Got {
         match self {
             Got::TaskCount(_, clamped) if clamped.clamped => format!(" (the host would clamp it to {})", clamped.value),
             Got::QueueEmpty(_, clamped) if clamped.clamped => format!(" (the host would clamp delay_ms to {})", clamped.value.delay_ms),
+            Got::Failure(_, clamped @ crate::rules::Decision { value: FailureDecision::Retry(delay_ms), .. }) if clamped.clamped => {
+                format!(" (the host would clamp the delay to {delay_ms} ms)")
+            }
             _ => String::new(),
         }
     }
@@ -290,6 +334,9 @@ impl Expect {
                 let fields: Vec<String> =
                     [idle.delay_ms.map(|d| format!("delay_ms = {d}")), idle.stop.map(|s| format!("stop = {s}"))].into_iter().flatten().collect();
                 format!("{{ {} }}", fields.join(", "))
+            }
+            Expect::Failure(decision) => {
+                shown_failure(decision, &crate::rules::Decision { value: decision.clone(), source: DecisionSource::Rule, clamped: false })
             }
             Expect::Error(wanted) => format!("an error containing {wanted:?}"),
         }

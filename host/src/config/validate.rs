@@ -202,7 +202,8 @@ impl super::file::ApiFile {
             // api.token is checked with the rest of the file.
             return Ok(self.token.clone());
         };
-        let shown = crate::health::truncate_reason(name);
+        // The name comes from the command line or the environment: shown escaped and cut.
+        let shown = crate::health::untrusted_text(name);
         if name == DEFAULT_TOKEN_NAME {
             return match (env_token, &self.token) {
                 (Some(token), _) => check_token_text(TOKEN_ENV, &token).map(|()| Some(token)),
@@ -352,5 +353,20 @@ mod tests {
             let error = format!("{:#}", api_tokens(Some(("api.token", "t0ken".into())), &named, &env, false).unwrap_err());
             assert!(error.starts_with(expected), "expected {expected:?}, got {error:?}");
         }
+    }
+
+    /// Issue 22, defect 6: `--token-name` with control characters or escapes printed them raw
+    /// (a terminal would act on them); they are escaped, and a long name is cut.
+    #[test]
+    fn a_token_name_not_configured_is_shown_escaped() {
+        let file: super::super::file::ApiFile = toml::from_str("[[tokens]]\nname = \"ops\"\nrole = \"read\"\ntoken = \"a\"\n").unwrap();
+        for name in ["\u{1b}[2J\u{1b}]0;owned\u{7}", "a\nERROR forged", "bidi\u{202e}txt"] {
+            let error = format!("{:#}", file.client_token(Some(name), None, &env).unwrap_err());
+            assert!(error.starts_with("--token-name "), "{error:?}");
+            assert!(!error.chars().any(|c| c.is_control() || c == '\u{202e}'), "raw control characters in {error:?}");
+            assert!(error.contains("the config has no token of that name"), "{error:?}");
+        }
+        let error = format!("{:#}", file.client_token(Some("\u{1b}[31mred"), None, &env).unwrap_err());
+        assert!(error.contains("\\u{1b}[31mred"), "escaped as \\u{{..}}: {error:?}");
     }
 }

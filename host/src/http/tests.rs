@@ -582,6 +582,26 @@ async fn every_route_refuses_a_query_parameter_it_does_not_take_naming_it() -> R
     Ok(())
 }
 
+/// Issue 22, defect 6: `GET /queues/orders/messages?x=1` got 400 (unknown parameter) where
+/// the method is what is wrong: a route's method is checked before its query, so a method a
+/// path does not take gets 405 with `Allow`, query or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_method_a_route_does_not_take_gets_405_before_its_query_is_looked_at() -> Result<()> {
+    let (addr, shutdown, _task) = serve(ApiLimits::default()).await;
+    for (method, path, allow) in
+        [("GET", "/queues/orders/messages", "POST"), ("DELETE", "/status", "GET"), ("POST", "/healthz", "GET"), ("PUT", "/queues/orders/poison", "GET")]
+    {
+        for query in ["", "?x=1", "?delay_ms=1&delay_ms=2"] {
+            let answer = raw(addr, &request(method, &format!("{path}{query}"), Some(TOKEN), b"")).await?;
+            ensure!(answer.status == 405, "{method} {path}{query}: {answer:?}");
+            let allowed = answer.headers.get("allow").cloned().unwrap_or_default();
+            ensure!(allowed.contains(allow), "{method} {path}{query}: Allow {allowed:?}");
+        }
+    }
+    shutdown.cancel();
+    Ok(())
+}
+
 /// A request header is bounded before anything parses it: hyper reads at most its buffer
 /// (~400 KiB) of head and answers 431 to a 1 MiB `Authorization` header, never holding the
 /// megabyte; the server goes on answering.

@@ -95,6 +95,7 @@ impl RuleSet {
                 queues,
                 slot: Mutex::default(),
                 status: Mutex::default(),
+                rebuilt: std::sync::Condvar::new(),
                 consecutive_faults: FaultRuns::default(),
                 memory_bytes: AtomicU64::new(0),
                 fault_log: LogLimiter::new(FAULT_LOG_LINES, FAULT_LOG_WINDOW),
@@ -383,6 +384,7 @@ impl RuleSet {
             status.quarantine = None;
             status.refused = None;
             status.rebuilding = false;
+            group.rebuilt.notify_all();
             status.last_error = Some(format!("rule file {} does not exist", path.display()));
             group.consecutive_faults.reset();
             group.memory_bytes.store(0, Ordering::Relaxed);
@@ -427,6 +429,7 @@ impl RuleSet {
             status.quarantine = None;
             status.refused = None;
             status.rebuilding = false;
+            group.rebuilt.notify_all();
             status.last_error = None;
             group.consecutive_faults.reset();
             group.memory_bytes.store(memory, Ordering::Relaxed);

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, Result};
-use ebb_rules_sdk::{HandlerState, IdleContext, IdleDecision, QueueState};
+use ebb_rules_sdk::{FailureContext, FailureDecision, HandlerState, IdleContext, IdleDecision, QueueState};
 use serde::Serialize;
 
 use super::decider::Decider;
@@ -45,11 +45,13 @@ pub enum DecisionKind {
     QueueEmpty,
     /// `max-concurrent-calls`.
     Concurrency,
+    /// `on-handler-failure` (rules that export `ebb:rules/failures@0.4.0`).
+    Failure,
 }
 
 impl DecisionKind {
     /// Every kind, in the order of [`DecisionKind::index`].
-    pub const ALL: [DecisionKind; 3] = [DecisionKind::TaskCount, DecisionKind::QueueEmpty, DecisionKind::Concurrency];
+    pub const ALL: [DecisionKind; 4] = [DecisionKind::TaskCount, DecisionKind::QueueEmpty, DecisionKind::Concurrency, DecisionKind::Failure];
 
     /// The kind's name in `/status` and in the `kind` label of `/metrics`.
     pub fn name(self) -> &'static str {
@@ -57,6 +59,7 @@ impl DecisionKind {
             DecisionKind::TaskCount => "task_count",
             DecisionKind::QueueEmpty => "queue_empty",
             DecisionKind::Concurrency => "concurrency",
+            DecisionKind::Failure => "failure",
         }
     }
 
@@ -159,7 +162,7 @@ pub struct ShadowStatus {
     pub sha256: Option<String>,
     /// Agreements out of the decisions compared, in percent; `None` before the first.
     pub agreement_percent: Option<f64>,
-    /// Counts per decision kind (`task_count`, `queue_empty`, `concurrency`).
+    /// Counts per decision kind (`task_count`, `queue_empty`, `concurrency`, `failure`).
     pub decisions: BTreeMap<&'static str, ShadowCounts>,
     /// The largest disagreements so far, largest first (at most [`TOP_DISAGREEMENTS`]).
     pub top_disagreements: Vec<Disagreement>,
@@ -181,6 +184,11 @@ enum Job {
         state: HandlerState,
         live: Option<u32>,
     },
+    /// `live`: what the live rule decided, `default` when it decides no failure.
+    Failure {
+        ctx: FailureContext,
+        live: FailureDecision,
+    },
     /// Answers once every job before it is done (tests, benchmarks).
     Flush(SyncSender<()>),
 }
@@ -188,7 +196,7 @@ enum Job {
 /// What is counted and kept of a queue's shadow; shared by the decider and its thread.
 struct ShadowBook {
     queue: String,
-    counts: [[AtomicU64; 5]; 3],
+    counts: [[AtomicU64; 5]; DecisionKind::ALL.len()],
     top: Mutex<Vec<Disagreement>>,
     log: LogLimiter,
 }
@@ -311,13 +319,19 @@ impl Decider for Shadowed {
         self.live.may_decide_concurrency()
     }
 
-    /// The live rule's alone: a shadow is not asked about failures (it compares scaling).
-    fn decide_failure(&self, ctx: &ebb_rules_sdk::FailureContext) -> Option<Decision<ebb_rules_sdk::FailureDecision>> {
-        self.live.decide_failure(ctx)
+    /// The live rule's decision (`None`: `max_dequeue_count` decides), then the shadow is
+    /// handed the failure, compared with what the live side decided.
+    fn decide_failure(&self, ctx: &FailureContext) -> Option<Decision<FailureDecision>> {
+        let decision = if self.live.may_decide_failures() { self.live.decide_failure(ctx) } else { None };
+        let live = decision.as_ref().map_or(FailureDecision::Default, |d| d.value.clone());
+        self.hand_over(DecisionKind::Failure, Job::Failure { ctx: ctx.clone(), live });
+        decision
     }
 
+    /// Either side: the listener asks (and so the shadow is asked) when the shadow decides
+    /// failures though the live rule does not; the live answer is then `None`, as without it.
     fn may_decide_failures(&self) -> bool {
-        self.live.may_decide_failures()
+        self.live.may_decide_failures() || self.shadow.may_decide_failures()
     }
 
     fn status(&self) -> Option<RuleStatus> {
@@ -345,6 +359,49 @@ enum Answer<T> {
     Decided(T),
     Fault,
     Skipped,
+}
+
+impl<T> Answer<T> {
+    fn map<U>(self, f: impl FnOnce(T) -> U) -> Answer<U> {
+        match self {
+            Answer::Decided(value) => Answer::Decided(f(value)),
+            Answer::Fault => Answer::Fault,
+            Answer::Skipped => Answer::Skipped,
+        }
+    }
+}
+
+/// A failure decision, compared by what it does to the message: retried after a delay, or
+/// poisoned (`default` is the host's handling: the doubling delay, or poison at
+/// `max_dequeue_count`). Two poisons with other reasons agree. Shown as the decision.
+#[derive(Debug, Clone)]
+struct FailureOutcome {
+    decision: FailureDecision,
+    /// `None`: poisoned.
+    retry_after_ms: Option<u64>,
+}
+
+impl FailureOutcome {
+    fn new(decision: FailureDecision, ctx: &FailureContext) -> FailureOutcome {
+        let retry_after_ms = match &decision {
+            FailureDecision::Retry(delay_ms) => Some(*delay_ms),
+            FailureDecision::Poison(_) => None,
+            FailureDecision::Default => (ctx.dequeue_count < ctx.max_dequeue_count).then_some(ctx.default_retry_delay_ms),
+        };
+        FailureOutcome { decision, retry_after_ms }
+    }
+}
+
+impl PartialEq for FailureOutcome {
+    fn eq(&self, other: &Self) -> bool {
+        self.retry_after_ms == other.retry_after_ms
+    }
+}
+
+impl Serialize for FailureOutcome {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        self.decision.serialize(serializer)
+    }
 }
 
 fn answer<T>(decision: std::thread::Result<Decision<T>>) -> Answer<T> {
@@ -400,6 +457,25 @@ impl Worker {
                 // "None" keeps the configured bound, which is `max_limit`.
                 let bound = |v: Option<u32>| v.unwrap_or(state.max_limit);
                 self.compare(DecisionKind::Concurrency, answer, live, |s| u64::from(bound(*s).abs_diff(bound(live))), || json(&state));
+            }
+            Job::Failure { ctx, live } => {
+                if !shadow.may_decide_failures() {
+                    return self.book.count(DecisionKind::Failure, ShadowOutcome::Skipped);
+                }
+                let answer = match catch_unwind(AssertUnwindSafe(|| shadow.decide_failure(&ctx))) {
+                    Ok(None) => Answer::Skipped,
+                    Ok(Some(decision)) => answer(Ok(decision)),
+                    Err(_) => Answer::Fault,
+                }
+                .map(|decision| FailureOutcome::new(decision, &ctx));
+                let live = FailureOutcome::new(live, &ctx);
+                let magnitude = |s: &FailureOutcome| match (s.retry_after_ms, live.retry_after_ms) {
+                    (Some(a), Some(b)) => a.abs_diff(b),
+                    (None, None) => 0,
+                    // Poisoned on one side, retried on the other: at least the longest retry apart.
+                    _ => ctx.max_retry_delay_ms,
+                };
+                self.compare(DecisionKind::Failure, answer, live.clone(), magnitude, || json(&ctx));
             }
             Job::Flush(done) => {
                 let _ = done.send(());
@@ -583,6 +659,68 @@ mod tests {
         );
         assert_eq!(status.top_disagreements[1].magnitude, 5, "depth 9 against 4 tasks");
         assert_eq!(status.top_disagreements[1].inputs["approximate_depth"], 9);
+    }
+
+    /// Answers every failure with its decision (none: the rule lacks the interface).
+    struct Fails(Option<FailureDecision>);
+
+    impl NativeRule for Fails {
+        fn name(&self) -> &str {
+            "fails"
+        }
+        fn optimal_dequeue_task_count(&self, _state: &QueueState) -> u32 {
+            1
+        }
+        fn on_queue_empty(&self, _ctx: &IdleContext) -> IdleDecision {
+            IdleDecision::default()
+        }
+        fn on_handler_failure(&self, _ctx: &FailureContext) -> Option<FailureDecision> {
+            self.0.clone()
+        }
+    }
+
+    /// Issue 22, defect 7: a shadow that decides failures was never asked about them. It is
+    /// asked with the live rule's inputs, never applied, and compared by what would happen to
+    /// the message (retried after which delay, or poisoned).
+    #[test]
+    fn a_shadow_is_asked_about_failures_never_applied_and_compared_by_what_would_happen() {
+        let ctx = |tries| FailureContext {
+            dequeue_count: tries,
+            max_dequeue_count: 3,
+            default_retry_delay_ms: 1_000,
+            max_retry_delay_ms: 60_000,
+            ..Default::default()
+        };
+        // The live rule keeps max_dequeue_count; the shadow retries after 1 s.
+        let decider = shadowed(Fails(None), Fails(Some(FailureDecision::Retry(1_000))), 16);
+        assert!(decider.may_decide_failures(), "failures are asked about, so that the shadow is");
+        assert_eq!(decider.decide_failure(&ctx(1)), None, "the live rule's answer, not the shadow's");
+        assert_eq!(decider.decide_failure(&ctx(3)), None);
+        assert!(decider.flush(BOUND));
+        let status = decider.shadow_status();
+        // The first failure is retried after 1 s either way; at the third the default poisons.
+        assert_eq!(status.decisions["failure"], ShadowCounts { agree: 1, disagree: 1, ..Default::default() });
+        let largest = &status.top_disagreements[0];
+        assert_eq!((largest.kind, largest.magnitude), (DecisionKind::Failure, 60_000));
+        assert_eq!((&largest.live, &largest.shadow), (&serde_json::json!("default"), &serde_json::json!({"retry": 1000})));
+        assert_eq!(largest.inputs["dequeue_count"], 3);
+
+        // A live decision is applied whatever the shadow says; two poisons agree.
+        let decider = shadowed(Fails(Some(FailureDecision::Poison("live".into()))), Fails(Some(FailureDecision::Poison("shadow".into()))), 16);
+        assert_eq!(decider.decide_failure(&ctx(1)).map(|d| d.value), Some(FailureDecision::Poison("live".into())));
+        let decider_retry = shadowed(Fails(Some(FailureDecision::Retry(5_000))), Fails(Some(FailureDecision::Retry(2_000))), 16);
+        assert_eq!(decider_retry.decide_failure(&ctx(1)).map(|d| d.value), Some(FailureDecision::Retry(5_000)));
+        assert!(decider.flush(BOUND) && decider_retry.flush(BOUND));
+        assert_eq!(decider.shadow_status().decisions["failure"], ShadowCounts { agree: 1, ..Default::default() });
+        let retried = decider_retry.shadow_status();
+        assert_eq!(retried.decisions["failure"], ShadowCounts { disagree: 1, ..Default::default() });
+        assert_eq!(retried.top_disagreements[0].magnitude, 3_000);
+
+        // A shadow without the interface is skipped, not compared.
+        let decider = shadowed(Fails(Some(FailureDecision::Retry(5_000))), Fails(None), 16);
+        decider.decide_failure(&ctx(1));
+        assert!(decider.flush(BOUND));
+        assert_eq!(decider.shadow_status().decisions["failure"], ShadowCounts { skipped: 1, ..Default::default() });
     }
 
     #[test]

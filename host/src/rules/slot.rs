@@ -4,8 +4,8 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, SystemTime};
 
 use anyhow::Result;
 use ebb_rules_sdk::{FailureContext, FailureDecision, HandlerState, IdleContext, IdleDecision, QueueState, paper};
@@ -327,6 +327,9 @@ pub(super) struct RuleGroup {
     pub(super) queues: Vec<RuleSlot>,
     pub(super) slot: Mutex<InstanceSlot>,
     pub(super) status: Mutex<GroupStatus>,
+    /// Notified whenever `status.rebuilding` ends (a rebuild done or failed, a swap): what a
+    /// failure decision waits on ([`RuleGroup::wait_for_rebuild`]).
+    pub(super) rebuilt: Condvar,
     pub(super) consecutive_faults: FaultRuns,
     pub(super) memory_bytes: AtomicU64,
     /// Bounds the "rule faulted" WARN lines: a rule that faults on every call, polled
@@ -445,13 +448,22 @@ impl QueueRules {
     /// when no rule that decides failures is in use: nothing was asked, and the queue's
     /// `max_dequeue_count` handling applies as it always did. When the rule cannot answer (it
     /// faulted on this call, counted as a fault of `on-handler-failure` towards quarantine;
-    /// it is quarantined; its instance is being rebuilt), the decision is
-    /// [`FailureDecision::Default`].
+    /// it is quarantined; its instance could not be rebuilt within the set-up backstop), the
+    /// decision is [`FailureDecision::Default`]. A rebuild under way is waited for: this call
+    /// may block up to `rule_limits.setup_deadline`'s backstop.
     pub fn decide_failure(&self, ctx: &FailureContext) -> Option<Decision<FailureDecision>> {
         if !self.rule_decides_failures() {
             return None;
         }
-        let (raw, source) = self.decide(Export::OnHandlerFailure, |i| i.on_handler_failure(ctx).map(Option::unwrap_or_default), || FailureDecision::Default);
+        let call = |i: &mut RuleInstance| i.on_handler_failure(ctx).map(Option::unwrap_or_default);
+        let (mut raw, mut source) = self.decide(Export::OnHandlerFailure, call, || FailureDecision::Default);
+        // A scaling decision is made again a moment later; a failure is decided once. When the
+        // instance is being rebuilt (the rule faulted on the call before, such as another item
+        // of the same envelope), the rebuild is waited for, as long as a set-up may take.
+        let group = &self.slot.group;
+        if source == DecisionSource::BuiltIn && group.wait_for_rebuild(group.engine.limits().setup_backstop()) {
+            (raw, source) = self.decide(Export::OnHandlerFailure, call, || FailureDecision::Default);
+        }
         Some(self.finish(clamp_failure(raw, source, ctx)))
     }
 
@@ -673,12 +685,27 @@ impl RuleGroup {
         match self.threads.spawn("ebb-rule-rebuild", move || group.rebuild(rule, generation)) {
             Ok(true) => {}
             // The host is stopping: the built-in rule decides what little is left.
-            Ok(false) => lock(&self.status).rebuilding = false,
+            Ok(false) => {
+                lock(&self.status).rebuilding = false;
+                self.rebuilt.notify_all();
+            }
             Err(error) => {
                 tracing::warn!(queues = %self.label(), "could not start rebuilding a rule instance: {error}");
                 lock(&self.status).rebuilding = false;
+                self.rebuilt.notify_all();
             }
         }
+    }
+
+    /// Waits up to `most` for a rebuild of the instance under way to end. Returns whether one
+    /// was under way and ended (the instance may be back, or the rebuild failed).
+    pub(super) fn wait_for_rebuild(&self, most: Duration) -> bool {
+        let status = lock(&self.status);
+        if !status.rebuilding {
+            return false;
+        }
+        let (_status, waited) = self.rebuilt.wait_timeout_while(status, most, |s| s.rebuilding).unwrap_or_else(std::sync::PoisonError::into_inner);
+        !waited.timed_out()
     }
 
     fn rebuild(self: Arc<Self>, rule: Arc<CompiledRule>, generation: u64) {
@@ -686,6 +713,8 @@ impl RuleGroup {
             .unwrap_or_else(|panic| Err(anyhow::anyhow!("the host panicked: {}", panic_message(&*panic))));
         let mut slot = lock(&self.slot);
         let mut status = lock(&self.status);
+        // Whatever follows, waiters look again once the locks are let go.
+        self.rebuilt.notify_all();
         if status.generation != generation {
             return; // a swap came first; it reset the flags
         }

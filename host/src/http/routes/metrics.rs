@@ -101,6 +101,14 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
         counter(&mut registry, "leases_lost", "Leases another lease replaced before or while the handler ran (storage slower than half the lease)");
     let task_panics = counter(&mut registry, "task_panics", "Dequeue or scaler tasks that panicked and were restarted");
     let rule_call_panics = counter(&mut registry, "rule_call_panics", "Rule calls whose blocking task panicked (the built-in rule decided)");
+    let failure_retries =
+        counter(&mut registry, "failure_rule_retries", "Failed deliveries the queue's rule (on-handler-failure) retried after a delay of its own");
+    let failure_poisons = counter(&mut registry, "failure_rule_poisons", "Failed deliveries the queue's rule (on-handler-failure) poisoned");
+    let failure_defaults = counter(
+        &mut registry,
+        "failure_rule_defaults",
+        "Failed deliveries the queue's rule left to max_dequeue_count handling: it said default, could not answer, or retried past the host's ceiling",
+    );
     let faults = counter(&mut registry, "rule_faults", "Rule calls that faulted (the built-in rule decided), whatever the rule file");
     let waited = counter(
         &mut registry,
@@ -191,6 +199,9 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
             retry_after_adjusted.get_or_create(&RetryAfterLabel { queue: label.queue.clone(), reason: reason.into() }).inc_by(count);
         }
         rule_call_panics.get_or_create(&label).inc_by(s.rule_call_panics);
+        failure_retries.get_or_create(&label).inc_by(s.failure_rule_retries);
+        failure_poisons.get_or_create(&label).inc_by(s.failure_rule_poisons);
+        failure_defaults.get_or_create(&label).inc_by(s.failure_rule_defaults);
         if let Some(rule) = &s.rule {
             faults.get_or_create(&label).inc_by(rule.faults_total);
             waited.get_or_create(&label).inc_by(rule.waited_calls);
@@ -258,4 +269,103 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
         return errors::error(StatusCode::INTERNAL_SERVER_ERROR, error.to_string());
     }
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use ebb_rules_sdk::{FailureContext, FailureDecision, IdleContext, IdleDecision, QueueState};
+
+    use super::*;
+    use crate::handler::{Handler, IncomingMessage};
+    use crate::health::{Health, Readiness};
+    use crate::listener::{Listener, QueueSettings};
+    use crate::queue::memory::MemoryQueue;
+    use crate::queue::{QueueClient, TokioClock};
+    use crate::rules::NativeRule;
+
+    /// Retries a failure whose error says "retry", poisons one that says "poison", leaves
+    /// the rest to the default.
+    struct ByErrorText;
+
+    impl NativeRule for ByErrorText {
+        fn name(&self) -> &str {
+            "by-error-text"
+        }
+
+        fn optimal_dequeue_task_count(&self, _state: &QueueState) -> u32 {
+            1
+        }
+
+        fn on_queue_empty(&self, ctx: &IdleContext) -> IdleDecision {
+            IdleDecision { delay_ms: ctx.min_interval_ms, stop: false }
+        }
+
+        fn on_handler_failure(&self, ctx: &FailureContext) -> Option<FailureDecision> {
+            Some(if ctx.error.contains("retry") {
+                FailureDecision::Retry(3_600_000)
+            } else if ctx.error.contains("poison") {
+                FailureDecision::Poison("asked to".into())
+            } else {
+                FailureDecision::Default
+            })
+        }
+    }
+
+    /// Fails every message with its body as the error.
+    struct FailsWithBody;
+
+    #[async_trait::async_trait]
+    impl Handler for FailsWithBody {
+        async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
+            anyhow::bail!("{}", String::from_utf8_lossy(&message.body))
+        }
+    }
+
+    /// Issue 22, defect 3: `/status` counted the failures rule's decisions
+    /// (`failure_rule_{retries,poisons,defaults}`), `/metrics` had no series for them.
+    #[tokio::test(start_paused = true)]
+    async fn metrics_count_the_failures_rules_retries_poisons_and_defaults_as_status_does() {
+        let clock = Arc::new(TokioClock::new());
+        let queue: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("orders", clock.clone(), 65536));
+        let poison: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("orders-poison", clock, 65536));
+        let settings = QueueSettings {
+            max_dequeue_count: 5,
+            visibility_timeout: Duration::from_secs(3600),
+            min_polling_interval: Duration::from_millis(10),
+            max_polling_interval: Duration::from_millis(100),
+            random_seed: Some(7),
+            ..Default::default()
+        };
+        let listener = Listener::builder(queue.clone(), poison, Arc::new(FailsWithBody)).decider(Arc::new(ByErrorText)).settings(settings).build();
+        for body in ["retry 1", "retry 2", "poison", "other"] {
+            queue.put(body.as_bytes(), Duration::ZERO).await.unwrap();
+        }
+        listener.start();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let status = listener.status();
+        assert_eq!((status.failure_rule_retries, status.failure_rule_poisons, status.failure_rule_defaults), (2, 1, 1), "{status:?}");
+        let api = Arc::new(Api {
+            listeners: BTreeMap::from([("orders".to_string(), vec![listener.clone()])]),
+            handles: BTreeMap::new(),
+            tokens: Vec::new(),
+            health: Health::default(),
+            readiness: Readiness::default(),
+            bus: None,
+            audit: None,
+            price_per_10k_transactions: crate::cost::PAPER_PRICE_PER_10K,
+        });
+        let answer = metrics(State(api)).await;
+        let text = String::from_utf8(axum::body::to_bytes(answer.into_body(), usize::MAX).await.unwrap().to_vec()).unwrap();
+        for line in [
+            "ebb_failure_rule_retries_total{queue=\"orders\"} 2",
+            "ebb_failure_rule_poisons_total{queue=\"orders\"} 1",
+            "ebb_failure_rule_defaults_total{queue=\"orders\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+        listener.shutdown(Duration::from_secs(1)).await;
+    }
 }

@@ -43,9 +43,11 @@ fn route<H: Handler<T, Arc<Api>>, T: 'static>(method: Method, path: &'static str
     Route { method, path, handler: takes_query(query, on(filter, handler)) }
 }
 
-/// `handler`, behind the check that its request's query holds only `query`'s parameters.
+/// `handler`, behind the check that its request's query holds only `query`'s parameters. The
+/// check runs only for a method the route takes: another method gets 405 (with `Allow`),
+/// whatever its query.
 fn takes_query(query: &'static [&'static str], handler: MethodRouter<Arc<Api>>) -> MethodRouter<Arc<Api>> {
-    handler.layer(middleware::from_fn_with_state(query, only_query))
+    handler.route_layer(middleware::from_fn_with_state(query, only_query))
 }
 
 /// Every route but the probes: all need a token, and all but `GET` need an admin's.

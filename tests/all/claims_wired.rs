@@ -139,10 +139,13 @@ async fn a_claim_check_item_whose_body_is_missing_goes_to_poison_with_the_reason
     assert!(text.contains("is missing"), "the reason names the missing body: {text}");
 }
 
-/// Records each call's body size, SHA-256, delivery count and whether it came as an item.
+/// A call's body size, SHA-256, delivery count and whether it came as an item.
+type PlainCall = (usize, [u8; 32], u32, bool);
+
+/// Records each call.
 #[derive(Default)]
 struct PlainCalls {
-    calls: Mutex<Vec<(usize, [u8; 32], u32, bool)>>,
+    calls: Mutex<Vec<PlainCall>>,
 }
 
 #[async_trait::async_trait]

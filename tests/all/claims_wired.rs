@@ -63,6 +63,31 @@ async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// `BIG` incompressible bytes: no codec makes them fit a 64 KiB message.
+fn noise(seed: u64) -> Vec<u8> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    (0..BIG).map(|_| rng.u8(..)).collect()
+}
+
+/// Waits until the queue is empty (what was retried was deleted), lets the listener finish
+/// the body's delete after the message's, and stops the host.
+async fn settle_and_stop(host: Host) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while host.depth("orders").await.unwrap() > 0 {
+        assert!(std::time::Instant::now() < deadline, "the retried message was not deleted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    host.shutdown().await;
+}
+
+/// Asserts the queue's claim store holds no body.
+async fn no_claim_body_left(dir: &Path) {
+    let store = open_store(dir).await;
+    let claims = EmbeddedClaims::new(store.queue("orders"), ebb::payload::DEFAULT_MAX_CLAIM_CHECK_BYTES);
+    assert_eq!(claims.sweep(Duration::ZERO).await.unwrap().removed, 0, "no claim body left behind after it was handled");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_5_mib_item_is_offloaded_retried_with_its_body_and_its_body_deleted_once_handled() {
     let dir = tempfile::tempdir().unwrap();
@@ -76,28 +101,17 @@ async fn a_5_mib_item_is_offloaded_retried_with_its_body_and_its_body_deleted_on
         }
     }
     let host = Host::builder(&config).handler("orders", Shared(handler.clone())).start().await.unwrap();
-    // Incompressible: no codec makes it fit a 64 KiB message.
-    let mut rng = fastrand::Rng::with_seed(20);
-    let big: Vec<u8> = (0..BIG).map(|_| rng.u8(..)).collect();
+    let big = noise(20);
     let digest = sha256(&big);
     let sent = host.queue("orders").unwrap().send_items(vec![Bytes::from(big), Bytes::from_static(b"small")]).await.unwrap();
     assert_eq!(sent.items, 2);
     wait_until("the big item handled on its second try", || handler.calls.lock().unwrap().iter().filter(|c| c.0 == BIG && c.2 > 1).count() == 1).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while host.depth("orders").await.unwrap() > 0 {
-        assert!(std::time::Instant::now() < deadline, "the retried item was not deleted");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // Let the listener finish the body's delete after the envelope's.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    host.shutdown().await;
+    settle_and_stop(host).await;
     let calls = handler.calls.lock().unwrap().clone();
     let big_calls: Vec<_> = calls.iter().filter(|c| c.0 == BIG).collect();
     assert_eq!(big_calls.len(), 2, "failed once, retried once: {:?}", calls.iter().map(|c| (c.0, c.2)).collect::<Vec<_>>());
     assert!(big_calls.iter().all(|c| c.1 == digest), "the handler got the 5 MiB body byte-identical, on the retry too (its body was kept)");
-    let store = open_store(dir.path()).await;
-    let claims = EmbeddedClaims::new(store.queue("orders"), ebb::payload::DEFAULT_MAX_CLAIM_CHECK_BYTES);
-    assert_eq!(claims.sweep(Duration::ZERO).await.unwrap().removed, 0, "no claim body left behind after the item was handled");
+    no_claim_body_left(dir.path()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -172,26 +186,17 @@ async fn a_5_mib_plain_send_is_offloaded_delivered_as_the_plain_message_retried_
     let config = config(dir.path());
     let handler = Arc::new(PlainCalls::default());
     let host = Host::builder(&config).handler("orders", SharedPlain(handler.clone())).start().await.unwrap();
-    let mut rng = fastrand::Rng::with_seed(21);
-    let big: Vec<u8> = (0..BIG).map(|_| rng.u8(..)).collect();
+    let big = noise(21);
     let digest = sha256(&big);
     let id = host.queue("orders").unwrap().send(&big, Duration::ZERO, Duration::from_secs(20)).await.unwrap();
     wait_until("the big message handled on its second try", || handler.calls.lock().unwrap().iter().any(|c| c.2 > 1)).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while host.depth("orders").await.unwrap() > 0 {
-        assert!(std::time::Instant::now() < deadline, "the retried message was not deleted");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    host.shutdown().await;
+    settle_and_stop(host).await;
     let calls = handler.calls.lock().unwrap().clone();
     assert_eq!(calls.len(), 2, "failed once, retried once: {:?}", calls.iter().map(|c| (c.0, c.2, c.3)).collect::<Vec<_>>());
     assert!(calls.iter().all(|c| c.0 == BIG && c.1 == digest), "the handler got the 5 MiB body byte-identical, on the retry too");
     assert!(calls.iter().all(|c| !c.3), "delivered as the plain message it was sent as, not as an item");
     assert!(!id.as_str().is_empty());
-    let store = open_store(dir.path()).await;
-    let claims = EmbeddedClaims::new(store.queue("orders"), ebb::payload::DEFAULT_MAX_CLAIM_CHECK_BYTES);
-    assert_eq!(claims.sweep(Duration::ZERO).await.unwrap().removed, 0, "no claim body left behind after the message was handled");
+    no_claim_body_left(dir.path()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

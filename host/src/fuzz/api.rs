@@ -191,9 +191,12 @@ async fn check(request: FuzzRequest) -> Result<(), TestCaseError> {
     let built = build(&request);
     let path = built.uri().path().to_string();
     let method = built.method().clone();
-    // Exactly one Authorization header, with the token: two are no credential, whatever they say.
+    // Exactly one Authorization header, with the token: two are no credential, whatever they
+    // say. The scheme is case-insensitive (RFC 9110): `bearer t0ken` is the token too.
     let credentials: Vec<_> = built.headers().get_all(header::AUTHORIZATION).iter().collect();
-    let authorized = matches!(credentials.as_slice(), [only] if only.as_bytes() == format!("Bearer {TOKEN}").as_bytes());
+    let authorized = matches!(credentials.as_slice(), [only] if only.as_bytes().len() == 7 + TOKEN.len()
+        && only.as_bytes()[..7].eq_ignore_ascii_case(b"bearer ")
+        && &only.as_bytes()[7..] == TOKEN.as_bytes());
     let declared_length = built.headers().contains_key(header::CONTENT_LENGTH) || built.headers().contains_key(header::TRANSFER_ENCODING);
     let response = tower_service::Service::call(&mut router.clone(), built).await.unwrap_or_else(|never| match never {});
     let status = response.status();

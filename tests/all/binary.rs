@@ -1042,7 +1042,8 @@ fn unbounded_inputs_to_the_cli_end_at_once_with_a_clear_error() {
             vec![OsStr::new("send"), OsStr::new("orders"), OsStr::new("--config"), config],
             dev_zero(),
             1,
-            "the message (max_message_bytes: 65536 bytes) on stdin is over the limit of 65536 bytes".into(),
+            // The queue has a claim store: a body up to its max_claim_check_bytes is taken.
+            "the message (at most max_claim_check_bytes) on stdin is over the limit of 104857600 bytes".into(),
         ),
         (
             vec![

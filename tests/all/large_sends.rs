@@ -127,3 +127,85 @@ async fn ebb_send_pipes_a_large_body_and_waits_for_its_answer() -> Result<()> {
     assert_eq!(String::from_utf8_lossy(&out.stdout), format!("got {} bytes\n", 2 << 20), "the answer to the large message, correlated by its id");
     Ok(())
 }
+
+/// Attack pass: any chunked send counted as a large body, so two slow uploads of a few bytes
+/// took both places and every large send got 503 (and a 5-byte chunked send got 503 behind
+/// two large ones). A chunked body takes a place only once it is larger than a message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_bodies_larger_than_a_message_wait_for_a_large_body_place() -> Result<()> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let host = start(Calls::default()).await?;
+    let api = host.api;
+    let open = |head: String| async move {
+        let mut stream = tokio::net::TcpStream::connect(api).await?;
+        stream.write_all(head.as_bytes()).await?;
+        anyhow::Ok(stream)
+    };
+    // Two chunked uploads of a few bytes, left open: no place taken.
+    let mut small = Vec::new();
+    for _ in 0..2 {
+        let mut stream = open(format!("POST /queues/orders/messages HTTP/1.1\r\nHost: {api}\r\nTransfer-Encoding: chunked\r\n\r\n")).await?;
+        stream.write_all(b"5\r\nhello\r\n").await?;
+        small.push(stream);
+    }
+    let http = reqwest::Client::new();
+    let big = http.post(format!("http://{api}/queues/orders/messages")).body(vec![7u8; 200_000]).send().await?;
+    assert_eq!(big.status(), 201, "two small chunked uploads hold no large-body place");
+    // Two large uploads, declared and left unfinished, take both places.
+    let mut large = Vec::new();
+    for _ in 0..2 {
+        let mut stream = open(format!("POST /queues/orders/messages HTTP/1.1\r\nHost: {api}\r\nContent-Length: 3000000\r\n\r\n")).await?;
+        stream.write_all(&[1u8; 1000]).await?;
+        large.push(stream);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let refused = http.post(format!("http://{api}/queues/orders/messages")).body(vec![7u8; 200_000]).send().await?;
+    assert_eq!(refused.status(), 503, "a third large body waits");
+    assert_eq!(refused.headers().get("retry-after").map(|v| v.as_bytes().to_vec()), Some(b"1".to_vec()));
+    let mut tiny = open(format!("POST /queues/orders/messages HTTP/1.1\r\nHost: {api}\r\nTransfer-Encoding: chunked\r\n\r\n")).await?;
+    tiny.write_all(b"5\r\nhello\r\n0\r\n\r\n").await?;
+    let mut answer = vec![0u8; 12];
+    tiny.read_exact(&mut answer).await?;
+    assert_eq!(&answer, b"HTTP/1.1 201", "a small chunked send does not: {}", String::from_utf8_lossy(&answer));
+    drop(large);
+    for mut stream in small {
+        stream.write_all(b"0\r\n\r\n").await?;
+        let mut answer = vec![0u8; 12];
+        stream.read_exact(&mut answer).await?;
+        assert_eq!(&answer, b"HTTP/1.1 201", "{}", String::from_utf8_lossy(&answer));
+    }
+    Ok(())
+}
+
+/// Attack pass: `ebb send --count N` sent large copies 64 at a time, so the host's two
+/// large-body places turned most away (503) and the CLI stopped, or died of SIGPIPE as the
+/// host answered early and closed; and `ebb send --items` refused an item over
+/// max_message_bytes that the host takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ebb_send_sends_every_large_copy_and_a_large_item() -> Result<()> {
+    let calls = Calls::default();
+    let host = start(calls.clone()).await?;
+    let mut child = Command::new(EBB)
+        .args(["send", "orders", "--count", "6", "--config"])
+        .arg(host.config())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let body = random(300_000, 3);
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(&body));
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
+    writer.join().unwrap()?;
+    ensure!(out.status.success(), "ebb send --count 6 of 300 KB: {:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
+    let items = host.dir.path().join("items.ndjson");
+    std::fs::write(&items, format!("\"{}\"\n\"small\"\n", "x".repeat(1_000_000)))?;
+    let out = Command::new(EBB).args(["send", "orders", "--items"]).arg(&items).arg("--config").arg(host.config()).output()?;
+    ensure!(out.status.success(), "ebb send --items with a 1 MB item: {}", String::from_utf8_lossy(&out.stderr));
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while calls.lock().unwrap().len() < 8 {
+        ensure!(tokio::time::Instant::now() < deadline, "{} of 8 calls", calls.lock().unwrap().len());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    Ok(())
+}

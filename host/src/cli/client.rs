@@ -93,15 +93,31 @@ pub async fn send(config_path: &Path, token: &TokenArgs, queue: &str, count: u64
             }
         }
         first => {
-            check_response(first?).await?;
-            let mut rest = futures::stream::iter(1..count)
-                .map(|_| {
-                    let request = http.post(&url).body(body.clone());
-                    async move { check_response(request.send().await?).await }
-                })
-                .buffer_unordered(64);
-            while let Some(sent) = rest.next().await {
-                sent?;
+            // The host reads at most two bodies larger than a message at once (each held
+            // whole): those go one at a time; any send the host is too busy for is retried.
+            let in_flight = if body.len() > config.max_message_bytes { 1 } else { 64 };
+            let body = bytes::Bytes::from(body);
+            let mut sent = 0u64;
+            let failed = match retry_busy(first, || http.post(&url).body(body.clone())).await {
+                Ok(()) => {
+                    sent += 1;
+                    let mut rest = futures::stream::iter(1..count).map(|_| retry_busy_send(|| http.post(&url).body(body.clone()))).buffer_unordered(in_flight);
+                    let mut failed = None;
+                    while let Some(result) = rest.next().await {
+                        match result {
+                            Ok(()) => sent += 1,
+                            Err(error) => {
+                                failed = Some(error);
+                                break;
+                            }
+                        }
+                    }
+                    failed
+                }
+                Err(error) => Some(error),
+            };
+            if let Some(error) = failed {
+                return Err(error.context(format!("sent {sent} of {count} message{} to {queue}", plural(count))));
             }
             println!("sent {count} message{} to {queue} via {}", plural(count), api_base(&config));
         }
@@ -123,7 +139,7 @@ fn read_message(config: &crate::config::Config, queue: &crate::config::QueueConf
     } else {
         ("max_message_bytes", config.max_message_bytes as u64)
     };
-    crate::input::read_stdin(&format!("the message ({key}: {limit} bytes)"), limit)
+    crate::input::read_stdin(&format!("the message (at most {key})"), limit)
 }
 
 /// Requests of a replay in flight at once: more waits (and the replay falls behind the
@@ -487,9 +503,19 @@ pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path
     // Requests within the API's body limit and item count; sent side by side, so the host
     // packs them together. Each body is made when its request is, so the file is held once,
     // not twice: at most the 16 requests in flight are copies of it.
+    // An item larger than that goes alone, up to what the host takes in one send of items on
+    // a queue with a claim store (its max_claim_check_bytes, at most the packing buffer).
     let limit = config.max_message_bytes;
-    if let Some((number, line)) = lines.iter().enumerate().find(|(_, line)| line.len() + 1 > limit) {
-        bail!("{}: item {} is {} bytes, over the API's body limit (max_message_bytes: {limit} bytes)", path.display(), number + 1, line.len());
+    let (item_key, item_limit) = if queue_config.storage_queues().len() == 1 {
+        (
+            "max_claim_check_bytes, at most 16 MiB in one send of items",
+            queue_config.claims.max_bytes.min(crate::service::packing::LINGER_BUFFER_BYTES as u64).max(limit as u64) as usize,
+        )
+    } else {
+        ("max_message_bytes", limit)
+    };
+    if let Some((number, line)) = lines.iter().enumerate().find(|(_, line)| line.len() + 1 > item_limit) {
+        bail!("{}: item {} is {} bytes, over the API's body limit ({item_key}: {item_limit} bytes)", path.display(), number + 1, line.len());
     }
     let mut rest = lines.as_slice();
     let bodies = std::iter::from_fn(move || {
@@ -511,9 +537,11 @@ pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path
     });
     let mut sends = futures::stream::iter(bodies)
         .map(|body| {
-            let request = http.post(&url).header(reqwest::header::CONTENT_TYPE, "application/x-ndjson").body(body);
+            let body = bytes::Bytes::from(body);
+            let (http, url) = (&http, &url);
+            let make = move || http.post(url).header(reqwest::header::CONTENT_TYPE, "application/x-ndjson").body(body.clone());
             async move {
-                let response = request.send().await?;
+                let response = send_retrying_busy(make).await?;
                 let status = response.status();
                 let text = response.text().await.unwrap_or_default();
                 if !status.is_success() {
@@ -557,6 +585,43 @@ pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path
         out.write_all(b"\n")?;
     }
     Ok(())
+}
+
+/// How long one send keeps trying while the host answers 503 with `Retry-After`.
+const BUSY_RETRY_FOR: Duration = Duration::from_secs(60);
+
+/// Sends the request `make` builds, retrying it while the host is too busy for it.
+async fn retry_busy_send(make: impl Fn() -> reqwest::RequestBuilder) -> Result<()> {
+    retry_busy(make().send().await, make).await
+}
+
+/// [`retry_busy`], the final answer given back rather than checked.
+async fn send_retrying_busy(make: impl Fn() -> reqwest::RequestBuilder) -> Result<reqwest::Response> {
+    answer_retrying_busy(make().send().await, make).await
+}
+
+/// Checks `first` (the answer to a request `make` builds), retried while the host is busy
+/// ([`answer_retrying_busy`]).
+async fn retry_busy(first: reqwest::Result<reqwest::Response>, make: impl Fn() -> reqwest::RequestBuilder) -> Result<()> {
+    check_response(answer_retrying_busy(first, make).await?).await
+}
+
+/// While `first` is a 503 with `Retry-After` (the host busy: its request slots, or its
+/// large-body places, taken), waits that long (at most 5 s) and sends again, for up to
+/// [`BUSY_RETRY_FOR`]; the last answer.
+async fn answer_retrying_busy(first: reqwest::Result<reqwest::Response>, make: impl Fn() -> reqwest::RequestBuilder) -> Result<reqwest::Response> {
+    let deadline = tokio::time::Instant::now() + BUSY_RETRY_FOR;
+    let mut answer = first?;
+    loop {
+        let retry_after = answer.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
+        match retry_after {
+            Some(seconds) if answer.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_secs(seconds.clamp(1, 5))).await;
+                answer = make().send().await?;
+            }
+            _ => return Ok(answer),
+        }
+    }
 }
 
 async fn check_response(response: reqwest::Response) -> Result<()> {

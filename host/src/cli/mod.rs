@@ -71,7 +71,7 @@ enum Command {
     Send {
         /// The queue.
         queue: String,
-        /// The message body; read from stdin when absent (at most `max_message_bytes`).
+        /// The message body; read from stdin when absent (at most `max_message_bytes`; on a queue with a claim store, a body larger than a message goes there, up to its `max_claim_check_bytes`).
         body: Option<String>,
         /// How many copies to send, 1 to 1,000,000.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=MAX_SEND_COUNT))]
@@ -240,7 +240,10 @@ const RULE_AUTHOR_LOG: &str = "warn,ebb::rules::stderr=info";
 
 /// Runs the command line; errors are printed with their causes and exit with code 1.
 pub fn main(cli: Cli) -> ExitCode {
-    if !matches!(cli.command, Command::Run { .. } | Command::Scaler { .. }) {
+    // Not for `send` either: hyper writes a request body with `writev`, which raises SIGPIPE
+    // (no MSG_NOSIGNAL there) when the host answers early (413, 503) and closes: the command
+    // must see the answer, not die mid-send.
+    if !matches!(cli.command, Command::Run { .. } | Command::Scaler { .. } | Command::Send { .. }) {
         end_quietly_when_output_closes();
     }
     // Author commands print their own results; only warnings belong on stderr, and what the
@@ -294,8 +297,7 @@ pub fn main(cli: Cli) -> ExitCode {
 /// A command whose output another program reads (`ebb check | head -1`) ends quietly, as
 /// `cat` does, when that program stops reading: SIGPIPE's default action ends the process.
 /// Rust ignores SIGPIPE, so `println!` would panic on the closed pipe instead. Not for `run`
-/// and `scaler`: a host must outlive a closed stderr. (Sockets are written with
-/// `MSG_NOSIGNAL`, so a peer closing its connection raises no SIGPIPE.)
+/// and `scaler`: a host must outlive a closed stderr; nor for `send` (see [`main`]).
 fn end_quietly_when_output_closes() {
     // SAFETY: setting a signal's disposition to its default, before any thread is started.
     unsafe {

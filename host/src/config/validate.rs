@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 
+use super::backend::Backend;
 use super::bus::BusFile;
 use super::checks::{
     AtLeast, MAX_API_CONNECTIONS, MAX_CACHE_MIB, MAX_CALL_DEADLINE, MAX_INSTANCES, MAX_INTERVAL, MAX_MEMORY_MIB, MAX_MESSAGE_BYTES_LIMIT, MAX_PRICE_PER_10K,
@@ -97,6 +98,7 @@ impl ConfigFile {
             bail!("queues: configure at least one queue ([queues.<name>] with a handler)");
         }
         refuse_reply_cycles(&queues, &owners)?;
+        refuse_unread_reply_queues(&queues)?;
         let bus = self.bus.map(BusFile::validate).transpose()?;
         Ok(Config {
             data_dir,
@@ -126,6 +128,45 @@ impl ConfigFile {
             },
             queues,
         })
+    }
+}
+
+/// Refuses a `reply_queue` that names a configured queue whose listeners never read the
+/// storage queue the answers would go to: a partitioned queue (its listeners read its
+/// partitions, not a queue of its own name), or a queue on other storage (answers are put on
+/// the answering queue's own backend and account).
+fn refuse_unread_reply_queues(queues: &[QueueConfig]) -> Result<()> {
+    for queue in queues {
+        let Some(reply) = queue.payload.reply_queue.as_deref() else { continue };
+        if let Some(target) = queues.iter().find(|other| other.name.as_str() == reply && other.partitions > 1) {
+            bail!(
+                "queues.{}.reply_queue: {reply} is a partitioned queue: its listeners read {reply}-0 to {reply}-{}, never a storage queue named {reply}, so the answers would never be read; name one of its partitions ({reply}-0), or a queue that is not partitioned",
+                queue.name,
+                target.partitions - 1
+            );
+        }
+        let Some(target) = queues.iter().find(|other| other.storage_queues().iter().any(|s| s.as_str() == reply)) else { continue };
+        let same_storage = match (&queue.backend, &target.backend) {
+            (Backend::Embedded, Backend::Embedded) => true,
+            (Backend::Azure { account: a, .. }, Backend::Azure { account: b, .. }) => a.name() == b.name() && a.endpoint() == b.endpoint(),
+            _ => false,
+        };
+        if !same_storage {
+            bail!(
+                "queues.{}.reply_queue: {reply} is a queue on other storage ({}): answers are put on this queue's own storage ({}), where queue {reply}'s listeners never look; give both queues the same backend and account",
+                queue.name,
+                storage_of(&target.backend),
+                storage_of(&queue.backend)
+            );
+        }
+    }
+    Ok(())
+}
+
+fn storage_of(backend: &Backend) -> String {
+    match backend {
+        Backend::Embedded => "the embedded store".into(),
+        Backend::Azure { account, .. } => format!("Azure account {}", account.name()),
     }
 }
 

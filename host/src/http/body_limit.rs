@@ -9,6 +9,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
+use futures::StreamExt as _;
 use tokio::sync::Semaphore;
 
 use super::errors::error;
@@ -81,8 +82,8 @@ const DISCARD_TIME: Duration = Duration::from_secs(1);
 /// [`DISCARD_BYTES`] for [`DISCARD_TIME`]), so the client gets to read the answer; unless the
 /// client waits to be asked for it (`Expect: 100-continue`): reading would ask it
 /// (`100 Continue`), so it is refused unread and the connection closes after the answer.
-/// A body that may be over `max_message_bytes` needs one of [`LARGE_BODIES_AT_ONCE`] places
-/// (503 with `Retry-After` when none is free).
+/// A body over `max_message_bytes` (declared, or once that much of a chunked one came) needs
+/// one of [`LARGE_BODIES_AT_ONCE`] places (503 with `Retry-After` when none is free).
 pub(super) async fn limit_bodies(State(gate): State<BodyGate>, request: Request, next: Next) -> Response {
     let limit = gate.limit(request.method(), request.uri().path());
     let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
@@ -95,31 +96,54 @@ pub(super) async fn limit_bodies(State(gate): State<BodyGate>, request: Request,
         }
         if declared <= limit.bytes as u64 + DISCARD_BYTES {
             let mut body = request.into_body().into_data_stream();
-            let _ = tokio::time::timeout(DISCARD_TIME, async {
-                use futures::StreamExt as _;
-                while let Some(Ok(_)) = body.next().await {}
-            })
-            .await;
+            let _ = tokio::time::timeout(DISCARD_TIME, async { while let Some(Ok(_)) = body.next().await {} }).await;
         }
         return too_large(limit);
     }
-    let may_be_large = limit.bytes > gate.limits.max_body_bytes && declared.is_none_or(|length| length > gate.limits.max_body_bytes as u64);
-    let _place = if may_be_large {
-        match gate.large.clone().try_acquire_owned() {
-            Ok(place) => Some(place),
-            Err(_) => {
-                let mut response = error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("{LARGE_BODIES_AT_ONCE} bodies larger than max_message_bytes are being received already; try again shortly"),
-                );
-                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                return response;
-            }
-        }
-    } else {
-        None
-    };
     let (mut parts, body) = request.into_parts();
     parts.extensions.insert(limit);
+    let small = gate.limits.max_body_bytes;
+    if limit.bytes <= small || declared.is_some_and(|length| length <= small as u64) {
+        return next.run(Request::from_parts(parts, Body::new(http_body_util::Limited::new(body, limit.bytes)))).await;
+    }
+    // A body with no declared length (chunked) takes a place only once it turns out larger
+    // than a message: its first bytes are read here, without one.
+    let (body, large) = match declared {
+        Some(_) => (body, true),
+        None => {
+            let mut stream = body.into_data_stream();
+            let mut start = bytes::BytesMut::new();
+            let mut ended = true;
+            while let Some(chunk) = stream.next().await {
+                match chunk {
+                    Ok(chunk) => start.extend_from_slice(&chunk),
+                    // Handed on as it is: the route answers the failed read (a 408 past
+                    // body_read_timeout, for one).
+                    Err(error) => {
+                        let failed = futures::stream::iter([Ok(start.freeze()), Err(error)]);
+                        return next.run(Request::from_parts(parts, Body::from_stream(failed))).await;
+                    }
+                }
+                if start.len() > small {
+                    ended = false;
+                    break;
+                }
+            }
+            let start = futures::stream::iter([Ok::<_, axum::Error>(start.freeze())]);
+            if ended { (Body::from_stream(start), false) } else { (Body::from_stream(start.chain(stream)), true) }
+        }
+    };
+    let _place = match large.then(|| gate.large.clone().try_acquire_owned()) {
+        None => None,
+        Some(Ok(place)) => Some(place),
+        Some(Err(_)) => {
+            let mut response = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("{LARGE_BODIES_AT_ONCE} bodies larger than max_message_bytes are being received already; try again shortly"),
+            );
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return response;
+        }
+    };
     next.run(Request::from_parts(parts, Body::new(http_body_util::Limited::new(body, limit.bytes)))).await
 }

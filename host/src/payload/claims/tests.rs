@@ -248,3 +248,30 @@ async fn the_sweeper_task_removes_an_orphan_once_it_outlives_the_retention() {
     assert_eq!(counts.removed, 1, "{counts:?}");
     assert_eq!(counts.failures, 0, "{counts:?}");
 }
+
+/// Attack pass: embedded keys came from the message sequence (a message's id minus one), so
+/// a sender could forge an offloaded message naming another message's body and take it
+/// (the victim then poisoned as missing), and a wrong hash in the forgery was answered with
+/// the stored body's real SHA-256.
+#[tokio::test]
+async fn embedded_keys_cannot_be_guessed_from_a_message_id_and_a_wrong_hash_reveals_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, claims) = embedded_store(dir.path()).await;
+    let queue = store.queue("orders");
+    let mut keys = Vec::new();
+    for n in 0..20 {
+        let id: u64 = queue.put(b"a message", Duration::ZERO).await.unwrap().as_str().parse().unwrap();
+        let check = claims.put(body(100, n)).await.unwrap();
+        let BlobRef::Embedded { key, .. } = check.location else { panic!("an embedded body") };
+        assert_ne!(key, id + 1, "the key follows the message sequence");
+        keys.push(key);
+    }
+    keys.sort();
+    assert!(keys.windows(2).all(|pair| pair[1] - pair[0] > 1), "keys in sequence: {keys:?}");
+    let original = body(100, 99);
+    let real = sha256(&original);
+    let check = claims.put(original).await.unwrap();
+    let forged = ClaimCheck { sha256: [0; 32], ..check };
+    let error = claims.get(&forged, 8 << 20).await.unwrap_err().to_string();
+    assert!(error.contains("is corrupt") && !error.contains(&hex::encode(real)), "{error}");
+}

@@ -45,7 +45,7 @@ pub(super) fn apply(t: &mut Tables<'_>, op: Op, next_seq: &mut u64) -> Applied {
         Op::Get { queue, now_ms, max, visibility_ms } => lease(t, queue, now_ms, max, visibility_ms),
         Op::Delete { queue, seq, receipt } => delete(t, queue, seq, receipt),
         Op::Update { queue, seq, receipt, now_ms, visibility_ms } => update_visibility(t, queue, seq, receipt, now_ms, visibility_ms),
-        Op::PutClaim { queue, now_ms, body } => claims::put(t, queue, now_ms, &body, next_seq),
+        Op::PutClaim { queue, now_ms, body } => claims::put(t, queue, now_ms, &body),
         Op::DeleteClaim { queue, key } => claims::delete(t, queue, key),
         Op::SweepClaims { queue, before_ms } => claims::sweep(t, queue, before_ms),
     }

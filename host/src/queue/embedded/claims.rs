@@ -3,9 +3,9 @@
 //!
 //! A body is one record in `claims (queue, key)`: when it was put and its length (16 bytes),
 //! and its bytes in `claim_parts (queue, key, part)`, cut into parts that each fill one
-//! 4 KiB redb page (as message bodies are, `bodies`). Keys come from the store's message
-//! sequence, so a key is never given twice, even after its body is deleted: a stale
-//! reference finds nothing rather than another body.
+//! 4 KiB redb page (as message bodies are, `bodies`). Keys are 64 random bits: a sender
+//! cannot guess another message's body, and a stale reference finds nothing rather than
+//! another body (but for a 2^-64 chance).
 //!
 //! The put commits durably (like every change) before it answers, so the producer puts the
 //! message that points at the body only once the body is on disk.
@@ -38,9 +38,16 @@ impl ClaimRecord {
     }
 }
 
-pub(super) fn put(t: &mut Tables<'_>, queue: u32, now_ms: u64, body: &[u8], next_seq: &mut u64) -> Applied {
-    let key = *next_seq;
-    *next_seq += 1;
+pub(super) fn put(t: &mut Tables<'_>, queue: u32, now_ms: u64, body: &[u8]) -> Applied {
+    // Random, so a sender cannot name another message's body in a forged reference (keys
+    // from the message sequence were the message's id minus one); 64 bits make a key given
+    // twice, even after its body is gone, as likely as not at all.
+    let key = loop {
+        let key = fastrand::u64(..);
+        if t.claims.get((queue, key))?.is_none() {
+            break key;
+        }
+    };
     for (index, part) in body.chunks(PAGE_PART_BYTES).enumerate() {
         // The queue's put_claim refuses bodies whose part count would not fit a u32.
         t.claim_parts.insert((queue, key, index as u32), part)?;

@@ -256,7 +256,13 @@ impl Files {
             Err(error) if error.raw_os_error() == Some(libc::ELOOP) => return Err(not_regular("a symbolic link")),
             opened => opened?,
         };
-        let kind = file.metadata()?.file_type();
+        let meta = file.metadata()?;
+        let kind = meta.file_type();
+        // A hard link of a file elsewhere (a victim outside the data dir): lines appended to
+        // the recording would be appended to it.
+        if kind.is_file() && std::os::unix::fs::MetadataExt::nlink(&meta) > 1 {
+            return Err(not_regular("a hard link of another file (a regular file with other names)"));
+        }
         if !kind.is_file() {
             let what = if kind.is_fifo() {
                 "a FIFO"
@@ -790,14 +796,16 @@ mod tests {
     /// regular file is written: anything else stops that queue's recording, the caller counts on.
     #[tokio::test(start_paused = true)]
     async fn a_recording_path_that_is_not_a_regular_file_stops_the_recording_and_is_not_written() {
-        for kind in ["fifo", "link to /dev/zero"] {
+        for kind in ["fifo", "link to /dev/zero", "hard link"] {
             let dir = tempfile::tempdir().unwrap();
             let [_, current] = files_of(dir.path(), "orders");
             std::fs::create_dir_all(current.parent().unwrap()).unwrap();
-            if kind == "fifo" {
-                assert!(std::process::Command::new("mkfifo").arg(&current).status().unwrap().success());
-            } else {
-                std::os::unix::fs::symlink("/dev/zero", &current).unwrap();
+            let victim = dir.path().join("victim.txt");
+            std::fs::write(&victim, "victim\n").unwrap();
+            match kind {
+                "fifo" => assert!(std::process::Command::new("mkfifo").arg(&current).status().unwrap().success()),
+                "hard link" => std::fs::hard_link(&victim, &current).unwrap(),
+                _ => std::os::unix::fs::symlink("/dev/zero", &current).unwrap(),
             }
             let (recorder, recording, _clock) = recorder_in(dir.path(), 8 << 20);
             recording.record(Seen::Put, 3);
@@ -807,6 +815,7 @@ mod tests {
             assert!(recording.take_finished(true).is_empty(), "{kind}: nothing is counted once stopped");
             use std::os::unix::fs::FileTypeExt as _;
             assert_eq!(std::fs::symlink_metadata(&current).unwrap().file_type().is_fifo(), kind == "fifo", "{kind}: left as it was");
+            assert_eq!(std::fs::read_to_string(&victim).unwrap(), "victim\n", "{kind}: nothing written through a hard link");
         }
     }
 

@@ -101,7 +101,7 @@ async fn a_plain_send_too_large_for_a_message_reaches_the_handler_whole_and_one_
     let parts = http.post(format!("http://{}/queues/parts/messages", host.api)).body(vec![1u8; 100_000]).send().await?;
     assert_eq!(parts.status(), 413);
     let text = parts.text().await?;
-    assert!(text.contains("max_message_bytes"), "{text}");
+    assert!(text.contains("max_message_bytes") && text.contains("no claim store"), "{text}");
     // Other routes keep the API's limit.
     let notify = http.post(format!("http://{}/queues/orders/notify", host.api)).body(vec![1u8; 100_000]).send().await?;
     assert_eq!(notify.status(), 413);

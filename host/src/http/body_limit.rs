@@ -23,6 +23,8 @@ pub(crate) struct BodyLimit {
     pub bytes: usize,
     /// The config key that sets it.
     pub key: &'static str,
+    /// Why a larger body is not taken here, when that is not plain from the key.
+    pub note: &'static str,
 }
 
 /// How many requests may be reading a body over `max_message_bytes` at once: each is held in
@@ -45,7 +47,7 @@ impl BodyGate {
 
     /// The limit of a request to `method path`.
     fn limit(&self, method: &Method, path: &str) -> BodyLimit {
-        let api_limit = BodyLimit { bytes: self.limits.max_body_bytes, key: "max_message_bytes" };
+        let api_limit = BodyLimit { bytes: self.limits.max_body_bytes, key: "max_message_bytes", note: "" };
         if method != Method::POST {
             return api_limit;
         }
@@ -55,19 +57,25 @@ impl BodyGate {
             (None, Some(name)) => (name, true),
             (None, None) => return api_limit,
         };
-        let limit = match self.api.handles.get(name).and_then(|handle| handle.claim_limit()) {
+        let Some(handle) = self.api.handles.get(name) else { return api_limit };
+        let limit = match handle.claim_limit() {
             // A send of items waits whole in the packing buffer.
-            Some(bytes) if items && bytes > LINGER_BUFFER_BYTES => BodyLimit { bytes: LINGER_BUFFER_BYTES, key: "the packing buffer of a send of items" },
-            Some(bytes) => BodyLimit { bytes, key: "max_claim_check_bytes" },
-            None => api_limit,
+            Some(bytes) if items && bytes > LINGER_BUFFER_BYTES => {
+                BodyLimit { bytes: LINGER_BUFFER_BYTES, key: "the packing buffer of a send of items", note: "" }
+            }
+            Some(bytes) => BodyLimit { bytes, key: "max_claim_check_bytes", note: "" },
+            None => BodyLimit {
+                note: ": this queue has no claim store to offload a larger body to (it is partitioned, or on an Azure account without a blob endpoint)",
+                ..api_limit
+            },
         };
-        if limit.bytes > api_limit.bytes { limit } else { api_limit }
+        if limit.bytes >= api_limit.bytes { limit } else { api_limit }
     }
 }
 
 /// The 413 answer to a body larger than `limit`.
 pub(super) fn too_large(limit: BodyLimit) -> Response {
-    error(StatusCode::PAYLOAD_TOO_LARGE, format!("the message is larger than {} ({} bytes)", limit.key, limit.bytes))
+    error(StatusCode::PAYLOAD_TOO_LARGE, format!("the message is larger than {} ({} bytes){}", limit.key, limit.bytes, limit.note))
 }
 
 /// Of a body declared over the limit, how much is read and thrown away before the 413, and

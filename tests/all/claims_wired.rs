@@ -236,3 +236,34 @@ async fn an_offloaded_plain_message_whose_body_is_missing_goes_to_poison_with_th
     let text = String::from_utf8_lossy(&poisoned[0].body);
     assert!(text.contains("offloaded body") && text.contains("is missing"), "the reason names the missing body: {text}");
 }
+
+/// Attack pass: purging the poison queue left offloaded bodies in the claim store until
+/// `claim_check_retention` (14 days by default), for every purged message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purging_poisoned_offloaded_messages_deletes_their_bodies() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "data_dir = {:?}\n[api]\nlisten = \"127.0.0.1:0\"\n[queues.orders]\nmax_dequeue_count = 1\nmin_polling_interval = \"100ms\"\n",
+        dir.path().join("data")
+    );
+    let config = Config::parse(&text, dir.path(), None).unwrap();
+    // Fails every first delivery: with max_dequeue_count = 1, each goes to poison.
+    let handler = Arc::new(PlainCalls::default());
+    let host = Host::builder(&config).handler("orders", SharedPlain(handler.clone())).start().await.unwrap();
+    let queue = host.queue("orders").unwrap();
+    for seed in 0..2 {
+        queue.send(&noise(30 + seed), Duration::ZERO, Duration::from_secs(20)).await.unwrap();
+    }
+    let poison = queue.poison_queue().unwrap().clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while poison.approximate_count().await.unwrap() < 2 {
+        assert!(std::time::Instant::now() < deadline, "not poisoned");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let purged = reqwest::Client::new().post(format!("http://{}/queues/orders/poison/purge?confirm=orders", host.api_addr())).send().await.unwrap();
+    assert_eq!(purged.status(), 200, "{:?}", purged.text().await);
+    // The store is let go only once nothing holds its queues.
+    drop((poison, queue));
+    host.shutdown().await;
+    no_claim_body_left(dir.path()).await;
+}

@@ -249,6 +249,11 @@ impl QueueHandle {
         let _ = self.inner.claims.set(claims);
     }
 
+    /// The queue's claim store, if a producer offloads into it (a queue of one storage queue).
+    pub(crate) fn claim_store(&self) -> Option<&Arc<dyn crate::payload::claims::ClaimStore>> {
+        self.inner.claims.get()
+    }
+
     /// The largest body a send takes when the queue has a claim store (its
     /// `max_claim_check_bytes`); none: a body must fit a message.
     pub fn claim_limit(&self) -> Option<usize> {

@@ -16,6 +16,8 @@ use serde::Serialize;
 
 use super::QueueHandle;
 use crate::listener::PoisonEnvelope;
+use crate::payload::claims::ClaimStore;
+use crate::payload::{Body, ClaimCheck, Decoded, Limits};
 use crate::queue::{Message, QueueClient, QueueError};
 
 /// How long an operation holds the poison messages it looked at (it gives them back sooner).
@@ -189,16 +191,37 @@ pub struct Skipped {
 /// than the poison queue held when it began (those poisoned again meanwhile wait for the
 /// next call), and at most [`MAX_PER_OPERATION`].
 pub async fn requeue(poison: &Arc<dyn QueueClient>, queue: &QueueHandle, selection: &Selection) -> Result<Taken> {
-    take(poison, selection, Some(queue)).await
+    take(poison, selection, Some(queue), None).await
 }
 
 /// Deletes every poison message (as many as the poison queue held when it began, at most
 /// [`MAX_PER_OPERATION`]).
-pub async fn purge(poison: &Arc<dyn QueueClient>) -> Result<Taken> {
-    take(poison, &Selection::All, None).await
+pub async fn purge(poison: &Arc<dyn QueueClient>, claims: Option<&Arc<dyn ClaimStore>>) -> Result<Taken> {
+    take(poison, &Selection::All, None, claims).await
 }
 
-async fn take(poison: &Arc<dyn QueueClient>, selection: &Selection, requeue_to: Option<&QueueHandle>) -> Result<Taken> {
+/// The claim checks a poisoned body holds (an offloaded message, or an item's reference):
+/// the bodies in `claims` it alone kept.
+fn claim_checks_in(body: &[u8], claims: &dyn ClaimStore) -> Vec<ClaimCheck> {
+    let limits = Limits { references: claims.allowed(), ..Limits::default() };
+    let decoded = match std::str::from_utf8(body) {
+        Ok(text) if !body.starts_with(&crate::payload::MAGIC) => crate::payload::decode_text(text, &limits),
+        _ => crate::payload::decode(body, &limits),
+    };
+    match decoded {
+        Ok(Decoded::Envelope(envelope)) => envelope
+            .items
+            .into_iter()
+            .filter_map(|item| match item.body {
+                Body::ClaimCheck(check) => Some(check),
+                Body::Inline(_) => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+async fn take(poison: &Arc<dyn QueueClient>, selection: &Selection, requeue_to: Option<&QueueHandle>, claims: Option<&Arc<dyn ClaimStore>>) -> Result<Taken> {
     let held = poison.approximate_count().await.map_or(u64::from(MAX_PER_OPERATION), |count| count);
     let mut looking = Looking::new(poison, u32::try_from(held).unwrap_or(u32::MAX));
     let mut taken = Taken::default();
@@ -239,6 +262,15 @@ async fn take(poison: &Arc<dyn QueueClient>, selection: &Selection, requeue_to: 
                 );
             }
             taken.count += 1;
+            // Purged, not requeued: the bodies its references kept go with it (else they
+            // would stay until the sweeper's retention, 14 days by default).
+            if let (None, Some(claims)) = (requeue_to, claims) {
+                for check in claim_checks_in(&decode(&message).body, claims.as_ref()) {
+                    if let Err(error) = claims.delete(&check).await {
+                        tracing::warn!(id = %message.id, location = %check.location, "purged, but its offloaded body was not deleted (the sweeper removes it later): {error}");
+                    }
+                }
+            }
         }
     };
     looking.finish(outcome).await.map(|()| taken)
@@ -300,7 +332,7 @@ mod tests {
         assert_eq!(requeue(&poison, &handle, &Selection::All).await.unwrap().count, 41);
         assert_eq!(poison.approximate_count().await.unwrap(), 0);
         poison.put(b"x", Duration::ZERO).await.unwrap();
-        assert_eq!(purge(&poison).await.unwrap().count, 1);
+        assert_eq!(purge(&poison, None).await.unwrap().count, 1);
         assert_eq!(poison.approximate_count().await.unwrap(), 0);
     }
 

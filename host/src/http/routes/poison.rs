@@ -111,7 +111,7 @@ pub(super) async fn purge(State(api): State<Arc<Api>>, Extension(caller): Extens
         Err(reason) => return error(StatusCode::NOT_FOUND, reason),
     };
     let _one_at_a_time = handle.poison_operation().await;
-    match crate::service::poison::purge(&poison).await {
+    match crate::service::poison::purge(&poison, handle.claim_store()).await {
         Ok(taken) => {
             super::audit(&api, &caller, "purge", &name, &format!("ok: {} purged", taken.count));
             Json(json!({ "queue": name, "purged": taken.count })).into_response()

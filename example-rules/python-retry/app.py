@@ -31,9 +31,17 @@ def uniform(random: int, low: float, high: float) -> float:
     return low + (random / 2.0**64) * (high - low)
 
 
+# The longest retry delay the host allows (7 days): a larger one could not be applied, and
+# would overflow the float arithmetic of the backoff.
+MAX_DELAY_MS = 604_800_000
+
+
 def parse_ms(key: str, value: str) -> int:
-    if not value.isdigit():
+    # ASCII digits only: str.isdigit() takes other scripts' digits and superscripts.
+    if not (value.isascii() and value.isdigit()):
         raise Err(f'parameter "{key}": {value!r} is not a whole number of milliseconds')
+    if int(value) > MAX_DELAY_MS:
+        raise Err(f'parameter "{key}": {value} is more than {MAX_DELAY_MS} (7 days), the longest retry delay the host allows')
     return int(value)
 
 

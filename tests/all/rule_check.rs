@@ -668,6 +668,12 @@ fn rule_eval_asks_on_handler_failure_with_a_failure_context() {
         (r#"{"error_class": "http-status"}"#, "http_status"),
         (r#"{"error_class": "timeout", "http_status": 422}"#, "error_class"),
         (r#"{"http_status": 200}"#, "http_status 200 is not a failure"),
+        // Attack pass: these were asked, though no host sends them.
+        (r#"{"queue": "NOT VALID NAME \n"}"#, "is not a queue name"),
+        (r#"{"queue": ""}"#, "is not a queue name"),
+        (r#"{"error": "\u0000\u001b[31m"}"#, "control or reordering characters"),
+        (r#"{"item": 4294967295}"#, "at most 10000 items"),
+        (r#"{"max_retry_delay_ms": 18446744073709551615}"#, "over 604800000 (7 days)"),
     ] {
         let wrong = eval_failure(guests::RETRY_POLICY, &[], ctx);
         assert_eq!(wrong.code, Some(1), "{ctx}: {}", wrong.stdout);
@@ -718,4 +724,17 @@ expect = "default"
     assert!(wrong.code == Some(1) && wrong.stderr.contains("a failure case takes `context`"), "{}", wrong.stderr);
     let wrong = rule_test(guests::RETRY_POLICY, "[[case]]\nname = \"x\"\ndecision = \"failure\"\nexpect = { retry = \"soon\" }\n");
     assert!(wrong.code == Some(1) && wrong.stderr.contains("expect:"), "{}", wrong.stderr);
+}
+
+/// Attack pass: the Python retry example took any digits for a delay, so a huge one made
+/// `on-handler-failure` trap (OverflowError) on every failure, and `٣` passed as a digit.
+#[test]
+fn the_python_retry_example_refuses_a_delay_the_host_cannot_take() {
+    for (value, says) in [("999999999999999999999999999999", "more than 604800000 (7 days)"), ("604800001", "more than 604800000"), ("٣", "not a whole number")]
+    {
+        let checked = check(guests::PYTHON_RETRY, &[&format!("base_retry_ms={value}")]);
+        assert_fails_with(&checked, &["the rule rejected its parameters", "base_retry_ms", says]);
+    }
+    let fine = check(guests::PYTHON_RETRY, &["base_retry_ms=604800000"]);
+    assert_eq!(fine.code, Some(0), "{}{}", fine.stdout, fine.stderr);
 }

@@ -707,6 +707,26 @@ pub(super) fn impossible_failure(ctx: &FailureContext) -> Option<String> {
     if ctx.error.len() > most {
         return Some(format!("error is {} bytes, over the {most} the host sends", ctx.error.len()));
     }
+    if crate::names::QueueName::new(&ctx.queue).is_err() {
+        return Some(format!(
+            "queue {} is not a queue name (the host names the queue, or its partition, that failed)",
+            crate::health::escaped_text(&ctx.queue)
+        ));
+    }
+    if crate::health::escaped_text(&ctx.error) != ctx.error {
+        return Some("error holds control or reordering characters, which the host escapes before a rule sees them".into());
+    }
+    if let Some(item) = ctx.item.filter(|item| *item >= crate::payload::DEFAULT_MAX_ITEMS) {
+        return Some(format!(
+            "item {item}: an envelope holds at most {} items (0 to {})",
+            crate::payload::DEFAULT_MAX_ITEMS,
+            crate::payload::DEFAULT_MAX_ITEMS - 1
+        ));
+    }
+    let longest = crate::queue::MAX_VISIBILITY.as_millis() as u64;
+    if ctx.max_retry_delay_ms > longest {
+        return Some(format!("max_retry_delay_ms {} is over {longest} (7 days), the longest retry delay the host allows", ctx.max_retry_delay_ms));
+    }
     if ctx.default_retry_delay_ms > ctx.max_retry_delay_ms {
         return Some(format!("default_retry_delay_ms {} is over max_retry_delay_ms {}", ctx.default_retry_delay_ms, ctx.max_retry_delay_ms));
     }

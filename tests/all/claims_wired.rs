@@ -34,10 +34,12 @@ impl Handler for FailsFirst {
 }
 
 fn config(dir: &Path) -> Config {
-    let data = dir.join("data");
-    let text = format!(
-        "data_dir = {data:?}\n[api]\nlisten = \"127.0.0.1:0\"\n[queues.orders]\nmax_retry_delay = \"1s\"\nvisibility_timeout = \"1s\"\nmin_polling_interval = \"100ms\"\n"
-    );
+    config_with(dir, "max_retry_delay = \"1s\"\nvisibility_timeout = \"1s\"\nmin_polling_interval = \"100ms\"\n")
+}
+
+/// A host on `dir/data` whose queue `orders` has the keys `queue` (TOML lines).
+fn config_with(dir: &Path, queue: &str) -> Config {
+    let text = format!("data_dir = {:?}\n[api]\nlisten = \"127.0.0.1:0\"\n[queues.orders]\n{queue}", dir.join("data"));
     Config::parse(&text, dir, None).unwrap()
 }
 
@@ -202,11 +204,7 @@ async fn a_5_mib_plain_send_is_offloaded_delivered_as_the_plain_message_retried_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_offloaded_plain_message_whose_body_is_missing_goes_to_poison_with_the_reason_and_one_over_the_claim_limit_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let text = format!(
-        "data_dir = {:?}\n[api]\nlisten = \"127.0.0.1:0\"\n[queues.orders]\nmax_claim_check_bytes = 1048576\nmax_retry_delay = \"1s\"\nmin_polling_interval = \"100ms\"\n",
-        dir.path().join("data")
-    );
-    let config = Config::parse(&text, dir.path(), None).unwrap();
+    let config = config_with(dir.path(), "max_claim_check_bytes = 1048576\nmax_retry_delay = \"1s\"\nmin_polling_interval = \"100ms\"\n");
     {
         let store = open_store(dir.path()).await;
         let queue = store.queue("orders");
@@ -242,11 +240,7 @@ async fn an_offloaded_plain_message_whose_body_is_missing_goes_to_poison_with_th
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purging_poisoned_offloaded_messages_deletes_their_bodies() {
     let dir = tempfile::tempdir().unwrap();
-    let text = format!(
-        "data_dir = {:?}\n[api]\nlisten = \"127.0.0.1:0\"\n[queues.orders]\nmax_dequeue_count = 1\nmin_polling_interval = \"100ms\"\n",
-        dir.path().join("data")
-    );
-    let config = Config::parse(&text, dir.path(), None).unwrap();
+    let config = config_with(dir.path(), "max_dequeue_count = 1\nmin_polling_interval = \"100ms\"\n");
     // Fails every first delivery: with max_dequeue_count = 1, each goes to poison.
     let handler = Arc::new(PlainCalls::default());
     let host = Host::builder(&config).handler("orders", SharedPlain(handler.clone())).start().await.unwrap();

@@ -190,6 +190,18 @@ async fn a_trapping_or_looping_failures_rule_falls_back_to_max_dequeue_count_and
     }
 }
 
+/// The listener settings of the envelope tests: quick polls, five deliveries before poison.
+fn envelope_settings() -> QueueSettings {
+    QueueSettings {
+        max_dequeue_count: 5,
+        visibility_timeout: Duration::from_secs(30),
+        min_polling_interval: Duration::from_millis(10),
+        max_polling_interval: Duration::from_millis(100),
+        random_seed: Some(7),
+        ..Default::default()
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_envelopes_failed_items_are_each_decided_by_the_rule() {
     use ebb::payload::{Codec, Delivery, Item, Packer, PayloadSettings};
@@ -200,14 +212,7 @@ async fn an_envelopes_failed_items_are_each_decided_by_the_rule() {
     let rules = RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(QUEUE).unwrap(), rule: Some(guests::RETRY_POLICY.into()), params: vec![] }]);
     assert!(rules.load_all().is_empty());
     let app = Arc::new(FailingApp::default());
-    let settings = QueueSettings {
-        max_dequeue_count: 5,
-        visibility_timeout: Duration::from_secs(30),
-        min_polling_interval: Duration::from_millis(10),
-        max_polling_interval: Duration::from_millis(100),
-        random_seed: Some(7),
-        ..Default::default()
-    };
+    let settings = envelope_settings();
     let payload = PayloadSettings { delivery: Delivery::Item, max_batch_items: 32, max_envelope_bytes: 65536, ..PayloadSettings::default() };
     let listener = Listener::builder(queue.clone(), poison.clone(), app.clone())
         .decider(Arc::new(rules.queue(QUEUE).unwrap()))
@@ -248,14 +253,7 @@ async fn a_failures_rule_that_faults_on_one_item_still_decides_the_envelopes_oth
         let rules = RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(QUEUE).unwrap(), rule: Some(guests::FAILURE_PROBE.into()), params }]);
         assert!(rules.load_all().is_empty());
         let app = Arc::new(FailingApp::default());
-        let settings = QueueSettings {
-            max_dequeue_count: 5,
-            visibility_timeout: Duration::from_secs(30),
-            min_polling_interval: Duration::from_millis(10),
-            max_polling_interval: Duration::from_millis(100),
-            random_seed: Some(7),
-            ..Default::default()
-        };
+        let settings = envelope_settings();
         let payload = PayloadSettings { delivery, max_batch_items: 32, max_envelope_bytes: 65536, ..PayloadSettings::default() };
         let listener = Listener::builder(queue.clone(), poison.clone(), app.clone())
             .decider(Arc::new(rules.queue(QUEUE).unwrap()))

@@ -39,9 +39,10 @@ struct Checked {
     stderr: String,
 }
 
-fn check(rule: &str, params: &[&str]) -> Checked {
+/// `ebb rule ARGS --param P…` on `rule`, copied into a folder of its own as `rule.wasm`.
+fn run_rule(rule: &str, args: &[&str], params: &[&str]) -> Checked {
     let dir = with_rule(rule);
-    let mut args = vec!["rule", "check", "rule.wasm"];
+    let mut args = args.to_vec();
     for param in params {
         args.extend(["--param", param]);
     }
@@ -51,6 +52,10 @@ fn check(rule: &str, params: &[&str]) -> Checked {
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
     }
+}
+
+fn check(rule: &str, params: &[&str]) -> Checked {
+    run_rule(rule, &["rule", "check", "rule.wasm"], params)
 }
 
 /// What the check's table shows came back from `export` in `context`.
@@ -277,17 +282,7 @@ fn rule_check_passes_rules_that_decide_in_every_language_even_when_the_host_boun
 // ---- ebb rule eval --concurrency ----
 
 fn eval_concurrency(rule: &str, params: &[&str], state: &str) -> Checked {
-    let dir = with_rule(rule);
-    let mut args = vec!["rule", "eval", "rule.wasm", "--concurrency", state];
-    for param in params {
-        args.extend(["--param", param]);
-    }
-    let output = ebb_in(dir.path(), &args);
-    Checked {
-        code: output.status.code(),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+    run_rule(rule, &["rule", "eval", "rule.wasm", "--concurrency", state], params)
 }
 
 #[test]
@@ -625,17 +620,7 @@ fn rule_check_calls_on_handler_failure_and_fails_a_rule_that_traps_or_loops_ther
 }
 
 fn eval_failure(rule: &str, params: &[&str], ctx: &str) -> Checked {
-    let dir = with_rule(rule);
-    let mut args = vec!["rule", "eval", "rule.wasm", "--failure", ctx];
-    for param in params {
-        args.extend(["--param", param]);
-    }
-    let output = ebb_in(dir.path(), &args);
-    Checked {
-        code: output.status.code(),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+    run_rule(rule, &["rule", "eval", "rule.wasm", "--failure", ctx], params)
 }
 
 #[test]

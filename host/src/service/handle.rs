@@ -20,6 +20,11 @@ use super::packing::{ItemsError, ItemsSent, Packing};
 /// that stalls must still get the sender an answer).
 pub const SEND_DEADLINE: Duration = Duration::from_secs(20);
 
+/// A send that storage did not answer within `deadline`: worth trying again.
+fn storage_timed_out(deadline: Duration) -> QueueError {
+    QueueError::Transient(anyhow::anyhow!("storage did not answer within {}", humantime::format_duration(deadline)))
+}
+
 /// A logical queue's handle. Cheap to clone.
 #[derive(Clone)]
 pub struct QueueHandle {
@@ -189,10 +194,9 @@ impl QueueHandle {
     /// refused ([`QueueError::MessageTooLarge`]).
     pub async fn send(&self, body: &[u8], delay: Duration, deadline: Duration) -> Result<MessageId, QueueError> {
         let deadline = deadline.min(SEND_DEADLINE);
-        let timed_out = |deadline: Duration| QueueError::Transient(anyhow::anyhow!("storage did not answer within {}", humantime::format_duration(deadline)));
         let put = match tokio::time::timeout(deadline, self.inner.sender.put(body, delay)).await {
             Ok(put) => put,
-            Err(_) => return Err(timed_out(deadline)),
+            Err(_) => return Err(storage_timed_out(deadline)),
         };
         let id = match (put, self.inner.claims.get()) {
             (Ok(id), _) => id,
@@ -233,7 +237,7 @@ impl QueueHandle {
         let put = self.inner.sender.put(&envelope, delay);
         match tokio::time::timeout(SEND_DEADLINE, put).await {
             Ok(put) => put,
-            Err(_) => Err(QueueError::Transient(anyhow::anyhow!("storage did not answer within {}", humantime::format_duration(SEND_DEADLINE)))),
+            Err(_) => Err(storage_timed_out(SEND_DEADLINE)),
         }
     }
 
@@ -313,7 +317,7 @@ impl QueueHandle {
             self.inner.packing.get_or_try_init(|| async { self.start_packing() }).await.map_err(|error| ItemsError::Storage(QueueError::Fatal(error)))?;
         match tokio::time::timeout(SEND_DEADLINE, packing.send(items)).await {
             Ok(sent) => sent,
-            Err(_) => Err(QueueError::Transient(anyhow::anyhow!("storage did not answer within {}", humantime::format_duration(SEND_DEADLINE))).into()),
+            Err(_) => Err(storage_timed_out(SEND_DEADLINE).into()),
         }
     }
 

@@ -393,8 +393,15 @@ pub fn read(data_dir: &Path, queue: &str, since_second: u64) -> (Vec<Bucket>, Ve
     let mut seconds = std::collections::BTreeMap::<u64, Bucket>::new();
     let mut warnings = Vec::new();
     for path in files_of(data_dir, queue) {
-        if std::fs::symlink_metadata(&path).is_err() {
-            continue;
+        match std::fs::symlink_metadata(&path) {
+            Err(_) => continue,
+            // The host never records through a link: one here was put by someone else, and
+            // reading it would export whatever file it names.
+            Ok(meta) if meta.file_type().is_symlink() => {
+                warnings.push(format!("skipped the recording {}: a symbolic link, not a regular file (the host never writes one)", path.display()));
+                continue;
+            }
+            Ok(_) => {}
         }
         // A stray byte that is not UTF-8 damages its line, not the file.
         let parsed = crate::input::read_file("recording", &path, MAX_FILE_BYTES).and_then(|bytes| parse(&String::from_utf8_lossy(&bytes)));
@@ -693,6 +700,14 @@ mod tests {
         std::os::unix::fs::symlink("/dev/zero", &old).unwrap();
         let (_, warnings) = read(dir.path(), "orders", 0);
         assert!(warnings[0].contains("not a regular file"), "{warnings:?}");
+        // A link to a regular file is not followed either.
+        std::fs::remove_file(&old).unwrap();
+        let elsewhere = dir.path().join("elsewhere.csv");
+        std::fs::write(&elsewhere, format!("{HEADER}\n777,5,0,0\n")).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &old).unwrap();
+        let (buckets, warnings) = read(dir.path(), "orders", 0);
+        assert!(warnings[0].contains("a symbolic link, not a regular file"), "{warnings:?}");
+        assert!(buckets.iter().all(|b| b.second != 777), "the linked file was read: {buckets:?}");
     }
 
     #[tokio::test(start_paused = true)]

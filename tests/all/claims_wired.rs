@@ -254,6 +254,12 @@ async fn purging_poisoned_offloaded_messages_deletes_their_bodies() {
         assert!(std::time::Instant::now() < deadline, "not poisoned");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The listing says how large each offloaded body is (what it holds is the small envelope).
+    let listed = reqwest::Client::new().get(format!("http://{}/queues/orders/poison", host.api_addr())).send().await.unwrap().bytes().await.unwrap();
+    let listed: serde_json::Value = serde_json::from_slice(&listed).unwrap();
+    let mut sizes: Vec<u64> = listed["messages"].as_array().unwrap().iter().map(|m| m["offloaded_bytes"].as_u64().expect("offloaded_bytes")).collect();
+    sizes.sort_unstable();
+    assert_eq!(sizes, [noise(30).len() as u64, noise(31).len() as u64], "{listed}");
     let purged = reqwest::Client::new().post(format!("http://{}/queues/orders/poison/purge?confirm=orders", host.api_addr())).send().await.unwrap();
     assert_eq!(purged.status(), 200, "{:?}", purged.text().await);
     // The store is let go only once nothing holds its queues.

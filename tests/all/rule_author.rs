@@ -170,7 +170,14 @@ pub(crate) async fn decides_in_a_running_host(wasm: &Path, name: &str) {
     std::fs::copy(wasm, &staged).unwrap();
     std::fs::rename(&staged, rules.join(format!("{name}.wasm"))).unwrap();
     loop {
-        let queue = status().await.unwrap()["queues"][0].clone();
+        // A host busy compiling a large rule on a loaded machine may miss one answer: that is a
+        // wait, not a failure (the host's log is shown if it never answers).
+        let Some(status) = status().await else {
+            wait("an answer from the API");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let queue = status["queues"][0].clone();
         if queue["rule"]["file"] == format!("{name}.wasm") && queue["rule"]["compiling"] == false {
             break;
         }
@@ -182,7 +189,14 @@ pub(crate) async fn decides_in_a_running_host(wasm: &Path, name: &str) {
         assert!(sent.status().is_success(), "{sent:?}");
     }
     loop {
-        let queue = status().await.unwrap()["queues"][0].clone();
+        // A host busy compiling a large rule on a loaded machine may miss one answer: that is a
+        // wait, not a failure (the host's log is shown if it never answers).
+        let Some(status) = status().await else {
+            wait("an answer from the API");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let queue = status["queues"][0].clone();
         let decided = queue["last_task_count"]["source"] == "rule" && queue["last_queue_empty"]["source"] == "rule";
         if decided && app.seen.lock().unwrap().len() >= 3 {
             assert_eq!(queue["rule"]["faults"], 0, "{queue}");

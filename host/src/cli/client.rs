@@ -316,7 +316,10 @@ pub async fn poison(command: super::PoisonCommand) -> Result<()> {
             println!("{} poison message{} of {queue} (in {})", messages.len(), plural(messages.len() as u64), cell(&body["poison_queue"]));
             for m in messages {
                 // One line each: a body's own line breaks and control characters shown escaped.
-                let preview: String = m["preview"].as_str().unwrap_or_default().chars().take(80).flat_map(char::escape_debug).collect();
+                let preview: String = match m["offloaded_bytes"].as_u64() {
+                    Some(bytes) => format!("(an offloaded message: its {bytes}-byte body is in the queue's claim store)"),
+                    None => m["preview"].as_str().unwrap_or_default().chars().take(80).flat_map(char::escape_debug).collect(),
+                };
                 let reason: String = m["reason"].as_str().unwrap_or("(bare body: no reason kept)").chars().take(120).flat_map(char::escape_debug).collect();
                 println!("{}  {}  dequeued {}  {reason}\n    {preview}", cell(&m["id"]), cell(&m["poisoned_at"]), cell(&m["dequeue_count"]));
             }

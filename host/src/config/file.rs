@@ -281,8 +281,8 @@ pub struct QueueFile {
     /// The queue handlers' answers are put on. Default: none (answers are dropped).
     pub reply_queue: Option<String>,
     /// How long an answer nobody took stays on the reply queue. Default `1h`, `1s` to `7days`.
-    #[serde(default = "serde_defaults::reply_ttl", with = "humantime_serde")]
-    pub reply_ttl: Duration,
+    #[serde(default, with = "humantime_serde")]
+    pub reply_ttl: Option<Duration>,
     /// This queue's own Azure account (default: the host-wide `[azure]`).
     pub azure: Option<AzureFile>,
 }
@@ -418,9 +418,6 @@ pub(super) mod serde_defaults {
     }
     pub fn pack_linger() -> Duration {
         d::PACK_LINGER
-    }
-    pub fn reply_ttl() -> Duration {
-        d::REPLY_TTL
     }
     pub fn handler_timeout() -> Duration {
         d::HANDLER_TIMEOUT

@@ -115,7 +115,11 @@ impl QueueFile {
             Some(count) => count,
             None => crate::defaults::MAX_BATCH_ITEMS,
         };
-        check_duration("reply_ttl", self.reply_ttl, AtLeast::Duration(Duration::from_secs(1)), MAX_VISIBILITY)?;
+        if self.reply_ttl.is_some() && self.reply_queue.is_none() {
+            bail!("reply_ttl: only applies with reply_queue (how long an answer nobody took stays on it); set reply_queue, or remove reply_ttl");
+        }
+        let reply_ttl = self.reply_ttl.unwrap_or(crate::defaults::REPLY_TTL);
+        check_duration("reply_ttl", reply_ttl, AtLeast::Duration(Duration::from_secs(1)), MAX_VISIBILITY)?;
         let reply_queue = match self.reply_queue {
             None => None,
             Some(_) if self.delivery == Delivery::Batch => bail!(
@@ -171,7 +175,7 @@ impl QueueFile {
                 max_batch_items,
                 max_envelope_bytes,
                 reply_queue,
-                reply_ttl: self.reply_ttl,
+                reply_ttl,
             },
             record_max_bytes: self.record.then_some(self.record_max_bytes),
         })

@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::QueueHandle;
 use crate::listener::PoisonEnvelope;
 use crate::payload::claims::ClaimStore;
-use crate::payload::{Body, ClaimCheck, Decoded, Limits};
+use crate::payload::{Body, ClaimCheck, Decoded, Envelope, Limits};
 use crate::queue::{Message, QueueClient, QueueError};
 
 /// How long an operation holds the poison messages it looked at (it gives them back sooner).
@@ -49,6 +49,9 @@ pub struct PoisonEntry {
     pub preview_encoding: &'static str,
     /// `envelope` (with the reason) or `body` (the bare body).
     pub form: &'static str,
+    /// For a large message offloaded to the queue's claim store: its body's length in bytes
+    /// (`body_bytes` and the preview are of the small envelope naming it).
+    pub offloaded_bytes: Option<u64>,
 }
 
 /// A poison message decoded: its original body and what the envelope said.
@@ -71,8 +74,14 @@ fn decode(message: &Message) -> Poisoned {
     }
 }
 
-fn entry(message: &Message) -> PoisonEntry {
+fn entry(message: &Message, claims: Option<&Arc<dyn ClaimStore>>) -> PoisonEntry {
     let Poisoned { body, envelope } = decode(message);
+    let offloaded_bytes = claims.and_then(|claims| held_envelope(&body, claims.as_ref())).filter(|held| held.message).and_then(|held| {
+        match held.items.first().map(|item| &item.body) {
+            Some(Body::ClaimCheck(check)) => Some(check.size),
+            _ => None,
+        }
+    });
     let (preview, preview_encoding) = match std::str::from_utf8(&body) {
         Ok(text) => (text.chars().take(PREVIEW_CHARS).collect(), "text"),
         Err(_) => (hex::encode(&body[..body.len().min(PREVIEW_CHARS / 2)]), "hex"),
@@ -87,6 +96,7 @@ fn entry(message: &Message) -> PoisonEntry {
         preview,
         preview_encoding,
         form: if envelope.is_some() { "envelope" } else { "body" },
+        offloaded_bytes,
     }
 }
 
@@ -147,14 +157,14 @@ async fn give_back(poison: &dyn QueueClient, messages: Vec<Message>) {
 }
 
 /// The first `limit` poison messages (at most [`MAX_PER_OPERATION`]), oldest first.
-pub async fn list(poison: &Arc<dyn QueueClient>, limit: u32) -> Result<Vec<PoisonEntry>> {
+pub async fn list(poison: &Arc<dyn QueueClient>, claims: Option<&Arc<dyn ClaimStore>>, limit: u32) -> Result<Vec<PoisonEntry>> {
     let mut looking = Looking::new(poison, limit);
     let mut entries = Vec::new();
     let outcome = loop {
         match looking.next_batch().await {
             Ok(batch) if batch.is_empty() => break Ok(()),
             Ok(batch) => {
-                entries.extend(batch.iter().map(entry));
+                entries.extend(batch.iter().map(|message| entry(message, claims)));
                 looking.left.extend(batch);
             }
             Err(error) => break Err(error),
@@ -203,21 +213,28 @@ pub async fn purge(poison: &Arc<dyn QueueClient>, claims: Option<&Arc<dyn ClaimS
 /// The claim checks a poisoned body holds (an offloaded message, or an item's reference):
 /// the bodies in `claims` it alone kept.
 fn claim_checks_in(body: &[u8], claims: &dyn ClaimStore) -> Vec<ClaimCheck> {
-    let limits = Limits { references: claims.allowed(), ..Limits::default() };
-    let decoded = match std::str::from_utf8(body) {
-        Ok(text) if !body.starts_with(&crate::payload::MAGIC) => crate::payload::decode_text(text, &limits),
-        _ => crate::payload::decode(body, &limits),
-    };
-    match decoded {
-        Ok(Decoded::Envelope(envelope)) => envelope
+    held_envelope(body, claims).map_or_else(Vec::new, |envelope| {
+        envelope
             .items
             .into_iter()
             .filter_map(|item| match item.body {
                 Body::ClaimCheck(check) => Some(check),
                 Body::Inline(_) => None,
             })
-            .collect(),
-        _ => Vec::new(),
+            .collect()
+    })
+}
+
+/// The envelope a poisoned body is, if it is one whose claim checks point into `claims`.
+fn held_envelope(body: &[u8], claims: &dyn ClaimStore) -> Option<Envelope> {
+    let limits = Limits { references: claims.allowed(), ..Limits::default() };
+    let decoded = match std::str::from_utf8(body) {
+        Ok(text) if !body.starts_with(&crate::payload::MAGIC) => crate::payload::decode_text(text, &limits),
+        _ => crate::payload::decode(body, &limits),
+    };
+    match decoded {
+        Ok(Decoded::Envelope(envelope)) => Some(envelope),
+        _ => None,
     }
 }
 
@@ -311,14 +328,14 @@ mod tests {
             poison.put(&envelope("n", b"{}"), Duration::ZERO).await.unwrap();
         }
 
-        let listed = list(&poison, 100).await.unwrap();
+        let listed = list(&poison, None, 100).await.unwrap();
         assert_eq!(listed.len(), 43, "more than one batch");
         assert_eq!((listed[0].preview.as_str(), listed[0].reason.as_deref()), ("<script>alert(1)</script>", Some("handler failed on a")));
         assert_eq!((listed[1].preview.as_str(), listed[1].preview_encoding, listed[1].body_bytes), ("ff0001", "hex", 3));
         assert_eq!(listed[0].preview_encoding, "text");
         assert_eq!((listed[2].form, listed[2].reason.as_deref()), ("body", None));
         assert_eq!(poison.approximate_count().await.unwrap(), 43);
-        assert_eq!(list(&poison, 5).await.unwrap().len(), 5, "listed again at once: every message was given back");
+        assert_eq!(list(&poison, None, 5).await.unwrap().len(), 5, "listed again at once: every message was given back");
 
         let picked = Selection::Ids([listed[1].id.clone(), listed[2].id.clone()].into());
         assert_eq!(requeue(&poison, &handle, &picked).await.unwrap().count, 2);
@@ -366,7 +383,7 @@ mod tests {
         let taken = requeue(&poison, &handle, &Selection::All).await.unwrap();
         assert_eq!((taken.count, taken.skipped.len()), (3, 1), "{taken:?}");
         assert_eq!(work.approximate_count().await.unwrap(), 3);
-        assert_eq!(list(&poison, 10).await.unwrap().len(), 1, "the skipped one stays, visible");
+        assert_eq!(list(&poison, None, 10).await.unwrap().len(), 1, "the skipped one stays, visible");
     }
 
     /// An operation dropped halfway (its HTTP client went away) gives back what it leased,
@@ -415,7 +432,7 @@ mod tests {
             stalling.put(&envelope(&i.to_string(), b"m"), Duration::ZERO).await.unwrap();
         }
         let poison: Arc<dyn QueueClient> = stalling.clone();
-        let dropped = tokio::time::timeout(Duration::from_secs(1), list(&poison, 100)).await;
+        let dropped = tokio::time::timeout(Duration::from_secs(1), list(&poison, None, 100)).await;
         assert!(dropped.is_err(), "the listing stalls on its second batch and is dropped");
         tokio::time::sleep(Duration::from_millis(1)).await;
         let mut visible = 0;

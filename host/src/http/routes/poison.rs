@@ -54,7 +54,7 @@ pub(super) async fn list(State(api): State<Arc<Api>>, Path(name): Path<String>, 
         Err(reason) => return error(StatusCode::NOT_FOUND, reason),
     };
     let _one_at_a_time = handle.poison_operation().await;
-    match crate::service::poison::list(&poison, limit).await {
+    match crate::service::poison::list(&poison, handle.claim_store(), limit).await {
         Ok(messages) => Json(json!({ "queue": name, "poison_queue": poison.name(), "messages": messages })).into_response(),
         Err(reason) => failed(reason),
     }

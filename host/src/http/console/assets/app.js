@@ -441,7 +441,9 @@
       box.value = m.id;
       box.className = 'pick';
       pick.append(box);
-      const body = el('td', (m.preview_encoding === 'hex' ? 'hex: ' : '') + m.preview + (m.body_bytes > m.preview.length ? ' …' : ''), 'body');
+      const body = el('td', m.offloaded_bytes != null
+        ? '(an offloaded message: its body is in the claim store)'
+        : (m.preview_encoding === 'hex' ? 'hex: ' : '') + m.preview + (m.body_bytes > m.preview.length ? ' …' : ''), 'body');
       const act = el('td', null, 'admin-only');
       const again = el('button', 'Requeue');
       again.type = 'button';
@@ -449,7 +451,7 @@
       again.addEventListener('click', guard(() => requeue([m.id])));
       act.append(again);
       tr.append(pick, el('td', time(m.poisoned_at)), el('td', m.reason === null ? '(bare body: no reason kept)' : m.reason),
-        el('td', m.dequeue_count === null ? '–' : m.dequeue_count, 'n'), el('td', fmt(m.body_bytes), 'n'), body, act);
+        el('td', m.dequeue_count === null ? '–' : m.dequeue_count, 'n'), el('td', fmt(m.offloaded_bytes != null ? m.offloaded_bytes : m.body_bytes), 'n'), body, act);
       return tr;
     }));
     setText($('poison-page'), `page ${state.poisonPage + 1} of ${pages}`);

@@ -1,11 +1,13 @@
 //! Taking answers off a reply queue for the producers waiting on this host. One reader per
 //! reply queue runs while anyone here waits: it reads the queue a batch at a time, hands each
-//! answer to its waiter, releases at once those nobody here waits for (another host's
-//! producer may), and deletes those older than the queue's `reply_ttl` (nobody is coming
-//! for them: without this, unclaimed answers pile up and every wait reads past them). A
-//! full batch is followed by the next at once (its answers for others hidden for a moment so
-//! the next batch gets past them), so a wait reads through a long queue in one go; a short
-//! one means the queue was read through, and the next look waits a pause.
+//! answer to its waiter, and deletes those older than the queue's `reply_ttl` (nobody is
+//! coming for them: without this, unclaimed answers pile up and every wait reads past them).
+//! The answers nobody here waits for (another host's producer may) are left leased for a
+//! moment, [`PASS_OVER`]: they come back on their own, so passing over one costs no storage
+//! call (a release per answer made a backlog of unclaimed answers cost a billed call each on
+//! every look), and the next get reaches past them. A full batch is followed by the next at
+//! once, so a wait reads through a long queue in one go; a short one means the queue was
+//! read through, and the next look waits a pause.
 //!
 //! The host also sweeps each reply queue every `reply_ttl` ([`ReplyReader::sweep`]), so
 //! answers nobody ever waits for do not stay.
@@ -25,12 +27,11 @@ use crate::queue::{MAX_BATCH, Message, MessageId, QueueClient};
 const POLL_MIN: Duration = Duration::from_millis(50);
 /// The longest pause between two looks at a reply queue.
 const POLL_MAX: Duration = Duration::from_secs(1);
-/// How long a look leases what it reads (answers for nobody here are released at once).
-const LEASE: Duration = Duration::from_secs(5);
-/// How long answers for nobody here stay hidden when a look got a whole batch of them: the
-/// next look must get past them, and a queue's order is not reliable enough to count on
-/// released ones going to the back. Another host's waiter may wait this much longer.
-const SKIP: Duration = Duration::from_secs(2);
+/// How long a look leases what it reads: the answers it hands over are deleted at once, the
+/// others stay hidden this long and come back by themselves. The next look must get past
+/// them (a queue's order is not reliable enough to count on released ones going to the
+/// back); another host's waiter may wait this much longer for its answer.
+const PASS_OVER: Duration = Duration::from_secs(2);
 /// How long a wait whose time ran out as its answer was being taken waits for it.
 const HANDOVER_GRACE: Duration = Duration::from_secs(10);
 /// Most messages one sweep reads: a sweep is bounded work, the next one goes on.
@@ -199,19 +200,18 @@ impl ReplyReader {
         Ok(())
     }
 
-    /// One batch: each message handed to its waiter, deleted as expired, or released.
+    /// One batch: each message handed to its waiter, deleted as expired, or passed over.
     async fn look(&self) -> anyhow::Result<Look> {
-        let got = self.queue.get(MAX_BATCH, LEASE).await?;
+        let got = self.queue.get(MAX_BATCH, PASS_OVER).await?;
         let look = Look { full: got.len() == MAX_BATCH as usize, read: got.len() };
         let now = system_time(self.clock.now_ms());
-        let others_back_in = if look.full { SKIP } else { Duration::ZERO };
         for message in got {
-            self.settle(message, now, others_back_in).await;
+            self.settle(message, now).await;
         }
         Ok(look)
     }
 
-    async fn settle(&self, message: Message, now: SystemTime, others_back_in: Duration) {
+    async fn settle(&self, message: Message, now: SystemTime) {
         let reply = serde_json::from_slice::<Reply>(&message.body).ok();
         let waiter = reply.as_ref().and_then(|reply| {
             let mut state = self.state.lock().unwrap();
@@ -235,14 +235,10 @@ impl ReplyReader {
             return;
         }
         let age = now.duration_since(message.inserted_at).unwrap_or_default();
-        if age > self.ttl {
-            if self.queue.delete(&message.id, &message.pop_receipt).await.is_ok() {
-                self.state.lock().unwrap().expired += 1;
-            }
-            return;
+        if age > self.ttl && self.queue.delete(&message.id, &message.pop_receipt).await.is_ok() {
+            self.state.lock().unwrap().expired += 1;
         }
-        // Another waiter's, maybe on another host: back at once, or once this pass is past it.
-        let _ = self.queue.update_visibility(&message.id, &message.pop_receipt, others_back_in).await;
+        // Another waiter's, maybe on another host: its lease runs out in PASS_OVER.
     }
 }
 
@@ -322,6 +318,32 @@ mod tests {
         assert_eq!(counts.deletes, 1, "only its own answer was taken");
     }
 
+    /// Review defect: each look released every answer it passed over, one billed call per
+    /// answer per look, so 1,000 unclaimed answers cost thousands of calls a minute of waiting.
+    #[tokio::test(start_paused = true)]
+    async fn passing_over_unclaimed_answers_costs_no_call_per_answer() {
+        let (reader, transactions) = reader(Duration::from_secs(3600));
+        for n in 0..1_000 {
+            reader.queue.put(&answer(&format!("other-{n}"), None), Duration::ZERO).await.unwrap();
+        }
+        let before = transactions.snapshot();
+        let late = {
+            let queue = reader.queue.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                queue.put(&answer("mine", None), Duration::ZERO).await.unwrap();
+            })
+        };
+        let got = reader.wait(&MessageId::from("mine"), None, Duration::from_secs(30)).await.unwrap();
+        late.await.unwrap();
+        assert_eq!(got.map(|r| r.correlation_id), Some("mine".to_string()));
+        let counts = transactions.snapshot();
+        let (updates, calls) = (counts.updates - before.updates, counts.total() - before.total() - 1);
+        assert_eq!(updates, 0, "an answer passed over is left to come back by itself: {counts:?}");
+        // Ten seconds of waiting: a pass over the 1,000 (32 gets) each time they come back.
+        assert!(calls <= 250, "{calls} calls (181 when written; 5,340 when each was released): {counts:?}");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn waiters_on_one_host_share_one_reader_and_each_gets_its_own_answer_items_apart() {
         let (reader, transactions) = reader(Duration::from_secs(3600));
@@ -368,7 +390,8 @@ mod tests {
         reader.sweep().await.unwrap();
         assert_eq!(reader.expired(), 41, "the 40 old answers and the old stray message");
         assert_eq!(reader.queue.approximate_count().await.unwrap(), 1, "the young answer stays");
-        let got = reader.wait(&MessageId::from("young"), None, Duration::from_secs(1)).await.unwrap();
+        // Passed over by the sweep, it is back within PASS_OVER.
+        let got = reader.wait(&MessageId::from("young"), None, PASS_OVER + Duration::from_secs(1)).await.unwrap();
         assert!(got.is_some());
     }
 

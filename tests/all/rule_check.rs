@@ -12,10 +12,12 @@ use ebb_tests::guests;
 
 use crate::binary::EBB;
 
-/// One compile cache for every test here: a Python rule compiles once, not per test.
+/// One compile cache for every test here, kept in the target's temp folder: a Python rule
+/// compiles once, not per test (a temp dir held in a static is never dropped, so it leaked
+/// tens of MB into /tmp on every run).
 fn cache() -> &'static Path {
-    static CACHE: OnceLock<tempfile::TempDir> = OnceLock::new();
-    CACHE.get_or_init(|| tempfile::tempdir().unwrap()).path()
+    static CACHE: OnceLock<std::path::PathBuf> = OnceLock::new();
+    CACHE.get_or_init(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("rule-check-cache"))
 }
 
 /// Runs `ebb` in `dir` with the shared compile cache.

@@ -212,7 +212,10 @@ impl Files {
         let mut len = cut_torn_tail(&file)?;
         if len > 0 && len + lines.len() as u64 > self.segment_bytes {
             drop(file);
-            std::fs::rename(&self.current, &self.old)?;
+            std::fs::rename(&self.current, &self.old).map_err(|error| {
+                // Said of the file in the way: the current one is fine.
+                std::io::Error::new(error.kind(), format!("could not rotate into {}: {error}; remove it and the recording goes on", self.old.display()))
+            })?;
             file = self.open_current()?;
             len = cut_torn_tail(&file)?;
         }
@@ -645,6 +648,19 @@ mod tests {
         let (buckets, _) = read(dir.path(), "orders", 0);
         assert_eq!(buckets.iter().map(|b| b.puts).collect::<Vec<_>>(), vec![5, 7]);
         assert_eq!(buckets[1].second - buckets[0].second, RING as u64);
+    }
+
+    /// Review note: a rotation blocked by something in the way of the `.old.csv` file was
+    /// reported as the bare OS error next to the current file's name, which is not the problem.
+    #[test]
+    fn a_rotation_that_cannot_happen_names_the_file_in_the_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut files = Files::new(dir.path(), "orders", 200);
+        std::fs::create_dir_all(files.old.join("in-the-way")).unwrap();
+        let buckets: Vec<Bucket> = (0..20).map(|second| Bucket { second, puts: 1, ..Bucket::default() }).collect();
+        files.append(&buckets[..2]).unwrap();
+        let error = files.append(&buckets[2..]).unwrap_err().to_string();
+        assert!(error.contains("could not rotate into") && error.contains("orders.old.csv"), "{error}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -139,6 +139,12 @@ fn check_refuses_a_shadow_rule_that_is_a_hard_link_of_the_rule_naming_the_key() 
     let (code, checked) = ebb("check", &path, Duration::from_secs(60));
     assert_eq!(code, Some(1), "{checked}");
     assert!(checked.contains("queues.orders.shadow_rule:") && checked.contains("are one file (hard links)"), "{checked}");
+    // A symbolic link is named as one (it was called a hard link).
+    std::fs::remove_file(rules.join("candidate.wasm")).unwrap();
+    std::os::unix::fs::symlink("orders.wasm", rules.join("candidate.wasm")).unwrap();
+    let (code, checked) = ebb("check", &path, Duration::from_secs(60));
+    assert_eq!(code, Some(1), "{checked}");
+    assert!(checked.contains("are one file (a symbolic link names the other)"), "{checked}");
     // A copy of the same bytes is another file: a shadow that agrees, which is allowed.
     std::fs::remove_file(rules.join("candidate.wasm")).unwrap();
     std::fs::copy(rules.join("orders.wasm"), rules.join("candidate.wasm")).unwrap();

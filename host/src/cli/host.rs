@@ -143,10 +143,11 @@ fn shadow_is_the_rule(queue: &crate::config::QueueConfig, rules_dir: &Path) -> O
     let (a, b) = (std::fs::metadata(&live).ok()?, std::fs::metadata(&shadow).ok()?);
     ((a.dev(), a.ino()) == (b.dev(), b.ino())).then(|| {
         anyhow::anyhow!(
-            "queues.{}.shadow_rule: {} and {} are one file (hard links): a shadow that is the live rule can only agree with it; copy the candidate into the shadow's file instead",
+            "queues.{}.shadow_rule: {} and {} are one file ({}): a shadow that is the live rule can only agree with it; copy the candidate into the shadow's file instead",
             queue.name,
             shadow.display(),
-            live.display()
+            live.display(),
+            super::promote::how_one_file(&shadow, &live)
         )
     })
 }

@@ -94,9 +94,10 @@ pub fn promote(config: &Config, queue: &str, options: PromoteOptions, host: &Hos
         && (a.dev(), a.ino()) == (b.dev(), b.ino())
     {
         bail!(
-            "queues.{queue}.shadow_rule: {} and {} are one file (hard links): there is nothing to promote; copy the candidate into the shadow's file instead",
+            "queues.{queue}.shadow_rule: {} and {} are one file ({}): there is nothing to promote; copy the candidate into the shadow's file instead",
             shadow.display(),
-            live.display()
+            live.display(),
+            how_one_file(&shadow, &live)
         );
     }
     if !options.force {
@@ -270,4 +271,11 @@ mod tests {
         let healthy = json!({"state": "loaded", "sha256": "aa", "faults": 0});
         assert_eq!(shadow_fault(&healthy, "aa"), None);
     }
+}
+
+/// How two paths name one file, for a refusal: a symbolic link (one to the other, or both to
+/// a third) or hard links.
+pub(super) fn how_one_file(a: &Path, b: &Path) -> &'static str {
+    let linked = |path: &Path| std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_symlink());
+    if linked(a) || linked(b) { "a symbolic link names the other" } else { "hard links" }
 }

@@ -250,6 +250,13 @@ pub async fn host_view(config: &Config, queue: &str) -> HostView {
     }
 }
 
+/// How two paths name one file, for a refusal: a symbolic link (one to the other, or both to
+/// a third) or hard links.
+pub(super) fn how_one_file(a: &Path, b: &Path) -> &'static str {
+    let linked = |path: &Path| std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_symlink());
+    if linked(a) || linked(b) { "a symbolic link names the other" } else { "hard links" }
+}
+
 #[cfg(test)]
 mod tests {
     use super::shadow_fault;
@@ -271,11 +278,4 @@ mod tests {
         let healthy = json!({"state": "loaded", "sha256": "aa", "faults": 0});
         assert_eq!(shadow_fault(&healthy, "aa"), None);
     }
-}
-
-/// How two paths name one file, for a refusal: a symbolic link (one to the other, or both to
-/// a third) or hard links.
-pub(super) fn how_one_file(a: &Path, b: &Path) -> &'static str {
-    let linked = |path: &Path| std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_symlink());
-    if linked(a) || linked(b) { "a symbolic link names the other" } else { "hard links" }
 }

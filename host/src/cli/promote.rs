@@ -254,7 +254,7 @@ pub async fn host_view(config: &Config, queue: &str) -> HostView {
 /// a third) or hard links.
 pub(super) fn how_one_file(a: &Path, b: &Path) -> &'static str {
     let linked = |path: &Path| std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_symlink());
-    if linked(a) || linked(b) { "a symbolic link names the other" } else { "hard links" }
+    if linked(a) || linked(b) { "one names it through a symbolic link" } else { "hard links" }
 }
 
 #[cfg(test)]

@@ -145,6 +145,13 @@ async fn a_shadow_rule_shows_in_status_and_metrics_and_promote_makes_it_live() -
     // Task counts are decided when work is detected: for a short backlog the paper's rule
     // decides fewer tasks than the candidate's 7.
     wait_until("the host's API", || async { reqwest::get(format!("http://{api}/healthz")).await.is_ok_and(|r| r.status().is_success()) }).await;
+    // Both rules load in the background: messages handled before the shadow is there leave it
+    // nothing to disagree about (a loaded machine drained the 50 first).
+    wait_until("both rules loaded", || async {
+        let queue = orders(&status().await);
+        queue["rule"]["file"] == "live.wasm" && queue["shadow"]["rule"]["state"] == "loaded"
+    })
+    .await;
     for i in 0..50 {
         let sent = client.post(format!("http://{api}/queues/orders/messages")).bearer_auth("t").body(format!("m{i}")).send().await?;
         assert!(sent.status().is_success(), "{sent:?}");

@@ -32,6 +32,13 @@ const POLL_MAX: Duration = Duration::from_secs(1);
 /// them (a queue's order is not reliable enough to count on released ones going to the
 /// back); another host's waiter may wait this much longer for its answer.
 const PASS_OVER: Duration = Duration::from_secs(2);
+/// Most answers passed over that a reader remembers (with their lease) for a waiter that comes
+/// while they are hidden, and most bytes of their bodies.
+const REMEMBERED_MAX: usize = 4096;
+const REMEMBERED_MAX_BYTES: usize = 16 << 20;
+/// A remembered answer is given up this long before its lease ends (the lease was counted from
+/// before the get was sent): a delete must not race the answer coming back for another reader.
+const LEASE_MARGIN_MS: u64 = 200;
 /// How long a wait whose time ran out as its answer was being taken waits for it.
 const HANDOVER_GRACE: Duration = Duration::from_secs(10);
 /// Most messages one sweep reads: a sweep is bounded work, the next one goes on.
@@ -61,6 +68,62 @@ struct State {
     waiters: HashMap<Key, oneshot::Sender<Handed>>,
     reading: bool,
     expired: u64,
+    /// Answers passed over while their lease holds: a waiter that comes for one meanwhile (the
+    /// next item of a producer waiting item by item) takes it at once with that lease, rather
+    /// than waiting for it to come back.
+    remembered: Remembered,
+}
+
+/// An answer passed over, with the lease the look took on it.
+struct Passed {
+    message: Message,
+    reply: Reply,
+    /// When the lease ends (clock milliseconds): after that, the next look finds it again.
+    until_ms: u64,
+}
+
+/// Bounded memory of the answers passed over, oldest forgotten first.
+#[derive(Default)]
+struct Remembered {
+    /// Each answer with the number it was remembered under.
+    by_key: HashMap<Key, (u64, Passed)>,
+    /// Keys in the order they were remembered, with that number (a key remembered again
+    /// leaves a stale place here, skipped).
+    order: std::collections::VecDeque<(Key, u64)>,
+    bytes: usize,
+    next: u64,
+}
+
+impl Remembered {
+    fn remember(&mut self, key: Key, passed: Passed) {
+        let number = self.next;
+        self.next += 1;
+        self.bytes += passed.message.body.len();
+        if let Some((_, old)) = self.by_key.insert(key.clone(), (number, passed)) {
+            self.bytes -= old.message.body.len();
+        }
+        self.order.push_back((key, number));
+        while self.by_key.len() > REMEMBERED_MAX || self.bytes > REMEMBERED_MAX_BYTES {
+            let Some((key, number)) = self.order.pop_front() else { break };
+            if self.by_key.get(&key).is_some_and(|(current, _)| *current == number)
+                && let Some((_, forgotten)) = self.by_key.remove(&key)
+            {
+                self.bytes -= forgotten.message.body.len();
+            }
+        }
+        // Keys remembered again leave stale places in the order: keep it bounded.
+        if self.order.len() > 2 * REMEMBERED_MAX {
+            let by_key = &self.by_key;
+            self.order.retain(|(key, number)| by_key.get(key).is_some_and(|(current, _)| current == number));
+        }
+    }
+
+    /// The answer for `key`, if one was passed over and its lease still holds.
+    fn take(&mut self, key: &Key, now_ms: u64) -> Option<Passed> {
+        let (_, passed) = self.by_key.remove(key)?;
+        self.bytes -= passed.message.body.len();
+        (passed.until_ms > now_ms).then_some(passed)
+    }
 }
 
 /// What one look at the queue found.
@@ -108,6 +171,14 @@ impl ReplyReader {
             );
         }
         let key: Key = (id.to_string(), item);
+        let passed = self.state.lock().unwrap().remembered.take(&key, self.clock.now_ms());
+        if let Some(passed) = passed {
+            // Passed over a moment ago, still under that look's lease: take it now (else the
+            // next look finds it once the lease ends).
+            if self.queue.delete(&passed.message.id, &passed.message.pop_receipt).await.is_ok() {
+                return Ok(Some(passed.reply));
+            }
+        }
         let (handing, handed) = oneshot::channel();
         let start_reading = {
             let mut state = self.state.lock().unwrap();
@@ -202,43 +273,62 @@ impl ReplyReader {
 
     /// One batch: each message handed to its waiter, deleted as expired, or passed over.
     async fn look(&self) -> anyhow::Result<Look> {
+        let leased_at_ms = self.clock.now_ms();
         let got = self.queue.get(MAX_BATCH, PASS_OVER).await?;
         let look = Look { full: got.len() == MAX_BATCH as usize, read: got.len() };
         let now = system_time(self.clock.now_ms());
         for message in got {
-            self.settle(message, now).await;
+            self.settle(message, now, leased_at_ms).await;
         }
         Ok(look)
     }
 
-    async fn settle(&self, message: Message, now: SystemTime) {
-        let reply = serde_json::from_slice::<Reply>(&message.body).ok();
-        let waiter = reply.as_ref().and_then(|reply| {
-            let mut state = self.state.lock().unwrap();
-            state.waiters.remove(&(reply.correlation_id.clone(), reply.item)).filter(|waiter| !waiter.is_closed())
-        });
-        if let (Some(reply), Some(waiter)) = (reply, waiter) {
-            match self.queue.delete(&message.id, &message.pop_receipt).await {
-                Ok(()) => {
-                    if let Err(Ok(reply)) = waiter.send(Ok(reply)) {
-                        // Its waiter gave up between the two: the answer is gone with it.
-                        tracing::warn!(reply_queue = %self.name(), correlation_id = %reply.correlation_id, "an answer was taken as its waiter gave up: it is lost");
-                    }
-                }
-                Err(error) => {
-                    // Not taken (another reader leased it meanwhile): wait for the next look.
-                    tracing::debug!(reply_queue = %self.name(), id = %message.id, "answer not taken: {error}");
-                    let key = (reply.correlation_id, reply.item);
-                    self.state.lock().unwrap().waiters.insert(key, waiter);
-                }
+    async fn settle(&self, message: Message, now: SystemTime, leased_at_ms: u64) {
+        let expired = now.duration_since(message.inserted_at).unwrap_or_default() > self.ttl;
+        let Some(reply) = serde_json::from_slice::<Reply>(&message.body).ok() else {
+            if expired {
+                self.delete_expired(&message).await;
             }
             return;
+        };
+        let key: Key = (reply.correlation_id.clone(), reply.item);
+        // One look at the waiters and the memory together: a wait that comes meanwhile finds
+        // the answer in one or the other.
+        let waiter = {
+            let mut state = self.state.lock().unwrap();
+            let waiter = state.waiters.remove(&key).filter(|waiter| !waiter.is_closed());
+            if waiter.is_none() && !expired {
+                // Another waiter's, maybe on another host, or one of ours to come: its lease
+                // runs out in PASS_OVER; until then a wait here takes it from memory.
+                let until_ms = leased_at_ms.saturating_add(PASS_OVER.as_millis() as u64).saturating_sub(LEASE_MARGIN_MS);
+                state.remembered.remember(key, Passed { message, reply, until_ms });
+                return;
+            }
+            waiter
+        };
+        let Some(waiter) = waiter else {
+            self.delete_expired(&message).await;
+            return;
+        };
+        match self.queue.delete(&message.id, &message.pop_receipt).await {
+            Ok(()) => {
+                if let Err(Ok(reply)) = waiter.send(Ok(reply)) {
+                    // Its waiter gave up between the two: the answer is gone with it.
+                    tracing::warn!(reply_queue = %self.name(), correlation_id = %reply.correlation_id, "an answer was taken as its waiter gave up: it is lost");
+                }
+            }
+            Err(error) => {
+                // Not taken (another reader leased it meanwhile): wait for the next look.
+                tracing::debug!(reply_queue = %self.name(), id = %message.id, "answer not taken: {error}");
+                self.state.lock().unwrap().waiters.insert(key, waiter);
+            }
         }
-        let age = now.duration_since(message.inserted_at).unwrap_or_default();
-        if age > self.ttl && self.queue.delete(&message.id, &message.pop_receipt).await.is_ok() {
+    }
+
+    async fn delete_expired(&self, message: &Message) {
+        if self.queue.delete(&message.id, &message.pop_receipt).await.is_ok() {
             self.state.lock().unwrap().expired += 1;
         }
-        // Another waiter's, maybe on another host: its lease runs out in PASS_OVER.
     }
 }
 
@@ -342,6 +432,68 @@ mod tests {
         assert_eq!(updates, 0, "an answer passed over is left to come back by itself: {counts:?}");
         // Ten seconds of waiting: a pass over the 1,000 (32 gets) each time they come back.
         assert!(calls <= 250, "{calls} calls (181 when written; 5,340 when each was released): {counts:?}");
+    }
+
+    /// Attack (session 13): once answers were passed over with their lease, a producer waiting
+    /// for its items one after another (`ebb send --items --wait-reply`) waited out the lease
+    /// of each next item's answer: 10 items took 19 s, and with a short reply_ttl some expired.
+    #[tokio::test(start_paused = true)]
+    async fn a_producer_waiting_item_by_item_takes_each_answer_at_once_from_the_reader_s_memory() {
+        let (reader, transactions) = reader(Duration::from_secs(3600));
+        for item in 0..10 {
+            reader.queue.put(&answer("batch", Some(item)), Duration::ZERO).await.unwrap();
+        }
+        let started = tokio::time::Instant::now();
+        for item in 0..10 {
+            let got = reader.wait(&MessageId::from("batch"), Some(item), Duration::from_secs(30)).await.unwrap();
+            assert_eq!(got.and_then(|r| r.item), Some(item));
+        }
+        assert!(started.elapsed() < Duration::from_millis(500), "each answer at once: {:?}", started.elapsed());
+        let counts = transactions.snapshot();
+        assert_eq!((counts.deletes, counts.updates), (10, 0), "{counts:?}");
+        assert_eq!(reader.queue.approximate_count().await.unwrap(), 0);
+        // Remembered answers are taken only under their lease: once it ran out they are looked
+        // for again (another reader may have them now).
+        reader.queue.put(&answer("late", Some(0)), Duration::ZERO).await.unwrap();
+        reader.queue.put(&answer("late", Some(1)), Duration::ZERO).await.unwrap();
+        assert!(reader.wait(&MessageId::from("late"), Some(0), Duration::from_secs(5)).await.unwrap().is_some());
+        tokio::time::advance(PASS_OVER).await;
+        assert!(reader.wait(&MessageId::from("late"), Some(1), Duration::from_secs(5)).await.unwrap().is_some());
+    }
+
+    #[test]
+    fn the_memory_of_passed_over_answers_is_bounded_by_count_and_bytes() {
+        let passed = |n: usize, bytes: usize| Passed {
+            message: Message {
+                id: MessageId::from(n.to_string().as_str()),
+                pop_receipt: crate::queue::PopReceipt::from("r"),
+                dequeue_count: 1,
+                inserted_at: SystemTime::UNIX_EPOCH,
+                next_visible_at: SystemTime::UNIX_EPOCH,
+                body: bytes::Bytes::from(vec![b'x'; bytes]),
+                defect: None,
+            },
+            reply: serde_json::from_slice(&answer(&n.to_string(), None)).unwrap(),
+            until_ms: u64::MAX,
+        };
+        let mut memory = Remembered::default();
+        for n in 0..REMEMBERED_MAX + 100 {
+            memory.remember((n.to_string(), None), passed(n, 10));
+        }
+        assert_eq!(memory.by_key.len(), REMEMBERED_MAX);
+        assert!(memory.take(&("0".to_string(), None), 0).is_none(), "the oldest are forgotten first");
+        let mut memory = Remembered::default();
+        for n in 0..100 {
+            memory.remember((n.to_string(), None), passed(n, 1 << 20));
+        }
+        assert!(memory.bytes <= REMEMBERED_MAX_BYTES && memory.by_key.len() == REMEMBERED_MAX_BYTES >> 20, "{}", memory.bytes);
+        // The same answer read again replaces its entry, counted once.
+        let mut memory = Remembered::default();
+        for _ in 0..3 * REMEMBERED_MAX {
+            memory.remember(("same".to_string(), None), passed(1, 100));
+        }
+        assert_eq!((memory.by_key.len(), memory.bytes), (1, 100));
+        assert!(memory.order.len() <= 2 * REMEMBERED_MAX + 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use async_trait::async_trait;
 use bytes::Bytes;
 
@@ -97,6 +97,12 @@ pub struct HandlerStatus {
     /// What answered, and the start of its answer, for the log and the poison envelope.
     pub detail: String,
 }
+
+/// The handler answered with more than [`MAX_REPLY_BYTES`]: no reply queue takes an answer
+/// that large, so handling the message again cannot help (it is poisoned at once).
+#[derive(Debug, thiserror::Error)]
+#[error("handled, but {0}")]
+pub struct AnswerTooLarge(pub String);
 
 /// A handler (a Rust one, embedded) panicked; the panic was contained.
 #[derive(Debug, thiserror::Error)]
@@ -324,7 +330,7 @@ impl Handler for HttpHandler {
         }
         let body = body_prefix(response, MAX_REPLY_BYTES + 1).await;
         if body.len() > MAX_REPLY_BYTES {
-            bail!("handler {} answered with more than {MAX_REPLY_BYTES} bytes: too large for a reply", self.shown_url);
+            return Err(AnswerTooLarge(format!("handler {} answered with more than {MAX_REPLY_BYTES} bytes: too large for a reply", self.shown_url)).into());
         }
         Ok((!body.is_empty()).then(|| Bytes::from(body)))
     }

@@ -348,3 +348,55 @@ async fn an_answer_too_large_for_the_reply_queue_poisons_its_request_at_once_nam
     assert_eq!(queue.inner.approximate_count().await.unwrap(), 0);
     listener.shutdown(Duration::from_secs(1)).await;
 }
+
+/// Attack (session 13): an HTTP handler's answer over 1 MiB (which no reply queue takes) was
+/// an ordinary failure, so the handler ran again up to `max_dequeue_count` times (its side
+/// effects with it); it is poisoned at its first delivery, as a plain message and as an item.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_answer_over_a_mebibyte_poisons_its_request_at_the_first_delivery() {
+    let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = calls.clone();
+    let router = axum::Router::new().route(
+        "/work",
+        axum::routing::post(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async { vec![b'z'; ebb::handler::MAX_REPLY_BYTES + 1] }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let handler = Arc::new(ebb::handler::HttpHandler::new(format!("http://{addr}/work").parse().unwrap(), Duration::from_secs(30)).unwrap());
+    let clock = Arc::new(TokioClock::new());
+    let queue = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock.clone(), 65536));
+    let reply = Arc::new(MemoryQueue::new("work-replies", clock, 65536));
+    let settings = QueueSettings {
+        max_dequeue_count: 3,
+        visibility_timeout: Duration::from_secs(1),
+        min_polling_interval: Duration::from_millis(50),
+        max_polling_interval: Duration::from_millis(200),
+        max_retry_delay: Duration::from_millis(100),
+        ..QueueSettings::default()
+    };
+    let payload = PayloadSettings { max_envelope_bytes: 65536, ..PayloadSettings::default() };
+    queue.put(b"plain", Duration::ZERO).await.unwrap();
+    queue.put(&envelope(&["item"]), Duration::ZERO).await.unwrap();
+    let listener = Listener::builder(queue.clone(), poison.clone(), handler).settings(settings).payload(payload, false).reply_queue(reply.clone()).build();
+    listener.start();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while poison.approximate_count().await.unwrap() < 2 {
+        assert!(std::time::Instant::now() < deadline, "not poisoned; handler called {} times", calls.load(Ordering::SeqCst));
+        sleep(Duration::from_millis(50)).await;
+    }
+    // Time for a retry to happen, were there one.
+    sleep(Duration::from_millis(1500)).await;
+    listener.shutdown(Duration::from_secs(1)).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "each request handled once");
+    for body in drain(&*poison).await {
+        let entry: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let reason = entry["error"].as_str().unwrap();
+        assert!(reason.contains("more than 1048576 bytes: too large for a reply"), "{reason}");
+    }
+    assert_eq!(reply.approximate_count().await.unwrap(), 0);
+}

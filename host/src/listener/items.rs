@@ -117,6 +117,7 @@ impl Shared {
                         Err(ReplyNotPut::NotNow(error)) => ItemResult::Failed(error),
                     },
                     Ok(None) => ItemResult::Handled,
+                    Err(error) if error.is::<crate::handler::AnswerTooLarge>() => ItemResult::Refused(format!("{error:#} (item {index})")),
                     Err(error) => ItemResult::Failed(error),
                 };
                 (index, result)

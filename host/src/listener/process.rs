@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::handler::{HostError, IncomingMessage, PUSHED_BACK_POISON_DEQUEUES, PushedBack, RetryAfterAdjustment};
+use crate::handler::{AnswerTooLarge, HostError, IncomingMessage, PUSHED_BACK_POISON_DEQUEUES, PushedBack, RetryAfterAdjustment};
 use crate::queue::{Message, MessageId, PopReceipt, QueueError};
 
 use super::Shared;
@@ -198,6 +198,11 @@ impl Shared {
                     return false;
                 }
                 return true;
+            }
+            Outcome::Handled(Err(error)) if error.is::<AnswerTooLarge>() => {
+                // Handling it again would give an answer as large (and redo the work).
+                self.counters.record_failure(latency);
+                self.poison(message, receipt, &format!("{error:#}")).await;
             }
             Outcome::Handled(Err(error)) if error.is::<HostError>() => {
                 // Not the message's fault: retried later, never poisoned for it.

@@ -163,3 +163,27 @@ async fn a_wait_for_answers_another_queue_handles_is_refused_saying_so_and_nothi
     assert!(text.contains("which queue stage-2 handles"), "{text}");
     Ok(())
 }
+
+/// Attack (session 13): the reply queue's calls (answers put, the reader's gets and deletes)
+/// were counted nowhere, so status, metrics and the cost estimate left them out. They count
+/// as the queue's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queues_reply_calls_count_as_its_storage_transactions() -> Result<()> {
+    let host = start().await?;
+    let http = reqwest::Client::new();
+    let metric = |text: &str, kind: &str| -> u64 {
+        let series = format!("ebb_storage_transactions_total{{queue=\"slow\",kind=\"{kind}\"}} ");
+        text.lines().find_map(|line| line.strip_prefix(series.as_str())).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
+    };
+    for body in ["one", "two", "three"] {
+        let sent: Value = serde_json::from_str(&http.post(format!("http://{}/queues/slow/messages", host.api)).body(body).send().await?.text().await?)?;
+        let id = sent["id"].as_str().unwrap();
+        let reply = http.post(format!("http://{}/queues/slow/replies/{id}?timeout_ms=20000", host.api)).send().await?;
+        assert_eq!(reply.status(), 200);
+    }
+    let metrics = http.get(format!("http://{}/metrics", host.api)).send().await?.text().await?;
+    assert_eq!(metric(&metrics, "put"), 6, "three requests and their three answers: {metrics}");
+    assert_eq!(metric(&metrics, "delete"), 6, "three requests handled and three answers taken");
+    assert!(metric(&metrics, "get") >= 6, "each request and each answer was read: {metrics}");
+    Ok(())
+}

@@ -187,6 +187,12 @@ impl<Q: QueueClient> Metered<Q> {
         Metered { inner, transactions: Arc::default() }
     }
 
+    /// Wraps `inner`, counting into `transactions` (shared with another client: a queue's
+    /// reply queue counted as that queue's calls).
+    pub fn sharing(inner: Q, transactions: Arc<Transactions>) -> Self {
+        Metered { inner, transactions }
+    }
+
     /// The live counters.
     pub fn transactions(&self) -> Arc<Transactions> {
         self.transactions.clone()

@@ -79,7 +79,8 @@ pub struct QueueStack {
     pub poison: Arc<dyn QueueClient>,
     /// The logical queue: the only partition, or all of them as one ([`Partitioned`]).
     pub logical: Arc<dyn QueueClient>,
-    /// The queue handlers' answers go to (`reply_queue`), decorated as the poison queue.
+    /// The queue handlers' answers go to (`reply_queue`), decorated as the poison queue and
+    /// counted as this queue's calls when the stack is metered.
     pub reply: Option<Arc<dyn QueueClient>>,
 }
 
@@ -88,7 +89,12 @@ impl QueueStack {
     pub fn assemble(queue: &QueueConfig, open: &OpenQueue<'_>, options: &StackOptions) -> Result<QueueStack> {
         let mut stack = QueueStack::assemble_named(&queue.name, &queue.storage_queues(), &queue.poison_queue(), open, options)?;
         if let Some(reply) = &queue.payload.reply_queue {
-            let client = open(reply)?;
+            let mut client = open(reply)?;
+            // Its calls are this queue's (answers put, waits read, sweeps) and billed as much:
+            // counted with its first storage queue's, so status, metrics and cost include them.
+            if let Some(transactions) = stack.partitions.first().and_then(|p| p.transactions.clone()) {
+                client = Arc::new(Metered::sharing(client, transactions));
+            }
             stack.reply = Some(match &options.retry {
                 Some(policy) => Arc::new(Retrying::new(client, policy.clone())),
                 None => client,

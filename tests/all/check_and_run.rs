@@ -132,7 +132,8 @@ fn check_refuses_a_shadow_rule_that_is_a_hard_link_of_the_rule_naming_the_key() 
     std::fs::write(
         &path,
         format!(
-            "[api]\nlisten = \"127.0.0.1:{port}\"\n[queues.orders]\nrule = \"orders.wasm\"\nshadow_rule = \"candidate.wasm\"\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n"
+            "data_dir = \"{}\"\n[api]\nlisten = \"127.0.0.1:{port}\"\n[queues.orders]\nrule = \"orders.wasm\"\nshadow_rule = \"candidate.wasm\"\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n",
+            dir.path().join("data").display()
         ),
     )
     .unwrap();
@@ -145,6 +146,10 @@ fn check_refuses_a_shadow_rule_that_is_a_hard_link_of_the_rule_naming_the_key() 
     let (code, checked) = ebb("check", &path, Duration::from_secs(60));
     assert_eq!(code, Some(1), "{checked}");
     assert!(checked.contains("are one file (one names it through a symbolic link)"), "{checked}");
+    // A running host says so too (attack, session 13: it ran the shadow silently), and runs on.
+    let (code, said) = ebb("run", &path, Duration::from_secs(3));
+    assert_eq!(code, None, "still running after 3 s: {said}");
+    assert!(said.contains("queues.orders.shadow_rule:") && said.contains("are one file"), "{said}");
     // A copy of the same bytes is another file: a shadow that agrees, which is allowed.
     std::fs::remove_file(rules.join("candidate.wasm")).unwrap();
     std::fs::copy(rules.join("orders.wasm"), rules.join("candidate.wasm")).unwrap();

@@ -15,6 +15,11 @@ use crate::service::{QueueStack, Role, StackOptions, storage_queue};
 
 pub async fn run(config_path: &Path) -> Result<()> {
     let config = Config::load(config_path)?;
+    // `ebb check` refuses this; a running host only says so: a shadow never touches the live
+    // path, so it is no reason to stop processing (it would only ever agree).
+    for problem in config.queues.iter().filter_map(|queue| shadow_is_the_rule(queue, &config.rules_dir)) {
+        tracing::warn!("{problem:#}");
+    }
     // Listening before the API answers: a signal that arrives once it does is a shutdown.
     let mut signals = Signals::listen()?;
     let host = Host::start(&config, Role::Worker).await?;

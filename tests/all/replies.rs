@@ -153,10 +153,19 @@ async fn a_wait_for_answers_another_queue_handles_is_refused_saying_so_and_nothi
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("which queue stage-2 handles") && stderr.contains("nothing was sent"), "{stderr}");
+    // A timeout no reply could meet, or too long, is refused before sending too (attack,
+    // session 13: `--timeout 0s` sent, then failed).
+    for timeout in ["0s", "1ms", "999ms", "2h"] {
+        let out = Command::new(EBB).args(["send", "slow", "hello", "--wait-reply", "--timeout", timeout, "--config"]).arg(host.config()).output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.code() == Some(1) && stderr.contains("--timeout: 1s to 1h") && stderr.contains("nothing was sent"), "{timeout}: {stderr}");
+    }
     let http = reqwest::Client::new();
     let status: Value = serde_json::from_str(&http.get(format!("http://{}/status", host.api)).send().await?.text().await?)?;
     let stage_1 = status["queues"].as_array().unwrap().iter().find(|q| q["queue"] == "stage-1").unwrap().clone();
     assert_eq!(stage_1["processed"], 0, "nothing was sent: {stage_1}");
+    let slow = status["queues"].as_array().unwrap().iter().find(|q| q["queue"] == "slow").unwrap().clone();
+    assert_eq!(slow["processed"], 0, "nothing was sent: {slow}");
     let wait = http.post(format!("http://{}/queues/stage-1/replies/1?timeout_ms=100", host.api)).send().await?;
     assert_eq!(wait.status(), 409);
     let text = wait.text().await?;

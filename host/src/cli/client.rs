@@ -334,6 +334,9 @@ pub async fn poison(command: super::PoisonCommand) -> Result<()> {
 
 /// Longest `ebb send --wait-reply --timeout`.
 const MAX_REPLY_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The shortest `--timeout`: a shorter one would send, and give up before any handler could
+/// have answered.
+const MIN_REPLY_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Longest wait one look for a reply asks the host for (the host's own bound).
 const REPLY_LONG_POLL: Duration = Duration::from_secs(30);
@@ -343,11 +346,16 @@ const REPLY_LONG_POLL: Duration = Duration::from_secs(30);
 /// answer, however long `--timeout` is.
 const REPLY_LONG_POLL_MARGIN: Duration = Duration::from_secs(15);
 
-/// Refuses a `--wait-reply` that cannot be: a timeout over [`MAX_REPLY_TIMEOUT`], or a
-/// queue without a `reply_queue`.
+/// Refuses a `--wait-reply` that cannot be: a timeout outside [`MIN_REPLY_TIMEOUT`] to
+/// [`MAX_REPLY_TIMEOUT`], or a queue without a `reply_queue`.
 fn check_wait_reply(config_path: &Path, config: &crate::config::Config, queue: &crate::config::QueueConfig, timeout: Duration) -> Result<()> {
-    if timeout > MAX_REPLY_TIMEOUT {
-        bail!("--timeout: at most {}, got {}", humantime::format_duration(MAX_REPLY_TIMEOUT), humantime::format_duration(timeout));
+    if !(MIN_REPLY_TIMEOUT..=MAX_REPLY_TIMEOUT).contains(&timeout) {
+        bail!(
+            "--timeout: {} to {} (a reply comes once the request is handled), got {}; nothing was sent",
+            humantime::format_duration(MIN_REPLY_TIMEOUT),
+            humantime::format_duration(MAX_REPLY_TIMEOUT),
+            humantime::format_duration(timeout)
+        );
     }
     let Some(reply) = &queue.payload.reply_queue else {
         bail!("queue {} has no reply_queue in {}: there is no answer to wait for", queue.name, config_path.display());

@@ -1295,6 +1295,22 @@ async fn poison_messages_are_listed_requeued_and_purged() {
     assert!(requeued.contains("requeued 1 poison message to orders"), "{requeued}");
     wait_until("the requeued message handled", || async { !seen.lock().unwrap().is_empty() }).await;
     assert_eq!(seen.lock().unwrap()[0], ("<script>alert(1)</script>".to_string(), "1".to_string()), "the body, with a fresh dequeue count");
+    // Ids that are not there (the one requeued just now, a made-up one) are named, and the
+    // command fails (attack, session 13: it said "requeued 0" and exited 0).
+    let missing = site.command().args(["poison", "requeue", "orders", "--id", id, "--id", "999999", "--config"]).arg(site.config()).output().unwrap();
+    let said = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success() && said.contains("no poison message of orders has the id") && said.contains("999999"), "{said}");
+    let answer = reqwest::Client::new()
+        .post(format!("http://{}/queues/orders/poison/requeue?ids=999999,{id}", site.api))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!((answer["requeued"].as_u64(), answer["not_found"].as_array().map(Vec::len)), (Some(0), Some(2)), "{answer}");
 
     let refused = site.command().args(["poison", "purge", "orders", "--config"]).arg(site.config()).output().unwrap();
     assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("add --yes"));

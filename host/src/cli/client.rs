@@ -325,7 +325,16 @@ pub async fn poison(command: super::PoisonCommand) -> Result<()> {
             }
         }
         PoisonCommand::Requeue { .. } => {
-            println!("requeued {} poison message{} to {queue}", cell(&body["requeued"]), plural(body["requeued"].as_u64().unwrap_or(0)))
+            println!("requeued {} poison message{} to {queue}", cell(&body["requeued"]), plural(body["requeued"].as_u64().unwrap_or(0)));
+            for skipped in body["skipped"].as_array().into_iter().flatten() {
+                let reason: String = skipped["reason"].as_str().unwrap_or_default().chars().take(200).flat_map(char::escape_debug).collect();
+                eprintln!("left {} in the poison queue: {reason}", cell(&skipped["id"]));
+            }
+            let not_found: Vec<String> =
+                body["not_found"].as_array().into_iter().flatten().map(|id| id.as_str().unwrap_or_default().escape_debug().to_string()).collect();
+            if !not_found.is_empty() {
+                bail!("no poison message of {queue} has the id {} (listed with `ebb poison list {queue}`)", not_found.join(", "));
+            }
         }
         PoisonCommand::Purge { .. } => println!("purged {} poison message{} of {queue}", cell(&body["purged"]), plural(body["purged"].as_u64().unwrap_or(0))),
     }

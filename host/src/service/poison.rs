@@ -187,6 +187,9 @@ pub struct Taken {
     /// Messages left in the poison queue because their queue refuses them for good (too
     /// large for its limit now, a body it cannot carry), with why.
     pub skipped: Vec<Skipped>,
+    /// Ids asked for that were not among the poison messages looked at (a wrong id, or one
+    /// requeued or purged already).
+    pub not_found: Vec<String>,
 }
 
 /// A poison message a requeue left, and why.
@@ -242,6 +245,7 @@ async fn take(poison: &Arc<dyn QueueClient>, selection: &Selection, requeue_to: 
     let held = poison.approximate_count().await.map_or(u64::from(MAX_PER_OPERATION), |count| count);
     let mut looking = Looking::new(poison, u32::try_from(held).unwrap_or(u32::MAX));
     let mut taken = Taken::default();
+    let mut found = BTreeSet::new();
     let outcome = 'batches: loop {
         let batch = match looking.next_batch().await {
             Ok(batch) if batch.is_empty() => break Ok(()),
@@ -250,11 +254,12 @@ async fn take(poison: &Arc<dyn QueueClient>, selection: &Selection, requeue_to: 
         };
         let mut batch = batch.into_iter();
         while let Some(message) = batch.next() {
-            if let Selection::Ids(ids) = selection
-                && !ids.contains(message.id.as_str())
-            {
-                looking.left.push(message);
-                continue;
+            if let Selection::Ids(ids) = selection {
+                if !ids.contains(message.id.as_str()) {
+                    looking.left.push(message);
+                    continue;
+                }
+                found.insert(message.id.to_string());
             }
             if let Some(queue) = requeue_to {
                 match queue.send(&decode(&message).body, Duration::ZERO, super::handle::SEND_DEADLINE).await {
@@ -290,6 +295,9 @@ async fn take(poison: &Arc<dyn QueueClient>, selection: &Selection, requeue_to: 
             }
         }
     };
+    if let Selection::Ids(ids) = selection {
+        taken.not_found = ids.iter().filter(|id| !found.contains(*id)).cloned().collect();
+    }
     looking.finish(outcome).await.map(|()| taken)
 }
 

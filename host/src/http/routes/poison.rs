@@ -90,7 +90,7 @@ pub(super) async fn requeue(
     match crate::service::poison::requeue(&poison, handle, &selection).await {
         Ok(taken) => {
             super::audit(&api, &caller, "requeue", &name, &format!("ok: {} requeued, {} skipped, of {which}", taken.count, taken.skipped.len()));
-            Json(json!({ "queue": name, "requeued": taken.count, "skipped": taken.skipped })).into_response()
+            Json(json!({ "queue": name, "requeued": taken.count, "skipped": taken.skipped, "not_found": taken.not_found })).into_response()
         }
         Err(reason) => {
             super::audit(&api, &caller, "requeue", &name, &format!("failed: {reason:#} (of {which})"));

@@ -330,7 +330,10 @@ fn build_example_rules() -> Result<DemoRules> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
     let workspace = root.join("example-rules");
     if !workspace.join("Cargo.toml").exists() {
-        bail!("the demo builds its rules from the ebb source tree, and {} is missing", workspace.display());
+        bail!(
+            "the demo builds its rules from the ebb checkout this binary was built from, and {} is missing: run it there, with `cargo run -p ebb -- demo`",
+            workspace.display()
+        );
     }
     let installed = Command::new("rustup").args(["target", "list", "--installed"]).output().context("failed to run rustup")?;
     if !String::from_utf8_lossy(&installed.stdout).lines().any(|l| l.trim() == "wasm32-wasip2") {

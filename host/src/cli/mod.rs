@@ -27,6 +27,10 @@ pub struct Cli {
 enum Command {
     /// Run the whole host on the embedded queue with example rules, an in-process app and a
     /// load in phases, printing a live line per second and a summary.
+    ///
+    /// A command of the ebb checkout (`cargo run -p ebb -- demo`): it builds the example rules
+    /// from the checkout this binary was built from, with cargo and the wasm32-wasip2 target,
+    /// into that checkout's target/demo-rules.
     Demo {
         /// How long the demo runs.
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]

@@ -404,6 +404,11 @@ pub fn read(data_dir: &Path, queue: &str, since_second: u64) -> (Vec<Bucket>, Ve
                 warnings.push(format!("skipped the recording {}: a symbolic link, not a regular file (the host never writes one)", path.display()));
                 continue;
             }
+            // Nor through a hard link of a file elsewhere (the host refuses to write one).
+            Ok(meta) if meta.file_type().is_file() && std::os::unix::fs::MetadataExt::nlink(&meta) > 1 => {
+                warnings.push(format!("skipped the recording {}: a hard link of another file (the host never writes one)", path.display()));
+                continue;
+            }
             Ok(_) => {}
         }
         // A stray byte that is not UTF-8 damages its line, not the file.
@@ -440,6 +445,9 @@ struct Parsed {
 /// The start of every version's header: a file of another version is not read at all.
 const HEADER_PREFIX: &str = "# ebb arrivals v";
 
+/// Longest line the host writes: four 20-digit numbers and their commas (the header is shorter).
+const MAX_LINE_BYTES: usize = 4 * 20 + 3;
+
 /// Longest part of a damaged line a warning shows.
 const SHOWN_LINE_CHARS: usize = 60;
 
@@ -453,6 +461,12 @@ fn parse(text: &str) -> Result<Parsed> {
         None => "",
     };
     let mut parsed = Parsed::default();
+    // A crash cuts a line short: an end longer than any line the host writes is something else.
+    let tail = text.len() - complete.len();
+    if tail > MAX_LINE_BYTES {
+        parsed.damaged += 1;
+        parsed.first_damaged = Some(format!("the end of the file: {tail} bytes without a line end, longer than any line of a recording"));
+    }
     for (index, line) in complete.lines().enumerate() {
         if index == 0 && line == HEADER {
             continue;
@@ -724,6 +738,22 @@ mod tests {
         let (buckets, warnings) = read(dir.path(), "orders", 0);
         assert!(warnings[0].contains("a symbolic link, not a regular file"), "{warnings:?}");
         assert!(buckets.iter().all(|b| b.second != 777), "the linked file was read: {buckets:?}");
+        // Nor a hard link of a file elsewhere (attack, session 13: it was read and exported).
+        std::fs::remove_file(&old).unwrap();
+        std::fs::hard_link(&elsewhere, &old).unwrap();
+        let (buckets, warnings) = read(dir.path(), "orders", 0);
+        assert!(warnings[0].contains("a hard link of another file"), "{warnings:?}");
+        assert!(buckets.iter().all(|b| b.second != 777), "the linked file was read: {buckets:?}");
+        // An end without a line end longer than any line is damage, not a crash's cut
+        // (attack, session 13: a file of NULs read as an empty recording without a word).
+        std::fs::remove_file(&old).unwrap();
+        std::fs::write(&old, format!("{HEADER}\n12,1,0,0\n{}", "\0".repeat(10_000))).unwrap();
+        let (buckets, warnings) = read(dir.path(), "orders", 0);
+        assert!(warnings[0].contains("10000 bytes without a line end"), "{warnings:?}");
+        assert!(buckets.iter().any(|b| b.second == 12), "the lines before it are read: {buckets:?}");
+        std::fs::write(&old, format!("{HEADER}\n12,1,0,0\n13,1,0")).unwrap();
+        let (_, warnings) = read(dir.path(), "orders", 0);
+        assert!(warnings.is_empty(), "a line cut short is no damage: {warnings:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -209,3 +209,44 @@ async fn ebb_send_sends_every_large_copy_and_a_large_item() -> Result<()> {
     }
     Ok(())
 }
+
+/// Attack (session 13): with `max_message_bytes = 1` a 2-byte send was stored in the claim
+/// store, then its reference (87 bytes) refused with "message of 87 bytes is over the limit".
+/// The smallest limit is now 256 (refused below it at load, golden
+/// `max_message_bytes_under_an_envelope`); at 256 a larger body goes through its reference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_smallest_message_limit_a_larger_body_is_offloaded_and_delivered_whole() -> Result<()> {
+    let calls = Calls::default();
+    let app = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let app_addr = app.local_addr()?;
+    let seen = calls.clone();
+    let router = axum::Router::new().route(
+        "/work",
+        axum::routing::post(move |body: axum::body::Bytes| async move {
+            seen.lock().unwrap().push((sha2::Sha256::digest(&body).into(), false));
+            "ok"
+        }),
+    );
+    tokio::spawn(async move { axum::serve(app, router).await });
+    let dir = tempfile::tempdir()?;
+    let api = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let config = format!(
+        "max_message_bytes = 256\n[api]\nlisten = \"{api}\"\n\n[queues.the-longest-queue-name-ebb-takes-xxxxxxxxxxxxxxxxxxxxxxx]\nhandler = {{ url = \"http://{app_addr}/work\" }}\n"
+    );
+    let host = Host::run(dir, api, &config).await?;
+    let body = random(1000, 7);
+    let sent = reqwest::Client::new()
+        .post(format!("http://{}/queues/the-longest-queue-name-ebb-takes-xxxxxxxxxxxxxxxxxxxxxxx/messages", host.api))
+        .body(body.clone())
+        .send()
+        .await?;
+    ensure!(sent.status() == 201, "{} {}", sent.status(), sent.text().await?);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while calls.lock().unwrap().is_empty() {
+        ensure!(tokio::time::Instant::now() < deadline, "never reached the handler");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let expected: [u8; 32] = sha2::Sha256::digest(&body).into();
+    assert_eq!(calls.lock().unwrap().as_slice(), &[(expected, false)]);
+    Ok(())
+}

@@ -7,6 +7,10 @@ use anyhow::{Result, bail};
 
 /// Largest `max_message_bytes`: 1 MiB, the largest request body the API accepts.
 pub const MAX_MESSAGE_BYTES_LIMIT: usize = 1 << 20;
+/// Smallest `max_message_bytes`: room for an envelope of one small item, and for an
+/// offloaded message's reference (a smaller limit took the body into the claim store and
+/// then refused the reference, naming its size as if it were the body's).
+pub const MIN_MESSAGE_BYTES_LIMIT: usize = 256;
 /// Longest polling interval, scale interval, drain, handler or API timeout.
 pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
 /// Longest `max_pickup_delay`: a notified message should not wait longer for its get.

@@ -11,7 +11,7 @@ use super::backend::Backend;
 use super::bus::BusFile;
 use super::checks::{
     AtLeast, MAX_API_CONNECTIONS, MAX_CACHE_MIB, MAX_CALL_DEADLINE, MAX_INSTANCES, MAX_INTERVAL, MAX_MEMORY_MIB, MAX_MESSAGE_BYTES_LIMIT, MAX_PRICE_PER_10K,
-    check_duration, check_folder, check_token, check_token_text,
+    MIN_MESSAGE_BYTES_LIMIT, check_duration, check_folder, check_token, check_token_text,
 };
 use super::file::{ApiTokenFile, ConfigFile, ScalerFile};
 use super::settings::{ApiLimits, ApiRole, ApiToken, ScalerSettings};
@@ -51,8 +51,11 @@ impl ConfigFile {
             Some(n) => n,
             None => crate::defaults::PROBE_CONNECTIONS.min(self.api.max_connections / 2),
         };
-        if !(1..=MAX_MESSAGE_BYTES_LIMIT).contains(&self.max_message_bytes) {
-            bail!("max_message_bytes: must be 1 to {MAX_MESSAGE_BYTES_LIMIT} bytes (1 MiB, the largest body the API accepts), got {}", self.max_message_bytes);
+        if !(MIN_MESSAGE_BYTES_LIMIT..=MAX_MESSAGE_BYTES_LIMIT).contains(&self.max_message_bytes) {
+            bail!(
+                "max_message_bytes: must be {MIN_MESSAGE_BYTES_LIMIT} to {MAX_MESSAGE_BYTES_LIMIT} bytes (room for an envelope or an offloaded message's reference, up to 1 MiB, the largest body the API accepts), got {}",
+                self.max_message_bytes
+            );
         }
         check_duration("drain_timeout", self.drain_timeout, AtLeast::Zero, MAX_INTERVAL)?;
         let price = self.price_per_10k_transactions;

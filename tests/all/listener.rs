@@ -206,6 +206,26 @@ async fn extra_tasks_retire_after_their_batch_when_the_rule_says_fewer() {
     assert_eq!((status.target_tasks, status.active_tasks), (7, 7), "{status:?}");
 }
 
+/// Attack (session 13): a partition's poisoned message named its partition's own id, not the
+/// id its producer got back (`1:19`), so it could not be matched to the send.
+#[tokio::test(start_paused = true)]
+async fn a_partitions_poisoned_message_names_the_id_its_producer_got() {
+    let clock = Arc::new(TokioClock::new());
+    let queue = Arc::new(MemoryQueue::new("work-1", clock.clone(), 65536));
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
+    let handler = Arc::new(TestHandler::default());
+    let settings = QueueSettings { max_dequeue_count: 1, random_seed: Some(7), ..Default::default() };
+    let listener = Listener::builder(queue.clone(), poison.clone(), handler).settings(settings).partition(1).build();
+    listener.start();
+    let id = queue.put(b"fail", Duration::ZERO).await.unwrap();
+    sleep(Duration::from_secs(60)).await;
+    let poisoned = poison.get(32, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(poisoned.len(), 1);
+    let envelope: serde_json::Value = serde_json::from_slice(&poisoned[0].body).unwrap();
+    assert_eq!(envelope["original_id"], format!("1:{id}"), "{envelope}");
+    listener.shutdown(Duration::from_secs(1)).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn failing_messages_reach_the_poison_queue_after_max_dequeue_count_with_the_reason() {
     let settings = QueueSettings { max_dequeue_count: 3, visibility_timeout: Duration::from_secs(2), ..Default::default() };

@@ -18,7 +18,12 @@ impl Shared {
     pub(super) async fn put_poison(&self, message: &IncomingMessage, reason: &str) -> Result<PoisonForm, QueueError> {
         let (mut form, mut put) = (PoisonForm::Body, None);
         if self.settings.poison_envelope {
-            let envelope = serde_json::to_vec(&PoisonEnvelope::new(message, reason)).expect("the envelope serialises");
+            // On a partitioned queue, the id the producer got back (the logical queue's).
+            let original_id = match self.partition {
+                Some(index) => crate::queue::partitioned::tagged(index, &message.id),
+                None => message.id.clone(),
+            };
+            let envelope = serde_json::to_vec(&PoisonEnvelope::new(message, original_id, reason)).expect("the envelope serialises");
             match self.poison.put(&envelope, Duration::ZERO).await {
                 Err(QueueError::MessageTooLarge { .. }) => {}
                 other => (form, put) = (PoisonForm::Envelope, Some(other)),
@@ -81,7 +86,7 @@ impl Shared {
 pub(crate) struct PoisonEnvelope {
     /// The queue the message came from.
     pub queue: String,
-    /// Its id there.
+    /// Its id as its producer got it: there, or `partition:id` on a partitioned queue.
     pub original_id: MessageId,
     /// Times it was leased.
     pub dequeue_count: u32,
@@ -103,11 +108,11 @@ pub(crate) struct PoisonEnvelope {
 }
 
 impl PoisonEnvelope {
-    fn new(message: &IncomingMessage, reason: &str) -> Self {
+    fn new(message: &IncomingMessage, original_id: MessageId, reason: &str) -> Self {
         let text = std::str::from_utf8(&message.body).ok().map(str::to_owned);
         PoisonEnvelope {
             queue: message.queue.clone(),
-            original_id: message.id.clone(),
+            original_id,
             dequeue_count: message.dequeue_count,
             error: reason.to_string(),
             inserted_at: humantime::format_rfc3339_millis(message.inserted_at).to_string(),

@@ -37,7 +37,7 @@ pub struct PoisonEntry {
     pub poisoned_at: SystemTime,
     /// Why it was poisoned (none for a bare body: the envelope did not fit).
     pub reason: Option<String>,
-    /// Its id in its own queue.
+    /// The id its producer got (`partition:id` on a partitioned queue).
     pub original_id: Option<String>,
     /// Times it had been leased in its own queue.
     pub dequeue_count: Option<u32>,

@@ -151,7 +151,7 @@ impl<Q: QueueClient> Retrying<Q> {
         if let Some((readiness, logical)) = &self.readiness
             && readiness.clear_problem(logical, ReadinessPart::Storage)
         {
-            tracing::info!(queue = logical.as_str(), "queue {logical} is ready: its storage answers again");
+            tracing::info!(queue = logical.as_str(), "queue {logical} is ready: its storage answers");
         }
     }
 }

@@ -102,6 +102,12 @@ async fn a_plain_send_too_large_for_a_message_reaches_the_handler_whole_and_one_
     assert_eq!(parts.status(), 413);
     let text = parts.text().await?;
     assert!(text.contains("max_message_bytes") && text.contains("no claim store"), "{text}");
+    // And `ebb send` from stdin says so too (attack, session 13: it named only the limit).
+    let mut child = Command::new(EBB).args(["send", "parts", "--config"]).arg(host.config()).stdin(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let _ = child.stdin.take().unwrap().write_all(&vec![1u8; 100_000]);
+    let out = child.wait_with_output()?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("a partitioned queue has no claim store"), "{said}");
     // Other routes keep the API's limit.
     let notify = http.post(format!("http://{}/queues/orders/notify", host.api)).body(vec![1u8; 100_000]).send().await?;
     assert_eq!(notify.status(), 413);

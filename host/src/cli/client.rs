@@ -139,7 +139,7 @@ fn read_message(config: &crate::config::Config, queue: &crate::config::QueueConf
     let (key, limit) = if offloads {
         ("max_claim_check_bytes", queue.claims.max_bytes.max(config.max_message_bytes as u64))
     } else {
-        ("max_message_bytes", config.max_message_bytes as u64)
+        ("max_message_bytes: a partitioned queue has no claim store for a larger body", config.max_message_bytes as u64)
     };
     crate::input::read_stdin(&format!("the message (at most {key})"), limit)
 }

@@ -68,6 +68,16 @@ async fn chunked_post(api: std::net::SocketAddr, path: &str, mib: usize) -> Resu
     status.ok_or_else(|| anyhow::anyhow!("no HTTP answer: {text:?}"))
 }
 
+/// Waits up to 30 s for the handler's first call.
+async fn first_call(calls: &Calls, what: &str) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while calls.lock().unwrap().is_empty() {
+        ensure!(tokio::time::Instant::now() < deadline, "{what} never reached the handler");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
 fn random(len: usize, seed: u64) -> Vec<u8> {
     let mut rng = fastrand::Rng::with_seed(seed);
     (0..len).map(|_| rng.u8(..)).collect()
@@ -81,11 +91,7 @@ async fn a_plain_send_too_large_for_a_message_reaches_the_handler_whole_and_one_
     let big = random(3 << 20, 1);
     let sent = http.post(format!("http://{}/queues/orders/messages", host.api)).body(big.clone()).send().await?;
     ensure!(sent.status() == 201, "a 3 MiB body is taken: {} {}", sent.status(), sent.text().await?);
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    while calls.lock().unwrap().is_empty() {
-        ensure!(tokio::time::Instant::now() < deadline, "the 3 MiB message never reached the handler");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    first_call(&calls, "the 3 MiB message").await?;
     let expected: [u8; 32] = sha2::Sha256::digest(&big).into();
     assert_eq!(calls.lock().unwrap().as_slice(), &[(expected, false)], "byte-identical, as a plain message (no item headers)");
 
@@ -247,11 +253,7 @@ async fn at_the_smallest_message_limit_a_larger_body_is_offloaded_and_delivered_
         .send()
         .await?;
     ensure!(sent.status() == 201, "{} {}", sent.status(), sent.text().await?);
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    while calls.lock().unwrap().is_empty() {
-        ensure!(tokio::time::Instant::now() < deadline, "never reached the handler");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    first_call(&calls, "the message").await?;
     let expected: [u8; 32] = sha2::Sha256::digest(&body).into();
     assert_eq!(calls.lock().unwrap().as_slice(), &[(expected, false)]);
     Ok(())

@@ -81,7 +81,7 @@ pub async fn send(config_path: &Path, token: &TokenArgs, queue: &str, count: u64
                 Backend::Embedded => config.data_dir.display().to_string(),
                 Backend::Azure { account, .. } => format!("Azure account {}", account.name()),
             };
-            super::output_closes_quietly_from_now();
+            super::end_quietly_when_output_closes();
             println!("sent {count} message{} to {queue} (no host running: written to {written_to})", plural(count));
             // Hosts elsewhere listening on the queue hear of it at once.
             if let Some(bus) = &config.bus {
@@ -120,7 +120,7 @@ pub async fn send(config_path: &Path, token: &TokenArgs, queue: &str, count: u64
             if let Some(error) = failed {
                 return Err(error.context(format!("sent {sent} of {count} message{} to {queue}", plural(count))));
             }
-            super::output_closes_quietly_from_now();
+            super::end_quietly_when_output_closes();
             println!("sent {count} message{} to {queue} via {}", plural(count), api_base(&config));
         }
     }
@@ -177,7 +177,7 @@ pub async fn send_trace(config_path: &Path, token: &TokenArgs, queue: &str, trac
     tokio::select! {
         lag = replay => {
             let lag = lag?;
-            super::output_closes_quietly_from_now();
+            super::end_quietly_when_output_closes();
             println!(
                 "replayed {total} message{} ({} arrivals over {}) to {queue} via {base}; the latest a send started after its time: {}",
                 plural(total),
@@ -443,7 +443,7 @@ pub async fn send_wait_reply(config_path: &Path, token: &TokenArgs, queue: &str,
     };
     let reply: crate::listener::Reply = serde_json::from_str(&text).context("the host's reply is not a reply")?;
     use std::io::Write as _;
-    super::output_closes_quietly_from_now();
+    super::end_quietly_when_output_closes();
     let mut out = std::io::stdout().lock();
     out.write_all(&reply.bytes())?;
     out.write_all(b"\n")?;
@@ -517,7 +517,7 @@ pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path
             let sent = handle.send_items(items).await.with_context(|| format!("failed to send the items of {}", path.display()))?;
             messages += sent.messages.len();
         }
-        super::output_closes_quietly_from_now();
+        super::end_quietly_when_output_closes();
         println!(
             "sent {count} item{} in {messages} message{} to {queue} (no host running: written straight to storage)",
             plural(count),
@@ -591,7 +591,7 @@ pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path
         ids.extend(sent_ids);
     }
     let Some(timeout) = wait_reply else {
-        super::output_closes_quietly_from_now();
+        super::end_quietly_when_output_closes();
         println!("sent {count} item{} in {} message{} to {queue} via {}", plural(count), messages.len(), plural(messages.len() as u64), api_base(&config));
         return Ok(());
     };
@@ -606,7 +606,7 @@ pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path
             bail!("no reply to item {item} of message {message_id} within {}", humantime::format_duration(timeout));
         };
         let reply: Value = serde_json::from_str(&text).context("the host's reply is not JSON")?;
-        super::output_closes_quietly_from_now();
+        super::end_quietly_when_output_closes();
         let mut out = std::io::stdout().lock();
         serde_json::to_writer(&mut out, &reply)?;
         out.write_all(b"\n")?;

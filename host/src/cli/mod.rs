@@ -301,12 +301,8 @@ pub fn main(cli: Cli) -> ExitCode {
 /// A command whose output another program reads (`ebb check | head -1`) ends quietly, as
 /// `cat` does, when that program stops reading: SIGPIPE's default action ends the process.
 /// Rust ignores SIGPIPE, so `println!` would panic on the closed pipe instead. Not for `run`
-/// and `scaler`: a host must outlive a closed stderr; nor for `send` (see [`main`]).
-/// For `send`: from now on (its bodies are sent), a closed output ends it quietly too.
-fn output_closes_quietly_from_now() {
-    end_quietly_when_output_closes();
-}
-
+/// and `scaler`: a host must outlive a closed stderr; `send` calls it once its bodies are
+/// sent (see [`main`]).
 fn end_quietly_when_output_closes() {
     // SAFETY: setting a signal's disposition to its default; a process-wide setting that no
     // thread of ours reads or changes.

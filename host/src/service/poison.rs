@@ -76,7 +76,8 @@ fn decode(message: &Message) -> Poisoned {
 
 fn entry(message: &Message, claims: Option<&Arc<dyn ClaimStore>>) -> PoisonEntry {
     let Poisoned { body, envelope } = decode(message);
-    let offloaded_bytes = claims.and_then(|claims| held_envelope(&body, claims.as_ref())).filter(|held| held.message).and_then(|held| {
+    // An offloaded message is an envelope of one item: others are not decoded for a listing.
+    let offloaded_bytes = claims.and_then(|claims| held_envelope(&body, claims.as_ref(), 1)).filter(|held| held.message).and_then(|held| {
         match held.items.first().map(|item| &item.body) {
             Some(Body::ClaimCheck(check)) => Some(check.size),
             _ => None,
@@ -216,7 +217,7 @@ pub async fn purge(poison: &Arc<dyn QueueClient>, claims: Option<&Arc<dyn ClaimS
 /// The claim checks a poisoned body holds (an offloaded message, or an item's reference):
 /// the bodies in `claims` it alone kept.
 fn claim_checks_in(body: &[u8], claims: &dyn ClaimStore) -> Vec<ClaimCheck> {
-    held_envelope(body, claims).map_or_else(Vec::new, |envelope| {
+    held_envelope(body, claims, crate::payload::DEFAULT_MAX_ITEMS).map_or_else(Vec::new, |envelope| {
         envelope
             .items
             .into_iter()
@@ -228,9 +229,10 @@ fn claim_checks_in(body: &[u8], claims: &dyn ClaimStore) -> Vec<ClaimCheck> {
     })
 }
 
-/// The envelope a poisoned body is, if it is one whose claim checks point into `claims`.
-fn held_envelope(body: &[u8], claims: &dyn ClaimStore) -> Option<Envelope> {
-    let limits = Limits { references: claims.allowed(), ..Limits::default() };
+/// The envelope a poisoned body is, if it is one of at most `max_items` items whose claim
+/// checks point into `claims`.
+fn held_envelope(body: &[u8], claims: &dyn ClaimStore, max_items: u32) -> Option<Envelope> {
+    let limits = Limits { references: claims.allowed(), max_items, ..Limits::default() };
     let decoded = match std::str::from_utf8(body) {
         Ok(text) if !body.starts_with(&crate::payload::MAGIC) => crate::payload::decode_text(text, &limits),
         _ => crate::payload::decode(body, &limits),

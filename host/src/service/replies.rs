@@ -20,7 +20,7 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::listener::Reply;
 use crate::queue::clock::{Clock, SystemClock, system_time};
-use crate::queue::{MAX_BATCH, Message, MessageId, QueueClient};
+use crate::queue::{MAX_BATCH, Message, MessageId, PopReceipt, QueueClient};
 
 /// The first pause between two looks at a reply queue read through, doubled up to
 /// [`POLL_MAX`] while nothing new is found.
@@ -76,8 +76,11 @@ struct State {
 
 /// An answer passed over, with the lease the look took on it.
 struct Passed {
-    message: Message,
+    id: MessageId,
+    pop_receipt: PopReceipt,
     reply: Reply,
+    /// Its message's length, counted against [`REMEMBERED_MAX_BYTES`].
+    bytes: usize,
     /// When the lease ends (clock milliseconds): after that, the next look finds it again.
     until_ms: u64,
 }
@@ -95,12 +98,13 @@ struct Remembered {
 }
 
 impl Remembered {
-    fn remember(&mut self, key: Key, passed: Passed) {
+    fn remember(&mut self, key: Key, passed: Passed, now_ms: u64) {
+        self.forget_expired(now_ms);
         let number = self.next;
         self.next += 1;
-        self.bytes += passed.message.body.len();
+        self.bytes += passed.bytes;
         if let Some((_, old)) = self.by_key.insert(key.clone(), (number, passed)) {
-            self.bytes -= old.message.body.len();
+            self.bytes -= old.bytes;
         }
         self.order.push_back((key, number));
         while self.by_key.len() > REMEMBERED_MAX || self.bytes > REMEMBERED_MAX_BYTES {
@@ -108,7 +112,7 @@ impl Remembered {
             if self.by_key.get(&key).is_some_and(|(current, _)| *current == number)
                 && let Some((_, forgotten)) = self.by_key.remove(&key)
             {
-                self.bytes -= forgotten.message.body.len();
+                self.bytes -= forgotten.bytes;
             }
         }
         // Keys remembered again leave stale places in the order: keep it bounded.
@@ -118,10 +122,28 @@ impl Remembered {
         }
     }
 
+    /// Forgets the oldest answers whose lease has ended (a look finds them again): what is
+    /// kept is what was passed over in the last [`PASS_OVER`].
+    fn forget_expired(&mut self, now_ms: u64) {
+        while let Some((key, number)) = self.order.front() {
+            match self.by_key.get(key) {
+                Some((current, passed)) if current == number && passed.until_ms > now_ms => break,
+                Some((current, _)) if current == number => {
+                    if let Some((_, forgotten)) = self.by_key.remove(key) {
+                        self.bytes -= forgotten.bytes;
+                    }
+                }
+                // A stale place: the key was remembered again later, or taken.
+                _ => {}
+            }
+            self.order.pop_front();
+        }
+    }
+
     /// The answer for `key`, if one was passed over and its lease still holds.
     fn take(&mut self, key: &Key, now_ms: u64) -> Option<Passed> {
         let (_, passed) = self.by_key.remove(key)?;
-        self.bytes -= passed.message.body.len();
+        self.bytes -= passed.bytes;
         (passed.until_ms > now_ms).then_some(passed)
     }
 }
@@ -175,7 +197,7 @@ impl ReplyReader {
         if let Some(passed) = passed {
             // Passed over a moment ago, still under that look's lease: take it now (else the
             // next look finds it once the lease ends).
-            if self.queue.delete(&passed.message.id, &passed.message.pop_receipt).await.is_ok() {
+            if self.queue.delete(&passed.id, &passed.pop_receipt).await.is_ok() {
                 return Ok(Some(passed.reply));
             }
         }
@@ -260,6 +282,8 @@ impl ReplyReader {
     /// Reads through the queue once (up to [`SWEEP_MAX_MESSAGES`]): answers outlived their
     /// `reply_ttl` deleted, answers this host waits for handed over, the rest released.
     pub(crate) async fn sweep(&self) -> anyhow::Result<()> {
+        // Answers remembered by the last wait, long past their lease, are let go.
+        self.state.lock().unwrap().remembered.forget_expired(self.clock.now_ms());
         let mut read = 0;
         while read < SWEEP_MAX_MESSAGES {
             let look = self.look().await?;
@@ -299,9 +323,13 @@ impl ReplyReader {
             let waiter = state.waiters.remove(&key).filter(|waiter| !waiter.is_closed());
             if waiter.is_none() && !expired {
                 // Another waiter's, maybe on another host, or one of ours to come: its lease
-                // runs out in PASS_OVER; until then a wait here takes it from memory.
-                let until_ms = leased_at_ms.saturating_add(PASS_OVER.as_millis() as u64).saturating_sub(LEASE_MARGIN_MS);
-                state.remembered.remember(key, Passed { message, reply, until_ms });
+                // runs out in PASS_OVER; until then a wait here takes it from memory (while
+                // anyone waits: a sweep's answers are not kept for nobody).
+                if state.reading {
+                    let until_ms = leased_at_ms.saturating_add(PASS_OVER.as_millis() as u64).saturating_sub(LEASE_MARGIN_MS);
+                    let bytes = message.body.len();
+                    state.remembered.remember(key, Passed { id: message.id, pop_receipt: message.pop_receipt, reply, bytes, until_ms }, leased_at_ms);
+                }
                 return;
             }
             waiter
@@ -464,33 +492,27 @@ mod tests {
     #[test]
     fn the_memory_of_passed_over_answers_is_bounded_by_count_and_bytes() {
         let passed = |n: usize, bytes: usize| Passed {
-            message: Message {
-                id: MessageId::from(n.to_string().as_str()),
-                pop_receipt: crate::queue::PopReceipt::from("r"),
-                dequeue_count: 1,
-                inserted_at: SystemTime::UNIX_EPOCH,
-                next_visible_at: SystemTime::UNIX_EPOCH,
-                body: bytes::Bytes::from(vec![b'x'; bytes]),
-                defect: None,
-            },
+            id: MessageId::from(n.to_string().as_str()),
+            pop_receipt: PopReceipt::from("r"),
             reply: serde_json::from_slice(&answer(&n.to_string(), None)).unwrap(),
+            bytes,
             until_ms: u64::MAX,
         };
         let mut memory = Remembered::default();
         for n in 0..REMEMBERED_MAX + 100 {
-            memory.remember((n.to_string(), None), passed(n, 10));
+            memory.remember((n.to_string(), None), passed(n, 10), 0);
         }
         assert_eq!(memory.by_key.len(), REMEMBERED_MAX);
         assert!(memory.take(&("0".to_string(), None), 0).is_none(), "the oldest are forgotten first");
         let mut memory = Remembered::default();
         for n in 0..100 {
-            memory.remember((n.to_string(), None), passed(n, 1 << 20));
+            memory.remember((n.to_string(), None), passed(n, 1 << 20), 0);
         }
         assert!(memory.bytes <= REMEMBERED_MAX_BYTES && memory.by_key.len() == REMEMBERED_MAX_BYTES >> 20, "{}", memory.bytes);
         // The same answer read again replaces its entry, counted once.
         let mut memory = Remembered::default();
         for _ in 0..3 * REMEMBERED_MAX {
-            memory.remember(("same".to_string(), None), passed(1, 100));
+            memory.remember(("same".to_string(), None), passed(1, 100), 0);
         }
         assert_eq!((memory.by_key.len(), memory.bytes), (1, 100));
         assert!(memory.order.len() <= 2 * REMEMBERED_MAX + 1);

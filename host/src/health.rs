@@ -70,6 +70,9 @@ pub fn escaped_text(text: &str) -> String {
 pub enum ReadinessPart {
     /// Its storage answers.
     Storage,
+    /// Its storage accepts the host's credential. A refusal after start-up (an expired SAS,
+    /// a rotated key) also fails `/healthz`: only a restart reads a renewed secret.
+    Credential,
     /// Its rule is loaded (or it runs the built-in rule by choice).
     Rule,
 }
@@ -141,6 +144,13 @@ impl Readiness {
     /// True when every queue is ready.
     pub fn is_ready(&self) -> bool {
         self.snapshot().values().all(|queue| queue.ready)
+    }
+
+    /// The [`ReadinessPart::Credential`] problems, as liveness problems by component
+    /// (`queue NAME`): what `/healthz` adds to the host's [`Health`].
+    pub fn refused_credentials(&self) -> BTreeMap<String, String> {
+        let queues = self.queues.lock().unwrap();
+        queues.iter().filter_map(|(queue, problems)| Some((format!("queue {queue}"), problems.get(&ReadinessPart::Credential)?.clone()))).collect()
     }
 }
 

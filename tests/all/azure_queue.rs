@@ -322,3 +322,45 @@ async fn the_official_python_sdk_and_ebb_read_each_others_messages_and_the_poiso
     listener.shutdown(Duration::from_secs(1)).await;
     assert_eq!(python_sdk(&["take", &connection, &name, "base64", "1"]), vec![hex_bodies[1].clone()]);
 }
+
+/// Issue 40: a queue deleted under its client (an operator's delete, an account restored
+/// empty) is created again by the retry decorator, counted, and the call goes through; where
+/// the credential may not create it (a SAS without `c`), the call fails saying so, the
+/// readiness names what is missing, and the queue works again once an operator creates it.
+#[tokio::test]
+async fn a_deleted_queue_is_created_again_or_the_readiness_says_the_credential_may_not() {
+    use ebb::health::{Readiness, ReadinessPart};
+    use ebb_tests::azure_sdk::delete_queue;
+    let azurite = Azurite::shared();
+    let name = unique_queue_name("deleted");
+    let keyed = Retrying::new(AzureQueue::new(&azurite.account(), &name, AzureOptions::default()).unwrap(), RetryPolicy::default());
+    keyed.create_if_missing().await.unwrap();
+    keyed.put(b"before", Duration::ZERO).await.unwrap();
+    delete_queue(&azurite.connection_string(), &name);
+
+    keyed.put(b"after", Duration::ZERO).await.unwrap();
+    let got = keyed.get(32, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(got.iter().map(|m| m.body.to_vec()).collect::<Vec<_>>(), vec![b"after".to_vec()], "the queue came back empty, with the new message");
+    let calls = keyed.call_record().snapshot();
+    assert_eq!(calls.recreated, 1);
+    assert!(calls.failures.iter().any(|f| f.kind.as_str() == "put" && f.class == ebb::queue::FailureClass::Missing && f.count == 1), "{calls:?}");
+
+    let expiry = SystemTime::now() + Duration::from_secs(3600);
+    let sas = azurite.account().account_sas("raup", expiry).unwrap();
+    let limited_account = AzureAccount::from_connection_string(&format!("SharedAccessSignature={sas};QueueEndpoint={}", azurite.endpoint())).unwrap();
+    let readiness = Readiness::default();
+    let limited = Retrying::new(AzureQueue::new(&limited_account, &name, AzureOptions::default()).unwrap(), RetryPolicy::default())
+        .with_readiness(readiness.clone(), &name);
+    delete_queue(&azurite.connection_string(), &name);
+    let error = format!("{:#}", limited.get(32, Duration::from_secs(30)).await.unwrap_err());
+    assert!(error.contains("QueueNotFound") && error.contains("creating it again failed") && error.contains("AuthorizationPermissionMismatch"), "{error}");
+    let problem = readiness.snapshot()[&name].problems[&ReadinessPart::Storage].clone();
+    assert!(problem.contains("does not exist") && problem.contains("permission to create"), "{problem}");
+    assert!(readiness.refused_credentials().is_empty(), "not a refused credential: a restart would not create the queue");
+
+    // The operator creates it (or grants `c`): the next call works and the queue is ready.
+    keyed.create_if_missing().await.unwrap();
+    assert!(limited.get(32, Duration::from_secs(30)).await.unwrap().is_empty());
+    assert!(readiness.is_ready());
+    assert_eq!(limited.call_record().snapshot().recreated, 0);
+}

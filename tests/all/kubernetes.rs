@@ -256,3 +256,97 @@ async fn a_redis_that_never_answers_does_not_slow_a_send() {
     redis.thaw();
     host.stop().await;
 }
+
+/// The value of the `/metrics` series `series` (its name and labels as written), if exported.
+async fn metric_value(api: SocketAddr, series: &str) -> Option<f64> {
+    let text = reqwest::Client::new().get(format!("http://{api}/metrics")).bearer_auth(TOKEN).send().await.ok()?.text().await.ok()?;
+    text.lines().find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// Issue 40: a queue and its poison queue deleted under a running host (an operator's
+/// delete, an account restored empty) come back: a message sent after the delete is
+/// delivered within 30 s, a message that cannot be handled still reaches `<queue>-poison`,
+/// each creation is counted, and `/metrics` counts the poison queue's calls with the queue's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_and_its_poison_queue_deleted_under_a_running_host_work_again_within_30_s() {
+    use ebb_tests::azure_sdk::delete_queue;
+    let azurite = Azurite::shared();
+    let (app, app_addr) = App::start(Duration::from_millis(1)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let api = free_addr();
+    let queue = unique_queue_name("deleted-mid-run");
+    let poison = format!("{queue}-poison");
+    let connection = azurite.connection_string();
+    let config = format!(
+        "[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n[azure]\nconnection_string = \"{connection}\"\n\
+         [queues.{queue}]\nbackend = \"azure\"\nmax_polling_interval = \"1s\"\nhandler = {{ url = \"http://{app_addr}/work\" }}\n"
+    );
+    let host = Running::start(dir.path(), "run", &config);
+    let ready = format!("http://{api}/readyz");
+    wait_until("ready", || async { get_json(&ready).await.is_some_and(|(status, _)| status == 200) }).await;
+
+    delete_queue(&connection, &queue);
+    delete_queue(&connection, &poison);
+    let deleted = Instant::now();
+    let sent = reqwest::Client::new().post(format!("http://{api}/queues/{queue}/messages")).bearer_auth(TOKEN).body("after").send().await.unwrap();
+    assert_eq!(sent.status(), reqwest::StatusCode::CREATED, "{}", sent.text().await.unwrap_or_default());
+    wait_until("the message sent after the delete", || async { app.seen.lock().unwrap().iter().any(|(_, b)| b == "after") }).await;
+    assert!(deleted.elapsed() < Duration::from_secs(30), "delivered {:?} after the delete", deleted.elapsed());
+
+    // Text that is not base64 cannot be handled: it is moved to the poison queue, created again.
+    let direct = ebb::queue::azure::AzureQueue::new(&azurite.account(), &queue, Default::default()).unwrap();
+    let plain = ebb::queue::azure::AzureOptions { encoding: ebb::queue::azure::Encoding::None, ..Default::default() };
+    let plain = ebb::queue::azure::AzureQueue::new(&azurite.account(), &queue, plain).unwrap();
+    use ebb::queue::QueueClient as _;
+    plain.put(b"not base64!", Duration::ZERO).await.unwrap();
+    let poisoned = ebb::queue::azure::AzureQueue::new(&azurite.account(), &poison, Default::default()).unwrap();
+    wait_until("the poison queue created again, holding the message", || async { poisoned.approximate_count().await.is_ok_and(|n| n == 1) }).await;
+    assert_eq!(direct.approximate_count().await.unwrap(), 0);
+    assert_eq!(metric_value(api, &format!("ebb_storage_recreated_total{{queue=\"{queue}\"}}")).await, Some(1.0));
+    assert_eq!(metric_value(api, &format!("ebb_storage_recreated_total{{queue=\"{poison}\"}}")).await, Some(1.0));
+    let missing_put = format!("ebb_storage_failures_total{{queue=\"{poison}\",kind=\"put\",class=\"missing\"}}");
+    assert_eq!(metric_value(api, &missing_put).await, Some(1.0), "the poison queue's failed put is counted");
+    let (_, status) = get_json(&format!("http://{api}/status")).await.unwrap();
+    assert!(status["storage"].as_array().unwrap().iter().any(|s| s["queue"] == poison.as_str() && s["recreated"] == 1), "{status}");
+    assert_eq!(get_json(&ready).await.unwrap().0, 200);
+    assert!(host.log().contains("created it again"), "the creation is logged:\n{}", host.log());
+    host.stop().await;
+}
+
+/// Issue 40: a credential the storage refuses after start-up (a SAS past its expiry, a
+/// rotated key; here the fault proxy answering 403 AuthenticationFailed as Azure does)
+/// fails `/healthz` as well as `/readyz`, naming the queue, as docs/kubernetes.md says: the
+/// liveness probe restarts the pod, which reads the renewed secret. The next answer clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_refused_after_start_up_fails_healthz_until_the_storage_takes_it_again() {
+    let azurite = Azurite::shared();
+    let proxy = ebb_tests::fault_proxy::FaultProxy::start(azurite.port(), 0.0, 7).await;
+    let (_app, app_addr) = App::start(Duration::from_millis(1)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let api = free_addr();
+    let queue = unique_queue_name("refused-mid-run");
+    let config = format!(
+        "[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n[azure]\nconnection_string = \"{}\"\n\
+         [queues.{queue}]\nbackend = \"azure\"\nmax_polling_interval = \"1s\"\nhandler = {{ url = \"http://{app_addr}/work\" }}\n",
+        proxy.connection_string()
+    );
+    let host = Running::start(dir.path(), "run", &config);
+    let (health, ready) = (format!("http://{api}/healthz"), format!("http://{api}/readyz"));
+    wait_until("ready", || async { get_json(&ready).await.is_some_and(|(status, _)| status == 200) }).await;
+
+    proxy.set_refusing(true);
+    let refused = Instant::now();
+    wait_until("/healthz 503", || async { get_json(&health).await.is_some_and(|(status, _)| status == 503) }).await;
+    assert!(refused.elapsed() < Duration::from_secs(10), "/healthz turned 503 after {:?}", refused.elapsed());
+    let (_, body) = get_json(&health).await.unwrap();
+    let problem = body["problems"][format!("queue {queue}")].as_str().unwrap_or_default().to_string();
+    assert!(problem.contains("AuthenticationFailed") && problem.contains("check the account key"), "{body}");
+    let (status, body) = get_json(&ready).await.unwrap();
+    assert_eq!(status, 503);
+    assert!(body["queues"][&queue]["problems"]["credential"].as_str().is_some_and(|p| p.contains("AuthenticationFailed")), "{body}");
+
+    proxy.set_refusing(false);
+    wait_until("/healthz 200 again", || async { reqwest::get(&health).await.is_ok_and(|r| r.status().is_success()) }).await;
+    wait_until("/readyz 200 again", || async { get_json(&ready).await.is_some_and(|(status, _)| status == 200) }).await;
+    host.stop().await;
+}

@@ -329,6 +329,42 @@ async fn ebb_scaler_counts_azure_queues_to_find_work_sent_around_it() {
     host.stop().await;
 }
 
+/// Issue 40: a queue deleted under `ebb scaler` (an account restored empty) holds nothing:
+/// the scaler stops calling it active and its metric falls to 0 (it kept the last count of 4
+/// and said active).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_deleted_under_ebb_scaler_stops_being_active() {
+    use ebb::queue::QueueClient as _;
+    use ebb::queue::azure::{AzureOptions, AzureQueue};
+    use ebb_tests::azurite::{Azurite, unique_queue_name};
+
+    let azurite = Azurite::shared();
+    let (_app, app_addr) = App::start(Duration::from_millis(1)).await;
+    let site = Site::with_poll_interval(app_addr, "100ms");
+    let queue = unique_queue_name("scaler-deleted");
+    let config =
+        std::fs::read_to_string(site.dir.path().join("ebb.toml")).unwrap().replace("[queues.orders]\n", &format!("[queues.{queue}]\nbackend = \"azure\"\n"));
+    let config = format!("{config}[azure]\nconnection_string = \"{}\"\n", azurite.connection_string());
+    std::fs::write(site.dir.path().join("ebb.toml"), config).unwrap();
+    let host = site.start("scaler").await;
+    let mut client = site.client().await;
+    let mut stream = client.stream_is_active(object(&queue)).await.unwrap().into_inner();
+    assert!(!next(&mut stream).await);
+    let name = ebb::names::QueueName::new(&queue).unwrap().partition(1);
+    let partition = AzureQueue::new(&azurite.account(), &name, AzureOptions::default()).unwrap();
+    for i in 0..4 {
+        partition.put(format!("m{i}").as_bytes(), Duration::ZERO).await.unwrap();
+    }
+    assert!(next(&mut stream).await, "a count found the messages");
+    let request = || GetMetricsRequest { scaled_object_ref: Some(object(&queue)), metric_name: String::new() };
+    assert_eq!(client.get_metrics(request()).await.unwrap().into_inner().metric_values[0].metric_value, 1);
+
+    ebb_tests::azure_sdk::delete_queue(&azurite.connection_string(), &name);
+    assert!(!next(&mut stream).await, "inactive once the deleted queue counts 0 (after the activity hold)");
+    assert_eq!(client.get_metrics(request()).await.unwrap().into_inner().metric_values[0].metric_value, 0);
+    host.stop().await;
+}
+
 #[test]
 fn ebb_scaler_without_a_scaler_address_says_which_key_to_set() {
     let dir = tempfile::tempdir().unwrap();

@@ -3,11 +3,13 @@ queue as ebb (tests/all/azure_queue.rs drives it):
 
   interop.py put <connection string> <queue> <encoding> <body as hex>...
   interop.py take <connection string> <queue> <encoding> <count>
+  interop.py delete <connection string> <queue> <encoding>
 
 <encoding> is `base64` (the SDK's TextBase64/BinaryBase64 policies: what Azure Functions'
 queue output binding writes and its trigger reads) or `none` (the SDK's default: XML text).
 `take` receives up to <count> messages (waiting up to 30 s), deletes them, and prints their
-bodies as hex, one per line.
+bodies as hex, one per line. `delete` deletes the queue (as an operator, or a storage
+account restored empty, would remove it under a running host).
 """
 import sys
 import time
@@ -49,6 +51,8 @@ def main():
             if len(bodies) < wanted:
                 time.sleep(0.2)
         print("\n".join(bodies))
+    elif command == "delete":
+        queue_client.delete_queue()
     else:
         sys.exit(f"unknown command {command}")
 

@@ -1,7 +1,10 @@
 //! A faulty network in front of Azurite: an HTTP/1.1 proxy on 127.0.0.1 that, for a seeded
 //! random share of requests, answers `503 ServerBusy` (as Azure does when a partition is hot)
 //! or drops the connection, before or after forwarding the request (so the service may have
-//! done the work and the client never hears of it). Everything else is forwarded.
+//! done the work and the client never hears of it). Everything else is forwarded. It can
+//! also stand for an outage (every connection dropped) or for a credential the service no
+//! longer takes (every request answered `403 AuthenticationFailed`, as Azure answers a SAS
+//! past its expiry).
 //!
 //! It speaks just enough HTTP for the Azure SDK's requests: a head, then a body of
 //! `Content-Length` bytes; responses go back with a `Content-Length`.
@@ -76,6 +79,8 @@ struct Shared {
     log: Mutex<Vec<(String, String, u16)>>,
     /// An outage: every request's connection is dropped before it is forwarded.
     down: std::sync::atomic::AtomicBool,
+    /// A refused credential: every request is answered 403 AuthenticationFailed.
+    refusing: std::sync::atomic::AtomicBool,
 }
 
 /// The proxy; it stops when dropped.
@@ -86,6 +91,7 @@ pub struct FaultProxy {
 }
 
 enum Fate {
+    Refuse,
     Forward,
     Busy,
     DropBefore,
@@ -113,6 +119,7 @@ impl FaultProxy {
             client: reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap(),
             log: Mutex::default(),
             down: std::sync::atomic::AtomicBool::new(false),
+            refusing: std::sync::atomic::AtomicBool::new(false),
         });
         let accepting = shared.clone();
         let task = tokio::spawn(async move {
@@ -127,6 +134,12 @@ impl FaultProxy {
     /// before it reaches the service (counted as dropped before).
     pub fn set_down(&self, down: bool) {
         self.shared.down.store(down, Ordering::Relaxed);
+    }
+
+    /// Starts (`true`) or ends refusing the credential: meanwhile every request is answered
+    /// `403 AuthenticationFailed` without reaching the service, as Azure answers an expired SAS.
+    pub fn set_refusing(&self, refusing: bool) {
+        self.shared.refusing.store(refusing, Ordering::Relaxed);
     }
 
     /// The port it listens on.
@@ -227,6 +240,8 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream) {
             let FaultMix { server_busy, drop_before, drop_after } = shared.mix;
             if shared.down.load(Ordering::Relaxed) {
                 Fate::DropBefore
+            } else if shared.refusing.load(Ordering::Relaxed) {
+                Fate::Refuse
             } else if roll < server_busy {
                 Fate::Busy
             } else if roll < server_busy + drop_before {
@@ -239,6 +254,16 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream) {
         };
         let counters = &shared.counters;
         match fate {
+            Fate::Refuse => {
+                let body = "\u{feff}<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>AuthenticationFailed</Code><Message>Server failed to authenticate the request (fault proxy).</Message><AuthenticationErrorDetail>Signed expiry time must be after the current time</AuthenticationErrorDetail></Error>";
+                let response = format!(
+                    "HTTP/1.1 403 Server failed to authenticate the request.\r\nContent-Type: application/xml\r\nx-ms-error-code: AuthenticationFailed\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                if stream.write_all(response.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
             Fate::Busy => {
                 counters.server_busy.fetch_add(1, Ordering::Relaxed);
                 let body = "\u{feff}<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>ServerBusy</Code><Message>The server is busy (fault proxy).</Message></Error>";

@@ -10,6 +10,13 @@ pub mod redis;
 /// The official Azure Storage Queues SDK for Python and `tests/azure-sdk/interop.py`.
 pub mod azure_sdk {
     include!(concat!(env!("OUT_DIR"), "/azure_sdk.rs"));
+
+    /// Deletes queue `queue` of the account of `connection_string` with the official SDK,
+    /// as an operator (or an account restored empty) removes it under a running host.
+    pub fn delete_queue(connection_string: &str, queue: &str) {
+        let output = std::process::Command::new(AZURE_SDK_PYTHON).arg(AZURE_SDK_INTEROP).args(["delete", connection_string, queue, "none"]).output().unwrap();
+        assert!(output.status.success(), "interop.py delete {queue}: {}", String::from_utf8_lossy(&output.stderr));
+    }
 }
 
 /// Debian's headless browser and its WebDriver server, for the console's browser tests.

@@ -33,7 +33,8 @@ struct QueueLabel {
     queue: String,
 }
 
-/// The call records of `queues` (every partition of a partitioned queue), one per storage queue.
+/// The call records of `queues` (every partition of a partitioned queue, and each poison
+/// queue given), one per storage queue.
 pub fn call_records<'a>(queues: impl IntoIterator<Item = &'a Arc<dyn QueueClient>>) -> Vec<Arc<CallRecord>> {
     let mut records: Vec<Arc<CallRecord>> = Vec::new();
     for record in queues.into_iter().flat_map(|q| q.call_records()) {
@@ -50,7 +51,7 @@ pub fn register<'a>(registry: &mut Registry, queues: impl IntoIterator<Item = &'
     let failures = Family::<FailureLabel, Counter>::default();
     registry.register(
         "storage_failures",
-        "Failed storage call attempts by kind (get, put, delete, update, count, create) and class (throttled, timeout, connection, auth, other)",
+        "Failed storage call attempts by kind (get, put, delete, update, count, create) and class (throttled, timeout, connection, auth, other, missing)",
         failures.clone(),
     );
     let retries = Family::<KindLabel, Counter>::default();
@@ -63,6 +64,8 @@ pub fn register<'a>(registry: &mut Registry, queues: impl IntoIterator<Item = &'
         "Deletes whose retry found the message gone after an attempt that may have reached the service: done by that attempt",
         already_done.clone(),
     );
+    let recreated = Family::<QueueLabel, Counter>::default();
+    registry.register("storage_recreated", "Times the queue was found missing (deleted while the host ran) and created again", recreated.clone());
     let last_success = Family::<QueueLabel, Gauge<f64, AtomicU64>>::default();
     registry.register("storage_last_success_age_seconds", "Seconds since the storage last answered a call of the queue", last_success.clone());
     let depth_age = Family::<QueueLabel, Gauge<f64, AtomicU64>>::default();
@@ -79,6 +82,7 @@ pub fn register<'a>(registry: &mut Registry, queues: impl IntoIterator<Item = &'
         }
         let snapshot = record.snapshot();
         already_done.get_or_create(&QueueLabel { queue: queue.clone() }).inc_by(snapshot.already_done);
+        recreated.get_or_create(&QueueLabel { queue: queue.clone() }).inc_by(snapshot.recreated);
         if let Some(age) = snapshot.last_success_age_secs {
             last_success.get_or_create(&QueueLabel { queue }).set(age);
         }

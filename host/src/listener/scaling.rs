@@ -76,10 +76,15 @@ impl Shared {
     }
 
     /// The queue's approximate depth, remembered for the status; the last known one
-    /// (inferred) if the count fails.
+    /// (inferred) if the count fails, or 0 if the queue does not exist (it holds nothing:
+    /// the scaler must not keep asking for instances on a stale figure).
     async fn count_depth(&self) -> (u64, DepthSource) {
         let depth = match self.queue.approximate_count().await {
             Ok(depth) => (depth, DepthSource::Measured),
+            Err(error) if error.failure_class() == Some(crate::queue::FailureClass::Missing) => {
+                tracing::warn!("approximate count failed: the queue does not exist, scaling on a depth of 0: {error}");
+                (0, DepthSource::Measured)
+            }
             Err(error) => {
                 tracing::warn!("approximate count failed, scaling on the last known depth: {error}");
                 (self.counters.last_depth.load(Ordering::Relaxed), DepthSource::Inferred)

@@ -233,6 +233,8 @@ impl Shared {
             tokio::select! {
                 count = shared.queue.approximate_count() => match count {
                     Ok(depth) => shared.counters.record_depth(depth, SystemTime::now()),
+                    // A queue that does not exist holds nothing.
+                    Err(error) if error.failure_class() == Some(crate::queue::FailureClass::Missing) => shared.counters.record_depth(0, SystemTime::now()),
                     Err(error) => tracing::debug!("could not refresh the depth for the status: {error}"),
                 },
                 _ = shared.stopping.cancelled() => {}

@@ -23,6 +23,7 @@ pub struct CallRecord {
     retries: [AtomicU64; KINDS],
     gave_up: [AtomicU64; KINDS],
     already_done: AtomicU64,
+    recreated: AtomicU64,
     times: Mutex<Times>,
 }
 
@@ -42,6 +43,7 @@ impl CallRecord {
             retries: Default::default(),
             gave_up: Default::default(),
             already_done: AtomicU64::new(0),
+            recreated: AtomicU64::new(0),
             times: Mutex::default(),
         }
     }
@@ -71,6 +73,11 @@ impl CallRecord {
     /// gone: the earlier attempt had deleted it.
     pub fn record_already_done(&self) {
         self.already_done.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The queue was found missing and created again.
+    pub fn record_recreated(&self) {
+        self.recreated.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The storage answered a call of `kind` (whatever the answer).
@@ -131,6 +138,7 @@ impl CallRecord {
             retries: by_kind(&self.retries),
             gave_up: by_kind(&self.gave_up),
             already_done: load(&self.already_done),
+            recreated: load(&self.recreated),
             last_success_age_secs: age(times.last_success),
             last_count_age_secs: age(times.last_count),
             last_failure: times.last_failure.as_ref().map(|(at, kind, class, error)| LastFailure {
@@ -190,6 +198,8 @@ pub struct CallSnapshot {
     /// Deletes whose retry found the message already gone after an attempt that may have
     /// reached the service: done by that attempt, not a lost lease.
     pub already_done: u64,
+    /// Times the queue was found missing (deleted while the host ran) and created again.
+    pub recreated: u64,
     /// Seconds since the storage last answered a call (`None`: never).
     pub last_success_age_secs: Option<f64>,
     /// Seconds since the queue's depth was last read (`None`: never).

@@ -81,11 +81,15 @@ pub enum FailureClass {
     Auth,
     /// Anything else (other statuses, a store that cannot commit, a corrupt answer).
     Other,
+    /// The queue does not exist (404 QueueNotFound): deleted while the host ran, or the
+    /// account restored empty. [`Retrying`](super::Retrying) creates it again.
+    Missing,
 }
 
 impl FailureClass {
     /// Every class, in the order of [`FailureClass::index`].
-    pub const ALL: [FailureClass; 5] = [FailureClass::Throttled, FailureClass::Timeout, FailureClass::Connection, FailureClass::Auth, FailureClass::Other];
+    pub const ALL: [FailureClass; 6] =
+        [FailureClass::Throttled, FailureClass::Timeout, FailureClass::Connection, FailureClass::Auth, FailureClass::Other, FailureClass::Missing];
 
     /// The label in metrics and logs.
     pub fn as_str(self) -> &'static str {
@@ -95,6 +99,7 @@ impl FailureClass {
             FailureClass::Connection => "connection",
             FailureClass::Auth => "auth",
             FailureClass::Other => "other",
+            FailureClass::Missing => "missing",
         }
     }
 

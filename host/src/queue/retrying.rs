@@ -7,21 +7,38 @@
 //! counted as already done, rather than failing as a lost lease.
 //!
 //! With [`Retrying::with_readiness`], a call that fails for good marks the queue's storage
-//! not ready, and the next answer clears it.
+//! not ready (its credential, when the storage refused it: that fails `/healthz` too), and
+//! the next answer clears it.
+//!
+//! A queue found missing (deleted while the host ran, or the account restored empty) is
+//! created again, once per call and once for all the calls that find it missing together,
+//! and the call tried again: counted ([`CallRecord`]'s `recreated`) and logged. Where the
+//! credential may not create it, the call fails and the readiness says so; the creation is
+//! tried again no sooner than [`RECREATE_REFUSED_BACKOFF`] after a refusal.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::time::Instant;
 
 use super::call_record::{CallRecord, short_duration};
-use super::failure::CallKind;
+use super::failure::{CallKind, FailureClass, classified};
 use super::{Message, MessageId, PopReceipt, QueueClient, QueueError};
 use crate::health::{Readiness, ReadinessPart, truncate_reason};
 use crate::log_limit::LogLimiter;
 
 /// Lines per minute and queue about retried or failed calls: an outage fails every call.
 const LOG_LINES_PER_MINUTE: u32 = 6;
+
+/// Calls that find the queue missing within this long of its creation again retry without
+/// creating it once more: the dequeue tasks all find it missing at once.
+const RECREATE_SHARED: Duration = Duration::from_secs(1);
+
+/// After the storage refused to create a missing queue (the credential may not), calls fail
+/// with that refusal for this long before the creation is tried again: an operator creates
+/// the queue or grants the permission, and the host picks it up within this long.
+pub const RECREATE_REFUSED_BACKOFF: Duration = Duration::from_secs(10);
 
 /// How transient errors are retried.
 #[derive(Debug, Clone)]
@@ -56,6 +73,15 @@ pub struct Retrying<Q> {
     /// Where a call that fails for good marks the storage not ready, and under which queue.
     readiness: Option<(Readiness, String)>,
     log: LogLimiter,
+    /// The last creation of the queue after it was found missing, one at a time.
+    recreation: tokio::sync::Mutex<Recreation>,
+}
+
+/// When the queue was last created again, or refused to be.
+#[derive(Default)]
+struct Recreation {
+    created_at: Option<Instant>,
+    refused: Option<(Instant, String)>,
 }
 
 /// How one call went, across its attempts.
@@ -68,7 +94,14 @@ impl<Q: QueueClient> Retrying<Q> {
     /// Wraps `inner`.
     pub fn new(inner: Q, policy: RetryPolicy) -> Self {
         let record = Arc::new(CallRecord::new(inner.name()));
-        Retrying { inner, policy, record, readiness: None, log: LogLimiter::new(LOG_LINES_PER_MINUTE, Duration::from_secs(60)) }
+        Retrying {
+            inner,
+            policy,
+            record,
+            readiness: None,
+            log: LogLimiter::new(LOG_LINES_PER_MINUTE, Duration::from_secs(60)),
+            recreation: tokio::sync::Mutex::default(),
+        }
     }
 
     /// Reports the storage's reachability as part [`ReadinessPart::Storage`] of `queue` (the
@@ -96,8 +129,9 @@ impl<Q: QueueClient> Retrying<Q> {
     {
         let mut attempts = Attempts { maybe_done: false };
         let mut attempt = 1;
+        let mut recreate_tried = false;
         loop {
-            let result = call(&self.inner).await;
+            let mut result = call(&self.inner).await;
             let error = match &result {
                 Err(error) => error,
                 Ok(_) => {
@@ -110,10 +144,25 @@ impl<Q: QueueClient> Retrying<Q> {
                 self.answered(kind);
                 return (result, attempts);
             };
-            let text = error.to_string();
+            let mut text = error.to_string();
             self.record.record_failure(kind, class, &text);
             let queue = self.inner.name();
-            if error.is_transient() && attempt < self.policy.max_attempts {
+            let mut transient = error.is_transient();
+            if class == FailureClass::Missing && kind != CallKind::Create && !recreate_tried {
+                recreate_tried = true;
+                match self.recreate().await {
+                    Ok(()) => {
+                        self.record.record_retry(kind);
+                        continue;
+                    }
+                    Err(refused) => {
+                        text = format!("{text}; creating it again failed: {refused}");
+                        transient = false;
+                        result = Err(QueueError::Fatal(classified(FailureClass::Missing, text.clone())));
+                    }
+                }
+            }
+            if transient && attempt < self.policy.max_attempts {
                 attempts.maybe_done |= class.may_have_succeeded();
                 let delay = self.policy.delay(attempt);
                 attempt += 1;
@@ -137,10 +186,18 @@ impl<Q: QueueClient> Retrying<Q> {
             if let Some(suppressed) = self.log.allow() {
                 tracing::warn!(queue, suppressed, "{problem}; {}", kind.after_giving_up());
             }
-            if let Some((readiness, logical)) = &self.readiness
-                && readiness.set_problem(logical, ReadinessPart::Storage, &problem)
-            {
-                tracing::warn!(queue = logical.as_str(), "queue {logical} is not ready: its storage fails ({class})");
+            if let Some((readiness, logical)) = &self.readiness {
+                // A refused credential is the liveness's too: a restart reads a renewed secret.
+                let part = if class == FailureClass::Auth { ReadinessPart::Credential } else { ReadinessPart::Storage };
+                if readiness.set_problem(logical, part, &problem) {
+                    match part {
+                        ReadinessPart::Credential => tracing::error!(
+                            queue = logical.as_str(),
+                            "queue {logical} is not ready and the host not live: its storage refuses the credential; a restart reads the secret again"
+                        ),
+                        _ => tracing::warn!(queue = logical.as_str(), "queue {logical} is not ready: its storage fails ({class})"),
+                    }
+                }
             }
             return (result, attempts);
         }
@@ -148,10 +205,49 @@ impl<Q: QueueClient> Retrying<Q> {
 
     fn answered(&self, kind: CallKind) {
         self.record.record_answer(kind);
-        if let Some((readiness, logical)) = &self.readiness
-            && readiness.clear_problem(logical, ReadinessPart::Storage)
+        if let Some((readiness, logical)) = &self.readiness {
+            let storage = readiness.clear_problem(logical, ReadinessPart::Storage);
+            let credential = readiness.clear_problem(logical, ReadinessPart::Credential);
+            if storage || credential {
+                tracing::info!(queue = logical.as_str(), "queue {logical} is ready: its storage answers");
+            }
+        }
+    }
+
+    /// Creates the queue, found missing, again, unless another call just did; fails with the
+    /// storage's refusal (remembered for [`RECREATE_REFUSED_BACKOFF`]).
+    async fn recreate(&self) -> Result<(), String> {
+        let mut recreation = self.recreation.lock().await;
+        if recreation.created_at.is_some_and(|at| at.elapsed() < RECREATE_SHARED) {
+            return Ok(());
+        }
+        if let Some((at, refusal)) = &recreation.refused
+            && at.elapsed() < RECREATE_REFUSED_BACKOFF
         {
-            tracing::info!(queue = logical.as_str(), "queue {logical} is ready: its storage answers");
+            return Err(refusal.clone());
+        }
+        let queue = self.inner.name();
+        match self.inner.create_if_missing().await {
+            Ok(()) => {
+                self.record.record_answer(CallKind::Create);
+                self.record.record_recreated();
+                *recreation = Recreation { created_at: Some(Instant::now()), refused: None };
+                tracing::warn!(queue, "queue {queue} did not exist (deleted while the host ran, or the account restored empty): created it again");
+                Ok(())
+            }
+            Err(error) => {
+                let reason = truncate_reason(&error.to_string());
+                if let Some(class) = error.failure_class() {
+                    self.record.record_failure(CallKind::Create, class, &reason);
+                }
+                self.record.record_gave_up(CallKind::Create);
+                tracing::warn!(queue, "queue {queue} does not exist and creating it again failed: {reason}");
+                // A transient refusal (Azure's QueueBeingDeleted) is tried again at the next call.
+                if !error.is_transient() {
+                    recreation.refused = Some((Instant::now(), reason.clone()));
+                }
+                Err(reason)
+            }
         }
     }
 }

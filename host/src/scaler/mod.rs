@@ -38,7 +38,7 @@ use tracing::Instrument as _;
 use crate::config::QueueConfig;
 pub use crate::config::ScalerSettings;
 use crate::listener::Listener;
-use crate::queue::QueueClient;
+use crate::queue::{FailureClass, QueueClient};
 use crate::rules::{Decider, Decision, DecisionSource, DepthSource, QueueState, built_in_task_count};
 
 pub use grpc::{MAX_CONNECTIONS, MAX_STREAMS, serve};
@@ -76,11 +76,16 @@ impl Counted {
     }
 
     /// Counts every partition now (one storage call each; billed on Azure) and returns the
-    /// total. A failed count keeps that partition's last figure (and is logged).
+    /// total. A failed count keeps that partition's last figure (and is logged), except
+    /// where the queue does not exist: it holds nothing.
     pub async fn count(&self) -> u64 {
         for (partition, depth) in self.partitions.iter().zip(&self.depths) {
             match partition.approximate_count().await {
                 Ok(count) => depth.store(count, Ordering::Relaxed),
+                Err(error) if error.failure_class() == Some(FailureClass::Missing) => {
+                    depth.store(0, Ordering::Relaxed);
+                    tracing::warn!(partition = partition.name(), "count failed: the queue does not exist, so the scaler counts 0: {error}");
+                }
                 Err(error) => tracing::warn!(partition = partition.name(), "count failed; the scaler keeps the last count: {error}"),
             }
         }

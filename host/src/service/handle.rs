@@ -100,6 +100,12 @@ impl QueueHandle {
         let _ = self.inner.poison.set(poison);
     }
 
+    /// The clients whose storage calls `/metrics` and `/status` report: the queue (each
+    /// partition) and its poison queue.
+    pub fn storage_clients(&self) -> impl Iterator<Item = &Arc<dyn QueueClient>> {
+        std::iter::once(&self.inner.sender).chain(self.inner.poison.get())
+    }
+
     /// The queue's poison queue, when the handle belongs to a service.
     pub fn poison_queue(&self) -> Option<&Arc<dyn QueueClient>> {
         self.inner.poison.get()

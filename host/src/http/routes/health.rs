@@ -13,7 +13,9 @@ use crate::http::auth::authorized;
 
 /// 200 `ok` when healthy; 503 with every problem (JSON) when a component cannot work.
 pub(super) async fn healthz(State(api): State<Arc<Api>>) -> Response {
-    let problems = api.health.problems();
+    let mut problems = api.health.problems();
+    // A credential refused after start-up: a restart reads the renewed secret.
+    problems.extend(api.readiness.refused_credentials());
     if problems.is_empty() {
         return "ok\n".into_response();
     }

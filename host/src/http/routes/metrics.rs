@@ -256,7 +256,7 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
             registry.register(name, help, counter);
         }
     }
-    crate::http::storage_metrics::register(&mut registry, api.handles.values().map(|h| h.client()), &statuses(&api));
+    crate::http::storage_metrics::register(&mut registry, api.handles.values().flat_map(|h| h.storage_clients()), &statuses(&api));
     let total = CostStatus::total(&costs, api.price_per_10k_transactions);
     for (kind, per_hour, usd) in
         [("all", total.transactions_per_hour, total.usd_per_month), ("idle", total.idle_transactions_per_hour, total.idle_usd_per_month)]

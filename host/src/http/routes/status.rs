@@ -53,6 +53,6 @@ pub(super) async fn status(State(api): State<Arc<Api>>) -> Json<serde_json::Valu
         })
         .collect();
     let bus = api.bus.as_ref().map(|b| b.status());
-    let storage = crate::http::storage_metrics::status(api.handles.values().map(|h| h.client()));
+    let storage = crate::http::storage_metrics::status(api.handles.values().flat_map(|h| h.storage_clients()));
     Json(json!({ "queues": queues, "partitioned": partitioned, "cost": CostStatus::total(&costs, price), "bus": bus, "storage": storage }))
 }

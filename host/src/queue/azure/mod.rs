@@ -9,8 +9,10 @@
 //! - Errors by HTTP status: 408/429/5xx and connection failures are transient; a lost
 //!   lease (404 `MessageNotFound`, 400 `PopReceiptMismatch`, or 400 `InvalidQueryParameterValue`
 //!   for a receipt never issued) on delete or update is
-//!   [`QueueError::StaleReceipt`]; 413 is [`QueueError::MessageTooLarge`]; any other 4xx is
-//!   fatal, naming the queue, the account and the service's error code.
+//!   [`QueueError::StaleReceipt`]; 413 is [`QueueError::MessageTooLarge`]; 404 `QueueNotFound`
+//!   is fatal of class [`FailureClass::Missing`] (the retry decorator creates the queue
+//!   again); 409 `QueueBeingDeleted` (a create too soon after a delete) is transient; any
+//!   other 4xx is fatal, naming the queue, the account and the service's error code.
 //! - Bodies: base64 by default (what Azure Functions and the SDKs write), or plain text
 //!   ([`Encoding`]). Azure's 64 KiB limit applies to the encoded text. A message whose
 //!   text does not decode is delivered with a [`Message::defect`], never dropped.
@@ -283,9 +285,21 @@ impl AzureQueue {
                     ),
                 ))
             }
-            (StatusCode::NotFound, "QueueNotFound") => {
-                QueueError::Fatal(anyhow!("queue {} on account {}: QueueNotFound (404): the queue does not exist (create it first)", self.name, self.account))
-            }
+            (StatusCode::NotFound, "QueueNotFound") => QueueError::Fatal(classified(
+                FailureClass::Missing,
+                format!("queue {} on account {}: {}: QueueNotFound (404): the queue does not exist", self.name, self.account, call.verb()),
+            )),
+            // Azure refuses to create a queue of a name deleted less than about 30 s ago: it
+            // can be created later.
+            (StatusCode::Conflict, "QueueBeingDeleted") => QueueError::Transient(classified(
+                FailureClass::Other,
+                format!(
+                    "queue {} on account {}: {}: QueueBeingDeleted (409): it can be created again once Azure has deleted it",
+                    self.name,
+                    self.account,
+                    call.verb()
+                ),
+            )),
             _ => QueueError::Fatal(described),
         }
     }
@@ -494,7 +508,8 @@ mod tests {
             (StatusCode::Forbidden, "AuthenticationFailed", FailureClass::Auth, false),
             (StatusCode::Forbidden, "AuthorizationPermissionMismatch", FailureClass::Auth, false),
             (StatusCode::Unauthorized, "InvalidAuthenticationInfo", FailureClass::Auth, false),
-            (StatusCode::NotFound, "QueueNotFound", FailureClass::Other, false),
+            (StatusCode::NotFound, "QueueNotFound", FailureClass::Missing, false),
+            (StatusCode::Conflict, "QueueBeingDeleted", FailureClass::Other, true),
         ];
         for (status, code, class, transient) in cases {
             let error = answer(status, code);

@@ -12,6 +12,7 @@ mod claims_wired;
 mod concurrency;
 mod config;
 mod console;
+mod data_dir;
 mod decorators;
 mod embedded_queue;
 mod embedding;

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::config::{Backend, Config};
 use crate::queue::RetryPolicy;
-use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
+use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore, OWNER_WAIT};
 use crate::service::{QueueStack, StackOptions};
 
 pub(super) fn api_base(config: &Config) -> String {
@@ -59,8 +59,11 @@ pub async fn send(config_path: &Path, token: &TokenArgs, queue: &str, count: u64
         Err(error) if error.is_connect() => {
             let store = match queue_config.backend {
                 Backend::Embedded => Some(
-                    EmbeddedStore::open(&config.data_dir, EmbeddedOptions { max_message_bytes: config.max_message_bytes, ..Default::default() })
-                        .context("no host answers on the API, and the data directory could not be opened")?,
+                    EmbeddedStore::open(
+                        &config.data_dir,
+                        EmbeddedOptions { max_message_bytes: config.max_message_bytes, wait_for_owner: OWNER_WAIT, ..Default::default() },
+                    )
+                    .context("no host answers on the API, and the data directory could not be opened")?,
                 ),
                 Backend::Azure { .. } => None,
             };
@@ -256,6 +259,8 @@ pub async fn pause(config_path: &Path, token: &TokenArgs, queue: &str, pause: Op
     match http.post(&url).send().await {
         Err(error) if error.is_connect() => {
             let pauses = crate::service::Pauses::open(&config.data_dir)?;
+            // A change that cannot be recorded is not made.
+            crate::service::AuditLog::new(&config.data_dir).writable()?;
             let now_ms = crate::queue::Clock::now_ms(&crate::queue::SystemClock);
             let kept = pause.map(|for_| crate::listener::Pause::from_now(now_ms, for_));
             pauses.set(queue, kept, now_ms)?;
@@ -270,7 +275,14 @@ pub async fn pause(config_path: &Path, token: &TokenArgs, queue: &str, pause: Op
         }
         answered => {
             let response = answered.with_context(|| format!("failed to reach the host at {url}"))?;
-            check_response(response).await?;
+            if !response.status().is_success() {
+                return check_response(response).await;
+            }
+            // A resume the host could not keep across a restart (its disk is full) says so.
+            let answer: Value = serde_json::from_slice(&response.bytes().await?).unwrap_or_default();
+            if let Some(warning) = answer["warning"].as_str() {
+                eprintln!("warning: {queue} {warning}");
+            }
             match pause {
                 Some(Some(for_)) => println!("{queue} paused for {}", humantime::format_duration(for_)),
                 Some(None) => println!("{queue} paused until resumed (ebb queue resume {queue})"),
@@ -494,8 +506,11 @@ pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path
         }
         let store = match queue_config.backend {
             Backend::Embedded => Some(
-                EmbeddedStore::open(&config.data_dir, EmbeddedOptions { max_message_bytes: config.max_message_bytes, ..Default::default() })
-                    .context("no host answers on the API, and the data directory could not be opened")?,
+                EmbeddedStore::open(
+                    &config.data_dir,
+                    EmbeddedOptions { max_message_bytes: config.max_message_bytes, wait_for_owner: OWNER_WAIT, ..Default::default() },
+                )
+                .context("no host answers on the API, and the data directory could not be opened")?,
             ),
             Backend::Azure { .. } => None,
         };

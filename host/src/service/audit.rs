@@ -45,6 +45,19 @@ impl AuditLog {
         AuditLog { file: data_dir.join(AUDIT_FILE), appending: Mutex::new(()) }
     }
 
+    /// Whether an entry can be appended now: the file (or its folder, created) opens for
+    /// appending. Asked before an operator's change, which is refused, naming the file, when
+    /// it could not be recorded (`audit.log` a folder, a file this process may not write).
+    pub fn writable(&self) -> Result<()> {
+        let opening = || -> std::io::Result<()> {
+            if let Some(dir) = self.file.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::OpenOptions::new().create(true).append(true).open(&self.file).map(drop)
+        };
+        opening().with_context(|| format!("audit log {} cannot be written", self.file.display()))
+    }
+
     /// Appends an entry. A failure to write is logged, not returned: the change it records
     /// has been made already.
     pub fn record(&self, actor: &str, action: &str, target: &str, result: &str) {
@@ -84,12 +97,19 @@ impl AuditLog {
     /// The last `limit` entries, oldest first, and how many lines of the file's last MiB were
     /// not entries (torn by a crash, or damaged) and skipped.
     pub fn tail(&self, limit: usize) -> Result<AuditTail> {
+        self.read_tail(limit).with_context(|| format!("failed to read audit log {}", self.file.display()))
+    }
+
+    fn read_tail(&self, limit: usize) -> Result<AuditTail> {
         use std::io::{Read as _, Seek as _, SeekFrom};
         let mut file = match std::fs::File::open(&self.file) {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(AuditTail { entries: Vec::new(), skipped: 0 }),
-            opened => opened.with_context(|| format!("failed to read audit log {}", self.file.display()))?,
+            opened => opened?,
         };
-        let len = file.metadata()?.len();
+        let metadata = file.metadata()?;
+        // A folder opens, and its read fails with no name: say what it is.
+        anyhow::ensure!(metadata.is_file(), "it is not a regular file");
+        let len = metadata.len();
         let start = len.saturating_sub(TAIL_BYTES);
         file.seek(SeekFrom::Start(start))?;
         let mut tail = Vec::new();
@@ -153,6 +173,23 @@ mod tests {
         assert_eq!(recent.iter().map(|e| e.action.as_str()).collect::<Vec<_>>(), ["resume", "purge"]);
         assert!(recent[1].result.len() < 1_000, "a long result is cut");
         assert_eq!(log.tail(10).unwrap(), AuditTail { entries: log.tail(3).unwrap().entries, skipped: 1 }, "the damaged line is skipped, counted");
+    }
+
+    /// Issue 35 item 6: with `audit.log` a folder, changes were made with no entry and
+    /// `/audit` answered without naming the file. Both name it now, and the route refuses the
+    /// change on `writable`'s error.
+    #[test]
+    fn an_audit_log_that_is_a_folder_is_named_by_the_check_and_the_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = AuditLog::new(dir.path());
+        log.writable().unwrap();
+        std::fs::remove_file(dir.path().join(AUDIT_FILE)).unwrap();
+        std::fs::create_dir(dir.path().join(AUDIT_FILE)).unwrap();
+        let named = format!("audit log {}", dir.path().join(AUDIT_FILE).display());
+        let refused = format!("{:#}", log.writable().unwrap_err());
+        assert!(refused.starts_with(&format!("{named} cannot be written")), "{refused}");
+        let unread = format!("{:#}", log.tail(10).unwrap_err());
+        assert!(unread.contains(&named) && unread.contains("not a regular file"), "{unread}");
     }
 
     /// Attack pass, defect 10: a line cut short by a crash (no newline at its end) swallowed

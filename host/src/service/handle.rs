@@ -140,16 +140,20 @@ impl QueueHandle {
         Ok(pause)
     }
 
-    /// Resumes the queue on this host; gets start again at once.
-    pub fn resume(&self) -> anyhow::Result<()> {
-        if let Some(pauses) = self.inner.pauses.get() {
-            pauses.set(&self.inner.name, None, now_ms())?;
-        }
+    /// Resumes the queue on this host; gets start again at once. Returns why the resume is
+    /// not kept across a restart yet, if it is not: the pauses file could not be written (a
+    /// full disk). It holds here all the same, so the queue drains and frees space; the next
+    /// pause or resume written keeps it, and a restart before that pauses the queue again.
+    pub fn resume(&self) -> Option<String> {
+        let unkept = self.inner.pauses.get().and_then(|pauses| pauses.set(&self.inner.name, None, now_ms()).err()).map(|error| format!("{error:#}"));
         self.apply_pause(None);
-        tracing::info!(queue = %self.inner.name, "queue resumed");
+        match &unkept {
+            None => tracing::info!(queue = %self.inner.name, "queue resumed"),
+            Some(reason) => tracing::warn!(queue = %self.inner.name, "queue resumed on this host, not kept across a restart yet: {reason}"),
+        }
         // Messages may have piled up: look now, rather than at the next poll.
         self.wake(Duration::ZERO);
-        Ok(())
+        unkept
     }
 
     /// The pause that holds now, if any.

@@ -81,7 +81,8 @@ impl HostParts {
     pub fn open(config: &Config) -> Result<HostParts> {
         config.check_folders()?;
         let health = Health::default();
-        let options = EmbeddedOptions { max_message_bytes: config.max_message_bytes, clock: Arc::new(SystemClock), health: health.clone() };
+        let wait_for_owner = crate::queue::embedded::OWNER_WAIT;
+        let options = EmbeddedOptions { max_message_bytes: config.max_message_bytes, clock: Arc::new(SystemClock), health: health.clone(), wait_for_owner };
         let store = EmbeddedStore::open(&config.data_dir, options)?;
         std::fs::create_dir_all(&config.rules_dir).with_context(|| format!("failed to create rules folder {}", config.rules_dir.display()))?;
         let rules_dir = config.rules_dir.canonicalize()?;

@@ -75,7 +75,9 @@ impl Pauses {
     }
 
     /// Records `queue`'s pause (`None`: resumed) and writes the file; pauses ended by
-    /// `now_ms` are dropped from it. On an error the file is as before.
+    /// `now_ms` are dropped from it. On an error the file is as before, and so is a pause; a
+    /// resume still holds here (on a full disk the queue must drain to free space) and goes
+    /// to the file with the next change written.
     pub fn set(&self, queue: &str, pause: Option<Pause>, now_ms: u64) -> Result<()> {
         let mut queues = self.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut next = queues.clone();
@@ -84,10 +86,12 @@ impl Pauses {
             None => next.remove(queue),
         };
         next.retain(|_, pause| pause.holds_at(now_ms));
-        crate::output::write_atomically(&self.file, &serde_json::to_vec_pretty(&next)?)
-            .with_context(|| format!("failed to write paused queues {}", self.file.display()))?;
-        *queues = next;
-        Ok(())
+        let written = crate::output::write_atomically(&self.file, &serde_json::to_vec_pretty(&next)?)
+            .with_context(|| format!("failed to write paused queues {}", self.file.display()));
+        if written.is_ok() || pause.is_none() {
+            *queues = next;
+        }
+        written
     }
 }
 
@@ -135,6 +139,31 @@ mod tests {
         std::fs::write(&file, br#"{"orders": {"since_ms": 1, "until_ms": 18446744073709551615}}"#).unwrap();
         let error = format!("{:#}", Pauses::open(dir.path()).err().unwrap());
         assert!(error.contains("the pause of orders has a time past the year 9999"), "{error}");
+    }
+
+    /// Issue 35 item 6: a paused queue could not be resumed on a full disk (the file could
+    /// not be written), so it could not drain to free space. The resume holds here, and the
+    /// next change written keeps it; a pause that cannot be kept is refused.
+    #[test]
+    fn a_resume_the_file_cannot_keep_holds_here_and_the_next_write_keeps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let pauses = Pauses::open(dir.path()).unwrap();
+        let held = Pause { since_ms: 1_000, until_ms: None };
+        pauses.set("orders", Some(held), 2_000).unwrap();
+        pauses.set("mail", Some(held), 2_000).unwrap();
+        // The file cannot be replaced (as on a full disk, where its new copy cannot be written).
+        let file = dir.path().join(PAUSES_FILE);
+        std::fs::remove_file(&file).unwrap();
+        std::fs::create_dir_all(file.join("in-the-way")).unwrap();
+        let error = format!("{:#}", pauses.set("orders", None, 3_000).unwrap_err());
+        assert!(error.contains("failed to write paused queues") && error.contains(PAUSES_FILE), "{error}");
+        assert_eq!(pauses.get("orders"), None, "resumed here");
+        assert!(pauses.set("jobs", Some(held), 3_000).is_err());
+        assert_eq!(pauses.get("jobs"), None, "a pause that cannot be kept is refused");
+        std::fs::remove_dir_all(&file).unwrap();
+        pauses.set("mail", Some(held), 4_000).unwrap();
+        let reopened = Pauses::open(dir.path()).unwrap();
+        assert_eq!((reopened.get("orders"), reopened.get("mail")), (None, Some(held)), "the next write kept the resume");
     }
 
     #[test]

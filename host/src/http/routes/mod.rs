@@ -160,6 +160,17 @@ fn audit(api: &Api, caller: &Caller, action: &str, target: &str, result: &str) {
     }
 }
 
+/// The answer refusing an operator's change when the audit log cannot take its entry (503,
+/// naming the file), checked before the change is made: a change is made recorded or not at
+/// all. (A disk that fills between the check and the entry still loses the entry: it is
+/// logged.)
+fn unauditable(api: &Api) -> Option<axum::response::Response> {
+    let log = api.audit.as_ref()?;
+    let error = log.writable().err()?;
+    tracing::warn!("an operator's change was refused: {error:#}");
+    Some(super::errors::error(axum::http::StatusCode::SERVICE_UNAVAILABLE, format!("{error:#}; the change was not made")))
+}
+
 /// Most entries `GET /audit` returns.
 const MAX_AUDIT_ENTRIES: usize = 1_000;
 

@@ -87,6 +87,9 @@ pub(super) async fn requeue(
         Selection::All => "every message".to_string(),
         Selection::Ids(ids) => format!("ids {}", ids.iter().cloned().collect::<Vec<_>>().join(",")),
     };
+    if let Some(refused) = super::unauditable(&api) {
+        return refused;
+    }
     match crate::service::poison::requeue(&poison, handle, &selection).await {
         Ok(taken) => {
             super::audit(&api, &caller, "requeue", &name, &format!("ok: {} requeued, {} skipped, of {which}", taken.count, taken.skipped.len()));
@@ -111,6 +114,9 @@ pub(super) async fn purge(State(api): State<Arc<Api>>, Extension(caller): Extens
         Err(reason) => return error(StatusCode::NOT_FOUND, reason),
     };
     let _one_at_a_time = handle.poison_operation().await;
+    if let Some(refused) = super::unauditable(&api) {
+        return refused;
+    }
     match crate::service::poison::purge(&poison, handle.claim_store()).await {
         Ok(taken) => {
             super::audit(&api, &caller, "purge", &name, &format!("ok: {} purged", taken.count));

@@ -31,7 +31,9 @@
 //! makes the writer reopen the database; if it cannot, the store reports the problem in
 //! [`Health`] once, answers every call with a transient "unavailable" error, and keeps
 //! trying to reopen. A new store is created only where no file is; an existing file that is
-//! not a valid store (empty, truncated, another kind of file) is refused and never written.
+//! not a valid store (empty, truncated, another kind of file, or with pages damaged inside:
+//! redb's integrity check runs at every start) is refused and never written. A data directory
+//! another process holds is waited for, up to [`EmbeddedOptions::wait_for_owner`].
 //!
 //! Files: `store` opens a data directory and passes changes to the writer; `queue` is one
 //! queue's [`QueueClient`](super::QueueClient); `opening` checks, creates and prepares the
@@ -55,6 +57,7 @@ mod tables;
 mod writer;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::clock::{Clock, SystemClock};
 use crate::health::Health;
@@ -77,10 +80,22 @@ pub struct EmbeddedOptions {
     pub clock: Arc<dyn Clock>,
     /// Where the store reports that it cannot work (it cannot be reopened, commits fail).
     pub health: Health,
+    /// How long an open waits while another process holds the data directory before it
+    /// gives up (none by default; a host waits [`OWNER_WAIT`]).
+    pub wait_for_owner: Duration,
 }
+
+/// How long a host, or an `ebb send` with no host running, waits for a data directory
+/// another process holds: an `ebb send` with no host running holds it for a moment.
+pub const OWNER_WAIT: Duration = Duration::from_secs(5);
 
 impl Default for EmbeddedOptions {
     fn default() -> Self {
-        EmbeddedOptions { max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES, clock: Arc::new(SystemClock), health: Health::default() }
+        EmbeddedOptions {
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            clock: Arc::new(SystemClock),
+            health: Health::default(),
+            wait_for_owner: Duration::ZERO,
+        }
     }
 }

@@ -4,6 +4,7 @@
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::{Context as _, anyhow};
 use redb::{Database, DatabaseError, ReadableTable, StorageError, TableDefinition, WriteTransaction};
@@ -39,7 +40,7 @@ pub(super) fn create_if_absent(opener: &Opener, file: &Path) -> anyhow::Result<(
             Err(error) if error.kind() != ErrorKind::NotFound => return Err(error.into()),
             _ => {}
         }
-        let db = opener(&fresh)?;
+        let db = opener(&fresh, false)?;
         prepare(&db)?;
         db.close()?;
         // A link fails if the name exists: a store file made meanwhile is never replaced.
@@ -108,17 +109,23 @@ fn check_store_file(file: &Path) -> anyhow::Result<()> {
 /// Checks the file, opens the database and prepares it (tables, record format), naming the
 /// file and what to do when it cannot. A damaged file can make redb panic: that is an error
 /// here too.
-pub(super) fn open_database(opener: &Opener, file: &Path) -> anyhow::Result<(Arc<Database>, u64)> {
+///
+/// With `check_pages` (at start), the open runs redb's integrity check: every page of the
+/// committed trees against the checksum its parent keeps, before anything is written. A plain
+/// open trusts a file that was closed cleanly, so pages damaged inside it (overwritten,
+/// zeroed) showed only when a get or a commit reached them, as a panic in the writer after
+/// the host had reported ready. The check reads the whole file (see docs/config.md for what
+/// it costs); a reopen after a failed commit skips it (the file was checked at start).
+pub(super) fn open_database(opener: &Opener, file: &Path, check_pages: bool) -> anyhow::Result<(Arc<Database>, u64)> {
     check_store_file(file)?;
-    let opened = match quietly(|| opener(file)) {
+    let started = Instant::now();
+    let opened = match quietly(|| opener(file, check_pages)) {
         Ok(opened) => opened,
         Err(panic) => return Err(refused(file, &format!("reading it failed: {}", panic_message(&*panic)))),
     };
     let db = match opened {
         Ok(db) => db,
-        Err(DatabaseError::DatabaseAlreadyOpen) => {
-            anyhow::bail!("data directory {} is in use by another ebb process (one process owns a data directory)", file.parent().unwrap_or(file).display())
-        }
+        Err(DatabaseError::DatabaseAlreadyOpen) => return Err(InUse(file.parent().unwrap_or(file).to_path_buf()).into()),
         // redb reports some damage (a wrong magic number) as invalid data.
         Err(DatabaseError::Storage(StorageError::Io(error))) if matches!(error.kind(), ErrorKind::InvalidData | ErrorKind::UnexpectedEof) => {
             return Err(refused(file, &format!("reading it failed: {error}")));
@@ -126,14 +133,32 @@ pub(super) fn open_database(opener: &Opener, file: &Path) -> anyhow::Result<(Arc
         Err(DatabaseError::Storage(StorageError::Io(error))) => {
             return Err(anyhow!(error)).with_context(|| format!("failed to open queue store {}", file.display()));
         }
+        Err(DatabaseError::Storage(StorageError::Corrupted(error))) => {
+            return Err(refused(file, &format!("its pages failed redb's integrity check: {error}")));
+        }
         Err(error) => return Err(refused(file, &format!("opening it failed: {error}"))),
     };
+    if check_pages {
+        tracing::debug!(file = %file.display(), elapsed_ms = started.elapsed().as_millis(), "queue store opened, its pages checked");
+    }
     let next_seq = match quietly(|| prepare(&db)) {
         Ok(prepared) => prepared.with_context(|| format!("failed to prepare queue store {}", file.display()))?,
         Err(panic) => return Err(refused(file, &format!("reading it failed: {}", panic_message(&*panic)))),
     };
     Ok((Arc::new(db), next_seq))
 }
+
+/// The error of a data directory whose store another process holds open.
+#[derive(Debug)]
+pub(super) struct InUse(PathBuf);
+
+impl std::fmt::Display for InUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "data directory {} is in use by another ebb process (one process owns a data directory)", self.0.display())
+    }
+}
+
+impl std::error::Error for InUse {}
 
 /// The error for a store file this host will not open: what is wrong, that the file was
 /// left as it is, and the two ways on.

@@ -10,7 +10,7 @@ use redb::{Database, DatabaseError, StorageBackend};
 use tokio::sync::oneshot;
 
 use super::changes::{Op, Reply};
-use super::opening::{create_if_absent, open_database};
+use super::opening::{InUse, create_if_absent, open_database};
 use super::queue::EmbeddedQueue;
 use super::writer::{Request, STORAGE_LOG_LINES, Writer};
 use super::{EmbeddedOptions, STORE_FILE};
@@ -19,8 +19,8 @@ use crate::queue::QueueError;
 
 /// Opens the database in a file, initialising it if the file is empty: at start, and again
 /// after a failed commit (only ever on a file [`open_database`] has checked), and to create
-/// a new store in a fresh file.
-pub(super) type Opener = Arc<dyn Fn(&Path) -> Result<Database, DatabaseError> + Send + Sync>;
+/// a new store in a fresh file. With `true`, the open runs redb's integrity check (at start).
+pub(super) type Opener = Arc<dyn Fn(&Path, bool) -> Result<Database, DatabaseError> + Send + Sync>;
 /// The open database, shared by the writer and readers; `None` while it is being reopened
 /// or cannot be.
 pub(super) type DatabaseSlot = Arc<RwLock<Option<Arc<Database>>>>;
@@ -50,12 +50,40 @@ impl Drop for Shared {
     }
 }
 
+/// Opens the store at start, waiting up to `wait` while another process holds it: an `ebb
+/// send` with no host running holds the data directory for a moment, and a host started
+/// then exited at once.
+fn open_waiting(opener: &Opener, file: &Path, wait: Duration) -> anyhow::Result<(Arc<Database>, u64)> {
+    let deadline = Instant::now() + wait;
+    let mut waiting = false;
+    loop {
+        match open_database(opener, file, true) {
+            Err(error) if error.is::<InUse>() && Instant::now() < deadline => {
+                if !waiting {
+                    tracing::info!(file = %file.display(), "{error}; waiting up to {} for it to let go", humantime::format_duration(wait));
+                    waiting = true;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(error) if error.is::<InUse>() && waiting => {
+                return Err(error.context(format!("waited {} for it", humantime::format_duration(wait))));
+            }
+            opened => {
+                if waiting && opened.is_ok() {
+                    tracing::info!(file = %file.display(), "the other process let go of the data directory; store opened");
+                }
+                return opened;
+            }
+        }
+    }
+}
+
 impl EmbeddedStore {
     /// Opens the store in `dir`, creating it if `dir` has no store file. A store file that is
     /// not a valid store (empty, another kind of file, truncated, damaged) is refused with an
     /// error naming it and how to recover; it is never overwritten.
     pub fn open(dir: &Path, options: EmbeddedOptions) -> anyhow::Result<Self> {
-        Self::open_with(dir, options, Arc::new(|path: &Path| Database::create(path)))
+        Self::open_with(dir, options, Arc::new(|path: &Path, check_pages| Database::builder().set_check_integrity_on_open(check_pages).create(path)))
     }
 
     /// As [`EmbeddedStore::open`], on a storage backend of the caller's over the store file:
@@ -66,14 +94,18 @@ impl EmbeddedStore {
         options: EmbeddedOptions,
         make_backend: impl Fn(&Path) -> std::io::Result<B> + Send + Sync + 'static,
     ) -> anyhow::Result<Self> {
-        Self::open_with(dir, options, Arc::new(move |path: &Path| Database::builder().create_with_backend(make_backend(path)?)))
+        Self::open_with(
+            dir,
+            options,
+            Arc::new(move |path: &Path, check_pages| Database::builder().set_check_integrity_on_open(check_pages).create_with_backend(make_backend(path)?)),
+        )
     }
 
     fn open_with(dir: &Path, options: EmbeddedOptions, opener: Opener) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("failed to create data directory {}", dir.display()))?;
         let file = dir.join(STORE_FILE);
         create_if_absent(&opener, &file)?;
-        let (db, next_seq) = open_database(&opener, &file)?;
+        let (db, next_seq) = open_waiting(&opener, &file, options.wait_for_owner)?;
         let slot: DatabaseSlot = Arc::new(RwLock::new(Some(db.clone())));
         let (sender, requests) = mpsc::channel();
         let writer = Writer {

@@ -232,7 +232,7 @@ impl Writer {
                 }
             }
         }
-        let (db, next_seq) = open_database(&self.opener, &self.file).map_err(|e| format!("{e:#}"))?;
+        let (db, next_seq) = open_database(&self.opener, &self.file, false).map_err(|e| format!("{e:#}"))?;
         self.next_seq = next_seq;
         *self.slot.write().unwrap_or_else(PoisonError::into_inner) = Some(db.clone());
         self.db = Some(db);

@@ -1,6 +1,7 @@
 //! A running host: its service, its API and, when configured, KEDA's external scaler.
-//! Starts in order: the ports are bound first (a bind failure starts no work), then the
-//! service's work, then the servers; stops everything it started, and waits for it.
+//! Starts in order: the ports are bound first (a bind failure starts no work), then the API
+//! (its probes answer at once, whatever storage does), then the service's work, then the
+//! scaler; stops everything it started, and waits for it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -87,13 +88,6 @@ impl Host {
             None => None,
         };
         let api_addr = api_tcp.local_addr()?;
-        // The ports are ours: now the work may start. A queue whose storage does not answer
-        // yet is retried in the background (not ready), so this returns soon; the first
-        // requests, waiting in the backlog meanwhile, find the queues created.
-        if let Err(error) = service.start_work().await {
-            service.shutdown().await;
-            return Err(error);
-        }
         let api = Arc::new(Api {
             listeners: service.listeners(),
             handles: service.handles(),
@@ -104,15 +98,27 @@ impl Host {
             audit: Some(Arc::new(crate::service::AuditLog::new(&config.data_dir))),
             price_per_10k_transactions: config.price_per_10k_transactions,
         });
-        let api_stop = CancellationToken::new();
-        let stop = api_stop.clone();
+        let (api_stop, started) = (CancellationToken::new(), CancellationToken::new());
+        let (stop, opened) = (api_stop.clone(), started.clone());
         // The API takes the largest message as its largest body.
         let limits = crate::config::ApiLimits { max_body_bytes: config.max_message_bytes, ..config.api_limits };
+        // Served before the work starts, so the probes answer whatever storage does; the
+        // other requests wait for the start (bounded by START_ATTEMPT_TIMEOUT), so the
+        // first sends find the queues created.
         let api_task = tokio::spawn(async move {
-            if let Err(error) = crate::http::serve(api_tcp, api, stop, limits).await {
+            if let Err(error) = crate::http::serve_once_started(api_tcp, api, stop, limits, opened).await {
                 tracing::error!("API server failed: {error}");
             }
         });
+        // The ports are ours: now the work may start. A queue whose storage does not answer
+        // (within START_ATTEMPT_TIMEOUT) is retried in the background (not ready).
+        if let Err(error) = service.start_work().await {
+            api_stop.cancel();
+            let _ = api_task.await;
+            service.shutdown().await;
+            return Err(error);
+        }
+        started.cancel();
         tracing::info!(%api_addr, "API listening");
         let scaler = match (scaler_tcp, &config.scaler) {
             (Some(tcp), Some(settings)) => Some(crate::scaler::start(&service, settings, config.rule_limits.call_deadline, tcp)?),

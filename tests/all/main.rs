@@ -39,4 +39,5 @@ mod scaler;
 mod shadow;
 mod shape;
 mod simulate;
+mod stops;
 mod tokens;

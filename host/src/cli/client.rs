@@ -69,14 +69,16 @@ pub async fn send(config_path: &Path, token: &TokenArgs, queue: &str, count: u64
             };
             let open = |name: &str| crate::service::storage_queue(&queue_config.backend, store.as_ref(), name);
             let stack = QueueStack::assemble(queue_config, &open, &StackOptions { metered: false, retry: Some(RetryPolicy::default()), readiness: None })?;
-            stack.create_if_missing().await?;
+            within_storage_bound(format!("creating queue {queue}"), stack.create_if_missing()).await?;
             // Through a handle, so a body too large for a message goes to the claim store.
             let handle = crate::service::QueueHandle::new(queue, stack.logical.clone(), Vec::new());
             handle.attach_payload(queue_config.payload.clone(), crate::service::text_envelopes(&queue_config.backend));
             if let Some(claims) = crate::service::producer_claims(queue_config, store.as_ref()) {
                 handle.attach_claims(claims);
             }
-            let mut puts = futures::stream::iter(0..count).map(|_| handle.send(&body, Duration::ZERO, Duration::MAX)).buffer_unordered(256);
+            let mut puts = futures::stream::iter(0..count)
+                .map(|_| within_storage_bound(format!("sending to queue {queue}"), handle.send(&body, Duration::ZERO, Duration::MAX)))
+                .buffer_unordered(256);
             while let Some(put) = puts.next().await {
                 put?;
             }
@@ -128,6 +130,19 @@ pub async fn send(config_path: &Path, token: &TokenArgs, queue: &str, count: u64
         }
     }
     Ok(())
+}
+
+/// The longest `ebb send` without a running host waits for storage to answer one call
+/// (creating the queue, putting a message; transient errors are retried within it): storage
+/// that accepts connections and never answers is given up on, not waited for.
+pub(crate) const STORAGE_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `work`, failing once it outlasts [`STORAGE_ANSWER_TIMEOUT`] (`what` names it).
+async fn within_storage_bound<T, E: Into<anyhow::Error>>(what: String, work: impl Future<Output = std::result::Result<T, E>>) -> Result<T> {
+    match tokio::time::timeout(STORAGE_ANSWER_TIMEOUT, work).await {
+        Ok(done) => done.map_err(Into::into).context(what),
+        Err(_) => bail!("{what}: storage did not answer within {}", humantime::format_duration(STORAGE_ANSWER_TIMEOUT)),
+    }
 }
 
 /// The message `ebb send` sends: `body`, or stdin up to the largest body the queue takes
@@ -516,7 +531,7 @@ pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path
         };
         let open = |name: &str| crate::service::storage_queue(&queue_config.backend, store.as_ref(), name);
         let stack = QueueStack::assemble(queue_config, &open, &StackOptions { metered: false, retry: Some(RetryPolicy::default()), readiness: None })?;
-        stack.create_if_missing().await?;
+        within_storage_bound(format!("creating queue {queue}"), stack.create_if_missing()).await?;
         let handle = crate::service::QueueHandle::new(queue, stack.logical.clone(), Vec::new());
         handle.attach_payload(queue_config.payload.clone(), crate::service::text_envelopes(&queue_config.backend));
         if let Some(claims) = crate::service::producer_claims(queue_config, store.as_ref()) {
@@ -529,7 +544,7 @@ pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path
                 .map(|line| crate::http::parse_items(line, true).map(|mut one| one.remove(0)))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|(_, reason)| anyhow::anyhow!("{reason}"))?;
-            let sent = handle.send_items(items).await.with_context(|| format!("failed to send the items of {}", path.display()))?;
+            let sent = within_storage_bound(format!("failed to send the items of {}", path.display()), handle.send_items(items)).await?;
             messages += sent.messages.len();
         }
         super::end_quietly_when_output_closes();

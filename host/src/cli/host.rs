@@ -22,7 +22,9 @@ pub async fn run(config_path: &Path) -> Result<()> {
     }
     // Listening before the API answers: a signal that arrives once it does is a shutdown.
     let mut signals = Signals::listen()?;
-    let host = Host::start(&config, Role::Worker).await?;
+    let Some(host) = start_unless_signalled(&config, Role::Worker, &mut signals).await? else {
+        return Ok(());
+    };
     signals.next().await;
     tracing::info!(drain_timeout = ?config.drain_timeout, "shutting down: draining in-flight messages (a second signal exits at once)");
     tokio::spawn(async move {
@@ -30,7 +32,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
         eprintln!("second signal: exiting now; messages in flight come back when their lease runs out");
         std::process::exit(130);
     });
-    host.shutdown().await;
+    shutdown_within_bound(host, config.drain_timeout).await;
     tracing::info!("stopped");
     Ok(())
 }
@@ -39,11 +41,46 @@ pub async fn run(config_path: &Path) -> Result<()> {
 pub async fn scaler(config_path: &Path) -> Result<()> {
     let config = Config::load(config_path)?;
     let mut signals = Signals::listen()?;
-    let host = Host::start(&config, Role::Watcher).await?;
+    let Some(host) = start_unless_signalled(&config, Role::Watcher, &mut signals).await? else {
+        return Ok(());
+    };
     signals.next().await;
-    host.shutdown().await;
+    shutdown_within_bound(host, config.drain_timeout).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// How much longer than `drain_timeout` a shutdown may take (the release of what is left in
+/// flight, the half second the API gives the requests still open when it stops) before the
+/// process exits regardless.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+/// Starts the host; `None` when a signal came first (a start waits for storage up to
+/// [`START_ATTEMPT_TIMEOUT`](crate::service::START_ATTEMPT_TIMEOUT)): nothing was taken
+/// from a queue yet that a stop would have to drain.
+async fn start_unless_signalled(config: &Config, role: Role, signals: &mut Signals) -> Result<Option<Host>> {
+    tokio::select! {
+        host = Host::start(config, role) => Ok(Some(host?)),
+        () = signals.next() => {
+            tracing::info!("signal during start-up: stopping");
+            Ok(None)
+        }
+    }
+}
+
+/// The graceful stop, within `drain_timeout` + [`SHUTDOWN_GRACE`]: past that (storage that
+/// does not answer a release, a rule still compiling) the process exits, and what is still
+/// leased comes back when its lease runs out.
+async fn shutdown_within_bound(host: Host, drain_timeout: Duration) {
+    let bound = drain_timeout + SHUTDOWN_GRACE;
+    if tokio::time::timeout(bound, host.shutdown()).await.is_err() {
+        tracing::warn!(
+            "shutdown not finished {} after the signal: exiting now; messages still leased come back when their lease runs out",
+            humantime::format_duration(bound)
+        );
+        // Not through the runtime's drop, which would wait for blocking work without bound.
+        std::process::exit(0);
+    }
 }
 
 /// SIGINT and SIGTERM, caught from when [`Signals::listen`] returns.

@@ -9,7 +9,7 @@
 //!
 //! Every route takes only the query parameters the route table names for it, each once (400
 //! otherwise, checked before the handler runs). Every error answer is JSON,
-//! `{"error": "<reason>"}`, repeating at most 64 bytes of anything the request sent. [`serve`] runs the API on hyper with
+//! `{"error": "<reason>"}`, repeating at most 64 bytes of anything the request sent. [`serve_once_started`] runs the API on hyper with
 //! the limits of [`ApiLimits`] (header and body deadlines, an idle timeout, a connection limit
 //! that keeps room for the probes), so slow or idle clients cannot hold the API.
 //!
@@ -40,7 +40,9 @@ pub use routes::authenticated_route_table;
 pub(crate) use routes::parse_items;
 #[cfg(test)]
 pub use routes::router;
-pub(crate) use server::{bind, serve};
+#[cfg(test)]
+pub(crate) use server::serve;
+pub(crate) use server::{bind, serve_once_started};
 
 pub use crate::config::ApiLimits;
 use crate::health::{Health, Readiness};

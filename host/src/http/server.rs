@@ -54,11 +54,35 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
-/// Serves the API on `listener` until `shutdown` is cancelled, then stops accepting, lets
-/// every open connection finish its request in progress (idle ones close at once) and returns.
-/// Bind `listener` with [`bind`] for a backlog that holds a burst of connections.
+/// How long the requests still open when the API stops may take to finish before their
+/// connections are closed: the API stops once the host has drained, and no client (a body
+/// trickled a byte at a time, a reader that never reads) may hold the host past that.
+pub const CLOSE_GRACE: Duration = Duration::from_millis(500);
+
+/// [`serve_once_started`] with the work started already.
+#[cfg(test)]
 pub async fn serve(listener: TcpListener, api: Arc<Api>, shutdown: CancellationToken, limits: ApiLimits) -> anyhow::Result<()> {
+    let started = CancellationToken::new();
+    started.cancel();
+    serve_once_started(listener, api, shutdown, limits, started).await
+}
+
+/// Serves the API on `listener` until `shutdown` is cancelled, then stops accepting, lets
+/// every open connection finish its request in progress (idle ones close at once) within
+/// [`CLOSE_GRACE`], closes those still open, and returns. Requests other than the probes
+/// wait until `started` is cancelled (the host's work has started: a send finds its queue
+/// created); the probes answer at once. Bind `listener` with [`bind`] for a backlog that
+/// holds a burst of connections.
+pub async fn serve_once_started(
+    listener: TcpListener,
+    api: Arc<Api>,
+    shutdown: CancellationToken,
+    limits: ApiLimits,
+    started: CancellationToken,
+) -> anyhow::Result<()> {
     let shared = Arc::new(Shared {
+        started,
+        stopping: shutdown.clone(),
         router: super::routes::router_until(api, limits, shutdown.clone()),
         limits,
         requests: Arc::new(Semaphore::new(limits.request_slots())),
@@ -67,6 +91,7 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, shutdown: CancellationT
         waiting_again: Notify::new(),
     });
     let tasks = TaskTracker::new();
+    let cut = CancellationToken::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     loop {
         let stream = tokio::select! {
@@ -93,7 +118,7 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, shutdown: CancellationT
         };
         let _ = stream.set_nodelay(true);
         let connection = shared.register();
-        let task = serve_connection(stream, shared.clone(), connection, shutdown.clone());
+        let task = serve_connection(stream, shared.clone(), connection, shutdown.clone(), cut.clone());
         tasks.spawn(async move {
             task.await;
             drop(slot);
@@ -101,7 +126,15 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, shutdown: CancellationT
     }
     drop(listener);
     tasks.close();
-    tasks.wait().await;
+    if tokio::time::timeout(CLOSE_GRACE, tasks.wait()).await.is_err() {
+        tracing::info!(
+            connections = tasks.len(),
+            "closing the API connections whose requests did not finish {} after the API stopped",
+            humantime::format_duration(CLOSE_GRACE)
+        );
+        cut.cancel();
+        tasks.wait().await;
+    }
     Ok(())
 }
 
@@ -124,6 +157,10 @@ async fn make_room(shared: &Shared, slots: &Arc<Semaphore>, shutdown: &Cancellat
 
 /// What every connection of one server shares.
 struct Shared {
+    /// Cancelled once the host's work has started (see [`serve_once_started`]).
+    started: CancellationToken,
+    /// The server's shutdown.
+    stopping: CancellationToken,
     router: Router,
     limits: ApiLimits,
     /// Connections inside a request other than a probe.
@@ -197,8 +234,8 @@ impl Drop for InRequest<'_> {
 }
 
 /// One connection: HTTP/1.1 with keep-alive, the header-read timeout, the idle timeout, and a
-/// graceful close on shutdown or when asked to make room.
-async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, connection: Arc<Connection>, shutdown: CancellationToken) {
+/// graceful close on shutdown or when asked to make room, and an abrupt one when `cut`.
+async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, connection: Arc<Connection>, shutdown: CancellationToken, cut: CancellationToken) {
     let limits = shared.limits;
     let activity = Arc::new(Activity::new());
     let io = TokioIo::new(Tracked { inner: stream, activity: activity.clone() });
@@ -230,6 +267,7 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, connection: Ar
                 http.as_mut().graceful_shutdown();
                 closing = true;
             }
+            () = cut.cancelled() => break,
             () = connection.evict.cancelled(), if !closing => {
                 // Not inside a request (idle, or headers still coming, maybe a byte at a time):
                 // close now, so room is made at once however many such connections queue up.
@@ -270,7 +308,18 @@ async fn sleep_until(deadline: Option<Instant>) {
 /// slot (503 otherwise), and 408 when its body does not arrive within `body_read_timeout`.
 async fn answer(shared: &Shared, request: Request<Incoming>) -> Response {
     let limits = shared.limits;
-    let _slot = if PROBE_PATHS.contains(&request.uri().path()) {
+    let probe = PROBE_PATHS.contains(&request.uri().path());
+    if !probe && !shared.started.is_cancelled() {
+        // Within the start-up attempts' bound (START_ATTEMPT_TIMEOUT); a start that fails
+        // stops the API.
+        tokio::select! {
+            () = shared.started.cancelled() => {}
+            () = shared.stopping.cancelled() => {
+                return closing(error(StatusCode::SERVICE_UNAVAILABLE, "the host is stopping"));
+            }
+        }
+    }
+    let _slot = if probe {
         None
     } else {
         match shared.requests.clone().try_acquire_owned() {

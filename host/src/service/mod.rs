@@ -50,6 +50,11 @@ pub(crate) const RULE_DEBOUNCE: Duration = Duration::from_millis(30);
 /// its own, with a warning; it changes nothing the stopped host reads.
 pub(crate) const RULE_THREADS_BOUND: Duration = Duration::from_secs(10);
 
+/// The longest one attempt to create a queue in storage may take (at start-up, and each
+/// background retry; its transient errors retried within it): storage that accepts
+/// connections and never answers leaves the queue not ready, not the host waiting.
+pub const START_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Back-off between start-up attempts on storage that does not answer: from the first to
 /// the longest.
 const START_RETRY_MIN: Duration = Duration::from_millis(500);
@@ -213,10 +218,11 @@ impl Service {
         })
     }
 
-    /// Creates every queue in storage where missing and starts its listeners. A fatal
-    /// storage error (a wrong key, a missing permission) fails at once, naming the queue; a
-    /// queue whose storage does not answer is marked not ready and retried in the
-    /// background with back-off, and its listeners start when it answers.
+    /// Creates every queue in storage where missing and starts its listeners: the queues at
+    /// once, each attempt bounded by [`START_ATTEMPT_TIMEOUT`]. A fatal storage error (a
+    /// wrong key, a missing permission) fails, naming the queue; a queue whose storage does
+    /// not answer (in time) is marked not ready and retried in the background with back-off,
+    /// and its listeners start when it answers.
     pub async fn start_work(&self) -> Result<()> {
         {
             let mut recorder_task = self.recorder_task.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -224,8 +230,9 @@ impl Service {
                 *recorder_task = Some(self.recorder.clone().spawn(self.recorder_stop.clone()));
             }
         }
-        for queue in self.queues.values() {
-            match queue.stack.create_if_missing().await {
+        let attempts = self.queues.values().map(|queue| async move { (queue, create_within_bound(&queue.stack).await) });
+        for (queue, created) in futures::future::join_all(attempts).await {
+            match created {
                 Ok(()) => self.queue_started(queue),
                 Err(error) if error.is_transient() => {
                     self.not_reachable(queue, &error);
@@ -342,6 +349,7 @@ impl Service {
     /// [`Service::shutdown`].
     pub fn stop_now(&self) {
         self.stop.cancel();
+        self.close_reply_waits();
         self.tasks.close();
         for listener in self.queues.values().flat_map(|q| q.handle.listeners()) {
             listener.stop_now();
@@ -352,11 +360,20 @@ impl Service {
         self.recorder_stop.cancel();
     }
 
-    /// Stops start-up retries, stops dequeuing, drains in-flight messages (releasing what
+    /// Ends the API's waits for replies at once (answered 503): a wait holds its request open
+    /// up to 30 s, longer than a drain may take.
+    fn close_reply_waits(&self) {
+        for reader in self.queues.values().filter_map(|q| q.handle.reply_reader()) {
+            reader.close("the host is shutting down: wait for the reply through another host, or once this one is back");
+        }
+    }
+
+    /// Stops start-up retries, ends waits for replies, stops dequeuing, drains in-flight messages (releasing what
     /// outlasts the drain timeout, and telling the other hosts on the bus), stops the bus and the rules' threads (the watcher, a
     /// compile in progress: waited for up to [`RULE_THREADS_BOUND`]), and waits for all of it.
     pub async fn shutdown(self) {
         self.stop.cancel();
+        self.close_reply_waits();
         self.tasks.close();
         self.tasks.wait().await;
         let drain = self.drain_timeout;
@@ -424,7 +441,11 @@ impl StartRetry {
                 () = tokio::time::sleep(wait) => {}
                 () = self.service.stop.cancelled() => return,
             }
-            match self.stack.create_if_missing().await {
+            let created = tokio::select! {
+                created = create_within_bound(&self.stack) => created,
+                () = self.service.stop.cancelled() => return,
+            };
+            match created {
                 Ok(()) => return self.service.started(&self.queue),
                 Err(error) if error.is_transient() => {
                     self.service.readiness.set_problem(self.queue.name(), ReadinessPart::Storage, &format!("{error}"));
@@ -443,6 +464,14 @@ impl StartRetry {
                 }
             }
         }
+    }
+}
+
+/// `stack`'s creation, a transient error once it outlasts [`START_ATTEMPT_TIMEOUT`].
+async fn create_within_bound(stack: &QueueStack) -> Result<(), QueueError> {
+    match tokio::time::timeout(START_ATTEMPT_TIMEOUT, stack.create_if_missing()).await {
+        Ok(created) => created,
+        Err(_) => Err(QueueError::Transient(anyhow::anyhow!("storage did not answer within {}", humantime::format_duration(START_ATTEMPT_TIMEOUT)))),
     }
 }
 

@@ -67,6 +67,8 @@ pub(crate) struct ReplyReader {
 struct State {
     waiters: HashMap<Key, oneshot::Sender<Handed>>,
     reading: bool,
+    /// Why waits end now, once the host shuts down ([`ReplyReader::close`]).
+    closed: Option<String>,
     expired: u64,
     /// Answers passed over while their lease holds: a waiter that comes for one meanwhile (the
     /// next item of a producer waiting item by item) takes it at once with that lease, rather
@@ -204,6 +206,9 @@ impl ReplyReader {
         let (handing, handed) = oneshot::channel();
         let start_reading = {
             let mut state = self.state.lock().unwrap();
+            if let Some(reason) = &state.closed {
+                anyhow::bail!("{reason}");
+            }
             if state.waiters.get(&key).is_some_and(|waiter| !waiter.is_closed()) {
                 anyhow::bail!("another request on this host waits for this answer already");
             }
@@ -238,6 +243,17 @@ impl ReplyReader {
             Ok(Ok(reply)) => Ok(Some(reply)),
             Ok(Err(reason)) => anyhow::bail!("{reason}"),
             Err(_) => anyhow::bail!("the reader of reply queue {} stopped", self.name()),
+        }
+    }
+
+    /// Ends every wait with `reason` and refuses new ones: a shutting-down host answers its
+    /// waiters at once rather than holding their requests open (an answer being handed over
+    /// is still handed).
+    pub(crate) fn close(&self, reason: &str) {
+        let mut state = self.state.lock().unwrap();
+        state.closed = Some(reason.to_string());
+        for (_, waiter) in state.waiters.drain() {
+            let _ = waiter.send(Err(reason.to_string()));
         }
     }
 

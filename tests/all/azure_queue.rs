@@ -333,10 +333,17 @@ async fn a_deleted_queue_is_created_again_or_the_readiness_says_the_credential_m
     use ebb_tests::azure_sdk::delete_queue;
     let azurite = Azurite::shared();
     let name = unique_queue_name("deleted");
-    let keyed = Retrying::new(AzureQueue::new(&azurite.account(), &name, AzureOptions::default()).unwrap(), RetryPolicy::default());
+    let keyed = Retrying::new(AzureQueue::new(&azurite.account(), &name, AzureOptions::default()).unwrap(), RetryPolicy::default())
+        .with_readiness(Readiness::default(), &name);
     keyed.create_if_missing().await.unwrap();
     keyed.put(b"before", Duration::ZERO).await.unwrap();
     delete_queue(&azurite.connection_string(), &name);
+
+    // A stack without readiness (`ebb check`, `ebb send` with no host) creates nothing.
+    let checking = Retrying::new(AzureQueue::new(&azurite.account(), &name, AzureOptions::default()).unwrap(), RetryPolicy::default());
+    let error = format!("{:#}", checking.approximate_count().await.unwrap_err());
+    assert!(error.contains("QueueNotFound"), "{error}");
+    assert_eq!(checking.call_record().snapshot().recreated, 0);
 
     keyed.put(b"after", Duration::ZERO).await.unwrap();
     let got = keyed.get(32, Duration::from_secs(30)).await.unwrap();

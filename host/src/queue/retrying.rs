@@ -10,8 +10,8 @@
 //! not ready (its credential, when the storage refused it: that fails `/healthz` too), and
 //! the next answer clears it.
 //!
-//! A queue found missing (deleted while the host ran, or the account restored empty) is
-//! created again, once per call and once for all the calls that find it missing together,
+//! With readiness (the running host's stack), a queue found missing (deleted while the host
+//! ran, or the account restored empty) is created again, once per call and once for all the calls that find it missing together,
 //! and the call tried again: counted ([`CallRecord`]'s `recreated`) and logged. Where the
 //! credential may not create it, the call fails and the readiness says so; the creation is
 //! tried again no sooner than [`RECREATE_REFUSED_BACKOFF`] after a refusal.
@@ -148,7 +148,9 @@ impl<Q: QueueClient> Retrying<Q> {
             self.record.record_failure(kind, class, &text);
             let queue = self.inner.name();
             let mut transient = error.is_transient();
-            if class == FailureClass::Missing && kind != CallKind::Create && !recreate_tried {
+            // Only the running host's stack (the one reporting readiness) creates a missing
+            // queue again: `ebb check` and `ebb send` create no queue as a side effect.
+            if class == FailureClass::Missing && kind != CallKind::Create && !recreate_tried && self.readiness.is_some() {
                 recreate_tried = true;
                 match self.recreate().await {
                     Ok(()) => {

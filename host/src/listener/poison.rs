@@ -81,6 +81,10 @@ impl Shared {
     }
 }
 
+/// The most of a reason a poison envelope keeps: a handler's error may quote a large
+/// body, and the reason must not push the message out of the poison envelope.
+const MAX_POISON_REASON_BYTES: usize = 4096;
+
 /// What `<queue>-poison` holds for each poisoned message (JSON).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct PoisonEnvelope {
@@ -90,7 +94,7 @@ pub(crate) struct PoisonEnvelope {
     pub original_id: MessageId,
     /// Times it was leased.
     pub dequeue_count: u32,
-    /// The last handler error.
+    /// The last handler error (its first 4 KiB).
     pub error: String,
     /// When it was put, RFC 3339.
     pub inserted_at: String,
@@ -114,7 +118,10 @@ impl PoisonEnvelope {
             queue: message.queue.clone(),
             original_id,
             dequeue_count: message.dequeue_count,
-            error: reason.to_string(),
+            error: match crate::rules::cut(reason, MAX_POISON_REASON_BYTES) {
+                whole if whole.len() == reason.len() => reason.to_string(),
+                cut => format!("{cut}… ({} bytes in all)", reason.len()),
+            },
             inserted_at: humantime::format_rfc3339_millis(message.inserted_at).to_string(),
             poisoned_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             body_hex: text.is_none().then(|| hex::encode(&message.body)),

@@ -50,8 +50,8 @@ struct Call {
     dequeue_count: u32,
 }
 
-/// Fails every item whose body starts with `fail`; answers `re:<body>`; records calls and
-/// the sizes of the batches it was given.
+/// Fails every item whose body starts with `fail`, and the first delivery of one starting
+/// with `once`; answers `re:<body>`; records calls and the sizes of the batches it was given.
 #[derive(Default)]
 struct Recorder {
     calls: Mutex<Vec<Call>>,
@@ -61,8 +61,11 @@ struct Recorder {
 impl Recorder {
     fn take(&self, message: &IncomingMessage) -> anyhow::Result<()> {
         let body = String::from_utf8_lossy(&message.body).into_owned();
-        self.calls.lock().unwrap().push(Call { body: body.clone(), item: message.item, dequeue_count: message.dequeue_count });
+        let mut calls = self.calls.lock().unwrap();
+        let first = !calls.iter().any(|c| c.body == body);
+        calls.push(Call { body: body.clone(), item: message.item, dequeue_count: message.dequeue_count });
         anyhow::ensure!(!body.starts_with("fail"), "{body} fails");
+        anyhow::ensure!(!(first && body.starts_with("once")), "{body} fails the first time");
         Ok(())
     }
 
@@ -161,7 +164,7 @@ async fn each_item_of_an_envelope_reaches_the_handler_on_its_own_and_the_envelop
 #[tokio::test(start_paused = true)]
 async fn a_failing_item_is_retried_alone_with_its_attempt_count_and_poisoned_alone() {
     let f = fixture(Delivery::Item, false);
-    f.queue.put(&envelope(&["a", "fail-x", "b"]), Duration::ZERO).await.unwrap();
+    let sent = f.queue.put(&envelope(&["a", "fail-x", "b"]), Duration::ZERO).await.unwrap();
     f.listener.start();
     sleep(Duration::from_secs(30)).await;
     assert_eq!(f.handler.bodies("a").len(), 1, "a handled once");
@@ -174,7 +177,8 @@ async fn a_failing_item_is_retried_alone_with_its_attempt_count_and_poisoned_alo
     assert_eq!(poisoned.len(), 1, "only the failing item is poisoned");
     let poisoned: serde_json::Value = serde_json::from_slice(&poisoned[0]).unwrap();
     assert_eq!(poisoned["body"], "fail-x");
-    assert_eq!(poisoned["item"], 0, "its index in the envelope it was poisoned from");
+    // Issue 35, item 2: what its producer got, not the envelope it was put back in (`3#0`).
+    assert_eq!((poisoned["original_id"].as_str(), &poisoned["item"]), (Some(sent.as_str()), &serde_json::json!(1)), "{poisoned}");
     assert!(poisoned["error"].as_str().unwrap().contains("fail-x fails"), "{poisoned}");
     assert_eq!(f.queue.inner.approximate_count().await.unwrap(), 0);
     let status = f.listener.status();
@@ -504,5 +508,25 @@ async fn an_item_the_poison_queue_refuses_is_put_back_alone_and_its_neighbours_a
     let status = listener.status();
     assert_eq!((status.items_poisoned, status.poison_failures), (2, 2));
     listener.shutdown(Duration::from_secs(1)).await;
+    Ok(())
+}
+
+/// Issue 35, item 2: an item put back after failing is answered under the id and index its
+/// producer got (what `wait_item_reply` waits for), not the envelope that carried it at last.
+#[tokio::test(start_paused = true)]
+async fn an_item_answered_after_a_retry_is_correlated_with_the_id_and_index_its_producer_got() -> anyhow::Result<()> {
+    let f = fixture(Delivery::Item, true);
+    let sent = f.queue.put(&envelope(&["q0", "once-q1"]), Duration::ZERO).await?;
+    f.listener.start();
+    sleep(Duration::from_secs(10)).await;
+    assert_eq!(f.handler.bodies("once-q1").len(), 2, "failed once, then handled from the envelope it was put back in");
+    let mut got: Vec<(String, Option<u32>, String)> = drain(&*f.reply)
+        .await
+        .iter()
+        .map(|b| serde_json::from_slice::<Reply>(b).map(|r| (r.correlation_id.clone(), r.item, String::from_utf8(r.bytes()).unwrap())))
+        .collect::<Result<_, _>>()?;
+    got.sort();
+    assert_eq!(got, [(sent.to_string(), Some(0), "re:q0".to_string()), (sent.to_string(), Some(1), "re:once-q1".to_string())]);
+    f.listener.shutdown(Duration::from_secs(1)).await;
     Ok(())
 }

@@ -14,8 +14,8 @@ use futures::{FutureExt as _, StreamExt as _};
 
 use crate::handler::{IncomingMessage, ItemPosition};
 use crate::panics::panic_message;
-use crate::payload::{AllowedReferences, Body, ClaimCheck, Decoded, Delivery, Envelope, Item, Limits, decode, decode_text};
-use crate::queue::{PopReceipt, QueueError};
+use crate::payload::{AllowedReferences, Body, ClaimCheck, Decoded, Delivery, Envelope, Item, Limits, Origin, decode, decode_text};
+use crate::queue::{MessageId, PopReceipt, QueueError};
 
 use super::Shared;
 use super::failures::{FailedDelivery, FailureVerdict};
@@ -112,7 +112,7 @@ impl Shared {
                 // The answer goes at once, so at most `width` answers are in memory, not
                 // one per item of the envelope.
                 let result = match self.contained(call.catch_unwind().await) {
-                    Ok(Some(reply)) => match self.put_reply(message, Some(index as u32), &reply).await {
+                    Ok(Some(reply)) => match self.put_reply(message, Some(envelope.items[index].origin_or(&message.id, index as u32)), &reply).await {
                         Ok(()) => ItemResult::Handled,
                         Err(ReplyNotPut::Never(reason)) => ItemResult::Refused(format!("{reason} (item {index})")),
                         Err(ReplyNotPut::NotNow(error)) => ItemResult::Failed(error),
@@ -277,7 +277,7 @@ impl Shared {
     /// Puts the items `failed` of `envelope` back as a new envelope (each one more attempt),
     /// hidden for `delay`. False when a put failed.
     async fn put_back(self: &Arc<Self>, message: &IncomingMessage, envelope: &Envelope, failed: &[usize], delay: Duration) -> bool {
-        let packed = match self.packer.repack_failed(envelope, failed) {
+        let packed = match self.packer.repack_failed(envelope, failed, &message.id) {
             Ok(packed) => packed,
             Err(error) => {
                 tracing::error!(id = %message.id, "could not pack the failed items again: {error:#}");
@@ -312,15 +312,16 @@ impl Shared {
     /// compressed), as a one-item envelope, which a requeue delivers again. False when the
     /// poison queue refused it.
     async fn poison_item(self: &Arc<Self>, message: &IncomingMessage, envelope: &Envelope, index: usize, reason: &str) -> bool {
+        let origin = envelope.items[index].origin_or(&message.id, index as u32);
         let put = match &envelope.items[index].body {
-            Body::Inline(body) => match self.put_poison(&Self::item_message(message, envelope, index, body.clone()), reason).await {
+            Body::Inline(body) => match self.put_poison(&Self::item_message(message, envelope, index, body.clone()), Some(&origin), reason).await {
                 Err(QueueError::MessageTooLarge { .. } | QueueError::InvalidBody(_)) => self.poison_packed(message, envelope, index, reason).await,
                 other => other.map_err(anyhow::Error::new),
             },
             // Its reference, the body kept: the sweeper's retention outlives the poison copy.
             Body::ClaimCheck(_) => self.poison_packed(message, envelope, index, reason).await,
         };
-        let shown = format!("{}#{index}", message.id);
+        let shown = format!("{}#{}", self.producer_id(&MessageId::from(origin.message_id.as_str())), origin.index);
         match put {
             Ok(form) => {
                 self.counters.items.poisoned.fetch_add(1, Ordering::Relaxed);
@@ -345,24 +346,24 @@ impl Shared {
     /// (a requeue starts them again, as it does a message's dequeue count); as text on a
     /// queue of text.
     async fn poison_packed(self: &Arc<Self>, message: &IncomingMessage, envelope: &Envelope, index: usize, reason: &str) -> anyhow::Result<PoisonForm> {
-        let item = Item { attempts: 0, ..envelope.items[index].clone() };
+        let origin = envelope.items[index].origin_or(&message.id, index as u32);
+        let item = Item { attempts: 0, origin: Some(origin.clone()), ..envelope.items[index].clone() };
         let packed = self.packer.pack(std::slice::from_ref(&item)).context("packing the item alone")?;
         let Some(packed) = packed.envelopes.into_iter().next() else {
             anyhow::bail!("the item fits no envelope alone");
         };
         let body = if self.text_envelopes { Bytes::from(crate::payload::to_text(&packed.bytes)) } else { Bytes::from(packed.bytes) };
-        Ok(self.put_poison(&Self::item_message(message, envelope, index, body), reason).await?)
+        Ok(self.put_poison(&Self::item_message(message, envelope, index, body), Some(&origin), reason).await?)
     }
 
     /// Puts a handler's answer on the reply queue (a no-op without one), correlated by the
-    /// id the producer got back (on a partitioned queue, the logical queue's).
-    pub(super) async fn put_reply(&self, message: &IncomingMessage, item: Option<u32>, reply: &Bytes) -> Result<(), ReplyNotPut> {
+    /// id the producer got back (on a partitioned queue, the logical queue's; for an item,
+    /// the envelope it was sent in, `item`, whatever envelope carries it now).
+    pub(super) async fn put_reply(&self, message: &IncomingMessage, item: Option<Origin>, reply: &Bytes) -> Result<(), ReplyNotPut> {
         let Some(queue) = &self.reply else { return Ok(()) };
-        let correlation_id = match self.partition {
-            Some(index) => crate::queue::partitioned::tagged(index, &message.id),
-            None => message.id.clone(),
-        };
-        let body = serde_json::to_vec(&Reply::new(correlation_id.to_string(), message, item, reply)).expect("a reply serialises");
+        let id = item.as_ref().map_or_else(|| message.id.clone(), |o| MessageId::from(o.message_id.as_str()));
+        let correlation_id = self.producer_id(&id);
+        let body = serde_json::to_vec(&Reply::new(correlation_id.to_string(), message, item.map(|o| o.index), reply)).expect("a reply serialises");
         match queue.put(&body, Duration::ZERO).await {
             Ok(_) => {
                 self.counters.items.replies.fetch_add(1, Ordering::Relaxed);

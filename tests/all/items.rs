@@ -50,8 +50,8 @@ struct Call {
     dequeue_count: u32,
 }
 
-/// Fails every item whose body starts with `fail`; answers `re:<body>`; records calls and
-/// the sizes of the batches it was given.
+/// Fails every item whose body starts with `fail`, and the first delivery of one starting
+/// with `once`; answers `re:<body>`; records calls and the sizes of the batches it was given.
 #[derive(Default)]
 struct Recorder {
     calls: Mutex<Vec<Call>>,
@@ -61,8 +61,11 @@ struct Recorder {
 impl Recorder {
     fn take(&self, message: &IncomingMessage) -> anyhow::Result<()> {
         let body = String::from_utf8_lossy(&message.body).into_owned();
-        self.calls.lock().unwrap().push(Call { body: body.clone(), item: message.item, dequeue_count: message.dequeue_count });
+        let mut calls = self.calls.lock().unwrap();
+        let first = !calls.iter().any(|c| c.body == body);
+        calls.push(Call { body: body.clone(), item: message.item, dequeue_count: message.dequeue_count });
         anyhow::ensure!(!body.starts_with("fail"), "{body} fails");
+        anyhow::ensure!(!(first && body.starts_with("once")), "{body} fails the first time");
         Ok(())
     }
 
@@ -161,7 +164,7 @@ async fn each_item_of_an_envelope_reaches_the_handler_on_its_own_and_the_envelop
 #[tokio::test(start_paused = true)]
 async fn a_failing_item_is_retried_alone_with_its_attempt_count_and_poisoned_alone() {
     let f = fixture(Delivery::Item, false);
-    f.queue.put(&envelope(&["a", "fail-x", "b"]), Duration::ZERO).await.unwrap();
+    let sent = f.queue.put(&envelope(&["a", "fail-x", "b"]), Duration::ZERO).await.unwrap();
     f.listener.start();
     sleep(Duration::from_secs(30)).await;
     assert_eq!(f.handler.bodies("a").len(), 1, "a handled once");
@@ -174,7 +177,8 @@ async fn a_failing_item_is_retried_alone_with_its_attempt_count_and_poisoned_alo
     assert_eq!(poisoned.len(), 1, "only the failing item is poisoned");
     let poisoned: serde_json::Value = serde_json::from_slice(&poisoned[0]).unwrap();
     assert_eq!(poisoned["body"], "fail-x");
-    assert_eq!(poisoned["item"], 0, "its index in the envelope it was poisoned from");
+    // Issue 35, item 2: what its producer got, not the envelope it was put back in (`3#0`).
+    assert_eq!((poisoned["original_id"].as_str(), &poisoned["item"]), (Some(sent.as_str()), &serde_json::json!(1)), "{poisoned}");
     assert!(poisoned["error"].as_str().unwrap().contains("fail-x fails"), "{poisoned}");
     assert_eq!(f.queue.inner.approximate_count().await.unwrap(), 0);
     let status = f.listener.status();
@@ -399,4 +403,130 @@ async fn an_http_answer_over_a_mebibyte_poisons_its_request_at_the_first_deliver
         assert!(reason.contains("more than 1048576 bytes: too large for a reply"), "{reason}");
     }
     assert_eq!(reply.approximate_count().await.unwrap(), 0);
+}
+
+/// The poison entries of `queue` as JSON.
+async fn poison_entries(queue: &dyn QueueClient) -> Vec<serde_json::Value> {
+    drain(queue).await.iter().map(|b| serde_json::from_slice(b).unwrap_or_else(|e| panic!("not a poison envelope ({e}): {b:?}"))).collect()
+}
+
+/// The one item of a poison entry kept as a one-item envelope (its `body_hex`).
+fn held_item(entry: &serde_json::Value) -> anyhow::Result<Item> {
+    let bytes = hex::decode(entry["body_hex"].as_str().ok_or_else(|| anyhow::anyhow!("no body_hex in {entry}"))?)?;
+    match ebb::payload::decode(&bytes, &ebb::payload::Limits::default())? {
+        ebb::payload::Decoded::Envelope(envelope) if envelope.items.len() == 1 => Ok(envelope.items.into_iter().next().expect("one item")),
+        other => anyhow::bail!("not a one-item envelope: {other:?}"),
+    }
+}
+
+/// Issue 35, item 1: an item that fits an envelope only compressed (70,009 bytes, over the
+/// poison queue's 65,536) could never be poisoned (its bytes, moved alone, are too large),
+/// so its envelope came back past `max_dequeue_count` forever and its small neighbour was
+/// poisoned again at every return. Each is poisoned once; the large one as a one-item
+/// envelope, which a requeue delivers again.
+#[tokio::test(start_paused = true)]
+async fn an_item_too_large_for_a_poison_message_is_poisoned_once_as_an_envelope_and_its_neighbour_once() -> anyhow::Result<()> {
+    let f = fixture(Delivery::Item, false);
+    let big = format!("fail-BIG-{}", "b".repeat(70_000));
+    f.queue.put(&envelope(&["fail-small", &big]), Duration::ZERO).await?;
+    f.listener.start();
+    sleep(Duration::from_secs(300)).await;
+    assert_eq!(f.handler.bodies("fail-small").len(), 3, "tried max_dequeue_count times");
+    assert_eq!(f.handler.bodies(&big).len(), 3, "tried max_dequeue_count times, not past it");
+    let entries = poison_entries(&*f.poison).await;
+    assert_eq!(entries.len(), 2, "one poison entry per item: {:?}", entries.iter().map(|e| &e["error"]).collect::<Vec<_>>());
+    let small = entries.iter().find(|e| e["body"] == "fail-small").expect("the small item is poisoned with its bytes");
+    assert!(small["error"].as_str().unwrap().contains("fail-small fails"), "{small}");
+    let large = entries.iter().find(|e| e["body"].is_null()).expect("the large item is poisoned");
+    // The handler's error quotes the whole item: the reason keeps its first 4 KiB.
+    let reason = large["error"].as_str().unwrap();
+    assert!(reason.starts_with("fail-BIG-bbb") && reason.ends_with("bytes in all)") && reason.len() < 4200, "{reason}");
+    let held = held_item(large)?;
+    assert_eq!(held.body, ebb::payload::Body::Inline(Bytes::from(big.clone())), "the item's bytes, whole");
+    assert_eq!(held.attempts, 0, "a requeue starts its attempts again");
+    assert_eq!(f.queue.inner.approximate_count().await?, 0, "nothing comes back");
+    let status = f.listener.status();
+    assert_eq!((status.items_poisoned, status.poison_failures), (2, 0));
+    f.listener.shutdown(Duration::from_secs(1)).await;
+    Ok(())
+}
+
+/// Refuses the poison puts of bodies holding `refuse`, as a poison queue that cannot take
+/// one message would.
+#[derive(Default)]
+struct RefusesSome {
+    refused: std::sync::atomic::AtomicU32,
+}
+
+#[async_trait]
+impl Hooks for RefusesSome {
+    async fn before_put(&self, body: &[u8]) -> Result<(), QueueError> {
+        if body.windows(6).any(|w| w == b"refuse") {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+            return Err(QueueError::Fatal(anyhow::anyhow!("the poison queue refuses this one")));
+        }
+        Ok(())
+    }
+}
+
+/// Issue 35: an item the poison queue refuses made its whole envelope come back, and the
+/// items of it that were poisoned were poisoned again at each return. They are poisoned
+/// once; the refused item alone is put back, hidden for `max_retry_delay` (as a plain
+/// message the poison queue refuses is left in place), and tried again then.
+#[tokio::test(start_paused = true)]
+async fn an_item_the_poison_queue_refuses_is_put_back_alone_and_its_neighbours_are_poisoned_once() -> anyhow::Result<()> {
+    let clock = Arc::new(TokioClock::new());
+    let queue = Hooked::new(MemoryQueue::new(QUEUE, clock.clone(), 65536), Storage::default());
+    let poison = Hooked::new(MemoryQueue::new("work-poison", clock, 65536), RefusesSome::default());
+    let handler = Arc::new(Recorder::default());
+    let settings = QueueSettings {
+        max_dequeue_count: 3,
+        visibility_timeout: Duration::from_secs(1),
+        min_polling_interval: Duration::from_millis(100),
+        max_polling_interval: Duration::from_millis(500),
+        max_retry_delay: Duration::from_secs(60),
+        random_seed: Some(7),
+        ..QueueSettings::default()
+    };
+    let payload = PayloadSettings { max_envelope_bytes: 65536, ..PayloadSettings::default() };
+    let listener = Listener::builder(queue.clone(), poison.clone(), handler.clone()).settings(settings).payload(payload, false).build();
+    queue.put(&envelope(&["fail-a", "fail-refuse", "fail-b"]), Duration::ZERO).await?;
+    listener.start();
+    // Three deliveries (retry delays well under a minute), then the refused one waits 60 s.
+    sleep(Duration::from_secs(50)).await;
+    let entries = poison_entries(&*poison.inner).await;
+    let mut bodies: Vec<&str> = entries.iter().map(|e| e["body"].as_str().unwrap()).collect();
+    bodies.sort_unstable();
+    assert_eq!(bodies, ["fail-a", "fail-b"], "each poisoned once");
+    assert_eq!(handler.bodies("fail-refuse").len(), 3);
+    assert_eq!(poison.refused.load(Ordering::SeqCst), 1, "refused once, then not tried again before max_retry_delay");
+    assert_eq!(queue.inner.approximate_count().await?, 1, "the refused item, put back alone");
+    sleep(Duration::from_secs(60)).await;
+    assert_eq!(handler.bodies("fail-refuse").len(), 4, "delivered again after max_retry_delay");
+    assert_eq!(handler.bodies("fail-a").len() + handler.bodies("fail-b").len(), 6, "the poisoned items are not delivered again");
+    assert_eq!(poison.inner.approximate_count().await?, 2, "nothing poisoned twice");
+    let status = listener.status();
+    assert_eq!((status.items_poisoned, status.poison_failures), (2, 2));
+    listener.shutdown(Duration::from_secs(1)).await;
+    Ok(())
+}
+
+/// Issue 35, item 2: an item put back after failing is answered under the id and index its
+/// producer got (what `wait_item_reply` waits for), not the envelope that carried it at last.
+#[tokio::test(start_paused = true)]
+async fn an_item_answered_after_a_retry_is_correlated_with_the_id_and_index_its_producer_got() -> anyhow::Result<()> {
+    let f = fixture(Delivery::Item, true);
+    let sent = f.queue.put(&envelope(&["q0", "once-q1"]), Duration::ZERO).await?;
+    f.listener.start();
+    sleep(Duration::from_secs(10)).await;
+    assert_eq!(f.handler.bodies("once-q1").len(), 2, "failed once, then handled from the envelope it was put back in");
+    let mut got: Vec<(String, Option<u32>, String)> = drain(&*f.reply)
+        .await
+        .iter()
+        .map(|b| serde_json::from_slice::<Reply>(b).map(|r| (r.correlation_id.clone(), r.item, String::from_utf8(r.bytes()).unwrap())))
+        .collect::<Result<_, _>>()?;
+    got.sort();
+    assert_eq!(got, [(sent.to_string(), Some(0), "re:q0".to_string()), (sent.to_string(), Some(1), "re:once-q1".to_string())]);
+    f.listener.shutdown(Duration::from_secs(1)).await;
+    Ok(())
 }

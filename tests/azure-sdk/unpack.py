@@ -115,6 +115,13 @@ def envelope_items(data):
     items = []
     for _ in range(count):
         kind, attempts = struct.unpack("<BI", take(5))
+        origin = None
+        if kind & 0x80:
+            # Put back after failing: the message id and index its producer got.
+            message_id = text("<B")
+            (index,) = struct.unpack("<I", take(4))
+            origin = {"message_id": message_id, "index": index}
+            kind &= 0x7F
         if kind == 0:
             (length,) = struct.unpack("<I", take(4))
             items.append({"attempts": attempts, "body": take(length)})
@@ -131,6 +138,8 @@ def envelope_items(data):
             items.append({"attempts": attempts, "claim_check": dict(where, size=size, sha256=sha256.hex())})
         else:
             raise ValueError(f"unknown item kind {kind}")
+        if origin:
+            items[-1]["origin"] = origin
     if at != len(section):
         raise ValueError(f"{len(section) - at} bytes after the last of {count} items")
     return items

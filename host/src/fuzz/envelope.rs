@@ -12,8 +12,8 @@ use proptest::prelude::*;
 
 use super::budget;
 use crate::payload::{
-    AllowedReferences, AzureContainer, BlobRef, Body, ClaimCheck, Codec, Decoded, EnvelopeError, Item, Limits, MAGIC, MIN_ENVELOPE_BYTES, Packer, decode,
-    decode_text, encode, to_text,
+    AllowedReferences, AzureContainer, BlobRef, Body, ClaimCheck, Codec, Decoded, EnvelopeError, Item, Limits, MAGIC, MIN_ENVELOPE_BYTES, Origin, Packer,
+    decode, decode_text, encode, to_text,
 };
 
 /// Counts the bytes the current thread holds, while asked to: the whole test binary
@@ -163,7 +163,8 @@ fn item() -> impl Strategy<Value = Item> {
         6 => body().prop_map(Body::Inline),
         1 => (location(), 0u64..(1 << 30), any::<[u8; 32]>()).prop_map(|(location, size, sha256)| Body::ClaimCheck(ClaimCheck { location, size, sha256 })),
     ];
-    (prop_oneof![Just(0u32), 0u32..10, Just(u32::MAX)], body).prop_map(|(attempts, body)| Item { attempts, body })
+    let origin = proptest::option::of(("[0-9a-zé:-]{1,60}", any::<u32>()).prop_map(|(message_id, index)| Origin { message_id, index }));
+    (prop_oneof![Just(0u32), 0u32..10, Just(u32::MAX)], body, origin).prop_map(|(attempts, body, origin)| Item { attempts, body, origin })
 }
 
 fn items() -> impl Strategy<Value = Vec<Item>> {

@@ -8,17 +8,18 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use anyhow::anyhow;
+use anyhow::{Context as _, anyhow};
 use bytes::Bytes;
 use futures::{FutureExt as _, StreamExt as _};
 
 use crate::handler::{IncomingMessage, ItemPosition};
 use crate::panics::panic_message;
-use crate::payload::{AllowedReferences, Body, ClaimCheck, Decoded, Delivery, Envelope, Limits, decode, decode_text};
-use crate::queue::{PopReceipt, QueueError};
+use crate::payload::{AllowedReferences, Body, ClaimCheck, Decoded, Delivery, Envelope, Item, Limits, Origin, decode, decode_text};
+use crate::queue::{MessageId, PopReceipt, QueueError};
 
 use super::Shared;
 use super::failures::{FailedDelivery, FailureVerdict};
+use super::status::PoisonForm;
 
 /// What a message turned out to be.
 pub(super) enum Unpacked {
@@ -111,7 +112,7 @@ impl Shared {
                 // The answer goes at once, so at most `width` answers are in memory, not
                 // one per item of the envelope.
                 let result = match self.contained(call.catch_unwind().await) {
-                    Ok(Some(reply)) => match self.put_reply(message, Some(index as u32), &reply).await {
+                    Ok(Some(reply)) => match self.put_reply(message, Some(envelope.items[index].origin_or(&message.id, index as u32)), &reply).await {
                         Ok(()) => ItemResult::Handled,
                         Err(ReplyNotPut::Never(reason)) => ItemResult::Refused(format!("{reason} (item {index})")),
                         Err(ReplyNotPut::NotNow(error)) => ItemResult::Failed(error),
@@ -184,11 +185,13 @@ impl Shared {
     }
 
     /// Settles an envelope whose items were delivered (and whose handled items' answers
-    /// were put): failed items put back (a new envelope, hidden for the retry delay) or
-    /// poisoned alone, and only then the envelope deleted. If any of those puts fails,
-    /// nothing is deleted: the envelope comes back after the retry delay and all its items
-    /// are delivered again (at least once). An item whose answer the reply queue refused is
-    /// a failed item like any other (poisoned at once when it can never fit).
+    /// were put): failed items put back (a new envelope, hidden for the retry delay), then
+    /// those out of attempts poisoned alone, and only then the envelope deleted. If the put
+    /// back fails, nothing is deleted: the envelope comes back after the retry delay and all
+    /// its items are delivered again (at least once). An item the poison queue refuses is put
+    /// back alone for `max_retry_delay`; the others are not poisoned again for it. An item
+    /// whose answer the reply queue refused is a failed item like any other (poisoned at once
+    /// when it can never fit).
     pub(super) async fn settle_envelope(
         self: &Arc<Self>,
         message: &IncomingMessage,
@@ -233,35 +236,25 @@ impl Shared {
                 }
             }
         }
-        let mut all_put = true;
-        if !retry.is_empty() {
-            all_put = self.put_back(message, envelope, &retry, retry_delay).await;
+        // The items to retry are put back first: if that fails, nothing has moved yet and
+        // the envelope comes back whole.
+        if !retry.is_empty() && !self.put_back(message, envelope, &retry, retry_delay).await {
+            self.hide_envelope(message, receipt).await;
+            return;
         }
-        if all_put {
-            for (index, reason) in &poison {
-                let Body::Inline(body) = &envelope.items[*index].body else {
-                    // A claim check moves as its reference (a one-item envelope), its body
-                    // kept: the sweeper's retention outlives the poison copy.
-                    let reference = match self.packer.pack(std::slice::from_ref(&envelope.items[*index])) {
-                        Ok(packed) => packed.envelopes.into_iter().next().map(|e| Bytes::from(e.bytes)).unwrap_or_default(),
-                        Err(error) => {
-                            tracing::warn!(id = %message.id, item = index, "could not pack the claim check for the poison queue (only the reason goes): {error:#}");
-                            Bytes::new()
-                        }
-                    };
-                    let item = Self::item_message(message, envelope, *index, reference);
-                    all_put &= self.poison_item(&item, reason).await;
-                    continue;
-                };
-                let item = Self::item_message(message, envelope, *index, body.clone());
-                all_put &= self.poison_item(&item, reason).await;
+        // An item the poison queue refuses does not keep the envelope: the others would be
+        // poisoned again at each return. It is put back alone, out of the way for the longest
+        // retry delay (as a plain message the poison queue refuses is left in place).
+        let mut refused = Vec::new();
+        for (index, reason) in &poison {
+            if !self.poison_item(message, envelope, *index, reason).await {
+                refused.push(*index);
             }
         }
-        if !all_put {
-            let delay = self.settings.retry_delay(message.dequeue_count);
-            if let Err(error) = self.hide_for(&message.id, receipt, delay).await {
-                tracing::warn!(id = %message.id, "could not set the retry delay (the lease will run out instead): {error}");
-            }
+        if !refused.is_empty() && !self.put_back(message, envelope, &refused, self.settings.max_retry_delay).await {
+            // The queue refused a put just after taking one: the envelope comes back whole,
+            // and what was put back or poisoned from it may be so again (at least once).
+            self.hide_envelope(message, receipt).await;
             return;
         }
         let deleted = self.queue.delete(&message.id, receipt).await;
@@ -284,7 +277,7 @@ impl Shared {
     /// Puts the items `failed` of `envelope` back as a new envelope (each one more attempt),
     /// hidden for `delay`. False when a put failed.
     async fn put_back(self: &Arc<Self>, message: &IncomingMessage, envelope: &Envelope, failed: &[usize], delay: Duration) -> bool {
-        let packed = match self.packer.repack_failed(envelope, failed) {
+        let packed = match self.packer.repack_failed(envelope, failed, &message.id) {
             Ok(packed) => packed,
             Err(error) => {
                 tracing::error!(id = %message.id, "could not pack the failed items again: {error:#}");
@@ -306,11 +299,32 @@ impl Shared {
         true
     }
 
-    async fn poison_item(self: &Arc<Self>, item: &IncomingMessage, reason: &str) -> bool {
-        match self.put_poison(item, reason).await {
+    /// Hides an envelope that could not be settled for its retry delay: it comes back whole.
+    async fn hide_envelope(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt) {
+        let delay = self.settings.retry_delay(message.dequeue_count);
+        if let Err(error) = self.hide_for(&message.id, receipt, delay).await {
+            tracing::warn!(id = %message.id, "could not set the retry delay (the lease will run out instead): {error}");
+        }
+    }
+
+    /// Moves item `index` of `envelope` to the poison queue alone, with its bytes; a claim
+    /// check, or bytes too large for a poison message (an item may fit an envelope only
+    /// compressed), as a one-item envelope, which a requeue delivers again. False when the
+    /// poison queue refused it.
+    async fn poison_item(self: &Arc<Self>, message: &IncomingMessage, envelope: &Envelope, index: usize, reason: &str) -> bool {
+        let origin = envelope.items[index].origin_or(&message.id, index as u32);
+        let put = match &envelope.items[index].body {
+            Body::Inline(body) => match self.put_poison(&Self::item_message(message, envelope, index, body.clone()), Some(&origin), reason).await {
+                Err(QueueError::MessageTooLarge { .. } | QueueError::InvalidBody(_)) => self.poison_packed(message, envelope, index, reason).await,
+                other => other.map_err(anyhow::Error::new),
+            },
+            // Its reference, the body kept: the sweeper's retention outlives the poison copy.
+            Body::ClaimCheck(_) => self.poison_packed(message, envelope, index, reason).await,
+        };
+        let shown = format!("{}#{}", self.producer_id(&MessageId::from(origin.message_id.as_str())), origin.index);
+        match put {
             Ok(form) => {
                 self.counters.items.poisoned.fetch_add(1, Ordering::Relaxed);
-                let shown = format!("{}#{}", item.id, item.item.map_or(0, |i| i.index));
                 self.counters.record_poison(&shown, reason, form);
                 if let Some(suppressed) = self.poison_log.allow() {
                     tracing::warn!(id = %shown, poison_queue = %self.poison.name(), suppressed, "item moved to the poison queue alone: {reason}");
@@ -319,21 +333,37 @@ impl Shared {
             }
             Err(error) => {
                 self.counters.poison_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(id = %item.id, "cannot poison an item ({reason}); the envelope is delivered again later: {error}");
+                if let Some(suppressed) = self.poison_log.allow() {
+                    let delay = self.settings.max_retry_delay;
+                    tracing::error!(id = %shown, ?delay, suppressed, "cannot poison an item ({reason}); put back alone, tried again after {delay:?}: {error:#}");
+                }
                 false
             }
         }
     }
 
-    /// Puts a handler's answer on the reply queue (a no-op without one), correlated by the
-    /// id the producer got back (on a partitioned queue, the logical queue's).
-    pub(super) async fn put_reply(&self, message: &IncomingMessage, item: Option<u32>, reply: &Bytes) -> Result<(), ReplyNotPut> {
-        let Some(queue) = &self.reply else { return Ok(()) };
-        let correlation_id = match self.partition {
-            Some(index) => crate::queue::partitioned::tagged(index, &message.id),
-            None => message.id.clone(),
+    /// Item `index` into the poison queue as an envelope of it alone, its attempts from 0
+    /// (a requeue starts them again, as it does a message's dequeue count); as text on a
+    /// queue of text.
+    async fn poison_packed(self: &Arc<Self>, message: &IncomingMessage, envelope: &Envelope, index: usize, reason: &str) -> anyhow::Result<PoisonForm> {
+        let origin = envelope.items[index].origin_or(&message.id, index as u32);
+        let item = Item { attempts: 0, origin: Some(origin.clone()), ..envelope.items[index].clone() };
+        let packed = self.packer.pack(std::slice::from_ref(&item)).context("packing the item alone")?;
+        let Some(packed) = packed.envelopes.into_iter().next() else {
+            anyhow::bail!("the item fits no envelope alone");
         };
-        let body = serde_json::to_vec(&Reply::new(correlation_id.to_string(), message, item, reply)).expect("a reply serialises");
+        let body = if self.text_envelopes { Bytes::from(crate::payload::to_text(&packed.bytes)) } else { Bytes::from(packed.bytes) };
+        Ok(self.put_poison(&Self::item_message(message, envelope, index, body), Some(&origin), reason).await?)
+    }
+
+    /// Puts a handler's answer on the reply queue (a no-op without one), correlated by the
+    /// id the producer got back (on a partitioned queue, the logical queue's; for an item,
+    /// the envelope it was sent in, `item`, whatever envelope carries it now).
+    pub(super) async fn put_reply(&self, message: &IncomingMessage, item: Option<Origin>, reply: &Bytes) -> Result<(), ReplyNotPut> {
+        let Some(queue) = &self.reply else { return Ok(()) };
+        let id = item.as_ref().map_or_else(|| message.id.clone(), |o| MessageId::from(o.message_id.as_str()));
+        let correlation_id = self.producer_id(&id);
+        let body = serde_json::to_vec(&Reply::new(correlation_id.to_string(), message, item.map(|o| o.index), reply)).expect("a reply serialises");
         match queue.put(&body, Duration::ZERO).await {
             Ok(_) => {
                 self.counters.items.replies.fetch_add(1, Ordering::Relaxed);

@@ -6,24 +6,33 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use crate::handler::IncomingMessage;
+use crate::payload::Origin;
 use crate::queue::{MessageId, PopReceipt, QueueError};
 
 use super::Shared;
 use super::status::PoisonForm;
 
 impl Shared {
-    /// Puts `message` (or one item of an envelope) into the poison queue with `reason`,
-    /// deleting nothing: a JSON envelope with the reason, or, when that does not fit, the
-    /// body as it is. The form it took.
-    pub(super) async fn put_poison(&self, message: &IncomingMessage, reason: &str) -> Result<PoisonForm, QueueError> {
+    /// The id its producer got for the message `id` of this queue: on a partitioned queue,
+    /// the logical queue's (`partition:id`).
+    pub(super) fn producer_id(&self, id: &MessageId) -> MessageId {
+        match self.partition {
+            Some(index) => crate::queue::partitioned::tagged(index, id),
+            None => id.clone(),
+        }
+    }
+
+    /// Puts `message` (or one item of an envelope, sent as `origin`) into the poison queue
+    /// with `reason`, deleting nothing: a JSON envelope with the reason, or, when that does
+    /// not fit, the body as it is. The form it took.
+    pub(super) async fn put_poison(&self, message: &IncomingMessage, origin: Option<&Origin>, reason: &str) -> Result<PoisonForm, QueueError> {
         let (mut form, mut put) = (PoisonForm::Body, None);
         if self.settings.poison_envelope {
-            // On a partitioned queue, the id the producer got back (the logical queue's).
-            let original_id = match self.partition {
-                Some(index) => crate::queue::partitioned::tagged(index, &message.id),
-                None => message.id.clone(),
-            };
-            let envelope = serde_json::to_vec(&PoisonEnvelope::new(message, original_id, reason)).expect("the envelope serialises");
+            // The id the producer got back, whatever envelope carries an item now.
+            let original_id = self.producer_id(&origin.map_or_else(|| message.id.clone(), |o| MessageId::from(o.message_id.as_str())));
+            let mut envelope = PoisonEnvelope::new(message, original_id, reason);
+            envelope.item = origin.map(|o| o.index).or(envelope.item);
+            let envelope = serde_json::to_vec(&envelope).expect("the envelope serialises");
             match self.poison.put(&envelope, Duration::ZERO).await {
                 Err(QueueError::MessageTooLarge { .. }) => {}
                 other => (form, put) = (PoisonForm::Envelope, Some(other)),
@@ -46,7 +55,7 @@ impl Shared {
     /// that does not fit its size limit, the body as it is (as Azure Functions moves it),
     /// and the reason stays in the log, the status and the metrics.
     pub(super) async fn poison(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, reason: &str) {
-        let put = self.put_poison(message, reason).await;
+        let put = self.put_poison(message, None, reason).await;
         match put {
             Ok(form) => {
                 self.counters.record_poison(&message.id, reason, form);
@@ -81,6 +90,10 @@ impl Shared {
     }
 }
 
+/// The most of a reason a poison envelope keeps: a handler's error may quote a large
+/// body, and the reason must not push the message out of the poison envelope.
+const MAX_POISON_REASON_BYTES: usize = 4096;
+
 /// What `<queue>-poison` holds for each poisoned message (JSON).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct PoisonEnvelope {
@@ -90,7 +103,7 @@ pub(crate) struct PoisonEnvelope {
     pub original_id: MessageId,
     /// Times it was leased.
     pub dequeue_count: u32,
-    /// The last handler error.
+    /// The last handler error (its first 4 KiB).
     pub error: String,
     /// When it was put, RFC 3339.
     pub inserted_at: String,
@@ -102,7 +115,8 @@ pub(crate) struct PoisonEnvelope {
     /// The body as hex, if it is not UTF-8.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body_hex: Option<String>,
-    /// For an item of an envelope poisoned alone: its index in that envelope.
+    /// For an item of an envelope poisoned alone: its index in the envelope its producer
+    /// sent it in (`original_id`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub item: Option<u32>,
 }
@@ -114,7 +128,10 @@ impl PoisonEnvelope {
             queue: message.queue.clone(),
             original_id,
             dequeue_count: message.dequeue_count,
-            error: reason.to_string(),
+            error: match crate::rules::cut(reason, MAX_POISON_REASON_BYTES) {
+                whole if whole.len() == reason.len() => reason.to_string(),
+                cut => format!("{cut}… ({} bytes in all)", reason.len()),
+            },
             inserted_at: humantime::format_rfc3339_millis(message.inserted_at).to_string(),
             poisoned_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             body_hex: text.is_none().then(|| hex::encode(&message.body)),

@@ -17,7 +17,8 @@
 //! The item section is the items one after another:
 //!
 //! ```text
-//! kind u8 (0 inline, 1 claim check), attempts u32, then
+//! kind u8 (0 inline, 1 claim check; bit 7 set: an origin follows), attempts u32,
+//!   origin (bit 7 only): message id (u8 length 1 to 255, UTF-8), item index u32, then
 //!   inline:       length u32, the bytes
 //!   claim check:  size u64, sha256 [32], location u8, then
 //!                   1 azure blob:    account (u8 length, bytes), container (u8, bytes), blob (u16, bytes)
@@ -32,7 +33,7 @@ use bytes::Bytes;
 
 use super::codec::{Codec, Compressor, decompress};
 use super::error::EnvelopeError;
-use super::item::{BlobRef, Body, ClaimCheck, Item};
+use super::item::{BlobRef, Body, ClaimCheck, Item, Origin};
 use super::limits::Limits;
 
 /// The first bytes of every envelope. `C1` never starts UTF-8 text, so no text message
@@ -55,6 +56,8 @@ pub const MIN_ITEM_BYTES: usize = 9;
 
 const INLINE: u8 = 0;
 const CLAIM_CHECK: u8 = 1;
+/// Bit 7 of an item's kind: its origin (where its producer put it) follows its attempts.
+const HAS_ORIGIN: u8 = 0x80;
 const AZURE_BLOB: u8 = 1;
 const EMBEDDED_BODY: u8 = 2;
 
@@ -79,13 +82,29 @@ pub struct Envelope {
     pub message: bool,
 }
 
+/// Appends an item's kind, attempts and origin.
+fn write_head(kind: u8, item: &Item, out: &mut Vec<u8>) -> anyhow::Result<()> {
+    let Some(origin) = &item.origin else {
+        out.push(kind);
+        out.extend_from_slice(&item.attempts.to_le_bytes());
+        return Ok(());
+    };
+    let id = origin.message_id.as_bytes();
+    anyhow::ensure!((1..=255).contains(&id.len()), "an origin's message id of {} bytes: 1 to 255", id.len());
+    out.push(kind | HAS_ORIGIN);
+    out.extend_from_slice(&item.attempts.to_le_bytes());
+    out.push(id.len() as u8);
+    out.extend_from_slice(id);
+    out.extend_from_slice(&origin.index.to_le_bytes());
+    Ok(())
+}
+
 /// Appends `item`'s record to an item section.
 pub(super) fn write_record(item: &Item, out: &mut Vec<u8>) -> anyhow::Result<()> {
     match &item.body {
         Body::Inline(bytes) => {
             let length = u32::try_from(bytes.len()).map_err(|_| anyhow::anyhow!("an inline item of {} bytes: at most 4 GiB", bytes.len()))?;
-            out.push(INLINE);
-            out.extend_from_slice(&item.attempts.to_le_bytes());
+            write_head(INLINE, item, out)?;
             out.extend_from_slice(&length.to_le_bytes());
             out.extend_from_slice(bytes);
         }
@@ -93,8 +112,7 @@ pub(super) fn write_record(item: &Item, out: &mut Vec<u8>) -> anyhow::Result<()>
             if let Some(defect) = check.location.defect() {
                 anyhow::bail!("claim check {}: {defect}", check.location);
             }
-            out.push(CLAIM_CHECK);
-            out.extend_from_slice(&item.attempts.to_le_bytes());
+            write_head(CLAIM_CHECK, item, out)?;
             out.extend_from_slice(&check.size.to_le_bytes());
             out.extend_from_slice(&check.sha256);
             match &check.location {
@@ -284,7 +302,17 @@ impl Fields<'_> {
     fn item(&mut self, limits: &Limits) -> Result<Item, EnvelopeError> {
         let kind = self.u8()?;
         let attempts = u32::from_le_bytes(self.array()?);
-        let body = match kind {
+        let origin = if kind & HAS_ORIGIN != 0 {
+            let length = self.u8()?;
+            if length == 0 {
+                return Err(self.bad("its origin's message id is empty".into()));
+            }
+            let message_id = self.text(u64::from(length), "origin's message id")?;
+            Some(Origin { message_id, index: u32::from_le_bytes(self.array()?) })
+        } else {
+            None
+        };
+        let body = match kind & !HAS_ORIGIN {
             INLINE => {
                 let length = u32::from_le_bytes(self.array()?);
                 Body::Inline(self.take(u64::from(length))?)
@@ -292,7 +320,7 @@ impl Fields<'_> {
             CLAIM_CHECK => Body::ClaimCheck(self.claim_check(limits)?),
             other => return Err(self.bad(format!("unknown kind {other} (0 inline, 1 claim check)"))),
         };
-        Ok(Item { attempts, body })
+        Ok(Item { attempts, body, origin })
     }
 
     fn claim_check(&mut self, limits: &Limits) -> Result<ClaimCheck, EnvelopeError> {

@@ -12,6 +12,20 @@ pub struct Item {
     pub attempts: u32,
     /// The item's bytes, or where they are.
     pub body: Body,
+    /// Where its producer's send put it, once it was put back in another envelope (none in
+    /// the envelope it was sent in: that envelope's id and the item's index there).
+    pub origin: Option<Origin>,
+}
+
+/// The message id and index its producer got for an item put back after failing: what a
+/// poison entry and a reply name, whatever envelope carries the item now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    /// The id of the message (envelope) it was sent in, as its storage queue gave it: 1 to
+    /// 255 bytes of UTF-8.
+    pub message_id: String,
+    /// Its index in that envelope.
+    pub index: u32,
 }
 
 /// Where an item's bytes are.
@@ -69,17 +83,23 @@ pub struct AzureContainer {
 impl Item {
     /// A new item (no attempt yet) whose bytes travel in the envelope.
     pub fn inline(body: impl Into<Bytes>) -> Item {
-        Item { attempts: 0, body: Body::Inline(body.into()) }
+        Item { attempts: 0, body: Body::Inline(body.into()), origin: None }
     }
 
     /// A new item whose bytes were offloaded.
     pub fn claim_check(check: ClaimCheck) -> Item {
-        Item { attempts: 0, body: Body::ClaimCheck(check) }
+        Item { attempts: 0, body: Body::ClaimCheck(check), origin: None }
     }
 
     /// The same item, counted as failed `attempts` times.
     pub fn with_attempts(self, attempts: u32) -> Item {
         Item { attempts, ..self }
+    }
+
+    /// Where its producer's send put it: its origin, or else `message_id` and `index`, the
+    /// envelope carrying it now.
+    pub fn origin_or(&self, message_id: &str, index: u32) -> Origin {
+        self.origin.clone().unwrap_or_else(|| Origin { message_id: message_id.to_string(), index })
     }
 }
 

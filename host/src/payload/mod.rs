@@ -43,7 +43,7 @@ mod text;
 pub use codec::Codec;
 pub use error::EnvelopeError;
 pub use format::{Decoded, ENVELOPE_OVERHEAD_BYTES, Envelope, FLAG_MESSAGE, FORMAT_VERSION, MAGIC, MIN_ITEM_BYTES, decode, encode, encode_message};
-pub use item::{AzureContainer, BlobRef, Body, ClaimCheck, Item};
+pub use item::{AzureContainer, BlobRef, Body, ClaimCheck, Item, Origin};
 pub use limits::{AllowedReferences, DEFAULT_MAX_CLAIM_CHECK_BYTES, DEFAULT_MAX_DECODED_BYTES, DEFAULT_MAX_ITEMS, Limits};
 pub use pack::{MIN_ENVELOPE_BYTES, Packed, PackedEnvelope, Packer};
 pub use settings::{Delivery, PayloadSettings};

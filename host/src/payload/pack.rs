@@ -113,11 +113,13 @@ impl Packer {
         Ok(Packed { envelopes, needs_claim_check })
     }
 
-    /// The items of `envelope` at the indices `failed`, each counted one more attempt,
-    /// packed anew (items fail one by one; the others were handled). One envelope in
-    /// practice: the items fitted together before. Indices in the result are the
-    /// envelope's. Refuses an index out of range or named twice.
-    pub fn repack_failed(&self, envelope: &Envelope, failed: &[usize]) -> anyhow::Result<Packed> {
+    /// The items of `envelope` (the message `message_id`) at the indices `failed`, each
+    /// counted one more attempt and keeping where its producer put it (its origin, or
+    /// `message_id` and its index), packed anew (items fail one by one; the others were
+    /// handled). One envelope in practice: the items fitted together before (an origin adds
+    /// at most 260 bytes to an item). Indices in the result are the envelope's. Refuses an
+    /// index out of range or named twice.
+    pub fn repack_failed(&self, envelope: &Envelope, failed: &[usize], message_id: &str) -> anyhow::Result<Packed> {
         let mut is_failed = vec![false; envelope.items.len()];
         for &index in failed {
             ensure!(index < envelope.items.len(), "failed item {index}: the envelope holds {} items", envelope.items.len());
@@ -128,7 +130,7 @@ impl Packer {
             .iter()
             .map(|&i| {
                 let item = &envelope.items[i];
-                Item { attempts: item.attempts.saturating_add(1), body: item.body.clone() }
+                Item { attempts: item.attempts.saturating_add(1), body: item.body.clone(), origin: Some(item.origin_or(message_id, i as u32)) }
             })
             .collect();
         let mut packed = self.pack(&items)?;

@@ -314,17 +314,42 @@ fn the_packer_writes_only_what_readers_with_its_limits_accept() -> anyhow::Resul
 }
 
 #[test]
-fn repacking_keeps_only_the_failed_items_each_with_one_more_attempt() -> anyhow::Result<()> {
+fn repacking_keeps_only_the_failed_items_each_with_one_more_attempt_and_where_it_was_sent() -> anyhow::Result<()> {
     let sent: Vec<Item> = (0..50).map(|i| json_item(i, 200).with_attempts(i as u32 % 3)).chain([Item::inline("last").with_attempts(u32::MAX)]).collect();
+    let origin = |index| Some(Origin { message_id: "2130".into(), index });
     for codec in Codec::ALL {
         let packer = Packer::new(codec, AZURE_MAX_ENVELOPE_BYTES)?;
         let Decoded::Envelope(envelope) = decode(&packer.pack(&sent)?.envelopes[0].bytes, &Limits::default())? else { panic!() };
-        let repacked = packer.repack_failed(&envelope, &[50, 7, 3])?;
+        let repacked = packer.repack_failed(&envelope, &[50, 7, 3], "2130")?;
         assert_eq!(repacked.envelopes.len(), 1);
         assert_eq!(repacked.envelopes[0].items, vec![3, 7, 50], "the envelope's indices, in its order");
-        let expected = vec![sent[3].clone().with_attempts(1), sent[7].clone().with_attempts(2), sent[50].clone()];
+        let expected = vec![
+            Item { origin: origin(3), ..sent[3].clone().with_attempts(1) },
+            Item { origin: origin(7), ..sent[7].clone().with_attempts(2) },
+            Item { origin: origin(50), ..sent[50].clone() },
+        ];
         assert_eq!(items(&repacked.envelopes[0].bytes, &Limits::default())?, expected, "{codec}: attempts saturate at u32::MAX");
+        // Put back again from the new envelope (another id): still where its producer sent it.
+        let Decoded::Envelope(again) = decode(&repacked.envelopes[0].bytes, &Limits::default())? else { panic!() };
+        let twice = packer.repack_failed(&again, &[1], "2135")?;
+        assert_eq!(items(&twice.envelopes[0].bytes, &Limits::default())?[0].origin, origin(7), "{codec}");
     }
+    Ok(())
+}
+
+#[test]
+fn an_origin_is_written_only_within_255_bytes_and_read_only_when_not_empty() -> anyhow::Result<()> {
+    let with = |id: &str| Item { origin: Some(Origin { message_id: id.into(), index: 1 }), ..Item::inline("x") };
+    let too_long = encode(&[with(&"i".repeat(256))], Codec::None).unwrap_err();
+    assert!(format!("{too_long:#}").contains("1 to 255"), "{too_long:#}");
+    assert!(encode(&[with("")], Codec::None).is_err());
+    let mut bytes = encode(&[with("7")], Codec::None)?;
+    // Its id's length byte (after the header, kind and attempts) set to 0, the CRC redone.
+    bytes[layout::HEADER + 5] = 0;
+    let end = bytes.len() - 4;
+    let crc = crc32fast::hash(&bytes[..end]);
+    bytes[end..].copy_from_slice(&crc.to_le_bytes());
+    assert_eq!(decode(&bytes, &Limits::default()).unwrap_err().to_string(), "item 0: its origin's message id is empty");
     Ok(())
 }
 
@@ -332,9 +357,9 @@ fn repacking_keeps_only_the_failed_items_each_with_one_more_attempt() -> anyhow:
 fn repacking_refuses_an_index_out_of_range_or_named_twice() -> anyhow::Result<()> {
     let envelope = Envelope { codec: Codec::None, items: vec![Item::inline("a"), Item::inline("b")], message: false };
     let packer = Packer::new(Codec::None, 1000)?;
-    assert_eq!(packer.repack_failed(&envelope, &[2]).unwrap_err().to_string(), "failed item 2: the envelope holds 2 items");
-    assert_eq!(packer.repack_failed(&envelope, &[1, 1]).unwrap_err().to_string(), "failed item 1 is named twice");
-    assert_eq!(packer.repack_failed(&envelope, &[])?.envelopes, vec![]);
+    assert_eq!(packer.repack_failed(&envelope, &[2], "1").unwrap_err().to_string(), "failed item 2: the envelope holds 2 items");
+    assert_eq!(packer.repack_failed(&envelope, &[1, 1], "1").unwrap_err().to_string(), "failed item 1 is named twice");
+    assert_eq!(packer.repack_failed(&envelope, &[], "1")?.envelopes, vec![]);
     Ok(())
 }
 

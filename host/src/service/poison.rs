@@ -39,6 +39,9 @@ pub struct PoisonEntry {
     pub reason: Option<String>,
     /// The id its producer got (`partition:id` on a partitioned queue).
     pub original_id: Option<String>,
+    /// For an item of an envelope: its index in the message `original_id`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub item: Option<u32>,
     /// Times it had been leased in its own queue.
     pub dequeue_count: Option<u32>,
     /// Its body's length in bytes.
@@ -92,6 +95,7 @@ fn entry(message: &Message, claims: Option<&Arc<dyn ClaimStore>>) -> PoisonEntry
         poisoned_at: message.inserted_at,
         reason: envelope.as_ref().map(|e| e.error.clone()),
         original_id: envelope.as_ref().map(|e| e.original_id.to_string()),
+        item: envelope.as_ref().and_then(|e| e.item),
         dequeue_count: envelope.as_ref().map(|e| e.dequeue_count),
         body_bytes: body.len(),
         preview,

@@ -1073,3 +1073,76 @@ async fn a_body_that_reads_as_a_poison_envelope_is_never_moved_bare() {
     assert!(listener.status().poison_failures >= 1, "{:?}", listener.status());
     assert_eq!(queue.approximate_count().await.unwrap(), 1, "left in place, not lost");
 }
+
+/// Always wants the same number of tasks; idles as the paper.
+pub(crate) struct FixedCount(pub u32);
+
+impl ebb::rules::NativeRule for FixedCount {
+    fn name(&self) -> &str {
+        "fixed-count"
+    }
+    fn optimal_dequeue_task_count(&self, _state: &ebb::rules::QueueState) -> u32 {
+        self.0
+    }
+    fn on_queue_empty(&self, ctx: &ebb::rules::IdleContext) -> ebb::rules::IdleDecision {
+        ebb_rules_sdk::paper::on_queue_empty(ctx)
+    }
+}
+
+/// A listener on the in-memory queue deciding with `rule`, and a handle whose sends notify it.
+fn with_rule(rule: FixedCount, settings: QueueSettings) -> (Listener, ebb::QueueHandle, Arc<TestHandler>) {
+    let clock = Arc::new(TokioClock::new());
+    let queue: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock.clone(), 65536));
+    let handler = Arc::new(TestHandler::default());
+    let settings = QueueSettings { random_seed: Some(7), ..settings };
+    let listener = Listener::builder(queue.clone(), poison, handler.clone()).decider(Arc::new(rule)).settings(settings).clock(clock).build();
+    let handle = ebb::QueueHandle::new(QUEUE, queue, vec![listener.clone()]);
+    (listener, handle, handler)
+}
+
+/// Issue 35: a notification's pickup started a task up to `max_tasks` whenever none rested,
+/// past the rule's count (a rule saying 2, a 300 ms handler and ten sends a second reached
+/// 3 tasks). A pickup uses a resting task or waits for a busy one to drain. (A 1 s handler
+/// and a 100 ms `max_pickup_delay`: both tasks are still busy when a pickup comes due.)
+#[tokio::test(start_paused = true)]
+async fn pickups_while_every_task_is_busy_never_run_more_tasks_than_the_rules_count() {
+    for push_enabled in [false, true] {
+        let settings = QueueSettings {
+            push_enabled,
+            min_tasks: u32::from(!push_enabled),
+            max_tasks: 32,
+            max_pickup_delay: Duration::from_millis(100),
+            ..Default::default()
+        };
+        let (listener, handle, _) = with_rule(FixedCount(2), settings);
+        listener.start();
+        sleep(Duration::from_secs(1)).await;
+        for _ in 0..200 {
+            handle.send(b"sleep 1000", Duration::ZERO, Duration::from_secs(5)).await.unwrap();
+            sleep(Duration::from_millis(100)).await;
+        }
+        sleep(Duration::from_secs(10)).await;
+        let status = listener.status();
+        assert_eq!((status.processed, status.target_tasks, status.peak_tasks), (200, 2, 2), "push {push_enabled}: {status:?}");
+    }
+}
+
+/// Issue 35: a pickup that cannot start a task (the rule's count is running, all busy) is
+/// not lost: the first task to drain the queue gets for it, before it rests.
+#[tokio::test(start_paused = true)]
+async fn a_pickup_that_cannot_start_a_task_is_taken_by_the_first_task_to_drain() {
+    let settings = QueueSettings { push_enabled: true, min_tasks: 0, max_pickup_delay: Duration::ZERO, ..Default::default() };
+    let (listener, handle, handler) = with_rule(FixedCount(1), settings);
+    listener.start();
+    sleep(Duration::from_secs(1)).await;
+    handle.send(b"sleep 1000", Duration::ZERO, Duration::from_secs(5)).await.unwrap();
+    sleep(Duration::from_millis(100)).await;
+    assert_eq!(listener.status().active_tasks, 1, "a push at zero tasks starts one");
+    handle.send(b"sleep 10", Duration::ZERO, Duration::from_secs(5)).await.unwrap();
+    sleep(Duration::from_millis(850)).await;
+    assert_eq!(handler.calls.load(Ordering::Relaxed), 1, "the second waits for the busy task, no task is started for it");
+    sleep(Duration::from_millis(100)).await;
+    let status = listener.status();
+    assert_eq!((handler.calls.load(Ordering::Relaxed), status.processed, status.peak_tasks), (2, 2, 1), "{status:?}");
+}

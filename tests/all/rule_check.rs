@@ -200,13 +200,42 @@ fn rule_check_fails_rejected_parameters_with_the_rules_message() {
     );
 }
 
+/// Issue 35: a delay the host clamps failed the check, though the host clamps it (as it
+/// clamps task counts, which the check only marks): the paper's own jittered back-off dips
+/// below its minimum at the first idle look. It is a warning now, and the check passes.
 #[test]
-fn rule_check_fails_a_delay_outside_the_interval_it_was_given_but_not_a_count_the_host_caps() {
-    // absurd-values returns u32::MAX tasks (the host's to cap: not a failure) and a delay of
-    // u64::MAX ms (outside [min, max]: a unit mistake or an uncapped back-off).
-    let checked = check(guests::ABSURD_VALUES, &[]);
+fn rule_check_warns_of_a_jittered_delay_under_the_minimum_and_passes() {
+    let checked = check(guests::JS_UNFLOORED_BACKOFF, &[]);
+    assert_eq!(checked.code, Some(0), "stdout:\n{}\nstderr:\n{}", checked.stdout, checked.stderr);
+    assert_eq!(
+        row(&checked.stdout, "on-queue-empty", "random 0"),
+        "delay_ms 80, stop false (warning: outside the interval; the host clamps it to 100)",
+        "{}",
+        checked.stdout
+    );
+    for part in [
+        "warning: rule rule.wasm returned a value the host clamps in",
+        "- on-queue-empty (",
+        "delay_ms 80 is outside the interval the rule was given [min_interval_ms 100, max_interval_ms 60000], so the host clamps it to 100",
+        "hint: keep the delay within",
+    ] {
+        assert!(checked.stderr.contains(part), "missing {part:?} in\n{}", checked.stderr);
+    }
+    assert!(checked.stdout.contains("none faulted (") && checked.stdout.contains("--strict fails on them"), "{}", checked.stdout);
+}
+
+/// With `--strict`, a delay the host clamps fails the check; a count the host caps is the
+/// host's documented job, marked in the table and never a failure, strict or not.
+#[test]
+fn rule_check_strict_fails_a_delay_the_host_clamps_but_not_a_count_the_host_caps() {
+    // absurd-values returns u32::MAX tasks and a delay of u64::MAX ms (outside [min, max]:
+    // a unit mistake or an uncapped back-off).
+    let warned = check(guests::ABSURD_VALUES, &[]);
+    assert_eq!(warned.code, Some(0), "stdout:\n{}\nstderr:\n{}", warned.stdout, warned.stderr);
+    assert!(warned.stderr.contains("returned a value the host clamps in 9 of 26 calls"), "{}", warned.stderr);
+    let strict = run_rule(guests::ABSURD_VALUES, &["rule", "check", "rule.wasm", "--strict"], &[]);
     assert_fails_with(
-        &checked,
+        &strict,
         &[
             "failed 9 of 26 calls",
             "- on-queue-empty (",
@@ -214,9 +243,11 @@ fn rule_check_fails_a_delay_outside_the_interval_it_was_given_but_not_a_count_th
             "hint: keep the delay within",
         ],
     );
-    assert!(!checked.stderr.contains("- optimal-dequeue-task-count") && !checked.stderr.contains("- max-concurrent-calls"), "{}", checked.stderr);
-    assert!(checked.stdout.contains("4294967295 (the host bounds it to 100, as it should)"), "{}", checked.stdout);
-    assert_eq!(row(&checked.stdout, "max-concurrent-calls", "a busy window"), "4294967295 (the host bounds it to 32, as it should)", "{}", checked.stdout);
+    for checked in [&warned, &strict] {
+        assert!(!checked.stderr.contains("- optimal-dequeue-task-count") && !checked.stderr.contains("- max-concurrent-calls"), "{}", checked.stderr);
+        assert!(checked.stdout.contains("4294967295 (the host bounds it to 100, as it should)"), "{}", checked.stdout);
+        assert_eq!(row(&checked.stdout, "max-concurrent-calls", "a busy window"), "4294967295 (the host bounds it to 32, as it should)", "{}", checked.stdout);
+    }
 }
 
 #[test]

@@ -18,14 +18,18 @@ use crate::rules::{
 pub enum RuleCommand {
     /// Load a rule, validate it against the contract, configure it, describe it, then call
     /// each export with default and edge contexts under the host's limits and print what came
-    /// back. Exits with 1 and every reason (each with a hint) on a load or set-up problem, a
-    /// fault in any call, or a delay outside the interval the rule was given.
+    /// back. Exits with 1 and every reason (each with a hint) on a load or set-up problem, or
+    /// a fault in any call (a trap, fuel, the deadline, memory). A delay outside the interval
+    /// the rule was given, which the host clamps, is a warning (a failure with --strict).
     Check {
         /// The rule component (.wasm).
         file: PathBuf,
         /// A rule parameter, as in the queue's `rule_params` (repeatable).
         #[arg(long = "param", value_name = "KEY=VALUE", value_parser = super::parse_key_value)]
         params: Vec<(String, String)>,
+        /// Fail on a delay the host would clamp, too (a warning without it).
+        #[arg(long)]
+        strict: bool,
     },
     /// Ask a rule for one decision and print it as JSON (with its source and any clamp).
     /// Exits with 1 and the reason when the rule faulted (the JSON then shows the built-in
@@ -136,7 +140,7 @@ pub enum RuleCommand {
 
 pub fn run(command: RuleCommand) -> Result<()> {
     match command {
-        RuleCommand::Check { file, params } => super::refuse_repeated_params(&params).and_then(|()| check(&file, params)),
+        RuleCommand::Check { file, params, strict } => super::refuse_repeated_params(&params).and_then(|()| check(&file, params, strict)),
         RuleCommand::Eval { file, task_count, queue_empty, concurrency, failure, params } => {
             super::refuse_repeated_params(&params).and_then(|()| eval(&file, Asked { task_count, queue_empty, concurrency, failure }, params))
         }
@@ -249,7 +253,7 @@ pub(super) fn cli_engine() -> Result<std::sync::Arc<RuleEngine>> {
     RuleEngine::new(RuleLimits::default(), None)
 }
 
-fn check(file: &Path, params: Vec<(String, String)>) -> Result<()> {
+fn check(file: &Path, params: Vec<(String, String)>, strict: bool) -> Result<()> {
     let engine = cli_engine()?;
     let started = Instant::now();
     let rule = engine.load_file(file)?;
@@ -288,13 +292,10 @@ fn check(file: &Path, params: Vec<(String, String)>) -> Result<()> {
         .filter(|probe| rule.contract.decides_concurrency() || !probe.decides_concurrency())
         .filter(|probe| rule.decides_failures || !probe.decides_failures())
         .collect();
-    // (export, reason) -> the contexts it happened in: one reason is said once, with every
-    // context that produced it.
-    let mut failures: Vec<(&str, String, Vec<&str>)> = Vec::new();
-    let mut fail = |export, reason: String, context| match failures.iter_mut().find(|(e, r, _)| *e == export && *r == reason) {
-        Some((_, _, contexts)) => contexts.push(context),
-        None => failures.push((export, reason, vec![context])),
-    };
+    // Failures and warnings (values the host clamps), each as (export, reason) -> the
+    // contexts it happened in: one reason is said once, with every context that produced it.
+    let mut failures = Grouped::default();
+    let mut warnings = Grouped::default();
     let mut live = Some(instance);
     println!("\n{:<28} {:<36} returned", "export", "context");
     for probe in &probes {
@@ -305,7 +306,7 @@ fn check(file: &Path, params: Vec<(String, String)>) -> Result<()> {
             None => match engine.instantiate(&rule, &params) {
                 Ok(instance) => instance,
                 Err(error) => {
-                    fail(probe.export(), format!("the rule could not be set up again after a fault: {error:#}"), probe.context);
+                    failures.add(probe.export(), format!("the rule could not be set up again after a fault: {error:#}"), probe.context);
                     break;
                 }
             },
@@ -322,22 +323,63 @@ fn check(file: &Path, params: Vec<(String, String)>) -> Result<()> {
         }
         println!("{:<28} {:<36} {shown}", probe.export(), probe.context);
         match failure {
-            Some(ProbeFailure::Fault(reason)) => fail(probe.export(), reason, probe.context),
-            Some(ProbeFailure::Value(reason)) => {
-                fail(probe.export(), reason, probe.context);
+            Some(ProbeFailure::Fault(reason)) => failures.add(probe.export(), reason, probe.context),
+            Some(ProbeFailure::Clamped(reason)) => {
+                if strict { &mut failures } else { &mut warnings }.add(probe.export(), reason, probe.context);
                 live = Some(instance);
             }
             None => live = Some(instance),
         }
     }
+    if !warnings.is_empty() {
+        eprintln!(
+            "warning: rule {} returned a value the host clamps in {} of {} calls:\n{}",
+            file.display(),
+            warnings.calls(),
+            probes.len(),
+            warnings.listed()
+        );
+    }
     if failures.is_empty() {
-        println!("\nok: {} calls, none faulted or returned a value the host would have to correct", probes.len());
+        let clamped = if warnings.is_empty() {
+            "or returned a value the host would have to correct".to_string()
+        } else {
+            format!("({} returned a value the host clamps: warnings above; --strict fails on them)", warnings.calls())
+        };
+        println!("\nok: {} calls, none faulted {clamped}", probes.len());
         return Ok(());
     }
-    let failed: usize = failures.iter().map(|(_, _, contexts)| contexts.len()).sum();
-    let listed: Vec<String> =
-        failures.iter().map(|(export, reason, contexts)| format!("- {export} ({}): {}", contexts.join("; "), reason.replace('\n', "\n  "))).collect();
-    bail!("rule {} failed {failed} of {} calls:\n{}", file.display(), probes.len(), listed.join("\n"))
+    bail!("rule {} failed {} of {} calls:\n{}", file.display(), failures.calls(), probes.len(), failures.listed())
+}
+
+/// What went wrong (or was clamped) in `ebb rule check`'s calls: each (export, reason) with
+/// the contexts it happened in, in the order first seen.
+#[derive(Default)]
+struct Grouped(Vec<(&'static str, String, Vec<&'static str>)>);
+
+impl Grouped {
+    fn add(&mut self, export: &'static str, reason: String, context: &'static str) {
+        match self.0.iter_mut().find(|(e, r, _)| *e == export && *r == reason) {
+            Some((_, _, contexts)) => contexts.push(context),
+            None => self.0.push((export, reason, vec![context])),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The calls counted, over every reason.
+    fn calls(&self) -> usize {
+        self.0.iter().map(|(_, _, contexts)| contexts.len()).sum()
+    }
+
+    /// One line per reason: `- export (context; context): reason`.
+    fn listed(&self) -> String {
+        let lines: Vec<String> =
+            self.0.iter().map(|(export, reason, contexts)| format!("- {export} ({}): {}", contexts.join("; "), reason.replace('\n', "\n  "))).collect();
+        lines.join("\n")
+    }
 }
 
 /// Whether a fault's reason is the call deadline (wall-clock time), not fuel or a trap.
@@ -362,8 +404,9 @@ enum ProbeCall {
 enum ProbeFailure {
     /// The call faulted: the instance cannot be used again.
     Fault(String),
-    /// The call returned, with a value that signals a mistake.
-    Value(String),
+    /// The call returned a value the host clamps, which signals a mistake: a warning (a
+    /// failure with `--strict`).
+    Clamped(String),
 }
 
 impl Probe {
@@ -408,17 +451,19 @@ impl Probe {
                     if !clamped.clamped {
                         return (shown, None);
                     }
-                    // The rule was told the range and left it: a unit mistake (seconds for
-                    // milliseconds) or a back-off that is not capped.
+                    // The rule was told the range and left it: a jitter below the minimum (the
+                    // paper's own back-off at the first idle), or a unit mistake (seconds for
+                    // milliseconds) or a back-off that is not capped. The host clamps it, so
+                    // it is a warning.
                     let reason = format!(
-                        "delay_ms {} is outside the interval the rule was given [min_interval_ms {}, max_interval_ms {}], so the host would clamp it to {}{}keep the delay within ctx.min_interval_ms..=ctx.max_interval_ms (milliseconds), e.g. cap a growing back-off with min(delay, max_interval_ms)",
+                        "delay_ms {} is outside the interval the rule was given [min_interval_ms {}, max_interval_ms {}], so the host clamps it to {}{}keep the delay within ctx.min_interval_ms..=ctx.max_interval_ms (milliseconds), e.g. max(min_interval_ms, min(delay, max_interval_ms)) after the jitter",
                         raw.delay_ms,
                         ctx.min_interval_ms,
                         ctx.max_interval_ms,
                         clamped.value.delay_ms,
                         crate::rules::HINT_PREFIX
                     );
-                    (format!("{shown} (outside the interval)"), Some(ProbeFailure::Value(reason)))
+                    (format!("{shown} (warning: outside the interval; the host clamps it to {})", clamped.value.delay_ms), Some(ProbeFailure::Clamped(reason)))
                 }
             },
             ProbeCall::Concurrency(state) => match instance.max_concurrent_calls(state) {

@@ -3,9 +3,11 @@
 //! A notification that arrives while a get is in flight changes nothing: when the get
 //! answers, what it did not cover gets one pickup. Otherwise the first notification claims
 //! one get `max_pickup_delay` later and the notifications within that time ride along: a
-//! resting task is woken for it, or a task is started (up to `max_tasks`) when every task is
-//! busy with its handlers or none runs. A task that drains the queue picks up what was
-//! notified meanwhile and nobody claimed, before it rests.
+//! resting task is woken for it, or, when every task is busy with its handlers, a task is
+//! started only while fewer run than the rule's latest count (or none runs: a push wakes a
+//! queue at zero tasks). The rule's count is the bound: an app that needs faster pickup asks
+//! its rule for more tasks. A task that drains the queue picks up what was notified meanwhile
+//! and nobody claimed, before it rests.
 //!
 //! A task is *getting* from sending a get until it answers, and *resting* while it sleeps in
 //! its back-off; the counts and the claim share one lock with the notifications, so none is
@@ -70,11 +72,13 @@ enum State {
 pub(super) struct TaskMark<'a> {
     shared: &'a Shared,
     state: State,
+    /// The task holds the pickup's claim (`Claim::Task`) until its next get starts.
+    claimed: bool,
 }
 
 impl<'a> TaskMark<'a> {
     pub(super) fn new(shared: &'a Shared) -> TaskMark<'a> {
-        TaskMark { shared, state: State::Other }
+        TaskMark { shared, state: State::Other, claimed: false }
     }
 
     /// Whether the task rests (a wake-up is for it).
@@ -101,6 +105,7 @@ impl<'a> TaskMark<'a> {
         if pickup.claim == Claim::Task {
             pickup.claim = Claim::None;
         }
+        self.claimed = false;
     }
 
     /// The get answered: notifications that came while it was in flight, and that no other
@@ -124,7 +129,8 @@ impl<'a> TaskMark<'a> {
     /// known), unless notifications wait that nobody will get for.
     pub(super) fn try_retire(&mut self, keep: u32) -> bool {
         let mut pickup = self.shared.pickup();
-        if pickup.pending_since.is_some() && pickup.claim == Claim::None && pickup.getting == 0 {
+        // This task claimed the pickup when it drained: it owes that get.
+        if self.claimed || (pickup.pending_since.is_some() && pickup.claim == Claim::None && pickup.getting == 0) {
             return false;
         }
         if !self.shared.try_retire(keep) {
@@ -145,6 +151,7 @@ impl<'a> TaskMark<'a> {
             && pickup.getting == 0
         {
             pickup.claim = Claim::Task;
+            self.claimed = true;
             return AfterDrained::GetAt(since + self.shared.settings.max_pickup_delay);
         }
         if !rest() {
@@ -157,9 +164,14 @@ impl<'a> TaskMark<'a> {
 
 impl Drop for TaskMark<'_> {
     fn drop(&mut self) {
-        if self.state != State::Other {
+        if self.state != State::Other || self.claimed {
             let mut pickup = self.shared.pickup();
             self.leave(&mut pickup);
+            // Ended (stopping, a panic) owing the claimed get: the next notification may
+            // claim it again (a panic's restart notifies).
+            if self.claimed && pickup.claim == Claim::Task {
+                pickup.claim = Claim::None;
+            }
         }
     }
 }
@@ -193,9 +205,10 @@ impl Shared {
         });
     }
 
-    /// The claimed pickup is due: a resting task gets, or a task starts (up to `max_tasks`)
-    /// when none rests. (A get sent meanwhile took the notifications with it; at
-    /// `max_tasks` with every task busy, the first to drain the queue picks them up.)
+    /// The claimed pickup is due: a resting task gets, or, when none rests, a task starts
+    /// while fewer run than the rule's latest count (or none runs). (A get sent meanwhile
+    /// took the notifications with it; with the rule's count running and every task busy,
+    /// the first to drain the queue picks them up.)
     fn pick_up(self: &Arc<Self>) {
         let mut pickup = self.pickup();
         if pickup.claim == Claim::Timer {
@@ -207,9 +220,13 @@ impl Shared {
         if pickup.resting > 0 {
             // A task between resting and its sleep keeps the permit and gets at once.
             self.wake.notify_one();
-        } else if self.started.load(Ordering::Acquire) && self.counters.active_tasks.load(Ordering::Acquire) < self.settings.max_tasks {
+        } else if self.started.load(Ordering::Acquire) {
             drop(pickup);
-            self.start_tasks(1);
+            // The rule's count bounds the tasks: a pickup starts one only below it (or when
+            // none runs: a push must wake a queue at zero). Otherwise the notification stays
+            // pending, and the first task to drain the queue gets for it.
+            let cap = self.counters.target_tasks.load(Ordering::Acquire).max(1);
+            self.spawn_tasks(1, false, cap);
         }
     }
 }

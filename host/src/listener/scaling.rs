@@ -70,7 +70,7 @@ impl Shared {
         let active = self.counters.active_tasks.load(Ordering::Relaxed);
         if target > active {
             tracing::debug!(depth, active, target, source = ?decision.source, "starting dequeue tasks");
-            self.start_tasks(target - active);
+            self.start_tasks_up_to(target);
         }
         depth_source
     }

@@ -1,6 +1,7 @@
 //! The dequeue task loop: get a batch, process it or back off as the rule says, and retire
 //! when there are more tasks than the rule's count. Each task holds a slot in
-//! `active_tasks`, so concurrent starts never exceed `max_tasks`.
+//! `active_tasks`, so concurrent starts never exceed their cap (the rule's count, or
+//! `max_tasks`).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -49,18 +50,27 @@ impl Shared {
         self.settings.push_enabled && self.push_available.load(Ordering::Acquire)
     }
 
+    /// `StartListener(n)`: `n` more tasks, never beyond `max_tasks`.
     pub(super) fn start_tasks(self: &Arc<Self>, n: u32) {
-        self.spawn_tasks(n, false);
+        self.spawn_tasks(n, false, self.settings.max_tasks);
     }
 
-    /// Starts `n` dequeue tasks; a `probe` task stops at its first empty get (when the
-    /// floor allows), so a safety poll of an empty queue costs one get.
-    pub(super) fn spawn_tasks(self: &Arc<Self>, n: u32, probe: bool) {
+    /// Starts tasks until `count` run (never beyond `max_tasks`).
+    pub(super) fn start_tasks_up_to(self: &Arc<Self>, count: u32) {
+        let active = self.counters.active_tasks.load(Ordering::Acquire);
+        self.spawn_tasks(count.saturating_sub(active), false, count);
+    }
+
+    /// Starts up to `n` dequeue tasks, while fewer than `cap` (and `max_tasks`) run; a
+    /// `probe` task stops at its first empty get (when the floor allows), so a safety poll
+    /// of an empty queue costs one get.
+    pub(super) fn spawn_tasks(self: &Arc<Self>, n: u32, probe: bool, cap: u32) {
         let counters = &self.counters;
+        let cap = cap.min(self.settings.max_tasks);
         for _ in 0..n {
-            // Reserve a slot first, so concurrent starts never exceed max_tasks.
-            let reserved =
-                counters.active_tasks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active < self.settings.max_tasks).then_some(active + 1));
+            // Reserve a slot first, so concurrent starts (the scaler's, a pickup's) never
+            // exceed the cap.
+            let reserved = counters.active_tasks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active < cap).then_some(active + 1));
             let Ok(previous) = reserved else { return };
             counters.peak_tasks.fetch_max(previous + 1, Ordering::Relaxed);
             let task_number = counters.tasks_started.fetch_add(1, Ordering::Relaxed) + 1;
@@ -74,8 +84,7 @@ impl Shared {
                         // it never delivered.
                         shared.task_panicked("a dequeue task", &*panic);
                         if !shared.stopping.is_cancelled() {
-                            let active = shared.counters.active_tasks.load(Ordering::Acquire);
-                            shared.start_tasks(shared.floor().saturating_sub(active));
+                            shared.start_tasks_up_to(shared.floor());
                             shared.notified();
                         }
                     }

@@ -127,8 +127,7 @@ impl Shared {
             return;
         }
         if !available && !self.stopping.is_cancelled() {
-            let active = self.counters.active_tasks.load(Ordering::Acquire);
-            self.start_tasks(self.floor().saturating_sub(active));
+            self.start_tasks_up_to(self.floor());
         }
     }
 
@@ -148,7 +147,7 @@ impl Shared {
             if self.counters.active_tasks.load(Ordering::Acquire) == 0 {
                 self.counters.safety_polls.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!("safety poll: no task is running, looking at the queue once");
-                self.spawn_tasks(1, true);
+                self.spawn_tasks(1, true, 1);
             }
             let next = if std::mem::take(&mut after_leases) { self.settings.lease_duration } else { self.settings.safety_poll };
             tokio::select! {

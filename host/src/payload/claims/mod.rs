@@ -38,6 +38,7 @@
 
 mod azure;
 mod embedded;
+mod record;
 mod sweeper;
 
 use std::time::Duration;
@@ -48,8 +49,9 @@ use sha2::{Digest, Sha256};
 
 use super::{AllowedReferences, BlobRef, ClaimCheck, DEFAULT_MAX_CLAIM_CHECK_BYTES};
 
-pub use azure::{AzureClaims, container_for_queue};
+pub use azure::{AzureClaims, BLOB_RETRY, container_for_queue};
 pub use embedded::EmbeddedClaims;
+pub use record::{ClaimCall, ClaimRecord, ClaimRecords, Recorded};
 pub use sweeper::{SweepCounts, spawn_sweeper, sweep_once, sweeper_task};
 
 /// `claim_check_retention` by default: 14 days, twice Azure's default message time-to-live

@@ -30,6 +30,10 @@
 //!   between, or a failed body delete, leaves an orphan for the sweeper. An item put back
 //!   in a new envelope (a failed item) keeps its claim check and its body.
 //! - **Sweeper**: [`spawn_sweeper`] once per storage queue that offloads bodies.
+//! - **Metrics**: the service's stores are [`Recorded`]: every call (upload, fetch, delete,
+//!   sweep) is counted in the queue's [`ClaimRecord`], with the requests the Azure store
+//!   retried (each block, commit, range or delete on its own: [`BLOB_RETRY`]) and the calls
+//!   that failed for good.
 //!
 //! Every reference is checked before any request is made ([`check_reference`]): one into
 //! another account, container or embedded queue is [`ClaimError::Foreign`]; a malformed

@@ -7,6 +7,7 @@ mod bench;
 mod binary;
 mod bus;
 mod check_and_run;
+mod claim_faults;
 mod claims;
 mod claims_wired;
 mod concurrency;

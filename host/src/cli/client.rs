@@ -73,7 +73,7 @@ pub async fn send(config_path: &Path, token: &TokenArgs, queue: &str, count: u64
             // Through a handle, so a body too large for a message goes to the claim store.
             let handle = crate::service::QueueHandle::new(queue, stack.logical.clone(), Vec::new());
             handle.attach_payload(queue_config.payload.clone(), crate::service::text_envelopes(&queue_config.backend));
-            if let Some(claims) = crate::service::producer_claims(queue_config, store.as_ref()) {
+            if let Some(claims) = crate::service::producer_claims(queue_config, store.as_ref(), &Default::default()) {
                 handle.attach_claims(claims);
             }
             let mut puts = futures::stream::iter(0..count)
@@ -534,7 +534,7 @@ pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path
         within_storage_bound(format!("creating queue {queue}"), stack.create_if_missing()).await?;
         let handle = crate::service::QueueHandle::new(queue, stack.logical.clone(), Vec::new());
         handle.attach_payload(queue_config.payload.clone(), crate::service::text_envelopes(&queue_config.backend));
-        if let Some(claims) = crate::service::producer_claims(queue_config, store.as_ref()) {
+        if let Some(claims) = crate::service::producer_claims(queue_config, store.as_ref(), &Default::default()) {
             handle.attach_claims(claims);
         }
         let mut messages = 0;

@@ -39,6 +39,18 @@ pub(crate) fn error(status: StatusCode, reason: impl Into<String>) -> Response {
     (status, Json(json!({ "error": reason }))).into_response()
 }
 
+/// Seconds a producer is asked to wait (`Retry-After`) when the storage failed its send for
+/// now: the host's own retries (about a second and a half) have already run.
+pub(crate) const STORAGE_RETRY_AFTER_SECS: &str = "2";
+
+/// `503 {"error": reason}` with `Retry-After`: the storage failed the request for now
+/// (throttled, busy, out of reach after the host's retries); the same request may succeed.
+pub(crate) fn storage_unavailable(reason: impl Into<String>) -> Response {
+    let mut response = error(StatusCode::SERVICE_UNAVAILABLE, reason);
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(STORAGE_RETRY_AFTER_SECS));
+    response
+}
+
 /// The 404 of a route whose queue this host does not have.
 pub(crate) fn no_queue(name: &str) -> Response {
     error(StatusCode::NOT_FOUND, format!("no queue named {} on this host", echoed(name)))

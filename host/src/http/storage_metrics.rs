@@ -1,6 +1,7 @@
 //! The storage figures of `/metrics` and `/status`: failed calls by queue, kind and class,
 //! retries, calls given up, deletes found already done, and how old each queue's last
-//! answer and depth figure are. Read from the [`CallRecord`]s the queue clients keep.
+//! answer and depth figure are. Read from the [`CallRecord`]s the queue clients keep; the
+//! claim-check calls (large bodies in their own store) from the queues' [`ClaimRecords`].
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -13,6 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::listener::ListenerStatus;
+use crate::payload::claims::{ClaimCall, ClaimRecords};
 use crate::queue::{CallKind, CallRecord, CallSnapshot, FailureClass, QueueClient};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -26,6 +28,12 @@ struct FailureLabel {
 struct KindLabel {
     queue: String,
     kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClaimLabel {
+    queue: String,
+    call: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -92,6 +100,34 @@ pub fn register<'a>(registry: &mut Registry, queues: impl IntoIterator<Item = &'
         if let Some(at) = status.depth_as_of {
             let age = now.duration_since(at).unwrap_or_default().as_secs_f64();
             depth_age.get_or_create(&QueueLabel { queue: status.queue.clone() }).set(age);
+        }
+    }
+}
+
+/// Adds the claim-check series to `registry`: calls, retried requests and calls failed for
+/// good, by storage queue and call (upload, fetch, delete, sweep), from `records` (each
+/// queue's; a queue without claim checks has none).
+pub fn register_claims<'a>(registry: &mut Registry, records: impl IntoIterator<Item = &'a ClaimRecords>) {
+    let calls = Family::<ClaimLabel, Counter>::default();
+    registry.register("claim_calls", "Claim-check calls (large bodies in the queue's claim store) by call: upload, fetch, delete, sweep", calls.clone());
+    let retries = Family::<ClaimLabel, Counter>::default();
+    registry.register(
+        "claim_retries",
+        "Claim-check requests (a block, the commit, a range, a delete, a list) tried again after a transient failure, by call",
+        retries.clone(),
+    );
+    let failed = Family::<ClaimLabel, Counter>::default();
+    registry.register(
+        "claim_gave_up",
+        "Claim-check calls the storage failed for good (out of retries, or not worth one), by call: a send answered 503, a fetch retried with its message",
+        failed.clone(),
+    );
+    for record in records.into_iter().flat_map(ClaimRecords::all) {
+        for call in ClaimCall::ALL {
+            let label = ClaimLabel { queue: record.queue().to_string(), call: call.as_str() };
+            calls.get_or_create(&label).inc_by(record.calls(call));
+            retries.get_or_create(&label).inc_by(record.retries(call));
+            failed.get_or_create(&label).inc_by(record.failed(call));
         }
     }
 }

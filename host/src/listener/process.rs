@@ -27,6 +27,14 @@ fn call_end<T>(result: &anyhow::Result<T>) -> CallEnd {
     }
 }
 
+/// The message's offloaded body could not be fetched for now (the claim store failed after
+/// its retries): neither the message's fault nor the host's, so it is retried like a
+/// [`HostError`] without counting towards poisoning, and counted with the claim-check calls
+/// (`ebb_claim_gave_up_total{call="fetch"}`), not as a handler call the host could not make.
+#[derive(Debug, thiserror::Error)]
+#[error("fetching the message's offloaded body: {0:#}")]
+struct BodyNotFetched(anyhow::Error);
+
 /// How handling a message ended.
 pub(super) enum Outcome {
     /// The handler's result, with its answer for the reply queue.
@@ -143,7 +151,7 @@ impl Shared {
                 return;
             }
             // Storage's failure, not the message's: retried without counting towards poisoning.
-            Some(Err(ItemResult::Failed(error))) => Outcome::Handled(Err(HostError(error.context("fetching the message's offloaded body")).into())),
+            Some(Err(ItemResult::Failed(error))) => Outcome::Handled(Err(BodyNotFetched(error).into())),
             Some(Err(ItemResult::Handled)) => unreachable!("a fetch does not handle"),
             Some(Ok(body)) => {
                 let delivered = IncomingMessage { body, ..incoming.clone() };
@@ -204,9 +212,11 @@ impl Shared {
                 self.counters.record_failure(latency);
                 self.poison(message, receipt, &format!("{error:#}")).await;
             }
-            Outcome::Handled(Err(error)) if error.is::<HostError>() => {
+            Outcome::Handled(Err(error)) if error.is::<HostError>() || error.is::<BodyNotFetched>() => {
                 // Not the message's fault: retried later, never poisoned for it.
-                self.counters.host_errors.fetch_add(1, Ordering::Relaxed);
+                if error.is::<HostError>() {
+                    self.counters.host_errors.fetch_add(1, Ordering::Relaxed);
+                }
                 let delay = self.settings.retry_delay(1);
                 if let Some(suppressed) = self.failure_log.allow() {
                     tracing::warn!(id = %message.id, ?delay, suppressed, "{error:#}; the message is retried later and this try does not count towards poisoning");

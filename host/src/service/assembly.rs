@@ -10,7 +10,7 @@ use anyhow::{Context as _, Result};
 use crate::config::{Backend, QueueConfig};
 use crate::health::Readiness;
 use crate::names::{PartitionName, PoisonQueueName, QueueName};
-use crate::payload::claims::{AzureClaims, ClaimSettings, ClaimStore, EmbeddedClaims};
+use crate::payload::claims::{AzureClaims, ClaimRecords, ClaimSettings, ClaimStore, EmbeddedClaims, Recorded};
 use crate::queue::azure::{AzureOptions, AzureQueue};
 use crate::queue::embedded::EmbeddedStore;
 use crate::queue::partitioned::Partitioned;
@@ -33,19 +33,27 @@ pub fn storage_queue(backend: &Backend, store: Option<&EmbeddedStore>, name: &st
 
 /// The claim-check store of storage queue `name` (`ebb::payload::claims`): a blob container
 /// on the queue's Azure account, or the embedded store's claims table, for bodies of at
-/// most `settings.max_bytes`. The seam for producers and the listener; the host's sweeper
-/// uses it too.
-pub fn claim_store(backend: &Backend, store: Option<&EmbeddedStore>, name: &str, settings: &ClaimSettings) -> Result<Arc<dyn ClaimStore>> {
-    Ok(match backend {
+/// most `settings.max_bytes`, its calls counted in `records` (under `name`). The seam for
+/// producers and the listener; the host's sweeper uses it too.
+pub fn claim_store(
+    backend: &Backend,
+    store: Option<&EmbeddedStore>,
+    name: &str,
+    settings: &ClaimSettings,
+    records: &ClaimRecords,
+) -> Result<Arc<dyn ClaimStore>> {
+    let record = records.for_queue(name);
+    let inner: Arc<dyn ClaimStore> = match backend {
         Backend::Embedded => Arc::new(EmbeddedClaims::new(store.context("the embedded store is not open")?.queue(name), settings.max_bytes)),
         Backend::Azure { account, encoding } => {
             let options = AzureOptions { encoding: *encoding, ..AzureOptions::default() };
             Arc::new(
-                AzureClaims::new(account, name, settings.max_bytes, &options)
+                AzureClaims::with_record(account, name, settings.max_bytes, &options, record.clone())
                     .with_context(|| format!("claim checks of queue {name} on Azure account {}", account.name()))?,
             )
         }
-    })
+    };
+    Ok(Arc::new(Recorded::new(inner, record)))
 }
 
 /// What differs between callers.

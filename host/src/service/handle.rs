@@ -51,6 +51,9 @@ struct Inner {
     payload: std::sync::OnceLock<(PayloadSettings, bool)>,
     /// The queue's claim store, for items too large for any envelope (none: they are refused).
     claims: std::sync::OnceLock<Arc<dyn crate::payload::claims::ClaimStore>>,
+    /// Where the claim-check calls of the queue's stores (its producer's, its listeners',
+    /// its sweepers') are counted, for `/metrics`.
+    claim_records: std::sync::OnceLock<crate::payload::claims::ClaimRecords>,
     /// The packing task of items sent through this host, started at the first send of items.
     packing: tokio::sync::OnceCell<Packing>,
     /// The reader of the queue's reply queue, if it has one.
@@ -76,6 +79,7 @@ impl QueueHandle {
             poison_operations: tokio::sync::Mutex::new(()),
             payload: std::sync::OnceLock::new(),
             claims: std::sync::OnceLock::new(),
+            claim_records: std::sync::OnceLock::new(),
             packing: tokio::sync::OnceCell::new(),
             reply: std::sync::OnceLock::new(),
             recording: std::sync::OnceLock::new(),
@@ -261,6 +265,16 @@ impl QueueHandle {
     /// first send of items); without it they are refused.
     pub fn attach_claims(&self, claims: Arc<dyn crate::payload::claims::ClaimStore>) {
         let _ = self.inner.claims.set(claims);
+    }
+
+    /// The queue's claim-check calls are counted in `records` (set once, by the service).
+    pub fn attach_claim_records(&self, records: crate::payload::claims::ClaimRecords) {
+        let _ = self.inner.claim_records.set(records);
+    }
+
+    /// Where the queue's claim-check calls are counted, if anywhere.
+    pub fn claim_records(&self) -> Option<&crate::payload::claims::ClaimRecords> {
+        self.inner.claim_records.get()
     }
 
     /// The queue's claim store, if a producer offloads into it (a queue of one storage queue).

@@ -36,6 +36,7 @@ use crate::health::{Health, Readiness, ReadinessPart};
 use crate::listener::{Listener, ListenerStatus, QueueSettings};
 use crate::log_limit::LogLimiter;
 use crate::names::RuleSlot;
+use crate::payload::claims::ClaimRecords;
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::queue::{QueueError, RetryPolicy, SystemClock};
 use crate::record::{QueueRecording, Recorder};
@@ -155,6 +156,8 @@ impl Service {
             let open = |name: &str| storage_queue(&queue_config.backend, Some(&store), name);
             let options = StackOptions { metered: true, retry: Some(RetryPolicy::default()), readiness: Some(readiness.clone()) };
             let stack = QueueStack::assemble(queue_config, &open, &options)?;
+            let claim_records = ClaimRecords::default();
+            let claims_of = |name: &str| store_of_claims(queue_config, Some(&store), name, &claim_records);
             let listeners = match role {
                 Role::Worker => worker_listeners(
                     queue_config,
@@ -163,7 +166,7 @@ impl Service {
                     &rules,
                     config.bus.is_some(),
                     recording.as_ref(),
-                    Some(&store),
+                    &claims_of,
                 )?,
                 Role::Watcher => Vec::new(),
             };
@@ -171,9 +174,10 @@ impl Service {
             handle.attach_pauses(pauses.clone());
             handle.attach_poison(stack.poison.clone());
             handle.attach_payload(queue_config.payload.clone(), text_envelopes(&queue_config.backend));
-            if let Some(claims) = producer_claims(queue_config, Some(&store)) {
+            if let Some(claims) = producer_claims(queue_config, Some(&store), &claim_records) {
                 handle.attach_claims(claims);
             }
+            handle.attach_claim_records(claim_records);
             if let Some(reply) = &stack.reply {
                 let handled_by = config.queues.iter().find(|other| other.storage_queues().iter().any(|s| s.as_str() == reply.name()));
                 match handled_by {
@@ -257,7 +261,8 @@ impl Service {
         for queue in self.queues.values() {
             for partition in queue.config.storage_queues() {
                 let name = partition.as_str();
-                match claim_store(&queue.config.backend, Some(&self.store), name, &queue.config.claims) {
+                let records = queue.handle.claim_records().cloned().unwrap_or_default();
+                match claim_store(&queue.config.backend, Some(&self.store), name, &queue.config.claims, &records) {
                     Ok(store) => drop(self.tasks.spawn(crate::payload::claims::sweeper_task(name, store, &queue.config.claims, self.stop.clone()))),
                     // An Azure account without a blob endpoint (Azurite without BlobEndpoint):
                     // nothing can have been offloaded there.
@@ -510,7 +515,8 @@ fn rule_problem(rules: &QueueRules) -> Option<String> {
     }
 }
 
-/// A worker's listeners on `queue`, one per partition, not started.
+/// A worker's listeners on `queue`, one per partition, not started; `claims_of` gives a
+/// storage queue's claim store, if it can have one.
 fn worker_listeners(
     queue: &QueueConfig,
     handler: Option<&Arc<dyn Handler>>,
@@ -518,7 +524,7 @@ fn worker_listeners(
     rules: &RuleSet,
     with_bus: bool,
     recording: Option<&Arc<QueueRecording>>,
-    store: Option<&EmbeddedStore>,
+    claims_of: &dyn Fn(&str) -> Option<Arc<dyn crate::payload::claims::ClaimStore>>,
 ) -> Result<Vec<Listener>> {
     let handler: Arc<dyn Handler> = match (handler, &queue.handler_url) {
         (Some(handler), _) => handler.clone(),
@@ -539,7 +545,7 @@ fn worker_listeners(
             .decider(decider)
             .settings(QueueSettings { poison_envelope: matches!(queue.backend, Backend::Embedded), ..queue.settings.clone() })
             .payload(queue.payload.clone(), text_envelopes(&queue.backend));
-        if let Some(claims) = store_of_claims(queue, store, &name) {
+        if let Some(claims) = claims_of(&name) {
             builder = builder.claims(claims);
         }
         if let Some(reply) = &stack.reply {
@@ -568,8 +574,13 @@ fn worker_listeners(
 /// stores text only).
 /// The claim store of storage queue `name` of `queue`, if it can have one (an Azure account
 /// without a blob endpoint cannot: its items too large for a message are refused).
-fn store_of_claims(queue: &QueueConfig, store: Option<&EmbeddedStore>, name: &str) -> Option<Arc<dyn crate::payload::claims::ClaimStore>> {
-    match claim_store(&queue.backend, store, name, &queue.claims) {
+fn store_of_claims(
+    queue: &QueueConfig,
+    store: Option<&EmbeddedStore>,
+    name: &str,
+    records: &ClaimRecords,
+) -> Option<Arc<dyn crate::payload::claims::ClaimStore>> {
+    match claim_store(&queue.backend, store, name, &queue.claims, records) {
         Ok(claims) => Some(claims),
         Err(error) => {
             tracing::info!(queue = %name, "no claim checks (items too large for a message are refused): {error:#}");
@@ -581,9 +592,13 @@ fn store_of_claims(queue: &QueueConfig, store: Option<&EmbeddedStore>, name: &st
 /// The claim store a producer offloads `queue`'s large items into: only for a queue of one
 /// storage queue, because a listener follows references into its own partition's store
 /// only, and the producer does not know which partition an envelope lands in.
-pub(crate) fn producer_claims(queue: &QueueConfig, store: Option<&EmbeddedStore>) -> Option<Arc<dyn crate::payload::claims::ClaimStore>> {
+pub(crate) fn producer_claims(
+    queue: &QueueConfig,
+    store: Option<&EmbeddedStore>,
+    records: &ClaimRecords,
+) -> Option<Arc<dyn crate::payload::claims::ClaimStore>> {
     match queue.storage_queues().as_slice() {
-        [only] => store_of_claims(queue, store, only.as_str()),
+        [only] => store_of_claims(queue, store, only.as_str(), records),
         _ => None,
     }
 }

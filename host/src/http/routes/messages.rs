@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Json, Response};
 use serde_json::json;
 
 use crate::http::body_limit::{BodyLimit, too_large};
-use crate::http::errors::error;
+use crate::http::errors::{error, storage_unavailable};
 use crate::http::{Api, ApiLimits};
 use crate::queue::{MAX_VISIBILITY, MessageId, QueueError};
 use crate::service::packing::{ItemsError, MAX_ITEMS_PER_SEND};
@@ -60,6 +60,8 @@ pub(super) async fn send(
         Err(e @ QueueError::MessageTooLarge { .. }) => error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),
         // The sender's to fix: retrying the same body can never work.
         Err(e @ QueueError::InvalidBody(_)) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        // The storage failed for now (after the host's retries): the producer may send again.
+        Err(e @ QueueError::Transient(_)) => storage_unavailable(e.to_string()),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }
@@ -143,6 +145,7 @@ pub(super) async fn send_items(
         Err(e @ ItemsError::Empty) => error(StatusCode::BAD_REQUEST, e.to_string()),
         Err(ItemsError::Storage(e @ QueueError::MessageTooLarge { .. })) => error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),
         Err(ItemsError::Storage(e @ QueueError::InvalidBody(_))) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e @ ItemsError::Storage(QueueError::Transient(_))) => storage_unavailable(e.to_string()),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }

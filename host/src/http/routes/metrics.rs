@@ -257,6 +257,7 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
         }
     }
     crate::http::storage_metrics::register(&mut registry, api.handles.values().flat_map(|h| h.storage_clients()), &statuses(&api));
+    crate::http::storage_metrics::register_claims(&mut registry, api.handles.values().filter_map(|h| h.claim_records()));
     let total = CostStatus::total(&costs, api.price_per_10k_transactions);
     for (kind, per_hour, usd) in
         [("all", total.transactions_per_hour, total.usd_per_month), ("idle", total.idle_transactions_per_hour, total.idle_usd_per_month)]

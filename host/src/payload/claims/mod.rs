@@ -30,6 +30,10 @@
 //!   between, or a failed body delete, leaves an orphan for the sweeper. An item put back
 //!   in a new envelope (a failed item) keeps its claim check and its body.
 //! - **Sweeper**: [`spawn_sweeper`] once per storage queue that offloads bodies.
+//! - **Metrics**: the service's stores are [`Recorded`]: every call (upload, fetch, delete,
+//!   sweep) is counted in the queue's [`ClaimRecord`], with the requests the Azure store
+//!   retried (each block, commit, range or delete on its own: [`BLOB_RETRY`]) and the calls
+//!   that failed for good.
 //!
 //! Every reference is checked before any request is made ([`check_reference`]): one into
 //! another account, container or embedded queue is [`ClaimError::Foreign`]; a malformed
@@ -38,6 +42,7 @@
 
 mod azure;
 mod embedded;
+mod record;
 mod sweeper;
 
 use std::time::Duration;
@@ -48,8 +53,9 @@ use sha2::{Digest, Sha256};
 
 use super::{AllowedReferences, BlobRef, ClaimCheck, DEFAULT_MAX_CLAIM_CHECK_BYTES};
 
-pub use azure::{AzureClaims, container_for_queue};
+pub use azure::{AzureClaims, BLOB_RETRY, container_for_queue};
 pub use embedded::EmbeddedClaims;
+pub use record::{ClaimCall, ClaimRecord, ClaimRecords, Recorded};
 pub use sweeper::{SweepCounts, spawn_sweeper, sweep_once, sweeper_task};
 
 /// `claim_check_retention` by default: 14 days, twice Azure's default message time-to-live

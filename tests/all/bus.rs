@@ -111,3 +111,36 @@ async fn a_bus_that_never_connects_keeps_the_listeners_polling_and_logs_once() {
     let text = capture.text();
     assert_eq!(text.matches("cannot subscribe to push notifications").count(), 1, "one line per outage, not per attempt:\n{text}");
 }
+
+/// Issue 35 item 7: a push queue's listener was told "push unavailable until the bus is
+/// subscribed" as it was built, which started a polling task there and then: its first get
+/// came before the queue was created ("queue work does not exist", a WARN and a counted
+/// storage error at every start).
+#[tokio::test]
+async fn a_push_queue_with_a_bus_creates_its_queue_before_its_first_get() -> anyhow::Result<()> {
+    let capture = ebb_tests::LogCapture::default();
+    let _guard = capture.start(tracing::Level::WARN);
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir()?;
+    let text = format!(
+        "[api]\nlisten = \"127.0.0.1:0\"\n[bus]\nredis_url = \"{}\"\n\
+         [queues.work]\npush = true\nmin_tasks = 0\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n",
+        redis.url()
+    );
+    let config = ebb::Config::parse(&text, dir.path(), None)?;
+    let host = ebb::Host::start(&config, ebb::Role::Worker).await?;
+    // A first task ran and ended (a safety poll's probe, or the polling floor's until the
+    // bus was subscribed): its get was made.
+    let polled = |host: &ebb::Host| host.status().iter().all(|s| s.peak_tasks >= 1 && s.active_tasks == 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !polled(&host) {
+        assert!(Instant::now() < deadline, "no start-up poll ended: {:?}", host.status());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let errors: u64 = host.status().iter().map(|s| s.storage_errors).sum();
+    let text = capture.text();
+    assert_eq!(errors, 0, "storage errors at start:\n{text}");
+    assert!(!text.contains("does not exist"), "{text}");
+    host.shutdown().await;
+    Ok(())
+}

@@ -132,6 +132,56 @@ async fn a_send_or_notify_through_the_scaler_host_wakes_a_worker_idle_at_zero_ta
     worker.stop().await;
 }
 
+/// Issue 40 item 4: a message put straight into storage (no bus publish) waited for the
+/// workers' safety poll (22+ minutes seen), while `ebb scaler` counted it every second and
+/// told KEDA the queue was active. The scaler now publishes the wake-up itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_put_directly_wakes_a_push_worker_idle_at_zero_tasks_within_5_s() {
+    let azurite = Azurite::start();
+    let redis = RedisServer::start();
+    let (app, app_addr) = App::start(Duration::from_millis(1)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let queue = unique_queue_name("direct-put");
+    let azure = format!("[azure]\nconnection_string = \"{}\"\n[bus]\nredis_url = \"{}\"\n", azurite.connection_string(), redis.url());
+    // The safety poll is an hour: only a push can wake the worker within the test.
+    let queue_section =
+        format!("[queues.{queue}]\nbackend = \"azure\"\npush = true\nmin_tasks = 0\nsafety_poll = \"1h\"\nhandler = {{ url = \"http://{app_addr}/work\" }}\n");
+    let (worker_api, scaler_api, scaler_grpc) = (free_addr(), free_addr(), free_addr());
+    let worker = Running::start(
+        dir.path(),
+        "run",
+        &format!("data_dir = \"worker-data\"\n[api]\nlisten = \"{worker_api}\"\ntoken = \"{TOKEN}\"\n{azure}{queue_section}"),
+    );
+    let scaler = Running::start(
+        dir.path(),
+        "scaler",
+        &format!(
+            "data_dir = \"scaler-data\"\n[api]\nlisten = \"{scaler_api}\"\ntoken = \"{TOKEN}\"\n[scaler]\nlisten = \"{scaler_grpc}\"\n{azure}{queue_section}"
+        ),
+    );
+    wait_until("the worker's bus", || bus_connected(worker_api)).await;
+    wait_until("the scaler host's bus", || bus_connected(scaler_api)).await;
+    // Let the worker's start-up poll pass, so it runs no task.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let published = || async { get_json(&format!("http://{scaler_api}/status")).await.unwrap().1["bus"]["published"].as_u64().unwrap() };
+    assert_eq!(published().await, 0, "an empty queue is never woken");
+
+    let direct = ebb::queue::azure::AzureQueue::new(&azurite.account(), &queue, Default::default()).unwrap();
+    use ebb::queue::QueueClient as _;
+    direct.put(b"put-directly", Duration::ZERO).await.unwrap();
+    let start = Instant::now();
+    wait_until("the worker to handle the message put directly", || async { app.seen.lock().unwrap().iter().any(|(_, b)| b == "put-directly") }).await;
+    let waited = start.elapsed();
+    assert!(waited < Duration::from_secs(5), "woken by the scaler, not a poll: {waited:?}\n{}", worker.log());
+    // Handled and deleted: the scaler has nothing more to wake.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let woken = published().await;
+    assert!((1..=2).contains(&woken), "the scaler published {woken} wake-ups for one message");
+    eprintln!("a direct put handled after {waited:?}; {woken} wake-up(s) published");
+    scaler.stop().await;
+    worker.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_whose_storage_is_down_at_start_waits_not_ready_then_delivers_everything() {
     let (app, app_addr) = App::start(Duration::from_millis(1)).await;

@@ -126,7 +126,9 @@ impl Shared {
         if self.push_available.swap(available, Ordering::AcqRel) == available || !self.settings.push_enabled {
             return;
         }
-        if !available && !self.stopping.is_cancelled() {
+        // Before `start` (the bus says so as the listener is built) there is no floor to
+        // restore: the queue may not exist yet, and `start` applies the floor itself.
+        if !available && self.started.load(Ordering::Acquire) && !self.stopping.is_cancelled() {
             self.start_tasks_up_to(self.floor());
         }
     }

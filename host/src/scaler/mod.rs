@@ -16,13 +16,16 @@
 //!   call deadline (past it, the last answer or the built-in rule's stands).
 //!
 //! [`Scaler`] holds the queues; [`serve`] runs the gRPC server; `ebb scaler` (no
-//! processing, queues counted every `poll_interval`) is [`start`] on a watcher service.
+//! processing, queues counted every `poll_interval`) is [`start`] on a watcher service; with
+//! a bus, it also wakes push queues whose count shows messages no worker was told of (see
+//! [`wake`]).
 
 mod grpc;
 mod proto;
 mod start;
 #[cfg(test)]
 mod tests;
+mod wake;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

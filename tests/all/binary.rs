@@ -683,7 +683,7 @@ async fn an_azure_queue_through_the_binary() {
     signal(&host, "-TERM");
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
     let checked = String::from_utf8(site.ebb(&["check"]).stdout).unwrap();
-    assert!(checked.contains("queue orders-1: reached on Azure, 0 messages; may read, process and update"), "{checked}");
+    assert!(checked.contains("queue orders-1: reached on Azure, 0 messages; may create, read, process and update"), "{checked}");
 
     // A wrong key: `ebb check` and `ebb run` fail once, clearly, without the key.
     let wrong_key = "d3Jvbmcta2V5LXdyb25nLWtleS13cm9uZy1rZXktd3Jvbmcta2V5";
@@ -793,7 +793,7 @@ async fn an_entra_id_identity_reaches_azure_over_https() {
     }
 
     let checked = String::from_utf8(site.ebb(&["check"]).stdout).unwrap();
-    assert!(checked.contains("queue orders: reached on Azure, 0 messages; may read, process and update"), "{checked}");
+    assert!(checked.contains("queue orders: reached on Azure, 0 messages; may create, read, process and update"), "{checked}");
     let mut host = site.start_host().await;
     site.ebb(&["send", "orders", "with-a-token", "--count", "5"]);
     wait_until("5 messages handled", || async { app.seen.lock().unwrap().len() >= 5 }).await;

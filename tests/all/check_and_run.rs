@@ -156,3 +156,115 @@ fn check_refuses_a_shadow_rule_that_is_a_hard_link_of_the_rule_naming_the_key() 
     let (code, checked) = ebb("check", &path, Duration::from_secs(60));
     assert_eq!(code, Some(0), "{checked}");
 }
+
+/// A config of one Azure queue `queue` (a fresh name) on `connection`, its API on a port
+/// nobody answers (so `ebb send` writes to storage).
+fn azure_config(dir: &std::path::Path, connection: &str, queue: &str) -> std::path::PathBuf {
+    let port = ebb_tests::azurite::free_port();
+    let path = dir.join("ebb.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[azure]\nconnection_string = \"{connection}\"\n[api]\nlisten = \"127.0.0.1:{port}\"\n[queues.{queue}]\nbackend = \"azure\"\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// A connection string of the shared Azurite with an account SAS of `permissions`.
+fn sas_connection(permissions: &str) -> String {
+    let azurite = ebb_tests::azurite::Azurite::shared();
+    let sas = azurite.account().account_sas(permissions, std::time::SystemTime::now() + Duration::from_secs(3600)).unwrap();
+    format!("SharedAccessSignature={sas};QueueEndpoint={}", azurite.endpoint())
+}
+
+/// Whether storage queue `name` exists on the shared Azurite (asked with the account key).
+async fn azure_queue_exists(name: &str) -> bool {
+    use ebb::queue::QueueClient as _;
+    let queue = ebb::queue::azure::AzureQueue::new(&ebb_tests::azurite::Azurite::shared().account(), name, Default::default()).unwrap();
+    match queue.approximate_count().await {
+        Ok(_) => true,
+        Err(error) if error.failure_class() == Some(ebb::queue::FailureClass::Missing) => false,
+        Err(error) => panic!("{name}: {error}"),
+    }
+}
+
+/// Issue 40, item 6: for queues not created yet, a read-only SAS (`sp=rl`) and a SAS without
+/// process and update passed `ebb check` (with a WARN QueueNotFound), while `ebb run` exits
+/// or is never ready; `check` created the queues it called "not created yet" when it could.
+/// Now `check` names what the SAS lacks (read from the SAS: nothing is created), says
+/// nothing of QueueNotFound, and a SAS with all `run` needs passes, leaving no queue behind.
+#[test]
+fn check_refuses_a_sas_that_run_will_refuse_and_creates_no_queue() {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let cases = [("rl", Some("lacks c (create), a (add), p (process), u (update)")), ("rac", Some("lacks p (process), u (update)")), ("raupc", None)];
+    for (permissions, lacks) in cases {
+        let queue = ebb_tests::azurite::unique_queue_name("fresh");
+        let dir = tempfile::tempdir().unwrap();
+        let path = azure_config(dir.path(), &sas_connection(permissions), &queue);
+        let (code, text) = ebb("check", &path, Duration::from_secs(60));
+        match lacks {
+            Some(lacks) => {
+                assert_eq!(code, Some(1), "sp={permissions}: check must refuse:\n{text}");
+                assert!(text.contains(&format!("(sp={permissions}) {lacks}")), "sp={permissions}: expected {lacks:?} in:\n{text}");
+            }
+            None => {
+                assert_eq!(code, Some(0), "sp={permissions}: {text}");
+                assert!(text.contains(&format!("queue {queue}: reached on Azure; it does not exist yet")), "{text}");
+            }
+        }
+        assert!(!text.contains("QueueNotFound") && !text.contains("WARN"), "sp={permissions}: {text}");
+        for name in [queue.clone(), format!("{queue}-poison")] {
+            assert!(!runtime.block_on(azure_queue_exists(&name)), "sp={permissions}: check created {name}");
+        }
+    }
+    // `run` refuses what `check` refused: the read-only SAS cannot create the queues.
+    let queue = ebb_tests::azurite::unique_queue_name("fresh");
+    let dir = tempfile::tempdir().unwrap();
+    let (code, text) = ebb("run", &azure_config(dir.path(), &sas_connection("rl"), &queue), Duration::from_secs(30));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("AuthorizationPermissionMismatch"), "{text}");
+}
+
+/// Issue 40, item 6: a blob endpoint that accepts connections and never answers passed
+/// `ebb check` (it was never asked); now its claim-check probe fails within its bound,
+/// naming the endpoint.
+#[test]
+fn check_refuses_a_hanging_blob_endpoint_within_its_bound() {
+    let hanging = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let blob = format!("http://127.0.0.1:{}/devstoreaccount1", hanging.local_addr().unwrap().port());
+    let held = std::thread::spawn(move || hanging.incoming().take(8).filter_map(Result::ok).collect::<Vec<_>>());
+    let azurite = ebb_tests::azurite::Azurite::shared();
+    let queue = ebb_tests::azurite::unique_queue_name("blobs");
+    let dir = tempfile::tempdir().unwrap();
+    let path = azure_config(dir.path(), &format!("{};BlobEndpoint={blob}", azurite.connection_string()), &queue);
+    let started = Instant::now();
+    let (code, text) = ebb("check", &path, Duration::from_secs(60));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains(&blob) && text.contains("no answer within 10s"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(25), "took {:?}", started.elapsed());
+    drop(held);
+}
+
+/// Issue 40, item 6: `ebb send` without a host demanded create (of `<queue>-poison`) even
+/// when both queues exist; a SAS that may only add (the Message Sender's part) now sends.
+#[test]
+fn send_without_a_host_needs_only_the_permission_to_add() {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let queue = ebb_tests::azurite::unique_queue_name("sender");
+    let account = ebb_tests::azurite::Azurite::shared().account();
+    for name in [queue.clone(), format!("{queue}-poison")] {
+        use ebb::queue::QueueClient as _;
+        let storage = ebb::queue::azure::AzureQueue::new(&account, &name, Default::default()).unwrap();
+        runtime.block_on(storage.create_if_missing()).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = azure_config(dir.path(), &sas_connection("a"), &queue);
+    let output = Command::new(EBB).arg("send").arg("--config").arg(&path).arg(&queue).arg("hello").output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{text}");
+    assert!(text.contains(&format!("sent 1 message to {queue}")), "{text}");
+    let storage = ebb::queue::azure::AzureQueue::new(&account, &queue, Default::default()).unwrap();
+    assert_eq!(runtime.block_on(ebb::queue::QueueClient::approximate_count(&storage)).unwrap(), 1);
+}

@@ -46,6 +46,31 @@ pub(super) fn client(token: Option<&str>) -> Result<reqwest::Client> {
     Ok(reqwest::Client::builder().default_headers(headers).timeout(Duration::from_secs(30)).build()?)
 }
 
+/// Readies a queue's storage for sends without a host. The embedded store's queues are
+/// created (a local file: nothing to ask). On Azure a send needs only the permission to add
+/// (the Storage Queue Data Message Sender role, or a SAS with `a`): the queues sent to are
+/// created where the credential may, and a refusal is no error (they may exist; if not, the
+/// put says so); the poison and reply queues are the host's to create.
+async fn create_for_sending(stack: &QueueStack, backend: &Backend) -> Result<()> {
+    let account = match backend {
+        Backend::Embedded => return Ok(stack.create_if_missing().await?),
+        Backend::Azure { account, .. } => account,
+    };
+    // A SAS that says it may not create: asking would only log the refusal.
+    if account.sas_grant().is_some_and(|grant| !grant.lacks(&[crate::queue::azure::QueuePermission::Create]).is_empty()) {
+        return Ok(());
+    }
+    for partition in &stack.partitions {
+        match partition.client.create_if_missing().await {
+            Err(error) if error.failure_class() == Some(crate::queue::FailureClass::Auth) => {
+                tracing::debug!(queue = partition.client.name(), "may not create the queue, sending anyway: {error}");
+            }
+            other => other?,
+        }
+    }
+    Ok(())
+}
+
 pub async fn send(config_path: &Path, token: &TokenArgs, queue: &str, count: u64, body: Option<String>) -> Result<()> {
     let (config, token) = load(config_path, token)?;
     let Some(queue_config) = config.queues.iter().find(|q| q.name == queue) else {
@@ -69,7 +94,7 @@ pub async fn send(config_path: &Path, token: &TokenArgs, queue: &str, count: u64
             };
             let open = |name: &str| crate::service::storage_queue(&queue_config.backend, store.as_ref(), name);
             let stack = QueueStack::assemble(queue_config, &open, &StackOptions { metered: false, retry: Some(RetryPolicy::default()), readiness: None })?;
-            within_storage_bound(format!("creating queue {queue}"), stack.create_if_missing()).await?;
+            within_storage_bound(format!("creating queue {queue}"), create_for_sending(&stack, &queue_config.backend)).await?;
             // Through a handle, so a body too large for a message goes to the claim store.
             let handle = crate::service::QueueHandle::new(queue, stack.logical.clone(), Vec::new());
             handle.attach_payload(queue_config.payload.clone(), crate::service::text_envelopes(&queue_config.backend));
@@ -531,7 +556,7 @@ pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path
         };
         let open = |name: &str| crate::service::storage_queue(&queue_config.backend, store.as_ref(), name);
         let stack = QueueStack::assemble(queue_config, &open, &StackOptions { metered: false, retry: Some(RetryPolicy::default()), readiness: None })?;
-        within_storage_bound(format!("creating queue {queue}"), stack.create_if_missing()).await?;
+        within_storage_bound(format!("creating queue {queue}"), create_for_sending(&stack, &queue_config.backend)).await?;
         let handle = crate::service::QueueHandle::new(queue, stack.logical.clone(), Vec::new());
         handle.attach_payload(queue_config.payload.clone(), crate::service::text_envelopes(&queue_config.backend));
         if let Some(claims) = crate::service::producer_claims(queue_config, store.as_ref(), &Default::default()) {

@@ -1,17 +1,13 @@
 //! `ebb run` and `ebb check`.
 
-use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
-
 use anyhow::{Result, bail};
+use std::path::Path;
 
-use crate::config::{Backend, Config};
+use crate::config::Config;
 use crate::host::Host;
 use crate::names::RuleSlot;
-use crate::queue::{MessageId, PopReceipt, QueueClient, QueueError, RetryPolicy};
 use crate::rules::{RuleEngine, RuleSet};
-use crate::service::{QueueStack, Role, StackOptions, storage_queue};
+use crate::service::Role;
 
 pub async fn run(config_path: &Path) -> Result<()> {
     let config = Config::load(config_path)?;
@@ -104,78 +100,6 @@ impl Signals {
     }
 }
 
-/// How `ebb check` retries a transient storage error (503 ServerBusy, a dropped connection),
-/// as `run` does, within [`CHECK_STORAGE_DEADLINE`] per storage queue.
-const CHECK_RETRY: RetryPolicy = RetryPolicy { max_attempts: 8, base_delay: Duration::from_millis(200), max_delay: Duration::from_secs(3) };
-
-/// The longest `ebb check` spends reaching one storage queue, retries included (the queues are
-/// checked at once, so this bounds the whole storage check).
-const CHECK_STORAGE_DEADLINE: Duration = Duration::from_secs(20);
-
-/// Reaches every Azure queue of the config with a read (its message count), then probes
-/// the permissions a host needs without touching a message: a delete and an update of a
-/// message that does not exist answer "not found" when allowed and 403 when not. (Adding
-/// cannot be probed without adding; a missing `a` shows at the first send.) Each failure
-/// names the queue, the account and what is missing. Transient errors are retried, within
-/// [`CHECK_STORAGE_DEADLINE`].
-fn check_azure_queues(config: &Config) -> Vec<anyhow::Error> {
-    let azure: Vec<_> = config.queues.iter().filter(|q| matches!(q.backend, Backend::Azure { .. })).collect();
-    if azure.is_empty() {
-        return Vec::new();
-    }
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(error) => return vec![error.into()],
-    };
-    // Each queue's clients as `run` assembles them, retrying as `run` does (within a deadline).
-    let mut problems = Vec::new();
-    let mut clients: Vec<Arc<dyn QueueClient>> = Vec::new();
-    for queue in azure {
-        let open = |name: &str| storage_queue(&queue.backend, None, name);
-        match QueueStack::assemble(queue, &open, &StackOptions { metered: false, retry: Some(CHECK_RETRY), readiness: None }) {
-            Ok(stack) => clients.extend(stack.partitions.into_iter().map(|p| p.client).chain([stack.poison])),
-            Err(error) => problems.push(error),
-        }
-    }
-    let checks = clients.iter().map(|client| async move {
-        let name = client.name();
-        match tokio::time::timeout(CHECK_STORAGE_DEADLINE, check_azure_queue(client.as_ref())).await {
-            Ok(checked) => checked,
-            Err(_) => Err(anyhow::anyhow!(
-                "queue {name}: storage did not answer within {} (transient errors retried)",
-                humantime::format_duration(CHECK_STORAGE_DEADLINE)
-            )),
-        }
-    });
-    for checked in runtime.block_on(futures::future::join_all(checks)) {
-        match checked {
-            Ok(line) => println!("{line}"),
-            Err(error) => problems.push(error),
-        }
-    }
-    problems
-}
-
-/// One storage queue of [`check_azure_queues`]: the line to print, or what is wrong.
-async fn check_azure_queue(client: &dyn QueueClient) -> Result<String> {
-    let name = client.name();
-    let count = match client.approximate_count().await {
-        Ok(count) => count,
-        Err(error) if format!("{error}").contains("QueueNotFound") => {
-            return Ok(format!("queue {name}: reached on Azure; it does not exist yet (ebb run creates it)"));
-        }
-        Err(error) => return Err(anyhow::Error::new(error)),
-    };
-    let (nobody, no_receipt) = (MessageId::from("00000000-0000-0000-0000-000000000000"), PopReceipt::from("AAAAAAAAAAAAAAAAAAAAAA=="));
-    for probe in [client.delete(&nobody, &no_receipt).await.map(|_| ()), client.update_visibility(&nobody, &no_receipt, Duration::ZERO).await.map(|_| ())] {
-        match probe {
-            Ok(()) | Err(QueueError::StaleReceipt { .. }) => {}
-            Err(error) => return Err(anyhow::Error::new(error)),
-        }
-    }
-    Ok(format!("queue {name}: reached on Azure, {count} message{}; may read, process and update", if count == 1 { "" } else { "s" }))
-}
-
 /// A queue whose `shadow_rule` and `rule` are two names of one file (hard links, or a link
 /// to the other): the shadow could only agree with the live rule, and `ebb rule promote`
 /// would have nothing to rename. The names differ, or the configuration refused it already.
@@ -237,7 +161,7 @@ pub fn check(config_path: &Path) -> Result<()> {
     }
     let mut problems = problems;
     problems.extend(config.queues.iter().filter_map(|queue| shadow_is_the_rule(queue, &config.rules_dir)));
-    problems.extend(check_azure_queues(&config));
+    problems.extend(super::azure_check::check_azure_queues(&config));
     if let Some(bus) = &config.bus {
         let reached = bus.engine().and_then(|engine| {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

@@ -1,6 +1,7 @@
 //! The `ebb` command line.
 
 mod author;
+mod azure_check;
 mod bench;
 mod client;
 mod host;

@@ -75,6 +75,9 @@ pub struct Retrying<Q> {
     log: LogLimiter,
     /// The last creation of the queue after it was found missing, one at a time.
     recreation: tokio::sync::Mutex<Recreation>,
+    /// Probing (`ebb check`): a missing queue is an answer, not created again, and a call
+    /// given up is the caller's to report, not logged.
+    probing: bool,
 }
 
 /// When the queue was last created again, or refused to be.
@@ -101,7 +104,15 @@ impl<Q: QueueClient> Retrying<Q> {
             readiness: None,
             log: LogLimiter::new(LOG_LINES_PER_MINUTE, Duration::from_secs(60)),
             recreation: tokio::sync::Mutex::default(),
+            probing: false,
         }
+    }
+
+    /// For probes (`ebb check`): a queue found missing is not created (the call fails with
+    /// [`FailureClass::Missing`]), and a call given up is not logged: the caller reports it.
+    pub fn probing(mut self) -> Self {
+        self.probing = true;
+        self
     }
 
     /// Reports the storage's reachability as part [`ReadinessPart::Storage`] of `queue` (the
@@ -150,7 +161,7 @@ impl<Q: QueueClient> Retrying<Q> {
             let mut transient = error.is_transient();
             // Only the running host's stack (the one reporting readiness) creates a missing
             // queue again: `ebb check` and `ebb send` create no queue as a side effect.
-            if class == FailureClass::Missing && kind != CallKind::Create && !recreate_tried && self.readiness.is_some() {
+            if class == FailureClass::Missing && kind != CallKind::Create && !recreate_tried && self.readiness.is_some() && !self.probing {
                 recreate_tried = true;
                 match self.recreate().await {
                     Ok(()) => {
@@ -185,7 +196,9 @@ impl<Q: QueueClient> Retrying<Q> {
             self.record.record_gave_up(kind);
             let tries = if attempt == 1 { "at once (not worth retrying)".to_string() } else { format!("after {attempt} attempts") };
             let problem = format!("{kind} on {queue} failed ({class}) {tries}: {}", truncate_reason(&text));
-            if let Some(suppressed) = self.log.allow() {
+            if !self.probing
+                && let Some(suppressed) = self.log.allow()
+            {
                 tracing::warn!(queue, suppressed, "{problem}; {}", kind.after_giving_up());
             }
             if let Some((readiness, logical)) = &self.readiness {

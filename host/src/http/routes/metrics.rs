@@ -78,7 +78,11 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let failed = counter(&mut registry, "messages_failed", "Handler failures");
     let poisoned = counter(&mut registry, "messages_poisoned", "Messages moved to the poison queue");
     let poisoned_corrupt = counter(&mut registry, "messages_poisoned_corrupt", "Messages poisoned because their stored body failed its checksum");
-    let poisoned_body_only = counter(&mut registry, "messages_poisoned_body_only", "Poisoned messages moved as the bare body because the envelope did not fit");
+    let poisoned_body_only = counter(
+        &mut registry,
+        "messages_poisoned_body_only",
+        "Poisoned messages moved as the bare body, their reason kept only in the log and /status: on Azure every one (as Azure Functions moves them), on the embedded store those whose envelope did not fit",
+    );
     let handler_panics = counter(&mut registry, "handler_panics", "Handler calls that panicked (counted as failures)");
     let host_errors =
         counter(&mut registry, "handler_host_errors", "Handler calls the host could not make (out of file descriptors); retried, never poisoned for");

@@ -24,6 +24,7 @@
 mod auth;
 mod connection;
 mod encoding;
+mod sas;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -38,6 +39,7 @@ use azure_storage_queue::{QueueClient as SdkQueueClient, QueueClientOptions};
 
 pub use connection::{AzureAccount, Credential, DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY, EntraMethod, EntraOptions};
 pub use encoding::Encoding;
+pub use sas::{QueuePermission, SasGrant};
 
 use super::{FailureClass, MAX_BATCH, MAX_VISIBILITY, Message, MessageId, PopReceipt, QueueClient, QueueError, classified};
 
@@ -127,7 +129,7 @@ impl Call {
     /// The permission the call needs, as a SAS `sp` letter and its name.
     fn permission(self) -> &'static str {
         match self {
-            Call::Create => "create the queue (an account-level permission: a queue SAS cannot; create it beforehand)",
+            Call::Create => "c (create; ebb run asks to create every queue at start, even one that exists, and a queue SAS never may: use an account SAS)",
             Call::Put => "a (add)",
             Call::Get | Call::Delete => "p (process)",
             Call::Update => "u (update)",

@@ -105,6 +105,9 @@ impl Host {
         // Served before the work starts, so the probes answer whatever storage does; the
         // other requests wait for the start (bounded by START_ATTEMPT_TIMEOUT), so the
         // first sends find the queues created.
+        // Logged before the work starts: a probe may be answered (and the host stopped) before
+        // the queues are created (api::the_log_filter_is_read_from_rust_log_and_ebb_log_wins).
+        tracing::info!(%api_addr, "API listening");
         let api_task = tokio::spawn(async move {
             if let Err(error) = crate::http::serve_once_started(api_tcp, api, stop, limits, opened).await {
                 tracing::error!("API server failed: {error}");
@@ -119,7 +122,6 @@ impl Host {
             return Err(error);
         }
         started.cancel();
-        tracing::info!(%api_addr, "API listening");
         let scaler = match (scaler_tcp, &config.scaler) {
             (Some(tcp), Some(settings)) => Some(crate::scaler::start(&service, settings, config.rule_limits.call_deadline, tcp)?),
             _ => None,

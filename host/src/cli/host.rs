@@ -2,6 +2,7 @@
 
 use anyhow::{Result, bail};
 use std::path::Path;
+use std::time::Duration;
 
 use crate::config::Config;
 use crate::host::Host;

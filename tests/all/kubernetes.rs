@@ -82,34 +82,49 @@ async fn bus_connected(api: SocketAddr) -> bool {
     get_json(&format!("http://{api}/status")).await.is_some_and(|(_, status)| status["bus"]["connected"] == true)
 }
 
+/// A worker (`ebb run`) and a scaler host (`ebb scaler`) on one `push = true`, `min_tasks = 0`
+/// Azure queue with a Redis bus and a safety poll of an hour (only a push wakes the worker
+/// within a test), both connected to the bus and the worker idle after `idle` at start.
+struct PushPair {
+    azurite: Azurite,
+    _redis: RedisServer,
+    app: App,
+    _dir: tempfile::TempDir,
+    queue: String,
+    scaler_api: SocketAddr,
+    worker: Running,
+    scaler: Running,
+}
+
+impl PushPair {
+    async fn start(queue_prefix: &str, idle: Duration) -> PushPair {
+        let azurite = Azurite::start();
+        let redis = RedisServer::start();
+        let (app, app_addr) = App::start(Duration::from_millis(1)).await;
+        let dir = tempfile::tempdir().unwrap();
+        let queue = unique_queue_name(queue_prefix);
+        let azure = format!("[azure]\nconnection_string = \"{}\"\n[bus]\nredis_url = \"{}\"\n", azurite.connection_string(), redis.url());
+        let queue_section = format!(
+            "[queues.{queue}]\nbackend = \"azure\"\npush = true\nmin_tasks = 0\nsafety_poll = \"1h\"\nhandler = {{ url = \"http://{app_addr}/work\" }}\n"
+        );
+        let (worker_api, scaler_api, scaler_grpc) = (free_addr(), free_addr(), free_addr());
+        let worker_config = format!("data_dir = \"worker-data\"\n[api]\nlisten = \"{worker_api}\"\ntoken = \"{TOKEN}\"\n{azure}{queue_section}");
+        let worker = Running::start(dir.path(), "run", &worker_config);
+        let scaler_config = format!(
+            "data_dir = \"scaler-data\"\n[api]\nlisten = \"{scaler_api}\"\ntoken = \"{TOKEN}\"\n[scaler]\nlisten = \"{scaler_grpc}\"\n{azure}{queue_section}"
+        );
+        let scaler = Running::start(dir.path(), "scaler", &scaler_config);
+        wait_until("the worker's bus", || bus_connected(worker_api)).await;
+        wait_until("the scaler host's bus", || bus_connected(scaler_api)).await;
+        // Let the worker's start-up poll pass, so it runs no task.
+        tokio::time::sleep(idle).await;
+        PushPair { azurite, _redis: redis, app, _dir: dir, queue, scaler_api, worker, scaler }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_send_or_notify_through_the_scaler_host_wakes_a_worker_idle_at_zero_tasks() {
-    let azurite = Azurite::start();
-    let redis = RedisServer::start();
-    let (app, app_addr) = App::start(Duration::from_millis(1)).await;
-    let dir = tempfile::tempdir().unwrap();
-    let queue = unique_queue_name("wake-from-zero");
-    let azure = format!("[azure]\nconnection_string = \"{}\"\n[bus]\nredis_url = \"{}\"\n", azurite.connection_string(), redis.url());
-    // The safety poll is an hour: only a push can wake the worker within the test.
-    let queue_section =
-        format!("[queues.{queue}]\nbackend = \"azure\"\npush = true\nmin_tasks = 0\nsafety_poll = \"1h\"\nhandler = {{ url = \"http://{app_addr}/work\" }}\n");
-    let (worker_api, scaler_api, scaler_grpc) = (free_addr(), free_addr(), free_addr());
-    let worker = Running::start(
-        dir.path(),
-        "run",
-        &format!("data_dir = \"worker-data\"\n[api]\nlisten = \"{worker_api}\"\ntoken = \"{TOKEN}\"\n{azure}{queue_section}"),
-    );
-    let scaler = Running::start(
-        dir.path(),
-        "scaler",
-        &format!(
-            "data_dir = \"scaler-data\"\n[api]\nlisten = \"{scaler_api}\"\ntoken = \"{TOKEN}\"\n[scaler]\nlisten = \"{scaler_grpc}\"\n{azure}{queue_section}"
-        ),
-    );
-    wait_until("the worker's bus", || bus_connected(worker_api)).await;
-    wait_until("the scaler host's bus", || bus_connected(scaler_api)).await;
-    // Let the worker's start-up poll pass, so it runs no task.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let PushPair { azurite, _redis, app, _dir, queue, scaler_api, worker, scaler } = PushPair::start("wake-from-zero", Duration::from_millis(500)).await;
 
     let client = reqwest::Client::new();
     let sent = client.post(format!("http://{scaler_api}/queues/{queue}/messages")).bearer_auth(TOKEN).body("via-scaler").send().await.unwrap();
@@ -137,32 +152,7 @@ async fn a_send_or_notify_through_the_scaler_host_wakes_a_worker_idle_at_zero_ta
 /// told KEDA the queue was active. The scaler now publishes the wake-up itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_put_directly_wakes_a_push_worker_idle_at_zero_tasks_within_5_s() {
-    let azurite = Azurite::start();
-    let redis = RedisServer::start();
-    let (app, app_addr) = App::start(Duration::from_millis(1)).await;
-    let dir = tempfile::tempdir().unwrap();
-    let queue = unique_queue_name("direct-put");
-    let azure = format!("[azure]\nconnection_string = \"{}\"\n[bus]\nredis_url = \"{}\"\n", azurite.connection_string(), redis.url());
-    // The safety poll is an hour: only a push can wake the worker within the test.
-    let queue_section =
-        format!("[queues.{queue}]\nbackend = \"azure\"\npush = true\nmin_tasks = 0\nsafety_poll = \"1h\"\nhandler = {{ url = \"http://{app_addr}/work\" }}\n");
-    let (worker_api, scaler_api, scaler_grpc) = (free_addr(), free_addr(), free_addr());
-    let worker = Running::start(
-        dir.path(),
-        "run",
-        &format!("data_dir = \"worker-data\"\n[api]\nlisten = \"{worker_api}\"\ntoken = \"{TOKEN}\"\n{azure}{queue_section}"),
-    );
-    let scaler = Running::start(
-        dir.path(),
-        "scaler",
-        &format!(
-            "data_dir = \"scaler-data\"\n[api]\nlisten = \"{scaler_api}\"\ntoken = \"{TOKEN}\"\n[scaler]\nlisten = \"{scaler_grpc}\"\n{azure}{queue_section}"
-        ),
-    );
-    wait_until("the worker's bus", || bus_connected(worker_api)).await;
-    wait_until("the scaler host's bus", || bus_connected(scaler_api)).await;
-    // Let the worker's start-up poll pass, so it runs no task.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let PushPair { azurite, _redis, app, _dir, queue, scaler_api, worker, scaler } = PushPair::start("direct-put", Duration::from_secs(1)).await;
     let published = || async { get_json(&format!("http://{scaler_api}/status")).await.unwrap().1["bus"]["published"].as_u64().unwrap() };
     assert_eq!(published().await, 0, "an empty queue is never woken");
 

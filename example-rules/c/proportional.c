@@ -9,7 +9,7 @@
 // | per_task  | queued messages per dequeue task  | 200     |
 //
 // Contract ebb:rules@0.3.0. `scaling_rule.h` and `scaling_rule.c` are generated from
-// wit/ebb-rules-0.3.0 by wit-bindgen (see docs/rules.md, "C"). The host keeps one instance
+// wit/ebb-rules-0.3.0 by wit-bindgen (see docs/guides/writing-rules.md, "C"). The host keeps one instance
 // per rule and calls `configure` once on it before any decision, so the parameter can live
 // in a global.
 

@@ -1,6 +1,6 @@
 //! Every default of ebb, written once. The file form's serde defaults (`config`), the
 //! runtime types' `Default` (`QueueSettings`, `RuleLimits`, `ApiLimits`, `ScalerSettings`)
-//! and the `--help` texts read these; a test checks that `docs/config.md` names the same
+//! and the `--help` texts read these; a test checks that `docs/reference/config.md` names the same
 //! values.
 
 use std::time::Duration;
@@ -99,7 +99,7 @@ pub const REPLY_TTL: Duration = Duration::from_secs(3600);
 /// `[queues.<name>.handler] timeout`.
 pub const HANDLER_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Every default as docs/config.md shows it: (table section, key, value as written there).
+/// Every default as docs/reference/config.md shows it: (table section, key, value as written there).
 #[cfg(test)]
 pub(crate) fn documented() -> Vec<(&'static str, &'static str, String)> {
     let d = |d: Duration| format!("\"{}\"", humantime::format_duration(d));
@@ -153,7 +153,7 @@ mod tests {
     /// The rows of the table under the heading that starts with `## {section}`: key → default.
     fn table(doc: &str, section: &str) -> std::collections::BTreeMap<String, String> {
         let heading = format!("## {section}");
-        let start = doc.lines().position(|l| l.starts_with(&heading)).unwrap_or_else(|| panic!("docs/config.md has no heading {heading}"));
+        let start = doc.lines().position(|l| l.starts_with(&heading)).unwrap_or_else(|| panic!("docs/reference/config.md has no heading {heading}"));
         doc.lines()
             .skip(start + 1)
             .take_while(|l| !l.starts_with("## "))
@@ -173,16 +173,16 @@ mod tests {
 
     #[test]
     fn docs_config_md_names_every_default_as_the_code_has_it() {
-        let doc = include_str!("../../docs/config.md");
+        let doc = include_str!("../../docs/reference/config.md");
         let mut wrong = Vec::new();
         for (section, key, value) in super::documented() {
             let rows = table(doc, section);
             match rows.get(key) {
                 Some(documented) if same_value(documented, &value) => {}
                 Some(documented) => wrong.push(format!("{section} {key}: docs say {documented}, the code {value}")),
-                None => wrong.push(format!("{section} {key}: not in docs/config.md")),
+                None => wrong.push(format!("{section} {key}: not in docs/reference/config.md")),
             }
         }
-        assert!(wrong.is_empty(), "docs/config.md disagrees with host/src/defaults.rs:\n{}", wrong.join("\n"));
+        assert!(wrong.is_empty(), "docs/reference/config.md disagrees with host/src/defaults.rs:\n{}", wrong.join("\n"));
     }
 }

@@ -96,7 +96,7 @@ fn rig_with_rule(settings: QueueSettings, rule: Option<FixedCount>) -> Rig {
     Rig { queue, handler, listener: builder.build() }
 }
 
-/// Push with no idle task, as docs/config.md recommends for zero idle cost.
+/// Push with no idle task, as docs/reference/config.md recommends for zero idle cost.
 fn push_zero(max_tasks: u32) -> QueueSettings {
     QueueSettings { push_enabled: true, min_tasks: 0, max_tasks, safety_poll: Duration::from_secs(2 * 3600), ..Default::default() }
 }
@@ -152,7 +152,7 @@ async fn a_message_notified_during_a_slow_handler_is_picked_up_at_once_only_if_t
 
 /// A handler that never returns (an embedded Rust handler has no timeout) keeps its task
 /// busy for ever: messages notified after it are picked up by another task the rule allows
-/// (at a count of one they wait for ever: docs/rules.md says so; the safety poll only looks
+/// (at a count of one they wait for ever: docs/guides/writing-rules.md says so; the safety poll only looks
 /// while no task runs).
 #[tokio::test(start_paused = true)]
 async fn push_a_hung_handler_holds_no_later_message_when_the_rule_allows_another_task() {

@@ -93,7 +93,7 @@ fn bounds_are_inclusive_at_their_limits() {
     assert_eq!(config.queues[0].claims.max_bytes, 4 << 30);
 }
 
-/// The documented value of every key (`docs/config.md`, the tables' default column) is the
+/// The documented value of every key (`docs/reference/config.md`, the tables' default column) is the
 /// code's: defaults are written once in the code, and the docs must follow.
 #[test]
 fn the_documented_defaults_are_the_code_defaults() {
@@ -108,7 +108,7 @@ fn the_documented_defaults_are_the_code_defaults() {
         Float(f64),
         Absent,
     }
-    let docs = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.md")).unwrap();
+    let docs = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/reference/config.md")).unwrap();
     let config = Config::parse("[queues.orders]\nhandler = { url = \"http://127.0.0.1:8080/work\" }\n", Path::new("/srv/ebb"), None).unwrap();
     let with_bus = Config::parse(
         "[bus]\nredis_url = \"redis://127.0.0.1:6379/\"\n[queues.orders]\nhandler = { url = \"http://127.0.0.1:8080/work\" }\n",
@@ -184,9 +184,9 @@ fn the_documented_defaults_are_the_code_defaults() {
                 "shadow_rule_params" if queue.shadow_rule_params.is_empty() => Code::Absent,
                 "handler.url" => Code::Absent, // required
                 "handler.timeout" => Code::Duration(queue.handler_timeout),
-                _ => panic!("docs/config.md documents queues.{key}: add it to this test"),
+                _ => panic!("docs/reference/config.md documents queues.{key}: add it to this test"),
             },
-            _ => panic!("docs/config.md documents {key} under {section}: add it to this test"),
+            _ => panic!("docs/reference/config.md documents {key} under {section}: add it to this test"),
         }
     };
     let mut section = String::new();
@@ -217,10 +217,10 @@ fn the_documented_defaults_are_the_code_defaults() {
         checked += 1;
     }
     assert!(checked >= 28, "found only {checked} documented keys");
-    assert!(wrong.is_empty(), "docs/config.md disagrees with the code:\n{}", wrong.join("\n"));
+    assert!(wrong.is_empty(), "docs/reference/config.md disagrees with the code:\n{}", wrong.join("\n"));
     // The queue name length, too.
     let max = ebb::config::MAX_QUEUE_NAME_LEN;
-    assert!(docs.contains(&format!("3 to {max} lowercase letters")), "docs/config.md states another queue name length than {max}");
+    assert!(docs.contains(&format!("3 to {max} lowercase letters")), "docs/reference/config.md states another queue name length than {max}");
     let name = |len: usize| format!("[queues.{}]\nhandler = {{ url = \"http://127.0.0.1:8080/work\" }}\n", "q".repeat(len));
     assert!(Config::parse(&name(max), Path::new("/srv"), None).is_ok());
     assert!(Config::parse(&name(max + 1), Path::new("/srv"), None).is_err());

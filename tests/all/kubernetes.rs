@@ -355,7 +355,7 @@ async fn a_queue_and_its_poison_queue_deleted_under_a_running_host_work_again_wi
 
 /// Issue 40: a credential the storage refuses after start-up (a SAS past its expiry, a
 /// rotated key; here the fault proxy answering 403 AuthenticationFailed as Azure does)
-/// fails `/healthz` as well as `/readyz`, naming the queue, as docs/kubernetes.md says: the
+/// fails `/healthz` as well as `/readyz`, naming the queue, as docs/guides/kubernetes.md says: the
 /// liveness probe restarts the pod, which reads the renewed secret. The next answer clears it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_credential_refused_after_start_up_fails_healthz_until_the_storage_takes_it_again() {

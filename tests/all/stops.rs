@@ -220,7 +220,7 @@ async fn a_queue_retrying_its_hung_storage_says_why_it_is_not_ready_and_sigterm_
 
 /// Issue 40 item 1: `ebb send` with no host running writes straight to storage; on an account
 /// that never answers it waited 151 s (five attempts of 30 s). It gives up after
-/// `STORAGE_ANSWER_TIMEOUT` (10 s, docs/config.md), saying so.
+/// `STORAGE_ANSWER_TIMEOUT` (10 s, docs/reference/config.md), saying so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ebb_send_without_a_host_gives_up_on_storage_that_never_answers() -> Result<()> {
     let endpoint = HangingEndpoint::start().await?;

@@ -1,4 +1,4 @@
-"""Reads ebb's replies (docs/payloads.md, "Replies") with the official Azure Storage Queues
+"""Reads ebb's replies (docs/guides/payloads.md, "Replies") with the official Azure Storage Queues
 SDK for Python, as a producer waiting for answers would:
 
   replies.py <connection string> <reply queue> <count>

@@ -1,4 +1,4 @@
-"""Unpacks an ebb envelope (docs/payloads.md, version 1) without ebb.
+"""Unpacks an ebb envelope (docs/reference/envelope.md, version 1) without ebb.
 
   unpack.py [FILE]          FILE, or standard input without one or with "-"
 

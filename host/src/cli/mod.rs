@@ -88,7 +88,7 @@ enum Command {
         trace: Option<PathBuf>,
         /// Send work items instead of a message: a file of NDJSON, one item per line (a JSON
         /// string is the item's text, any other value its JSON text), `-` for stdin, at most
-        /// 256 MiB. Items are packed into as few messages as fit (docs/payloads.md).
+        /// 256 MiB. Items are packed into as few messages as fit (docs/guides/payloads.md).
         #[arg(long, conflicts_with_all = ["count", "trace", "body"])]
         items: Option<PathBuf>,
         /// After sending the message, wait for the handler's answer on the queue's

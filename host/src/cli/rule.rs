@@ -73,7 +73,7 @@ pub enum RuleCommand {
     Test {
         /// The rule component (.wasm).
         rule: PathBuf,
-        /// The cases file (.toml); see docs/rules.md, "Test a rule".
+        /// The cases file (.toml); see docs/guides/writing-rules.md, "Test a rule".
         cases: PathBuf,
     },
     /// Compile rules ahead, so that a host starting with an empty cache finds them compiled:

@@ -140,7 +140,7 @@ fn read_cases(path: &Path) -> Result<Vec<Ready>> {
         bail!("cases file {} has {} cases, over the limit of {MAX_CASES}: split it into several files", path.display(), file.case.len());
     }
     if file.case.is_empty() {
-        bail!("cases file {} has no case: add one, starting with [[case]] (see docs/rules.md, \"Test a rule\")", path.display());
+        bail!("cases file {} has no case: add one, starting with [[case]] (see docs/guides/writing-rules.md, \"Test a rule\")", path.display());
     }
     let mut ready = Vec::new();
     for (index, raw) in file.case.into_iter().enumerate() {

@@ -115,7 +115,7 @@ pub struct ApiTokenFile {
     pub token_env: Option<String>,
 }
 
-/// `[scaler]`: KEDA's external-scaler gRPC service (see `docs/kubernetes.md`).
+/// `[scaler]`: KEDA's external-scaler gRPC service (see `docs/guides/kubernetes.md`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScalerFile {

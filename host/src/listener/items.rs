@@ -394,7 +394,7 @@ pub(super) enum ReplyNotPut {
     NotNow(anyhow::Error),
 }
 
-/// What a reply queue holds for each answer (JSON; docs/payloads.md).
+/// What a reply queue holds for each answer (JSON; docs/guides/payloads.md).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Reply {
     /// The request's message id.

@@ -62,7 +62,7 @@ impl Codec {
 }
 
 impl Default for Codec {
-    /// Zstandard, by `ebb bench codecs` (`docs/payloads.md`): on 1 KiB JSON items it packs
+    /// Zstandard, by `ebb bench codecs` (`docs/reference/envelope.md`): on 1 KiB JSON items it packs
     /// 90 % of deflate's items per envelope for a fifteenth of deflate's CPU, and decodes
     /// twice as fast. Deflate stays for consumers that must read with a standard library.
     fn default() -> Codec {

@@ -1,4 +1,4 @@
-//! The envelope, byte by byte (version 1; `docs/payloads.md` draws it). Integers are
+//! The envelope, byte by byte (version 1; `docs/reference/envelope.md` draws it). Integers are
 //! little-endian.
 //!
 //! ```text

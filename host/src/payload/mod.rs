@@ -6,13 +6,13 @@
 //! unpack) sit on top of it.
 //!
 //! - [`encode`] and [`decode`]: the versioned binary format, byte by byte in
-//!   `docs/payloads.md` (readable without ebb: `tests/azure-sdk/unpack.py`). A message that
+//!   `docs/reference/envelope.md` (readable without ebb: `tests/azure-sdk/unpack.py`). A message that
 //!   does not start with [`MAGIC`] is [`Decoded::NotAnEnvelope`] and is delivered as it is,
 //!   so old producers keep working. Hostile input is an [`EnvelopeError`] with its reason,
 //!   bounded by [`Limits`] before anything is allocated.
 //! - [`Packer`]: items into as few envelopes as fit a backend's message limit, compressed
 //!   with a [`Codec`] chosen per queue (by default zstd, chosen by `ebb bench codecs`:
-//!   `docs/payloads.md`); an item too large for any envelope is handed back to
+//!   `docs/reference/envelope.md`); an item too large for any envelope is handed back to
 //!   be offloaded (a [`ClaimCheck`]). [`Packer::repack_failed`] puts the items that failed
 //!   back into a new envelope, each counted one more attempt.
 //! - [`to_text`] and [`decode_text`]: an envelope as base64 text, for an Azure queue whose

@@ -86,7 +86,7 @@ fn the_azure_limit_is_what_an_azure_queue_carries_in_either_encoding() {
     assert_eq!(to_text(&[0; AZURE_MAX_ENVELOPE_BYTES]).len(), Encoding::None.max_body_bytes());
 }
 
-/// The example `docs/payloads.md` dumps, byte for byte.
+/// The example `docs/reference/envelope.md` dumps, byte for byte.
 #[test]
 fn an_envelope_is_laid_out_byte_by_byte_as_documented() -> anyhow::Result<()> {
     let check = ClaimCheck { location: BlobRef::Embedded { queue: "orders".into(), key: 258 }, size: 7, sha256: [0xab; 32] };

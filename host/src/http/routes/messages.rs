@@ -156,7 +156,7 @@ const MAX_REPLY_WAIT: Duration = Duration::from_secs(30);
 /// `POST /queues/{name}/replies/{id}?timeout_ms=N&item=K`: waits up to N ms (default and
 /// most 30,000) for the answer to message `id` (with `item`: to item K of envelope `id`,
 /// as `POST /queues/{name}/items` answered in `ids`) on the queue's reply queue and takes
-/// it: `200` with the reply (docs/payloads.md), `404` when none came in time.
+/// it: `200` with the reply (docs/guides/payloads.md), `404` when none came in time.
 pub(super) async fn take_reply(
     State(api): State<Arc<Api>>,
     Extension(limits): Extension<ApiLimits>,

@@ -114,7 +114,7 @@ fn check_store_file(file: &Path) -> anyhow::Result<()> {
 /// committed trees against the checksum its parent keeps, before anything is written. A plain
 /// open trusts a file that was closed cleanly, so pages damaged inside it (overwritten,
 /// zeroed) showed only when a get or a commit reached them, as a panic in the writer after
-/// the host had reported ready. The check reads the whole file (see docs/config.md for what
+/// the host had reported ready. The check reads the whole file (see docs/reference/config.md for what
 /// it costs); a reopen after a failed commit skips it (the file was checked at start).
 pub(super) fn open_database(opener: &Opener, file: &Path, check_pages: bool) -> anyhow::Result<(Arc<Database>, u64)> {
     check_store_file(file)?;

@@ -15,6 +15,7 @@ mod config;
 mod console;
 mod data_dir;
 mod decorators;
+mod demo;
 mod embedded_queue;
 mod embedding;
 mod failures;

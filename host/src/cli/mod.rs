@@ -29,9 +29,8 @@ enum Command {
     /// Run the whole host on the embedded queue with example rules, an in-process app and a
     /// load in phases, printing a live line per second and a summary.
     ///
-    /// A command of the ebb checkout (`cargo run -p ebb -- demo`): it builds the example rules
-    /// from the checkout this binary was built from, with cargo and the wasm32-wasip2 target,
-    /// into that checkout's target/demo-rules.
+    /// Runs from any folder: its two example rules (paper-default, then proportional) are
+    /// built into the binary.
     Demo {
         /// How long the demo runs.
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
@@ -46,7 +45,7 @@ enum Command {
         #[arg(long, default_value_t = 20)]
         trickle: u64,
         /// Where the demo queue lives: `embedded`, or `azurite` (Azure's emulator, installed
-        /// from npm into target/azurite on first use; needs Node.js 20+), to see the Azure path
+        /// from npm into ~/.cache/ebb on first use; needs Node.js 20+), to see the Azure path
         /// and its billed transactions.
         #[arg(long, default_value = "embedded", value_parser = ["embedded", "azurite"])]
         backend: String,

@@ -2,13 +2,11 @@
 //! folder, an in-process app behind the real HTTP handler path, and a load in phases:
 //! a burst, idle, a trickle, a rule swap, a second burst, idle again.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use futures::StreamExt as _;
 
 use crate::config::{Config, QueueConfig};
@@ -16,6 +14,9 @@ use crate::host::Host;
 use crate::listener::{ListenerStatus, QueueSettings};
 use crate::rules::RuleLimits;
 use crate::service::Role;
+use azurite::Azurite;
+
+mod azurite;
 
 const QUEUE: &str = "demo";
 
@@ -34,20 +35,20 @@ pub struct DemoOptions {
     pub azurite: bool,
 }
 
-/// The example rules the demo uses, built from `example-rules/`.
-struct DemoRules {
-    first: PathBuf,
-    second: PathBuf,
-}
+/// The demo's first rule: `example-rules/paper-default`, built for wasm32-wasip2 and kept
+/// in the binary so that an installed `ebb` runs the demo with no Rust toolchain and no
+/// checkout. `tests/all/demo.rs` holds these files to what the example sources build today.
+const PAPER_DEFAULT: &[u8] = include_bytes!("rules/paper_default.wasm");
+/// The rule swapped in mid-run: `example-rules/proportional`, kept likewise.
+const PROPORTIONAL: &[u8] = include_bytes!("rules/proportional.wasm");
 
 pub async fn run(options: DemoOptions) -> Result<()> {
-    let rules = build_example_rules()?;
     let work = tempfile::tempdir().context("failed to create a temporary folder")?;
     let rules_dir = work.path().join("rules");
-    std::fs::create_dir_all(&rules_dir)?;
+    std::fs::create_dir_all(&rules_dir).with_context(|| format!("failed to create {}", rules_dir.display()))?;
     let rule_file = rules_dir.join("demo.wasm");
-    std::fs::copy(&rules.first, &rule_file)?;
-    let names = [(sha256(&rules.first)?, "paper-default"), (sha256(&rules.second)?, "proportional")];
+    std::fs::write(&rule_file, PAPER_DEFAULT).with_context(|| format!("failed to write {}", rule_file.display()))?;
+    let names = [(sha256(PAPER_DEFAULT), "paper-default"), (sha256(PROPORTIONAL), "proportional")];
 
     let azurite = if options.azurite { Some(Azurite::start()?) } else { None };
     let backend = match &azurite {
@@ -117,7 +118,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
             swapped = true;
             // Deploy: write aside, then rename into the watched folder.
             let staging = rules_dir.join("demo.wasm.partial");
-            std::fs::copy(&rules.second, &staging)?;
+            std::fs::write(&staging, PROPORTIONAL)?;
             std::fs::rename(&staging, &rule_file)?;
             println!("-- deployed the proportional rule over demo.wasm (write aside + rename); the host swaps it in while it works");
         }
@@ -259,103 +260,7 @@ async fn generate_load(
     println!("-- idle");
 }
 
-fn sha256(path: &Path) -> Result<String> {
+fn sha256(bytes: &[u8]) -> String {
     use sha2::Digest;
-    Ok(hex::encode(sha2::Sha256::digest(std::fs::read(path)?)))
-}
-
-/// Adds the wasm32-wasip2 target if missing and builds the Rust example rules.
-/// Azure's emulator, for `--backend azurite`: installed from npm (pinned by the tests'
-/// `tests/azurite/package-lock.json`) into `target/azurite`, started on a free port, stopped
-/// on drop.
-struct Azurite {
-    child: std::process::Child,
-    endpoint: String,
-}
-
-impl Azurite {
-    fn start() -> Result<Azurite> {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
-        let prefix = root.join("target/azurite");
-        let tool = prefix.join("node_modules/.bin/azurite-queue");
-        if !tool.exists() {
-            println!("installing Azurite from npm into {} (npm ci)", prefix.display());
-            std::fs::create_dir_all(&prefix)?;
-            for file in ["package.json", "package-lock.json"] {
-                std::fs::copy(root.join("tests/azurite").join(file), prefix.join(file))
-                    .with_context(|| format!("the demo installs Azurite from tests/azurite/{file}"))?;
-            }
-            let status = Command::new("npm")
-                .args(["ci", "--no-audit", "--no-fund", "--silent", "--prefix"])
-                .arg(&prefix)
-                .status()
-                .context("--backend azurite needs Node.js 20+ and npm: failed to run npm")?;
-            if !status.success() {
-                bail!("npm ci of Azurite into {} failed ({status})", prefix.display());
-            }
-        }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let child = Command::new(&tool)
-            .args(["--queueHost", "127.0.0.1", "--queuePort", &port.to_string(), "--inMemoryPersistence", "--disableTelemetry", "--silent"])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .with_context(|| format!("failed to start {} (needs Node.js 20+)", tool.display()))?;
-        let mut azurite = Azurite { child, endpoint: format!("http://127.0.0.1:{port}/{}", crate::queue::azure::DEVELOPMENT_ACCOUNT) };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Some(status) = azurite.child.try_wait()? {
-                bail!("Azurite exited ({status}) before answering on port {port}");
-            }
-            if Instant::now() > deadline {
-                bail!("Azurite did not answer on port {port} within 30 s");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(azurite)
-    }
-
-    fn account(&self) -> Result<crate::queue::azure::AzureAccount> {
-        crate::queue::azure::AzureAccount::with_key(crate::queue::azure::DEVELOPMENT_ACCOUNT, crate::queue::azure::DEVELOPMENT_KEY, Some(&self.endpoint))
-    }
-}
-
-impl Drop for Azurite {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn build_example_rules() -> Result<DemoRules> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
-    let workspace = root.join("example-rules");
-    if !workspace.join("Cargo.toml").exists() {
-        bail!(
-            "the demo builds its rules from the ebb checkout this binary was built from, and {} is missing: run it there, with `cargo run -p ebb -- demo`",
-            workspace.display()
-        );
-    }
-    let installed = Command::new("rustup").args(["target", "list", "--installed"]).output().context("failed to run rustup")?;
-    if !String::from_utf8_lossy(&installed.stdout).lines().any(|l| l.trim() == "wasm32-wasip2") {
-        println!("adding the wasm32-wasip2 target (rustup target add wasm32-wasip2)");
-        let status = Command::new("rustup").args(["target", "add", "wasm32-wasip2"]).status()?;
-        if !status.success() {
-            bail!("rustup target add wasm32-wasip2 failed");
-        }
-    }
-    let target_dir = root.join("target/demo-rules");
-    println!("building the example rules (cargo build --release --target wasm32-wasip2 in example-rules)");
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .current_dir(&workspace)
-        .args(["build", "--quiet", "--release", "--target", "wasm32-wasip2", "--workspace"])
-        .env("CARGO_TARGET_DIR", &target_dir)
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env_remove("RUSTFLAGS")
-        .status()
-        .context("failed to run cargo")?;
-    if !status.success() {
-        bail!("building the example rules failed");
-    }
-    let release = target_dir.join("wasm32-wasip2/release");
-    Ok(DemoRules { first: release.join("paper_default.wasm"), second: release.join("proportional.wasm") })
+    hex::encode(sha2::Sha256::digest(bytes))
 }

@@ -85,7 +85,9 @@ pub struct SimulateArgs {
     #[arg(long)]
     handler_knee: Option<u32>,
     /// The queue's `max_concurrent_calls` (1 to 10,000). Default: the queue's own, as `ebb
-    /// run` has it (the host's default, or the configured queue's with `--config`).
+    /// run` has it (the host's default, or the configured queue's with `--config`); with
+    /// `--bench`, every call the tasks' batches bring (`max_tasks × batch_size`, an app that
+    /// scales out), as its goals are the listener's.
     #[arg(long)]
     max_concurrent_calls: Option<u32>,
     /// Print JSON instead of a table.

@@ -12,6 +12,9 @@ use crate::binary::{App, EBB, signal, wait_until};
 const TOKEN: &str = "r3play";
 /// The queue's name: not one another test uses on the shared Azurite.
 const QUEUE: &str = "replayed";
+/// How long the app takes per message: the mean of the simulator's default handler time
+/// (`exp:20ms`), which the simulation is run with.
+const APP_TIME: Duration = Duration::from_millis(20);
 /// The transaction kinds `/status` reports.
 const KINDS: [&str; 7] = ["puts", "gets_with_messages", "gets_empty", "deletes", "updates", "counts", "creates"];
 
@@ -102,7 +105,7 @@ fn ten_minute_trace() -> String {
 /// Replays `trace` into a fresh host (embedded, or Azure at `azure_connection`) and returns
 /// its `/status` transactions `run` after the replay started, and what its app handled.
 async fn replay_through_a_host(trace: &Path, azure_connection: Option<String>, run: Duration) -> (Value, usize) {
-    let (app, app_addr) = App::start(Duration::from_millis(1)).await;
+    let (app, app_addr) = App::start(APP_TIME).await;
     let site = Site::new(app_addr, azure_connection.as_deref());
     let mut host = site.start_host().await;
     let start = tokio::time::Instant::now();
@@ -118,8 +121,10 @@ async fn replay_through_a_host(trace: &Path, azure_connection: Option<String>, r
 }
 
 /// Issue 19, item 5: the same 10-minute trace through the real binary (on the embedded queue
-/// and on Azurite, at once) and through `ebb simulate` (the built-in rule, each send notifying
-/// the queue as the API does, a 1 ms handler): every billed kind within 10 % (or one call).
+/// and on Azurite, at once, a 20 ms app) and through `ebb simulate --config` on the same
+/// queue's configuration (the built-in rule and the host's defaults, each send notifying the
+/// queue as the API does, the default handler time, issue 35 item 7c): every billed kind
+/// within 10 % (or one call).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ten_minute_trace_replayed_into_the_binary_bills_what_the_simulator_says_on_both_backends() {
     let azurite = ebb_tests::azurite::Azurite::shared();
@@ -132,12 +137,16 @@ async fn a_ten_minute_trace_replayed_into_the_binary_bills_what_the_simulator_sa
         tokio::join!(replay_through_a_host(&trace, None, run), replay_through_a_host(&trace, Some(azurite.connection_string()), run));
     assert_eq!((embedded_handled, azure_handled), (messages, messages), "every message handled");
 
+    // The embedded host's configuration: the Azure one differs only in its backend.
+    let configured = Site::new(std::net::SocketAddr::from(([127, 0, 0, 1], 9)), None);
     let output = Command::new(EBB)
-        .args(["simulate", "--trace", trace.to_str().unwrap(), "--duration", "600s", "--rule", "paper", "--notify", "--handler-time", "1ms", "--json"])
+        .args(["simulate", "--trace", trace.to_str().unwrap(), "--duration", "600s", "--notify", "--json", "--queue", QUEUE, "--config"])
+        .arg(configured.config())
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let simulated: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(simulated["handler_time"], "exp:20ms", "the default handler-time model");
     let rule = &simulated["rules"][0];
     assert_eq!(rule["handled"].as_u64(), Some(messages as u64));
     let simulated = &rule["transactions"];

@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use ebb::simulate::{self, RuleChoice, Scenario, SimOptions};
+use ebb::simulate::{self, HandlerTime, RuleChoice, Scenario, SimOptions};
 use ebb_tests::guests;
 
 const EBB: &str = env!("CARGO_BIN_EXE_ebb-under-test");
@@ -83,6 +83,38 @@ fn push_picks_up_at_once_and_pull_within_its_back_off() {
     // it covers.
     assert!(push_latency.max_ms <= 500 && push_latency.p50_ms > 0, "{push_latency:?}");
     assert!(pull_latency.p50_ms > 0 && pull_latency.max_ms <= 60_000, "{pull_latency:?}");
+}
+
+#[test]
+fn by_default_a_simulated_burst_never_runs_more_handler_calls_than_the_hosts_max_concurrent_calls() {
+    // Issue 35 item 7c: `--rule` ran 1,024 calls at once (every call 32 tasks' batches
+    // bring) where `ebb run` runs the queue's default of 32.
+    let host = ebb::listener::QueueSettings::default().max_concurrent_calls;
+    let workload = Scenario::Burst.workload(Some(Duration::from_secs(120)), 1).unwrap();
+    let rules = vec![RuleChoice::Paper, RuleChoice::PaperPush, RuleChoice::parse(guests::PAPER_DEFAULT).unwrap()];
+    let report = simulate::run(&SimOptions::new(workload, rules)).unwrap();
+    for rule in &report.rules {
+        assert_eq!(rule.handled, 5000, "{}", rule.rule);
+        assert_eq!((rule.peak_handler_calls, rule.final_concurrency_limit), (host, host), "{}: peak calls and limit", rule.rule);
+    }
+}
+
+#[test]
+fn the_default_handler_time_is_exponential_with_a_20ms_mean_and_help_says_so() {
+    // A fixed time ends a get's calls together, so every get refills to 32; a real app's
+    // calls end staggered (issue 35 item 7c).
+    let workload = Scenario::Idle.workload(Some(Duration::from_secs(60)), 1).unwrap();
+    assert_eq!(SimOptions::new(workload, vec![RuleChoice::Paper]).handler_time, HandlerTime::Exponential(Duration::from_millis(20)));
+    let output = ebb(&["--scenario", "burst", "--duration", "2m", "--rule", "paper", "--json"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["handler_time"], "exp:20ms");
+    let rule = &json["rules"][0];
+    let (p50, p99) = (rule["handler_p50_ms"].as_u64().unwrap(), rule["handler_p99_ms"].as_u64().unwrap());
+    // An exponential of mean 20 ms: median 20 × ln 2 ≈ 14 ms, 99th percentile 20 × ln 100 ≈ 92 ms.
+    assert!((12..=16).contains(&p50) && (80..=105).contains(&p99), "handler p50 {p50} ms, p99 {p99} ms");
+    let help = String::from_utf8(ebb(&["--help"]).stdout).unwrap();
+    assert!(help.contains("default exp:20ms"), "{help}");
 }
 
 fn ebb(args: &[&str]) -> std::process::Output {
@@ -314,4 +346,10 @@ fn the_bench_checks_the_goals_it_states_on_each_scenario() {
     }
     let text = simulate::bench::table(&report);
     assert!(text.contains("goals (issue 19)") && text.lines().filter(|l| l.split_whitespace().nth(2) == Some("floor")).count() == 2, "{text}");
+    // The goals are the listener's: its app takes every call the batches bring (32 tasks ×
+    // 32), else a pool of 32 calls of 20 ms holds a burst of 5,000 for 3 s whatever the
+    // listener does (push p99 4.3 s on burst when the bench took the host's default).
+    assert_eq!(report.max_concurrent_calls, 1024);
+    assert!(text.contains("app: handler time exp:20ms, at most 1024 calls at once"), "{text}");
+    assert!(report.goals.iter().all(|goal| goal.met), "the shipped defaults meet every goal: {text}");
 }

@@ -55,9 +55,8 @@ pub struct SimulateArgs {
     /// How long to simulate (default: the scenario's own; a trace's last arrival + 10 min).
     #[arg(long, value_parser = humantime::parse_duration)]
     duration: Option<Duration>,
-    /// Handler time per message: `20ms` (fixed), `10ms..200ms` (uniform), `exp:50ms` (exponential).
-    #[arg(long, default_value = "20ms")]
-    handler_time: String,
+    #[arg(long, help = handler_time_help())]
+    handler_time: Option<String>,
     /// How many listeners the monthly cost is for (1 to 1,000,000).
     #[arg(long, default_value_t = 1)]
     listeners: u64,
@@ -85,9 +84,10 @@ pub struct SimulateArgs {
     /// scenario.
     #[arg(long)]
     handler_knee: Option<u32>,
-    /// The queue's `max_concurrent_calls` (1 to 10,000). Default: every call the tasks'
-    /// batches bring (`max_tasks × batch_size`), an app that scales out, so that pickup
-    /// latency measures the listener rather than the app.
+    /// The queue's `max_concurrent_calls` (1 to 10,000). Default: the queue's own, as `ebb
+    /// run` has it (the host's default, or the configured queue's with `--config`); with
+    /// `--bench`, every call the tasks' batches bring (`max_tasks × batch_size`, an app that
+    /// scales out), as its goals are the listener's.
     #[arg(long)]
     max_concurrent_calls: Option<u32>,
     /// Print JSON instead of a table.
@@ -195,7 +195,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     let options = SimOptions {
         workload,
         rules,
-        handler_time: HandlerTime::parse(&args.handler_time)?,
+        handler_time: args.handler_time.as_deref().map_or(Ok(simulate::DEFAULT_HANDLER_TIME), HandlerTime::parse)?,
         listeners: args.listeners,
         price_per_10k: args.price,
         seed: args.seed,
@@ -251,5 +251,13 @@ fn safety_poll_help() -> String {
         "The safety poll of push rules (1s to {}; default {}, the config's default)",
         crate::durations::show(crate::config::MAX_SAFETY_POLL),
         crate::durations::show(crate::defaults::SAFETY_POLL)
+    )
+}
+
+/// `--handler-time`'s help, with the default the simulator uses.
+fn handler_time_help() -> String {
+    format!(
+        "Handler time per message: `20ms` (fixed), `10ms..200ms` (uniform), `exp:50ms` (exponential with that mean); default {}, whose calls end staggered as a real app's do",
+        simulate::DEFAULT_HANDLER_TIME
     )
 }

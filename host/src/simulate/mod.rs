@@ -39,7 +39,7 @@ use crate::service::{QueueStack, StackOptions};
 
 pub use floor::Floor;
 pub use rules::{RuleChoice, RuleFile};
-pub use scenario::{Arrival, HandlerTime, Scenario, Workload};
+pub use scenario::{Arrival, DEFAULT_HANDLER_TIME, HandlerTime, Scenario, Workload};
 
 /// The simulated queue's name.
 pub const QUEUE: &str = "simulated";
@@ -81,8 +81,8 @@ pub struct SimOptions {
     /// The app slows down past this many calls at once (see [`scenario::knee_latency`]);
     /// `None`: its latency does not depend on concurrency.
     pub handler_knee: Option<u32>,
-    /// The queue's `max_concurrent_calls`; `None`: every call the tasks' batches bring
-    /// (`max_tasks × batch_size`), an app that scales out.
+    /// The queue's `max_concurrent_calls`; `None`: the queue's own, as `ebb run` has it (the
+    /// host's default, or the configured queue's with `queue_settings`).
     pub max_concurrent_calls: Option<u32>,
     /// The settings of a configured queue (`--config --queue`): every rule then runs with
     /// them (push included) instead of its own; `None`: each rule's own.
@@ -95,13 +95,14 @@ pub struct SimOptions {
 }
 
 impl SimOptions {
-    /// Options for `workload` with one rule and the defaults: 20 ms handler, 1 listener,
-    /// the paper's price, seed 1.
+    /// Options for `workload` with these rules and the defaults: handler times of
+    /// [`DEFAULT_HANDLER_TIME`], the host's queue defaults, 1 listener, the paper's price,
+    /// seed 1.
     pub fn new(workload: Workload, rules: Vec<RuleChoice>) -> SimOptions {
         SimOptions {
             workload,
             rules,
-            handler_time: HandlerTime::Fixed(Duration::from_millis(20)),
+            handler_time: DEFAULT_HANDLER_TIME,
             listeners: 1,
             price_per_10k: PAPER_PRICE_PER_10K,
             seed: 1,
@@ -431,14 +432,11 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
     if let Some(interval) = options.safety_poll {
         settings.safety_poll = interval;
     }
-    // Unless told otherwise (or simulating a configured queue, whose limit it is), the
-    // simulated app takes every call the tasks' batches bring (a serverless function scales
-    // out so): the pickup latency then measures the listener, not the app's pool.
-    settings.max_concurrent_calls = match (options.max_concurrent_calls, &options.queue_settings) {
-        (Some(limit), _) => limit,
-        (None, Some(queue)) => queue.max_concurrent_calls,
-        (None, None) => settings.max_tasks.saturating_mul(settings.batch_size).clamp(1, crate::config::MAX_CONCURRENT_CALLS),
-    };
+    // Unless told otherwise, the queue's own bound, as `ebb run` has it (the host's default,
+    // or the configured queue's).
+    if let Some(limit) = options.max_concurrent_calls {
+        settings.max_concurrent_calls = limit;
+    }
     let push = settings.push_enabled;
     let listener = Listener::builder(queue.clone(), poison, handler.clone())
         .decider(rule.decider(rule_set.as_deref())?)

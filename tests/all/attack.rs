@@ -714,3 +714,38 @@ async fn push_a_delayed_send_is_stranded_when_the_sending_host_stops_before_it_i
     let visible_after = waited + Duration::from_secs(6) - Duration::from_secs(30);
     assert!(visible_after <= Duration::from_secs(2), "B handled it {visible_after:?} after it became visible (2 h safety poll)");
 }
+
+/// A listener on `queue` (limit 64 KiB) that packs what it puts back with `codec`.
+fn item_listener(queue: Arc<MemoryQueue>, poison: Arc<MemoryQueue>, handler: Arc<Recorder>, codec: ebb::payload::Codec) -> Listener {
+    let settings = QueueSettings { max_dequeue_count: 3, min_polling_interval: Duration::from_millis(100), random_seed: Some(5), ..QueueSettings::default() };
+    let payload = ebb::payload::PayloadSettings { compression: codec, max_envelope_bytes: 65536, ..Default::default() };
+    Listener::builder(queue, poison, handler).settings(settings).payload(payload, false).build()
+}
+
+/// A foreign producer's envelope of one item filling the whole message (64 KiB, no origin,
+/// as a producer writes it). Its first delivery fails; put back, the item carries its origin
+/// (the id and index its producer got), and no longer fits a message: the packer said so
+/// (`needs_claim_check`), the put-back put nothing, and the envelope was deleted: the item
+/// was lost, neither retried nor poisoned.
+#[tokio::test(start_paused = true)]
+async fn a_failed_item_that_filled_its_message_is_retried_not_dropped_when_its_origin_no_longer_fits() -> anyhow::Result<()> {
+    use ebb::payload::{Codec, ENVELOPE_OVERHEAD_BYTES, Item, MIN_ITEM_BYTES, encode};
+    let clock = Arc::new(TokioClock::new());
+    let queue = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
+    let handler = Arc::new(Recorder::default());
+    let mut body = b"fail once ".to_vec();
+    body.resize(65536 - ENVELOPE_OVERHEAD_BYTES - MIN_ITEM_BYTES, b'x');
+    let envelope = encode(&[Item::inline(body.clone())], Codec::None)?;
+    assert_eq!(envelope.len(), 65536, "the envelope fills the message");
+    queue.put(&envelope, Duration::ZERO).await?;
+    let listener = item_listener(queue.clone(), poison.clone(), handler.clone(), Codec::None);
+    listener.start();
+    sleep(Duration::from_secs(60)).await;
+    let key = String::from_utf8_lossy(&body).into_owned();
+    let calls = handler.started.lock().unwrap().get(&key).map_or(0, Vec::len);
+    let (left, poisoned) = (queue.approximate_count().await?, poison.approximate_count().await?);
+    assert_eq!((calls, left, poisoned), (2, 0, 0), "handler calls, messages left, poisoned: the failed item is handled on its retry");
+    listener.shutdown(Duration::from_secs(1)).await;
+    Ok(())
+}

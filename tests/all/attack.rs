@@ -749,3 +749,52 @@ async fn a_failed_item_that_filled_its_message_is_retried_not_dropped_when_its_o
     listener.shutdown(Duration::from_secs(1)).await;
     Ok(())
 }
+
+/// Runs `ebb <command> --config <config>` for at most 20 s: its exit code (none if it was
+/// still running: it took the config) and its output.
+fn ebb_with(command: &str, config: &std::path::Path) -> (Option<i32>, String) {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(crate::binary::EBB).arg(command).arg("--config").arg(config).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let code = child.try_wait().unwrap().and_then(|status| status.code());
+    let _ = child.kill();
+    let output = child.wait_with_output().unwrap();
+    (code, format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)))
+}
+
+/// Hostile SAS strings in a connection string. Azurite answers AuthenticationFailed to
+/// every call with `sp` (or any field) given twice, a field in capitals (`SP`), `srt`
+/// without `ss`; a SAS of 70 KB could not even be put in a URL, and each call was retried
+/// as a broken connection for 14 s, 70 KB of it in every log line. `ebb check` read the
+/// first `sp` and said nothing of the rest. Both commands now refuse the connection string
+/// at once, with the same words naming the field, and no value shown.
+#[test]
+fn check_and_run_refuse_a_sas_azure_refuses_at_every_call_naming_the_field() {
+    let huge = format!("sv=2020-12-06&ss=q&srt=co&sp=raupc&sig=c2VjcmV0&x={}", "A".repeat(70_000));
+    let cases = [
+        ("ss=q&srt=co&sp=raupc&sp=r&sig=c2VjcmV0", "repeats sp"),
+        ("ss=q&srt=co&sp=r&sp=raupc&sig=c2VjcmV0", "repeats sp"),
+        ("ss=q&srt=co&SP=raupc&sig=c2VjcmV0", "field SP"),
+        ("srt=co&sp=raupc&sig=c2VjcmV0", "has srt and no ss"),
+        (huge.as_str(), "SharedAccessSignature of 70"),
+    ];
+    for (sas, reason) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ebb.toml");
+        let port = ebb_tests::azurite::free_port();
+        let text = format!(
+            "data_dir = \"data\"\n[api]\nlisten = \"127.0.0.1:{port}\"\n[azure]\nconnection_string = \"QueueEndpoint=http://127.0.0.1:9/devstoreaccount1;SharedAccessSignature={sas}\"\n\
+             [queues.orders]\nbackend = \"azure\"\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        for command in ["check", "run"] {
+            let (code, text) = ebb_with(command, &path);
+            assert_eq!(code, Some(1), "ebb {command} with {sas:.60}: must refuse, got {code:?}:\n{text:.2000}");
+            assert!(text.contains(reason), "ebb {command} with {sas:.60}: expected {reason:?} in:\n{text:.2000}");
+            assert!(!text.contains("c2VjcmV0") && text.len() < 4000, "ebb {command}: no secret, no SAS echoed:\n{text:.2000}");
+        }
+    }
+}

@@ -714,3 +714,87 @@ async fn push_a_delayed_send_is_stranded_when_the_sending_host_stops_before_it_i
     let visible_after = waited + Duration::from_secs(6) - Duration::from_secs(30);
     assert!(visible_after <= Duration::from_secs(2), "B handled it {visible_after:?} after it became visible (2 h safety poll)");
 }
+
+/// A listener on `queue` (limit 64 KiB) that packs what it puts back with `codec`.
+fn item_listener(queue: Arc<MemoryQueue>, poison: Arc<MemoryQueue>, handler: Arc<Recorder>, codec: ebb::payload::Codec) -> Listener {
+    let settings = QueueSettings { max_dequeue_count: 3, min_polling_interval: Duration::from_millis(100), random_seed: Some(5), ..QueueSettings::default() };
+    let payload = ebb::payload::PayloadSettings { compression: codec, max_envelope_bytes: 65536, ..Default::default() };
+    Listener::builder(queue, poison, handler).settings(settings).payload(payload, false).build()
+}
+
+/// A foreign producer's envelope of one item filling the whole message (64 KiB, no origin,
+/// as a producer writes it). Its first delivery fails; put back, the item carries its origin
+/// (the id and index its producer got), and no longer fits a message: the packer said so
+/// (`needs_claim_check`), the put-back put nothing, and the envelope was deleted: the item
+/// was lost, neither retried nor poisoned.
+#[tokio::test(start_paused = true)]
+async fn a_failed_item_that_filled_its_message_is_retried_not_dropped_when_its_origin_no_longer_fits() -> anyhow::Result<()> {
+    use ebb::payload::{Codec, ENVELOPE_OVERHEAD_BYTES, Item, MIN_ITEM_BYTES, encode};
+    let clock = Arc::new(TokioClock::new());
+    let queue = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
+    let handler = Arc::new(Recorder::default());
+    let mut body = b"fail once ".to_vec();
+    body.resize(65536 - ENVELOPE_OVERHEAD_BYTES - MIN_ITEM_BYTES, b'x');
+    let envelope = encode(&[Item::inline(body.clone())], Codec::None)?;
+    assert_eq!(envelope.len(), 65536, "the envelope fills the message");
+    queue.put(&envelope, Duration::ZERO).await?;
+    let listener = item_listener(queue.clone(), poison.clone(), handler.clone(), Codec::None);
+    listener.start();
+    sleep(Duration::from_secs(60)).await;
+    let key = String::from_utf8_lossy(&body).into_owned();
+    let calls = handler.started.lock().unwrap().get(&key).map_or(0, Vec::len);
+    let (left, poisoned) = (queue.approximate_count().await?, poison.approximate_count().await?);
+    assert_eq!((calls, left, poisoned), (2, 0, 0), "handler calls, messages left, poisoned: the failed item is handled on its retry");
+    listener.shutdown(Duration::from_secs(1)).await;
+    Ok(())
+}
+
+/// Runs `ebb <command> --config <config>` for at most 20 s: its exit code (none if it was
+/// still running: it took the config) and its output.
+fn ebb_with(command: &str, config: &std::path::Path) -> (Option<i32>, String) {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(crate::binary::EBB).arg(command).arg("--config").arg(config).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let code = child.try_wait().unwrap().and_then(|status| status.code());
+    let _ = child.kill();
+    let output = child.wait_with_output().unwrap();
+    (code, format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)))
+}
+
+/// Hostile SAS strings in a connection string. Azurite answers AuthenticationFailed to
+/// every call with `sp` (or any field) given twice, a field in capitals (`SP`), `srt`
+/// without `ss`; a SAS of 70 KB could not even be put in a URL, and each call was retried
+/// as a broken connection for 14 s, 70 KB of it in every log line. `ebb check` read the
+/// first `sp` and said nothing of the rest. Both commands now refuse the connection string
+/// at once, with the same words naming the field, and no value shown.
+#[test]
+fn check_and_run_refuse_a_sas_azure_refuses_at_every_call_naming_the_field() {
+    let huge = format!("sv=2020-12-06&ss=q&srt=co&sp=raupc&sig=c2VjcmV0&x={}", "A".repeat(70_000));
+    let cases = [
+        ("ss=q&srt=co&sp=raupc&sp=r&sig=c2VjcmV0", "repeats sp"),
+        ("ss=q&srt=co&sp=r&sp=raupc&sig=c2VjcmV0", "repeats sp"),
+        ("ss=q&srt=co&SP=raupc&sig=c2VjcmV0", "field SP"),
+        ("srt=co&sp=raupc&sig=c2VjcmV0", "has srt and no ss"),
+        (huge.as_str(), "SharedAccessSignature of 70"),
+    ];
+    for (sas, reason) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ebb.toml");
+        let port = ebb_tests::azurite::free_port();
+        let text = format!(
+            "data_dir = \"data\"\n[api]\nlisten = \"127.0.0.1:{port}\"\n[azure]\nconnection_string = \"QueueEndpoint=http://127.0.0.1:9/devstoreaccount1;SharedAccessSignature={sas}\"\n\
+             [queues.orders]\nbackend = \"azure\"\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        for command in ["check", "run"] {
+            let (code, text) = ebb_with(command, &path);
+            assert_eq!(code, Some(1), "ebb {command} with {sas:.60}: must refuse, got {code:?}:\n{text:.2000}");
+            assert!(text.contains(reason), "ebb {command} with {sas:.60}: expected {reason:?} in:\n{text:.2000}");
+            assert!(!text.contains("c2VjcmV0") && text.len() < 4000, "ebb {command}: no secret, no SAS echoed:\n{text:.2000}");
+        }
+    }
+}

@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use anyhow::{Context as _, ensure};
+use anyhow::{Context as _, bail, ensure};
 
 use super::codec::{Codec, Compressor};
 use super::format::{ENVELOPE_OVERHEAD_BYTES, Envelope, MIN_ITEM_BYTES, seal, write_record};
@@ -117,8 +117,13 @@ impl Packer {
     /// counted one more attempt and keeping where its producer put it (its origin, or
     /// `message_id` and its index), packed anew (items fail one by one; the others were
     /// handled). One envelope in practice: the items fitted together before (an origin adds
-    /// at most 260 bytes to an item). Indices in the result are the envelope's. Refuses an
-    /// index out of range or named twice.
+    /// at most 260 bytes to an item). An item that filled its message with no origin (a
+    /// foreign producer's, or one packed to the limit) may not fit once it carries one: it
+    /// goes back as it came, its origin then read as the new envelope's id and index (a
+    /// wrong name is better than a lost item). Indices in the result are the envelope's.
+    /// Refuses an index out of range or named twice, and an item that fits no message of
+    /// this packer even as it came (another codec packed it): nothing is put back, so the
+    /// envelope comes back whole rather than losing it.
     pub fn repack_failed(&self, envelope: &Envelope, failed: &[usize], message_id: &str) -> anyhow::Result<Packed> {
         let mut is_failed = vec![false; envelope.items.len()];
         for &index in failed {
@@ -126,7 +131,7 @@ impl Packer {
             ensure!(!std::mem::replace(&mut is_failed[index], true), "failed item {index} is named twice");
         }
         let kept: Vec<usize> = (0..envelope.items.len()).filter(|&i| is_failed[i]).collect();
-        let items: Vec<Item> = kept
+        let mut items: Vec<Item> = kept
             .iter()
             .map(|&i| {
                 let item = &envelope.items[i];
@@ -134,6 +139,15 @@ impl Packer {
             })
             .collect();
         let mut packed = self.pack(&items)?;
+        if !packed.needs_claim_check.is_empty() {
+            for &k in &packed.needs_claim_check {
+                items[k].origin = envelope.items[kept[k]].origin.clone();
+            }
+            packed = self.pack(&items)?;
+        }
+        if let Some(&k) = packed.needs_claim_check.first() {
+            bail!("failed item {}: it fits no message of {} bytes alone, even as it came", kept[k], self.max_envelope_bytes);
+        }
         for envelope in &mut packed.envelopes {
             envelope.items.iter_mut().for_each(|i| *i = kept[*i]);
         }

@@ -364,6 +364,21 @@ fn repacking_refuses_an_index_out_of_range_or_named_twice() -> anyhow::Result<()
 }
 
 #[test]
+fn repacking_an_item_that_fits_only_without_its_origin_keeps_it_as_it_came_and_refuses_one_that_fits_no_message() -> anyhow::Result<()> {
+    // Alone in a message of exactly 1000 bytes, no origin: as a foreign producer packs it.
+    let full = Item::inline(vec![b'x'; 1000 - ENVELOPE_OVERHEAD_BYTES - MIN_ITEM_BYTES]);
+    let envelope = Envelope { codec: Codec::None, items: vec![full.clone()], message: false };
+    let repacked = Packer::new(Codec::None, 1000)?.repack_failed(&envelope, &[0], "a-message-id")?;
+    assert_eq!(repacked.envelopes.len(), 1, "put back, not left for a claim store the listener does not use");
+    assert_eq!(items(&repacked.envelopes[0].bytes, &Limits::default())?, vec![full.with_attempts(1)], "as it came, one more attempt");
+    // Packed compressed by another: in a packer without a codec, no message holds it.
+    let compressible = Envelope { codec: Codec::Zstd, items: vec![Item::inline(vec![b'y'; 5000])], message: false };
+    let error = Packer::new(Codec::None, 1000)?.repack_failed(&compressible, &[0], "1").unwrap_err();
+    assert_eq!(error.to_string(), "failed item 0: it fits no message of 1000 bytes alone, even as it came");
+    Ok(())
+}
+
+#[test]
 fn a_packer_refuses_a_limit_below_one_empty_item() {
     assert!(Packer::new(Codec::None, MIN_ENVELOPE_BYTES).is_ok());
     let error = Packer::new(Codec::None, MIN_ENVELOPE_BYTES - 1).unwrap_err();

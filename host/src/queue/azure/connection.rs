@@ -290,6 +290,7 @@ impl AzureAccount {
                 if !sas.contains("sig=") {
                     bail!("connection string: SharedAccessSignature has no sig= part");
                 }
+                super::sas::check_query(sas).map_err(|e| anyhow!("connection string: {e}"))?;
                 let beside = blob_endpoint_beside(&endpoint);
                 Ok((
                     AzureAccount { name, endpoint, credential: Credential::Sas(Secret::new(sas.to_string())), root_certificate: None, blob_endpoint: beside },

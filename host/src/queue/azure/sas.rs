@@ -3,7 +3,55 @@
 //! effect, whether `ebb run` will be allowed to add messages and to create a queue that
 //! does not exist yet (neither can be probed on the service without doing it).
 
+use anyhow::bail;
+
 use super::{AzureAccount, Credential};
+
+/// The longest SAS taken, in bytes. A real one is a few hundred bytes (a user delegation
+/// SAS under a thousand); every request carries it in its URL, and a request line past
+/// 16 KiB is refused by Azurite (431) and Azure's front end alike, past 64 KiB the URL
+/// cannot even be built: each call would fail, retried as a broken connection.
+pub const MAX_SAS_BYTES: usize = 8192;
+
+/// The fields Azure Storage reads in a SAS (account, service and user delegation SAS), by
+/// their lowercase names: the only spelling it reads.
+const SAS_FIELDS: [&str; 32] = [
+    "sv", "ss", "srt", "sp", "se", "st", "sip", "spr", "sig", "si", "sr", "ses", "sdd", "skoid", "sktid", "skt", "ske", "sks", "skv", "saoid", "suoid", "scid",
+    "rscc", "rscd", "rsce", "rscl", "rsct", "tn", "spk", "srk", "epk", "erk",
+];
+
+/// Refuses a SAS query that Azure Storage would refuse at every call, naming the field:
+/// one given twice (Azurite answers AuthenticationFailed; which copy a reader would take is
+/// anyone's guess, so `ebb check` could not say what it allows), a field spelt in capitals
+/// (`SP`: not read, so the SAS has no permissions), an account SAS with `srt` and no `ss`
+/// (its services), and one over [`MAX_SAS_BYTES`]. (No `sp` nor `si` is left to the
+/// probes: the calls are refused, and `ebb check` says so.)
+/// `ebb run` and `ebb check` both read the connection string through it, so they refuse
+/// the same SAS with the same words. Values are never shown: `sig` is a secret.
+pub fn check_query(sas: &str) -> anyhow::Result<()> {
+    if sas.len() > MAX_SAS_BYTES {
+        bail!(
+            "SharedAccessSignature of {} bytes: at most {MAX_SAS_BYTES} (a SAS is a few hundred bytes; every request's URL carries it, and a URL that long is refused)",
+            sas.len()
+        );
+    }
+    let mut seen: Vec<String> = Vec::new();
+    for (key, _) in form_urlencoded::parse(sas.trim_start_matches('?').as_bytes()) {
+        let lower = key.to_ascii_lowercase();
+        if lower != key && SAS_FIELDS.contains(&lower.as_str()) {
+            bail!("SharedAccessSignature field {key}: Azure Storage reads only the lowercase {lower}, so it would not be read");
+        }
+        if seen.iter().any(|k| *k == key) {
+            bail!("SharedAccessSignature repeats {key}: Azure Storage refuses a SAS with a field given twice (AuthenticationFailed); give each field once");
+        }
+        seen.push(key.into_owned());
+    }
+    let has = |field: &str| seen.iter().any(|k| k == field);
+    if has("srt") && !has("ss") {
+        bail!("SharedAccessSignature has srt and no ss: an account SAS names its services (ss=q for queues)");
+    }
+    Ok(())
+}
 
 /// A permission on a queue that ebb's calls need.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,5 +170,40 @@ mod tests {
             assert_eq!(SasGrant::parse(sas).unwrap().lacks(&QueuePermission::RUN), lacking, "{name}");
         }
         assert_eq!(SasGrant::parse("sv=2020-12-06&si=policy&sig=x"), None, "a stored access policy's permissions are not in the SAS");
+    }
+
+    #[test]
+    fn a_sas_azure_would_refuse_at_every_call_is_refused_naming_the_field() {
+        let huge = format!("sv=2020-12-06&ss=q&srt=co&sp=raupc&sig=x&x={}", "A".repeat(MAX_SAS_BYTES));
+        let cases = [
+            ("sp twice, the first narrower", "ss=q&srt=co&sp=r&sp=raupc&sig=x", "repeats sp"),
+            ("sp twice, the first wider", "ss=q&srt=co&sp=raupc&sp=r&sig=x", "repeats sp"),
+            ("sig twice", "ss=q&srt=co&sp=raupc&sig=x&sig=y", "repeats sig"),
+            ("ss twice", "ss=q&ss=b&srt=co&sp=raupc&sig=x", "repeats ss"),
+            ("an empty sp twice", "sp=&sp=&sig=x", "repeats sp"),
+            ("a field in capitals", "ss=q&srt=co&SP=raupc&sig=x", "field SP: Azure Storage reads only the lowercase sp"),
+            ("srt in capitals", "ss=q&SRT=co&sp=raupc&sig=x", "field SRT"),
+            ("srt without ss", "srt=co&sp=raupc&sig=x", "has srt and no ss"),
+            ("huge", huge.as_str(), "bytes: at most 8192"),
+        ];
+        for (name, sas, reason) in cases {
+            let error = check_query(sas).map(|()| "taken".to_string()).unwrap_or_else(|e| e.to_string());
+            assert!(error.contains(reason), "{name}: expected {reason:?}, got {error:?}");
+            assert!(!error.contains("raupc"), "{name}: no value is shown: {error}");
+        }
+        let taken = [
+            ("an account SAS", "sv=2020-12-06&ss=q&srt=co&sp=raupc&se=2030-01-01T00%3A00%3A00Z&sig=x"),
+            ("a leading ?", "?sv=2020-12-06&ss=q&srt=co&sp=raupc&sig=x"),
+            ("a percent-encoded value (Azure decodes it: rau)", "ss=q&srt=co&sp=r%61u&sig=x"),
+            ("unknown letters (Azurite ignores them)", "ss=q&srt=co&sp=rxaupc&sig=x"),
+            ("a queue (service) SAS", "sv=2020-12-06&sp=raup&sig=x"),
+            ("a stored access policy", "sv=2020-12-06&si=policy&sig=x"),
+            ("an empty sp (it allows nothing: ebb check says so)", "ss=q&srt=co&sp=&sig=x"),
+            ("another application's parameter", "ss=q&srt=co&sp=raupc&sig=x&Foo=1"),
+        ];
+        for (name, sas) in taken {
+            assert!(check_query(sas).is_ok(), "{name}: {:?}", check_query(sas));
+        }
+        assert_eq!(SasGrant::parse("ss=q&srt=co&sp=r%61u&sig=x").unwrap().lacks(&QueuePermission::RUN), vec![Create, Process]);
     }
 }

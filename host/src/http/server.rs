@@ -3,7 +3,8 @@
 //! longest for a request makes room; requests other than the probes use at most
 //! `max_connections - probe_connections` connections at once, so slow bodies cannot take the
 //! probes' room either; headers must arrive within `header_read_timeout`, a body within
-//! `body_read_timeout`, and a connection moving no byte for `idle_timeout` is closed.
+//! `body_read_timeout`, and a connection moving no byte for `idle_timeout` is closed (not
+//! while the host works on an answer to a request that came whole).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -20,7 +21,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
-use hyper::body::{Frame, Incoming, SizeHint};
+use hyper::body::{Body as _, Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -240,12 +241,13 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, connection: Ar
     let activity = Arc::new(Activity::new());
     let io = TokioIo::new(Tracked { inner: stream, activity: activity.clone() });
     let service = {
-        let (shared, connection) = (shared.clone(), connection.clone());
+        let (shared, connection, activity) = (shared.clone(), connection.clone(), activity.clone());
         hyper::service::service_fn(move |request: Request<Incoming>| {
-            let (shared, connection) = (shared.clone(), connection.clone());
+            let (shared, connection, activity) = (shared.clone(), connection.clone(), activity.clone());
             async move {
                 let _in_request = InRequest::enter(&shared, &connection);
-                Ok::<_, Infallible>(answer(&shared, request).await)
+                let _answered = Answered(&activity);
+                Ok::<_, Infallible>(answer(&shared, request, &activity).await)
             }
         })
     };
@@ -306,7 +308,7 @@ async fn sleep_until(deadline: Option<Instant>) {
 
 /// The answer to one request: a probe at once; any other request only with a free request
 /// slot (503 otherwise), and 408 when its body does not arrive within `body_read_timeout`.
-async fn answer(shared: &Shared, request: Request<Incoming>) -> Response {
+async fn answer(shared: &Shared, request: Request<Incoming>, activity: &Arc<Activity>) -> Response {
     let limits = shared.limits;
     let probe = PROBE_PATHS.contains(&request.uri().path());
     if !probe && !shared.started.is_cancelled() {
@@ -334,8 +336,12 @@ async fn answer(shared: &Shared, request: Request<Incoming>) -> Response {
     };
     let timed_out = Arc::new(AtomicBool::new(false));
     let deadline = Instant::now() + limits.body_read_timeout;
-    let request =
-        request.map(|body| Body::new(DeadlineBody { inner: body, sleep: Box::pin(tokio::time::sleep_until(deadline)), timed_out: timed_out.clone() }));
+    if request.body().is_end_stream() {
+        activity.answering.store(true, Ordering::Relaxed);
+    }
+    let request = request.map(|body| {
+        Body::new(DeadlineBody { inner: body, sleep: Box::pin(tokio::time::sleep_until(deadline)), timed_out: timed_out.clone(), activity: activity.clone() })
+    });
     let response = tower_service::Service::call(&mut shared.router.clone(), request).await.unwrap_or_else(|never| match never {});
     if timed_out.load(Ordering::Relaxed) {
         let reason = format!("the request body did not arrive within body_read_timeout ({})", humantime::format_duration(limits.body_read_timeout));
@@ -355,6 +361,8 @@ struct DeadlineBody {
     inner: Incoming,
     sleep: Pin<Box<Sleep>>,
     timed_out: Arc<AtomicBool>,
+    /// Told when the whole body has come: from then on the host, not the client, is working.
+    activity: Arc<Activity>,
 }
 
 /// What a [`DeadlineBody`] yields when its deadline passes.
@@ -376,6 +384,9 @@ impl hyper::body::Body for DeadlineBody {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            if frame.is_none() || this.inner.is_end_stream() {
+                this.activity.answering.store(true, Ordering::Relaxed);
+            }
             return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
         }
         if this.sleep.as_mut().poll(cx).is_ready() {
@@ -394,15 +405,29 @@ impl hyper::body::Body for DeadlineBody {
     }
 }
 
-/// When a connection last moved a byte.
+/// When a connection last moved a byte, and whether the host is working on an answer (the
+/// request has come whole): a store that takes longer than `idle_timeout` (a large send to a
+/// slow blob service) is the host's silence, not the client's, and is bounded by its own
+/// deadlines.
 struct Activity {
     start: Instant,
     last_ms: AtomicU64,
+    answering: AtomicBool,
+}
+
+/// Ends the host's work on an answer: the idle time counts from here.
+struct Answered<'a>(&'a Activity);
+
+impl Drop for Answered<'_> {
+    fn drop(&mut self) {
+        self.0.answering.store(false, Ordering::Relaxed);
+        self.0.touch();
+    }
 }
 
 impl Activity {
     fn new() -> Activity {
-        Activity { start: Instant::now(), last_ms: AtomicU64::new(0) }
+        Activity { start: Instant::now(), last_ms: AtomicU64::new(0), answering: AtomicBool::new(false) }
     }
 
     fn touch(&self) {
@@ -410,9 +435,14 @@ impl Activity {
         self.last_ms.fetch_max(now, Ordering::Relaxed);
     }
 
-    /// Completes once no byte has moved for `timeout`.
+    /// Completes once no byte has moved for `timeout` outside the host's work on an answer.
     async fn idle_for(&self, timeout: Duration) {
         loop {
+            if self.answering.load(Ordering::Relaxed) {
+                // Looked at again a timeout later; the answer's end counts as activity.
+                tokio::time::sleep(timeout).await;
+                continue;
+            }
             let deadline = self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed)) + timeout;
             if deadline <= Instant::now() {
                 return;

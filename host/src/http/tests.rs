@@ -47,7 +47,16 @@ async fn serve_api(
     queue: Arc<dyn QueueClient>,
     readiness: Readiness,
 ) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<Result<()>>) {
-    let handles = BTreeMap::from([("orders".to_string(), crate::service::QueueHandle::new("orders", queue, Vec::new()))]);
+    serve_handle(limits, crate::service::QueueHandle::new("orders", queue, Vec::new()), readiness).await
+}
+
+/// An API with `handle` as `orders`.
+async fn serve_handle(
+    limits: ApiLimits,
+    handle: crate::service::QueueHandle,
+    readiness: Readiness,
+) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<Result<()>>) {
+    let handles = BTreeMap::from([("orders".to_string(), handle)]);
     let api = Arc::new(Api {
         listeners: BTreeMap::new(),
         handles,
@@ -487,6 +496,65 @@ async fn a_send_to_stalled_storage_answers_503_in_time_and_an_impossible_body_40
     assert_eq!(answer.status, 400, "{answer:?}");
     assert!(answer.error()?.contains("U+0000"), "{answer:?}");
     Ok(())
+}
+
+/// Attack pass (session 15): a large send to a slow blob service, storing for longer than
+/// `idle_timeout` (the claim store's bound is longer), got an empty reply: the idle timeout
+/// closed the connection while the host, not the client, was silent. The host's work on an
+/// answer does not count as idle; a client's silence still does.
+#[tokio::test(start_paused = true)]
+async fn a_send_stored_for_longer_than_the_idle_timeout_is_answered() -> Result<()> {
+    let limits = ApiLimits { idle_timeout: Duration::from_secs(10), ..ApiLimits::default() };
+    let claims = SlowClaims { put_delay: Duration::from_secs(15) };
+    let handle = crate::service::QueueHandle::new("orders", Arc::new(MemoryQueue::new("orders", Arc::new(TokioClock::new()), 1024)), Vec::new());
+    handle.attach_claims(Arc::new(claims));
+    let (addr, _shutdown, _task) = serve_handle(limits, handle, Readiness::default()).await;
+    let started = Instant::now();
+    let answer = raw(addr, &request("POST", "/queues/orders/messages", Some(TOKEN), &[b'x'; 4096])).await?;
+    assert_eq!(answer.status, 201, "{answer:?}");
+    assert!(started.elapsed() >= Duration::from_secs(15), "answered after {:?}", started.elapsed());
+
+    // A body that stops coming still closes at the idle timeout.
+    let mut stream = TcpStream::connect(addr).await?;
+    stream.write_all(&post_head(10)).await?;
+    stream.write_all(b"abc").await?;
+    let started = Instant::now();
+    closed(&mut stream).await;
+    let elapsed = started.elapsed();
+    ensure!(elapsed >= Duration::from_secs(10) && elapsed < Duration::from_secs(11), "a body that stopped coming closed after {elapsed:?}");
+    Ok(())
+}
+
+/// A claim store whose puts take `put_delay` (a slow blob service) and keep nothing.
+struct SlowClaims {
+    put_delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl crate::payload::claims::ClaimStore for SlowClaims {
+    fn describe(&self) -> String {
+        "a slow blob service".into()
+    }
+    fn allowed(&self) -> crate::payload::AllowedReferences {
+        crate::payload::AllowedReferences { azure: None, embedded_queue: Some("orders".into()) }
+    }
+    fn max_bytes(&self) -> u64 {
+        8 << 20
+    }
+    async fn put(&self, body: bytes::Bytes) -> Result<crate::payload::ClaimCheck, crate::payload::claims::ClaimError> {
+        tokio::time::sleep(self.put_delay).await;
+        let location = crate::payload::BlobRef::Embedded { queue: "orders".into(), key: 1 };
+        Ok(crate::payload::ClaimCheck { location, size: body.len() as u64, sha256: [0; 32] })
+    }
+    async fn get(&self, _: &crate::payload::ClaimCheck, _: u64) -> Result<bytes::Bytes, crate::payload::claims::ClaimError> {
+        unreachable!("the test only sends")
+    }
+    async fn delete(&self, _: &crate::payload::ClaimCheck) -> Result<(), crate::payload::claims::ClaimError> {
+        Ok(())
+    }
+    async fn sweep(&self, _: Duration) -> Result<crate::payload::claims::SweepReport, crate::payload::claims::ClaimError> {
+        Ok(Default::default())
+    }
 }
 
 /// Attack pass, defect 13: a 404, a 405 and a route's own errors echoed the request's path,

@@ -1,5 +1,8 @@
 //! The paper's cost model: every storage transaction is billed, a get that returns nothing
 //! included. Turns transaction counts and rates into US dollars.
+//!
+//! Attempts that got no answer (a broken connection, no answer in time) are not known to be
+//! billed: they are priced apart, as how much more the bill may be at most.
 
 use serde::Serialize;
 
@@ -37,6 +40,12 @@ pub struct CostStatus {
     pub usd_per_month: f64,
     /// Of that, the idle transactions' part: what doing nothing costs at this rate.
     pub idle_usd_per_month: f64,
+    /// Attempts that got no answer, per hour: not in `transactions_per_hour`; the service
+    /// may or may not have billed them.
+    pub unanswered_transactions_per_hour: f64,
+    /// What a month at the rate of unanswered attempts would add at most, in US dollars: the
+    /// bill is between `usd_per_month` and that much more.
+    pub unanswered_usd_per_month: f64,
 }
 
 impl CostStatus {
@@ -49,6 +58,8 @@ impl CostStatus {
             idle_transactions_per_hour: rates.idle_per_hour,
             usd_per_month: usd_per_month(rates.all_per_hour, price_per_10k),
             idle_usd_per_month: usd_per_month(rates.idle_per_hour, price_per_10k),
+            unanswered_transactions_per_hour: rates.unanswered_per_hour,
+            unanswered_usd_per_month: usd_per_month(rates.unanswered_per_hour, price_per_10k),
         }
     }
 
@@ -61,6 +72,8 @@ impl CostStatus {
             idle_transactions_per_hour: sum.idle_transactions_per_hour + part.idle_transactions_per_hour,
             usd_per_month: sum.usd_per_month + part.usd_per_month,
             idle_usd_per_month: sum.idle_usd_per_month + part.idle_usd_per_month,
+            unanswered_transactions_per_hour: sum.unanswered_transactions_per_hour + part.unanswered_transactions_per_hour,
+            unanswered_usd_per_month: sum.unanswered_usd_per_month + part.unanswered_usd_per_month,
         })
     }
 }
@@ -81,11 +94,13 @@ mod tests {
 
     #[test]
     fn a_steady_rate_is_projected_over_thirty_days() {
-        let rates = TransactionRates { window_secs: 600.0, all_per_hour: 3600.0, idle_per_hour: 60.0 };
+        let rates = TransactionRates { window_secs: 600.0, all_per_hour: 3600.0, idle_per_hour: 60.0, unanswered_per_hour: 36.0 };
         let cost = CostStatus::new(rates, 0.01);
         assert!((cost.usd_per_month - 2.592).abs() < 1e-9, "{cost:?}");
         assert!((cost.idle_usd_per_month - 0.0432).abs() < 1e-9, "{cost:?}");
+        assert!((cost.unanswered_usd_per_month - 0.02592).abs() < 1e-9, "at most this much more: {cost:?}");
         let total = CostStatus::total([&cost, &cost], 0.01);
         assert!((total.usd_per_month - 5.184).abs() < 1e-9 && total.window_secs == 600.0, "{total:?}");
+        assert!((total.unanswered_transactions_per_hour - 72.0).abs() < 1e-9, "{total:?}");
     }
 }

@@ -13,7 +13,7 @@ use ebb::handler::{Handler, IncomingMessage};
 use ebb::listener::{Listener, QueueSettings};
 use ebb::names::RuleSlot;
 use ebb::queue::azure::{AzureOptions, AzureQueue};
-use ebb::queue::{CallSnapshot, FailureClass, QueueClient, RetryPolicy, Retrying};
+use ebb::queue::{CallSnapshot, FailureClass, Metered, QueueClient, RetryPolicy, Retrying};
 use ebb::rules::{QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
 use ebb_tests::azurite::{Azurite, unique_queue_name};
 use ebb_tests::fault_proxy::{FaultMix, FaultProxy};
@@ -183,4 +183,35 @@ async fn the_failures_the_host_counts_are_the_ones_the_proxy_made() {
     assert!(counts.dropped_delete_answers > 0, "{counts:?}");
     assert!(queue.already_done > 0 && queue.already_done <= counts.dropped_delete_answers, "{} of {counts:?}", queue.already_done);
     assert!(queue.last_success_age_secs.is_some_and(|age| age < 10.0), "{queue:?}");
+}
+
+/// Issue 35, item 7b: a put whose connection was reset was counted as a billed put, and its
+/// retry as another. Through the host's stack (retries over the meter) and a proxy that
+/// resets a share of connections before or after forwarding, the billed puts are the
+/// attempts the service answered, and the attempts that got no answer are counted apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_attempt_whose_connection_was_reset_is_counted_unanswered_not_billed() -> anyhow::Result<()> {
+    const PUTS: u64 = 200;
+    let azurite = Azurite::shared();
+    let name = unique_queue_name("unanswered");
+    AzureQueue::new(&azurite.account(), &name, AzureOptions::default())?.create_if_missing().await?;
+    let mix = FaultMix { server_busy: 0.0, drop_before: 0.1, drop_after: 0.1 };
+    let proxy = FaultProxy::start_with_mix(azurite.port(), mix, 35).await;
+    let metered = Metered::new(AzureQueue::new(&proxy.account(), &name, AzureOptions::default())?);
+    let transactions = metered.transactions();
+    // Enough attempts that no put runs out of them (0.2^20): every put is answered once.
+    let queue = Retrying::new(metered, RetryPolicy { max_attempts: 20, base_delay: Duration::from_millis(5), max_delay: Duration::from_millis(50) });
+    for i in 0..PUTS {
+        queue.put(format!("m-{i}").as_bytes(), Duration::ZERO).await?;
+    }
+    let proxy_counts = proxy.counts();
+    let counts = transactions.snapshot();
+    eprintln!("proxy {proxy_counts:?}; metered {counts:?}");
+    let resets = proxy_counts.dropped_before + proxy_counts.dropped_after;
+    assert!(proxy_counts.dropped_before > 0 && proxy_counts.dropped_after > 0, "{proxy_counts:?}");
+    assert_eq!(proxy_counts.forwarded, PUTS, "each put was answered once: {proxy_counts:?}");
+    assert_eq!(counts.puts, proxy_counts.forwarded, "billed puts are the answered attempts, not {resets} more");
+    assert_eq!(counts.unanswered.puts, resets, "each reset attempt is unanswered, before or after the service saw it");
+    assert_eq!((counts.total(), counts.unanswered.total()), (PUTS, resets));
+    Ok(())
 }

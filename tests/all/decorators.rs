@@ -88,7 +88,8 @@ async fn fatal_errors_are_not_retried() {
 
 #[tokio::test(start_paused = true)]
 async fn every_attempt_is_metered_by_kind_and_by_whether_it_found_work() {
-    // Metered inside Retrying: each attempt is a billed transaction, failed ones included.
+    // Metered inside Retrying: each attempt the storage answered is a billed transaction,
+    // failed ones included (an attempt with no answer is counted apart).
     let metered = Metered::new(flaky(2, busy));
     let transactions = metered.transactions();
     let queue = Retrying::new(metered, POLICY);

@@ -196,3 +196,29 @@ async fn a_queues_reply_calls_count_as_its_storage_transactions() -> Result<()> 
     assert!(metric(&metrics, "get") >= 6, "each request and each answer was read: {metrics}");
     Ok(())
 }
+
+/// Issue 40, leftover of item 7: `/metrics` and `/status` showed the storage calls of the
+/// queue and of its poison queue, but not of its reply queue, whose answers are put, read
+/// and deleted there and whose failures went unseen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_queues_storage_calls_are_shown_beside_the_queues_and_its_poison_queues() -> Result<()> {
+    let host = start().await?;
+    let http = reqwest::Client::new();
+    let sent: Value = serde_json::from_str(&http.post(format!("http://{}/queues/slow/messages", host.api)).body("one").send().await?.text().await?)?;
+    let id = sent["id"].as_str().unwrap();
+    let reply = http.post(format!("http://{}/queues/slow/replies/{id}?timeout_ms=20000", host.api)).send().await?;
+    assert_eq!(reply.status(), 200);
+    let metrics = http.get(format!("http://{}/metrics", host.api)).send().await?.text().await?;
+    for queue in ["slow", "slow-poison", "slow-answers"] {
+        let series = format!("ebb_storage_failures_total{{queue=\"{queue}\",kind=\"put\",class=\"connection\"}} 0");
+        assert!(metrics.lines().any(|line| line == series), "{series} in:\n{metrics}");
+    }
+    // The reply queue answered the answer's put and the waiter's reads.
+    assert!(metrics.lines().any(|line| line.starts_with("ebb_storage_last_success_age_seconds{queue=\"slow-answers\"}")), "{metrics}");
+    let status: Value = serde_json::from_str(&http.get(format!("http://{}/status", host.api)).send().await?.text().await?)?;
+    let storage: Vec<&str> = status["storage"].as_array().unwrap().iter().filter_map(|s| s["queue"].as_str()).collect();
+    assert!(storage.contains(&"slow-answers"), "{storage:?}");
+    // A reply queue that another configured queue handles (a pipeline) is one entry, not two.
+    assert_eq!(storage.iter().filter(|q| **q == "stage-2").count(), 1, "{storage:?}");
+    Ok(())
+}

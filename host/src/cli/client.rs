@@ -825,6 +825,15 @@ pub async fn status(config_path: &Path, token: &TokenArgs, json: bool) -> Result
             dollars(&total["idle_usd_per_month"]),
             total["price_per_10k_transactions"].as_f64().map_or("-".into(), |p| p.to_string()),
         );
+        // Attempts that got no answer are not in the figures above; the service may have
+        // billed them.
+        if total["unanswered_transactions_per_hour"].as_f64().is_some_and(|n| n > 0.0) {
+            println!(
+                "and up to {} attempts/h that got no answer (${} a month more at most), which the service may have billed",
+                rate(&total["unanswered_transactions_per_hour"]),
+                dollars(&total["unanswered_usd_per_month"]),
+            );
+        }
     }
     Ok(())
 }

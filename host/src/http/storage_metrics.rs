@@ -1,4 +1,5 @@
-//! The storage figures of `/metrics` and `/status`: failed calls by queue, kind and class,
+//! The storage figures of `/metrics` and `/status`: failed calls by storage queue (each
+//! partition, poison queue and reply queue), kind and class,
 //! retries, calls given up, deletes found already done, and how old each queue's last
 //! answer and depth figure are. Read from the [`CallRecord`]s the queue clients keep; the
 //! claim-check calls (large bodies in their own store) from the queues' [`ClaimRecords`].
@@ -42,7 +43,7 @@ struct QueueLabel {
 }
 
 /// The call records of `queues` (every partition of a partitioned queue, and each poison
-/// queue given), one per storage queue.
+/// and reply queue given), each once.
 pub fn call_records<'a>(queues: impl IntoIterator<Item = &'a Arc<dyn QueueClient>>) -> Vec<Arc<CallRecord>> {
     let mut records: Vec<Arc<CallRecord>> = Vec::new();
     for record in queues.into_iter().flat_map(|q| q.call_records()) {
@@ -79,16 +80,17 @@ pub fn register<'a>(registry: &mut Registry, queues: impl IntoIterator<Item = &'
     let depth_age = Family::<QueueLabel, Gauge<f64, AtomicU64>>::default();
     registry.register("queue_depth_age_seconds", "Seconds since the figure in ebb_queue_depth was measured", depth_age.clone());
 
-    for record in call_records(queues) {
-        let queue = record.queue().to_string();
+    for snapshot in status(queues) {
+        let queue = snapshot.queue.clone();
         for kind in CallKind::ALL {
             for class in FailureClass::ALL {
-                failures.get_or_create(&FailureLabel { queue: queue.clone(), kind: kind.as_str(), class: class.as_str() }).inc_by(record.failures(kind, class));
+                failures
+                    .get_or_create(&FailureLabel { queue: queue.clone(), kind: kind.as_str(), class: class.as_str() })
+                    .inc_by(snapshot.failures_of(kind, class));
             }
-            retries.get_or_create(&KindLabel { queue: queue.clone(), kind: kind.as_str() }).inc_by(record.retries(kind));
-            gave_up.get_or_create(&KindLabel { queue: queue.clone(), kind: kind.as_str() }).inc_by(record.gave_up(kind));
+            retries.get_or_create(&KindLabel { queue: queue.clone(), kind: kind.as_str() }).inc_by(snapshot.retries_of(kind));
+            gave_up.get_or_create(&KindLabel { queue: queue.clone(), kind: kind.as_str() }).inc_by(snapshot.gave_up_of(kind));
         }
-        let snapshot = record.snapshot();
         already_done.get_or_create(&QueueLabel { queue: queue.clone() }).inc_by(snapshot.already_done);
         recreated.get_or_create(&QueueLabel { queue: queue.clone() }).inc_by(snapshot.recreated);
         if let Some(age) = snapshot.last_success_age_secs {
@@ -132,9 +134,18 @@ pub fn register_claims<'a>(registry: &mut Registry, records: impl IntoIterator<I
     }
 }
 
-/// The storage figures of `/status`: one entry per storage queue.
+/// The storage figures of `/status`: one entry per storage queue. A storage queue two
+/// clients call (a reply queue that another configured queue handles) is one entry, the
+/// sum of both.
 pub fn status<'a>(queues: impl IntoIterator<Item = &'a Arc<dyn QueueClient>>) -> Vec<CallSnapshot> {
-    call_records(queues).iter().map(|r| r.snapshot()).collect()
+    let mut merged: Vec<CallSnapshot> = Vec::new();
+    for snapshot in call_records(queues).iter().map(|r| r.snapshot()) {
+        match merged.iter_mut().find(|m| m.queue == snapshot.queue) {
+            Some(entry) => entry.merge(&snapshot),
+            None => merged.push(snapshot),
+        }
+    }
+    merged
 }
 
 #[cfg(test)]

@@ -218,6 +218,62 @@ impl CallSnapshot {
     pub fn total_retries(&self) -> u64 {
         self.retries.iter().map(|r| r.count).sum()
     }
+
+    /// Failed attempts of `kind` with `class`.
+    pub fn failures_of(&self, kind: CallKind, class: FailureClass) -> u64 {
+        self.failures.iter().filter(|f| f.kind == kind && f.class == class).map(|f| f.count).sum()
+    }
+
+    /// Retries of calls of `kind`.
+    pub fn retries_of(&self, kind: CallKind) -> u64 {
+        count_of(&self.retries, kind)
+    }
+
+    /// Calls of `kind` that failed for good.
+    pub fn gave_up_of(&self, kind: CallKind) -> u64 {
+        count_of(&self.gave_up, kind)
+    }
+
+    /// Adds `other`'s figures, another client's of the same storage queue (a reply queue
+    /// that another configured queue handles): counts add up, ages are the more recent.
+    pub fn merge(&mut self, other: &CallSnapshot) {
+        for failure in &other.failures {
+            match self.failures.iter_mut().find(|f| f.kind == failure.kind && f.class == failure.class) {
+                Some(mine) => mine.count += failure.count,
+                None => self.failures.push(*failure),
+            }
+        }
+        self.failures.sort_by_key(|f| (f.kind, f.class));
+        add_counts(&mut self.retries, &other.retries);
+        add_counts(&mut self.gave_up, &other.gave_up);
+        self.already_done += other.already_done;
+        self.recreated += other.recreated;
+        let newer = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.last_success_age_secs = newer(self.last_success_age_secs, other.last_success_age_secs);
+        self.last_count_age_secs = newer(self.last_count_age_secs, other.last_count_age_secs);
+        if let Some(theirs) = &other.last_failure
+            && self.last_failure.as_ref().is_none_or(|mine| theirs.age_secs < mine.age_secs)
+        {
+            self.last_failure = Some(theirs.clone());
+        }
+    }
+}
+
+fn count_of(counts: &[KindCount], kind: CallKind) -> u64 {
+    counts.iter().filter(|c| c.kind == kind).map(|c| c.count).sum()
+}
+
+fn add_counts(mine: &mut Vec<KindCount>, theirs: &[KindCount]) {
+    for count in theirs {
+        match mine.iter_mut().find(|c| c.kind == count.kind) {
+            Some(c) => c.count += count.count,
+            None => mine.push(*count),
+        }
+    }
+    mine.sort_by_key(|c| c.kind);
 }
 
 /// How long ago, for log lines: "400 ms", "3.2 s".
@@ -256,6 +312,26 @@ mod tests {
         assert_eq!((last.kind, last.class, last.error.as_str(), last.age_secs), (CallKind::Delete, FailureClass::Throttled, "busy", 5.0));
         record.record_failure(CallKind::Get, FailureClass::Other, &"y".repeat(10_000));
         assert!(record.snapshot().last_failure.unwrap().error.len() < 600, "a long error text is cut");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn two_records_of_one_storage_queue_merge_into_sums_and_the_latest_times() {
+        let (first, second) = (CallRecord::new("invoices"), CallRecord::new("invoices"));
+        first.record_failure(CallKind::Put, FailureClass::Throttled, "busy");
+        first.record_retry(CallKind::Put);
+        first.record_answer(CallKind::Put);
+        tokio::time::advance(Duration::from_secs(3)).await;
+        second.record_failure(CallKind::Put, FailureClass::Throttled, "busy again");
+        second.record_failure(CallKind::Get, FailureClass::Connection, "reset");
+        second.record_retry(CallKind::Get);
+        second.record_answer(CallKind::Get);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let mut merged = first.snapshot();
+        merged.merge(&second.snapshot());
+        assert_eq!((merged.failures_of(CallKind::Put, FailureClass::Throttled), merged.failures_of(CallKind::Get, FailureClass::Connection)), (2, 1));
+        assert_eq!((merged.retries_of(CallKind::Put), merged.retries_of(CallKind::Get), merged.total_retries()), (1, 1, 2));
+        assert_eq!(merged.last_success_age_secs, Some(1.0));
+        assert_eq!(merged.last_failure.map(|f| f.error), Some("reset".to_string()));
     }
 
     #[test]

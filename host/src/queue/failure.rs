@@ -113,6 +113,13 @@ impl FailureClass {
     pub fn may_have_succeeded(self) -> bool {
         matches!(self, FailureClass::Timeout | FailureClass::Connection | FailureClass::Other)
     }
+
+    /// Whether the attempt got no answer from the service (the connection broke, or no
+    /// answer came in time, or the service gave up on it): then it is not a known billed
+    /// transaction, and [`Metered`](super::Metered) counts it apart from the billed ones.
+    pub fn unanswered(self) -> bool {
+        matches!(self, FailureClass::Timeout | FailureClass::Connection)
+    }
 }
 
 impl std::fmt::Display for FailureClass {
@@ -211,6 +218,12 @@ mod tests {
         assert!(!FailureClass::Throttled.may_have_succeeded());
         assert!(!FailureClass::Auth.may_have_succeeded());
         assert!(FailureClass::Timeout.may_have_succeeded() && FailureClass::Connection.may_have_succeeded());
+    }
+
+    #[test]
+    fn only_a_broken_connection_or_no_answer_in_time_is_unanswered() {
+        let unanswered: Vec<FailureClass> = FailureClass::ALL.into_iter().filter(|c| c.unanswered()).collect();
+        assert_eq!(unanswered, [FailureClass::Timeout, FailureClass::Connection]);
     }
 
     #[test]

@@ -1,6 +1,12 @@
 //! Counts storage transactions: every call to the backend, by kind and by whether it
 //! returned work. These are what the paper's cost model bills (empty gets included).
 //!
+//! An attempt that got no answer (the connection broke, or no answer came in time) is not
+//! a known billed transaction: the service may never have seen it, or done it and billed it
+//! without our hearing. It is counted apart, by kind ([`UnansweredCounts`]), so the billed
+//! counts and the cost are the answered attempts and the unanswered ones say how much more
+//! the bill may be. The retry that follows is an attempt of its own.
+//!
 //! Besides the totals, the counters keep the last [`RATE_WINDOW`] in buckets of
 //! [`RATE_BUCKET`] (on tokio's clock, so a simulation's paused clock drives them), for the
 //! live rates: all transactions per hour, and idle ones (empty gets, and counts that found
@@ -14,6 +20,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::Serialize;
 
+use super::failure::CallKind;
 use super::{Message, MessageId, PopReceipt, QueueClient, QueueError};
 
 /// Width of one bucket of the rate window.
@@ -36,6 +43,7 @@ pub struct Transactions {
     counts_empty: AtomicU64,
     creates: AtomicU64,
     failed: AtomicU64,
+    unanswered: [AtomicU64; CallKind::ALL.len()],
     recent: Mutex<Recent>,
 }
 
@@ -52,17 +60,36 @@ impl Default for Transactions {
             counts_empty: zero(),
             creates: zero(),
             failed: zero(),
+            unanswered: Default::default(),
             recent: Mutex::new(Recent { start: tokio::time::Instant::now(), buckets: VecDeque::new() }),
         }
     }
 }
 
-/// Transactions per bucket since `start`: (bucket index, all, idle), oldest first, only
-/// buckets that saw a call, none older than the window.
+/// Calls per bucket since `start`, oldest first, only buckets that saw a call, none older
+/// than the window.
 #[derive(Debug)]
 struct Recent {
     start: tokio::time::Instant,
-    buckets: VecDeque<(u64, u64, u64)>,
+    buckets: VecDeque<Bucket>,
+}
+
+/// One bucket's calls: billed ones (all, and of those the idle), and unanswered attempts.
+#[derive(Debug, Clone, Copy, Default)]
+struct Bucket {
+    index: u64,
+    all: u64,
+    idle: u64,
+    unanswered: u64,
+}
+
+/// What one attempt was, for the rates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attempt {
+    /// Answered, so billed; `idle` when it found no work.
+    Billed { idle: bool },
+    /// No answer: not a known billed transaction.
+    Unanswered,
 }
 
 impl Recent {
@@ -70,16 +97,21 @@ impl Recent {
         (now.saturating_duration_since(self.start).as_millis() / RATE_BUCKET.as_millis()) as u64
     }
 
-    fn record(&mut self, idle: bool) {
+    fn record(&mut self, attempt: Attempt) {
         let index = self.index(tokio::time::Instant::now());
-        match self.buckets.back_mut() {
-            Some(bucket) if bucket.0 == index => {
-                bucket.1 += 1;
-                bucket.2 += u64::from(idle);
-            }
-            _ => self.buckets.push_back((index, 1, u64::from(idle))),
+        if self.buckets.back().is_none_or(|bucket| bucket.index != index) {
+            self.buckets.push_back(Bucket { index, ..Bucket::default() });
         }
-        while self.buckets.front().is_some_and(|b| b.0 + BUCKETS <= index) {
+        if let Some(bucket) = self.buckets.back_mut() {
+            match attempt {
+                Attempt::Billed { idle } => {
+                    bucket.all += 1;
+                    bucket.idle += u64::from(idle);
+                }
+                Attempt::Unanswered => bucket.unanswered += 1,
+            }
+        }
+        while self.buckets.front().is_some_and(|b| b.index + BUCKETS <= index) {
             self.buckets.pop_front();
         }
     }
@@ -91,12 +123,18 @@ impl Recent {
         let first = (index + 1).saturating_sub(BUCKETS);
         // Whole buckets `first..index`, and the current one up to now.
         let window = elapsed.saturating_sub(RATE_BUCKET.saturating_mul(first as u32));
-        let (all, idle) = self.buckets.iter().filter(|b| b.0 >= first).fold((0, 0), |(a, i), b| (a + b.1, i + b.2));
+        let (all, idle, unanswered) =
+            self.buckets.iter().filter(|b| b.index >= first).fold((0, 0, 0), |(a, i, u), b| (a + b.all, i + b.idle, u + b.unanswered));
         // At least a minute, so the first seconds after a start (a create, a few fast polls)
         // are not projected into a huge hourly rate.
         let hours = window.max(MIN_RATE_SPAN).as_secs_f64() / 3600.0;
         let per_hour = |n: u64| if hours > 0.0 { n as f64 / hours } else { 0.0 };
-        TransactionRates { window_secs: window.as_secs_f64(), all_per_hour: per_hour(all), idle_per_hour: per_hour(idle) }
+        TransactionRates {
+            window_secs: window.as_secs_f64(),
+            all_per_hour: per_hour(all),
+            idle_per_hour: per_hour(idle),
+            unanswered_per_hour: per_hour(unanswered),
+        }
     }
 }
 
@@ -110,6 +148,8 @@ pub struct TransactionRates {
     pub all_per_hour: f64,
     /// Idle ones per hour: empty gets, and counts that found the queue empty.
     pub idle_per_hour: f64,
+    /// Attempts that got no answer, per hour: not in `all_per_hour`, and billed or not.
+    pub unanswered_per_hour: f64,
 }
 
 /// A snapshot of [`Transactions`].
@@ -131,8 +171,48 @@ pub struct TransactionCounts {
     pub counts_empty: u64,
     /// Create-if-missing calls.
     pub creates: u64,
-    /// Calls that failed (also counted under their kind: a failed call is still billed).
+    /// Answered calls that failed (also counted under their kind: the service answered,
+    /// so the call is billed).
     pub failed: u64,
+    /// Attempts that got no answer (a broken connection, no answer in time), by kind: in
+    /// none of the counts above, and billed or not (the service may have done them).
+    pub unanswered: UnansweredCounts,
+}
+
+/// Attempts that got no answer, by kind of call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct UnansweredCounts {
+    /// Gets.
+    pub gets: u64,
+    /// Puts.
+    pub puts: u64,
+    /// Deletes.
+    pub deletes: u64,
+    /// Visibility updates.
+    pub updates: u64,
+    /// Approximate-count queries.
+    pub counts: u64,
+    /// Create-if-missing calls.
+    pub creates: u64,
+}
+
+impl UnansweredCounts {
+    /// Of `kind`.
+    pub fn of(&self, kind: CallKind) -> u64 {
+        match kind {
+            CallKind::Get => self.gets,
+            CallKind::Put => self.puts,
+            CallKind::Delete => self.deletes,
+            CallKind::Update => self.updates,
+            CallKind::Count => self.counts,
+            CallKind::Create => self.creates,
+        }
+    }
+
+    /// Of every kind: at most this many more transactions may have been billed.
+    pub fn total(&self) -> u64 {
+        CallKind::ALL.iter().map(|&kind| self.of(kind)).sum()
+    }
 }
 
 impl TransactionCounts {
@@ -162,6 +242,14 @@ impl Transactions {
             counts_empty: load(&self.counts_empty),
             creates: load(&self.creates),
             failed: load(&self.failed),
+            unanswered: UnansweredCounts {
+                gets: load(&self.unanswered[CallKind::Get.index()]),
+                puts: load(&self.unanswered[CallKind::Put.index()]),
+                deletes: load(&self.unanswered[CallKind::Delete.index()]),
+                updates: load(&self.unanswered[CallKind::Update.index()]),
+                counts: load(&self.unanswered[CallKind::Count.index()]),
+                creates: load(&self.unanswered[CallKind::Create.index()]),
+            },
         }
     }
 
@@ -170,8 +258,35 @@ impl Transactions {
         self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner).rates()
     }
 
-    fn record_recent(&self, idle: bool) {
-        self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner).record(idle);
+    /// Counts one attempt of `kind` that ended with `error` (none: it succeeded); `idle`
+    /// when it found no work (an empty get or count).
+    fn record(&self, kind: CallKind, idle: bool, error: Option<&QueueError>) {
+        if error.and_then(QueueError::failure_class).is_some_and(|class| class.unanswered()) {
+            self.unanswered[kind.index()].fetch_add(1, Ordering::Relaxed);
+            self.record_recent(Attempt::Unanswered);
+            return;
+        }
+        let counter = match kind {
+            CallKind::Get if idle => &self.gets_empty,
+            CallKind::Get => &self.gets_with_messages,
+            CallKind::Put => &self.puts,
+            CallKind::Delete => &self.deletes,
+            CallKind::Update => &self.updates,
+            CallKind::Count => &self.counts,
+            CallKind::Create => &self.creates,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if kind == CallKind::Count && idle {
+            self.counts_empty.fetch_add(1, Ordering::Relaxed);
+        }
+        if error.is_some() {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        self.record_recent(Attempt::Billed { idle });
+    }
+
+    fn record_recent(&self, attempt: Attempt) {
+        self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner).record(attempt);
     }
 }
 
@@ -198,16 +313,12 @@ impl<Q: QueueClient> Metered<Q> {
         self.transactions.clone()
     }
 
-    fn count<T>(&self, counter: &AtomicU64, result: Result<T, QueueError>) -> Result<T, QueueError> {
-        self.count_as(counter, false, result)
+    fn count<T>(&self, kind: CallKind, result: Result<T, QueueError>) -> Result<T, QueueError> {
+        self.count_as(kind, false, result)
     }
 
-    fn count_as<T>(&self, counter: &AtomicU64, idle: bool, result: Result<T, QueueError>) -> Result<T, QueueError> {
-        counter.fetch_add(1, Ordering::Relaxed);
-        self.transactions.record_recent(idle);
-        if result.is_err() {
-            self.transactions.failed.fetch_add(1, Ordering::Relaxed);
-        }
+    fn count_as<T>(&self, kind: CallKind, idle: bool, result: Result<T, QueueError>) -> Result<T, QueueError> {
+        self.transactions.record(kind, idle, result.as_ref().err());
         result
     }
 }
@@ -220,40 +331,34 @@ impl<Q: QueueClient> QueueClient for Metered<Q> {
 
     async fn create_if_missing(&self) -> Result<(), QueueError> {
         let result = self.inner.create_if_missing().await;
-        self.count(&self.transactions.creates, result)
+        self.count(CallKind::Create, result)
     }
 
     async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<MessageId, QueueError> {
         let result = self.inner.put(body, initial_visibility).await;
-        self.count(&self.transactions.puts, result)
+        self.count(CallKind::Put, result)
     }
 
     async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
         let result = self.inner.get(max, visibility).await;
-        let (counter, idle) = match &result {
-            Ok(messages) if !messages.is_empty() => (&self.transactions.gets_with_messages, false),
-            _ => (&self.transactions.gets_empty, true),
-        };
-        self.count_as(counter, idle, result)
+        let idle = !matches!(&result, Ok(messages) if !messages.is_empty());
+        self.count_as(CallKind::Get, idle, result)
     }
 
     async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError> {
         let result = self.inner.delete(id, pop_receipt).await;
-        self.count(&self.transactions.deletes, result)
+        self.count(CallKind::Delete, result)
     }
 
     async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
         let result = self.inner.update_visibility(id, pop_receipt, visibility).await;
-        self.count(&self.transactions.updates, result)
+        self.count(CallKind::Update, result)
     }
 
     async fn approximate_count(&self) -> Result<u64, QueueError> {
         let result = self.inner.approximate_count().await;
         let empty = matches!(result, Ok(0));
-        if empty {
-            self.transactions.counts_empty.fetch_add(1, Ordering::Relaxed);
-        }
-        self.count_as(&self.transactions.counts, empty, result)
+        self.count_as(CallKind::Count, empty, result)
     }
 
     fn local_count(&self) -> Option<u64> {
@@ -276,10 +381,10 @@ mod tests {
         // One idle transaction per minute for an hour, and 30 useful ones in the last minute.
         for _ in 0..60 {
             tokio::time::advance(Duration::from_secs(60)).await;
-            t.record_recent(true);
+            t.record_recent(Attempt::Billed { idle: true });
         }
         for _ in 0..30 {
-            t.record_recent(false);
+            t.record_recent(Attempt::Billed { idle: false });
         }
         let rates = t.rates();
         // The window is the last 59 whole buckets and the current one so far.
@@ -314,15 +419,32 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn an_attempt_that_got_no_answer_is_counted_apart_and_an_answered_failure_is_billed() {
+        let t = Transactions::default();
+        let reset = QueueError::Transient(anyhow::Error::new(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset")));
+        let busy = QueueError::Transient(crate::queue::classified(crate::queue::FailureClass::Throttled, "ServerBusy (503)"));
+        t.record(CallKind::Put, false, Some(&reset));
+        t.record(CallKind::Put, false, Some(&busy));
+        t.record(CallKind::Put, false, None);
+        t.record(CallKind::Get, true, Some(&reset));
+        let counts = t.snapshot();
+        assert_eq!((counts.puts, counts.failed, counts.gets_empty, counts.total()), (2, 1, 0, 2), "{counts:?}");
+        assert_eq!((counts.unanswered.puts, counts.unanswered.gets, counts.unanswered.total()), (1, 1, 2), "{counts:?}");
+        let rates = t.rates();
+        assert!((rates.all_per_hour - 120.0).abs() < 1e-9 && (rates.unanswered_per_hour - 120.0).abs() < 1e-9, "{rates:?}");
+        assert_eq!(rates.idle_per_hour, 0.0, "an unanswered get is not an empty one");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn early_rates_are_taken_over_the_time_since_start_but_at_least_a_minute() {
         let t = Transactions::default();
         tokio::time::advance(Duration::from_secs(36)).await;
-        t.record_recent(true);
+        t.record_recent(Attempt::Billed { idle: true });
         let rates = t.rates();
         assert_eq!(rates.window_secs, 36.0);
         assert!((rates.idle_per_hour - 60.0).abs() < 1e-9, "one in (at least) a minute: {rates:?}");
         tokio::time::advance(Duration::from_secs(84)).await;
-        t.record_recent(false);
+        t.record_recent(Attempt::Billed { idle: false });
         let rates = t.rates();
         assert!((rates.all_per_hour - 60.0).abs() < 1e-9 && (rates.idle_per_hour - 30.0).abs() < 1e-9, "two in two minutes: {rates:?}");
     }

@@ -29,7 +29,7 @@ pub use call_record::CallSnapshot;
 pub use clock::{Clock, SystemClock, TokioClock};
 pub use failure::FailureClass;
 pub(crate) use failure::{CallKind, classified};
-pub use metered::{Metered, TransactionCounts, TransactionRates, Transactions};
+pub use metered::{Metered, TransactionCounts, TransactionRates, Transactions, UnansweredCounts};
 pub use retrying::{RetryPolicy, Retrying};
 
 /// Azure's limit on a get: at most 32 messages.

@@ -105,9 +105,9 @@ impl QueueHandle {
     }
 
     /// The clients whose storage calls `/metrics` and `/status` report: the queue (each
-    /// partition) and its poison queue.
+    /// partition), its poison queue and its reply queue.
     pub fn storage_clients(&self) -> impl Iterator<Item = &Arc<dyn QueueClient>> {
-        std::iter::once(&self.inner.sender).chain(self.inner.poison.get())
+        std::iter::once(&self.inner.sender).chain(self.inner.poison.get()).chain(self.inner.reply.get().map(|reader| reader.queue()))
     }
 
     /// The queue's poison queue, when the handle belongs to a service.

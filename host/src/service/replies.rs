@@ -169,6 +169,11 @@ impl ReplyReader {
         Arc::new(ReplyReader { queue, ttl, handled_by, clock, state: Mutex::default(), waiter_came: Notify::new() })
     }
 
+    /// The reply queue's client.
+    pub(crate) fn queue(&self) -> &Arc<dyn QueueClient> {
+        &self.queue
+    }
+
     /// The configured queue that handles the answers, if one does.
     pub(crate) fn handled_by(&self) -> Option<&str> {
         self.handled_by.as_deref()

@@ -16,6 +16,7 @@ use super::status::{queue_cost, statuses};
 use crate::cost::CostStatus;
 use crate::http::Api;
 use crate::http::errors;
+use crate::queue::CallKind;
 use crate::rules::{DecisionKind, ShadowOutcome};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -142,21 +143,35 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
     );
     let safety_polls = counter(&mut registry, "safety_polls", "Safety polls (push mode: a get while no task ran)");
     let transactions = Family::<TransactionLabel, Counter>::default();
-    registry.register("storage_transactions", "Storage transactions (billed calls) by kind", transactions.clone());
+    registry.register("storage_transactions", "Storage transactions (billed calls: the storage answered) by kind", transactions.clone());
+    let unanswered = Family::<TransactionLabel, Counter>::default();
+    registry.register(
+        "storage_unanswered",
+        "Storage call attempts that got no answer (connection broken, no answer in time) by kind: not in ebb_storage_transactions_total, and billed or not (the service may have done them)",
+        unanswered.clone(),
+    );
     let rate = Family::<RateLabel, Gauge<f64, AtomicU64>>::default();
     registry.register(
         "transactions_per_hour",
-        "Billed transactions per hour over the last 10 minutes: all, or idle (empty gets and counts that found the queue empty)",
+        "Billed transactions per hour over the last 10 minutes: all, or idle (empty gets and counts that found the queue empty); unanswered: attempts that got no answer, not in all",
         rate.clone(),
     );
     let monthly = Family::<RateLabel, Gauge<f64, AtomicU64>>::default();
-    registry.register("projected_usd_per_month", "A 30-day month at the current transaction rate, in US dollars: all, or the idle part", monthly.clone());
+    registry.register(
+        "projected_usd_per_month",
+        "A 30-day month at the current transaction rate, in US dollars: all, or the idle part; unanswered: at most this much more, if the service billed the attempts that got no answer",
+        monthly.clone(),
+    );
     let host_rate = Family::<KindLabel, Gauge<f64, AtomicU64>>::default();
-    registry.register("host_transactions_per_hour", "Billed transactions per hour of every queue of the host: all, or idle", host_rate.clone());
+    registry.register(
+        "host_transactions_per_hour",
+        "Billed transactions per hour of every queue of the host: all, or idle; unanswered: attempts that got no answer, not in all",
+        host_rate.clone(),
+    );
     let host_monthly = Family::<KindLabel, Gauge<f64, AtomicU64>>::default();
     registry.register(
         "host_projected_usd_per_month",
-        "A 30-day month at the host's current transaction rate, in US dollars: all, or the idle part",
+        "A 30-day month at the host's current transaction rate, in US dollars: all, or the idle part; unanswered: at most this much more",
         host_monthly.clone(),
     );
     let price = Gauge::<f64, AtomicU64>::default();
@@ -165,9 +180,7 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let mut costs = Vec::new();
     for s in statuses(&api) {
         if let Some(cost) = queue_cost(&s, api.price_per_10k_transactions) {
-            for (kind, per_hour, usd) in
-                [("all", cost.transactions_per_hour, cost.usd_per_month), ("idle", cost.idle_transactions_per_hour, cost.idle_usd_per_month)]
-            {
+            for (kind, per_hour, usd) in cost_kinds(&cost) {
                 rate.get_or_create(&RateLabel { queue: s.queue.clone(), kind }).set(per_hour);
                 monthly.get_or_create(&RateLabel { queue: s.queue.clone(), kind }).set(usd);
             }
@@ -241,6 +254,9 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
             ] {
                 transactions.get_or_create(&TransactionLabel { queue: s.queue.clone(), kind }).inc_by(n);
             }
+            for kind in CallKind::ALL {
+                unanswered.get_or_create(&TransactionLabel { queue: s.queue.clone(), kind: kind.as_str() }).inc_by(t.unanswered.of(kind));
+            }
         }
     }
     if let Some(bus) = api.bus.as_ref().map(|b| b.status()) {
@@ -263,9 +279,7 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
     crate::http::storage_metrics::register(&mut registry, api.handles.values().flat_map(|h| h.storage_clients()), &statuses(&api));
     crate::http::storage_metrics::register_claims(&mut registry, api.handles.values().filter_map(|h| h.claim_records()));
     let total = CostStatus::total(&costs, api.price_per_10k_transactions);
-    for (kind, per_hour, usd) in
-        [("all", total.transactions_per_hour, total.usd_per_month), ("idle", total.idle_transactions_per_hour, total.idle_usd_per_month)]
-    {
+    for (kind, per_hour, usd) in cost_kinds(&total) {
         host_rate.get_or_create(&KindLabel { kind }).set(per_hour);
         host_monthly.get_or_create(&KindLabel { kind }).set(usd);
     }
@@ -274,6 +288,15 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
         return errors::error(StatusCode::INTERNAL_SERVER_ERROR, error.to_string());
     }
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+}
+
+/// The `kind` label of the cost gauges, with the rate per hour and the month's cost of each.
+fn cost_kinds(cost: &CostStatus) -> [(&'static str, f64, f64); 3] {
+    [
+        ("all", cost.transactions_per_hour, cost.usd_per_month),
+        ("idle", cost.idle_transactions_per_hour, cost.idle_usd_per_month),
+        ("unanswered", cost.unanswered_transactions_per_hour, cost.unanswered_usd_per_month),
+    ]
 }
 
 #[cfg(test)]
@@ -288,7 +311,7 @@ mod tests {
     use crate::health::{Health, Readiness};
     use crate::listener::{Listener, QueueSettings};
     use crate::queue::memory::MemoryQueue;
-    use crate::queue::{QueueClient, TokioClock};
+    use crate::queue::{Message, MessageId, Metered, PopReceipt, QueueClient, QueueError, TokioClock};
     use crate::rules::NativeRule;
 
     /// Retries a failure whose error says "retry", poisons one that says "poison", leaves
@@ -372,5 +395,81 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
         }
         listener.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// Puts whose body starts with `reset` fail as a connection reset does (no answer);
+    /// everything else is the memory queue's.
+    struct ResetsSomePuts(MemoryQueue);
+
+    #[async_trait::async_trait]
+    impl QueueClient for ResetsSomePuts {
+        fn name(&self) -> &str {
+            self.0.name()
+        }
+        async fn create_if_missing(&self) -> Result<(), QueueError> {
+            self.0.create_if_missing().await
+        }
+        async fn put(&self, body: &[u8], visibility: Duration) -> Result<MessageId, QueueError> {
+            if body.starts_with(b"reset") {
+                let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset by peer");
+                return Err(QueueError::Transient(anyhow::Error::new(reset).context("put")));
+            }
+            self.0.put(body, visibility).await
+        }
+        async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
+            self.0.get(max, visibility).await
+        }
+        async fn delete(&self, id: &MessageId, receipt: &PopReceipt) -> Result<(), QueueError> {
+            self.0.delete(id, receipt).await
+        }
+        async fn update_visibility(&self, id: &MessageId, receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
+            self.0.update_visibility(id, receipt, visibility).await
+        }
+        async fn approximate_count(&self) -> Result<u64, QueueError> {
+            self.0.approximate_count().await
+        }
+    }
+
+    /// Issue 35, item 7b: an attempt that got no answer (a reset connection) was counted as a
+    /// billed transaction. Status and metrics count it apart, by kind, and the cost says how
+    /// much more the bill may be.
+    #[tokio::test(start_paused = true)]
+    async fn unanswered_attempts_are_shown_apart_from_billed_transactions_in_status_and_metrics() {
+        let clock = Arc::new(TokioClock::new());
+        let metered = Metered::new(ResetsSomePuts(MemoryQueue::new("orders", clock.clone(), 65536)));
+        let transactions = metered.transactions();
+        let queue: Arc<dyn QueueClient> = Arc::new(metered);
+        let poison: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("orders-poison", clock, 65536));
+        let listener = Listener::builder(queue.clone(), poison, Arc::new(FailsWithBody)).transactions(transactions).build();
+        for body in ["one", "reset", "two", "reset again"] {
+            let _ = queue.put(body.as_bytes(), Duration::ZERO).await;
+        }
+        let api = Arc::new(Api {
+            listeners: BTreeMap::from([("orders".to_string(), vec![listener])]),
+            handles: BTreeMap::new(),
+            tokens: Vec::new(),
+            health: Health::default(),
+            readiness: Readiness::default(),
+            bus: None,
+            audit: None,
+            price_per_10k_transactions: crate::cost::PAPER_PRICE_PER_10K,
+        });
+        let answer = metrics(State(api.clone())).await;
+        let text = String::from_utf8(axum::body::to_bytes(answer.into_body(), usize::MAX).await.unwrap().to_vec()).unwrap();
+        for line in [
+            "ebb_storage_transactions_total{queue=\"orders\",kind=\"put\"} 2",
+            "ebb_storage_unanswered_total{queue=\"orders\",kind=\"put\"} 2",
+            "ebb_storage_unanswered_total{queue=\"orders\",kind=\"get\"} 0",
+            // Two of each in (at least) a minute.
+            "ebb_transactions_per_hour{queue=\"orders\",kind=\"all\"} 120.0",
+            "ebb_transactions_per_hour{queue=\"orders\",kind=\"unanswered\"} 120.0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+        let status = crate::http::routes::status::status(State(api)).await.0;
+        let queue = &status["queues"][0];
+        assert_eq!((queue["transactions"]["puts"].as_u64(), queue["transactions"]["unanswered"]["puts"].as_u64()), (Some(2), Some(2)), "{queue}");
+        assert_eq!(queue["cost"]["unanswered_transactions_per_hour"].as_f64(), Some(120.0), "{queue}");
+        assert_eq!(status["cost"]["unanswered_transactions_per_hour"].as_f64(), Some(120.0), "{status}");
     }
 }

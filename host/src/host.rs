@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use tokio_util::sync::CancellationToken;
@@ -19,7 +20,8 @@ use crate::service::{Handlers, QueueHandle, Role, Service};
 /// A started host.
 ///
 /// [`Host::shutdown`]`.await` is the graceful stop: in-flight messages drain for
-/// `drain_timeout`, what is left is released and announced, and every task is waited for.
+/// `drain_timeout`, what is left is released and announced, and every task is waited for,
+/// within `drain_timeout` + 1 s (then it stops at once, as a drop does).
 /// Dropping a host instead is the abrupt stop: it stops taking messages, releases what its
 /// handlers hold (their futures are dropped mid-call), stops its API and scaler, and returns
 /// at once; its tasks end, and release the store in `data_dir`, soon after (a new host on the
@@ -27,11 +29,18 @@ use crate::service::{Handlers, QueueHandle, Role, Service};
 pub struct Host {
     /// Taken by [`Host::shutdown`]; present until then.
     service: Option<Service>,
+    drain_timeout: Duration,
     api_addr: SocketAddr,
     api_stop: CancellationToken,
     api_task: Option<tokio::task::JoinHandle<()>>,
     scaler: Option<RunningScaler>,
 }
+
+/// How much longer than `drain_timeout` [`Host::shutdown`] may take (releasing what is left in
+/// flight, the half second the API gives the requests still open when it stops) before it
+/// stops what is left at once: storage that does not answer a release, a handler that never
+/// returns, a rule still compiling. `ebb run` exits at the same bound.
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
 /// A host to start, with the Rust handlers of the program embedding it (see the crate docs).
 pub struct HostBuilder<'a> {
@@ -126,7 +135,7 @@ impl Host {
             (Some(tcp), Some(settings)) => Some(crate::scaler::start(&service, settings, config.rule_limits.call_deadline, tcp)?),
             _ => None,
         };
-        Ok(Host { service: Some(service), api_addr, api_stop, api_task: Some(api_task), scaler })
+        Ok(Host { service: Some(service), drain_timeout: config.drain_timeout, api_addr, api_stop, api_task: Some(api_task), scaler })
     }
 
     /// Where the API listens.
@@ -166,12 +175,34 @@ impl Host {
 
     /// Drains the work (see [`Service::shutdown`]), then stops the API and the scaler, and
     /// waits for every task. The graceful stop; dropping the host is the abrupt one.
+    ///
+    /// Bounded: it returns within `drain_timeout` + 1 s whatever storage or a
+    /// handler does. What is not done by then is stopped as a drop stops it: handlers'
+    /// futures dropped, their messages released if storage answers (otherwise visible again
+    /// when their lease runs out), tasks left to end on their own, with a warning.
     pub async fn shutdown(mut self) {
+        let bound = self.drain_timeout + SHUTDOWN_GRACE;
+        if tokio::time::timeout(bound, self.stop_gracefully()).await.is_ok() {
+            self.service = None;
+            return;
+        }
+        tracing::warn!(
+            "shutdown not finished {} after it began: stopping at once; messages still leased come back when their lease runs out",
+            humantime::format_duration(bound)
+        );
         if let Some(service) = self.service.take() {
+            service.stop_now();
+        }
+        // The rest (the API, the scaler) is stopped by the drop.
+    }
+
+    /// The graceful stop, unbounded; the service stays in place for a stop at once.
+    async fn stop_gracefully(&mut self) {
+        if let Some(service) = &self.service {
             service.shutdown().await;
         }
         self.api_stop.cancel();
-        if let Some(api_task) = self.api_task.take() {
+        if let Some(api_task) = self.api_task.as_mut() {
             let _ = api_task.await;
         }
         if let Some(scaler) = self.scaler.take() {

@@ -300,3 +300,37 @@ async fn two_hosts_on_one_azure_queue_share_it_without_overlap_and_a_killed_host
     );
     terminate(host_b).await;
 }
+
+/// Issue 40 (item 6's leftover): a credential without create permission could not start a host
+/// even on queues that exist (`ebb run` asked to create each at start, and exited on the 403).
+/// With an account SAS of `sp=raup` on `orders` and `orders-poison` made beforehand, the host
+/// starts, is ready, handles a message, and says it was refused the create of each queue and
+/// that each exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_sas_may_not_create_runs_on_queues_that_exist() {
+    let azurite = Azurite::start();
+    let keyed = |name: &str| Arc::new(AzureQueue::new(&azurite.account(), name, AzureOptions::default()).unwrap());
+    let queue = keyed(QUEUE);
+    queue.create_if_missing().await.unwrap();
+    keyed(&format!("{QUEUE}-poison")).create_if_missing().await.unwrap();
+    let sas = azurite.account().account_sas("raup", std::time::SystemTime::now() + Duration::from_secs(3600)).unwrap();
+    let connection = format!("SharedAccessSignature={sas};QueueEndpoint={}", azurite.endpoint());
+    let (app, app_addr) = App::start(Duration::ZERO).await;
+    let host = Host::new("limited", app_addr, &connection, "5s");
+    let log = std::fs::File::create(host.dir.path().join("host.log")).unwrap();
+    let mut child = Command::new(EBB).arg("run").arg("--config").arg(host.config()).stdout(Stdio::null()).stderr(log).spawn().unwrap();
+    let readyz = format!("http://{}/readyz", host.api);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !reqwest::get(&readyz).await.is_ok_and(|r| r.status().is_success()) {
+        assert!(child.try_wait().unwrap().is_none(), "the host exited: {}", host.log());
+        assert!(Instant::now() < deadline, "not ready: {}", host.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    queue.put(b"through a sas without c", Duration::ZERO).await.unwrap();
+    wait_until("the message handled", Duration::from_secs(30), || async { app.handled_by("limited") == 1 }).await;
+    let log = host.log();
+    for name in [QUEUE.to_string(), format!("{QUEUE}-poison")] {
+        assert!(log.contains(&format!("queue {name} exists; the credential may not create it")), "{log}");
+    }
+    terminate(child).await;
+}

@@ -371,3 +371,50 @@ async fn a_deleted_queue_is_created_again_or_the_readiness_says_the_credential_m
     assert!(readiness.is_ready());
     assert_eq!(limited.call_record().snapshot().recreated, 0);
 }
+
+/// Issue 40 item 7, what `ebb_messages_poisoned_body_only`'s help and docs/config.md say of
+/// poison on Azure: every poisoning moves the original body (no envelope, so no reason in
+/// storage) and counts as body only; `/status` keeps the last ten reasons, no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_azure_poisoning_moves_the_bare_body_and_status_keeps_the_last_ten_reasons() -> anyhow::Result<()> {
+    use ebb::handler::{Handler, IncomingMessage};
+    struct Failing;
+    #[async_trait]
+    impl Handler for Failing {
+        async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
+            anyhow::bail!("refused {}", String::from_utf8_lossy(&message.body))
+        }
+    }
+    let azurite = Azurite::shared();
+    let name = unique_queue_name("bare");
+    let dir = tempfile::tempdir()?;
+    let text = format!(
+        "[api]\nlisten = \"127.0.0.1:0\"\n[azure]\nconnection_string = \"{}\"\n[queues.{name}]\nbackend = \"azure\"\nmax_dequeue_count = 1\nmax_polling_interval = \"1s\"\n",
+        azurite.connection_string()
+    );
+    let config = ebb::Config::parse(&text, dir.path(), None)?;
+    let host = ebb::Host::builder(&config).handler(&name, Failing).start().await?;
+    let bodies: Vec<String> = (0..12).map(|n| format!("body {n}")).collect();
+    for body in &bodies {
+        host.queue(&name).expect("configured").send(body.as_bytes(), Duration::ZERO, Duration::from_secs(5)).await?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let status = host.status().into_iter().find(|s| s.queue == name).expect("listed");
+        if status.poisoned >= 12 {
+            break status;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "not all poisoned: {}", status.poisoned);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    host.shutdown().await;
+    anyhow::ensure!(status.poisoned_body_only == 12, "body only: {} of {}", status.poisoned_body_only, status.poisoned);
+    anyhow::ensure!(status.recent_poison.len() == 10, "recent: {}", status.recent_poison.len());
+    let poison = AzureQueue::new(&azurite.account(), &format!("{name}-poison"), AzureOptions::default())?;
+    let mut stored: Vec<String> = poison.get(32, Duration::from_secs(30)).await?.into_iter().map(|m| String::from_utf8_lossy(&m.body).into_owned()).collect();
+    stored.sort();
+    let mut expected = bodies.clone();
+    expected.sort();
+    anyhow::ensure!(stored == expected, "the poison queue holds {stored:?}");
+    Ok(())
+}

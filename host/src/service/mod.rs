@@ -115,7 +115,8 @@ pub struct Service {
     readiness: Readiness,
     store: EmbeddedStore,
     rules: Arc<RuleSet>,
-    watcher: RuleWatcher,
+    /// Taken (and so stopped) by [`Service::shutdown`].
+    watcher: std::sync::Mutex<Option<RuleWatcher>>,
     queues: BTreeMap<String, ServiceQueue>,
     bus: Option<Arc<Bus>>,
     stop: CancellationToken,
@@ -211,7 +212,7 @@ impl Service {
             readiness,
             store,
             rules,
-            watcher,
+            watcher: std::sync::Mutex::new(Some(watcher)),
             queues,
             bus,
             stop: CancellationToken::new(),
@@ -376,7 +377,8 @@ impl Service {
     /// Stops start-up retries, ends waits for replies, stops dequeuing, drains in-flight messages (releasing what
     /// outlasts the drain timeout, and telling the other hosts on the bus), stops the bus and the rules' threads (the watcher, a
     /// compile in progress: waited for up to [`RULE_THREADS_BOUND`]), and waits for all of it.
-    pub async fn shutdown(self) {
+    /// Borrowed, not consumed, so a caller bounding it in time can still [`Service::stop_now`].
+    pub async fn shutdown(&self) {
         self.stop.cancel();
         self.close_reply_waits();
         self.tasks.close();
@@ -393,7 +395,7 @@ impl Service {
         if let Some(task) = recorder_task {
             let _ = task.await;
         }
-        drop(self.watcher);
+        drop(self.watcher.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take());
         let rules = self.rules.clone();
         let left = tokio::task::spawn_blocking(move || rules.stop_threads(RULE_THREADS_BOUND)).await.unwrap_or_else(|_| self.rules.running_threads());
         if left > 0 {

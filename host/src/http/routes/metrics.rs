@@ -82,7 +82,7 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let poisoned_body_only = counter(
         &mut registry,
         "messages_poisoned_body_only",
-        "Poisoned messages moved as the bare body, their reason kept only in the log and /status: on Azure every one (as Azure Functions moves them), on the embedded store those whose envelope did not fit",
+        "Poisoned messages moved as the bare body, their reason not kept in storage (only in the log, at most 10 lines a minute per storage queue, and the last ten in /status): on Azure every one (as Azure Functions moves them), on the embedded store those whose envelope did not fit",
     );
     let handler_panics = counter(&mut registry, "handler_panics", "Handler calls that panicked (counted as failures)");
     let host_errors =

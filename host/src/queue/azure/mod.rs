@@ -129,7 +129,9 @@ impl Call {
     /// The permission the call needs, as a SAS `sp` letter and its name.
     fn permission(self) -> &'static str {
         match self {
-            Call::Create => "c (create; ebb run asks to create every queue at start, even one that exists, and a queue SAS never may: use an account SAS)",
+            Call::Create => {
+                "c (create; ebb run creates a queue that does not exist: create it beforehand, or use an account SAS with c; a queue SAS never may)"
+            }
             Call::Put => "a (add)",
             Call::Get | Call::Delete => "p (process)",
             Call::Update => "u (update)",
@@ -384,11 +386,24 @@ impl QueueClient for AzureQueue {
     }
 
     async fn create_if_missing(&self) -> Result<(), QueueError> {
-        match self.call(Call::Create, None, self.client.create(None)).await {
-            Ok(_) => Ok(()),
+        let refusal = match self.call(Call::Create, None, self.client.create(None)).await {
+            Ok(_) => return Ok(()),
             // It exists with other metadata: still a queue we can use.
-            Err(QueueError::Fatal(error)) if error.to_string().contains("QueueAlreadyExists") => Ok(()),
-            Err(error) => Err(error),
+            Err(QueueError::Fatal(error)) if error.to_string().contains("QueueAlreadyExists") => return Ok(()),
+            Err(error) if error.failure_class() == Some(FailureClass::Auth) => error,
+            Err(error) => return Err(error),
+        };
+        // Azure refuses a create the credential may not make even of a queue that exists (a
+        // SAS without `c`, a role without create): a queue that exists needs no create.
+        match self.call(Call::Count, None, self.client.get_properties(None)).await {
+            Ok(_) => {
+                tracing::info!(queue = %self.name, "queue {} exists; the credential may not create it (refused), and need not", self.name);
+                Ok(())
+            }
+            // Not known yet: the create is tried again.
+            Err(error) if error.is_transient() => Err(error),
+            // Missing, or not readable either: the refusal is the answer.
+            Err(_) => Err(refusal),
         }
     }
 

@@ -227,6 +227,33 @@ fn check_refuses_a_sas_that_run_will_refuse_and_creates_no_queue() {
     assert!(text.contains("AuthorizationPermissionMismatch"), "{text}");
 }
 
+/// Issue 40 (a leftover): `run` now starts with a SAS without create (`sp=raup`) where every
+/// storage queue exists, but `check` still refused it ("lacks c (create)") and said "may
+/// create" of those queues. Now `check` passes it where the queues exist, and refuses it,
+/// naming the queue and `c`, where one does not.
+#[test]
+fn check_passes_a_sas_without_create_where_every_queue_exists_and_refuses_it_where_one_is_missing() {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let queue = ebb_tests::azurite::unique_queue_name("nocreate");
+    let account = ebb_tests::azurite::Azurite::shared().account();
+    for name in [queue.clone(), format!("{queue}-poison")] {
+        use ebb::queue::QueueClient as _;
+        let storage = ebb::queue::azure::AzureQueue::new(&account, &name, Default::default()).unwrap();
+        runtime.block_on(storage.create_if_missing()).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (code, text) = ebb("check", &azure_config(dir.path(), &sas_connection("raup"), &queue), Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains(&format!("queue {queue}: reached on Azure, 0 messages; may read, process and update; may not create")), "{text}");
+    assert!(!text.contains("may create"), "{text}");
+
+    let fresh = ebb_tests::azurite::unique_queue_name("nocreate");
+    let (code, text) = ebb("check", &azure_config(dir.path(), &sas_connection("raup"), &fresh), Duration::from_secs(60));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains(&format!("queue {fresh}: it does not exist, and the shared access signature lacks c (create)")), "{text}");
+    assert!(!runtime.block_on(azure_queue_exists(&fresh)), "check created {fresh}");
+}
+
 /// Issue 40, item 6: a blob endpoint that accepts connections and never answers passed
 /// `ebb check` (it was never asked); now its claim-check probe fails within its bound,
 /// naming the endpoint.

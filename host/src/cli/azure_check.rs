@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Result, anyhow};
+use anyhow::{Result, anyhow, bail};
 use azure_core::error::ErrorKind;
 use azure_core::http::StatusCode;
 
@@ -50,9 +50,16 @@ pub(super) fn check_azure_queues(config: &Config) -> Vec<anyhow::Error> {
     let mut probes = Vec::new();
     for queue in azure {
         let Backend::Azure { account, .. } = &queue.backend else { continue };
-        problems.extend(check_sas(queue, account));
+        let may_create = match check_sas(queue, account) {
+            SasVerdict::Lacks(problem) => {
+                problems.push(problem);
+                true
+            }
+            SasVerdict::MayNotCreate => false,
+            SasVerdict::Enough => true,
+        };
         match probing_clients(queue) {
-            Ok(clients) => probes.extend(clients.into_iter().map(|client| probe_bounded(client, queue.name.to_string()))),
+            Ok(clients) => probes.extend(clients.into_iter().map(|client| probe_bounded(client, queue.name.to_string(), may_create))),
             Err(error) => problems.push(error),
         }
     }
@@ -84,12 +91,24 @@ fn probing_clients(queue: &QueueConfig) -> Result<Vec<Arc<dyn QueueClient>>> {
     Ok(stack.partitions.into_iter().map(|p| p.client).chain([stack.poison]).chain(stack.reply).map(probing).collect())
 }
 
+/// What a SAS allows of what `run` needs.
+enum SasVerdict {
+    /// All of it (or no SAS: a key, an identity).
+    Enough,
+    /// All but create: enough where every storage queue exists (`run` creates nothing then).
+    MayNotCreate,
+    /// Not enough: what it lacks.
+    Lacks(anyhow::Error),
+}
+
 /// What the account's SAS does not allow of what `run` needs, read from the SAS itself.
-fn check_sas(queue: &QueueConfig, account: &AzureAccount) -> Option<anyhow::Error> {
-    let grant = account.sas_grant()?;
+fn check_sas(queue: &QueueConfig, account: &AzureAccount) -> SasVerdict {
+    let Some(grant) = account.sas_grant() else { return SasVerdict::Enough };
     let lacking = grant.lacks(&QueuePermission::RUN);
-    if lacking.is_empty() {
-        return None;
+    match lacking.as_slice() {
+        [] => return SasVerdict::Enough,
+        [QueuePermission::Create] => return SasVerdict::MayNotCreate,
+        _ => {}
     }
     let names: Vec<_> = lacking.iter().map(|p| p.as_str()).collect();
     let queue_sas = if grant.account.is_none() && lacking.contains(&QueuePermission::Create) {
@@ -97,7 +116,7 @@ fn check_sas(queue: &QueueConfig, account: &AzureAccount) -> Option<anyhow::Erro
     } else {
         ""
     };
-    Some(anyhow!(
+    SasVerdict::Lacks(anyhow!(
         "queue {} on account {}: the shared access signature (sp={}) lacks {}: ebb run needs c (create), r (read), a (add), p (process) and u (update) on every storage queue{queue_sas}",
         queue.name,
         account.name(),
@@ -107,9 +126,9 @@ fn check_sas(queue: &QueueConfig, account: &AzureAccount) -> Option<anyhow::Erro
 }
 
 /// [`probe_queue`] within [`CHECK_STORAGE_DEADLINE`].
-async fn probe_bounded(client: Arc<dyn QueueClient>, logical: String) -> Result<String> {
+async fn probe_bounded(client: Arc<dyn QueueClient>, logical: String, may_create: bool) -> Result<String> {
     let name = client.name().to_string();
-    match tokio::time::timeout(CHECK_STORAGE_DEADLINE, probe_queue(client.as_ref())).await {
+    match tokio::time::timeout(CHECK_STORAGE_DEADLINE, probe_queue(client.as_ref(), may_create)).await {
         Ok(probed) => probed,
         Err(_) => Err(anyhow!(
             "queue {name} (of {logical}): storage did not answer within {} (transient errors retried)",
@@ -123,8 +142,9 @@ fn is_missing(error: &QueueError) -> bool {
     error.failure_class() == Some(FailureClass::Missing)
 }
 
-/// One storage queue: the line to print, or what is wrong.
-async fn probe_queue(client: &dyn QueueClient) -> Result<String> {
+/// One storage queue: the line to print, or what is wrong. Without `may_create` (a SAS
+/// without `c`) the queue must exist already.
+async fn probe_queue(client: &dyn QueueClient, may_create: bool) -> Result<String> {
     let name = client.name();
     let count = match client.approximate_count().await {
         Ok(count) => Some(count),
@@ -140,12 +160,23 @@ async fn probe_queue(client: &dyn QueueClient) -> Result<String> {
             Err(error) => return Err(error.into()),
         }
     }
+    let messages = if count == Some(1) { "message" } else { "messages" };
     let Some(count) = count else {
+        if !may_create {
+            bail!(
+                "queue {name}: it does not exist, and the shared access signature lacks c (create): ebb run cannot create it; create it, or use a SAS with c"
+            );
+        }
         return Ok(format!("queue {name}: reached on Azure; it does not exist yet (ebb run creates it); may process and update"));
     };
+    if !may_create {
+        return Ok(format!(
+            "queue {name}: reached on Azure, {count} {messages}; may read, process and update; may not create (ebb run needs not: it exists; one deleted under a running host is not recreated)"
+        ));
+    }
     // A create of a queue that exists changes nothing, and `run` makes it at every start.
     client.create_if_missing().await?;
-    Ok(format!("queue {name}: reached on Azure, {count} message{}; may create, read, process and update", if count == 1 { "" } else { "s" }))
+    Ok(format!("queue {name}: reached on Azure, {count} {messages}; may create, read, process and update"))
 }
 
 /// The blob container of storage queue `storage`'s claim checks: one read of its

@@ -20,7 +20,7 @@ use crate::listener::FixedCount;
 const QUEUE: &str = "work";
 
 /// Records when each body's handling started; sleeps the ms in "sleep N", never returns on
-/// "hang", fails on "fail".
+/// "hang", fails the first try of "fail…" and every try of "always fail…".
 #[derive(Default)]
 struct Recorder {
     started: Mutex<HashMap<String, Vec<Instant>>>,
@@ -44,6 +44,9 @@ impl Handler for Recorder {
         self.started.lock().unwrap().entry(body.clone()).or_default().push(Instant::now());
         if body == "hang" {
             std::future::pending::<()>().await;
+        }
+        if body.starts_with("always fail") {
+            anyhow::bail!("every try fails");
         }
         if body.starts_with("fail") && message.dequeue_count == 1 {
             anyhow::bail!("first try fails");
@@ -746,6 +749,40 @@ async fn a_failed_item_that_filled_its_message_is_retried_not_dropped_when_its_o
     let calls = handler.started.lock().unwrap().get(&key).map_or(0, Vec::len);
     let (left, poisoned) = (queue.approximate_count().await?, poison.approximate_count().await?);
     assert_eq!((calls, left, poisoned), (2, 0, 0), "handler calls, messages left, poisoned: the failed item is handled on its retry");
+    listener.shutdown(Duration::from_secs(1)).await;
+    Ok(())
+}
+
+/// Attack pass (session 15): a foreign producer's envelope, compressed with a codec the queue
+/// does not use, holding an item that fits no message of ours even alone (200 KB of text that
+/// zstd packed small; this queue packs uncompressed). Its handler always fails: the item could
+/// be neither put back nor poisoned, so the envelope came back whole forever, an ERROR each
+/// time. Now it is poisoned once, the envelope as it came (its reason naming the item), and
+/// the other item of the envelope is handled.
+#[tokio::test(start_paused = true)]
+async fn an_item_no_packing_of_ours_fits_is_poisoned_once_in_its_envelope_as_it_came() -> anyhow::Result<()> {
+    use ebb::payload::{Codec, Item, encode};
+    let clock = Arc::new(TokioClock::new());
+    let queue = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
+    let handler = Arc::new(Recorder::default());
+    let mut big = b"always fail ".to_vec();
+    big.resize(200_000, b'x');
+    let envelope = encode(&[Item::inline(b"ok".to_vec()), Item::inline(big.clone())], Codec::Zstd)?;
+    assert!(envelope.len() < 65536, "the foreign envelope fits a message ({} bytes)", envelope.len());
+    queue.put(&envelope, Duration::ZERO).await?;
+    let listener = item_listener(queue.clone(), poison.clone(), handler.clone(), Codec::None);
+    listener.start();
+    sleep(Duration::from_secs(600)).await;
+    let key = String::from_utf8_lossy(&big).into_owned();
+    let calls = handler.started.lock().unwrap().get(&key).map_or(0, Vec::len);
+    let (left, poisoned) = (queue.approximate_count().await?, poison.approximate_count().await?);
+    assert_eq!((left, poisoned), (0, 1), "messages left, poisoned ({calls} calls of the failing item)");
+    assert_eq!(calls, 3, "the failing item is tried max_dequeue_count times, then poisoned");
+    assert!(handler.handled("ok"), "the other item was handled");
+    let moved = poison.get(1, Duration::from_secs(30)).await?;
+    let entry = String::from_utf8_lossy(&moved[0].body).into_owned();
+    assert!(entry.contains("item 1"), "the reason names the item: {entry:.300}");
     listener.shutdown(Duration::from_secs(1)).await;
     Ok(())
 }

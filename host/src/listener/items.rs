@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use anyhow::{Context as _, anyhow};
+use anyhow::anyhow;
 use bytes::Bytes;
 use futures::{FutureExt as _, StreamExt as _};
 
@@ -245,11 +245,20 @@ impl Shared {
         // An item the poison queue refuses does not keep the envelope: the others would be
         // poisoned again at each return. It is put back alone, out of the way for the longest
         // retry delay (as a plain message the poison queue refuses is left in place).
-        let mut refused = Vec::new();
+        let (mut refused, mut unpackable) = (Vec::new(), Vec::new());
         for (index, reason) in &poison {
-            if !self.poison_item(message, envelope, *index, reason).await {
-                refused.push(*index);
+            match self.poison_item(message, envelope, *index, reason).await {
+                ItemPoisoning::Moved => {}
+                ItemPoisoning::Refused => refused.push(*index),
+                ItemPoisoning::FitsNoMessage(reason) => unpackable.push(reason),
             }
+        }
+        if !unpackable.is_empty() {
+            // No packing of ours fits such an item (a foreign producer's codec packed it
+            // smaller than ours can): the envelope moves as it came, once, the items it still
+            // holds with it (a requeue delivers them again: at least once, never lost).
+            self.poison(message, receipt, &unpackable.join("; ")).await;
+            return;
         }
         if !refused.is_empty() && !self.put_back(message, envelope, &refused, self.settings.max_retry_delay).await {
             // The queue refused a put just after taking one: the envelope comes back whole,
@@ -309,9 +318,8 @@ impl Shared {
 
     /// Moves item `index` of `envelope` to the poison queue alone, with its bytes; a claim
     /// check, or bytes too large for a poison message (an item may fit an envelope only
-    /// compressed), as a one-item envelope, which a requeue delivers again. False when the
-    /// poison queue refused it.
-    async fn poison_item(self: &Arc<Self>, message: &IncomingMessage, envelope: &Envelope, index: usize, reason: &str) -> bool {
+    /// compressed), as a one-item envelope, which a requeue delivers again.
+    async fn poison_item(self: &Arc<Self>, message: &IncomingMessage, envelope: &Envelope, index: usize, reason: &str) -> ItemPoisoning {
         let origin = envelope.items[index].origin_or(&message.id, index as u32);
         let put = match &envelope.items[index].body {
             Body::Inline(body) => match self.put_poison(&Self::item_message(message, envelope, index, body.clone()), Some(&origin), reason).await {
@@ -321,6 +329,12 @@ impl Shared {
             // Its reference, the body kept: the sweeper's retention outlives the poison copy.
             Body::ClaimCheck(_) => self.poison_packed(message, envelope, index, reason).await,
         };
+        let put = match put {
+            Err(error) if error.is::<FitsNoMessage>() => {
+                return ItemPoisoning::FitsNoMessage(format!("item {index} fits no message packed again ({error:#}): {reason}"));
+            }
+            other => other,
+        };
         let shown = format!("{}#{}", self.producer_id(&MessageId::from(origin.message_id.as_str())), origin.index);
         match put {
             Ok(form) => {
@@ -329,7 +343,7 @@ impl Shared {
                 if let Some(suppressed) = self.poison_log.allow() {
                     tracing::warn!(id = %shown, poison_queue = %self.poison.name(), suppressed, "item moved to the poison queue alone: {reason}");
                 }
-                true
+                ItemPoisoning::Moved
             }
             Err(error) => {
                 self.counters.poison_failures.fetch_add(1, Ordering::Relaxed);
@@ -337,7 +351,7 @@ impl Shared {
                     let delay = self.settings.max_retry_delay;
                     tracing::error!(id = %shown, ?delay, suppressed, "cannot poison an item ({reason}); put back alone, tried again after {delay:?}: {error:#}");
                 }
-                false
+                ItemPoisoning::Refused
             }
         }
     }
@@ -348,9 +362,9 @@ impl Shared {
     async fn poison_packed(self: &Arc<Self>, message: &IncomingMessage, envelope: &Envelope, index: usize, reason: &str) -> anyhow::Result<PoisonForm> {
         let origin = envelope.items[index].origin_or(&message.id, index as u32);
         let item = Item { attempts: 0, origin: Some(origin.clone()), ..envelope.items[index].clone() };
-        let packed = self.packer.pack(std::slice::from_ref(&item)).context("packing the item alone")?;
+        let packed = self.packer.pack(std::slice::from_ref(&item)).map_err(|error| anyhow::Error::new(FitsNoMessage).context(format!("{error:#}")))?;
         let Some(packed) = packed.envelopes.into_iter().next() else {
-            anyhow::bail!("the item fits no envelope alone");
+            return Err(anyhow::Error::new(FitsNoMessage).context("the item fits no envelope alone"));
         };
         let body = if self.text_envelopes { Bytes::from(crate::payload::to_text(&packed.bytes)) } else { Bytes::from(packed.bytes) };
         Ok(self.put_poison(&Self::item_message(message, envelope, index, body), Some(&origin), reason).await?)
@@ -436,3 +450,24 @@ impl Reply {
         }
     }
 }
+
+/// What became of a failed item sent to the poison queue.
+enum ItemPoisoning {
+    Moved,
+    /// The poison queue refused it: put back alone.
+    Refused,
+    /// No packing of ours fits it alone (the reason given).
+    FitsNoMessage(String),
+}
+
+/// Marks a packing error: the item fits no message of this queue packed again.
+#[derive(Debug)]
+struct FitsNoMessage;
+
+impl std::fmt::Display for FitsNoMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("fits no message")
+    }
+}
+
+impl std::error::Error for FitsNoMessage {}

@@ -17,12 +17,12 @@ use crate::panics::panic_message;
 use crate::payload::{AllowedReferences, Body, ClaimCheck, Decoded, Delivery, Envelope, Item, Limits, Origin, decode, decode_text};
 use crate::queue::{MessageId, PopReceipt, QueueError};
 
-use super::Shared;
 use super::failures::{FailedDelivery, FailureVerdict};
-use super::status::PoisonForm;
+use crate::listener::Shared;
+use crate::listener::telemetry::PoisonForm;
 
 /// What a message turned out to be.
-pub(super) enum Unpacked {
+pub(in crate::listener) enum Unpacked {
     /// Not an envelope: delivered as it is.
     Plain,
     /// An envelope and its items.
@@ -35,7 +35,7 @@ pub(super) enum Unpacked {
 const TEXT_MAGIC: &[u8] = b"wUVCQg0K";
 
 /// How one item's delivery ended.
-pub(super) enum ItemResult {
+pub(in crate::listener) enum ItemResult {
     /// Handled, and its answer (if any) put on the reply queue.
     Handled,
     /// The handler failed (or panicked): retried alone, or poisoned once out of attempts.
@@ -46,10 +46,10 @@ pub(super) enum ItemResult {
 
 impl Shared {
     /// Whether `body` is an envelope (raw, or as base64 text from a queue of text).
-    pub(super) fn unpack(&self, body: &[u8]) -> Unpacked {
+    pub(in crate::listener) fn unpack(&self, body: &[u8]) -> Unpacked {
         // Claim checks into this queue's own store are read (without a store, refused item
         // by item); any other reference is a hostile envelope.
-        let limits = match &self.claims {
+        let limits = match &self.delivery.claims {
             Some(claims) => Limits { references: claims.allowed(), max_claim_check_bytes: claims.max_bytes(), ..Limits::default() },
             None => Limits { references: AllowedReferences { azure: None, embedded_queue: Some(self.queue.name().to_string()) }, ..Limits::default() },
         };
@@ -80,7 +80,7 @@ impl Shared {
 
     /// Delivers the envelope's items: up to `max_concurrent_calls` at once, or in batches
     /// of `max_batch_items`. One result per item, in order.
-    pub(super) async fn deliver_items(&self, message: &IncomingMessage, envelope: &Envelope) -> Vec<ItemResult> {
+    pub(in crate::listener) async fn deliver_items(&self, message: &IncomingMessage, envelope: &Envelope) -> Vec<ItemResult> {
         let mut results: Vec<Option<ItemResult>> = envelope.items.iter().map(|_| None).collect();
         let width = self.settings.max_concurrent_calls.max(1) as usize;
         let mut single = Vec::new();
@@ -91,11 +91,13 @@ impl Shared {
                 // and alone, never in a batch.
                 Body::ClaimCheck(check) => single.push((index, Err(check.clone()))),
                 // A batch is a JSON array: an item that is not UTF-8 goes alone.
-                Body::Inline(body) if self.payload.delivery == Delivery::Batch && std::str::from_utf8(body).is_ok() => batchable.push((index, body.clone())),
+                Body::Inline(body) if self.delivery.payload.delivery == Delivery::Batch && std::str::from_utf8(body).is_ok() => {
+                    batchable.push((index, body.clone()))
+                }
                 Body::Inline(body) => single.push((index, Ok(body.clone()))),
             }
         }
-        let with_reply = self.reply.is_some();
+        let with_reply = self.delivery.reply.is_some();
         let singles = futures::stream::iter(single)
             .map(|(index, body)| async move {
                 let body = match body {
@@ -125,7 +127,7 @@ impl Shared {
             })
             .buffer_unordered(width)
             .collect::<Vec<_>>();
-        let batches = futures::stream::iter(batchable.chunks(self.payload.max_batch_items.max(1) as usize).map(<[_]>::to_vec).collect::<Vec<_>>())
+        let batches = futures::stream::iter(batchable.chunks(self.delivery.payload.max_batch_items.max(1) as usize).map(<[_]>::to_vec).collect::<Vec<_>>())
             .map(|batch| {
                 let items: Vec<IncomingMessage> = batch.iter().map(|(index, body)| Self::item_message(message, envelope, *index, body.clone())).collect();
                 async move {
@@ -136,7 +138,7 @@ impl Shared {
                             items.iter().map(|_| Err(anyhow!("{reason}"))).collect()
                         }
                         Err(panic) => {
-                            self.counters.handler_panics.fetch_add(1, Ordering::Relaxed);
+                            self.telemetry.counters.handler_panics.fetch_add(1, Ordering::Relaxed);
                             let message = panic_message(&*panic);
                             items.iter().map(|_| Err(crate::handler::HandlerPanicked(message.clone()).into())).collect()
                         }
@@ -162,8 +164,8 @@ impl Shared {
     /// Item `index`'s body from the claim store, at most `max_claim_check_bytes`. A fetch
     /// that fails for now makes the item a failed delivery (retried with its attempts); any
     /// other failure poisons it alone.
-    pub(super) async fn claim_body(&self, index: usize, check: &ClaimCheck) -> Result<Bytes, ItemResult> {
-        let Some(claims) = &self.claims else {
+    pub(in crate::listener) async fn claim_body(&self, index: usize, check: &ClaimCheck) -> Result<Bytes, ItemResult> {
+        let Some(claims) = &self.delivery.claims else {
             return Err(ItemResult::Refused(format!(
                 "claim checks not enabled (item {index} is a claim check for {} bytes at {})",
                 check.size, check.location
@@ -179,7 +181,7 @@ impl Shared {
     /// A handler call's result, a panic made a failure.
     fn contained(&self, result: std::thread::Result<anyhow::Result<Option<Bytes>>>) -> anyhow::Result<Option<Bytes>> {
         result.unwrap_or_else(|panic| {
-            self.counters.handler_panics.fetch_add(1, Ordering::Relaxed);
+            self.telemetry.counters.handler_panics.fetch_add(1, Ordering::Relaxed);
             Err(crate::handler::HandlerPanicked(panic_message(&*panic)).into())
         })
     }
@@ -192,7 +194,7 @@ impl Shared {
     /// back alone for `max_retry_delay`; the others are not poisoned again for it. An item
     /// whose answer the reply queue refused is a failed item like any other (poisoned at once
     /// when it can never fit).
-    pub(super) async fn settle_envelope(
+    pub(in crate::listener) async fn settle_envelope(
         self: &Arc<Self>,
         message: &IncomingMessage,
         receipt: &PopReceipt,
@@ -200,7 +202,7 @@ impl Shared {
         results: Vec<ItemResult>,
         latency: Duration,
     ) {
-        let items = &self.counters.items;
+        let items = &self.telemetry.counters.items;
         items.envelopes.fetch_add(1, Ordering::Relaxed);
         let mut retry = Vec::new();
         let mut poison = Vec::new();
@@ -223,7 +225,7 @@ impl Shared {
                         FailureVerdict::Retry(delay) => {
                             // One envelope carries the items put back: the longest delay asked.
                             retry_delay = retry_delay.max(delay);
-                            if let Some(suppressed) = self.failure_log.allow() {
+                            if let Some(suppressed) = self.telemetry.failure_log.allow() {
                                 tracing::warn!(id = %message.id, item = index, tries, ?delay, suppressed, "item failed, retried alone later: {error:#}");
                             }
                             retry.push(index);
@@ -258,14 +260,14 @@ impl Shared {
             return;
         }
         let deleted = self.queue.delete(&message.id, receipt).await;
-        self.counters.record_success(latency);
+        self.telemetry.counters.record_success(latency);
         if let Err(error) = deleted {
             // The envelope comes back and its claim checks are followed again: keep their bodies.
             tracing::warn!(id = %message.id, "envelope settled, but the delete failed (its items may be delivered again): {error}");
             return;
         }
         // Only the handled items' bodies: the ones put back or poisoned still reference theirs.
-        if let Some(claims) = &self.claims {
+        if let Some(claims) = &self.delivery.claims {
             for check in handled_claims {
                 if let Err(error) = claims.delete(check).await {
                     tracing::warn!(id = %message.id, location = %check.location, "claim-check body not deleted (the sweeper removes it later): {error}");
@@ -277,7 +279,7 @@ impl Shared {
     /// Puts the items `failed` of `envelope` back as a new envelope (each one more attempt),
     /// hidden for `delay`. False when a put failed.
     async fn put_back(self: &Arc<Self>, message: &IncomingMessage, envelope: &Envelope, failed: &[usize], delay: Duration) -> bool {
-        let packed = match self.packer.repack_failed(envelope, failed, &message.id) {
+        let packed = match self.delivery.packer.repack_failed(envelope, failed, &message.id) {
             Ok(packed) => packed,
             Err(error) => {
                 tracing::error!(id = %message.id, "could not pack the failed items again: {error:#}");
@@ -285,7 +287,7 @@ impl Shared {
             }
         };
         for envelope in packed.envelopes {
-            let put = if self.text_envelopes {
+            let put = if self.delivery.text_envelopes {
                 self.queue.put(crate::payload::to_text(&envelope.bytes).as_bytes(), delay).await
             } else {
                 self.queue.put(&envelope.bytes, delay).await
@@ -324,16 +326,16 @@ impl Shared {
         let shown = format!("{}#{}", self.producer_id(&MessageId::from(origin.message_id.as_str())), origin.index);
         match put {
             Ok(form) => {
-                self.counters.items.poisoned.fetch_add(1, Ordering::Relaxed);
-                self.counters.record_poison(&shown, reason, form);
-                if let Some(suppressed) = self.poison_log.allow() {
-                    tracing::warn!(id = %shown, poison_queue = %self.poison.name(), suppressed, "item moved to the poison queue alone: {reason}");
+                self.telemetry.counters.items.poisoned.fetch_add(1, Ordering::Relaxed);
+                self.telemetry.counters.record_poison(&shown, reason, form);
+                if let Some(suppressed) = self.telemetry.poison_log.allow() {
+                    tracing::warn!(id = %shown, poison_queue = %self.delivery.poison.name(), suppressed, "item moved to the poison queue alone: {reason}");
                 }
                 true
             }
             Err(error) => {
-                self.counters.poison_failures.fetch_add(1, Ordering::Relaxed);
-                if let Some(suppressed) = self.poison_log.allow() {
+                self.telemetry.counters.poison_failures.fetch_add(1, Ordering::Relaxed);
+                if let Some(suppressed) = self.telemetry.poison_log.allow() {
                     let delay = self.settings.max_retry_delay;
                     tracing::error!(id = %shown, ?delay, suppressed, "cannot poison an item ({reason}); put back alone, tried again after {delay:?}: {error:#}");
                 }
@@ -348,25 +350,25 @@ impl Shared {
     async fn poison_packed(self: &Arc<Self>, message: &IncomingMessage, envelope: &Envelope, index: usize, reason: &str) -> anyhow::Result<PoisonForm> {
         let origin = envelope.items[index].origin_or(&message.id, index as u32);
         let item = Item { attempts: 0, origin: Some(origin.clone()), ..envelope.items[index].clone() };
-        let packed = self.packer.pack(std::slice::from_ref(&item)).context("packing the item alone")?;
+        let packed = self.delivery.packer.pack(std::slice::from_ref(&item)).context("packing the item alone")?;
         let Some(packed) = packed.envelopes.into_iter().next() else {
             anyhow::bail!("the item fits no envelope alone");
         };
-        let body = if self.text_envelopes { Bytes::from(crate::payload::to_text(&packed.bytes)) } else { Bytes::from(packed.bytes) };
+        let body = if self.delivery.text_envelopes { Bytes::from(crate::payload::to_text(&packed.bytes)) } else { Bytes::from(packed.bytes) };
         Ok(self.put_poison(&Self::item_message(message, envelope, index, body), Some(&origin), reason).await?)
     }
 
     /// Puts a handler's answer on the reply queue (a no-op without one), correlated by the
     /// id the producer got back (on a partitioned queue, the logical queue's; for an item,
     /// the envelope it was sent in, `item`, whatever envelope carries it now).
-    pub(super) async fn put_reply(&self, message: &IncomingMessage, item: Option<Origin>, reply: &Bytes) -> Result<(), ReplyNotPut> {
-        let Some(queue) = &self.reply else { return Ok(()) };
+    pub(in crate::listener) async fn put_reply(&self, message: &IncomingMessage, item: Option<Origin>, reply: &Bytes) -> Result<(), ReplyNotPut> {
+        let Some(queue) = &self.delivery.reply else { return Ok(()) };
         let id = item.as_ref().map_or_else(|| message.id.clone(), |o| MessageId::from(o.message_id.as_str()));
         let correlation_id = self.producer_id(&id);
         let body = serde_json::to_vec(&Reply::new(correlation_id.to_string(), message, item.map(|o| o.index), reply)).expect("a reply serialises");
         match queue.put(&body, Duration::ZERO).await {
             Ok(_) => {
-                self.counters.items.replies.fetch_add(1, Ordering::Relaxed);
+                self.telemetry.counters.items.replies.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
             // Handling it again would give an answer as large: no retry can put it.
@@ -386,7 +388,7 @@ impl Shared {
 }
 
 /// Why a handler's answer is not on the reply queue.
-pub(super) enum ReplyNotPut {
+pub(in crate::listener) enum ReplyNotPut {
     /// It can never be put there (too large for a message of it): the request is poisoned
     /// at once, with this reason.
     Never(String),

@@ -14,9 +14,9 @@ use tracing::Instrument as _;
 use crate::panics::panic_message;
 use crate::queue::RetryPolicy;
 
-use super::Shared;
-use super::counters::Counters;
 use super::pickup::{AfterDrained, TaskMark};
+use crate::listener::Shared;
+use crate::listener::telemetry::Counters;
 
 /// A dequeue task's slot in `active_tasks`, given back when the task ends however it
 /// ends (a panic included), unless the task gave it back itself when it retired.
@@ -41,31 +41,31 @@ impl Drop for TaskSlot<'_> {
 
 impl Shared {
     /// Fewest tasks: `min_tasks`, and at least one polling task unless pushes can wake the queue.
-    pub(super) fn floor(&self) -> u32 {
+    pub(in crate::listener) fn floor(&self) -> u32 {
         if self.push_enabled() { self.settings.min_tasks } else { self.settings.min_tasks.max(1) }
     }
 
     /// Push is configured and can reach the queue now.
-    pub(super) fn push_enabled(&self) -> bool {
-        self.settings.push_enabled && self.push_available.load(Ordering::Acquire)
+    pub(in crate::listener) fn push_enabled(&self) -> bool {
+        self.settings.push_enabled && self.events.push_available.load(Ordering::Acquire)
     }
 
     /// `StartListener(n)`: `n` more tasks, never beyond `max_tasks`.
-    pub(super) fn start_tasks(self: &Arc<Self>, n: u32) {
+    pub(in crate::listener) fn start_tasks(self: &Arc<Self>, n: u32) {
         self.spawn_tasks(n, false, self.settings.max_tasks);
     }
 
     /// Starts tasks until `count` run (never beyond `max_tasks`).
-    pub(super) fn start_tasks_up_to(self: &Arc<Self>, count: u32) {
-        let active = self.counters.active_tasks.load(Ordering::Acquire);
+    pub(in crate::listener) fn start_tasks_up_to(self: &Arc<Self>, count: u32) {
+        let active = self.telemetry.counters.active_tasks.load(Ordering::Acquire);
         self.spawn_tasks(count.saturating_sub(active), false, count);
     }
 
     /// Starts up to `n` dequeue tasks, while fewer than `cap` (and `max_tasks`) run; a
     /// `probe` task stops at its first empty get (when the floor allows), so a safety poll
     /// of an empty queue costs one get.
-    pub(super) fn spawn_tasks(self: &Arc<Self>, n: u32, probe: bool, cap: u32) {
-        let counters = &self.counters;
+    pub(in crate::listener) fn spawn_tasks(self: &Arc<Self>, n: u32, probe: bool, cap: u32) {
+        let counters = &self.telemetry.counters;
         let cap = cap.min(self.settings.max_tasks);
         for _ in 0..n {
             // Reserve a slot first, so concurrent starts (the scaler's, a pickup's) never
@@ -96,27 +96,27 @@ impl Shared {
 
     /// Surfaces a panic that escaped a task (as Vector re-raises task panics): counted in
     /// the status and logged at ERROR.
-    pub(super) fn task_panicked(&self, task: &str, panic: &(dyn std::any::Any + Send)) {
-        self.counters.task_panics.fetch_add(1, Ordering::Relaxed);
+    pub(in crate::listener) fn task_panicked(&self, task: &str, panic: &(dyn std::any::Any + Send)) {
+        self.telemetry.counters.task_panics.fetch_add(1, Ordering::Relaxed);
         tracing::error!("{task} panicked and was restarted: {}", panic_message(panic));
     }
 
     /// Gives up this task's slot if there are more tasks than the target (after a
     /// scale-down) and than `keep`.
-    pub(super) fn try_retire(&self, keep: u32) -> bool {
-        let target = self.counters.target_tasks.load(Ordering::Relaxed).max(self.floor()).max(keep);
-        self.counters.active_tasks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active > target).then(|| active - 1)).is_ok()
+    pub(in crate::listener) fn try_retire(&self, keep: u32) -> bool {
+        let target = self.telemetry.counters.target_tasks.load(Ordering::Relaxed).max(self.floor()).max(keep);
+        self.telemetry.counters.active_tasks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active > target).then(|| active - 1)).is_ok()
     }
 
     /// Gives up this task's slot when the rule says an idle task stops, keeping the floor
     /// (one polling task in pull mode).
     fn try_stop_idle(&self) -> bool {
         let floor = self.floor();
-        self.counters.active_tasks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active > floor).then(|| active - 1)).is_ok()
+        self.telemetry.counters.active_tasks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active > floor).then(|| active - 1)).is_ok()
     }
 
     async fn run_task(self: Arc<Self>, mut probe: bool) {
-        let slot = TaskSlot { counters: &self.counters, held: true };
+        let slot = TaskSlot { counters: &self.telemetry.counters, held: true };
         // This task's place among the getting and resting tasks (see `pickup`).
         let mut mark = TaskMark::new(&self);
         let mut idle_count = 0u32;
@@ -139,7 +139,7 @@ impl Shared {
             // Handler slots first: a get asks for no more messages than can be handled at
             // once, so none waits leased for a slot.
             let grant = tokio::select! {
-                grant = self.slots.acquire(batch_size) => grant,
+                grant = self.pool.slots.acquire(batch_size) => grant,
                 _ = self.stopping.cancelled() => break,
             };
             if self.current_pause().is_some() {
@@ -147,7 +147,7 @@ impl Shared {
                 drop(grant);
                 continue;
             }
-            self.calls_started.notify_one();
+            self.pool.calls_started.notify_one();
             // The wait may have been long: retire now if the rule wants fewer tasks, rather
             // than after a batch taken only to be let go.
             if !probe && mark.try_retire(u32::from(last_get_full)) {
@@ -229,16 +229,16 @@ impl Shared {
                         _ = tokio::time::sleep_until(wake_at) => {}
                         // Woken early (a pickup, the scaler); the back-off restarts only if
                         // this task finds messages.
-                        _ = self.wake.notified(), if mark.is_resting() => {}
+                        _ = self.pool.wake.notified(), if mark.is_resting() => {}
                         _ = self.stopping.cancelled() => break,
                     }
                 }
                 Err(error) => {
                     drop(grant);
                     consecutive_errors += 1;
-                    self.counters.storage_errors.fetch_add(1, Ordering::Relaxed);
+                    self.telemetry.counters.storage_errors.fetch_add(1, Ordering::Relaxed);
                     let delay = RetryPolicy::default().delay(consecutive_errors).min(self.settings.max_polling_interval);
-                    if let Some(suppressed) = self.storage_log.allow() {
+                    if let Some(suppressed) = self.telemetry.storage_log.allow() {
                         tracing::warn!(?delay, suppressed, "get failed: {error}");
                     }
                     tokio::select! {

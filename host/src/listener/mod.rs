@@ -7,17 +7,24 @@
 //! the rule's two decisions; `QueueWorkDetected` → [`Listener::work_detected`], raised by a
 //! task that finds messages (after idling, and while busy) and by push notifications.
 //!
-//! The files follow the data path:
-//! - `tasks`: the dequeue task loop (get, process or back off, retire), and its slots;
-//! - `process`: a batch's messages through the handler, and each one's outcome (delete,
-//!   retry later, release at shutdown); `lease`: renewing a message's lease while the
-//!   handler runs; `poison`: moving a message that cannot be handled aside; `failures`:
-//!   retry or poison after a failure (the rule's `on-handler-failure`, or `max_dequeue_count`);
-//! - `work`: work-detected events, pushes, wake-ups and the safety poll;
-//! - `scaling`: the scaler, which moves the task count toward the rule's;
-//!   `rule`: what the rule is told and the thread it is asked on;
-//! - `pause`: a paused queue makes no get;
-//! - `counters` and `status`: what `QueryState()` reports.
+//! A plain message's way through the listener reads top to bottom in five files:
+//! 1. `pool/tasks.rs`: a dequeue task takes handler slots, gets a batch and hands it on (or,
+//!    when the queue is empty, backs off as the rule says);
+//! 2. `delivery/process.rs`: each message to the handler, then its outcome settled: deleted
+//!    on success, hidden for a retry delay, or released at once at shutdown;
+//! 3. `delivery/lease.rs`: its lease renewed while the handler runs;
+//! 4. `delivery/failures.rs`: after a failure, retry or poison (the rule's
+//!    `on-handler-failure`, or `max_dequeue_count`);
+//! 5. `delivery/poison.rs`: put on the poison queue, then deleted.
+//!
+//! The parts, each with its own state:
+//! - `pool/`: the task pool: tasks, the pickup of notified work, handler slots, fetch-ahead,
+//!   scaling the task count and the concurrency decision;
+//! - `delivery/`: the above, and envelopes' items and replies (`items`);
+//! - `telemetry/`: the counters and status behind `QueryState()`, recording and log limits;
+//! - `rule.rs`: what the rule is told and the thread it is asked on; `work.rs`: work-detected
+//!   events, pushes, wake-ups and the safety poll; `pause.rs`: a paused queue makes no get;
+//!   `builder.rs` and `settings.rs`: what a listener is made of.
 
 mod builder;
 mod delivery;

@@ -259,6 +259,12 @@ impl Shared {
             self.hide_envelope(message, receipt).await;
             return;
         }
+        self.delete_envelope(message, receipt, handled_claims, latency).await;
+    }
+
+    /// Deletes a settled envelope, then the claim-check bodies of its handled items (only
+    /// theirs: the items put back or poisoned still reference their bodies).
+    async fn delete_envelope(&self, message: &IncomingMessage, receipt: &PopReceipt, handled_claims: Vec<&ClaimCheck>, latency: Duration) {
         let deleted = self.queue.delete(&message.id, receipt).await;
         self.telemetry.counters.record_success(latency);
         if let Err(error) = deleted {
@@ -266,7 +272,6 @@ impl Shared {
             tracing::warn!(id = %message.id, "envelope settled, but the delete failed (its items may be delivered again): {error}");
             return;
         }
-        // Only the handled items' bodies: the ones put back or poisoned still reference theirs.
         if let Some(claims) = &self.delivery.claims {
             for check in handled_claims {
                 if let Err(error) = claims.delete(check).await {

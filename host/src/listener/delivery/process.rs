@@ -167,38 +167,7 @@ impl Shared {
     /// handled and deleted.
     async fn settle(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, outcome: Outcome, latency: Duration) -> bool {
         match outcome {
-            Outcome::Handled(Ok(reply)) => {
-                if let Some(reply) = reply
-                    && let Err(refusal) = self.put_reply(message, None, &reply).await
-                {
-                    // The answer must reach the reply queue before the request goes: retried,
-                    // or poisoned at once when it can never be put.
-                    self.telemetry.counters.record_failure(latency);
-                    let delay = self.settings.retry_delay(message.dequeue_count);
-                    match refusal {
-                        ReplyNotPut::Never(reason) => self.poison(message, receipt, &reason).await,
-                        ReplyNotPut::NotNow(error) if message.dequeue_count >= self.settings.max_dequeue_count => {
-                            self.poison(message, receipt, &format!("{error:#}")).await
-                        }
-                        ReplyNotPut::NotNow(error) => {
-                            if let Some(suppressed) = self.telemetry.failure_log.allow() {
-                                tracing::warn!(id = %message.id, ?delay, suppressed, "{error:#}; retrying later");
-                            }
-                            self.retry_later(message, receipt, delay).await;
-                        }
-                    }
-                    return false;
-                }
-                // Counted once the delete has returned: `processed` means handled and deleted.
-                let deleted = self.queue.delete(&message.id, receipt).await;
-                self.telemetry.counters.record_success(latency);
-                if let Err(error) = deleted {
-                    // The work was done; the message may be handled again (at least once).
-                    tracing::warn!(id = %message.id, "handled, but the delete failed: {error}");
-                    return false;
-                }
-                return true;
-            }
+            Outcome::Handled(Ok(reply)) => return self.settle_handled(message, receipt, reply, latency).await,
             Outcome::Handled(Err(error)) if error.is::<AnswerTooLarge>() => {
                 // Handling it again would give an answer as large (and redo the work).
                 self.telemetry.counters.record_failure(latency);
@@ -215,27 +184,7 @@ impl Shared {
                 }
                 self.retry_later(message, receipt, delay).await;
             }
-            Outcome::Handled(Err(error)) if error.is::<PushedBack>() => {
-                let pushed = error.downcast_ref::<PushedBack>().expect("checked above");
-                self.telemetry.counters.pushed_back.fetch_add(1, Ordering::Relaxed);
-                let now = std::time::UNIX_EPOCH + Duration::from_millis(self.rule.clock.now_ms());
-                let (delay, adjustment) = pushed.retry_after.delay(now, self.settings.retry_delay(1), self.settings.max_retry_delay);
-                match adjustment {
-                    Some(RetryAfterAdjustment::Capped) => self.telemetry.counters.retry_after_capped.fetch_add(1, Ordering::Relaxed),
-                    Some(RetryAfterAdjustment::Malformed | RetryAfterAdjustment::Past) => {
-                        self.telemetry.counters.retry_after_unusable.fetch_add(1, Ordering::Relaxed)
-                    }
-                    None => 0,
-                };
-                if message.dequeue_count >= PUSHED_BACK_POISON_DEQUEUES.max(self.settings.max_dequeue_count) {
-                    self.poison(message, receipt, &format!("{error:#} (dequeued {} times)", message.dequeue_count)).await;
-                    return false;
-                }
-                if let Some(suppressed) = self.telemetry.failure_log.allow() {
-                    tracing::info!(id = %message.id, ?delay, ?adjustment, suppressed, "{error:#}; the message is retried then (not counted as a failure)");
-                }
-                self.retry_later(message, receipt, delay).await;
-            }
+            Outcome::Handled(Err(error)) if error.is::<PushedBack>() => self.settle_pushed_back(message, receipt, &error).await,
             Outcome::Handled(Err(error)) => {
                 self.telemetry.counters.record_failure(latency);
                 let reason = format!("{error:#}");
@@ -258,6 +207,63 @@ impl Shared {
             }
         }
         false
+    }
+
+    /// A handled message: its answer put on the reply queue (retried, or poisoned when it
+    /// can never be put), then the message deleted. True when it was deleted.
+    async fn settle_handled(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, reply: Option<bytes::Bytes>, latency: Duration) -> bool {
+        if let Some(reply) = reply
+            && let Err(refusal) = self.put_reply(message, None, &reply).await
+        {
+            // The answer must reach the reply queue before the request goes: retried,
+            // or poisoned at once when it can never be put.
+            self.telemetry.counters.record_failure(latency);
+            let delay = self.settings.retry_delay(message.dequeue_count);
+            match refusal {
+                ReplyNotPut::Never(reason) => self.poison(message, receipt, &reason).await,
+                ReplyNotPut::NotNow(error) if message.dequeue_count >= self.settings.max_dequeue_count => {
+                    self.poison(message, receipt, &format!("{error:#}")).await
+                }
+                ReplyNotPut::NotNow(error) => {
+                    if let Some(suppressed) = self.telemetry.failure_log.allow() {
+                        tracing::warn!(id = %message.id, ?delay, suppressed, "{error:#}; retrying later");
+                    }
+                    self.retry_later(message, receipt, delay).await;
+                }
+            }
+            return false;
+        }
+        // Counted once the delete has returned: `processed` means handled and deleted.
+        let deleted = self.queue.delete(&message.id, receipt).await;
+        self.telemetry.counters.record_success(latency);
+        if let Err(error) = deleted {
+            // The work was done; the message may be handled again (at least once).
+            tracing::warn!(id = %message.id, "handled, but the delete failed: {error}");
+            return false;
+        }
+        true
+    }
+
+    /// The app pushed back (HTTP 429 or 503): retried after its `Retry-After`, not counted
+    /// as a failure, poisoned only after many deliveries.
+    async fn settle_pushed_back(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, error: &anyhow::Error) {
+        let pushed = error.downcast_ref::<PushedBack>().expect("settled as a push back");
+        self.telemetry.counters.pushed_back.fetch_add(1, Ordering::Relaxed);
+        let now = std::time::UNIX_EPOCH + Duration::from_millis(self.rule.clock.now_ms());
+        let (delay, adjustment) = pushed.retry_after.delay(now, self.settings.retry_delay(1), self.settings.max_retry_delay);
+        match adjustment {
+            Some(RetryAfterAdjustment::Capped) => self.telemetry.counters.retry_after_capped.fetch_add(1, Ordering::Relaxed),
+            Some(RetryAfterAdjustment::Malformed | RetryAfterAdjustment::Past) => self.telemetry.counters.retry_after_unusable.fetch_add(1, Ordering::Relaxed),
+            None => 0,
+        };
+        if message.dequeue_count >= PUSHED_BACK_POISON_DEQUEUES.max(self.settings.max_dequeue_count) {
+            self.poison(message, receipt, &format!("{error:#} (dequeued {} times)", message.dequeue_count)).await;
+            return;
+        }
+        if let Some(suppressed) = self.telemetry.failure_log.allow() {
+            tracing::info!(id = %message.id, ?delay, ?adjustment, suppressed, "{error:#}; the message is retried then (not counted as a failure)");
+        }
+        self.retry_later(message, receipt, delay).await;
     }
 
     /// Hides a failed message for its retry delay.

@@ -12,9 +12,10 @@ use futures::FutureExt as _;
 use tracing::Instrument as _;
 
 use crate::panics::panic_message;
-use crate::queue::RetryPolicy;
+use crate::queue::{Message, QueueError, RetryPolicy};
 
 use super::pickup::{AfterDrained, TaskMark};
+use super::slots::SlotGrant;
 use crate::listener::Shared;
 use crate::listener::telemetry::Counters;
 
@@ -37,6 +38,28 @@ impl Drop for TaskSlot<'_> {
             self.counters.active_tasks.fetch_sub(1, Ordering::AcqRel);
         }
     }
+}
+
+/// What a task does after a round.
+enum Step {
+    /// Goes on to its next round.
+    Go,
+    /// The listener stops: the task ends, its slot given back as it goes.
+    Stop,
+    /// The task gave its slot back itself (it retired or stopped idle): it ends.
+    Retired,
+}
+
+/// A dequeue task's own state from one get to the next.
+struct TaskLoop {
+    /// A probe stops at its first empty get (when the floor allows).
+    probe: bool,
+    /// Empty looks in a row.
+    idle_count: u32,
+    consecutive_errors: u32,
+    /// After a full get the backlog's size is unknown: this task keeps going whatever a
+    /// count made before it said.
+    last_get_full: bool,
 }
 
 impl Shared {
@@ -115,140 +138,165 @@ impl Shared {
         self.telemetry.counters.active_tasks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active > floor).then(|| active - 1)).is_ok()
     }
 
-    async fn run_task(self: Arc<Self>, mut probe: bool) {
+    async fn run_task(self: Arc<Self>, probe: bool) {
         let slot = TaskSlot { counters: &self.telemetry.counters, held: true };
         // This task's place among the getting and resting tasks (see `pickup`).
         let mut mark = TaskMark::new(&self);
-        let mut idle_count = 0u32;
-        let mut consecutive_errors = 0u32;
-        // After a full get the backlog's size is unknown: this task keeps going whatever a
-        // count made before it said.
-        let mut last_get_full = false;
-        let lease = self.settings.lease_duration;
-        let batch_size = self.settings.batch_size;
+        let mut task = TaskLoop { probe, idle_count: 0, consecutive_errors: 0, last_get_full: false };
         loop {
-            if self.stopping.is_cancelled() || !self.wait_while_paused().await {
-                break;
-            }
-            // A probe looks once before anything else (the target may be zero tasks).
-            if !probe && mark.try_retire(u32::from(last_get_full)) {
-                tracing::debug!("retiring: more tasks than the rule's count");
-                slot.given_back();
-                return;
-            }
-            // Handler slots first: a get asks for no more messages than can be handled at
-            // once, so none waits leased for a slot.
-            let grant = tokio::select! {
-                grant = self.pool.slots.acquire(batch_size) => grant,
-                _ = self.stopping.cancelled() => break,
-            };
-            if self.current_pause().is_some() {
-                // Paused while waiting for slots: no get; wait at the top.
-                drop(grant);
-                continue;
-            }
-            self.pool.calls_started.notify_one();
-            // The wait may have been long: retire now if the rule wants fewer tasks, rather
-            // than after a batch taken only to be let go.
-            if !probe && mark.try_retire(u32::from(last_get_full)) {
-                tracing::debug!("retiring: more tasks than the rule's count");
-                drop(grant);
-                slot.given_back();
-                return;
-            }
-            // A fast app's calls end before a fetched-ahead message waits long for a slot.
-            let ahead = self.reserve_prefetch(batch_size.saturating_sub(grant.count()));
-            let asked = grant.count() + ahead;
-            mark.get_starts();
-            // The service's lease starts when it answers, somewhere after this: counting
-            // it from here errs on the safe side when storage calls are slow.
-            let asked_at = tokio::time::Instant::now();
-            let batch = tokio::select! {
-                batch = self.queue.get(asked, lease) => batch,
-                _ = self.stopping.cancelled() => break,
-            };
-            mark.get_answered(&self);
-            // What was reserved to fetch ahead and did not come back is free for other tasks.
-            let fetched_ahead = batch.as_ref().map_or(0, |messages| (messages.len() as u32).saturating_sub(grant.count()).min(ahead));
-            self.release_prefetch(ahead - fetched_ahead);
-            if let Ok(messages) = &batch {
-                self.record_get(messages, asked);
-            }
-            match batch {
-                Ok(messages) => {
-                    consecutive_errors = 0;
-                    let found = messages.len();
-                    // As many as asked: more may wait, whether a batch or fewer was asked.
-                    last_get_full = found >= asked as usize;
-                    if found > 0 {
-                        // Found work: from now on an ordinary task, stopped by the rule.
-                        probe = false;
-                        // After idling this is the paper's QueueWorkDetected; while busy it
-                        // keeps the task count adapting (the scaler coalesces the raises).
-                        self.work_found();
-                        self.process_batch(messages, grant, asked_at + lease).await;
-                    } else {
-                        drop(grant);
-                    }
-                    if last_get_full {
-                        idle_count = 0;
-                        continue;
-                    }
-                    // Fewer than asked for: the queue was drained when storage answered. An
-                    // empty get counts as one more idle look; a short batch as the first (the
-                    // look that would have found the queue empty is not made).
-                    idle_count = if found == 0 { idle_count.saturating_add(1) } else { 1 };
-                    if probe && found == 0 {
-                        let mut stopped = false;
-                        let after = mark.after_drained(|| {
-                            stopped = self.try_stop_idle();
-                            stopped
-                        });
-                        if stopped && matches!(after, AfterDrained::Rest) {
-                            tracing::debug!("safety poll found the queue empty");
-                            slot.given_back();
-                            return;
-                        }
-                    }
-                    let decision = self.decide_queue_empty(idle_count).await;
-                    let mut stopped = false;
-                    let after = mark.after_drained(|| {
-                        stopped = decision.stop && self.try_stop_idle();
-                        stopped
-                    });
-                    let wake_at = match after {
-                        AfterDrained::GetAt(at) => at,
-                        AfterDrained::Rest if stopped => {
-                            tracing::debug!(idle_count, "stopping: the rule retired this idle task");
-                            slot.given_back();
-                            return;
-                        }
-                        AfterDrained::Rest => tokio::time::Instant::now() + Duration::from_millis(decision.delay_ms),
-                    };
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(wake_at) => {}
-                        // Woken early (a pickup, the scaler); the back-off restarts only if
-                        // this task finds messages.
-                        _ = self.pool.wake.notified(), if mark.is_resting() => {}
-                        _ = self.stopping.cancelled() => break,
-                    }
-                }
-                Err(error) => {
-                    drop(grant);
-                    consecutive_errors += 1;
-                    self.telemetry.counters.storage_errors.fetch_add(1, Ordering::Relaxed);
-                    let delay = RetryPolicy::default().delay(consecutive_errors).min(self.settings.max_polling_interval);
-                    if let Some(suppressed) = self.telemetry.storage_log.allow() {
-                        tracing::warn!(?delay, suppressed, "get failed: {error}");
-                    }
-                    tokio::select! {
-                        _ = tokio::time::sleep(delay) => {}
-                        _ = self.stopping.cancelled() => break,
-                    }
+            match self.task_round(&mut task, &mut mark).await {
+                Step::Go => {}
+                Step::Stop => break,
+                Step::Retired => {
+                    slot.given_back();
+                    return;
                 }
             }
         }
         drop(mark);
         drop(slot);
+    }
+
+    /// One round of a task: wait for handler slots, get, then process what came or back off.
+    async fn task_round(self: &Arc<Self>, task: &mut TaskLoop, mark: &mut TaskMark<'_>) -> Step {
+        if self.stopping.is_cancelled() || !self.wait_while_paused().await {
+            return Step::Stop;
+        }
+        // A probe looks once before anything else (the target may be zero tasks).
+        if !task.probe && mark.try_retire(u32::from(task.last_get_full)) {
+            tracing::debug!("retiring: more tasks than the rule's count");
+            return Step::Retired;
+        }
+        let (lease, batch_size) = (self.settings.lease_duration, self.settings.batch_size);
+        // Handler slots first: a get asks for no more messages than can be handled at
+        // once, so none waits leased for a slot.
+        let grant = tokio::select! {
+            grant = self.pool.slots.acquire(batch_size) => grant,
+            _ = self.stopping.cancelled() => return Step::Stop,
+        };
+        if self.current_pause().is_some() {
+            // Paused while waiting for slots: no get; wait at the top.
+            return Step::Go;
+        }
+        self.pool.calls_started.notify_one();
+        // The wait may have been long: retire now if the rule wants fewer tasks, rather
+        // than after a batch taken only to be let go.
+        if !task.probe && mark.try_retire(u32::from(task.last_get_full)) {
+            tracing::debug!("retiring: more tasks than the rule's count");
+            drop(grant);
+            return Step::Retired;
+        }
+        // A fast app's calls end before a fetched-ahead message waits long for a slot.
+        let ahead = self.reserve_prefetch(batch_size.saturating_sub(grant.count()));
+        let asked = grant.count() + ahead;
+        mark.get_starts();
+        // The service's lease starts when it answers, somewhere after this: counting
+        // it from here errs on the safe side when storage calls are slow.
+        let asked_at = tokio::time::Instant::now();
+        let batch = tokio::select! {
+            batch = self.queue.get(asked, lease) => batch,
+            _ = self.stopping.cancelled() => return Step::Stop,
+        };
+        mark.get_answered(self);
+        // What was reserved to fetch ahead and did not come back is free for other tasks.
+        let fetched_ahead = batch.as_ref().map_or(0, |messages| (messages.len() as u32).saturating_sub(grant.count()).min(ahead));
+        self.release_prefetch(ahead - fetched_ahead);
+        match batch {
+            Ok(messages) => {
+                self.record_get(&messages, asked);
+                self.after_get(task, mark, messages, grant, asked, asked_at + lease).await
+            }
+            Err(error) => {
+                drop(grant);
+                self.after_failed_get(task, &error).await
+            }
+        }
+    }
+
+    /// After a get that answered: processes what it found, and, when it found the queue
+    /// drained, backs off as the rule says (or stops).
+    async fn after_get(
+        self: &Arc<Self>,
+        task: &mut TaskLoop,
+        mark: &mut TaskMark<'_>,
+        messages: Vec<Message>,
+        grant: SlotGrant<'_>,
+        asked: u32,
+        leased_until: tokio::time::Instant,
+    ) -> Step {
+        task.consecutive_errors = 0;
+        let found = messages.len();
+        // As many as asked: more may wait, whether a batch or fewer was asked.
+        task.last_get_full = found >= asked as usize;
+        if found > 0 {
+            // Found work: from now on an ordinary task, stopped by the rule.
+            task.probe = false;
+            // After idling this is the paper's QueueWorkDetected; while busy it
+            // keeps the task count adapting (the scaler coalesces the raises).
+            self.work_found();
+            self.process_batch(messages, grant, leased_until).await;
+        } else {
+            drop(grant);
+        }
+        if task.last_get_full {
+            task.idle_count = 0;
+            return Step::Go;
+        }
+        // Fewer than asked for: the queue was drained when storage answered. An
+        // empty get counts as one more idle look; a short batch as the first (the
+        // look that would have found the queue empty is not made).
+        task.idle_count = if found == 0 { task.idle_count.saturating_add(1) } else { 1 };
+        if task.probe && found == 0 {
+            let mut stopped = false;
+            let after = mark.after_drained(|| {
+                stopped = self.try_stop_idle();
+                stopped
+            });
+            if stopped && matches!(after, AfterDrained::Rest) {
+                tracing::debug!("safety poll found the queue empty");
+                return Step::Retired;
+            }
+        }
+        self.back_off(task.idle_count, mark).await
+    }
+
+    /// The queue was found drained `idle_count` times in a row: picks up what was notified
+    /// meanwhile, or rests (or stops) as the rule says.
+    async fn back_off(&self, idle_count: u32, mark: &mut TaskMark<'_>) -> Step {
+        let decision = self.decide_queue_empty(idle_count).await;
+        let mut stopped = false;
+        let after = mark.after_drained(|| {
+            stopped = decision.stop && self.try_stop_idle();
+            stopped
+        });
+        let wake_at = match after {
+            AfterDrained::GetAt(at) => at,
+            AfterDrained::Rest if stopped => {
+                tracing::debug!(idle_count, "stopping: the rule retired this idle task");
+                return Step::Retired;
+            }
+            AfterDrained::Rest => tokio::time::Instant::now() + Duration::from_millis(decision.delay_ms),
+        };
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake_at) => Step::Go,
+            // Woken early (a pickup, the scaler); the back-off restarts only if
+            // this task finds messages.
+            _ = self.pool.wake.notified(), if mark.is_resting() => Step::Go,
+            _ = self.stopping.cancelled() => Step::Stop,
+        }
+    }
+
+    /// After a failed get: waits longer after each failure in a row, up to `max_polling_interval`.
+    async fn after_failed_get(&self, task: &mut TaskLoop, error: &QueueError) -> Step {
+        task.consecutive_errors += 1;
+        self.telemetry.counters.storage_errors.fetch_add(1, Ordering::Relaxed);
+        let delay = RetryPolicy::default().delay(task.consecutive_errors).min(self.settings.max_polling_interval);
+        if let Some(suppressed) = self.telemetry.storage_log.allow() {
+            tracing::warn!(?delay, suppressed, "get failed: {error}");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => Step::Go,
+            _ = self.stopping.cancelled() => Step::Stop,
+        }
     }
 }

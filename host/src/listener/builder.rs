@@ -1,15 +1,13 @@
 //! Building a listener: what it requires, and what it may be given instead of the defaults.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::handler::Handler;
-use crate::log_limit::LogLimiter;
-use crate::payload::{MIN_ENVELOPE_BYTES, Packer, PayloadSettings};
+use crate::payload::PayloadSettings;
 use crate::queue::{Clock, QueueClient, SystemClock, Transactions};
 use crate::record::QueueRecording;
 use crate::rules::{BuiltInRule, Decider};
@@ -17,13 +15,9 @@ use crate::rules::{BuiltInRule, Decider};
 use super::delivery::Delivery;
 use super::pool::Pool;
 use super::rule::Rule;
-use super::telemetry::{Counters, Telemetry};
+use super::telemetry::Telemetry;
 use super::work::Events;
 use super::{Listener, QueueSettings, Shared};
-
-/// Log lines per window for repeated failures (handler failures, failed gets, poisonings).
-const FAILURE_LOG_LINES: u32 = 10;
-const FAILURE_LOG_WINDOW: Duration = Duration::from_secs(60);
 
 /// Builds a [`Listener`]: the queue, its poison queue and the handler are required; the
 /// rule (default: the built-in one), the settings (default: [`QueueSettings::default`]) and
@@ -133,7 +127,6 @@ impl ListenerBuilder {
     pub fn build(self) -> Listener {
         let ListenerBuilder { queue, poison, handler, decider, clock, settings, transactions, payload, text_envelopes, reply, recording, claims, partition } =
             self;
-        let packer = Packer::new(payload.compression, payload.max_envelope_bytes.max(MIN_ENVELOPE_BYTES)).expect("the limit is at least the smallest envelope");
         let seed = settings.random_seed.unwrap_or_else(|| fastrand::u64(..));
         let pool = Pool::new(settings.max_concurrent_calls);
         Listener {
@@ -149,16 +142,8 @@ impl ListenerBuilder {
                 rule: Rule::new(decider, clock, seed),
                 events: Events::default(),
                 pool,
-                delivery: Delivery { poison, payload, packer, text_envelopes, reply, claims, partition },
-                telemetry: Telemetry {
-                    counters: Counters::default(),
-                    failure_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
-                    poison_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
-                    storage_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
-                    recording,
-                    transactions,
-                    depth_counted: Mutex::new(None),
-                },
+                delivery: Delivery::new(poison, payload, text_envelopes, reply, claims, partition),
+                telemetry: Telemetry::new(recording, transactions),
             }),
         }
     }

@@ -20,12 +20,12 @@ pub(super) struct Rule {
     pub(super) decider: Arc<dyn Decider>,
     /// The time rules are told (`timestamp_ms`).
     pub(super) clock: Arc<dyn Clock>,
-    pub(super) random: Mutex<fastrand::Rng>,
+    random: Mutex<fastrand::Rng>,
     /// The concurrency decision's own random values, so that adding it left the task-count
     /// and idle decisions' sequences (and a seeded simulation's figures) as they were.
-    pub(super) concurrency_random: Mutex<fastrand::Rng>,
+    concurrency_random: Mutex<fastrand::Rng>,
     /// The failure decision's, likewise.
-    pub(super) failure_random: Mutex<fastrand::Rng>,
+    failure_random: Mutex<fastrand::Rng>,
 }
 
 impl Rule {
@@ -38,6 +38,16 @@ impl Rule {
             concurrency_random: Mutex::new(fastrand::Rng::with_seed(seed.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15)),
             failure_random: Mutex::new(fastrand::Rng::with_seed(seed.rotate_left(16) ^ 0xc2b2_ae3d_27d4_eb4f)),
         }
+    }
+
+    /// The next random value of the concurrency decision's sequence.
+    pub(super) fn concurrency_random(&self) -> u64 {
+        self.concurrency_random.lock().unwrap().u64(..)
+    }
+
+    /// The next random value of the failure decision's sequence.
+    pub(super) fn failure_random(&self) -> u64 {
+        self.failure_random.lock().unwrap().u64(..)
     }
 }
 

@@ -63,8 +63,8 @@ pub(super) struct Events {
     pub(super) work_events: tokio::sync::watch::Sender<u64>,
     /// Wake-ups waiting for hidden messages to become visible (`wake_after`), and the
     /// news that an earlier one was added (the one timer re-arms).
-    pub(super) wakeups: Mutex<Wakeups>,
-    pub(super) wakeups_changed: Notify,
+    wakeups: Mutex<Wakeups>,
+    wakeups_changed: Notify,
     /// Whether pushes can reach the queue now (false while the bus between hosts is down:
     /// then a `push` queue polls as a pull queue does).
     pub(super) push_available: AtomicBool,

@@ -12,7 +12,7 @@ mod process;
 use std::sync::Arc;
 
 use crate::payload::claims::ClaimStore;
-use crate::payload::{Packer, PayloadSettings};
+use crate::payload::{MIN_ENVELOPE_BYTES, Packer, PayloadSettings};
 use crate::queue::QueueClient;
 
 pub use items::Reply;
@@ -21,18 +21,34 @@ pub(crate) use poison::PoisonEnvelope;
 /// Where delivered messages' outcomes go besides their own queue, and how envelopes are read.
 pub(in crate::listener) struct Delivery {
     /// Where messages that cannot be handled go.
-    pub(in crate::listener) poison: Arc<dyn QueueClient>,
+    poison: Arc<dyn QueueClient>,
     /// How envelopes' items are delivered, and put back when they fail.
-    pub(in crate::listener) payload: PayloadSettings,
+    payload: PayloadSettings,
     /// Packs failed items into a new envelope.
-    pub(in crate::listener) packer: Packer,
+    packer: Packer,
     /// Envelopes go as base64 text (an Azure queue with `encoding = "none"`).
-    pub(in crate::listener) text_envelopes: bool,
+    text_envelopes: bool,
     /// Where handlers' answers go, if anywhere.
-    pub(in crate::listener) reply: Option<Arc<dyn QueueClient>>,
+    reply: Option<Arc<dyn QueueClient>>,
     /// Where claim-check items' bodies are, if the queue has a claim store.
-    pub(in crate::listener) claims: Option<Arc<dyn ClaimStore>>,
+    claims: Option<Arc<dyn ClaimStore>>,
     /// Which partition of its logical queue the queue is, if it is one: replies carry the
     /// logical ids producers know.
-    pub(in crate::listener) partition: Option<usize>,
+    partition: Option<usize>,
+}
+
+impl Delivery {
+    /// Delivery to `poison` and `reply`, with envelopes as `payload` says (`text`: the
+    /// queue's messages are text), claims from `claims`, for partition `partition`.
+    pub(in crate::listener) fn new(
+        poison: Arc<dyn QueueClient>,
+        payload: PayloadSettings,
+        text: bool,
+        reply: Option<Arc<dyn QueueClient>>,
+        claims: Option<Arc<dyn ClaimStore>>,
+        partition: Option<usize>,
+    ) -> Delivery {
+        let packer = Packer::new(payload.compression, payload.max_envelope_bytes.max(MIN_ENVELOPE_BYTES)).expect("the limit is at least the smallest envelope");
+        Delivery { poison, payload, packer, text_envelopes: text, reply, claims, partition }
+    }
 }

@@ -15,7 +15,7 @@ use super::failures::{FailedDelivery, FailureVerdict};
 use super::items::{ItemResult, ReplyNotPut, Unpacked};
 use super::lease::{Lease, Outcome};
 use crate::listener::Shared;
-use crate::listener::pool::{FetchedAhead, Slot, SlotGrant};
+use crate::listener::pool::{Slot, SlotGrant};
 use crate::listener::telemetry::CallEnd;
 
 /// How a handler call ended, for the concurrency decision.
@@ -49,7 +49,7 @@ impl Shared {
     /// `slot` is the message's handler slot, given back as soon as the handler call ends
     /// (the delete that follows is storage's work, not the app's).
     async fn process(self: &Arc<Self>, message: Message, slot: Option<Slot<'_>>, leased_until: Instant) {
-        let ahead = slot.is_none().then(|| FetchedAhead(&self.pool.fetched_ahead));
+        let ahead = slot.is_none().then(|| self.pool.fetched_ahead());
         // Released when processing ends, however it ends (a panic, a drop at shutdown).
         let Some(_claim) = self.telemetry.counters.claim(&message.id) else {
             // Our own lease on it expired and we leased it again: it is already being handled

@@ -32,7 +32,7 @@ pub const PREFETCH_WAIT: Duration = Duration::from_millis(5);
 
 /// A message fetched ahead of the free slots, counted in `fetched_ahead` until it has its
 /// slot or its processing ends (however it ends).
-pub(in crate::listener) struct FetchedAhead<'a>(pub(in crate::listener) &'a std::sync::atomic::AtomicU32);
+pub(in crate::listener) struct FetchedAhead<'a>(pub(super) &'a std::sync::atomic::AtomicU32);
 
 impl Drop for FetchedAhead<'_> {
     fn drop(&mut self) {
@@ -148,7 +148,7 @@ impl Shared {
             latency_min_ms: window.min_micros.map_or(0.0, millis),
             latency_max_ms: millis(window.max_micros),
             timestamp_ms: self.rule.clock.now_ms(),
-            random: self.rule.concurrency_random.lock().unwrap().u64(..),
+            random: self.rule.concurrency_random(),
         };
         let decision: Option<Decision<u32>> = self.ask_rule(state, |rule, state| rule.decide_concurrency(state), |_| None).await;
         let limit = decision.map_or(max_limit, |d| d.value.clamp(1, max_limit));

@@ -17,25 +17,32 @@ pub use concurrency::CONCURRENCY_WINDOW;
 pub(in crate::listener) use concurrency::FetchedAhead;
 pub(in crate::listener) use slots::{Slot, SlotGrant};
 
-/// What the dequeue tasks share among themselves.
+/// What the dequeue tasks share among themselves (the handler slots with delivery, which
+/// hands each message its slot).
 pub(in crate::listener) struct Pool {
     /// Wakes resting tasks early (a pickup, the scaler).
-    pub(in crate::listener) wake: Notify,
+    wake: Notify,
     /// Notifications waiting for a get, and the tasks that will make it.
-    pub(in crate::listener) pickup: Mutex<pickup::Pickup>,
+    pickup: Mutex<pickup::Pickup>,
     /// Handler slots: how many handler calls run at once.
     pub(in crate::listener) slots: slots::Slots,
     /// Raised when slots are taken, so the idle concurrency decision starts its windows.
-    pub(in crate::listener) calls_started: Notify,
+    calls_started: Notify,
     /// The recent mean handler latency, in µs (0 before the first call): how far tasks
     /// may fetch ahead of the free slots.
-    pub(in crate::listener) latency_micros: AtomicU64,
+    latency_micros: AtomicU64,
     /// Messages fetched ahead of the free slots and not yet given one, all tasks together
     /// (with the places reserved for gets in flight).
-    pub(in crate::listener) fetched_ahead: AtomicU32,
+    fetched_ahead: AtomicU32,
 }
 
 impl Pool {
+    /// A message fetched ahead of the free slots, whose place was reserved by its get:
+    /// counted until it has its slot or its processing ends.
+    pub(in crate::listener) fn fetched_ahead(&self) -> FetchedAhead<'_> {
+        FetchedAhead(&self.fetched_ahead)
+    }
+
     /// A pool whose handler slots allow `max_concurrent_calls` at once.
     pub(in crate::listener) fn new(max_concurrent_calls: u32) -> Pool {
         Pool {

@@ -7,6 +7,7 @@ mod counters;
 mod status;
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use crate::log_limit::LogLimiter;
 use crate::queue::Transactions;
@@ -15,6 +16,10 @@ use crate::record::QueueRecording;
 pub(in crate::listener) use calls::CallEnd;
 pub(in crate::listener) use counters::{Counters, LastGet};
 pub use status::{DEPTH_MAX_AGE, ListenerStatus, PoisonForm, RecordedDecision, TaskCountInputs};
+
+/// Log lines per window for repeated failures (handler failures, failed gets, poisonings).
+const FAILURE_LOG_LINES: u32 = 10;
+const FAILURE_LOG_WINDOW: Duration = Duration::from_secs(60);
 
 /// The listener's counters, what it records, and its log limits.
 pub(in crate::listener) struct Telemetry {
@@ -28,7 +33,22 @@ pub(in crate::listener) struct Telemetry {
     /// Counts the messages gets see for the first time (arrivals, for `ebb trace export`).
     pub(in crate::listener) recording: Option<Arc<QueueRecording>>,
     /// Storage transactions shown in the status, if metered.
-    pub(in crate::listener) transactions: Option<Arc<Transactions>>,
+    transactions: Option<Arc<Transactions>>,
     /// When the depth was last counted (remote backends: each count is a billed call).
     pub(in crate::listener) depth_counted: Mutex<Option<tokio::time::Instant>>,
+}
+
+impl Telemetry {
+    /// Counters from zero, arrivals recorded to `recording`, and `transactions` shown in the status.
+    pub(in crate::listener) fn new(recording: Option<Arc<QueueRecording>>, transactions: Option<Arc<Transactions>>) -> Telemetry {
+        Telemetry {
+            counters: Counters::default(),
+            failure_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
+            poison_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
+            storage_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
+            recording,
+            transactions,
+            depth_counted: Mutex::new(None),
+        }
+    }
 }

@@ -1,13 +1,15 @@
 //! Delivery: a batch's messages through the handler and each one's outcome. A plain
 //! message's way reads top to bottom in `process` (handled, then deleted, retried or
 //! released), `lease` (kept leased while the handler runs), `failures` (retry or poison
-//! after a failure) and `poison` (moved aside); an envelope's items go through `items`.
+//! after a failure) and `poison` (moved aside); an envelope's items go through `items`, handlers'
+//! answers through `replies`.
 
 mod failures;
 mod items;
 mod lease;
 mod poison;
 mod process;
+mod replies;
 
 use std::sync::Arc;
 
@@ -15,8 +17,8 @@ use crate::payload::claims::ClaimStore;
 use crate::payload::{MIN_ENVELOPE_BYTES, Packer, PayloadSettings};
 use crate::queue::QueueClient;
 
-pub use items::Reply;
 pub(crate) use poison::PoisonEnvelope;
+pub use replies::Reply;
 
 /// Where delivered messages' outcomes go besides their own queue, and how envelopes are read.
 pub(in crate::listener) struct Delivery {

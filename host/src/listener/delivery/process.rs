@@ -12,8 +12,9 @@ use crate::handler::{AnswerTooLarge, HostError, IncomingMessage, PUSHED_BACK_POI
 use crate::queue::{Message, MessageId, PopReceipt, QueueError};
 
 use super::failures::{FailedDelivery, FailureVerdict};
-use super::items::{ItemResult, ReplyNotPut, Unpacked};
+use super::items::{ItemResult, Unpacked};
 use super::lease::{Lease, Outcome};
+use super::replies::ReplyNotPut;
 use crate::listener::Shared;
 use crate::listener::pool::{Slot, SlotGrant};
 use crate::listener::telemetry::CallEnd;

@@ -132,3 +132,98 @@ fn no_two_modules_use_each_other() {
         }
     }
 }
+
+/// A module of `host/src/<folder>` as a path of names (`["listener", "pool", "tasks"]`),
+/// for each `.rs` file under it.
+fn modules_in(folder: &str) -> BTreeMap<Vec<String>, String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../host/src");
+    let mut all = Vec::new();
+    files(&src.join(folder), &mut all);
+    let mut modules = BTreeMap::new();
+    for path in all {
+        let relative = path.strip_prefix(&src).unwrap().with_extension("");
+        let mut names: Vec<String> = relative.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+        if names.last().is_some_and(|n| n == "mod") {
+            names.pop();
+        }
+        modules.insert(names, std::fs::read_to_string(&path).unwrap());
+    }
+    modules
+}
+
+/// The paths a file's code names through `super::` (with `super::{a, b::c}` split) or
+/// `crate::listener::`, each resolved to a path of names from the crate's root.
+fn super_paths(module: &[String], is_folder: bool, text: &str) -> Vec<Vec<String>> {
+    let mut paths = Vec::new();
+    for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
+        let mut rest = line;
+        while let Some(at) = rest.find("super::") {
+            // The parent of a file's module; a folder's `mod.rs` is its module itself.
+            let mut base = module.to_vec();
+            if !is_folder || base.len() > 1 {
+                base.pop();
+            }
+            let mut tail = &rest[at..];
+            while let Some(after) = tail.strip_prefix("super::") {
+                tail = after;
+                if tail.starts_with("super::") {
+                    base.pop();
+                }
+            }
+            let ident = |s: &str| s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>();
+            if let Some(group) = tail.strip_prefix('{') {
+                let group = group.split('}').next().unwrap_or("");
+                for part in group.split(',') {
+                    let name = ident(part.trim());
+                    if !name.is_empty() {
+                        paths.push([base.clone(), vec![name]].concat());
+                    }
+                }
+            } else {
+                let names: Vec<String> = tail.split("::").map(ident).take_while(|n| !n.is_empty()).collect();
+                paths.push([base.clone(), names].concat());
+            }
+            rest = &rest[at + 7..];
+        }
+        // And what it names by its path from the crate's root.
+        let mut rest = line;
+        while let Some(at) = rest.find("crate::listener::") {
+            rest = &rest[at + 7..];
+            let names: Vec<String> = rest
+                .split("::")
+                .map(|s| s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>())
+                .take_while(|n| !n.is_empty())
+                .collect();
+            paths.push(names);
+        }
+    }
+    paths
+}
+
+/// No two sibling modules of `host/src/listener/` (files, or folders taken whole) name
+/// each other: each part of the listener reads without its neighbours reading it back.
+#[test]
+fn no_two_files_of_the_listener_import_each_other() {
+    let modules = modules_in("listener");
+    let mut edges: BTreeSet<(Vec<String>, Vec<String>)> = BTreeSet::new();
+    for (module, text) in &modules {
+        let is_folder = modules.keys().any(|other| other.len() > module.len() && other.starts_with(module));
+        for path in super_paths(module, is_folder, text) {
+            // The two siblings the reference joins: the first names where the paths part.
+            let shared = module.iter().zip(&path).take_while(|(a, b)| a == b).count();
+            if shared >= module.len() || shared >= path.len() {
+                continue;
+            }
+            let (from, to) = (module[..=shared].to_vec(), path[..=shared].to_vec());
+            if modules.contains_key(&to) {
+                edges.insert((from, to));
+            }
+        }
+    }
+    let circles: Vec<String> = edges
+        .iter()
+        .filter(|(from, to)| from < to && edges.contains(&(to.clone(), from.clone())))
+        .map(|(a, b)| format!("{} <-> {}", a.join("/"), b.join("/")))
+        .collect();
+    assert!(circles.is_empty(), "files of the listener that import each other:\n{}", circles.join("\n"));
+}

@@ -1,26 +1,23 @@
 //! Building a listener: what it requires, and what it may be given instead of the defaults.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::handler::Handler;
-use crate::log_limit::LogLimiter;
-use crate::payload::{MIN_ENVELOPE_BYTES, Packer, PayloadSettings};
+use crate::payload::PayloadSettings;
 use crate::queue::{Clock, QueueClient, SystemClock, Transactions};
 use crate::record::QueueRecording;
 use crate::rules::{BuiltInRule, Decider};
 
-use super::counters::Counters;
+use super::delivery::Delivery;
+use super::pool::Pool;
+use super::rule::Rule;
+use super::telemetry::Telemetry;
+use super::work::Events;
 use super::{Listener, QueueSettings, Shared};
-
-/// Log lines per window for repeated failures (handler failures, failed gets, poisonings).
-const FAILURE_LOG_LINES: u32 = 10;
-const FAILURE_LOG_WINDOW: Duration = Duration::from_secs(60);
 
 /// Builds a [`Listener`]: the queue, its poison queue and the handler are required; the
 /// rule (default: the built-in one), the settings (default: [`QueueSettings::default`]) and
@@ -130,49 +127,23 @@ impl ListenerBuilder {
     pub fn build(self) -> Listener {
         let ListenerBuilder { queue, poison, handler, decider, clock, settings, transactions, payload, text_envelopes, reply, recording, claims, partition } =
             self;
-        let packer = Packer::new(payload.compression, payload.max_envelope_bytes.max(MIN_ENVELOPE_BYTES)).expect("the limit is at least the smallest envelope");
         let seed = settings.random_seed.unwrap_or_else(|| fastrand::u64(..));
-        let slots = super::slots::Slots::new(settings.max_concurrent_calls);
+        let pool = Pool::new(settings.max_concurrent_calls);
         Listener {
             shared: Arc::new(Shared {
                 queue,
-                poison,
                 handler,
-                decider,
-                clock,
                 settings,
-                transactions,
-                recording,
-                counters: Counters::default(),
-                work: Notify::new(),
-                wake: Notify::new(),
-                pickup: Mutex::default(),
-                work_events: tokio::sync::watch::Sender::new(0),
                 stopping: CancellationToken::new(),
                 abandon: CancellationToken::new(),
                 tasks: TaskTracker::new(),
-                random: Mutex::new(fastrand::Rng::with_seed(seed)),
-                concurrency_random: Mutex::new(fastrand::Rng::with_seed(seed.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15)),
-                failure_random: Mutex::new(fastrand::Rng::with_seed(seed.rotate_left(16) ^ 0xc2b2_ae3d_27d4_eb4f)),
-                failure_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
-                poison_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
-                depth_counted: Mutex::new(None),
-                storage_log: LogLimiter::new(FAILURE_LOG_LINES, FAILURE_LOG_WINDOW),
-                push_available: AtomicBool::new(true),
                 started: AtomicBool::new(false),
-                wakeups: Mutex::default(),
-                wakeups_changed: Notify::new(),
-                slots,
-                calls_started: Notify::new(),
-                latency_micros: std::sync::atomic::AtomicU64::new(0),
-                fetched_ahead: std::sync::atomic::AtomicU32::new(0),
                 paused: tokio::sync::watch::Sender::new(None),
-                payload,
-                packer,
-                claims,
-                text_envelopes,
-                reply,
-                partition,
+                rule: Rule::new(decider, clock, seed),
+                events: Events::default(),
+                pool,
+                delivery: Delivery::new(poison, payload, text_envelopes, reply, claims, partition),
+                telemetry: Telemetry::new(recording, transactions),
             }),
         }
     }

@@ -7,57 +7,51 @@
 //! the rule's two decisions; `QueueWorkDetected` → [`Listener::work_detected`], raised by a
 //! task that finds messages (after idling, and while busy) and by push notifications.
 //!
-//! The files follow the data path:
-//! - `tasks`: the dequeue task loop (get, process or back off, retire), and its slots;
-//! - `process`: a batch's messages through the handler, and each one's outcome (delete,
-//!   retry later, release at shutdown); `lease`: renewing a message's lease while the
-//!   handler runs; `poison`: moving a message that cannot be handled aside; `failures`:
-//!   retry or poison after a failure (the rule's `on-handler-failure`, or `max_dequeue_count`);
-//! - `work`: work-detected events, pushes, wake-ups and the safety poll;
-//! - `scaling`: the scaler, which moves the task count toward the rule's;
-//!   `rule`: what the rule is told and the thread it is asked on;
-//! - `pause`: a paused queue makes no get;
-//! - `counters` and `status`: what `QueryState()` reports.
+//! A plain message's way through the listener reads top to bottom in five files:
+//! 1. `pool/tasks.rs`: a dequeue task takes handler slots, gets a batch and hands it on (or,
+//!    when the queue is empty, backs off as the rule says);
+//! 2. `delivery/process.rs`: each message to the handler, then its outcome settled: deleted
+//!    on success, hidden for a retry delay, or released at once at shutdown;
+//! 3. `delivery/lease.rs`: its lease renewed while the handler runs;
+//! 4. `delivery/failures.rs`: after a failure, retry or poison (the rule's
+//!    `on-handler-failure`, or `max_dequeue_count`);
+//! 5. `delivery/poison.rs`: put on the poison queue, then deleted.
+//!
+//! The parts, each with its own state:
+//! - `pool/`: the task pool: tasks, the pickup of notified work, handler slots, fetch-ahead,
+//!   scaling the task count and the concurrency decision;
+//! - `delivery/`: the above, and envelopes' items and replies (`items`);
+//! - `telemetry/`: the counters and status behind `QueryState()`, recording and log limits;
+//! - `rule.rs`: what the rule is told and the thread it is asked on; `work.rs`: work-detected
+//!   events, pushes, wake-ups and the safety poll; `pause.rs`: a paused queue makes no get;
+//!   `builder.rs` and `settings.rs`: what a listener is made of.
 
 mod builder;
-mod concurrency;
-mod counters;
-mod failures;
-mod items;
-mod lease;
+mod delivery;
 mod pause;
-mod pickup;
-mod poison;
-mod process;
+mod pool;
 mod rule;
-mod scaling;
 mod settings;
-mod slots;
-mod status;
-mod tasks;
+mod telemetry;
 mod work;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::handler::Handler;
-use crate::log_limit::LogLimiter;
-use crate::queue::{Clock, QueueClient, Transactions};
-use crate::rules::Decider;
+use crate::queue::QueueClient;
 
 pub use builder::ListenerBuilder;
-pub use concurrency::CONCURRENCY_WINDOW;
-use counters::Counters;
-pub use items::Reply;
+pub(crate) use delivery::PoisonEnvelope;
+pub use delivery::Reply;
 pub use pause::Pause;
-pub(crate) use poison::PoisonEnvelope;
+pub use pool::CONCURRENCY_WINDOW;
 pub use settings::QueueSettings;
-pub use status::{DEPTH_MAX_AGE, ListenerStatus, PoisonForm};
+pub use telemetry::{DEPTH_MAX_AGE, ListenerStatus, PoisonForm};
 
 /// One queue's listener. Cheap to clone (shared state).
 #[derive(Clone)]
@@ -65,82 +59,31 @@ pub struct Listener {
     shared: Arc<Shared>,
 }
 
-/// What the listener's tasks share; each file of this module adds the methods of its job.
+/// What the listener's tasks share: the queue and its handler, the run's lifetime, and the
+/// parts, each with its own state (the methods of each job are in its part's files).
 struct Shared {
     queue: Arc<dyn QueueClient>,
-    poison: Arc<dyn QueueClient>,
     handler: Arc<dyn Handler>,
-    /// Decides the task count and the idle sleeps (the built-in rule unless the builder was given another).
-    decider: Arc<dyn Decider>,
-    /// The time rules are told (`timestamp_ms`).
-    clock: Arc<dyn Clock>,
     settings: QueueSettings,
-    transactions: Option<Arc<Transactions>>,
-    /// Counts the messages gets see for the first time (arrivals, for `ebb trace export`).
-    recording: Option<Arc<crate::record::QueueRecording>>,
-    counters: Counters,
-    /// Raised by `work_detected`; the scaler coalesces raises.
-    work: Notify,
-    /// Wakes resting tasks early (a pickup, the scaler).
-    wake: Notify,
-    /// Notifications waiting for a get, and the tasks that will make it.
-    pickup: Mutex<pickup::Pickup>,
-    /// Bumped by every work-detected event, for watchers outside (the KEDA scaler's
-    /// `StreamIsActive`).
-    work_events: tokio::sync::watch::Sender<u64>,
     /// Stop taking new batches.
     stopping: CancellationToken,
     /// Drain time is over: release what is still in flight.
     abandon: CancellationToken,
     tasks: TaskTracker,
-    random: Mutex<fastrand::Rng>,
-    /// The concurrency decision's own random values, so that adding it left the task-count
-    /// and idle decisions' sequences (and a seeded simulation's figures) as they were.
-    concurrency_random: Mutex<fastrand::Rng>,
-    /// The failure decision's, likewise.
-    failure_random: Mutex<fastrand::Rng>,
-    /// Handler failures and retries are logged at WARN, this many per window.
-    failure_log: LogLimiter,
-    /// Poisonings, likewise (each one's reason stays in the status and the metrics).
-    poison_log: LogLimiter,
-    /// When the depth was last counted (remote backends: each count is a billed call).
-    depth_counted: Mutex<Option<tokio::time::Instant>>,
-    /// Failed gets, likewise.
-    storage_log: LogLimiter,
-    /// Whether pushes can reach the queue now (false while the bus between hosts is down:
-    /// then a `push` queue polls as a pull queue does).
-    push_available: AtomicBool,
     /// Set by `start`: a listener never started (`ebb scaler`'s) only carries events.
     started: AtomicBool,
-    /// Wake-ups waiting for hidden messages to become visible (`wake_after`), and the
-    /// news that an earlier one was added (the one timer re-arms).
-    wakeups: Mutex<work::Wakeups>,
-    wakeups_changed: Notify,
-    /// Handler slots: how many handler calls run at once.
-    slots: slots::Slots,
-    /// Raised when slots are taken, so the idle concurrency decision starts its windows.
-    calls_started: Notify,
-    /// The recent mean handler latency, in µs (0 before the first call): how far tasks
-    /// may fetch ahead of the free slots.
-    latency_micros: std::sync::atomic::AtomicU64,
-    /// Messages fetched ahead of the free slots and not yet given one, all tasks together
-    /// (with the places reserved for gets in flight).
-    fetched_ahead: std::sync::atomic::AtomicU32,
     /// The queue's pause, if any (see `pause`).
     paused: tokio::sync::watch::Sender<Option<pause::Pause>>,
-    /// How envelopes' items are delivered, and put back when they fail.
-    payload: crate::payload::PayloadSettings,
-    /// Packs failed items into a new envelope.
-    packer: crate::payload::Packer,
-    /// Envelopes go as base64 text (an Azure queue with `encoding = "none"`).
-    text_envelopes: bool,
-    /// Where handlers' answers go, if anywhere.
-    reply: Option<Arc<dyn QueueClient>>,
-    /// Where claim-check items' bodies are, if the queue has a claim store.
-    claims: Option<Arc<dyn crate::payload::claims::ClaimStore>>,
-    /// Which partition of its logical queue the queue is, if it is one: replies carry the
-    /// logical ids producers know.
-    partition: Option<usize>,
+    /// The rule, the time it is told and its random values (see `rule`).
+    rule: rule::Rule,
+    /// Work-detected events, wake-ups and whether pushes reach the queue (see `work`).
+    events: work::Events,
+    /// The dequeue tasks' pickup, handler slots and fetch-ahead (see `pool`).
+    pool: pool::Pool,
+    /// The poison and reply queues, envelopes and claims (see `delivery`).
+    delivery: delivery::Delivery,
+    /// Counters, recording and log limits (see `telemetry`).
+    telemetry: telemetry::Telemetry,
 }
 
 impl Listener {
@@ -158,7 +101,7 @@ impl Listener {
         self.shared.spawn_scaler();
         self.shared.spawn_concurrency();
         let initial = self.shared.floor();
-        self.shared.counters.target_tasks.store(initial, Ordering::Relaxed);
+        self.shared.telemetry.counters.target_tasks.store(initial, Ordering::Relaxed);
         self.start_tasks(initial);
         if self.shared.settings.push_enabled {
             self.shared.spawn_safety_poll();
@@ -197,13 +140,13 @@ impl Listener {
     /// A receiver that sees every work-detected event (a task finding messages, a push),
     /// as a counter that goes up: for watchers outside the listener, like the KEDA scaler.
     pub(crate) fn work_events(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.shared.work_events.subscribe()
+        self.shared.events.work_events.subscribe()
     }
 
     /// Time spent in the handler so far, over every message (with `processed` and `failed`
     /// of the status, the mean latency over any window).
     pub(crate) fn handler_time(&self) -> Duration {
-        Duration::from_micros(self.shared.counters.handler_micros())
+        Duration::from_micros(self.shared.telemetry.counters.handler_micros())
     }
 
     /// `QueryState()`: the listener's state, for status and metrics.
@@ -226,7 +169,7 @@ impl Listener {
     /// Messages released at shutdown so far (the status's `released_on_shutdown`, read
     /// without the status's depth refresh).
     pub(crate) fn released_on_shutdown(&self) -> u64 {
-        self.shared.counters.released_on_shutdown.load(Ordering::Relaxed)
+        self.shared.telemetry.counters.released_on_shutdown.load(Ordering::Relaxed)
     }
 
     /// Stops at once, without waiting: no new batch, and messages in flight are released

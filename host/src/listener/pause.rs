@@ -44,7 +44,7 @@ impl Listener {
 
 impl Shared {
     pub(super) fn current_pause(&self) -> Option<Pause> {
-        let now = self.clock.now_ms();
+        let now = self.rule.clock.now_ms();
         (*self.paused.borrow()).filter(|pause| pause.holds_at(now))
     }
 
@@ -58,7 +58,7 @@ impl Shared {
         let mut changes = self.paused.subscribe();
         loop {
             let Some(pause) = self.current_pause() else { return true };
-            let ends = pause.until_ms.map(|until| Duration::from_millis(until.saturating_sub(self.clock.now_ms())));
+            let ends = pause.until_ms.map(|until| Duration::from_millis(until.saturating_sub(self.rule.clock.now_ms())));
             tokio::select! {
                 _ = changes.changed() => {}
                 () = async {

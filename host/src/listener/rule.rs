@@ -4,21 +4,59 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use crate::panics::panic_message;
-use crate::queue::Message;
+use crate::queue::{Clock, Message};
 use crate::rules::{Decider, Decision, DecisionSource, DepthSource, IdleContext, IdleDecision, QueueState, built_in_queue_empty, built_in_task_count};
 
-use super::counters::LastGet;
-use super::status::TaskCountInputs;
+use super::telemetry::{LastGet, TaskCountInputs};
 use super::{Listener, Shared};
+
+/// What the listener asks its rule with: the rule, the time it is told, and the random
+/// values it is given (one sequence per decision).
+pub(super) struct Rule {
+    /// Decides the task count and the idle sleeps (the built-in rule unless the builder was given another).
+    pub(super) decider: Arc<dyn Decider>,
+    /// The time rules are told (`timestamp_ms`).
+    pub(super) clock: Arc<dyn Clock>,
+    random: Mutex<fastrand::Rng>,
+    /// The concurrency decision's own random values, so that adding it left the task-count
+    /// and idle decisions' sequences (and a seeded simulation's figures) as they were.
+    concurrency_random: Mutex<fastrand::Rng>,
+    /// The failure decision's, likewise.
+    failure_random: Mutex<fastrand::Rng>,
+}
+
+impl Rule {
+    /// `decider` asked with `clock`'s time; its random sequences from `seed`.
+    pub(super) fn new(decider: Arc<dyn Decider>, clock: Arc<dyn Clock>, seed: u64) -> Rule {
+        Rule {
+            decider,
+            clock,
+            random: Mutex::new(fastrand::Rng::with_seed(seed)),
+            concurrency_random: Mutex::new(fastrand::Rng::with_seed(seed.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15)),
+            failure_random: Mutex::new(fastrand::Rng::with_seed(seed.rotate_left(16) ^ 0xc2b2_ae3d_27d4_eb4f)),
+        }
+    }
+
+    /// The next random value of the concurrency decision's sequence.
+    pub(super) fn concurrency_random(&self) -> u64 {
+        self.concurrency_random.lock().unwrap().u64(..)
+    }
+
+    /// The next random value of the failure decision's sequence.
+    pub(super) fn failure_random(&self) -> u64 {
+        self.failure_random.lock().unwrap().u64(..)
+    }
+}
 
 impl Listener {
     /// `n` messages arrived on the queue: puts through this host, or a notification it
     /// received (one each). The rule is told the rate (`arrivals_per_sec`, over the last
     /// 10 s). Only counts: waking the queue is [`Listener::work_detected`]'s.
     pub fn record_arrivals(&self, n: u64) {
-        self.shared.counters.record_arrivals(n);
+        self.shared.telemetry.counters.record_arrivals(n);
     }
 }
 
@@ -27,11 +65,11 @@ impl Shared {
     /// them had waited (by the listener's clock against the insertion time storage reports,
     /// 0 when storage's clock is ahead).
     pub(super) fn record_get(&self, messages: &[Message], asked: u32) {
-        let now = crate::queue::clock::system_time(self.clock.now_ms());
+        let now = crate::queue::clock::system_time(self.rule.clock.now_ms());
         let oldest = messages.iter().map(|m| m.inserted_at).min();
         let oldest_age_ms = oldest.map(|at| now.duration_since(at).map_or(0, |age| age.as_millis() as u64));
-        self.counters.record_get(LastGet { messages: messages.len().min(u32::MAX as usize) as u32, asked, oldest_age_ms });
-        if let Some(recording) = &self.recording {
+        self.telemetry.counters.record_get(LastGet { messages: messages.len().min(u32::MAX as usize) as u32, asked, oldest_age_ms });
+        if let Some(recording) = &self.telemetry.recording {
             // A redelivery is the same arrival again: only a first delivery counts.
             let first = messages.iter().filter(|m| m.dequeue_count == 1).count();
             recording.record(crate::record::Seen::FirstGet, first as u64);
@@ -43,15 +81,15 @@ impl Shared {
         let ctx = IdleContext {
             queue: self.queue.name().to_string(),
             idle_count,
-            active_tasks: self.counters.active_tasks.load(Ordering::Relaxed),
+            active_tasks: self.telemetry.counters.active_tasks.load(Ordering::Relaxed),
             min_interval_ms: self.settings.min_polling_interval.as_millis() as u64,
             max_interval_ms: self.settings.max_polling_interval.as_millis() as u64,
             push_enabled: self.push_enabled(),
-            timestamp_ms: self.clock.now_ms(),
+            timestamp_ms: self.rule.clock.now_ms(),
             random: self.random(),
         };
         let decision = self.ask_rule(ctx, |rule, ctx| rule.decide_queue_empty(ctx), |ctx| built_in_queue_empty(ctx, DecisionSource::Fallback)).await;
-        self.counters.record_queue_empty(decision);
+        self.telemetry.counters.record_queue_empty(decision);
         decision.value
     }
 
@@ -59,24 +97,24 @@ impl Shared {
     /// decision, or inferred, as `depth_source` says), with the throughput, latency and
     /// failures since the last decision, the last get and the recent arrivals.
     pub(super) async fn decide_task_count(&self, depth: u64, depth_source: DepthSource) -> Decision<u32> {
-        let window = self.counters.take_window();
-        let last_get = self.counters.last_get();
+        let window = self.telemetry.counters.take_window();
+        let last_get = self.telemetry.counters.last_get();
         let state = QueueState {
             queue: self.queue.name().to_string(),
             approximate_depth: depth,
-            in_flight: self.counters.in_flight.load(Ordering::Relaxed),
-            active_tasks: self.counters.active_tasks.load(Ordering::Relaxed),
+            in_flight: self.telemetry.counters.in_flight.load(Ordering::Relaxed),
+            active_tasks: self.telemetry.counters.active_tasks.load(Ordering::Relaxed),
             min_tasks: self.floor(),
             max_tasks: self.settings.max_tasks,
             throughput_per_sec: window.throughput_per_sec,
             mean_handler_latency_ms: window.mean_handler_latency_ms,
             recent_failures: window.failures,
             push_enabled: self.push_enabled(),
-            timestamp_ms: self.clock.now_ms(),
+            timestamp_ms: self.rule.clock.now_ms(),
             random: self.random(),
             last_get_messages: last_get.messages,
             batch_size: self.settings.batch_size,
-            arrivals_per_sec: self.counters.arrivals_per_sec(),
+            arrivals_per_sec: self.telemetry.counters.arrivals_per_sec(),
             oldest_message_age_ms: last_get.oldest_age_ms,
             depth_source,
         };
@@ -91,7 +129,7 @@ impl Shared {
             oldest_message_age_ms: state.oldest_message_age_ms,
         };
         let decision = self.ask_rule(state, |rule, state| rule.decide_task_count(state), |state| built_in_task_count(state, DecisionSource::Fallback)).await;
-        self.counters.record_task_count(decision, inputs);
+        self.telemetry.counters.record_task_count(decision, inputs);
         decision
     }
 
@@ -103,7 +141,7 @@ impl Shared {
         I: Clone + Send + 'static,
         R: Send + 'static,
     {
-        let decider = self.decider.clone();
+        let decider = self.rule.decider.clone();
         let failure = if decider.may_block() {
             let call_input = input.clone();
             match tokio::task::spawn_blocking(move || decide(&*decider, &call_input)).await {
@@ -117,12 +155,12 @@ impl Shared {
                 Err(panic) => format!("panicked: {}", panic_message(&*panic)),
             }
         };
-        self.counters.rule_call_panics.fetch_add(1, Ordering::Relaxed);
+        self.telemetry.counters.rule_call_panics.fetch_add(1, Ordering::Relaxed);
         tracing::error!("a rule call {failure}; decided without the rule instead");
         fallback(&input)
     }
 
     fn random(&self) -> u64 {
-        self.random.lock().unwrap().u64(..)
+        self.rule.random.lock().unwrap().u64(..)
     }
 }

@@ -3,10 +3,11 @@
 //! looks at a push queue while no task runs.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
@@ -53,22 +54,50 @@ impl Wakeups {
     }
 }
 
+/// Work-detected events and the wake-ups of hidden messages, and whether pushes reach the queue.
+pub(super) struct Events {
+    /// Raised by `work_detected`; the scaler coalesces raises.
+    pub(super) work: Notify,
+    /// Bumped by every work-detected event, for watchers outside (the KEDA scaler's
+    /// `StreamIsActive`).
+    pub(super) work_events: tokio::sync::watch::Sender<u64>,
+    /// Wake-ups waiting for hidden messages to become visible (`wake_after`), and the
+    /// news that an earlier one was added (the one timer re-arms).
+    wakeups: Mutex<Wakeups>,
+    wakeups_changed: Notify,
+    /// Whether pushes can reach the queue now (false while the bus between hosts is down:
+    /// then a `push` queue polls as a pull queue does).
+    pub(super) push_available: AtomicBool,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Events {
+            work: Notify::new(),
+            work_events: tokio::sync::watch::Sender::new(0),
+            wakeups: Mutex::default(),
+            wakeups_changed: Notify::new(),
+            push_available: AtomicBool::new(true),
+        }
+    }
+}
+
 impl Shared {
     /// A push: messages arrived from outside. A busy task picks them up; otherwise one get
     /// is scheduled after `max_pickup_delay`, which later notifications ride along with
     /// (see `pickup`). The scaler is not asked: a get that comes back full asks it.
     pub(super) fn work_detected(self: &Arc<Self>) {
-        self.counters.work_detected.fetch_add(1, Ordering::Relaxed);
-        self.work_events.send_modify(|n| *n = n.wrapping_add(1));
+        self.telemetry.counters.work_detected.fetch_add(1, Ordering::Relaxed);
+        self.events.work_events.send_modify(|n| *n = n.wrapping_add(1));
         self.notified();
     }
 
     /// A task found messages: ask the scaler, without waking idle tasks (the scaler wakes as
     /// many as the backlog needs; waking one per find would turn a trickle into empty gets).
     pub(super) fn work_found(&self) {
-        self.counters.work_detected.fetch_add(1, Ordering::Relaxed);
-        self.work.notify_one();
-        self.work_events.send_modify(|n| *n = n.wrapping_add(1));
+        self.telemetry.counters.work_detected.fetch_add(1, Ordering::Relaxed);
+        self.events.work.notify_one();
+        self.events.work_events.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// With push, a message this host hid (a retry delay, a delayed send) is visible again
@@ -82,7 +111,7 @@ impl Shared {
         let now = Instant::now();
         let due = now + delay;
         let (earliest, start_timer) = {
-            let mut wakeups = self.wakeups.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut wakeups = self.events.wakeups.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let earliest = wakeups.add(now, due, WAKE_GRAIN);
             (earliest, !std::mem::replace(&mut wakeups.timer_running, true))
         };
@@ -90,7 +119,7 @@ impl Shared {
             let span = tracing::info_span!("wakeups", queue = %self.queue.name());
             self.tasks.spawn(self.clone().run_wakeups().instrument(span));
         } else if earliest {
-            self.wakeups_changed.notify_one();
+            self.events.wakeups_changed.notify_one();
         }
     }
 
@@ -98,7 +127,7 @@ impl Shared {
     /// next; re-armed when an earlier one is added; ends when the listener stops.
     async fn run_wakeups(self: Arc<Self>) {
         loop {
-            let next = self.wakeups.lock().unwrap_or_else(std::sync::PoisonError::into_inner).at.first().copied();
+            let next = self.events.wakeups.lock().unwrap_or_else(std::sync::PoisonError::into_inner).at.first().copied();
             let sleep = async {
                 match next {
                     Some(at) => tokio::time::sleep_until(at).await,
@@ -108,14 +137,14 @@ impl Shared {
             tokio::select! {
                 () = sleep => {
                     let now = Instant::now();
-                    let mut wakeups = self.wakeups.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let mut wakeups = self.events.wakeups.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                     while wakeups.at.first().is_some_and(|at| *at <= now) {
                         wakeups.at.pop_first();
                     }
                     drop(wakeups);
                     self.work_detected();
                 }
-                () = self.wakeups_changed.notified() => {}
+                () = self.events.wakeups_changed.notified() => {}
                 () = self.stopping.cancelled() => return,
             }
         }
@@ -123,7 +152,7 @@ impl Shared {
 
     /// See [`super::Listener::set_push_available`]: losing push restores the polling floor.
     pub(super) fn set_push_available(self: &Arc<Self>, available: bool) {
-        if self.push_available.swap(available, Ordering::AcqRel) == available || !self.settings.push_enabled {
+        if self.events.push_available.swap(available, Ordering::AcqRel) == available || !self.settings.push_enabled {
             return;
         }
         // Before `start` (the bus says so as the listener is built) there is no floor to
@@ -146,8 +175,8 @@ impl Shared {
     async fn run_safety_poll(self: Arc<Self>) {
         let mut after_leases = self.settings.lease_duration < self.settings.safety_poll;
         loop {
-            if self.counters.active_tasks.load(Ordering::Acquire) == 0 {
-                self.counters.safety_polls.fetch_add(1, Ordering::Relaxed);
+            if self.telemetry.counters.active_tasks.load(Ordering::Acquire) == 0 {
+                self.telemetry.counters.safety_polls.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!("safety poll: no task is running, looking at the queue once");
                 self.spawn_tasks(1, true, 1);
             }

@@ -10,11 +10,11 @@ use crate::handler::{HandlerPanicked, HandlerStatus, IncomingMessage, PUSHED_BAC
 use crate::rules::{Decider, Decision, ErrorClass, FailureContext, FailureDecision};
 use ebb_rules_sdk::MAX_FAILURE_TEXT_BYTES;
 
-use super::Shared;
+use crate::listener::Shared;
 
 /// What to do with a failed delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum FailureVerdict {
+pub(in crate::listener) enum FailureVerdict {
     /// Hide it (or put its item back) for this long.
     Retry(Duration),
     /// Move it to the poison queue with this reason.
@@ -23,7 +23,7 @@ pub(super) enum FailureVerdict {
 
 /// One failed delivery: of `message`, or of its item `item` (then `tries` counts the
 /// item's own deliveries).
-pub(super) struct FailedDelivery<'a> {
+pub(in crate::listener) struct FailedDelivery<'a> {
     pub message: &'a IncomingMessage,
     pub error: &'a anyhow::Error,
     pub tries: u32,
@@ -32,7 +32,7 @@ pub(super) struct FailedDelivery<'a> {
 }
 
 /// How a handler call failed, and its HTTP status when it answered one.
-pub(super) fn classify(error: &anyhow::Error) -> (ErrorClass, Option<u16>) {
+pub(in crate::listener) fn classify(error: &anyhow::Error) -> (ErrorClass, Option<u16>) {
     if let Some(status) = error.downcast_ref::<HandlerStatus>() {
         return (ErrorClass::HttpStatus, Some(status.status));
     }
@@ -64,13 +64,13 @@ impl Shared {
     }
 
     /// Decides a failed delivery. `reason` is the poison reason the default would give.
-    pub(super) async fn failure_verdict(&self, failed: FailedDelivery<'_>, reason: String) -> FailureVerdict {
-        if !self.decider.may_decide_failures() {
+    pub(in crate::listener) async fn failure_verdict(&self, failed: FailedDelivery<'_>, reason: String) -> FailureVerdict {
+        if !self.rule.decider.may_decide_failures() {
             return self.default_verdict(&failed, reason);
         }
         let ctx = self.failure_context(&failed);
         let decision = self.ask_rule(ctx, |rule: &dyn Decider, ctx| rule.decide_failure(ctx), |_| None).await;
-        let counters = &self.counters;
+        let counters = &self.telemetry.counters;
         match decision {
             Some(Decision { value: FailureDecision::Retry(delay_ms), .. }) => {
                 // A rule may retry past max_dequeue_count, but nothing is retried forever.
@@ -102,7 +102,7 @@ impl Shared {
 
     fn failure_context(&self, failed: &FailedDelivery<'_>) -> FailureContext {
         let (error_class, http_status) = classify(failed.error);
-        let now_ms = self.clock.now_ms();
+        let now_ms = self.rule.clock.now_ms();
         let inserted_ms = failed.message.inserted_at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let error = format!("{:#}", failed.error);
         let error = crate::health::escaped_text(crate::rules::cut(&error, MAX_FAILURE_TEXT_BYTES));
@@ -119,7 +119,7 @@ impl Shared {
             default_retry_delay_ms: self.settings.retry_delay(failed.tries).as_millis() as u64,
             max_retry_delay_ms: self.settings.max_retry_delay.as_millis().min(u128::from(u64::MAX)) as u64,
             timestamp_ms: now_ms,
-            random: self.failure_random.lock().unwrap().u64(..),
+            random: self.rule.failure_random(),
         }
     }
 }

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 
 use tokio::time::Instant;
 
-use super::Shared;
+use crate::listener::Shared;
 
 /// Who will make the get that covers the pending notifications.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +34,7 @@ enum Claim {
 
 /// What the queue's tasks and its notifications share, under one lock.
 #[derive(Debug, Default)]
-pub(super) struct Pickup {
+pub(in crate::listener) struct Pickup {
     /// When the first notification not yet covered by a get arrived.
     pending_since: Option<Instant>,
     /// Tasks whose get is in flight.
@@ -46,13 +46,13 @@ pub(super) struct Pickup {
 
 impl Pickup {
     /// Tasks asleep in their back-off.
-    pub(super) fn resting(&self) -> u32 {
+    pub(in crate::listener) fn resting(&self) -> u32 {
         self.resting
     }
 }
 
 /// What a task does once it has found the queue drained.
-pub(super) enum AfterDrained {
+pub(in crate::listener) enum AfterDrained {
     /// Notifications arrived since its get was sent and nobody else will get for them: get
     /// again at this time (the first of them plus `max_pickup_delay`), to take them in one get.
     GetAt(Instant),
@@ -69,7 +69,7 @@ enum State {
 
 /// A task's place in [`Pickup`]'s counts, taken off when the task ends however it ends (a
 /// panic included).
-pub(super) struct TaskMark<'a> {
+pub(in crate::listener) struct TaskMark<'a> {
     shared: &'a Shared,
     state: State,
     /// The task holds the pickup's claim (`Claim::Task`) until its next get starts.
@@ -77,12 +77,12 @@ pub(super) struct TaskMark<'a> {
 }
 
 impl<'a> TaskMark<'a> {
-    pub(super) fn new(shared: &'a Shared) -> TaskMark<'a> {
+    pub(in crate::listener) fn new(shared: &'a Shared) -> TaskMark<'a> {
         TaskMark { shared, state: State::Other, claimed: false }
     }
 
     /// Whether the task rests (a wake-up is for it).
-    pub(super) fn is_resting(&self) -> bool {
+    pub(in crate::listener) fn is_resting(&self) -> bool {
         self.state == State::Resting
     }
 
@@ -96,7 +96,7 @@ impl<'a> TaskMark<'a> {
     }
 
     /// The task is about to send a get: it covers every notification so far.
-    pub(super) fn get_starts(&mut self) {
+    pub(in crate::listener) fn get_starts(&mut self) {
         let mut pickup = self.shared.pickup();
         self.leave(&mut pickup);
         pickup.getting += 1;
@@ -111,7 +111,7 @@ impl<'a> TaskMark<'a> {
     /// The get answered: notifications that came while it was in flight, and that no other
     /// get in flight can cover, get their pickup now (this task may be busy with its
     /// handlers for long).
-    pub(super) fn get_answered(&mut self, shared: &Arc<Shared>) {
+    pub(in crate::listener) fn get_answered(&mut self, shared: &Arc<Shared>) {
         let mut pickup = self.shared.pickup();
         self.leave(&mut pickup);
         if pickup.getting == 0
@@ -127,7 +127,7 @@ impl<'a> TaskMark<'a> {
     /// Gives up the task's slot if there are more tasks than the rule's count (after a
     /// scale-down) and at least `keep` (1 after a full get: the backlog's size is not
     /// known), unless notifications wait that nobody will get for.
-    pub(super) fn try_retire(&mut self, keep: u32) -> bool {
+    pub(in crate::listener) fn try_retire(&mut self, keep: u32) -> bool {
         let mut pickup = self.shared.pickup();
         // This task claimed the pickup when it drained: it owes that get.
         if self.claimed || (pickup.pending_since.is_some() && pickup.claim == Claim::None && pickup.getting == 0) {
@@ -143,7 +143,7 @@ impl<'a> TaskMark<'a> {
     /// The task found the queue drained (an empty get, or fewer messages than it asked for,
     /// now processed): it picks up what was notified meanwhile if nobody else will, or rests
     /// (`rest` runs under the lock: it gives the task's slot back if it stops).
-    pub(super) fn after_drained(&mut self, rest: impl FnOnce() -> bool) -> AfterDrained {
+    pub(in crate::listener) fn after_drained(&mut self, rest: impl FnOnce() -> bool) -> AfterDrained {
         let mut pickup = self.shared.pickup();
         self.leave(&mut pickup);
         if let Some(since) = pickup.pending_since
@@ -177,14 +177,14 @@ impl Drop for TaskMark<'_> {
 }
 
 impl Shared {
-    pub(super) fn pickup(&self) -> std::sync::MutexGuard<'_, Pickup> {
-        self.pickup.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    pub(in crate::listener) fn pickup(&self) -> std::sync::MutexGuard<'_, Pickup> {
+        self.pool.pickup.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A notification: messages arrived. A get in flight, or a pickup already claimed, will
     /// take them; otherwise one get is claimed `max_pickup_delay` after the first
     /// notification not yet covered.
-    pub(super) fn notified(self: &Arc<Self>) {
+    pub(in crate::listener) fn notified(self: &Arc<Self>) {
         let mut pickup = self.pickup();
         let since = *pickup.pending_since.get_or_insert_with(Instant::now);
         if pickup.getting > 0 || pickup.claim != Claim::None || self.stopping.is_cancelled() {
@@ -219,13 +219,13 @@ impl Shared {
         }
         if pickup.resting > 0 {
             // A task between resting and its sleep keeps the permit and gets at once.
-            self.wake.notify_one();
+            self.pool.wake.notify_one();
         } else if self.started.load(Ordering::Acquire) {
             drop(pickup);
             // The rule's count bounds the tasks: a pickup starts one only below it (or when
             // none runs: a push must wake a queue at zero). Otherwise the notification stays
             // pending, and the first task to drain the queue gets for it.
-            let cap = self.counters.target_tasks.load(Ordering::Acquire).max(1);
+            let cap = self.telemetry.counters.target_tasks.load(Ordering::Acquire).max(1);
             self.spawn_tasks(1, false, cap);
         }
     }

@@ -10,11 +10,11 @@ use tokio::time::Instant;
 
 use crate::rules::{Decision, IdleDecision};
 
-use super::concurrency::CallWindow;
+use super::calls::CallWindow;
 use super::status::{DecisionWithInputs, PoisonForm, PoisonRecord, RECENT_DECISIONS, RecordedDecision, TaskCountInputs};
 
 #[derive(Default)]
-pub(super) struct Counters {
+pub(in crate::listener) struct Counters {
     pub active_tasks: AtomicU32,
     pub target_tasks: AtomicU32,
     pub peak_tasks: AtomicU32,
@@ -65,7 +65,7 @@ pub(super) struct Counters {
 
 /// What became of envelopes and their items.
 #[derive(Default)]
-pub(super) struct ItemCounters {
+pub(in crate::listener) struct ItemCounters {
     /// Envelopes whose items were delivered.
     pub envelopes: AtomicU64,
     /// Items handled.
@@ -81,7 +81,7 @@ pub(super) struct ItemCounters {
 /// What the last get that answered returned (contract 0.2.0's `last-get-messages` and
 /// `oldest-message-age-ms`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) struct LastGet {
+pub(in crate::listener) struct LastGet {
     /// Messages it returned.
     pub messages: u32,
     /// Messages it asked for: fewer than asked means it emptied what was visible (a get
@@ -92,7 +92,7 @@ pub(super) struct LastGet {
 }
 
 /// The window over which arrivals are averaged (contract 0.2.0's `arrivals-per-sec`).
-pub(super) const ARRIVALS_WINDOW: Duration = Duration::from_secs(10);
+pub(in crate::listener) const ARRIVALS_WINDOW: Duration = Duration::from_secs(10);
 /// Arrivals are counted in buckets of this length: the window slides by this much.
 const ARRIVALS_BUCKET: Duration = Duration::from_secs(1);
 const ARRIVALS_BUCKETS: usize = (ARRIVALS_WINDOW.as_secs() / ARRIVALS_BUCKET.as_secs()) as usize;
@@ -148,7 +148,7 @@ struct PoisonLog {
 }
 
 /// The poisonings the status shows.
-pub(super) struct Poisonings {
+pub(in crate::listener) struct Poisonings {
     pub corrupt: u64,
     pub body_only: u64,
     /// The last ones, oldest first.
@@ -157,7 +157,7 @@ pub(super) struct Poisonings {
 
 /// A message claimed for handling on this host, released when dropped (however its
 /// processing ends: success, failure, a panic, or the task being dropped).
-pub(super) struct Claim<'a> {
+pub(in crate::listener) struct Claim<'a> {
     counters: &'a Counters,
     id: String,
 }
@@ -184,7 +184,7 @@ struct WindowStart {
     handler_micros: u64,
 }
 
-pub(super) struct Window {
+pub(in crate::listener) struct Window {
     pub throughput_per_sec: f64,
     pub mean_handler_latency_ms: f64,
     pub failures: u32,

@@ -13,14 +13,21 @@ use crate::handler::IncomingMessage;
 use crate::panics::panic_message;
 use crate::queue::{PopReceipt, QueueError};
 
-use super::Shared;
-use super::counters::Counters;
-use super::process::Outcome;
+use crate::listener::Shared;
+use crate::listener::telemetry::Counters;
+
+/// How handling a message ended.
+pub(in crate::listener) enum Outcome {
+    /// The handler's result, with its answer for the reply queue.
+    Handled(anyhow::Result<Option<bytes::Bytes>>),
+    /// Shutdown's drain time ran out while the handler was still working.
+    Abandoned,
+}
 
 /// Our lease on a message: its latest receipt, when it runs out at the latest, and when to
 /// renew it next.
-pub(super) struct Lease {
-    pub(super) receipt: PopReceipt,
+pub(in crate::listener) struct Lease {
+    pub(in crate::listener) receipt: PopReceipt,
     until: Instant,
     next_renewal: Instant,
     /// Another lease replaced ours: the service gave the message to someone else.
@@ -28,7 +35,7 @@ pub(super) struct Lease {
 }
 
 impl Lease {
-    pub(super) fn new(receipt: PopReceipt, until: Instant, duration: Duration) -> Self {
+    pub(in crate::listener) fn new(receipt: PopReceipt, until: Instant, duration: Duration) -> Self {
         Lease { receipt, until, next_renewal: half_way(until, duration), lost: false }
     }
 
@@ -67,12 +74,12 @@ impl Shared {
     /// When the get was slow and most of the lease went by before the message arrived,
     /// renews it before the handler starts, so the handler never runs on a lease about to
     /// lapse. False when the lease turned out to be lost.
-    pub(super) async fn renew_if_lapsing(&self, message: &IncomingMessage, lease: &mut Lease) -> bool {
+    pub(in crate::listener) async fn renew_if_lapsing(&self, message: &IncomingMessage, lease: &mut Lease) -> bool {
         let duration = self.settings.lease_duration;
         if lease.until.saturating_duration_since(Instant::now()) < duration / 2 {
             let sent = Instant::now();
             let renewed = self.queue.update_visibility(&message.id, &lease.receipt, duration).await;
-            lease.renewed(message, sent, duration, renewed, &self.counters);
+            lease.renewed(message, sent, duration, renewed, &self.telemetry.counters);
         }
         !lease.lost
     }
@@ -80,9 +87,9 @@ impl Shared {
     /// Runs the handler with renewals beside it, counted from when the last renewal was
     /// sent, until the handler ends or shutdown abandons it. A renewal still in flight then
     /// is awaited: its new receipt is the one the delete needs.
-    pub(super) async fn handle_under_lease(&self, message: &IncomingMessage, lease: &mut Lease) -> Outcome {
-        let counters = &self.counters;
-        let with_reply = self.reply.is_some();
+    pub(in crate::listener) async fn handle_under_lease(&self, message: &IncomingMessage, lease: &mut Lease) -> Outcome {
+        let counters = &self.telemetry.counters;
+        let with_reply = self.delivery.reply.is_some();
         // A panicking handler is a failing handler: retried, then poisoned.
         let handling = AssertUnwindSafe(async {
             if with_reply { self.handler.handle_with_reply(message).await } else { self.handler.handle(message).await.map(|()| None) }
@@ -102,8 +109,8 @@ impl Shared {
 
     /// Runs `work` (the handler's calls for `message`) with renewals beside it, until it
     /// ends (`Some`) or shutdown abandons it (`None`).
-    pub(super) async fn run_under_lease<T>(&self, message: &IncomingMessage, lease: &mut Lease, work: impl Future<Output = T>) -> Option<T> {
-        let counters = &self.counters;
+    pub(in crate::listener) async fn run_under_lease<T>(&self, message: &IncomingMessage, lease: &mut Lease, work: impl Future<Output = T>) -> Option<T> {
+        let counters = &self.telemetry.counters;
         let duration = self.settings.lease_duration;
         let handling = work;
         tokio::pin!(handling);

@@ -14,15 +14,16 @@ use futures::{FutureExt as _, StreamExt as _};
 
 use crate::handler::{IncomingMessage, ItemPosition};
 use crate::panics::panic_message;
-use crate::payload::{AllowedReferences, Body, ClaimCheck, Decoded, Delivery, Envelope, Item, Limits, Origin, decode, decode_text};
+use crate::payload::{AllowedReferences, Body, ClaimCheck, Decoded, Delivery, Envelope, Item, Limits, decode, decode_text};
 use crate::queue::{MessageId, PopReceipt, QueueError};
 
-use super::Shared;
 use super::failures::{FailedDelivery, FailureVerdict};
-use super::status::PoisonForm;
+use super::replies::ReplyNotPut;
+use crate::listener::Shared;
+use crate::listener::telemetry::PoisonForm;
 
 /// What a message turned out to be.
-pub(super) enum Unpacked {
+pub(in crate::listener) enum Unpacked {
     /// Not an envelope: delivered as it is.
     Plain,
     /// An envelope and its items.
@@ -35,7 +36,7 @@ pub(super) enum Unpacked {
 const TEXT_MAGIC: &[u8] = b"wUVCQg0K";
 
 /// How one item's delivery ended.
-pub(super) enum ItemResult {
+pub(in crate::listener) enum ItemResult {
     /// Handled, and its answer (if any) put on the reply queue.
     Handled,
     /// The handler failed (or panicked): retried alone, or poisoned once out of attempts.
@@ -46,10 +47,10 @@ pub(super) enum ItemResult {
 
 impl Shared {
     /// Whether `body` is an envelope (raw, or as base64 text from a queue of text).
-    pub(super) fn unpack(&self, body: &[u8]) -> Unpacked {
+    pub(in crate::listener) fn unpack(&self, body: &[u8]) -> Unpacked {
         // Claim checks into this queue's own store are read (without a store, refused item
         // by item); any other reference is a hostile envelope.
-        let limits = match &self.claims {
+        let limits = match &self.delivery.claims {
             Some(claims) => Limits { references: claims.allowed(), max_claim_check_bytes: claims.max_bytes(), ..Limits::default() },
             None => Limits { references: AllowedReferences { azure: None, embedded_queue: Some(self.queue.name().to_string()) }, ..Limits::default() },
         };
@@ -80,7 +81,7 @@ impl Shared {
 
     /// Delivers the envelope's items: up to `max_concurrent_calls` at once, or in batches
     /// of `max_batch_items`. One result per item, in order.
-    pub(super) async fn deliver_items(&self, message: &IncomingMessage, envelope: &Envelope) -> Vec<ItemResult> {
+    pub(in crate::listener) async fn deliver_items(&self, message: &IncomingMessage, envelope: &Envelope) -> Vec<ItemResult> {
         let mut results: Vec<Option<ItemResult>> = envelope.items.iter().map(|_| None).collect();
         let width = self.settings.max_concurrent_calls.max(1) as usize;
         let mut single = Vec::new();
@@ -91,11 +92,13 @@ impl Shared {
                 // and alone, never in a batch.
                 Body::ClaimCheck(check) => single.push((index, Err(check.clone()))),
                 // A batch is a JSON array: an item that is not UTF-8 goes alone.
-                Body::Inline(body) if self.payload.delivery == Delivery::Batch && std::str::from_utf8(body).is_ok() => batchable.push((index, body.clone())),
+                Body::Inline(body) if self.delivery.payload.delivery == Delivery::Batch && std::str::from_utf8(body).is_ok() => {
+                    batchable.push((index, body.clone()))
+                }
                 Body::Inline(body) => single.push((index, Ok(body.clone()))),
             }
         }
-        let with_reply = self.reply.is_some();
+        let with_reply = self.delivery.reply.is_some();
         let singles = futures::stream::iter(single)
             .map(|(index, body)| async move {
                 let body = match body {
@@ -125,7 +128,7 @@ impl Shared {
             })
             .buffer_unordered(width)
             .collect::<Vec<_>>();
-        let batches = futures::stream::iter(batchable.chunks(self.payload.max_batch_items.max(1) as usize).map(<[_]>::to_vec).collect::<Vec<_>>())
+        let batches = futures::stream::iter(batchable.chunks(self.delivery.payload.max_batch_items.max(1) as usize).map(<[_]>::to_vec).collect::<Vec<_>>())
             .map(|batch| {
                 let items: Vec<IncomingMessage> = batch.iter().map(|(index, body)| Self::item_message(message, envelope, *index, body.clone())).collect();
                 async move {
@@ -136,7 +139,7 @@ impl Shared {
                             items.iter().map(|_| Err(anyhow!("{reason}"))).collect()
                         }
                         Err(panic) => {
-                            self.counters.handler_panics.fetch_add(1, Ordering::Relaxed);
+                            self.telemetry.counters.handler_panics.fetch_add(1, Ordering::Relaxed);
                             let message = panic_message(&*panic);
                             items.iter().map(|_| Err(crate::handler::HandlerPanicked(message.clone()).into())).collect()
                         }
@@ -162,8 +165,8 @@ impl Shared {
     /// Item `index`'s body from the claim store, at most `max_claim_check_bytes`. A fetch
     /// that fails for now makes the item a failed delivery (retried with its attempts); any
     /// other failure poisons it alone.
-    pub(super) async fn claim_body(&self, index: usize, check: &ClaimCheck) -> Result<Bytes, ItemResult> {
-        let Some(claims) = &self.claims else {
+    pub(in crate::listener) async fn claim_body(&self, index: usize, check: &ClaimCheck) -> Result<Bytes, ItemResult> {
+        let Some(claims) = &self.delivery.claims else {
             return Err(ItemResult::Refused(format!(
                 "claim checks not enabled (item {index} is a claim check for {} bytes at {})",
                 check.size, check.location
@@ -179,7 +182,7 @@ impl Shared {
     /// A handler call's result, a panic made a failure.
     fn contained(&self, result: std::thread::Result<anyhow::Result<Option<Bytes>>>) -> anyhow::Result<Option<Bytes>> {
         result.unwrap_or_else(|panic| {
-            self.counters.handler_panics.fetch_add(1, Ordering::Relaxed);
+            self.telemetry.counters.handler_panics.fetch_add(1, Ordering::Relaxed);
             Err(crate::handler::HandlerPanicked(panic_message(&*panic)).into())
         })
     }
@@ -192,7 +195,7 @@ impl Shared {
     /// back alone for `max_retry_delay`; the others are not poisoned again for it. An item
     /// whose answer the reply queue refused is a failed item like any other (poisoned at once
     /// when it can never fit).
-    pub(super) async fn settle_envelope(
+    pub(in crate::listener) async fn settle_envelope(
         self: &Arc<Self>,
         message: &IncomingMessage,
         receipt: &PopReceipt,
@@ -200,7 +203,7 @@ impl Shared {
         results: Vec<ItemResult>,
         latency: Duration,
     ) {
-        let items = &self.counters.items;
+        let items = &self.telemetry.counters.items;
         items.envelopes.fetch_add(1, Ordering::Relaxed);
         let mut retry = Vec::new();
         let mut poison = Vec::new();
@@ -223,7 +226,7 @@ impl Shared {
                         FailureVerdict::Retry(delay) => {
                             // One envelope carries the items put back: the longest delay asked.
                             retry_delay = retry_delay.max(delay);
-                            if let Some(suppressed) = self.failure_log.allow() {
+                            if let Some(suppressed) = self.telemetry.failure_log.allow() {
                                 tracing::warn!(id = %message.id, item = index, tries, ?delay, suppressed, "item failed, retried alone later: {error:#}");
                             }
                             retry.push(index);
@@ -266,15 +269,20 @@ impl Shared {
             self.hide_envelope(message, receipt).await;
             return;
         }
+        self.delete_envelope(message, receipt, handled_claims, latency).await;
+    }
+
+    /// Deletes a settled envelope, then the claim-check bodies of its handled items (only
+    /// theirs: the items put back or poisoned still reference their bodies).
+    async fn delete_envelope(&self, message: &IncomingMessage, receipt: &PopReceipt, handled_claims: Vec<&ClaimCheck>, latency: Duration) {
         let deleted = self.queue.delete(&message.id, receipt).await;
-        self.counters.record_success(latency);
+        self.telemetry.counters.record_success(latency);
         if let Err(error) = deleted {
             // The envelope comes back and its claim checks are followed again: keep their bodies.
             tracing::warn!(id = %message.id, "envelope settled, but the delete failed (its items may be delivered again): {error}");
             return;
         }
-        // Only the handled items' bodies: the ones put back or poisoned still reference theirs.
-        if let Some(claims) = &self.claims {
+        if let Some(claims) = &self.delivery.claims {
             for check in handled_claims {
                 if let Err(error) = claims.delete(check).await {
                     tracing::warn!(id = %message.id, location = %check.location, "claim-check body not deleted (the sweeper removes it later): {error}");
@@ -286,7 +294,7 @@ impl Shared {
     /// Puts the items `failed` of `envelope` back as a new envelope (each one more attempt),
     /// hidden for `delay`. False when a put failed.
     async fn put_back(self: &Arc<Self>, message: &IncomingMessage, envelope: &Envelope, failed: &[usize], delay: Duration) -> bool {
-        let packed = match self.packer.repack_failed(envelope, failed, &message.id) {
+        let packed = match self.delivery.packer.repack_failed(envelope, failed, &message.id) {
             Ok(packed) => packed,
             Err(error) => {
                 tracing::error!(id = %message.id, "could not pack the failed items again: {error:#}");
@@ -294,7 +302,7 @@ impl Shared {
             }
         };
         for envelope in packed.envelopes {
-            let put = if self.text_envelopes {
+            let put = if self.delivery.text_envelopes {
                 self.queue.put(crate::payload::to_text(&envelope.bytes).as_bytes(), delay).await
             } else {
                 self.queue.put(&envelope.bytes, delay).await
@@ -338,16 +346,16 @@ impl Shared {
         let shown = format!("{}#{}", self.producer_id(&MessageId::from(origin.message_id.as_str())), origin.index);
         match put {
             Ok(form) => {
-                self.counters.items.poisoned.fetch_add(1, Ordering::Relaxed);
-                self.counters.record_poison(&shown, reason, form);
-                if let Some(suppressed) = self.poison_log.allow() {
-                    tracing::warn!(id = %shown, poison_queue = %self.poison.name(), suppressed, "item moved to the poison queue alone: {reason}");
+                self.telemetry.counters.items.poisoned.fetch_add(1, Ordering::Relaxed);
+                self.telemetry.counters.record_poison(&shown, reason, form);
+                if let Some(suppressed) = self.telemetry.poison_log.allow() {
+                    tracing::warn!(id = %shown, poison_queue = %self.delivery.poison.name(), suppressed, "item moved to the poison queue alone: {reason}");
                 }
                 ItemPoisoning::Moved
             }
             Err(error) => {
-                self.counters.poison_failures.fetch_add(1, Ordering::Relaxed);
-                if let Some(suppressed) = self.poison_log.allow() {
+                self.telemetry.counters.poison_failures.fetch_add(1, Ordering::Relaxed);
+                if let Some(suppressed) = self.telemetry.poison_log.allow() {
                     let delay = self.settings.max_retry_delay;
                     tracing::error!(id = %shown, ?delay, suppressed, "cannot poison an item ({reason}); put back alone, tried again after {delay:?}: {error:#}");
                 }
@@ -362,92 +370,12 @@ impl Shared {
     async fn poison_packed(self: &Arc<Self>, message: &IncomingMessage, envelope: &Envelope, index: usize, reason: &str) -> anyhow::Result<PoisonForm> {
         let origin = envelope.items[index].origin_or(&message.id, index as u32);
         let item = Item { attempts: 0, origin: Some(origin.clone()), ..envelope.items[index].clone() };
-        let packed = self.packer.pack(std::slice::from_ref(&item)).map_err(|error| anyhow::Error::new(FitsNoMessage).context(format!("{error:#}")))?;
+        let packed = self.delivery.packer.pack(std::slice::from_ref(&item)).map_err(|error| anyhow::Error::new(FitsNoMessage).context(format!("{error:#}")))?;
         let Some(packed) = packed.envelopes.into_iter().next() else {
             return Err(anyhow::Error::new(FitsNoMessage).context("the item fits no envelope alone"));
         };
-        let body = if self.text_envelopes { Bytes::from(crate::payload::to_text(&packed.bytes)) } else { Bytes::from(packed.bytes) };
+        let body = if self.delivery.text_envelopes { Bytes::from(crate::payload::to_text(&packed.bytes)) } else { Bytes::from(packed.bytes) };
         Ok(self.put_poison(&Self::item_message(message, envelope, index, body), Some(&origin), reason).await?)
-    }
-
-    /// Puts a handler's answer on the reply queue (a no-op without one), correlated by the
-    /// id the producer got back (on a partitioned queue, the logical queue's; for an item,
-    /// the envelope it was sent in, `item`, whatever envelope carries it now).
-    pub(super) async fn put_reply(&self, message: &IncomingMessage, item: Option<Origin>, reply: &Bytes) -> Result<(), ReplyNotPut> {
-        let Some(queue) = &self.reply else { return Ok(()) };
-        let id = item.as_ref().map_or_else(|| message.id.clone(), |o| MessageId::from(o.message_id.as_str()));
-        let correlation_id = self.producer_id(&id);
-        let body = serde_json::to_vec(&Reply::new(correlation_id.to_string(), message, item.map(|o| o.index), reply)).expect("a reply serialises");
-        match queue.put(&body, Duration::ZERO).await {
-            Ok(_) => {
-                self.counters.items.replies.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            // Handling it again would give an answer as large: no retry can put it.
-            Err(QueueError::MessageTooLarge { size, limit }) => Err(ReplyNotPut::Never(format!(
-                "handled, but its answer of {} bytes is too large for the reply queue {}: the reply message would be {size} bytes, over its limit of {limit} bytes (an answer must fit one message of the reply queue with its JSON: on Azure about 48 KiB of UTF-8, about 36 KiB of other bytes, which go as base64)",
-                reply.len(),
-                queue.name()
-            ))),
-            Err(error @ QueueError::InvalidBody(_)) => {
-                Err(ReplyNotPut::Never(format!("handled, but its answer cannot be a message of the reply queue {}: {error}", queue.name())))
-            }
-            Err(error) => Err(ReplyNotPut::NotNow(
-                anyhow::Error::new(error).context(format!("handled, but its reply could not be put on the reply queue {}", queue.name())),
-            )),
-        }
-    }
-}
-
-/// Why a handler's answer is not on the reply queue.
-pub(super) enum ReplyNotPut {
-    /// It can never be put there (too large for a message of it): the request is poisoned
-    /// at once, with this reason.
-    Never(String),
-    /// The put failed; a later delivery may succeed: a failed delivery of the request.
-    NotNow(anyhow::Error),
-}
-
-/// What a reply queue holds for each answer (JSON; docs/guides/payloads.md).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Reply {
-    /// The request's message id.
-    pub correlation_id: String,
-    /// The queue the request came from.
-    pub queue: String,
-    /// For an item of an envelope: its index.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub item: Option<u32>,
-    /// When the answer was put, RFC 3339.
-    pub replied_at: String,
-    /// The answer, if it is UTF-8.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub body: Option<String>,
-    /// The answer in base64, if it is not.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub body_base64: Option<String>,
-}
-
-impl Reply {
-    fn new(correlation_id: String, message: &IncomingMessage, item: Option<u32>, reply: &Bytes) -> Reply {
-        let text = std::str::from_utf8(reply).ok().map(str::to_owned);
-        Reply {
-            correlation_id,
-            queue: message.queue.clone(),
-            item,
-            replied_at: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
-            body_base64: text.is_none().then(|| azure_core::base64::encode(reply)),
-            body: text,
-        }
-    }
-
-    /// The answer's bytes (none when its base64 is malformed).
-    pub fn bytes(&self) -> Vec<u8> {
-        match (&self.body, &self.body_base64) {
-            (Some(text), _) => text.clone().into_bytes(),
-            (None, Some(b64)) => azure_core::base64::decode(b64).unwrap_or_default(),
-            (None, None) => Vec::new(),
-        }
     }
 }
 

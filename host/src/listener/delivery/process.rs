@@ -11,12 +11,13 @@ use tokio::time::Instant;
 use crate::handler::{AnswerTooLarge, HostError, IncomingMessage, PUSHED_BACK_POISON_DEQUEUES, PushedBack, RetryAfterAdjustment};
 use crate::queue::{Message, MessageId, PopReceipt, QueueError};
 
-use super::Shared;
-use super::concurrency::{CallEnd, FetchedAhead};
 use super::failures::{FailedDelivery, FailureVerdict};
-use super::items::{ItemResult, ReplyNotPut, Unpacked};
-use super::lease::Lease;
-use super::slots::{Slot, SlotGrant};
+use super::items::{ItemResult, Unpacked};
+use super::lease::{Lease, Outcome};
+use super::replies::ReplyNotPut;
+use crate::listener::Shared;
+use crate::listener::pool::{Slot, SlotGrant};
+use crate::listener::telemetry::CallEnd;
 
 /// How a handler call ended, for the concurrency decision.
 fn call_end<T>(result: &anyhow::Result<T>) -> CallEnd {
@@ -35,20 +36,12 @@ fn call_end<T>(result: &anyhow::Result<T>) -> CallEnd {
 #[error("fetching the message's offloaded body: {0:#}")]
 struct BodyNotFetched(anyhow::Error);
 
-/// How handling a message ended.
-pub(super) enum Outcome {
-    /// The handler's result, with its answer for the reply queue.
-    Handled(anyhow::Result<Option<bytes::Bytes>>),
-    /// Shutdown's drain time ran out while the handler was still working.
-    Abandoned,
-}
-
 impl Shared {
     /// Processes a batch's messages side by side; `leased_until` is when their lease runs
     /// out at the latest, counted from when the get was sent.
     /// Each message takes one of the `grant`'s handler slots; those left over (a short get)
     /// are given back at once.
-    pub(super) async fn process_batch(self: &Arc<Self>, messages: Vec<Message>, mut grant: SlotGrant<'_>, leased_until: Instant) {
+    pub(in crate::listener) async fn process_batch(self: &Arc<Self>, messages: Vec<Message>, mut grant: SlotGrant<'_>, leased_until: Instant) {
         let processing: Vec<_> = messages.into_iter().map(|message| self.process(message, grant.take_one(), leased_until)).collect();
         drop(grant);
         futures::future::join_all(processing).await;
@@ -57,9 +50,9 @@ impl Shared {
     /// `slot` is the message's handler slot, given back as soon as the handler call ends
     /// (the delete that follows is storage's work, not the app's).
     async fn process(self: &Arc<Self>, message: Message, slot: Option<Slot<'_>>, leased_until: Instant) {
-        let ahead = slot.is_none().then(|| FetchedAhead(&self.fetched_ahead));
+        let ahead = slot.is_none().then(|| self.pool.fetched_ahead());
         // Released when processing ends, however it ends (a panic, a drop at shutdown).
-        let Some(_claim) = self.counters.claim(&message.id) else {
+        let Some(_claim) = self.telemetry.counters.claim(&message.id) else {
             // Our own lease on it expired and we leased it again: it is already being handled
             // here. Leave this lease to run out rather than handling it twice at once.
             tracing::warn!(id = %message.id, "message is already being handled on this host; skipping the duplicate lease");
@@ -88,7 +81,7 @@ impl Shared {
             Some(slot) => slot,
             None => {
                 let waited = tokio::select! {
-                    grant = self.slots.acquire(1) => Some(grant),
+                    grant = self.pool.slots.acquire(1) => Some(grant),
                     _ = self.abandon.cancelled() => None,
                 };
                 let Some(mut grant) = waited else {
@@ -116,7 +109,7 @@ impl Shared {
             match delivered {
                 Some(results) => {
                     let all_ok = results.iter().all(|r| matches!(r, ItemResult::Handled));
-                    self.counters.calls.lock().unwrap().record(if all_ok { CallEnd::Succeeded } else { CallEnd::Failed }, latency);
+                    self.telemetry.counters.calls.lock().unwrap().record(if all_ok { CallEnd::Succeeded } else { CallEnd::Failed }, latency);
                     self.settle_envelope(&incoming, &lease.receipt, &envelope, results, latency).await;
                 }
                 None => {
@@ -130,7 +123,7 @@ impl Shared {
         drop(slot);
         self.record_call_latency(latency);
         if let Outcome::Handled(result) = &outcome {
-            self.counters.calls.lock().unwrap().record(call_end(result), latency);
+            self.telemetry.counters.calls.lock().unwrap().record(call_end(result), latency);
         }
         self.settle(&incoming, &lease.receipt, outcome, latency).await;
     }
@@ -161,10 +154,10 @@ impl Shared {
         let latency = started.elapsed();
         self.record_call_latency(latency);
         if let Outcome::Handled(result) = &outcome {
-            self.counters.calls.lock().unwrap().record(call_end(result), latency);
+            self.telemetry.counters.calls.lock().unwrap().record(call_end(result), latency);
         }
         if self.settle(incoming, &lease.receipt, outcome, latency).await
-            && let Some(claims) = &self.claims
+            && let Some(claims) = &self.delivery.claims
             && let Err(error) = claims.delete(check).await
         {
             tracing::warn!(id = %incoming.id, location = %check.location, "offloaded body not deleted (the sweeper removes it later): {error}");
@@ -175,81 +168,32 @@ impl Shared {
     /// handled and deleted.
     async fn settle(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, outcome: Outcome, latency: Duration) -> bool {
         match outcome {
-            Outcome::Handled(Ok(reply)) => {
-                if let Some(reply) = reply
-                    && let Err(refusal) = self.put_reply(message, None, &reply).await
-                {
-                    // The answer must reach the reply queue before the request goes: retried,
-                    // or poisoned at once when it can never be put.
-                    self.counters.record_failure(latency);
-                    let delay = self.settings.retry_delay(message.dequeue_count);
-                    match refusal {
-                        ReplyNotPut::Never(reason) => self.poison(message, receipt, &reason).await,
-                        ReplyNotPut::NotNow(error) if message.dequeue_count >= self.settings.max_dequeue_count => {
-                            self.poison(message, receipt, &format!("{error:#}")).await
-                        }
-                        ReplyNotPut::NotNow(error) => {
-                            if let Some(suppressed) = self.failure_log.allow() {
-                                tracing::warn!(id = %message.id, ?delay, suppressed, "{error:#}; retrying later");
-                            }
-                            self.retry_later(message, receipt, delay).await;
-                        }
-                    }
-                    return false;
-                }
-                // Counted once the delete has returned: `processed` means handled and deleted.
-                let deleted = self.queue.delete(&message.id, receipt).await;
-                self.counters.record_success(latency);
-                if let Err(error) = deleted {
-                    // The work was done; the message may be handled again (at least once).
-                    tracing::warn!(id = %message.id, "handled, but the delete failed: {error}");
-                    return false;
-                }
-                return true;
-            }
+            Outcome::Handled(Ok(reply)) => return self.settle_handled(message, receipt, reply, latency).await,
             Outcome::Handled(Err(error)) if error.is::<AnswerTooLarge>() => {
                 // Handling it again would give an answer as large (and redo the work).
-                self.counters.record_failure(latency);
+                self.telemetry.counters.record_failure(latency);
                 self.poison(message, receipt, &format!("{error:#}")).await;
             }
             Outcome::Handled(Err(error)) if error.is::<HostError>() || error.is::<BodyNotFetched>() => {
                 // Not the message's fault: retried later, never poisoned for it.
                 if error.is::<HostError>() {
-                    self.counters.host_errors.fetch_add(1, Ordering::Relaxed);
+                    self.telemetry.counters.host_errors.fetch_add(1, Ordering::Relaxed);
                 }
                 let delay = self.settings.retry_delay(1);
-                if let Some(suppressed) = self.failure_log.allow() {
+                if let Some(suppressed) = self.telemetry.failure_log.allow() {
                     tracing::warn!(id = %message.id, ?delay, suppressed, "{error:#}; the message is retried later and this try does not count towards poisoning");
                 }
                 self.retry_later(message, receipt, delay).await;
             }
-            Outcome::Handled(Err(error)) if error.is::<PushedBack>() => {
-                let pushed = error.downcast_ref::<PushedBack>().expect("checked above");
-                self.counters.pushed_back.fetch_add(1, Ordering::Relaxed);
-                let now = std::time::UNIX_EPOCH + Duration::from_millis(self.clock.now_ms());
-                let (delay, adjustment) = pushed.retry_after.delay(now, self.settings.retry_delay(1), self.settings.max_retry_delay);
-                match adjustment {
-                    Some(RetryAfterAdjustment::Capped) => self.counters.retry_after_capped.fetch_add(1, Ordering::Relaxed),
-                    Some(RetryAfterAdjustment::Malformed | RetryAfterAdjustment::Past) => self.counters.retry_after_unusable.fetch_add(1, Ordering::Relaxed),
-                    None => 0,
-                };
-                if message.dequeue_count >= PUSHED_BACK_POISON_DEQUEUES.max(self.settings.max_dequeue_count) {
-                    self.poison(message, receipt, &format!("{error:#} (dequeued {} times)", message.dequeue_count)).await;
-                    return false;
-                }
-                if let Some(suppressed) = self.failure_log.allow() {
-                    tracing::info!(id = %message.id, ?delay, ?adjustment, suppressed, "{error:#}; the message is retried then (not counted as a failure)");
-                }
-                self.retry_later(message, receipt, delay).await;
-            }
+            Outcome::Handled(Err(error)) if error.is::<PushedBack>() => self.settle_pushed_back(message, receipt, &error).await,
             Outcome::Handled(Err(error)) => {
-                self.counters.record_failure(latency);
+                self.telemetry.counters.record_failure(latency);
                 let reason = format!("{error:#}");
                 let failed = FailedDelivery { message, error: &error, tries: message.dequeue_count, item: None, latency };
                 match self.failure_verdict(failed, reason.clone()).await {
                     FailureVerdict::Poison(reason) => self.poison(message, receipt, &reason).await,
                     FailureVerdict::Retry(delay) => {
-                        if let Some(suppressed) = self.failure_log.allow() {
+                        if let Some(suppressed) = self.telemetry.failure_log.allow() {
                             tracing::warn!(id = %message.id, dequeue_count = message.dequeue_count, ?delay, suppressed, "handler failed, retrying later: {reason}");
                         }
                         self.retry_later(message, receipt, delay).await;
@@ -257,13 +201,70 @@ impl Shared {
                 }
             }
             Outcome::Abandoned => {
-                self.counters.released_on_shutdown.fetch_add(1, Ordering::Relaxed);
+                self.telemetry.counters.released_on_shutdown.fetch_add(1, Ordering::Relaxed);
                 if let Err(error) = self.queue.update_visibility(&message.id, receipt, Duration::ZERO).await {
                     tracing::warn!(id = %message.id, "could not release on shutdown (visible again when the lease runs out): {error}");
                 }
             }
         }
         false
+    }
+
+    /// A handled message: its answer put on the reply queue (retried, or poisoned when it
+    /// can never be put), then the message deleted. True when it was deleted.
+    async fn settle_handled(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, reply: Option<bytes::Bytes>, latency: Duration) -> bool {
+        if let Some(reply) = reply
+            && let Err(refusal) = self.put_reply(message, None, &reply).await
+        {
+            // The answer must reach the reply queue before the request goes: retried,
+            // or poisoned at once when it can never be put.
+            self.telemetry.counters.record_failure(latency);
+            let delay = self.settings.retry_delay(message.dequeue_count);
+            match refusal {
+                ReplyNotPut::Never(reason) => self.poison(message, receipt, &reason).await,
+                ReplyNotPut::NotNow(error) if message.dequeue_count >= self.settings.max_dequeue_count => {
+                    self.poison(message, receipt, &format!("{error:#}")).await
+                }
+                ReplyNotPut::NotNow(error) => {
+                    if let Some(suppressed) = self.telemetry.failure_log.allow() {
+                        tracing::warn!(id = %message.id, ?delay, suppressed, "{error:#}; retrying later");
+                    }
+                    self.retry_later(message, receipt, delay).await;
+                }
+            }
+            return false;
+        }
+        // Counted once the delete has returned: `processed` means handled and deleted.
+        let deleted = self.queue.delete(&message.id, receipt).await;
+        self.telemetry.counters.record_success(latency);
+        if let Err(error) = deleted {
+            // The work was done; the message may be handled again (at least once).
+            tracing::warn!(id = %message.id, "handled, but the delete failed: {error}");
+            return false;
+        }
+        true
+    }
+
+    /// The app pushed back (HTTP 429 or 503): retried after its `Retry-After`, not counted
+    /// as a failure, poisoned only after many deliveries.
+    async fn settle_pushed_back(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, error: &anyhow::Error) {
+        let pushed = error.downcast_ref::<PushedBack>().expect("settled as a push back");
+        self.telemetry.counters.pushed_back.fetch_add(1, Ordering::Relaxed);
+        let now = std::time::UNIX_EPOCH + Duration::from_millis(self.rule.clock.now_ms());
+        let (delay, adjustment) = pushed.retry_after.delay(now, self.settings.retry_delay(1), self.settings.max_retry_delay);
+        match adjustment {
+            Some(RetryAfterAdjustment::Capped) => self.telemetry.counters.retry_after_capped.fetch_add(1, Ordering::Relaxed),
+            Some(RetryAfterAdjustment::Malformed | RetryAfterAdjustment::Past) => self.telemetry.counters.retry_after_unusable.fetch_add(1, Ordering::Relaxed),
+            None => 0,
+        };
+        if message.dequeue_count >= PUSHED_BACK_POISON_DEQUEUES.max(self.settings.max_dequeue_count) {
+            self.poison(message, receipt, &format!("{error:#} (dequeued {} times)", message.dequeue_count)).await;
+            return;
+        }
+        if let Some(suppressed) = self.telemetry.failure_log.allow() {
+            tracing::info!(id = %message.id, ?delay, ?adjustment, suppressed, "{error:#}; the message is retried then (not counted as a failure)");
+        }
+        self.retry_later(message, receipt, delay).await;
     }
 
     /// Hides a failed message for its retry delay.
@@ -276,7 +277,7 @@ impl Shared {
     /// Hides a message for `delay`, and (with push) wakes the queue when it is visible again.
     /// If the delay cannot be set, the message comes back when our lease runs out: the wake
     /// waits for that instead.
-    pub(super) async fn hide_for(self: &Arc<Self>, id: &MessageId, receipt: &PopReceipt, delay: Duration) -> Result<(), QueueError> {
+    pub(in crate::listener) async fn hide_for(self: &Arc<Self>, id: &MessageId, receipt: &PopReceipt, delay: Duration) -> Result<(), QueueError> {
         let hidden = self.queue.update_visibility(id, receipt, delay).await;
         self.wake_after(if hidden.is_ok() { delay } else { self.settings.lease_duration });
         hidden.map(drop)

@@ -15,54 +15,13 @@ use tracing::Instrument as _;
 
 use crate::rules::{Decision, HandlerState};
 
-use super::Shared;
-use super::status::RecordedDecision;
+use crate::listener::Shared;
+use crate::listener::telemetry::RecordedDecision;
 
 /// How often the rule is asked while handler calls run: a quarter of a second holds enough
 /// calls of a fast app to measure, and lets a controller that moves one step per window
 /// find a knee of a few dozen calls within seconds.
 pub const CONCURRENCY_WINDOW: Duration = Duration::from_millis(250);
-
-/// How a handler call ended, as the concurrency decision counts it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum CallEnd {
-    Succeeded,
-    /// An error, a timeout, an answer other than 2xx, 429 and 503; or the host could not
-    /// make the call (the host is overloaded too: a reason to slow down).
-    Failed,
-    /// The app asked for a pause (HTTP 429 or 503).
-    PushedBack,
-}
-
-/// The handler calls that ended in the current window.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct CallWindow {
-    completed: u32,
-    failed: u32,
-    pushed_back: u32,
-    total_micros: u64,
-    min_micros: Option<u64>,
-    max_micros: u64,
-}
-
-impl CallWindow {
-    pub(super) fn record(&mut self, end: CallEnd, latency: Duration) {
-        let micros = latency.as_micros().min(u64::MAX as u128) as u64;
-        self.completed = self.completed.saturating_add(1);
-        match end {
-            CallEnd::Succeeded => {}
-            CallEnd::Failed => self.failed = self.failed.saturating_add(1),
-            CallEnd::PushedBack => self.pushed_back = self.pushed_back.saturating_add(1),
-        }
-        self.total_micros = self.total_micros.saturating_add(micros);
-        self.min_micros = Some(self.min_micros.map_or(micros, |min| min.min(micros)));
-        self.max_micros = self.max_micros.max(micros);
-    }
-
-    fn is_empty(&self) -> bool {
-        self.completed == 0
-    }
-}
 
 /// How long, on average, a message fetched ahead of the free handler slots may wait for
 /// one: a task asks for as many more messages than it has slots as the calls in flight end
@@ -73,7 +32,7 @@ pub const PREFETCH_WAIT: Duration = Duration::from_millis(5);
 
 /// A message fetched ahead of the free slots, counted in `fetched_ahead` until it has its
 /// slot or its processing ends (however it ends).
-pub(super) struct FetchedAhead<'a>(pub(super) &'a std::sync::atomic::AtomicU32);
+pub(in crate::listener) struct FetchedAhead<'a>(pub(super) &'a std::sync::atomic::AtomicU32);
 
 impl Drop for FetchedAhead<'_> {
     fn drop(&mut self) {
@@ -87,30 +46,32 @@ fn millis(micros: u64) -> f64 {
 
 impl Shared {
     /// Keeps the recent mean handler latency (an exponential average over about 8 calls).
-    pub(super) fn record_call_latency(&self, latency: Duration) {
+    pub(in crate::listener) fn record_call_latency(&self, latency: Duration) {
         let sample = latency.as_micros().clamp(1, u128::from(u32::MAX)) as u64;
-        let _ =
-            self.latency_micros.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |mean| Some(if mean == 0 { sample } else { mean - mean / 8 + sample / 8 }));
+        let _ = self
+            .pool
+            .latency_micros
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |mean| Some(if mean == 0 { sample } else { mean - mean / 8 + sample / 8 }));
     }
 
     /// Messages the queue may hold fetched ahead of its free slots, all tasks together: those
     /// the calls now allowed finish within [`PREFETCH_WAIT`] at the recent mean latency (none
     /// before the first call).
     fn prefetch_allowance(&self) -> u32 {
-        let mean = self.latency_micros.load(Ordering::Relaxed);
+        let mean = self.pool.latency_micros.load(Ordering::Relaxed);
         if mean == 0 {
             return 0;
         }
-        let ends_within = u64::from(self.slots.limit()).saturating_mul(PREFETCH_WAIT.as_micros() as u64) / mean;
+        let ends_within = u64::from(self.pool.slots.limit()).saturating_mul(PREFETCH_WAIT.as_micros() as u64) / mean;
         ends_within.min(u64::from(u32::MAX)) as u32
     }
 
     /// Reserves up to `most` messages to fetch ahead of the free slots, within what the
     /// queue may hold ahead less what it holds already; returns how many.
-    pub(super) fn reserve_prefetch(&self, most: u32) -> u32 {
+    pub(in crate::listener) fn reserve_prefetch(&self, most: u32) -> u32 {
         let allowance = self.prefetch_allowance();
         let mut taken = 0;
-        let _ = self.fetched_ahead.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+        let _ = self.pool.fetched_ahead.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
             taken = allowance.saturating_sub(held).min(most);
             Some(held + taken)
         });
@@ -118,14 +79,14 @@ impl Shared {
     }
 
     /// Gives back reserved places a get did not fill.
-    pub(super) fn release_prefetch(&self, unused: u32) {
+    pub(in crate::listener) fn release_prefetch(&self, unused: u32) {
         if unused > 0 {
-            self.fetched_ahead.fetch_sub(unused, Ordering::AcqRel);
+            self.pool.fetched_ahead.fetch_sub(unused, Ordering::AcqRel);
         }
     }
 
     /// Starts the loop that asks the rule for the handler concurrency while calls run.
-    pub(super) fn spawn_concurrency(self: &Arc<Self>) {
+    pub(in crate::listener) fn spawn_concurrency(self: &Arc<Self>) {
         let shared = self.clone();
         let span = tracing::info_span!("concurrency", queue = %self.queue.name());
         self.tasks.spawn(
@@ -145,12 +106,12 @@ impl Shared {
 
     async fn run_concurrency(self: Arc<Self>) {
         loop {
-            let idle = self.slots.in_use() == 0 && self.slots.waiting() == 0 && self.counters.calls.lock().unwrap().is_empty();
+            let idle = self.pool.slots.in_use() == 0 && self.pool.slots.waiting() == 0 && self.telemetry.counters.calls.lock().unwrap().is_empty();
             if idle {
                 // Nothing runs: wait for a call to start rather than ticking through an idle
                 // day (a simulated one included).
                 tokio::select! {
-                    _ = self.calls_started.notified() => {}
+                    _ = self.pool.calls_started.notified() => {}
                     _ = self.stopping.cancelled() => return,
                 }
             }
@@ -163,22 +124,22 @@ impl Shared {
     }
 
     /// Asks the rule for the limit with the window that just ended, and applies it.
-    pub(super) async fn decide_concurrency(&self) {
-        let window = std::mem::take(&mut *self.counters.calls.lock().unwrap());
+    pub(in crate::listener) async fn decide_concurrency(&self) {
+        let window = std::mem::take(&mut *self.telemetry.counters.calls.lock().unwrap());
         let max_limit = self.settings.max_concurrent_calls;
-        if !self.decider.may_decide_concurrency() {
+        if !self.rule.decider.may_decide_concurrency() {
             // Back to the configured bound (a rule that decided it may have been swapped
             // for one that does not).
-            self.slots.set_limit(max_limit);
+            self.pool.slots.set_limit(max_limit);
             return;
         }
         let state = HandlerState {
             queue: self.queue.name().to_string(),
-            current_limit: self.slots.limit(),
+            current_limit: self.pool.slots.limit(),
             max_limit,
-            in_flight: self.slots.in_use(),
-            peak_in_flight: self.slots.take_peak(),
-            waiting_tasks: self.slots.waiting(),
+            in_flight: self.pool.slots.in_use(),
+            peak_in_flight: self.pool.slots.take_peak(),
+            waiting_tasks: self.pool.slots.waiting(),
             window_ms: CONCURRENCY_WINDOW.as_millis() as u64,
             completed: window.completed,
             failed: window.failed,
@@ -186,36 +147,17 @@ impl Shared {
             latency_mean_ms: if window.completed > 0 { millis(window.total_micros) / f64::from(window.completed) } else { 0.0 },
             latency_min_ms: window.min_micros.map_or(0.0, millis),
             latency_max_ms: millis(window.max_micros),
-            timestamp_ms: self.clock.now_ms(),
-            random: self.concurrency_random.lock().unwrap().u64(..),
+            timestamp_ms: self.rule.clock.now_ms(),
+            random: self.rule.concurrency_random(),
         };
         let decision: Option<Decision<u32>> = self.ask_rule(state, |rule, state| rule.decide_concurrency(state), |_| None).await;
         let limit = decision.map_or(max_limit, |d| d.value.clamp(1, max_limit));
-        if limit != self.slots.limit() {
-            tracing::debug!(limit, previous = self.slots.limit(), "handler concurrency changed");
+        if limit != self.pool.slots.limit() {
+            tracing::debug!(limit, previous = self.pool.slots.limit(), "handler concurrency changed");
         }
-        self.slots.set_limit(limit);
+        self.pool.slots.set_limit(limit);
         if let Some(decision) = decision {
-            *self.counters.last_concurrency.lock().unwrap() = Some(RecordedDecision { decision, at: SystemTime::now() });
+            *self.telemetry.counters.last_concurrency.lock().unwrap() = Some(RecordedDecision { decision, at: SystemTime::now() });
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_window_sums_its_calls_by_how_they_ended() {
-        let mut window = CallWindow::default();
-        assert!(window.is_empty());
-        window.record(CallEnd::Succeeded, Duration::from_millis(10));
-        window.record(CallEnd::Failed, Duration::from_millis(30));
-        window.record(CallEnd::PushedBack, Duration::from_millis(2));
-        assert_eq!((window.completed, window.failed, window.pushed_back), (3, 1, 1));
-        assert_eq!((window.min_micros, window.max_micros, window.total_micros), (Some(2_000), 30_000, 42_000));
-        window.record(CallEnd::Succeeded, Duration::MAX);
-        assert_eq!(window.max_micros, u64::MAX, "an absurd latency saturates");
-        assert_eq!(window.total_micros, u64::MAX);
     }
 }

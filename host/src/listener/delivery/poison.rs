@@ -9,14 +9,14 @@ use crate::handler::IncomingMessage;
 use crate::payload::Origin;
 use crate::queue::{MessageId, PopReceipt, QueueError};
 
-use super::Shared;
-use super::status::PoisonForm;
+use crate::listener::Shared;
+use crate::listener::telemetry::PoisonForm;
 
 impl Shared {
     /// The id its producer got for the message `id` of this queue: on a partitioned queue,
     /// the logical queue's (`partition:id`).
-    pub(super) fn producer_id(&self, id: &MessageId) -> MessageId {
-        match self.partition {
+    pub(in crate::listener) fn producer_id(&self, id: &MessageId) -> MessageId {
+        match self.delivery.partition {
             Some(index) => crate::queue::partitioned::tagged(index, id),
             None => id.clone(),
         }
@@ -25,7 +25,7 @@ impl Shared {
     /// Puts `message` (or one item of an envelope, sent as `origin`) into the poison queue
     /// with `reason`, deleting nothing: a JSON envelope with the reason, or, when that does
     /// not fit, the body as it is. The form it took.
-    pub(super) async fn put_poison(&self, message: &IncomingMessage, origin: Option<&Origin>, reason: &str) -> Result<PoisonForm, QueueError> {
+    pub(in crate::listener) async fn put_poison(&self, message: &IncomingMessage, origin: Option<&Origin>, reason: &str) -> Result<PoisonForm, QueueError> {
         let (mut form, mut put) = (PoisonForm::Body, None);
         if self.settings.poison_envelope {
             // The id the producer got back, whatever envelope carries an item now.
@@ -33,7 +33,7 @@ impl Shared {
             let mut envelope = PoisonEnvelope::new(message, original_id, reason);
             envelope.item = origin.map(|o| o.index).or(envelope.item);
             let envelope = serde_json::to_vec(&envelope).expect("the envelope serialises");
-            match self.poison.put(&envelope, Duration::ZERO).await {
+            match self.delivery.poison.put(&envelope, Duration::ZERO).await {
                 Err(QueueError::MessageTooLarge { .. }) => {}
                 other => (form, put) = (PoisonForm::Envelope, Some(other)),
             }
@@ -45,7 +45,7 @@ impl Shared {
             None if serde_json::from_slice::<PoisonEnvelope>(&message.body).is_ok() => Err(QueueError::InvalidBody(
                 "its body reads as a poison envelope and is too large to wrap in one; moved bare, it would be taken for one".into(),
             )),
-            None => self.poison.put(&message.body, Duration::ZERO).await,
+            None => self.delivery.poison.put(&message.body, Duration::ZERO).await,
         };
         put.map(|_| form)
     }
@@ -54,16 +54,16 @@ impl Shared {
     /// rather than loses it. The poison queue gets a JSON envelope with the reason; when
     /// that does not fit its size limit, the body as it is (as Azure Functions moves it),
     /// and the reason stays in the log, the status and the metrics.
-    pub(super) async fn poison(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, reason: &str) {
+    pub(in crate::listener) async fn poison(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, reason: &str) {
         let put = self.put_poison(message, None, reason).await;
         match put {
             Ok(form) => {
-                self.counters.record_poison(&message.id, reason, form);
-                if let Some(suppressed) = self.poison_log.allow() {
+                self.telemetry.counters.record_poison(&message.id, reason, form);
+                if let Some(suppressed) = self.telemetry.poison_log.allow() {
                     tracing::warn!(
                         id = %message.id,
                         dequeue_count = message.dequeue_count,
-                        poison_queue = %self.poison.name(),
+                        poison_queue = %self.delivery.poison.name(),
                         form = form.as_str(),
                         suppressed,
                         "message moved to the poison queue: {reason}"
@@ -77,9 +77,9 @@ impl Shared {
                 // Left in place, but out of the way for the longest retry delay: a message the
                 // poison queue refuses (too large once encoded, the queue gone) would
                 // otherwise come back at every lease, and with it this line.
-                self.counters.poison_failures.fetch_add(1, Ordering::Relaxed);
+                self.telemetry.counters.poison_failures.fetch_add(1, Ordering::Relaxed);
                 let delay = self.settings.max_retry_delay;
-                if let Some(suppressed) = self.poison_log.allow() {
+                if let Some(suppressed) = self.telemetry.poison_log.allow() {
                     tracing::error!(id = %message.id, ?delay, suppressed, "cannot poison ({reason}), leaving the message in place, tried again after {delay:?}: {error}");
                 }
                 if let Err(error) = self.hide_for(&message.id, receipt, delay).await {

@@ -12,10 +12,10 @@ use tracing::Instrument as _;
 
 use crate::rules::DepthSource;
 
-use super::Shared;
+use crate::listener::Shared;
 
 impl Shared {
-    pub(super) fn spawn_scaler(self: &Arc<Self>) {
+    pub(in crate::listener) fn spawn_scaler(self: &Arc<Self>) {
         let shared = self.clone();
         let span = tracing::info_span!("scaler", queue = %self.queue.name());
         self.tasks.spawn(
@@ -36,7 +36,7 @@ impl Shared {
     async fn run_scaler(self: Arc<Self>) {
         loop {
             tokio::select! {
-                _ = self.work.notified() => {}
+                _ = self.events.work.notified() => {}
                 _ = self.stopping.cancelled() => return,
             }
             // Coalesce raises: at most one count (a billed call on Azure) per scale interval.
@@ -55,19 +55,19 @@ impl Shared {
     async fn scale(self: &Arc<Self>) -> DepthSource {
         // A get that came back with fewer messages than it asked for found the queue
         // drained: no count is needed to know the backlog is (about) gone.
-        let last_get = self.counters.last_get();
+        let last_get = self.telemetry.counters.last_get();
         let (depth, depth_source) = if last_get.messages < last_get.asked.max(1) { (0, DepthSource::Inferred) } else { self.count_depth().await };
         let decision = self.decide_task_count(depth, depth_source).await;
         let target = decision.value;
-        self.counters.target_tasks.store(target, Ordering::Relaxed);
+        self.telemetry.counters.target_tasks.store(target, Ordering::Relaxed);
         // Tasks resting in their back-off count as active: wake as many as the backlog can
         // keep busy, then start the rest.
         let resting = self.pickup().resting();
         let busy_enough = depth.div_ceil(self.settings.batch_size as u64).min(target as u64).min(resting as u64);
         for _ in 0..busy_enough {
-            self.wake.notify_one();
+            self.pool.wake.notify_one();
         }
-        let active = self.counters.active_tasks.load(Ordering::Relaxed);
+        let active = self.telemetry.counters.active_tasks.load(Ordering::Relaxed);
         if target > active {
             tracing::debug!(depth, active, target, source = ?decision.source, "starting dequeue tasks");
             self.start_tasks_up_to(target);
@@ -87,11 +87,11 @@ impl Shared {
             }
             Err(error) => {
                 tracing::warn!("approximate count failed, scaling on the last known depth: {error}");
-                (self.counters.last_depth.load(Ordering::Relaxed), DepthSource::Inferred)
+                (self.telemetry.counters.last_depth.load(Ordering::Relaxed), DepthSource::Inferred)
             }
         };
-        self.counters.record_depth(depth.0, SystemTime::now());
-        *self.depth_counted.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tokio::time::Instant::now());
+        self.telemetry.counters.record_depth(depth.0, SystemTime::now());
+        *self.telemetry.depth_counted.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tokio::time::Instant::now());
         depth
     }
 }

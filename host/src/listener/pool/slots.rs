@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use tokio::sync::Notify;
 
 /// The slots of one queue.
-pub(super) struct Slots {
+pub(in crate::listener) struct Slots {
     state: Mutex<SlotState>,
     /// Raised when slots are given back or the limit grows.
     freed: Notify,
@@ -36,18 +36,18 @@ struct SlotState {
 
 /// Slots taken by one task for its next get; those not handed to a message are given back
 /// when the grant is dropped.
-pub(super) struct SlotGrant<'a> {
+pub(in crate::listener) struct SlotGrant<'a> {
     slots: &'a Slots,
     count: u32,
 }
 
 /// One message's slot, given back when dropped.
-pub(super) struct Slot<'a> {
+pub(in crate::listener) struct Slot<'a> {
     slots: &'a Slots,
 }
 
 impl Slots {
-    pub(super) fn new(limit: u32) -> Slots {
+    pub(in crate::listener) fn new(limit: u32) -> Slots {
         let limit = limit.max(1);
         Slots { state: Mutex::new(SlotState { limit, in_use: 0, peak: 0, need: 0 }), freed: Notify::new(), waiting: AtomicU32::new(0) }
     }
@@ -58,7 +58,7 @@ impl Slots {
 
     /// Waits until enough slots are free for a worthwhile get (half the limit, at most
     /// `batch`, at least one), then takes as many as are free, up to `batch`.
-    pub(super) async fn acquire(&self, batch: u32) -> SlotGrant<'_> {
+    pub(in crate::listener) async fn acquire(&self, batch: u32) -> SlotGrant<'_> {
         let batch = batch.max(1);
         let mut waiting = None;
         loop {
@@ -102,7 +102,7 @@ impl Slots {
 
     /// Sets the limit (at least 1). Calls over a lower limit finish; no new one starts
     /// until the calls in use are under it.
-    pub(super) fn set_limit(&self, limit: u32) {
+    pub(in crate::listener) fn set_limit(&self, limit: u32) {
         let limit = limit.max(1);
         let wake = {
             let mut state = self.lock();
@@ -120,21 +120,21 @@ impl Slots {
         }
     }
 
-    pub(super) fn limit(&self) -> u32 {
+    pub(in crate::listener) fn limit(&self) -> u32 {
         self.lock().limit
     }
 
-    pub(super) fn in_use(&self) -> u32 {
+    pub(in crate::listener) fn in_use(&self) -> u32 {
         self.lock().in_use
     }
 
     /// Tasks waiting for slots now.
-    pub(super) fn waiting(&self) -> u32 {
+    pub(in crate::listener) fn waiting(&self) -> u32 {
         self.waiting.load(Ordering::Relaxed)
     }
 
     /// The most slots in use at once since the last call (the slots in use now, at least).
-    pub(super) fn take_peak(&self) -> u32 {
+    pub(in crate::listener) fn take_peak(&self) -> u32 {
         let mut state = self.lock();
         let peak = state.peak.max(state.in_use);
         state.peak = state.in_use;
@@ -144,12 +144,12 @@ impl Slots {
 
 impl<'a> SlotGrant<'a> {
     /// Slots held.
-    pub(super) fn count(&self) -> u32 {
+    pub(in crate::listener) fn count(&self) -> u32 {
         self.count
     }
 
     /// Hands one slot to a message.
-    pub(super) fn take_one(&mut self) -> Option<Slot<'a>> {
+    pub(in crate::listener) fn take_one(&mut self) -> Option<Slot<'a>> {
         (self.count > 0).then(|| {
             self.count -= 1;
             Slot { slots: self.slots }

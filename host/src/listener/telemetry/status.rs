@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::queue::{TransactionCounts, TransactionRates};
 use crate::rules::{Decision, IdleDecision, RuleStatus};
 
-use super::Shared;
+use crate::listener::Shared;
 
 /// The oldest depth figure the status shows on a backend whose count is billed, before it
 /// counts again.
@@ -106,7 +106,7 @@ pub struct ListenerStatus {
     #[serde(with = "humantime_serde")]
     pub depth_as_of: Option<SystemTime>,
     /// The pause that holds now (no get is made), if any.
-    pub paused: Option<super::Pause>,
+    pub paused: Option<crate::listener::Pause>,
     /// Dequeue tasks running or waiting for work.
     pub active_tasks: u32,
     /// The rule's last task count (after clamping).
@@ -213,7 +213,7 @@ pub struct ListenerStatus {
 impl Shared {
     /// On a backend whose count is a billed call, starts a count in the background when
     /// the last one is older than [`DEPTH_MAX_AGE`].
-    pub(super) fn refresh_depth_if_stale(self: &Arc<Self>) {
+    pub(in crate::listener) fn refresh_depth_if_stale(self: &Arc<Self>) {
         if self.queue.local_count().is_some() {
             return;
         }
@@ -221,7 +221,7 @@ impl Shared {
             return;
         }
         {
-            let mut counted = self.depth_counted.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut counted = self.telemetry.depth_counted.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if counted.is_some_and(|at| at.elapsed() < DEPTH_MAX_AGE) {
                 return;
             }
@@ -232,9 +232,9 @@ impl Shared {
         self.tasks.spawn(async move {
             tokio::select! {
                 count = shared.queue.approximate_count() => match count {
-                    Ok(depth) => shared.counters.record_depth(depth, SystemTime::now()),
+                    Ok(depth) => shared.telemetry.counters.record_depth(depth, SystemTime::now()),
                     // A queue that does not exist holds nothing.
-                    Err(error) if error.failure_class() == Some(crate::queue::FailureClass::Missing) => shared.counters.record_depth(0, SystemTime::now()),
+                    Err(error) if error.failure_class() == Some(crate::queue::FailureClass::Missing) => shared.telemetry.counters.record_depth(0, SystemTime::now()),
                     Err(error) => tracing::debug!("could not refresh the depth for the status: {error}"),
                 },
                 _ = shared.stopping.cancelled() => {}
@@ -242,8 +242,8 @@ impl Shared {
         });
     }
 
-    pub(super) fn status(&self) -> ListenerStatus {
-        let c = &self.counters;
+    pub(in crate::listener) fn status(&self) -> ListenerStatus {
+        let c = &self.telemetry.counters;
         let load32 = |a: &AtomicU32| a.load(Ordering::Relaxed);
         let load64 = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let (approximate_depth, depth_as_of) = match self.queue.local_count() {
@@ -264,10 +264,10 @@ impl Shared {
             target_tasks: load32(&c.target_tasks),
             peak_tasks: load32(&c.peak_tasks),
             in_flight: load32(&c.in_flight),
-            handler_calls: self.slots.in_use(),
-            concurrency_limit: self.slots.limit(),
+            handler_calls: self.pool.slots.in_use(),
+            concurrency_limit: self.pool.slots.limit(),
             max_concurrent_calls: self.settings.max_concurrent_calls,
-            tasks_waiting_for_slots: self.slots.waiting(),
+            tasks_waiting_for_slots: self.pool.slots.waiting(),
             last_concurrency: c.last_concurrency.lock().unwrap().clone(),
             processed: load64(&c.processed),
             failed: load64(&c.failed),
@@ -297,14 +297,14 @@ impl Shared {
             items_failed: load64(&c.items.failed),
             items_poisoned: load64(&c.items.poisoned),
             replies: load64(&c.items.replies),
-            rule: self.decider.status(),
-            shadow: self.decider.shadow_status(),
+            rule: self.rule.decider.status(),
+            shadow: self.rule.decider.shadow_status(),
             last_task_count,
             recent_decisions: c.recent_decisions(),
             pickup_latency_ms: c.pickup_latency_ms(),
             last_queue_empty,
-            transactions: self.transactions.as_ref().map(|t| t.snapshot()),
-            transaction_rates: self.transactions.as_ref().map(|t| t.rates()),
+            transactions: self.telemetry.transactions.as_ref().map(|t| t.snapshot()),
+            transaction_rates: self.telemetry.transactions.as_ref().map(|t| t.rates()),
         }
     }
 }

@@ -136,7 +136,8 @@ pub struct ListenerStatus {
     pub poisoned: u64,
     /// Of those, messages whose stored body was corrupt.
     pub poisoned_corrupt: u64,
-    /// Of those, messages moved as their bare body (the envelope did not fit).
+    /// Of those, messages moved as their bare body, the reason only in the log, the status and
+    /// the metrics: on Azure every poisoning, elsewhere one whose JSON entry did not fit.
     pub poisoned_body_only: u64,
     /// The last poisonings, oldest first, with their reasons.
     pub recent_poison: Vec<PoisonRecord>,

@@ -133,82 +133,191 @@ fn no_two_modules_use_each_other() {
     }
 }
 
-/// A module of `host/src/<folder>` as a path of names (`["listener", "pool", "tasks"]`),
-/// for each `.rs` file under it.
-fn modules_in(folder: &str) -> BTreeMap<Vec<String>, String> {
+/// Every module of `host/src` with a file of its own, as a path of names from the crate's
+/// root (`["listener", "pool", "tasks"]`; a folder's `mod.rs` is the folder), and its text.
+/// `main.rs` is another crate and is left out.
+fn modules() -> BTreeMap<Vec<String>, String> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../host/src");
     let mut all = Vec::new();
-    files(&src.join(folder), &mut all);
+    files(&src, &mut all);
     let mut modules = BTreeMap::new();
     for path in all {
         let relative = path.strip_prefix(&src).unwrap().with_extension("");
         let mut names: Vec<String> = relative.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
-        if names.last().is_some_and(|n| n == "mod") {
+        if names.last().is_some_and(|n| n == "mod" || n == "lib") {
             names.pop();
+        }
+        if names == ["main"] {
+            continue;
         }
         modules.insert(names, std::fs::read_to_string(&path).unwrap());
     }
     modules
 }
 
-/// The paths a file's code names through `super::` (with `super::{a, b::c}` split) or
-/// `crate::listener::`, each resolved to a path of names from the crate's root.
-fn super_paths(module: &[String], is_folder: bool, text: &str) -> Vec<Vec<String>> {
-    let mut paths = Vec::new();
-    for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
-        let mut rest = line;
-        while let Some(at) = rest.find("super::") {
-            // The parent of a file's module; a folder's `mod.rs` is its module itself.
-            let mut base = module.to_vec();
-            if !is_folder || base.len() > 1 {
-                base.pop();
+/// A file's code as tokens: identifiers, `::`, and single punctuation; comments, strings and
+/// character literals dropped (their braces would throw the count of inline modules off).
+fn tokens(text: &str) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    let skip_string = |mut i: usize| {
+        while i < chars.len() && chars[i] != '"' {
+            i += if chars[i] == '\\' { 2 } else { 1 };
+        }
+        i + 1
+    };
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        if c == '/' && next == Some('/') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
             }
-            let mut tail = &rest[at..];
-            while let Some(after) = tail.strip_prefix("super::") {
-                tail = after;
-                if tail.starts_with("super::") {
-                    base.pop();
+        } else if c == '/' && next == Some('*') {
+            i += 2;
+            while i + 1 < chars.len() && !(chars[i] == '*' && chars[i + 1] == '/') {
+                i += 1;
+            }
+            i += 2;
+        } else if c == '"' {
+            i = skip_string(i + 1);
+        } else if c == '\'' {
+            // A character literal ('x', '\n', '{'); otherwise a lifetime's quote.
+            if next == Some('\\') {
+                i += 2;
+                while i < chars.len() && chars[i] != '\'' {
+                    i += 1;
                 }
+                i += 1;
+            } else if chars.get(i + 2) == Some(&'\'') {
+                i += 3;
+            } else {
+                i += 1;
             }
-            let ident = |s: &str| s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>();
-            if let Some(group) = tail.strip_prefix('{') {
-                let group = group.split('}').next().unwrap_or("");
-                for part in group.split(',') {
-                    let name = ident(part.trim());
-                    if !name.is_empty() {
-                        paths.push([base.clone(), vec![name]].concat());
+        } else if c.is_alphanumeric() || c == '_' {
+            let start = i;
+            while i < chars.len() && (chars[i].is_alphanumeric() || chars[i] == '_') {
+                i += 1;
+            }
+            let word: String = chars[start..i].iter().collect();
+            // A raw string (r"…", r#"…"#, br"…"): skip to its closing quote and hashes.
+            if (word == "r" || word == "br") && matches!(chars.get(i), Some('"') | Some('#')) {
+                let hashes = chars[i..].iter().take_while(|c| **c == '#').count();
+                i += hashes + 1;
+                let close: Vec<char> = std::iter::once('"').chain(std::iter::repeat_n('#', hashes)).collect();
+                while i < chars.len() && !chars[i..].starts_with(&close) {
+                    i += 1;
+                }
+                i += close.len();
+            } else if word == "b" && chars.get(i) == Some(&'"') {
+                i = skip_string(i + 1);
+            } else {
+                out.push(word);
+            }
+        } else if c == ':' && next == Some(':') {
+            out.push("::".to_string());
+            i += 2;
+        } else if !c.is_whitespace() {
+            out.push(c.to_string());
+            i += 1;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The paths named by a `use` tree or path that starts at `tokens[at]` (just after `base::`),
+/// each added to `base`: `a::{b, c::d}` gives `base/a/b` and `base/a/c/d`. Returns where it ends.
+fn tree(tokens: &[String], mut at: usize, base: Vec<String>, out: &mut Vec<Vec<String>>) -> usize {
+    let mut path = base;
+    loop {
+        match tokens.get(at).map(String::as_str) {
+            Some("{") => {
+                at += 1;
+                while tokens.get(at).is_some_and(|t| t != "}") {
+                    at = tree(tokens, at, path.clone(), out);
+                    if tokens.get(at).is_some_and(|t| t == ",") {
+                        at += 1;
                     }
                 }
-            } else {
-                let names: Vec<String> = tail.split("::").map(ident).take_while(|n| !n.is_empty()).collect();
-                paths.push([base.clone(), names].concat());
+                return at + 1;
             }
-            rest = &rest[at + 7..];
+            Some(word) if word.chars().all(|c| c.is_alphanumeric() || c == '_') && word != "self" => {
+                path.push(word.to_string());
+                at += 1;
+                if tokens.get(at).is_some_and(|t| t == "::") {
+                    at += 1;
+                    continue;
+                }
+                out.push(path);
+                // Skip an `as name` so the name is not read as the next path.
+                if tokens.get(at).is_some_and(|t| t == "as") {
+                    at += 2;
+                }
+                return at;
+            }
+            Some(_) | None => {
+                // `self`, `*`, or the end: the path so far.
+                if tokens.get(at).is_some_and(|t| t == "self" || t == "*") {
+                    at += 1;
+                }
+                out.push(path);
+                return at;
+            }
         }
-        // And what it names by its path from the crate's root.
-        let mut rest = line;
-        while let Some(at) = rest.find("crate::listener::") {
-            rest = &rest[at + 7..];
-            let names: Vec<String> = rest
-                .split("::")
-                .map(|s| s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>())
-                .take_while(|n| !n.is_empty())
-                .collect();
-            paths.push(names);
+    }
+}
+
+/// Every path a module's file names through `super::` or `crate::`, resolved to a path of
+/// names from the crate's root. `super` inside an inline module (`mod tests { … }`) counts
+/// from that inline module.
+fn named_paths(module: &[String], text: &str) -> Vec<Vec<String>> {
+    let tokens = tokens(text);
+    let mut paths = Vec::new();
+    // One entry per open brace: the inline module it opens, if it opens one.
+    let mut braces: Vec<Option<String>> = Vec::new();
+    let mut at = 0;
+    while at < tokens.len() {
+        let token = tokens[at].as_str();
+        let starts_path = at == 0 || tokens[at - 1] != "::";
+        if token == "{" {
+            let opens_mod = at >= 2 && tokens[at - 2] == "mod";
+            braces.push(opens_mod.then(|| tokens[at - 1].clone()));
+            at += 1;
+        } else if token == "}" {
+            braces.pop();
+            at += 1;
+        } else if starts_path && (token == "super" || token == "crate") && tokens.get(at + 1).is_some_and(|t| t == "::") {
+            let mut base: Vec<String> = if token == "crate" {
+                Vec::new()
+            } else {
+                let mut here = module.to_vec();
+                here.extend(braces.iter().flatten().cloned());
+                here.pop();
+                here
+            };
+            at += 2;
+            while tokens.get(at).is_some_and(|t| t == "super") && tokens.get(at + 1).is_some_and(|t| t == "::") {
+                base.pop();
+                at += 2;
+            }
+            at = tree(&tokens, at, base, &mut paths);
+        } else {
+            at += 1;
         }
     }
     paths
 }
 
-/// No two sibling modules of `host/src/listener/` (files, or folders taken whole) name
-/// each other: each part of the listener reads without its neighbours reading it back.
-#[test]
-fn no_two_files_of_the_listener_import_each_other() {
-    let modules = modules_in("listener");
-    let mut edges: BTreeSet<(Vec<String>, Vec<String>)> = BTreeSet::new();
+/// Each pair of sibling modules of a folder of `host/src` (files, or folders taken whole)
+/// where the first names the second.
+fn sibling_edges() -> BTreeSet<(Vec<String>, Vec<String>)> {
+    let modules = modules();
+    let mut edges = BTreeSet::new();
     for (module, text) in &modules {
-        let is_folder = modules.keys().any(|other| other.len() > module.len() && other.starts_with(module));
-        for path in super_paths(module, is_folder, text) {
+        for path in named_paths(module, text) {
             // The two siblings the reference joins: the first names where the paths part.
             let shared = module.iter().zip(&path).take_while(|(a, b)| a == b).count();
             if shared >= module.len() || shared >= path.len() {
@@ -220,10 +329,35 @@ fn no_two_files_of_the_listener_import_each_other() {
             }
         }
     }
+    edges
+}
+
+/// Import circles between sibling files no one has broken yet (issue 36: to break).
+const CIRCLES_LEFT: &[&str] = &[
+    "bench/http <-> bench/report",
+    "cli/rule <-> cli/rule_test",
+    "config/bus <-> config/file",
+    "http/console <-> http/routes",
+    "payload/codec <-> payload/error",
+    "payload/error <-> payload/format",
+    "queue/embedded/changes <-> queue/embedded/claims",
+    "queue/embedded/changes <-> queue/embedded/leasing",
+    "queue/embedded/opening <-> queue/embedded/store",
+    "queue/embedded/queue <-> queue/embedded/store",
+    "queue/embedded/store <-> queue/embedded/writer",
+    "rules/cache <-> rules/engine",
+];
+
+/// No two sibling modules of any folder of `host/src` (files, or folders taken whole) name
+/// each other: each part of a folder reads without its neighbours reading it back.
+#[test]
+fn no_two_files_of_a_folder_import_each_other() {
+    let edges = sibling_edges();
     let circles: Vec<String> = edges
         .iter()
         .filter(|(from, to)| from < to && edges.contains(&(to.clone(), from.clone())))
         .map(|(a, b)| format!("{} <-> {}", a.join("/"), b.join("/")))
+        .filter(|circle| !CIRCLES_LEFT.contains(&circle.as_str()))
         .collect();
-    assert!(circles.is_empty(), "files of the listener that import each other:\n{}", circles.join("\n"));
+    assert!(circles.is_empty(), "files of a folder that import each other:\n{}", circles.join("\n"));
 }

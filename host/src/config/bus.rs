@@ -1,6 +1,6 @@
 //! `[bus]`: the publish/subscribe engine between hosts, and its validation.
 
-use super::file::serde_defaults;
+use super::serde_defaults;
 use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 

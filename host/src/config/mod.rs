@@ -21,6 +21,7 @@ mod bus;
 mod checks;
 mod file;
 mod queue;
+mod serde_defaults;
 mod settings;
 mod validate;
 

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand, ValueEnum};
 
 use crate::bench::contenders::EbbSettings;
-use crate::bench::http::{self, CONTENDERS, Contender, HttpBench};
+use crate::bench::contenders::{CONTENDERS, Contender};
+use crate::bench::http;
+use crate::bench::plan::HttpBench;
 
 /// Most messages per run.
 const MAX_MESSAGES: u64 = 100_000;

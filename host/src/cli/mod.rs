@@ -7,6 +7,7 @@ mod client;
 mod host;
 mod promote;
 mod rule;
+mod rule_contexts;
 mod rule_test;
 mod simulate;
 mod trace;

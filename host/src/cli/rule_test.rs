@@ -28,7 +28,7 @@ use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::rule::{
+use super::rule_contexts::{
     failure_defaults, impossible_failure, past_deadline, queue_empty_defaults, shown_failure, task_count_defaults, with_defaults,
     with_dependent_failure_defaults,
 };

@@ -17,6 +17,48 @@ use crate::listener::{Listener, QueueSettings};
 use crate::queue::QueueClient;
 use crate::queue::embedded::{CountingBackend, EmbeddedOptions, EmbeddedStore};
 
+/// A contender of the bench.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Contender {
+    ReqwestLoop,
+    RedbLoop,
+    Ebb(EbbSettings),
+}
+
+/// Every contender, in the order each round runs them.
+pub(crate) const CONTENDERS: [Contender; 4] =
+    [Contender::ReqwestLoop, Contender::RedbLoop, Contender::Ebb(EbbSettings::ConcurrentCalls), Contender::Ebb(EbbSettings::FixedTasks)];
+
+impl Contender {
+    /// Its name in the JSON.
+    pub(crate) fn key(self) -> &'static str {
+        match self {
+            Contender::ReqwestLoop => "reqwest_loop",
+            Contender::RedbLoop => "redb_loop",
+            Contender::Ebb(EbbSettings::ConcurrentCalls) => "ebb",
+            Contender::Ebb(EbbSettings::FixedTasks) => "ebb_fixed_tasks",
+        }
+    }
+
+    /// Its name in the table.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Contender::ReqwestLoop => "reqwest loop",
+            Contender::RedbLoop => "redb loop",
+            Contender::Ebb(EbbSettings::ConcurrentCalls) => "ebb, max_concurrent_calls = T",
+            Contender::Ebb(EbbSettings::FixedTasks) => "ebb, min_tasks = max_tasks = T",
+        }
+    }
+
+    pub(super) async fn run(self, setup: &Setup<'_>) -> anyhow::Result<Run> {
+        match self {
+            Contender::ReqwestLoop => reqwest_loop(setup).await,
+            Contender::RedbLoop => redb_loop(setup).await,
+            Contender::Ebb(settings) => ebb(setup, settings).await,
+        }
+    }
+}
+
 /// What one run measured.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Run {

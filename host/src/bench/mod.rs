@@ -8,6 +8,7 @@
 //!   throughput, CPU per message and bytes written to the store per message.
 //! - `server`: that local app, an HTTP server answering 200 at once, run as a process of its
 //!   own (`ebb bench serve`) so that its CPU is not counted as the client's.
+//! - `plan`: what `http` runs and the runs it gathers.
 //! - `contenders`: the three ways of moving the messages, one run each.
 //! - `measure`: what a run is measured with: the process's CPU time, and a storage backend
 //!   counting the bytes redb writes.
@@ -29,6 +30,7 @@ pub(crate) mod failures;
 pub(crate) mod http;
 pub(crate) mod measure;
 pub(crate) mod payloads;
+pub(crate) mod plan;
 pub(crate) mod record;
 pub(crate) mod report;
 pub(crate) mod server;

@@ -1,6 +1,7 @@
 //! Why bytes that start like an envelope are not one ebb can deliver.
 
 use super::codec::Codec;
+use super::wire::{FORMAT_VERSION, MIN_ITEM_BYTES};
 
 /// An envelope refused: truncated, corrupted, hostile, or from a newer producer. Its
 /// message is the reason a poison message carries; every variant is a defect of the
@@ -25,7 +26,7 @@ pub enum EnvelopeError {
         expected: usize,
     },
     /// Written by a producer that speaks a later version of the format.
-    #[error("envelope version {version}: this ebb reads version {}; upgrade the consumer", super::format::FORMAT_VERSION)]
+    #[error("envelope version {version}: this ebb reads version {}; upgrade the consumer", FORMAT_VERSION)]
     UnsupportedVersion {
         /// The version byte.
         version: u8,
@@ -50,7 +51,7 @@ pub enum EnvelopeError {
         /// The flags field.
         flags: u16,
     },
-    /// An offloaded message ([`FLAG_MESSAGE`](super::format::FLAG_MESSAGE)) that is not one claim check.
+    /// An offloaded message ([`FLAG_MESSAGE`](super::wire::FLAG_MESSAGE)) that is not one claim check.
     #[error("an offloaded message (flag 0x0001) must be one claim check, got {count} item(s) or an inline body")]
     BadMessage {
         /// Its item count.
@@ -73,7 +74,7 @@ pub enum EnvelopeError {
         limit: usize,
     },
     /// A count no section of that length can hold.
-    #[error("{count} items cannot fit in {declared} bytes (each takes at least {} bytes)", super::format::MIN_ITEM_BYTES)]
+    #[error("{count} items cannot fit in {declared} bytes (each takes at least {} bytes)", MIN_ITEM_BYTES)]
     ImpossibleCount {
         /// The header's item count.
         count: u32,

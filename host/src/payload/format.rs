@@ -31,28 +31,12 @@
 
 use bytes::Bytes;
 
-use super::codec::{Codec, Compressor, decompress};
+use super::codec::{Codec, Compressor};
+use super::decompress::decompress;
 use super::error::EnvelopeError;
 use super::item::{BlobRef, Body, ClaimCheck, Item, Origin};
 use super::limits::Limits;
-
-/// The first bytes of every envelope. `C1` never starts UTF-8 text, so no text message
-/// (JSON, XML, plain words) begins with it; `EBB` names the format; CR LF, Ctrl-Z and LF
-/// (PNG's trick) show at once a transfer that rewrote line endings or stopped at an
-/// end-of-file character.
-pub const MAGIC: [u8; 8] = [0xC1, b'E', b'B', b'B', b'\r', b'\n', 0x1A, b'\n'];
-/// The version this ebb writes and reads.
-pub const FORMAT_VERSION: u8 = 1;
-/// The header's length.
-const HEADER_BYTES: usize = 24;
-/// Flag bit 0: the envelope carries one plain message's body, offloaded (one claim check).
-pub const FLAG_MESSAGE: u16 = 1;
-/// The CRC32 after the section.
-const TRAILER_BYTES: usize = 4;
-/// Header and trailer: an envelope's bytes besides its item section.
-pub const ENVELOPE_OVERHEAD_BYTES: usize = HEADER_BYTES + TRAILER_BYTES;
-/// The smallest item: an empty inline body (kind, attempts, length).
-pub const MIN_ITEM_BYTES: usize = 9;
+use super::wire::{ENVELOPE_OVERHEAD_BYTES, FLAG_MESSAGE, FORMAT_VERSION, HEADER_BYTES, MAGIC, MIN_ITEM_BYTES, TRAILER_BYTES};
 
 const INLINE: u8 = 0;
 const CLAIM_CHECK: u8 = 1;

@@ -32,6 +32,7 @@
 
 pub mod claims;
 mod codec;
+mod decompress;
 mod error;
 mod format;
 mod item;
@@ -39,15 +40,17 @@ mod limits;
 mod pack;
 mod settings;
 mod text;
+mod wire;
 
 pub use codec::Codec;
 pub use error::EnvelopeError;
-pub use format::{Decoded, ENVELOPE_OVERHEAD_BYTES, Envelope, FLAG_MESSAGE, FORMAT_VERSION, MAGIC, MIN_ITEM_BYTES, decode, encode, encode_message};
+pub use format::{Decoded, Envelope, decode, encode, encode_message};
 pub use item::{AzureContainer, BlobRef, Body, ClaimCheck, Item, Origin};
 pub use limits::{AllowedReferences, DEFAULT_MAX_CLAIM_CHECK_BYTES, DEFAULT_MAX_DECODED_BYTES, DEFAULT_MAX_ITEMS, Limits};
 pub use pack::{MIN_ENVELOPE_BYTES, Packed, PackedEnvelope, Packer};
 pub use settings::{Delivery, PayloadSettings};
 pub use text::{decode_text, to_text};
+pub use wire::{ENVELOPE_OVERHEAD_BYTES, FLAG_MESSAGE, FORMAT_VERSION, MAGIC, MIN_ITEM_BYTES};
 
 /// The largest envelope an Azure queue carries, in bytes: 64 KiB of message text holds
 /// 49,152 bytes once base64-encoded, whether the queue's backend encodes them

@@ -5,9 +5,10 @@ use std::ops::Range;
 use anyhow::{Context as _, bail, ensure};
 
 use super::codec::{Codec, Compressor};
-use super::format::{ENVELOPE_OVERHEAD_BYTES, Envelope, MIN_ITEM_BYTES, seal, write_record};
+use super::format::{Envelope, seal, write_record};
 use super::item::Item;
 use super::limits::{DEFAULT_MAX_DECODED_BYTES, DEFAULT_MAX_ITEMS, Limits};
+use super::wire::{ENVELOPE_OVERHEAD_BYTES, MIN_ITEM_BYTES};
 
 /// The smallest message limit a packer takes: an envelope of one empty item.
 pub const MIN_ENVELOPE_BYTES: usize = ENVELOPE_OVERHEAD_BYTES + MIN_ITEM_BYTES;

@@ -1,6 +1,7 @@
 //! The event stream in process, on tokio's paused clock: the hour kept per queue, updates
 //! that carry only what changed, the bound on streams, streams that end with the server,
-//! and the headers of the page.
+//! and the headers of the page. Beside `console` rather than in it: it drives the whole
+//! router (`routes`), which mounts the console.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use axum::http::{Request, StatusCode, header};
 use futures::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
-use super::events::{MAX_EVENT_CLIENTS, PUSH_EVERY, SAMPLE_EVERY, SAMPLES_KEPT};
+use super::console::events::{MAX_EVENT_CLIENTS, PUSH_EVERY, SAMPLE_EVERY, SAMPLES_KEPT};
 use crate::handler::{Handler, IncomingMessage};
 use crate::health::Health;
 use crate::http::{Api, ApiLimits};
@@ -62,7 +63,7 @@ fn api(closing: CancellationToken) -> (axum::Router, BTreeMap<String, Arc<dyn Qu
         audit: None,
         price_per_10k_transactions: crate::cost::PAPER_PRICE_PER_10K,
     };
-    (crate::http::routes::router_until(Arc::new(api), ApiLimits::default(), closing), queues)
+    (super::routes::router_until(Arc::new(api), ApiLimits::default(), closing), queues)
 }
 
 async fn call(router: &axum::Router, path: &str, token: Option<&str>) -> axum::response::Response {
@@ -136,7 +137,7 @@ async fn an_idle_stream_sends_no_update_and_never_stays_silent_past_the_keep_ali
     while last < end {
         let chunk = events.next().await?.context("the stream ended")?;
         let gap = last.elapsed();
-        assert!(gap <= super::events::KEEP_ALIVE, "{gap:?} without a byte");
+        assert!(gap <= super::console::events::KEEP_ALIVE, "{gap:?} without a byte");
         assert!(chunk.iter().all(|(name, _)| name == "samples"), "an event while nothing changed: {chunk:?}");
         last = tokio::time::Instant::now();
     }

@@ -24,6 +24,8 @@
 mod auth;
 mod body_limit;
 mod console;
+#[cfg(test)]
+mod console_tests;
 mod errors;
 mod routes;
 mod server;
@@ -45,8 +47,9 @@ pub(crate) use server::serve;
 pub(crate) use server::{bind, serve_once_started};
 
 pub use crate::config::ApiLimits;
+use crate::cost::CostStatus;
 use crate::health::{Health, Readiness};
-use crate::listener::Listener;
+use crate::listener::{Listener, ListenerStatus};
 use crate::service::QueueHandle;
 
 /// What the API serves.
@@ -69,4 +72,10 @@ pub struct Api {
     /// US dollars per 10,000 storage transactions, for the cost figures of `/status` and
     /// `/metrics` (config `price_per_10k_transactions`).
     pub price_per_10k_transactions: f64,
+}
+
+/// A queue's live cost figures (`None` when its transactions are not metered), as `/status`,
+/// `/metrics` and the console's events show them.
+pub(crate) fn queue_cost(status: &ListenerStatus, price: f64) -> Option<CostStatus> {
+    status.transaction_rates.map(|rates| CostStatus::new(rates, price))
 }

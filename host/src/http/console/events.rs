@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ApiRole;
 use crate::cost::CostStatus;
 use crate::http::errors::error;
-use crate::http::{Api, Caller};
+use crate::http::{Api, Caller, queue_cost};
 use crate::listener::ListenerStatus;
 
 /// How often a watched page gets the figures that changed.
@@ -114,7 +114,7 @@ fn cost_json(cost: &CostStatus) -> serde_json::Value {
 /// A queue's row: what the table shows. Only figures that change with the queue's state
 /// (no timestamps), so an idle queue's row stays the same and is not sent again.
 fn row_json(logical: &str, status: &ListenerStatus, throughput: f64, price: f64) -> String {
-    let cost = super::super::routes::queue_cost(status, price);
+    let cost = queue_cost(status, price);
     let rule = status.rule.as_ref();
     json!({
         "queue": status.queue,
@@ -213,7 +213,7 @@ impl Console {
                 let pickup = status.pickup_latency_ms.unwrap_or(0) as f32;
                 series.points.push_back([status.approximate_depth as f32, round(throughput, 2) as f32, pickup, status.active_tasks as f32]);
             }
-            costs.extend(super::super::routes::queue_cost(&status, price));
+            costs.extend(queue_cost(&status, price));
             paused += usize::from(status.paused.is_some());
             let row = row_json(logical, &status, throughput, price);
             rows.push(match previous.rows.get(index) {

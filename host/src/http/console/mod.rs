@@ -11,9 +11,7 @@
 //! - `events`: the push stream, the last hour's samples of every queue, and the bounds that
 //!   keep both cheap.
 
-mod events;
-#[cfg(test)]
-mod tests;
+pub(super) mod events;
 
 use std::sync::LazyLock;
 

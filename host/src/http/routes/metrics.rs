@@ -12,10 +12,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::status::{queue_cost, statuses};
+use super::status::statuses;
 use crate::cost::CostStatus;
-use crate::http::Api;
 use crate::http::errors;
+use crate::http::{Api, queue_cost};
 use crate::queue::CallKind;
 use crate::rules::{DecisionKind, ShadowOutcome};
 

@@ -8,7 +8,6 @@ mod poison;
 mod status;
 
 pub(crate) use messages::parse_items;
-pub(crate) use status::queue_cost;
 
 use std::sync::Arc;
 

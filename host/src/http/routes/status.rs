@@ -7,16 +7,11 @@ use axum::response::Json;
 use serde_json::json;
 
 use crate::cost::CostStatus;
-use crate::http::Api;
+use crate::http::{Api, queue_cost};
 use crate::listener::{Listener, ListenerStatus};
 
 pub(super) fn statuses(api: &Api) -> Vec<ListenerStatus> {
     api.listeners.values().flatten().map(Listener::status).collect()
-}
-
-/// A queue's live cost figures (`None` when its transactions are not metered).
-pub(crate) fn queue_cost(status: &ListenerStatus, price: f64) -> Option<CostStatus> {
-    status.transaction_rates.map(|rates| CostStatus::new(rates, price))
 }
 
 /// The sums over a partitioned queue's partitions.

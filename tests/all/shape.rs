@@ -334,12 +334,6 @@ fn sibling_edges() -> BTreeSet<(Vec<String>, Vec<String>)> {
 
 /// Import circles between sibling files no one has broken yet (issue 36: to break).
 const CIRCLES_LEFT: &[&str] = &[
-    "bench/http <-> bench/report",
-    "cli/rule <-> cli/rule_test",
-    "config/bus <-> config/file",
-    "http/console <-> http/routes",
-    "payload/codec <-> payload/error",
-    "payload/error <-> payload/format",
     "queue/embedded/changes <-> queue/embedded/claims",
     "queue/embedded/changes <-> queue/embedded/leasing",
     "queue/embedded/opening <-> queue/embedded/store",
@@ -357,7 +351,10 @@ fn no_two_files_of_a_folder_import_each_other() {
         .iter()
         .filter(|(from, to)| from < to && edges.contains(&(to.clone(), from.clone())))
         .map(|(a, b)| format!("{} <-> {}", a.join("/"), b.join("/")))
-        .filter(|circle| !CIRCLES_LEFT.contains(&circle.as_str()))
         .collect();
-    assert!(circles.is_empty(), "files of a folder that import each other:\n{}", circles.join("\n"));
+    let new: Vec<&String> = circles.iter().filter(|circle| !CIRCLES_LEFT.contains(&circle.as_str())).collect();
+    assert!(new.is_empty(), "files of a folder that import each other:\n{}", new.iter().map(|c| c.as_str()).collect::<Vec<_>>().join("\n"));
+    // A circle broken leaves the list, so that it cannot come back unseen.
+    let broken: Vec<&&str> = CIRCLES_LEFT.iter().filter(|left| !circles.iter().any(|circle| circle == *left)).collect();
+    assert!(broken.is_empty(), "circles broken, to take off CIRCLES_LEFT: {broken:?}");
 }

@@ -10,7 +10,7 @@
 //! [`ScalerSettings`]) are defined here, so no import runs back up. Every default lives
 //! once, in [`crate::defaults`].
 //!
-//! - `file.rs`: the file form (serde);
+//! - `file.rs`: the file form (serde), with its defaults in `serde_defaults.rs`;
 //! - `validate.rs`, `queue.rs`: its validation into [`Config`] and [`QueueConfig`];
 //! - `backend.rs`, `bus.rs`: the Azure account and the bus;
 //! - `checks.rs`: the bounds of every value;

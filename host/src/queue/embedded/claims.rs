@@ -13,7 +13,7 @@
 use redb::ReadableTable;
 
 use super::bodies::PAGE_PART_BYTES;
-use super::changes::{Applied, Reply};
+use super::ops::{Applied, Reply};
 use super::tables::Tables;
 
 /// A claim record: put time (ms since the Unix epoch) and length, little-endian.

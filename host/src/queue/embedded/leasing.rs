@@ -7,7 +7,7 @@ use bytes::Bytes;
 use redb::ReadableTable;
 
 use super::bodies;
-use super::changes::{Applied, Reply};
+use super::ops::{Applied, Reply};
 use super::record::{HEADER_BYTES, Header, body_defect};
 use super::tables::Tables;
 use crate::queue::clock::system_time;

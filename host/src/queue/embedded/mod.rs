@@ -37,7 +37,7 @@
 //!
 //! Files: `store` opens a data directory and passes changes to the writer; `queue` is one
 //! queue's [`QueueClient`](super::QueueClient); `opening` checks, creates and prepares the
-//! file and migrates older formats; `writer` commits groups of changes; `changes` applies
+//! file and migrates older formats; `writer` commits groups of changes (`ops`: what a change and its reply are); `changes` applies
 //! each change to the `tables` (`leasing`: gets, visibility updates, receipts); `record` is
 //! a message's header, `bodies` how a body is stored; `claims` keeps claim-check bodies
 //! (large bodies offloaded from envelopes, `ebb::payload::claims`); `counting` counts what
@@ -50,6 +50,7 @@ mod counting;
 mod leasing;
 mod opening;
 pub use opening::check_store;
+mod ops;
 mod queue;
 mod record;
 mod store;

@@ -11,9 +11,13 @@ use redb::{Database, DatabaseError, ReadableTable, StorageError, TableDefinition
 
 use super::bodies;
 use super::record::{Header, checksum};
-use super::store::Opener;
 use super::tables::{META, open_tables};
 use crate::panics::{panic_message, quietly};
+
+/// Opens the database in a file, initialising it if the file is empty: at start, and again
+/// after a failed commit (only ever on a file [`open_database`] has checked), and to create
+/// a new store in a fresh file. With `true`, the open runs redb's integrity check (at start).
+pub(super) type Opener = Arc<dyn Fn(&Path, bool) -> Result<Database, DatabaseError> + Send + Sync>;
 
 /// Record format: 1 had no body checksum; 2 had one, and kept each message's header and body
 /// together (every lease rewrote the body); 3 keeps them apart. Older stores are migrated at open.

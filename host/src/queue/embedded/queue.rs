@@ -7,8 +7,8 @@ use anyhow::anyhow;
 use async_trait::async_trait;
 use redb::ReadableDatabase;
 
-use super::changes::{Op, Reply};
 use super::claims::ClaimRecord;
+use super::ops::{Op, Reply};
 use super::store::EmbeddedStore;
 use super::tables::{CLAIM_PARTS, CLAIMS, COUNTS, QUEUES};
 use crate::queue::{MAX_BATCH, MAX_VISIBILITY, Message, MessageId, PopReceipt, QueueClient, QueueError};
@@ -17,6 +17,14 @@ use crate::queue::{MAX_BATCH, MAX_VISIBILITY, Message, MessageId, PopReceipt, Qu
 /// adding it to a clock reading cannot overflow.
 fn bounded_ms(duration: Duration) -> u64 {
     duration.min(MAX_VISIBILITY).as_millis() as u64
+}
+
+// Beside the queue it makes, so that the store's file needs nothing of this one.
+impl EmbeddedStore {
+    /// A handle on queue `name` (create it with [`QueueClient::create_if_missing`]).
+    pub fn queue(&self, name: &str) -> EmbeddedQueue {
+        EmbeddedQueue { store: self.clone(), name: name.to_string(), id: OnceLock::new() }
+    }
 }
 
 /// A header holds a body's length in 4 bytes: the limit whatever the options say.

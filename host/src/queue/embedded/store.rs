@@ -2,28 +2,19 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow};
-use redb::{Database, DatabaseError, StorageBackend};
+use redb::{Database, StorageBackend};
 use tokio::sync::oneshot;
 
-use super::changes::{Op, Reply};
-use super::opening::{InUse, create_if_absent, open_database};
-use super::queue::EmbeddedQueue;
-use super::writer::{Request, STORAGE_LOG_LINES, Writer};
+use super::opening::{InUse, Opener, create_if_absent, open_database};
+use super::ops::{Op, Reply};
+use super::writer::{DatabaseSlot, Request, STORAGE_LOG_LINES, Writer};
 use super::{EmbeddedOptions, STORE_FILE};
 use crate::log_limit::LogLimiter;
 use crate::queue::QueueError;
-
-/// Opens the database in a file, initialising it if the file is empty: at start, and again
-/// after a failed commit (only ever on a file [`open_database`] has checked), and to create
-/// a new store in a fresh file. With `true`, the open runs redb's integrity check (at start).
-pub(super) type Opener = Arc<dyn Fn(&Path, bool) -> Result<Database, DatabaseError> + Send + Sync>;
-/// The open database, shared by the writer and readers; `None` while it is being reopened
-/// or cannot be.
-pub(super) type DatabaseSlot = Arc<RwLock<Option<Arc<Database>>>>;
 
 /// A data directory holding any number of queues. One process owns it at a time.
 #[derive(Clone)]
@@ -132,11 +123,6 @@ impl EmbeddedStore {
     /// The data directory.
     pub fn dir(&self) -> &Path {
         &self.shared.dir
-    }
-
-    /// A handle on queue `name` (create it with [`QueueClient::create_if_missing`]).
-    pub fn queue(&self, name: &str) -> EmbeddedQueue {
-        EmbeddedQueue { store: self.clone(), name: name.to_string(), id: OnceLock::new() }
     }
 
     pub(super) async fn call(&self, op: Op) -> Result<Reply, QueueError> {

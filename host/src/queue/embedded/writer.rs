@@ -4,21 +4,25 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::mpsc;
-use std::sync::{Arc, PoisonError};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 use redb::{Database, Durability};
 use tokio::sync::oneshot;
 
-use super::changes::{Op, Reply, apply};
-use super::opening::open_database;
-use super::store::{DatabaseSlot, Opener};
+use super::changes::apply;
+use super::opening::{Opener, open_database};
+use super::ops::{Op, Reply};
 use super::tables::{META, open_tables};
 use crate::health::Health;
 use crate::log_limit::LogLimiter;
 use crate::panics::{panic_message, quietly};
 use crate::queue::QueueError;
+
+/// The open database, shared by the writer and readers; `None` while it is being reopened
+/// or cannot be.
+pub(super) type DatabaseSlot = Arc<RwLock<Option<Arc<Database>>>>;
 
 /// Most changes committed together.
 const MAX_GROUP: usize = 4096;

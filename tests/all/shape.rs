@@ -332,9 +332,6 @@ fn sibling_edges() -> BTreeSet<(Vec<String>, Vec<String>)> {
     edges
 }
 
-/// Import circles between sibling files no one has broken yet (issue 36: to break).
-const CIRCLES_LEFT: &[&str] = &["rules/cache <-> rules/engine"];
-
 /// No two sibling modules of any folder of `host/src` (files, or folders taken whole) name
 /// each other: each part of a folder reads without its neighbours reading it back.
 #[test]
@@ -345,9 +342,5 @@ fn no_two_files_of_a_folder_import_each_other() {
         .filter(|(from, to)| from < to && edges.contains(&(to.clone(), from.clone())))
         .map(|(a, b)| format!("{} <-> {}", a.join("/"), b.join("/")))
         .collect();
-    let new: Vec<&String> = circles.iter().filter(|circle| !CIRCLES_LEFT.contains(&circle.as_str())).collect();
-    assert!(new.is_empty(), "files of a folder that import each other:\n{}", new.iter().map(|c| c.as_str()).collect::<Vec<_>>().join("\n"));
-    // A circle broken leaves the list, so that it cannot come back unseen.
-    let broken: Vec<&&str> = CIRCLES_LEFT.iter().filter(|left| !circles.iter().any(|circle| circle == *left)).collect();
-    assert!(broken.is_empty(), "circles broken, to take off CIRCLES_LEFT: {broken:?}");
+    assert!(circles.is_empty(), "files of a folder that import each other:\n{}", circles.join("\n"));
 }

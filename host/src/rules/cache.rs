@@ -8,10 +8,9 @@
 //! (`<data_dir>/rule-cache`, written and trimmed by the host) and then beside the rule file
 //! (artifacts shipped with the rules, written by `ebb rule compile --out`, read only).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::path::Path;
-use std::sync::Weak;
 use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
@@ -20,7 +19,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 use wasmtime::{Engine, Precompiled};
 
-use super::engine::{CompiledRule, RuleEngine};
+use super::engine::RuleEngine;
 use super::file::read_rule_file;
 use super::lock;
 use super::memory::{image_bytes, release_free_memory_after};
@@ -41,29 +40,6 @@ const KEEP_UNUSED_IN_MEMORY: usize = 1;
 const KEEP_UNUSED_IN_MEMORY_BYTES: usize = 8 << 20;
 /// How many compiled rules no queue uses stay in the disk cache (within `cache_max_bytes`).
 const KEEP_UNUSED_ON_DISK: usize = 3;
-
-/// The compiled components the engine holds: every rule in use, plus a few recent ones.
-#[derive(Default)]
-pub(super) struct Compiled {
-    /// By sha256.
-    pub(super) components: HashMap<String, Component>,
-    /// sha256s, least recently used first.
-    pub(super) recent: Vec<String>,
-    /// The rules handed out, to tell which are in use.
-    pub(super) handed_out: Vec<(String, Weak<CompiledRule>)>,
-}
-
-impl Compiled {
-    pub(super) fn touch(&mut self, sha256: &str) {
-        self.recent.retain(|s| s != sha256);
-        self.recent.push(sha256.to_string());
-    }
-
-    pub(super) fn in_use(&mut self) -> HashSet<String> {
-        self.handed_out.retain(|(_, rule)| rule.strong_count() > 0);
-        self.handed_out.iter().map(|(sha, _)| sha.clone()).collect()
-    }
-}
 
 impl RuleEngine {
     /// The compiled component of the rule `bytes` (of hex sha256 `sha256`) and whether it came

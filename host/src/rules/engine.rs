@@ -1,18 +1,18 @@
 //! One wasmtime engine for the process: compiling, validating and instantiating rule
 //! components under limits.
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, Result, bail};
 use sha2::{Digest, Sha256};
-use wasmtime::component::Linker;
+use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine};
 
 use super::bindings::{ContractVersion, v0_1, v0_2, v0_3, v0_4};
-use super::cache::Compiled;
 use super::contract::{check_signatures, contract_version, exports_failures};
 use super::file::{file_name, read_rule_file};
 use super::hint::with_hint;
@@ -58,6 +58,29 @@ pub(super) enum RulePre {
         decisions: v0_4::wit::GuestIndices,
         failures: Option<v0_4::failures_wit::GuestIndices>,
     },
+}
+
+/// The compiled components the engine holds: every rule in use, plus a few recent ones.
+#[derive(Default)]
+pub(super) struct Compiled {
+    /// By sha256.
+    pub(super) components: HashMap<String, Component>,
+    /// sha256s, least recently used first.
+    pub(super) recent: Vec<String>,
+    /// The rules handed out, to tell which are in use.
+    pub(super) handed_out: Vec<(String, Weak<CompiledRule>)>,
+}
+
+impl Compiled {
+    pub(super) fn touch(&mut self, sha256: &str) {
+        self.recent.retain(|s| s != sha256);
+        self.recent.push(sha256.to_string());
+    }
+
+    pub(super) fn in_use(&mut self) -> HashSet<String> {
+        self.handed_out.retain(|(_, rule)| rule.strong_count() > 0);
+        self.handed_out.iter().map(|(sha, _)| sha.clone()).collect()
+    }
 }
 
 /// The process-wide rule engine.

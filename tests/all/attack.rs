@@ -718,11 +718,39 @@ async fn push_a_delayed_send_is_stranded_when_the_sending_host_stops_before_it_i
     assert!(visible_after <= Duration::from_secs(2), "B handled it {visible_after:?} after it became visible (2 h safety poll)");
 }
 
-/// A listener on `queue` (limit 64 KiB) that packs what it puts back with `codec`.
-fn item_listener(queue: Arc<MemoryQueue>, poison: Arc<MemoryQueue>, handler: Arc<Recorder>, codec: ebb::payload::Codec) -> Listener {
-    let settings = QueueSettings { max_dequeue_count: 3, min_polling_interval: Duration::from_millis(100), random_seed: Some(5), ..QueueSettings::default() };
-    let payload = ebb::payload::PayloadSettings { compression: codec, max_envelope_bytes: 65536, ..Default::default() };
-    Listener::builder(queue, poison, handler).settings(settings).payload(payload, false).build()
+/// `envelope` on a queue of 64 KiB messages whose listener packs what it puts back
+/// uncompressed (a foreign producer may have used another codec), three deliveries at most.
+struct ItemRun {
+    queue: Arc<MemoryQueue>,
+    poison: Arc<MemoryQueue>,
+    handler: Arc<Recorder>,
+    listener: Listener,
+}
+
+impl ItemRun {
+    async fn start(envelope: &[u8]) -> anyhow::Result<ItemRun> {
+        let clock = Arc::new(TokioClock::new());
+        let queue = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
+        let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
+        let handler = Arc::new(Recorder::default());
+        queue.put(envelope, Duration::ZERO).await?;
+        let settings =
+            QueueSettings { max_dequeue_count: 3, min_polling_interval: Duration::from_millis(100), random_seed: Some(5), ..QueueSettings::default() };
+        let payload = ebb::payload::PayloadSettings { compression: ebb::payload::Codec::None, max_envelope_bytes: 65536, ..Default::default() };
+        let listener = Listener::builder(queue.clone(), poison.clone(), handler.clone()).settings(settings).payload(payload, false).build();
+        listener.start();
+        Ok(ItemRun { queue, poison, handler, listener })
+    }
+
+    /// Handler calls of the item `body`.
+    fn calls(&self, body: &[u8]) -> usize {
+        self.handler.started.lock().unwrap().get(String::from_utf8_lossy(body).as_ref()).map_or(0, Vec::len)
+    }
+
+    /// Messages left in the queue, and in the poison queue.
+    async fn left_and_poisoned(&self) -> anyhow::Result<(u64, u64)> {
+        Ok((self.queue.approximate_count().await?, self.poison.approximate_count().await?))
+    }
 }
 
 /// A foreign producer's envelope of one item filling the whole message (64 KiB, no origin,
@@ -733,23 +761,15 @@ fn item_listener(queue: Arc<MemoryQueue>, poison: Arc<MemoryQueue>, handler: Arc
 #[tokio::test(start_paused = true)]
 async fn a_failed_item_that_filled_its_message_is_retried_not_dropped_when_its_origin_no_longer_fits() -> anyhow::Result<()> {
     use ebb::payload::{Codec, ENVELOPE_OVERHEAD_BYTES, Item, MIN_ITEM_BYTES, encode};
-    let clock = Arc::new(TokioClock::new());
-    let queue = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
-    let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
-    let handler = Arc::new(Recorder::default());
     let mut body = b"fail once ".to_vec();
     body.resize(65536 - ENVELOPE_OVERHEAD_BYTES - MIN_ITEM_BYTES, b'x');
     let envelope = encode(&[Item::inline(body.clone())], Codec::None)?;
     assert_eq!(envelope.len(), 65536, "the envelope fills the message");
-    queue.put(&envelope, Duration::ZERO).await?;
-    let listener = item_listener(queue.clone(), poison.clone(), handler.clone(), Codec::None);
-    listener.start();
+    let run = ItemRun::start(&envelope).await?;
     sleep(Duration::from_secs(60)).await;
-    let key = String::from_utf8_lossy(&body).into_owned();
-    let calls = handler.started.lock().unwrap().get(&key).map_or(0, Vec::len);
-    let (left, poisoned) = (queue.approximate_count().await?, poison.approximate_count().await?);
-    assert_eq!((calls, left, poisoned), (2, 0, 0), "handler calls, messages left, poisoned: the failed item is handled on its retry");
-    listener.shutdown(Duration::from_secs(1)).await;
+    let (left, poisoned) = run.left_and_poisoned().await?;
+    assert_eq!((run.calls(&body), left, poisoned), (2, 0, 0), "handler calls, messages left, poisoned: the failed item is handled on its retry");
+    run.listener.shutdown(Duration::from_secs(1)).await;
     Ok(())
 }
 
@@ -762,28 +782,20 @@ async fn a_failed_item_that_filled_its_message_is_retried_not_dropped_when_its_o
 #[tokio::test(start_paused = true)]
 async fn an_item_no_packing_of_ours_fits_is_poisoned_once_in_its_envelope_as_it_came() -> anyhow::Result<()> {
     use ebb::payload::{Codec, Item, encode};
-    let clock = Arc::new(TokioClock::new());
-    let queue = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
-    let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
-    let handler = Arc::new(Recorder::default());
     let mut big = b"always fail ".to_vec();
     big.resize(200_000, b'x');
     let envelope = encode(&[Item::inline(b"ok".to_vec()), Item::inline(big.clone())], Codec::Zstd)?;
     assert!(envelope.len() < 65536, "the foreign envelope fits a message ({} bytes)", envelope.len());
-    queue.put(&envelope, Duration::ZERO).await?;
-    let listener = item_listener(queue.clone(), poison.clone(), handler.clone(), Codec::None);
-    listener.start();
+    let run = ItemRun::start(&envelope).await?;
     sleep(Duration::from_secs(600)).await;
-    let key = String::from_utf8_lossy(&big).into_owned();
-    let calls = handler.started.lock().unwrap().get(&key).map_or(0, Vec::len);
-    let (left, poisoned) = (queue.approximate_count().await?, poison.approximate_count().await?);
-    assert_eq!((left, poisoned), (0, 1), "messages left, poisoned ({calls} calls of the failing item)");
+    let calls = run.calls(&big);
+    assert_eq!(run.left_and_poisoned().await?, (0, 1), "messages left, poisoned ({calls} calls of the failing item)");
     assert_eq!(calls, 3, "the failing item is tried max_dequeue_count times, then poisoned");
-    assert!(handler.handled("ok"), "the other item was handled");
-    let moved = poison.get(1, Duration::from_secs(30)).await?;
+    assert!(run.handler.handled("ok"), "the other item was handled");
+    let moved = run.poison.get(1, Duration::from_secs(30)).await?;
     let entry = String::from_utf8_lossy(&moved[0].body).into_owned();
     assert!(entry.contains("item 1"), "the reason names the item: {entry:.300}");
-    listener.shutdown(Duration::from_secs(1)).await;
+    run.listener.shutdown(Duration::from_secs(1)).await;
     Ok(())
 }
 

@@ -314,6 +314,26 @@ mod tests {
     use crate::queue::{Message, MessageId, Metered, PopReceipt, QueueClient, QueueError, TokioClock};
     use crate::rules::NativeRule;
 
+    /// An API serving `listener` as the queue `orders`.
+    fn api_of(listener: Listener) -> Arc<Api> {
+        Arc::new(Api {
+            listeners: BTreeMap::from([("orders".to_string(), vec![listener])]),
+            handles: BTreeMap::new(),
+            tokens: Vec::new(),
+            health: Health::default(),
+            readiness: Readiness::default(),
+            bus: None,
+            audit: None,
+            price_per_10k_transactions: crate::cost::PAPER_PRICE_PER_10K,
+        })
+    }
+
+    /// `/metrics` as text.
+    async fn scrape(api: &Arc<Api>) -> String {
+        let answer = metrics(State(api.clone())).await;
+        String::from_utf8(axum::body::to_bytes(answer.into_body(), usize::MAX).await.unwrap().to_vec()).unwrap()
+    }
+
     /// Retries a failure whose error says "retry", poisons one that says "poison", leaves
     /// the rest to the default.
     struct ByErrorText;
@@ -375,18 +395,8 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(5)).await;
         let status = listener.status();
         assert_eq!((status.failure_rule_retries, status.failure_rule_poisons, status.failure_rule_defaults), (2, 1, 1), "{status:?}");
-        let api = Arc::new(Api {
-            listeners: BTreeMap::from([("orders".to_string(), vec![listener.clone()])]),
-            handles: BTreeMap::new(),
-            tokens: Vec::new(),
-            health: Health::default(),
-            readiness: Readiness::default(),
-            bus: None,
-            audit: None,
-            price_per_10k_transactions: crate::cost::PAPER_PRICE_PER_10K,
-        });
-        let answer = metrics(State(api)).await;
-        let text = String::from_utf8(axum::body::to_bytes(answer.into_body(), usize::MAX).await.unwrap().to_vec()).unwrap();
+        let api = api_of(listener.clone());
+        let text = scrape(&api).await;
         for line in [
             "ebb_failure_rule_retries_total{queue=\"orders\"} 2",
             "ebb_failure_rule_poisons_total{queue=\"orders\"} 1",
@@ -444,18 +454,8 @@ mod tests {
         for body in ["one", "reset", "two", "reset again"] {
             let _ = queue.put(body.as_bytes(), Duration::ZERO).await;
         }
-        let api = Arc::new(Api {
-            listeners: BTreeMap::from([("orders".to_string(), vec![listener])]),
-            handles: BTreeMap::new(),
-            tokens: Vec::new(),
-            health: Health::default(),
-            readiness: Readiness::default(),
-            bus: None,
-            audit: None,
-            price_per_10k_transactions: crate::cost::PAPER_PRICE_PER_10K,
-        });
-        let answer = metrics(State(api.clone())).await;
-        let text = String::from_utf8(axum::body::to_bytes(answer.into_body(), usize::MAX).await.unwrap().to_vec()).unwrap();
+        let api = api_of(listener);
+        let text = scrape(&api).await;
         for line in [
             "ebb_storage_transactions_total{queue=\"orders\",kind=\"put\"} 2",
             "ebb_storage_unanswered_total{queue=\"orders\",kind=\"put\"} 2",

@@ -4,7 +4,7 @@
 //! Attempts that got no answer (a broken connection, no answer in time) are not known to be
 //! billed: they are priced apart, as how much more the bill may be at most.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::queue::TransactionRates;
 
@@ -26,7 +26,8 @@ pub fn usd_per_month(per_hour: f64, price_per_10k: f64) -> f64 {
 
 /// Live cost figures of a queue (or of the whole host): the recent transaction rates and
 /// what a month at those rates would cost.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct CostStatus {
     /// The price used, in US dollars per 10,000 transactions.
     pub price_per_10k_transactions: f64,

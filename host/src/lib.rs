@@ -50,6 +50,7 @@
 //! - [`payload`]: the envelope that packs many work items into one message (issue 20),
 //!   its codecs and its bomb-safe decoder.
 //! - [`bus`]: push notifications between hosts (publish from a producer).
+//! - [`status`]: what `GET /status` answers, as types to read it with.
 //! - [`simulate`]: `ebb simulate` as a function; [`keda`]: a client of the KEDA scaler.
 //! - [`config`], [`health`], [`names`]: the parts of a configuration and a host's health.
 //!
@@ -66,7 +67,8 @@
 //!    WASM engine, the rule slots, the watcher), [`bus`] (push between hosts),
 //!    [`handler`] (where messages go), [`payload`] (envelopes of many items), `cost`,
 //!    [`record`] (each queue's arrivals, for `ebb trace export`).
-//! 3. **[`listener`]**: the paper's dequeue loop over one storage queue.
+//! 3. **[`listener`]**: the paper's dequeue loop over one storage queue; [`status`]: what
+//!    `GET /status` answers, as types (the listeners' statuses, costs, bus and storage).
 //! 4. **[`config`]**: the file form of `ebb.toml`, validated into each part's settings.
 //! 5. **`service`**: what a host runs, assembled from the configuration: each queue's
 //!    client stack and handle, its listeners, the rules, the bus, readiness.
@@ -101,6 +103,7 @@ pub mod rules;
 mod scaler;
 mod service;
 pub mod simulate;
+pub mod status;
 
 pub use config::Config;
 pub use host::Host;

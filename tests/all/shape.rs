@@ -23,6 +23,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("payload", 2),
     ("record", 2),
     ("listener", 3),
+    ("status", 3),
     ("config", 4),
     ("service", 5),
     ("http", 6),

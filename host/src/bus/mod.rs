@@ -74,7 +74,8 @@ pub trait PubSub: Send + Sync + 'static {
 }
 
 /// What the bus did, for `/status` and `/metrics`.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct BusStatus {
     /// The engine and where it is.
     pub engine: String,

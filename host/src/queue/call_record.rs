@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::failure::{CallKind, FailureClass};
@@ -152,7 +152,7 @@ impl CallRecord {
 }
 
 /// Failed calls of one kind and class.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FailureCount {
     /// The kind of call.
     pub kind: CallKind,
@@ -163,7 +163,7 @@ pub struct FailureCount {
 }
 
 /// A count by kind of call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KindCount {
     /// The kind of call.
     pub kind: CallKind,
@@ -172,7 +172,7 @@ pub struct KindCount {
 }
 
 /// The last failure seen.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LastFailure {
     /// The kind of call.
     pub kind: CallKind,
@@ -185,7 +185,8 @@ pub struct LastFailure {
 }
 
 /// A snapshot of a [`CallRecord`], as `/status` shows it (only counts above zero are listed).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct CallSnapshot {
     /// The storage queue.
     pub queue: String,

@@ -3,12 +3,12 @@
 
 use std::io::ErrorKind;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::QueueError;
 
 /// A kind of storage call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CallKind {
     /// A get (lease) of messages.
@@ -66,7 +66,7 @@ impl std::fmt::Display for CallKind {
 }
 
 /// The class of a failed storage call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FailureClass {
     /// The service refused the call for load (429, 503 ServerBusy): it did not do the work.

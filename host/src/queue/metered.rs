@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::failure::CallKind;
 use super::{Message, MessageId, PopReceipt, QueueClient, QueueError};
@@ -140,7 +140,8 @@ impl Recent {
 
 /// Transactions per hour over the last [`RATE_WINDOW`] (or since the counters were made,
 /// when that is shorter, but divided by at least a minute).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct TransactionRates {
     /// The time the rates are taken over, in seconds.
     pub window_secs: f64,
@@ -153,7 +154,8 @@ pub struct TransactionRates {
 }
 
 /// A snapshot of [`Transactions`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct TransactionCounts {
     /// Puts.
     pub puts: u64,
@@ -180,7 +182,8 @@ pub struct TransactionCounts {
 }
 
 /// Attempts that got no answer, by kind of call.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct UnansweredCounts {
     /// Gets.
     pub gets: u64,

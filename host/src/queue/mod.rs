@@ -25,7 +25,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 pub(crate) use call_record::CallRecord;
-pub use call_record::CallSnapshot;
+pub use call_record::{CallSnapshot, FailureCount, KindCount, LastFailure};
 pub use clock::{Clock, SystemClock, TokioClock};
 pub use failure::FailureClass;
 pub(crate) use failure::{CallKind, classified};

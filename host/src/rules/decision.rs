@@ -2,10 +2,10 @@
 //! (paper's) rule, and native rules.
 
 use ebb_rules_sdk::{FailureContext, FailureDecision, HandlerState, IdleContext, IdleDecision, MAX_FAILURE_TEXT_BYTES, QueueState, paper};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Where a decision came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DecisionSource {
     /// The queue's WASM rule.
@@ -22,7 +22,7 @@ pub enum DecisionSource {
 }
 
 /// A decision, where it came from, and whether the host had to clamp it into bounds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Decision<T> {
     /// The decision, after clamping.
     pub value: T,

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, Result};
 use ebb_rules_sdk::{FailureContext, FailureDecision, HandlerState, IdleContext, IdleDecision, QueueState};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::decider::Decider;
 use super::decision::{Decision, DecisionSource};
@@ -36,7 +36,7 @@ const SHADOW_LOG_LINES: u32 = 5;
 const SHADOW_LOG_WINDOW: Duration = Duration::from_secs(60);
 
 /// Which decision a comparison is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DecisionKind {
     /// `optimal-dequeue-task-count`.
@@ -107,7 +107,8 @@ impl ShadowOutcome {
 }
 
 /// Counts of one decision kind, by outcome.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ShadowCounts {
     /// Decisions the shadow made the same.
     pub agree: u64,
@@ -135,7 +136,7 @@ impl ShadowCounts {
 }
 
 /// One of the largest disagreements: what the live rule and the shadow were given and said.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Disagreement {
     /// Which decision.
     pub kind: DecisionKind,
@@ -154,7 +155,7 @@ pub struct Disagreement {
 }
 
 /// A queue's shadow rule, as `/status` shows it (`shadow` of each queue).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ShadowStatus {
     /// The shadow's file name, while one is loaded.
     pub file: Option<String>,
@@ -163,7 +164,7 @@ pub struct ShadowStatus {
     /// Agreements out of the decisions compared, in percent; `None` before the first.
     pub agreement_percent: Option<f64>,
     /// Counts per decision kind (`task_count`, `queue_empty`, `concurrency`, `failure`).
-    pub decisions: BTreeMap<&'static str, ShadowCounts>,
+    pub decisions: BTreeMap<String, ShadowCounts>,
     /// The largest disagreements so far, largest first (at most [`TOP_DISAGREEMENTS`]).
     pub top_disagreements: Vec<Disagreement>,
     /// The shadow rule's own slot: its state, faults, quarantine and last error.
@@ -274,7 +275,7 @@ impl Shadowed {
 
     /// The shadow's counts and largest disagreements, and its rule's own status.
     pub fn shadow_status(&self) -> ShadowStatus {
-        let decisions: BTreeMap<&'static str, ShadowCounts> = DecisionKind::ALL.iter().map(|&kind| (kind.name(), self.book.counts(kind))).collect();
+        let decisions: BTreeMap<String, ShadowCounts> = DecisionKind::ALL.iter().map(|&kind| (kind.name().to_string(), self.book.counts(kind))).collect();
         let (agree, disagree) = decisions.values().fold((0u64, 0u64), |(a, d), c| (a.saturating_add(c.agree), d.saturating_add(c.disagree)));
         let compared = agree.saturating_add(disagree);
         let rule = self.shadow.status();

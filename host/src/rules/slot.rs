@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::Result;
 use ebb_rules_sdk::{FailureContext, FailureDecision, HandlerState, IdleContext, IdleDecision, QueueState, paper};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::decision::{Decision, DecisionSource, clamp_concurrency, clamp_failure, clamp_idle, clamp_task_count};
 use super::engine::{CompiledRule, RuleEngine};
@@ -22,7 +22,8 @@ use crate::names::RuleSlot;
 
 /// A queue's rule, as `/status` reports it (`rule` of each queue). A [`super::Decider`] of
 /// one's own builds it with `..Default::default()`, so that fields added later need no change.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RuleStatus {
     /// Where the queue's rule stands: `built-in` (no rule file, by choice), `compiling`,
     /// `loaded` (its rule decides), `quarantined` (its rule faulted too often; the built-in
@@ -39,7 +40,8 @@ pub struct RuleStatus {
     /// Hex sha256 of the rule in use.
     pub sha256: Option<String>,
     /// The contract version the rule in use was built for (`0.3.0`).
-    pub contract: Option<&'static str>,
+    #[serde(deserialize_with = "contract_from_wire")]
+    pub contract: Option<Contract>,
     /// When the rule in use was loaded (RFC 3339 in JSON, like the other times of `/status`).
     #[serde(with = "humantime_serde")]
     pub loaded_at: Option<SystemTime>,
@@ -90,7 +92,7 @@ pub struct RuleStatus {
 }
 
 /// Where a queue's rule stands (see [`RuleStatus::state`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum RuleState {
     /// No rule file: the built-in rule decides, by choice.
@@ -109,7 +111,7 @@ pub enum RuleState {
 }
 
 /// A rule's decisions, as its contract exports them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Export {
     /// `optimal-dequeue-task-count`.
@@ -197,7 +199,8 @@ impl FaultRuns {
 
 /// Faults in a row, per export and for rebuilding the instance (see
 /// [`RuleStatus::consecutive_faults`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ConsecutiveFaults {
     /// Of `optimal-dequeue-task-count`.
     pub optimal_dequeue_task_count: u32,
@@ -213,7 +216,7 @@ pub struct ConsecutiveFaults {
 
 /// Why and since when a rule is quarantined. The whole rule is: a rule with one decision
 /// always failing is a broken rule, and its other decision is no more trusted than it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Quarantine {
     /// The export whose faults in a row reached `quarantine_after`; `None` when it was the
     /// instance that could not be rebuilt that many times in a row.
@@ -228,7 +231,7 @@ pub struct Quarantine {
 }
 
 /// A newer content of a rule file that was refused while the rule in use goes on deciding.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RefusedFile {
     /// The file's path.
     pub file: String,
@@ -291,7 +294,7 @@ pub(super) struct GroupStatus {
 pub const SWAP_HISTORY: usize = 10;
 
 /// A rule swapped in (or removed) for a queue, as `/status` shows it (`rule.swaps`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RuleSwap {
     /// When it happened (RFC 3339 in JSON).
     #[serde(with = "humantime_serde")]
@@ -301,7 +304,37 @@ pub struct RuleSwap {
     /// Hex sha256 of that rule.
     pub sha256: Option<String>,
     /// The contract version it was built for.
-    pub contract: Option<&'static str>,
+    #[serde(default, deserialize_with = "contract_from_wire")]
+    pub contract: Option<Contract>,
+}
+
+/// A contract version's text. (An alias, so that serde does not take a status field of this
+/// type for one borrowed from the JSON: [`contract_from_wire`] reads it.)
+type Contract = &'static str;
+
+/// Most contract versions this build does not know that [`contract_from_wire`] keeps.
+const MAX_FOREIGN_CONTRACTS: usize = 16;
+
+/// A contract version read from `/status` (by `ebb status` or an embedder), as the
+/// `&'static str` the status holds: a version this build knows is its own constant; one it
+/// does not (a newer host's) is kept once per distinct text, at most
+/// [`MAX_FOREIGN_CONTRACTS`] of them (then `unknown`), so reading many answers leaks nothing.
+fn contract_from_wire<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<&'static str>, D::Error> {
+    static FOREIGN: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let Some(text) = Option::<String>::deserialize(deserializer)? else { return Ok(None) };
+    if let Some(known) = super::CONTRACT_VERSIONS.iter().find(|v| **v == text) {
+        return Ok(Some(known));
+    }
+    let mut foreign = FOREIGN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(kept) = foreign.iter().find(|v| **v == text) {
+        return Ok(Some(kept));
+    }
+    if foreign.len() == MAX_FOREIGN_CONTRACTS {
+        return Ok(Some("unknown"));
+    }
+    let kept: &'static str = Box::leak(text.into_boxed_str());
+    foreign.push(kept);
+    Ok(Some(kept))
 }
 
 impl GroupStatus {

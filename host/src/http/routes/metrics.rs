@@ -466,7 +466,7 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
         }
-        let status = crate::http::routes::status::status(State(api)).await.0;
+        let status = serde_json::to_value(crate::http::routes::status::status(State(api)).await.0).unwrap();
         let queue = &status["queues"][0];
         assert_eq!((queue["transactions"]["puts"].as_u64(), queue["transactions"]["unanswered"]["puts"].as_u64()), (Some(2), Some(2)), "{queue}");
         assert_eq!(queue["cost"]["unanswered_transactions_per_hour"].as_f64(), Some(120.0), "{queue}");

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::queue::{TransactionCounts, TransactionRates};
 use crate::rules::{Decision, IdleDecision, RuleStatus};
@@ -16,7 +16,7 @@ use crate::listener::Shared;
 pub const DEPTH_MAX_AGE: Duration = Duration::from_secs(30);
 
 /// What the poison queue received for a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PoisonForm {
     /// A JSON envelope with the reason and the body.
@@ -35,7 +35,7 @@ impl PoisonForm {
 }
 
 /// One message moved to the poison queue, and why.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PoisonRecord {
     /// Its id in the queue it came from.
     pub id: String,
@@ -49,7 +49,7 @@ pub struct PoisonRecord {
 }
 
 /// A decision and when it was made.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RecordedDecision<T> {
     /// The decision.
     #[serde(flatten)]
@@ -64,7 +64,8 @@ pub const RECENT_DECISIONS: usize = 10;
 
 /// What the task-count rule was told, in short (the inputs an operator reads to see why the
 /// worker scaled).
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct TaskCountInputs {
     /// The queue's approximate depth.
     pub approximate_depth: u64,
@@ -85,7 +86,7 @@ pub struct TaskCountInputs {
 }
 
 /// A task-count decision with what it was decided from.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DecisionWithInputs {
     /// What the rule was told.
     pub inputs: TaskCountInputs,
@@ -95,7 +96,8 @@ pub struct DecisionWithInputs {
 }
 
 /// `QueryState()` for one queue.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ListenerStatus {
     /// The queue's name.
     pub queue: String,

@@ -10,6 +10,7 @@ mod rule;
 mod rule_contexts;
 mod rule_test;
 mod simulate;
+mod status;
 mod trace;
 
 use std::path::PathBuf;
@@ -283,7 +284,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Send { queue, body, trace: Some(trace), config, token, .. } => {
             runtime().and_then(|rt| rt.block_on(client::send_trace(&config, &token, &queue, &trace, body)))
         }
-        Command::Status { json, config, token } => runtime().and_then(|rt| rt.block_on(client::status(&config, &token, json))),
+        Command::Status { json, config, token } => runtime().and_then(|rt| rt.block_on(status::status(&config, &token, json))),
         Command::Queue(QueueCommand::Pause { queue, for_, config, token }) => {
             runtime().and_then(|rt| rt.block_on(client::pause(&config, &token, &queue, Some(for_))))
         }

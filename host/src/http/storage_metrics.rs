@@ -56,7 +56,11 @@ pub fn call_records<'a>(queues: impl IntoIterator<Item = &'a Arc<dyn QueueClient
 
 /// Adds the storage series to `registry`: from the call records of `queues`, and the age of
 /// each listener's depth figure (beside `ebb_queue_depth`).
-pub fn register<'a>(registry: &mut Registry, queues: impl IntoIterator<Item = &'a Arc<dyn QueueClient>>, statuses: &[ListenerStatus]) {
+pub fn register<'a, 'b>(
+    registry: &mut Registry,
+    queues: impl IntoIterator<Item = &'a Arc<dyn QueueClient>>,
+    statuses: impl IntoIterator<Item = &'b ListenerStatus>,
+) {
     let failures = Family::<FailureLabel, Counter>::default();
     registry.register(
         "storage_failures",
@@ -168,7 +172,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(4)).await;
 
         let mut registry = Registry::with_prefix("ebb");
-        register(&mut registry, [&queue], &[]);
+        register(&mut registry, [&queue], []);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         for line in [

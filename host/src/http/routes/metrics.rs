@@ -1,4 +1,6 @@
-//! `GET /metrics`: Prometheus/OpenMetrics text.
+//! `GET /metrics`: Prometheus/OpenMetrics text, from a table of descriptors ([`QUEUE_METRICS`]):
+//! each metric's name, help and type, and how to read its series from a queue's status. The
+//! host's own series (cost, bus, storage calls, claim checks) follow.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -6,283 +8,285 @@ use std::sync::atomic::AtomicU64;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::status::statuses;
+use super::status::queue_statuses;
 use crate::cost::CostStatus;
+use crate::http::Api;
 use crate::http::errors;
-use crate::http::{Api, queue_cost};
 use crate::queue::CallKind;
-use crate::rules::{DecisionKind, ShadowOutcome};
+use crate::rules::{DecisionKind, RuleState, ShadowOutcome};
+use crate::status::QueueStatus;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct QueueLabel {
-    queue: String,
+/// A series' labels after `queue`, in order.
+type Labels = Vec<(&'static str, String)>;
+
+/// A queue's series of one metric: its labels after `queue`, and its value.
+type Series<T> = Vec<(Labels, T)>;
+
+/// How a metric's series are read from a queue's status, and of which type they are.
+enum Read {
+    /// A gauge of whole numbers.
+    Gauge(fn(&QueueStatus) -> Series<i64>),
+    /// A counter (`_total` is added to its name).
+    Counter(fn(&QueueStatus) -> Series<u64>),
+    /// A gauge of fractions.
+    Fraction(fn(&QueueStatus) -> Series<f64>),
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RateLabel {
-    queue: String,
-    kind: &'static str,
+/// One metric of every queue: `ebb_<name>`, its help, and its series.
+struct QueueMetric {
+    name: &'static str,
+    help: &'static str,
+    read: Read,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KindLabel {
-    kind: &'static str,
+/// The one series of a metric, labelled by queue only.
+fn one<T>(value: T) -> Series<T> {
+    vec![(Vec::new(), value)]
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TransactionLabel {
-    queue: String,
-    kind: &'static str,
+/// The one series of a metric a queue may not have (a rule's, a shadow's): none without.
+fn maybe<T>(value: Option<T>) -> Series<T> {
+    value.into_iter().flat_map(one).collect()
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ShadowLabel {
-    queue: String,
-    kind: &'static str,
-    outcome: &'static str,
+/// A gauge of whole numbers, one series per queue.
+const fn gauge(name: &'static str, help: &'static str, read: fn(&QueueStatus) -> Series<i64>) -> QueueMetric {
+    QueueMetric { name, help, read: Read::Gauge(read) }
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RetryAfterLabel {
-    queue: String,
-    reason: String,
+/// A counter, one series per queue (or several, by a label of its own).
+const fn counter(name: &'static str, help: &'static str, read: fn(&QueueStatus) -> Series<u64>) -> QueueMetric {
+    QueueMetric { name, help, read: Read::Counter(read) }
 }
 
-pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
-    let mut registry = Registry::with_prefix("ebb");
-    let gauge = |registry: &mut Registry, name: &str, help: &str| {
-        let family = Family::<QueueLabel, Gauge>::default();
-        registry.register(name, help, family.clone());
-        family
-    };
-    let counter = |registry: &mut Registry, name: &str, help: &str| {
-        let family = Family::<QueueLabel, Counter>::default();
-        registry.register(name, help, family.clone());
-        family
-    };
-    let depth = gauge(&mut registry, "queue_depth", "Approximate messages in the queue (current on the embedded store; see depth_as_of in /status)");
-    let active = gauge(&mut registry, "active_tasks", "Dequeue tasks running");
-    let target = gauge(&mut registry, "target_tasks", "The rule's last task count");
-    let in_flight = gauge(&mut registry, "in_flight", "Messages leased on this host and not yet settled (waiting for, in or after the handler call)");
-    let handler_calls = gauge(&mut registry, "handler_calls", "Handler calls running");
-    let concurrency_limit =
-        gauge(&mut registry, "handler_concurrency_limit", "Handler calls allowed at once: the rule's concurrency decision, or max_concurrent_calls");
-    let waiting_for_slots = gauge(&mut registry, "tasks_waiting_for_slots", "Dequeue tasks waiting for free handler slots before their next get");
-    let paused = gauge(&mut registry, "queue_paused", "1 while the queue is paused (no get; calls that run finish)");
-    let processed = counter(&mut registry, "messages_processed", "Messages handled and deleted");
-    let failed = counter(&mut registry, "messages_failed", "Handler failures");
-    let poisoned = counter(&mut registry, "messages_poisoned", "Messages moved to the poison queue");
-    let poisoned_corrupt = counter(&mut registry, "messages_poisoned_corrupt", "Messages poisoned because their stored body failed its checksum");
-    let poisoned_body_only = counter(
-        &mut registry,
+/// A gauge of fractions.
+const fn fraction(name: &'static str, help: &'static str, read: fn(&QueueStatus) -> Series<f64>) -> QueueMetric {
+    QueueMetric { name, help, read: Read::Fraction(read) }
+}
+
+/// Every queue's metrics, in the order `/metrics` shows them.
+const QUEUE_METRICS: &[QueueMetric] = &[
+    gauge("queue_depth", "Approximate messages in the queue (current on the embedded store; see depth_as_of in /status)", |q| one(q.approximate_depth as i64)),
+    gauge("active_tasks", "Dequeue tasks running", |q| one(q.active_tasks.into())),
+    gauge("target_tasks", "The rule's last task count", |q| one(q.target_tasks.into())),
+    gauge("in_flight", "Messages leased on this host and not yet settled (waiting for, in or after the handler call)", |q| one(q.in_flight.into())),
+    gauge("handler_calls", "Handler calls running", |q| one(q.handler_calls.into())),
+    gauge("handler_concurrency_limit", "Handler calls allowed at once: the rule's concurrency decision, or max_concurrent_calls", |q| {
+        one(q.concurrency_limit.into())
+    }),
+    gauge("tasks_waiting_for_slots", "Dequeue tasks waiting for free handler slots before their next get", |q| one(q.tasks_waiting_for_slots.into())),
+    gauge("queue_paused", "1 while the queue is paused (no get; calls that run finish)", |q| one(q.paused.is_some().into())),
+    counter("messages_processed", "Messages handled and deleted", |q| one(q.processed)),
+    counter("messages_failed", "Handler failures", |q| one(q.failed)),
+    counter("messages_poisoned", "Messages moved to the poison queue", |q| one(q.poisoned)),
+    counter("messages_poisoned_corrupt", "Messages poisoned because their stored body failed its checksum", |q| one(q.poisoned_corrupt)),
+    counter(
         "messages_poisoned_body_only",
         "Poisoned messages moved as the bare body, their reason not kept in storage (only in the log, at most 10 lines a minute per storage queue, and the last ten in /status): on Azure every one (as Azure Functions moves them), on the embedded store those whose envelope did not fit",
-    );
-    let handler_panics = counter(&mut registry, "handler_panics", "Handler calls that panicked (counted as failures)");
-    let host_errors =
-        counter(&mut registry, "handler_host_errors", "Handler calls the host could not make (out of file descriptors); retried, never poisoned for");
-    let pushed_back =
-        counter(&mut registry, "handler_pushed_back", "Handler calls the app pushed back (HTTP 429 or 503); retried after its Retry-After, not failures");
-    let envelopes = counter(&mut registry, "envelopes", "Envelopes (messages of many items) whose items were delivered");
-    let items_delivered = counter(&mut registry, "items_delivered", "Items of envelopes handled");
-    let items_failed = counter(&mut registry, "items_failed", "Item deliveries that failed (each retried alone, or poisoned alone)");
-    let items_poisoned = counter(&mut registry, "items_poisoned", "Items moved to the poison queue alone");
-    let replies = counter(&mut registry, "replies", "Handler answers put on the reply queue");
-    let retry_after_adjusted = Family::<RetryAfterLabel, Counter>::default();
-    registry.register(
+        |q| one(q.poisoned_body_only),
+    ),
+    counter("handler_panics", "Handler calls that panicked (counted as failures)", |q| one(q.handler_panics)),
+    counter("handler_host_errors", "Handler calls the host could not make (out of file descriptors); retried, never poisoned for", |q| one(q.host_errors)),
+    counter("handler_pushed_back", "Handler calls the app pushed back (HTTP 429 or 503); retried after its Retry-After, not failures", |q| one(q.pushed_back)),
+    counter("envelopes", "Envelopes (messages of many items) whose items were delivered", |q| one(q.envelopes)),
+    counter("items_delivered", "Items of envelopes handled", |q| one(q.items_delivered)),
+    counter("items_failed", "Item deliveries that failed (each retried alone, or poisoned alone)", |q| one(q.items_failed)),
+    counter("items_poisoned", "Items moved to the poison queue alone", |q| one(q.items_poisoned)),
+    counter("replies", "Handler answers put on the reply queue", |q| one(q.replies)),
+    counter(
         "handler_retry_after_adjusted",
         "Retry-After values not used as given, by reason: capped (over max_retry_delay), unusable (malformed or past)",
-        retry_after_adjusted.clone(),
-    );
-    let poison_failures =
-        counter(&mut registry, "poison_failures", "Poisonings the poison queue refused (the message stays, tried again after max_retry_delay)");
-    let leases_lost =
-        counter(&mut registry, "leases_lost", "Leases another lease replaced before or while the handler ran (storage slower than half the lease)");
-    let task_panics = counter(&mut registry, "task_panics", "Dequeue or scaler tasks that panicked and were restarted");
-    let rule_call_panics = counter(&mut registry, "rule_call_panics", "Rule calls whose blocking task panicked (the built-in rule decided)");
-    let failure_retries =
-        counter(&mut registry, "failure_rule_retries", "Failed deliveries the queue's rule (on-handler-failure) retried after a delay of its own");
-    let failure_poisons = counter(&mut registry, "failure_rule_poisons", "Failed deliveries the queue's rule (on-handler-failure) poisoned");
-    let failure_defaults = counter(
-        &mut registry,
+        |q| vec![(vec![("reason", "capped".into())], q.retry_after_capped), (vec![("reason", "unusable".into())], q.retry_after_unusable)],
+    ),
+    counter("poison_failures", "Poisonings the poison queue refused (the message stays, tried again after max_retry_delay)", |q| one(q.poison_failures)),
+    counter("leases_lost", "Leases another lease replaced before or while the handler ran (storage slower than half the lease)", |q| one(q.leases_lost)),
+    counter("task_panics", "Dequeue or scaler tasks that panicked and were restarted", |q| one(q.task_panics)),
+    counter("rule_call_panics", "Rule calls whose blocking task panicked (the built-in rule decided)", |q| one(q.rule_call_panics)),
+    counter(
+        "failure_rule_retries",
+        "Failed deliveries the queue's rule (on-handler-failure) retried after a delay of its own",
+        |q| one(q.failure_rule_retries),
+    ),
+    counter("failure_rule_poisons", "Failed deliveries the queue's rule (on-handler-failure) poisoned", |q| one(q.failure_rule_poisons)),
+    counter(
         "failure_rule_defaults",
         "Failed deliveries the queue's rule left to max_dequeue_count handling: it said default, could not answer, or retried past the host's ceiling",
-    );
-    let faults = counter(&mut registry, "rule_faults", "Rule calls that faulted (the built-in rule decided), whatever the rule file");
-    let waited = counter(
-        &mut registry,
+        |q| one(q.failure_rule_defaults),
+    ),
+    counter("rule_faults", "Rule calls that faulted (the built-in rule decided), whatever the rule file", |q| maybe(q.rule.as_ref().map(|r| r.faults_total))),
+    counter(
         "rule_waited_calls",
         "Rule calls past the call deadline in wall-clock time but not in CPU time (the host was short of CPU, or the rule slept): not faults",
-    );
-    let quarantined = gauge(&mut registry, "rule_quarantined", "1 while the queue's rule is quarantined (the built-in rule decides until its file changes)");
-    let load_failed =
-        gauge(&mut registry, "rule_load_failed", "1 while the queue's configured rule cannot load (the built-in rule decides until the file is fixed)");
-    let refused = gauge(&mut registry, "rule_refused", "1 while a newer content of the queue's rule file is refused (the rule in use goes on deciding)");
-    let shadow_decisions = Family::<ShadowLabel, Counter>::default();
-    registry.register(
+        |q| maybe(q.rule.as_ref().map(|r| r.waited_calls)),
+    ),
+    gauge("rule_quarantined", "1 while the queue's rule is quarantined (the built-in rule decides until its file changes)", |q| {
+        maybe(q.rule.as_ref().map(|r| r.quarantined.into()))
+    }),
+    gauge("rule_load_failed", "1 while the queue's configured rule cannot load (the built-in rule decides until the file is fixed)", |q| {
+        maybe(q.rule.as_ref().map(|r| (r.state == RuleState::Error).into()))
+    }),
+    gauge("rule_refused", "1 while a newer content of the queue's rule file is refused (the rule in use goes on deciding)", |q| {
+        maybe(q.rule.as_ref().map(|r| r.refused.is_some().into()))
+    }),
+    counter(
         "shadow_decisions",
         "Live decisions by what the queue's shadow rule made of them: agree, disagree, fault (the shadow faulted), dropped (it fell behind), skipped (no shadow rule in use)",
-        shadow_decisions.clone(),
-    );
-    let shadow_faults =
-        counter(&mut registry, "shadow_rule_faults", "Shadow rule calls that faulted, whatever the shadow file (never applied: live decisions are unaffected)");
-    let shadow_quarantined =
-        gauge(&mut registry, "shadow_rule_quarantined", "1 while the queue's shadow rule is quarantined (it is not asked until its file changes)");
-    let clamps = counter(&mut registry, "rule_clamps", "Rule decisions clamped into the queue's bounds");
-    let loaded_at = Family::<QueueLabel, Gauge<f64, AtomicU64>>::default();
-    registry.register(
+        shadow_decisions,
+    ),
+    counter("shadow_rule_faults", "Shadow rule calls that faulted, whatever the shadow file (never applied: live decisions are unaffected)", |q| {
+        maybe(q.shadow.as_ref().map(|s| s.rule.as_ref().map_or(0, |r| r.faults_total)))
+    }),
+    gauge("shadow_rule_quarantined", "1 while the queue's shadow rule is quarantined (it is not asked until its file changes)", |q| {
+        maybe(q.shadow.as_ref().map(|s| s.rule.as_ref().is_some_and(|r| r.quarantined).into()))
+    }),
+    counter("rule_clamps", "Rule decisions clamped into the queue's bounds", |q| maybe(q.rule.as_ref().map(|r| r.clamps))),
+    fraction(
         "rule_loaded_timestamp_seconds",
         "Unix time the queue's rule in use was loaded: a change is a swap (absent while the built-in rule decides)",
-        loaded_at.clone(),
-    );
-    let safety_polls = counter(&mut registry, "safety_polls", "Safety polls (push mode: a get while no task ran)");
-    let transactions = Family::<TransactionLabel, Counter>::default();
-    registry.register("storage_transactions", "Storage transactions (billed calls: the storage answered) by kind", transactions.clone());
-    let unanswered = Family::<TransactionLabel, Counter>::default();
-    registry.register(
+        |q| maybe(q.rule.as_ref().and_then(|r| r.loaded_at?.duration_since(std::time::UNIX_EPOCH).ok()).map(|at| at.as_secs_f64())),
+    ),
+    counter("safety_polls", "Safety polls (push mode: a get while no task ran)", |q| one(q.safety_polls)),
+    counter("storage_transactions", "Storage transactions (billed calls: the storage answered) by kind", storage_transactions),
+    counter(
         "storage_unanswered",
         "Storage call attempts that got no answer (connection broken, no answer in time) by kind: not in ebb_storage_transactions_total, and billed or not (the service may have done them)",
-        unanswered.clone(),
-    );
-    let rate = Family::<RateLabel, Gauge<f64, AtomicU64>>::default();
-    registry.register(
+        storage_unanswered,
+    ),
+    fraction(
         "transactions_per_hour",
         "Billed transactions per hour over the last 10 minutes: all, or idle (empty gets and counts that found the queue empty); unanswered: attempts that got no answer, not in all",
-        rate.clone(),
-    );
-    let monthly = Family::<RateLabel, Gauge<f64, AtomicU64>>::default();
-    registry.register(
+        |q| q.cost.as_ref().map_or_else(Vec::new, |c| cost_kinds(c).map(|(kind, per_hour, _)| (vec![("kind", kind.into())], per_hour)).into()),
+    ),
+    fraction(
         "projected_usd_per_month",
         "A 30-day month at the current transaction rate, in US dollars: all, or the idle part; unanswered: at most this much more, if the service billed the attempts that got no answer",
-        monthly.clone(),
-    );
-    let host_rate = Family::<KindLabel, Gauge<f64, AtomicU64>>::default();
+        |q| q.cost.as_ref().map_or_else(Vec::new, |c| cost_kinds(c).map(|(kind, _, usd)| (vec![("kind", kind.into())], usd)).into()),
+    ),
+];
+
+/// Each decision kind by each outcome of the queue's shadow rule (none without one).
+fn shadow_decisions(q: &QueueStatus) -> Series<u64> {
+    let Some(shadow) = &q.shadow else { return Vec::new() };
+    let mut series = Vec::new();
+    for kind in DecisionKind::ALL {
+        let counts = shadow.decisions.get(kind.name()).copied().unwrap_or_default();
+        for outcome in ShadowOutcome::ALL {
+            series.push((vec![("kind", kind.name().into()), ("outcome", outcome.name().into())], counts.get(outcome)));
+        }
+    }
+    series
+}
+
+/// Billed transactions by kind (none when the queue is not metered).
+fn storage_transactions(q: &QueueStatus) -> Series<u64> {
+    let Some(t) = q.transactions else { return Vec::new() };
+    [
+        ("put", t.puts),
+        ("get", t.gets_with_messages),
+        ("get_empty", t.gets_empty),
+        ("delete", t.deletes),
+        ("update", t.updates),
+        ("count", t.counts),
+        ("create", t.creates),
+    ]
+    .into_iter()
+    .map(|(kind, n)| (vec![("kind", kind.into())], n))
+    .collect()
+}
+
+/// Attempts that got no answer by kind (none when the queue is not metered).
+fn storage_unanswered(q: &QueueStatus) -> Series<u64> {
+    let Some(t) = q.transactions else { return Vec::new() };
+    CallKind::ALL.into_iter().map(|kind| (vec![("kind", kind.as_str().into())], t.unanswered.of(kind))).collect()
+}
+
+/// Registers `metric` in `registry` with the series of every queue of `queues`.
+fn register_queue_metric(registry: &mut Registry, metric: &QueueMetric, queues: &[QueueStatus]) {
+    let labelled = |q: &QueueStatus, labels: Labels| [vec![("queue", q.queue.clone())], labels].concat();
+    match metric.read {
+        Read::Gauge(read) => {
+            let family = Family::<Labels, Gauge>::default();
+            registry.register(metric.name, metric.help, family.clone());
+            for (q, (labels, value)) in queues.iter().flat_map(|q| read(q).into_iter().map(move |s| (q, s))) {
+                family.get_or_create(&labelled(q, labels)).set(value);
+            }
+        }
+        Read::Counter(read) => {
+            let family = Family::<Labels, Counter>::default();
+            registry.register(metric.name, metric.help, family.clone());
+            for (q, (labels, value)) in queues.iter().flat_map(|q| read(q).into_iter().map(move |s| (q, s))) {
+                family.get_or_create(&labelled(q, labels)).inc_by(value);
+            }
+        }
+        Read::Fraction(read) => {
+            let family = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+            registry.register(metric.name, metric.help, family.clone());
+            for (q, (labels, value)) in queues.iter().flat_map(|q| read(q).into_iter().map(move |s| (q, s))) {
+                family.get_or_create(&labelled(q, labels)).set(value);
+            }
+        }
+    }
+}
+
+/// The host's cost by kind (all, idle, unanswered), and the price the figures use.
+fn register_host_cost(registry: &mut Registry, queues: &[QueueStatus], price: f64) {
+    let host_rate = Family::<Vec<(&'static str, &'static str)>, Gauge<f64, AtomicU64>>::default();
     registry.register(
         "host_transactions_per_hour",
         "Billed transactions per hour of every queue of the host: all, or idle; unanswered: attempts that got no answer, not in all",
         host_rate.clone(),
     );
-    let host_monthly = Family::<KindLabel, Gauge<f64, AtomicU64>>::default();
+    let host_monthly = Family::<Vec<(&'static str, &'static str)>, Gauge<f64, AtomicU64>>::default();
     registry.register(
         "host_projected_usd_per_month",
         "A 30-day month at the host's current transaction rate, in US dollars: all, or the idle part; unanswered: at most this much more",
         host_monthly.clone(),
     );
-    let price = Gauge::<f64, AtomicU64>::default();
-    registry.register("price_per_10k_transactions_usd", "The price the cost figures use, US dollars per 10,000 transactions", price.clone());
-    price.set(api.price_per_10k_transactions);
-    let mut costs = Vec::new();
-    for s in statuses(&api) {
-        if let Some(cost) = queue_cost(&s, api.price_per_10k_transactions) {
-            for (kind, per_hour, usd) in cost_kinds(&cost) {
-                rate.get_or_create(&RateLabel { queue: s.queue.clone(), kind }).set(per_hour);
-                monthly.get_or_create(&RateLabel { queue: s.queue.clone(), kind }).set(usd);
-            }
-            costs.push(cost);
-        }
-        safety_polls.get_or_create(&QueueLabel { queue: s.queue.clone() }).inc_by(s.safety_polls);
-        let label = QueueLabel { queue: s.queue.clone() };
-        depth.get_or_create(&label).set(s.approximate_depth as i64);
-        active.get_or_create(&label).set(s.active_tasks.into());
-        target.get_or_create(&label).set(s.target_tasks.into());
-        in_flight.get_or_create(&label).set(s.in_flight.into());
-        handler_calls.get_or_create(&label).set(s.handler_calls.into());
-        concurrency_limit.get_or_create(&label).set(s.concurrency_limit.into());
-        waiting_for_slots.get_or_create(&label).set(s.tasks_waiting_for_slots.into());
-        paused.get_or_create(&label).set(i64::from(s.paused.is_some()));
-        processed.get_or_create(&label).inc_by(s.processed);
-        failed.get_or_create(&label).inc_by(s.failed);
-        poisoned.get_or_create(&label).inc_by(s.poisoned);
-        poisoned_corrupt.get_or_create(&label).inc_by(s.poisoned_corrupt);
-        poisoned_body_only.get_or_create(&label).inc_by(s.poisoned_body_only);
-        handler_panics.get_or_create(&label).inc_by(s.handler_panics);
-        task_panics.get_or_create(&label).inc_by(s.task_panics);
-        leases_lost.get_or_create(&label).inc_by(s.leases_lost);
-        poison_failures.get_or_create(&label).inc_by(s.poison_failures);
-        host_errors.get_or_create(&label).inc_by(s.host_errors);
-        pushed_back.get_or_create(&label).inc_by(s.pushed_back);
-        envelopes.get_or_create(&label).inc_by(s.envelopes);
-        items_delivered.get_or_create(&label).inc_by(s.items_delivered);
-        items_failed.get_or_create(&label).inc_by(s.items_failed);
-        items_poisoned.get_or_create(&label).inc_by(s.items_poisoned);
-        replies.get_or_create(&label).inc_by(s.replies);
-        for (reason, count) in [("capped", s.retry_after_capped), ("unusable", s.retry_after_unusable)] {
-            retry_after_adjusted.get_or_create(&RetryAfterLabel { queue: label.queue.clone(), reason: reason.into() }).inc_by(count);
-        }
-        rule_call_panics.get_or_create(&label).inc_by(s.rule_call_panics);
-        failure_retries.get_or_create(&label).inc_by(s.failure_rule_retries);
-        failure_poisons.get_or_create(&label).inc_by(s.failure_rule_poisons);
-        failure_defaults.get_or_create(&label).inc_by(s.failure_rule_defaults);
-        if let Some(rule) = &s.rule {
-            faults.get_or_create(&label).inc_by(rule.faults_total);
-            waited.get_or_create(&label).inc_by(rule.waited_calls);
-            quarantined.get_or_create(&label).set(i64::from(rule.quarantined));
-            load_failed.get_or_create(&label).set(i64::from(rule.state == crate::rules::RuleState::Error));
-            refused.get_or_create(&label).set(i64::from(rule.refused.is_some()));
-            clamps.get_or_create(&label).inc_by(rule.clamps);
-            if let Some(at) = rule.loaded_at.and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok()) {
-                loaded_at.get_or_create(&label).set(at.as_secs_f64());
-            }
-        }
-        if let Some(shadow) = &s.shadow {
-            for kind in DecisionKind::ALL {
-                let counts = shadow.decisions.get(kind.name()).copied().unwrap_or_default();
-                for outcome in ShadowOutcome::ALL {
-                    shadow_decisions
-                        .get_or_create(&ShadowLabel { queue: s.queue.clone(), kind: kind.name(), outcome: outcome.name() })
-                        .inc_by(counts.get(outcome));
-                }
-            }
-            shadow_faults.get_or_create(&label).inc_by(shadow.rule.as_ref().map_or(0, |r| r.faults_total));
-            shadow_quarantined.get_or_create(&label).set(i64::from(shadow.rule.as_ref().is_some_and(|r| r.quarantined)));
-        }
-        if let Some(t) = s.transactions {
-            for (kind, n) in [
-                ("put", t.puts),
-                ("get", t.gets_with_messages),
-                ("get_empty", t.gets_empty),
-                ("delete", t.deletes),
-                ("update", t.updates),
-                ("count", t.counts),
-                ("create", t.creates),
-            ] {
-                transactions.get_or_create(&TransactionLabel { queue: s.queue.clone(), kind }).inc_by(n);
-            }
-            for kind in CallKind::ALL {
-                unanswered.get_or_create(&TransactionLabel { queue: s.queue.clone(), kind: kind.as_str() }).inc_by(t.unanswered.of(kind));
-            }
-        }
-    }
-    if let Some(bus) = api.bus.as_ref().map(|b| b.status()) {
-        let connected = Gauge::<i64>::default();
-        connected.set(i64::from(bus.connected));
-        registry.register("bus_connected", "1 while subscribed to push notifications from other hosts", connected);
-        for (name, help, value) in [
-            ("bus_received", "Push notifications received and delivered", bus.received),
-            ("bus_published", "Push notifications published", bus.published),
-            ("bus_publish_failures", "Publishes that failed (the message was stored; hosts find it by polling)", bus.publish_failures),
-            ("bus_dropped", "Push notifications dropped because the publish backlog was full", bus.dropped),
-            ("bus_outages", "Times the subscription was lost", bus.outages),
-            ("bus_ignored", "Payloads ignored: not the trigger JSON, too long, or naming another queue", bus.ignored),
-        ] {
-            let counter = Counter::<u64>::default();
-            counter.inc_by(value);
-            registry.register(name, help, counter);
-        }
-    }
-    crate::http::storage_metrics::register(&mut registry, api.handles.values().flat_map(|h| h.storage_clients()), &statuses(&api));
-    crate::http::storage_metrics::register_claims(&mut registry, api.handles.values().filter_map(|h| h.claim_records()));
-    let total = CostStatus::total(&costs, api.price_per_10k_transactions);
+    let price_gauge = Gauge::<f64, AtomicU64>::default();
+    registry.register("price_per_10k_transactions_usd", "The price the cost figures use, US dollars per 10,000 transactions", price_gauge.clone());
+    price_gauge.set(price);
+    let total = CostStatus::total(queues.iter().filter_map(|q| q.cost.as_ref()), price);
     for (kind, per_hour, usd) in cost_kinds(&total) {
-        host_rate.get_or_create(&KindLabel { kind }).set(per_hour);
-        host_monthly.get_or_create(&KindLabel { kind }).set(usd);
+        host_rate.get_or_create(&vec![("kind", kind)]).set(per_hour);
+        host_monthly.get_or_create(&vec![("kind", kind)]).set(usd);
     }
+}
+
+/// The bus's series, if the host has a bus.
+fn register_bus(registry: &mut Registry, api: &Api) {
+    let Some(bus) = api.bus.as_ref().map(|b| b.status()) else { return };
+    let connected = Gauge::<i64>::default();
+    connected.set(i64::from(bus.connected));
+    registry.register("bus_connected", "1 while subscribed to push notifications from other hosts", connected);
+    for (name, help, value) in [
+        ("bus_received", "Push notifications received and delivered", bus.received),
+        ("bus_published", "Push notifications published", bus.published),
+        ("bus_publish_failures", "Publishes that failed (the message was stored; hosts find it by polling)", bus.publish_failures),
+        ("bus_dropped", "Push notifications dropped because the publish backlog was full", bus.dropped),
+        ("bus_outages", "Times the subscription was lost", bus.outages),
+        ("bus_ignored", "Payloads ignored: not the trigger JSON, too long, or naming another queue", bus.ignored),
+    ] {
+        let counter = Counter::<u64>::default();
+        counter.inc_by(value);
+        registry.register(name, help, counter);
+    }
+}
+
+pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
+    let queues = queue_statuses(&api);
+    let mut registry = Registry::with_prefix("ebb");
+    for metric in QUEUE_METRICS {
+        register_queue_metric(&mut registry, metric, &queues);
+    }
+    register_host_cost(&mut registry, &queues, api.price_per_10k_transactions);
+    register_bus(&mut registry, &api);
+    crate::http::storage_metrics::register(&mut registry, api.handles.values().flat_map(|h| h.storage_clients()), queues.iter().map(|q| &q.listener));
+    crate::http::storage_metrics::register_claims(&mut registry, api.handles.values().filter_map(|h| h.claim_records()));
     let mut text = String::new();
     if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &registry) {
         return errors::error(StatusCode::INTERNAL_SERVER_ERROR, error.to_string());

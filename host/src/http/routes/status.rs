@@ -7,11 +7,18 @@ use axum::response::Json;
 
 use crate::cost::CostStatus;
 use crate::http::{Api, queue_cost};
-use crate::listener::{Listener, ListenerStatus};
+use crate::listener::Listener;
 use crate::status::{HostStatus, PartitionedStatus, QueueStatus};
 
-pub(super) fn statuses(api: &Api) -> Vec<ListenerStatus> {
-    api.listeners.values().flatten().map(Listener::status).collect()
+/// A listener's status with its cost at `price` US dollars per 10,000 transactions.
+fn queue_status(listener: &Listener, price: f64) -> QueueStatus {
+    let listener = listener.status();
+    QueueStatus { cost: queue_cost(&listener, price), listener }
+}
+
+/// Every queue partition's status, in the order of the API's listeners.
+pub(super) fn queue_statuses(api: &Api) -> Vec<QueueStatus> {
+    api.listeners.values().flatten().map(|l| queue_status(l, api.price_per_10k_transactions)).collect()
 }
 
 /// What `/status` answers for `api`: each listener's status read once.
@@ -20,13 +27,7 @@ fn host_status(api: &Api) -> HostStatus {
     let mut queues = Vec::new();
     let mut partitioned = Vec::new();
     for (queue, listeners) in &api.listeners {
-        let group: Vec<QueueStatus> = listeners
-            .iter()
-            .map(|l| {
-                let listener = l.status();
-                QueueStatus { cost: queue_cost(&listener, price), listener }
-            })
-            .collect();
+        let group: Vec<QueueStatus> = listeners.iter().map(|l| queue_status(l, price)).collect();
         if group.len() > 1 {
             partitioned.push(PartitionedStatus::of(queue, &group, price));
         }

@@ -178,10 +178,11 @@ async fn one_run(bench: &RecordBench, url: &reqwest::Url, body: &Bytes, recordin
         builder = builder.recording(counters.clone());
     }
     let listener = builder.build();
-    let handle = QueueHandle::new("bench", queue, vec![listener.clone()]);
+    let mut handle = QueueHandle::builder("bench", queue).listeners(vec![listener.clone()]);
     if let Some(counters) = &counters {
-        handle.attach_recording(counters.clone());
+        handle = handle.recording(counters.clone());
     }
+    let handle = handle.build();
     listener.start();
     let cpu_before = process_cpu();
     let started = Instant::now();

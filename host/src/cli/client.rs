@@ -8,10 +8,11 @@ use anyhow::{Context as _, Result, bail};
 use futures::StreamExt as _;
 use serde_json::Value;
 
-use crate::config::{Backend, Config};
+use crate::config::{Backend, Config, QueueConfig};
+use crate::payload::claims::ClaimRecords;
 use crate::queue::RetryPolicy;
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore, OWNER_WAIT};
-use crate::service::{QueueStack, StackOptions};
+use crate::service::{QueueHandle, QueueStack, StackOptions};
 
 pub(super) fn api_base(config: &Config) -> String {
     let mut addr = config.listen;
@@ -81,79 +82,101 @@ pub async fn send(config_path: &Path, token: &TokenArgs, queue: &str, count: u64
     let url = format!("{}/queues/{queue}/messages", api_base(&config));
     let first = http.post(&url).body(body.clone()).send().await;
     match first {
-        Err(error) if error.is_connect() => {
-            let store = match queue_config.backend {
-                Backend::Embedded => Some(
-                    EmbeddedStore::open(
-                        &config.data_dir,
-                        EmbeddedOptions { max_message_bytes: config.max_message_bytes, wait_for_owner: OWNER_WAIT, ..Default::default() },
-                    )
-                    .context("no host answers on the API, and the data directory could not be opened")?,
-                ),
-                Backend::Azure { .. } => None,
-            };
-            let open = |name: &str| crate::service::storage_queue(&queue_config.backend, store.as_ref(), name);
-            let stack = QueueStack::assemble(queue_config, &open, &StackOptions { metered: false, retry: Some(RetryPolicy::default()), readiness: None })?;
-            within_storage_bound(format!("creating queue {queue}"), create_for_sending(&stack, &queue_config.backend)).await?;
-            // Through a handle, so a body too large for a message goes to the claim store.
-            let handle = crate::service::QueueHandle::new(queue, stack.logical.clone(), Vec::new());
-            handle.attach_payload(queue_config.payload.clone(), crate::service::text_envelopes(&queue_config.backend));
-            if let Some(claims) = crate::service::producer_claims(queue_config, store.as_ref(), &Default::default()) {
-                handle.attach_claims(claims);
-            }
-            let mut puts = futures::stream::iter(0..count)
-                .map(|_| within_storage_bound(format!("sending to queue {queue}"), handle.send(&body, Duration::ZERO, Duration::MAX)))
-                .buffer_unordered(256);
-            while let Some(put) = puts.next().await {
-                put?;
-            }
-            let written_to = match &queue_config.backend {
-                Backend::Embedded => config.data_dir.display().to_string(),
-                Backend::Azure { account, .. } => format!("Azure account {}", account.name()),
-            };
-            super::end_quietly_when_output_closes();
-            println!("sent {count} message{} to {queue} (no host running: written to {written_to})", plural(count));
-            // Hosts elsewhere listening on the queue hear of it at once.
-            if let Some(bus) = &config.bus {
-                let trigger = crate::bus::Trigger { queue: queue.to_string(), count: Some(count), delay_ms: None };
-                let engine = bus.engine()?;
-                match crate::bus::publish_once(&*engine, &bus.channel_prefix, &trigger).await {
-                    Ok(()) => println!("notified the hosts on {}{queue} via {}", bus.channel_prefix, engine.describe()),
-                    Err(error) => eprintln!("warning: could not notify the hosts (they find the messages by polling): {error:#}"),
-                }
-            }
-        }
-        first => {
-            // The host reads at most two bodies larger than a message at once (each held
-            // whole): those go one at a time; any send the host is too busy for is retried.
-            let in_flight = if body.len() > config.max_message_bytes { 1 } else { 64 };
-            let body = bytes::Bytes::from(body);
-            let mut sent = 0u64;
-            let failed = match retry_busy(first, || http.post(&url).body(body.clone())).await {
-                Ok(()) => {
-                    sent += 1;
-                    let mut rest = futures::stream::iter(1..count).map(|_| retry_busy_send(|| http.post(&url).body(body.clone()))).buffer_unordered(in_flight);
-                    let mut failed = None;
-                    while let Some(result) = rest.next().await {
-                        match result {
-                            Ok(()) => sent += 1,
-                            Err(error) => {
-                                failed = Some(error);
-                                break;
-                            }
-                        }
-                    }
-                    failed
-                }
-                Err(error) => Some(error),
-            };
-            if let Some(error) = failed {
-                return Err(error.context(format!("sent {sent} of {count} message{} to {queue}", plural(count))));
-            }
-            super::end_quietly_when_output_closes();
-            println!("sent {count} message{} to {queue} via {}", plural(count), api_base(&config));
-        }
+        Err(error) if error.is_connect() => send_offline(&config, queue_config, &body, count).await,
+        first => send_through_host(&config, (&http, &url), queue, first, bytes::Bytes::from(body), count).await,
     }
+}
+
+/// The queue's producer when no host answers: its stack straight on storage (the data
+/// directory, or the Azure account), readied for sending, and its handle built as the
+/// service builds it, so a body or item too large for a message goes to the claim store.
+async fn offline_producer(config: &Config, queue: &QueueConfig) -> Result<QueueHandle> {
+    let store = match queue.backend {
+        Backend::Embedded => Some(
+            EmbeddedStore::open(
+                &config.data_dir,
+                EmbeddedOptions { max_message_bytes: config.max_message_bytes, wait_for_owner: OWNER_WAIT, ..Default::default() },
+            )
+            .context("no host answers on the API, and the data directory could not be opened")?,
+        ),
+        Backend::Azure { .. } => None,
+    };
+    let open = |name: &str| crate::service::storage_queue(&queue.backend, store.as_ref(), name);
+    let stack = QueueStack::assemble(queue, &open, &StackOptions { metered: false, retry: Some(RetryPolicy::default()), readiness: None })?;
+    within_storage_bound(format!("creating queue {}", queue.name), create_for_sending(&stack, &queue.backend)).await?;
+    Ok(stack.producer(queue, store.as_ref(), &ClaimRecords::default()).build())
+}
+
+/// `ebb send` with no host running: `count` copies of `body` put straight into storage,
+/// then the hosts elsewhere told on the bus, if one is configured.
+async fn send_offline(config: &Config, queue: &QueueConfig, body: &[u8], count: u64) -> Result<()> {
+    let handle = offline_producer(config, queue).await?;
+    let mut puts = futures::stream::iter(0..count)
+        .map(|_| within_storage_bound(format!("sending to queue {}", queue.name), handle.send(body, Duration::ZERO, Duration::MAX)))
+        .buffer_unordered(256);
+    while let Some(put) = puts.next().await {
+        put?;
+    }
+    let written_to = match &queue.backend {
+        Backend::Embedded => config.data_dir.display().to_string(),
+        Backend::Azure { account, .. } => format!("Azure account {}", account.name()),
+    };
+    super::end_quietly_when_output_closes();
+    println!("sent {count} message{} to {} (no host running: written to {written_to})", plural(count), queue.name);
+    notify_hosts(config, &queue.name, count).await
+}
+
+/// Tells the hosts listening on `queue` elsewhere of `count` messages at once (they would
+/// find them by polling otherwise), when a bus is configured.
+async fn notify_hosts(config: &Config, queue: &str, count: u64) -> Result<()> {
+    let Some(bus) = &config.bus else {
+        return Ok(());
+    };
+    let trigger = crate::bus::Trigger { queue: queue.to_string(), count: Some(count), delay_ms: None };
+    let engine = bus.engine()?;
+    match crate::bus::publish_once(&*engine, &bus.channel_prefix, &trigger).await {
+        Ok(()) => println!("notified the hosts on {}{queue} via {}", bus.channel_prefix, engine.describe()),
+        Err(error) => eprintln!("warning: could not notify the hosts (they find the messages by polling): {error:#}"),
+    }
+    Ok(())
+}
+
+/// `ebb send` through the running host at `url` (`first`: its answer to the first of the
+/// `count` sends of `body`). The host reads at most two bodies larger than a message at once
+/// (each held whole): those go one at a time; any send the host is too busy for is retried.
+async fn send_through_host(
+    config: &Config,
+    (http, url): (&reqwest::Client, &str),
+    queue: &str,
+    first: reqwest::Result<reqwest::Response>,
+    body: bytes::Bytes,
+    count: u64,
+) -> Result<()> {
+    let in_flight = if body.len() > config.max_message_bytes { 1 } else { 64 };
+    let mut sent = 0u64;
+    let failed = match retry_busy(first, || http.post(url).body(body.clone())).await {
+        Ok(()) => {
+            sent += 1;
+            let mut rest = futures::stream::iter(1..count).map(|_| retry_busy_send(|| http.post(url).body(body.clone()))).buffer_unordered(in_flight);
+            let mut failed = None;
+            while let Some(result) = rest.next().await {
+                match result {
+                    Ok(()) => sent += 1,
+                    Err(error) => {
+                        failed = Some(error);
+                        break;
+                    }
+                }
+            }
+            failed
+        }
+        Err(error) => Some(error),
+    };
+    if let Some(error) = failed {
+        return Err(error.context(format!("sent {sent} of {count} message{} to {queue}", plural(count))));
+    }
+    super::end_quietly_when_output_closes();
+    println!("sent {count} message{} to {queue} via {}", plural(count), api_base(config));
     Ok(())
 }
 
@@ -523,7 +546,31 @@ pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path
     } else {
         crate::input::read_file("the items file", path, MAX_ITEMS_FILE_BYTES)?
     };
-    // Every line checked first, so a bad line sends nothing.
+    let lines = item_lines(&text, path)?;
+    let http = client(token.as_deref())?;
+    let probe = http.get(format!("{}/healthz", api_base(&config))).send().await;
+    if matches!(&probe, Err(error) if error.is_connect()) {
+        if wait_reply.is_some() {
+            bail!("no host answers at {}: --wait-reply needs a running host (nothing was sent)", api_base(&config));
+        }
+        return send_items_offline(&config, queue_config, &lines, path).await;
+    }
+    let (messages, ids) = post_items(&config, queue_config, &http, &lines, path).await?;
+    let count = lines.len() as u64;
+    let Some(timeout) = wait_reply else {
+        super::end_quietly_when_output_closes();
+        println!("sent {count} item{} in {} message{} to {queue} via {}", plural(count), messages.len(), plural(messages.len() as u64), api_base(&config));
+        return Ok(());
+    };
+    if ids.len() as u64 != count {
+        bail!("the host answered {} item ids for {count} items: cannot wait for their replies (an older host?)", ids.len());
+    }
+    print_item_replies(&http, &api_base(&config), queue, ids, timeout).await
+}
+
+/// The items of `text` (the file at `path`), one per line, blank lines skipped. Every line
+/// is checked first, so a bad line sends nothing.
+fn item_lines<'a>(text: &'a [u8], path: &Path) -> Result<Vec<&'a [u8]>> {
     let mut lines: Vec<&[u8]> = Vec::new();
     for (number, line) in text.split(|&b| b == b'\n').enumerate() {
         if line.iter().all(u8::is_ascii_whitespace) {
@@ -536,69 +583,80 @@ pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path
     if lines.is_empty() {
         bail!("{}: no items (one JSON value per line)", path.display());
     }
-    let count = lines.len() as u64;
-    let http = client(token.as_deref())?;
-    let url = format!("{}/queues/{queue}/items", api_base(&config));
-    let probe = http.get(format!("{}/healthz", api_base(&config))).send().await;
-    if matches!(&probe, Err(error) if error.is_connect()) {
-        if wait_reply.is_some() {
-            bail!("no host answers at {}: --wait-reply needs a running host (nothing was sent)", api_base(&config));
-        }
-        let store = match queue_config.backend {
-            Backend::Embedded => Some(
-                EmbeddedStore::open(
-                    &config.data_dir,
-                    EmbeddedOptions { max_message_bytes: config.max_message_bytes, wait_for_owner: OWNER_WAIT, ..Default::default() },
-                )
-                .context("no host answers on the API, and the data directory could not be opened")?,
-            ),
-            Backend::Azure { .. } => None,
-        };
-        let open = |name: &str| crate::service::storage_queue(&queue_config.backend, store.as_ref(), name);
-        let stack = QueueStack::assemble(queue_config, &open, &StackOptions { metered: false, retry: Some(RetryPolicy::default()), readiness: None })?;
-        within_storage_bound(format!("creating queue {queue}"), create_for_sending(&stack, &queue_config.backend)).await?;
-        let handle = crate::service::QueueHandle::new(queue, stack.logical.clone(), Vec::new());
-        handle.attach_payload(queue_config.payload.clone(), crate::service::text_envelopes(&queue_config.backend));
-        if let Some(claims) = crate::service::producer_claims(queue_config, store.as_ref(), &Default::default()) {
-            handle.attach_claims(claims);
-        }
-        let mut messages = 0;
-        for chunk in lines.chunks(crate::service::packing::MAX_ITEMS_PER_SEND) {
-            let items = chunk
-                .iter()
-                .map(|line| crate::http::parse_items(line, true).map(|mut one| one.remove(0)))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|(_, reason)| anyhow::anyhow!("{reason}"))?;
-            let sent = within_storage_bound(format!("failed to send the items of {}", path.display()), handle.send_items(items)).await?;
-            messages += sent.messages.len();
-        }
-        super::end_quietly_when_output_closes();
-        println!(
-            "sent {count} item{} in {messages} message{} to {queue} (no host running: written straight to storage)",
-            plural(count),
-            plural(messages as u64)
-        );
-        return Ok(());
+    Ok(lines)
+}
+
+/// `ebb send --items` with no host running: the items packed here and put straight into
+/// storage.
+async fn send_items_offline(config: &Config, queue: &QueueConfig, lines: &[&[u8]], path: &Path) -> Result<()> {
+    let handle = offline_producer(config, queue).await?;
+    let mut messages = 0;
+    for chunk in lines.chunks(crate::service::packing::MAX_ITEMS_PER_SEND) {
+        let items = chunk
+            .iter()
+            .map(|line| crate::http::parse_items(line, true).map(|mut one| one.remove(0)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|(_, reason)| anyhow::anyhow!("{reason}"))?;
+        let sent = within_storage_bound(format!("failed to send the items of {}", path.display()), handle.send_items(items)).await?;
+        messages += sent.messages.len();
     }
-    // Requests within the API's body limit and item count; sent side by side, so the host
-    // packs them together. Each body is made when its request is, so the file is held once,
-    // not twice: at most the 16 requests in flight are copies of it.
-    // An item larger than that goes alone, up to what the host takes in one send of items on
-    // a queue with a claim store (its max_claim_check_bytes, at most the packing buffer).
-    let limit = config.max_message_bytes;
-    let (item_key, item_limit) = if queue_config.storage_queues().len() == 1 {
-        (
-            "max_claim_check_bytes, at most 16 MiB in one send of items",
-            queue_config.claims.max_bytes.min(crate::service::packing::LINGER_BUFFER_BYTES as u64).max(limit as u64) as usize,
-        )
-    } else {
-        ("max_message_bytes", limit)
-    };
+    let count = lines.len() as u64;
+    super::end_quietly_when_output_closes();
+    println!(
+        "sent {count} item{} in {messages} message{} to {} (no host running: written straight to storage)",
+        plural(count),
+        plural(messages as u64),
+        queue.name
+    );
+    Ok(())
+}
+
+/// The items' message ids, and each item's id in the order of the lines.
+type PostedItems = (std::collections::BTreeSet<String>, Vec<(String, u32)>);
+
+/// Sends `lines` through the running host's API: in requests within its body limit and item
+/// count, side by side, so the host packs them together. Each body is made when its request
+/// is, so the file is held once, not twice: at most the 16 requests in flight are copies of it.
+async fn post_items(config: &Config, queue: &QueueConfig, http: &reqwest::Client, lines: &[&[u8]], path: &Path) -> Result<PostedItems> {
+    let (item_key, item_limit) = item_limit(config, queue);
     if let Some((number, line)) = lines.iter().enumerate().find(|(_, line)| line.len() + 1 > item_limit) {
         bail!("{}: item {} is {} bytes, over the API's body limit ({item_key}: {item_limit} bytes)", path.display(), number + 1, line.len());
     }
-    let mut rest = lines.as_slice();
-    let bodies = std::iter::from_fn(move || {
+    let url = format!("{}/queues/{}/items", api_base(config), queue.name);
+    let mut sends = futures::stream::iter(item_bodies(lines, config.max_message_bytes))
+        .map(|body| post_item_body(http, &url, bytes::Bytes::from(body)))
+        // In order: the items' ids line up with the file's lines.
+        .buffered(16);
+    let mut messages = std::collections::BTreeSet::new();
+    let mut ids = Vec::new();
+    while let Some(sent) = sends.next().await {
+        let (sent_messages, sent_ids) = sent?;
+        messages.extend(sent_messages);
+        ids.extend(sent_ids);
+    }
+    Ok((messages, ids))
+}
+
+/// The largest item the API takes in a request, and the key that sets it: an item larger
+/// than a message goes alone, up to what the host takes in one send of items on a queue
+/// with a claim store (its max_claim_check_bytes, at most the packing buffer).
+fn item_limit(config: &Config, queue: &QueueConfig) -> (&'static str, usize) {
+    let limit = config.max_message_bytes;
+    if queue.storage_queues().len() == 1 {
+        (
+            "max_claim_check_bytes, at most 16 MiB in one send of items",
+            queue.claims.max_bytes.min(crate::service::packing::LINGER_BUFFER_BYTES as u64).max(limit as u64) as usize,
+        )
+    } else {
+        ("max_message_bytes", limit)
+    }
+}
+
+/// The NDJSON bodies of `lines`: each within `limit` bytes (but for an item larger alone)
+/// and [`crate::service::packing::MAX_ITEMS_PER_SEND`] items.
+fn item_bodies<'a>(lines: &'a [&'a [u8]], limit: usize) -> impl Iterator<Item = Vec<u8>> + 'a {
+    let mut rest = lines;
+    std::iter::from_fn(move || {
         if rest.is_empty() {
             return None;
         }
@@ -614,50 +672,34 @@ pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path
         }
         rest = &rest[taken..];
         Some(body)
+    })
+}
+
+/// Posts one NDJSON `body` of items to `url` (retried while the host is busy): the ids of
+/// the messages they went in, and each item's id.
+async fn post_item_body(http: &reqwest::Client, url: &str, body: bytes::Bytes) -> Result<(Vec<String>, Vec<(String, u32)>)> {
+    let make = move || http.post(url).header(reqwest::header::CONTENT_TYPE, "application/x-ndjson").body(body.clone());
+    let response = send_retrying_busy(make).await?;
+    let status = response.status();
+    let text = response.text().await.unwrap_or_default();
+    if !status.is_success() {
+        bail!("the host answered {status}: {}", text.trim());
+    }
+    let answer: serde_json::Value = serde_json::from_str(&text).context("the host's answer is not JSON")?;
+    let messages = answer["messages"].as_array().map_or(Vec::new(), |ids| ids.iter().filter_map(|id| id.as_str().map(str::to_owned)).collect::<Vec<_>>());
+    let ids: Vec<(String, u32)> = answer["ids"].as_array().map_or(Vec::new(), |ids| {
+        ids.iter().filter_map(|id| Some((id["message_id"].as_str()?.to_owned(), u32::try_from(id["item"].as_u64()?).ok()?))).collect()
     });
-    let mut sends = futures::stream::iter(bodies)
-        .map(|body| {
-            let body = bytes::Bytes::from(body);
-            let (http, url) = (&http, &url);
-            let make = move || http.post(url).header(reqwest::header::CONTENT_TYPE, "application/x-ndjson").body(body.clone());
-            async move {
-                let response = send_retrying_busy(make).await?;
-                let status = response.status();
-                let text = response.text().await.unwrap_or_default();
-                if !status.is_success() {
-                    bail!("the host answered {status}: {}", text.trim());
-                }
-                let answer: serde_json::Value = serde_json::from_str(&text).context("the host's answer is not JSON")?;
-                let messages =
-                    answer["messages"].as_array().map_or(Vec::new(), |ids| ids.iter().filter_map(|id| id.as_str().map(str::to_owned)).collect::<Vec<_>>());
-                let ids: Vec<(String, u32)> = answer["ids"].as_array().map_or(Vec::new(), |ids| {
-                    ids.iter().filter_map(|id| Some((id["message_id"].as_str()?.to_owned(), u32::try_from(id["item"].as_u64()?).ok()?))).collect()
-                });
-                Ok::<_, anyhow::Error>((messages, ids))
-            }
-        })
-        // In order: the items' ids line up with the file's lines.
-        .buffered(16);
-    let mut messages = std::collections::BTreeSet::new();
-    let mut ids = Vec::new();
-    while let Some(sent) = sends.next().await {
-        let (sent_messages, sent_ids) = sent?;
-        messages.extend(sent_messages);
-        ids.extend(sent_ids);
-    }
-    let Some(timeout) = wait_reply else {
-        super::end_quietly_when_output_closes();
-        println!("sent {count} item{} in {} message{} to {queue} via {}", plural(count), messages.len(), plural(messages.len() as u64), api_base(&config));
-        return Ok(());
-    };
-    if ids.len() as u64 != count {
-        bail!("the host answered {} item ids for {count} items: cannot wait for their replies (an older host?)", ids.len());
-    }
+    Ok((messages, ids))
+}
+
+/// Waits until `timeout` from now for each item's answer, and prints each reply's JSON on a
+/// line, in the order of `ids`.
+async fn print_item_replies(http: &reqwest::Client, base: &str, queue: &str, ids: Vec<(String, u32)>, timeout: Duration) -> Result<()> {
     let deadline = tokio::time::Instant::now() + timeout;
-    let base = api_base(&config);
     use std::io::Write as _;
     for (message_id, item) in ids {
-        let Some(text) = wait_for_reply(&http, &base, queue, &message_id, Some(item), deadline).await? else {
+        let Some(text) = wait_for_reply(http, base, queue, &message_id, Some(item), deadline).await? else {
             bail!("no reply to item {item} of message {message_id} within {}", humantime::format_duration(timeout));
         };
         let reply: Value = serde_json::from_str(&text).context("the host's reply is not JSON")?;

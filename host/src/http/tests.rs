@@ -506,8 +506,8 @@ async fn a_send_to_stalled_storage_answers_503_in_time_and_an_impossible_body_40
 async fn a_send_stored_for_longer_than_the_idle_timeout_is_answered() -> Result<()> {
     let limits = ApiLimits { idle_timeout: Duration::from_secs(10), ..ApiLimits::default() };
     let claims = SlowClaims { put_delay: Duration::from_secs(15) };
-    let handle = crate::service::QueueHandle::new("orders", Arc::new(MemoryQueue::new("orders", Arc::new(TokioClock::new()), 1024)), Vec::new());
-    handle.attach_claims(Arc::new(claims));
+    let queue = Arc::new(MemoryQueue::new("orders", Arc::new(TokioClock::new()), 1024));
+    let handle = crate::service::QueueHandle::builder("orders", queue).claims(Arc::new(claims)).build();
     let (addr, _shutdown, _task) = serve_handle(limits, handle, Readiness::default()).await;
     let started = Instant::now();
     let answer = raw(addr, &request("POST", "/queues/orders/messages", Some(TOKEN), &[b'x'; 4096])).await?;

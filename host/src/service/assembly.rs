@@ -1,7 +1,9 @@
 //! One assembly of a queue's client stack, for every caller (run, `ebb scaler`, demo,
 //! simulate, check, `ebb send` without a host): the backend, then metering (every call a
 //! counted, billed transaction), then retries of transient errors, then the partitions as
-//! one logical queue. Each caller says what differs in [`StackOptions`].
+//! one logical queue. Each caller says what differs in [`StackOptions`]. A queue's producer
+//! (its [`QueueHandle`]) starts here too, for the service and `ebb send` without a host alike
+//! ([`QueueStack::producer`]).
 
 use std::sync::Arc;
 
@@ -15,6 +17,8 @@ use crate::queue::azure::{AzureOptions, AzureQueue};
 use crate::queue::embedded::EmbeddedStore;
 use crate::queue::partitioned::Partitioned;
 use crate::queue::{Metered, QueueClient, RetryPolicy, Retrying, Transactions};
+
+use super::handle::{QueueHandle, QueueHandleBuilder};
 
 /// Opens a storage queue of some backend by name, undecorated.
 pub type OpenQueue<'a> = dyn Fn(&str) -> Result<Arc<dyn QueueClient>> + 'a;
@@ -54,6 +58,34 @@ pub fn claim_store(
         }
     };
     Ok(Arc::new(Recorded::new(inner, record)))
+}
+
+/// The claim store of storage queue `name` of `queue`, if it can have one (an Azure account
+/// without a blob endpoint cannot: its items too large for a message are refused).
+pub(crate) fn store_of_claims(queue: &QueueConfig, store: Option<&EmbeddedStore>, name: &str, records: &ClaimRecords) -> Option<Arc<dyn ClaimStore>> {
+    match claim_store(&queue.backend, store, name, &queue.claims, records) {
+        Ok(claims) => Some(claims),
+        Err(error) => {
+            tracing::info!(queue = %name, "no claim checks (items too large for a message are refused): {error:#}");
+            None
+        }
+    }
+}
+
+/// The claim store a producer offloads `queue`'s large items into: only for a queue of one
+/// storage queue, because a listener follows references into its own partition's store
+/// only, and the producer does not know which partition an envelope lands in.
+fn producer_claims(queue: &QueueConfig, store: Option<&EmbeddedStore>, records: &ClaimRecords) -> Option<Arc<dyn ClaimStore>> {
+    match queue.storage_queues().as_slice() {
+        [only] => store_of_claims(queue, store, only.as_str(), records),
+        _ => None,
+    }
+}
+
+/// Whether envelopes go as base64 text on `backend` (an Azure queue with `encoding = "none"`
+/// stores text only).
+pub(crate) fn text_envelopes(backend: &Backend) -> bool {
+    matches!(backend, Backend::Azure { encoding: crate::queue::azure::Encoding::None, .. })
 }
 
 /// What differs between callers.
@@ -145,6 +177,21 @@ impl QueueStack {
             all => Arc::new(Partitioned::new(name, all.iter().map(|p| p.client.clone()).collect())),
         };
         Ok(QueueStack { partitions, poison, logical, reply: None })
+    }
+
+    /// The producer of `queue` over this stack: its handle's builder, sending through the
+    /// logical queue with the queue's payload settings and (a queue of one storage queue) its
+    /// claim store, whose calls are counted in `claim_records`. Every producer starts here:
+    /// the service adds the listeners, pauses, poison and reply queues and recording; `ebb
+    /// send` without a host builds it as it is.
+    pub fn producer(&self, queue: &QueueConfig, store: Option<&EmbeddedStore>, claim_records: &ClaimRecords) -> QueueHandleBuilder {
+        let builder = QueueHandle::builder(&queue.name, self.logical.clone())
+            .payload(queue.payload.clone(), text_envelopes(&queue.backend))
+            .claim_records(claim_records.clone());
+        match producer_claims(queue, store, claim_records) {
+            Some(claims) => builder.claims(claims),
+            None => builder,
+        }
     }
 
     /// Creates the poison queue and every partition where missing.

@@ -11,10 +11,12 @@ use tokio::sync::watch;
 use crate::bus::Bus;
 use crate::listener::{Listener, Pause};
 use crate::payload::PayloadSettings;
+use crate::payload::claims::{ClaimRecords, ClaimStore};
 use crate::queue::{MessageId, QueueClient, QueueError};
 use crate::record::{QueueRecording, Seen};
 
 use super::packing::{ItemsError, ItemsSent, Packing};
+use super::replies::ReplyReader;
 
 /// The longest a send waits for storage before giving up with a transient error (storage
 /// that stalls must still get the sender an answer).
@@ -35,98 +37,184 @@ struct Inner {
     name: String,
     sender: Arc<dyn QueueClient>,
     listeners: Vec<Listener>,
+    /// Set once, after the handles: the bus delivers to them, so it starts after them.
     bus: std::sync::OnceLock<Arc<Bus>>,
     work: watch::Sender<u64>,
     /// Where pauses are kept across restarts (none: a handle outside a service).
-    pauses: std::sync::OnceLock<Arc<super::pauses::Pauses>>,
+    pauses: Option<Arc<super::pauses::Pauses>>,
     /// The queue's pause, for this host's listeners and watchers (the KEDA scaler).
     paused: watch::Sender<Option<Pause>>,
     /// The queue's poison queue, for an operator's work on it (none: a handle outside a service).
-    poison: std::sync::OnceLock<Arc<dyn QueueClient>>,
+    poison: Option<Arc<dyn QueueClient>>,
     /// One poison operation at a time on this host: each leases what it looks at, so two at
     /// once would each see only part of the poison queue.
     poison_operations: tokio::sync::Mutex<()>,
     /// The queue's payload settings (the defaults for a handle outside a service) and
     /// whether its messages are text (an Azure queue with `encoding = "none"`).
-    payload: std::sync::OnceLock<(PayloadSettings, bool)>,
+    payload: (PayloadSettings, bool),
     /// The queue's claim store, for items too large for any envelope (none: they are refused).
-    claims: std::sync::OnceLock<Arc<dyn crate::payload::claims::ClaimStore>>,
+    claims: Option<Arc<dyn ClaimStore>>,
     /// Where the claim-check calls of the queue's stores (its producer's, its listeners',
     /// its sweepers') are counted, for `/metrics`.
-    claim_records: std::sync::OnceLock<crate::payload::claims::ClaimRecords>,
+    claim_records: Option<ClaimRecords>,
     /// The packing task of items sent through this host, started at the first send of items.
     packing: tokio::sync::OnceCell<Packing>,
     /// The reader of the queue's reply queue, if it has one.
-    reply: std::sync::OnceLock<Arc<super::replies::ReplyReader>>,
+    reply: Option<Arc<ReplyReader>>,
     /// Where sends and notifications are counted as arrivals (none: not recorded).
-    recording: std::sync::OnceLock<Arc<QueueRecording>>,
+    recording: Option<Arc<QueueRecording>>,
+}
+
+/// Builds a [`QueueHandle`] whole: all a handle has besides its queue is given here, before
+/// its first send; only the bus comes later ([`QueueHandle::attach_bus`]). The service's
+/// assembly starts one from a queue's configuration (`QueueStack::producer`).
+#[must_use]
+pub(crate) struct QueueHandleBuilder {
+    name: String,
+    sender: Arc<dyn QueueClient>,
+    listeners: Vec<Listener>,
+    pauses: Option<Arc<super::pauses::Pauses>>,
+    poison: Option<Arc<dyn QueueClient>>,
+    payload: (PayloadSettings, bool),
+    claims: Option<Arc<dyn ClaimStore>>,
+    claim_records: Option<ClaimRecords>,
+    reply: Option<Arc<ReplyReader>>,
+    recording: Option<Arc<QueueRecording>>,
+}
+
+impl QueueHandleBuilder {
+    /// Wakes `listeners` (one per partition; none on a host that does not process).
+    pub(crate) fn listeners(mut self, listeners: Vec<Listener>) -> Self {
+        self.listeners = listeners;
+        self
+    }
+
+    /// Keeps the queue's pauses in `pauses`, and starts under the one kept there.
+    pub(crate) fn pauses(mut self, pauses: Arc<super::pauses::Pauses>) -> Self {
+        self.pauses = Some(pauses);
+        self
+    }
+
+    /// The queue's poison queue is `poison` (see [`crate::service::poison`]).
+    pub(crate) fn poison(mut self, poison: Arc<dyn QueueClient>) -> Self {
+        self.poison = Some(poison);
+        self
+    }
+
+    /// Items are packed and put with `settings`; `text`: the queue's messages are text, so
+    /// an envelope goes as base64 text. Without it: the default settings, binary.
+    pub(crate) fn payload(mut self, settings: PayloadSettings, text: bool) -> Self {
+        self.payload = (settings, text);
+        self
+    }
+
+    /// Bodies and items too large for any envelope are offloaded into `claims`; without it
+    /// they are refused.
+    pub(crate) fn claims(mut self, claims: Arc<dyn ClaimStore>) -> Self {
+        self.claims = Some(claims);
+        self
+    }
+
+    /// The queue's claim-check calls are counted in `records` (the service's, for `/metrics`).
+    pub(crate) fn claim_records(mut self, records: ClaimRecords) -> Self {
+        self.claim_records = Some(records);
+        self
+    }
+
+    /// Handlers' answers to this queue's messages are read from `reply` (its `reply_queue`),
+    /// and those nobody took within `ttl` deleted.
+    pub(crate) fn reply(mut self, reply: Arc<dyn QueueClient>, ttl: Duration) -> Self {
+        self.reply = Some(ReplyReader::new(reply, ttl, None));
+        self
+    }
+
+    /// The queue's answers go to `reply`, which configured queue `handled_by` handles (a
+    /// pipeline): nobody waits for them here, and waits are refused saying so.
+    pub(crate) fn handled_reply(mut self, reply: Arc<dyn QueueClient>, handled_by: &str) -> Self {
+        self.reply = Some(ReplyReader::new(reply, Duration::MAX, Some(handled_by.to_string())));
+        self
+    }
+
+    /// Sends and notifications are counted in `recording` (the listeners count what their
+    /// gets see first; see [`crate::record`]).
+    pub(crate) fn recording(mut self, recording: Arc<QueueRecording>) -> Self {
+        self.recording = Some(recording);
+        self
+    }
+
+    /// The handle, under the pause kept for it, if any.
+    pub(crate) fn build(self) -> QueueHandle {
+        let (work, _) = watch::channel(0);
+        let kept = self.pauses.as_ref().and_then(|pauses| pauses.get(&self.name));
+        let inner = Inner {
+            name: self.name,
+            sender: self.sender,
+            listeners: self.listeners,
+            bus: std::sync::OnceLock::new(),
+            work,
+            pauses: self.pauses,
+            paused: watch::Sender::new(None),
+            poison: self.poison,
+            poison_operations: tokio::sync::Mutex::new(()),
+            payload: self.payload,
+            claims: self.claims,
+            claim_records: self.claim_records,
+            packing: tokio::sync::OnceCell::new(),
+            reply: self.reply,
+            recording: self.recording,
+        };
+        let handle = QueueHandle { inner: Arc::new(inner) };
+        handle.apply_pause(kept);
+        handle
+    }
 }
 
 impl QueueHandle {
     /// A handle sending through `sender` (the logical queue) and waking `listeners` (none
-    /// on a host that does not process).
+    /// on a host that does not process), with nothing else: see [`QueueHandle::builder`].
     pub fn new(name: &str, sender: Arc<dyn QueueClient>, listeners: Vec<Listener>) -> QueueHandle {
-        let (work, _) = watch::channel(0);
-        let inner = Inner {
+        QueueHandle::builder(name, sender).listeners(listeners).build()
+    }
+
+    /// Starts a handle sending through `sender` (the logical queue): no listener, the
+    /// default payload settings, no claim store, reply queue, poison queue, pauses kept or
+    /// recording until the builder is given them.
+    pub(crate) fn builder(name: &str, sender: Arc<dyn QueueClient>) -> QueueHandleBuilder {
+        QueueHandleBuilder {
             name: name.to_string(),
             sender,
-            listeners,
-            bus: std::sync::OnceLock::new(),
-            work,
-            pauses: std::sync::OnceLock::new(),
-            paused: watch::Sender::new(None),
-            poison: std::sync::OnceLock::new(),
-            poison_operations: tokio::sync::Mutex::new(()),
-            payload: std::sync::OnceLock::new(),
-            claims: std::sync::OnceLock::new(),
-            claim_records: std::sync::OnceLock::new(),
-            packing: tokio::sync::OnceCell::new(),
-            reply: std::sync::OnceLock::new(),
-            recording: std::sync::OnceLock::new(),
-        };
-        QueueHandle { inner: Arc::new(inner) }
-    }
-
-    /// From now on, sends and notifications are counted in `recording` (the listeners count
-    /// what their gets see first; see [`crate::record`]).
-    pub(crate) fn attach_recording(&self, recording: Arc<QueueRecording>) {
-        let _ = self.inner.recording.set(recording);
-    }
-
-    fn record(&self, what: Seen) {
-        if let Some(recording) = self.inner.recording.get() {
-            recording.record(what, 1);
+            listeners: Vec::new(),
+            pauses: None,
+            poison: None,
+            payload: (PayloadSettings::default(), false),
+            claims: None,
+            claim_records: None,
+            reply: None,
+            recording: None,
         }
     }
 
-    /// The queue's poison queue is `poison` (see [`crate::service::poison`]).
-    pub(crate) fn attach_poison(&self, poison: Arc<dyn QueueClient>) {
-        let _ = self.inner.poison.set(poison);
+    fn record(&self, what: Seen) {
+        if let Some(recording) = self.inner.recording.as_ref() {
+            recording.record(what, 1);
+        }
     }
 
     /// The clients whose storage calls `/metrics` and `/status` report: the queue (each
     /// partition), its poison queue and its reply queue.
     pub fn storage_clients(&self) -> impl Iterator<Item = &Arc<dyn QueueClient>> {
-        std::iter::once(&self.inner.sender).chain(self.inner.poison.get()).chain(self.inner.reply.get().map(|reader| reader.queue()))
+        std::iter::once(&self.inner.sender).chain(self.inner.poison.as_ref()).chain(self.inner.reply.as_ref().map(|reader| reader.queue()))
     }
 
     /// The queue's poison queue, when the handle belongs to a service.
     pub fn poison_queue(&self) -> Option<&Arc<dyn QueueClient>> {
-        self.inner.poison.get()
+        self.inner.poison.as_ref()
     }
 
     /// Waits for this host's other poison operations on the queue to end; holds them off
     /// until the guard drops.
     pub async fn poison_operation(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.inner.poison_operations.lock().await
-    }
-
-    /// Keeps this queue's pauses in `pauses` from now on, and applies the one kept there.
-    pub(crate) fn attach_pauses(&self, pauses: Arc<super::pauses::Pauses>) {
-        let kept = pauses.get(&self.inner.name);
-        if self.inner.pauses.set(pauses).is_ok() {
-            self.apply_pause(kept);
-        }
     }
 
     /// Pauses the queue on this host (`for_`: until then, else until resumed): no get is
@@ -136,7 +224,7 @@ impl QueueHandle {
         let now_ms = now_ms();
         let pause = Pause::from_now(now_ms, for_);
         let until_ms = pause.until_ms;
-        if let Some(pauses) = self.inner.pauses.get() {
+        if let Some(pauses) = self.inner.pauses.as_ref() {
             pauses.set(&self.inner.name, Some(pause), now_ms)?;
         }
         self.apply_pause(Some(pause));
@@ -149,7 +237,7 @@ impl QueueHandle {
     /// full disk). It holds here all the same, so the queue drains and frees space; the next
     /// pause or resume written keeps it, and a restart before that pauses the queue again.
     pub fn resume(&self) -> Option<String> {
-        let unkept = self.inner.pauses.get().and_then(|pauses| pauses.set(&self.inner.name, None, now_ms()).err()).map(|error| format!("{error:#}"));
+        let unkept = self.inner.pauses.as_ref().and_then(|pauses| pauses.set(&self.inner.name, None, now_ms()).err()).map(|error| format!("{error:#}"));
         self.apply_pause(None);
         match &unkept {
             None => tracing::info!(queue = %self.inner.name, "queue resumed"),
@@ -212,7 +300,7 @@ impl QueueHandle {
             Ok(put) => put,
             Err(_) => return Err(storage_timed_out(deadline)),
         };
-        let id = match (put, self.inner.claims.get()) {
+        let id = match (put, self.inner.claims.as_ref()) {
             (Ok(id), _) => id,
             // The backends measure a body before any request: nothing was billed.
             (Err(QueueError::MessageTooLarge { .. }), Some(claims)) => self.send_offloaded(claims, body, delay).await?,
@@ -227,7 +315,7 @@ impl QueueHandle {
 
     /// Stores `body` in `claims` and puts the envelope referencing it (the body is left for
     /// the sweeper if that put fails: a send that failed may still have stored it).
-    async fn send_offloaded(&self, claims: &Arc<dyn crate::payload::claims::ClaimStore>, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
+    async fn send_offloaded(&self, claims: &Arc<dyn ClaimStore>, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
         if body.len() as u64 > claims.max_bytes() {
             return Err(QueueError::MessageTooLarge { size: body.len(), limit: usize::try_from(claims.max_bytes()).unwrap_or(usize::MAX) });
         }
@@ -246,7 +334,7 @@ impl QueueHandle {
             }
         };
         let envelope = crate::payload::encode_message(check).map_err(QueueError::Fatal)?;
-        let text = self.inner.payload.get().is_some_and(|(_, text)| *text);
+        let text = self.inner.payload.1;
         let envelope = if text { crate::payload::to_text(&envelope).into_bytes() } else { envelope };
         let put = self.inner.sender.put(&envelope, delay);
         match tokio::time::timeout(SEND_DEADLINE, put).await {
@@ -255,60 +343,31 @@ impl QueueHandle {
         }
     }
 
-    /// Items are packed and put with `settings` (set once, before the first send of items);
-    /// `text`: the queue's messages are text, so an envelope goes as base64 text.
-    pub fn attach_payload(&self, settings: PayloadSettings, text: bool) {
-        let _ = self.inner.payload.set((settings, text));
-    }
-
-    /// Items too large for any envelope are offloaded into `claims` (set once, before the
-    /// first send of items); without it they are refused.
-    pub fn attach_claims(&self, claims: Arc<dyn crate::payload::claims::ClaimStore>) {
-        let _ = self.inner.claims.set(claims);
-    }
-
-    /// The queue's claim-check calls are counted in `records` (set once, by the service).
-    pub fn attach_claim_records(&self, records: crate::payload::claims::ClaimRecords) {
-        let _ = self.inner.claim_records.set(records);
-    }
-
     /// Where the queue's claim-check calls are counted, if anywhere.
-    pub fn claim_records(&self) -> Option<&crate::payload::claims::ClaimRecords> {
-        self.inner.claim_records.get()
+    pub fn claim_records(&self) -> Option<&ClaimRecords> {
+        self.inner.claim_records.as_ref()
     }
 
     /// The queue's claim store, if a producer offloads into it (a queue of one storage queue).
-    pub(crate) fn claim_store(&self) -> Option<&Arc<dyn crate::payload::claims::ClaimStore>> {
-        self.inner.claims.get()
+    pub(crate) fn claim_store(&self) -> Option<&Arc<dyn ClaimStore>> {
+        self.inner.claims.as_ref()
     }
 
     /// The largest body a send takes when the queue has a claim store (its
     /// `max_claim_check_bytes`); none: a body must fit a message.
     pub fn claim_limit(&self) -> Option<usize> {
-        self.inner.claims.get().map(|claims| usize::try_from(claims.max_bytes()).unwrap_or(usize::MAX))
-    }
-
-    /// Handlers' answers to this queue's messages are read from `reply` (its `reply_queue`),
-    /// and those nobody took within `ttl` deleted.
-    pub fn attach_reply(&self, reply: Arc<dyn QueueClient>, ttl: Duration) {
-        let _ = self.inner.reply.set(super::replies::ReplyReader::new(reply, ttl, None));
-    }
-
-    /// The queue's answers go to `reply`, which configured queue `handled_by` handles (a
-    /// pipeline): nobody waits for them here, and waits are refused saying so.
-    pub(crate) fn attach_handled_reply(&self, reply: Arc<dyn QueueClient>, handled_by: &str) {
-        let _ = self.inner.reply.set(super::replies::ReplyReader::new(reply, Duration::MAX, Some(handled_by.to_string())));
+        self.inner.claims.as_ref().map(|claims| usize::try_from(claims.max_bytes()).unwrap_or(usize::MAX))
     }
 
     /// The reader of the queue's reply queue, for the host's sweep.
-    pub(crate) fn reply_reader(&self) -> Option<&Arc<super::replies::ReplyReader>> {
-        self.inner.reply.get()
+    pub(crate) fn reply_reader(&self) -> Option<&Arc<ReplyReader>> {
+        self.inner.reply.as_ref()
     }
 
     /// Whether the queue has a reply queue whose answers a producer can wait for (not one
     /// whose answers another configured queue handles).
     pub fn has_reply_queue(&self) -> bool {
-        self.inner.reply.get().is_some_and(|reader| reader.handled_by().is_none())
+        self.inner.reply.as_ref().is_some_and(|reader| reader.handled_by().is_none())
     }
 
     /// Waits up to `timeout` for the answer to message `id` (a message sent with
@@ -328,7 +387,7 @@ impl QueueHandle {
     /// Waits for the reply whose `correlation_id` is `id` and whose `item` is `item`.
     pub(crate) async fn wait_answer(&self, id: &MessageId, item: Option<u32>, timeout: Duration) -> anyhow::Result<Option<crate::listener::Reply>> {
         use anyhow::Context as _;
-        let reply = self.inner.reply.get().with_context(|| format!("queue {} has no reply_queue", self.inner.name))?;
+        let reply = self.inner.reply.as_ref().with_context(|| format!("queue {} has no reply_queue", self.inner.name))?;
         reply.wait(id, item, timeout).await
     }
 
@@ -346,7 +405,7 @@ impl QueueHandle {
     }
 
     fn start_packing(&self) -> anyhow::Result<Packing> {
-        let (settings, text) = self.inner.payload.get_or_init(|| (PayloadSettings::default(), false)).clone();
+        let (settings, text) = self.inner.payload.clone();
         let sender = self.inner.sender.clone();
         let put: super::packing::PutEnvelope = std::sync::Arc::new(move |envelope: Vec<u8>| {
             let sender = sender.clone();
@@ -365,7 +424,7 @@ impl QueueHandle {
                 handle.publish(Some(messages as u64), Duration::ZERO);
             }
         });
-        match self.inner.claims.get() {
+        match self.inner.claims.as_ref() {
             Some(claims) => Packing::start_with_claims(&settings, put, arrived, claims.clone()),
             None => Packing::start(&settings, put, arrived),
         }

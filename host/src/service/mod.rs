@@ -24,6 +24,8 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 pub use assembly::claim_store;
+use assembly::store_of_claims;
+use assembly::text_envelopes;
 pub(crate) use assembly::{QueueStack, StackOptions, storage_queue};
 pub use audit::{AuditLog, AuditTail};
 pub use handle::QueueHandle;
@@ -135,76 +137,20 @@ impl Service {
     /// A worker's queue with a Rust handler in `handlers` calls it; every other queue posts
     /// to its `handler.url`.
     pub async fn open(config: &Config, role: Role, handlers: &Handlers) -> Result<Service> {
-        if let Some(unknown) = handlers.keys().find(|name| !config.queues.iter().any(|q| q.name.as_str() == name.as_str())) {
-            anyhow::bail!("a Rust handler is given for queue {unknown}, which the configuration does not have");
-        }
-        if role == Role::Worker {
-            config.check_handlers(&|queue| handlers.contains_key(queue))?;
-        }
+        check_handlers(config, role, handlers)?;
         let HostParts { health, store, rules_dir, engine } = HostParts::open(config)?;
         let rules = Arc::new(RuleSet::new(engine, rule_slots(config, role, &rules_dir)));
         rules.load_all_in_background();
         let watcher = rules.watch(&rules_dir, RULE_DEBOUNCE)?;
         let readiness = Readiness::default();
-        let pauses = Arc::new(Pauses::open(&config.data_dir)?);
-        for stray in pauses.queues().into_iter().filter(|name| !config.queues.iter().any(|q| q.name == name.as_str())) {
-            tracing::warn!(queue = %stray, "paused.json holds a pause for a queue the configuration does not have; it is kept, and applies if the queue comes back");
-        }
-        let mut queues = BTreeMap::new();
+        let pauses = open_pauses(config)?;
         let mut recorder = Recorder::new();
+        let opening = QueueOpening { config, role, handlers, store: &store, rules: &rules, readiness: &readiness, pauses: &pauses };
+        let mut queues = BTreeMap::new();
         for queue_config in &config.queues {
-            let recording = queue_config.record_max_bytes.map(|max| recorder.add(&config.data_dir, &queue_config.name, max, Arc::new(SystemClock)));
-            let open = |name: &str| storage_queue(&queue_config.backend, Some(&store), name);
-            let options = StackOptions { metered: true, retry: Some(RetryPolicy::default()), readiness: Some(readiness.clone()) };
-            let stack = QueueStack::assemble(queue_config, &open, &options)?;
-            let claim_records = ClaimRecords::default();
-            let claims_of = |name: &str| store_of_claims(queue_config, Some(&store), name, &claim_records);
-            let listeners = match role {
-                Role::Worker => worker_listeners(
-                    queue_config,
-                    handlers.get(queue_config.name.as_str()),
-                    &stack,
-                    &rules,
-                    config.bus.is_some(),
-                    recording.as_ref(),
-                    &claims_of,
-                )?,
-                Role::Watcher => Vec::new(),
-            };
-            let handle = QueueHandle::new(&queue_config.name, stack.logical.clone(), listeners);
-            handle.attach_pauses(pauses.clone());
-            handle.attach_poison(stack.poison.clone());
-            handle.attach_payload(queue_config.payload.clone(), text_envelopes(&queue_config.backend));
-            if let Some(claims) = producer_claims(queue_config, Some(&store), &claim_records) {
-                handle.attach_claims(claims);
-            }
-            handle.attach_claim_records(claim_records);
-            if let Some(reply) = &stack.reply {
-                let handled_by = config.queues.iter().find(|other| other.storage_queues().iter().any(|s| s.as_str() == reply.name()));
-                match handled_by {
-                    Some(other) => handle.attach_handled_reply(reply.clone(), &other.name),
-                    None => handle.attach_reply(reply.clone(), queue_config.payload.reply_ttl),
-                }
-            }
-            if let Some(recording) = recording {
-                handle.attach_recording(recording);
-            }
-            // Not ready until its storage has answered (see start_work), nor while its rule is
-            // compiling or cannot load (the built-in rule decides meanwhile).
-            readiness.set_problem(&queue_config.name, ReadinessPart::Storage, "storage not reached yet");
-            let slots: Vec<QueueRules> = rule_slot_names(queue_config, role, config.scaler.is_some()).iter().filter_map(|slot| rules.queue(slot)).collect();
-            readiness.add_check(&queue_config.name, ReadinessPart::Rule, move || slots.iter().find_map(rule_problem));
-            queues.insert(queue_config.name.to_string(), ServiceQueue { config: queue_config.clone(), stack, handle });
+            queues.insert(queue_config.name.to_string(), opening.open(queue_config, &mut recorder)?);
         }
-        let bus = match &config.bus {
-            Some(bus) => Some(Arc::new(start_bus(bus, &queues)?)),
-            None => None,
-        };
-        for queue in queues.values() {
-            if let Some(bus) = &bus {
-                queue.handle.attach_bus(bus.clone());
-            }
-        }
+        let bus = start_bus_of(config.bus.as_ref(), &queues)?;
         Ok(Service {
             role,
             drain_timeout: config.drain_timeout,
@@ -408,6 +354,104 @@ impl Service {
     }
 }
 
+/// Refuses a Rust handler for a queue the configuration does not have, and (a worker) a
+/// queue with neither a Rust handler nor a `handler.url`.
+fn check_handlers(config: &Config, role: Role, handlers: &Handlers) -> Result<()> {
+    if let Some(unknown) = handlers.keys().find(|name| !config.queues.iter().any(|q| q.name.as_str() == name.as_str())) {
+        anyhow::bail!("a Rust handler is given for queue {unknown}, which the configuration does not have");
+    }
+    if role == Role::Worker {
+        config.check_handlers(&|queue| handlers.contains_key(queue))?;
+    }
+    Ok(())
+}
+
+/// The pauses kept in the data directory. One kept for a queue the configuration no longer
+/// has is kept (it applies if the queue comes back), with a warning.
+fn open_pauses(config: &Config) -> Result<Arc<Pauses>> {
+    let pauses = Arc::new(Pauses::open(&config.data_dir)?);
+    for stray in pauses.queues().into_iter().filter(|name| !config.queues.iter().any(|q| q.name == name.as_str())) {
+        tracing::warn!(queue = %stray, "paused.json holds a pause for a queue the configuration does not have; it is kept, and applies if the queue comes back");
+    }
+    Ok(pauses)
+}
+
+/// What opening each queue of a service shares.
+struct QueueOpening<'a> {
+    config: &'a Config,
+    role: Role,
+    handlers: &'a Handlers,
+    store: &'a EmbeddedStore,
+    rules: &'a Arc<RuleSet>,
+    readiness: &'a Readiness,
+    pauses: &'a Arc<Pauses>,
+}
+
+impl QueueOpening<'_> {
+    /// `queue`'s client stack, its listeners (a worker's), its handle and its readiness
+    /// checks; its recording, if it records, is added to `recorder`.
+    fn open(&self, queue: &QueueConfig, recorder: &mut Recorder) -> Result<ServiceQueue> {
+        let recording = queue.record_max_bytes.map(|max| recorder.add(&self.config.data_dir, &queue.name, max, Arc::new(SystemClock)));
+        let open = |name: &str| storage_queue(&queue.backend, Some(self.store), name);
+        let options = StackOptions { metered: true, retry: Some(RetryPolicy::default()), readiness: Some(self.readiness.clone()) };
+        let stack = QueueStack::assemble(queue, &open, &options)?;
+        let claim_records = ClaimRecords::default();
+        let listeners = match self.role {
+            Role::Worker => self.listeners(queue, &stack, recording.as_ref(), &claim_records)?,
+            Role::Watcher => Vec::new(),
+        };
+        let handle = self.handle(queue, &stack, &claim_records, listeners, recording);
+        self.add_readiness_checks(queue);
+        Ok(ServiceQueue { config: queue.clone(), stack, handle })
+    }
+
+    /// A worker's listeners on `queue` (see [`worker_listeners`]).
+    fn listeners(
+        &self,
+        queue: &QueueConfig,
+        stack: &QueueStack,
+        recording: Option<&Arc<QueueRecording>>,
+        claim_records: &ClaimRecords,
+    ) -> Result<Vec<Listener>> {
+        let claims_of = |name: &str| store_of_claims(queue, Some(self.store), name, claim_records);
+        let handler = self.handlers.get(queue.name.as_str());
+        worker_listeners(queue, handler, stack, self.rules, self.config.bus.is_some(), recording, &claims_of)
+    }
+
+    /// `queue`'s handle: its producer (see [`QueueStack::producer`]) waking `listeners`,
+    /// with the service's pauses, the poison and reply queues and the recording.
+    fn handle(
+        &self,
+        queue: &QueueConfig,
+        stack: &QueueStack,
+        claim_records: &ClaimRecords,
+        listeners: Vec<Listener>,
+        recording: Option<Arc<QueueRecording>>,
+    ) -> QueueHandle {
+        let mut builder = stack.producer(queue, Some(self.store), claim_records).listeners(listeners).pauses(self.pauses.clone()).poison(stack.poison.clone());
+        if let Some(reply) = &stack.reply {
+            // A reply queue that is another configured queue's storage queue is a pipeline's.
+            let handled_by = self.config.queues.iter().find(|other| other.storage_queues().iter().any(|s| s.as_str() == reply.name()));
+            builder = match handled_by {
+                Some(other) => builder.handled_reply(reply.clone(), &other.name),
+                None => builder.reply(reply.clone(), queue.payload.reply_ttl),
+            };
+        }
+        match recording {
+            Some(recording) => builder.recording(recording).build(),
+            None => builder.build(),
+        }
+    }
+
+    /// Not ready until its storage has answered (see [`Service::start_work`]), nor while its
+    /// rule is compiling or cannot load (the built-in rule decides meanwhile).
+    fn add_readiness_checks(&self, queue: &QueueConfig) {
+        self.readiness.set_problem(&queue.name, ReadinessPart::Storage, "storage not reached yet");
+        let slots: Vec<QueueRules> = rule_slot_names(queue, self.role, self.config.scaler.is_some()).iter().filter_map(|slot| self.rules.queue(slot)).collect();
+        self.readiness.add_check(&queue.name, ReadinessPart::Rule, move || slots.iter().find_map(rule_problem));
+    }
+}
+
 /// What a background start-up retry needs of the service.
 #[derive(Clone)]
 struct Starter {
@@ -572,41 +616,17 @@ fn worker_listeners(
     Ok(listeners)
 }
 
-/// Whether envelopes go as base64 text on `backend` (an Azure queue with `encoding = "none"`
-/// stores text only).
-/// The claim store of storage queue `name` of `queue`, if it can have one (an Azure account
-/// without a blob endpoint cannot: its items too large for a message are refused).
-fn store_of_claims(
-    queue: &QueueConfig,
-    store: Option<&EmbeddedStore>,
-    name: &str,
-    records: &ClaimRecords,
-) -> Option<Arc<dyn crate::payload::claims::ClaimStore>> {
-    match claim_store(&queue.backend, store, name, &queue.claims, records) {
-        Ok(claims) => Some(claims),
-        Err(error) => {
-            tracing::info!(queue = %name, "no claim checks (items too large for a message are refused): {error:#}");
-            None
-        }
+/// The bus, when `config` configures one, subscribed to every queue's channel; each
+/// handle publishes on it from now on.
+fn start_bus_of(config: Option<&BusConfig>, queues: &BTreeMap<String, ServiceQueue>) -> Result<Option<Arc<Bus>>> {
+    let Some(config) = config else {
+        return Ok(None);
+    };
+    let bus = Arc::new(start_bus(config, queues)?);
+    for queue in queues.values() {
+        queue.handle.attach_bus(bus.clone());
     }
-}
-
-/// The claim store a producer offloads `queue`'s large items into: only for a queue of one
-/// storage queue, because a listener follows references into its own partition's store
-/// only, and the producer does not know which partition an envelope lands in.
-pub(crate) fn producer_claims(
-    queue: &QueueConfig,
-    store: Option<&EmbeddedStore>,
-    records: &ClaimRecords,
-) -> Option<Arc<dyn crate::payload::claims::ClaimStore>> {
-    match queue.storage_queues().as_slice() {
-        [only] => store_of_claims(queue, store, only.as_str(), records),
-        _ => None,
-    }
-}
-
-pub(crate) fn text_envelopes(backend: &Backend) -> bool {
-    matches!(backend, Backend::Azure { encoding: crate::queue::azure::Encoding::None, .. })
+    Ok(Some(bus))
 }
 
 /// Subscribes to every queue's channel: a trigger reaches the queue's handle (which wakes

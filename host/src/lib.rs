@@ -72,11 +72,13 @@
 //!    client stack and handle, its listeners, the rules, the bus, readiness.
 //! 6. **Front ends**: `http` (the API), `scaler` (KEDA's external scaler).
 //! 7. **Commands**: `host` (a running host: ports bound first, then the work),
-//!    [`cli`], `demo`, [`simulate`], `bench` (`ebb bench`: ebb against baselines).
+//!    `cli` (through [`run_command_line`]), `demo`, [`simulate`], `bench` (`ebb bench`: ebb against baselines).
+
+#![warn(missing_docs)]
 
 mod bench;
 pub mod bus;
-pub mod cli;
+mod cli;
 pub mod config;
 mod cost;
 mod defaults;
@@ -106,6 +108,13 @@ pub use config::Config;
 pub use host::Host;
 pub use service::packing::{ItemId, ItemsError, ItemsSent};
 pub use service::{QueueHandle, Role};
+
+/// The `ebb` command, as the binary runs it: parses the process's arguments (exiting with
+/// clap's usage on a bad one), runs the command, and on failure prints the error with its
+/// causes and returns code 1.
+pub fn run_command_line() -> std::process::ExitCode {
+    cli::main(cli::Cli::from_env())
+}
 
 /// Who calls the HTTP API: the caller a token resolves to, and the routes that need a token.
 pub mod api {

@@ -19,6 +19,7 @@ use super::stderr::OutputLogger;
 use super::threads::RuleThreads;
 use crate::log_limit::LogLimiter;
 use crate::names::RuleSlot;
+use crate::panics::panic_message;
 
 /// A queue's rule, as `/status` reports it (`rule` of each queue). A [`super::Decider`] of
 /// one's own builds it with `..Default::default()`, so that fields added later need no change.
@@ -761,8 +762,4 @@ fn load_state(group: &RuleGroup, status: &GroupStatus) -> RuleLoad {
     } else {
         RuleLoad::Failed(status.last_error.clone().unwrap_or_else(|| "its rule was never loaded".into()))
     }
-}
-
-pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_else(|| "(no message)".into())
 }

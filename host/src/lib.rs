@@ -51,7 +51,12 @@
 //!   its codecs and its bomb-safe decoder.
 //! - [`bus`]: push notifications between hosts (publish from a producer).
 //! - [`simulate`]: `ebb simulate` as a function; [`keda`]: a client of the KEDA scaler.
-//! - [`config`], [`health`], [`names`]: the parts of a configuration and a host's health.
+//! - [`config`], [`health`], [`names`]: the parts of a configuration and a host's health;
+//!   [`record`]: each queue's arrivals, as `ebb trace export` reads them; [`api`]: the HTTP
+//!   API's routes that need a token.
+//! - [`run_command_line`]: the `ebb` command; nothing else of the command line is public.
+//!
+//! Items that only the crate itself uses are `pub(crate)`.
 //!
 //! # The house, bottom to top
 //! Dependencies point one way, down this list; a module imports only from modules above
@@ -116,16 +121,16 @@ pub fn run_command_line() -> std::process::ExitCode {
     cli::main(cli::Cli::from_env())
 }
 
-/// Who calls the HTTP API: the caller a token resolves to, and the routes that need a token.
+/// The HTTP API's routes that need a token.
 pub mod api {
-    pub use crate::http::{ANONYMOUS, Caller, authenticated_route_table};
+    pub use crate::http::authenticated_route_table;
 }
 
 /// KEDA's external scaler protocol (`externalscaler.proto`), as a client: what KEDA calls
 /// on `ebb scaler` (or on a host with `[scaler] listen`), for tests and tools.
 pub mod keda {
     pub use crate::scaler::{
-        ExternalScalerClient, GetMetricSpecResponse, GetMetricsRequest, GetMetricsResponse, IsActiveResponse, MAX_CONNECTIONS, MAX_STREAMS, METRIC_CACHE,
-        MetricSpec, MetricValue, ScaledObjectRef,
+        ExternalScalerClient, GetMetricSpecResponse, GetMetricsRequest, GetMetricsResponse, IsActiveResponse, MAX_CONNECTIONS, MAX_STREAMS, MetricSpec,
+        MetricValue, ScaledObjectRef,
     };
 }

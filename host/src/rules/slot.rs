@@ -445,7 +445,7 @@ impl QueueRules {
     }
 
     /// What happens to a message whose handler failed, the delay clamped to
-    /// `[0, ctx.max_retry_delay_ms]` and the reason bounded (see [`clamp_failure`]). `None`
+    /// `[0, ctx.max_retry_delay_ms]` and the reason bounded (see `clamp_failure`). `None`
     /// when no rule that decides failures is in use: nothing was asked, and the queue's
     /// `max_dequeue_count` handling applies as it always did. When the rule cannot answer (it
     /// faulted on this call, counted as a fault of `on-handler-failure` towards quarantine;

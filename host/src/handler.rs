@@ -102,18 +102,18 @@ pub struct HandlerStatus {
 /// that large, so handling the message again cannot help (it is poisoned at once).
 #[derive(Debug, thiserror::Error)]
 #[error("handled, but {0}")]
-pub struct AnswerTooLarge(pub String);
+pub(crate) struct AnswerTooLarge(pub String);
 
 /// A handler (a Rust one, embedded) panicked; the panic was contained.
 #[derive(Debug, thiserror::Error)]
 #[error("handler panicked: {0}")]
-pub struct HandlerPanicked(pub String);
+pub(crate) struct HandlerPanicked(pub String);
 
 /// The app asked for a pause (HTTP 429 Too Many Requests or 503 Service Unavailable, or a
 /// Rust handler returning this error): not the message's fault. The message is made visible
 /// again after the app's `Retry-After` (capped at the queue's `max_retry_delay`; the queue's
 /// first retry delay when absent or unusable), counted as pushed back, not as failed, and
-/// it is not poisoned for it until its dequeue count reaches [`PUSHED_BACK_POISON_DEQUEUES`].
+/// it is not poisoned for it until its dequeue count reaches `PUSHED_BACK_POISON_DEQUEUES`.
 #[derive(Debug, thiserror::Error)]
 #[error("{detail}: pushed back{}", match .retry_after {
     RetryAfter::Unspecified => String::new(),
@@ -130,7 +130,7 @@ pub struct PushedBack {
 
 /// A pushed-back message is poisoned only once it has been dequeued this many times (each
 /// push back is a dequeue), so an app that sheds load for hours loses nothing.
-pub const PUSHED_BACK_POISON_DEQUEUES: u32 = 1_000;
+pub(crate) const PUSHED_BACK_POISON_DEQUEUES: u32 = 1_000;
 
 /// An app's `Retry-After`, as given.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -147,7 +147,7 @@ pub enum RetryAfter {
 
 /// Why a `Retry-After` was not used as given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RetryAfterAdjustment {
+pub(crate) enum RetryAfterAdjustment {
     /// Longer than the queue's `max_retry_delay`: capped.
     Capped,
     /// Not a number of seconds or an HTTP date: the default delay was used.
@@ -172,7 +172,7 @@ impl RetryAfter {
 
     /// The delay before the message is visible again: as asked, within `cap`; `default`
     /// when nothing usable was asked. The adjustment says why it differs from the ask.
-    pub fn delay(&self, now: SystemTime, default: Duration, cap: Duration) -> (Duration, Option<RetryAfterAdjustment>) {
+    pub(crate) fn delay(&self, now: SystemTime, default: Duration, cap: Duration) -> (Duration, Option<RetryAfterAdjustment>) {
         let asked = match self {
             RetryAfter::Unspecified => return (default.min(cap), None),
             RetryAfter::Malformed(_) => return (default.min(cap), Some(RetryAfterAdjustment::Malformed)),
@@ -215,7 +215,7 @@ impl HttpHandler {
 }
 
 /// `url` with its password, if any, replaced by `***`.
-pub fn masked(url: &reqwest::Url) -> String {
+pub(crate) fn masked(url: &reqwest::Url) -> String {
     let mut shown = url.clone();
     if shown.password().is_some() {
         let _ = shown.set_password(Some("***"));

@@ -35,10 +35,10 @@ impl Health {
 
 /// Longest reason kept for a problem, in bytes: storage error texts come from outside (a
 /// proxy's page, a hostile server) and are shown in `/readyz`, `/status` and logs.
-pub const MAX_REASON_BYTES: usize = 512;
+pub(crate) const MAX_REASON_BYTES: usize = 512;
 
 /// `reason` cut to at most [`MAX_REASON_BYTES`] (on a character boundary), marked when cut.
-pub fn truncate_reason(reason: &str) -> String {
+pub(crate) fn truncate_reason(reason: &str) -> String {
     if reason.len() <= MAX_REASON_BYTES {
         return reason.to_string();
     }
@@ -52,14 +52,14 @@ pub fn truncate_reason(reason: &str) -> String {
 /// Text from outside (a rule's error message, its output) made safe to log and show: control
 /// characters escaped (a newline or a terminal escape cannot forge a log line or repaint a
 /// terminal), then cut to [`MAX_REASON_BYTES`].
-pub fn untrusted_text(text: &str) -> String {
+pub(crate) fn untrusted_text(text: &str) -> String {
     truncate_reason(&escaped_text(text))
 }
 
 /// `text` with its control characters escaped, and the invisible ones that reorder or break
 /// what a reader sees (bidirectional overrides and isolates, line and paragraph separators),
 /// uncut: for callers with a bound of their own.
-pub fn escaped_text(text: &str) -> String {
+pub(crate) fn escaped_text(text: &str) -> String {
     let hidden = |c: char| c.is_control() || matches!(c, '\u{200e}' | '\u{200f}' | '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
     text.chars().flat_map(|c| if hidden(c) { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect()
 }
@@ -101,7 +101,7 @@ impl std::fmt::Debug for Readiness {
 pub struct QueueReadiness {
     /// True when no part has a problem.
     pub ready: bool,
-    /// Each part's problem (truncated to [`MAX_REASON_BYTES`]).
+    /// Each part's problem (truncated to `MAX_REASON_BYTES`).
     pub problems: BTreeMap<ReadinessPart, String>,
 }
 

@@ -52,7 +52,12 @@
 //! - [`bus`]: push notifications between hosts (publish from a producer).
 //! - [`status`]: what `GET /status` answers, as types to read it with.
 //! - [`simulate`]: `ebb simulate` as a function; [`keda`]: a client of the KEDA scaler.
-//! - [`config`], [`health`], [`names`]: the parts of a configuration and a host's health.
+//! - [`config`], [`health`], [`names`]: the parts of a configuration and a host's health;
+//!   [`record`]: each queue's arrivals, as `ebb trace export` reads them; [`api`]: the HTTP
+//!   API's routes that need a token.
+//! - [`run_command_line`]: the `ebb` command; nothing else of the command line is public.
+//!
+//! Items that only the crate itself uses are `pub(crate)`.
 //!
 //! # The house, bottom to top
 //! Dependencies point one way, down this list; a module imports only from modules above
@@ -74,11 +79,13 @@
 //!    client stack and handle, its listeners, the rules, the bus, readiness.
 //! 6. **Front ends**: `http` (the API), `scaler` (KEDA's external scaler).
 //! 7. **Commands**: `host` (a running host: ports bound first, then the work),
-//!    [`cli`], `demo`, [`simulate`], `bench` (`ebb bench`: ebb against baselines).
+//!    `cli` (through [`run_command_line`]), `demo`, [`simulate`], `bench` (`ebb bench`: ebb against baselines).
+
+#![warn(missing_docs)]
 
 mod bench;
 pub mod bus;
-pub mod cli;
+mod cli;
 pub mod config;
 mod cost;
 mod defaults;
@@ -110,16 +117,23 @@ pub use host::Host;
 pub use service::packing::{ItemId, ItemsError, ItemsSent};
 pub use service::{QueueHandle, Role};
 
-/// Who calls the HTTP API: the caller a token resolves to, and the routes that need a token.
+/// The `ebb` command, as the binary runs it: parses the process's arguments (exiting with
+/// clap's usage on a bad one), runs the command, and on failure prints the error with its
+/// causes and returns code 1.
+pub fn run_command_line() -> std::process::ExitCode {
+    cli::main(cli::Cli::from_env())
+}
+
+/// The HTTP API's routes that need a token.
 pub mod api {
-    pub use crate::http::{ANONYMOUS, Caller, authenticated_route_table};
+    pub use crate::http::authenticated_route_table;
 }
 
 /// KEDA's external scaler protocol (`externalscaler.proto`), as a client: what KEDA calls
 /// on `ebb scaler` (or on a host with `[scaler] listen`), for tests and tools.
 pub mod keda {
     pub use crate::scaler::{
-        ExternalScalerClient, GetMetricSpecResponse, GetMetricsRequest, GetMetricsResponse, IsActiveResponse, MAX_CONNECTIONS, MAX_STREAMS, METRIC_CACHE,
-        MetricSpec, MetricValue, ScaledObjectRef,
+        ExternalScalerClient, GetMetricSpecResponse, GetMetricsRequest, GetMetricsResponse, IsActiveResponse, MAX_CONNECTIONS, MAX_STREAMS, MetricSpec,
+        MetricValue, ScaledObjectRef,
     };
 }

@@ -1,3 +1,3 @@
 fn main() -> std::process::ExitCode {
-    ebb::cli::main(ebb::cli::Cli::from_env())
+    ebb::run_command_line()
 }

@@ -20,7 +20,7 @@ const MAX_STORAGE_NAME_LEN: usize = 63;
 
 /// Most partitions of one logical queue: `-63`, the longest suffix, keeps a partition's
 /// name within Azure's 63 characters.
-pub const MAX_PARTITIONS: u32 = 64;
+pub(crate) const MAX_PARTITIONS: u32 = 64;
 
 /// The suffix of a queue's KEDA rule slot.
 const SCALER_SLOT_SUFFIX: &str = "/instances";
@@ -121,7 +121,7 @@ impl QueueName {
     /// Its partition `index`, `<name>-<index>`.
     ///
     /// # Panics
-    /// At an `index` of [`MAX_PARTITIONS`] or more (the configuration's `partitions` is checked
+    /// At an `index` of `MAX_PARTITIONS` or more (the configuration's `partitions` is checked
     /// against it), whose name could be too long.
     pub fn partition(&self, index: u32) -> PartitionName {
         assert!(index < MAX_PARTITIONS, "partition {index} of queue {}: at most {MAX_PARTITIONS} partitions", self.0);

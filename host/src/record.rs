@@ -32,18 +32,18 @@ use crate::log_limit::LogLimiter;
 use crate::queue::Clock;
 
 /// The recordings' folder in the data directory.
-pub const DIR: &str = "recordings";
+pub(crate) const DIR: &str = "recordings";
 /// The smallest `record_max_bytes`: a day of a line every second is about 2 MiB.
-pub const MIN_MAX_BYTES: u64 = 64 << 10;
+pub(crate) const MIN_MAX_BYTES: u64 = 64 << 10;
 /// The largest `record_max_bytes`.
-pub const MAX_MAX_BYTES: u64 = 1 << 30;
+pub(crate) const MAX_MAX_BYTES: u64 = 1 << 30;
 /// The first line of every recording file: what the columns are, and the format's version.
 const HEADER: &str = "# ebb arrivals v1: unix_second,puts,first_seen,notifications";
 /// Seconds in the ring: a flush that is late by less than this loses nothing, and one
 /// later still only moves the late seconds to the spill list.
 const RING: usize = 8;
 /// How often the finished seconds are written.
-pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
 /// What was seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -188,7 +188,7 @@ struct Files {
 }
 
 /// The current and the old file of `queue` in `data_dir`.
-pub fn files_of(data_dir: &Path, queue: &str) -> [PathBuf; 2] {
+pub(crate) fn files_of(data_dir: &Path, queue: &str) -> [PathBuf; 2] {
     let dir = data_dir.join(DIR);
     [dir.join(format!("{queue}.old.csv")), dir.join(format!("{queue}.csv"))]
 }
@@ -357,7 +357,7 @@ impl Recorder {
         }
     }
 
-    /// Writes the finished seconds every [`FLUSH_EVERY`] on tokio's blocking pool (a slow
+    /// Writes the finished seconds every `FLUSH_EVERY` on tokio's blocking pool (a slow
     /// disk holds no worker thread), until `stop`; then writes what is left.
     pub fn spawn(self: Arc<Self>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
@@ -512,12 +512,12 @@ pub fn arrivals(buckets: &[Bucket]) -> Vec<(u64, u64)> {
 /// Most lines a second becomes in a trace: its arrivals spread evenly over the second (the
 /// simulator puts a line's messages at one instant; real traffic spreads them), within
 /// the simulator's limit of lines for a day.
-pub const LINES_PER_SECOND: u64 = 10;
+pub(crate) const LINES_PER_SECOND: u64 = 10;
 
 /// The trace (`seconds,count` per line, seconds from `from_second`) of `arrivals`, each
 /// second's spread over up to `lines_per_second` lines; at most `max_count_per_line` in a
 /// line.
-pub fn trace_text(arrivals: &[(u64, u64)], from_second: u64, lines_per_second: u64, max_count_per_line: u64) -> String {
+pub(crate) fn trace_text(arrivals: &[(u64, u64)], from_second: u64, lines_per_second: u64, max_count_per_line: u64) -> String {
     let mut text = String::new();
     for &(second, count) in arrivals {
         let offset = second.saturating_sub(from_second);
@@ -537,10 +537,10 @@ pub fn trace_text(arrivals: &[(u64, u64)], from_second: u64, lines_per_second: u
 }
 
 /// `ebb trace export`'s reading of `--since`: at most this far back.
-pub const MAX_SINCE: Duration = Duration::from_secs(31 * 24 * 3600);
+pub(crate) const MAX_SINCE: Duration = Duration::from_secs(31 * 24 * 3600);
 
 /// Refuses a `--since` outside 1 s to [`MAX_SINCE`].
-pub fn check_since(since: Duration) -> Result<Duration> {
+pub(crate) fn check_since(since: Duration) -> Result<Duration> {
     if since < Duration::from_secs(1) || since > MAX_SINCE {
         bail!("--since: {} is outside 1s to {} (the longest trace the simulator takes)", crate::durations::show(since), crate::durations::show(MAX_SINCE));
     }
@@ -560,7 +560,7 @@ pub struct TraceLimits {
 
 /// Reads what `data_dir` recorded for `queue` over the last `since` before `now_ms`, and
 /// gives the trace and how many messages it holds: each second spread over up to
-/// [`LINES_PER_SECOND`] lines, or a line per second when that would be more lines than
+/// `LINES_PER_SECOND` lines, or a line per second when that would be more lines than
 /// the simulator takes. More messages or busy seconds than it takes is an error saying so.
 pub fn export(data_dir: &Path, queue: &str, since: Duration, now_ms: u64, limits: TraceLimits) -> Result<Export> {
     check_since(since)?;

@@ -10,7 +10,7 @@
 //!
 //! The wire format, for any publisher: on channel `<channel_prefix><queue>` (default
 //! `ebb:queue:<queue>`), a JSON object `{"queue": "<queue>", "count": <messages, optional>, "delay_ms": <hidden for, optional>}`
-//! of at most [`MAX_PAYLOAD_BYTES`].
+//! of at most `MAX_PAYLOAD_BYTES`.
 
 pub mod redis;
 
@@ -29,7 +29,7 @@ use tracing::Instrument as _;
 use crate::log_limit::LogLimiter;
 
 /// Largest notification payload read; longer ones are ignored and counted.
-pub const MAX_PAYLOAD_BYTES: usize = 4096;
+pub(crate) const MAX_PAYLOAD_BYTES: usize = 4096;
 /// Notifications waiting to be published; beyond this they are dropped (and counted).
 const PUBLISH_BACKLOG: usize = 1024;
 /// How long one publish or connection attempt may take.
@@ -50,14 +50,14 @@ pub struct Trigger {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
     /// They were put hidden for this long (a delayed send), in milliseconds, at most
-    /// [`MAX_TRIGGER_DELAY_MS`]: a receiver wakes its queue when they become visible, so a
+    /// `MAX_TRIGGER_DELAY_MS`: a receiver wakes its queue when they become visible, so a
     /// delayed message does not wait for the safety poll if its sender stops first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay_ms: Option<u64>,
 }
 
 /// The longest delay a trigger may carry: the longest hidden send (7 days, Azure's limit).
-pub const MAX_TRIGGER_DELAY_MS: u64 = 7 * 24 * 3600 * 1000;
+pub(crate) const MAX_TRIGGER_DELAY_MS: u64 = 7 * 24 * 3600 * 1000;
 
 /// A publish/subscribe engine (Redis today; NATS or Service Bus would be another impl).
 #[async_trait]
@@ -107,9 +107,9 @@ struct Counters {
 }
 
 /// Called with a queue's trigger as it arrives.
-pub type Deliver = Arc<dyn Fn(&Trigger) + Send + Sync>;
+pub(crate) type Deliver = Arc<dyn Fn(&Trigger) + Send + Sync>;
 /// Called when push becomes available (subscribed) or unavailable (lost).
-pub type Availability = Arc<dyn Fn(bool) + Send + Sync>;
+pub(crate) type Availability = Arc<dyn Fn(bool) + Send + Sync>;
 
 /// A running bus: a subscriber for this host's queues and a publisher.
 pub struct Bus {
@@ -180,7 +180,7 @@ impl Drop for Bus {
 }
 
 /// Publishes one trigger right away (for `ebb send` without a running host), bounded.
-pub async fn publish_once(engine: &dyn PubSub, prefix: &str, trigger: &Trigger) -> anyhow::Result<()> {
+pub(crate) async fn publish_once(engine: &dyn PubSub, prefix: &str, trigger: &Trigger) -> anyhow::Result<()> {
     let payload = serde_json::to_vec(trigger)?;
     match tokio::time::timeout(ATTEMPT_TIMEOUT, engine.publish(&format!("{prefix}{}", trigger.queue), &payload)).await {
         Ok(result) => result,

@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 /// ebb: queue workers whose scaling decisions are hot-swapped WebAssembly rules.
 #[derive(Debug, Parser)]
 #[command(name = "ebb", version, about)]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -142,7 +142,7 @@ enum Command {
 
 /// `ebb queue …`.
 #[derive(Debug, Subcommand)]
-pub enum QueueCommand {
+pub(crate) enum QueueCommand {
     /// Pause a queue: no get is made; calls that run finish and are settled.
     Pause {
         /// The queue.
@@ -171,7 +171,7 @@ pub enum QueueCommand {
 
 /// `ebb poison …`.
 #[derive(Debug, Subcommand)]
-pub enum PoisonCommand {
+pub(crate) enum PoisonCommand {
     /// List a queue's poison messages, oldest first: id, when, reason, dequeue count, a preview.
     List {
         /// The queue (not its poison queue).
@@ -227,7 +227,7 @@ fn parse_pause_duration(text: &str) -> Result<std::time::Duration, String> {
 impl Cli {
     /// Parses the process's command line, as [`Parser::parse`] does, and keeps what depends on
     /// where arguments stand (which `--rule` of `ebb simulate` each `--param` follows).
-    pub fn from_env() -> Cli {
+    pub(crate) fn from_env() -> Cli {
         use clap::{CommandFactory, FromArgMatches};
         let matches = Cli::command().get_matches();
         let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
@@ -245,7 +245,7 @@ const MAX_SEND_COUNT: u64 = 1_000_000;
 const RULE_AUTHOR_LOG: &str = "warn,ebb::rules::stderr=info";
 
 /// Runs the command line; errors are printed with their causes and exit with code 1.
-pub fn main(cli: Cli) -> ExitCode {
+pub(crate) fn main(cli: Cli) -> ExitCode {
     // Not for `send` either: hyper writes a request body with `writev`, which raises SIGPIPE
     // (no MSG_NOSIGNAL there) when the host answers early (413, 503) and closes: the command
     // must see the answer, not die mid-send.

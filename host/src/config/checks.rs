@@ -6,31 +6,31 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 
 /// Largest `max_message_bytes`: 1 MiB, the largest request body the API accepts.
-pub const MAX_MESSAGE_BYTES_LIMIT: usize = 1 << 20;
+pub(crate) const MAX_MESSAGE_BYTES_LIMIT: usize = 1 << 20;
 /// Smallest `max_message_bytes`: room for an envelope of one small item, and for an
 /// offloaded message's reference (a smaller limit took the body into the claim store and
 /// then refused the reference, naming its size as if it were the body's).
 pub const MIN_MESSAGE_BYTES_LIMIT: usize = 256;
 /// Longest polling interval, scale interval, drain, handler or API timeout.
-pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_INTERVAL: Duration = Duration::from_secs(3600);
 /// Longest `max_pickup_delay`: a notified message should not wait longer for its get.
 pub const MAX_PICKUP_DELAY: Duration = Duration::from_secs(10);
 /// Longest rule call deadline: a decision is meant to take microseconds.
-pub const MAX_CALL_DEADLINE: Duration = Duration::from_secs(1);
+pub(crate) const MAX_CALL_DEADLINE: Duration = Duration::from_secs(1);
 /// Most linear memory per rule instance, in MiB.
-pub const MAX_MEMORY_MIB: usize = 4096;
+pub(crate) const MAX_MEMORY_MIB: usize = 4096;
 /// Largest compiled-rule cache, in MiB (64 GiB).
-pub const MAX_CACHE_MIB: u64 = 65536;
+pub(crate) const MAX_CACHE_MIB: u64 = 65536;
 /// Most API connections at once (each holds a file descriptor; the handler calls need theirs).
-pub const MAX_API_CONNECTIONS: usize = 16384;
+pub(crate) const MAX_API_CONNECTIONS: usize = 16384;
 /// Longest safety poll interval (push mode).
-pub const MAX_SAFETY_POLL: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MAX_SAFETY_POLL: Duration = Duration::from_secs(24 * 3600);
 /// Highest price per 10,000 transactions, in US dollars (today's prices are cents).
-pub const MAX_PRICE_PER_10K: f64 = 100.0;
+pub(crate) const MAX_PRICE_PER_10K: f64 = 100.0;
 /// Most instances the scaler's metric asks for.
-pub const MAX_INSTANCES: u32 = 10_000;
+pub(crate) const MAX_INSTANCES: u32 = 10_000;
 /// Most dequeue tasks per queue (each holds up to `batch_size` messages in flight).
-pub const MAX_TASKS: u32 = 1024;
+pub(crate) const MAX_TASKS: u32 = 1024;
 /// Most handler calls at once one queue may allow (`max_concurrent_calls`).
 pub const MAX_CONCURRENT_CALLS: u32 = 10_000;
 pub use crate::names::MAX_QUEUE_NAME_LEN;
@@ -118,7 +118,7 @@ pub(super) fn check_folder(key: &str, given: &Path, path: &Path) -> Result<()> {
 
 /// Longest API or scaler token, in bytes: far beyond any secret's need, far below what a
 /// request header may carry.
-pub const MAX_TOKEN_BYTES: usize = 4096;
+pub(crate) const MAX_TOKEN_BYTES: usize = 4096;
 
 /// Refuses a token over [`MAX_TOKEN_BYTES`], naming `key` and its length (never the token).
 fn check_token_length(key: &str, token: &str) -> Result<()> {

@@ -37,26 +37,25 @@ use crate::rules::{QueueRuleConfig, RuleLimits};
 
 pub use backend::Backend;
 pub use bus::BusConfig;
-pub use checks::{
-    MAX_API_CONNECTIONS, MAX_CACHE_MIB, MAX_CALL_DEADLINE, MAX_CONCURRENT_CALLS, MAX_INSTANCES, MAX_INTERVAL, MAX_MEMORY_MIB, MAX_MESSAGE_BYTES_LIMIT,
-    MAX_PACK_LINGER, MAX_PRICE_PER_10K, MAX_QUEUE_NAME_LEN, MAX_SAFETY_POLL, MAX_TASKS, MAX_TOKEN_BYTES,
-};
+pub use checks::{MAX_CONCURRENT_CALLS, MAX_PACK_LINGER, MAX_QUEUE_NAME_LEN};
+pub(crate) use checks::{MAX_INTERVAL, MAX_PRICE_PER_10K, MAX_SAFETY_POLL, MAX_TASKS};
 use file::ConfigFile;
 pub use settings::{ApiLimits, ApiRole, ApiToken, ScalerSettings};
-pub use validate::{DEFAULT_TOKEN_NAME, MAX_TOKEN_NAME_LEN};
+
+pub(crate) use validate::DEFAULT_TOKEN_NAME;
 
 /// Environment variable that supplies the API token. For `ebb run`, `ebb scaler` and
 /// `ebb check` it is the host's admin token `default` (overriding `api.token`); for the
 /// commands that call a running host (`ebb status`, `send`, `queue`, `poison`) it is the token
 /// they send, as it is: any token the host knows, a named one included.
-pub const TOKEN_ENV: &str = "EBB_API_TOKEN";
+pub(crate) const TOKEN_ENV: &str = "EBB_API_TOKEN";
 
 /// Environment variable naming the configured token the client commands send (as
 /// `--token-name` does): `default` or a `[[api.tokens]]` name.
-pub const TOKEN_NAME_ENV: &str = "EBB_TOKEN_NAME";
+pub(crate) const TOKEN_NAME_ENV: &str = "EBB_TOKEN_NAME";
 
 /// Environment variable that supplies the scaler token (overrides `scaler.token`).
-pub const SCALER_TOKEN_ENV: &str = "EBB_SCALER_TOKEN";
+pub(crate) const SCALER_TOKEN_ENV: &str = "EBB_SCALER_TOKEN";
 
 /// A validated configuration, ready to run.
 #[derive(Debug, Clone)]

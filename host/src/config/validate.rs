@@ -274,12 +274,12 @@ impl super::file::ApiFile {
 }
 
 /// The name `api.token` (or `EBB_API_TOKEN`) goes by.
-pub const DEFAULT_TOKEN_NAME: &str = "default";
+pub(crate) const DEFAULT_TOKEN_NAME: &str = "default";
 /// Names that mean someone else in the audit log: no token (`anonymous`), `ebb queue` with no
 /// host (`cli`), and the name of `api.token`.
 const RESERVED_TOKEN_NAMES: [&str; 3] = [DEFAULT_TOKEN_NAME, "anonymous", "cli"];
 /// Longest token name.
-pub const MAX_TOKEN_NAME_LEN: usize = 64;
+pub(crate) const MAX_TOKEN_NAME_LEN: usize = 64;
 
 /// Every API token: `default` (the admin token of `api.token` / `EBB_API_TOKEN`, already
 /// checked) first, then `[[api.tokens]]` in order, their variables read through `env`. Names

@@ -18,11 +18,11 @@ use super::errors::error;
 use crate::config::{ApiRole, ApiToken};
 
 /// The name of the caller when no token is configured (the API then listens on loopback only).
-pub const ANONYMOUS: &str = "anonymous";
+pub(crate) const ANONYMOUS: &str = "anonymous";
 
 /// Who made a request, in its extensions once the token is checked (`GET /whoami` answers it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Caller {
+pub(crate) struct Caller {
     /// The token's name (`default` for `api.token`), or `anonymous` without tokens.
     pub name: String,
     /// What it may do.

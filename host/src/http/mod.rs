@@ -37,7 +37,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub(crate) use auth::token_matches;
-pub use auth::{ANONYMOUS, Caller};
+pub(crate) use auth::{ANONYMOUS, Caller};
 pub use routes::authenticated_route_table;
 pub(crate) use routes::parse_items;
 #[cfg(test)]

@@ -13,7 +13,9 @@ use super::{Listener, Shared};
 /// since the Unix epoch, by the listener's clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pause {
+    /// When the pause began.
     pub since_ms: u64,
+    /// When it ends by itself; `None`: it holds until the queue is resumed.
     pub until_ms: Option<u64>,
 }
 

@@ -51,7 +51,7 @@ pub enum EnvelopeError {
         /// The flags field.
         flags: u16,
     },
-    /// An offloaded message ([`FLAG_MESSAGE`](super::wire::FLAG_MESSAGE)) that is not one claim check.
+    /// An offloaded message (`FLAG_MESSAGE`) that is not one claim check.
     #[error("an offloaded message (flag 0x0001) must be one claim check, got {count} item(s) or an inline body")]
     BadMessage {
         /// Its item count.

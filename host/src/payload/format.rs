@@ -61,7 +61,7 @@ pub struct Envelope {
     pub codec: Codec,
     /// Its items, in the order they were packed.
     pub items: Vec<Item>,
-    /// One plain message, offloaded ([`FLAG_MESSAGE`]): its only item is a claim check,
+    /// One plain message, offloaded (`FLAG_MESSAGE`): its only item is a claim check,
     /// delivered as the message it was sent as.
     pub message: bool,
 }
@@ -160,7 +160,7 @@ pub fn encode(items: &[Item], codec: Codec) -> anyhow::Result<Vec<u8>> {
 }
 
 /// The envelope of one plain message whose body was offloaded to `check` (see
-/// [`FLAG_MESSAGE`]); a few hundred bytes, whatever the body's size.
+/// `FLAG_MESSAGE`); a few hundred bytes, whatever the body's size.
 pub fn encode_message(check: ClaimCheck) -> anyhow::Result<Vec<u8>> {
     let mut section = Vec::new();
     write_record(&Item::claim_check(check), &mut section)?;
@@ -179,7 +179,7 @@ fn u32_at(bytes: &[u8], at: usize) -> u32 {
 }
 
 /// A message's items if it is an envelope; [`Decoded::NotAnEnvelope`] if it does not
-/// start with [`MAGIC`]; the reason if it starts like one but is not one `limits` accept.
+/// start with `MAGIC`; the reason if it starts like one but is not one `limits` accept.
 ///
 /// Never panics. Allocates at most `limits.max_decoded_bytes` (plus one byte) for the
 /// section and one [`Item`] per declared item, both checked against `limits` first.

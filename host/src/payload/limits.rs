@@ -4,10 +4,10 @@ use super::item::{AzureContainer, BlobRef};
 
 /// [`Limits::max_items`] by default: 10,000 items of a few bytes each still fit one
 /// compressed Azure message; far more would only be an attack on the consumer.
-pub const DEFAULT_MAX_ITEMS: u32 = 10_000;
+pub(crate) const DEFAULT_MAX_ITEMS: u32 = 10_000;
 /// [`Limits::max_decoded_bytes`] by default: 4 MiB, about 85 times an Azure envelope, more
 /// than JSON compresses (5 to 20 times, `docs/reference/envelope.md`).
-pub const DEFAULT_MAX_DECODED_BYTES: usize = 4 << 20;
+pub(crate) const DEFAULT_MAX_DECODED_BYTES: usize = 4 << 20;
 /// [`Limits::max_claim_check_bytes`] by default: 100 MiB (issue 20's limit per body).
 pub const DEFAULT_MAX_CLAIM_CHECK_BYTES: u64 = 100 << 20;
 

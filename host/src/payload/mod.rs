@@ -7,7 +7,7 @@
 //!
 //! - [`encode`] and [`decode`]: the versioned binary format, byte by byte in
 //!   `docs/reference/envelope.md` (readable without ebb: `tests/azure-sdk/unpack.py`). A message that
-//!   does not start with [`MAGIC`] is [`Decoded::NotAnEnvelope`] and is delivered as it is,
+//!   does not start with `MAGIC` is [`Decoded::NotAnEnvelope`] and is delivered as it is,
 //!   so old producers keep working. Hostile input is an [`EnvelopeError`] with its reason,
 //!   bounded by [`Limits`] before anything is allocated.
 //! - [`Packer`]: items into as few envelopes as fit a backend's message limit, compressed
@@ -15,7 +15,7 @@
 //!   `docs/reference/envelope.md`); an item too large for any envelope is handed back to
 //!   be offloaded (a [`ClaimCheck`]). [`Packer::repack_failed`] puts the items that failed
 //!   back into a new envelope, each counted one more attempt.
-//! - [`to_text`] and [`decode_text`]: an envelope as base64 text, for an Azure queue whose
+//! - [`to_text`] and `decode_text`: an envelope as base64 text, for an Azure queue whose
 //!   messages are plain text (`encoding = "none"`). An Azure queue with the default
 //!   `encoding = "base64"` already writes any bytes as base64, so the envelope goes as it is.
 //!
@@ -46,11 +46,16 @@ pub use codec::Codec;
 pub use error::EnvelopeError;
 pub use format::{Decoded, Envelope, decode, encode, encode_message};
 pub use item::{AzureContainer, BlobRef, Body, ClaimCheck, Item, Origin};
-pub use limits::{AllowedReferences, DEFAULT_MAX_CLAIM_CHECK_BYTES, DEFAULT_MAX_DECODED_BYTES, DEFAULT_MAX_ITEMS, Limits};
-pub use pack::{MIN_ENVELOPE_BYTES, Packed, PackedEnvelope, Packer};
+
+pub(crate) use limits::DEFAULT_MAX_ITEMS;
+pub use limits::{AllowedReferences, DEFAULT_MAX_CLAIM_CHECK_BYTES, Limits};
+pub(crate) use pack::MIN_ENVELOPE_BYTES;
+pub use pack::{Packed, PackedEnvelope, Packer};
 pub use settings::{Delivery, PayloadSettings};
-pub use text::{decode_text, to_text};
-pub use wire::{ENVELOPE_OVERHEAD_BYTES, FLAG_MESSAGE, FORMAT_VERSION, MAGIC, MIN_ITEM_BYTES};
+pub(crate) use text::decode_text;
+pub use text::to_text;
+pub(crate) use wire::MAGIC;
+pub use wire::{ENVELOPE_OVERHEAD_BYTES, MIN_ITEM_BYTES};
 
 /// The largest envelope an Azure queue carries, in bytes: 64 KiB of message text holds
 /// 49,152 bytes once base64-encoded, whether the queue's backend encodes them

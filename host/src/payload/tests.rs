@@ -3,6 +3,7 @@
 use bytes::Bytes;
 
 use super::format::layout;
+use super::wire::{FLAG_MESSAGE, FORMAT_VERSION};
 use super::*;
 
 fn azure_blob(container: &str, blob: &str) -> BlobRef {

@@ -5,13 +5,13 @@
 /// (JSON, XML, plain words) begins with it; `EBB` names the format; CR LF, Ctrl-Z and LF
 /// (PNG's trick) show at once a transfer that rewrote line endings or stopped at an
 /// end-of-file character.
-pub const MAGIC: [u8; 8] = [0xC1, b'E', b'B', b'B', b'\r', b'\n', 0x1A, b'\n'];
+pub(crate) const MAGIC: [u8; 8] = [0xC1, b'E', b'B', b'B', b'\r', b'\n', 0x1A, b'\n'];
 /// The version this ebb writes and reads.
-pub const FORMAT_VERSION: u8 = 1;
+pub(crate) const FORMAT_VERSION: u8 = 1;
 /// The header's length.
 pub(super) const HEADER_BYTES: usize = 24;
 /// Flag bit 0: the envelope carries one plain message's body, offloaded (one claim check).
-pub const FLAG_MESSAGE: u16 = 1;
+pub(crate) const FLAG_MESSAGE: u16 = 1;
 /// The CRC32 after the section.
 pub(super) const TRAILER_BYTES: usize = 4;
 /// Header and trailer: an envelope's bytes besides its item section.

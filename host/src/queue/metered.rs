@@ -257,7 +257,7 @@ impl Transactions {
     }
 
     /// All and idle transactions per hour over the last [`RATE_WINDOW`].
-    pub fn rates(&self) -> TransactionRates {
+    pub(crate) fn rates(&self) -> TransactionRates {
         self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner).rates()
     }
 

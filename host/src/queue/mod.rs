@@ -30,10 +30,11 @@ pub use clock::{Clock, SystemClock, TokioClock};
 pub use failure::FailureClass;
 pub(crate) use failure::{CallKind, classified};
 pub use metered::{Metered, TransactionCounts, TransactionRates, Transactions, UnansweredCounts};
+
 pub use retrying::{RetryPolicy, Retrying};
 
 /// Azure's limit on a get: at most 32 messages.
-pub const MAX_BATCH: u32 = 32;
+pub(crate) const MAX_BATCH: u32 = 32;
 
 /// Azure's limit on a visibility timeout or an initial delay: 7 days. Backends saturate
 /// longer values to it; the API and the config reject them with the reason.
@@ -160,7 +161,7 @@ pub enum QueueError {
     /// stores text): the sender's to fix, never worth retrying.
     #[error("the body cannot be stored in this queue: {0}")]
     InvalidBody(String),
-    /// A get asked for more than [`MAX_BATCH`] messages (or none).
+    /// A get asked for more than `MAX_BATCH` messages (or none).
     #[error("a get takes 1 to {MAX_BATCH} messages, not {0}")]
     BadBatchSize(u32),
 }

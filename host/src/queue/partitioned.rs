@@ -12,7 +12,7 @@ use async_trait::async_trait;
 
 use super::{Message, MessageId, PopReceipt, QueueClient, QueueError};
 
-pub use crate::names::MAX_PARTITIONS;
+pub(crate) use crate::names::MAX_PARTITIONS;
 
 /// A logical queue over partitions.
 pub struct Partitioned {
@@ -50,7 +50,7 @@ impl Partitioned {
 
 /// The logical queue's id of message `id` of partition `index`: what a producer's send
 /// answered.
-pub fn tagged(index: usize, id: &MessageId) -> MessageId {
+pub(crate) fn tagged(index: usize, id: &MessageId) -> MessageId {
     MessageId::from(format!("{index}:{id}"))
 }
 

@@ -46,14 +46,14 @@ pub(super) mod v0_1 {
 }
 
 /// The interface a rule component must export (`@<version>` follows).
-pub const CONTRACT_INTERFACE: &str = "ebb:rules/decisions";
+pub(crate) const CONTRACT_INTERFACE: &str = "ebb:rules/decisions";
 /// The newest contract version this host speaks: what the SDK and the examples build.
-pub const CONTRACT_VERSION: &str = "0.4.0";
+pub(crate) const CONTRACT_VERSION: &str = "0.4.0";
 /// Every contract version this host loads, newest first.
-pub const CONTRACT_VERSIONS: &[&str] = &["0.4.0", "0.3.0", "0.2.0", "0.1.0"];
+pub(crate) const CONTRACT_VERSIONS: &[&str] = &["0.4.0", "0.3.0", "0.2.0", "0.1.0"];
 /// The optional interface of failure decisions (`@0.4.0` follows): a rule that exports it
 /// (world `failure-aware-rule`) decides what happens to failed messages.
-pub const FAILURES_INTERFACE: &str = "ebb:rules/failures@0.4.0";
+pub(crate) const FAILURES_INTERFACE: &str = "ebb:rules/failures@0.4.0";
 
 /// A contract version the host serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

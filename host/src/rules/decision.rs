@@ -34,12 +34,12 @@ pub struct Decision<T> {
 
 /// The built-in (paper's) `GetOptimalDequeueTaskCount`, clamped to the queue's bounds: what
 /// decides when a queue has no rule, or when no rule call could be made.
-pub fn built_in_task_count(state: &QueueState, source: DecisionSource) -> Decision<u32> {
+pub(crate) fn built_in_task_count(state: &QueueState, source: DecisionSource) -> Decision<u32> {
     clamp_task_count(paper::optimal_dequeue_task_count(state), source, state)
 }
 
 /// The built-in (paper's) `QueueEmpty`, clamped to the queue's polling intervals.
-pub fn built_in_queue_empty(ctx: &IdleContext, source: DecisionSource) -> Decision<IdleDecision> {
+pub(crate) fn built_in_queue_empty(ctx: &IdleContext, source: DecisionSource) -> Decision<IdleDecision> {
     clamp_idle(paper::on_queue_empty(ctx), source, ctx)
 }
 
@@ -75,7 +75,7 @@ pub fn native_failure(rule: &dyn NativeRule, ctx: &FailureContext) -> Option<Dec
 /// `[0, min(ctx.max_retry_delay_ms, the backends' longest visibility of 7 days)]`; a poison
 /// reason cut to [`MAX_FAILURE_TEXT_BYTES`] (at a character boundary), its control characters
 /// escaped, and an empty one named. Each counts as a clamp.
-pub fn clamp_failure(raw: FailureDecision, source: DecisionSource, ctx: &FailureContext) -> Decision<FailureDecision> {
+pub(crate) fn clamp_failure(raw: FailureDecision, source: DecisionSource, ctx: &FailureContext) -> Decision<FailureDecision> {
     match raw {
         FailureDecision::Retry(delay_ms) => {
             let most = ctx.max_retry_delay_ms.min(crate::queue::MAX_VISIBILITY.as_millis() as u64);
@@ -106,17 +106,17 @@ pub(crate) fn cut(text: &str, max: usize) -> &str {
 }
 
 /// A native rule's task count, clamped to the queue's bounds.
-pub fn native_task_count(rule: &dyn NativeRule, state: &QueueState) -> Decision<u32> {
+pub(crate) fn native_task_count(rule: &dyn NativeRule, state: &QueueState) -> Decision<u32> {
     clamp_task_count(rule.optimal_dequeue_task_count(state), DecisionSource::Rule, state)
 }
 
 /// A native rule's `QueueEmpty`, clamped to the queue's polling intervals.
-pub fn native_queue_empty(rule: &dyn NativeRule, ctx: &IdleContext) -> Decision<IdleDecision> {
+pub(crate) fn native_queue_empty(rule: &dyn NativeRule, ctx: &IdleContext) -> Decision<IdleDecision> {
     clamp_idle(rule.on_queue_empty(ctx), DecisionSource::Rule, ctx)
 }
 
 /// A native rule's concurrency decision, clamped to `[1, max_limit]`.
-pub fn native_concurrency(rule: &dyn NativeRule, state: &HandlerState) -> Option<Decision<u32>> {
+pub(crate) fn native_concurrency(rule: &dyn NativeRule, state: &HandlerState) -> Option<Decision<u32>> {
     rule.max_concurrent_calls(state).map(|raw| clamp_concurrency(raw, DecisionSource::Rule, state))
 }
 

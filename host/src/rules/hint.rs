@@ -7,7 +7,7 @@
 pub(crate) type Export<'a> = Option<&'a str>;
 
 /// The line a hint starts with, after the error: `error: …\n  hint: …`.
-pub const HINT_PREFIX: &str = "\n  hint: ";
+pub(crate) const HINT_PREFIX: &str = "\n  hint: ";
 
 /// The next step for an error whose text (the whole chain, what the rule wrote included) is
 /// `text`, raised while loading the rule (`export` is `None`), configuring it

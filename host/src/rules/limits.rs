@@ -77,13 +77,13 @@ impl Default for RuleLimits {
 }
 
 /// The wall-clock backstop is at least this many times the CPU deadline...
-pub const BACKSTOP_FACTOR: u32 = 10;
+pub(crate) const BACKSTOP_FACTOR: u32 = 10;
 /// ...and never shorter than this: a scheduler's delays run to tens of milliseconds on a busy
 /// host, and a thread held off for a second means the host is past scaling well anyway.
-pub const MIN_BACKSTOP: Duration = Duration::from_secs(1);
+pub(crate) const MIN_BACKSTOP: Duration = Duration::from_secs(1);
 
-/// The wall-clock backstop of a CPU-time `deadline`: [`BACKSTOP_FACTOR`] times it, at least
-/// [`MIN_BACKSTOP`].
+/// The wall-clock backstop of a CPU-time `deadline`: `BACKSTOP_FACTOR` times it, at least
+/// `MIN_BACKSTOP`.
 pub fn backstop(deadline: Duration) -> Duration {
     deadline.saturating_mul(BACKSTOP_FACTOR).max(MIN_BACKSTOP)
 }

@@ -45,21 +45,23 @@ mod threads;
 mod ticker;
 mod watcher;
 
-pub use bindings::{CONTRACT_INTERFACE, CONTRACT_VERSION, CONTRACT_VERSIONS, ContractVersion, FAILURES_INTERFACE};
+pub(crate) use bindings::CONTRACT_VERSION;
+pub use bindings::ContractVersion;
 pub use decider::{BuiltInRule, Decider};
-pub use decision::{
-    Decision, DecisionSource, NativeRule, built_in_queue_empty, built_in_task_count, clamp_failure, native_concurrency, native_failure, native_queue_empty,
-    native_task_count,
-};
+pub use decision::{Decision, DecisionSource, NativeRule, native_failure};
+pub(crate) use decision::{built_in_queue_empty, built_in_task_count, clamp_failure, native_concurrency, native_queue_empty, native_task_count};
 pub(crate) use decision::{clamp_concurrency, clamp_idle, clamp_task_count, cut};
 pub use engine::{CompiledRule, RuleEngine};
+
 pub(crate) use file::read_rule_file;
-pub use hint::{HINT_PREFIX, hint};
+pub(crate) use hint::HINT_PREFIX;
+pub use hint::hint;
 pub use instance::RuleInstance;
-pub use limits::{BACKSTOP_FACTOR, MIN_BACKSTOP, RuleLimits, backstop};
+pub use limits::{RuleLimits, backstop};
 pub use set::{QueueRuleConfig, RuleSet};
-pub use shadow::{DecisionKind, Disagreement, SHADOW_CHANNEL_CAPACITY, ShadowCounts, ShadowOutcome, ShadowStatus, Shadowed, TOP_DISAGREEMENTS};
+pub use shadow::{DecisionKind, Disagreement, SHADOW_CHANNEL_CAPACITY, ShadowCounts, ShadowOutcome, ShadowStatus, Shadowed};
 pub use slot::{ConsecutiveFaults, Export, Quarantine, QueueRules, RefusedFile, RuleLoad, RuleState, RuleStatus, RuleSwap};
+
 pub use watcher::{MAX_DEBOUNCE_DELAY, RuleWatcher};
 
 pub use ebb_rules_sdk::{DepthSource, ErrorClass, FailureContext, FailureDecision, HandlerState, IdleContext, IdleDecision, QueueState};

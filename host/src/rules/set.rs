@@ -25,10 +25,11 @@ use super::engine::{CompiledRule, RuleEngine};
 use super::file::read_rule_file;
 use super::lock;
 use super::memory::release_free_memory_after;
-use super::slot::{FAULT_LOG_LINES, FAULT_LOG_WINDOW, FaultRuns, Live, QueueRules, QueueSlot, RefusedFile, RuleGroup, RuleLoad, RuleStatus, panic_message};
+use super::slot::{FAULT_LOG_LINES, FAULT_LOG_WINDOW, FaultRuns, Live, QueueRules, QueueSlot, RefusedFile, RuleGroup, RuleLoad, RuleStatus};
 use super::threads::RuleThreads;
 use crate::log_limit::LogLimiter;
 use crate::names::RuleSlot;
+use crate::panics::panic_message;
 
 /// Which rule a rule slot uses, from the host configuration.
 #[derive(Debug, Clone)]

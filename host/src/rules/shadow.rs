@@ -29,7 +29,7 @@ use crate::log_limit::LogLimiter;
 pub const SHADOW_CHANNEL_CAPACITY: usize = 1024;
 
 /// The largest disagreements a queue keeps for `/status`.
-pub const TOP_DISAGREEMENTS: usize = 10;
+pub(crate) const TOP_DISAGREEMENTS: usize = 10;
 
 /// At most this many "shadow disagrees" INFO lines per queue per [`SHADOW_LOG_WINDOW`].
 const SHADOW_LOG_LINES: u32 = 5;
@@ -165,7 +165,7 @@ pub struct ShadowStatus {
     pub agreement_percent: Option<f64>,
     /// Counts per decision kind (`task_count`, `queue_empty`, `concurrency`, `failure`).
     pub decisions: BTreeMap<String, ShadowCounts>,
-    /// The largest disagreements so far, largest first (at most [`TOP_DISAGREEMENTS`]).
+    /// The largest disagreements so far, largest first (at most `TOP_DISAGREEMENTS`).
     pub top_disagreements: Vec<Disagreement>,
     /// The shadow rule's own slot: its state, faults, quarantine and last error.
     pub rule: Option<RuleStatus>,

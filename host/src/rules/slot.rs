@@ -19,6 +19,7 @@ use super::stderr::OutputLogger;
 use super::threads::RuleThreads;
 use crate::log_limit::LogLimiter;
 use crate::names::RuleSlot;
+use crate::panics::panic_message;
 
 /// A queue's rule, as `/status` reports it (`rule` of each queue). A [`super::Decider`] of
 /// one's own builds it with `..Default::default()`, so that fields added later need no change.
@@ -477,7 +478,7 @@ impl QueueRules {
     }
 
     /// What happens to a message whose handler failed, the delay clamped to
-    /// `[0, ctx.max_retry_delay_ms]` and the reason bounded (see [`clamp_failure`]). `None`
+    /// `[0, ctx.max_retry_delay_ms]` and the reason bounded (see `clamp_failure`). `None`
     /// when no rule that decides failures is in use: nothing was asked, and the queue's
     /// `max_dequeue_count` handling applies as it always did. When the rule cannot answer (it
     /// faulted on this call, counted as a fault of `on-handler-failure` towards quarantine;
@@ -794,8 +795,4 @@ fn load_state(group: &RuleGroup, status: &GroupStatus) -> RuleLoad {
     } else {
         RuleLoad::Failed(status.last_error.clone().unwrap_or_else(|| "its rule was never loaded".into()))
     }
-}
-
-pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_else(|| "(no message)".into())
 }

@@ -11,15 +11,15 @@ use serde::Serialize;
 use super::{RuleReport, Scenario, SimOptions, SimReport};
 
 /// The scenarios of the benchmark, in order.
-pub const SCENARIOS: &[&str] = &["paper-billing", "burst", "trickle", "bursty-day", "idle"];
+pub(crate) const SCENARIOS: &[&str] = &["paper-billing", "burst", "trickle", "bursty-day", "idle"];
 /// Push goal: at most this many times the floor's consumer calls.
-pub const PUSH_RATIO_GOAL: f64 = 1.25;
+pub(crate) const PUSH_RATIO_GOAL: f64 = 1.25;
 /// Push goal: the pickup p99 at most this (and at most the wait budget).
-pub const PUSH_P99_GOAL: Duration = Duration::from_secs(1);
+pub(crate) const PUSH_P99_GOAL: Duration = Duration::from_secs(1);
 /// Idle goal for push: transactions an hour beyond the safety polls.
-pub const IDLE_PUSH_PER_HOUR_GOAL: f64 = 1.0;
+pub(crate) const IDLE_PUSH_PER_HOUR_GOAL: f64 = 1.0;
 /// Idle goal for pull: transactions an hour.
-pub const IDLE_PULL_PER_HOUR_GOAL: f64 = 60.0;
+pub(crate) const IDLE_PULL_PER_HOUR_GOAL: f64 = 60.0;
 
 /// One goal, measured.
 #[derive(Debug, Clone, Serialize)]
@@ -43,7 +43,7 @@ pub struct BenchReport {
     pub wait_budget_ms: u64,
     /// The simulated app's handler time per message.
     pub handler_time: String,
-    /// The queue's `max_concurrent_calls` in every run (see [`scaled_out_calls`]).
+    /// The queue's `max_concurrent_calls` in every run (see `scaled_out_calls`).
     pub max_concurrent_calls: u32,
     /// One run per scenario.
     pub scenarios: Vec<SimReport>,
@@ -51,7 +51,7 @@ pub struct BenchReport {
     pub goals: Vec<Goal>,
 }
 
-/// Runs every scenario of [`SCENARIOS`] with `template`'s rules and settings (its workload
+/// Runs every scenario of `SCENARIOS` with `template`'s rules and settings (its workload
 /// is replaced by each scenario's own, drawn from its seed).
 pub fn run(template: &SimOptions) -> Result<BenchReport> {
     run_scenarios(template, SCENARIOS)
@@ -81,7 +81,7 @@ pub fn run_scenarios(template: &SimOptions, names: &[&str]) -> Result<BenchRepor
 /// listener's (how soon a get fetches a message), and the pickup latency counts the wait for
 /// a free call: at the host's default of 32 calls of 20 ms, a burst of 5,000 waits 3 s for
 /// the app whatever the listener does.
-pub fn scaled_out_calls() -> u32 {
+pub(crate) fn scaled_out_calls() -> u32 {
     let queue = crate::listener::QueueSettings::default();
     queue.max_tasks.saturating_mul(queue.batch_size).clamp(1, crate::config::MAX_CONCURRENT_CALLS)
 }

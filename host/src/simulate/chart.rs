@@ -23,13 +23,13 @@ const COLOURS: [RGBColor; 8] = [
 ];
 
 /// Writes the chart as SVG to `path`.
-pub fn write_svg(report: &SimReport, path: &Path) -> Result<()> {
+pub(crate) fn write_svg(report: &SimReport, path: &Path) -> Result<()> {
     let svg = render_svg(report)?;
     std::fs::write(path, svg).map_err(|e| anyhow!("--chart: cannot write {}: {e}", path.display()))
 }
 
 /// The chart as SVG text.
-pub fn render_svg(report: &SimReport) -> Result<String> {
+pub(crate) fn render_svg(report: &SimReport) -> Result<String> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (1100, 960)).into_drawing_area();

@@ -17,15 +17,15 @@ use super::Arrival;
 /// Messages one get returns at most (the queue services' batch size).
 pub const BATCH: u32 = crate::queue::MAX_BATCH;
 /// The shortest wait budget `--wait-budget` takes.
-pub const MIN_WAIT_BUDGET: Duration = Duration::from_millis(1);
+pub(crate) const MIN_WAIT_BUDGET: Duration = Duration::from_millis(1);
 /// The longest wait budget `--wait-budget` takes.
-pub const MAX_WAIT_BUDGET: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_WAIT_BUDGET: Duration = Duration::from_secs(3600);
 /// The default wait budget.
-pub const DEFAULT_WAIT_BUDGET: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_WAIT_BUDGET: Duration = Duration::from_secs(1);
 
 /// The floor of a run's arrivals.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Floor {
+pub(crate) struct Floor {
     /// The wait budget W.
     pub wait_budget: Duration,
     /// Gets of the greedy schedule.
@@ -51,7 +51,7 @@ impl Floor {
 }
 
 /// Checks a wait budget given on the command line.
-pub fn check_wait_budget(wait_budget: Duration) -> Result<()> {
+pub(crate) fn check_wait_budget(wait_budget: Duration) -> Result<()> {
     if !(MIN_WAIT_BUDGET..=MAX_WAIT_BUDGET).contains(&wait_budget) {
         bail!("--wait-budget: must be 1ms to 1h, got {}", humantime::format_duration(wait_budget));
     }
@@ -64,7 +64,7 @@ pub fn floor(arrivals: &[Arrival], wait_budget: Duration) -> Floor {
 }
 
 /// The floor with gets of at most `batch` messages (at least 1).
-pub fn floor_with_batch(arrivals: &[Arrival], wait_budget: Duration, batch: u32) -> Floor {
+pub(crate) fn floor_with_batch(arrivals: &[Arrival], wait_budget: Duration, batch: u32) -> Floor {
     let batch = batch.max(1);
     let mut schedule = Vec::new();
     // The earliest un-fetched arrival and how many of its messages are still there.

@@ -12,11 +12,11 @@
 //! distribution and records the pickup latency (arrival → handler start).
 
 pub mod bench;
-pub mod chart;
-pub mod floor;
+pub(crate) mod chart;
+pub(crate) mod floor;
 pub mod knee;
-pub mod report;
-pub mod rules;
+pub(crate) mod report;
+pub(crate) mod rules;
 pub mod scenario;
 
 use std::path::PathBuf;
@@ -37,20 +37,21 @@ use crate::queue::{QueueClient, RetryPolicy, TokioClock, TransactionCounts};
 use crate::rules::{QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
 use crate::service::{QueueStack, StackOptions};
 
-pub use floor::Floor;
+pub(crate) use floor::Floor;
 pub use rules::{RuleChoice, RuleFile};
-pub use scenario::{Arrival, DEFAULT_HANDLER_TIME, HandlerTime, Scenario, Workload};
+pub(crate) use scenario::DEFAULT_HANDLER_TIME;
+pub use scenario::{Arrival, HandlerTime, Scenario, Workload};
 
 /// The simulated queue's name.
 pub const QUEUE: &str = "simulated";
 /// The simulated queue's poison queue.
 const POISON_QUEUE: &str = "simulated-poison";
 /// Most listeners `--listeners` takes.
-pub const MAX_LISTENERS: u64 = 1_000_000;
+pub(crate) const MAX_LISTENERS: u64 = 1_000_000;
 /// Most rules in one run.
-pub const MAX_RULES: usize = 16;
+pub(crate) const MAX_RULES: usize = 16;
 /// Points per rule in the chart (and in `--json`'s samples).
-pub const SAMPLES: u32 = 720;
+pub(crate) const SAMPLES: u32 = 720;
 /// How often, in simulated time, a run looks at the real clock (`--max-wall`).
 const WALL_CHECK: Duration = Duration::from_secs(1);
 
@@ -78,7 +79,7 @@ pub struct SimOptions {
     pub safety_poll: Option<Duration>,
     /// The floor's wait budget W: the longest a message may wait for a get.
     pub wait_budget: Duration,
-    /// The app slows down past this many calls at once (see [`scenario::knee_latency`]);
+    /// The app slows down past this many calls at once (see `scenario::knee_latency`);
     /// `None`: its latency does not depend on concurrency.
     pub handler_knee: Option<u32>,
     /// The queue's `max_concurrent_calls`; `None`: the queue's own, as `ebb run` has it (the
@@ -96,7 +97,7 @@ pub struct SimOptions {
 
 impl SimOptions {
     /// Options for `workload` with these rules and the defaults: handler times of
-    /// [`DEFAULT_HANDLER_TIME`], the host's queue defaults, 1 listener, the paper's price,
+    /// `DEFAULT_HANDLER_TIME`, the host's queue defaults, 1 listener, the paper's price,
     /// seed 1.
     pub fn new(workload: Workload, rules: Vec<RuleChoice>) -> SimOptions {
         SimOptions {
@@ -280,7 +281,7 @@ pub struct SimReport {
     pub rules: Vec<RuleReport>,
     /// The floor's schedule, for the chart.
     #[serde(skip)]
-    pub floor: Floor,
+    pub(crate) floor: Floor,
 }
 
 /// Runs every rule over the workload, one after the other.

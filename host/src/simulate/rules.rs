@@ -10,7 +10,7 @@ use crate::listener::QueueSettings;
 use crate::rules::{BuiltInRule, Decider, IdleContext, IdleDecision, NativeRule, QueueState, RuleSet};
 
 /// The built-in names `--rule` takes.
-pub const BUILT_INS: &[&str] = &["fixed-1s", "functions", "paper", "paper-push"];
+pub(crate) const BUILT_INS: &[&str] = &["fixed-1s", "functions", "paper", "paper-push"];
 
 /// One rule to simulate.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,7 +151,7 @@ fn rule_name(rule: &RuleFile) -> String {
 
 /// One task that never stops, a fixed sleep after each empty get.
 #[derive(Debug, Clone, Copy)]
-pub struct FixedInterval {
+pub(crate) struct FixedInterval {
     /// Its name in reports.
     pub name: &'static str,
     /// The sleep after an empty get, in milliseconds.
@@ -174,7 +174,7 @@ impl NativeRule for FixedInterval {
 /// empty get in a row, `min_interval × 2^n` with ±20 % jitter, at most `max_interval`;
 /// the poller never stops and is always one.
 #[derive(Debug, Clone, Copy)]
-pub struct FunctionsBackoff;
+pub(crate) struct FunctionsBackoff;
 
 impl NativeRule for FunctionsBackoff {
     fn name(&self) -> &str {

@@ -8,23 +8,23 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 
 /// Longest simulated run: 31 days.
-pub const MAX_DURATION: Duration = Duration::from_secs(31 * 24 * 3600);
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(31 * 24 * 3600);
 /// Largest trace file: 64 MiB.
-pub const MAX_TRACE_BYTES: u64 = 64 << 20;
+pub(crate) const MAX_TRACE_BYTES: u64 = 64 << 20;
 /// Most lines in a trace file.
-pub const MAX_TRACE_LINES: usize = 1_000_000;
+pub(crate) const MAX_TRACE_LINES: usize = 1_000_000;
 /// Most messages on one trace line.
-pub const MAX_COUNT_PER_LINE: u32 = 100_000;
+pub(crate) const MAX_COUNT_PER_LINE: u32 = 100_000;
 /// Most messages in one run (each keeps its pickup latency).
 pub const MAX_MESSAGES: u64 = 5_000_000;
 /// Longest handler time.
 pub const MAX_HANDLER_TIME: Duration = Duration::from_secs(600);
 /// The knee scenario's backlog: more than any concurrency drains in its two minutes.
-pub const KNEE_BACKLOG: u32 = 60_000;
+pub(crate) const KNEE_BACKLOG: u32 = 60_000;
 /// Most concurrent calls `--handler-knee` takes.
 pub const MAX_HANDLER_KNEE: u32 = 10_000;
 /// How long a trace runs after its last arrival, unless `--duration` says otherwise.
-pub const TRACE_TAIL: Duration = Duration::from_secs(600);
+pub(crate) const TRACE_TAIL: Duration = Duration::from_secs(600);
 
 /// `count` messages put at `at` from the start.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -80,7 +80,7 @@ pub enum Scenario {
 }
 
 /// The scenario names `--scenario` takes.
-pub const SCENARIOS: &[&str] = &["paper-billing", "burst", "trickle", "idle", "bursty-day", "knee"];
+pub(crate) const SCENARIOS: &[&str] = &["paper-billing", "burst", "trickle", "idle", "bursty-day", "knee"];
 
 impl Scenario {
     /// A scenario by name.
@@ -96,8 +96,8 @@ impl Scenario {
         })
     }
 
-    /// The run's arrivals and length: `duration` if given (at most [`MAX_DURATION`]), else
-    /// the scenario's own (a trace: its last arrival plus [`TRACE_TAIL`]). Arrivals at or
+    /// The run's arrivals and length: `duration` if given (at most `MAX_DURATION`), else
+    /// the scenario's own (a trace: its last arrival plus `TRACE_TAIL`). Arrivals at or
     /// after the end are dropped. `seed` drives the random spacing.
     pub fn workload(&self, duration: Option<Duration>, seed: u64) -> Result<Workload> {
         if let Some(d) = duration
@@ -197,7 +197,7 @@ fn ramp(rng: &mut fastrand::Rng, from: Duration, to: Duration, start: f64, end: 
 }
 
 /// Reads a trace: one arrival per line, `seconds[,count]` (seconds from the start, a
-/// decimal number; count 1 to [`MAX_COUNT_PER_LINE`], default 1). Blank lines and lines
+/// decimal number; count 1 to `MAX_COUNT_PER_LINE`, default 1). Blank lines and lines
 /// starting with `#` are skipped; a first line that does not start with a number is a header.
 pub fn read_trace(path: &Path) -> Result<Vec<Arrival>> {
     // Looked at before opening: opening a FIFO would wait for a writer.
@@ -216,7 +216,7 @@ pub fn read_trace(path: &Path) -> Result<Vec<Arrival>> {
 }
 
 /// Parses trace text (see [`read_trace`]).
-pub fn parse_trace(text: &str) -> Result<Vec<Arrival>> {
+pub(crate) fn parse_trace(text: &str) -> Result<Vec<Arrival>> {
     // A spreadsheet's export may start with a byte-order mark.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut arrivals = Vec::new();
@@ -266,7 +266,7 @@ pub fn parse_trace(text: &str) -> Result<Vec<Arrival>> {
 /// calls at once, `time × (calls ÷ knee)²` beyond it, so its throughput (calls ÷ latency)
 /// peaks at `knee` calls and falls as `knee² ÷ calls` past it (a database pool, a lock, a
 /// CPU: queueing inside the app).
-pub fn knee_latency(time: Duration, calls: u32, knee: u32) -> Duration {
+pub(crate) fn knee_latency(time: Duration, calls: u32, knee: u32) -> Duration {
     if calls <= knee || knee == 0 {
         return time;
     }
@@ -290,7 +290,7 @@ pub enum HandlerTime {
 /// real app's calls end one by one and the next get takes fewer (on issue 35's review trace,
 /// 16–22 of 32 where the simulator with a fixed 20 ms took 32: its gets with messages came
 /// 14–16 % short of the binary's, and within 5 % with this).
-pub const DEFAULT_HANDLER_TIME: HandlerTime = HandlerTime::Exponential(Duration::from_millis(20));
+pub(crate) const DEFAULT_HANDLER_TIME: HandlerTime = HandlerTime::Exponential(Duration::from_millis(20));
 
 impl HandlerTime {
     /// `20ms` (fixed), `10ms..200ms` (uniform) or `exp:50ms` (exponential with that mean);

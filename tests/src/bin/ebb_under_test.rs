@@ -2,5 +2,5 @@
 //! (`CARGO_BIN_EXE_*` exists only for a test's own package). Same code as `host/src/main.rs`.
 
 fn main() -> std::process::ExitCode {
-    ebb::cli::main(ebb::cli::Cli::from_env())
+    ebb::run_command_line()
 }

@@ -57,7 +57,7 @@ const MAX_CONTAINER_NAME: usize = 63;
 /// that share a start still differ) and `-bodies`. `queue` must be an Azure queue name
 /// (3 to 63 lowercase letters, digits and single dashes), which makes the result a
 /// container name.
-pub fn container_for_queue(queue: &str) -> anyhow::Result<String> {
+pub(crate) fn container_for_queue(queue: &str) -> anyhow::Result<String> {
     let chars_ok = queue.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
     let dashes_ok = !queue.starts_with('-') && !queue.ends_with('-') && !queue.contains("--");
     if !((3..=MAX_CONTAINER_NAME).contains(&queue.len()) && chars_ok && dashes_ok) {

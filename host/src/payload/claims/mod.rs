@@ -3,7 +3,7 @@
 //!
 //! Two stores, one per backend, behind [`ClaimStore`]:
 //! - [`AzureClaims`]: block blobs in a container of the queue's own
-//!   ([`container_for_queue`]: `<queue>-bodies`, created when missing), on the queue's
+//!   (`container_for_queue`: `<queue>-bodies`, created when missing), on the queue's
 //!   account and credential, through the official `azure_storage_blob` SDK (its partitioned
 //!   upload, and its download into one buffer of the claimed size).
 //! - [`EmbeddedClaims`]: the embedded queue's own redb store, in a table of its own
@@ -29,13 +29,13 @@
 //!   would lose the body of a message whose delete failed and that comes back. A crash in
 //!   between, or a failed body delete, leaves an orphan for the sweeper. An item put back
 //!   in a new envelope (a failed item) keeps its claim check and its body.
-//! - **Sweeper**: [`spawn_sweeper`] once per storage queue that offloads bodies.
-//! - **Metrics**: the service's stores are [`Recorded`]: every call (upload, fetch, delete,
+//! - **Sweeper**: `sweeper_task` once per storage queue that offloads bodies.
+//! - **Metrics**: the service's stores are `Recorded`: every call (upload, fetch, delete,
 //!   sweep) is counted in the queue's [`ClaimRecord`], with the requests the Azure store
 //!   retried (each block, commit, range or delete on its own: [`BLOB_RETRY`]) and the calls
 //!   that failed for good.
 //!
-//! Every reference is checked before any request is made ([`check_reference`]): one into
+//! Every reference is checked before any request is made (`check_reference`): one into
 //! another account, container or embedded queue is [`ClaimError::Foreign`]; a malformed
 //! blob name (`..`, control characters, a query) or a size over the limit is
 //! [`ClaimError::Refused`].
@@ -53,30 +53,34 @@ use sha2::{Digest, Sha256};
 
 use super::{AllowedReferences, BlobRef, ClaimCheck, DEFAULT_MAX_CLAIM_CHECK_BYTES};
 
-pub use azure::{AzureClaims, BLOB_RETRY, container_for_queue};
+pub(crate) use azure::container_for_queue;
+pub use azure::{AzureClaims, BLOB_RETRY};
 pub use embedded::EmbeddedClaims;
-pub use record::{ClaimCall, ClaimRecord, ClaimRecords, Recorded};
-pub use sweeper::{SweepCounts, spawn_sweeper, sweep_once, sweeper_task};
+pub(crate) use record::Recorded;
+pub use record::{ClaimCall, ClaimRecord, ClaimRecords};
+#[cfg(test)]
+pub(crate) use sweeper::spawn_sweeper;
+pub(crate) use sweeper::sweeper_task;
 
 /// `claim_check_retention` by default: 14 days, twice Azure's default message time-to-live
 /// and its longest visibility timeout (7 days each, so the longest `max_retry_delay`). See
 /// [`ClaimSettings::retention`] for why it must outlast messages.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(14 * 24 * 3600);
+pub(crate) const DEFAULT_RETENTION: Duration = Duration::from_secs(14 * 24 * 3600);
 /// Shortest `claim_check_retention`: a body younger than an hour may belong to a message
 /// being put right now.
-pub const MIN_RETENTION: Duration = Duration::from_secs(3600);
+pub(crate) const MIN_RETENTION: Duration = Duration::from_secs(3600);
 /// Longest `claim_check_retention`: a year (365.25 days, what humantime calls `1year`).
-pub const MAX_RETENTION: Duration = Duration::from_secs(31_557_600);
+pub(crate) const MAX_RETENTION: Duration = Duration::from_secs(31_557_600);
 /// `claim_sweep_interval` by default: one list call an hour (about 720 billed
 /// transactions a month per queue on Azure).
-pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(3600);
+pub(crate) const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(3600);
 /// Shortest `claim_sweep_interval`.
-pub const MIN_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+pub(crate) const MIN_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 /// Longest `claim_sweep_interval`.
-pub const MAX_SWEEP_INTERVAL: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MAX_SWEEP_INTERVAL: Duration = Duration::from_secs(24 * 3600);
 /// Largest `max_claim_check_bytes`: 4 GiB. A body is read into memory whole (a handler
 /// gets it as one request body).
-pub const MAX_CLAIM_CHECK_BYTES_LIMIT: u64 = 4 << 30;
+pub(crate) const MAX_CLAIM_CHECK_BYTES_LIMIT: u64 = 4 << 30;
 
 /// A queue's claim-check settings (`[queues.<name>]` keys).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -211,7 +215,7 @@ pub fn sha256(body: &[u8]) -> [u8; 32] {
 
 /// Why `check` may not be followed by a store that takes `allowed`, with bodies of 1 to
 /// `max_bytes` bytes (nothing offloads an empty body): checked before any request is made.
-pub fn check_reference(check: &ClaimCheck, allowed: &AllowedReferences, max_bytes: u64) -> Result<(), ClaimError> {
+pub(crate) fn check_reference(check: &ClaimCheck, allowed: &AllowedReferences, max_bytes: u64) -> Result<(), ClaimError> {
     if let Some(defect) = check.location.defect() {
         return Err(ClaimError::Refused(format!("{}: {defect}", check.location)));
     }
@@ -237,7 +241,7 @@ pub fn check_reference(check: &ClaimCheck, allowed: &AllowedReferences, max_byte
 /// letters, digits, `-`, `_` and `.` separated by single `/`, none of them `.` or `..`.
 /// A URL would resolve `..` (`bodies/../other-container/x` is a blob of another container)
 /// and carry `?`, `#` or `%` as a query, a fragment or an escape; ebb's own names are hex.
-pub fn blob_name_defect(blob: &str) -> Option<String> {
+pub(crate) fn blob_name_defect(blob: &str) -> Option<String> {
     if let Some(bad) = blob.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))) {
         return Some(format!("blob name has the character {bad:?} (only letters, digits, '-', '_', '.' and '/')"));
     }

@@ -122,7 +122,7 @@ impl ClaimRecords {
 /// count: only it sees its requests). A call fails for good when the storage failed it
 /// ([`ClaimError::Transient`] after the store's retries, or [`ClaimError::Fatal`]); a missing,
 /// corrupt or refused body is the message's problem, not the storage's.
-pub struct Recorded {
+pub(crate) struct Recorded {
     inner: Arc<dyn ClaimStore>,
     record: Arc<ClaimRecord>,
 }

@@ -11,7 +11,7 @@ use super::{ClaimSettings, ClaimStore};
 
 /// What a sweeper has done since it started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SweepCounts {
+pub(crate) struct SweepCounts {
     /// Sweeps run (successful or not).
     pub sweeps: u64,
     /// Bodies removed.
@@ -23,7 +23,7 @@ pub struct SweepCounts {
 }
 
 /// One sweep of `store`: removes bodies older than `retention`, logging what it did.
-pub async fn sweep_once(store: &dyn ClaimStore, retention: Duration, counts: &mut SweepCounts) {
+pub(crate) async fn sweep_once(store: &dyn ClaimStore, retention: Duration, counts: &mut SweepCounts) {
     counts.sweeps += 1;
     match store.sweep(retention).await {
         Ok(report) => {
@@ -47,15 +47,21 @@ pub async fn sweep_once(store: &dyn ClaimStore, retention: Duration, counts: &mu
     }
 }
 
-/// Sweeps `store` once per `settings.sweep_interval` (the first right away: a host that
-/// restarts often still sweeps) until `stop` is cancelled, in a task whose span carries the
-/// queue's name. Gives the task's final counts.
-pub fn spawn_sweeper(queue: &str, store: Arc<dyn ClaimStore>, settings: &ClaimSettings, stop: CancellationToken) -> tokio::task::JoinHandle<SweepCounts> {
+/// [`sweeper_task`] spawned, for the unit tests (the service tracks its own tasks).
+#[cfg(test)]
+pub(crate) fn spawn_sweeper(
+    queue: &str,
+    store: Arc<dyn ClaimStore>,
+    settings: &ClaimSettings,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<SweepCounts> {
     tokio::spawn(sweeper_task(queue, store, settings, stop))
 }
 
-/// The sweeper of [`spawn_sweeper`] as a future, for a caller that tracks its own tasks.
-pub fn sweeper_task(
+/// Sweeps `store` once per `settings.sweep_interval` (the first right away: a host that
+/// restarts often still sweeps) until `stop` is cancelled, under a span that carries the
+/// queue's name; the future gives the sweeper's final counts.
+pub(crate) fn sweeper_task(
     queue: &str,
     store: Arc<dyn ClaimStore>,
     settings: &ClaimSettings,

@@ -18,7 +18,7 @@ pub const DEVELOPMENT_BLOB_ENDPOINT: &str = "http://127.0.0.1:10000/devstoreacco
 
 /// How requests prove who they are.
 #[derive(Clone)]
-pub enum Credential {
+pub(crate) enum Credential {
     /// The account key (base64): every request is signed with it.
     SharedKey(Secret),
     /// A shared access signature (the query string, without `?`): appended to every URL.
@@ -30,7 +30,7 @@ pub enum Credential {
 /// Where an Entra ID token comes from (the `azure_identity` credentials).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum EntraMethod {
+pub(crate) enum EntraMethod {
     /// The VM's, App Service's or container's managed identity (a user-assigned one with `client_id`).
     ManagedIdentity,
     /// Kubernetes workload identity (`AZURE_CLIENT_ID`, `AZURE_TENANT_ID`, `AZURE_FEDERATED_TOKEN_FILE`).
@@ -58,7 +58,7 @@ impl EntraMethod {
 
 /// What an Entra identity needs beyond its method.
 #[derive(Debug, Clone, Default)]
-pub struct EntraOptions {
+pub(crate) struct EntraOptions {
     /// A user-assigned managed identity's, a workload identity's or a service principal's client id.
     pub client_id: Option<String>,
     /// The tenant (directory) id.
@@ -118,7 +118,7 @@ impl AzureAccount {
     /// The identity needs a data role on the account, e.g. "Storage Queue Data Message Processor"
     /// (get, delete, update), "Storage Queue Data Message Sender" (add) or "Storage Queue Data
     /// Contributor" (all, and create).
-    pub fn with_entra(account: &str, method: EntraMethod, options: EntraOptions, endpoint: Option<&str>) -> anyhow::Result<Self> {
+    pub(crate) fn with_entra(account: &str, method: EntraMethod, options: EntraOptions, endpoint: Option<&str>) -> anyhow::Result<Self> {
         use azure_identity::{
             AzureCliCredential, ClientSecretCredential, DeveloperToolsCredential, ManagedIdentityCredential, ManagedIdentityCredentialOptions, UserAssignedId,
             WorkloadIdentityCredential, WorkloadIdentityCredentialOptions,
@@ -343,7 +343,7 @@ impl AzureAccount {
     }
 
     /// The credential.
-    pub fn credential(&self) -> &Credential {
+    pub(crate) fn credential(&self) -> &Credential {
         &self.credential
     }
 

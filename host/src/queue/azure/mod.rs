@@ -37,9 +37,10 @@ use azure_core::http::{ClientOptions, RetryOptions, StatusCode, Transport};
 use azure_storage_queue::models::{QueueClientGetPropertiesResultHeaders, QueueClientReceiveMessagesOptions, QueueClientSendMessageOptions, QueueMessage};
 use azure_storage_queue::{QueueClient as SdkQueueClient, QueueClientOptions};
 
-pub use connection::{AzureAccount, Credential, DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY, EntraMethod, EntraOptions};
+pub use connection::{AzureAccount, DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY};
+pub(crate) use connection::{Credential, EntraMethod, EntraOptions};
 pub use encoding::Encoding;
-pub use sas::{QueuePermission, SasGrant};
+pub(crate) use sas::QueuePermission;
 
 use super::{FailureClass, MAX_BATCH, MAX_VISIBILITY, Message, MessageId, PopReceipt, QueueClient, QueueError, classified};
 
@@ -48,12 +49,12 @@ use super::{FailureClass, MAX_BATCH, MAX_VISIBILITY, Message, MessageId, PopRece
 pub const API_VERSION: &str = "2026-04-06";
 
 /// How long one storage call may take before it counts as a transient failure.
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long an idle connection stays in the pool: under the 5 s keep-alive of Node's HTTP
 /// server (Azurite), so a poll after a pause never picks a connection the server is closing
 /// (which fails the call). Real Azure keeps idle connections longer; raise it there.
-pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+pub(crate) const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -320,7 +321,7 @@ impl AzureQueue {
 }
 
 /// Replaces the value of every `sig=` query parameter in `text` with `<redacted>`.
-pub fn redact_signatures(text: &str) -> String {
+pub(crate) fn redact_signatures(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find("sig=") {

@@ -55,7 +55,7 @@ pub fn check_query(sas: &str) -> anyhow::Result<()> {
 
 /// A permission on a queue that ebb's calls need.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QueuePermission {
+pub(crate) enum QueuePermission {
     /// Create the queue (an account SAS's `c` or `w`, on containers).
     Create,
     /// Read its properties (the message count): `r`.
@@ -109,7 +109,7 @@ impl QueuePermission {
 
 /// The fields of a SAS that say what it allows.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SasGrant {
+pub(crate) struct SasGrant {
     /// `sp`: the permission letters.
     pub permissions: String,
     /// `ss` and `srt` of an account SAS; `None` for a queue (service) SAS, which is for one
@@ -142,7 +142,7 @@ impl SasGrant {
 
 impl AzureAccount {
     /// What its SAS allows, when its credential is a SAS that says so (see [`SasGrant::parse`]).
-    pub fn sas_grant(&self) -> Option<SasGrant> {
+    pub(crate) fn sas_grant(&self) -> Option<SasGrant> {
         match self.credential() {
             Credential::Sas(sas) => SasGrant::parse(sas.secret()),
             _ => None,

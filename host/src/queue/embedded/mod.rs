@@ -49,7 +49,7 @@ mod claims;
 mod counting;
 mod leasing;
 mod opening;
-pub use opening::check_store;
+pub(crate) use opening::check_store;
 mod ops;
 mod queue;
 mod record;
@@ -64,7 +64,8 @@ use super::clock::{Clock, SystemClock};
 use crate::health::Health;
 
 pub use counting::{CountingBackend, StoreWrites};
-pub use queue::{ClaimRead, EmbeddedQueue, MAX_CLAIM_BODY_BYTES};
+pub use queue::EmbeddedQueue;
+pub(crate) use queue::{ClaimRead, MAX_CLAIM_BODY_BYTES};
 pub use store::EmbeddedStore;
 
 /// The store's file in its data directory.
@@ -82,13 +83,13 @@ pub struct EmbeddedOptions {
     /// Where the store reports that it cannot work (it cannot be reopened, commits fail).
     pub health: Health,
     /// How long an open waits while another process holds the data directory before it
-    /// gives up (none by default; a host waits [`OWNER_WAIT`]).
+    /// gives up (none by default; a host waits `OWNER_WAIT`).
     pub wait_for_owner: Duration,
 }
 
 /// How long a host, or an `ebb send` with no host running, waits for a data directory
 /// another process holds: an `ebb send` with no host running holds it for a moment.
-pub const OWNER_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const OWNER_WAIT: Duration = Duration::from_secs(5);
 
 impl Default for EmbeddedOptions {
     fn default() -> Self {

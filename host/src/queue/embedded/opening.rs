@@ -66,7 +66,7 @@ pub(super) fn create_if_absent(opener: &Opener, file: &Path) -> anyhow::Result<(
 
 /// `ebb check`'s question: can a host open the store in `dir`? No file yet is fine (a host
 /// creates it); a file that is not a valid store is refused as `ebb run` refuses it. Reads only.
-pub fn check_store(dir: &Path) -> anyhow::Result<()> {
+pub(crate) fn check_store(dir: &Path) -> anyhow::Result<()> {
     let file = dir.join(super::STORE_FILE);
     match std::fs::symlink_metadata(&file) {
         Err(error) if error.kind() == ErrorKind::NotFound => Ok(()),

@@ -140,11 +140,11 @@ impl QueueClient for EmbeddedQueue {
 }
 
 /// Largest claim-check body the store keeps: its parts are numbered with a u32.
-pub const MAX_CLAIM_BODY_BYTES: u64 = u32::MAX as u64 * super::bodies::PAGE_PART_BYTES as u64;
+pub(crate) const MAX_CLAIM_BODY_BYTES: u64 = u32::MAX as u64 * super::bodies::PAGE_PART_BYTES as u64;
 
 /// What a claim-check body read found.
 #[derive(Debug)]
-pub enum ClaimRead {
+pub(crate) enum ClaimRead {
     /// No body under that key: never put, deleted, or swept.
     Missing,
     /// Its record says it is longer than the reader takes; nothing was read.
@@ -172,7 +172,7 @@ impl EmbeddedQueue {
 
     /// The body under `key`, if its record says it is at most `max_len` bytes long (a
     /// buffer of that length is reserved before anything is read).
-    pub fn read_claim(&self, key: u64, max_len: u64) -> Result<ClaimRead, QueueError> {
+    pub(crate) fn read_claim(&self, key: u64, max_len: u64) -> Result<ClaimRead, QueueError> {
         let queue = self.id()?;
         let db = self.store.database()?;
         let read = || -> anyhow::Result<ClaimRead> {

@@ -13,7 +13,8 @@ use super::rule_contexts::{
 };
 use crate::names::RuleSlot;
 use crate::rules::{
-    ContractVersion, DecisionSource, ErrorClass, FailureContext, HandlerState, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleSet,
+    CompiledRule, ContractVersion, DecisionSource, ErrorClass, FailureContext, HandlerState, IdleContext, QueueRuleConfig, QueueState, RuleEngine,
+    RuleInstance, RuleLimits, RuleSet,
 };
 
 #[derive(Debug, Subcommand)]
@@ -261,6 +262,16 @@ fn check(file: &Path, params: Vec<(String, String)>, strict: bool) -> Result<()>
     let rule = engine.load_file(file)?;
     let compile_time = started.elapsed();
     let instance = engine.instantiate(&rule, &params).with_context(|| format!("rule {} failed its set-up", rule.name))?;
+    describe(file, &rule, compile_time);
+    println!("memory:       {} bytes after configure", instance.memory_bytes());
+    println!("configure:    ok ({} parameter{})", params.len(), if params.len() == 1 { "" } else { "s" });
+    let probes = probes_for(&rule);
+    let outcome = CheckRun { engine: &engine, rule: &rule, params: &params, strict }.run_all(&probes, instance);
+    outcome.verdict(file, probes.len())
+}
+
+/// Prints what the rule is: its file, size, hash, compile time, contract, exports and imports.
+fn describe(file: &Path, rule: &CompiledRule, compile_time: std::time::Duration) {
     println!("rule:         {}", file.display());
     println!("size:         {} bytes", rule.size);
     println!("sha256:       {}", rule.sha256);
@@ -287,71 +298,100 @@ fn check(file: &Path, params: Vec<(String, String)>, strict: bool) -> Result<()>
         }
     );
     println!("imports:      {}", if rule.imports.is_empty() { "none".into() } else { rule.imports.join(", ") });
-    println!("memory:       {} bytes after configure", instance.memory_bytes());
-    println!("configure:    ok ({} parameter{})", params.len(), if params.len() == 1 { "" } else { "s" });
-    let probes: Vec<Probe> = check_probes()
+}
+
+/// The probes the rule answers: those of the decisions its contract and exports have.
+fn probes_for(rule: &CompiledRule) -> Vec<Probe> {
+    check_probes()
         .into_iter()
         .filter(|probe| rule.contract.decides_concurrency() || !probe.decides_concurrency())
         .filter(|probe| rule.decides_failures || !probe.decides_failures())
-        .collect();
-    // Failures and warnings (values the host clamps), each as (export, reason) -> the
-    // contexts it happened in: one reason is said once, with every context that produced it.
-    let mut failures = Grouped::default();
-    let mut warnings = Grouped::default();
-    let mut live = Some(instance);
-    println!("\n{:<28} {:<36} returned", "export", "context");
-    for probe in &probes {
-        // A fresh instance after each fault: a trapped one cannot be entered again, and one
-        // fault must not hide the next.
-        let mut instance = match live.take() {
-            Some(instance) => instance,
-            None => match engine.instantiate(&rule, &params) {
-                Ok(instance) => instance,
-                Err(error) => {
-                    failures.add(probe.export(), format!("the rule could not be set up again after a fault: {error:#}"), probe.context);
-                    break;
+        .collect()
+}
+
+/// `ebb rule check`'s calls of one rule.
+struct CheckRun<'a> {
+    engine: &'a RuleEngine,
+    rule: &'a CompiledRule,
+    params: &'a [(String, String)],
+    strict: bool,
+}
+
+impl CheckRun<'_> {
+    /// Makes every call, printing a row of the table for each.
+    fn run_all(&self, probes: &[Probe], instance: RuleInstance) -> CheckOutcome {
+        let mut outcome = CheckOutcome::default();
+        let mut live = Some(instance);
+        println!("\n{:<28} {:<36} returned", "export", "context");
+        for probe in probes {
+            // A fresh instance after each fault: a trapped one cannot be entered again, and one
+            // fault must not hide the next.
+            let instance = match live.take() {
+                Some(instance) => instance,
+                None => match self.engine.instantiate(self.rule, self.params) {
+                    Ok(instance) => instance,
+                    Err(error) => {
+                        outcome.failures.add(probe.export(), format!("the rule could not be set up again after a fault: {error:#}"), probe.context);
+                        break;
+                    }
+                },
+            };
+            let (instance, shown, failure) = self.call(probe, instance);
+            println!("{:<28} {:<36} {shown}", probe.export(), probe.context);
+            match failure {
+                Some(ProbeFailure::Fault(reason)) => outcome.failures.add(probe.export(), reason, probe.context),
+                Some(ProbeFailure::Clamped(reason)) => {
+                    if self.strict { &mut outcome.failures } else { &mut outcome.warnings }.add(probe.export(), reason, probe.context);
+                    live = Some(instance);
                 }
-            },
-        };
+                None => live = Some(instance),
+            }
+        }
+        outcome
+    }
+
+    /// Makes one call; returns the instance to go on with, what to show and any failure.
+    fn call(&self, probe: &Probe, mut instance: RuleInstance) -> (RuleInstance, String, Option<ProbeFailure>) {
         let (mut shown, mut failure) = probe.run(&mut instance);
         // Wall-clock time lost to a busy machine is not the rule's: a call past its deadline
         // is tried once more on a fresh instance (fuel, which counts the rule's own work,
         // stops a real loop first, every time).
         if matches!(&failure, Some(ProbeFailure::Fault(reason)) if past_deadline(reason))
-            && let Ok(mut fresh) = engine.instantiate(&rule, &params)
+            && let Ok(mut fresh) = self.engine.instantiate(self.rule, self.params)
         {
             (shown, failure) = probe.run(&mut fresh);
             instance = fresh;
         }
-        println!("{:<28} {:<36} {shown}", probe.export(), probe.context);
-        match failure {
-            Some(ProbeFailure::Fault(reason)) => failures.add(probe.export(), reason, probe.context),
-            Some(ProbeFailure::Clamped(reason)) => {
-                if strict { &mut failures } else { &mut warnings }.add(probe.export(), reason, probe.context);
-                live = Some(instance);
-            }
-            None => live = Some(instance),
+        (instance, shown, failure)
+    }
+}
+
+/// Failures and warnings (values the host clamps), each as (export, reason) -> the
+/// contexts it happened in: one reason is said once, with every context that produced it.
+#[derive(Default)]
+struct CheckOutcome {
+    failures: Grouped,
+    warnings: Grouped,
+}
+
+impl CheckOutcome {
+    /// Warns of clamped values; fails with every failure, or says the check passed.
+    fn verdict(&self, file: &Path, calls: usize) -> Result<()> {
+        let CheckOutcome { failures, warnings } = self;
+        if !warnings.is_empty() {
+            eprintln!("warning: rule {} returned a value the host clamps in {} of {calls} calls:\n{}", file.display(), warnings.calls(), warnings.listed());
         }
+        if failures.is_empty() {
+            let clamped = if warnings.is_empty() {
+                "or returned a value the host would have to correct".to_string()
+            } else {
+                format!("({} returned a value the host clamps: warnings above; --strict fails on them)", warnings.calls())
+            };
+            println!("\nok: {calls} calls, none faulted {clamped}");
+            return Ok(());
+        }
+        bail!("rule {} failed {} of {calls} calls:\n{}", file.display(), failures.calls(), failures.listed())
     }
-    if !warnings.is_empty() {
-        eprintln!(
-            "warning: rule {} returned a value the host clamps in {} of {} calls:\n{}",
-            file.display(),
-            warnings.calls(),
-            probes.len(),
-            warnings.listed()
-        );
-    }
-    if failures.is_empty() {
-        let clamped = if warnings.is_empty() {
-            "or returned a value the host would have to correct".to_string()
-        } else {
-            format!("({} returned a value the host clamps: warnings above; --strict fails on them)", warnings.calls())
-        };
-        println!("\nok: {} calls, none faulted {clamped}", probes.len());
-        return Ok(());
-    }
-    bail!("rule {} failed {} of {} calls:\n{}", file.display(), failures.calls(), probes.len(), failures.listed())
 }
 
 /// What went wrong (or was clamped) in `ebb rule check`'s calls: each (export, reason) with
@@ -488,46 +528,16 @@ impl Probe {
 /// then one edge at a time, then every field at its extreme.
 fn check_probes() -> Vec<Probe> {
     let queue = "check";
+    [task_count_probes(queue), queue_empty_probes(queue), concurrency_probes(queue), failure_probes(queue)].into_iter().flatten().collect()
+}
+
+fn task_count_probes(queue: &str) -> Vec<Probe> {
     let state: QueueState = serde_json::from_value(task_count_defaults(queue)).expect("the defaults are a queue state");
-    let idle: IdleContext = serde_json::from_value(queue_empty_defaults(queue)).expect("the defaults are an idle context");
     let task_count = |context, change: &dyn Fn(&mut QueueState)| {
         let mut state = state.clone();
         change(&mut state);
         Probe { context, call: ProbeCall::TaskCount(state) }
     };
-    let queue_empty = |context, change: &dyn Fn(&mut IdleContext)| {
-        let mut ctx = idle.clone();
-        change(&mut ctx);
-        Probe { context, call: ProbeCall::QueueEmpty(ctx) }
-    };
-    let handler: HandlerState = serde_json::from_value(concurrency_defaults(queue)).expect("the defaults are a handler state");
-    // A busy window: every slot taken, tasks waiting, calls ending in 50 ms.
-    let busy = HandlerState {
-        in_flight: handler.current_limit,
-        peak_in_flight: handler.current_limit,
-        waiting_tasks: 4,
-        completed: 40,
-        latency_mean_ms: 50.0,
-        latency_min_ms: 40.0,
-        latency_max_ms: 80.0,
-        ..handler
-    };
-    let concurrency = |context, change: &dyn Fn(&mut HandlerState)| {
-        let mut state = busy.clone();
-        change(&mut state);
-        Probe { context, call: ProbeCall::Concurrency(state) }
-    };
-    let max_interval_ms = crate::config::MAX_INTERVAL.as_millis() as u64;
-    let failed: FailureContext = serde_json::from_value(failure_defaults(queue)).expect("the defaults are a failure context");
-    let failure = |context, change: &dyn Fn(&mut FailureContext)| {
-        let mut ctx = failed.clone();
-        change(&mut ctx);
-        Probe { context, call: ProbeCall::Failure(ctx) }
-    };
-    let http = |status: u16| {
-        move |c: &mut FailureContext| (c.error_class, c.http_status, c.error) = (ErrorClass::HttpStatus, Some(status), format!("handler answered {status}"))
-    };
-    let week_ms = crate::queue::MAX_VISIBILITY.as_millis() as u64;
     vec![
         task_count("defaults", &|_| {}),
         task_count("approximate_depth 0", &|s| s.approximate_depth = 0),
@@ -561,6 +571,18 @@ fn check_probes() -> Vec<Probe> {
                 depth_source: crate::rules::DepthSource::Inferred,
             };
         }),
+    ]
+}
+
+fn queue_empty_probes(queue: &str) -> Vec<Probe> {
+    let idle: IdleContext = serde_json::from_value(queue_empty_defaults(queue)).expect("the defaults are an idle context");
+    let queue_empty = |context, change: &dyn Fn(&mut IdleContext)| {
+        let mut ctx = idle.clone();
+        change(&mut ctx);
+        Probe { context, call: ProbeCall::QueueEmpty(ctx) }
+    };
+    let max_interval_ms = crate::config::MAX_INTERVAL.as_millis() as u64;
+    vec![
         queue_empty("defaults (first empty get)", &|_| {}),
         queue_empty("idle_count 1000", &|c| c.idle_count = 1000),
         queue_empty("min_interval_ms = max_interval_ms", &|c| (c.min_interval_ms, c.max_interval_ms) = (800, 800)),
@@ -584,6 +606,28 @@ fn check_probes() -> Vec<Probe> {
                 random: u64::MAX,
             };
         }),
+    ]
+}
+
+fn concurrency_probes(queue: &str) -> Vec<Probe> {
+    let handler: HandlerState = serde_json::from_value(concurrency_defaults(queue)).expect("the defaults are a handler state");
+    // A busy window: every slot taken, tasks waiting, calls ending in 50 ms.
+    let busy = HandlerState {
+        in_flight: handler.current_limit,
+        peak_in_flight: handler.current_limit,
+        waiting_tasks: 4,
+        completed: 40,
+        latency_mean_ms: 50.0,
+        latency_min_ms: 40.0,
+        latency_max_ms: 80.0,
+        ..handler
+    };
+    let concurrency = |context, change: &dyn Fn(&mut HandlerState)| {
+        let mut state = busy.clone();
+        change(&mut state);
+        Probe { context, call: ProbeCall::Concurrency(state) }
+    };
+    vec![
         concurrency("a busy window", &|_| {}),
         concurrency("completed 0", &|s| (s.completed, s.latency_mean_ms, s.latency_min_ms, s.latency_max_ms) = (0, 0.0, 0.0, 0.0)),
         concurrency("latencies 0 ms", &|s| (s.latency_mean_ms, s.latency_min_ms, s.latency_max_ms) = (0.0, 0.0, 0.0)),
@@ -613,6 +657,21 @@ fn check_probes() -> Vec<Probe> {
                 random: u64::MAX,
             };
         }),
+    ]
+}
+
+fn failure_probes(queue: &str) -> Vec<Probe> {
+    let failed: FailureContext = serde_json::from_value(failure_defaults(queue)).expect("the defaults are a failure context");
+    let failure = |context, change: &dyn Fn(&mut FailureContext)| {
+        let mut ctx = failed.clone();
+        change(&mut ctx);
+        Probe { context, call: ProbeCall::Failure(ctx) }
+    };
+    let http = |status: u16| {
+        move |c: &mut FailureContext| (c.error_class, c.http_status, c.error) = (ErrorClass::HttpStatus, Some(status), format!("handler answered {status}"))
+    };
+    let week_ms = crate::queue::MAX_VISIBILITY.as_millis() as u64;
+    vec![
         failure("other error, first failure", &|_| {}),
         failure("HTTP 422, first failure", &http(422)),
         failure("HTTP 500, first failure", &http(500)),

@@ -360,6 +360,40 @@ struct SimHandler {
     peak_calls: AtomicU32,
 }
 
+impl SimHandler {
+    fn new(start: tokio::time::Instant, options: &SimOptions) -> SimHandler {
+        SimHandler {
+            start,
+            time: options.handler_time,
+            knee: options.handler_knee,
+            rng: Mutex::new(fastrand::Rng::with_seed(options.seed)),
+            latencies_ms: Mutex::default(),
+            handler_ms: Mutex::default(),
+            handled: AtomicU64::new(0),
+            calls: AtomicU32::new(0),
+            peak_calls: AtomicU32::new(0),
+        }
+    }
+
+    /// The pickup latencies recorded (taking them); `None` when no message was handled.
+    fn pickup_latency(&self) -> Option<Latency> {
+        let mut latencies = std::mem::take(&mut *self.latencies_ms.lock().unwrap());
+        latencies.sort_unstable();
+        (!latencies.is_empty()).then(|| Latency {
+            p50_ms: percentile(&latencies, 50.0).unwrap_or(0),
+            p99_ms: percentile(&latencies, 99.0).unwrap_or(0),
+            max_ms: *latencies.last().unwrap_or(&0),
+        })
+    }
+
+    /// The handler times recorded (taking them), sorted.
+    fn handler_times_sorted(&self) -> Vec<u64> {
+        let mut handler_ms = std::mem::take(&mut *self.handler_ms.lock().unwrap());
+        handler_ms.sort_unstable();
+        handler_ms
+    }
+}
+
 /// A call counted among the handler's calls at once until it ends.
 struct CallMark<'a>(&'a AtomicU32);
 
@@ -397,37 +431,69 @@ fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
 }
 
 async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &SimOptions, wall: std::time::Instant) -> Result<RuleReport> {
-    let workload = &options.workload;
     let start = tokio::time::Instant::now();
-    let clock = Arc::new(TokioClock::new());
-    let clock_for_rules: Arc<dyn crate::queue::Clock> = clock.clone();
-    let memory = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), crate::defaults::MAX_MESSAGE_BYTES));
-    let poison_memory: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new(POISON_QUEUE, clock, crate::defaults::MAX_MESSAGE_BYTES));
-    let open = |name: &str| -> Result<Arc<dyn QueueClient>> { Ok(if name == POISON_QUEUE { poison_memory.clone() } else { memory.clone() }) };
-    // The same stack as `ebb run`: retries around metering around the backend.
-    let name = QueueName::new(QUEUE)?;
-    let stack = QueueStack::assemble_named(
-        &name,
-        &name.partitions(1),
-        &name.poison(),
-        &open,
-        &StackOptions { metered: true, retry: Some(RetryPolicy::default()), readiness: None },
-    )?;
-    stack.create_if_missing().await?;
-    let queue = stack.logical.clone();
-    let transactions = stack.partitions[0].transactions.clone().context("the simulated queue is metered")?;
-    let poison = stack.poison.clone();
-    let handler = Arc::new(SimHandler {
-        start,
-        time: options.handler_time,
-        knee: options.handler_knee,
-        rng: Mutex::new(fastrand::Rng::with_seed(options.seed)),
-        latencies_ms: Mutex::default(),
-        handler_ms: Mutex::default(),
-        handled: AtomicU64::new(0),
-        calls: AtomicU32::new(0),
-        peak_calls: AtomicU32::new(0),
-    });
+    let queue = SimQueue::assemble().await?;
+    let handler = Arc::new(SimHandler::new(start, options));
+    let settings = settings_of(rule, options);
+    let notify = options.notify || settings.push_enabled;
+    let listener = Listener::builder(queue.logical.clone(), queue.poison.clone(), handler.clone())
+        .decider(rule.decider(rule_set.as_deref())?)
+        .settings(settings)
+        .transactions(queue.transactions.clone())
+        .clock(queue.clock.clone())
+        .build();
+    listener.start();
+    let backlog = Arc::new(Backlog::default());
+    let producer = spawn_producer(&queue, &listener, &backlog, options.workload.arrivals.clone(), notify, start);
+    let run = Run { start, wall, queue: &queue, listener: &listener, backlog: &backlog, producer: &producer };
+    let samples = run.sample_to_the_end(options).await?;
+    producer.abort();
+    let end = End { status: listener.status(), counts: queue.transactions.snapshot(), peak_backlog: backlog.peak.load(Ordering::Relaxed) };
+    listener.shutdown(Duration::from_secs(60)).await;
+    Ok(rule_report(rule, options, &handler, end, samples))
+}
+
+/// The simulated queue, assembled as `ebb run` assembles a queue.
+struct SimQueue {
+    /// The storage queue itself, read for the backlog.
+    memory: Arc<MemoryQueue>,
+    /// The logical queue the listener and the producer use.
+    logical: Arc<dyn QueueClient>,
+    poison: Arc<dyn QueueClient>,
+    transactions: Arc<crate::queue::Transactions>,
+    /// The simulated clock, which the rules read too.
+    clock: Arc<dyn crate::queue::Clock>,
+}
+
+impl SimQueue {
+    async fn assemble() -> Result<SimQueue> {
+        let clock = Arc::new(TokioClock::new());
+        let memory = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), crate::defaults::MAX_MESSAGE_BYTES));
+        let poison_memory: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new(POISON_QUEUE, clock.clone(), crate::defaults::MAX_MESSAGE_BYTES));
+        let open = |name: &str| -> Result<Arc<dyn QueueClient>> { Ok(if name == POISON_QUEUE { poison_memory.clone() } else { memory.clone() }) };
+        // The same stack as `ebb run`: retries around metering around the backend.
+        let name = QueueName::new(QUEUE)?;
+        let stack = QueueStack::assemble_named(
+            &name,
+            &name.partitions(1),
+            &name.poison(),
+            &open,
+            &StackOptions { metered: true, retry: Some(RetryPolicy::default()), readiness: None },
+        )?;
+        stack.create_if_missing().await?;
+        let transactions = stack.partitions[0].transactions.clone().context("the simulated queue is metered")?;
+        Ok(SimQueue { memory, logical: stack.logical, poison: stack.poison, transactions, clock })
+    }
+
+    /// Messages in the queue now, visible and leased.
+    fn backlog(&self) -> u64 {
+        self.memory.local_count().unwrap_or(0)
+    }
+}
+
+/// The settings the rule runs with: the configured queue's or the rule's own, with the
+/// run's seed and the options' overrides.
+fn settings_of(rule: &RuleChoice, options: &SimOptions) -> crate::listener::QueueSettings {
     let own = options.queue_settings.clone().unwrap_or_else(|| rule.settings());
     let mut settings = crate::listener::QueueSettings { random_seed: Some(options.seed), ..own };
     if let Some(interval) = options.safety_poll {
@@ -438,100 +504,134 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
     if let Some(limit) = options.max_concurrent_calls {
         settings.max_concurrent_calls = limit;
     }
-    let push = settings.push_enabled;
-    let listener = Listener::builder(queue.clone(), poison, handler.clone())
-        .decider(rule.decider(rule_set.as_deref())?)
-        .settings(settings)
-        .transactions(transactions.clone())
-        .clock(clock_for_rules)
-        .build();
-    listener.start();
+    settings
+}
 
-    let peak_backlog = Arc::new(AtomicU64::new(0));
-    // The most since the last sample.
-    let sample_backlog = Arc::new(AtomicU64::new(0));
-    let producer = {
-        let (queue, memory, listener, peak_backlog, sample_backlog) =
-            (queue.clone(), memory.clone(), listener.clone(), peak_backlog.clone(), sample_backlog.clone());
-        let arrivals = workload.arrivals.clone();
-        let notify = options.notify || push;
-        tokio::spawn(async move {
-            for arrival in arrivals {
-                tokio::time::sleep_until(start + arrival.at).await;
-                let body = (start.elapsed().as_millis() as u64).to_string();
-                for _ in 0..arrival.count {
-                    if let Err(error) = queue.put(body.as_bytes(), Duration::ZERO).await {
-                        tracing::error!("simulated put failed: {error}");
-                    }
-                }
-                let backlog = memory.local_count().unwrap_or(0);
-                peak_backlog.fetch_max(backlog, Ordering::Relaxed);
-                sample_backlog.fetch_max(backlog, Ordering::Relaxed);
-                if notify {
-                    listener.work_detected();
+/// The most messages seen in the queue: in the whole run, and since the last sample (so a
+/// burst drained between two samples still shows).
+#[derive(Default)]
+struct Backlog {
+    peak: AtomicU64,
+    since_sample: AtomicU64,
+}
+
+impl Backlog {
+    fn observe(&self, backlog: u64) {
+        self.peak.fetch_max(backlog, Ordering::Relaxed);
+        self.since_sample.fetch_max(backlog, Ordering::Relaxed);
+    }
+
+    /// The most since the last sample, `now` included; starts the next sample's count.
+    fn take_sample(&self, now: u64) -> u64 {
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        self.since_sample.swap(0, Ordering::Relaxed).max(now)
+    }
+}
+
+/// Puts each arrival's messages at its time, each body its arrival time in milliseconds (for
+/// the pickup latency), and notifies the listener when `notify`.
+fn spawn_producer(
+    queue: &SimQueue,
+    listener: &Listener,
+    backlog: &Arc<Backlog>,
+    arrivals: Vec<Arrival>,
+    notify: bool,
+    start: tokio::time::Instant,
+) -> tokio::task::JoinHandle<()> {
+    let (logical, memory, listener, backlog) = (queue.logical.clone(), queue.memory.clone(), listener.clone(), backlog.clone());
+    tokio::spawn(async move {
+        for arrival in arrivals {
+            tokio::time::sleep_until(start + arrival.at).await;
+            let body = (start.elapsed().as_millis() as u64).to_string();
+            for _ in 0..arrival.count {
+                if let Err(error) = logical.put(body.as_bytes(), Duration::ZERO).await {
+                    tracing::error!("simulated put failed: {error}");
                 }
             }
-        })
-    };
-
-    let step = (workload.duration / SAMPLES).max(Duration::from_millis(100));
-    let mut samples = Vec::with_capacity(SAMPLES as usize + 2);
-    let mut at = Duration::ZERO;
-    loop {
-        let status = listener.status();
-        let now = memory.local_count().unwrap_or(0);
-        peak_backlog.fetch_max(now, Ordering::Relaxed);
-        let backlog = sample_backlog.swap(0, Ordering::Relaxed).max(now);
-        let counts = transactions.snapshot();
-        samples.push(Sample {
-            t_secs: at.as_secs_f64(),
-            backlog,
-            tasks: status.active_tasks,
-            transactions: counts.total(),
-            consumer_calls: counts.total() - counts.puts,
-        });
-        if at >= workload.duration {
-            break;
+            backlog.observe(memory.local_count().unwrap_or(0));
+            if notify {
+                listener.work_detected();
+            }
         }
-        let next = (at + step).min(workload.duration);
-        // Up to the next sample, look at the real clock each simulated second: a rule that
-        // polls every millisecond may take long in real time to reach the next sample.
-        while at < next {
-            if wall.elapsed() > options.max_wall {
-                producer.abort();
-                listener.shutdown(Duration::ZERO).await;
-                bail!(
-                    "stopped after {} of real time at {} of {} simulated (--max-wall): the rule polls too often to simulate this long",
-                    humantime::format_duration(options.max_wall),
-                    humantime::format_duration(Duration::from_secs(at.as_secs())),
-                    scenario::show_duration(workload.duration)
-                );
+    })
+}
+
+/// A rule's run in progress, as its sampling loop sees it.
+struct Run<'a> {
+    start: tokio::time::Instant,
+    /// When the run began in real time (for `--max-wall`).
+    wall: std::time::Instant,
+    queue: &'a SimQueue,
+    listener: &'a Listener,
+    backlog: &'a Backlog,
+    producer: &'a tokio::task::JoinHandle<()>,
+}
+
+impl Run<'_> {
+    /// Samples the run every step of simulated time until the workload's end; stops it with
+    /// an error past `--max-wall`.
+    async fn sample_to_the_end(&self, options: &SimOptions) -> Result<Vec<Sample>> {
+        let duration = options.workload.duration;
+        let step = (duration / SAMPLES).max(Duration::from_millis(100));
+        let mut samples = Vec::with_capacity(SAMPLES as usize + 2);
+        let mut at = Duration::ZERO;
+        loop {
+            samples.push(self.sample(at));
+            if at >= duration {
+                return Ok(samples);
             }
-            at = (at + WALL_CHECK).min(next);
-            tokio::time::sleep_until(start + at).await;
+            let next = (at + step).min(duration);
+            // Up to the next sample, look at the real clock each simulated second: a rule that
+            // polls every millisecond may take long in real time to reach the next sample.
+            while at < next {
+                if self.wall.elapsed() > options.max_wall {
+                    return Err(self.stop_past_max_wall(at, options).await);
+                }
+                at = (at + WALL_CHECK).min(next);
+                tokio::time::sleep_until(self.start + at).await;
+            }
         }
     }
-    producer.abort();
-    let status = listener.status();
-    let counts = transactions.snapshot();
-    listener.shutdown(Duration::from_secs(60)).await;
 
-    let mut latencies = std::mem::take(&mut *handler.latencies_ms.lock().unwrap());
-    latencies.sort_unstable();
-    let latency = (!latencies.is_empty()).then(|| Latency {
-        p50_ms: percentile(&latencies, 50.0).unwrap_or(0),
-        p99_ms: percentile(&latencies, 99.0).unwrap_or(0),
-        max_ms: *latencies.last().unwrap_or(&0),
-    });
-    let mut handler_ms = std::mem::take(&mut *handler.handler_ms.lock().unwrap());
-    handler_ms.sort_unstable();
+    fn sample(&self, at: Duration) -> Sample {
+        let status = self.listener.status();
+        let backlog = self.backlog.take_sample(self.queue.backlog());
+        let counts = self.queue.transactions.snapshot();
+        Sample { t_secs: at.as_secs_f64(), backlog, tasks: status.active_tasks, transactions: counts.total(), consumer_calls: counts.total() - counts.puts }
+    }
+
+    async fn stop_past_max_wall(&self, at: Duration, options: &SimOptions) -> anyhow::Error {
+        self.producer.abort();
+        self.listener.shutdown(Duration::ZERO).await;
+        anyhow::anyhow!(
+            "stopped after {} of real time at {} of {} simulated (--max-wall): the rule polls too often to simulate this long",
+            humantime::format_duration(options.max_wall),
+            humantime::format_duration(Duration::from_secs(at.as_secs())),
+            scenario::show_duration(options.workload.duration)
+        )
+    }
+}
+
+/// What the listener and the queue say at the end of a run.
+struct End {
+    status: crate::listener::ListenerStatus,
+    counts: TransactionCounts,
+    peak_backlog: u64,
+}
+
+/// The rule's report from the run's figures (the floor is filled by [`run`], which knows it).
+fn rule_report(rule: &RuleChoice, options: &SimOptions, handler: &SimHandler, end: End, samples: Vec<Sample>) -> RuleReport {
+    let workload = &options.workload;
+    let latency = handler.pickup_latency();
+    let handler_ms = handler.handler_times_sorted();
     let days = (workload.duration.as_secs_f64() / 86_400.0).max(1.0);
     let monthly = |transactions: u64| crate::cost::usd(transactions as f64 / days * 30.0, options.price_per_10k);
+    let End { status, counts, peak_backlog } = end;
     let billed = counts.total();
     let idle = counts.idle();
     let consumer_calls = billed - counts.puts;
     let messages = workload.messages();
-    Ok(RuleReport {
+    RuleReport {
         rule: rule.name(),
         messages,
         handled: handler.handled.load(Ordering::Relaxed),
@@ -560,10 +660,10 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
         peak_handler_calls: handler.peak_calls.load(Ordering::Relaxed),
         final_concurrency_limit: status.concurrency_limit,
         peak_tasks: status.peak_tasks,
-        peak_backlog: peak_backlog.load(Ordering::Relaxed),
+        peak_backlog,
         safety_polls: status.safety_polls,
         simulated_secs: workload.duration.as_secs_f64(),
         wall_secs: 0.0,
         samples,
-    })
+    }
 }

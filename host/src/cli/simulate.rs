@@ -1,6 +1,6 @@
 //! `ebb simulate`: compare rules over a scenario on the real listener, in simulated time.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Result, bail};
@@ -161,60 +161,60 @@ impl SimulateArgs {
 }
 
 pub fn run(args: SimulateArgs) -> Result<()> {
-    let scenario = match (&args.scenario, &args.trace) {
-        (_, Some(path)) => Scenario::Trace(path.clone()),
-        (Some(name), None) => Scenario::named(name)?,
-        (None, None) => Scenario::PaperBilling,
-    };
-    let (rules, queue_settings, rule_limits) = match args.configured()? {
-        Some((rules, settings, limits)) => (rules, Some(settings), Some(limits)),
-        None => (args.rule_choices()?, None, None),
-    };
-    if let Some(chart) = &args.chart {
-        if chart.extension().is_none_or(|e| e != "svg") {
-            bail!("--chart: {} must end in .svg (the chart is SVG)", chart.display());
-        }
-        // Found before the run, not after it: a path that cannot take the chart would throw
-        // the finished run away (and a FIFO there would hang the write).
-        if std::fs::metadata(chart).is_ok_and(|meta| !meta.is_file()) {
-            bail!("--chart: {} is not a regular file", chart.display());
-        }
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(chart)
-            .map_err(|e| anyhow::anyhow!("--chart: cannot write {}: {e}", chart.display()))?;
-    }
-    let workload = if args.bench {
-        // Replaced by each scenario's own; the settings below are checked once, up front.
-        Scenario::Idle.workload(Some(Duration::from_secs(1)), args.seed)?
-    } else {
-        scenario.workload(args.duration, args.seed)?
-    };
-    let options = SimOptions {
-        workload,
-        rules,
-        handler_time: args.handler_time.as_deref().map_or(Ok(simulate::DEFAULT_HANDLER_TIME), HandlerTime::parse)?,
-        listeners: args.listeners,
-        price_per_10k: args.price,
-        seed: args.seed,
-        notify: args.notify,
-        max_wall: args.max_wall,
-        safety_poll: args.safety_poll,
-        wait_budget: args.wait_budget,
-        handler_knee: args.handler_knee,
-        max_concurrent_calls: args.max_concurrent_calls,
-        queue_settings,
-        rule_limits,
-        rule_cache: super::rule::user_rule_cache(),
-    };
+    let options = args.options()?;
     if args.bench {
-        let mut report = simulate::bench::run(&options)?;
-        if args.json {
+        return args.print_bench(&options);
+    }
+    args.print_run(&options)
+}
+
+impl SimulateArgs {
+    /// What to simulate, every flag checked before the run.
+    fn options(&self) -> Result<SimOptions> {
+        let scenario = match (&self.scenario, &self.trace) {
+            (_, Some(path)) => Scenario::Trace(path.clone()),
+            (Some(name), None) => Scenario::named(name)?,
+            (None, None) => Scenario::PaperBilling,
+        };
+        let (rules, queue_settings, rule_limits) = match self.configured()? {
+            Some((rules, settings, limits)) => (rules, Some(settings), Some(limits)),
+            None => (self.rule_choices()?, None, None),
+        };
+        if let Some(chart) = &self.chart {
+            check_chart(chart)?;
+        }
+        let workload = if self.bench {
+            // Replaced by each scenario's own; the settings below are checked once, up front.
+            Scenario::Idle.workload(Some(Duration::from_secs(1)), self.seed)?
+        } else {
+            scenario.workload(self.duration, self.seed)?
+        };
+        Ok(SimOptions {
+            workload,
+            rules,
+            handler_time: self.handler_time.as_deref().map_or(Ok(simulate::DEFAULT_HANDLER_TIME), HandlerTime::parse)?,
+            listeners: self.listeners,
+            price_per_10k: self.price,
+            seed: self.seed,
+            notify: self.notify,
+            max_wall: self.max_wall,
+            safety_poll: self.safety_poll,
+            wait_budget: self.wait_budget,
+            handler_knee: self.handler_knee,
+            max_concurrent_calls: self.max_concurrent_calls,
+            queue_settings,
+            rule_limits,
+            rule_cache: super::rule::user_rule_cache(),
+        })
+    }
+
+    /// `--bench`: every scenario, as a table or JSON.
+    fn print_bench(&self, options: &SimOptions) -> Result<()> {
+        let mut report = simulate::bench::run(options)?;
+        if self.json {
             for scenario in &mut report.scenarios {
                 for rule in &mut scenario.rules {
-                    if !args.samples {
+                    if !self.samples {
                         rule.samples.clear();
                     }
                 }
@@ -223,25 +223,47 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         } else {
             print!("{}", simulate::bench::table(&report));
         }
-        return Ok(());
+        Ok(())
     }
-    let mut report = simulate::run(&options)?;
-    if let Some(chart) = &args.chart {
-        simulate::chart::write_svg(&report, chart)?;
-    }
-    if args.json {
-        if !args.samples {
-            for rule in &mut report.rules {
-                rule.samples.clear();
+
+    /// One scenario, as a table or JSON, and the chart when asked.
+    fn print_run(&self, options: &SimOptions) -> Result<()> {
+        let mut report = simulate::run(options)?;
+        if let Some(chart) = &self.chart {
+            simulate::chart::write_svg(&report, chart)?;
+        }
+        if self.json {
+            if !self.samples {
+                for rule in &mut report.rules {
+                    rule.samples.clear();
+                }
+            }
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", simulate::report::table(&report));
+            if let Some(chart) = &self.chart {
+                println!("chart: {}", chart.display());
             }
         }
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", simulate::report::table(&report));
-        if let Some(chart) = &args.chart {
-            println!("chart: {}", chart.display());
-        }
+        Ok(())
     }
+}
+
+/// Refuses a `--chart` path that cannot take the chart. Found before the run, not after it:
+/// such a path would throw the finished run away (and a FIFO there would hang the write).
+fn check_chart(chart: &Path) -> Result<()> {
+    if chart.extension().is_none_or(|e| e != "svg") {
+        bail!("--chart: {} must end in .svg (the chart is SVG)", chart.display());
+    }
+    if std::fs::metadata(chart).is_ok_and(|meta| !meta.is_file()) {
+        bail!("--chart: {} is not a regular file", chart.display());
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(chart)
+        .map_err(|e| anyhow::anyhow!("--chart: cannot write {}: {e}", chart.display()))?;
     Ok(())
 }
 

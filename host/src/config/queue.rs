@@ -21,7 +21,44 @@ use crate::queue::{MAX_BATCH, MAX_VISIBILITY};
 
 impl QueueFile {
     pub(super) fn validate(self, name: &str, base: &Path, host_azure: Option<&AzureFile>, max_message_bytes: usize) -> Result<QueueConfig> {
-        let backend = match (self.backend, &self.azure, host_azure) {
+        let backend = self.backend(name, base, host_azure)?;
+        let name = QueueName::new(name)?;
+        self.check_tasks()?;
+        self.check_timings()?;
+        let safety_poll = self.safety_poll()?;
+        if self.max_dequeue_count == 0 {
+            bail!("max_dequeue_count: must be at least 1");
+        }
+        let claims = self.claim_settings()?;
+        if !(1..=MAX_PARTITIONS).contains(&self.partitions) {
+            bail!("partitions: must be 1 to {MAX_PARTITIONS}, got {}", self.partitions);
+        }
+        let rule = self.rule()?;
+        self.check_record_max_bytes()?;
+        let shadow_rule = self.shadow_rule(rule.as_ref())?;
+        let (handler_url, handler_timeout) = self.handler()?;
+        let payload = self.payload_settings(&name, &backend, max_message_bytes)?;
+        Ok(QueueConfig {
+            name: name.clone(),
+            settings: self.queue_settings(safety_poll),
+            rule,
+            rule_params: self.rule_params.into_iter().collect(),
+            shadow_rule,
+            shadow_rule_params: self.shadow_rule_params.into_iter().collect(),
+            handler_url,
+            handler_timeout,
+            partitions: self.partitions,
+            backend,
+            claims,
+            payload,
+            record_max_bytes: self.record.then_some(self.record_max_bytes),
+        })
+    }
+
+    /// Where the queue's messages live: the embedded queue, or Azure with the queue's own
+    /// `azure` section or else the host's `[azure]`.
+    fn backend(&self, name: &str, base: &Path, host_azure: Option<&AzureFile>) -> Result<Backend> {
+        Ok(match (self.backend, &self.azure, host_azure) {
             (BackendKind::Embedded, Some(_), _) => bail!("azure: set backend = \"azure\" to use it"),
             (BackendKind::Embedded, None, _) => Backend::Embedded,
             (BackendKind::Azure, Some(own), _) => {
@@ -33,8 +70,11 @@ impl QueueFile {
                 Backend::Azure { account, encoding }
             }
             (BackendKind::Azure, None, None) => bail!("backend: \"azure\" needs an [azure] section, or [queues.{name}.azure]"),
-        };
-        let name = QueueName::new(name)?;
+        })
+    }
+
+    /// The batch size and the bounds of tasks and handler calls.
+    fn check_tasks(&self) -> Result<()> {
         if !(1..=MAX_BATCH).contains(&self.batch_size) {
             bail!("batch_size: must be 1 to {MAX_BATCH}, got {}", self.batch_size);
         }
@@ -50,6 +90,11 @@ impl QueueFile {
         if self.min_tasks == 0 && !self.push {
             bail!("min_tasks: 0 needs push = true (without push notifications, nothing would notice new messages)");
         }
+        Ok(())
+    }
+
+    /// The polling intervals, leases, retry delays and scaling times.
+    fn check_timings(&self) -> Result<()> {
         check_duration("min_polling_interval", self.min_polling_interval, AtLeast::AboveZero, MAX_INTERVAL)?;
         check_duration("max_polling_interval", self.max_polling_interval, AtLeast::AboveZero, MAX_INTERVAL)?;
         if self.min_polling_interval > self.max_polling_interval {
@@ -64,26 +109,31 @@ impl QueueFile {
         check_duration("max_retry_delay", self.max_retry_delay, AtLeast::Zero, MAX_VISIBILITY)?;
         check_duration("scale_interval", self.scale_interval, AtLeast::Zero, MAX_INTERVAL)?;
         check_duration("max_pickup_delay", self.max_pickup_delay, AtLeast::Zero, MAX_PICKUP_DELAY)?;
-        let safety_poll = match self.safety_poll {
+        Ok(())
+    }
+
+    /// The safety poll of a push queue (the default when not given).
+    fn safety_poll(&self) -> Result<Duration> {
+        match self.safety_poll {
             Some(_) if !self.push => bail!("safety_poll: only applies with push = true (without push a task always polls)"),
             Some(interval) => {
                 check_duration("safety_poll", interval, AtLeast::Duration(Duration::from_secs(1)), MAX_SAFETY_POLL)?;
-                interval
+                Ok(interval)
             }
-            None => crate::defaults::SAFETY_POLL,
-        };
-        if self.max_dequeue_count == 0 {
-            bail!("max_dequeue_count: must be at least 1");
+            None => Ok(crate::defaults::SAFETY_POLL),
         }
-        let claims = self.claim_settings()?;
-        if !(1..=MAX_PARTITIONS).contains(&self.partitions) {
-            bail!("partitions: must be 1 to {MAX_PARTITIONS}, got {}", self.partitions);
-        }
-        let rule = match self.rule {
+    }
+
+    /// The rule's file name; `None`: the built-in rule.
+    fn rule(&self) -> Result<Option<RuleFileName>> {
+        match &self.rule {
             None if !self.rule_params.is_empty() => bail!("rule_params: given, but no rule is set (the built-in rule takes no parameters)"),
-            None => None,
-            Some(file) => Some(RuleFileName::new(&file).context("rule")?),
-        };
+            None => Ok(None),
+            Some(file) => Ok(Some(RuleFileName::new(file).context("rule")?)),
+        }
+    }
+
+    fn check_record_max_bytes(&self) -> Result<()> {
         if !(crate::record::MIN_MAX_BYTES..=crate::record::MAX_MAX_BYTES).contains(&self.record_max_bytes) {
             bail!(
                 "record_max_bytes: must be {} to {} bytes (64 KiB to 1 GiB), got {}",
@@ -92,12 +142,17 @@ impl QueueFile {
                 self.record_max_bytes
             );
         }
-        let shadow_rule = match self.shadow_rule {
+        Ok(())
+    }
+
+    /// The shadow rule's file name, which must not be the live rule's.
+    fn shadow_rule(&self, live: Option<&RuleFileName>) -> Result<Option<RuleFileName>> {
+        let shadow_rule = match &self.shadow_rule {
             None if !self.shadow_rule_params.is_empty() => bail!("shadow_rule_params: given, but no shadow_rule is set"),
             None => None,
-            Some(file) => Some(RuleFileName::new(&file).context("shadow_rule")?),
+            Some(file) => Some(RuleFileName::new(file).context("shadow_rule")?),
         };
-        if let (Some(shadow), Some(live)) = (&shadow_rule, &rule)
+        if let (Some(shadow), Some(live)) = (&shadow_rule, live)
             && shadow == live
         {
             bail!(
@@ -105,9 +160,19 @@ impl QueueFile {
                 shadow.as_str()
             );
         }
+        Ok(shadow_rule)
+    }
+
+    /// The handler's URL (`None`: a handler given in code) and its timeout.
+    fn handler(&self) -> Result<(Option<reqwest::Url>, Duration)> {
         let handler_url = self.handler.as_ref().map(|handler| parse_handler_url(&handler.url)).transpose()?;
         let handler_timeout = self.handler.as_ref().map_or(crate::defaults::HANDLER_TIMEOUT, |handler| handler.timeout);
         check_duration("handler.timeout", handler_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
+        Ok((handler_url, handler_timeout))
+    }
+
+    /// How messages are packed and delivered, and where answers go.
+    fn payload_settings(&self, name: &QueueName, backend: &Backend, max_message_bytes: usize) -> Result<PayloadSettings> {
         check_duration("pack_linger", self.pack_linger, AtLeast::Zero, MAX_PACK_LINGER)?;
         let max_batch_items = match self.max_batch_items {
             Some(_) if self.delivery != Delivery::Batch => bail!("max_batch_items: only applies with delivery = \"batch\""),
@@ -120,65 +185,61 @@ impl QueueFile {
         }
         let reply_ttl = self.reply_ttl.unwrap_or(crate::defaults::REPLY_TTL);
         check_duration("reply_ttl", reply_ttl, AtLeast::Duration(Duration::from_secs(1)), MAX_VISIBILITY)?;
-        let reply_queue = match self.reply_queue {
-            None => None,
-            Some(_) if self.delivery == Delivery::Batch => bail!(
-                "reply_queue: a queue with delivery = \"batch\" has no answer per item (the handler answers which items failed); use delivery = \"item\", or remove reply_queue"
-            ),
-            Some(reply) => {
-                let reply = QueueName::new(&reply).context("reply_queue")?;
-                if reply == name || name.partitions(self.partitions).iter().any(|p| p.as_str() == reply.as_str()) {
-                    bail!("reply_queue: {reply} is this queue (or one of its partitions); answers would come back as requests");
-                }
-                if reply.as_str().ends_with("-poison") {
-                    bail!("reply_queue: {reply} is a poison queue; answers would be taken for poisoned messages");
-                }
-                Some(reply.to_string())
-            }
-        };
+        let reply_queue = self.reply_queue(name)?;
         let max_envelope_bytes = match backend {
             Backend::Embedded => max_message_bytes,
             Backend::Azure { .. } => AZURE_MAX_ENVELOPE_BYTES,
         };
-        Ok(QueueConfig {
-            name: name.clone(),
-            settings: QueueSettings {
-                batch_size: self.batch_size,
-                min_tasks: self.min_tasks,
-                max_tasks: self.max_tasks,
-                max_concurrent_calls: self.max_concurrent_calls,
-                min_polling_interval: self.min_polling_interval,
-                max_polling_interval: self.max_polling_interval,
-                lease_duration: self.lease_duration,
-                visibility_timeout: self.visibility_timeout,
-                max_retry_delay: self.max_retry_delay,
-                max_dequeue_count: self.max_dequeue_count,
-                push_enabled: self.push,
-                safety_poll,
-                scale_interval: self.scale_interval,
-                max_pickup_delay: self.max_pickup_delay,
-                ..QueueSettings::default()
-            },
-            rule,
-            rule_params: self.rule_params.into_iter().collect(),
-            shadow_rule,
-            shadow_rule_params: self.shadow_rule_params.into_iter().collect(),
-            handler_url,
-            handler_timeout,
-            partitions: self.partitions,
-            backend,
-            claims,
-            payload: PayloadSettings {
-                compression: self.compression,
-                pack_linger: self.pack_linger,
-                delivery: self.delivery,
-                max_batch_items,
-                max_envelope_bytes,
-                reply_queue,
-                reply_ttl,
-            },
-            record_max_bytes: self.record.then_some(self.record_max_bytes),
+        Ok(PayloadSettings {
+            compression: self.compression,
+            pack_linger: self.pack_linger,
+            delivery: self.delivery,
+            max_batch_items,
+            max_envelope_bytes,
+            reply_queue,
+            reply_ttl,
         })
+    }
+
+    /// The queue answers go to, which must be neither this queue nor a poison queue.
+    fn reply_queue(&self, name: &QueueName) -> Result<Option<String>> {
+        let Some(reply) = &self.reply_queue else {
+            return Ok(None);
+        };
+        if self.delivery == Delivery::Batch {
+            bail!(
+                "reply_queue: a queue with delivery = \"batch\" has no answer per item (the handler answers which items failed); use delivery = \"item\", or remove reply_queue"
+            );
+        }
+        let reply = QueueName::new(reply).context("reply_queue")?;
+        if reply == *name || name.partitions(self.partitions).iter().any(|p| p.as_str() == reply.as_str()) {
+            bail!("reply_queue: {reply} is this queue (or one of its partitions); answers would come back as requests");
+        }
+        if reply.as_str().ends_with("-poison") {
+            bail!("reply_queue: {reply} is a poison queue; answers would be taken for poisoned messages");
+        }
+        Ok(Some(reply.to_string()))
+    }
+
+    /// The listener's settings: the queue's keys, the rest the host's defaults.
+    fn queue_settings(&self, safety_poll: Duration) -> QueueSettings {
+        QueueSettings {
+            batch_size: self.batch_size,
+            min_tasks: self.min_tasks,
+            max_tasks: self.max_tasks,
+            max_concurrent_calls: self.max_concurrent_calls,
+            min_polling_interval: self.min_polling_interval,
+            max_polling_interval: self.max_polling_interval,
+            lease_duration: self.lease_duration,
+            visibility_timeout: self.visibility_timeout,
+            max_retry_delay: self.max_retry_delay,
+            max_dequeue_count: self.max_dequeue_count,
+            push_enabled: self.push,
+            safety_poll,
+            scale_interval: self.scale_interval,
+            max_pickup_delay: self.max_pickup_delay,
+            ..QueueSettings::default()
+        }
     }
 
     /// The claim-check keys, checked.

@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 
-use super::backend::Backend;
+use super::backend::{AzureFile, Backend};
 use super::bus::BusFile;
 use super::checks::{
     AtLeast, MAX_API_CONNECTIONS, MAX_CACHE_MIB, MAX_CALL_DEADLINE, MAX_INSTANCES, MAX_INTERVAL, MAX_MEMORY_MIB, MAX_MESSAGE_BYTES_LIMIT, MAX_PRICE_PER_10K,
     MIN_MESSAGE_BYTES_LIMIT, check_duration, check_folder, check_token, check_token_text,
 };
-use super::file::{ApiTokenFile, ConfigFile, ScalerFile};
+use super::file::{ApiTokenFile, ConfigFile, QueueFile, ScalerFile};
 use super::settings::{ApiLimits, ApiRole, ApiToken, ScalerSettings};
 use super::{Config, QueueConfig, SCALER_TOKEN_ENV, TOKEN_ENV};
 use crate::rules::RuleLimits;
@@ -29,28 +29,8 @@ pub(super) enum Reader {
 impl ConfigFile {
     /// `env` reads the variables `[[api.tokens]]` name.
     pub(super) fn validate(self, base: &Path, env_token: Option<String>, reader: Reader, env: &dyn Fn(&str) -> Option<String>) -> Result<Config> {
-        let listen: SocketAddr =
-            self.api.listen.parse().map_err(|_| anyhow::anyhow!("api.listen: {:?} is not an address like 127.0.0.1:7070", self.api.listen))?;
-        let env_token = if reader == Reader::Host { env_token } else { None };
-        let default_key = if env_token.as_deref().is_some_and(|t| !t.is_empty()) { TOKEN_ENV } else { "api.token" };
-        let token = check_token("api.token", self.api.token, TOKEN_ENV, env_token)?;
-        let tokens = api_tokens(token.map(|t| (default_key, t)), &self.api.tokens, env, reader == Reader::Client)?;
-        if reader == Reader::Host && !listen.ip().is_loopback() && tokens.is_empty() {
-            bail!("api.listen: {listen} is not a loopback address, so a token is required: api.token (or {TOKEN_ENV}) or [[api.tokens]]");
-        }
-        check_duration("api.header_read_timeout", self.api.header_read_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
-        check_duration("api.idle_timeout", self.api.idle_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
-        if !(1..=MAX_API_CONNECTIONS).contains(&self.api.max_connections) {
-            bail!("api.max_connections: must be 1 to {MAX_API_CONNECTIONS}, got {}", self.api.max_connections);
-        }
-        check_duration("api.body_read_timeout", self.api.body_read_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
-        let probe_connections = match self.api.probe_connections {
-            Some(n) if n >= self.api.max_connections => {
-                bail!("api.probe_connections: must be less than api.max_connections ({}), got {n}", self.api.max_connections)
-            }
-            Some(n) => n,
-            None => crate::defaults::PROBE_CONNECTIONS.min(self.api.max_connections / 2),
-        };
+        let (listen, tokens) = self.api.listen_and_tokens(env_token, reader, env)?;
+        let api_limits = self.api.limits(self.max_message_bytes)?;
         if !(MIN_MESSAGE_BYTES_LIMIT..=MAX_MESSAGE_BYTES_LIMIT).contains(&self.max_message_bytes) {
             bail!(
                 "max_message_bytes: must be {MIN_MESSAGE_BYTES_LIMIT} to {MAX_MESSAGE_BYTES_LIMIT} bytes (room for an envelope or an offloaded message's reference, up to 1 MiB, the largest body the API accepts), got {}",
@@ -62,46 +42,12 @@ impl ConfigFile {
         if !(price.is_finite() && (0.0..=MAX_PRICE_PER_10K).contains(&price)) {
             bail!("price_per_10k_transactions: must be 0 to {MAX_PRICE_PER_10K} (US dollars per 10,000 transactions), got {price}");
         }
-        let limits = &self.rule_limits;
-        check_duration("rule_limits.call_deadline", limits.call_deadline, AtLeast::AboveZero, MAX_CALL_DEADLINE)?;
-        if limits.call_fuel == 0 {
-            bail!("rule_limits.call_fuel: must be more than 0");
-        }
-        if !(1..=MAX_MEMORY_MIB).contains(&limits.memory_mib) {
-            bail!("rule_limits.memory_mib: must be 1 to {MAX_MEMORY_MIB}, got {}", limits.memory_mib);
-        }
-        if !(1..=MAX_CACHE_MIB).contains(&limits.cache_mib) {
-            bail!("rule_limits.cache_mib: must be 1 to {MAX_CACHE_MIB}, got {}", limits.cache_mib);
-        }
+        let rule_limits = self.rule_limits.validate()?;
         let data_dir = base.join(&self.data_dir);
         check_folder("data_dir", &self.data_dir, &data_dir)?;
         let rules_dir = base.join(&self.rules_dir);
         check_folder("rules_dir", &self.rules_dir, &rules_dir)?;
-        for name in self.queues.keys() {
-            if let Some(owner) = name.strip_suffix("-poison").filter(|owner| self.queues.contains_key(*owner)) {
-                bail!("queues.{name}: this name is taken by the poison queue of queues.{owner}");
-            }
-        }
-        let mut queues = Vec::new();
-        for (name, queue) in self.queues {
-            queues.push(queue.validate(&name, base, self.azure.as_ref(), self.max_message_bytes).with_context(|| format!("queues.{name}"))?);
-        }
-        // Every storage queue (queues, partitions, poison queues) belongs to one configured queue.
-        let mut owners: BTreeMap<String, &str> = BTreeMap::new();
-        for queue in &queues {
-            let storage = queue.storage_queues().into_iter().map(|s| (String::from(s), "")).chain([(queue.poison_queue().into(), "the poison queue of ")]);
-            for (storage, role) in storage {
-                if let Some(other) = owners.insert(storage.clone(), &queue.name) {
-                    let (first, second) = if other < queue.name.as_str() { (other, queue.name.as_str()) } else { (queue.name.as_str(), other) };
-                    bail!("queues.{second}: its storage queue {storage} is also used by queues.{first} ({role}or a partition)");
-                }
-            }
-        }
-        if queues.is_empty() {
-            bail!("queues: configure at least one queue ([queues.<name>] with a handler)");
-        }
-        refuse_reply_cycles(&queues, &owners)?;
-        refuse_unread_reply_queues(&queues)?;
+        let queues = validate_queues(self.queues, base, self.azure.as_ref(), self.max_message_bytes)?;
         let bus = self.bus.map(BusFile::validate).transpose()?;
         Ok(Config {
             data_dir,
@@ -113,25 +59,72 @@ impl ConfigFile {
             bus,
             tokens,
             scaler: None,
-            api_limits: ApiLimits {
-                max_body_bytes: self.max_message_bytes,
-                header_read_timeout: self.api.header_read_timeout,
-                idle_timeout: self.api.idle_timeout,
-                body_read_timeout: self.api.body_read_timeout,
-                max_connections: self.api.max_connections,
-                probe_connections,
-            },
-            rule_limits: RuleLimits {
-                call_deadline: self.rule_limits.call_deadline,
-                call_fuel: self.rule_limits.call_fuel,
-                memory_bytes: self.rule_limits.memory_mib << 20,
-                quarantine_after: self.rule_limits.quarantine_after,
-                cache_max_bytes: self.rule_limits.cache_mib << 20,
-                ..RuleLimits::default()
-            },
+            api_limits,
+            rule_limits,
             queues,
         })
     }
+}
+
+impl super::file::RuleLimitsFile {
+    /// `[rule_limits]`, checked, in the engine's units.
+    fn validate(&self) -> Result<RuleLimits> {
+        check_duration("rule_limits.call_deadline", self.call_deadline, AtLeast::AboveZero, MAX_CALL_DEADLINE)?;
+        if self.call_fuel == 0 {
+            bail!("rule_limits.call_fuel: must be more than 0");
+        }
+        if !(1..=MAX_MEMORY_MIB).contains(&self.memory_mib) {
+            bail!("rule_limits.memory_mib: must be 1 to {MAX_MEMORY_MIB}, got {}", self.memory_mib);
+        }
+        if !(1..=MAX_CACHE_MIB).contains(&self.cache_mib) {
+            bail!("rule_limits.cache_mib: must be 1 to {MAX_CACHE_MIB}, got {}", self.cache_mib);
+        }
+        Ok(RuleLimits {
+            call_deadline: self.call_deadline,
+            call_fuel: self.call_fuel,
+            memory_bytes: self.memory_mib << 20,
+            quarantine_after: self.quarantine_after,
+            cache_max_bytes: self.cache_mib << 20,
+            ..RuleLimits::default()
+        })
+    }
+}
+
+/// Every `[queues.<name>]`, checked, then checked together: no name taken by another's
+/// poison queue, no storage queue shared, no reply cycles or unread reply queues.
+fn validate_queues(files: BTreeMap<String, QueueFile>, base: &Path, host_azure: Option<&AzureFile>, max_message_bytes: usize) -> Result<Vec<QueueConfig>> {
+    for name in files.keys() {
+        if let Some(owner) = name.strip_suffix("-poison").filter(|owner| files.contains_key(*owner)) {
+            bail!("queues.{name}: this name is taken by the poison queue of queues.{owner}");
+        }
+    }
+    let mut queues = Vec::new();
+    for (name, queue) in files {
+        queues.push(queue.validate(&name, base, host_azure, max_message_bytes).with_context(|| format!("queues.{name}"))?);
+    }
+    let owners = storage_owners(&queues)?;
+    if queues.is_empty() {
+        bail!("queues: configure at least one queue ([queues.<name>] with a handler)");
+    }
+    refuse_reply_cycles(&queues, &owners)?;
+    refuse_unread_reply_queues(&queues)?;
+    Ok(queues)
+}
+
+/// The configured queue each storage queue (queues, partitions, poison queues) belongs to:
+/// one only.
+fn storage_owners(queues: &[QueueConfig]) -> Result<BTreeMap<String, &str>> {
+    let mut owners: BTreeMap<String, &str> = BTreeMap::new();
+    for queue in queues {
+        let storage = queue.storage_queues().into_iter().map(|s| (String::from(s), "")).chain([(queue.poison_queue().into(), "the poison queue of ")]);
+        for (storage, role) in storage {
+            if let Some(other) = owners.insert(storage.clone(), &queue.name) {
+                let (first, second) = if other < queue.name.as_str() { (other, queue.name.as_str()) } else { (queue.name.as_str(), other) };
+                bail!("queues.{second}: its storage queue {storage} is also used by queues.{first} ({role}or a partition)");
+            }
+        }
+    }
+    Ok(owners)
 }
 
 /// Refuses a `reply_queue` that names a configured queue whose listeners never read the
@@ -234,6 +227,45 @@ impl ScalerFile {
 }
 
 impl super::file::ApiFile {
+    /// The address the API listens on and the tokens it serves (none for a client, which
+    /// only sends one); a token is required off loopback.
+    fn listen_and_tokens(&self, env_token: Option<String>, reader: Reader, env: &dyn Fn(&str) -> Option<String>) -> Result<(SocketAddr, Vec<ApiToken>)> {
+        let listen: SocketAddr = self.listen.parse().map_err(|_| anyhow::anyhow!("api.listen: {:?} is not an address like 127.0.0.1:7070", self.listen))?;
+        let env_token = if reader == Reader::Host { env_token } else { None };
+        let default_key = if env_token.as_deref().is_some_and(|t| !t.is_empty()) { TOKEN_ENV } else { "api.token" };
+        let token = check_token("api.token", self.token.clone(), TOKEN_ENV, env_token)?;
+        let tokens = api_tokens(token.map(|t| (default_key, t)), &self.tokens, env, reader == Reader::Client)?;
+        if reader == Reader::Host && !listen.ip().is_loopback() && tokens.is_empty() {
+            bail!("api.listen: {listen} is not a loopback address, so a token is required: api.token (or {TOKEN_ENV}) or [[api.tokens]]");
+        }
+        Ok((listen, tokens))
+    }
+
+    /// The API's timeouts and connection bounds, checked; bodies up to `max_body_bytes`.
+    fn limits(&self, max_body_bytes: usize) -> Result<ApiLimits> {
+        check_duration("api.header_read_timeout", self.header_read_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
+        check_duration("api.idle_timeout", self.idle_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
+        if !(1..=MAX_API_CONNECTIONS).contains(&self.max_connections) {
+            bail!("api.max_connections: must be 1 to {MAX_API_CONNECTIONS}, got {}", self.max_connections);
+        }
+        check_duration("api.body_read_timeout", self.body_read_timeout, AtLeast::AboveZero, MAX_INTERVAL)?;
+        let probe_connections = match self.probe_connections {
+            Some(n) if n >= self.max_connections => {
+                bail!("api.probe_connections: must be less than api.max_connections ({}), got {n}", self.max_connections)
+            }
+            Some(n) => n,
+            None => crate::defaults::PROBE_CONNECTIONS.min(self.max_connections / 2),
+        };
+        Ok(ApiLimits {
+            max_body_bytes,
+            header_read_timeout: self.header_read_timeout,
+            idle_timeout: self.idle_timeout,
+            body_read_timeout: self.body_read_timeout,
+            max_connections: self.max_connections,
+            probe_connections,
+        })
+    }
+
     /// The token a client command sends (see [`Config::parse_for_client`]): the configured
     /// token named `name`; else `env_token` (`EBB_API_TOKEN`) as it is; else `api.token`.
     pub(super) fn client_token(&self, name: Option<&str>, env_token: Option<String>, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<String>> {

@@ -12,6 +12,7 @@ use futures::StreamExt as _;
 use crate::config::{Config, QueueConfig};
 use crate::host::Host;
 use crate::listener::{ListenerStatus, QueueSettings};
+use crate::queue::QueueClient;
 use crate::rules::RuleLimits;
 use crate::service::Role;
 use azurite::Azurite;
@@ -43,13 +44,7 @@ const PAPER_DEFAULT: &[u8] = include_bytes!("rules/paper_default.wasm");
 const PROPORTIONAL: &[u8] = include_bytes!("rules/proportional.wasm");
 
 pub async fn run(options: DemoOptions) -> Result<()> {
-    let work = tempfile::tempdir().context("failed to create a temporary folder")?;
-    let rules_dir = work.path().join("rules");
-    std::fs::create_dir_all(&rules_dir).with_context(|| format!("failed to create {}", rules_dir.display()))?;
-    let rule_file = rules_dir.join("demo.wasm");
-    std::fs::write(&rule_file, PAPER_DEFAULT).with_context(|| format!("failed to write {}", rule_file.display()))?;
-    let names = [(sha256(PAPER_DEFAULT), "paper-default"), (sha256(PROPORTIONAL), "proportional")];
-
+    let files = DemoFiles::write()?;
     let azurite = if options.azurite { Some(Azurite::start()?) } else { None };
     let backend = match &azurite {
         Some(azurite) => crate::config::Backend::Azure { account: azurite.account()?, encoding: crate::queue::azure::Encoding::Base64 },
@@ -57,10 +52,66 @@ pub async fn run(options: DemoOptions) -> Result<()> {
     };
     let processed_by_app = Arc::new(AtomicU64::new(0));
     let (app, app_server) = start_app(options.processing_time, processed_by_app.clone()).await?;
-    let config = Config {
+    let config = demo_config(&files, app, backend)?;
+    // The demo's own display of the depth: not through the host's metered client, so the
+    // transactions shown are the host's only.
+    let display_queue = match &azurite {
+        Some(_) => Some(crate::service::storage_queue(&config.queues[0].backend, None, QUEUE)?),
+        None => None,
+    };
+    let service = Host::start(&config, Role::Worker).await?;
+    let store = match &azurite {
+        Some(azurite) => format!("Azurite at {} (every call a billed transaction on Azure)", azurite.endpoint),
+        None => format!("the embedded store in {}", config.data_dir.display()),
+    };
+    println!(
+        "ebb demo: queue {QUEUE} on {store}, rule {} from the watched folder {}, app at http://{app}/work ({} ms a message)",
+        files.rule_file.file_name().unwrap().to_string_lossy(),
+        files.rules_dir.display(),
+        options.processing_time.as_millis()
+    );
+    let status = watch(&service, &options, &files, display_queue).await?;
+    service.shutdown().await;
+    // The host has drained: the app can go.
+    drop(app_server);
+    print_summary(&status, processed_by_app.load(Ordering::Relaxed), options.duration);
+    Ok(())
+}
+
+/// The demo's folder, removed when dropped: its data, and the watched rules folder with the
+/// first rule as `demo.wasm`.
+struct DemoFiles {
+    work: tempfile::TempDir,
+    rules_dir: std::path::PathBuf,
+    rule_file: std::path::PathBuf,
+}
+
+impl DemoFiles {
+    fn write() -> Result<DemoFiles> {
+        let work = tempfile::tempdir().context("failed to create a temporary folder")?;
+        let rules_dir = work.path().join("rules");
+        std::fs::create_dir_all(&rules_dir).with_context(|| format!("failed to create {}", rules_dir.display()))?;
+        let rule_file = rules_dir.join("demo.wasm");
+        std::fs::write(&rule_file, PAPER_DEFAULT).with_context(|| format!("failed to write {}", rule_file.display()))?;
+        Ok(DemoFiles { work, rules_dir, rule_file })
+    }
+
+    /// Deploys the proportional rule over `demo.wasm` as an operator would: write aside, then
+    /// rename into the watched folder.
+    fn deploy_proportional(&self) -> Result<()> {
+        let staging = self.rules_dir.join("demo.wasm.partial");
+        std::fs::write(&staging, PROPORTIONAL)?;
+        std::fs::rename(&staging, &self.rule_file)?;
+        Ok(())
+    }
+}
+
+/// The host's configuration: one queue, `demo`, handled by the app at `app`.
+fn demo_config(files: &DemoFiles, app: std::net::SocketAddr, backend: crate::config::Backend) -> Result<Config> {
+    Ok(Config {
         bus: None,
-        data_dir: work.path().join("data"),
-        rules_dir: rules_dir.clone(),
+        data_dir: files.work.path().join("data"),
+        rules_dir: files.rules_dir.clone(),
         max_message_bytes: crate::defaults::MAX_MESSAGE_BYTES,
         drain_timeout: Duration::from_secs(10),
         price_per_10k_transactions: crate::cost::PAPER_PRICE_PER_10K,
@@ -84,30 +135,17 @@ pub async fn run(options: DemoOptions) -> Result<()> {
             payload: crate::payload::PayloadSettings::default(),
             record_max_bytes: None,
         }],
-    };
-    // The demo's own display of the depth: not through the host's metered client, so the
-    // transactions shown are the host's only.
-    let display_queue = match &azurite {
-        Some(_) => Some(crate::service::storage_queue(&config.queues[0].backend, None, QUEUE)?),
-        None => None,
-    };
-    let service = Host::start(&config, Role::Worker).await?;
-    let api = service.api_addr();
-    let store = match &azurite {
-        Some(azurite) => format!("Azurite at {} (every call a billed transaction on Azure)", azurite.endpoint),
-        None => format!("the embedded store in {}", config.data_dir.display()),
-    };
-    println!(
-        "ebb demo: queue {QUEUE} on {store}, rule {} from the watched folder {}, app at http://{app}/work ({} ms a message)",
-        rule_file.file_name().unwrap().to_string_lossy(),
-        rules_dir.display(),
-        options.processing_time.as_millis()
-    );
+    })
+}
 
+/// Runs the load through the host's API for the demo's duration, printing a live line a
+/// second and deploying the proportional rule at 55% of it; returns the last status.
+async fn watch(service: &Host, options: &DemoOptions, files: &DemoFiles, display_queue: Option<Arc<dyn QueueClient>>) -> Result<ListenerStatus> {
+    let names = [(sha256(PAPER_DEFAULT), "paper-default"), (sha256(PROPORTIONAL), "proportional")];
     let total = options.duration.as_secs_f64();
     let at = |fraction: f64| Duration::from_secs_f64(total * fraction);
     let started = Instant::now();
-    let load = tokio::spawn(generate_load(api, options.clone(), at(0.03), at(0.40), at(0.75), at(0.65), started));
+    let load = tokio::spawn(generate_load(service.api_addr(), options.clone(), at(0.03), at(0.40), at(0.75), at(0.65), started));
     let mut swapped = false;
     let mut last = None::<ListenerStatus>;
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
@@ -116,10 +154,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
         ticker.tick().await;
         if !swapped && started.elapsed() >= at(0.55) {
             swapped = true;
-            // Deploy: write aside, then rename into the watched folder.
-            let staging = rules_dir.join("demo.wasm.partial");
-            std::fs::write(&staging, PROPORTIONAL)?;
-            std::fs::rename(&staging, &rule_file)?;
+            files.deploy_proportional()?;
             println!("-- deployed the proportional rule over demo.wasm (write aside + rename); the host swaps it in while it works");
         }
         let status = service.status().remove(0);
@@ -131,12 +166,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
         last = Some(status);
     }
     load.abort();
-    let status = service.status().remove(0);
-    service.shutdown().await;
-    // The host has drained: the app can go.
-    drop(app_server);
-    print_summary(&status, processed_by_app.load(Ordering::Relaxed), options.duration);
-    Ok(())
+    Ok(service.status().remove(0))
 }
 
 fn live_line(elapsed: Duration, depth: u64, s: &ListenerStatus, last: Option<&ListenerStatus>, names: &[(String, &str)]) -> String {

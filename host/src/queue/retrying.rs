@@ -157,7 +157,6 @@ impl<Q: QueueClient> Retrying<Q> {
             };
             let mut text = error.to_string();
             self.record.record_failure(kind, class, &text);
-            let queue = self.inner.name();
             let mut transient = error.is_transient();
             // Only the running host's stack (the one reporting readiness) creates a missing
             // queue again: `ebb check` and `ebb send` create no queue as a side effect.
@@ -180,41 +179,52 @@ impl<Q: QueueClient> Retrying<Q> {
                 let delay = self.policy.delay(attempt);
                 attempt += 1;
                 self.record.record_retry(kind);
-                if let Some(suppressed) = self.log.allow() {
-                    tracing::warn!(
-                        queue,
-                        suppressed,
-                        "{kind} on {queue} failed ({class}): retrying in {}, attempt {attempt} of {}: {}",
-                        short_duration(delay),
-                        self.policy.max_attempts,
-                        truncate_reason(&text)
-                    );
-                }
+                self.log_retry(kind, class, delay, attempt, &text);
                 tokio::time::sleep(delay).await;
                 continue;
             }
-            self.record.record_gave_up(kind);
-            let tries = if attempt == 1 { "at once (not worth retrying)".to_string() } else { format!("after {attempt} attempts") };
-            let problem = format!("{kind} on {queue} failed ({class}) {tries}: {}", truncate_reason(&text));
-            if !self.probing
-                && let Some(suppressed) = self.log.allow()
-            {
-                tracing::warn!(queue, suppressed, "{problem}; {}", kind.after_giving_up());
-            }
-            if let Some((readiness, logical)) = &self.readiness {
-                // A refused credential is the liveness's too: a restart reads a renewed secret.
-                let part = if class == FailureClass::Auth { ReadinessPart::Credential } else { ReadinessPart::Storage };
-                if readiness.set_problem(logical, part, &problem) {
-                    match part {
-                        ReadinessPart::Credential => tracing::error!(
-                            queue = logical.as_str(),
-                            "queue {logical} is not ready and the host not live: its storage refuses the credential; a restart reads the secret again"
-                        ),
-                        _ => tracing::warn!(queue = logical.as_str(), "queue {logical} is not ready: its storage fails ({class})"),
-                    }
-                }
-            }
+            self.give_up(kind, class, attempt, &text);
             return (result, attempts);
+        }
+    }
+
+    fn log_retry(&self, kind: CallKind, class: FailureClass, delay: Duration, attempt: u32, text: &str) {
+        let queue = self.inner.name();
+        if let Some(suppressed) = self.log.allow() {
+            tracing::warn!(
+                queue,
+                suppressed,
+                "{kind} on {queue} failed ({class}): retrying in {}, attempt {attempt} of {}: {}",
+                short_duration(delay),
+                self.policy.max_attempts,
+                truncate_reason(text)
+            );
+        }
+    }
+
+    /// Records and logs a call given up after `attempt` attempts, and reports the queue not
+    /// ready.
+    fn give_up(&self, kind: CallKind, class: FailureClass, attempt: u32, text: &str) {
+        let queue = self.inner.name();
+        self.record.record_gave_up(kind);
+        let tries = if attempt == 1 { "at once (not worth retrying)".to_string() } else { format!("after {attempt} attempts") };
+        let problem = format!("{kind} on {queue} failed ({class}) {tries}: {}", truncate_reason(text));
+        if !self.probing
+            && let Some(suppressed) = self.log.allow()
+        {
+            tracing::warn!(queue, suppressed, "{problem}; {}", kind.after_giving_up());
+        }
+        let Some((readiness, logical)) = &self.readiness else { return };
+        // A refused credential is the liveness's too: a restart reads a renewed secret.
+        let part = if class == FailureClass::Auth { ReadinessPart::Credential } else { ReadinessPart::Storage };
+        if readiness.set_problem(logical, part, &problem) {
+            match part {
+                ReadinessPart::Credential => tracing::error!(
+                    queue = logical.as_str(),
+                    "queue {logical} is not ready and the host not live: its storage refuses the credential; a restart reads the secret again"
+                ),
+                _ => tracing::warn!(queue = logical.as_str(), "queue {logical} is not ready: its storage fails ({class})"),
+            }
         }
     }
 

@@ -17,7 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::payload::claims::{ClaimError, ClaimStore};
-use crate::payload::{Body, DEFAULT_MAX_ITEMS, Item, MIN_ITEM_BYTES, Packer, PayloadSettings};
+use crate::payload::{Body, DEFAULT_MAX_ITEMS, Item, MIN_ITEM_BYTES, Packed, Packer, PayloadSettings};
 use crate::queue::{MessageId, QueueError};
 
 /// Most bytes of items waiting for the packing task or being put, per queue: at zstd's
@@ -225,127 +225,159 @@ impl Task {
     async fn flush(&mut self, mut sends: Vec<Pending>) {
         loop {
             let items: Vec<Item> = sends.iter().flat_map(|send| send.items.iter().cloned()).collect();
-            let owners: Vec<(usize, usize)> = sends.iter().enumerate().flat_map(|(s, send)| (0..send.items.len()).map(move |i| (s, i))).collect();
+            let owners: Vec<Owner> = sends.iter().enumerate().flat_map(|(s, send)| (0..send.items.len()).map(move |i| (s, i))).collect();
             let packed = match self.packer.pack(&items) {
                 Ok(packed) => packed,
-                Err(error) => {
-                    // Only a failing compressor gets here (inline items always pack).
-                    let reason = format!("{:#}", error.context("packing the items"));
-                    for send in sends {
-                        let _ = send.answer.send(Err(QueueError::Fatal(anyhow::anyhow!("{reason}")).into()));
-                    }
-                    return;
-                }
+                // Only a failing compressor gets here (inline items always pack).
+                Err(error) => return refuse_all(sends, error),
             };
-            if !packed.needs_claim_check.is_empty() {
-                // Offloaded into the claim store first (durably), then packed again as claim
-                // checks. A send with an item that cannot be offloaded is refused whole
-                // (nothing of its put but orphan bodies, which the sweeper removes), the
-                // others packed again.
-                let mut refused: Vec<Option<ItemsError>> = sends.iter().map(|_| None).collect();
-                let mut offloads = Vec::new();
-                for &index in &packed.needs_claim_check {
-                    let (send, item) = owners[index];
-                    let Body::Inline(body) = &sends[send].items[item].body else {
-                        // A claim check always fits an envelope; refusing keeps this loop finite.
-                        refused[send].get_or_insert(ItemsError::TooLarge { index: item, size: 0, limit: self.packer.max_envelope_bytes() });
-                        continue;
-                    };
-                    match &self.claims {
-                        None => {
-                            refused[send].get_or_insert(ItemsError::TooLarge { index: item, size: body.len(), limit: self.packer.max_envelope_bytes() });
-                        }
-                        Some(claims) if body.len() as u64 > claims.max_bytes() => {
-                            refused[send].get_or_insert(ItemsError::OverClaimLimit { index: item, size: body.len(), limit: claims.max_bytes() });
-                        }
-                        Some(claims) => offloads.push((send, item, claims.clone(), body.clone())),
-                    }
-                }
-                let stored = futures::future::join_all(offloads.into_iter().map(|(send, item, claims, body)| async move {
-                    let size = body.len();
-                    (send, item, size, claims.put(body).await)
-                }))
-                .await;
-                for (send, item, size, result) in stored {
-                    match result {
-                        Ok(check) => sends[send].items[item] = Item::claim_check(check),
-                        Err(error) => {
-                            let refusal = match error {
-                                ClaimError::Refused(_) => {
-                                    ItemsError::OverClaimLimit { index: item, size, limit: self.claims.as_ref().map_or(0, |c| c.max_bytes()) }
-                                }
-                                error if error.is_retryable() => {
-                                    ItemsError::Storage(QueueError::Transient(anyhow::Error::new(error).context("storing an item's claim-check body")))
-                                }
-                                error => ItemsError::Storage(QueueError::Fatal(anyhow::Error::new(error).context("storing an item's claim-check body"))),
-                            };
-                            refused[send].get_or_insert(refusal);
-                        }
-                    }
-                }
-                let mut kept = Vec::new();
-                for (send, refusal) in sends.into_iter().zip(refused) {
-                    match refusal {
-                        Some(refusal) => drop(send.answer.send(Err(refusal))),
-                        None => kept.push(send),
-                    }
-                }
-                if kept.is_empty() {
-                    return;
-                }
-                sends = kept;
-                continue;
+            if packed.needs_claim_check.is_empty() {
+                return self.put_envelopes(sends, packed, &owners).await;
             }
-            let envelope_bytes: usize = packed.envelopes.iter().map(|e| e.bytes.len()).sum();
-            let item_bytes: usize = sends.iter().map(|s| s.bytes).sum();
-            if envelope_bytes > 0 {
-                self.ratio = (item_bytes as f64 / envelope_bytes as f64).clamp(0.1, 100.0);
+            sends = self.offload(sends, &packed.needs_claim_check, &owners).await;
+            if sends.is_empty() {
+                return;
             }
-            // Each envelope's items, as (send, index in that send), in the envelope's order.
-            let holders: Vec<Vec<(usize, usize)>> = packed.envelopes.iter().map(|e| e.items.iter().map(|&i| owners[i]).collect()).collect();
-            let puts = packed.envelopes.into_iter().map(|envelope| (self.put)(envelope.bytes));
-            let results = futures::future::join_all(puts).await;
-            let mut answers: Vec<Result<ItemsSent, ItemsError>> =
-                sends.iter().map(|s| Ok(ItemsSent { items: s.items.len(), messages: Vec::new(), ids: Vec::new() })).collect();
-            let mut places: Vec<Vec<Option<ItemId>>> = sends.iter().map(|s| vec![None; s.items.len()]).collect();
-            let mut stored = 0;
-            for (result, holders) in results.into_iter().zip(holders) {
-                match result {
-                    Ok(id) => {
-                        stored += 1;
-                        for (position, (send, item)) in holders.into_iter().enumerate() {
-                            places[send][item] = Some(ItemId { message_id: id.clone(), item: position as u32 });
-                            if let Ok(sent) = &mut answers[send]
-                                && sent.messages.last() != Some(&id)
-                            {
-                                sent.messages.push(id.clone());
-                            }
-                        }
-                    }
-                    Err(error) => {
-                        for (send, _) in holders {
-                            if answers[send].is_ok() {
-                                answers[send] = Err(ItemsError::Storage(copy_of(&error)));
-                            }
-                        }
-                    }
-                }
-            }
-            if stored > 0 {
-                (self.arrived)(stored);
-            }
-            for (answer, places) in answers.iter_mut().zip(places) {
-                if let Ok(sent) = answer {
-                    // Every envelope holding one of its items was put: each item has its place.
-                    sent.ids = places.into_iter().flatten().collect();
-                }
-            }
-            for (send, answer) in sends.into_iter().zip(answers) {
-                let _ = send.answer.send(answer);
-            }
-            return;
         }
     }
+
+    /// Offloads the items that fit no envelope into the claim store first (durably), each
+    /// replaced by its claim check, and returns the sends to pack again. A send with an item
+    /// that cannot be offloaded is refused whole (nothing of its put but orphan bodies, which
+    /// the sweeper removes).
+    async fn offload(&self, mut sends: Vec<Pending>, needs_claim_check: &[usize], owners: &[Owner]) -> Vec<Pending> {
+        let mut refused: Vec<Option<ItemsError>> = sends.iter().map(|_| None).collect();
+        let mut offloads = Vec::new();
+        for &index in needs_claim_check {
+            let (send, item) = owners[index];
+            match self.offload_of(&sends[send].items[item], item) {
+                Ok((claims, body)) => offloads.push((send, item, claims, body)),
+                Err(refusal) => {
+                    refused[send].get_or_insert(refusal);
+                }
+            }
+        }
+        let stored = futures::future::join_all(offloads.into_iter().map(|(send, item, claims, body)| async move {
+            let size = body.len();
+            (send, item, size, claims.put(body).await)
+        }))
+        .await;
+        for (send, item, size, result) in stored {
+            match result {
+                Ok(check) => sends[send].items[item] = Item::claim_check(check),
+                Err(error) => {
+                    refused[send].get_or_insert(self.claim_refusal(error, item, size));
+                }
+            }
+        }
+        answer_refused(sends, refused)
+    }
+
+    /// The claim store and the body to offload item `index` of a send, or why it cannot be.
+    fn offload_of(&self, item: &Item, index: usize) -> Result<(Arc<dyn ClaimStore>, Bytes), ItemsError> {
+        let Body::Inline(body) = &item.body else {
+            // A claim check always fits an envelope; refusing keeps the flush's loop finite.
+            return Err(ItemsError::TooLarge { index, size: 0, limit: self.packer.max_envelope_bytes() });
+        };
+        match &self.claims {
+            None => Err(ItemsError::TooLarge { index, size: body.len(), limit: self.packer.max_envelope_bytes() }),
+            Some(claims) if body.len() as u64 > claims.max_bytes() => Err(ItemsError::OverClaimLimit { index, size: body.len(), limit: claims.max_bytes() }),
+            Some(claims) => Ok((claims.clone(), body.clone())),
+        }
+    }
+
+    /// The send's refusal when the claim store did not take item `index` of `size` bytes.
+    fn claim_refusal(&self, error: ClaimError, index: usize, size: usize) -> ItemsError {
+        match error {
+            ClaimError::Refused(_) => ItemsError::OverClaimLimit { index, size, limit: self.claims.as_ref().map_or(0, |c| c.max_bytes()) },
+            error if error.is_retryable() => {
+                ItemsError::Storage(QueueError::Transient(anyhow::Error::new(error).context("storing an item's claim-check body")))
+            }
+            error => ItemsError::Storage(QueueError::Fatal(anyhow::Error::new(error).context("storing an item's claim-check body"))),
+        }
+    }
+
+    /// Puts the envelopes side by side and answers each send once every envelope holding one
+    /// of its items was put (or with the error of one that failed).
+    async fn put_envelopes(&mut self, sends: Vec<Pending>, packed: Packed, owners: &[Owner]) {
+        let envelope_bytes: usize = packed.envelopes.iter().map(|e| e.bytes.len()).sum();
+        let item_bytes: usize = sends.iter().map(|s| s.bytes).sum();
+        if envelope_bytes > 0 {
+            self.ratio = (item_bytes as f64 / envelope_bytes as f64).clamp(0.1, 100.0);
+        }
+        // Each envelope's items, as (send, index in that send), in the envelope's order.
+        let holders: Vec<Vec<Owner>> = packed.envelopes.iter().map(|e| e.items.iter().map(|&i| owners[i]).collect()).collect();
+        let puts = packed.envelopes.into_iter().map(|envelope| (self.put)(envelope.bytes));
+        let results = futures::future::join_all(puts).await;
+        let (answers, stored) = answers_of(&sends, results, holders);
+        if stored > 0 {
+            (self.arrived)(stored);
+        }
+        for (send, answer) in sends.into_iter().zip(answers) {
+            let _ = send.answer.send(answer);
+        }
+    }
+}
+
+/// An item of a flush, as (send, index in that send).
+type Owner = (usize, usize);
+
+/// Answers every send with the packer's error.
+fn refuse_all(sends: Vec<Pending>, error: anyhow::Error) {
+    let reason = format!("{:#}", error.context("packing the items"));
+    for send in sends {
+        let _ = send.answer.send(Err(QueueError::Fatal(anyhow::anyhow!("{reason}")).into()));
+    }
+}
+
+/// Answers the refused sends; returns the others.
+fn answer_refused(sends: Vec<Pending>, refused: Vec<Option<ItemsError>>) -> Vec<Pending> {
+    let mut kept = Vec::new();
+    for (send, refusal) in sends.into_iter().zip(refused) {
+        match refusal {
+            Some(refusal) => drop(send.answer.send(Err(refusal))),
+            None => kept.push(send),
+        }
+    }
+    kept
+}
+
+/// Each send's answer from the envelopes' puts (`holders`: each envelope's items), and how
+/// many envelopes were stored.
+fn answers_of(sends: &[Pending], results: Vec<Result<MessageId, QueueError>>, holders: Vec<Vec<Owner>>) -> (Vec<Result<ItemsSent, ItemsError>>, usize) {
+    let mut answers: Vec<Result<ItemsSent, ItemsError>> =
+        sends.iter().map(|s| Ok(ItemsSent { items: s.items.len(), messages: Vec::new(), ids: Vec::new() })).collect();
+    let mut places: Vec<Vec<Option<ItemId>>> = sends.iter().map(|s| vec![None; s.items.len()]).collect();
+    let mut stored = 0;
+    for (result, holders) in results.into_iter().zip(holders) {
+        match result {
+            Ok(id) => {
+                stored += 1;
+                for (position, (send, item)) in holders.into_iter().enumerate() {
+                    places[send][item] = Some(ItemId { message_id: id.clone(), item: position as u32 });
+                    if let Ok(sent) = &mut answers[send]
+                        && sent.messages.last() != Some(&id)
+                    {
+                        sent.messages.push(id.clone());
+                    }
+                }
+            }
+            Err(error) => {
+                for (send, _) in holders {
+                    if answers[send].is_ok() {
+                        answers[send] = Err(ItemsError::Storage(copy_of(&error)));
+                    }
+                }
+            }
+        }
+    }
+    for (answer, places) in answers.iter_mut().zip(places) {
+        if let Ok(sent) = answer {
+            // Every envelope holding one of its items was put: each item has its place.
+            sent.ids = places.into_iter().flatten().collect();
+        }
+    }
+    (answers, stored)
 }
 
 /// The same error for another sender (`QueueError` holds an `anyhow::Error`, which does

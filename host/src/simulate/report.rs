@@ -1,9 +1,38 @@
 //! The table `ebb simulate` prints.
 
-use super::SimReport;
+use super::{RuleReport, SimReport};
 
 /// The report as a table, one row per rule, with a heading line.
 pub fn table(report: &SimReport) -> String {
+    let mut rows: Vec<Vec<String>> = report.rules.iter().map(rule_row).collect();
+    rows.push(floor_row(report));
+    heading(report) + &aligned(&rows)
+}
+
+/// The columns, in order.
+const TITLES: [&str; 18] = [
+    "rule",
+    "billed",
+    "consumer",
+    "per msg",
+    "× floor",
+    "idle",
+    "useful",
+    "$/month",
+    "idle $/month",
+    "p50 ms",
+    "p99 ms",
+    "max ms",
+    "peak tasks",
+    "peak backlog",
+    "handled",
+    "calls/s",
+    "handler p99 ms",
+    "wall s",
+];
+
+/// What was simulated, and what the figures count.
+fn heading(report: &SimReport) -> String {
     let mut out = format!(
         "scenario {} ({} simulated, {} messages), handler {}, ${} per 10,000 transactions, $/month for {} listener{}\n",
         report.scenario,
@@ -23,64 +52,54 @@ pub fn table(report: &SimReport) -> String {
         "consumer = billed transactions but puts; floor = a delete per message + the fewest gets of at most {} that fetch each message within W of its arrival\n",
         super::floor::BATCH
     ));
-    let titles = [
-        "rule",
-        "billed",
-        "consumer",
-        "per msg",
-        "× floor",
-        "idle",
-        "useful",
-        "$/month",
-        "idle $/month",
-        "p50 ms",
-        "p99 ms",
-        "max ms",
-        "peak tasks",
-        "peak backlog",
-        "handled",
-        "calls/s",
-        "handler p99 ms",
-        "wall s",
-    ];
-    let ratio = |value: Option<f64>| value.map_or("-".to_string(), |v| format!("{v:.2}"));
-    let mut rows: Vec<Vec<String>> = report
-        .rules
-        .iter()
-        .map(|r| {
-            let latency = |f: fn(&super::Latency) -> u64| r.latency.as_ref().map_or("-".to_string(), |l| f(l).to_string());
-            vec![
-                r.rule.clone(),
-                r.billed_transactions.to_string(),
-                r.consumer_calls.to_string(),
-                ratio(r.calls_per_message),
-                ratio(r.ratio_to_floor),
-                r.idle_transactions.to_string(),
-                r.useful_transactions.to_string(),
-                format!("{:.2}", r.usd_per_month),
-                format!("{:.2}", r.idle_usd_per_month),
-                latency(|l| l.p50_ms),
-                latency(|l| l.p99_ms),
-                latency(|l| l.max_ms),
-                r.peak_tasks.to_string(),
-                r.peak_backlog.to_string(),
-                format!("{}/{}", r.handled, r.messages),
-                format!("{:.1}", r.throughput_per_sec),
-                r.handler_p99_ms.map_or("-".to_string(), |ms| ms.to_string()),
-                format!("{:.2}", r.wall_secs),
-            ]
-        })
-        .collect();
-    // The floor: what no rule can beat while fetching every message within W.
+    out
+}
+
+/// A ratio with two decimals; `-` when there is none.
+fn ratio(value: Option<f64>) -> String {
+    value.map_or("-".to_string(), |v| format!("{v:.2}"))
+}
+
+/// One rule's cells, in the order of [`TITLES`].
+fn rule_row(r: &RuleReport) -> Vec<String> {
+    let latency = |f: fn(&super::Latency) -> u64| r.latency.as_ref().map_or("-".to_string(), |l| f(l).to_string());
+    vec![
+        r.rule.clone(),
+        r.billed_transactions.to_string(),
+        r.consumer_calls.to_string(),
+        ratio(r.calls_per_message),
+        ratio(r.ratio_to_floor),
+        r.idle_transactions.to_string(),
+        r.useful_transactions.to_string(),
+        format!("{:.2}", r.usd_per_month),
+        format!("{:.2}", r.idle_usd_per_month),
+        latency(|l| l.p50_ms),
+        latency(|l| l.p99_ms),
+        latency(|l| l.max_ms),
+        r.peak_tasks.to_string(),
+        r.peak_backlog.to_string(),
+        format!("{}/{}", r.handled, r.messages),
+        format!("{:.1}", r.throughput_per_sec),
+        r.handler_p99_ms.map_or("-".to_string(), |ms| ms.to_string()),
+        format!("{:.2}", r.wall_secs),
+    ]
+}
+
+/// The floor: what no rule can beat while fetching every message within W.
+fn floor_row(report: &SimReport) -> Vec<String> {
     let budget = humantime::format_duration(std::time::Duration::from_millis(report.wait_budget_ms)).to_string();
-    let mut floor = vec!["-".to_string(); titles.len()];
+    let mut floor = vec!["-".to_string(); TITLES.len()];
     floor[0] = format!("floor (W = {budget})");
     floor[2] = report.floor_calls.to_string();
     floor[3] = ratio((report.messages > 0).then(|| report.floor_calls as f64 / report.messages as f64));
     floor[4] = if report.floor_calls > 0 { "1.00".into() } else { "-".into() };
     floor[11] = format!("≤ {}", report.wait_budget_ms);
-    rows.push(floor);
-    let widths: Vec<usize> = (0..titles.len()).map(|i| rows.iter().map(|r| r[i].chars().count()).chain([titles[i].len()]).max().unwrap_or(0)).collect();
+    floor
+}
+
+/// The titles and the rows in columns: the first left-aligned, the others right-aligned.
+fn aligned(rows: &[Vec<String>]) -> String {
+    let widths: Vec<usize> = (0..TITLES.len()).map(|i| rows.iter().map(|r| r[i].chars().count()).chain([TITLES[i].len()]).max().unwrap_or(0)).collect();
     let line = |cells: Vec<&str>| {
         let mut text = String::new();
         for (i, cell) in cells.iter().enumerate() {
@@ -94,8 +113,8 @@ pub fn table(report: &SimReport) -> String {
         text.push('\n');
         text
     };
-    out.push_str(&line(titles.to_vec()));
-    for row in &rows {
+    let mut out = line(TITLES.to_vec());
+    for row in rows {
         out.push_str(&line(row.iter().map(String::as_str).collect()));
     }
     out

@@ -200,104 +200,10 @@ impl AzureAccount {
     /// `SharedAccessSignature=…` with `QueueEndpoint` (or `AccountName`), or
     /// `UseDevelopmentStorage=true`. Errors name the missing or bad part, never a secret.
     pub fn from_connection_string(text: &str) -> anyhow::Result<Self> {
-        let (account, blob_endpoint) = Self::parse_connection_string(text)?;
+        let (account, blob_endpoint) = ConnectionParts::parse(text)?.account()?;
         match blob_endpoint {
             Some(endpoint) => account.with_blob_endpoint(&endpoint),
             None => Ok(account),
-        }
-    }
-
-    /// The account and the `BlobEndpoint` if the connection string gives one (or, for
-    /// development storage, Azurite's default).
-    fn parse_connection_string(text: &str) -> anyhow::Result<(Self, Option<String>)> {
-        let mut protocol = None;
-        let mut name = None;
-        let mut key = None;
-        let mut sas = None;
-        let mut queue_endpoint = None;
-        let mut blob_endpoint = None;
-        let mut suffix = None;
-        let mut development = false;
-        for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
-            let Some((setting, value)) = part.split_once('=') else {
-                // Never echo the part: it may be a secret pasted without its name.
-                bail!("connection string: a part has no '=' (expected Name=value pairs separated by ';')");
-            };
-            let value = value.trim();
-            match setting.trim().to_ascii_lowercase().as_str() {
-                "defaultendpointsprotocol" => protocol = Some(value.to_string()),
-                "accountname" => name = Some(value.to_string()),
-                "accountkey" => key = Some(value.to_string()),
-                "sharedaccesssignature" => sas = Some(value.to_string()),
-                "queueendpoint" => queue_endpoint = Some(value.to_string()),
-                "blobendpoint" => blob_endpoint = Some(value.to_string()),
-                "endpointsuffix" => suffix = Some(value.to_string()),
-                "usedevelopmentstorage" => match value.to_ascii_lowercase().as_str() {
-                    "true" => development = true,
-                    "false" => {}
-                    _ => bail!("connection string: UseDevelopmentStorage must be true or false"),
-                },
-                // Other services' settings: allowed in a shared connection string, unused here.
-                "tableendpoint"
-                | "fileendpoint"
-                | "blobsecondaryendpoint"
-                | "queuesecondaryendpoint"
-                | "tablesecondaryendpoint"
-                | "filesecondaryendpoint"
-                | "developmentstorageproxyuri" => {}
-                // Name it only if it looks like a setting name: a bare secret ending in '='
-                // splits like one.
-                other if other.len() <= 32 && other.chars().all(|c| c.is_ascii_alphabetic()) => {
-                    bail!("connection string: unknown setting {other:?}")
-                }
-                _ => bail!("connection string: a part is not a known Name=value setting (not shown: it may be a secret)"),
-            }
-        }
-        if development {
-            if name.is_some() || key.is_some() || sas.is_some() {
-                bail!("connection string: UseDevelopmentStorage=true takes no AccountName, AccountKey or SharedAccessSignature");
-            }
-            let endpoint = queue_endpoint.as_deref().unwrap_or(DEVELOPMENT_QUEUE_ENDPOINT);
-            let blob = blob_endpoint.unwrap_or_else(|| DEVELOPMENT_BLOB_ENDPOINT.to_string());
-            return Ok((Self::with_key(DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY, Some(endpoint))?, Some(blob)));
-        }
-        let protocol = protocol.unwrap_or_else(|| "https".into());
-        if protocol != "https" && protocol != "http" {
-            bail!("connection string: DefaultEndpointsProtocol must be https or http, not {protocol:?}");
-        }
-        let default_endpoint = |name: &str| format!("{protocol}://{name}.queue.{}", suffix.as_deref().unwrap_or("core.windows.net"));
-        match (key, sas) {
-            (Some(_), Some(_)) => bail!("connection string: give AccountKey or SharedAccessSignature, not both"),
-            (Some(key), None) => {
-                let name = name.ok_or_else(|| anyhow!("connection string: AccountKey needs an AccountName"))?;
-                let endpoint = queue_endpoint.unwrap_or_else(|| default_endpoint(&name));
-                Ok((Self::with_key(&name, &key, Some(&endpoint))?, blob_endpoint))
-            }
-            (None, Some(sas)) => {
-                let endpoint = match (queue_endpoint, &name) {
-                    (Some(endpoint), _) => endpoint,
-                    (None, Some(name)) => default_endpoint(name),
-                    (None, None) => bail!("connection string: SharedAccessSignature needs a QueueEndpoint (or an AccountName)"),
-                };
-                let endpoint = parse_endpoint(&endpoint)?;
-                let name = match name {
-                    Some(name) => name,
-                    None => account_from_endpoint(&endpoint)
-                        .ok_or_else(|| anyhow!("connection string: cannot tell the account from QueueEndpoint {endpoint}; add AccountName"))?,
-                };
-                check_account(&name)?;
-                let sas = sas.trim_start_matches('?');
-                if !sas.contains("sig=") {
-                    bail!("connection string: SharedAccessSignature has no sig= part");
-                }
-                super::sas::check_query(sas).map_err(|e| anyhow!("connection string: {e}"))?;
-                let beside = blob_endpoint_beside(&endpoint);
-                Ok((
-                    AzureAccount { name, endpoint, credential: Credential::Sas(Secret::new(sas.to_string())), root_certificate: None, blob_endpoint: beside },
-                    blob_endpoint,
-                ))
-            }
-            (None, None) => bail!("connection string: no credential: give AccountKey, SharedAccessSignature or UseDevelopmentStorage=true"),
         }
     }
 
@@ -422,6 +328,125 @@ fn account_from_endpoint(url: &Url) -> Option<String> {
         return Some(first.to_string());
     }
     url.path_segments()?.find(|s| !s.is_empty()).map(str::to_string)
+}
+
+/// The settings of a connection string, as given.
+#[derive(Default)]
+struct ConnectionParts {
+    protocol: Option<String>,
+    name: Option<String>,
+    key: Option<String>,
+    sas: Option<String>,
+    queue_endpoint: Option<String>,
+    blob_endpoint: Option<String>,
+    suffix: Option<String>,
+    development: bool,
+}
+
+impl ConnectionParts {
+    fn parse(text: &str) -> anyhow::Result<ConnectionParts> {
+        let mut parts = ConnectionParts::default();
+        for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            let Some((setting, value)) = part.split_once('=') else {
+                // Never echo the part: it may be a secret pasted without its name.
+                bail!("connection string: a part has no '=' (expected Name=value pairs separated by ';')");
+            };
+            parts.set(setting.trim(), value.trim())?;
+        }
+        Ok(parts)
+    }
+
+    /// Takes one `Name=value` setting.
+    fn set(&mut self, setting: &str, value: &str) -> anyhow::Result<()> {
+        match setting.to_ascii_lowercase().as_str() {
+            "defaultendpointsprotocol" => self.protocol = Some(value.to_string()),
+            "accountname" => self.name = Some(value.to_string()),
+            "accountkey" => self.key = Some(value.to_string()),
+            "sharedaccesssignature" => self.sas = Some(value.to_string()),
+            "queueendpoint" => self.queue_endpoint = Some(value.to_string()),
+            "blobendpoint" => self.blob_endpoint = Some(value.to_string()),
+            "endpointsuffix" => self.suffix = Some(value.to_string()),
+            "usedevelopmentstorage" => match value.to_ascii_lowercase().as_str() {
+                "true" => self.development = true,
+                "false" => {}
+                _ => bail!("connection string: UseDevelopmentStorage must be true or false"),
+            },
+            // Other services' settings: allowed in a shared connection string, unused here.
+            "tableendpoint"
+            | "fileendpoint"
+            | "blobsecondaryendpoint"
+            | "queuesecondaryendpoint"
+            | "tablesecondaryendpoint"
+            | "filesecondaryendpoint"
+            | "developmentstorageproxyuri" => {}
+            // Name it only if it looks like a setting name: a bare secret ending in '='
+            // splits like one.
+            other if other.len() <= 32 && other.chars().all(|c| c.is_ascii_alphabetic()) => {
+                bail!("connection string: unknown setting {other:?}")
+            }
+            _ => bail!("connection string: a part is not a known Name=value setting (not shown: it may be a secret)"),
+        }
+        Ok(())
+    }
+
+    /// The account and the `BlobEndpoint` if the connection string gives one (or, for
+    /// development storage, Azurite's default).
+    fn account(self) -> anyhow::Result<(AzureAccount, Option<String>)> {
+        if self.development {
+            return self.development_account();
+        }
+        let protocol = self.protocol.clone().unwrap_or_else(|| "https".into());
+        if protocol != "https" && protocol != "http" {
+            bail!("connection string: DefaultEndpointsProtocol must be https or http, not {protocol:?}");
+        }
+        let default_endpoint = |name: &str| format!("{protocol}://{name}.queue.{}", self.suffix.as_deref().unwrap_or("core.windows.net"));
+        match (&self.key, &self.sas) {
+            (Some(_), Some(_)) => bail!("connection string: give AccountKey or SharedAccessSignature, not both"),
+            (Some(key), None) => {
+                let name = self.name.as_deref().ok_or_else(|| anyhow!("connection string: AccountKey needs an AccountName"))?;
+                let endpoint = self.queue_endpoint.clone().unwrap_or_else(|| default_endpoint(name));
+                Ok((AzureAccount::with_key(name, key, Some(&endpoint))?, self.blob_endpoint))
+            }
+            (None, Some(sas)) => {
+                let endpoint = match (&self.queue_endpoint, &self.name) {
+                    (Some(endpoint), _) => endpoint.clone(),
+                    (None, Some(name)) => default_endpoint(name),
+                    (None, None) => bail!("connection string: SharedAccessSignature needs a QueueEndpoint (or an AccountName)"),
+                };
+                Ok((sas_account(self.name.clone(), &endpoint, sas)?, self.blob_endpoint))
+            }
+            (None, None) => bail!("connection string: no credential: give AccountKey, SharedAccessSignature or UseDevelopmentStorage=true"),
+        }
+    }
+
+    /// Azurite's development account, at the given endpoints or its defaults.
+    fn development_account(self) -> anyhow::Result<(AzureAccount, Option<String>)> {
+        if self.name.is_some() || self.key.is_some() || self.sas.is_some() {
+            bail!("connection string: UseDevelopmentStorage=true takes no AccountName, AccountKey or SharedAccessSignature");
+        }
+        let endpoint = self.queue_endpoint.as_deref().unwrap_or(DEVELOPMENT_QUEUE_ENDPOINT);
+        let blob = self.blob_endpoint.unwrap_or_else(|| DEVELOPMENT_BLOB_ENDPOINT.to_string());
+        Ok((AzureAccount::with_key(DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY, Some(endpoint))?, Some(blob)))
+    }
+}
+
+/// An account signed by a shared access signature at `endpoint`; its name from the
+/// connection string or, when not given, from the endpoint.
+fn sas_account(name: Option<String>, endpoint: &str, sas: &str) -> anyhow::Result<AzureAccount> {
+    let endpoint = parse_endpoint(endpoint)?;
+    let name = match name {
+        Some(name) => name,
+        None => account_from_endpoint(&endpoint)
+            .ok_or_else(|| anyhow!("connection string: cannot tell the account from QueueEndpoint {endpoint}; add AccountName"))?,
+    };
+    check_account(&name)?;
+    let sas = sas.trim_start_matches('?');
+    if !sas.contains("sig=") {
+        bail!("connection string: SharedAccessSignature has no sig= part");
+    }
+    super::sas::check_query(sas).map_err(|e| anyhow!("connection string: {e}"))?;
+    let blob_endpoint = blob_endpoint_beside(&endpoint);
+    Ok(AzureAccount { name, endpoint, credential: Credential::Sas(Secret::new(sas.to_string())), root_certificate: None, blob_endpoint })
 }
 
 #[cfg(test)]

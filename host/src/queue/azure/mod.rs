@@ -221,35 +221,17 @@ impl AzureQueue {
         }
     }
 
+    /// The queue's error for a failed call: what the answer's status and code (or the
+    /// transport's failure) mean for the caller.
     fn classify(&self, call: Call, id: Option<&MessageId>, error: &azure_core::Error) -> QueueError {
         let context = format!("queue {} on account {}: {}", self.name, self.account, call.verb());
         let ErrorKind::HttpResponse { status, error_code, .. } = error.kind() else {
-            let transient = matches!(error.kind(), ErrorKind::Io | ErrorKind::Connection);
-            let mut text = error.to_string();
-            let mut source = std::error::Error::source(error);
-            while let Some(cause) = source {
-                text.push_str(&format!(": {cause}"));
-                source = cause.source();
-            }
-            // Transport errors quote what a proxy or a hostile server sent: cut them.
-            let text = crate::health::truncate_reason(&self.scrub(&text));
-            let class = match transient {
-                true if text.contains("timed out") || text.contains("deadline has elapsed") => FailureClass::Timeout,
-                true => FailureClass::Connection,
-                false => FailureClass::Other,
-            };
-            let error = classified(class, format!("{context}: {text}"));
-            return if transient { QueueError::Transient(error) } else { QueueError::Fatal(error) };
+            return self.transport_error(&context, error);
         };
         let code = error_code.as_deref().map(crate::health::truncate_reason);
         let code = code.as_deref().unwrap_or("no error code");
         let status_number = u16::from(*status);
-        let class = match (*status, code) {
-            (StatusCode::TooManyRequests | StatusCode::ServiceUnavailable, _) => FailureClass::Throttled,
-            (StatusCode::RequestTimeout | StatusCode::GatewayTimeout, _) | (_, "OperationTimedOut") => FailureClass::Timeout,
-            (StatusCode::Unauthorized | StatusCode::Forbidden, _) => FailureClass::Auth,
-            _ => FailureClass::Other,
-        };
+        let class = http_failure_class(*status, code);
         let described = classified(class, format!("{context}: {code} ({status_number})"));
         match (*status, code) {
             // The visibility we send is always in range (`seconds_up`), so a bad query
@@ -309,6 +291,27 @@ impl AzureQueue {
         }
     }
 
+    /// A call that got no answer: transient when the connection failed, its text cut and
+    /// scrubbed of secrets.
+    fn transport_error(&self, context: &str, error: &azure_core::Error) -> QueueError {
+        let transient = matches!(error.kind(), ErrorKind::Io | ErrorKind::Connection);
+        let mut text = error.to_string();
+        let mut source = std::error::Error::source(error);
+        while let Some(cause) = source {
+            text.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        // Transport errors quote what a proxy or a hostile server sent: cut them.
+        let text = crate::health::truncate_reason(&self.scrub(&text));
+        let class = match transient {
+            true if text.contains("timed out") || text.contains("deadline has elapsed") => FailureClass::Timeout,
+            true => FailureClass::Connection,
+            false => FailureClass::Other,
+        };
+        let error = classified(class, format!("{context}: {text}"));
+        if transient { QueueError::Transient(error) } else { QueueError::Fatal(error) }
+    }
+
     /// `text` with the SAS, if any, replaced, and any `sig=` value (the SAS's secret part,
     /// wherever the URL's query order put it) redacted.
     fn scrub(&self, text: &str) -> String {
@@ -317,6 +320,16 @@ impl AzureQueue {
             _ => text.to_string(),
         };
         redact_signatures(&text)
+    }
+}
+
+/// What kind of failure an answer's status and error code are, for health and metrics.
+fn http_failure_class(status: StatusCode, code: &str) -> FailureClass {
+    match (status, code) {
+        (StatusCode::TooManyRequests | StatusCode::ServiceUnavailable, _) => FailureClass::Throttled,
+        (StatusCode::RequestTimeout | StatusCode::GatewayTimeout, _) | (_, "OperationTimedOut") => FailureClass::Timeout,
+        (StatusCode::Unauthorized | StatusCode::Forbidden, _) => FailureClass::Auth,
+        _ => FailureClass::Other,
     }
 }
 

@@ -41,5 +41,7 @@ mod scaler;
 mod shadow;
 mod shape;
 mod simulate;
+mod sqs_faults;
+mod sqs_queue;
 mod stops;
 mod tokens;

@@ -4,6 +4,7 @@
 //!
 //! - [`embedded`]: a durable queue in a local data directory (redb), nothing to install.
 //! - [`azure`]: Azure Storage Queues (and Azurite), over the official SDK.
+//! - [`sqs`]: Amazon SQS (and moto), over the official SDK.
 //! - [`Retrying`]: retries transient errors with jittered exponential back-off, and keeps a
 //!   [`CallRecord`] of failures by kind and [`FailureClass`], retries and answers.
 //! - [`Metered`]: counts every storage call by kind and by whether it returned work: the
@@ -18,6 +19,7 @@ pub mod memory;
 mod metered;
 pub mod partitioned;
 mod retrying;
+pub mod sqs;
 
 use std::time::{Duration, SystemTime};
 

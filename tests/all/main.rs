@@ -43,5 +43,6 @@ mod shape;
 mod simulate;
 mod sqs_faults;
 mod sqs_queue;
+mod sqs_run;
 mod stops;
 mod tokens;

@@ -84,7 +84,7 @@ impl ConfigFile {
         }
         let mut queues = Vec::new();
         for (name, queue) in self.queues {
-            queues.push(queue.validate(&name, base, self.azure.as_ref(), self.max_message_bytes).with_context(|| format!("queues.{name}"))?);
+            queues.push(queue.validate(&name, base, self.azure.as_ref(), self.aws.as_ref(), self.max_message_bytes).with_context(|| format!("queues.{name}"))?);
         }
         // Every storage queue (queues, partitions, poison queues) belongs to one configured queue.
         let mut owners: BTreeMap<String, &str> = BTreeMap::new();
@@ -152,6 +152,7 @@ fn refuse_unread_reply_queues(queues: &[QueueConfig]) -> Result<()> {
         let same_storage = match (&queue.backend, &target.backend) {
             (Backend::Embedded, Backend::Embedded) => true,
             (Backend::Azure { account: a, .. }, Backend::Azure { account: b, .. }) => a.name() == b.name() && a.endpoint() == b.endpoint(),
+            (Backend::Sqs { account: a, .. }, Backend::Sqs { account: b, .. }) => a.describe() == b.describe(),
             _ => false,
         };
         if !same_storage {
@@ -170,6 +171,7 @@ fn storage_of(backend: &Backend) -> String {
     match backend {
         Backend::Embedded => "the embedded store".into(),
         Backend::Azure { account, .. } => format!("Azure account {}", account.name()),
+        Backend::Sqs { account, .. } => account.describe(),
     }
 }
 

@@ -14,6 +14,7 @@ use crate::payload::claims::{AzureClaims, ClaimRecords, ClaimSettings, ClaimStor
 use crate::queue::azure::{AzureOptions, AzureQueue};
 use crate::queue::embedded::EmbeddedStore;
 use crate::queue::partitioned::Partitioned;
+use crate::queue::sqs::{SqsOptions, SqsQueue};
 use crate::queue::{Metered, QueueClient, RetryPolicy, Retrying, Transactions};
 
 /// Opens a storage queue of some backend by name, undecorated.
@@ -27,6 +28,13 @@ pub fn storage_queue(backend: &Backend, store: Option<&EmbeddedStore>, name: &st
         Backend::Azure { account, encoding } => {
             let options = AzureOptions { encoding: *encoding, ..AzureOptions::default() };
             Arc::new(AzureQueue::new(account, name, options).with_context(|| format!("queue {name} on Azure account {}", account.name()))?)
+        }
+        Backend::Sqs { account, encoding, queue_url } => {
+            let queue_url = queue_url.as_ref().filter(|(of, _)| of == name).map(|(_, url)| url.clone());
+            Arc::new(
+                SqsQueue::new(account, name, SqsOptions { encoding: *encoding, queue_url })
+                    .with_context(|| format!("queue {name} on {}", account.describe()))?,
+            )
         }
     })
 }
@@ -52,6 +60,8 @@ pub fn claim_store(
                     .with_context(|| format!("claim checks of queue {name} on Azure account {}", account.name()))?,
             )
         }
+        // TODO(issue 37, item 6): claim checks in S3, in the SQS Extended Client's format.
+        Backend::Sqs { .. } => anyhow::bail!("claim checks of queue {name}: not on SQS yet (S3 claim checks are issue 37's item 6)"),
     };
     Ok(Arc::new(Recorded::new(inner, record)))
 }

@@ -606,7 +606,7 @@ pub(crate) fn producer_claims(
 }
 
 pub(crate) fn text_envelopes(backend: &Backend) -> bool {
-    matches!(backend, Backend::Azure { encoding: crate::queue::azure::Encoding::None, .. })
+    matches!(backend, Backend::Azure { encoding: crate::queue::azure::Encoding::None, .. } | Backend::Sqs { encoding: crate::queue::sqs::Encoding::Text, .. })
 }
 
 /// Subscribes to every queue's channel: a trigger reaches the queue's handle (which wakes

@@ -166,3 +166,21 @@ async fn a_queue_url_from_the_config_needs_no_create_or_look_up() -> anyhow::Res
     assert_eq!(count.trim(), "1");
     Ok(())
 }
+
+/// SQS bills a send per 64 KiB of its payload (the body as sent, and its attributes): the
+/// meter counts what the bill will, so the cost figures and the simulator's floor hold.
+#[tokio::test]
+async fn a_send_is_metered_as_one_request_per_64_kib_as_sqs_bills_it() -> anyhow::Result<()> {
+    let metered = ebb::queue::Metered::new(created("billed", SqsOptions::default()).await);
+    let transactions = metered.transactions();
+    metered.put(&[b'x'; 64 * 1024], Duration::ZERO).await?;
+    assert_eq!(transactions.snapshot().puts, 1, "64 KiB is one request");
+    metered.put(&[b'x'; 200 * 1024], Duration::ZERO).await?;
+    assert_eq!(transactions.snapshot().puts, 1 + 4, "200 KiB is four");
+    // A binary body is billed as sent: base64, a third larger, and its attribute.
+    metered.put(&[0u8; 48 * 1024 + 1], Duration::ZERO).await?;
+    assert_eq!(transactions.snapshot().puts, 5 + 2, "48 KiB of bytes is 64 KiB and more as base64");
+    metered.get(10, Duration::from_secs(30)).await?;
+    assert_eq!(transactions.snapshot().gets_with_messages, 1, "a receive is one request however many it returns");
+    Ok(())
+}

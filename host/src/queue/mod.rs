@@ -212,6 +212,13 @@ pub trait QueueClient: Send + Sync + 'static {
     fn call_records(&self) -> Vec<std::sync::Arc<CallRecord>> {
         Vec::new()
     }
+
+    /// The requests the service bills for a put of `body`, for [`Metered`] (which wraps the
+    /// backend itself): one, unless the service bills a large body by the chunk (SQS: each
+    /// 64 KiB of the payload as sent).
+    fn put_requests(&self, _body: &[u8]) -> u64 {
+        1
+    }
 }
 
 /// A shared client is a client: decorators can wrap whichever backend a queue was given.
@@ -243,5 +250,8 @@ impl QueueClient for std::sync::Arc<dyn QueueClient> {
     }
     fn call_records(&self) -> Vec<std::sync::Arc<CallRecord>> {
         (**self).call_records()
+    }
+    fn put_requests(&self, body: &[u8]) -> u64 {
+        (**self).put_requests(body)
     }
 }

@@ -22,12 +22,12 @@
 //! - Polling is short (`WaitTimeSeconds` 0): on AWS a short poll samples some of the
 //!   queue's servers, so a get may return fewer messages than the queue holds, or none; the
 //!   message comes with a later get. Long polling is issue 37's next step.
-//! - Metering: TODO (issue 37, item 7). [`Metered`](super::Metered) counts one transaction
-//!   per call, which is SQS's bill for a get (one request however many messages), a delete,
-//!   an update and a count; but SQS bills a send per 64 KiB of its body (a 200 KiB body is 4
-//!   requests), and [`QueueClient::create_if_missing`] makes two requests (`CreateQueue`,
-//!   `GetQueueAttributes`), a first call on a queue whose URL is not known yet one more
-//!   (`GetQueueUrl`). The counts undercount by those until `Metered` learns them.
+//! - Metering: [`Metered`](super::Metered) counts one request per call, which is SQS's bill
+//!   for a receive (one request however many messages it returns), a delete, an update and a
+//!   count, and a send as [`BILLED_CHUNK_BYTES`] chunks of its payload as sent
+//!   ([`QueueClient::put_requests`]). TODO (issue 37, item 7): [`QueueClient::create_if_missing`]
+//!   makes two requests (`CreateQueue`, `GetQueueAttributes`), counted as one, and a first
+//!   call on a queue whose URL is not known yet one more (`GetQueueUrl`), not counted.
 //!
 //! Tested against moto 5.2.5 (`tests/all/sqs_queue.rs`, `tests/all/sqs_faults.rs`).
 
@@ -60,6 +60,9 @@ pub const MAX_DELAY: Duration = Duration::from_secs(15 * 60);
 /// SQS's largest message (and the default MaximumMessageSize of a queue created since
 /// 2025): 1 MiB. The limit until the queue's own is read.
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+
+/// SQS bills a payload by the chunk: each 64 KiB is one request.
+pub const BILLED_CHUNK_BYTES: usize = 64 * 1024;
 
 /// How long one call may take before it counts as a transient failure.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -420,6 +423,12 @@ impl QueueClient for SqsQueue {
         self.call(Call::Update, Some(id), change.send()).await?;
         // SQS issues no new handle for a visibility change: the lease's receipt holds.
         Ok(pop_receipt.clone())
+    }
+
+    /// SQS bills each 64 KiB of a payload (the body as sent, and its attributes) as one request.
+    fn put_requests(&self, body: &[u8]) -> u64 {
+        let size = self.options.encoding.encode(body).map_or(body.len(), |encoded| encoded.size());
+        size.div_ceil(BILLED_CHUNK_BYTES).max(1) as u64
     }
 
     async fn approximate_count(&self) -> Result<u64, QueueError> {

@@ -54,8 +54,10 @@ fn messages_in(moto: &Moto, queue: &str) -> u64 {
     moto.boto3(script, &[queue]).trim().parse().unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ebb_run_on_an_sqs_queue_handles_what_boto3_sent_and_deletes_it_after_success() -> anyhow::Result<()> {
+/// Runs `ebb run` on a fresh SQS queue of moto, with `aws` (the config's `[aws]` table, or
+/// nothing) and `env`; boto3 sends 21 messages, one of which fails once; returns once every
+/// one was handled and the queue is empty, with the host's log.
+async fn handles_what_boto3_sent(aws: &str, env: &[(&str, &str)]) -> anyhow::Result<String> {
     let moto = Moto::shared();
     let queue = unique_queue_name("run");
     let app = App::default();
@@ -65,9 +67,7 @@ async fn ebb_run_on_an_sqs_queue_handles_what_boto3_sent_and_deletes_it_after_su
     let config = format!(
         "drain_timeout = \"5s\"\n[api]\nlisten = \"{api}\"\n\n\
          [queues.{queue}]\nbackend = \"sqs\"\nmin_polling_interval = \"100ms\"\nmax_polling_interval = \"500ms\"\nvisibility_timeout = \"1s\"\nmax_retry_delay = \"1s\"\n\
-         handler = {{ url = \"http://{app_address}/work\" }}\n\n\
-         [aws]\nregion = \"{REGION}\"\nendpoint = \"{}\"\naccess_key_id_env = \"EBB_TEST_SQS_KEY_ID\"\nsecret_access_key_env = \"EBB_TEST_SQS_SECRET\"\n",
-        moto.endpoint()
+         handler = {{ url = \"http://{app_address}/work\" }}\n\n{aws}"
     );
     std::fs::write(dir.path().join("ebb.toml"), config)?;
     let log_path = dir.path().join("host.log");
@@ -75,8 +75,7 @@ async fn ebb_run_on_an_sqs_queue_handles_what_boto3_sent_and_deletes_it_after_su
         .arg("run")
         .arg("--config")
         .arg(dir.path().join("ebb.toml"))
-        .env("EBB_TEST_SQS_KEY_ID", "testing")
-        .env("EBB_TEST_SQS_SECRET", SECRET)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log_path)?)
         .spawn()?;
@@ -107,6 +106,26 @@ async fn ebb_run_on_an_sqs_queue_handles_what_boto3_sent_and_deletes_it_after_su
     assert!(exit.success(), "graceful shutdown exits 0: {exit:?}\n{}", log());
     let tries = app.tries.lock().unwrap().clone();
     assert_eq!(tries["fail-once"], 2, "retried once after its failure, then deleted");
-    assert!(!log().contains(SECRET), "the secret key is never printed");
+    Ok(log())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ebb_run_on_an_sqs_queue_handles_what_boto3_sent_and_deletes_it_after_success() -> anyhow::Result<()> {
+    let aws = format!(
+        "[aws]\nregion = \"{REGION}\"\nendpoint = \"{}\"\naccess_key_id_env = \"EBB_TEST_SQS_KEY_ID\"\nsecret_access_key_env = \"EBB_TEST_SQS_SECRET\"\n",
+        Moto::shared().endpoint()
+    );
+    let log = handles_what_boto3_sent(&aws, &[("EBB_TEST_SQS_KEY_ID", "testing"), ("EBB_TEST_SQS_SECRET", SECRET)]).await?;
+    assert!(!log.contains(SECRET), "the secret key is never printed");
+    Ok(())
+}
+
+/// With no `[aws]` table the SDK's standard environment decides: region, endpoint and keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_aws_table_the_sdks_standard_environment_finds_the_queue() -> anyhow::Result<()> {
+    let endpoint = Moto::shared().endpoint();
+    let env = [("AWS_REGION", REGION), ("AWS_ENDPOINT_URL_SQS", &endpoint), ("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", SECRET)];
+    let log = handles_what_boto3_sent("", &env).await?;
+    assert!(!log.contains(SECRET), "the secret key is never printed");
     Ok(())
 }

@@ -14,6 +14,8 @@
 //!   `tests/azurite/package-lock.json`, installed into `<target>/azurite/` with `npm ci`
 //!   whenever the lock changes; its path is `AZURITE_QUEUE` in `$OUT_DIR/azurite.rs`, and its
 //!   blob service's (claim checks) `AZURITE_BLOB`.
+//! - moto's server (an Amazon SQS implementation) and boto3, pinned by `tests/moto/requirements.txt`,
+//!   installed into `<target>/guest-tools/moto-py/` on first use (`MOTO_PYTHON` in `$OUT_DIR/moto.rs`).
 //! - Python `grpcio` + `grpcio-tools`, pinned by `tests/scaler/requirements.txt`, installed into
 //!   `<target>/guest-tools/py-grpc/` on first use, and Python stubs generated from KEDA's
 //!   `host/proto/externalscaler.proto` (`PYTHON` and `STUBS` in `$OUT_DIR/python_grpc.rs`).
@@ -135,6 +137,10 @@ fn main() {
         ),
     )
     .unwrap();
+    // Amazon SQS for the SQS tests: moto's server, with boto3 for interop, in a venv of their own.
+    println!("cargo:rerun-if-changed={}", root.join("tests/moto").display());
+    let moto_python = pinned_python(&tools, "moto-py", &root.join("tests/moto/requirements.txt"));
+    std::fs::write(out_dir.join("moto.rs"), format!("pub const MOTO_PYTHON: &str = {:?};\n", path_str(&moto_python))).unwrap();
     let redis = ensure_redis_server();
     std::fs::write(out_dir.join("redis.rs"), format!("pub const REDIS_SERVER: &str = {:?};\n", path_str(&redis))).unwrap();
     let (chromium, chromedriver) = ensure_chromium();

@@ -148,6 +148,8 @@ fn the_documented_defaults_are_the_code_defaults() {
             ("`[rule_limits]`", "cache_mib") => Code::Number(limits.cache_max_bytes >> 20),
             ("`[azure]`", "message_encoding") => Code::Text("base64".into()),
             ("`[azure]`", _) => Code::Absent,
+            ("`[aws]`", "message_encoding") => Code::Text("auto".into()),
+            ("`[aws]`", _) => Code::Absent,
             ("`[bus]`", "channel_prefix") => Code::Text(with_bus.bus.as_ref().unwrap().channel_prefix.clone()),
             ("`[bus]`", _) => Code::Absent,
             ("`[queues.<name>]`", key) => match key {
@@ -235,4 +237,36 @@ fn a_chain_of_reply_queues_without_a_cycle_is_accepted() {
     let config = Config::parse(text, Path::new("/srv/ebb"), None).unwrap();
     let replies: Vec<_> = config.queues.iter().map(|q| (q.name.as_str(), q.payload.reply_queue.as_deref())).collect();
     assert_eq!(replies, [("audit", None), ("invoices", Some("audit")), ("orders", Some("invoices"))]);
+}
+
+/// Issue 37: an SQS queue needs no `[aws]` (the SDK's environment decides), a queue's
+/// `[queues.<name>.sqs]` goes over `[aws]` key by key, static keys come from the variables
+/// named, and they never show in the config's debug form.
+#[test]
+fn an_sqs_queue_takes_aws_settings_from_its_table_over_aws_and_hides_its_keys() {
+    use ebb::config::Backend;
+    let handler = "handler = { url = \"http://127.0.0.1:8080/work\" }";
+    let bare = Config::parse(&format!("[queues.orders]\nbackend = \"sqs\"\n{handler}\n"), Path::new("/srv"), None).unwrap();
+    let Backend::Sqs { account, queue_url, .. } = &bare.queues[0].backend else { panic!("{:?}", bare.queues[0].backend) };
+    assert_eq!((account.settings().region.as_deref(), account.settings().endpoint.as_deref(), queue_url), (None, None, &None));
+    assert_eq!(bare.queues[0].settings.batch_size, 10, "an SQS receive takes at most 10");
+
+    // SAFETY: the variables are this test's own, read only by this test's parse.
+    unsafe {
+        std::env::set_var("EBB_TEST_CONFIG_SQS_KEY_ID", "AKIDCONFIGTEST");
+        std::env::set_var("EBB_TEST_CONFIG_SQS_SECRET", "config-test-secret");
+    }
+    let text = format!(
+        "[aws]\nregion = \"eu-west-1\"\nendpoint = \"http://127.0.0.1:5000\"\naccess_key_id_env = \"EBB_TEST_CONFIG_SQS_KEY_ID\"\nsecret_access_key_env = \"EBB_TEST_CONFIG_SQS_SECRET\"\n\n\
+         [queues.orders]\nbackend = \"sqs\"\nbatch_size = 4\n{handler}\n\n[queues.orders.sqs]\nregion = \"us-east-2\"\nmessage_encoding = \"text\"\nqueue_url = \"http://127.0.0.1:5000/123456789012/other\"\n"
+    );
+    let config = Config::parse(&text, Path::new("/srv"), None).unwrap();
+    let Backend::Sqs { account, encoding, queue_url } = &config.queues[0].backend else { panic!() };
+    let settings = account.settings();
+    assert_eq!((settings.region.as_deref(), settings.endpoint.as_deref()), (Some("us-east-2"), Some("http://127.0.0.1:5000")));
+    assert!(matches!(&settings.credentials, ebb::queue::sqs::AwsCredentials::Static { access_key_id, .. } if access_key_id == "AKIDCONFIGTEST"));
+    assert_eq!((*encoding, queue_url.clone()), (ebb::queue::sqs::Encoding::Text, Some(("orders".into(), "http://127.0.0.1:5000/123456789012/other".into()))));
+    assert_eq!(config.queues[0].settings.batch_size, 4);
+    let printed = format!("{config:?}");
+    assert!(!printed.contains("AKIDCONFIGTEST") && !printed.contains("config-test-secret"), "{printed}");
 }

@@ -41,5 +41,8 @@ mod scaler;
 mod shadow;
 mod shape;
 mod simulate;
+mod sqs_faults;
+mod sqs_queue;
+mod sqs_run;
 mod stops;
 mod tokens;

@@ -7,7 +7,9 @@
 //! past its expiry).
 //!
 //! It speaks just enough HTTP for the Azure SDK's requests: a head, then a body of
-//! `Content-Length` bytes; responses go back with a `Content-Length`.
+//! `Content-Length` bytes; responses go back with a `Content-Length`. It serves the AWS SDK's
+//! SQS requests too (JSON, the operation in `X-Amz-Target`), in front of moto: its 503 then
+//! comes in SQS's form.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -264,6 +266,17 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream) {
                     return;
                 }
             }
+            Fate::Busy if sqs_operation(&request).is_some() => {
+                counters.server_busy.fetch_add(1, Ordering::Relaxed);
+                let body = r#"{"__type":"com.amazonaws.sqs#ServiceUnavailable","message":"The service is unavailable (fault proxy)."}"#;
+                let response = format!(
+                    "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/x-amz-json-1.0\r\nx-amzn-query-error: ServiceUnavailable;Receiver\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                if stream.write_all(response.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
             Fate::Busy => {
                 counters.server_busy.fetch_add(1, Ordering::Relaxed);
                 let body = "\u{feff}<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>ServerBusy</Code><Message>The server is busy (fault proxy).</Message></Error>";
@@ -280,8 +293,11 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream) {
                 return;
             }
             Fate::Forward | Fate::DropAfter => {
-                let gets_messages = request.method == "GET" && request.target.split('?').next().unwrap_or_default().ends_with("/messages");
-                let deletes = request.method == "DELETE" && request.target.to_ascii_lowercase().contains("popreceipt=");
+                let operation = sqs_operation(&request);
+                let gets_messages = (request.method == "GET" && request.target.split('?').next().unwrap_or_default().ends_with("/messages"))
+                    || operation == Some("ReceiveMessage");
+                let deletes = (request.method == "DELETE" && request.target.to_ascii_lowercase().contains("popreceipt="))
+                    || matches!(operation, Some("DeleteMessage" | "DeleteMessageBatch"));
                 let Some(response) = forward(&shared, request).await else { return };
                 if matches!(fate, Fate::DropAfter) {
                     counters.dropped_after.fetch_add(1, Ordering::Relaxed);
@@ -300,6 +316,11 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream) {
             }
         }
     }
+}
+
+/// The SQS operation an AWS SDK request calls (`X-Amz-Target: AmazonSQS.<operation>`).
+fn sqs_operation(request: &Request) -> Option<&str> {
+    request.headers.iter().find(|(name, _)| name.eq_ignore_ascii_case("x-amz-target")).and_then(|(_, value)| value.strip_prefix("AmazonSQS."))
 }
 
 /// Sends `request` upstream; the answer as bytes to write back, with a `Content-Length`.

@@ -55,10 +55,12 @@ pub(super) fn client(token: Option<&str>) -> Result<reqwest::Client> {
 async fn create_for_sending(stack: &QueueStack, backend: &Backend) -> Result<()> {
     let account = match backend {
         Backend::Embedded => return Ok(stack.create_if_missing().await?),
-        Backend::Azure { account, .. } => account,
+        Backend::Azure { account, .. } => Some(account),
+        // On SQS a sender may lack sqs:CreateQueue and sqs:GetQueueAttributes alike.
+        Backend::Sqs { .. } => None,
     };
     // A SAS that says it may not create: asking would only log the refusal.
-    if account.sas_grant().is_some_and(|grant| !grant.lacks(&[crate::queue::azure::QueuePermission::Create]).is_empty()) {
+    if account.and_then(|account| account.sas_grant()).is_some_and(|grant| !grant.lacks(&[crate::queue::azure::QueuePermission::Create]).is_empty()) {
         return Ok(());
     }
     for partition in &stack.partitions {
@@ -99,7 +101,7 @@ async fn offline_producer(config: &Config, queue: &QueueConfig) -> Result<QueueH
             )
             .context("no host answers on the API, and the data directory could not be opened")?,
         ),
-        Backend::Azure { .. } => None,
+        Backend::Azure { .. } | Backend::Sqs { .. } => None,
     };
     let open = |name: &str| crate::service::storage_queue(&queue.backend, store.as_ref(), name);
     let stack = QueueStack::assemble(queue, &open, &StackOptions { metered: false, retry: Some(RetryPolicy::default()), readiness: None })?;
@@ -120,6 +122,7 @@ async fn send_offline(config: &Config, queue: &QueueConfig, body: &[u8], count: 
     let written_to = match &queue.backend {
         Backend::Embedded => config.data_dir.display().to_string(),
         Backend::Azure { account, .. } => format!("Azure account {}", account.name()),
+        Backend::Sqs { account, .. } => account.describe(),
     };
     super::end_quietly_when_output_closes();
     println!("sent {count} message{} to {} (no host running: written to {written_to})", plural(count), queue.name);

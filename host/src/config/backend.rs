@@ -1,5 +1,6 @@
-//! Where a queue's messages live: the embedded store or an Azure account (`[azure]`,
-//! `[queues.<name>.azure]`), and how the account's keys are checked.
+//! Where a queue's messages live: the embedded store, an Azure account (`[azure]`,
+//! `[queues.<name>.azure]`) or Amazon SQS (`[aws]`, `[queues.<name>.sqs]`), and how the
+//! account's keys are checked.
 
 use std::path::{Path, PathBuf};
 
@@ -8,6 +9,7 @@ use serde::Deserialize;
 
 use super::checks::{MAX_CA_FILE_BYTES, read_bounded};
 use crate::queue::azure::{AzureAccount, Encoding, EntraMethod, EntraOptions};
+use crate::queue::sqs::{AwsCredentials, AwsSettings, SqsAccount};
 
 /// `[azure]` or `[queues.<name>.azure]`: one way to reach the account, and the encoding.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -62,6 +64,8 @@ pub enum BackendKind {
     Embedded,
     /// An Azure Storage account.
     Azure,
+    /// Amazon SQS.
+    Sqs,
 }
 
 /// A validated backend.
@@ -75,6 +79,16 @@ pub enum Backend {
         account: AzureAccount,
         /// How bodies are written.
         encoding: Encoding,
+    },
+    /// Amazon SQS; the `Debug` form of the account hides its keys.
+    Sqs {
+        /// The region, the endpoint and the credentials.
+        account: SqsAccount,
+        /// How bodies are written.
+        encoding: crate::queue::sqs::Encoding,
+        /// The configured URL of one storage queue: (its name, its URL). Other storage
+        /// queues (partitions, poison, replies) are found by name.
+        queue_url: Option<(String, String)>,
     },
 }
 
@@ -146,5 +160,83 @@ impl AzureFile {
             MessageEncoding::None => Encoding::None,
         };
         Ok((account, encoding))
+    }
+}
+
+/// `[aws]` (every SQS queue's) or `[queues.<name>.sqs]` (one queue's, over `[aws]` key by
+/// key): where SQS is and how calls are signed. With neither, the SDK's standard
+/// environment decides (`AWS_REGION`, `AWS_ENDPOINT_URL_SQS`, `AWS_ENDPOINT_URL`, the
+/// credential chain).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SqsFile {
+    /// The region, e.g. `eu-west-1`. Default: the SDK's (`AWS_REGION`, the shared profile).
+    pub region: Option<String>,
+    /// The endpoint, e.g. `http://127.0.0.1:5000` (moto, LocalStack). Default: the SDK's
+    /// (`AWS_ENDPOINT_URL_SQS`, `AWS_ENDPOINT_URL`), else AWS's for the region.
+    pub endpoint: Option<String>,
+    /// The environment variable holding a static access key id (with
+    /// `secret_access_key_env`). Default: the SDK's credential chain.
+    pub access_key_id_env: Option<String>,
+    /// The environment variable holding the secret access key.
+    pub secret_access_key_env: Option<String>,
+    /// The environment variable holding a session token (temporary keys).
+    pub session_token_env: Option<String>,
+    /// How bodies are written: `auto` (default: text as it is, other bodies base64 marked
+    /// by the `ebb-encoding` attribute) or `text` (refuse bodies SQS cannot carry).
+    pub message_encoding: Option<SqsMessageEncoding>,
+    /// `[queues.<name>.sqs]` only: the queue's URL, for an SQS queue not named like the
+    /// ebb queue (or of another account). Default: looked up by the queue's name.
+    pub queue_url: Option<String>,
+}
+
+/// `message_encoding` of an SQS queue.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SqsMessageEncoding {
+    /// Text as it is, other bodies as marked base64.
+    Auto,
+    /// Text only.
+    Text,
+}
+
+impl SqsFile {
+    /// The backend of a queue with its own keys `own` (`[queues.<name>.sqs]`) over the
+    /// host's `host` (`[aws]`).
+    pub(super) fn backend(queue: &str, own: Option<&SqsFile>, host: Option<&SqsFile>) -> Result<Backend> {
+        if host.is_some_and(|host| host.queue_url.is_some()) {
+            bail!("[aws].queue_url: a queue's own, in [queues.<name>.sqs]");
+        }
+        let (own, host) = (own.cloned().unwrap_or_default(), host.cloned().unwrap_or_default());
+        // Each key from the queue's table, else from [aws]; errors name where it came from.
+        let (region, endpoint) = (own.region.clone().or(host.region.clone()), own.endpoint.clone().or(host.endpoint.clone()));
+        if let Some(endpoint) = &endpoint
+            && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+        {
+            let table = if own.endpoint.is_some() { "sqs" } else { "[aws]" };
+            bail!("{table}.endpoint: {endpoint:?} is not an http:// or https:// URL");
+        }
+        // The keys come as a set, from the queue's table or from [aws], never mixed.
+        let own_keys = own.access_key_id_env.is_some() || own.secret_access_key_env.is_some() || own.session_token_env.is_some();
+        let (keys, table) = if own_keys { (&own, "sqs") } else { (&host, "[aws]") };
+        let env = |var_key: &str, var: &str| -> Result<String> {
+            std::env::var(var).map_err(|_| anyhow::anyhow!("{table}.{var_key}: the environment variable {var} is not set"))
+        };
+        let credentials = match (&keys.access_key_id_env, &keys.secret_access_key_env) {
+            (Some(id), Some(secret)) => AwsCredentials::Static {
+                access_key_id: env("access_key_id_env", id)?,
+                secret_access_key: env("secret_access_key_env", secret)?,
+                session_token: keys.session_token_env.as_deref().map(|var| env("session_token_env", var)).transpose()?,
+            },
+            (None, None) if keys.session_token_env.is_some() => bail!("{table}.session_token_env: goes with access_key_id_env and secret_access_key_env"),
+            (None, None) => AwsCredentials::DefaultChain,
+            _ => bail!("{table}.access_key_id_env: give both access_key_id_env and secret_access_key_env, or neither (the SDK's credential chain)"),
+        };
+        let encoding = match own.message_encoding.or(host.message_encoding).unwrap_or(SqsMessageEncoding::Auto) {
+            SqsMessageEncoding::Auto => crate::queue::sqs::Encoding::Auto,
+            SqsMessageEncoding::Text => crate::queue::sqs::Encoding::Text,
+        };
+        let account = SqsAccount::new(AwsSettings { region, endpoint, credentials, ..AwsSettings::default() });
+        Ok(Backend::Sqs { account, encoding, queue_url: own.queue_url.map(|url| (queue.to_string(), url)) })
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::backend::{AzureFile, BackendKind};
+use super::backend::{AzureFile, BackendKind, SqsFile};
 use super::bus::BusFile;
 use super::serde_defaults;
 use serde::Deserialize;
@@ -42,6 +42,8 @@ pub struct ConfigFile {
     pub rule_limits: RuleLimitsFile,
     /// The Azure Storage account of queues with `backend = "azure"` (a queue may name its own).
     pub azure: Option<AzureFile>,
+    /// Where Amazon SQS is, for queues with `backend = "sqs"` (a queue may override it).
+    pub aws: Option<SqsFile>,
     /// Push notifications across hosts.
     pub bus: Option<BusFile>,
     /// The queues to listen to, by name.
@@ -263,7 +265,7 @@ pub struct QueueFile {
     /// Where messages go: required, unless ebb is embedded as a library with a Rust
     /// handler for this queue.
     pub handler: Option<HandlerFile>,
-    /// Where the queue lives: `embedded` (default) or `azure`.
+    /// Where the queue lives: `embedded` (default), `azure` or `sqs`.
     #[serde(default)]
     pub backend: BackendKind,
     /// The codec of the envelopes its producers pack: `none`, `deflate`, `zstd` (default)
@@ -286,6 +288,8 @@ pub struct QueueFile {
     pub reply_ttl: Option<Duration>,
     /// This queue's own Azure account (default: the host-wide `[azure]`).
     pub azure: Option<AzureFile>,
+    /// This queue's SQS settings over `[aws]`, and its URL.
+    pub sqs: Option<SqsFile>,
 }
 
 /// `[queues.<name>.handler]`.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 
 use super::QueueConfig;
-use super::backend::{AzureFile, Backend, BackendKind};
+use super::backend::{AzureFile, Backend, BackendKind, SqsFile};
 use super::checks::{
     AtLeast, MAX_BATCH_ITEMS, MAX_CONCURRENT_CALLS, MAX_INTERVAL, MAX_PACK_LINGER, MAX_PICKUP_DELAY, MAX_SAFETY_POLL, MAX_TASKS, check_duration,
     parse_handler_url,
@@ -17,14 +17,27 @@ use crate::names::{QueueName, RuleFileName};
 use crate::payload::claims::{ClaimSettings, MAX_CLAIM_CHECK_BYTES_LIMIT, MAX_RETENTION, MAX_SWEEP_INTERVAL, MIN_RETENTION, MIN_SWEEP_INTERVAL};
 use crate::payload::{AZURE_MAX_ENVELOPE_BYTES, Delivery, PayloadSettings};
 use crate::queue::partitioned::MAX_PARTITIONS;
+use crate::queue::sqs::MAX_GET as SQS_MAX_GET;
 use crate::queue::{MAX_BATCH, MAX_VISIBILITY};
 
+/// The MaximumMessageSize the envelope limit of an SQS queue assumes: 256 KiB, the default
+/// of queues created before 2025 (the queue's own is read only at start).
+const SQS_ASSUMED_MESSAGE_BYTES: usize = 256 * 1024;
+
 impl QueueFile {
-    pub(super) fn validate(self, name: &str, base: &Path, host_azure: Option<&AzureFile>, max_message_bytes: usize) -> Result<QueueConfig> {
-        let backend = self.backend(name, base, host_azure)?;
+    pub(super) fn validate(
+        self,
+        name: &str,
+        base: &Path,
+        host_azure: Option<&AzureFile>,
+        host_aws: Option<&SqsFile>,
+        max_message_bytes: usize,
+    ) -> Result<QueueConfig> {
+        let backend = self.backend(name, base, host_azure, host_aws)?;
         let name = QueueName::new(name)?;
         self.check_tasks()?;
-        self.check_timings()?;
+        let batch_size = self.batch_size_on(&backend)?;
+        self.check_timings(&backend)?;
         let safety_poll = self.safety_poll()?;
         if self.max_dequeue_count == 0 {
             bail!("max_dequeue_count: must be at least 1");
@@ -40,7 +53,7 @@ impl QueueFile {
         let payload = self.payload_settings(&name, &backend, max_message_bytes)?;
         Ok(QueueConfig {
             name: name.clone(),
-            settings: self.queue_settings(safety_poll),
+            settings: self.queue_settings(safety_poll, batch_size),
             rule,
             rule_params: self.rule_params.into_iter().collect(),
             shadow_rule,
@@ -55,10 +68,15 @@ impl QueueFile {
         })
     }
 
-    /// Where the queue's messages live: the embedded queue, or Azure with the queue's own
-    /// `azure` section or else the host's `[azure]`.
-    fn backend(&self, name: &str, base: &Path, host_azure: Option<&AzureFile>) -> Result<Backend> {
+    /// Where the queue's messages live: the embedded queue, Azure with the queue's own
+    /// `azure` section or else the host's `[azure]`, or SQS with its `sqs` section or `[aws]`.
+    fn backend(&self, name: &str, base: &Path, host_azure: Option<&AzureFile>, host_aws: Option<&SqsFile>) -> Result<Backend> {
+        if self.sqs.is_some() && self.backend != BackendKind::Sqs {
+            bail!("sqs: set backend = \"sqs\" to use it");
+        }
         Ok(match (self.backend, &self.azure, host_azure) {
+            (BackendKind::Sqs, Some(_), _) => bail!("azure: a queue with backend = \"sqs\" takes [queues.{name}.sqs], not azure"),
+            (BackendKind::Sqs, None, _) => SqsFile::backend(name, self.sqs.as_ref(), host_aws)?,
             (BackendKind::Embedded, Some(_), _) => bail!("azure: set backend = \"azure\" to use it"),
             (BackendKind::Embedded, None, _) => Backend::Embedded,
             (BackendKind::Azure, Some(own), _) => {
@@ -93,8 +111,20 @@ impl QueueFile {
         Ok(())
     }
 
+    /// The batch size on `backend`: an SQS receive takes at most 10, so the default (32) is
+    /// read as 10 there and more is refused.
+    fn batch_size_on(&self, backend: &Backend) -> Result<u32> {
+        Ok(match backend {
+            Backend::Sqs { .. } if self.batch_size == crate::defaults::BATCH_SIZE => self.batch_size.min(SQS_MAX_GET),
+            Backend::Sqs { .. } if self.batch_size > SQS_MAX_GET => {
+                bail!("batch_size: must be 1 to {SQS_MAX_GET} on SQS (a receive takes at most 10), got {}", self.batch_size)
+            }
+            _ => self.batch_size,
+        })
+    }
+
     /// The polling intervals, leases, retry delays and scaling times.
-    fn check_timings(&self) -> Result<()> {
+    fn check_timings(&self, backend: &Backend) -> Result<()> {
         check_duration("min_polling_interval", self.min_polling_interval, AtLeast::AboveZero, MAX_INTERVAL)?;
         check_duration("max_polling_interval", self.max_polling_interval, AtLeast::AboveZero, MAX_INTERVAL)?;
         if self.min_polling_interval > self.max_polling_interval {
@@ -104,9 +134,11 @@ impl QueueFile {
                 humantime::format_duration(self.max_polling_interval)
             );
         }
-        check_duration("lease_duration", self.lease_duration, AtLeast::Duration(Duration::from_secs(1)), MAX_VISIBILITY)?;
-        check_duration("visibility_timeout", self.visibility_timeout, AtLeast::AboveZero, MAX_VISIBILITY)?;
-        check_duration("max_retry_delay", self.max_retry_delay, AtLeast::Zero, MAX_VISIBILITY)?;
+        // SQS holds a message invisible for at most 12 hours.
+        let max_visibility = if matches!(backend, Backend::Sqs { .. }) { crate::queue::sqs::MAX_VISIBILITY } else { MAX_VISIBILITY };
+        check_duration("lease_duration", self.lease_duration, AtLeast::Duration(Duration::from_secs(1)), max_visibility)?;
+        check_duration("visibility_timeout", self.visibility_timeout, AtLeast::AboveZero, max_visibility)?;
+        check_duration("max_retry_delay", self.max_retry_delay, AtLeast::Zero, max_visibility)?;
         check_duration("scale_interval", self.scale_interval, AtLeast::Zero, MAX_INTERVAL)?;
         check_duration("max_pickup_delay", self.max_pickup_delay, AtLeast::Zero, MAX_PICKUP_DELAY)?;
         Ok(())
@@ -189,6 +221,7 @@ impl QueueFile {
         let max_envelope_bytes = match backend {
             Backend::Embedded => max_message_bytes,
             Backend::Azure { .. } => AZURE_MAX_ENVELOPE_BYTES,
+            Backend::Sqs { encoding, .. } => encoding.max_body_bytes(SQS_ASSUMED_MESSAGE_BYTES),
         };
         Ok(PayloadSettings {
             compression: self.compression,
@@ -222,9 +255,9 @@ impl QueueFile {
     }
 
     /// The listener's settings: the queue's keys, the rest the host's defaults.
-    fn queue_settings(&self, safety_poll: Duration) -> QueueSettings {
+    fn queue_settings(&self, safety_poll: Duration, batch_size: u32) -> QueueSettings {
         QueueSettings {
-            batch_size: self.batch_size,
+            batch_size,
             min_tasks: self.min_tasks,
             max_tasks: self.max_tasks,
             max_concurrent_calls: self.max_concurrent_calls,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 
-use super::backend::{AzureFile, Backend};
+use super::backend::{AzureFile, Backend, SqsFile};
 use super::bus::BusFile;
 use super::checks::{
     AtLeast, MAX_API_CONNECTIONS, MAX_CACHE_MIB, MAX_CALL_DEADLINE, MAX_INSTANCES, MAX_INTERVAL, MAX_MEMORY_MIB, MAX_MESSAGE_BYTES_LIMIT, MAX_PRICE_PER_10K,
@@ -47,7 +47,7 @@ impl ConfigFile {
         check_folder("data_dir", &self.data_dir, &data_dir)?;
         let rules_dir = base.join(&self.rules_dir);
         check_folder("rules_dir", &self.rules_dir, &rules_dir)?;
-        let queues = validate_queues(self.queues, base, self.azure.as_ref(), self.max_message_bytes)?;
+        let queues = validate_queues(self.queues, base, (self.azure.as_ref(), self.aws.as_ref()), self.max_message_bytes)?;
         let bus = self.bus.map(BusFile::validate).transpose()?;
         Ok(Config {
             data_dir,
@@ -92,7 +92,12 @@ impl super::file::RuleLimitsFile {
 
 /// Every `[queues.<name>]`, checked, then checked together: no name taken by another's
 /// poison queue, no storage queue shared, no reply cycles or unread reply queues.
-fn validate_queues(files: BTreeMap<String, QueueFile>, base: &Path, host_azure: Option<&AzureFile>, max_message_bytes: usize) -> Result<Vec<QueueConfig>> {
+fn validate_queues(
+    files: BTreeMap<String, QueueFile>,
+    base: &Path,
+    (host_azure, host_aws): (Option<&AzureFile>, Option<&SqsFile>),
+    max_message_bytes: usize,
+) -> Result<Vec<QueueConfig>> {
     for name in files.keys() {
         if let Some(owner) = name.strip_suffix("-poison").filter(|owner| files.contains_key(*owner)) {
             bail!("queues.{name}: this name is taken by the poison queue of queues.{owner}");
@@ -100,7 +105,7 @@ fn validate_queues(files: BTreeMap<String, QueueFile>, base: &Path, host_azure: 
     }
     let mut queues = Vec::new();
     for (name, queue) in files {
-        queues.push(queue.validate(&name, base, host_azure, max_message_bytes).with_context(|| format!("queues.{name}"))?);
+        queues.push(queue.validate(&name, base, host_azure, host_aws, max_message_bytes).with_context(|| format!("queues.{name}"))?);
     }
     let owners = storage_owners(&queues)?;
     if queues.is_empty() {
@@ -145,6 +150,7 @@ fn refuse_unread_reply_queues(queues: &[QueueConfig]) -> Result<()> {
         let same_storage = match (&queue.backend, &target.backend) {
             (Backend::Embedded, Backend::Embedded) => true,
             (Backend::Azure { account: a, .. }, Backend::Azure { account: b, .. }) => a.name() == b.name() && a.endpoint() == b.endpoint(),
+            (Backend::Sqs { account: a, .. }, Backend::Sqs { account: b, .. }) => a.describe() == b.describe(),
             _ => false,
         };
         if !same_storage {
@@ -163,6 +169,7 @@ fn storage_of(backend: &Backend) -> String {
     match backend {
         Backend::Embedded => "the embedded store".into(),
         Backend::Azure { account, .. } => format!("Azure account {}", account.name()),
+        Backend::Sqs { account, .. } => account.describe(),
     }
 }
 

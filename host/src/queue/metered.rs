@@ -264,6 +264,12 @@ impl Transactions {
     /// Counts one attempt of `kind` that ended with `error` (none: it succeeded); `idle`
     /// when it found no work (an empty get or count).
     fn record(&self, kind: CallKind, idle: bool, error: Option<&QueueError>) {
+        self.record_requests(kind, idle, error, 1);
+    }
+
+    /// Counts one attempt of `kind` that, answered, the service bills as `requests` (SQS: a
+    /// send per 64 KiB of its payload); unanswered, it is one unanswered attempt.
+    fn record_requests(&self, kind: CallKind, idle: bool, error: Option<&QueueError>, requests: u64) {
         if error.and_then(QueueError::failure_class).is_some_and(|class| class.unanswered()) {
             self.unanswered[kind.index()].fetch_add(1, Ordering::Relaxed);
             self.record_recent(Attempt::Unanswered);
@@ -278,14 +284,16 @@ impl Transactions {
             CallKind::Count => &self.counts,
             CallKind::Create => &self.creates,
         };
-        counter.fetch_add(1, Ordering::Relaxed);
+        counter.fetch_add(requests, Ordering::Relaxed);
         if kind == CallKind::Count && idle {
             self.counts_empty.fetch_add(1, Ordering::Relaxed);
         }
         if error.is_some() {
             self.failed.fetch_add(1, Ordering::Relaxed);
         }
-        self.record_recent(Attempt::Billed { idle });
+        for _ in 0..requests {
+            self.record_recent(Attempt::Billed { idle });
+        }
     }
 
     fn record_recent(&self, attempt: Attempt) {
@@ -339,7 +347,8 @@ impl<Q: QueueClient> QueueClient for Metered<Q> {
 
     async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<MessageId, QueueError> {
         let result = self.inner.put(body, initial_visibility).await;
-        self.count(CallKind::Put, result)
+        self.transactions.record_requests(CallKind::Put, false, result.as_ref().err(), self.inner.put_requests(body));
+        result
     }
 
     async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {

@@ -4,6 +4,7 @@
 //!
 //! - [`embedded`]: a durable queue in a local data directory (redb), nothing to install.
 //! - [`azure`]: Azure Storage Queues (and Azurite), over the official SDK.
+//! - [`sqs`]: Amazon SQS (and moto), over the official SDK.
 //! - [`Retrying`]: retries transient errors with jittered exponential back-off, and keeps a
 //!   [`CallRecord`] of failures by kind and [`FailureClass`], retries and answers.
 //! - [`Metered`]: counts every storage call by kind and by whether it returned work: the
@@ -18,6 +19,7 @@ pub mod memory;
 mod metered;
 pub mod partitioned;
 mod retrying;
+pub mod sqs;
 
 use std::time::{Duration, SystemTime};
 
@@ -211,6 +213,13 @@ pub trait QueueClient: Send + Sync + 'static {
     fn call_records(&self) -> Vec<std::sync::Arc<CallRecord>> {
         Vec::new()
     }
+
+    /// The requests the service bills for a put of `body`, for [`Metered`] (which wraps the
+    /// backend itself): one, unless the service bills a large body by the chunk (SQS: each
+    /// 64 KiB of the payload as sent).
+    fn put_requests(&self, _body: &[u8]) -> u64 {
+        1
+    }
 }
 
 /// A shared client is a client: decorators can wrap whichever backend a queue was given.
@@ -242,5 +251,8 @@ impl QueueClient for std::sync::Arc<dyn QueueClient> {
     }
     fn call_records(&self) -> Vec<std::sync::Arc<CallRecord>> {
         (**self).call_records()
+    }
+    fn put_requests(&self, body: &[u8]) -> u64 {
+        (**self).put_requests(body)
     }
 }

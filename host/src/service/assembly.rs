@@ -16,6 +16,7 @@ use crate::payload::claims::{AzureClaims, ClaimRecords, ClaimSettings, ClaimStor
 use crate::queue::azure::{AzureOptions, AzureQueue};
 use crate::queue::embedded::EmbeddedStore;
 use crate::queue::partitioned::Partitioned;
+use crate::queue::sqs::{SqsOptions, SqsQueue};
 use crate::queue::{Metered, QueueClient, RetryPolicy, Retrying, Transactions};
 
 use super::handle::{QueueHandle, QueueHandleBuilder};
@@ -31,6 +32,13 @@ pub fn storage_queue(backend: &Backend, store: Option<&EmbeddedStore>, name: &st
         Backend::Azure { account, encoding } => {
             let options = AzureOptions { encoding: *encoding, ..AzureOptions::default() };
             Arc::new(AzureQueue::new(account, name, options).with_context(|| format!("queue {name} on Azure account {}", account.name()))?)
+        }
+        Backend::Sqs { account, encoding, queue_url } => {
+            let queue_url = queue_url.as_ref().filter(|(of, _)| of == name).map(|(_, url)| url.clone());
+            Arc::new(
+                SqsQueue::new(account, name, SqsOptions { encoding: *encoding, queue_url })
+                    .with_context(|| format!("queue {name} on {}", account.describe()))?,
+            )
         }
     })
 }
@@ -56,6 +64,8 @@ pub fn claim_store(
                     .with_context(|| format!("claim checks of queue {name} on Azure account {}", account.name()))?,
             )
         }
+        // TODO(issue 37, item 6): claim checks in S3, in the SQS Extended Client's format.
+        Backend::Sqs { .. } => anyhow::bail!("claim checks of queue {name}: not on SQS yet (S3 claim checks are issue 37's item 6)"),
     };
     Ok(Arc::new(Recorded::new(inner, record)))
 }
@@ -85,7 +95,7 @@ fn producer_claims(queue: &QueueConfig, store: Option<&EmbeddedStore>, records: 
 /// Whether envelopes go as base64 text on `backend` (an Azure queue with `encoding = "none"`
 /// stores text only).
 pub(crate) fn text_envelopes(backend: &Backend) -> bool {
-    matches!(backend, Backend::Azure { encoding: crate::queue::azure::Encoding::None, .. })
+    matches!(backend, Backend::Azure { encoding: crate::queue::azure::Encoding::None, .. } | Backend::Sqs { encoding: crate::queue::sqs::Encoding::Text, .. })
 }
 
 /// What differs between callers.

@@ -1,0 +1,543 @@
+//! Amazon SQS, over the official `aws-sdk-sqs`.
+//!
+//! - The seam, SQS-shaped: a get is a `ReceiveMessage` of at most [`MAX_GET`] (a get of 32
+//!   returns at most 10), `ApproximateReceiveCount` is the dequeue count and `SentTimestamp`
+//!   the insertion time; a put is a `SendMessage`, its initial visibility `DelaySeconds` (at
+//!   most [`MAX_DELAY`], 15 minutes); visibilities saturate at [`MAX_VISIBILITY`] (12 hours).
+//!   The count is `GetQueueAttributes`: visible, in flight and delayed messages.
+//! - Receipts: the pop receipt is `<message id> <receipt handle>`, so a receipt given with
+//!   another message's id is refused as stale without a call (SQS addresses a message by its
+//!   handle alone). `ChangeMessageVisibility` issues no new handle: an update returns the
+//!   receipt it was given. SQS keeps a message's earlier handles valid (moto deletes and
+//!   updates with them; AWS documents that a delete with an old handle succeeds but may not
+//!   delete): a stale receipt is [`QueueError::StaleReceipt`] only when SQS refuses it
+//!   (`ReceiptHandleIsInvalid`, `MessageNotInflight`), and a message deleted twice is deleted.
+//! - The message limit is the queue's `MaximumMessageSize` (up to 1 MiB), read at
+//!   [`QueueClient::create_if_missing`]; bodies SQS cannot carry as text go as base64, marked
+//!   ([`Encoding`]).
+//! - Retries: the SDK's are off; [`Retrying`](super::Retrying) retries our
+//!   [`QueueError::Transient`] errors (throttling, 5xx, timeouts, lost connections).
+//!   `AccessDenied` names the IAM action the call needs; a queue that does not exist is
+//!   [`FailureClass::Missing`] (the retry decorator creates it again).
+//! - Polling is short (`WaitTimeSeconds` 0): on AWS a short poll samples some of the
+//!   queue's servers, so a get may return fewer messages than the queue holds, or none; the
+//!   message comes with a later get. Long polling is issue 37's next step.
+//! - Metering: [`Metered`](super::Metered) counts one request per call, which is SQS's bill
+//!   for a receive (one request however many messages it returns), a delete, an update and a
+//!   count, and a send as [`BILLED_CHUNK_BYTES`] chunks of its payload as sent
+//!   ([`QueueClient::put_requests`]). TODO (issue 37, item 7): [`QueueClient::create_if_missing`]
+//!   makes two requests (`CreateQueue`, `GetQueueAttributes`), counted as one, and a first
+//!   call on a queue whose URL is not known yet one more (`GetQueueUrl`), not counted.
+//!
+//! Tested against moto 5.2.5 (`tests/all/sqs_queue.rs`, `tests/all/sqs_faults.rs`).
+
+mod account;
+mod encoding;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
+
+use anyhow::anyhow;
+use async_trait::async_trait;
+use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
+use tokio::sync::OnceCell;
+
+pub use account::{AwsCredentials, AwsSettings, SqsAccount};
+pub use encoding::{ENCODING_ATTRIBUTE, Encoding};
+
+use super::{FailureClass, MAX_BATCH, Message, MessageId, PopReceipt, QueueClient, QueueError, classified};
+
+/// SQS's limit on a receive: at most 10 messages.
+pub const MAX_GET: u32 = 10;
+
+/// SQS's limit on a visibility timeout: 12 hours.
+pub const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
+
+/// SQS's limit on a send's delay: 15 minutes.
+pub const MAX_DELAY: Duration = Duration::from_secs(15 * 60);
+
+/// SQS's largest message (and the default MaximumMessageSize of a queue created since
+/// 2025): 1 MiB. The limit until the queue's own is read.
+pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+
+/// SQS bills a payload by the chunk: each 64 KiB is one request.
+pub const BILLED_CHUNK_BYTES: usize = 64 * 1024;
+
+/// How long one call may take before it counts as a transient failure.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Options of an SQS queue.
+#[derive(Debug, Clone, Default)]
+pub struct SqsOptions {
+    /// How bodies are written as SQS message bodies.
+    pub encoding: Encoding,
+    /// The queue's URL, for a queue not named like the ebb queue (or in another account);
+    /// `None`: resolved from the name (`CreateQueue`, or `GetQueueUrl`).
+    pub queue_url: Option<String>,
+}
+
+/// One SQS queue.
+pub struct SqsQueue {
+    name: String,
+    account: SqsAccount,
+    options: SqsOptions,
+    url: OnceCell<String>,
+    /// The queue's MaximumMessageSize, once read.
+    max_message_bytes: AtomicUsize,
+}
+
+impl std::fmt::Debug for SqsQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqsQueue").field("name", &self.name).field("account", &self.account).field("options", &self.options).finish()
+    }
+}
+
+/// Which call failed, for classifying its error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Create,
+    Resolve,
+    Attributes,
+    Put,
+    Get,
+    Delete,
+    Update,
+    Count,
+}
+
+impl Call {
+    fn verb(self) -> &'static str {
+        match self {
+            Call::Create => "create",
+            Call::Resolve => "look up the queue URL",
+            Call::Attributes => "read the queue's attributes",
+            Call::Put => "put",
+            Call::Get => "get",
+            Call::Delete => "delete",
+            Call::Update => "update visibility",
+            Call::Count => "read the message count",
+        }
+    }
+
+    /// The IAM action the call needs.
+    fn action(self) -> &'static str {
+        match self {
+            Call::Create => "sqs:CreateQueue (or create the queue beforehand)",
+            Call::Resolve => "sqs:GetQueueUrl",
+            Call::Attributes | Call::Count => "sqs:GetQueueAttributes",
+            Call::Put => "sqs:SendMessage",
+            Call::Get => "sqs:ReceiveMessage",
+            Call::Delete => "sqs:DeleteMessage",
+            Call::Update => "sqs:ChangeMessageVisibility",
+        }
+    }
+}
+
+impl SqsQueue {
+    /// A handle on SQS queue `name` of `account` (create it with
+    /// [`QueueClient::create_if_missing`]). Fails if the name is not a valid SQS queue name.
+    pub fn new(account: &SqsAccount, name: &str, options: SqsOptions) -> anyhow::Result<Self> {
+        check_queue_name(name)?;
+        let url = OnceCell::new_with(options.queue_url.clone());
+        Ok(SqsQueue { name: name.to_string(), account: account.clone(), options, url, max_message_bytes: AtomicUsize::new(MAX_MESSAGE_BYTES) })
+    }
+
+    /// The queue's MaximumMessageSize in bytes, as read at create (1 MiB before).
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The largest body of any bytes the queue takes (less than
+    /// [`SqsQueue::max_message_bytes`] with [`Encoding::Auto`], which may send base64).
+    pub fn max_body_bytes(&self) -> usize {
+        self.options.encoding.max_body_bytes(self.max_message_bytes())
+    }
+
+    fn context(&self, call: Call) -> String {
+        format!("queue {} ({}): {}", self.name, self.account.describe(), call.verb())
+    }
+
+    async fn client(&self, call: Call) -> Result<&aws_sdk_sqs::Client, QueueError> {
+        self.account.client().await.map_err(|e| QueueError::Fatal(classified(FailureClass::Other, format!("{}: {e:#}", self.context(call)))))
+    }
+
+    /// The queue's URL: configured, or looked up once by name.
+    async fn url(&self) -> Result<&str, QueueError> {
+        let url = self
+            .url
+            .get_or_try_init(|| async {
+                let client = self.client(Call::Resolve).await?;
+                let answer = self.call(Call::Resolve, None, client.get_queue_url().queue_name(&self.name).send()).await?;
+                answer.queue_url.ok_or_else(|| QueueError::Fatal(anyhow!("{}: the answer has no queue URL", self.context(Call::Resolve))))
+            })
+            .await?;
+        Ok(url)
+    }
+
+    /// Runs one call and classifies its failure.
+    async fn call<T, E>(&self, call: Call, id: Option<&MessageId>, work: impl Future<Output = Result<T, SdkError<E>>>) -> Result<T, QueueError>
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        work.await.map_err(|error| self.classify(call, id, &error))
+    }
+
+    fn classify<E>(&self, call: Call, id: Option<&MessageId>, error: &SdkError<E>) -> QueueError
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let context = self.context(call);
+        let status = error.raw_response().map(|response| response.status().as_u16());
+        let (class, transient) = match error {
+            SdkError::ServiceError(_) | SdkError::ResponseError(_) => {
+                return self.classify_answer(call, id, status.unwrap_or(0), error.code(), error.message());
+            }
+            SdkError::TimeoutError(_) => (FailureClass::Timeout, true),
+            SdkError::DispatchFailure(failure) if failure.is_timeout() => (FailureClass::Timeout, true),
+            SdkError::DispatchFailure(failure) if failure.is_user() => (FailureClass::Other, false),
+            SdkError::DispatchFailure(_) => (FailureClass::Connection, true),
+            _ => (FailureClass::Other, false),
+        };
+        // Transport errors may quote what a proxy or a hostile server sent: cut them.
+        let text = crate::health::truncate_reason(&DisplayErrorContext(error).to_string());
+        let error = classified(class, format!("{context}: {text}"));
+        if transient { QueueError::Transient(error) } else { QueueError::Fatal(error) }
+    }
+
+    /// An answer of SQS that is not success: its HTTP status, error code and message.
+    fn classify_answer(&self, call: Call, id: Option<&MessageId>, status: u16, code: Option<&str>, message: Option<&str>) -> QueueError {
+        let code = crate::health::truncate_reason(code.unwrap_or("no error code"));
+        let message = crate::health::truncate_reason(message.unwrap_or_default());
+        let context = self.context(call);
+        let described =
+            |class| classified(class, format!("{context}: {code} ({status}){}", if message.is_empty() { String::new() } else { format!(": {message}") }));
+        // The legacy (query protocol) codes come first, the JSON protocol's second.
+        let code_is = |names: &[&str]| names.iter().any(|name| code == *name || code.ends_with(&format!(".{name}")));
+        let receipt_call = matches!(call, Call::Delete | Call::Update);
+        if receipt_call
+            && (code_is(&["ReceiptHandleIsInvalid", "MessageNotInflight"])
+                || (code_is(&["InvalidParameterValue"]) && message.to_ascii_lowercase().contains("receipt")))
+        {
+            return QueueError::StaleReceipt { id: id.cloned().unwrap_or_else(|| MessageId::from("")) };
+        }
+        if call == Call::Put && (code_is(&["MessageTooLong"]) || (code_is(&["InvalidParameterValue"]) && message.contains("shorter than"))) {
+            let limit = self.max_message_bytes();
+            return QueueError::MessageTooLarge { size: limit + 1, limit };
+        }
+        if call == Call::Put && code_is(&["InvalidMessageContents"]) {
+            return QueueError::InvalidBody(format!("SQS refused it: {message}"));
+        }
+        if code_is(&["NonExistentQueue", "QueueDoesNotExist"]) {
+            return QueueError::Fatal(classified(FailureClass::Missing, format!("{context}: {code} ({status}): the queue does not exist")));
+        }
+        if code_is(&["QueueDeletedRecently"]) {
+            // SQS refuses to create a queue of a name deleted less than 60 s ago.
+            return QueueError::Transient(classified(
+                FailureClass::Other,
+                format!("{context}: {code} ({status}): it can be created again once SQS has deleted it (60 s after the delete)"),
+            ));
+        }
+        let throttled = code_is(&["RequestThrottled", "ThrottlingException", "Throttling", "KmsThrottled", "OverLimit"]) || matches!(status, 429 | 503);
+        let auth = code_is(&[
+            "AccessDenied",
+            "AccessDeniedException",
+            "InvalidClientTokenId",
+            "UnrecognizedClientException",
+            "SignatureDoesNotMatch",
+            "IncompleteSignature",
+            "InvalidSecurity",
+            "ExpiredToken",
+            "MissingAuthenticationToken",
+            "KmsAccessDenied",
+        ]) || matches!(status, 401 | 403);
+        if throttled {
+            return QueueError::Transient(described(FailureClass::Throttled));
+        }
+        if auth {
+            let check = match code_is(&["AccessDenied", "AccessDeniedException", "KmsAccessDenied"]) {
+                true => format!("the credential lacks the permission: it needs {}", call.action()),
+                false => "check the credentials (keys, session token, their expiry) and the region".to_string(),
+            };
+            return QueueError::Fatal(classified(FailureClass::Auth, format!("{context}: {code} ({status}): {check}")));
+        }
+        match status {
+            408 | 504 => QueueError::Transient(described(FailureClass::Timeout)),
+            500..=599 => QueueError::Transient(described(FailureClass::Other)),
+            // An answer that could not be read (no status): a proxy or a cut connection.
+            0 => QueueError::Transient(described(FailureClass::Other)),
+            _ => QueueError::Fatal(described(FailureClass::Other)),
+        }
+    }
+
+    /// Reads MaximumMessageSize.
+    async fn read_limits(&self) -> Result<(), QueueError> {
+        let url = self.url().await?;
+        let client = self.client(Call::Attributes).await?;
+        let answer = self
+            .call(Call::Attributes, None, client.get_queue_attributes().queue_url(url).attribute_names(QueueAttributeName::MaximumMessageSize).send())
+            .await?;
+        let size = answer.attributes.as_ref().and_then(|a| a.get(&QueueAttributeName::MaximumMessageSize)).and_then(|size| size.parse::<usize>().ok());
+        match size {
+            Some(size) => self.max_message_bytes.store(size, Ordering::Relaxed),
+            None => tracing::warn!(queue = %self.name, "queue {}: no MaximumMessageSize in its attributes; assuming {MAX_MESSAGE_BYTES} bytes", self.name),
+        }
+        Ok(())
+    }
+
+    /// The receipt handle a pop receipt of message `id` holds, or a stale receipt when it is
+    /// not one of `id`'s.
+    fn handle<'a>(id: &MessageId, pop_receipt: &'a PopReceipt) -> Result<&'a str, QueueError> {
+        match pop_receipt.split_once(' ') {
+            Some((of, handle)) if of == id.as_str() && !handle.is_empty() => Ok(handle),
+            _ => Err(QueueError::StaleReceipt { id: id.clone() }),
+        }
+    }
+}
+
+/// SQS's rules for queue names: 1 to 80 letters, digits, hyphens and underscores, and a
+/// FIFO queue's `.fifo` suffix.
+fn check_queue_name(name: &str) -> anyhow::Result<()> {
+    let stem = name.strip_suffix(".fifo").unwrap_or(name);
+    let valid = !stem.is_empty() && name.len() <= 80 && stem.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if valid {
+        Ok(())
+    } else {
+        Err(anyhow!("{name:?} is not a valid SQS queue name: 1 to 80 letters, digits, hyphens and underscores (and .fifo at the end of a FIFO queue's)"))
+    }
+}
+
+/// Whole seconds for the service, rounded up, at most `max`.
+fn seconds_up(duration: Duration, max: Duration) -> i32 {
+    let capped = duration.min(max);
+    let seconds = capped.as_secs() + u64::from(capped.subsec_nanos() > 0);
+    seconds.min(max.as_secs()) as i32
+}
+
+#[async_trait]
+impl QueueClient for SqsQueue {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn create_if_missing(&self) -> Result<(), QueueError> {
+        if self.options.queue_url.is_none() {
+            let client = self.client(Call::Create).await?;
+            match self.call(Call::Create, None, client.create_queue().queue_name(&self.name).send()).await {
+                Ok(answer) => {
+                    if let Some(url) = answer.queue_url {
+                        let _ = self.url.set(url);
+                    }
+                }
+                // A credential may lack sqs:CreateQueue on a queue that exists: a queue that
+                // exists needs no create (the URL look-up below says whether it does).
+                Err(error) if error.failure_class() == Some(FailureClass::Auth) => {
+                    tracing::info!(queue = %self.name, "queue {}: the credential may not create it ({error}); looking it up instead", self.name);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        self.read_limits().await
+    }
+
+    async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<MessageId, QueueError> {
+        let encoded = self.options.encoding.encode(body)?;
+        let limit = self.max_message_bytes();
+        if encoded.size() > limit {
+            let limit = if encoded.base64 { self.options.encoding.max_body_bytes(limit) } else { limit };
+            return Err(QueueError::MessageTooLarge { size: body.len(), limit });
+        }
+        let url = self.url().await?;
+        let client = self.client(Call::Put).await?;
+        let mut send = client.send_message().queue_url(url).message_body(encoded.text).delay_seconds(seconds_up(initial_visibility, MAX_DELAY));
+        if encoded.base64 {
+            let marked = MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(encoding::BASE64)
+                .build()
+                .map_err(|e| QueueError::Fatal(anyhow!("{}: the encoding attribute: {e}", self.context(Call::Put))))?;
+            send = send.message_attributes(ENCODING_ATTRIBUTE, marked);
+        }
+        let sent = match self.call(Call::Put, None, send.send()).await {
+            Err(QueueError::MessageTooLarge { limit, .. }) => return Err(QueueError::MessageTooLarge { size: body.len(), limit }),
+            other => other?,
+        };
+        sent.message_id.map(MessageId::from).ok_or_else(|| QueueError::Fatal(anyhow!("{}: the answer has no message id", self.context(Call::Put))))
+    }
+
+    async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
+        if max == 0 || max > MAX_BATCH {
+            return Err(QueueError::BadBatchSize(max));
+        }
+        let url = self.url().await?;
+        let client = self.client(Call::Get).await?;
+        let seconds = seconds_up(visibility, MAX_VISIBILITY).max(1);
+        // The lease ends `seconds` after SQS received the call: counted from before it, the
+        // host's figure errs early.
+        let asked_at = SystemTime::now();
+        let receive = client
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(max.min(MAX_GET) as i32)
+            .visibility_timeout(seconds)
+            .wait_time_seconds(0)
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
+            .message_attribute_names(ENCODING_ATTRIBUTE);
+        let received = self.call(Call::Get, None, receive.send()).await?;
+        let mut messages = Vec::new();
+        for item in received.messages.unwrap_or_default() {
+            let (Some(id), Some(handle)) = (item.message_id, item.receipt_handle) else {
+                return Err(QueueError::Fatal(anyhow!("{}: a message came without its id or receipt handle", self.context(Call::Get))));
+            };
+            let attribute = |name| item.attributes.as_ref().and_then(|a| a.get(&name)).and_then(|value| value.parse::<u64>().ok());
+            let marked = item.message_attributes.as_ref().and_then(|a| a.get(ENCODING_ATTRIBUTE)).and_then(|value| value.string_value());
+            let (body, defect) = Encoding::decode(item.body.clone().unwrap_or_default(), marked);
+            messages.push(Message {
+                pop_receipt: PopReceipt::from(format!("{id} {handle}")),
+                id: id.into(),
+                dequeue_count: attribute(MessageSystemAttributeName::ApproximateReceiveCount).unwrap_or(1).min(u64::from(u32::MAX)) as u32,
+                inserted_at: attribute(MessageSystemAttributeName::SentTimestamp)
+                    .map_or(SystemTime::UNIX_EPOCH, |millis| SystemTime::UNIX_EPOCH + Duration::from_millis(millis)),
+                next_visible_at: asked_at + Duration::from_secs(seconds as u64),
+                body: body.into(),
+                defect,
+            });
+        }
+        Ok(messages)
+    }
+
+    async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError> {
+        let handle = Self::handle(id, pop_receipt)?;
+        let url = self.url().await?;
+        let client = self.client(Call::Delete).await?;
+        self.call(Call::Delete, Some(id), client.delete_message().queue_url(url).receipt_handle(handle).send()).await?;
+        Ok(())
+    }
+
+    async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
+        let handle = Self::handle(id, pop_receipt)?;
+        let url = self.url().await?;
+        let client = self.client(Call::Update).await?;
+        let change = client.change_message_visibility().queue_url(url).receipt_handle(handle).visibility_timeout(seconds_up(visibility, MAX_VISIBILITY));
+        self.call(Call::Update, Some(id), change.send()).await?;
+        // SQS issues no new handle for a visibility change: the lease's receipt holds.
+        Ok(pop_receipt.clone())
+    }
+
+    /// SQS bills each 64 KiB of a payload (the body as sent, and its attributes) as one request.
+    fn put_requests(&self, body: &[u8]) -> u64 {
+        let size = self.options.encoding.encode(body).map_or(body.len(), |encoded| encoded.size());
+        size.div_ceil(BILLED_CHUNK_BYTES).max(1) as u64
+    }
+
+    async fn approximate_count(&self) -> Result<u64, QueueError> {
+        let url = self.url().await?;
+        let client = self.client(Call::Count).await?;
+        let names = [
+            QueueAttributeName::ApproximateNumberOfMessages,
+            QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+            QueueAttributeName::ApproximateNumberOfMessagesDelayed,
+        ];
+        let answer = self.call(Call::Count, None, client.get_queue_attributes().queue_url(url).set_attribute_names(Some(names.to_vec())).send()).await?;
+        let attributes = answer.attributes.unwrap_or_default();
+        let mut total = 0u64;
+        for name in names {
+            let Some(count) = attributes.get(&name).and_then(|value| value.parse::<u64>().ok()) else {
+                return Err(QueueError::Fatal(anyhow!("{}: the answer has no {name}", self.context(Call::Count))));
+            };
+            total += count;
+        }
+        Ok(total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue() -> SqsQueue {
+        SqsQueue::new(&SqsAccount::new(AwsSettings::default()), "orders", SqsOptions::default()).unwrap()
+    }
+
+    #[test]
+    fn answers_are_classed_by_code_and_status() {
+        let queue = queue();
+        let cases = [
+            (400, "RequestThrottled", FailureClass::Throttled, true),
+            (400, "ThrottlingException", FailureClass::Throttled, true),
+            (503, "ServiceUnavailable", FailureClass::Throttled, true),
+            (403, "OverLimit", FailureClass::Throttled, true),
+            (500, "InternalFailure", FailureClass::Other, true),
+            (504, "no code", FailureClass::Timeout, true),
+            (400, "AccessDenied", FailureClass::Auth, false),
+            (403, "InvalidClientTokenId", FailureClass::Auth, false),
+            (400, "AWS.SimpleQueueService.NonExistentQueue", FailureClass::Missing, false),
+            (400, "QueueDoesNotExist", FailureClass::Missing, false),
+            (400, "AWS.SimpleQueueService.QueueDeletedRecently", FailureClass::Other, true),
+            (400, "InvalidParameterValue", FailureClass::Other, false),
+        ];
+        for (status, code, class, transient) in cases {
+            let error = queue.classify_answer(Call::Get, None, status, Some(code), Some("m"));
+            assert_eq!((error.failure_class(), error.is_transient()), (Some(class), transient), "{status} {code}: {error}");
+        }
+        let hostile = queue.classify_answer(Call::Get, None, 503, Some(&"X".repeat(100_000)), Some(&"Y".repeat(100_000))).to_string();
+        assert!(hostile.len() < 2_000, "a huge code or message is cut: {} bytes", hostile.len());
+    }
+
+    #[test]
+    fn access_denied_names_the_iam_action_of_the_call() {
+        let queue = queue();
+        for (call, action) in [(Call::Get, "sqs:ReceiveMessage"), (Call::Delete, "sqs:DeleteMessage"), (Call::Count, "sqs:GetQueueAttributes")] {
+            let error = queue.classify_answer(call, None, 400, Some("AccessDenied"), Some("not authorized")).to_string();
+            assert!(error.contains(action) && error.contains("queue orders"), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_refused_receipt_is_stale_on_delete_and_update_only() {
+        let queue = queue();
+        let id = MessageId::from("m");
+        for call in [Call::Delete, Call::Update] {
+            for (code, message) in [
+                ("ReceiptHandleIsInvalid", ""),
+                ("AWS.SimpleQueueService.MessageNotInflight", ""),
+                ("InvalidParameterValue", "Value x for parameter ReceiptHandle is invalid."),
+            ] {
+                let error = queue.classify_answer(call, Some(&id), 400, Some(code), Some(message));
+                assert!(matches!(&error, QueueError::StaleReceipt { id } if id == "m"), "{call:?} {code}: {error}");
+            }
+        }
+        let error = queue.classify_answer(Call::Update, Some(&id), 400, Some("InvalidParameterValue"), Some("Total VisibilityTimeout beyond the limit"));
+        assert!(matches!(error, QueueError::Fatal(_)), "a visibility SQS refuses is not a lost lease: {error}");
+        let error = queue.classify_answer(Call::Get, None, 400, Some("ReceiptHandleIsInvalid"), None);
+        assert!(matches!(error, QueueError::Fatal(_)), "{error}");
+    }
+
+    #[test]
+    fn a_receipt_of_another_message_or_malformed_is_stale_without_a_call() {
+        let id = MessageId::from("id-1");
+        assert_eq!(SqsQueue::handle(&id, &PopReceipt::from("id-1 AQEB+x/y==")).unwrap(), "AQEB+x/y==");
+        for receipt in ["id-2 AQEB", "AQEB", "id-1 ", ""] {
+            assert!(matches!(SqsQueue::handle(&id, &PopReceipt::from(receipt)), Err(QueueError::StaleReceipt { .. })), "{receipt:?}");
+        }
+    }
+
+    #[test]
+    fn durations_round_up_to_whole_seconds_and_saturate_at_the_limit() {
+        assert_eq!(seconds_up(Duration::ZERO, MAX_DELAY), 0);
+        assert_eq!(seconds_up(Duration::from_millis(1500), MAX_DELAY), 2);
+        assert_eq!(seconds_up(Duration::from_secs(3600), MAX_DELAY), 900);
+        assert_eq!(seconds_up(Duration::MAX, MAX_VISIBILITY), 43_200);
+    }
+
+    #[test]
+    fn queue_names_follow_sqs_rules() {
+        for good in ["orders", "a", "A_b-1", "orders.fifo", &"a".repeat(80)] {
+            assert!(check_queue_name(good).is_ok(), "{good}");
+        }
+        for bad in ["", ".fifo", "a.b", "a b", "ö", &"a".repeat(81)] {
+            assert!(check_queue_name(bad).unwrap_err().to_string().contains("not a valid SQS queue name"), "{bad}");
+        }
+    }
+}

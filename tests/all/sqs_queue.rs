@@ -1,0 +1,186 @@
+//! The Amazon SQS backend against moto's server (started by the tests): the conformance
+//! suite, where SQS differs by nature (10 per get, earlier receipt handles stay valid, a
+//! visibility change keeps the receipt) said in the cases, and what only SQS has: the
+//! queue's MaximumMessageSize, bodies SQS cannot carry as text, boto3 as the other party.
+//!
+//! The suite's `pass` sleeps for real (moto runs on the wall clock).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ebb::queue::sqs::{ENCODING_ATTRIBUTE, Encoding, MAX_GET, MAX_MESSAGE_BYTES, SqsOptions, SqsQueue};
+use ebb::queue::{MessageId, PopReceipt, QueueClient, QueueError};
+use ebb_tests::azurite::unique_queue_name;
+use ebb_tests::conformance::Backend;
+use ebb_tests::moto::Moto;
+
+struct Sqs;
+
+#[async_trait]
+impl Backend for Sqs {
+    async fn queue(&self, name: &str) -> Arc<dyn QueueClient> {
+        Arc::new(created(name, SqsOptions::default()).await)
+    }
+
+    async fn pass(&self, duration: Duration) {
+        tokio::time::sleep(duration).await;
+    }
+
+    fn max_message_bytes(&self) -> usize {
+        MAX_MESSAGE_BYTES
+    }
+
+    fn max_get(&self) -> u32 {
+        MAX_GET
+    }
+
+    fn refuses_stale_receipts(&self) -> bool {
+        false
+    }
+
+    fn update_issues_new_receipt(&self) -> bool {
+        false
+    }
+}
+
+async fn sqs() -> Sqs {
+    Sqs
+}
+
+mod conformance {
+    ebb_tests::queue_conformance!(#[tokio::test]; super::sqs);
+}
+
+/// A created queue of a unique name on the shared moto.
+async fn created(stem: &str, options: SqsOptions) -> SqsQueue {
+    let queue = SqsQueue::new(&Moto::shared().account(), &unique_queue_name(stem), options).unwrap();
+    queue.create_if_missing().await.unwrap();
+    queue
+}
+
+#[tokio::test]
+async fn the_limit_is_the_queues_maximum_message_size_read_at_create() -> anyhow::Result<()> {
+    let moto = Moto::shared();
+    let name = unique_queue_name("small");
+    moto.boto3("sqs.create_queue(QueueName=sys.argv[1], Attributes={'MaximumMessageSize': '2048'})", &[&name]);
+    let queue = SqsQueue::new(&moto.account(), &name, SqsOptions::default())?;
+    queue.create_if_missing().await?;
+    assert_eq!(queue.max_message_bytes(), 2048);
+    queue.put(&[b'x'; 2048], Duration::ZERO).await?;
+    let refused = queue.put(&[b'x'; 2049], Duration::ZERO).await.unwrap_err();
+    assert!(matches!(refused, QueueError::MessageTooLarge { size: 2049, limit: 2048 }), "{refused}");
+    // Binary bodies go as base64 with the attribute: less of them fits.
+    let largest = queue.max_body_bytes();
+    assert!(largest < 2048 * 3 / 4, "{largest}");
+    queue.put(&vec![0u8; largest], Duration::ZERO).await?;
+    let refused = queue.put(&vec![0u8; largest + 3], Duration::ZERO).await.unwrap_err();
+    assert!(matches!(refused, QueueError::MessageTooLarge { limit, .. } if limit == largest), "{refused}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn binary_bodies_go_as_marked_base64_and_text_as_it_is_for_other_sqs_clients() -> anyhow::Result<()> {
+    let moto = Moto::shared();
+    let queue = created("bodies", SqsOptions::default()).await;
+    let binary: Vec<u8> = (0..=255).collect();
+    queue.put(b"{\"order\": 1}", Duration::ZERO).await?;
+    queue.put(&binary, Duration::ZERO).await?;
+    // boto3 sees the text as it is, and the binary body marked.
+    let script = format!(
+        "url = sqs.get_queue_url(QueueName=sys.argv[1])['QueueUrl']\n\
+         got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, MessageAttributeNames=['All'], VisibilityTimeout=0)['Messages']\n\
+         for m in sorted(got, key=lambda m: len(m['Body'])): print(m['Body'][:20], m.get('MessageAttributes', {{}}).get('{ENCODING_ATTRIBUTE}', {{}}).get('StringValue'))"
+    );
+    let seen = moto.boto3(&script, &[queue.name()]);
+    assert_eq!(seen.lines().next(), Some("{\"order\": 1} None"), "{seen}");
+    assert!(seen.lines().nth(1).is_some_and(|line| line.ends_with(" base64")), "{seen}");
+    let mut bodies: Vec<Vec<u8>> = queue.get(10, Duration::from_secs(30)).await?.into_iter().map(|m| m.body.to_vec()).collect();
+    bodies.sort_by_key(Vec::len);
+    assert_eq!(bodies, [b"{\"order\": 1}".to_vec(), binary]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_text_queue_refuses_a_body_sqs_cannot_carry_naming_the_character() -> anyhow::Result<()> {
+    let queue = created("text", SqsOptions { encoding: Encoding::Text, ..SqsOptions::default() }).await;
+    let refused = queue.put(b"a\x01b", Duration::ZERO).await.unwrap_err();
+    assert!(matches!(&refused, QueueError::InvalidBody(reason) if reason.contains("U+0001")), "{refused}");
+    assert_eq!(queue.approximate_count().await?, 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn messages_sent_by_boto3_are_received_with_their_receive_count_and_sent_time() -> anyhow::Result<()> {
+    let moto = Moto::shared();
+    let queue = created("interop", SqsOptions::default()).await;
+    let before = std::time::SystemTime::now() - Duration::from_secs(5);
+    moto.boto3("url = sqs.get_queue_url(QueueName=sys.argv[1])['QueueUrl']\nsqs.send_message(QueueUrl=url, MessageBody='from boto3')", &[queue.name()]);
+    let first = queue.get(10, Duration::from_secs(1)).await?.remove(0);
+    assert_eq!((&first.body[..], first.dequeue_count, first.defect.as_deref()), (&b"from boto3"[..], 1, None));
+    assert!(first.inserted_at > before && first.inserted_at < std::time::SystemTime::now() + Duration::from_secs(5), "{:?}", first.inserted_at);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let second = queue.get(10, Duration::from_secs(30)).await?.remove(0);
+    assert_eq!((second.id.as_str(), second.dequeue_count), (first.id.as_str(), 2));
+    queue.delete(&second.id, &second.pop_receipt).await?;
+    assert_eq!(queue.approximate_count().await?, 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_receipt_handle_sqs_never_issued_is_a_stale_receipt() -> anyhow::Result<()> {
+    let queue = created("never-issued", SqsOptions::default()).await;
+    let id = queue.put(b"m", Duration::ZERO).await?;
+    let forged = PopReceipt::from(format!("{id} AQEBnotahandle"));
+    for error in [queue.delete(&id, &forged).await.unwrap_err(), queue.update_visibility(&id, &forged, Duration::ZERO).await.unwrap_err()] {
+        assert!(matches!(&error, QueueError::StaleReceipt { id: stale } if *stale == id), "{error}");
+    }
+    let other = MessageId::from("not-this-one");
+    assert!(matches!(queue.delete(&other, &forged).await, Err(QueueError::StaleReceipt { .. })));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_queue_that_does_not_exist_is_a_missing_queue_naming_it() -> anyhow::Result<()> {
+    let name = unique_queue_name("absent");
+    let queue = SqsQueue::new(&Moto::shared().account(), &name, SqsOptions::default())?;
+    let error = queue.put(b"m", Duration::ZERO).await.unwrap_err();
+    assert_eq!(error.failure_class(), Some(ebb::queue::FailureClass::Missing), "{error}");
+    assert!(error.to_string().contains(&name), "{error}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_queue_url_from_the_config_needs_no_create_or_look_up() -> anyhow::Result<()> {
+    let moto = Moto::shared();
+    let name = unique_queue_name("by-url");
+    let url = moto.boto3("print(sqs.create_queue(QueueName=sys.argv[1])['QueueUrl'])", &[&name]);
+    // The ebb queue's own name differs from the SQS queue's: the URL decides.
+    let queue = SqsQueue::new(&moto.account(), "another-name", SqsOptions { queue_url: Some(url.trim().to_string()), ..SqsOptions::default() })?;
+    queue.create_if_missing().await?;
+    queue.put(b"by url", Duration::ZERO).await?;
+    let count = moto.boto3(
+        "url = sqs.get_queue_url(QueueName=sys.argv[1])['QueueUrl']\nprint(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=['ApproximateNumberOfMessages'])['Attributes']['ApproximateNumberOfMessages'])",
+        &[&name],
+    );
+    assert_eq!(count.trim(), "1");
+    Ok(())
+}
+
+/// SQS bills a send per 64 KiB of its payload (the body as sent, and its attributes): the
+/// meter counts what the bill will, so the cost figures and the simulator's floor hold.
+#[tokio::test]
+async fn a_send_is_metered_as_one_request_per_64_kib_as_sqs_bills_it() -> anyhow::Result<()> {
+    let metered = ebb::queue::Metered::new(created("billed", SqsOptions::default()).await);
+    let transactions = metered.transactions();
+    metered.put(&[b'x'; 64 * 1024], Duration::ZERO).await?;
+    assert_eq!(transactions.snapshot().puts, 1, "64 KiB is one request");
+    metered.put(&[b'x'; 200 * 1024], Duration::ZERO).await?;
+    assert_eq!(transactions.snapshot().puts, 1 + 4, "200 KiB is four");
+    // A binary body is billed as sent: base64, a third larger, and its attribute.
+    metered.put(&[0u8; 48 * 1024 + 1], Duration::ZERO).await?;
+    assert_eq!(transactions.snapshot().puts, 5 + 2, "48 KiB of bytes is 64 KiB and more as base64");
+    metered.get(10, Duration::from_secs(30)).await?;
+    assert_eq!(transactions.snapshot().gets_with_messages, 1, "a receive is one request however many it returns");
+    Ok(())
+}

@@ -323,7 +323,7 @@ const MAX_FOREIGN_CONTRACTS: usize = 16;
 fn contract_from_wire<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<&'static str>, D::Error> {
     static FOREIGN: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
     let Some(text) = Option::<String>::deserialize(deserializer)? else { return Ok(None) };
-    if let Some(known) = super::CONTRACT_VERSIONS.iter().find(|v| **v == text) {
+    if let Some(known) = super::bindings::CONTRACT_VERSIONS.iter().find(|v| **v == text) {
         return Ok(Some(known));
     }
     let mut foreign = FOREIGN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
+use ebb::status::{HostStatus, QueueStatus};
 use ebb_tests::guests;
 
 pub(crate) const EBB: &str = env!("CARGO_BIN_EXE_ebb-under-test");
@@ -105,11 +106,31 @@ impl Site {
         serde_json::from_slice(&self.ebb(&["status", "--json"]).stdout).unwrap()
     }
 
+    /// [`Site::status`] read into the library's types, as an embedder reads it.
+    async fn typed_status(&self) -> ebb::status::HostStatus {
+        serde_json::from_slice(&self.ebb(&["status", "--json"]).stdout).unwrap()
+    }
+
+    /// The first queue partition's status.
+    async fn first_queue(&self) -> ebb::status::QueueStatus {
+        self.typed_status().await.queues.into_iter().next().expect("a queue in the status")
+    }
+
     /// Waits until every queue decides with its rule (rules load in the background at start).
     async fn rule_in_use(&self) {
-        let in_use = |status: serde_json::Value| status["queues"].as_array().is_some_and(|qs| qs.iter().all(|q| q["rule"]["file"] == "orders.wasm"));
-        wait_until("the rule in use", || async { in_use(self.status().await) }).await;
+        let in_use = |status: HostStatus| status.queues.iter().all(|q| rule_file(q) == Some("orders.wasm"));
+        wait_until("the rule in use", || async { in_use(self.typed_status().await) }).await;
     }
+}
+
+/// The file of the rule a queue's status shows in use.
+fn rule_file(queue: &QueueStatus) -> Option<&str> {
+    queue.rule.as_ref().and_then(|r| r.file.as_deref())
+}
+
+/// The sha256 of the rule a queue's status shows in use.
+fn rule_sha256(queue: &QueueStatus) -> Option<&str> {
+    queue.rule.as_ref().and_then(|r| r.sha256.as_deref())
 }
 
 pub(crate) async fn wait_until<F: Future<Output = bool>>(what: &str, mut condition: impl FnMut() -> F) {
@@ -185,8 +206,8 @@ async fn sigkill_of_the_host_mid_load_loses_no_message() {
     // Copies leased by the killed host come back after their lease and are handled again
     // (at least once): wait for the queue to empty before stopping.
     wait_until("the queue empty", || async {
-        let status = site.status().await;
-        status["queues"][0]["approximate_depth"] == 0 && status["queues"][0]["in_flight"] == 0
+        let queue = site.first_queue().await;
+        queue.approximate_depth == 0 && queue.in_flight == 0
     })
     .await;
     signal(&host, "-TERM");
@@ -389,7 +410,7 @@ async fn a_second_signal_exits_at_once_and_the_message_comes_back() {
     let site = Site::new(app_addr, "2s");
     let mut host = site.start_host().await;
     assert_eq!(site.post("slow".into()).await, reqwest::StatusCode::CREATED);
-    wait_until("the handler to be called", || async { site.status().await["queues"][0]["in_flight"] == 1 }).await;
+    wait_until("the handler to be called", || async { site.first_queue().await.in_flight == 1 }).await;
     signal(&host, "-TERM"); // drain: would wait up to drain_timeout (10 s)
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
@@ -460,7 +481,7 @@ async fn status_reports_the_current_depth_not_the_last_decisions() {
     let site = Site::new(app_addr, "30s");
     let mut host = site.start_host().await;
     site.ebb(&["send", "orders", "ten", "--count", "10"]);
-    wait_until("10 processed", || async { site.status().await["queues"][0]["processed"] == 10 }).await;
+    wait_until("10 processed", || async { site.first_queue().await.processed == 10 }).await;
     let status = site.status().await;
     assert_eq!(status["queues"][0]["approximate_depth"], 0, "{status}");
     assert!(status["queues"][0]["depth_as_of"].is_string(), "says how old the figure is: {status}");
@@ -554,7 +575,7 @@ async fn a_damaged_rule_cache_is_recompiled_not_a_crash() {
     std::fs::write(&files[0], &bytes).unwrap();
 
     let mut host = site.start_host().await;
-    wait_until("the rule in use", || async { site.status().await["queues"][0]["rule"]["file"] == "orders.wasm" }).await;
+    wait_until("the rule in use", || async { rule_file(&site.first_queue().await) == Some("orders.wasm") }).await;
     signal(&host, "-TERM");
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
     let log = without_colours(&std::fs::read_to_string(site.dir.path().join("host.log")).unwrap());
@@ -677,7 +698,7 @@ async fn an_azure_queue_through_the_binary() {
     site.ebb(&["send", "orders", "to-azure", "--count", "20"]);
     wait_until("20 messages handled", || async { app.seen.lock().unwrap().len() >= 20 }).await;
     // `processed` counts a message once its delete returned, which may trail the handler.
-    wait_until("20 messages processed", || async { site.status().await["partitioned"][0]["processed"] == 20 }).await;
+    wait_until("20 messages processed", || async { site.typed_status().await.partitioned.first().is_some_and(|p| p.processed == 20) }).await;
     let status = site.status().await;
     assert!(status["queues"][0]["transactions"]["gets_with_messages"].as_u64().unwrap() > 0, "{status}");
     signal(&host, "-TERM");
@@ -720,12 +741,12 @@ async fn a_rule_deployed_into_the_running_hosts_folder_is_swapped_in() {
     let sha = |path: &str| hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()));
     // Rules load in the background at start-up.
     let first = sha(guests::PAPER_DEFAULT);
-    wait_until("the rule in use", || async { site.status().await["queues"][0]["rule"]["sha256"] == first.as_str() }).await;
+    wait_until("the rule in use", || async { rule_sha256(&site.first_queue().await) == Some(first.as_str()) }).await;
     let staging = site.dir.path().join("rules/orders.wasm.partial");
     std::fs::copy(guests::FIXED_TASKS, &staging).unwrap();
     std::fs::rename(&staging, site.dir.path().join("rules/orders.wasm")).unwrap();
     let wanted = sha(guests::FIXED_TASKS);
-    wait_until("the new rule in use", || async { site.status().await["queues"][0]["rule"]["sha256"] == wanted.as_str() }).await;
+    wait_until("the new rule in use", || async { rule_sha256(&site.first_queue().await) == Some(wanted.as_str()) }).await;
     signal(&host, "-TERM");
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
 }
@@ -839,10 +860,10 @@ async fn push_across_hosts_over_redis_with_zero_idle_tasks_and_polling_through_a
     let checked = String::from_utf8(site.ebb(&["check"]).stdout).unwrap();
     assert!(checked.contains(&format!("bus: redis://127.0.0.1:{} answers", redis.port())), "{checked}");
     let mut host = site.start_host().await;
-    let queue_status = |status: &serde_json::Value| status["queues"][0].clone();
+    let bus_up = |status: &HostStatus| status.bus.as_ref().is_some_and(|b| b.connected);
     wait_until("subscribed, and no idle task left", || async {
-        let status = site.status().await;
-        status["bus"]["connected"] == true && queue_status(&status)["active_tasks"] == 0
+        let status = site.typed_status().await;
+        bus_up(&status) && status.queues[0].active_tasks == 0
     })
     .await;
 
@@ -856,7 +877,7 @@ async fn push_across_hosts_over_redis_with_zero_idle_tasks_and_polling_through_a
     let sender = site.dir.path().join("sender.toml");
     let dead_api = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     std::fs::write(&sender, config.replace(&site.api.to_string(), &dead_api.to_string())).unwrap();
-    wait_until("idle again", || async { queue_status(&site.status().await)["active_tasks"] == 0 }).await;
+    wait_until("idle again", || async { site.first_queue().await.active_tasks == 0 }).await;
     let sent = site.command().args(["send", &queue, "sent-from-elsewhere", "--config"]).arg(&sender).output().unwrap();
     assert!(sent.status.success(), "{}", String::from_utf8_lossy(&sent.stderr));
     assert!(String::from_utf8_lossy(&sent.stdout).contains("notified the hosts"), "{}", String::from_utf8_lossy(&sent.stdout));
@@ -865,8 +886,8 @@ async fn push_across_hosts_over_redis_with_zero_idle_tasks_and_polling_through_a
     // Redis goes down: the host polls, so a message nobody announces is still handled.
     redis.stop();
     wait_until("the outage seen and a polling task started", || async {
-        let status = site.status().await;
-        status["bus"]["connected"] == false && queue_status(&status)["active_tasks"].as_u64() >= Some(1)
+        let status = site.typed_status().await;
+        !bus_up(&status) && status.queues[0].active_tasks >= 1
     })
     .await;
     let output = site.command().arg("check").arg("--config").arg(site.config()).output().unwrap();
@@ -876,7 +897,7 @@ async fn push_across_hosts_over_redis_with_zero_idle_tasks_and_polling_through_a
     direct.put(b"unannounced", Duration::ZERO).await.unwrap();
     wait_until("the unannounced message handled by polling", || async { app.bodies().contains("unannounced") }).await;
     redis.resume();
-    wait_until("subscribed again", || async { site.status().await["bus"]["connected"] == true }).await;
+    wait_until("subscribed again", || async { bus_up(&site.typed_status().await) }).await;
     signal(&host, "-TERM");
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
     let log = std::fs::read_to_string(site.dir.path().join("host.log")).unwrap();
@@ -902,7 +923,7 @@ async fn a_zero_idle_push_queue_through_the_binary_polls_at_start_and_shows_its_
     site.ebb(&["send", "orders", "while-down", "--count", "3"]);
     let mut host = site.start_host().await;
     wait_until("the messages sent while the host was down", || async { app.seen.lock().unwrap().len() >= 3 }).await;
-    wait_until("every task stopped", || async { site.status().await["queues"][0]["active_tasks"] == 0 }).await;
+    wait_until("every task stopped", || async { site.first_queue().await.active_tasks == 0 }).await;
     let status = site.status().await;
     let queue = &status["queues"][0];
     assert_eq!(queue["safety_polls"], 1, "the start-up poll: {queue}");
@@ -1279,7 +1300,7 @@ async fn poison_messages_are_listed_requeued_and_purged() {
     let mut host = site.start_host().await;
     site.ebb(&["send", "orders", "<script>alert(1)</script>"]);
     site.ebb(&["send", "orders", "plain", "--count", "2"]);
-    wait_until("3 poisoned", || async { site.status().await["queues"][0]["poisoned"] == 3 }).await;
+    wait_until("3 poisoned", || async { site.first_queue().await.poisoned == 3 }).await;
 
     let listed: serde_json::Value = serde_json::from_slice(&site.ebb(&["poison", "list", "orders", "--json"]).stdout).unwrap();
     let messages = listed["messages"].as_array().unwrap();

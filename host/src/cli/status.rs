@@ -70,7 +70,9 @@ fn report(status: &HostStatus) -> String {
     if let Some(bus) = &status.bus {
         out.push_str(&bus_line(bus));
     }
-    out.push_str(&total_lines(&status.cost));
+    if let Some(total) = &status.cost {
+        out.push_str(&total_lines(total));
+    }
     out
 }
 

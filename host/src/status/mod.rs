@@ -30,8 +30,9 @@ pub struct HostStatus {
     pub queues: Vec<QueueStatus>,
     /// The sums over each partitioned queue's partitions (empty without one).
     pub partitioned: Vec<PartitionedStatus>,
-    /// Every metered queue's cost, summed.
-    pub cost: CostStatus,
+    /// Every metered queue's cost, summed. Always sent by this host; a reader takes
+    /// `null` or no `cost` as none (and shows no total).
+    pub cost: Option<CostStatus>,
     /// Push notifications between hosts, if a bus is configured.
     pub bus: Option<BusStatus>,
     /// Storage calls by storage queue (each partition, poison queue and reply queue).
@@ -152,6 +153,9 @@ mod tests {
         assert_eq!(queue.rule.as_ref().map(|r| (r.state, r.file.as_deref(), r.faults)), Some((RuleState::BuiltIn, Some("a.wasm"), 0)));
         assert_eq!(queue.transactions.map(|t| (t.puts, t.gets_empty)), Some((1, 0)));
         assert!(status.bus.is_none() && status.partitioned.is_empty() && status.storage.is_empty());
+        assert_eq!(status.cost.map(|c| (c.transactions_per_hour, c.usd_per_month)), Some((1.0, 0.0)));
+        let without_cost: HostStatus = serde_json::from_value(serde_json::json!({"queues": [], "cost": null}))?;
+        assert!(without_cost.cost.is_none());
         Ok(())
     }
 }

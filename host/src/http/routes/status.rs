@@ -33,7 +33,7 @@ fn host_status(api: &Api) -> HostStatus {
         }
         queues.extend(group);
     }
-    let cost = CostStatus::total(queues.iter().filter_map(|q| q.cost.as_ref()), price);
+    let cost = Some(CostStatus::total(queues.iter().filter_map(|q| q.cost.as_ref()), price));
     let bus = api.bus.as_ref().map(|b| b.status());
     let storage = crate::http::storage_metrics::status(api.handles.values().flat_map(|h| h.storage_clients()));
     HostStatus { queues, partitioned, cost, bus, storage }

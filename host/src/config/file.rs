@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::backend::{AzureFile, BackendKind};
 use super::bus::BusFile;
+use super::log::LogFile;
 use super::serde_defaults;
 use serde::Deserialize;
 
@@ -44,6 +45,9 @@ pub struct ConfigFile {
     pub azure: Option<AzureFile>,
     /// Push notifications across hosts.
     pub bus: Option<BusFile>,
+    /// How the log is written.
+    #[serde(default)]
+    pub log: LogFile,
     /// The queues to listen to, by name.
     #[serde(default)]
     pub queues: BTreeMap<String, QueueFile>,

@@ -129,6 +129,7 @@ impl ConfigFile {
                 cache_max_bytes: self.rule_limits.cache_mib << 20,
                 ..RuleLimits::default()
             },
+            log_format: self.log.format,
             queues,
         })
     }

@@ -87,6 +87,9 @@ pub const PARTITIONS: u32 = 1;
 /// `[queues.<name>] compression`: zstd, by `ebb bench codecs` (see `payload::Codec::default`,
 /// which reads it; this layer cannot name the codec type).
 pub const COMPRESSION: &str = "zstd";
+/// `[log] format`: for people; a cluster asks for `json` (see `config::LogFormat::default`,
+/// which reads it; this layer cannot name the format type).
+pub const LOG_FORMAT: &str = "human";
 /// `[queues.<name>] pack_linger`: a Kafka producer's `linger.ms` is 5 ms (since 4.0); 10 ms
 /// adds no pickup delay anyone notices and lets producers that send one item at a time
 /// share messages.
@@ -117,6 +120,7 @@ pub(crate) fn documented() -> Vec<(&'static str, &'static str, String)> {
         ("`[scaler]`", "max_instances", MAX_INSTANCES.to_string()),
         ("`[scaler]`", "poll_interval", d(SCALER_POLL_INTERVAL)),
         ("`[bus]`", "channel_prefix", format!("\"{CHANNEL_PREFIX}\"")),
+        ("`[log]`", "format", LOG_FORMAT.to_string()),
         ("`[rule_limits]`", "call_deadline", d(CALL_DEADLINE)),
         ("`[rule_limits]`", "call_fuel", CALL_FUEL.to_string()),
         ("`[rule_limits]`", "memory_mib", MEMORY_MIB.to_string()),

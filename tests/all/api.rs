@@ -39,7 +39,7 @@ impl Host {
         let log = std::fs::File::create(dir.path().join("host.log"))?;
         let mut command = Command::new(EBB);
         command.arg("run").arg("--config").arg(dir.path().join("ebb.toml")).stdout(Stdio::null()).stderr(log);
-        for variable in ["RUST_LOG", "EBB_LOG", "EBB_API_TOKEN"] {
+        for variable in ["RUST_LOG", "EBB_LOG", "EBB_LOG_FORMAT", "EBB_API_TOKEN"] {
             command.env_remove(variable);
         }
         command.envs(env.iter().copied());

@@ -141,6 +141,7 @@ fn the_documented_defaults_are_the_code_defaults() {
             ("`[scaler]`", "token") => scaler.token.clone().map_or(Code::Absent, Code::Text),
             ("`[scaler]`", "max_instances") => Code::Number(scaler.max_instances.into()),
             ("`[scaler]`", "poll_interval") => Code::Duration(scaler.poll_interval),
+            ("`[log]`", "format") => Code::Text(config.log_format.to_string()),
             ("`[rule_limits]`", "call_deadline") => Code::Duration(limits.call_deadline),
             ("`[rule_limits]`", "call_fuel") => Code::Number(limits.call_fuel),
             ("`[rule_limits]`", "memory_mib") => Code::Number((limits.memory_bytes >> 20) as u64),

@@ -24,6 +24,7 @@ mod handler;
 mod hooked_queue;
 mod items;
 mod items_binary;
+mod json_logs;
 mod knee;
 mod kubernetes;
 mod large_sends;

@@ -26,7 +26,8 @@ pub async fn run(config_path: &Path) -> Result<()> {
     tracing::info!(drain_timeout = ?config.drain_timeout, "shutting down: draining in-flight messages (a second signal exits at once)");
     tokio::spawn(async move {
         signals.next().await;
-        eprintln!("second signal: exiting now; messages in flight come back when their lease runs out");
+        // Through the log, so that in JSON it is a JSON line too.
+        tracing::warn!("second signal: exiting now; messages in flight come back when their lease runs out");
         std::process::exit(130);
     });
     shutdown_within_bound(host, config.drain_timeout).await;
@@ -175,7 +176,7 @@ pub fn check(config_path: &Path) -> Result<()> {
         }
     }
     for problem in &problems {
-        eprintln!("error: {problem:#}");
+        super::logging::print_error(problem);
     }
     if !problems.is_empty() {
         bail!("{} problem{} with {}", problems.len(), if problems.len() == 1 { "" } else { "s" }, config_path.display());

@@ -5,6 +5,7 @@ mod azure_check;
 mod bench;
 mod client;
 mod host;
+mod logging;
 mod promote;
 mod rule;
 mod rule_contexts;
@@ -254,12 +255,18 @@ pub(crate) fn main(cli: Cli) -> ExitCode {
     }
     // Author commands print their own results; only warnings belong on stderr, and what the
     // rule itself printed (an author's first debugging tool).
-    init_logging(match cli.command {
+    let default_level = match cli.command {
         Command::Run { .. } | Command::Scaler { .. } => "info",
         Command::Demo { .. } => "ebb=warn",
         Command::Rule(_) | Command::Simulate(_) => RULE_AUTHOR_LOG,
         _ => "warn",
-    });
+    };
+    // The `[log] format` of the file a host reads holds from its first line (logging::init).
+    let host_config = match &cli.command {
+        Command::Run { config } | Command::Scaler { config } | Command::Check { config } => Some(config.as_path()),
+        _ => None,
+    };
+    logging::init(default_level, host_config);
     let result = match cli.command {
         Command::Rule(command) => rule::run(command),
         Command::Bench(command) => bench::run(command),
@@ -294,7 +301,7 @@ pub(crate) fn main(cli: Cli) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            logging::print_error(&error);
             ExitCode::FAILURE
         }
     }
@@ -315,31 +322,6 @@ fn end_quietly_when_output_closes() {
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
-}
-
-/// The log filter: `EBB_LOG` if set (ebb's own name, kept as an alias), else `RUST_LOG` (the
-/// ecosystem's convention), else the command's default. Both take `tracing` filter directives,
-/// e.g. `warn,ebb=debug`. An invalid filter is reported and the default used. The default
-/// keeps the Azure SDK's own request log at `warn`: it logs every failed try at `info`, a
-/// line per try per task during an outage, which ebb reports itself, rate-limited.
-fn log_filter(ebb_log: Option<String>, rust_log: Option<String>, default_level: &str) -> tracing_subscriber::EnvFilter {
-    let default = || tracing_subscriber::EnvFilter::new(format!("{default_level},typespec_client_core=warn,azure_core=warn"));
-    let Some((variable, directives)) =
-        [("EBB_LOG", ebb_log), ("RUST_LOG", rust_log)].into_iter().find_map(|(name, value)| value.filter(|v| !v.trim().is_empty()).map(|v| (name, v)))
-    else {
-        return default();
-    };
-    tracing_subscriber::EnvFilter::try_new(&directives).unwrap_or_else(|error| {
-        eprintln!("warning: {variable}={directives:?} is not a log filter ({error}); using {default_level:?}");
-        default()
-    })
-}
-
-fn init_logging(default_level: &str) {
-    let filter = log_filter(std::env::var("EBB_LOG").ok(), std::env::var("RUST_LOG").ok(), default_level);
-    // Colours only on a terminal: not into log files and journals.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
 }
 
 /// The queue `name` of `config`, or an error naming the queues it has.
@@ -368,22 +350,5 @@ fn refuse_repeated_params(params: &[(String, String)]) -> anyhow::Result<()> {
     match params.iter().find(|(key, _)| !seen.insert(key.as_str())) {
         Some((key, _)) => anyhow::bail!("--param {key}: given twice (a rule parameter takes one value)"),
         None => Ok(()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::log_filter;
-
-    #[test]
-    fn the_log_filter_comes_from_ebb_log_then_rust_log_then_the_default() {
-        let filter = |ebb: Option<&str>, rust: Option<&str>| log_filter(ebb.map(Into::into), rust.map(Into::into), "info").to_string();
-        let default = tracing_subscriber::EnvFilter::new("info,typespec_client_core=warn,azure_core=warn").to_string();
-        assert_eq!(filter(None, None), default, "the Azure SDK's per-try request log stays at warn");
-        // EnvFilter prints its directives in its own order.
-        assert_eq!(filter(None, Some("warn,ebb=debug")), tracing_subscriber::EnvFilter::new("warn,ebb=debug").to_string());
-        assert_eq!(filter(Some("error"), Some("warn")), "error");
-        assert_eq!(filter(Some(""), Some("warn")), "warn", "an empty EBB_LOG is as if unset");
-        assert_eq!(filter(None, Some("ebb=[[[")), default, "an invalid filter falls back to the default");
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::backend::{AzureFile, BackendKind, SqsFile};
 use super::bus::BusFile;
+use super::log::LogFile;
 use super::serde_defaults;
 use serde::Deserialize;
 
@@ -46,6 +47,9 @@ pub struct ConfigFile {
     pub aws: Option<SqsFile>,
     /// Push notifications across hosts.
     pub bus: Option<BusFile>,
+    /// How the log is written.
+    #[serde(default)]
+    pub log: LogFile,
     /// The queues to listen to, by name.
     #[serde(default)]
     pub queues: BTreeMap<String, QueueFile>,

@@ -13,6 +13,7 @@
 //! - `file.rs`: the file form (serde), with its defaults in `serde_defaults.rs`;
 //! - `validate.rs`, `queue.rs`: its validation into [`Config`] and [`QueueConfig`];
 //! - `backend.rs`, `bus.rs`: the Azure account and the bus;
+//! - `log.rs`: `[log]`, which the CLI also reads before the log starts;
 //! - `checks.rs`: the bounds of every value;
 //! - `settings.rs`: the API server's and the scaler's settings.
 
@@ -20,6 +21,7 @@ mod backend;
 mod bus;
 mod checks;
 mod file;
+mod log;
 mod queue;
 mod serde_defaults;
 mod settings;
@@ -40,6 +42,7 @@ pub use bus::BusConfig;
 pub use checks::{MAX_CONCURRENT_CALLS, MAX_PACK_LINGER, MAX_QUEUE_NAME_LEN};
 pub(crate) use checks::{MAX_INTERVAL, MAX_PRICE_PER_10K, MAX_SAFETY_POLL, MAX_TASKS};
 use file::ConfigFile;
+pub use log::{LOG_FORMAT_ENV, LogFormat, log_format_in};
 pub use settings::{ApiLimits, ApiRole, ApiToken, ScalerSettings};
 
 pub(crate) use validate::DEFAULT_TOKEN_NAME;
@@ -84,6 +87,8 @@ pub struct Config {
     pub api_limits: ApiLimits,
     /// Rule limits.
     pub rule_limits: RuleLimits,
+    /// How the log is written (`[log] format`; `EBB_LOG_FORMAT` wins, read by the CLI).
+    pub log_format: LogFormat,
     /// The queues.
     pub queues: Vec<QueueConfig>,
 }

@@ -61,6 +61,7 @@ impl ConfigFile {
             scaler: None,
             api_limits,
             rule_limits,
+            log_format: self.log.format,
             queues,
         })
     }

@@ -120,6 +120,7 @@ fn demo_config(files: &DemoFiles, app: std::net::SocketAddr, backend: crate::con
         scaler: None,
         api_limits: crate::config::ApiLimits::default(),
         rule_limits: RuleLimits::default(),
+        log_format: crate::config::LogFormat::default(),
         queues: vec![QueueConfig {
             name: crate::names::QueueName::new(QUEUE)?,
             settings: QueueSettings { max_polling_interval: Duration::from_secs(5), ..QueueSettings::default() },

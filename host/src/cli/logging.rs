@@ -1,0 +1,150 @@
+//! The log of every command: its filter (`EBB_LOG`, `RUST_LOG`), its format (`EBB_LOG_FORMAT`,
+//! `[log] format`), and, in JSON, the lines that would otherwise bypass it (a panic, the
+//! fatal error at exit) as JSON objects too, so that every line of stderr parses.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use crate::config::{LOG_FORMAT_ENV, LogFormat};
+
+/// The format [`init`] chose, for the lines written after it outside the log.
+static FORMAT: OnceLock<LogFormat> = OnceLock::new();
+
+/// Starts the log of a command. `config`: the host's file (`run`, `scaler`, `check`);
+/// its `[log] format` is read here, before anything is logged, rather than with the rest of
+/// the file later: a subscriber cannot change its format once installed, and the start-up
+/// lines (and a config error) must be in the format the file asks for. `EBB_LOG_FORMAT` wins
+/// over the file, as the environment wins over the file for the tokens: a Deployment sets it
+/// without editing the mounted ebb.toml.
+pub fn init(default_level: &str, config: Option<&Path>) {
+    let file_format = config
+        .and_then(|path| crate::input::read_text("config", path, crate::input::MAX_CONFIG_BYTES).ok())
+        .and_then(|text| crate::config::log_format_in(&text));
+    let (format, format_warning) = log_format(std::env::var(LOG_FORMAT_ENV).ok(), file_format);
+    let (filter, filter_warning) = log_filter(std::env::var("EBB_LOG").ok(), std::env::var("RUST_LOG").ok(), default_level);
+    let stderr = std::io::stderr;
+    let _ = match format {
+        LogFormat::Human => {
+            // Colours only on a terminal: not into log files and journals.
+            let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(stderr).try_init()
+        }
+        LogFormat::Json => {
+            // The message beside the other fields at the top level (where log shippers look
+            // for it), and every span the event is in, outermost first: the queue, the task.
+            let subscriber =
+                tracing_subscriber::fmt().json().flatten_event(true).with_current_span(false).with_span_list(true).with_ansi(false).with_writer(stderr);
+            subscriber.with_env_filter(filter).try_init()
+        }
+    };
+    let _ = FORMAT.set(format);
+    if format == LogFormat::Json {
+        std::panic::set_hook(Box::new(log_panic));
+    }
+    // Said once the log runs, so that in JSON they are JSON too.
+    for warning in [format_warning, filter_warning].into_iter().flatten() {
+        tracing::warn!("{warning}");
+    }
+}
+
+/// An error a command reports (the one it ends with, a problem `ebb check` found), on stderr:
+/// `error: …`, or in JSON one object, written here rather than through the log so that no
+/// filter (`EBB_LOG=off`) hides it.
+pub fn print_error(error: &anyhow::Error) {
+    match FORMAT.get() {
+        Some(LogFormat::Json) => {
+            // The keys of the log's own lines, in their order.
+            #[derive(serde::Serialize)]
+            struct Line {
+                timestamp: String,
+                level: &'static str,
+                message: String,
+                target: &'static str,
+            }
+            let timestamp = humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string();
+            let line = Line { timestamp, level: "ERROR", message: format!("{error:#}"), target: "ebb" };
+            eprintln!("{}", serde_json::to_string(&line).unwrap_or_default());
+        }
+        _ => eprintln!("error: {error:#}"),
+    }
+}
+
+/// The panic hook in JSON: the default hook writes several raw lines (the message, the note on
+/// RUST_BACKTRACE, the backtrace). A panic contained where it happens (a handler's, a rule's)
+/// is logged as one line still.
+fn log_panic(info: &std::panic::PanicHookInfo<'_>) {
+    let message = crate::panics::panic_message(info.payload());
+    let location = info.location().map(ToString::to_string).unwrap_or_default();
+    let thread = std::thread::current().name().unwrap_or("unnamed").to_string();
+    // Captured when RUST_BACKTRACE asks, as the default hook does.
+    let backtrace = std::backtrace::Backtrace::capture();
+    match backtrace.status() {
+        std::backtrace::BacktraceStatus::Captured => tracing::error!(%location, thread, %backtrace, "panicked: {message}"),
+        _ => tracing::error!(%location, thread, "panicked: {message}"),
+    }
+}
+
+/// The format: `EBB_LOG_FORMAT` if set and valid, else the file's, else human. An invalid
+/// variable is reported (once the log runs) and ignored, as an invalid filter is.
+fn log_format(env: Option<String>, file: Option<LogFormat>) -> (LogFormat, Option<String>) {
+    let from_file = file.unwrap_or_default();
+    match env.filter(|v| !v.trim().is_empty()) {
+        None => (from_file, None),
+        Some(name) => match LogFormat::parse(LOG_FORMAT_ENV, name.trim()) {
+            Ok(format) => (format, None),
+            Err(why) => (from_file, Some(format!("{why}; using \"{from_file}\""))),
+        },
+    }
+}
+
+/// The log filter: `EBB_LOG` if set (ebb's own name, kept as an alias), else `RUST_LOG` (the
+/// ecosystem's convention), else the command's default. Both take `tracing` filter directives,
+/// e.g. `warn,ebb=debug`. An invalid filter is reported (the warning returned, to be logged
+/// once the log runs) and the default used. The default keeps the Azure SDK's own request log
+/// at `warn`: it logs every failed try at `info`, a line per try per task during an outage,
+/// which ebb reports itself, rate-limited.
+fn log_filter(ebb_log: Option<String>, rust_log: Option<String>, default_level: &str) -> (tracing_subscriber::EnvFilter, Option<String>) {
+    let default = || tracing_subscriber::EnvFilter::new(format!("{default_level},typespec_client_core=warn,azure_core=warn"));
+    let Some((variable, directives)) =
+        [("EBB_LOG", ebb_log), ("RUST_LOG", rust_log)].into_iter().find_map(|(name, value)| value.filter(|v| !v.trim().is_empty()).map(|v| (name, v)))
+    else {
+        return (default(), None);
+    };
+    match tracing_subscriber::EnvFilter::try_new(&directives) {
+        Ok(filter) => (filter, None),
+        Err(error) => (default(), Some(format!("{variable}={directives:?} is not a log filter ({error}); using {default_level:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{log_filter, log_format};
+    use crate::config::LogFormat;
+
+    #[test]
+    fn the_log_filter_comes_from_ebb_log_then_rust_log_then_the_default() {
+        let filter = |ebb: Option<&str>, rust: Option<&str>| log_filter(ebb.map(Into::into), rust.map(Into::into), "info").0.to_string();
+        let default = tracing_subscriber::EnvFilter::new("info,typespec_client_core=warn,azure_core=warn").to_string();
+        assert_eq!(filter(None, None), default, "the Azure SDK's per-try request log stays at warn");
+        // EnvFilter prints its directives in its own order.
+        assert_eq!(filter(None, Some("warn,ebb=debug")), tracing_subscriber::EnvFilter::new("warn,ebb=debug").to_string());
+        assert_eq!(filter(Some("error"), Some("warn")), "error");
+        assert_eq!(filter(Some(""), Some("warn")), "warn", "an empty EBB_LOG is as if unset");
+        assert_eq!(filter(None, Some("ebb=[[[")), default, "an invalid filter falls back to the default");
+        assert!(log_filter(None, Some("ebb=[[[".into()), "info").1.is_some_and(|w| w.contains("RUST_LOG")), "and is reported");
+    }
+
+    #[test]
+    fn the_log_format_comes_from_ebb_log_format_then_the_file_then_human() {
+        let format = |env: Option<&str>, file: Option<LogFormat>| log_format(env.map(Into::into), file);
+        assert_eq!(format(None, None), (LogFormat::Human, None));
+        assert_eq!(format(None, Some(LogFormat::Json)), (LogFormat::Json, None));
+        assert_eq!(format(Some("json"), None), (LogFormat::Json, None));
+        assert_eq!(format(Some("human"), Some(LogFormat::Json)), (LogFormat::Human, None), "the environment wins over the file");
+        assert_eq!(format(Some(" "), Some(LogFormat::Json)), (LogFormat::Json, None), "a blank variable is as if unset");
+        let (chosen, warning) = format(Some("xml"), Some(LogFormat::Json));
+        assert_eq!(chosen, LogFormat::Json, "an invalid variable is ignored");
+        let warning = warning.unwrap_or_default();
+        assert!(warning.contains("EBB_LOG_FORMAT") && warning.contains("\"human\" or \"json\"") && warning.contains("\"xml\""), "{warning}");
+    }
+}

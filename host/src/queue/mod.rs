@@ -35,8 +35,8 @@ pub use metered::{Metered, TransactionCounts, TransactionRates, Transactions, Un
 
 pub use retrying::{RetryPolicy, Retrying};
 
-/// Azure's limit on a get: at most 32 messages.
-pub(crate) const MAX_BATCH: u32 = 32;
+/// The most messages one get may ask for (Azure's limit, 32); a backend may return fewer (SQS at most 10).
+pub const MAX_BATCH: u32 = 32;
 
 /// Azure's limit on a visibility timeout or an initial delay: 7 days. Backends saturate
 /// longer values to it; the API and the config reject them with the reason.

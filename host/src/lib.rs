@@ -72,9 +72,9 @@
 //!    client stack and handle, its listeners, the rules, the bus, readiness.
 //! 6. **Front ends**: `http` (the API), `scaler` (KEDA's external scaler).
 //! 7. **Commands**: `host` (a running host: ports bound first, then the work),
-//!    [`cli`], `demo`, [`simulate`], `bench` (`ebb bench`: ebb against baselines).
+//!    [`cli`], `demo`, [`simulate`]. (`ebb bench` runs `ebb-bench`, a crate of its own in
+//!    host/bench.)
 
-mod bench;
 pub mod bus;
 pub mod cli;
 pub mod config;

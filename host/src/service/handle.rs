@@ -89,7 +89,7 @@ impl QueueHandle {
 
     /// From now on, sends and notifications are counted in `recording` (the listeners count
     /// what their gets see first; see [`crate::record`]).
-    pub(crate) fn attach_recording(&self, recording: Arc<QueueRecording>) {
+    pub fn attach_recording(&self, recording: Arc<QueueRecording>) {
         let _ = self.inner.recording.set(recording);
     }
 

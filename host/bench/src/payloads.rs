@@ -14,8 +14,8 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::handler::{Handler, IncomingMessage};
-use crate::{Config, Host};
+use ebb::handler::{Handler, IncomingMessage};
+use ebb::{Config, Host};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -102,9 +102,9 @@ async fn run_one(bench: &PayloadsBench, backend: &'static str, packed: bool) -> 
     let azure = match (backend, bench.azurite_port) {
         ("azurite", Some(port)) => format!(
             "[azure]\nconnection_string = \"DefaultEndpointsProtocol=http;AccountName={};AccountKey={};QueueEndpoint=http://127.0.0.1:{port}/{}\"\n",
-            crate::queue::azure::DEVELOPMENT_ACCOUNT,
-            crate::queue::azure::DEVELOPMENT_KEY,
-            crate::queue::azure::DEVELOPMENT_ACCOUNT
+            ebb::queue::azure::DEVELOPMENT_ACCOUNT,
+            ebb::queue::azure::DEVELOPMENT_KEY,
+            ebb::queue::azure::DEVELOPMENT_ACCOUNT
         ),
         _ => String::new(),
     };

@@ -3,7 +3,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -356,7 +356,6 @@ pub(super) struct QueueSlot {
     pub(super) waited_calls: AtomicU64,
     pub(super) clamps: AtomicU64,
     pub(super) while_compiling: AtomicU64,
-    pub(super) inject_panic: AtomicBool,
 }
 
 /// One queue's rules: a cheap, cloneable handle from [`RuleSet::queue`]. Decisions are
@@ -518,12 +517,6 @@ impl QueueRules {
         load_state(group, &lock(&group.status))
     }
 
-    /// Fault injection for tests: the next call into the rule panics on the host side.
-    #[doc(hidden)]
-    pub fn inject_host_panic(&self) {
-        self.slot.inject_panic.store(true, Ordering::Relaxed);
-    }
-
     fn finish<T>(&self, decision: Decision<T>) -> Decision<T> {
         self.slot.decisions.fetch_add(1, Ordering::Relaxed);
         if decision.clamped {
@@ -587,9 +580,6 @@ impl RuleGroup {
         let mut guard = lock(&self.slot);
         let slot = &mut *guard;
         let Some(live) = slot.live.as_mut() else { return Called::NoInstance };
-        if queue.inject_panic.swap(false, Ordering::Relaxed) {
-            panic!("fault injected by a test");
-        }
         let result = call(&mut live.instance);
         slot.output_logger.drain(live.instance.output(), &queue.name, &live.rule.name);
         match result {
@@ -766,3 +756,6 @@ fn load_state(group: &RuleGroup, status: &GroupStatus) -> RuleLoad {
 pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_else(|| "(no message)".into())
 }
+
+#[cfg(test)]
+mod tests;

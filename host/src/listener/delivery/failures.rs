@@ -119,7 +119,7 @@ impl Shared {
             default_retry_delay_ms: self.settings.retry_delay(failed.tries).as_millis() as u64,
             max_retry_delay_ms: self.settings.max_retry_delay.as_millis().min(u128::from(u64::MAX)) as u64,
             timestamp_ms: now_ms,
-            random: self.rule.random(),
+            random: self.rule.failure_random(),
         }
     }
 }

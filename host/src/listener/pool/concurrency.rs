@@ -148,7 +148,7 @@ impl Shared {
             latency_min_ms: window.min_micros.map_or(0.0, millis),
             latency_max_ms: millis(window.max_micros),
             timestamp_ms: self.rule.clock.now_ms(),
-            random: self.rule.random(),
+            random: self.rule.concurrency_random(),
         };
         let decision: Option<Decision<u32>> = self.ask_rule(state, |rule, state| rule.decide_concurrency(state), |_| None).await;
         let limit = decision.map_or(max_limit, |d| d.value.clamp(1, max_limit));

@@ -67,7 +67,8 @@
 //! 1. **Vocabulary**: `defaults` (every default, once), [`health`] (liveness and
 //!    readiness), [`names`] (names checked once), `input` (bounded reads of files and
 //!    stdin), `output` (files written whole, or into a device or FIFO as it is),
-//!    `durations` (durations shown as they are written), `log_limit`, `panics`.
+//!    `durations` (durations shown as they are written), `log_limit`, `panics`, and `fuzz`
+//!    (tests only: the budget of the fuzzers of private parsers).
 //! 2. **Parts**: [`queue`] (the storage seam, backends and decorators), [`rules`] (the
 //!    WASM engine, the rule slots, the watcher), [`bus`] (push between hosts),
 //!    [`handler`] (where messages go), [`payload`] (envelopes of many items), `cost`,
@@ -79,11 +80,11 @@
 //!    client stack and handle, its listeners, the rules, the bus, readiness.
 //! 6. **Front ends**: `http` (the API), `scaler` (KEDA's external scaler).
 //! 7. **Commands**: `host` (a running host: ports bound first, then the work),
-//!    `cli` (through [`run_command_line`]), `demo`, [`simulate`], `bench` (`ebb bench`: ebb against baselines).
+//!    `cli` (through [`run_command_line`]), `demo`, [`simulate`]. (`ebb bench` runs `ebb-bench`,
+//!    a crate of its own in host/bench.)
 
 #![warn(missing_docs)]
 
-mod bench;
 pub mod bus;
 mod cli;
 pub mod config;
@@ -115,7 +116,7 @@ pub mod status;
 pub use config::Config;
 pub use host::Host;
 pub use service::packing::{ItemId, ItemsError, ItemsSent};
-pub use service::{QueueHandle, Role};
+pub use service::{QueueHandle, QueueHandleBuilder, Role};
 
 /// The `ebb` command, as the binary runs it: parses the process's arguments (exiting with
 /// clap's usage on a bad one), runs the command, and on failure prints the error with its

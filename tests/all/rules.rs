@@ -993,21 +993,6 @@ fn an_unreadable_rule_file_is_reported_with_its_reason() -> Result<()> {
     Ok(())
 }
 
-/// A panic on the host side of a rule call is contained: a fault, the built-in decides.
-#[test]
-fn a_host_panic_while_calling_a_rule_is_a_fault_not_a_crash() {
-    let rules = loaded(guests::FIXED_TASKS, RuleLimits::default());
-    let handle = rules.queue(QUEUE).unwrap();
-    handle.inject_host_panic();
-    let decision = handle.decide_task_count(&state(500));
-    assert_eq!((decision.value, decision.source), (paper::optimal_dequeue_task_count(&state(500)), DecisionSource::Fallback));
-    let status = handle.status();
-    assert_eq!(status.faults, 1);
-    assert!(status.last_error.unwrap().contains("host panicked"));
-    wait_for("the rebuild", || handle.decide_task_count(&state(5)).source == DecisionSource::Rule);
-    assert_eq!(handle.decide_task_count(&state(5)).value, 7);
-}
-
 /// Defect 1 (hostile review of the binary): a damaged compiled-rule cache file was
 /// deserialised as is. Random bytes in its middle made `ebb run` segfault on every start;
 /// one flipped byte went unnoticed and the corrupted machine code ran (`from_cache` true).

@@ -321,6 +321,8 @@ async fn publish_forever(engine: Arc<dyn PubSub>, prefix: String, mut inbox: mps
 }
 
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod tests {
     use super::*;
 

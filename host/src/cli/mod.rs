@@ -130,9 +130,15 @@ enum Command {
     /// Work with rule components: check one, or ask it for a decision.
     #[command(subcommand)]
     Rule(rule::RuleCommand),
-    /// Measure ebb against what a user would write instead, in the same run.
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
+    /// Measure ebb against what a user would write instead, in the same run: runs
+    /// `ebb-bench` (a binary of its own, next to ebb or on PATH; in a checkout, `cargo run
+    /// --release -p ebb-bench -- --help`).
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// The bench and its flags, passed on to `ebb-bench`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Compare rules over a scenario on the real listener, the in-memory queue and a paused
     /// clock (a simulated day takes seconds): billed transactions, $/month, pickup latency.
     Simulate(Box<simulate::SimulateArgs>),
@@ -269,7 +275,7 @@ pub(crate) fn main(cli: Cli) -> ExitCode {
     logging::init(default_level, host_config);
     let result = match cli.command {
         Command::Rule(command) => rule::run(command),
-        Command::Bench(command) => bench::run(command),
+        Command::Bench { args } => bench::run(args),
         Command::Simulate(args) => simulate::run(*args),
         Command::Trace(command) => trace::run(command),
         Command::Check { config } => host::check(&config),

@@ -27,6 +27,8 @@ mod console;
 #[cfg(test)]
 mod console_tests;
 mod errors;
+#[cfg(test)]
+mod fuzz;
 mod routes;
 mod server;
 mod storage_metrics;

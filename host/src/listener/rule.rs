@@ -21,8 +21,11 @@ pub(super) struct Rule {
     /// The time rules are told (`timestamp_ms`).
     pub(super) clock: Arc<dyn Clock>,
     random: Mutex<fastrand::Rng>,
-    /// The concurrency decision's own random values, so that adding it left the task-count
-    /// and idle decisions' sequences (and a seeded simulation's figures) as they were.
+    /// The concurrency decision's own random values, so that asking it leaves the task-count
+    /// and idle decisions' sequences as they are. Not only for old seeds: a rule in Rust is
+    /// asked for concurrency whether it decides it or not, and with one shared sequence the
+    /// `functions` baseline's figures in `ebb simulate --bench` move (paper-billing p99 52.6 s
+    /// to 37.3 s) and a goal there turns from met to not met.
     concurrency_random: Mutex<fastrand::Rng>,
     /// The failure decision's, likewise.
     failure_random: Mutex<fastrand::Rng>,

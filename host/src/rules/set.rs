@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context as _, Result};
@@ -115,7 +115,6 @@ impl RuleSet {
                     waited_calls: AtomicU64::new(0),
                     clamps: AtomicU64::new(0),
                     while_compiling: AtomicU64::new(0),
-                    inject_panic: AtomicBool::new(false),
                 };
                 (config.slot, QueueRules { slot: Arc::new(slot) })
             })

@@ -3,7 +3,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -390,7 +390,6 @@ pub(super) struct QueueSlot {
     pub(super) waited_calls: AtomicU64,
     pub(super) clamps: AtomicU64,
     pub(super) while_compiling: AtomicU64,
-    pub(super) inject_panic: AtomicBool,
 }
 
 /// One queue's rules: a cheap, cloneable handle from [`RuleSet::queue`]. Decisions are
@@ -552,12 +551,6 @@ impl QueueRules {
         load_state(group, &lock(&group.status))
     }
 
-    /// Fault injection for tests: the next call into the rule panics on the host side.
-    #[doc(hidden)]
-    pub fn inject_host_panic(&self) {
-        self.slot.inject_panic.store(true, Ordering::Relaxed);
-    }
-
     fn finish<T>(&self, decision: Decision<T>) -> Decision<T> {
         self.slot.decisions.fetch_add(1, Ordering::Relaxed);
         if decision.clamped {
@@ -621,9 +614,6 @@ impl RuleGroup {
         let mut guard = lock(&self.slot);
         let slot = &mut *guard;
         let Some(live) = slot.live.as_mut() else { return Called::NoInstance };
-        if queue.inject_panic.swap(false, Ordering::Relaxed) {
-            panic!("fault injected by a test");
-        }
         let result = call(&mut live.instance);
         slot.output_logger.drain(live.instance.output(), &queue.name, &live.rule.name);
         match result {
@@ -796,3 +786,6 @@ fn load_state(group: &RuleGroup, status: &GroupStatus) -> RuleLoad {
         RuleLoad::Failed(status.last_error.clone().unwrap_or_else(|| "its rule was never loaded".into()))
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -69,7 +69,7 @@ struct Inner {
 /// its first send; only the bus comes later ([`QueueHandle::attach_bus`]). The service's
 /// assembly starts one from a queue's configuration (`QueueStack::producer`).
 #[must_use]
-pub(crate) struct QueueHandleBuilder {
+pub struct QueueHandleBuilder {
     name: String,
     sender: Arc<dyn QueueClient>,
     listeners: Vec<Listener>,
@@ -84,7 +84,7 @@ pub(crate) struct QueueHandleBuilder {
 
 impl QueueHandleBuilder {
     /// Wakes `listeners` (one per partition; none on a host that does not process).
-    pub(crate) fn listeners(mut self, listeners: Vec<Listener>) -> Self {
+    pub fn listeners(mut self, listeners: Vec<Listener>) -> Self {
         self.listeners = listeners;
         self
     }
@@ -137,13 +137,13 @@ impl QueueHandleBuilder {
 
     /// Sends and notifications are counted in `recording` (the listeners count what their
     /// gets see first; see [`crate::record`]).
-    pub(crate) fn recording(mut self, recording: Arc<QueueRecording>) -> Self {
+    pub fn recording(mut self, recording: Arc<QueueRecording>) -> Self {
         self.recording = Some(recording);
         self
     }
 
     /// The handle, under the pause kept for it, if any.
-    pub(crate) fn build(self) -> QueueHandle {
+    pub fn build(self) -> QueueHandle {
         let (work, _) = watch::channel(0);
         let kept = self.pauses.as_ref().and_then(|pauses| pauses.get(&self.name));
         let inner = Inner {
@@ -179,7 +179,7 @@ impl QueueHandle {
     /// Starts a handle sending through `sender` (the logical queue): no listener, the
     /// default payload settings, no claim store, reply queue, poison queue, pauses kept or
     /// recording until the builder is given them.
-    pub(crate) fn builder(name: &str, sender: Arc<dyn QueueClient>) -> QueueHandleBuilder {
+    pub fn builder(name: &str, sender: Arc<dyn QueueClient>) -> QueueHandleBuilder {
         QueueHandleBuilder {
             name: name.to_string(),
             sender,

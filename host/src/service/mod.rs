@@ -28,7 +28,7 @@ use assembly::store_of_claims;
 use assembly::text_envelopes;
 pub(crate) use assembly::{QueueStack, StackOptions, storage_queue};
 pub use audit::{AuditLog, AuditTail};
-pub use handle::QueueHandle;
+pub use handle::{QueueHandle, QueueHandleBuilder};
 pub use pauses::{Pauses, check_pause_length};
 
 use crate::bus::Bus;

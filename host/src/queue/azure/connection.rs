@@ -234,7 +234,7 @@ impl AzureAccount {
 
     /// The URL of blob container `name`, with the SAS in its query if the credential is
     /// one; an error if the account has no blob endpoint.
-    pub(crate) fn container_url(&self, name: &str) -> anyhow::Result<Url> {
+    pub fn container_url(&self, name: &str) -> anyhow::Result<Url> {
         let mut url = self
             .blob_endpoint
             .as_deref()

@@ -154,7 +154,7 @@ impl Call {
 /// The SDK's client options for `account` (our HTTP client with its timeouts and extra
 /// root, the SDK's retries off, Shared Key signing) and the Entra ID credential if that is
 /// the account's; a SAS rides in the URL. `what` names the client in errors.
-pub(crate) fn sdk_client_options(
+pub fn sdk_client_options(
     account: &AzureAccount,
     request_timeout: Duration,
     pool_idle_timeout: Duration,

@@ -14,8 +14,8 @@ use anyhow::{Context as _, Result, bail};
 use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState};
 use serde::Serialize;
 
-use crate::names::RuleSlot;
-use crate::rules::{Decider, DecisionSource, NativeRule, QueueRuleConfig, RuleEngine, RuleLimits, RuleSet, SHADOW_CHANNEL_CAPACITY, Shadowed};
+use ebb::names::RuleSlot;
+use ebb::rules::{Decider, DecisionSource, NativeRule, QueueRuleConfig, RuleEngine, RuleLimits, RuleSet, SHADOW_CHANNEL_CAPACITY, Shadowed};
 
 /// Decisions per batch: well within the shadow's channel, so that every decision is handed
 /// over (a full channel's drop would be cheaper, and flatter the figure).

@@ -11,11 +11,11 @@ use anyhow::{Context as _, bail};
 use bytes::Bytes;
 use redb::{Database, Durability, ReadableTable, TableDefinition};
 
-use super::measure::{process_cpu, threads_cpu};
-use crate::handler::HttpHandler;
-use crate::listener::{Listener, QueueSettings};
-use crate::queue::QueueClient;
-use crate::queue::embedded::{CountingBackend, EmbeddedOptions, EmbeddedStore};
+use crate::measure::{process_cpu, threads_cpu};
+use ebb::handler::HttpHandler;
+use ebb::listener::{Listener, QueueSettings};
+use ebb::queue::QueueClient;
+use ebb::queue::embedded::{CountingBackend, EmbeddedOptions, EmbeddedStore};
 
 /// A contender of the bench.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,7 +184,7 @@ fn now_ms() -> u64 {
 /// write transaction marking it leased), POSTing it, and deleting it (a second durable
 /// transaction), until no message is left to lease.
 pub(crate) async fn redb_loop(setup: &Setup<'_>) -> anyhow::Result<Run> {
-    let written = crate::queue::embedded::StoreWrites::default();
+    let written = ebb::queue::embedded::StoreWrites::default();
     let file = setup.dir.join("loop.redb");
     let backend = CountingBackend::open(&file, written.clone()).with_context(|| format!("failed to open redb file {}", file.display()))?;
     let db = Arc::new(Database::builder().create_with_backend(backend).with_context(|| format!("failed to create redb file {}", file.display()))?);
@@ -324,7 +324,7 @@ pub(crate) async fn ebb(setup: &Setup<'_>, settings: EbbSettings) -> anyhow::Res
 
 /// Puts the messages, a thousand at a time (the store commits the puts that arrive together
 /// in one transaction, as it would for many producers).
-async fn fill_store(queue: &Arc<crate::queue::embedded::EmbeddedQueue>, body: &Bytes, messages: u64) -> anyhow::Result<()> {
+async fn fill_store(queue: &Arc<ebb::queue::embedded::EmbeddedQueue>, body: &Bytes, messages: u64) -> anyhow::Result<()> {
     let mut put = 0;
     while put < messages {
         let chunk = 1000.min(messages - put);

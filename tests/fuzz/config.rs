@@ -6,8 +6,8 @@ use std::path::Path;
 use proptest::prelude::*;
 use proptest::strategy::Union;
 
-use super::budget;
-use crate::config::Config;
+use crate::budget;
+use ebb::config::Config;
 
 /// What a key holds, so most values have the right type and test the checks behind the parser.
 #[derive(Debug, Clone, Copy)]
@@ -238,103 +238,26 @@ fn any_value() -> impl Strategy<Value = String> {
     })
 }
 
+/// A value for a key of `kind`: mostly of its type and near its limits, sometimes not.
 fn typed_value(kind: Kind) -> BoxedStrategy<String> {
     match kind {
         Kind::Duration => quoted(duration_text()).boxed(),
         Kind::Integer => integer_text().boxed(),
         Kind::Float => float_text().boxed(),
         Kind::Bool => strings(&["true", "false"]).boxed(),
-        Kind::Address => quoted(strings(&[
-            "127.0.0.1:7070",
-            "127.0.0.1:7071",
-            "127.0.0.1:0",
-            "0.0.0.0:7070",
-            "[::1]:7070",
-            "[::]:1",
-            "localhost:7070",
-            "127.0.0.1",
-            "127.0.0.1:65536",
-            "",
-            " 127.0.0.1:7070",
-        ]))
-        .boxed(),
-        Kind::Token => {
-            prop_oneof![quoted(strings(&["t0ken", "", "  ", "tok en", "tökén", "\u{0}", "a\nb"])), quoted("[!-~]{1,64}"), quoted(any::<String>())].boxed()
-        }
-        Kind::Path => prop_oneof![
-            quoted(strings(&[
-                "",
-                ".",
-                "..",
-                "/",
-                "/dev/zero",
-                "/dev/null",
-                "/etc/hostname",
-                "/proc/self/mem",
-                "rules",
-                "ebb-data",
-                "a\u{0}b",
-                "~",
-                "missing.pem"
-            ])),
-            Just(toml_string(&"d".repeat(5000))),
-            quoted(any::<String>()),
-        ]
-        .boxed(),
-        Kind::HandlerUrl => prop_oneof![
-            4 => Just(toml_string("http://127.0.0.1:8080/work")),
-            1 => quoted(strings(&[
-                "http:///work", "https://x", "ftp://x", "http://", "not a url", "http://[::1]:99999", "http://a:b@host/x?y#z", "HTTP://HOST", "http://%00/",
-                "",
-            ])),
-            1 => quoted(any::<String>()),
-        ]
-        .boxed(),
-        Kind::RedisUrl => quoted(strings(&[
-            "redis://127.0.0.1:6379",
-            "rediss://u:p@h:1/0",
-            "redis://",
-            "redis://:pw@[::1]:6379/99999999999",
-            "unix:///tmp/x",
-            "http://x",
-            "",
-            "redis://h:99999",
-        ]))
-        .boxed(),
+        Kind::Address => address_value(),
+        Kind::Token => token_value(),
+        Kind::Path => path_value(),
+        Kind::HandlerUrl => handler_url_value(),
+        Kind::RedisUrl => redis_url_value(),
         Kind::EnvName => quoted(strings(&["PATH", "HOME", "EBB_FUZZ_NOT_SET", "", "A=B", "\u{0}", "ÄÖ"])).boxed(),
-        Kind::Prefix => {
-            prop_oneof![quoted(strings(&["ebb:queue:", "", " ", "a*", "q?", "[x", "\u{7}"])), Just(toml_string(&"p".repeat(201))), quoted(any::<String>())]
-                .boxed()
-        }
+        Kind::Prefix => prefix_value(),
         Kind::Credential => {
             quoted(strings(&["managed-identity", "workload-identity", "azure-cli", "developer-tools", "client-secret", "ManagedIdentity", ""])).boxed()
         }
         Kind::Encoding => quoted(strings(&["base64", "none", "NONE", "utf8", ""])).boxed(),
         Kind::Backend => quoted(strings(&["embedded", "azure", "memory", "Azure", ""])).boxed(),
-        Kind::ConnectionString => prop_oneof![
-            quoted(strings(&[
-                "UseDevelopmentStorage=true",
-                "UseDevelopmentStorage=maybe",
-                "UseDevelopmentStorage=true;AccountName=a",
-                "AccountName=devstoreaccount1;AccountKey=a2V5;QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1",
-                "AccountName=a;AccountKey=!!!",
-                "AccountName=;AccountKey=;",
-                "AccountKey=a2V5",
-                "SharedAccessSignature=sv=1&sig=x",
-                "SharedAccessSignature=sv=1;QueueEndpoint=http://127.0.0.1:10001/acct",
-                "SharedAccessSignature=sv=1;QueueEndpoint=not a url",
-                "DefaultEndpointsProtocol=ftp;AccountName=a;AccountKey=a2V5",
-                "a=b=c;;;",
-                "secret-without-a-name",
-                "Unknown=1",
-                "",
-            ])),
-            quoted(
-                proptest::collection::vec(("[A-Za-z]{0,12}", "[ -~]{0,16}"), 0..5)
-                    .prop_map(|parts| { parts.into_iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(";") })
-            ),
-        ]
-        .boxed(),
+        Kind::ConnectionString => connection_string_value(),
         Kind::Account => quoted(strings(&["devstoreaccount1", "", "A", "ab", "has space", "ünï"])).boxed(),
         Kind::Key => quoted(strings(&["a2V5", "!!!", "", "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="])).boxed(),
         Kind::Endpoint => {
@@ -343,6 +266,100 @@ fn typed_value(kind: Kind) -> BoxedStrategy<String> {
         Kind::RuleFile => quoted(strings(&["rule.wasm", "../rule.wasm", "a/b.wasm", "a\\b.wasm", "rule.wat", "", ".wasm"])).boxed(),
         Kind::Text => prop_oneof![quoted("[ -~]{0,20}"), quoted(any::<String>())].boxed(),
     }
+}
+
+/// A listen address: good ones, near misses, and out-of-range ports.
+fn address_value() -> BoxedStrategy<String> {
+    quoted(strings(&[
+        "127.0.0.1:7070",
+        "127.0.0.1:7071",
+        "127.0.0.1:0",
+        "0.0.0.0:7070",
+        "[::1]:7070",
+        "[::]:1",
+        "localhost:7070",
+        "127.0.0.1",
+        "127.0.0.1:65536",
+        "",
+        " 127.0.0.1:7070",
+    ]))
+    .boxed()
+}
+
+/// A token: plain, blank, with spaces or control characters, or any text.
+fn token_value() -> BoxedStrategy<String> {
+    prop_oneof![quoted(strings(&["t0ken", "", "  ", "tok en", "tökén", "\u{0}", "a\nb"])), quoted("[!-~]{1,64}"), quoted(any::<String>())].boxed()
+}
+
+/// A path: special files and folders, an empty or a very long one, or any text.
+fn path_value() -> BoxedStrategy<String> {
+    prop_oneof![
+        quoted(strings(&["", ".", "..", "/", "/dev/zero", "/dev/null", "/etc/hostname", "/proc/self/mem", "rules", "ebb-data", "a\u{0}b", "~", "missing.pem"])),
+        Just(toml_string(&"d".repeat(5000))),
+        quoted(any::<String>()),
+    ]
+    .boxed()
+}
+
+/// A handler URL: mostly a good one, else a malformed one or any text.
+fn handler_url_value() -> BoxedStrategy<String> {
+    prop_oneof![
+        4 => Just(toml_string("http://127.0.0.1:8080/work")),
+        1 => quoted(strings(&[
+            "http:///work", "https://x", "ftp://x", "http://", "not a url", "http://[::1]:99999", "http://a:b@host/x?y#z", "HTTP://HOST", "http://%00/",
+            "",
+        ])),
+        1 => quoted(any::<String>()),
+    ]
+    .boxed()
+}
+
+/// A Redis URL: good ones and broken ones.
+fn redis_url_value() -> BoxedStrategy<String> {
+    quoted(strings(&[
+        "redis://127.0.0.1:6379",
+        "rediss://u:p@h:1/0",
+        "redis://",
+        "redis://:pw@[::1]:6379/99999999999",
+        "unix:///tmp/x",
+        "http://x",
+        "",
+        "redis://h:99999",
+    ]))
+    .boxed()
+}
+
+/// A bus channel prefix: with glob characters, too long, or any text.
+fn prefix_value() -> BoxedStrategy<String> {
+    prop_oneof![quoted(strings(&["ebb:queue:", "", " ", "a*", "q?", "[x", "\u{7}"])), Just(toml_string(&"p".repeat(201))), quoted(any::<String>())].boxed()
+}
+
+/// An Azure connection string: known shapes and broken ones, or random `key=value` parts.
+fn connection_string_value() -> BoxedStrategy<String> {
+    prop_oneof![
+        quoted(strings(&[
+            "UseDevelopmentStorage=true",
+            "UseDevelopmentStorage=maybe",
+            "UseDevelopmentStorage=true;AccountName=a",
+            "AccountName=devstoreaccount1;AccountKey=a2V5;QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1",
+            "AccountName=a;AccountKey=!!!",
+            "AccountName=;AccountKey=;",
+            "AccountKey=a2V5",
+            "SharedAccessSignature=sv=1&sig=x",
+            "SharedAccessSignature=sv=1;QueueEndpoint=http://127.0.0.1:10001/acct",
+            "SharedAccessSignature=sv=1;QueueEndpoint=not a url",
+            "DefaultEndpointsProtocol=ftp;AccountName=a;AccountKey=a2V5",
+            "a=b=c;;;",
+            "secret-without-a-name",
+            "Unknown=1",
+            "",
+        ])),
+        quoted(
+            proptest::collection::vec(("[A-Za-z]{0,12}", "[ -~]{0,16}"), 0..5)
+                .prop_map(|parts| { parts.into_iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(";") })
+        ),
+    ]
+    .boxed()
 }
 
 /// A key of a table: one of its own (with a value of the right type, mostly), a near miss, or any.

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::budget;
-use crate::simulate::scenario::{Arrival, MAX_COUNT_PER_LINE, MAX_DURATION, MAX_MESSAGES, parse_trace};
+use crate::budget;
+use ebb::simulate::scenario::{Arrival, MAX_COUNT_PER_LINE, MAX_DURATION, MAX_MESSAGES, parse_trace};
 
 /// One line of a trace, as a spreadsheet or a hostile hand might write it.
 #[derive(Debug, Clone)]

@@ -10,9 +10,9 @@ use anyhow::{Result, bail};
 use ebb_rules_sdk::{ErrorClass, FailureContext, FailureDecision, IdleContext, IdleDecision, QueueState};
 use serde::Serialize;
 
-use super::shadow::Percentiles;
-use crate::names::RuleSlot;
-use crate::rules::{NativeRule, QueueRuleConfig, RuleEngine, RuleLimits, RuleSet, native_failure};
+use crate::shadow::Percentiles;
+use ebb::names::RuleSlot;
+use ebb::rules::{NativeRule, QueueRuleConfig, RuleEngine, RuleLimits, RuleSet, native_failure};
 
 const BATCH: usize = 1_024;
 

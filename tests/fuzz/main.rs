@@ -1,17 +1,18 @@
-//! Property-based fuzzing of every parser of outside input: the config file, API requests,
-//! the bus trigger JSON, the trace CSV of `ebb simulate --trace`, and the payload envelope.
+//! Property-based fuzzing of the parsers of outside input that the library's public API
+//! reaches: the config file, the trace CSV of `ebb simulate --trace`, and the payload
+//! envelope. (The bus trigger JSON and API requests are fuzzed inside the library, in
+//! `bus::fuzz` and `http::fuzz`: their parsers are private.)
 //!
 //! Each target draws structured-but-hostile inputs (and plain arbitrary ones) with proptest
-//! and checks that nothing panics and that every refusal says what is wrong. A normal
-//! `cargo test` runs a short budget per target; `EBB_FUZZ_CASES=<n>` runs `n` inputs per
-//! target (see "Fuzzing" in docs/benchmarks.md):
+//! and checks that nothing panics and that every refusal says what is wrong. A test binary
+//! of its own, not a module of `tests/all`: the envelope's fuzzer counts allocations with a
+//! global allocator. A normal `cargo test` runs a short budget per target;
+//! `EBB_FUZZ_CASES=<n>` runs `n` inputs per target (see "Fuzzing" in docs/benchmarks.md):
 //!
 //! ```text
-//! EBB_FUZZ_CASES=1000000 cargo test -p ebb --release --lib fuzz
+//! EBB_FUZZ_CASES=1000000 cargo test -p ebb-tests --release --test fuzz
 //! ```
 
-mod api;
-mod bus;
 mod config;
 mod envelope;
 mod trace;

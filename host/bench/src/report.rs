@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 
 use serde_json::{Value, json};
 
-use super::contenders::{Contender, EbbSettings, ListenerPeaks, Run};
-use super::plan::{Cell, HttpBench};
+use crate::contenders::{Contender, EbbSettings, ListenerPeaks, Run};
+use crate::plan::{Cell, HttpBench};
 
 /// One contender's medians over the rounds.
 #[derive(Debug, Clone)]

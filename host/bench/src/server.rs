@@ -1,6 +1,6 @@
 //! The app the bench posts to: 200 with an empty body for any request, once its body is read.
 //!
-//! It runs in a process of its own (this binary, `ebb bench serve`), so that the bench's CPU
+//! It runs in a process of its own (this binary, `ebb-bench serve`), so that the bench's CPU
 //! figures count the client side only. The bench holds the server's stdin: the server ends
 //! when it reads end-of-file there, so a bench killed outright does not leave it running.
 
@@ -53,13 +53,15 @@ pub(crate) struct ServerProcess {
 }
 
 impl ServerProcess {
-    /// Starts `ebb bench serve` from this process's own executable and waits for its port.
-    pub(crate) fn start() -> anyhow::Result<ServerProcess> {
+    /// Starts `serve` from this process's own executable, after the arguments that select
+    /// the bench in it (`leading`, see [`crate::main`]), and waits for its port.
+    pub(crate) fn start(leading: &[&str]) -> anyhow::Result<ServerProcess> {
         let exe = std::env::current_exe().context("failed to find this executable to start the bench server")?;
         let dir = tempfile::tempdir().context("failed to create a temporary folder for the bench server's port file")?;
         let port_file = dir.path().join("port");
         let child = Command::new(&exe)
-            .args(["bench", "serve", "--port-file"])
+            .args(leading)
+            .args(["serve", "--port-file"])
             .arg(&port_file)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -96,7 +98,7 @@ impl ServerProcess {
     /// The server's CPU time so far, every thread; `None` where that cannot be read. For
     /// context only: none of the figures includes it.
     pub(crate) fn cpu(&self) -> Option<Duration> {
-        super::measure::threads_cpu(Some(self.pid()), |_| true)
+        crate::measure::threads_cpu(Some(self.pid()), |_| true)
     }
 }
 

@@ -14,8 +14,8 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::handler::{Handler, IncomingMessage};
-use crate::{Config, Host};
+use ebb::handler::{Handler, IncomingMessage};
+use ebb::{Config, Host};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -96,35 +96,29 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
     sorted[index] as f64 / 1000.0
 }
 
-async fn run_one(bench: &PayloadsBench, backend: &'static str, packed: bool) -> Result<Run> {
-    let dir = tempfile::tempdir().context("a temporary folder")?;
+/// A host's configuration for one run: an API on a free port and one queue of a fresh name
+/// (returned) on `backend`, packing within the bench's linger.
+fn config(bench: &PayloadsBench, backend: &str, dir: &std::path::Path) -> Result<(Config, String)> {
     let queue = format!("bench-payloads-{}", fastrand::u32(..));
     let azure = match (backend, bench.azurite_port) {
         ("azurite", Some(port)) => format!(
             "[azure]\nconnection_string = \"DefaultEndpointsProtocol=http;AccountName={};AccountKey={};QueueEndpoint=http://127.0.0.1:{port}/{}\"\n",
-            crate::queue::azure::DEVELOPMENT_ACCOUNT,
-            crate::queue::azure::DEVELOPMENT_KEY,
-            crate::queue::azure::DEVELOPMENT_ACCOUNT
+            ebb::queue::azure::DEVELOPMENT_ACCOUNT,
+            ebb::queue::azure::DEVELOPMENT_KEY,
+            ebb::queue::azure::DEVELOPMENT_ACCOUNT
         ),
         _ => String::new(),
     };
     let backend_key = if azure.is_empty() { "" } else { "backend = \"azure\"\n" };
     let text =
         format!("{azure}[api]\nlisten = \"127.0.0.1:0\"\n[queues.{queue}]\n{backend_key}pack_linger = \"{}\"\n", humantime::format_duration(bench.linger));
-    let config = Config::parse(&text, dir.path(), None)?;
-    let start = Instant::now();
-    let counter = Arc::new(Counter { start, handled: AtomicU64::new(0), latencies_us: std::sync::Mutex::new(Vec::new()) });
-    struct Shared(Arc<Counter>);
-    #[async_trait::async_trait]
-    impl Handler for Shared {
-        async fn handle(&self, message: &IncomingMessage) -> Result<()> {
-            self.0.handle(message).await
-        }
-    }
-    let host = Host::builder(&config).handler(&queue, Shared(counter.clone())).start().await?;
-    let handle = host.queue(&queue).context("the bench queue")?;
+    Ok((Config::parse(&text, dir, None)?, queue))
+}
+
+/// Sends the bench's items through `handle`, one per call, from its producers (each with
+/// its calls in flight), every body stamped with its send time since `start`.
+async fn produce(bench: &PayloadsBench, handle: &ebb::QueueHandle, start: Instant, packed: bool) -> Result<()> {
     let next = Arc::new(AtomicU64::new(0));
-    let run_start = Instant::now();
     let producers: Vec<_> = (0..bench.producers * bench.in_flight.max(1))
         .map(|_| {
             let (handle, next, bytes, total) = (handle.clone(), next.clone(), bench.item_bytes, bench.items);
@@ -147,6 +141,11 @@ async fn run_one(bench: &PayloadsBench, backend: &'static str, packed: bool) -> 
     for producer in producers {
         producer.await??;
     }
+    Ok(())
+}
+
+/// Waits until `counter` has seen every item, for at most 10 minutes.
+async fn all_handled(bench: &PayloadsBench, backend: &str, counter: &Counter) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(600);
     while counter.handled.load(Ordering::Relaxed) < bench.items {
         if Instant::now() > deadline {
@@ -154,9 +153,11 @@ async fn run_one(bench: &PayloadsBench, backend: &'static str, packed: bool) -> 
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let seconds = run_start.elapsed().as_secs_f64();
-    // The last deletes may still be on their way: give them a moment before counting.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    Ok(())
+}
+
+/// The host's billed transactions and puts so far, its queue's creation left out.
+fn billed(host: &Host) -> (u64, u64) {
     let (mut transactions, mut puts) = (0, 0);
     for status in host.status() {
         if let Some(counts) = status.transactions {
@@ -165,6 +166,30 @@ async fn run_one(bench: &PayloadsBench, backend: &'static str, packed: bool) -> 
             puts += counts.puts;
         }
     }
+    (transactions, puts)
+}
+
+async fn run_one(bench: &PayloadsBench, backend: &'static str, packed: bool) -> Result<Run> {
+    let dir = tempfile::tempdir().context("a temporary folder")?;
+    let (config, queue) = config(bench, backend, dir.path())?;
+    let start = Instant::now();
+    let counter = Arc::new(Counter { start, handled: AtomicU64::new(0), latencies_us: std::sync::Mutex::new(Vec::new()) });
+    struct Shared(Arc<Counter>);
+    #[async_trait::async_trait]
+    impl Handler for Shared {
+        async fn handle(&self, message: &IncomingMessage) -> Result<()> {
+            self.0.handle(message).await
+        }
+    }
+    let host = Host::builder(&config).handler(&queue, Shared(counter.clone())).start().await?;
+    let handle = host.queue(&queue).context("the bench queue")?;
+    let run_start = Instant::now();
+    produce(bench, &handle, start, packed).await?;
+    all_handled(bench, backend, &counter).await?;
+    let seconds = run_start.elapsed().as_secs_f64();
+    // The last deletes may still be on their way: give them a moment before counting.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (transactions, puts) = billed(&host);
     host.shutdown().await;
     let mut latencies = counter.latencies_us.lock().unwrap().clone();
     latencies.sort_unstable();

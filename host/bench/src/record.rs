@@ -11,15 +11,18 @@ use anyhow::{Context as _, bail};
 use bytes::Bytes;
 use serde::Serialize;
 
-use super::contenders::wait_until_processed;
-use super::measure::process_cpu;
-use super::server::ServerProcess;
-use crate::handler::HttpHandler;
-use crate::listener::{Listener, QueueSettings};
-use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
-use crate::queue::{QueueClient, SystemClock};
-use crate::record::Recorder;
-use crate::service::QueueHandle;
+use crate::contenders::wait_until_processed;
+use crate::measure::process_cpu;
+use crate::server::ServerProcess;
+use ebb::QueueHandle;
+use ebb::handler::HttpHandler;
+use ebb::listener::{Listener, QueueSettings};
+use ebb::queue::embedded::{EmbeddedOptions, EmbeddedStore};
+use ebb::queue::{QueueClient, SystemClock};
+use ebb::record::Recorder;
+
+/// The recording's file limit: a queue's default `record_max_bytes` (8 MiB).
+const RECORD_MAX_BYTES: u64 = 8 << 20;
 
 /// What to run.
 #[derive(Debug, Clone, Copy)]
@@ -74,8 +77,8 @@ fn median(mut values: Vec<f64>) -> f64 {
     }
 }
 
-pub(crate) fn run(bench: RecordBench, json: bool) -> anyhow::Result<()> {
-    let server = ServerProcess::start()?;
+pub(crate) fn run(bench: RecordBench, json: bool, leading: &[&str]) -> anyhow::Result<()> {
+    let server = ServerProcess::start(leading)?;
     let url = reqwest::Url::parse(&format!("http://{}/", server.address())).context("failed to make the bench server's URL")?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("failed to start the bench's runtime")?;
     let body = Bytes::from(vec![b'x'; bench.body_bytes as usize]);
@@ -138,12 +141,12 @@ pub(crate) fn run(bench: RecordBench, json: bool) -> anyhow::Result<()> {
 /// The median ns of one count, over 5 batches of 1,000,000.
 fn record_call_ns() -> f64 {
     const CALLS: u32 = 1_000_000;
-    let recording = crate::record::QueueRecording::new("bench", Arc::new(SystemClock));
+    let recording = ebb::record::QueueRecording::new("bench", Arc::new(SystemClock));
     let batches = (0..5)
         .map(|_| {
             let started = Instant::now();
             for _ in 0..CALLS {
-                recording.record(std::hint::black_box(crate::record::Seen::Put), std::hint::black_box(1));
+                recording.record(std::hint::black_box(ebb::record::Seen::Put), std::hint::black_box(1));
             }
             let ns = started.elapsed().as_nanos() as f64 / f64::from(CALLS);
             // Keep the counts from growing without bound across batches.
@@ -166,7 +169,7 @@ async fn one_run(bench: &RecordBench, url: &reqwest::Url, body: &Bytes, recordin
     queue.create_if_missing().await?;
     poison.create_if_missing().await?;
     let mut recorder = Recorder::new();
-    let counters = recording.then(|| recorder.add(dir.path(), "bench", crate::defaults::RECORD_MAX_BYTES, Arc::new(SystemClock)));
+    let counters = recording.then(|| recorder.add(dir.path(), "bench", RECORD_MAX_BYTES, Arc::new(SystemClock)));
     let recorder = Arc::new(recorder);
     let stop = tokio_util::sync::CancellationToken::new();
     let flusher = counters.is_some().then(|| recorder.clone().spawn(stop.clone()));
@@ -213,7 +216,7 @@ async fn one_run(bench: &RecordBench, url: &reqwest::Url, body: &Bytes, recordin
     finished?;
     // The recording recorded: every send once (as a put) and every first delivery.
     if recording {
-        let (buckets, warnings) = crate::record::read(dir.path(), "bench", 0);
+        let (buckets, warnings) = ebb::record::read(dir.path(), "bench", 0);
         let (puts, seen): (u64, u64) = buckets.iter().fold((0, 0), |(p, s), b| (p + b.puts, s + b.first_seen));
         if puts != bench.messages || seen != bench.messages || !warnings.is_empty() {
             bail!("the recording holds {puts} puts and {seen} first deliveries of {} messages ({warnings:?})", bench.messages);

@@ -2,8 +2,8 @@
 
 use proptest::prelude::*;
 
-use super::budget;
 use crate::bus::{MAX_PAYLOAD_BYTES, MAX_TRIGGER_DELAY_MS, Trigger, parse_trigger};
+use crate::fuzz::budget;
 
 const PREFIX: &str = "ebb:queue:";
 

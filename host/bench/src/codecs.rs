@@ -12,8 +12,8 @@ use bytes::Bytes;
 use serde::Serialize;
 use serde_json::json;
 
-use super::report::median;
-use crate::payload::{Codec, Decoded, ENVELOPE_OVERHEAD_BYTES, Item, Limits, Packer, decode};
+use crate::report::median;
+use ebb::payload::{Codec, Decoded, ENVELOPE_OVERHEAD_BYTES, Item, Limits, Packer, decode};
 
 /// The corpus's seed: the same items on every machine and every run.
 const CORPUS_SEED: u64 = 20;

@@ -16,9 +16,9 @@ use azure_core::http::{NoFormat, RequestContent};
 use bytes::Bytes;
 use serde::Serialize;
 
-use super::report::median;
-use crate::payload::claims::{AzureClaims, ClaimStore, sha256};
-use crate::queue::azure::{AzureAccount, AzureOptions, DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY};
+use crate::report::median;
+use ebb::payload::claims::{AzureClaims, ClaimStore, sha256};
+use ebb::queue::azure::{AzureAccount, AzureOptions, DEVELOPMENT_ACCOUNT, DEVELOPMENT_KEY};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -127,8 +127,8 @@ async fn measure(bench: &ClaimsBench, endpoint: &str) -> Result<Report> {
         account.container_url(raw.container_name())?,
         None,
         Some(azure_storage_blob::BlobContainerClientOptions {
-            client_options: crate::queue::azure::sdk_client_options(&account, options.request_timeout, options.pool_idle_timeout, "bench")?.0,
-            version: crate::queue::azure::API_VERSION.to_string(),
+            client_options: ebb::queue::azure::sdk_client_options(&account, options.request_timeout, options.pool_idle_timeout, "bench")?.0,
+            version: ebb::queue::azure::API_VERSION.to_string(),
         }),
     )?;
     let mut rng = fastrand::Rng::with_seed(1);

@@ -6,15 +6,15 @@ use std::time::Duration;
 use anyhow::Context as _;
 use bytes::Bytes;
 
-use super::contenders::{Contender, Setup};
-use super::plan::{Cell, HttpBench};
-use super::report::Report;
-use super::server::ServerProcess;
+use crate::contenders::{Contender, Setup};
+use crate::plan::{Cell, HttpBench};
+use crate::report::Report;
+use crate::server::ServerProcess;
 
 /// Runs the bench and prints its report: a table, or JSON with `json`.
-pub(crate) fn run(bench: HttpBench, json: bool) -> anyhow::Result<()> {
+pub(crate) fn run(bench: HttpBench, json: bool, leading: &[&str]) -> anyhow::Result<()> {
     bench.check()?;
-    let server = ServerProcess::start()?;
+    let server = ServerProcess::start(leading)?;
     let url = reqwest::Url::parse(&format!("http://{}/", server.address())).context("failed to make the bench server's URL")?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("failed to start the bench's runtime")?;
     let mut cells: Vec<Cell> = bench

@@ -10,8 +10,8 @@ use std::sync::OnceLock;
 use bytes::Bytes;
 use proptest::prelude::*;
 
-use super::budget;
-use crate::payload::{
+use crate::budget;
+use ebb::payload::{
     AllowedReferences, AzureContainer, BlobRef, Body, ClaimCheck, Codec, Decoded, EnvelopeError, Item, Limits, MAGIC, MIN_ENVELOPE_BYTES, Origin, Packer,
     decode, decode_text, encode, to_text,
 };
@@ -400,7 +400,7 @@ proptest! {
         let decoded = decode_checked(&reseal(bytes), &limits())?;
         if cut.is_none() {
             prop_assert!(decoded.is_err(), "{codec}: a 1 MiB section declared as {declared} bytes was taken");
-            if count as usize <= declared as usize / crate::payload::MIN_ITEM_BYTES {
+            if count as usize <= declared as usize / ebb::payload::MIN_ITEM_BYTES {
                 prop_assert!(matches!(decoded, Err(EnvelopeError::Bomb { .. })), "{:?}", decoded);
             }
         }

@@ -3,7 +3,7 @@
 
 use anyhow::bail;
 
-use super::contenders::{Contender, Run};
+use crate::contenders::{Contender, Run};
 
 /// Most bytes one store of the bench may hold (messages × body), so that a typo in a flag
 /// does not fill the disk.

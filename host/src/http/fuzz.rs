@@ -11,7 +11,7 @@ use axum::http::{HeaderName, HeaderValue, Method, Request, StatusCode, Uri, head
 use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestRunner};
 
-use super::budget;
+use crate::fuzz::budget;
 use crate::handler::{Handler, IncomingMessage};
 use crate::health::Health;
 use crate::http::{Api, ApiLimits};

@@ -49,12 +49,12 @@ pub use item::{AzureContainer, BlobRef, Body, ClaimCheck, Item, Origin};
 
 pub(crate) use limits::DEFAULT_MAX_ITEMS;
 pub use limits::{AllowedReferences, DEFAULT_MAX_CLAIM_CHECK_BYTES, Limits};
-pub(crate) use pack::MIN_ENVELOPE_BYTES;
+pub use pack::MIN_ENVELOPE_BYTES;
 pub use pack::{Packed, PackedEnvelope, Packer};
 pub use settings::{Delivery, PayloadSettings};
-pub(crate) use text::decode_text;
+pub use text::decode_text;
 pub use text::to_text;
-pub(crate) use wire::MAGIC;
+pub use wire::MAGIC;
 pub use wire::{ENVELOPE_OVERHEAD_BYTES, MIN_ITEM_BYTES};
 
 /// The largest envelope an Azure queue carries, in bytes: 64 KiB of message text holds

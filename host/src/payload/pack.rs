@@ -11,7 +11,7 @@ use super::limits::{DEFAULT_MAX_DECODED_BYTES, DEFAULT_MAX_ITEMS, Limits};
 use super::wire::{ENVELOPE_OVERHEAD_BYTES, MIN_ITEM_BYTES};
 
 /// The smallest message limit a packer takes: an envelope of one empty item.
-pub(crate) const MIN_ENVELOPE_BYTES: usize = ENVELOPE_OVERHEAD_BYTES + MIN_ITEM_BYTES;
+pub const MIN_ENVELOPE_BYTES: usize = ENVELOPE_OVERHEAD_BYTES + MIN_ITEM_BYTES;
 
 /// Tries at one envelope that aim by the compression ratio seen; after them the search
 /// halves what is left, so a codec that compresses unevenly still ends in a few tries.

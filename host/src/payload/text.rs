@@ -22,7 +22,7 @@ pub fn to_text(envelope: &[u8]) -> String {
 
 /// A message's text: [`Decoded::NotAnEnvelope`] unless it is the base64 of an envelope
 /// (line breaks and spaces in it are ignored, as MIME-style writers add them).
-pub(crate) fn decode_text(text: &str, limits: &Limits) -> Result<Decoded, EnvelopeError> {
+pub fn decode_text(text: &str, limits: &Limits) -> Result<Decoded, EnvelopeError> {
     if !text.trim_start().starts_with(MAGIC_TEXT) {
         return Ok(Decoded::NotAnEnvelope);
     }

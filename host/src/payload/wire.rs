@@ -5,7 +5,7 @@
 /// (JSON, XML, plain words) begins with it; `EBB` names the format; CR LF, Ctrl-Z and LF
 /// (PNG's trick) show at once a transfer that rewrote line endings or stopped at an
 /// end-of-file character.
-pub(crate) const MAGIC: [u8; 8] = [0xC1, b'E', b'B', b'B', b'\r', b'\n', 0x1A, b'\n'];
+pub const MAGIC: [u8; 8] = [0xC1, b'E', b'B', b'B', b'\r', b'\n', 0x1A, b'\n'];
 /// The version this ebb writes and reads.
 pub(crate) const FORMAT_VERSION: u8 = 1;
 /// The header's length.

@@ -8,13 +8,13 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 
 /// Longest simulated run: 31 days.
-pub(crate) const MAX_DURATION: Duration = Duration::from_secs(31 * 24 * 3600);
+pub const MAX_DURATION: Duration = Duration::from_secs(31 * 24 * 3600);
 /// Largest trace file: 64 MiB.
 pub(crate) const MAX_TRACE_BYTES: u64 = 64 << 20;
 /// Most lines in a trace file.
 pub(crate) const MAX_TRACE_LINES: usize = 1_000_000;
 /// Most messages on one trace line.
-pub(crate) const MAX_COUNT_PER_LINE: u32 = 100_000;
+pub const MAX_COUNT_PER_LINE: u32 = 100_000;
 /// Most messages in one run (each keeps its pickup latency).
 pub const MAX_MESSAGES: u64 = 5_000_000;
 /// Longest handler time.
@@ -216,7 +216,7 @@ pub fn read_trace(path: &Path) -> Result<Vec<Arrival>> {
 }
 
 /// Parses trace text (see [`read_trace`]).
-pub(crate) fn parse_trace(text: &str) -> Result<Vec<Arrival>> {
+pub fn parse_trace(text: &str) -> Result<Vec<Arrival>> {
     // A spreadsheet's export may start with a byte-order mark.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut arrivals = Vec::new();

@@ -4,7 +4,7 @@
 //!
 //! - [`QueueName`]: a logical queue, from the configuration;
 //! - [`PartitionName`] and [`PoisonQueueName`]: its storage queues, made from it;
-//! - [`RuleSlot`]: where a rule decides (a storage queue, or a queue's KEDA slot);
+//! - [`DecisionSite`]: where a rule decides (a storage queue, or a queue's KEDA site);
 //! - [`RuleFileName`]: a rule file in the rules folder, from the configuration.
 
 use std::fmt;
@@ -22,12 +22,12 @@ const MAX_STORAGE_NAME_LEN: usize = 63;
 /// name within Azure's 63 characters.
 pub(crate) const MAX_PARTITIONS: u32 = 64;
 
-/// The suffix of a queue's KEDA rule slot.
-const SCALER_SLOT_SUFFIX: &str = "/instances";
+/// The suffix of a queue's KEDA decision site.
+const SCALER_SITE_SUFFIX: &str = "/instances";
 
-/// The suffix of a slot's shadow slot: its own group, counters and quarantine, so that a
+/// The suffix of a site's shadow site: its own group, counters and quarantine, so that a
 /// shadow rule never shares an instance (or a fault run) with a live one.
-const SHADOW_SLOT_SUFFIX: &str = "/shadow";
+const SHADOW_SITE_SUFFIX: &str = "/shadow";
 
 /// Lowercase letters, digits and single dashes, neither first nor last, `min..=max` long.
 fn is_storage_name(name: &str, max: usize) -> bool {
@@ -153,63 +153,63 @@ pub struct PoisonQueueName(String);
 name_views!(PoisonQueueName);
 
 /// Where a rule decides, with counters of its own: a storage queue (a worker's listeners on
-/// one partition), or a logical queue's KEDA slot `<queue>/instances` (`/` never occurs in a
+/// one partition), or a logical queue's KEDA site `<queue>/instances` (`/` never occurs in a
 /// queue name, so the two cannot collide).
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct RuleSlot(String);
+pub struct DecisionSite(String);
 
-impl RuleSlot {
-    /// `name`, if it names a rule slot: a storage queue's name (3 to 63 lowercase letters,
+impl DecisionSite {
+    /// `name`, if it names a decision site: a storage queue's name (3 to 63 lowercase letters,
     /// digits and single dashes), or `<queue>/instances`; else the reason, naming it.
-    pub fn new(name: &str) -> Result<RuleSlot> {
-        let valid = match name.strip_suffix(SCALER_SLOT_SUFFIX) {
+    pub fn new(name: &str) -> Result<DecisionSite> {
+        let valid = match name.strip_suffix(SCALER_SITE_SUFFIX) {
             Some(queue) => is_storage_name(queue, MAX_QUEUE_NAME_LEN),
             None => is_storage_name(name, MAX_STORAGE_NAME_LEN),
         };
         if !valid {
             bail!(
-                "{name:?} is not a valid rule slot: a storage queue's name (3 to {MAX_STORAGE_NAME_LEN} lowercase letters, digits and single dashes) or <queue>{SCALER_SLOT_SUFFIX}"
+                "{name:?} is not a valid rule slot: a storage queue's name (3 to {MAX_STORAGE_NAME_LEN} lowercase letters, digits and single dashes) or <queue>{SCALER_SITE_SUFFIX}"
             );
         }
-        Ok(RuleSlot(name.to_string()))
+        Ok(DecisionSite(name.to_string()))
     }
 
-    /// The slot the shadow rule of this slot decides in: never applied, only compared.
-    pub fn shadow(&self) -> RuleSlot {
-        RuleSlot(format!("{}{SHADOW_SLOT_SUFFIX}", self.0))
+    /// The site the shadow rule of this site decides in: never applied, only compared.
+    pub fn shadow(&self) -> DecisionSite {
+        DecisionSite(format!("{}{SHADOW_SITE_SUFFIX}", self.0))
     }
 
-    /// Whether this is a queue's KEDA slot (see [`RuleSlot::scaler`]).
+    /// Whether this is a queue's KEDA site (see [`DecisionSite::scaler`]).
     pub fn is_scaler(&self) -> bool {
-        self.0.ends_with(SCALER_SLOT_SUFFIX)
+        self.0.ends_with(SCALER_SITE_SUFFIX)
     }
 
-    /// Whether this is a shadow rule's slot (see [`RuleSlot::shadow`]).
+    /// Whether this is a shadow rule's site (see [`DecisionSite::shadow`]).
     pub fn is_shadow(&self) -> bool {
-        self.0.ends_with(SHADOW_SLOT_SUFFIX)
+        self.0.ends_with(SHADOW_SITE_SUFFIX)
     }
 
-    /// The slot the KEDA scaler decides in for `queue`: its own counters, the same rule
+    /// The site the KEDA scaler decides in for `queue`: its own counters, the same rule
     /// instance as the queue's listeners (same file, same parameters).
-    pub fn scaler(queue: &QueueName) -> RuleSlot {
-        RuleSlot(format!("{queue}{SCALER_SLOT_SUFFIX}"))
+    pub fn scaler(queue: &QueueName) -> DecisionSite {
+        DecisionSite(format!("{queue}{SCALER_SITE_SUFFIX}"))
     }
 }
 
-impl From<PartitionName> for RuleSlot {
-    fn from(partition: PartitionName) -> RuleSlot {
-        RuleSlot(partition.0)
+impl From<PartitionName> for DecisionSite {
+    fn from(partition: PartitionName) -> DecisionSite {
+        DecisionSite(partition.0)
     }
 }
 
-impl From<&QueueName> for RuleSlot {
-    /// The slot of the queue itself, unpartitioned.
-    fn from(queue: &QueueName) -> RuleSlot {
-        RuleSlot(queue.0.clone())
+impl From<&QueueName> for DecisionSite {
+    /// The site of the queue itself, unpartitioned.
+    fn from(queue: &QueueName) -> DecisionSite {
+        DecisionSite(queue.0.clone())
     }
 }
 
-name_views!(RuleSlot);
+name_views!(DecisionSite);
 
 /// A rule file's name in the rules folder: a `.wasm` file name without a path.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -254,16 +254,16 @@ mod tests {
         assert_eq!(orders.poison(), "orders-poison");
         assert_eq!(orders.partitions(1), ["orders"]);
         assert_eq!(orders.partitions(3), ["orders-0", "orders-1", "orders-2"]);
-        assert_eq!(RuleSlot::scaler(&orders), "orders/instances");
+        assert_eq!(DecisionSite::scaler(&orders), "orders/instances");
         // The longest queue's last partition and poison queue are valid Azure names.
         let longest = QueueName::new(&"a".repeat(MAX_QUEUE_NAME_LEN))?;
         assert!(is_storage_name(&longest.partition(MAX_PARTITIONS - 1), MAX_STORAGE_NAME_LEN));
         assert!(is_storage_name(&longest.poison(), MAX_STORAGE_NAME_LEN));
-        for slot in [longest.partition(MAX_PARTITIONS - 1).into(), RuleSlot::scaler(&longest), RuleSlot::from(&orders)] {
-            assert_eq!(RuleSlot::new(&slot)?, slot, "what a queue makes, a slot takes");
+        for slot in [longest.partition(MAX_PARTITIONS - 1).into(), DecisionSite::scaler(&longest), DecisionSite::from(&orders)] {
+            assert_eq!(DecisionSite::new(&slot)?, slot, "what a queue makes, a slot takes");
         }
         for bad in ["", "or", "Orders", "orders/", "/instances", "or/instances", "orders/other", &"a".repeat(MAX_STORAGE_NAME_LEN + 1)] {
-            let error = RuleSlot::new(bad).unwrap_err().to_string();
+            let error = DecisionSite::new(bad).unwrap_err().to_string();
             assert!(error.contains("is not a valid rule slot"), "{bad}: {error}");
         }
         Ok(())

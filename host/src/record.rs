@@ -75,15 +75,16 @@ impl Bucket {
     }
 }
 
+/// One second's counts while they are counted (a place of the ring), taken into a [`Bucket`].
 #[derive(Default)]
-struct Slot {
+struct LiveBucket {
     second: AtomicU64,
     puts: AtomicU64,
     first_seen: AtomicU64,
     notifications: AtomicU64,
 }
 
-impl Slot {
+impl LiveBucket {
     fn take(&self) -> Bucket {
         Bucket {
             second: self.second.load(Ordering::Acquire),
@@ -98,7 +99,7 @@ impl Slot {
 pub struct QueueRecording {
     queue: String,
     clock: Arc<dyn Clock>,
-    slots: [Slot; RING],
+    slots: [LiveBucket; RING],
     /// Seconds a writer had to push out of the ring before the flusher took them, and the
     /// lock of every change of a slot's second.
     spilled: Mutex<Vec<Bucket>>,
@@ -140,7 +141,7 @@ impl QueueRecording {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
-    fn start_second(&self, slot: &Slot, second: u64) {
+    fn start_second(&self, slot: &LiveBucket, second: u64) {
         let mut spilled = self.spilled.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let held = slot.second.load(Ordering::Acquire);
         // Another writer started it, or the clock stepped back: count into what the slot holds.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use ebb::handler::{Handler, IncomingMessage};
 use ebb::listener::{Listener, QueueSettings};
-use ebb::names::RuleSlot;
+use ebb::names::DecisionSite;
 use ebb::queue::azure::{AzureOptions, AzureQueue};
 use ebb::queue::{CallSnapshot, FailureClass, Metered, QueueClient, RetryPolicy, Retrying};
 use ebb::rules::{QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
@@ -82,7 +82,7 @@ async fn deliver_all_through(azurite: &Azurite, proxy: &FaultProxy, policy: Retr
     let poison = through(&format!("{name}-poison"));
     let handler = Arc::new(Recording::default());
     let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
-    let rules = RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(&name).unwrap(), rule: None, params: vec![] }]);
+    let rules = RuleSet::new(engine, [QueueRuleConfig { slot: DecisionSite::new(&name).unwrap(), rule: None, params: vec![] }]);
     let settings = QueueSettings {
         min_tasks: 4,
         max_tasks: 8,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ebb::handler::{Handler, HandlerStatus, IncomingMessage};
 use ebb::listener::{Listener, QueueSettings};
-use ebb::names::RuleSlot;
+use ebb::names::DecisionSite;
 use ebb::queue::memory::MemoryQueue;
 use ebb::queue::{QueueClient, TokioClock};
 use ebb::rules::{ErrorClass, FailureContext, FailureDecision, QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
@@ -64,7 +64,7 @@ async fn fixture(settings: QueueSettings, rule: Option<&str>, params: &[(&str, &
     let poison: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
     let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
     let params = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    let rules = Arc::new(RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(QUEUE).unwrap(), rule: rule.map(PathBuf::from), params }]));
+    let rules = Arc::new(RuleSet::new(engine, [QueueRuleConfig { slot: DecisionSite::new(QUEUE).unwrap(), rule: rule.map(PathBuf::from), params }]));
     assert!(rules.load_all().is_empty());
     let app = Arc::new(FailingApp::default());
     let settings = QueueSettings {
@@ -209,7 +209,7 @@ async fn an_envelopes_failed_items_are_each_decided_by_the_rule() {
     let queue: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), 65536));
     let poison: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
     let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
-    let rules = RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(QUEUE).unwrap(), rule: Some(guests::RETRY_POLICY.into()), params: vec![] }]);
+    let rules = RuleSet::new(engine, [QueueRuleConfig { slot: DecisionSite::new(QUEUE).unwrap(), rule: Some(guests::RETRY_POLICY.into()), params: vec![] }]);
     assert!(rules.load_all().is_empty());
     let app = Arc::new(FailingApp::default());
     let settings = envelope_settings();
@@ -250,7 +250,7 @@ async fn a_failures_rule_that_faults_on_one_item_still_decides_the_envelopes_oth
         let poison: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
         let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
         let params = [("mode", "poison"), ("trap_item", "1")].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let rules = RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(QUEUE).unwrap(), rule: Some(guests::FAILURE_PROBE.into()), params }]);
+        let rules = RuleSet::new(engine, [QueueRuleConfig { slot: DecisionSite::new(QUEUE).unwrap(), rule: Some(guests::FAILURE_PROBE.into()), params }]);
         assert!(rules.load_all().is_empty());
         let app = Arc::new(FailingApp::default());
         let settings = envelope_settings();

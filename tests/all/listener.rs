@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ebb::handler::{Handler, IncomingMessage};
 use ebb::listener::{Listener, QueueSettings};
-use ebb::names::RuleSlot;
+use ebb::names::DecisionSite;
 use ebb::queue::memory::MemoryQueue;
 use ebb::queue::{Message, QueueClient, QueueError, TokioClock};
 use ebb::rules::{QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
@@ -104,7 +104,7 @@ fn fixture(settings: QueueSettings, rule: Option<PathBuf>) -> Fixture {
     let poison = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
     let handler = Arc::new(TestHandler::default());
     let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
-    let rules = Arc::new(RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(QUEUE).unwrap(), rule, params: vec![] }]));
+    let rules = Arc::new(RuleSet::new(engine, [QueueRuleConfig { slot: DecisionSite::new(QUEUE).unwrap(), rule, params: vec![] }]));
     assert!(rules.load_all().is_empty());
     let settings = QueueSettings { random_seed: Some(7), ..settings };
     let listener = Listener::builder(queue.clone(), poison.clone(), handler.clone()).decider(Arc::new(rules.queue(QUEUE).unwrap())).settings(settings).build();

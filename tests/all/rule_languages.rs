@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Result;
-use ebb::names::RuleSlot;
+use ebb::names::DecisionSite;
 use ebb::rules::{DecisionSource, HandlerState, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleInstance, RuleLimits, RuleSet};
 use ebb_tests::guests;
 
@@ -17,7 +17,7 @@ fn shared_cache() -> PathBuf {
 
 fn rules(engine: Arc<RuleEngine>, guest: &str, params: &[(&str, &str)]) -> (RuleSet, Vec<anyhow::Error>) {
     let params = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    let set = RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(QUEUE).unwrap(), rule: Some(guest.into()), params }]);
+    let set = RuleSet::new(engine, [QueueRuleConfig { slot: DecisionSite::new(QUEUE).unwrap(), rule: Some(guest.into()), params }]);
     let errors = set.load_all();
     (set, errors)
 }
@@ -28,7 +28,7 @@ fn state(depth: u64, throughput_per_sec: f64, active_tasks: u32) -> QueueState {
 
 /// The rule's back-off must match the built-in rule's (both compute it with the same loop).
 fn assert_paper_back_off(set: &RuleSet) {
-    let built_in = RuleSet::new(set.engine().clone(), [QueueRuleConfig { slot: RuleSlot::new(QUEUE).unwrap(), rule: None, params: vec![] }]);
+    let built_in = RuleSet::new(set.engine().clone(), [QueueRuleConfig { slot: DecisionSite::new(QUEUE).unwrap(), rule: None, params: vec![] }]);
     for idle_count in 0..=20 {
         for random in [0, 1 << 63, u64::MAX] {
             for active_tasks in [1, 3] {

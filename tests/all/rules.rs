@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use ebb::names::RuleSlot;
+use ebb::names::DecisionSite;
 use ebb::rules::{
     ContractVersion, DecisionSource, DepthSource, Export, HandlerState, IdleContext, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleLoad, RuleSet,
 };
@@ -21,7 +21,7 @@ pub(crate) fn engine(limits: RuleLimits) -> Arc<RuleEngine> {
 
 pub(crate) fn rules_for(engine: Arc<RuleEngine>, rule: Option<&Path>, params: &[(&str, &str)]) -> RuleSet {
     let params = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(QUEUE).unwrap(), rule: rule.map(Path::to_path_buf), params }])
+    RuleSet::new(engine, [QueueRuleConfig { slot: DecisionSite::new(QUEUE).unwrap(), rule: rule.map(Path::to_path_buf), params }])
 }
 
 /// A rule set whose one queue uses `guest`, loaded; panics if it does not load.
@@ -898,12 +898,12 @@ fn queues_with_the_same_rule_and_parameters_share_one_instance() {
     let engine = engine(RuleLimits::default());
     let mut queues: Vec<QueueRuleConfig> = (0..50)
         .map(|i| QueueRuleConfig {
-            slot: RuleSlot::new(&format!("queue-{i}")).unwrap(),
+            slot: DecisionSite::new(&format!("queue-{i}")).unwrap(),
             rule: Some(guests::FIXED_TASKS.into()),
             params: vec![("tasks".into(), "9".into())],
         })
         .collect();
-    queues.push(QueueRuleConfig { slot: RuleSlot::new("other").unwrap(), rule: Some(guests::FIXED_TASKS.into()), params: vec![] });
+    queues.push(QueueRuleConfig { slot: DecisionSite::new("other").unwrap(), rule: Some(guests::FIXED_TASKS.into()), params: vec![] });
     let rules = RuleSet::new(engine, queues);
     assert!(rules.load_all().is_empty());
     let state_of = |queue: &str| QueueState { queue: queue.into(), ..state(5) };
@@ -1036,7 +1036,7 @@ fn a_damaged_cache_file_is_detected_deleted_and_recompiled() -> Result<()> {
         assert!(warns[0].contains(&file.display().to_string()) && warns[0].contains("recompiling"), "{what}: {log}");
         // The recompiled rule works, and the rewritten cache file is intact.
         let rules =
-            RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(QUEUE).unwrap(), rule: Some(PathBuf::from(guests::FIXED_TASKS)), params: vec![] }]);
+            RuleSet::new(engine, [QueueRuleConfig { slot: DecisionSite::new(QUEUE).unwrap(), rule: Some(PathBuf::from(guests::FIXED_TASKS)), params: vec![] }]);
         assert!(rules.load_all().is_empty());
         assert_eq!(rules.decide_task_count(QUEUE, &state(5)), ebb::rules::Decision { value: 7, source: DecisionSource::Rule, clamped: false });
         assert!(new_engine()?.load_bytes("rule.wasm", &bytes)?.from_cache, "{what}: the cache file was written again");
@@ -1220,9 +1220,9 @@ fn a_rule_that_fails_to_load_in_the_background_says_why() -> Result<()> {
     std::fs::write(&broken, b"not wasm at all")?;
     let engine = engine(RuleLimits::default());
     let configs = [
-        QueueRuleConfig { slot: RuleSlot::new("broken").unwrap(), rule: Some(broken), params: vec![] },
-        QueueRuleConfig { slot: RuleSlot::new("missing").unwrap(), rule: Some(dir.path().join("missing.wasm")), params: vec![] },
-        QueueRuleConfig { slot: RuleSlot::new("plain").unwrap(), rule: None, params: vec![] },
+        QueueRuleConfig { slot: DecisionSite::new("broken").unwrap(), rule: Some(broken), params: vec![] },
+        QueueRuleConfig { slot: DecisionSite::new("missing").unwrap(), rule: Some(dir.path().join("missing.wasm")), params: vec![] },
+        QueueRuleConfig { slot: DecisionSite::new("plain").unwrap(), rule: None, params: vec![] },
     ];
     let rules = Arc::new(RuleSet::new(engine, configs));
     rules.load_all_in_background();

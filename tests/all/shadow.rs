@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use ebb::names::RuleSlot;
+use ebb::names::DecisionSite;
 use ebb::rules::{Decider, DecisionSource, QueueRuleConfig, RuleLimits, RuleSet, RuleState, ShadowCounts, Shadowed};
 use ebb_tests::guests;
 
@@ -18,7 +18,7 @@ const BOUND: Duration = Duration::from_secs(30);
 
 /// `QUEUE` deciding with `live`, its shadow with `shadow` (a path, maybe not there yet).
 fn with_shadow(limits: RuleLimits, live: &Path, live_params: &[(&str, &str)], shadow: &Path) -> (Arc<RuleSet>, Shadowed) {
-    let slot = RuleSlot::new(QUEUE).unwrap();
+    let slot = DecisionSite::new(QUEUE).unwrap();
     let params = live_params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     let set = Arc::new(RuleSet::new(
         engine(limits),
@@ -333,7 +333,7 @@ async fn promote_refuses_a_shadow_the_running_host_quarantined_unless_forced() -
     stop_host(host).await?;
     // The shadow's faults and quarantine were logged as the shadow's: nothing of it decided.
     let log = std::fs::read_to_string(dir.path().join("host.log"))?;
-    let shadow_lines: Vec<&str> = log.lines().filter(|line| line.contains("ebb::rules::slot") && line.contains("orders/shadow")).collect();
+    let shadow_lines: Vec<&str> = log.lines().filter(|line| line.contains("ebb::rules::queue_rules") && line.contains("orders/shadow")).collect();
     assert!(shadow_lines.iter().any(|line| line.contains("quarantined")), "{log}");
     for line in shadow_lines {
         assert!(line.contains("shadow rule") && !line.contains("the built-in rule decides"), "{line}");

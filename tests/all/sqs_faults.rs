@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use ebb::handler::{Handler, IncomingMessage};
 use ebb::listener::{Listener, QueueSettings};
-use ebb::names::RuleSlot;
+use ebb::names::DecisionSite;
 use ebb::queue::sqs::{MAX_GET, SqsOptions, SqsQueue};
 use ebb::queue::{FailureClass, QueueClient, RetryPolicy, Retrying};
 use ebb::rules::{QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
@@ -72,7 +72,7 @@ async fn deliver_all_through(moto: &Moto, proxy: &FaultProxy, policy: RetryPolic
     let poison = Arc::new(Retrying::new(SqsQueue::new(&through, &format!("{name}-poison"), SqsOptions::default())?, policy));
     let handler = Arc::new(Recording::default());
     let engine = RuleEngine::new(RuleLimits::default(), None)?;
-    let rules = RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(&name)?, rule: None, params: vec![] }]);
+    let rules = RuleSet::new(engine, [QueueRuleConfig { slot: DecisionSite::new(&name)?, rule: None, params: vec![] }]);
     let settings = QueueSettings {
         batch_size: MAX_GET,
         min_tasks: 4,

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use ebb::handler::{Handler, IncomingMessage};
 use ebb::listener::{Listener, QueueSettings};
-use ebb::names::RuleSlot;
+use ebb::names::DecisionSite;
 use ebb::queue::azure::{AzureAccount, AzureOptions, AzureQueue};
 use ebb::queue::{Metered, QueueClient, RetryPolicy, Retrying, TransactionCounts};
 use ebb::rules::{QueueRuleConfig, QueueRules, RuleEngine, RuleLimits, RuleSet};
@@ -54,7 +54,7 @@ impl Counting {
 
 fn rules(queue: &str) -> QueueRules {
     let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
-    let set = RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(queue).unwrap(), rule: None, params: vec![] }]);
+    let set = RuleSet::new(engine, [QueueRuleConfig { slot: DecisionSite::new(queue).unwrap(), rule: None, params: vec![] }]);
     set.queue(queue).expect("the queue was configured")
 }
 

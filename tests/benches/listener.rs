@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use ebb::handler::{Handler, IncomingMessage};
 use ebb::listener::{Listener, QueueSettings};
-use ebb::names::RuleSlot;
+use ebb::names::DecisionSite;
 use ebb::queue::embedded::{EmbeddedOptions, EmbeddedStore};
 use ebb::queue::memory::MemoryQueue;
 use ebb::queue::{Metered, QueueClient, TokioClock};
@@ -35,7 +35,7 @@ impl Handler for Noop {
 
 fn rules(queue: &str) -> QueueRules {
     let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
-    let set = RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(queue).unwrap(), rule: None, params: vec![] }]);
+    let set = RuleSet::new(engine, [QueueRuleConfig { slot: DecisionSite::new(queue).unwrap(), rule: None, params: vec![] }]);
     set.queue(queue).expect("the queue was configured")
 }
 

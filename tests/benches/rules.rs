@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use ebb::names::RuleSlot;
+use ebb::names::DecisionSite;
 use ebb::rules::{DecisionSource, QueueRuleConfig, QueueState, RuleEngine, RuleLimits, RuleSet};
 use ebb_rules_sdk::paper;
 use ebb_tests::guests;
@@ -108,7 +108,7 @@ fn deployed(bytes: &[u8]) -> Deployed {
     let path = dir.path().canonicalize().unwrap().join("rule.wasm");
     std::fs::write(&path, bytes).unwrap();
     let engine = RuleEngine::new(RuleLimits::default(), Some(cache.path().into())).unwrap();
-    let set = Arc::new(RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(QUEUE).unwrap(), rule: Some(path), params: vec![] }]));
+    let set = Arc::new(RuleSet::new(engine, [QueueRuleConfig { slot: DecisionSite::new(QUEUE).unwrap(), rule: Some(path), params: vec![] }]));
     assert!(set.load_all().is_empty());
     let watcher = set.watch(dir.path(), Duration::from_millis(30)).unwrap();
     Deployed { dir, cache, set, _watcher: watcher }
@@ -180,7 +180,7 @@ fn python_queues() -> Value {
     let cache = tempfile::tempdir().unwrap();
     let engine = RuleEngine::new(RuleLimits::default(), Some(cache.path().into())).unwrap();
     let queues = (0..1000).map(|i| QueueRuleConfig {
-        slot: RuleSlot::new(&format!("queue-{i}")).unwrap(),
+        slot: DecisionSite::new(&format!("queue-{i}")).unwrap(),
         rule: Some(guests::PYTHON_DRAIN_TIME.into()),
         params: vec![("target_drain_s".into(), "5".into())],
     });
@@ -264,7 +264,7 @@ fn decision_calls() -> Value {
         let raw = time_calls(calls, |i| {
             black_box(instance.optimal_dequeue_task_count(&state(i)).unwrap());
         });
-        let set = RuleSet::new(engine.clone(), [QueueRuleConfig { slot: RuleSlot::new(QUEUE).unwrap(), rule: Some(guest.into()), params: vec![] }]);
+        let set = RuleSet::new(engine.clone(), [QueueRuleConfig { slot: DecisionSite::new(QUEUE).unwrap(), rule: Some(guest.into()), params: vec![] }]);
         assert!(set.load_all().is_empty());
         let through_rule_set = time_calls(calls, |i| {
             let decision = set.decide_task_count(QUEUE, &state(i));
@@ -281,7 +281,7 @@ fn hot_swaps(swaps: usize) -> Value {
     std::fs::copy(guests::PAPER_DEFAULT, &path).unwrap();
     let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
     let debounce = Duration::from_millis(20);
-    let set = Arc::new(RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(QUEUE).unwrap(), rule: Some(path.clone()), params: vec![] }]));
+    let set = Arc::new(RuleSet::new(engine, [QueueRuleConfig { slot: DecisionSite::new(QUEUE).unwrap(), rule: Some(path.clone()), params: vec![] }]));
     assert!(set.load_all().is_empty());
     let _watcher = set.watch(dir.path(), debounce).unwrap();
 

@@ -11,7 +11,7 @@ use ebb_rules_sdk::{ErrorClass, FailureContext, FailureDecision, IdleContext, Id
 use serde::Serialize;
 
 use crate::shadow::Percentiles;
-use ebb::names::RuleSlot;
+use ebb::names::DecisionSite;
 use ebb::rules::{NativeRule, QueueRuleConfig, RuleEngine, RuleLimits, RuleSet, native_failure};
 
 const BATCH: usize = 1_024;
@@ -87,7 +87,7 @@ fn context(i: usize) -> FailureContext {
 /// Times `decisions` failure decisions of the WASM rule at `rule` and of the native policy.
 pub(crate) fn run(rule: &Path, decisions: usize) -> Result<FailuresReport> {
     let engine = RuleEngine::new(RuleLimits::default(), None)?;
-    let rules = RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new("bench")?, rule: Some(rule.to_path_buf()), params: vec![] }]);
+    let rules = RuleSet::new(engine, [QueueRuleConfig { slot: DecisionSite::new("bench")?, rule: Some(rule.to_path_buf()), params: vec![] }]);
     if let Some(error) = rules.load_all().into_iter().next() {
         bail!("{error:#}");
     }

@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result, bail};
 use ebb_rules_sdk::{IdleContext, IdleDecision, QueueState};
 use serde::Serialize;
 
-use ebb::names::RuleSlot;
+use ebb::names::DecisionSite;
 use ebb::rules::{Decider, DecisionSource, NativeRule, QueueRuleConfig, RuleEngine, RuleLimits, RuleSet, SHADOW_CHANNEL_CAPACITY, Shadowed};
 
 /// Decisions per batch: well within the shadow's channel, so that every decision is handed
@@ -82,7 +82,7 @@ fn contenders(rule: Option<&Path>) -> Result<Contenders> {
         return Ok(Contenders { live: Arc::new(PerTen), shadow: Arc::new(PerTen), _set: None });
     };
     let rule = rule.canonicalize().with_context(|| format!("failed to read rule {}", rule.display()))?;
-    let live_slot = RuleSlot::new("bench")?;
+    let live_slot = DecisionSite::new("bench")?;
     let shadow_slot = live_slot.shadow();
     let engine = RuleEngine::new(RuleLimits::default(), None)?;
     let set = RuleSet::new(engine, [live_slot.clone(), shadow_slot.clone()].map(|slot| QueueRuleConfig { slot, rule: Some(rule.clone()), params: vec![] }));

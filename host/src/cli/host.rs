@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::host::Host;
-use crate::names::RuleSlot;
+use crate::names::DecisionSite;
 use crate::rules::{RuleEngine, RuleSet};
 use crate::service::Role;
 
@@ -132,7 +132,7 @@ pub fn check(config_path: &Path) -> Result<()> {
     // Shadow rules are checked as rules are: a shadow that cannot load is a problem to fix
     // before it is relied on, though it would never stop the host.
     let slots = config.queues.iter().flat_map(|q| {
-        let slot = RuleSlot::from(&q.name);
+        let slot = DecisionSite::from(&q.name);
         let shadow = q.shadow_rule_config(&slot, &config.rules_dir);
         std::iter::once(q.rule_config(slot, &config.rules_dir)).chain(shadow)
     });

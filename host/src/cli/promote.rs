@@ -17,7 +17,7 @@ use anyhow::{Context as _, Result, bail};
 use sha2::{Digest as _, Sha256};
 
 use crate::config::{Config, QueueConfig};
-use crate::names::{RuleFileName, RuleSlot};
+use crate::names::{DecisionSite, RuleFileName};
 use crate::rules::{QueueRuleConfig, RuleEngine, RuleSet, read_rule_file};
 
 /// What a promotion did.
@@ -203,7 +203,7 @@ fn same_filesystem(shadow: &Path, live: &Path, rules_dir: &Path) -> Result<()> {
 /// Refuses a shadow that the host could not load as the queue's rule (with `rule_params`).
 fn loads(config: &Config, q: &QueueConfig, shadow: &Path) -> Result<()> {
     let engine = RuleEngine::new(config.rule_limits.clone(), None)?;
-    let set = RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::from(&q.name), rule: Some(shadow.to_path_buf()), params: q.rule_params.clone() }]);
+    let set = RuleSet::new(engine, [QueueRuleConfig { slot: DecisionSite::from(&q.name), rule: Some(shadow.to_path_buf()), params: q.rule_params.clone() }]);
     if let Some(error) = set.load_all().into_iter().next() {
         return Err(error.context(format!("queues.{}: the shadow rule cannot be the queue's rule, so it was not promoted", q.name)));
     }

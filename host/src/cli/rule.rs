@@ -11,7 +11,7 @@ use super::rule_contexts::{
     concurrency_defaults, failure_defaults, impossible_failure, past_deadline, queue_empty_defaults, shown_failure, task_count_defaults, with_defaults,
     with_dependent_failure_defaults,
 };
-use crate::names::RuleSlot;
+use crate::names::DecisionSite;
 use crate::rules::{
     CompiledRule, ContractVersion, DecisionSource, ErrorClass, FailureContext, HandlerState, IdleContext, QueueRuleConfig, QueueState, RuleEngine,
     RuleInstance, RuleLimits, RuleSet,
@@ -728,7 +728,7 @@ fn eval(file: &Path, asked: Asked, params: Vec<(String, String)>) -> Result<()> 
     // Absolute, but not resolved: errors name the file as given (a link, not its target).
     let path = std::path::absolute(file).with_context(|| format!("failed to read rule {}", file.display()))?;
     let queue = "eval";
-    let rules = RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new(queue)?, rule: Some(path), params }]);
+    let rules = RuleSet::new(engine, [QueueRuleConfig { slot: DecisionSite::new(queue)?, rule: Some(path), params }]);
     if let Some(error) = rules.load_all().into_iter().next() {
         return Err(error);
     }

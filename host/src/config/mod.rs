@@ -34,7 +34,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 
 use crate::listener::QueueSettings;
-use crate::names::{PartitionName, PoisonQueueName, QueueName, RuleFileName, RuleSlot};
+use crate::names::{DecisionSite, PartitionName, PoisonQueueName, QueueName, RuleFileName};
 use crate::rules::{QueueRuleConfig, RuleLimits};
 
 pub use backend::Backend;
@@ -135,15 +135,15 @@ impl QueueConfig {
         self.name.poison()
     }
 
-    /// The rule of `slot`, one of this queue's rule slots: its file in `rules_dir`, and its
+    /// The rule of `slot`, one of this queue's decision sites: its file in `rules_dir`, and its
     /// parameters.
-    pub fn rule_config(&self, slot: RuleSlot, rules_dir: &Path) -> QueueRuleConfig {
+    pub fn rule_config(&self, slot: DecisionSite, rules_dir: &Path) -> QueueRuleConfig {
         QueueRuleConfig { slot, rule: self.rule.as_ref().map(|file| file.in_dir(rules_dir)), params: self.rule_params.clone() }
     }
 
-    /// The shadow rule beside `slot`, in the slot's shadow slot ([`RuleSlot::shadow`]);
+    /// The shadow rule beside `slot`, in the site's shadow site ([`DecisionSite::shadow`]);
     /// `None` when the queue has no `shadow_rule`.
-    pub fn shadow_rule_config(&self, slot: &RuleSlot, rules_dir: &Path) -> Option<QueueRuleConfig> {
+    pub fn shadow_rule_config(&self, slot: &DecisionSite, rules_dir: &Path) -> Option<QueueRuleConfig> {
         let file = self.shadow_rule.as_ref()?;
         Some(QueueRuleConfig { slot: slot.shadow(), rule: Some(file.in_dir(rules_dir)), params: self.shadow_rule_params.clone() })
     }

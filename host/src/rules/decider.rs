@@ -201,7 +201,7 @@ mod tests {
         let engine = crate::rules::RuleEngine::new(crate::rules::RuleLimits::default(), None).unwrap();
         let set = crate::rules::RuleSet::new(
             engine,
-            [crate::rules::QueueRuleConfig { slot: crate::names::RuleSlot::new("work").unwrap(), rule: None, params: vec![] }],
+            [crate::rules::QueueRuleConfig { slot: crate::names::DecisionSite::new("work").unwrap(), rule: None, params: vec![] }],
         );
         let decider: &dyn Decider = &set.queue("work").unwrap();
         let status = decider.status().expect("a queue's rules have a status");

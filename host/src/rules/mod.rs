@@ -18,7 +18,7 @@
 //!   [`RuleInstance`] and its calls; `fault`: a fault, in words; `hint`: what to do about one;
 //! - `decision`: a [`Decision`], its [`DecisionSource`], the clamp, the built-in rule and
 //!   [`NativeRule`]s;
-//! - `slot`: one queue's [`QueueRules`] and the group sharing its instance (fallback,
+//! - `queue_rules`: one queue's [`QueueRules`] and the group sharing its instance (fallback,
 //!   rebuild, quarantine); `set`: the [`RuleSet`] of every queue, loading and swapping
 //!   rules; `shadow`: a queue's shadow rule, asked beside the live one and never applied
 //!   ([`Shadowed`]); `watcher`: hot reload from the rules folder; `threads`: the set's threads,
@@ -36,10 +36,10 @@ mod hint;
 mod instance;
 mod limits;
 mod memory;
+mod queue_rules;
 mod sandbox;
 mod set;
 mod shadow;
-mod slot;
 mod stderr;
 mod threads;
 mod ticker;
@@ -58,9 +58,9 @@ pub(crate) use hint::HINT_PREFIX;
 pub use hint::hint;
 pub use instance::RuleInstance;
 pub use limits::{RuleLimits, backstop};
+pub use queue_rules::{ConsecutiveFaults, Export, Quarantine, QueueRules, RefusedFile, RuleLoad, RuleState, RuleStatus, RuleSwap};
 pub use set::{QueueRuleConfig, RuleSet};
 pub use shadow::{DecisionKind, Disagreement, SHADOW_CHANNEL_CAPACITY, ShadowCounts, ShadowOutcome, ShadowStatus, Shadowed};
-pub use slot::{ConsecutiveFaults, Export, Quarantine, QueueRules, RefusedFile, RuleLoad, RuleState, RuleStatus, RuleSwap};
 
 pub use watcher::{MAX_DEBOUNCE_DELAY, RuleWatcher};
 

@@ -25,17 +25,17 @@ use super::engine::{CompiledRule, RuleEngine};
 use super::file::read_rule_file;
 use super::lock;
 use super::memory::release_free_memory_after;
-use super::slot::{FAULT_LOG_LINES, FAULT_LOG_WINDOW, FaultRuns, Live, QueueRules, QueueSlot, RefusedFile, RuleGroup, RuleLoad, RuleStatus};
+use super::queue_rules::{FAULT_LOG_LINES, FAULT_LOG_WINDOW, FaultRuns, Live, QueueEntry, QueueRules, RefusedFile, RuleGroup, RuleLoad, RuleStatus};
 use super::threads::RuleThreads;
 use crate::log_limit::LogLimiter;
-use crate::names::RuleSlot;
+use crate::names::DecisionSite;
 use crate::panics::panic_message;
 
-/// Which rule a rule slot uses, from the host configuration.
+/// Which rule a decision site uses, from the host configuration.
 #[derive(Debug, Clone)]
 pub struct QueueRuleConfig {
-    /// The slot: a storage queue, or a queue's KEDA slot.
-    pub slot: RuleSlot,
+    /// The site: a storage queue, or a queue's KEDA site.
+    pub slot: DecisionSite,
     /// The rule file; `None` for the built-in rule.
     pub rule: Option<PathBuf>,
     /// The queue's `rule_params`, passed to the rule's `configure`.
@@ -53,7 +53,7 @@ enum Seen {
 /// The rules of every queue on this host.
 pub struct RuleSet {
     engine: Arc<RuleEngine>,
-    queues: HashMap<RuleSlot, QueueRules>,
+    queues: HashMap<DecisionSite, QueueRules>,
     groups: Vec<Arc<RuleGroup>>,
     seen: Mutex<HashMap<PathBuf, Seen>>,
     file_reads: AtomicU64,
@@ -66,15 +66,15 @@ pub struct RuleSet {
 }
 
 impl RuleSet {
-    /// Slots for these queues, all on the built-in rule until [`RuleSet::load_all`] or a
+    /// Entries for these queues, all on the built-in rule until [`RuleSet::load_all`] or a
     /// file event loads their rule. Queues with the same rule file and the same parameters
     /// share one rule instance.
     pub fn new(engine: Arc<RuleEngine>, queues: impl IntoIterator<Item = QueueRuleConfig>) -> Self {
         let threads = Arc::new(RuleThreads::default());
         let mut groups: Vec<Arc<RuleGroup>> = Vec::new();
         // (rule file, sorted parameters) -> (group index, its queues)
-        // A shadow never shares a group with a live slot: its faults must not quarantine a live rule.
-        type Members = HashMap<(Option<PathBuf>, Vec<(String, String)>, bool), (usize, Vec<RuleSlot>)>;
+        // A shadow never shares a group with a live site: its faults must not quarantine a live rule.
+        type Members = HashMap<(Option<PathBuf>, Vec<(String, String)>, bool), (usize, Vec<DecisionSite>)>;
         let mut members: Members = HashMap::new();
         let mut configs = Vec::new();
         for config in queues {
@@ -106,7 +106,7 @@ impl RuleSet {
         let queues = configs
             .into_iter()
             .map(|(index, config)| {
-                let slot = QueueSlot {
+                let slot = QueueEntry {
                     name: config.slot.clone(),
                     group: groups[index].clone(),
                     decisions: AtomicU64::new(0),
@@ -330,8 +330,8 @@ impl RuleSet {
         self.groups.iter().filter(|g| g.path.as_deref() == Some(path)).collect()
     }
 
-    /// For a log line about `path` that cannot be used: the slots that name it, and what
-    /// they do meanwhile. A shadow's slot says so: its failure changes nothing live, and a
+    /// For a log line about `path` that cannot be used: the sites that name it, and what
+    /// they do meanwhile. A shadow's site says so: its failure changes nothing live, and a
     /// line reading as the live rule's failure would send an operator after the wrong file.
     fn while_unusable(&self, path: &Path) -> (String, String) {
         let users = self.users(path);

@@ -5,7 +5,7 @@
 //! thread asks the shadow, compares, and counts. A full channel drops the decision (counted):
 //! a slow or looping shadow costs the live path one failed send, never a wait. A shadow that
 //! traps, loops, runs out of memory, is removed or cannot load is a fault or a skip in its
-//! counts, and the shadow's own rule slot (fallback, rebuild, quarantine) deals with it as it
+//! counts, and the shadow's own decision site (fallback, rebuild, quarantine) deals with it as it
 //! does for a live rule.
 
 use std::collections::BTreeMap;
@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::decider::Decider;
 use super::decision::{Decision, DecisionSource};
 use super::lock;
-use super::slot::RuleStatus;
+use super::queue_rules::RuleStatus;
 use crate::log_limit::LogLimiter;
 
 /// Decisions waiting for the shadow, per queue, before new ones are dropped.
@@ -77,7 +77,7 @@ pub enum ShadowOutcome {
     /// The shadow decided otherwise.
     Disagree,
     /// The shadow faulted (trap, fuel, deadline, memory, a panic): the built-in rule's
-    /// fallback answered in its slot, and nothing was compared.
+    /// fallback answered in its site, and nothing was compared.
     Fault,
     /// The channel to the shadow was full: the shadow never saw this decision.
     Dropped,
@@ -167,7 +167,7 @@ pub struct ShadowStatus {
     pub decisions: BTreeMap<String, ShadowCounts>,
     /// The largest disagreements so far, largest first (at most `TOP_DISAGREEMENTS`).
     pub top_disagreements: Vec<Disagreement>,
-    /// The shadow rule's own slot: its state, faults, quarantine and last error.
+    /// The shadow rule's own site: its state, faults, quarantine and last error.
     pub rule: Option<RuleStatus>,
 }
 
@@ -442,7 +442,7 @@ impl Worker {
                     return self.book.count(DecisionKind::Concurrency, ShadowOutcome::Skipped);
                 }
                 // A WASM rule's fault here answers "none" like a rule that keeps the bound: its
-                // slot's fault count tells them apart (only this thread asks the shadow's slot).
+                // site's fault count tells them apart (only this thread asks the shadow's site).
                 let faults = || shadow.status().map_or(0, |s| s.faults_total);
                 let before = faults();
                 let answer = match catch_unwind(AssertUnwindSafe(|| shadow.decide_concurrency(&state))) {
@@ -761,7 +761,7 @@ mod tests {
     #[test]
     fn a_shadow_whose_file_is_missing_is_skipped_and_the_live_rule_decides() {
         let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
-        let slot = crate::names::RuleSlot::new("work").unwrap();
+        let slot = crate::names::DecisionSite::new("work").unwrap();
         let missing = std::env::temp_dir().join("ebb-no-such-shadow-rule.wasm");
         let set = RuleSet::new(engine, [QueueRuleConfig { slot: slot.shadow(), rule: Some(missing), params: vec![] }]);
         assert_eq!(set.load_all().len(), 1, "the shadow's file does not exist");
@@ -777,7 +777,7 @@ mod tests {
     #[test]
     fn a_shadow_never_shares_an_instance_with_the_live_rule_of_the_same_file() {
         let engine = RuleEngine::new(RuleLimits::default(), None).unwrap();
-        let slot = crate::names::RuleSlot::new("work").unwrap();
+        let slot = crate::names::DecisionSite::new("work").unwrap();
         let file = std::env::temp_dir().join("ebb-same-rule.wasm");
         let set = RuleSet::new(
             engine,
@@ -795,7 +795,7 @@ mod tests {
         let decider = shadowed(BuiltInRule, BuiltInRule, 16);
         decider.decide_task_count(&state(10));
         assert!(decider.flush(BOUND));
-        // The built-in rule decides with source built-in: the shadow slot had no rule to ask.
+        // The built-in rule decides with source built-in: the shadow site had no rule to ask.
         assert_eq!(decider.shadow_status().decisions["task_count"], ShadowCounts { skipped: 1, ..Default::default() });
     }
 }

@@ -181,7 +181,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl ScalerQueue {
     /// The scaler's view of `config`'s queue: its state from `source`, its decisions from
-    /// `rules` decide (the rule slot [`crate::names::RuleSlot::scaler`] names, or the
+    /// `rules` decide (the decision site [`crate::names::DecisionSite::scaler`] names, or the
     /// built-in rule).
     pub fn new(config: &QueueConfig, source: Source, rules: Arc<dyn Decider>, settings: &ScalerSettings, call_deadline: Duration) -> ScalerQueue {
         ScalerQueue {

@@ -19,7 +19,7 @@ use super::wake::WakePolicy;
 use super::{Counted, Scaler, ScalerQueue, Source};
 use crate::bus::Bus;
 use crate::config::ScalerSettings;
-use crate::names::RuleSlot;
+use crate::names::DecisionSite;
 use crate::rules::{BuiltInRule, Decider};
 use crate::service::{Role, Service};
 
@@ -70,7 +70,7 @@ pub fn start(service: &Service, settings: &ScalerSettings, call_deadline: std::t
                 Source::Counted(partitions)
             }
         };
-        let rules: Arc<dyn Decider> = match service.rules().queue(&RuleSlot::scaler(&queue.config.name)) {
+        let rules: Arc<dyn Decider> = match service.rules().queue(&DecisionSite::scaler(&queue.config.name)) {
             Some(rules) => Arc::new(rules),
             None => Arc::new(BuiltInRule),
         };

@@ -37,7 +37,7 @@ use crate::handler::{Handler, HttpHandler};
 use crate::health::{Health, Readiness, ReadinessPart};
 use crate::listener::{Listener, ListenerStatus, QueueSettings};
 use crate::log_limit::LogLimiter;
-use crate::names::RuleSlot;
+use crate::names::DecisionSite;
 use crate::payload::claims::ClaimRecords;
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::queue::{QueueError, RetryPolicy, SystemClock};
@@ -139,7 +139,7 @@ impl Service {
     pub async fn open(config: &Config, role: Role, handlers: &Handlers) -> Result<Service> {
         check_handlers(config, role, handlers)?;
         let HostParts { health, store, rules_dir, engine } = HostParts::open(config)?;
-        let rules = Arc::new(RuleSet::new(engine, rule_slots(config, role, &rules_dir)));
+        let rules = Arc::new(RuleSet::new(engine, decision_sites(config, role, &rules_dir)));
         rules.load_all_in_background();
         let watcher = rules.watch(&rules_dir, RULE_DEBOUNCE)?;
         let readiness = Readiness::default();
@@ -447,7 +447,8 @@ impl QueueOpening<'_> {
     /// rule is compiling or cannot load (the built-in rule decides meanwhile).
     fn add_readiness_checks(&self, queue: &QueueConfig) {
         self.readiness.set_problem(&queue.name, ReadinessPart::Storage, "storage not reached yet");
-        let slots: Vec<QueueRules> = rule_slot_names(queue, self.role, self.config.scaler.is_some()).iter().filter_map(|slot| self.rules.queue(slot)).collect();
+        let slots: Vec<QueueRules> =
+            decision_site_names(queue, self.role, self.config.scaler.is_some()).iter().filter_map(|slot| self.rules.queue(slot)).collect();
         self.readiness.add_check(&queue.name, ReadinessPart::Rule, move || slots.iter().find_map(rule_problem));
     }
 }
@@ -526,14 +527,14 @@ async fn create_within_bound(stack: &QueueStack) -> Result<(), QueueError> {
     }
 }
 
-/// The rule slots: a worker decides per storage queue (each partition on its own state;
+/// The decision sites: a worker decides per storage queue (each partition on its own state;
 /// queues with the same file and parameters share one instance); with the KEDA scaler on,
 /// one more per logical queue, for the whole queue.
-fn rule_slots(config: &Config, role: Role, rules_dir: &std::path::Path) -> Vec<QueueRuleConfig> {
+fn decision_sites(config: &Config, role: Role, rules_dir: &std::path::Path) -> Vec<QueueRuleConfig> {
     let mut slots = Vec::new();
     for q in &config.queues {
-        for slot in rule_slot_names(q, role, config.scaler.is_some()) {
-            // Only listeners' decisions have a shadow: the scaler's slot has none.
+        for slot in decision_site_names(q, role, config.scaler.is_some()) {
+            // Only listeners' decisions have a shadow: the scaler's site has none.
             if role == Role::Worker && !slot.is_scaler() {
                 slots.extend(q.shadow_rule_config(&slot, rules_dir));
             }
@@ -543,16 +544,16 @@ fn rule_slots(config: &Config, role: Role, rules_dir: &std::path::Path) -> Vec<Q
     slots
 }
 
-/// The rule slots of `queue` on a host of `role` (see [`rule_slots`]).
-fn rule_slot_names(queue: &QueueConfig, role: Role, scaler: bool) -> Vec<RuleSlot> {
-    let mut names: Vec<RuleSlot> = if role == Role::Worker { queue.storage_queues().into_iter().map(RuleSlot::from).collect() } else { Vec::new() };
+/// The decision sites of `queue` on a host of `role` (see [`decision_sites`]).
+fn decision_site_names(queue: &QueueConfig, role: Role, scaler: bool) -> Vec<DecisionSite> {
+    let mut names: Vec<DecisionSite> = if role == Role::Worker { queue.storage_queues().into_iter().map(DecisionSite::from).collect() } else { Vec::new() };
     if scaler {
-        names.push(RuleSlot::scaler(&queue.name));
+        names.push(DecisionSite::scaler(&queue.name));
     }
     names
 }
 
-/// Why a queue's rule slot is not ready, if it is not.
+/// Why a queue's decision site is not ready, if it is not.
 fn rule_problem(rules: &QueueRules) -> Option<String> {
     match rules.load_state() {
         RuleLoad::BuiltIn | RuleLoad::Loaded => None,
@@ -583,7 +584,7 @@ fn worker_listeners(
         let name = partition.client.name().to_string();
         let queue_rules = rules.queue(&name).with_context(|| format!("queue {name} has no rule slot"))?;
         let live: Arc<dyn Decider> = Arc::new(queue_rules);
-        let decider: Arc<dyn Decider> = match rules.queue(&RuleSlot::new(&name)?.shadow()) {
+        let decider: Arc<dyn Decider> = match rules.queue(&DecisionSite::new(&name)?.shadow()) {
             Some(shadow) => Arc::new(Shadowed::new(&name, live, Arc::new(shadow), SHADOW_CHANNEL_CAPACITY)?),
             None => live,
         };

@@ -31,7 +31,7 @@ use serde::Serialize;
 use crate::cost::PAPER_PRICE_PER_10K;
 use crate::handler::{Handler, IncomingMessage};
 use crate::listener::Listener;
-use crate::names::{QueueName, RuleSlot};
+use crate::names::{DecisionSite, QueueName};
 use crate::queue::memory::MemoryQueue;
 use crate::queue::{QueueClient, RetryPolicy, TokioClock, TransactionCounts};
 use crate::rules::{QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
@@ -331,7 +331,7 @@ fn run_rule(rule: &RuleChoice, engine: Option<&Arc<RuleEngine>>, options: &SimOp
     let rule_set = match (rule.wasm(), engine) {
         (Some(file), Some(engine)) => {
             let path = file.path.canonicalize().with_context(|| format!("--rule: cannot open {}", file.path.display()))?;
-            let set = RuleSet::new(engine.clone(), [QueueRuleConfig { slot: RuleSlot::new(QUEUE)?, rule: Some(path), params: file.params.clone() }]);
+            let set = RuleSet::new(engine.clone(), [QueueRuleConfig { slot: DecisionSite::new(QUEUE)?, rule: Some(path), params: file.params.clone() }]);
             if let Some(error) = set.load_all().into_iter().next() {
                 return Err(error.context("--rule"));
             }

@@ -16,7 +16,7 @@ use super::items::{ItemResult, Unpacked};
 use super::lease::{Lease, Outcome};
 use super::replies::ReplyNotPut;
 use crate::listener::Shared;
-use crate::listener::pool::{Slot, SlotGrant};
+use crate::listener::pool::{CallPermit, PermitGrant};
 use crate::listener::telemetry::CallEnd;
 
 /// How a handler call ended, for the concurrency decision.
@@ -41,7 +41,7 @@ impl Shared {
     /// out at the latest, counted from when the get was sent.
     /// Each message takes one of the `grant`'s handler slots; those left over (a short get)
     /// are given back at once.
-    pub(in crate::listener) async fn process_batch(self: &Arc<Self>, messages: Vec<Message>, mut grant: SlotGrant<'_>, leased_until: Instant) {
+    pub(in crate::listener) async fn process_batch(self: &Arc<Self>, messages: Vec<Message>, mut grant: PermitGrant<'_>, leased_until: Instant) {
         let processing: Vec<_> = messages.into_iter().map(|message| self.process(message, grant.take_one(), leased_until)).collect();
         drop(grant);
         futures::future::join_all(processing).await;
@@ -49,7 +49,7 @@ impl Shared {
 
     /// `slot` is the message's handler slot, given back as soon as the handler call ends
     /// (the delete that follows is storage's work, not the app's).
-    async fn process(self: &Arc<Self>, message: Message, slot: Option<Slot<'_>>, leased_until: Instant) {
+    async fn process(self: &Arc<Self>, message: Message, slot: Option<CallPermit<'_>>, leased_until: Instant) {
         let ahead = slot.is_none().then(|| self.pool.fetched_ahead());
         // Released when processing ends, however it ends (a panic, a drop at shutdown).
         let Some(_claim) = self.telemetry.counters.claim(&message.id) else {

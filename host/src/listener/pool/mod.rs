@@ -3,9 +3,9 @@
 //! `concurrency`), and the messages fetched ahead of the free slots.
 
 mod concurrency;
+mod permits;
 mod pickup;
 mod scaling;
-mod slots;
 mod tasks;
 
 use std::sync::Mutex;
@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 
 pub use concurrency::CONCURRENCY_WINDOW;
 pub(in crate::listener) use concurrency::FetchedAhead;
-pub(in crate::listener) use slots::{Slot, SlotGrant};
+pub(in crate::listener) use permits::{CallPermit, PermitGrant};
 
 /// What the dequeue tasks share among themselves (the handler slots with delivery, which
 /// hands each message its slot).
@@ -25,7 +25,7 @@ pub(in crate::listener) struct Pool {
     /// Notifications waiting for a get, and the tasks that will make it.
     pickup: Mutex<pickup::Pickup>,
     /// Handler slots: how many handler calls run at once.
-    pub(in crate::listener) slots: slots::Slots,
+    pub(in crate::listener) slots: permits::CallPermits,
     /// Raised when slots are taken, so the idle concurrency decision starts its windows.
     calls_started: Notify,
     /// The recent mean handler latency, in µs (0 before the first call): how far tasks
@@ -48,7 +48,7 @@ impl Pool {
         Pool {
             wake: Notify::new(),
             pickup: Mutex::default(),
-            slots: slots::Slots::new(max_concurrent_calls),
+            slots: permits::CallPermits::new(max_concurrent_calls),
             calls_started: Notify::new(),
             latency_micros: AtomicU64::new(0),
             fetched_ahead: AtomicU32::new(0),

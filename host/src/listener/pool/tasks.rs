@@ -14,25 +14,25 @@ use tracing::Instrument as _;
 use crate::panics::panic_message;
 use crate::queue::{Message, QueueError, RetryPolicy};
 
+use super::permits::PermitGrant;
 use super::pickup::{AfterDrained, TaskMark};
-use super::slots::SlotGrant;
 use crate::listener::Shared;
 use crate::listener::telemetry::Counters;
 
-/// A dequeue task's slot in `active_tasks`, given back when the task ends however it
+/// A dequeue task's place in `active_tasks`, given back when the task ends however it
 /// ends (a panic included), unless the task gave it back itself when it retired.
-struct TaskSlot<'a> {
+struct ActiveTaskGuard<'a> {
     counters: &'a Counters,
     held: bool,
 }
 
-impl TaskSlot<'_> {
+impl ActiveTaskGuard<'_> {
     fn given_back(mut self) {
         self.held = false;
     }
 }
 
-impl Drop for TaskSlot<'_> {
+impl Drop for ActiveTaskGuard<'_> {
     fn drop(&mut self) {
         if self.held {
             self.counters.active_tasks.fetch_sub(1, Ordering::AcqRel);
@@ -139,7 +139,7 @@ impl Shared {
     }
 
     async fn run_task(self: Arc<Self>, probe: bool) {
-        let slot = TaskSlot { counters: &self.telemetry.counters, held: true };
+        let slot = ActiveTaskGuard { counters: &self.telemetry.counters, held: true };
         // This task's place among the getting and resting tasks (see `pickup`).
         let mut mark = TaskMark::new(&self);
         let mut task = TaskLoop { probe, idle_count: 0, consecutive_errors: 0, last_get_full: false };
@@ -220,7 +220,7 @@ impl Shared {
         task: &mut TaskLoop,
         mark: &mut TaskMark<'_>,
         messages: Vec<Message>,
-        grant: SlotGrant<'_>,
+        grant: PermitGrant<'_>,
         asked: u32,
         leased_until: tokio::time::Instant,
     ) -> Step {

@@ -18,7 +18,7 @@ use super::lock;
 use super::stderr::OutputLogger;
 use super::threads::RuleThreads;
 use crate::log_limit::LogLimiter;
-use crate::names::RuleSlot;
+use crate::names::DecisionSite;
 use crate::panics::panic_message;
 
 /// A queue's rule, as `/status` reports it (`rule` of each queue). A [`super::Decider`] of
@@ -267,9 +267,9 @@ pub(super) struct Live {
     pub(super) instance: RuleInstance,
 }
 
-/// Held during a decision call.
+/// The instance a rule group's queues share, and its output logger: held during a decision call.
 #[derive(Default)]
-pub(super) struct InstanceSlot {
+pub(super) struct SharedInstance {
     pub(super) live: Option<Live>,
     pub(super) output_logger: OutputLogger,
 }
@@ -358,8 +358,8 @@ pub(super) struct RuleGroup {
     pub(super) engine: Arc<RuleEngine>,
     pub(super) path: Option<PathBuf>,
     pub(super) params: Vec<(String, String)>,
-    pub(super) queues: Vec<RuleSlot>,
-    pub(super) slot: Mutex<InstanceSlot>,
+    pub(super) queues: Vec<DecisionSite>,
+    pub(super) slot: Mutex<SharedInstance>,
     pub(super) status: Mutex<GroupStatus>,
     /// Notified whenever `status.rebuilding` ends (a rebuild done or failed, a swap): what a
     /// failure decision waits on ([`RuleGroup::wait_for_rebuild`]).
@@ -379,8 +379,9 @@ pub(super) const FAULT_LOG_LINES: u32 = 10;
 /// See [`FAULT_LOG_LINES`].
 pub(super) const FAULT_LOG_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
 
-pub(super) struct QueueSlot {
-    pub(super) name: RuleSlot,
+/// One queue's entry in the rule set: where it decides, its group, and its counters.
+pub(super) struct QueueEntry {
+    pub(super) name: DecisionSite,
     pub(super) group: Arc<RuleGroup>,
     pub(super) decisions: AtomicU64,
     /// Faults since start, whatever the file.
@@ -397,10 +398,10 @@ pub(super) struct QueueSlot {
 /// shares the instance is deciding): from async code, call them through `spawn_blocking`.
 #[derive(Clone)]
 pub struct QueueRules {
-    pub(super) slot: Arc<QueueSlot>,
+    pub(super) slot: Arc<QueueEntry>,
 }
 
-impl QueueSlot {
+impl QueueEntry {
     /// Counts a fault of the rule version of `generation`.
     fn count_fault(&self, generation: u64) {
         self.faults_total.fetch_add(1, Ordering::Relaxed);
@@ -419,7 +420,7 @@ impl QueueSlot {
 }
 
 impl QueueRules {
-    /// The name of its slot (a storage queue, or a queue's KEDA slot).
+    /// The name of its site (a storage queue, or a queue's KEDA site).
     pub fn queue_name(&self) -> &str {
         &self.slot.name
     }
@@ -592,9 +593,9 @@ pub(super) enum Called<T> {
 }
 
 impl RuleGroup {
-    /// Whether its slots are shadow rules' (a group never mixes shadow and live slots).
+    /// Whether its sites are shadow rules' (a group never mixes shadow and live sites).
     pub(super) fn is_shadow(&self) -> bool {
-        self.queues.first().is_some_and(RuleSlot::is_shadow)
+        self.queues.first().is_some_and(DecisionSite::is_shadow)
     }
 
     /// What its rule is, in a log line: a shadow's answers are only compared, never applied.
@@ -610,7 +611,7 @@ impl RuleGroup {
         }
     }
 
-    fn call<T>(self: &Arc<Self>, queue: &QueueSlot, export: Export, call: impl FnOnce(&mut RuleInstance) -> Result<T>) -> Called<T> {
+    fn call<T>(self: &Arc<Self>, queue: &QueueEntry, export: Export, call: impl FnOnce(&mut RuleInstance) -> Result<T>) -> Called<T> {
         let mut guard = lock(&self.slot);
         let slot = &mut *guard;
         let Some(live) = slot.live.as_mut() else { return Called::NoInstance };
@@ -639,7 +640,7 @@ impl RuleGroup {
     /// Counts a fault of a call; quarantines the rule when the run of faults of that export
     /// reaches the limit (saying so once), otherwise starts rebuilding its instance off the
     /// decision path.
-    fn fault(self: &Arc<Self>, queue: &QueueSlot, site: FaultSite, rule: &str, reason: String) {
+    fn fault(self: &Arc<Self>, queue: &QueueEntry, site: FaultSite, rule: &str, reason: String) {
         // The paper has no concurrency decision: that call keeps the configured bound instead.
         let instead = match site {
             _ if self.is_shadow() => "this decision is not compared; the live rule is not affected",

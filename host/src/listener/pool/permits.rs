@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use tokio::sync::Notify;
 
-/// The slots of one queue.
-pub(in crate::listener) struct Slots {
-    state: Mutex<SlotState>,
+/// The handler-call permits of one queue (its handler slots): at most `limit` calls at once.
+pub(in crate::listener) struct CallPermits {
+    state: Mutex<PermitCounts>,
     /// Raised when slots are given back or the limit grows.
     freed: Notify,
     /// Tasks waiting for slots now.
@@ -23,10 +23,10 @@ pub(in crate::listener) struct Slots {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct SlotState {
+struct PermitCounts {
     limit: u32,
     in_use: u32,
-    /// Most slots in use at once since the last [`Slots::take_peak`].
+    /// Most slots in use at once since the last [`CallPermits::take_peak`].
     peak: u32,
     /// The fewest free slots a waiting task asked for (0: nobody waits). Giving a slot back
     /// wakes the waiters only once this many are free: waking every waiting task at every
@@ -34,31 +34,31 @@ struct SlotState {
     need: u32,
 }
 
-/// Slots taken by one task for its next get; those not handed to a message are given back
+/// Permits taken by one task for its next get; those not handed to a message are given back
 /// when the grant is dropped.
-pub(in crate::listener) struct SlotGrant<'a> {
-    slots: &'a Slots,
+pub(in crate::listener) struct PermitGrant<'a> {
+    slots: &'a CallPermits,
     count: u32,
 }
 
-/// One message's slot, given back when dropped.
-pub(in crate::listener) struct Slot<'a> {
-    slots: &'a Slots,
+/// One message's permit to call its handler (its handler slot), given back when dropped.
+pub(in crate::listener) struct CallPermit<'a> {
+    slots: &'a CallPermits,
 }
 
-impl Slots {
-    pub(in crate::listener) fn new(limit: u32) -> Slots {
+impl CallPermits {
+    pub(in crate::listener) fn new(limit: u32) -> CallPermits {
         let limit = limit.max(1);
-        Slots { state: Mutex::new(SlotState { limit, in_use: 0, peak: 0, need: 0 }), freed: Notify::new(), waiting: AtomicU32::new(0) }
+        CallPermits { state: Mutex::new(PermitCounts { limit, in_use: 0, peak: 0, need: 0 }), freed: Notify::new(), waiting: AtomicU32::new(0) }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, SlotState> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PermitCounts> {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Waits until enough slots are free for a worthwhile get (half the limit, at most
     /// `batch`, at least one), then takes as many as are free, up to `batch`.
-    pub(in crate::listener) async fn acquire(&self, batch: u32) -> SlotGrant<'_> {
+    pub(in crate::listener) async fn acquire(&self, batch: u32) -> PermitGrant<'_> {
         let batch = batch.max(1);
         let mut waiting = None;
         loop {
@@ -73,7 +73,7 @@ impl Slots {
                     let count = free.min(batch);
                     state.in_use += count;
                     state.peak = state.peak.max(state.in_use);
-                    return SlotGrant { slots: self, count };
+                    return PermitGrant { slots: self, count };
                 }
                 state.need = if state.need == 0 { enough } else { state.need.min(enough) };
             }
@@ -142,28 +142,28 @@ impl Slots {
     }
 }
 
-impl<'a> SlotGrant<'a> {
-    /// Slots held.
+impl<'a> PermitGrant<'a> {
+    /// Permits held.
     pub(in crate::listener) fn count(&self) -> u32 {
         self.count
     }
 
     /// Hands one slot to a message.
-    pub(in crate::listener) fn take_one(&mut self) -> Option<Slot<'a>> {
+    pub(in crate::listener) fn take_one(&mut self) -> Option<CallPermit<'a>> {
         (self.count > 0).then(|| {
             self.count -= 1;
-            Slot { slots: self.slots }
+            CallPermit { slots: self.slots }
         })
     }
 }
 
-impl Drop for SlotGrant<'_> {
+impl Drop for PermitGrant<'_> {
     fn drop(&mut self) {
         self.slots.give_back(self.count);
     }
 }
 
-impl Drop for Slot<'_> {
+impl Drop for CallPermit<'_> {
     fn drop(&mut self) {
         self.slots.give_back(1);
     }
@@ -193,7 +193,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_task_takes_at_most_a_batch_and_waits_until_half_the_limit_is_free() {
-        let slots = Slots::new(8);
+        let slots = CallPermits::new(8);
         let mut first = slots.acquire(32).await;
         assert_eq!(first.count(), 8, "all eight are free: a get of eight");
         let held: Vec<_> = (0..5).map(|_| first.take_one().unwrap()).collect();
@@ -214,7 +214,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn every_slot_comes_back_whatever_ends_the_call() {
-        let slots = std::sync::Arc::new(Slots::new(2));
+        let slots = std::sync::Arc::new(CallPermits::new(2));
         let panicking = {
             let slots = slots.clone();
             tokio::spawn(async move {
@@ -243,7 +243,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_lower_limit_lets_running_calls_finish_and_a_higher_one_wakes_waiters() {
-        let slots = std::sync::Arc::new(Slots::new(4));
+        let slots = std::sync::Arc::new(CallPermits::new(4));
         let mut grant = slots.acquire(4).await;
         let held: Vec<_> = (0..4).map(|_| grant.take_one().unwrap()).collect();
         drop(grant);
@@ -265,7 +265,7 @@ mod tests {
     /// must look again rather than wait for slots that can never be free.
     #[tokio::test(start_paused = true)]
     async fn a_waiter_looks_again_when_the_limit_drops_under_its_need() {
-        let slots = std::sync::Arc::new(Slots::new(32));
+        let slots = std::sync::Arc::new(CallPermits::new(32));
         let mut grant = slots.acquire(32).await;
         let mut held: Vec<_> = (0..32).map(|_| grant.take_one().unwrap()).collect();
         drop(grant);

@@ -21,7 +21,7 @@ fn state(depth: u64) -> QueueState {
 #[test]
 fn a_host_panic_while_calling_a_rule_is_a_fault_not_a_crash() -> Result<()> {
     let engine = RuleEngine::new(RuleLimits::default(), None)?;
-    let rules = RuleSet::new(engine, [QueueRuleConfig { slot: RuleSlot::new("orders")?, rule: Some(paper_rule()), params: vec![] }]);
+    let rules = RuleSet::new(engine, [QueueRuleConfig { slot: DecisionSite::new("orders")?, rule: Some(paper_rule()), params: vec![] }]);
     let errors = rules.load_all();
     assert!(errors.is_empty(), "the paper's rule loads: {errors:?}");
     let handle = rules.queue("orders").expect("configured");

@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 /// Environment variable that sets the log format (`human` or `json`); it wins over
 /// `[log] format`, as the other variables win over their keys (`EBB_API_TOKEN`).
-pub const LOG_FORMAT_ENV: &str = "EBB_LOG_FORMAT";
+pub(crate) const LOG_FORMAT_ENV: &str = "EBB_LOG_FORMAT";
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,7 +76,7 @@ pub struct LogFile {
 
 /// The `[log] format` of config text, read before the log starts; `None` when the text does
 /// not say, or says it wrongly (the full parse reports that, through the log this starts).
-pub fn log_format_in(text: &str) -> Option<LogFormat> {
+pub(crate) fn log_format_in(text: &str) -> Option<LogFormat> {
     let table: toml::Table = toml::from_str(text).ok()?;
     let log: LogFile = table.get("log")?.clone().try_into().ok()?;
     Some(log.format)

@@ -42,7 +42,8 @@ pub use bus::BusConfig;
 pub use checks::{MAX_CONCURRENT_CALLS, MAX_PACK_LINGER, MAX_QUEUE_NAME_LEN};
 pub(crate) use checks::{MAX_INTERVAL, MAX_PRICE_PER_10K, MAX_SAFETY_POLL, MAX_TASKS};
 use file::ConfigFile;
-pub use log::{LOG_FORMAT_ENV, LogFormat, log_format_in};
+pub use log::LogFormat;
+pub(crate) use log::{LOG_FORMAT_ENV, log_format_in};
 pub use settings::{ApiLimits, ApiRole, ApiToken, ScalerSettings};
 
 pub(crate) use validate::DEFAULT_TOKEN_NAME;

@@ -55,17 +55,17 @@ pub const MAX_GET: u32 = 10;
 pub const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
 
 /// SQS's limit on a send's delay: 15 minutes.
-pub const MAX_DELAY: Duration = Duration::from_secs(15 * 60);
+pub(crate) const MAX_DELAY: Duration = Duration::from_secs(15 * 60);
 
 /// SQS's largest message (and the default MaximumMessageSize of a queue created since
 /// 2025): 1 MiB. The limit until the queue's own is read.
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
 /// SQS bills a payload by the chunk: each 64 KiB is one request.
-pub const BILLED_CHUNK_BYTES: usize = 64 * 1024;
+pub(crate) const BILLED_CHUNK_BYTES: usize = 64 * 1024;
 
 /// How long one call may take before it counts as a transient failure.
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Options of an SQS queue.
 #[derive(Debug, Clone, Default)]

@@ -723,8 +723,10 @@ async fn a_store_of_an_older_format_is_migrated_at_open_keeping_every_message() 
 
         let mut got: Vec<_> = got.into_iter().map(|m| (m.id.to_string(), m.body.to_vec(), m.dequeue_count, m.inserted_at, m.defect)).collect();
         got.sort();
-        let expected: Vec<_> =
-            messages().into_iter().map(|m| (m.seq.to_string(), m.body, m.dequeue_count + 1, ebb::queue::clock::system_time(m.inserted_at_ms), None)).collect();
+        let expected: Vec<_> = messages()
+            .into_iter()
+            .map(|m| (m.seq.to_string(), m.body, m.dequeue_count + 1, std::time::UNIX_EPOCH + Duration::from_millis(m.inserted_at_ms), None))
+            .collect();
         assert!(
             got == expected,
             "format {format}: every message, as it was put, its dequeue count kept; got {:?}",

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use ebb::handler::{Handler, IncomingMessage};
 use ebb::listener::{Listener, QueueSettings};
 use ebb::names::DecisionSite;
-use ebb::queue::sqs::{MAX_GET, SqsOptions, SqsQueue};
+use ebb::queue::sqs::{SqsOptions, SqsQueue};
 use ebb::queue::{FailureClass, QueueClient, RetryPolicy, Retrying};
 use ebb::rules::{QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
 use ebb_tests::azurite::unique_queue_name;
@@ -74,7 +74,7 @@ async fn deliver_all_through(moto: &Moto, proxy: &FaultProxy, policy: RetryPolic
     let engine = RuleEngine::new(RuleLimits::default(), None)?;
     let rules = RuleSet::new(engine, [QueueRuleConfig { slot: DecisionSite::new(&name)?, rule: None, params: vec![] }]);
     let settings = QueueSettings {
-        batch_size: MAX_GET,
+        batch_size: 10, // SQS's most per receive
         min_tasks: 4,
         max_tasks: 8,
         lease_duration: Duration::from_secs(3),

@@ -46,6 +46,6 @@ impl Clock for TokioClock {
 }
 
 /// Converts queue milliseconds back into a `SystemTime`.
-pub fn system_time(ms: u64) -> SystemTime {
+pub(crate) fn system_time(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }

@@ -147,7 +147,7 @@ impl Scenario {
 }
 
 /// A duration for a message: whole days as days (humantime would say months).
-pub use crate::durations::show as show_duration;
+pub(crate) use crate::durations::show as show_duration;
 
 /// A Poisson process of `per_sec` messages a second from `from` to `to`.
 fn poisson(rng: &mut fastrand::Rng, from: Duration, to: Duration, per_sec: f64, out: &mut Vec<Arrival>) {

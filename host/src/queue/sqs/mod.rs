@@ -44,22 +44,23 @@ use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, Queu
 use tokio::sync::OnceCell;
 
 pub use account::{AwsCredentials, AwsSettings, SqsAccount};
-pub use encoding::{ENCODING_ATTRIBUTE, Encoding};
+pub(crate) use encoding::ENCODING_ATTRIBUTE;
+pub use encoding::Encoding;
 
 use super::{FailureClass, MAX_BATCH, Message, MessageId, PopReceipt, QueueClient, QueueError, classified};
 
 /// SQS's limit on a receive: at most 10 messages.
-pub const MAX_GET: u32 = 10;
+pub(crate) const MAX_GET: u32 = 10;
 
 /// SQS's limit on a visibility timeout: 12 hours.
-pub const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
+pub(crate) const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
 
 /// SQS's limit on a send's delay: 15 minutes.
 pub(crate) const MAX_DELAY: Duration = Duration::from_secs(15 * 60);
 
 /// SQS's largest message (and the default MaximumMessageSize of a queue created since
 /// 2025): 1 MiB. The limit until the queue's own is read.
-pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
 /// SQS bills a payload by the chunk: each 64 KiB is one request.
 pub(crate) const BILLED_CHUNK_BYTES: usize = 64 * 1024;

@@ -88,38 +88,12 @@ impl Azurite {
     /// Starts `tool` (an Azurite service) with `listen` (its host flag, its value, its port
     /// flag) and `port`, in memory.
     fn launch(tool: &str, listen: &[&str; 3], port: u16, extra: &[&str], certificate: Option<std::path::PathBuf>) -> Azurite {
-        // Its output goes to a file (a pipe nobody reads could fill and stall it).
-        let log = tempfile::tempfile().expect("a temporary file for Azurite's output");
-        // `sh` starts Azurite in the background and waits on its stdin; when this process
-        // closes the pipe (on drop, or by exiting, even killed), it stops Azurite.
-        let guard = r#""$@" & azurite=$!; read _; kill $azurite 2>/dev/null; wait $azurite"#;
-        let mut child = Command::new("sh")
-            .args(["-c", guard, "azurite-guard", tool])
-            .args(listen)
-            .args([&port.to_string(), "--inMemoryPersistence", "--disableTelemetry", "--silent"])
-            .args(extra)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(log.try_clone().expect("a second handle on the log file"))
-            .spawn()
-            .unwrap_or_else(|e| panic!("failed to start {tool} under sh: {e}"));
-        let guard = child.stdin.take();
-        let address = SocketAddr::from(([127, 0, 0, 1], port));
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_ok() {
-                return Azurite { port, child, guard, certificate };
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                let mut stderr = String::new();
-                let mut log = log;
-                let _ = log.rewind();
-                let _ = log.read_to_string(&mut stderr);
-                panic!("Azurite ({tool}) exited ({status}) before answering on port {port}; it needs Node.js 20+ on PATH. Its output:\n{stderr}");
-            }
-            assert!(Instant::now() < deadline, "Azurite did not answer on port {port} within {START_TIMEOUT:?}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let mut args = vec![tool.to_string()];
+        args.extend(listen.iter().map(|s| s.to_string()));
+        args.extend([port.to_string(), "--inMemoryPersistence".into(), "--disableTelemetry".into(), "--silent".into()]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let (child, guard) = start_guarded("Azurite", &args, port, START_TIMEOUT, "it needs Node.js 20+ on PATH");
+        Azurite { port, child, guard, certificate }
     }
 
     /// One Azurite for the whole test process, started on first use. Give each test its
@@ -191,4 +165,38 @@ pub fn unique_queue_name(stem: &str) -> String {
     let clean = clean.trim_end_matches('-');
     let clean = if clean.is_empty() { "q" } else { clean };
     format!("{clean}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Starts `args` (a program and its arguments) as `name`, listening on `port`, and waits
+/// until it answers there. It runs under `sh`, which stops it when our end of its stdin
+/// (the returned guard) closes: on drop, or when this process exits, even killed. Panics,
+/// saying why and `hint`, if it exits or does not answer within `timeout`.
+pub(crate) fn start_guarded(name: &str, args: &[String], port: u16, timeout: Duration, hint: &str) -> (Child, Option<ChildStdin>) {
+    // Its output goes to a file (a pipe nobody reads could fill and stall it).
+    let mut log = tempfile::tempfile().unwrap_or_else(|e| panic!("a temporary file for {name}'s output: {e}"));
+    let guard = r#""$@" & server=$!; read _; kill $server 2>/dev/null; wait $server"#;
+    let mut child = Command::new("sh")
+        .args(["-c", guard, "guard"])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(log.try_clone().expect("a second handle on the log file"))
+        .spawn()
+        .unwrap_or_else(|e| panic!("failed to start {name} under sh: {e}"));
+    let guard = child.stdin.take();
+    let address = SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = Instant::now() + timeout;
+    loop {
+        if TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_ok() {
+            return (child, guard);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let mut output = String::new();
+            let _ = log.rewind();
+            let _ = log.read_to_string(&mut output);
+            panic!("{name} exited ({status}) before answering on port {port}; {hint}. Its output:\n{output}");
+        }
+        assert!(Instant::now() < deadline, "{name} did not answer on port {port} within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -3,15 +3,13 @@
 //!
 //! Without Python 3 and its `venv` the build fails (the tests never skip), saying what is missing.
 
-use std::io::{Read, Seek};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Command};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use ebb::queue::sqs::{AwsCredentials, AwsSettings, SqsAccount};
 
-use crate::azurite::free_port;
+use crate::azurite::{free_port, start_guarded};
 
 include!(concat!(env!("OUT_DIR"), "/moto.rs"));
 
@@ -33,35 +31,9 @@ impl Moto {
     /// Starts moto on a free port and waits until it answers. Panics, saying why, if it cannot.
     pub fn start() -> Moto {
         let port = free_port();
-        // Its output goes to a file (a pipe nobody reads could fill and stall it).
-        let log = tempfile::tempfile().expect("a temporary file for moto's output");
-        // `sh` starts moto in the background and waits on its stdin; when this process
-        // closes the pipe (on drop, or by exiting, even killed), it stops moto.
-        let guard = r#""$@" & moto=$!; read _; kill $moto 2>/dev/null; wait $moto"#;
-        let mut child = Command::new("sh")
-            .args(["-c", guard, "moto-guard", MOTO_PYTHON, "-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(log.try_clone().expect("a second handle on the log file"))
-            .spawn()
-            .unwrap_or_else(|e| panic!("failed to start moto under sh: {e}"));
-        let guard = child.stdin.take();
-        let address = SocketAddr::from(([127, 0, 0, 1], port));
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_ok() {
-                return Moto { port, child, guard };
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                let mut output = String::new();
-                let mut log = log;
-                let _ = log.rewind();
-                let _ = log.read_to_string(&mut output);
-                panic!("moto exited ({status}) before answering on port {port}. Its output:\n{output}");
-            }
-            assert!(Instant::now() < deadline, "moto did not answer on port {port} within {START_TIMEOUT:?}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let args = [MOTO_PYTHON, "-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()].map(String::from);
+        let (child, guard) = start_guarded("moto", &args, port, START_TIMEOUT, "is its venv installed (tests/build.rs)?");
+        Moto { port, child, guard }
     }
 
     /// One moto for the whole test process, started on first use. Give each test its own

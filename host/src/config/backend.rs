@@ -210,6 +210,15 @@ impl SqsFile {
         let (own, host) = (own.cloned().unwrap_or_default(), host.cloned().unwrap_or_default());
         // Each key from the queue's table, else from [aws]; errors name where it came from.
         let (region, endpoint) = (own.region.clone().or(host.region.clone()), own.endpoint.clone().or(host.endpoint.clone()));
+        if region.as_deref().is_some_and(|region| region.trim().is_empty()) {
+            let table = if own.region.is_some() { "sqs" } else { "[aws]" };
+            bail!("{table}.region: empty; give a region such as \"eu-west-1\", or leave it out for the SDK's (AWS_REGION)");
+        }
+        if let Some(url) = &own.queue_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            bail!("sqs.queue_url: {url:?} is not an http:// or https:// URL");
+        }
         if let Some(endpoint) = &endpoint
             && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
         {

@@ -357,6 +357,17 @@ impl<Q: QueueClient> QueueClient for Metered<Q> {
         self.count_as(CallKind::Get, idle, result)
     }
 
+    fn server_wait(&self, idle: Duration) -> Duration {
+        self.inner.server_wait(idle)
+    }
+
+    /// One request however long it waits: an empty long poll is billed as one empty receive.
+    async fn get_waiting(&self, max: u32, visibility: Duration, wait: Duration) -> Result<Vec<Message>, QueueError> {
+        let result = self.inner.get_waiting(max, visibility, wait).await;
+        let idle = !matches!(&result, Ok(messages) if !messages.is_empty());
+        self.count_as(CallKind::Get, idle, result)
+    }
+
     async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError> {
         let result = self.inner.delete(id, pop_receipt).await;
         self.count(CallKind::Delete, result)

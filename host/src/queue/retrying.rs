@@ -295,6 +295,14 @@ impl<Q: QueueClient> QueueClient for Retrying<Q> {
         self.run(CallKind::Get, |q| q.get(max, visibility)).await.0
     }
 
+    fn server_wait(&self, idle: Duration) -> Duration {
+        self.inner.server_wait(idle)
+    }
+
+    async fn get_waiting(&self, max: u32, visibility: Duration, wait: Duration) -> Result<Vec<Message>, QueueError> {
+        self.run(CallKind::Get, |q| q.get_waiting(max, visibility, wait)).await.0
+    }
+
     async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError> {
         match self.run(CallKind::Delete, |q| q.delete(id, pop_receipt)).await {
             (Err(QueueError::StaleReceipt { .. }), Attempts { maybe_done: true }) => {

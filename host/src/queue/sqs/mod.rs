@@ -19,9 +19,11 @@
 //!   [`QueueError::Transient`] errors (throttling, 5xx, timeouts, lost connections).
 //!   `AccessDenied` names the IAM action the call needs; a queue that does not exist is
 //!   [`FailureClass::Missing`] (the retry decorator creates it again).
-//! - Polling is short (`WaitTimeSeconds` 0): on AWS a short poll samples some of the
-//!   queue's servers, so a get may return fewer messages than the queue holds, or none; the
-//!   message comes with a later get. Long polling is issue 37's next step.
+//! - Long polling: [`QueueClient::server_wait`] offers up to [`MAX_WAIT`] (20 s) of an idle
+//!   delay, so the listener's get after an idle sleep waits in `WaitTimeSeconds` and answers
+//!   as soon as a message comes. Other gets are short polls (`WaitTimeSeconds` 0): on AWS a
+//!   short poll samples some of the queue's servers, so it may return fewer messages than the
+//!   queue holds, or none; the message comes with a later get.
 //! - Metering: [`Metered`](super::Metered) counts one request per call, which is SQS's bill
 //!   for a receive (one request however many messages it returns), a delete, an update and a
 //!   count, and a send as [`BILLED_CHUNK_BYTES`] chunks of its payload as sent
@@ -63,6 +65,13 @@ pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
 /// SQS bills a payload by the chunk: each 64 KiB is one request.
 pub const BILLED_CHUNK_BYTES: usize = 64 * 1024;
+
+/// SQS's longest wait of a receive for a first message (long polling): 20 seconds.
+pub const MAX_WAIT: Duration = Duration::from_secs(20);
+
+/// What a long poll leaves of the request timeout for sending the call and reading its
+/// answer: a wait never runs into the timeout.
+const WAIT_MARGIN: Duration = Duration::from_secs(5);
 
 /// How long one call may take before it counts as a transient failure.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -366,25 +375,41 @@ impl QueueClient for SqsQueue {
     }
 
     async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
+        self.get_waiting(max, visibility, Duration::ZERO).await
+    }
+
+    /// Whole seconds of `idle`, at most [`MAX_WAIT`] and short enough of the request
+    /// timeout that the answer fits in it.
+    fn server_wait(&self, idle: Duration) -> Duration {
+        let most = MAX_WAIT.min(self.account.settings().request_timeout.saturating_sub(WAIT_MARGIN));
+        Duration::from_secs(idle.min(most).as_secs())
+    }
+
+    /// A `ReceiveMessage` with `WaitTimeSeconds`: SQS answers as soon as a message is
+    /// there, or empty after `wait`.
+    async fn get_waiting(&self, max: u32, visibility: Duration, wait: Duration) -> Result<Vec<Message>, QueueError> {
         if max == 0 || max > MAX_BATCH {
             return Err(QueueError::BadBatchSize(max));
         }
         let url = self.url().await?;
         let client = self.client(Call::Get).await?;
         let seconds = seconds_up(visibility, MAX_VISIBILITY).max(1);
-        // The lease ends `seconds` after SQS received the call: counted from before it, the
-        // host's figure errs early.
+        // The lease ends `seconds` after SQS took the message from the queue: after the
+        // call was sent, and, when it waited, up to `wait` later. Counted from before the
+        // call, the host's figure errs early; a long poll's, from its answer
+        // ([`super::lease_offset`]).
         let asked_at = SystemTime::now();
         let receive = client
             .receive_message()
             .queue_url(url)
             .max_number_of_messages(max.min(MAX_GET) as i32)
             .visibility_timeout(seconds)
-            .wait_time_seconds(0)
+            .wait_time_seconds(wait.min(MAX_WAIT).as_secs() as i32)
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
             .message_attribute_names(ENCODING_ATTRIBUTE);
         let received = self.call(Call::Get, None, receive.send()).await?;
+        let leased_at = asked_at + super::lease_offset(asked_at.elapsed().unwrap_or_default(), wait);
         let mut messages = Vec::new();
         for item in received.messages.unwrap_or_default() {
             let (Some(id), Some(handle)) = (item.message_id, item.receipt_handle) else {
@@ -399,7 +424,7 @@ impl QueueClient for SqsQueue {
                 dequeue_count: attribute(MessageSystemAttributeName::ApproximateReceiveCount).unwrap_or(1).min(u64::from(u32::MAX)) as u32,
                 inserted_at: attribute(MessageSystemAttributeName::SentTimestamp)
                     .map_or(SystemTime::UNIX_EPOCH, |millis| SystemTime::UNIX_EPOCH + Duration::from_millis(millis)),
-                next_visible_at: asked_at + Duration::from_secs(seconds as u64),
+                next_visible_at: leased_at + Duration::from_secs(seconds as u64),
                 body: body.into(),
                 defect,
             });
@@ -529,6 +554,18 @@ mod tests {
         assert_eq!(seconds_up(Duration::from_millis(1500), MAX_DELAY), 2);
         assert_eq!(seconds_up(Duration::from_secs(3600), MAX_DELAY), 900);
         assert_eq!(seconds_up(Duration::MAX, MAX_VISIBILITY), 43_200);
+    }
+
+    #[test]
+    fn a_get_waits_whole_seconds_of_the_idle_delay_up_to_20_and_within_the_request_timeout() {
+        let queue = queue();
+        let s = Duration::from_secs;
+        for (idle, wait) in [(Duration::from_millis(900), Duration::ZERO), (Duration::from_millis(1_500), s(1)), (s(10), s(10)), (s(30), s(20))] {
+            assert_eq!(queue.server_wait(idle), wait, "idle {idle:?}");
+        }
+        let settings = AwsSettings { request_timeout: s(8), ..AwsSettings::default() };
+        let hurried = SqsQueue::new(&SqsAccount::new(settings), "orders", SqsOptions::default()).unwrap();
+        assert_eq!(hurried.server_wait(s(30)), s(3), "an 8 s request timeout leaves 5 s for the call around the wait");
     }
 
     #[test]

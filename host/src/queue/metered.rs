@@ -373,6 +373,20 @@ impl<Q: QueueClient> QueueClient for Metered<Q> {
         self.count(CallKind::Delete, result)
     }
 
+    /// Billed as the service bills the batch; a batch every entry of which failed counts as
+    /// its calls failed, with the first entry's error.
+    async fn delete_batch(&self, entries: &[(MessageId, PopReceipt)]) -> Vec<Result<(), QueueError>> {
+        let results = self.inner.delete_batch(entries).await;
+        let all_failed = results.iter().all(Result::is_err);
+        let error = results.first().and_then(|result| result.as_ref().err()).filter(|_| all_failed);
+        self.transactions.record_requests(CallKind::Delete, false, error, self.inner.delete_batch_requests(entries.len()));
+        results
+    }
+
+    fn delete_batch_requests(&self, entries: usize) -> u64 {
+        self.inner.delete_batch_requests(entries)
+    }
+
     async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
         let result = self.inner.update_visibility(id, pop_receipt, visibility).await;
         self.count(CallKind::Update, result)

@@ -226,6 +226,24 @@ pub trait QueueClient: Send + Sync + 'static {
     /// Deletes a leased message. Fails with [`QueueError::StaleReceipt`] if the lease is lost.
     async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError>;
 
+    /// Deletes leased messages, each with its receipt: one result per entry, in order, each
+    /// failing on its own (a lost lease as [`QueueError::StaleReceipt`] of that entry). A
+    /// service with a batch delete makes one call per batch (SQS: `DeleteMessageBatch` of
+    /// up to 10); the default deletes them one by one.
+    async fn delete_batch(&self, entries: &[(MessageId, PopReceipt)]) -> Vec<Result<(), QueueError>> {
+        let mut results = Vec::with_capacity(entries.len());
+        for (id, pop_receipt) in entries {
+            results.push(self.delete(id, pop_receipt).await);
+        }
+        results
+    }
+
+    /// The requests the service bills for a [`QueueClient::delete_batch`] of `entries`
+    /// messages, for [`Metered`]: one each, unless the service deletes in batches.
+    fn delete_batch_requests(&self, entries: usize) -> u64 {
+        entries as u64
+    }
+
     /// Sets a leased message's visibility to `visibility` from now (zero: release it now;
     /// longer: renew the lease). Returns the new pop receipt.
     async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError>;
@@ -277,6 +295,12 @@ impl QueueClient for std::sync::Arc<dyn QueueClient> {
     }
     async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError> {
         (**self).delete(id, pop_receipt).await
+    }
+    async fn delete_batch(&self, entries: &[(MessageId, PopReceipt)]) -> Vec<Result<(), QueueError>> {
+        (**self).delete_batch(entries).await
+    }
+    fn delete_batch_requests(&self, entries: usize) -> u64 {
+        (**self).delete_batch_requests(entries)
     }
     async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
         (**self).update_visibility(id, pop_receipt, visibility).await

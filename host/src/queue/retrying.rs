@@ -314,6 +314,32 @@ impl<Q: QueueClient> QueueClient for Retrying<Q> {
         }
     }
 
+    /// One batch call; an entry that failed transiently is retried as a delete of its own
+    /// (a stale receipt then, after a failure that may have deleted it, is a delete done).
+    async fn delete_batch(&self, entries: &[(MessageId, PopReceipt)]) -> Vec<Result<(), QueueError>> {
+        let mut results = self.inner.delete_batch(entries).await;
+        for ((id, pop_receipt), result) in entries.iter().zip(results.iter_mut()) {
+            let Err(error) = result else { continue };
+            if !error.is_transient() {
+                continue;
+            }
+            let maybe_done = error.failure_class().is_some_and(FailureClass::may_have_succeeded);
+            if let Some(class) = error.failure_class() {
+                self.record.record_failure(CallKind::Delete, class, &error.to_string());
+                self.record.record_retry(CallKind::Delete);
+            }
+            *result = match self.delete(id, pop_receipt).await {
+                Err(QueueError::StaleReceipt { .. }) if maybe_done => Ok(()),
+                retried => retried,
+            };
+        }
+        results
+    }
+
+    fn delete_batch_requests(&self, entries: usize) -> u64 {
+        self.inner.delete_batch_requests(entries)
+    }
+
     async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
         self.run(CallKind::Update, |q| q.update_visibility(id, pop_receipt, visibility)).await.0
     }

@@ -42,7 +42,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::anyhow;
 use async_trait::async_trait;
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
-use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
+use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use tokio::sync::OnceCell;
 
 pub use account::{AwsCredentials, AwsSettings, SqsAccount};
@@ -52,6 +52,9 @@ use super::{FailureClass, MAX_BATCH, Message, MessageId, PopReceipt, QueueClient
 
 /// SQS's limit on a receive: at most 10 messages.
 pub const MAX_GET: u32 = 10;
+
+/// SQS's limit on a batch delete (and every batch call): 10 entries.
+pub const MAX_DELETE_BATCH: usize = 10;
 
 /// SQS's limit on a visibility timeout: 12 hours.
 pub const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
@@ -304,6 +307,76 @@ impl SqsQueue {
     }
 }
 
+impl SqsQueue {
+    /// One `DeleteMessageBatch` of at most [`MAX_DELETE_BATCH`] entries, each named by its
+    /// place in `chunk`; a receipt that is not its message's is stale without a call.
+    async fn delete_chunk(&self, chunk: &[(MessageId, PopReceipt)]) -> Vec<Result<(), QueueError>> {
+        let mut results: Vec<Result<(), QueueError>> = Vec::with_capacity(chunk.len());
+        let mut batch = Vec::new();
+        for (index, (id, pop_receipt)) in chunk.iter().enumerate() {
+            match Self::handle(id, pop_receipt) {
+                Ok(handle) => {
+                    let entry = DeleteMessageBatchRequestEntry::builder().id(index.to_string()).receipt_handle(handle).build();
+                    match entry {
+                        Ok(entry) => {
+                            batch.push(entry);
+                            // Until SQS's answer names the entry.
+                            results.push(Err(QueueError::Fatal(anyhow!("{}: message {id}: the answer does not name its entry", self.context(Call::Delete)))));
+                        }
+                        Err(e) => results.push(Err(QueueError::Fatal(anyhow!("{}: the batch entry of message {id}: {e}", self.context(Call::Delete))))),
+                    }
+                }
+                Err(stale) => results.push(Err(stale)),
+            }
+        }
+        if batch.is_empty() {
+            return results;
+        }
+        let sent = async {
+            let url = self.url().await?;
+            let client = self.client(Call::Delete).await?;
+            Ok::<_, QueueError>(client.delete_message_batch().queue_url(url).set_entries(Some(batch.clone())).send().await)
+        };
+        let answer = match sent.await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(error)) => {
+                for entry in &batch {
+                    let index: usize = entry.id().parse().unwrap_or_default();
+                    results[index] = Err(self.classify(Call::Delete, Some(&chunk[index].0), &error));
+                }
+                return results;
+            }
+            Err(error) => {
+                // No URL or no client: the same reason for each entry.
+                let text = error.to_string();
+                let transient = error.is_transient();
+                let class = error.failure_class().unwrap_or(FailureClass::Other);
+                for entry in &batch {
+                    let index: usize = entry.id().parse().unwrap_or_default();
+                    let again = classified(class, text.clone());
+                    results[index] = Err(if transient { QueueError::Transient(again) } else { QueueError::Fatal(again) });
+                }
+                return results;
+            }
+        };
+        for deleted in answer.successful() {
+            if let Some(index) = deleted.id().parse::<usize>().ok().filter(|index| *index < chunk.len()) {
+                results[index] = Ok(());
+            }
+        }
+        for failed in answer.failed() {
+            let Some(index) = failed.id().parse::<usize>().ok().filter(|index| *index < chunk.len()) else {
+                tracing::warn!(queue = %self.name, "queue {}: DeleteMessageBatch reported an entry it was not sent: {}", self.name, failed.id());
+                continue;
+            };
+            // SQS's fault (not the sender's) is a server error, worth retrying.
+            let status = if failed.sender_fault() { 400 } else { 500 };
+            results[index] = Err(self.classify_answer(Call::Delete, Some(&chunk[index].0), status, Some(failed.code()), failed.message()));
+        }
+        results
+    }
+}
+
 /// SQS's rules for queue names: 1 to 80 letters, digits, hyphens and underscores, and a
 /// FIFO queue's `.fifo` suffix.
 fn check_queue_name(name: &str) -> anyhow::Result<()> {
@@ -438,6 +511,21 @@ impl QueueClient for SqsQueue {
         let client = self.client(Call::Delete).await?;
         self.call(Call::Delete, Some(id), client.delete_message().queue_url(url).receipt_handle(handle).send()).await?;
         Ok(())
+    }
+
+    /// `DeleteMessageBatch` of up to [`MAX_DELETE_BATCH`] per call; each entry SQS reports
+    /// failed is classed by its code as a delete's error would be, and a call that fails
+    /// fails each of its entries.
+    async fn delete_batch(&self, entries: &[(MessageId, PopReceipt)]) -> Vec<Result<(), QueueError>> {
+        let mut results = Vec::with_capacity(entries.len());
+        for chunk in entries.chunks(MAX_DELETE_BATCH) {
+            results.extend(self.delete_chunk(chunk).await);
+        }
+        results
+    }
+
+    fn delete_batch_requests(&self, entries: usize) -> u64 {
+        entries.div_ceil(MAX_DELETE_BATCH) as u64
     }
 
     async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {

@@ -284,3 +284,27 @@ async fn a_batch_delete_is_one_request_per_10_and_a_refused_receipt_fails_its_en
     assert_eq!(metered.approximate_count().await?, 0, "the 12 are deleted");
     Ok(())
 }
+
+/// Issue 37 item 2: messages handled side by side are deleted together, one
+/// `DeleteMessageBatch` for a receive of 10, not ten `DeleteMessage`s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_messages_handled_together_are_deleted_in_one_request() -> anyhow::Result<()> {
+    let metered = Arc::new(ebb::queue::Metered::new(created("together", SqsOptions::default()).await));
+    let transactions = metered.transactions();
+    for n in 0..10 {
+        metered.put(format!("message {n}").as_bytes(), Duration::ZERO).await?;
+    }
+    let poison = Arc::new(created("together-poison", SqsOptions::default()).await);
+    let settings = ebb::listener::QueueSettings { batch_size: 10, ..Default::default() };
+    let listener = ebb::listener::Listener::builder(metered.clone(), poison, Arc::new(Handled::default())).settings(settings).build();
+    listener.start();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while listener.status().processed < 10 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let counts = transactions.snapshot();
+    assert_eq!((listener.status().processed, counts.gets_with_messages, counts.deletes), (10, 1, 1), "{counts:?}");
+    assert_eq!(metered.approximate_count().await?, 0);
+    listener.shutdown(Duration::from_secs(5)).await;
+    Ok(())
+}

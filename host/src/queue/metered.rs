@@ -379,12 +379,12 @@ impl<Q: QueueClient> QueueClient for Metered<Q> {
         let results = self.inner.delete_batch(entries).await;
         let all_failed = results.iter().all(Result::is_err);
         let error = results.first().and_then(|result| result.as_ref().err()).filter(|_| all_failed);
-        self.transactions.record_requests(CallKind::Delete, false, error, self.inner.delete_batch_requests(entries.len()));
+        self.transactions.record_requests(CallKind::Delete, false, error, entries.len().div_ceil(self.inner.delete_batch_limit().max(1)) as u64);
         results
     }
 
-    fn delete_batch_requests(&self, entries: usize) -> u64 {
-        self.inner.delete_batch_requests(entries)
+    fn delete_batch_limit(&self) -> usize {
+        self.inner.delete_batch_limit()
     }
 
     async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {

@@ -238,10 +238,11 @@ pub trait QueueClient: Send + Sync + 'static {
         results
     }
 
-    /// The requests the service bills for a [`QueueClient::delete_batch`] of `entries`
-    /// messages, for [`Metered`]: one each, unless the service deletes in batches.
-    fn delete_batch_requests(&self, entries: usize) -> u64 {
-        entries as u64
+    /// The most entries one request of [`QueueClient::delete_batch`] carries: 1 (a delete
+    /// each) unless the service deletes in batches (SQS: 10). [`Metered`] bills a batch
+    /// delete as one request per this many; [`Retrying`] retries each such request alone.
+    fn delete_batch_limit(&self) -> usize {
+        1
     }
 
     /// Sets a leased message's visibility to `visibility` from now (zero: release it now;
@@ -299,8 +300,8 @@ impl QueueClient for std::sync::Arc<dyn QueueClient> {
     async fn delete_batch(&self, entries: &[(MessageId, PopReceipt)]) -> Vec<Result<(), QueueError>> {
         (**self).delete_batch(entries).await
     }
-    fn delete_batch_requests(&self, entries: usize) -> u64 {
-        (**self).delete_batch_requests(entries)
+    fn delete_batch_limit(&self) -> usize {
+        (**self).delete_batch_limit()
     }
     async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
         (**self).update_visibility(id, pop_receipt, visibility).await

@@ -24,6 +24,8 @@
 //!   as soon as a message comes. Other gets are short polls (`WaitTimeSeconds` 0): on AWS a
 //!   short poll samples some of the queue's servers, so it may return fewer messages than the
 //!   queue holds, or none; the message comes with a later get.
+//! - Deletes: the listener's go through [`QueueClient::delete_batch`], one
+//!   `DeleteMessageBatch` per [`MAX_DELETE_BATCH`] entries, each entry's failure its own.
 //! - Metering: [`Metered`](super::Metered) counts one request per call, which is SQS's bill
 //!   for a receive (one request however many messages it returns), a delete, an update and a
 //!   count, and a send as [`BILLED_CHUNK_BYTES`] chunks of its payload as sent
@@ -524,8 +526,8 @@ impl QueueClient for SqsQueue {
         results
     }
 
-    fn delete_batch_requests(&self, entries: usize) -> u64 {
-        entries.div_ceil(MAX_DELETE_BATCH) as u64
+    fn delete_batch_limit(&self) -> usize {
+        MAX_DELETE_BATCH
     }
 
     async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {

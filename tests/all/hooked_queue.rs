@@ -40,6 +40,13 @@ pub(crate) trait Hooks: Send + Sync + 'static {
     }
     /// Before a delete reaches the queue.
     async fn before_delete(&self, _id: &MessageId) {}
+    /// Before a batch delete of `entries` reaches the queue (each entry then as a delete).
+    async fn before_delete_batch(&self, _entries: usize) {}
+    /// The most entries a batch delete takes in one request: 1 unless overridden (as the
+    /// memory queue).
+    fn delete_batch_limit(&self) -> usize {
+        1
+    }
     /// Before a count reaches the queue; an error fails the count.
     async fn before_count(&self) -> Result<(), QueueError> {
         Ok(())
@@ -111,6 +118,17 @@ impl<H: Hooks> QueueClient for Hooked<H> {
     async fn delete(&self, id: &MessageId, receipt: &PopReceipt) -> Result<(), QueueError> {
         self.hooks.before_delete(id).await;
         self.inner.delete(id, receipt).await
+    }
+    async fn delete_batch(&self, entries: &[(MessageId, PopReceipt)]) -> Vec<Result<(), QueueError>> {
+        self.hooks.before_delete_batch(entries.len()).await;
+        let mut results = Vec::with_capacity(entries.len());
+        for (id, receipt) in entries {
+            results.push(self.delete(id, receipt).await);
+        }
+        results
+    }
+    fn delete_batch_limit(&self) -> usize {
+        self.hooks.delete_batch_limit()
     }
     async fn update_visibility(&self, id: &MessageId, receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
         self.hooks.before_update().await;

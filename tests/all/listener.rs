@@ -68,6 +68,9 @@ struct GetRecorder {
     sent: Mutex<Vec<(Instant, Duration)>>,
     /// The longest wait of a get, in whole seconds, as SQS's long polling (0: none).
     long_poll_secs: AtomicU64,
+    /// The entries of each batch delete, and the most one takes (0: no batches).
+    delete_batches: Mutex<Vec<usize>>,
+    delete_batch_limit: AtomicU64,
     panic_in_next_get: AtomicBool,
     failures_left: AtomicU64,
 }
@@ -86,6 +89,14 @@ impl Hooks for GetRecorder {
     async fn before_get_waiting(&self, max: u32, wait: Duration) -> Result<(), QueueError> {
         self.sent.lock().unwrap().push((Instant::now(), wait));
         self.before_get(max).await
+    }
+    async fn before_delete_batch(&self, entries: usize) {
+        self.delete_batches.lock().unwrap().push(entries);
+        // A request that takes time, so that deletes settle while it is in flight.
+        sleep(Duration::from_millis(100)).await;
+    }
+    fn delete_batch_limit(&self) -> usize {
+        (self.delete_batch_limit.load(Ordering::Relaxed) as usize).max(1)
     }
     fn server_wait(&self, idle: Duration) -> Duration {
         Duration::from_secs(idle.as_secs().min(self.long_poll_secs.load(Ordering::Relaxed)))
@@ -187,6 +198,21 @@ async fn a_message_put_during_a_waiting_get_is_handled_at_once() -> anyhow::Resu
     sleep(Duration::from_millis(5)).await;
     assert_eq!(f.handler.calls.load(Ordering::Relaxed), 1, "handled as it came, not at the next get");
     assert_eq!(f.queue.sent.lock().unwrap().len(), gets_before, "by the get that was waiting");
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn deletes_settling_together_go_in_requests_of_at_most_the_backends_batch_limit() -> anyhow::Result<()> {
+    let f = fixture(QueueSettings { batch_size: 32, max_concurrent_calls: 64, ..Default::default() }, None);
+    f.queue.delete_batch_limit.store(10, Ordering::Relaxed);
+    put(f.queue.as_ref(), "sleep 0", 25).await;
+    f.listener.start();
+    sleep(Duration::from_secs(2)).await;
+    assert_eq!(f.listener.status().processed, 25);
+    // The first leader takes the 10 that settled with it; the rest wait for its answer and
+    // go 10 and 5, one leader each.
+    assert_eq!(*f.queue.delete_batches.lock().unwrap(), [10, 10, 5]);
+    assert_eq!(f.queue.inner.approximate_count().await?, 0);
     Ok(())
 }
 

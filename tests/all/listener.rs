@@ -64,6 +64,13 @@ impl Handler for TestHandler {
 #[derive(Default)]
 struct GetRecorder {
     gets: Mutex<Vec<(Instant, usize)>>,
+    /// When each get was sent, and how long it could wait for a message.
+    sent: Mutex<Vec<(Instant, Duration)>>,
+    /// The longest wait of a get, in whole seconds, as SQS's long polling (0: none).
+    long_poll_secs: AtomicU64,
+    /// The entries of each batch delete, and the most one takes (0: no batches).
+    delete_batches: Mutex<Vec<usize>>,
+    delete_batch_limit: AtomicU64,
     panic_in_next_get: AtomicBool,
     failures_left: AtomicU64,
 }
@@ -78,6 +85,21 @@ impl Hooks for GetRecorder {
             return Err(QueueError::Transient(anyhow::anyhow!("storage unavailable")));
         }
         Ok(())
+    }
+    async fn before_get_waiting(&self, max: u32, wait: Duration) -> Result<(), QueueError> {
+        self.sent.lock().unwrap().push((Instant::now(), wait));
+        self.before_get(max).await
+    }
+    async fn before_delete_batch(&self, entries: usize) {
+        self.delete_batches.lock().unwrap().push(entries);
+        // A request that takes time, so that deletes settle while it is in flight.
+        sleep(Duration::from_millis(100)).await;
+    }
+    fn delete_batch_limit(&self) -> usize {
+        (self.delete_batch_limit.load(Ordering::Relaxed) as usize).max(1)
+    }
+    fn server_wait(&self, idle: Duration) -> Duration {
+        Duration::from_secs(idle.as_secs().min(self.long_poll_secs.load(Ordering::Relaxed)))
     }
     async fn after_get(&self, got: &mut Result<Vec<Message>, QueueError>) {
         let Ok(got) = got else { return };
@@ -135,6 +157,63 @@ async fn idle_back_off_follows_the_paper_curve_then_holds_at_the_maximum() {
     // ~12 fast polls, then one get per 30 s: the idle cost the paper sets out to cut.
     assert!(gets.len() < 40, "{} gets in 10 idle minutes", gets.len());
     assert_eq!(f.listener.status().active_tasks, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_delay_is_spent_waiting_in_the_next_get_as_far_as_the_queue_waits() -> anyhow::Result<()> {
+    let settings = QueueSettings { min_polling_interval: Duration::from_millis(100), max_polling_interval: Duration::from_secs(30), ..Default::default() };
+    let f = fixture(settings, None);
+    f.queue.long_poll_secs.store(20, Ordering::Relaxed);
+    f.listener.start();
+    sleep(Duration::from_secs(600)).await;
+    let sent = f.queue.sent.lock().unwrap().clone();
+    let answered: Vec<Instant> = f.queue.gets.lock().unwrap().iter().map(|(at, _)| *at).collect();
+    // The delays under a second are slept (the queue waits whole seconds); from there on
+    // the whole seconds are waited in the get, at most 20, the rest asleep before it.
+    assert_eq!(sent[..4].iter().map(|(_, wait)| *wait).collect::<Vec<_>>(), [Duration::ZERO; 4], "{sent:?}");
+    assert!(sent.iter().all(|(_, wait)| wait.subsec_nanos() == 0 && *wait <= Duration::from_secs(20)), "{sent:?}");
+    for n in answered.len() - 5..answered.len() {
+        let (at, wait) = sent[n];
+        let asleep = at - answered[n - 1];
+        assert_eq!(wait, Duration::from_secs(20), "get {n}: {sent:?}");
+        assert!((asleep.as_secs_f64() - 10.0).abs() < 0.01, "get {n} sent {asleep:?} after the last answered, not 30 s - 20 s");
+        assert!(((answered[n] - answered[n - 1]).as_secs_f64() - 30.0).abs() < 0.01, "one get per idle delay");
+    }
+    // As many gets as without the wait: one per idle delay.
+    assert!(sent.len() < 40, "{} gets in 10 idle minutes", sent.len());
+    assert_eq!(f.listener.status().long_poll_secs, 20, "/status shows the wait");
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_put_during_a_waiting_get_is_handled_at_once() -> anyhow::Result<()> {
+    let settings = QueueSettings { min_polling_interval: Duration::from_millis(100), max_polling_interval: Duration::from_secs(20), ..Default::default() };
+    let f = fixture(settings, None);
+    f.queue.long_poll_secs.store(20, Ordering::Relaxed);
+    f.listener.start();
+    // Idle long enough for the back-off to hold at 20 s: all of it waited in the get.
+    sleep(Duration::from_secs(300) + Duration::from_millis(7_300)).await;
+    let gets_before = f.queue.sent.lock().unwrap().len();
+    f.queue.put(b"sleep 0", Duration::ZERO).await?;
+    sleep(Duration::from_millis(5)).await;
+    assert_eq!(f.handler.calls.load(Ordering::Relaxed), 1, "handled as it came, not at the next get");
+    assert_eq!(f.queue.sent.lock().unwrap().len(), gets_before, "by the get that was waiting");
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn deletes_settling_together_go_in_requests_of_at_most_the_backends_batch_limit() -> anyhow::Result<()> {
+    let f = fixture(QueueSettings { batch_size: 32, max_concurrent_calls: 64, ..Default::default() }, None);
+    f.queue.delete_batch_limit.store(10, Ordering::Relaxed);
+    put(f.queue.as_ref(), "sleep 0", 25).await;
+    f.listener.start();
+    sleep(Duration::from_secs(2)).await;
+    assert_eq!(f.listener.status().processed, 25);
+    // The first leader takes the 10 that settled with it; the rest wait for its answer and
+    // go 10 and 5, one leader each.
+    assert_eq!(*f.queue.delete_batches.lock().unwrap(), [10, 10, 5]);
+    assert_eq!(f.queue.inner.approximate_count().await?, 0);
+    Ok(())
 }
 
 #[tokio::test(start_paused = true)]

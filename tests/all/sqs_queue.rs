@@ -191,3 +191,127 @@ async fn a_send_is_metered_as_one_request_per_64_kib_as_sqs_bills_it() -> anyhow
     assert_eq!(transactions.snapshot().gets_with_messages, 1, "a receive is one request however many it returns");
     Ok(())
 }
+
+/// Long polling: a get that may wait answers as soon as a message arrives, and an empty one
+/// after its wait, one billed request either way.
+#[tokio::test]
+async fn a_waiting_get_answers_when_a_message_arrives_and_an_empty_one_is_one_request() -> anyhow::Result<()> {
+    let metered = Arc::new(ebb::queue::Metered::new(created("waiting", SqsOptions::default()).await));
+    let transactions = metered.transactions();
+    let sender = metered.clone();
+    let sent = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        sender.put(b"during the wait", Duration::ZERO).await
+    });
+    let asked = std::time::Instant::now();
+    let got = metered.get_waiting(10, Duration::from_secs(30), Duration::from_secs(10)).await?;
+    let took = asked.elapsed();
+    sent.await??;
+    assert_eq!(got.iter().map(|m| &m.body[..]).collect::<Vec<_>>(), [&b"during the wait"[..]]);
+    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(2), "answered {took:?} after asking, the message came at 1 s");
+    let asked = std::time::Instant::now();
+    let got = metered.get_waiting(10, Duration::from_secs(30), Duration::from_secs(2)).await?;
+    let took = asked.elapsed();
+    assert!(got.is_empty() && took >= Duration::from_millis(1_900), "an empty queue waited {took:?} of 2 s");
+    let counts = transactions.snapshot();
+    assert_eq!((counts.gets_with_messages, counts.gets_empty), (1, 1), "one request per get, however long it waited");
+    Ok(())
+}
+
+/// Counts the messages it handled and when it handled the first.
+#[derive(Default)]
+struct Handled {
+    first_at: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+#[async_trait]
+impl ebb::handler::Handler for Handled {
+    async fn handle(&self, _message: &ebb::handler::IncomingMessage) -> anyhow::Result<()> {
+        self.first_at.lock().unwrap().get_or_insert_with(std::time::Instant::now);
+        Ok(())
+    }
+}
+
+/// Issue 37 item 3: the rule's idle delay (10 s here) is spent in a long poll, so a message
+/// sent 1 s into it is handled at once, and the idle queue costs one receive per delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_listener_on_sqs_handles_a_message_sent_during_its_long_poll_at_once() -> anyhow::Result<()> {
+    let metered = Arc::new(ebb::queue::Metered::new(created("idle", SqsOptions::default()).await));
+    let transactions = metered.transactions();
+    let poison = Arc::new(created("idle-poison", SqsOptions::default()).await);
+    let handler = Arc::new(Handled::default());
+    let delay = Duration::from_secs(10);
+    let settings = ebb::listener::QueueSettings { min_polling_interval: delay, max_polling_interval: delay, ..Default::default() };
+    let listener = ebb::listener::Listener::builder(metered.clone(), poison, handler.clone()).settings(settings).build();
+    listener.start();
+    // The first get finds the queue empty; the next waits the whole 10 s in SQS.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let sent_at = std::time::Instant::now();
+    metered.put(b"picked up at once", Duration::ZERO).await?;
+    let deadline = sent_at + Duration::from_secs(5);
+    while handler.first_at.lock().unwrap().is_none() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let handled_at = handler.first_at.lock().unwrap().ok_or_else(|| anyhow::anyhow!("not handled within 5 s"))?;
+    let pickup = handled_at - sent_at;
+    assert!(pickup < Duration::from_secs(1), "handled {pickup:?} after it was sent, 1 s into a 10 s idle wait");
+    let counts = transactions.snapshot();
+    assert!(counts.gets_empty + counts.gets_with_messages <= 2, "receives in the first 2 s: the first, and the one waiting: {counts:?}");
+    assert_eq!(listener.status().long_poll_secs, 20, "/status shows the wait");
+    listener.shutdown(Duration::from_secs(5)).await;
+    Ok(())
+}
+
+/// Issue 37 item 2: deletes go as `DeleteMessageBatch`, one request per 10, and a receipt
+/// SQS refuses fails its own entry only, as a stale receipt.
+#[tokio::test]
+async fn a_batch_delete_is_one_request_per_10_and_a_refused_receipt_fails_its_entry_alone() -> anyhow::Result<()> {
+    let metered = ebb::queue::Metered::new(created("batched", SqsOptions::default()).await);
+    let transactions = metered.transactions();
+    for n in 0..12 {
+        metered.put(format!("message {n}").as_bytes(), Duration::ZERO).await?;
+    }
+    let mut entries = Vec::new();
+    while entries.len() < 12 {
+        let got = metered.get(10, Duration::from_secs(60)).await?;
+        anyhow::ensure!(!got.is_empty(), "moto returned {} of 12", entries.len());
+        entries.extend(got.into_iter().map(|m| (m.id, m.pop_receipt)));
+    }
+    let refused = entries[3].0.clone();
+    entries.insert(5, (refused.clone(), PopReceipt::from(format!("{refused} AQEBnotissued"))));
+    let before = transactions.snapshot().deletes;
+    let results = metered.delete_batch(&entries).await;
+    assert_eq!(transactions.snapshot().deletes - before, 2, "13 entries are two requests");
+    for (n, result) in results.iter().enumerate() {
+        match n {
+            5 => assert!(matches!(result, Err(QueueError::StaleReceipt { id }) if *id == refused), "entry 5: {result:?}"),
+            _ => assert!(result.is_ok(), "entry {n}: {result:?}"),
+        }
+    }
+    assert_eq!(metered.approximate_count().await?, 0, "the 12 are deleted");
+    Ok(())
+}
+
+/// Issue 37 item 2: messages handled side by side are deleted together, one
+/// `DeleteMessageBatch` for a receive of 10, not ten `DeleteMessage`s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_messages_handled_together_are_deleted_in_one_request() -> anyhow::Result<()> {
+    let metered = Arc::new(ebb::queue::Metered::new(created("together", SqsOptions::default()).await));
+    let transactions = metered.transactions();
+    for n in 0..10 {
+        metered.put(format!("message {n}").as_bytes(), Duration::ZERO).await?;
+    }
+    let poison = Arc::new(created("together-poison", SqsOptions::default()).await);
+    let settings = ebb::listener::QueueSettings { batch_size: 10, ..Default::default() };
+    let listener = ebb::listener::Listener::builder(metered.clone(), poison, Arc::new(Handled::default())).settings(settings).build();
+    listener.start();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while listener.status().processed < 10 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let counts = transactions.snapshot();
+    assert_eq!((listener.status().processed, counts.gets_with_messages, counts.deletes), (10, 1, 1), "{counts:?}");
+    assert_eq!(metered.approximate_count().await?, 0);
+    listener.shutdown(Duration::from_secs(5)).await;
+    Ok(())
+}

@@ -357,9 +357,34 @@ impl<Q: QueueClient> QueueClient for Metered<Q> {
         self.count_as(CallKind::Get, idle, result)
     }
 
+    fn server_wait(&self, idle: Duration) -> Duration {
+        self.inner.server_wait(idle)
+    }
+
+    /// One request however long it waits: an empty long poll is billed as one empty receive.
+    async fn get_waiting(&self, max: u32, visibility: Duration, wait: Duration) -> Result<Vec<Message>, QueueError> {
+        let result = self.inner.get_waiting(max, visibility, wait).await;
+        let idle = !matches!(&result, Ok(messages) if !messages.is_empty());
+        self.count_as(CallKind::Get, idle, result)
+    }
+
     async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError> {
         let result = self.inner.delete(id, pop_receipt).await;
         self.count(CallKind::Delete, result)
+    }
+
+    /// Billed as the service bills the batch; a batch every entry of which failed counts as
+    /// its calls failed, with the first entry's error.
+    async fn delete_batch(&self, entries: &[(MessageId, PopReceipt)]) -> Vec<Result<(), QueueError>> {
+        let results = self.inner.delete_batch(entries).await;
+        let all_failed = results.iter().all(Result::is_err);
+        let error = results.first().and_then(|result| result.as_ref().err()).filter(|_| all_failed);
+        self.transactions.record_requests(CallKind::Delete, false, error, entries.len().div_ceil(self.inner.delete_batch_limit().max(1)) as u64);
+        results
+    }
+
+    fn delete_batch_limit(&self) -> usize {
+        self.inner.delete_batch_limit()
     }
 
     async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {

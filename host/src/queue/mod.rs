@@ -42,6 +42,23 @@ pub const MAX_BATCH: u32 = 32;
 /// longer values to it; the API and the config reject them with the reason.
 pub const MAX_VISIBILITY: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// The least time allowed for a long poll's answer to come back: its lease is counted from
+/// at least this long before the answer (see [`lease_offset`]).
+const ANSWER_MARGIN: Duration = Duration::from_secs(1);
+
+/// How long after sending a get its lease began, erring early, for a get that waited up to
+/// `wait` on the service and answered `elapsed` after it was sent. Without a wait, at once.
+/// With one, the service took the messages somewhere within the wait, so the lease is
+/// counted from the answer less the time its way back may have taken: what the call took
+/// beyond the wait, and at least [`ANSWER_MARGIN`]. Counting a long poll's lease from its
+/// sending would end it up to `wait` early, before it began when the lease is shorter.
+pub(crate) fn lease_offset(elapsed: Duration, wait: Duration) -> Duration {
+    if wait.is_zero() {
+        return Duration::ZERO;
+    }
+    elapsed.saturating_sub(elapsed.saturating_sub(wait).max(ANSWER_MARGIN))
+}
+
 /// Defines a string newtype for a value the queue service issues and the host only passes
 /// back: comparable, printable, readable as `&str`, never built from arbitrary text by mistake.
 macro_rules! opaque_string {
@@ -191,8 +208,42 @@ pub trait QueueClient: Send + Sync + 'static {
     /// `visibility`. An empty result means no message is visible now.
     async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError>;
 
+    /// How much of an idle wait of `idle` a get can spend waiting on the service for a first
+    /// message (long polling), so that one arriving meanwhile is taken at once: zero where
+    /// the service answers at once (the default), else at most `idle`, in the steps the
+    /// service counts (SQS: whole seconds, up to 20).
+    fn server_wait(&self, _idle: Duration) -> Duration {
+        Duration::ZERO
+    }
+
+    /// A [`QueueClient::get`] that, finding no message, waits on the service up to `wait`
+    /// (as [`QueueClient::server_wait`] allowed) for one. One call, one billed request,
+    /// however long it waits.
+    async fn get_waiting(&self, max: u32, visibility: Duration, _wait: Duration) -> Result<Vec<Message>, QueueError> {
+        self.get(max, visibility).await
+    }
+
     /// Deletes a leased message. Fails with [`QueueError::StaleReceipt`] if the lease is lost.
     async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError>;
+
+    /// Deletes leased messages, each with its receipt: one result per entry, in order, each
+    /// failing on its own (a lost lease as [`QueueError::StaleReceipt`] of that entry). A
+    /// service with a batch delete makes one call per batch (SQS: `DeleteMessageBatch` of
+    /// up to 10); the default deletes them one by one.
+    async fn delete_batch(&self, entries: &[(MessageId, PopReceipt)]) -> Vec<Result<(), QueueError>> {
+        let mut results = Vec::with_capacity(entries.len());
+        for (id, pop_receipt) in entries {
+            results.push(self.delete(id, pop_receipt).await);
+        }
+        results
+    }
+
+    /// The most entries one request of [`QueueClient::delete_batch`] carries: 1 (a delete
+    /// each) unless the service deletes in batches (SQS: 10). [`Metered`] bills a batch
+    /// delete as one request per this many; [`Retrying`] retries each such request alone.
+    fn delete_batch_limit(&self) -> usize {
+        1
+    }
 
     /// Sets a leased message's visibility to `visibility` from now (zero: release it now;
     /// longer: renew the lease). Returns the new pop receipt.
@@ -237,8 +288,20 @@ impl QueueClient for std::sync::Arc<dyn QueueClient> {
     async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
         (**self).get(max, visibility).await
     }
+    fn server_wait(&self, idle: Duration) -> Duration {
+        (**self).server_wait(idle)
+    }
+    async fn get_waiting(&self, max: u32, visibility: Duration, wait: Duration) -> Result<Vec<Message>, QueueError> {
+        (**self).get_waiting(max, visibility, wait).await
+    }
     async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError> {
         (**self).delete(id, pop_receipt).await
+    }
+    async fn delete_batch(&self, entries: &[(MessageId, PopReceipt)]) -> Vec<Result<(), QueueError>> {
+        (**self).delete_batch(entries).await
+    }
+    fn delete_batch_limit(&self) -> usize {
+        (**self).delete_batch_limit()
     }
     async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
         (**self).update_visibility(id, pop_receipt, visibility).await
@@ -254,5 +317,30 @@ impl QueueClient for std::sync::Arc<dyn QueueClient> {
     }
     fn put_requests(&self, body: &[u8]) -> u64 {
         (**self).put_requests(body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_polls_lease_is_counted_from_its_answer_less_the_way_back() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        // (elapsed, wait) -> offset from sending the get.
+        let cases = [
+            // No wait: from the sending, as a short poll's.
+            ((s(3), Duration::ZERO), Duration::ZERO),
+            // A message 8 s into a 20 s wait: from the answer less the margin.
+            ((ms(8_200), s(20)), ms(7_200)),
+            // A full wait and a slow answer: the time beyond the wait is the way back.
+            ((s(23), s(20)), s(20)),
+            // An answer quicker than the margin: from the sending.
+            ((ms(300), s(20)), Duration::ZERO),
+        ];
+        for ((elapsed, wait), offset) in cases {
+            assert_eq!(lease_offset(elapsed, wait), offset, "elapsed {elapsed:?}, wait {wait:?}");
+        }
     }
 }

@@ -295,6 +295,14 @@ impl<Q: QueueClient> QueueClient for Retrying<Q> {
         self.run(CallKind::Get, |q| q.get(max, visibility)).await.0
     }
 
+    fn server_wait(&self, idle: Duration) -> Duration {
+        self.inner.server_wait(idle)
+    }
+
+    async fn get_waiting(&self, max: u32, visibility: Duration, wait: Duration) -> Result<Vec<Message>, QueueError> {
+        self.run(CallKind::Get, |q| q.get_waiting(max, visibility, wait)).await.0
+    }
+
     async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError> {
         match self.run(CallKind::Delete, |q| q.delete(id, pop_receipt)).await {
             (Err(QueueError::StaleReceipt { .. }), Attempts { maybe_done: true }) => {
@@ -304,6 +312,19 @@ impl<Q: QueueClient> QueueClient for Retrying<Q> {
             }
             (result, _) => result,
         }
+    }
+
+    /// Each request of the batch retried alone ([`Retrying::delete_request`]).
+    async fn delete_batch(&self, entries: &[(MessageId, PopReceipt)]) -> Vec<Result<(), QueueError>> {
+        let mut results = Vec::with_capacity(entries.len());
+        for request in entries.chunks(self.inner.delete_batch_limit().max(1)) {
+            results.extend(self.delete_request(request).await);
+        }
+        results
+    }
+
+    fn delete_batch_limit(&self) -> usize {
+        self.inner.delete_batch_limit()
     }
 
     async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
@@ -324,6 +345,53 @@ impl<Q: QueueClient> QueueClient for Retrying<Q> {
 
     fn call_records(&self) -> Vec<Arc<CallRecord>> {
         vec![self.record.clone()]
+    }
+}
+
+impl<Q: QueueClient> Retrying<Q> {
+    /// One request of a batch delete (at most [`QueueClient::delete_batch_limit`] entries),
+    /// retried as one when it failed as a whole (every entry with a transient error: a lost
+    /// connection, throttling); then an entry the service failed transiently on its own is
+    /// retried as a delete of its own. A stale receipt after an attempt that may have
+    /// deleted it is a delete done.
+    async fn delete_request(&self, entries: &[(MessageId, PopReceipt)]) -> Vec<Result<(), QueueError>> {
+        let (outcome, attempts) = self
+            .run(CallKind::Delete, |q| async move {
+                let mut results = q.delete_batch(entries).await;
+                let failed_whole = !results.is_empty() && results.iter().all(|result| result.as_ref().is_err_and(QueueError::is_transient));
+                match failed_whole {
+                    true => Err(results.swap_remove(0).expect_err("every entry failed")),
+                    false => Ok(results),
+                }
+            })
+            .await;
+        let mut results = match outcome {
+            Ok(results) => results,
+            // Given up: each entry fails for the call's reason.
+            Err(error) => {
+                let (class, text) = (error.failure_class().unwrap_or(FailureClass::Other), error.to_string());
+                return entries.iter().map(|_| Err(QueueError::Transient(classified(class, text.clone())))).collect();
+            }
+        };
+        for ((id, pop_receipt), result) in entries.iter().zip(results.iter_mut()) {
+            let Err(error) = result else {
+                continue;
+            };
+            if matches!(error, QueueError::StaleReceipt { .. }) && attempts.maybe_done {
+                self.record.record_already_done();
+                *result = Ok(());
+                continue;
+            }
+            if !error.is_transient() {
+                continue;
+            }
+            let maybe_done = error.failure_class().is_some_and(FailureClass::may_have_succeeded);
+            *result = match self.delete(id, pop_receipt).await {
+                Err(QueueError::StaleReceipt { .. }) if maybe_done => Ok(()),
+                retried => retried,
+            };
+        }
+        results
     }
 }
 

@@ -275,7 +275,7 @@ impl Shared {
     /// Deletes a settled envelope, then the claim-check bodies of its handled items (only
     /// theirs: the items put back or poisoned still reference their bodies).
     async fn delete_envelope(&self, message: &IncomingMessage, receipt: &PopReceipt, handled_claims: Vec<&ClaimCheck>, latency: Duration) {
-        let deleted = self.queue.delete(&message.id, receipt).await;
+        let deleted = self.delete_settled(&message.id, receipt).await;
         self.telemetry.counters.record_success(latency);
         if let Err(error) = deleted {
             // The envelope comes back and its claim checks are followed again: keep their bodies.

@@ -4,6 +4,7 @@
 //! after a failure) and `poison` (moved aside); an envelope's items go through `items`, handlers'
 //! answers through `replies`.
 
+mod deletes;
 mod failures;
 mod items;
 mod lease;
@@ -37,6 +38,8 @@ pub(in crate::listener) struct Delivery {
     /// Which partition of its logical queue the queue is, if it is one: replies carry the
     /// logical ids producers know.
     partition: Option<usize>,
+    /// Deletes waiting for the next batch call.
+    deletes: deletes::Deletes,
 }
 
 impl Delivery {
@@ -51,6 +54,6 @@ impl Delivery {
         partition: Option<usize>,
     ) -> Delivery {
         let packer = Packer::new(payload.compression, payload.max_envelope_bytes.max(MIN_ENVELOPE_BYTES)).expect("the limit is at least the smallest envelope");
-        Delivery { poison, payload, packer, text_envelopes: text, reply, claims, partition }
+        Delivery { poison, payload, packer, text_envelopes: text, reply, claims, partition, deletes: deletes::Deletes::default() }
     }
 }

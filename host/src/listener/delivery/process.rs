@@ -235,7 +235,7 @@ impl Shared {
             return false;
         }
         // Counted once the delete has returned: `processed` means handled and deleted.
-        let deleted = self.queue.delete(&message.id, receipt).await;
+        let deleted = self.delete_settled(&message.id, receipt).await;
         self.telemetry.counters.record_success(latency);
         if let Err(error) = deleted {
             // The work was done; the message may be handled again (at least once).

@@ -60,6 +60,9 @@ struct TaskLoop {
     /// After a full get the backlog's size is unknown: this task keeps going whatever a
     /// count made before it said.
     last_get_full: bool,
+    /// How long the next get waits on the service for a first message: the part of the
+    /// rule's idle delay the queue can spend there (long polling), zero otherwise.
+    server_wait: Duration,
 }
 
 impl Shared {
@@ -142,7 +145,7 @@ impl Shared {
         let slot = ActiveTaskGuard { counters: &self.telemetry.counters, held: true };
         // This task's place among the getting and resting tasks (see `pickup`).
         let mut mark = TaskMark::new(&self);
-        let mut task = TaskLoop { probe, idle_count: 0, consecutive_errors: 0, last_get_full: false };
+        let mut task = TaskLoop { probe, idle_count: 0, consecutive_errors: 0, last_get_full: false, server_wait: Duration::ZERO };
         loop {
             match self.task_round(&mut task, &mut mark).await {
                 Step::Go => {}
@@ -193,10 +196,13 @@ impl Shared {
         // The service's lease starts when it answers, somewhere after this: counting
         // it from here errs on the safe side when storage calls are slow.
         let asked_at = tokio::time::Instant::now();
+        let wait = std::mem::take(&mut task.server_wait);
         let batch = tokio::select! {
-            batch = self.queue.get(asked, lease) => batch,
+            batch = self.queue.get_waiting(asked, lease, wait) => batch,
             _ = self.stopping.cancelled() => return Step::Stop,
         };
+        // A get that waited on the service leased what it found when it found it.
+        let leased_from = asked_at + crate::queue::lease_offset(asked_at.elapsed(), wait);
         mark.get_answered(self);
         // What was reserved to fetch ahead and did not come back is free for other tasks.
         let fetched_ahead = batch.as_ref().map_or(0, |messages| (messages.len() as u32).saturating_sub(grant.count()).min(ahead));
@@ -204,7 +210,7 @@ impl Shared {
         match batch {
             Ok(messages) => {
                 self.record_get(&messages, asked);
-                self.after_get(task, mark, messages, grant, asked, asked_at + lease).await
+                self.after_get(task, mark, messages, grant, asked, leased_from + lease).await
             }
             Err(error) => {
                 drop(grant);
@@ -257,28 +263,38 @@ impl Shared {
                 return Step::Retired;
             }
         }
-        self.back_off(task.idle_count, mark).await
+        self.back_off(task, mark).await
     }
 
     /// The queue was found drained `idle_count` times in a row: picks up what was notified
-    /// meanwhile, or rests (or stops) as the rule says.
-    async fn back_off(&self, idle_count: u32, mark: &mut TaskMark<'_>) -> Step {
+    /// meanwhile, or rests (or stops) as the rule says. The rest ends in the next get: as
+    /// much of it as the queue can wait on the service is spent there (a message arriving
+    /// meanwhile is taken at once), the rest asleep before it.
+    async fn back_off(&self, task: &mut TaskLoop, mark: &mut TaskMark<'_>) -> Step {
+        let idle_count = task.idle_count;
         let decision = self.decide_queue_empty(idle_count).await;
         let mut stopped = false;
         let after = mark.after_drained(|| {
             stopped = decision.stop && self.try_stop_idle();
             stopped
         });
-        let wake_at = match after {
-            AfterDrained::GetAt(at) => at,
+        let (wake_at, server_wait) = match after {
+            AfterDrained::GetAt(at) => (at, Duration::ZERO),
             AfterDrained::Rest if stopped => {
                 tracing::debug!(idle_count, "stopping: the rule retired this idle task");
                 return Step::Retired;
             }
-            AfterDrained::Rest => tokio::time::Instant::now() + Duration::from_millis(decision.delay_ms),
+            AfterDrained::Rest => {
+                let delay = Duration::from_millis(decision.delay_ms);
+                let server_wait = self.queue.server_wait(delay).min(delay);
+                (tokio::time::Instant::now() + (delay - server_wait), server_wait)
+            }
         };
         tokio::select! {
-            _ = tokio::time::sleep_until(wake_at) => Step::Go,
+            _ = tokio::time::sleep_until(wake_at) => {
+                task.server_wait = server_wait;
+                Step::Go
+            }
             // Woken early (a pickup, the scaler); the back-off restarts only if
             // this task finds messages.
             _ = self.pool.wake.notified(), if mark.is_resting() => Step::Go,

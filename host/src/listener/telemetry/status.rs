@@ -158,6 +158,10 @@ pub struct ListenerStatus {
     /// Safety polls made (push mode: a get while no task ran, at start-up and then once
     /// per `safety_poll`).
     pub safety_polls: u64,
+    /// The longest a get waits on the service for a first message (long polling), in
+    /// seconds: that much of each idle delay is spent in the get, so a message arriving then
+    /// is taken at once. 0 where the service answers at once.
+    pub long_poll_secs: u64,
     /// Handler calls that panicked (counted as failures too).
     pub handler_panics: u64,
     /// Handler calls the host itself could not make (out of file descriptors): retried,
@@ -285,6 +289,7 @@ impl Shared {
             storage_errors: load64(&c.storage_errors),
             work_detected: load64(&c.work_detected),
             safety_polls: load64(&c.safety_polls),
+            long_poll_secs: self.queue.server_wait(Duration::MAX).as_secs(),
             handler_panics: load64(&c.handler_panics),
             host_errors: load64(&c.host_errors),
             pushed_back: load64(&c.pushed_back),

@@ -19,9 +19,13 @@
 //!   [`QueueError::Transient`] errors (throttling, 5xx, timeouts, lost connections).
 //!   `AccessDenied` names the IAM action the call needs; a queue that does not exist is
 //!   [`FailureClass::Missing`] (the retry decorator creates it again).
-//! - Polling is short (`WaitTimeSeconds` 0): on AWS a short poll samples some of the
-//!   queue's servers, so a get may return fewer messages than the queue holds, or none; the
-//!   message comes with a later get. Long polling is issue 37's next step.
+//! - Long polling: [`QueueClient::server_wait`] offers up to [`MAX_WAIT`] (20 s) of an idle
+//!   delay, so the listener's get after an idle sleep waits in `WaitTimeSeconds` and answers
+//!   as soon as a message comes. Other gets are short polls (`WaitTimeSeconds` 0): on AWS a
+//!   short poll samples some of the queue's servers, so it may return fewer messages than the
+//!   queue holds, or none; the message comes with a later get.
+//! - Deletes: the listener's go through [`QueueClient::delete_batch`], one
+//!   `DeleteMessageBatch` per [`MAX_DELETE_BATCH`] entries, each entry's failure its own.
 //! - Metering: [`Metered`](super::Metered) counts one request per call, which is SQS's bill
 //!   for a receive (one request however many messages it returns), a delete, an update and a
 //!   count, and a send as [`BILLED_CHUNK_BYTES`] chunks of its payload as sent
@@ -40,7 +44,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::anyhow;
 use async_trait::async_trait;
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
-use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
+use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use tokio::sync::OnceCell;
 
 pub use account::{AwsCredentials, AwsSettings, SqsAccount};
@@ -51,6 +55,9 @@ use super::{FailureClass, MAX_BATCH, Message, MessageId, PopReceipt, QueueClient
 
 /// SQS's limit on a receive: at most 10 messages.
 pub(crate) const MAX_GET: u32 = 10;
+
+/// SQS's limit on a batch delete (and every batch call): 10 entries.
+pub const MAX_DELETE_BATCH: usize = 10;
 
 /// SQS's limit on a visibility timeout: 12 hours.
 pub(crate) const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
@@ -64,6 +71,13 @@ pub(crate) const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
 /// SQS bills a payload by the chunk: each 64 KiB is one request.
 pub(crate) const BILLED_CHUNK_BYTES: usize = 64 * 1024;
+
+/// SQS's longest wait of a receive for a first message (long polling): 20 seconds.
+pub const MAX_WAIT: Duration = Duration::from_secs(20);
+
+/// What a long poll leaves of the request timeout for sending the call and reading its
+/// answer: a wait never runs into the timeout.
+const WAIT_MARGIN: Duration = Duration::from_secs(5);
 
 /// How long one call may take before it counts as a transient failure.
 pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -296,6 +310,76 @@ impl SqsQueue {
     }
 }
 
+impl SqsQueue {
+    /// One `DeleteMessageBatch` of at most [`MAX_DELETE_BATCH`] entries, each named by its
+    /// place in `chunk`; a receipt that is not its message's is stale without a call.
+    async fn delete_chunk(&self, chunk: &[(MessageId, PopReceipt)]) -> Vec<Result<(), QueueError>> {
+        let mut results: Vec<Result<(), QueueError>> = Vec::with_capacity(chunk.len());
+        let mut batch = Vec::new();
+        for (index, (id, pop_receipt)) in chunk.iter().enumerate() {
+            match Self::handle(id, pop_receipt) {
+                Ok(handle) => {
+                    let entry = DeleteMessageBatchRequestEntry::builder().id(index.to_string()).receipt_handle(handle).build();
+                    match entry {
+                        Ok(entry) => {
+                            batch.push(entry);
+                            // Until SQS's answer names the entry.
+                            results.push(Err(QueueError::Fatal(anyhow!("{}: message {id}: the answer does not name its entry", self.context(Call::Delete)))));
+                        }
+                        Err(e) => results.push(Err(QueueError::Fatal(anyhow!("{}: the batch entry of message {id}: {e}", self.context(Call::Delete))))),
+                    }
+                }
+                Err(stale) => results.push(Err(stale)),
+            }
+        }
+        if batch.is_empty() {
+            return results;
+        }
+        let sent = async {
+            let url = self.url().await?;
+            let client = self.client(Call::Delete).await?;
+            Ok::<_, QueueError>(client.delete_message_batch().queue_url(url).set_entries(Some(batch.clone())).send().await)
+        };
+        let answer = match sent.await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(error)) => {
+                for entry in &batch {
+                    let index: usize = entry.id().parse().unwrap_or_default();
+                    results[index] = Err(self.classify(Call::Delete, Some(&chunk[index].0), &error));
+                }
+                return results;
+            }
+            Err(error) => {
+                // No URL or no client: the same reason for each entry.
+                let text = error.to_string();
+                let transient = error.is_transient();
+                let class = error.failure_class().unwrap_or(FailureClass::Other);
+                for entry in &batch {
+                    let index: usize = entry.id().parse().unwrap_or_default();
+                    let again = classified(class, text.clone());
+                    results[index] = Err(if transient { QueueError::Transient(again) } else { QueueError::Fatal(again) });
+                }
+                return results;
+            }
+        };
+        for deleted in answer.successful() {
+            if let Some(index) = deleted.id().parse::<usize>().ok().filter(|index| *index < chunk.len()) {
+                results[index] = Ok(());
+            }
+        }
+        for failed in answer.failed() {
+            let Some(index) = failed.id().parse::<usize>().ok().filter(|index| *index < chunk.len()) else {
+                tracing::warn!(queue = %self.name, "queue {}: DeleteMessageBatch reported an entry it was not sent: {}", self.name, failed.id());
+                continue;
+            };
+            // SQS's fault (not the sender's) is a server error, worth retrying.
+            let status = if failed.sender_fault() { 400 } else { 500 };
+            results[index] = Err(self.classify_answer(Call::Delete, Some(&chunk[index].0), status, Some(failed.code()), failed.message()));
+        }
+        results
+    }
+}
+
 /// SQS's rules for queue names: 1 to 80 letters, digits, hyphens and underscores, and a
 /// FIFO queue's `.fifo` suffix.
 fn check_queue_name(name: &str) -> anyhow::Result<()> {
@@ -367,25 +451,41 @@ impl QueueClient for SqsQueue {
     }
 
     async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
+        self.get_waiting(max, visibility, Duration::ZERO).await
+    }
+
+    /// Whole seconds of `idle`, at most [`MAX_WAIT`] and short enough of the request
+    /// timeout that the answer fits in it.
+    fn server_wait(&self, idle: Duration) -> Duration {
+        let most = MAX_WAIT.min(self.account.settings().request_timeout.saturating_sub(WAIT_MARGIN));
+        Duration::from_secs(idle.min(most).as_secs())
+    }
+
+    /// A `ReceiveMessage` with `WaitTimeSeconds`: SQS answers as soon as a message is
+    /// there, or empty after `wait`.
+    async fn get_waiting(&self, max: u32, visibility: Duration, wait: Duration) -> Result<Vec<Message>, QueueError> {
         if max == 0 || max > MAX_BATCH {
             return Err(QueueError::BadBatchSize(max));
         }
         let url = self.url().await?;
         let client = self.client(Call::Get).await?;
         let seconds = seconds_up(visibility, MAX_VISIBILITY).max(1);
-        // The lease ends `seconds` after SQS received the call: counted from before it, the
-        // host's figure errs early.
+        // The lease ends `seconds` after SQS took the message from the queue: after the
+        // call was sent, and, when it waited, up to `wait` later. Counted from before the
+        // call, the host's figure errs early; a long poll's, from its answer
+        // ([`super::lease_offset`]).
         let asked_at = SystemTime::now();
         let receive = client
             .receive_message()
             .queue_url(url)
             .max_number_of_messages(max.min(MAX_GET) as i32)
             .visibility_timeout(seconds)
-            .wait_time_seconds(0)
+            .wait_time_seconds(wait.min(MAX_WAIT).as_secs() as i32)
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
             .message_attribute_names(ENCODING_ATTRIBUTE);
         let received = self.call(Call::Get, None, receive.send()).await?;
+        let leased_at = asked_at + super::lease_offset(asked_at.elapsed().unwrap_or_default(), wait);
         let mut messages = Vec::new();
         for item in received.messages.unwrap_or_default() {
             let (Some(id), Some(handle)) = (item.message_id, item.receipt_handle) else {
@@ -400,7 +500,7 @@ impl QueueClient for SqsQueue {
                 dequeue_count: attribute(MessageSystemAttributeName::ApproximateReceiveCount).unwrap_or(1).min(u64::from(u32::MAX)) as u32,
                 inserted_at: attribute(MessageSystemAttributeName::SentTimestamp)
                     .map_or(SystemTime::UNIX_EPOCH, |millis| SystemTime::UNIX_EPOCH + Duration::from_millis(millis)),
-                next_visible_at: asked_at + Duration::from_secs(seconds as u64),
+                next_visible_at: leased_at + Duration::from_secs(seconds as u64),
                 body: body.into(),
                 defect,
             });
@@ -414,6 +514,21 @@ impl QueueClient for SqsQueue {
         let client = self.client(Call::Delete).await?;
         self.call(Call::Delete, Some(id), client.delete_message().queue_url(url).receipt_handle(handle).send()).await?;
         Ok(())
+    }
+
+    /// `DeleteMessageBatch` of up to [`MAX_DELETE_BATCH`] per call; each entry SQS reports
+    /// failed is classed by its code as a delete's error would be, and a call that fails
+    /// fails each of its entries.
+    async fn delete_batch(&self, entries: &[(MessageId, PopReceipt)]) -> Vec<Result<(), QueueError>> {
+        let mut results = Vec::with_capacity(entries.len());
+        for chunk in entries.chunks(MAX_DELETE_BATCH) {
+            results.extend(self.delete_chunk(chunk).await);
+        }
+        results
+    }
+
+    fn delete_batch_limit(&self) -> usize {
+        MAX_DELETE_BATCH
     }
 
     async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
@@ -530,6 +645,18 @@ mod tests {
         assert_eq!(seconds_up(Duration::from_millis(1500), MAX_DELAY), 2);
         assert_eq!(seconds_up(Duration::from_secs(3600), MAX_DELAY), 900);
         assert_eq!(seconds_up(Duration::MAX, MAX_VISIBILITY), 43_200);
+    }
+
+    #[test]
+    fn a_get_waits_whole_seconds_of_the_idle_delay_up_to_20_and_within_the_request_timeout() {
+        let queue = queue();
+        let s = Duration::from_secs;
+        for (idle, wait) in [(Duration::from_millis(900), Duration::ZERO), (Duration::from_millis(1_500), s(1)), (s(10), s(10)), (s(30), s(20))] {
+            assert_eq!(queue.server_wait(idle), wait, "idle {idle:?}");
+        }
+        let settings = AwsSettings { request_timeout: s(8), ..AwsSettings::default() };
+        let hurried = SqsQueue::new(&SqsAccount::new(settings), "orders", SqsOptions::default()).unwrap();
+        assert_eq!(hurried.server_wait(s(30)), s(3), "an 8 s request timeout leaves 5 s for the call around the wait");
     }
 
     #[test]

@@ -201,6 +201,33 @@ async fn a_message_put_during_a_waiting_get_is_handled_at_once() -> anyhow::Resu
     Ok(())
 }
 
+/// A pause that comes while a get waits on the queue (long polling): what that get brings
+/// back is released at once, not handled while paused, and handled as soon as the queue
+/// resumes (not when its lease would have run out).
+#[tokio::test(start_paused = true)]
+async fn what_a_waiting_get_brings_after_a_pause_is_released_and_handled_after_the_resume() -> anyhow::Result<()> {
+    let settings = QueueSettings {
+        min_polling_interval: Duration::from_millis(100),
+        max_polling_interval: Duration::from_secs(20),
+        lease_duration: Duration::from_secs(600),
+        ..Default::default()
+    };
+    let f = fixture(settings, None);
+    f.queue.long_poll_secs.store(20, Ordering::Relaxed);
+    f.listener.start();
+    // Idle long enough for the back-off to hold at 20 s, all of it waited in the get.
+    sleep(Duration::from_secs(300) + Duration::from_millis(7_300)).await;
+    f.listener.set_pause(Some(ebb::listener::Pause { since_ms: 0, until_ms: None }));
+    f.queue.put(b"sleep 0", Duration::ZERO).await?;
+    sleep(Duration::from_secs(60)).await;
+    assert_eq!(f.handler.calls.load(Ordering::Relaxed), 0, "handled while paused");
+    assert_eq!(f.queue.inner.approximate_count().await?, 1, "nothing lost");
+    f.listener.set_pause(None);
+    sleep(Duration::from_secs(2)).await;
+    assert_eq!(f.listener.status().processed, 1, "released at once, so handled at the resume, not after its 600 s lease");
+    Ok(())
+}
+
 #[tokio::test(start_paused = true)]
 async fn deletes_settling_together_go_in_requests_of_at_most_the_backends_batch_limit() -> anyhow::Result<()> {
     let f = fixture(QueueSettings { batch_size: 32, max_concurrent_calls: 64, ..Default::default() }, None);

@@ -1,13 +1,15 @@
 //! Pausing a queue: no get is made while it is paused; calls that run finish and their
 //! messages are settled as usual, so nothing is lost. A pause may end by itself at a given
 //! time. Tasks stay (and keep their place) but wait; the service persists pauses across
-//! restarts (see `service::pauses`).
+//! restarts (see `service::pauses`). A get already waiting on the service (long polling)
+//! when the pause comes may still answer with messages: they are released, not handled.
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::{Listener, Shared};
+use crate::queue::Message;
 
 /// A pause: since when, and until when (`None`: until resumed). Times in milliseconds
 /// since the Unix epoch, by the listener's clock.
@@ -48,6 +50,20 @@ impl Shared {
     pub(super) fn current_pause(&self) -> Option<Pause> {
         let now = self.rule.clock.now_ms();
         (*self.paused.borrow()).filter(|pause| pause.holds_at(now))
+    }
+
+    /// Makes what a get brought back after the queue was paused (a long poll that answered
+    /// during the pause) visible again at once, so it is handled at the resume, here or
+    /// elsewhere, rather than when its lease runs out. Each release is one more receive on
+    /// the message's dequeue count, as a release at shutdown is.
+    pub(super) async fn release_got_while_paused(&self, messages: Vec<Message>) {
+        tracing::info!(messages = messages.len(), "paused while a get waited: releasing what it brought, unhandled");
+        let releases = messages.iter().map(|message| self.queue.update_visibility(&message.id, &message.pop_receipt, Duration::ZERO));
+        for (message, released) in messages.iter().zip(futures::future::join_all(releases).await) {
+            if let Err(error) = released {
+                tracing::warn!(id = %message.id, "could not release (visible again when its lease runs out): {error}");
+            }
+        }
     }
 
     /// Returns at once unless the queue is paused; else when it is resumed, its pause ends,

@@ -208,6 +208,13 @@ impl Shared {
         let fetched_ahead = batch.as_ref().map_or(0, |messages| (messages.len() as u32).saturating_sub(grant.count()).min(ahead));
         self.release_prefetch(ahead - fetched_ahead);
         match batch {
+            Ok(messages) if !messages.is_empty() && self.current_pause().is_some() => {
+                // Paused while the get waited on the service (a long poll): not handled now.
+                drop(grant);
+                self.release_prefetch(fetched_ahead);
+                self.release_got_while_paused(messages).await;
+                Step::Go
+            }
             Ok(messages) => {
                 self.record_get(&messages, asked);
                 self.after_get(task, mark, messages, grant, asked, leased_from + lease).await

@@ -72,6 +72,7 @@ async fn status_prices_sqs_requests_at_sqs_prices_and_other_queues_at_the_config
         .args(["simulate", "--scenario", "trickle", "--duration", "10m", "--config"])
         .arg(dir.path().join("ebb.toml"))
         .args(["--queue", &sqs])
+        .envs([("EBB_TEST_SQS_KEY_ID", "testing"), ("EBB_TEST_SQS_SECRET", "testing")])
         .output()?;
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{text}{}", String::from_utf8_lossy(&output.stderr));

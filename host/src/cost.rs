@@ -1,5 +1,7 @@
 //! The paper's cost model: every storage transaction is billed, a get that returns nothing
-//! included. Turns transaction counts and rates into US dollars.
+//! included. Turns transaction counts and rates into US dollars, at the price of the queue's
+//! backend ([`Billing`]): the configured `price_per_10k_transactions` for Azure and the
+//! embedded queue, SQS's list price per request for SQS.
 //!
 //! Attempts that got no answer (a broken connection, no answer in time) are not known to be
 //! billed: they are priced apart, as how much more the bill may be at most.
@@ -10,6 +12,48 @@ use crate::queue::TransactionRates;
 
 /// The whitepaper's price: US$0.01 per 10,000 storage transactions.
 pub const PAPER_PRICE_PER_10K: f64 = crate::defaults::PRICE_PER_10K_TRANSACTIONS;
+
+/// SQS's price for a standard queue: US$0.40 per million requests ($0.004 per 10,000). A
+/// request is a call, and each 64 KiB of a payload; the first million a month are free
+/// (AWS's free tier), which the figures do not take off.
+pub const SQS_STANDARD_PRICE_PER_10K: f64 = 0.004;
+
+/// SQS's price for a FIFO queue: US$0.50 per million requests.
+pub const SQS_FIFO_PRICE_PER_10K: f64 = 0.005;
+
+/// How a queue's backend bills its transactions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Billing {
+    /// At the configured `price_per_10k_transactions` (Azure, the embedded queue).
+    Configured,
+    /// An SQS standard queue: [`SQS_STANDARD_PRICE_PER_10K`].
+    SqsStandard,
+    /// An SQS FIFO queue (its `queue_url` ends in `.fifo`; an ebb queue's name has no dot): [`SQS_FIFO_PRICE_PER_10K`].
+    SqsFifo,
+}
+
+impl Billing {
+    /// How `queue`'s backend bills.
+    pub fn of_queue(queue: &crate::config::QueueConfig) -> Billing {
+        match &queue.backend {
+            crate::config::Backend::Sqs { queue_url, .. } => {
+                let fifo = queue_url.as_ref().is_some_and(|(_, url)| url.trim_end_matches('/').ends_with(".fifo"));
+                if fifo { Billing::SqsFifo } else { Billing::SqsStandard }
+            }
+            _ => Billing::Configured,
+        }
+    }
+
+    /// The price in US dollars per 10,000 transactions, `configured` being the host's
+    /// `price_per_10k_transactions`.
+    pub fn price_per_10k(self, configured: f64) -> f64 {
+        match self {
+            Billing::Configured => configured,
+            Billing::SqsStandard => SQS_STANDARD_PRICE_PER_10K,
+            Billing::SqsFifo => SQS_FIFO_PRICE_PER_10K,
+        }
+    }
+}
 
 /// The paper's month: 30 days (its $2.38 = 79,200 / 10,000 × $0.01 × 30 days).
 pub const HOURS_PER_MONTH: f64 = 30.0 * 24.0;

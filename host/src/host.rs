@@ -106,6 +106,7 @@ impl Host {
             bus: service.bus().cloned(),
             audit: Some(Arc::new(crate::service::AuditLog::new(&config.data_dir))),
             price_per_10k_transactions: config.price_per_10k_transactions,
+            queue_prices: Api::queue_prices_of(config),
         });
         let (api_stop, started) = (CancellationToken::new(), CancellationToken::new());
         let (stop, opened) = (api_stop.clone(), started.clone());

@@ -19,16 +19,18 @@ pub struct SimulateArgs {
     #[arg(long, conflicts_with = "trace")]
     scenario: Option<String>,
     /// The cost benchmark: every named scenario (paper-billing, burst, trickle, bursty-day,
-    /// idle) for the rules (default: all four built-ins), each against the floor, and the
-    /// goals of the shipped defaults checked. With `--json`, the whole of every run.
+    /// idle) for the rules (default: the backend's four, as without `--rule`), each against
+    /// the floor, and the goals of the shipped defaults checked. With `--json`, the whole of
+    /// every run.
     #[arg(long, conflicts_with_all = ["scenario", "trace", "duration", "chart"])]
     bench: bool,
     /// Arrivals from a CSV file: one line per arrival, `seconds[,count]` (seconds from the start).
     #[arg(long)]
     trace: Option<PathBuf>,
-    /// A rule: `fixed-1s`, `functions`, `paper`, `paper-push`, a rule component `FILE.wasm`
-    /// (pull), or `push:FILE.wasm` (push, zero idle tasks, as `paper-push`). Repeat to
-    /// compare. Default: all four built-ins.
+    /// A rule: `fixed-1s`, `functions` (Azure Functions' trigger), `lambda-esm` (Lambda's SQS
+    /// event source mapping), `paper`, `paper-push`, a rule component `FILE.wasm` (pull), or
+    /// `push:FILE.wasm` (push, zero idle tasks, as `paper-push`). Repeat to compare. Default:
+    /// `fixed-1s`, `paper`, `paper-push` and `functions` (on SQS `lambda-esm`).
     #[arg(long = "rule", conflicts_with = "config")]
     rules: Vec<String>,
     /// Simulate what a configured queue runs: with `--queue`, its rule file and
@@ -57,12 +59,19 @@ pub struct SimulateArgs {
     duration: Option<Duration>,
     #[arg(long, help = handler_time_help())]
     handler_time: Option<String>,
+    /// The backend modelled: `azure` (gets of 32, a delete per message; also the embedded
+    /// queue's shape), `sqs` (receives of 10, delete batches of 10, long polls up to 20 s) or
+    /// `sqs-fifo` (the same at FIFO's price). Default: the configured queue's with
+    /// `--config`, else `azure`.
+    #[arg(long, value_parser = simulate::SimBackend::parse)]
+    backend: Option<simulate::SimBackend>,
     /// How many listeners the monthly cost is for (1 to 1,000,000).
     #[arg(long, default_value_t = 1)]
     listeners: u64,
-    /// US dollars per 10,000 storage transactions (the paper's price by default).
-    #[arg(long, default_value_t = crate::cost::PAPER_PRICE_PER_10K)]
-    price: f64,
+    /// US dollars per 10,000 storage transactions. Default: the backend's, the paper's 0.01
+    /// on Azure, SQS's 0.004 ($0.40 per million requests; FIFO 0.005).
+    #[arg(long)]
+    price: Option<f64>,
     /// Seed of every random choice: the same seed gives the same run (to within a few
     /// transactions: tokio picks among ready branches of a `select!` at random).
     #[arg(long, default_value_t = 1)]
@@ -128,7 +137,7 @@ impl SimulateArgs {
 
     /// With `--config --queue`: the queue's live rule, then each candidate with its
     /// parameters; the queue's settings; the configuration's rule limits.
-    fn configured(&self) -> Result<Option<(Vec<RuleChoice>, crate::listener::QueueSettings, crate::rules::RuleLimits)>> {
+    fn configured(&self) -> Result<Option<Configured>> {
         let (Some(path), Some(name)) = (&self.config, &self.queue) else { return Ok(None) };
         let config = crate::config::Config::load(path)?;
         let queue = super::configured_queue(&config, name)?;
@@ -144,16 +153,17 @@ impl SimulateArgs {
             }
             rules.push(RuleChoice::Wasm(simulate::RuleFile { path: path.clone(), params }));
         }
-        Ok(Some((rules, queue.settings.clone(), config.rule_limits.clone())))
+        let backend = simulate::SimBackend::of_queue(queue);
+        Ok(Some(Configured { rules, settings: queue.settings.clone(), limits: config.rule_limits.clone(), backend }))
     }
 
     /// The rules to compare, each with the parameters that follow it.
-    fn rule_choices(&self) -> Result<Vec<RuleChoice>> {
+    fn rule_choices(&self, backend: simulate::SimBackend) -> Result<Vec<RuleChoice>> {
         if self.rules.is_empty() {
             if let Some((key, value)) = self.params.first() {
                 bail!("--param {key}={value}: give it after the --rule FILE.wasm it is for");
             }
-            return simulate::rules::BUILT_INS.iter().map(|name| RuleChoice::parse(name)).collect();
+            return simulate::rules::defaults_for(backend).iter().map(|name| RuleChoice::parse(name)).collect();
         }
         let params = self.params_per_owner(self.rules.len(), "--rule")?;
         self.rules.iter().zip(params).map(|(text, params)| RuleChoice::parse(text)?.with_params(params)).collect()
@@ -176,9 +186,12 @@ impl SimulateArgs {
             (Some(name), None) => Scenario::named(name)?,
             (None, None) => Scenario::PaperBilling,
         };
-        let (rules, queue_settings, rule_limits) = match self.configured()? {
-            Some((rules, settings, limits)) => (rules, Some(settings), Some(limits)),
-            None => (self.rule_choices()?, None, None),
+        let (rules, queue_settings, rule_limits, backend) = match self.configured()? {
+            Some(Configured { rules, settings, limits, backend }) => (rules, Some(settings), Some(limits), self.backend.unwrap_or(backend)),
+            None => {
+                let backend = self.backend.unwrap_or_default();
+                (self.rule_choices(backend)?, None, None, backend)
+            }
         };
         if let Some(chart) = &self.chart {
             check_chart(chart)?;
@@ -194,7 +207,8 @@ impl SimulateArgs {
             rules,
             handler_time: self.handler_time.as_deref().map_or(Ok(simulate::DEFAULT_HANDLER_TIME), HandlerTime::parse)?,
             listeners: self.listeners,
-            price_per_10k: self.price,
+            backend,
+            price_per_10k: self.price.unwrap_or_else(|| backend.default_price_per_10k()),
             seed: self.seed,
             notify: self.notify,
             max_wall: self.max_wall,
@@ -247,6 +261,18 @@ impl SimulateArgs {
         }
         Ok(())
     }
+}
+
+/// What `--config --queue` gives a simulation.
+struct Configured {
+    /// The queue's live rule, then each candidate.
+    rules: Vec<RuleChoice>,
+    /// The queue's listener settings.
+    settings: crate::listener::QueueSettings,
+    /// The configuration's rule limits.
+    limits: crate::rules::RuleLimits,
+    /// The queue's backend.
+    backend: simulate::SimBackend,
 }
 
 /// Refuses a `--chart` path that cannot take the chart. Found before the run, not after it:

@@ -53,7 +53,7 @@ impl QueueFile {
         let payload = self.payload_settings(&name, &backend, max_message_bytes)?;
         Ok(QueueConfig {
             name: name.clone(),
-            settings: self.queue_settings(safety_poll, batch_size),
+            settings: self.polling_on(&backend, self.queue_settings(safety_poll, batch_size)),
             rule,
             rule_params: self.rule_params.into_iter().collect(),
             shadow_rule,
@@ -121,6 +121,15 @@ impl QueueFile {
             }
             _ => self.batch_size,
         })
+    }
+
+    /// `settings` with the polling intervals on `backend` ([`sqs_polling_intervals`] on SQS).
+    fn polling_on(&self, backend: &Backend, settings: QueueSettings) -> QueueSettings {
+        if !matches!(backend, Backend::Sqs { .. }) {
+            return settings;
+        }
+        let (min_polling_interval, max_polling_interval) = sqs_polling_intervals(settings.min_polling_interval, settings.max_polling_interval);
+        QueueSettings { min_polling_interval, max_polling_interval, ..settings }
     }
 
     /// The polling intervals, leases, retry delays and scaling times.
@@ -291,5 +300,36 @@ impl QueueFile {
         }
         check_duration("claim_sweep_interval", self.claim_sweep_interval, AtLeast::Duration(MIN_SWEEP_INTERVAL), MAX_SWEEP_INTERVAL)?;
         Ok(ClaimSettings { max_bytes: self.max_claim_check_bytes, retention: self.claim_check_retention, sweep_interval: self.claim_sweep_interval })
+    }
+}
+
+/// The polling intervals of an SQS queue: the defaults (800 ms to 60 s) are read as SQS's
+/// longest long poll, 20 s, each idle delay then waiting on SQS whole: a message arriving
+/// meanwhile is taken at once, and an idle hour costs 180 requests. Backing off from 800 ms
+/// buys nothing where a wait answers the moment a message comes; it only makes more
+/// requests (`ebb simulate --backend sqs --bench`: on trickle 1,881 with the back-off
+/// against 939 for Lambda's two idle long-pollers; a minute's delay, 40 s of it asleep,
+/// picks up 21 s late). Set values are kept (the longest at least the shortest).
+pub(crate) fn sqs_polling_intervals(min: Duration, max: Duration) -> (Duration, Duration) {
+    let wait = crate::queue::sqs::MAX_WAIT;
+    let min_set = min != crate::defaults::MIN_POLLING_INTERVAL;
+    let max = if max == crate::defaults::MAX_POLLING_INTERVAL { wait.max(min) } else { max };
+    let min = if min_set { min } else { wait.min(max) };
+    (min, max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn on_sqs_the_default_polling_intervals_are_a_whole_long_poll_and_set_ones_are_kept() {
+        let (s, ms) = (Duration::from_secs, Duration::from_millis);
+        let defaults = (crate::defaults::MIN_POLLING_INTERVAL, crate::defaults::MAX_POLLING_INTERVAL);
+        assert_eq!(sqs_polling_intervals(defaults.0, defaults.1), (s(20), s(20)));
+        assert_eq!(sqs_polling_intervals(ms(100), defaults.1), (ms(100), s(20)), "a set shortest is kept");
+        assert_eq!(sqs_polling_intervals(defaults.0, s(5)), (s(5), s(5)), "a set longest bounds the shortest");
+        assert_eq!(sqs_polling_intervals(s(30), defaults.1), (s(30), s(30)), "the longest at least the shortest");
+        assert_eq!(sqs_polling_intervals(ms(200), s(90)), (ms(200), s(90)));
     }
 }

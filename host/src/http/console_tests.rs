@@ -62,6 +62,7 @@ fn api(closing: CancellationToken) -> (axum::Router, BTreeMap<String, Arc<dyn Qu
         bus: None,
         audit: None,
         price_per_10k_transactions: crate::cost::PAPER_PRICE_PER_10K,
+        queue_prices: Default::default(),
     };
     (super::routes::router_until(Arc::new(api), ApiLimits::default(), closing), queues)
 }

@@ -49,6 +49,7 @@ fn api() -> (Arc<dyn QueueClient>, axum::Router) {
         bus: None,
         audit: None,
         price_per_10k_transactions: crate::cost::PAPER_PRICE_PER_10K,
+        queue_prices: Default::default(),
     };
     let limits = ApiLimits { max_body_bytes: MAX_BODY, ..ApiLimits::default() };
     (queue, crate::http::router(Arc::new(api), limits))

@@ -72,8 +72,41 @@ pub struct Api {
     /// Where operators' changes (pause, resume, requeue, purge) are recorded, if anywhere.
     pub audit: Option<Arc<crate::service::AuditLog>>,
     /// US dollars per 10,000 storage transactions, for the cost figures of `/status` and
-    /// `/metrics` (config `price_per_10k_transactions`).
+    /// `/metrics` (config `price_per_10k_transactions`), of queues whose backend is not
+    /// priced by [`Api::queue_prices`].
     pub price_per_10k_transactions: f64,
+    /// The price of each (logical) queue whose backend bills at a price of its own (SQS's
+    /// per request, [`crate::cost::Billing`]).
+    pub queue_prices: BTreeMap<String, f64>,
+}
+
+impl Api {
+    /// The price of `queue`'s transactions, US dollars per 10,000.
+    pub(crate) fn price_of(&self, queue: &str) -> f64 {
+        self.queue_prices.get(queue).copied().unwrap_or(self.price_per_10k_transactions)
+    }
+
+    /// The price the host's totals name: its queues' when they share one, else the configured
+    /// one (each queue's cost names its own).
+    pub(crate) fn host_price(&self) -> f64 {
+        let mut prices = self.listeners.keys().map(|queue| self.price_of(queue));
+        match prices.next() {
+            Some(first) if prices.all(|price| price == first) => first,
+            _ => self.price_per_10k_transactions,
+        }
+    }
+
+    /// The prices of `config`'s queues whose backend has a price of its own.
+    pub(crate) fn queue_prices_of(config: &crate::config::Config) -> BTreeMap<String, f64> {
+        config
+            .queues
+            .iter()
+            .filter_map(|queue| {
+                let billing = crate::cost::Billing::of_queue(queue);
+                (billing != crate::cost::Billing::Configured).then(|| (queue.name.to_string(), billing.price_per_10k(config.price_per_10k_transactions)))
+            })
+            .collect()
+    }
 }
 
 /// A queue's live cost figures (`None` when its transactions are not metered), as `/status`,

@@ -69,6 +69,7 @@ async fn serve_handle(
         bus: None,
         audit: None,
         price_per_10k_transactions: crate::cost::PAPER_PRICE_PER_10K,
+        queue_prices: Default::default(),
     });
     let listener = super::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = listener.local_addr().unwrap();

@@ -1,7 +1,8 @@
 //! The latency-aware floor: the fewest consumer calls that handle every arrival within a
-//! wait budget W. One delete per message, plus the fewest gets of at most [`BATCH`]
-//! messages such that no message waits longer than W after its arrival before a get
-//! fetches it. No listener can bill less and keep every pickup within W.
+//! wait budget W. One delete per message (on SQS one `DeleteMessageBatch` per 10), plus the
+//! fewest gets of at most 32 messages (SQS: 10) such that no message waits longer
+//! than W after its arrival before a get fetches it. No listener can bill less and keep
+//! every pickup within W.
 //!
 //! Greedy is optimal: the first get waits as long as it may (the earliest un-fetched
 //! arrival + W) and takes up to a batch of what has arrived by then, earliest first; repeat.
@@ -14,8 +15,6 @@ use anyhow::{Result, bail};
 
 use super::Arrival;
 
-/// Messages one get returns at most (the queue services' batch size).
-pub const BATCH: u32 = crate::queue::MAX_BATCH;
 /// The shortest wait budget `--wait-budget` takes.
 pub(crate) const MIN_WAIT_BUDGET: Duration = Duration::from_millis(1);
 /// The longest wait budget `--wait-budget` takes.
@@ -30,8 +29,10 @@ pub(crate) struct Floor {
     pub wait_budget: Duration,
     /// Gets of the greedy schedule.
     pub gets: u64,
-    /// Deletes: one per message.
+    /// Delete requests: one per message, or one per batch of up to `delete_batch`.
     pub deletes: u64,
+    /// Messages one delete request carries at most (1; SQS: 10).
+    pub delete_batch: u32,
     /// The greedy schedule: when each get happens and how many messages it fetches, in time
     /// order (for the chart).
     pub schedule: Vec<(Duration, u32)>,
@@ -43,10 +44,12 @@ impl Floor {
         self.gets + self.deletes
     }
 
-    /// Consumer calls the floor has made by `at` (a get and its deletes count at the get).
+    /// Consumer calls the floor has made by `at` (a get and its deletes count at the get;
+    /// batched deletes as the batches of what was fetched so far).
     pub fn calls_by(&self, at: Duration) -> u64 {
         let made = self.schedule.partition_point(|(t, _)| *t <= at);
-        self.schedule[..made].iter().map(|(_, n)| 1 + u64::from(*n)).sum()
+        let fetched: u64 = self.schedule[..made].iter().map(|(_, n)| u64::from(*n)).sum();
+        made as u64 + fetched.div_ceil(u64::from(self.delete_batch.max(1)))
     }
 }
 
@@ -58,14 +61,12 @@ pub(crate) fn check_wait_budget(wait_budget: Duration) -> Result<()> {
     Ok(())
 }
 
-/// The floor of `arrivals` (sorted by time) for `wait_budget`, with gets of [`BATCH`].
-pub fn floor(arrivals: &[Arrival], wait_budget: Duration) -> Floor {
-    floor_with_batch(arrivals, wait_budget, BATCH)
-}
-
-/// The floor with gets of at most `batch` messages (at least 1).
-pub(crate) fn floor_with_batch(arrivals: &[Arrival], wait_budget: Duration, batch: u32) -> Floor {
+/// The floor of `arrivals` (sorted by time) for `wait_budget` on a backend: gets of at most
+/// `batch` (Azure 32, SQS 10), deletes of at most `delete_batch` a request (deletes of messages fetched apart may share a request: SQS's batch takes any
+/// receipts of the queue).
+pub(crate) fn floor_of(arrivals: &[Arrival], wait_budget: Duration, batch: u32, delete_batch: u32) -> Floor {
     let batch = batch.max(1);
+    let delete_batch = delete_batch.max(1);
     let mut schedule = Vec::new();
     // The earliest un-fetched arrival and how many of its messages are still there.
     let mut first = 0;
@@ -97,13 +98,18 @@ pub(crate) fn floor_with_batch(arrivals: &[Arrival], wait_budget: Duration, batc
         }
         schedule.push((at, taken));
     }
-    let deletes = arrivals.iter().map(|a| u64::from(a.count)).sum();
-    Floor { wait_budget, gets: schedule.len() as u64, deletes, schedule }
+    let messages: u64 = arrivals.iter().map(|a| u64::from(a.count)).sum();
+    Floor { wait_budget, gets: schedule.len() as u64, deletes: messages.div_ceil(u64::from(delete_batch)), delete_batch, schedule }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Azure's floor: gets of 32, a delete per message.
+    fn floor(arrivals: &[Arrival], wait_budget: Duration) -> Floor {
+        floor_of(arrivals, wait_budget, crate::queue::MAX_BATCH, 1)
+    }
 
     fn arrivals(times_ms: &[u64]) -> Vec<Arrival> {
         let mut arrivals: Vec<Arrival> = times_ms.iter().map(|&ms| Arrival { at: Duration::from_millis(ms), count: 1 }).collect();
@@ -151,7 +157,7 @@ mod tests {
             let times: Vec<u64> = (0..n).map(|_| rng.u64(0..span)).collect();
             let wait = rng.u64(1..=12);
             let batch = rng.usize(1..=4);
-            let greedy = floor_with_batch(&arrivals(&times), Duration::from_millis(wait), batch as u32);
+            let greedy = floor_of(&arrivals(&times), Duration::from_millis(wait), batch as u32, 1);
             let expected = brute_force(&times, wait, batch);
             assert_eq!(greedy.gets, expected, "times {times:?}, W {wait} ms, batch {batch}: greedy {:?}", greedy.schedule);
             assert_eq!(greedy.deletes, n as u64);
@@ -195,7 +201,21 @@ mod tests {
         assert_eq!(floor.calls_by(Duration::from_millis(1999)), 0);
         assert_eq!(floor.calls_by(s(2)), 3 + 71);
         assert_eq!(floor.calls_by(s(60)), 78);
-        assert_eq!(super::floor(&[], Duration::from_secs(1)).calls(), 0);
+        assert_eq!(floor_of(&[], Duration::from_secs(1), 10, 10).calls(), 0);
+    }
+
+    #[test]
+    fn on_sqs_the_floor_is_receives_of_ten_and_a_delete_batch_per_ten_messages() {
+        let s = Duration::from_secs;
+        // 25 at once and 3 a minute later: 3 + 1 receives; 28 messages in 3 delete batches.
+        let input = vec![Arrival { at: s(0), count: 25 }, Arrival { at: s(60), count: 3 }];
+        let floor = floor_of(&input, s(1), 10, 10);
+        assert_eq!(floor.schedule, vec![(s(1), 10), (s(1), 10), (s(1), 5), (s(61), 3)]);
+        assert_eq!((floor.gets, floor.deletes, floor.calls()), (4, 3, 7));
+        assert_eq!((floor.calls_by(s(1)), floor.calls_by(s(61))), (3 + 3, 7));
+        // At load the floor is 0.2 requests per message.
+        let load = floor_of(&[Arrival { at: s(0), count: 10_000 }], s(1), 10, 10);
+        assert_eq!(load.calls() as f64 / 10_000.0, 0.2);
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! listener as a publisher would); the handler sleeps a handler time drawn from the
 //! distribution and records the pickup latency (arrival → handler start).
 
+pub mod backend;
 pub(crate) mod bench;
 pub(crate) mod chart;
 pub(crate) mod floor;
@@ -37,6 +38,7 @@ use crate::queue::{QueueClient, RetryPolicy, TokioClock, TransactionCounts};
 use crate::rules::{QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
 use crate::service::{QueueStack, StackOptions};
 
+pub use backend::SimBackend;
 pub(crate) use floor::Floor;
 pub use rules::{RuleChoice, RuleFile};
 pub(crate) use scenario::DEFAULT_HANDLER_TIME;
@@ -66,6 +68,8 @@ pub struct SimOptions {
     pub handler_time: HandlerTime,
     /// Listeners the monthly cost is given for (each on its own queue, all alike).
     pub listeners: u64,
+    /// The backend modelled: its limits, its floor (and its price by default).
+    pub backend: SimBackend,
     /// US dollars per 10,000 transactions.
     pub price_per_10k: f64,
     /// Seed of every random choice (jitter, handler times).
@@ -97,14 +101,15 @@ pub struct SimOptions {
 
 impl SimOptions {
     /// Options for `workload` with these rules and the defaults: handler times of
-    /// `DEFAULT_HANDLER_TIME`, the host's queue defaults, 1 listener, the paper's price,
-    /// seed 1.
+    /// `DEFAULT_HANDLER_TIME`, the host's queue defaults, 1 listener, Azure at the paper's
+    /// price, seed 1.
     pub fn new(workload: Workload, rules: Vec<RuleChoice>) -> SimOptions {
         SimOptions {
             workload,
             rules,
             handler_time: DEFAULT_HANDLER_TIME,
             listeners: 1,
+            backend: SimBackend::Azure,
             price_per_10k: PAPER_PRICE_PER_10K,
             seed: 1,
             notify: false,
@@ -266,14 +271,17 @@ pub struct SimReport {
     pub handler_time: String,
     /// Listeners the monthly cost is for.
     pub listeners: u64,
+    /// The backend modelled (`azure`, `sqs`, `sqs-fifo`).
+    pub backend: SimBackend,
     /// The price used.
     pub price_per_10k_transactions: f64,
     /// The seed.
     pub seed: u64,
     /// The floor's wait budget W, in milliseconds.
     pub wait_budget_ms: u64,
-    /// The floor: the fewest consumer calls (a delete per message, gets of at most 32) that
-    /// fetch every message within W of its arrival.
+    /// The floor: the fewest consumer calls (a delete per message, gets of at most 32; on
+    /// SQS a delete batch per 10 messages, receives of 10) that fetch every message within W
+    /// of its arrival.
     pub floor_calls: u64,
     /// Of those, gets.
     pub floor_gets: u64,
@@ -290,7 +298,8 @@ pub fn run(options: &SimOptions) -> Result<SimReport> {
     let any_wasm = options.rules.iter().any(|r| r.wasm().is_some());
     let limits = options.rule_limits.clone().unwrap_or_default();
     let engine = if any_wasm { Some(rule_engine(limits, options.rule_cache.as_ref())?) } else { None };
-    let floor = floor::floor(&options.workload.arrivals, options.wait_budget);
+    let backend = options.backend;
+    let floor = floor::floor_of(&options.workload.arrivals, options.wait_budget, backend.get_batch(), backend.delete_batch());
     let mut reports = Vec::new();
     for rule in &options.rules {
         let mut report = run_rule(rule, engine.as_ref(), options).with_context(|| format!("simulating rule {}", rule.name()))?;
@@ -304,6 +313,7 @@ pub fn run(options: &SimOptions) -> Result<SimReport> {
         messages: options.workload.messages(),
         handler_time: options.handler_time.to_string(),
         listeners: options.listeners,
+        backend,
         price_per_10k_transactions: options.price_per_10k,
         seed: options.seed,
         wait_budget_ms: options.wait_budget.as_millis() as u64,
@@ -432,7 +442,7 @@ fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
 
 async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &SimOptions, wall: std::time::Instant) -> Result<RuleReport> {
     let start = tokio::time::Instant::now();
-    let queue = SimQueue::assemble().await?;
+    let queue = SimQueue::assemble(options.backend).await?;
     let handler = Arc::new(SimHandler::new(start, options));
     let settings = settings_of(rule, options);
     let notify = options.notify || settings.push_enabled;
@@ -466,11 +476,13 @@ struct SimQueue {
 }
 
 impl SimQueue {
-    async fn assemble() -> Result<SimQueue> {
+    async fn assemble(backend: SimBackend) -> Result<SimQueue> {
         let clock = Arc::new(TokioClock::new());
         let memory = Arc::new(MemoryQueue::new(QUEUE, clock.clone(), crate::defaults::MAX_MESSAGE_BYTES));
-        let poison_memory: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new(POISON_QUEUE, clock.clone(), crate::defaults::MAX_MESSAGE_BYTES));
-        let open = |name: &str| -> Result<Arc<dyn QueueClient>> { Ok(if name == POISON_QUEUE { poison_memory.clone() } else { memory.clone() }) };
+        let storage = backend.storage(memory.clone());
+        let poison_memory = Arc::new(MemoryQueue::new(POISON_QUEUE, clock.clone(), crate::defaults::MAX_MESSAGE_BYTES));
+        let poison_storage = backend.storage(poison_memory);
+        let open = |name: &str| -> Result<Arc<dyn QueueClient>> { Ok(if name == POISON_QUEUE { poison_storage.clone() } else { storage.clone() }) };
         // The same stack as `ebb run`: retries around metering around the backend.
         let name = QueueName::new(QUEUE)?;
         let stack = QueueStack::assemble_named(
@@ -491,10 +503,10 @@ impl SimQueue {
     }
 }
 
-/// The settings the rule runs with: the configured queue's or the rule's own, with the
-/// run's seed and the options' overrides.
+/// The settings the rule runs with: the configured queue's or the rule's own (on the
+/// backend), with the run's seed and the options' overrides.
 fn settings_of(rule: &RuleChoice, options: &SimOptions) -> crate::listener::QueueSettings {
-    let own = options.queue_settings.clone().unwrap_or_else(|| rule.settings());
+    let own = options.queue_settings.clone().unwrap_or_else(|| rule.settings_on(options.backend));
     let mut settings = crate::listener::QueueSettings { random_seed: Some(options.seed), ..own };
     if let Some(interval) = options.safety_poll {
         settings.safety_poll = interval;

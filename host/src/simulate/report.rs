@@ -34,10 +34,11 @@ const TITLES: [&str; 18] = [
 /// What was simulated, and what the figures count.
 fn heading(report: &SimReport) -> String {
     let mut out = format!(
-        "scenario {} ({} simulated, {} messages), handler {}, ${} per 10,000 transactions, $/month for {} listener{}\n",
+        "scenario {} ({} simulated, {} messages), backend {}, handler {}, ${} per 10,000 transactions, $/month for {} listener{}\n",
         report.scenario,
         super::scenario::show_duration(std::time::Duration::from_secs_f64(report.duration_secs)),
         report.messages,
+        report.backend.name(),
         report.handler_time,
         report.price_per_10k_transactions,
         report.listeners,
@@ -49,8 +50,8 @@ fn heading(report: &SimReport) -> String {
         out.push_str("($/month counts this run as a whole day's activity, 30 times over: the rest of each day costs nothing)\n");
     }
     out.push_str(&format!(
-        "consumer = billed transactions but puts; floor = a delete per message + the fewest gets of at most {} that fetch each message within W of its arrival\n",
-        super::floor::BATCH
+        "consumer = billed transactions but puts; floor = {} that fetch each message within W of its arrival\n",
+        report.backend.floor_words()
     ));
     out
 }

@@ -183,7 +183,7 @@ impl Console {
     /// `DEPTH_MAX_AGE`, as `/status` does); unwatched samples never cost a transaction.
     fn tick(&self, watched: bool) {
         let api = &self.api;
-        let price = api.price_per_10k_transactions;
+        let price = api.host_price();
         let now = Instant::now();
         let mut history = self.history.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let sample = now >= history.next_sample;
@@ -213,9 +213,10 @@ impl Console {
                 let pickup = status.pickup_latency_ms.unwrap_or(0) as f32;
                 series.points.push_back([status.approximate_depth as f32, round(throughput, 2) as f32, pickup, status.active_tasks as f32]);
             }
-            costs.extend(queue_cost(&status, price));
+            let queue_price = api.price_of(logical);
+            costs.extend(queue_cost(&status, queue_price));
             paused += usize::from(status.paused.is_some());
-            let row = row_json(logical, &status, throughput, price);
+            let row = row_json(logical, &status, throughput, queue_price);
             rows.push(match previous.rows.get(index) {
                 Some(old) if **old == *row => old.clone(),
                 _ => Arc::from(row),

@@ -283,7 +283,7 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
     for metric in QUEUE_METRICS {
         register_queue_metric(&mut registry, metric, &queues);
     }
-    register_host_cost(&mut registry, &queues, api.price_per_10k_transactions);
+    register_host_cost(&mut registry, &queues, api.host_price());
     register_bus(&mut registry, &api);
     crate::http::storage_metrics::register(&mut registry, api.handles.values().flat_map(|h| h.storage_clients()), queues.iter().map(|q| &q.listener));
     crate::http::storage_metrics::register_claims(&mut registry, api.handles.values().filter_map(|h| h.claim_records()));
@@ -329,6 +329,7 @@ mod tests {
             bus: None,
             audit: None,
             price_per_10k_transactions: crate::cost::PAPER_PRICE_PER_10K,
+            queue_prices: Default::default(),
         })
     }
 

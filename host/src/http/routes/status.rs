@@ -18,15 +18,16 @@ fn queue_status(listener: &Listener, price: f64) -> QueueStatus {
 
 /// Every queue partition's status, in the order of the API's listeners.
 pub(super) fn queue_statuses(api: &Api) -> Vec<QueueStatus> {
-    api.listeners.values().flatten().map(|l| queue_status(l, api.price_per_10k_transactions)).collect()
+    api.listeners.iter().flat_map(|(queue, listeners)| listeners.iter().map(move |l| queue_status(l, api.price_of(queue)))).collect()
 }
 
 /// What `/status` answers for `api`: each listener's status read once.
 fn host_status(api: &Api) -> HostStatus {
-    let price = api.price_per_10k_transactions;
+    let price = api.host_price();
     let mut queues = Vec::new();
     let mut partitioned = Vec::new();
     for (queue, listeners) in &api.listeners {
+        let price = api.price_of(queue);
         let group: Vec<QueueStatus> = listeners.iter().map(|l| queue_status(l, price)).collect();
         if group.len() > 1 {
             partitioned.push(PartitionedStatus::of(queue, &group, price));

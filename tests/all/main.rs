@@ -44,6 +44,7 @@ mod shape;
 mod simulate;
 mod sqs_check;
 mod sqs_faults;
+mod sqs_hosts;
 mod sqs_queue;
 mod sqs_run;
 mod stops;

@@ -2,7 +2,7 @@
 //! competing for one queue with kill -9 of one of them, a pause across a restart, push
 //! across hosts over Redis (an idle host woken, polling through an outage), the KEDA
 //! scaler counting an SQS queue, the console's poison list and requeue on an SQS queue
-//! (headless Chromium). Each runs the
+//! (headless Chromium), a shadow rule in `/status` and `ebb rule promote`. Each runs the
 //! Azure (or embedded) test's own body with the queue on SQS.
 
 use std::sync::Arc;
@@ -73,4 +73,12 @@ async fn the_console_shows_an_sqs_queues_hostile_poison_body_as_text_and_requeue
     let storage = on_moto(&moto);
     let env: Vec<(&str, String)> = storage.env.clone();
     crate::console::hostile_poison_as_text_and_requeue_from_the_page(("backend = \"sqs\"\n", &storage.table), &env).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_rule_on_an_sqs_queue_shows_in_status_and_metrics_and_promote_makes_it_live() -> anyhow::Result<()> {
+    // A moto of its own: the shadow test's queues are named orders and plain.
+    let moto = Moto::start();
+    let storage = on_moto(&moto);
+    crate::shadow::shadow_shows_and_promote_makes_it_live(("backend = \"sqs\"\n", &storage.table), &storage.env).await
 }

@@ -152,7 +152,8 @@ async fn behind_a_proxy_failing_a_fifth_of_requests_no_message_is_lost_or_delete
 
 /// Issue 25's goal: behind a proxy answering 503 to 20 % of requests and dropping 5 %, no
 /// message is lost, the failed calls the host counts are exactly the requests the proxy
-/// refused or dropped, by class, and a delete whose answer was dropped after the service had
+/// refused or dropped, by class (but for an attempt the host abandoned, shutting down,
+/// before the proxy's answer reached it: counted abandoned), and a delete whose answer was dropped after the service had
 /// done it is recognised as done, not reported as a lost lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_failures_the_host_counts_are_the_ones_the_proxy_made() {
@@ -173,9 +174,20 @@ async fn the_failures_the_host_counts_are_the_ones_the_proxy_made() {
     let host_failures = queue.failed_attempts() + poison.failed_attempts();
     eprintln!("proxy {counts:?}; host: queue {queue:?}, poison {poison:?}");
     assert!(counts.server_busy > 50 && counts.dropped_before > 0 && counts.dropped_after > 0, "{counts:?}");
-    assert_eq!(host_failures, counts.faults(), "every refused or dropped request, and nothing else, is a failure");
-    assert_eq!(counted(FailureClass::Throttled), counts.server_busy, "a 503 ServerBusy is throttling");
-    assert_eq!(counted(FailureClass::Connection), counts.dropped_before + counts.dropped_after, "a dropped connection is a connection failure");
+    // The listener stopping drops a get in flight: a fault the proxy made on it never
+    // reached the host, which counts that attempt abandoned (once seen: 166 counted of 167).
+    let abandoned = queue.abandoned + poison.abandoned;
+    let unheard = counts.faults() - host_failures.min(counts.faults());
+    assert!(host_failures <= counts.faults() && unheard <= abandoned, "every refused or dropped request the host heard of, and nothing else, is a failure");
+    assert!(
+        counted(FailureClass::Throttled) <= counts.server_busy && counts.server_busy <= counted(FailureClass::Throttled) + abandoned,
+        "a 503 ServerBusy is throttling"
+    );
+    let dropped = counts.dropped_before + counts.dropped_after;
+    assert!(
+        counted(FailureClass::Connection) <= dropped && dropped <= counted(FailureClass::Connection) + abandoned,
+        "a dropped connection is a connection failure"
+    );
     assert_eq!(queue.total_retries() + poison.total_retries(), host_failures, "each failure was retried");
     assert!(queue.gave_up.is_empty() && poison.gave_up.is_empty(), "{queue:?}");
     // A delete whose answer was dropped had been done: its retry hears "not found", and

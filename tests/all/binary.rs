@@ -49,15 +49,17 @@ impl App {
     }
 }
 
-struct Site {
+pub(crate) struct Site {
     dir: tempfile::TempDir,
     api: SocketAddr,
     /// `PATH` for the processes it starts (default: the test's own).
     path: Option<std::ffi::OsString>,
+    /// More environment variables for the processes it starts.
+    env: Vec<(&'static str, String)>,
 }
 
 impl Site {
-    fn new(app: SocketAddr, lease: &str) -> Site {
+    pub(crate) fn new(app: SocketAddr, lease: &str) -> Site {
         let dir = tempfile::tempdir().unwrap();
         let api: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         std::fs::create_dir_all(dir.path().join("rules")).unwrap();
@@ -66,15 +68,32 @@ impl Site {
             "drain_timeout = \"10s\"\n[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n\n[queues.orders]\nrule = \"orders.wasm\"\nlease_duration = \"{lease}\"\nmax_polling_interval = \"2s\"\nhandler = {{ url = \"http://{app}/work\" }}\n"
         );
         std::fs::write(dir.path().join("ebb.toml"), config).unwrap();
-        Site { dir, api, path: None }
+        Site { dir, api, path: None, env: Vec::new() }
     }
 
-    /// A command running the binary, with this site's `PATH`.
+    /// [`Site::new`] with queue `orders` on SQS at `moto` (its own: the name is fixed),
+    /// reached with moto's test keys.
+    pub(crate) fn on_sqs(app: SocketAddr, lease: &str, moto: &ebb_tests::moto::Moto) -> Site {
+        let site = Site::new(app, lease).with_moto_keys();
+        let plain = std::fs::read_to_string(site.config()).unwrap();
+        let config = format!("{}\n{}", plain.replace("[queues.orders]\n", "[queues.orders]\nbackend = \"sqs\"\n"), aws_table(moto));
+        std::fs::write(site.config(), config).unwrap();
+        site
+    }
+
+    /// Its processes get moto's test keys in the SDK's environment variables.
+    pub(crate) fn with_moto_keys(mut self) -> Site {
+        self.env = vec![("AWS_ACCESS_KEY_ID", "testing".into()), ("AWS_SECRET_ACCESS_KEY", "testing".into())];
+        self
+    }
+
+    /// A command running the binary, with this site's `PATH` and environment.
     fn command(&self) -> Command {
         let mut command = Command::new(EBB);
         if let Some(path) = &self.path {
             command.env("PATH", path);
         }
+        command.envs(self.env.iter().map(|(name, value)| (name, value)));
         command
     }
 
@@ -121,6 +140,11 @@ impl Site {
         let in_use = |status: HostStatus| status.queues.iter().all(|q| rule_file(q) == Some("orders.wasm"));
         wait_until("the rule in use", || async { in_use(self.typed_status().await) }).await;
     }
+}
+
+/// The `[aws]` table of a config on `moto`: its region and endpoint.
+pub(crate) fn aws_table(moto: &ebb_tests::moto::Moto) -> String {
+    format!("[aws]\nregion = \"{}\"\nendpoint = \"{}\"\n", ebb_tests::moto::REGION, moto.endpoint())
 }
 
 /// The file of the rule a queue's status shows in use.
@@ -838,24 +862,30 @@ async fn an_entra_id_identity_reaches_azure_over_https() {
 /// Redis is down the host polls (a message with no trigger is still found); it comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn push_across_hosts_over_redis_with_zero_idle_tasks_and_polling_through_an_outage() {
-    use ebb::bus::PubSub as _;
     use ebb::queue::QueueClient as _;
     let azurite = ebb_tests::azurite::Azurite::shared();
-    let mut redis = ebb_tests::redis::RedisServer::start();
     let queue = ebb_tests::azurite::unique_queue_name("pushed");
     let (app, app_addr) = App::start(Duration::ZERO).await;
-    let site = Site::new(app_addr, "30s");
+    let direct = ebb::queue::azure::AzureQueue::new(&azurite.account(), &queue, Default::default()).unwrap();
+    direct.create_if_missing().await.unwrap();
+    let storage = format!("[azure]\nconnection_string = \"{}\"\n", azurite.connection_string());
+    push_across_hosts(&Site::new(app_addr, "30s"), &app, &queue, ("azure", &storage), &direct).await;
+}
+
+/// The body of [`push_across_hosts_over_redis_with_zero_idle_tasks_and_polling_through_an_outage`]
+/// on `site` with its queue renamed `queue`, on `backend` reached by the table `storage`;
+/// `direct` reaches the queue as another process would.
+pub(crate) async fn push_across_hosts(site: &Site, app: &App, queue: &str, (backend, storage): (&str, &str), direct: &dyn ebb::queue::QueueClient) {
+    use ebb::bus::PubSub as _;
+    let mut redis = ebb_tests::redis::RedisServer::start();
     let plain = std::fs::read_to_string(site.config()).unwrap();
-    let queue_section = format!("[queues.{queue}]\nbackend = \"azure\"\npush = true\nmin_tasks = 0\nmin_polling_interval = \"100ms\"\n");
+    let queue_section = format!("[queues.{queue}]\nbackend = \"{backend}\"\npush = true\nmin_tasks = 0\nmin_polling_interval = \"100ms\"\n");
     let config = format!(
-        "{}\n[azure]\nconnection_string = \"{}\"\n\n[bus]\nredis_url = \"{}\"\n",
+        "{}\n{storage}\n[bus]\nredis_url = \"{}\"\n",
         plain.replace("[queues.orders]\n", &queue_section).replace("max_polling_interval = \"2s\"", "max_polling_interval = \"1s\""),
-        azurite.connection_string(),
         redis.url()
     );
     std::fs::write(site.config(), &config).unwrap();
-    let direct = ebb::queue::azure::AzureQueue::new(&azurite.account(), &queue, Default::default()).unwrap();
-    direct.create_if_missing().await.unwrap();
 
     let checked = String::from_utf8(site.ebb(&["check"]).stdout).unwrap();
     assert!(checked.contains(&format!("bus: redis://127.0.0.1:{} answers", redis.port())), "{checked}");
@@ -878,7 +908,7 @@ async fn push_across_hosts_over_redis_with_zero_idle_tasks_and_polling_through_a
     let dead_api = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     std::fs::write(&sender, config.replace(&site.api.to_string(), &dead_api.to_string())).unwrap();
     wait_until("idle again", || async { site.first_queue().await.active_tasks == 0 }).await;
-    let sent = site.command().args(["send", &queue, "sent-from-elsewhere", "--config"]).arg(&sender).output().unwrap();
+    let sent = site.command().args(["send", queue, "sent-from-elsewhere", "--config"]).arg(&sender).output().unwrap();
     assert!(sent.status.success(), "{}", String::from_utf8_lossy(&sent.stderr));
     assert!(String::from_utf8_lossy(&sent.stdout).contains("notified the hosts"), "{}", String::from_utf8_lossy(&sent.stdout));
     wait_until("the sent message handled", || async { app.bodies().contains("sent-from-elsewhere") }).await;
@@ -912,7 +942,7 @@ fn built_in_site(app: SocketAddr, queue_keys: &str) -> Site {
         "drain_timeout = \"10s\"\n[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n\n[queues.orders]\n{queue_keys}handler = {{ url = \"http://{app}/work\" }}\n"
     );
     std::fs::write(dir.path().join("ebb.toml"), config).unwrap();
-    Site { dir, api, path: None }
+    Site { dir, api, path: None, env: Vec::new() }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1211,7 +1241,12 @@ async fn check_retries_a_503_from_storage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_queue_holds_its_messages_across_a_restart_until_resumed() {
     let (app, app_addr) = App::start(Duration::from_millis(1)).await;
-    let site = Site::new(app_addr, "30s");
+    pause_holds_across_a_restart_until_resumed(&Site::new(app_addr, "30s"), &app).await;
+}
+
+/// The body of [`a_paused_queue_holds_its_messages_across_a_restart_until_resumed`], on
+/// `site`'s queue `orders` (whatever its backend), forwarding to `app`.
+pub(crate) async fn pause_holds_across_a_restart_until_resumed(site: &Site, app: &App) {
     let mut host = site.start_host().await;
     let paused = String::from_utf8(site.ebb(&["queue", "pause", "orders"]).stdout).unwrap();
     assert!(paused.contains("orders paused until resumed"), "{paused}");

@@ -81,6 +81,11 @@ impl Host {
 
     /// The host with `api` as the rest of its `[api]` table (its tokens).
     async fn start_with(api_tokens: &str, queues: &str) -> Result<Host> {
+        Host::start_with_env(api_tokens, queues, &[]).await
+    }
+
+    /// [`Host::start_with`], the host given the environment variables `env`.
+    async fn start_with_env(api_tokens: &str, queues: &str, env: &[(&str, String)]) -> Result<Host> {
         let dir = tempfile::tempdir()?;
         let api: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         std::fs::create_dir_all(dir.path().join("rules"))?;
@@ -89,7 +94,14 @@ impl Host {
         let log = std::fs::File::create(dir.path().join("host.log"))?;
         // `EBB_CONSOLE_HOST_BINARY` lets the goals harness measure a release build.
         let binary = std::env::var("EBB_CONSOLE_HOST_BINARY").unwrap_or_else(|_| EBB.to_string());
-        let child = Command::new(binary).arg("run").arg("--config").arg(dir.path().join("ebb.toml")).stdout(Stdio::null()).stderr(log).spawn()?;
+        let child = Command::new(binary)
+            .arg("run")
+            .arg("--config")
+            .arg(dir.path().join("ebb.toml"))
+            .envs(env.iter().map(|(name, value)| (name, value)))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?;
         let host = Host { dir, api, child };
         let url = format!("http://{api}/healthz");
         wait_until("the host's API", || async { reqwest::get(&url).await.is_ok_and(|r| r.status().is_success()) }).await;
@@ -371,12 +383,19 @@ async fn the_pause_button_stops_processing_and_resume_restarts_it() -> Result<()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_poison_body_shows_as_text_and_requeue_from_the_page_reaches_the_handler() -> Result<()> {
+    hostile_poison_as_text_and_requeue_from_the_page(("", ""), &[]).await
+}
+
+/// The body of [`a_hostile_poison_body_shows_as_text_and_requeue_from_the_page_reaches_the_handler`]
+/// with `storage` in queue `orders`'s table (its `backend`) and after it (the backend's
+/// table), the host given `env`.
+pub(crate) async fn hostile_poison_as_text_and_requeue_from_the_page((backend, table): (&str, &str), env: &[(&str, String)]) -> Result<()> {
     const HOSTILE: &str = "<script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned = 2\">poison";
     const FIXABLE: &str = "poison until the app is fixed";
     let (app, app_addr) = App::start(Duration::ZERO).await;
-    let host =
-        Host::start(&format!("[queues.orders]\nmax_dequeue_count = 1\nmax_polling_interval = \"1s\"\nhandler = {{ url = \"http://{app_addr}/work\" }}\n"))
-            .await?;
+    let queues =
+        format!("[queues.orders]\n{backend}max_dequeue_count = 1\nmax_polling_interval = \"1s\"\nhandler = {{ url = \"http://{app_addr}/work\" }}\n{table}");
+    let host = Host::start_with_env(&format!("token = \"{TOKEN}\"\n"), &queues, env).await?;
     host.send("orders", HOSTILE).await?;
     host.send("orders", FIXABLE).await?;
     wait_until("both messages poisoned", || async { host.queue_status("orders").await.is_ok_and(|q| q["poisoned"] == 2) }).await;

@@ -20,17 +20,19 @@ const SCALER_TOKEN: &str = "sc4ler";
 
 /// A host's folder and addresses: queue `orders` in 2 partitions, `max_tasks = 4` (the
 /// tasks one instance runs), rule `orders.wasm` (the paper's rule to start with).
-struct Site {
+pub(crate) struct Site {
     dir: tempfile::TempDir,
     api: SocketAddr,
     scaler: SocketAddr,
+    /// More environment variables for the processes it starts.
+    env: Vec<(&'static str, String)>,
 }
 
 /// A running `ebb`, killed if the test fails before stopping it.
-struct Host(Option<Child>);
+pub(crate) struct Host(Option<Child>);
 
 impl Host {
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let child = self.0.take().unwrap();
         signal(&child, "-TERM");
         let exit = tokio::task::spawn_blocking(move || {
@@ -62,7 +64,7 @@ impl Site {
     }
 
     /// `poll_interval`: how often `ebb scaler` counts the queues.
-    fn with_poll_interval(app: SocketAddr, poll_interval: &str) -> Site {
+    pub(crate) fn with_poll_interval(app: SocketAddr, poll_interval: &str) -> Site {
         let dir = tempfile::tempdir().unwrap();
         let (api, scaler) = (free_port(), free_port());
         std::fs::create_dir_all(dir.path().join("rules")).unwrap();
@@ -74,18 +76,37 @@ impl Site {
              handler = {{ url = \"http://{app}/work\" }}\n"
         );
         std::fs::write(dir.path().join("ebb.toml"), config).unwrap();
-        Site { dir, api, scaler }
+        Site { dir, api, scaler, env: Vec::new() }
     }
 
     /// Starts `ebb <command>` (`run` or `scaler`) and waits for its API and its scaler.
     async fn start(&self, command: &str) -> Host {
         let log = std::fs::File::create(self.dir.path().join(format!("{command}.log"))).unwrap();
-        let child = Command::new(EBB).arg(command).arg("--config").arg(self.dir.path().join("ebb.toml")).stdout(Stdio::null()).stderr(log).spawn().unwrap();
+        let child = Command::new(EBB)
+            .arg(command)
+            .arg("--config")
+            .arg(self.dir.path().join("ebb.toml"))
+            .envs(self.env.iter().map(|(name, value)| (name, value)))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
         let host = Host(Some(child));
         let url = format!("http://{}/healthz", self.api);
         wait_until("the host's API", || async { reqwest::get(&url).await.is_ok_and(|r| r.status().is_success()) }).await;
         wait_until("the scaler", || async { tokio::net::TcpStream::connect(self.scaler).await.is_ok() }).await;
         host
+    }
+
+    /// Its queue `orders` renamed `queue`, on `backend` reached by the table `storage`, its
+    /// processes given `env`.
+    pub(crate) fn on(mut self, queue: &str, (backend, storage): (&str, &str), env: Vec<(&'static str, String)>) -> Site {
+        let config = std::fs::read_to_string(self.dir.path().join("ebb.toml"))
+            .unwrap()
+            .replace("[queues.orders]\n", &format!("[queues.{queue}]\nbackend = \"{backend}\"\n"));
+        std::fs::write(self.dir.path().join("ebb.toml"), format!("{config}{storage}")).unwrap();
+        self.env = env;
+        self
     }
 
     async fn client(&self) -> ExternalScalerClient<Channel> {
@@ -294,34 +315,38 @@ async fn ebb_scaler_watches_the_queues_without_processing_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ebb_scaler_counts_azure_queues_to_find_work_sent_around_it() {
-    use ebb::queue::QueueClient as _;
     use ebb::queue::azure::{AzureOptions, AzureQueue};
     use ebb_tests::azurite::{Azurite, unique_queue_name};
 
     let azurite = Azurite::shared();
     let (app, app_addr) = App::start(Duration::from_millis(1)).await;
-    let site = Site::with_poll_interval(app_addr, "100ms");
     let queue = unique_queue_name("scaler");
-    let config =
-        std::fs::read_to_string(site.dir.path().join("ebb.toml")).unwrap().replace("[queues.orders]\n", &format!("[queues.{queue}]\nbackend = \"azure\"\n"));
-    let config = format!("{config}[azure]\nconnection_string = \"{}\"\n", azurite.connection_string());
-    std::fs::write(site.dir.path().join("ebb.toml"), config).unwrap();
+    let storage = format!("[azure]\nconnection_string = \"{}\"\n", azurite.connection_string());
+    let site = Site::with_poll_interval(app_addr, "100ms").on(&queue, ("azure", &storage), Vec::new());
+    let partition = AzureQueue::new(&azurite.account(), &ebb::names::QueueName::new(&queue).unwrap().partition(1), AzureOptions::default()).unwrap();
+    // The built-in rule at 101 queued: ceil(ceil(101 / 32) / 4).
+    scaler_counts_work_sent_around_it(&site, &app, &queue, &partition, 1).await;
+}
+
+/// The body of [`ebb_scaler_counts_azure_queues_to_find_work_sent_around_it`] on `site`'s
+/// queue `queue` (in two partitions, whatever its backend): 101 messages put into
+/// `partition` (the second) activate the stream and bring the metric to `metric`.
+pub(crate) async fn scaler_counts_work_sent_around_it(site: &Site, app: &App, queue: &str, partition: &dyn ebb::queue::QueueClient, metric: i64) {
     let host = site.start("scaler").await;
     let mut client = site.client().await;
-    let mut stream = client.stream_is_active(object(&queue)).await.unwrap().into_inner();
+    let mut stream = client.stream_is_active(object(queue)).await.unwrap().into_inner();
     assert!(!next(&mut stream).await);
 
     // Messages put straight into one partition by another client, unseen by this host's API:
     // only a count can find them.
-    let partition = AzureQueue::new(&azurite.account(), &ebb::names::QueueName::new(&queue).unwrap().partition(1), AzureOptions::default()).unwrap();
     for i in 0..101 {
         partition.put(format!("m{i}").as_bytes(), Duration::ZERO).await.unwrap();
     }
     assert!(next(&mut stream).await, "a count found the messages");
-    let request = || GetMetricsRequest { scaled_object_ref: Some(object(&queue)), metric_name: String::new() };
+    let request = || GetMetricsRequest { scaled_object_ref: Some(object(queue)), metric_name: String::new() };
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while client.get_metrics(request()).await.unwrap().into_inner().metric_values[0].metric_value != 1 {
-        assert!(std::time::Instant::now() < deadline, "the metric never reached ceil(ceil(101 / 32) / 4): the built-in rule at 101 queued");
+    while client.get_metrics(request()).await.unwrap().into_inner().metric_values[0].metric_value != metric {
+        assert!(std::time::Instant::now() < deadline, "the metric never reached {metric}: the built-in rule at 101 queued");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(app.seen.lock().unwrap().is_empty(), "a scaler-only host processes nothing");

@@ -115,6 +115,13 @@ fn promote_with(config: &Path, queue: &str, flags: &[&str]) -> (bool, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shadow_rule_shows_in_status_and_metrics_and_promote_makes_it_live() -> Result<()> {
+    shadow_shows_and_promote_makes_it_live(("", ""), &[]).await
+}
+
+/// The body of [`a_shadow_rule_shows_in_status_and_metrics_and_promote_makes_it_live`] with
+/// `backend` in the tables of queues `orders` and `plain` and `table` after them (the
+/// backend's), the host given `env`.
+pub(crate) async fn shadow_shows_and_promote_makes_it_live((backend, table): (&str, &str), env: &[(&str, String)]) -> Result<()> {
     use sha2::Digest as _;
     let (_app, app) = App::start(Duration::ZERO).await;
     let dir = tempfile::tempdir()?;
@@ -126,12 +133,19 @@ async fn a_shadow_rule_shows_in_status_and_metrics_and_promote_makes_it_live() -
     std::fs::write(
         &config,
         format!(
-            "drain_timeout = \"10s\"\n[api]\nlisten = \"{api}\"\ntoken = \"t\"\n\n[queues.orders]\nrule = \"live.wasm\"\nshadow_rule = \"candidate.wasm\"\n\
-             scale_interval = \"100ms\"\nhandler = {{ url = \"http://{app}/work\" }}\n\n[queues.plain]\nrule = \"live.wasm\"\nhandler = {{ url = \"http://{app}/work\" }}\n"
+            "drain_timeout = \"10s\"\n[api]\nlisten = \"{api}\"\ntoken = \"t\"\n\n[queues.orders]\n{backend}rule = \"live.wasm\"\nshadow_rule = \"candidate.wasm\"\n\
+             scale_interval = \"100ms\"\nhandler = {{ url = \"http://{app}/work\" }}\n\n[queues.plain]\n{backend}rule = \"live.wasm\"\nhandler = {{ url = \"http://{app}/work\" }}\n{table}"
         ),
     )?;
     let log = std::fs::File::create(dir.path().join("host.log"))?;
-    let host = Command::new(EBB).arg("run").arg("--config").arg(&config).stdout(std::process::Stdio::null()).stderr(log).spawn()?;
+    let host = Command::new(EBB)
+        .arg("run")
+        .arg("--config")
+        .arg(&config)
+        .envs(env.iter().map(|(name, value)| (name, value)))
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()?;
     // A failed assertion must not leave the host running.
     let mut host = KillOnDrop(Some(host));
     let client = reqwest::Client::new();

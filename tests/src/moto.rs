@@ -65,6 +65,35 @@ impl Moto {
         Moto::account_at(&self.endpoint())
     }
 
+    /// An IAM user of this moto allowed `actions` (e.g. `sqs:GetQueueUrl`) on every
+    /// resource and nothing else: its access key id and secret. Moto checks them only once
+    /// [`Moto::enforce_iam`] was called: use a moto of your own ([`Moto::start`]).
+    pub fn user_allowed(&self, user: &str, actions: &[&str]) -> (String, String) {
+        let script = "import json\n\
+                      iam = boto3.client('iam', region_name=sqs.meta.region_name, endpoint_url=sqs.meta.endpoint_url, aws_access_key_id='testing', aws_secret_access_key='testing')\n\
+                      iam.create_user(UserName=sys.argv[1])\n\
+                      policy = {'Version': '2012-10-17', 'Statement': [{'Effect': 'Allow', 'Action': sys.argv[2:], 'Resource': '*'}]}\n\
+                      iam.put_user_policy(UserName=sys.argv[1], PolicyName='ebb-test', PolicyDocument=json.dumps(policy))\n\
+                      key = iam.create_access_key(UserName=sys.argv[1])['AccessKey']\n\
+                      print(key['AccessKeyId'], key['SecretAccessKey'])";
+        let args: Vec<&str> = std::iter::once(user).chain(actions.iter().copied()).collect();
+        let printed = self.boto3(script, &args);
+        let (id, secret) = printed.trim().split_once(' ').expect("an access key id and its secret");
+        (id.to_string(), secret.to_string())
+    }
+
+    /// From now on this moto authenticates every request and authorizes it by the caller's
+    /// IAM policies (moto's `INITIAL_NO_AUTH_ACTION_COUNT`, set to 0 through its
+    /// `/moto-api/reset-auth`). Never on [`Moto::shared`]: every other test's keys would be
+    /// refused.
+    pub fn enforce_iam(&self) {
+        let script = "import urllib.request\n\
+                      request = urllib.request.Request(sqs.meta.endpoint_url + '/moto-api/reset-auth', data=b'0', method='POST', headers={'Content-Type': 'text/plain'})\n\
+                      print(urllib.request.urlopen(request).read().decode())";
+        let answer = self.boto3(script, &[]);
+        assert!(answer.contains("\"ok\""), "moto did not turn IAM on: {answer}");
+    }
+
     /// Runs `script` under moto's Python with boto3, an SQS client on this moto in the
     /// variable `sqs`; its arguments are in `sys.argv[1:]`. Returns what it printed; panics
     /// with its error output if it fails.

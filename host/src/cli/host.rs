@@ -164,6 +164,7 @@ pub fn check(config_path: &Path) -> Result<()> {
     let mut problems = problems;
     problems.extend(config.queues.iter().filter_map(|queue| shadow_is_the_rule(queue, &config.rules_dir)));
     problems.extend(super::azure_check::check_azure_queues(&config));
+    problems.extend(super::sqs_check::check_sqs_queues(&config));
     if let Some(bus) = &config.bus {
         let reached = bus.engine().and_then(|engine| {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

@@ -11,6 +11,7 @@ mod rule;
 mod rule_contexts;
 mod rule_test;
 mod simulate;
+mod sqs_check;
 mod status;
 mod trace;
 

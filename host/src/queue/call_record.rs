@@ -24,6 +24,7 @@ pub struct CallRecord {
     gave_up: [AtomicU64; KINDS],
     already_done: AtomicU64,
     recreated: AtomicU64,
+    abandoned: AtomicU64,
     times: Mutex<Times>,
 }
 
@@ -44,6 +45,7 @@ impl CallRecord {
             gave_up: Default::default(),
             already_done: AtomicU64::new(0),
             recreated: AtomicU64::new(0),
+            abandoned: AtomicU64::new(0),
             times: Mutex::default(),
         }
     }
@@ -78,6 +80,13 @@ impl CallRecord {
     /// The queue was found missing and created again.
     pub fn record_recreated(&self) {
         self.recreated.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An attempt was given up before its answer came (its caller stopped waiting: the
+    /// listener shutting down mid-get). Its outcome is unknown: the service may have
+    /// refused it, failed it, or done it; so it is neither a failure nor an answer.
+    pub fn record_abandoned(&self) {
+        self.abandoned.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The storage answered a call of `kind` (whatever the answer).
@@ -139,6 +148,7 @@ impl CallRecord {
             gave_up: by_kind(&self.gave_up),
             already_done: load(&self.already_done),
             recreated: load(&self.recreated),
+            abandoned: load(&self.abandoned),
             last_success_age_secs: age(times.last_success),
             last_count_age_secs: age(times.last_count),
             last_failure: times.last_failure.as_ref().map(|(at, kind, class, error)| LastFailure {
@@ -201,6 +211,9 @@ pub struct CallSnapshot {
     pub already_done: u64,
     /// Times the queue was found missing (deleted while the host ran) and created again.
     pub recreated: u64,
+    /// Attempts given up before their answer came (the host stopping mid-call): whether
+    /// the service failed them or did them is unknown.
+    pub abandoned: u64,
     /// Seconds since the storage last answered a call (`None`: never).
     pub last_success_age_secs: Option<f64>,
     /// Seconds since the queue's depth was last read (`None`: never).
@@ -249,6 +262,7 @@ impl CallSnapshot {
         add_counts(&mut self.gave_up, &other.gave_up);
         self.already_done += other.already_done;
         self.recreated += other.recreated;
+        self.abandoned += other.abandoned;
         let newer = |a: Option<f64>, b: Option<f64>| match (a, b) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

@@ -87,6 +87,29 @@ struct Recreation {
     refused: Option<(Instant, String)>,
 }
 
+/// An attempt in flight: dropped before [`PendingAttempt::answered`], it was abandoned
+/// (its caller stopped waiting), and the record says so. Without this, a fault the service
+/// (or a proxy) made on an attempt the host then abandoned was counted by the service and
+/// not by the host.
+struct PendingAttempt<'a> {
+    record: &'a CallRecord,
+    answered: bool,
+}
+
+impl PendingAttempt<'_> {
+    fn answered(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for PendingAttempt<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.record.record_abandoned();
+        }
+    }
+}
+
 /// How one call went, across its attempts.
 struct Attempts {
     /// An attempt failed in a way that leaves open whether the service did the work.
@@ -142,7 +165,10 @@ impl<Q: QueueClient> Retrying<Q> {
         let mut attempt = 1;
         let mut recreate_tried = false;
         loop {
+            // Counted abandoned if this future is dropped before the attempt answers.
+            let pending = PendingAttempt { record: &self.record, answered: false };
             let mut result = call(&self.inner).await;
+            pending.answered();
             let error = match &result {
                 Err(error) => error,
                 Ok(_) => {
@@ -431,7 +457,12 @@ mod tests {
         }
         async fn delete(&self, _: &MessageId, _: &PopReceipt) -> Result<(), QueueError> {
             self.attempts.fetch_add(1, Ordering::Relaxed);
-            self.deletes.lock().unwrap().pop().expect("a scripted answer")
+            let answer = self.deletes.lock().unwrap().pop();
+            // Past the script, an attempt that never answers.
+            match answer {
+                Some(answer) => answer,
+                None => std::future::pending().await,
+            }
         }
         async fn update_visibility(&self, _: &MessageId, receipt: &PopReceipt, _: Duration) -> Result<PopReceipt, QueueError> {
             Ok(receipt.clone())
@@ -494,6 +525,22 @@ mod tests {
         assert_eq!(s.failures[0].kind, CallKind::Put);
         assert_eq!((s.failures[0].class, s.failures[0].count), (FailureClass::Connection, 4), "every attempt of four");
         assert_eq!((s.total_retries(), s.gave_up[0].count), (3, 1));
+    }
+
+    /// The race behind `azure_faults::the_failures_the_host_counts_are_the_ones_the_proxy_made`
+    /// (166 counted, 167 made): the listener stopping mid-get drops an attempt the service had
+    /// already failed; the host never heard of it, so it counted nothing. Now it counts the
+    /// attempt abandoned (neither failed nor answered: its outcome is unknown).
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_dropped_before_its_answer_is_counted_abandoned_not_failed() {
+        let queue = Retrying::new(Scripted::new(vec![transient(FailureClass::Throttled)]), POLICY);
+        // The first attempt fails and is retried; the second never answers, and the caller
+        // stops waiting (as `select!` on the listener's stop token does).
+        let stopped = tokio::time::timeout(Duration::from_secs(5), queue.delete(&"m".into(), &"r".into())).await;
+        assert!(stopped.is_err(), "the second attempt never answers");
+        let s = queue.call_record().snapshot();
+        assert_eq!((s.failed_attempts(), s.abandoned, s.total_retries()), (1, 1, 1), "{s:?}");
+        assert!(s.gave_up.is_empty() && s.last_success_age_secs.is_none(), "{s:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -37,6 +37,7 @@
 
 mod account;
 mod encoding;
+mod probe;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
@@ -50,6 +51,7 @@ use tokio::sync::OnceCell;
 pub use account::{AwsCredentials, AwsSettings, SqsAccount};
 pub(crate) use encoding::ENCODING_ATTRIBUTE;
 pub use encoding::Encoding;
+pub use probe::SqsProbe;
 
 use super::{FailureClass, MAX_BATCH, Message, MessageId, PopReceipt, QueueClient, QueueError, classified};
 
@@ -206,6 +208,15 @@ impl SqsQueue {
         let status = error.raw_response().map(|response| response.status().as_u16());
         let (class, transient) = match error {
             SdkError::ServiceError(_) | SdkError::ResponseError(_) => {
+                // moto answers an IAM refusal in the query protocol's XML, which the JSON
+                // protocol's parser reads as no code: read the code from the body then.
+                let body = error.raw_response().and_then(|response| response.body().bytes());
+                let xml = || body.and_then(|body| xml_element(body, "Code").map(|code| (code, xml_element(body, "Message"))));
+                if error.code().is_none()
+                    && let Some((code, message)) = xml()
+                {
+                    return self.classify_answer(call, id, status.unwrap_or(0), Some(&code), message.as_deref());
+                }
                 return self.classify_answer(call, id, status.unwrap_or(0), error.code(), error.message());
             }
             SdkError::TimeoutError(_) => (FailureClass::Timeout, true),
@@ -390,6 +401,14 @@ fn check_queue_name(name: &str) -> anyhow::Result<()> {
     } else {
         Err(anyhow!("{name:?} is not a valid SQS queue name: 1 to 80 letters, digits, hyphens and underscores (and .fifo at the end of a FIFO queue's)"))
     }
+}
+
+/// The text of the first `<name>` element of an XML error body, if any.
+fn xml_element(body: &[u8], name: &str) -> Option<String> {
+    let text = std::str::from_utf8(body).ok()?;
+    let start = text.find(&format!("<{name}>"))? + name.len() + 2;
+    let end = start + text[start..].find(&format!("</{name}>"))?;
+    Some(text[start..end].to_string())
 }
 
 /// Whole seconds for the service, rounded up, at most `max`.
@@ -608,6 +627,15 @@ mod tests {
             let error = queue.classify_answer(call, None, 400, Some("AccessDenied"), Some("not authorized")).to_string();
             assert!(error.contains(action) && error.contains("queue orders"), "{error}");
         }
+    }
+
+    #[test]
+    fn an_xml_error_body_gives_its_code_and_message() {
+        let body = b"<ErrorResponse><Errors><Error><Code>AccessDenied</Code><Message>not authorized to perform: sqs:ReceiveMessage</Message></Error></Errors></ErrorResponse>";
+        assert_eq!(xml_element(body, "Code").as_deref(), Some("AccessDenied"));
+        assert_eq!(xml_element(body, "Message").as_deref(), Some("not authorized to perform: sqs:ReceiveMessage"));
+        assert_eq!(xml_element(b"{\"__type\":\"x\"}", "Code"), None);
+        assert_eq!(xml_element(b"<Code>unterminated", "Code"), None);
     }
 
     #[test]

@@ -1,0 +1,84 @@
+//! Issue 37 item 8: what works on Azure works on SQS (moto), through the binary: hosts
+//! competing for one queue with kill -9 of one of them, a pause across a restart, push
+//! across hosts over Redis (an idle host woken, polling through an outage), the KEDA
+//! scaler counting an SQS queue, the console's poison list and requeue on an SQS queue
+//! (headless Chromium), a shadow rule in `/status` and `ebb rule promote`. Each runs the
+//! Azure (or embedded) test's own body with the queue on SQS.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ebb::queue::QueueClient;
+use ebb::queue::sqs::{SqsOptions, SqsQueue};
+use ebb_tests::azurite::unique_queue_name;
+use ebb_tests::moto::Moto;
+
+use crate::azure_hosts::{QUEUE, Storage, two_hosts_share_a_queue_and_a_killed_one_loses_nothing};
+use crate::binary::{App, Site, aws_table, pause_holds_across_a_restart_until_resumed, push_across_hosts};
+use crate::scaler::scaler_counts_work_sent_around_it;
+
+/// The storage of a host on `moto`: `[aws]` with its region and endpoint, and moto's test
+/// keys in the SDK's own environment variables.
+fn on_moto(moto: &Moto) -> Storage {
+    let env = vec![("AWS_ACCESS_KEY_ID", "testing".to_string()), ("AWS_SECRET_ACCESS_KEY", "testing".to_string())];
+    Storage { backend: "sqs", table: aws_table(moto), env }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_hosts_on_one_sqs_queue_share_it_without_overlap_and_a_killed_host_loses_nothing() -> anyhow::Result<()> {
+    // A moto of its own: the queue is named QUEUE, as the hosts' config says.
+    let moto = Moto::start();
+    let queue: Arc<dyn QueueClient> = Arc::new(SqsQueue::new(&moto.account(), QUEUE, SqsOptions::default())?);
+    queue.create_if_missing().await?;
+    two_hosts_share_a_queue_and_a_killed_one_loses_nothing(queue, &on_moto(&moto), None).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_sqs_queue_holds_its_messages_across_a_restart_until_resumed() -> anyhow::Result<()> {
+    let moto = Moto::start();
+    let (app, app_addr) = App::start(Duration::from_millis(1)).await;
+    pause_holds_across_a_restart_until_resumed(&Site::on_sqs(app_addr, "30s", &moto), &app).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_across_hosts_wakes_an_idle_sqs_host_and_it_polls_through_a_bus_outage() -> anyhow::Result<()> {
+    let moto = Moto::shared();
+    let queue = unique_queue_name("pushed");
+    let (app, app_addr) = App::start(Duration::ZERO).await;
+    let direct = SqsQueue::new(&moto.account(), &queue, SqsOptions::default())?;
+    direct.create_if_missing().await?;
+    let site = Site::new(app_addr, "30s").with_moto_keys();
+    push_across_hosts(&site, &app, &queue, ("sqs", &aws_table(moto)), &direct).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ebb_scaler_counts_sqs_queues_to_find_work_sent_around_it() -> anyhow::Result<()> {
+    let moto = Moto::shared();
+    let queue = unique_queue_name("scaler");
+    let (app, app_addr) = App::start(Duration::from_millis(1)).await;
+    let site = crate::scaler::Site::with_poll_interval(app_addr, "100ms").on(&queue, ("sqs", &aws_table(moto)), on_moto(moto).env);
+    let partition = SqsQueue::new(&moto.account(), &ebb::names::QueueName::new(&queue)?.partition(1), SqsOptions::default())?;
+    // The built-in rule at 101 queued, a batch of 10 on SQS: ceil(ceil(101 / 10) / 4).
+    scaler_counts_work_sent_around_it(&site, &app, &queue, &partition, 3).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_an_sqs_queues_hostile_poison_body_as_text_and_requeues_from_the_page() -> anyhow::Result<()> {
+    // A moto of its own: the console test's queue is named orders.
+    let moto = Moto::start();
+    let storage = on_moto(&moto);
+    let env: Vec<(&str, String)> = storage.env.clone();
+    crate::console::hostile_poison_as_text_and_requeue_from_the_page(("backend = \"sqs\"\n", &storage.table), &env).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_rule_on_an_sqs_queue_shows_in_status_and_metrics_and_promote_makes_it_live() -> anyhow::Result<()> {
+    // A moto of its own: the shadow test's queues are named orders and plain.
+    let moto = Moto::start();
+    let storage = on_moto(&moto);
+    crate::shadow::shadow_shows_and_promote_makes_it_live(("backend = \"sqs\"\n", &storage.table), &storage.env).await
+}

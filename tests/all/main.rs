@@ -44,6 +44,7 @@ mod shape;
 mod simulate;
 mod sqs_bench;
 mod sqs_faults;
+mod sqs_metering;
 mod sqs_queue;
 mod sqs_run;
 mod stops;

@@ -42,6 +42,7 @@ mod scaler;
 mod shadow;
 mod shape;
 mod simulate;
+mod sqs_bad_input;
 mod sqs_bench;
 mod sqs_faults;
 mod sqs_metering;

@@ -38,6 +38,8 @@ pub(crate) const GOAL_RATIO: f64 = 0.9;
 const LOOP_WAIT_SECONDS: i32 = 1;
 /// The loop's visibility timeout: far longer than a run, so nothing is received twice.
 const LOOP_VISIBILITY_SECONDS: i32 = 300;
+/// Longest ebb's run may take, once every message was handled, to empty the queue.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -130,7 +132,7 @@ async fn run_async(bench: &SqsBench) -> anyhow::Result<SqsReport> {
             fill(&client, &queue_url, &body, bench.messages, bench.tasks).await.with_context(|| format!("failed to fill queue {}", bench.queue))?;
             let (elapsed, requests) = match drainer {
                 Drainer::Loop => sdk_loop(&client, &queue_url, bench.messages, bench.tasks).await,
-                Drainer::Ebb => ebb_listener(&account, bench, &queue_url, &poison_url).await,
+                Drainer::Ebb => ebb_listener(&account, &client, bench, &queue_url, &poison_url).await,
             }
             .with_context(|| format!("round {round}, {drainer:?}"))?;
             let run = SqsRun {
@@ -290,8 +292,14 @@ impl Handler for NoOp {
 }
 
 /// ebb's listener on the queue (metered) with `tasks` dequeue tasks, from its start until
-/// every message is deleted; the requests are its meter's.
-async fn ebb_listener(account: &SqsAccount, bench: &SqsBench, queue_url: &str, poison_url: &str) -> anyhow::Result<(Duration, u64)> {
+/// the queue is empty; the requests are its meter's (the bench's own counts not included).
+async fn ebb_listener(
+    account: &SqsAccount,
+    client: &aws_sdk_sqs::Client,
+    bench: &SqsBench,
+    queue_url: &str,
+    poison_url: &str,
+) -> anyhow::Result<(Duration, u64)> {
     let with_url = |url: &str| SqsOptions { queue_url: Some(url.to_string()), ..SqsOptions::default() };
     let queue = Arc::new(Metered::new(SqsQueue::new(account, &bench.queue, with_url(queue_url))?));
     let poison = Arc::new(SqsQueue::new(account, &format!("{}-poison", bench.queue), with_url(poison_url))?);
@@ -307,11 +315,30 @@ async fn ebb_listener(account: &SqsAccount, bench: &SqsBench, queue_url: &str, p
     let listener = Listener::builder(queue.clone(), poison, Arc::new(NoOp)).settings(settings).build();
     let started = Instant::now();
     listener.start();
-    let finished = wait_until_processed(&listener, bench.messages).await;
+    // Handled is not yet deleted: the run ends when the queue is empty.
+    let finished = match wait_until_processed(&listener, bench.messages).await {
+        Ok(_) => wait_until_empty(client, queue_url).await,
+        Err(error) => Err(error),
+    };
     let (elapsed, requests) = (started.elapsed(), transactions.snapshot().total());
     listener.shutdown(Duration::from_secs(10)).await;
     finished?;
     Ok((elapsed, requests))
+}
+
+/// Waits until the queue holds no message, visible or in flight, asking every 100 ms.
+async fn wait_until_empty(client: &aws_sdk_sqs::Client, url: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + DRAIN_TIMEOUT;
+    loop {
+        let left = approximate_count(client, url).await?;
+        if left == 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("every message was handled, but {left} were still in the queue {DRAIN_TIMEOUT:?} later");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The report as a table.

@@ -71,6 +71,9 @@ struct GetRecorder {
     /// The entries of each batch delete, and the most one takes (0: no batches).
     delete_batches: Mutex<Vec<usize>>,
     delete_batch_limit: AtomicU64,
+    /// Batch deletes in flight now, and the most at once.
+    delete_batches_in_flight: AtomicU64,
+    most_delete_batches_in_flight: AtomicU64,
     panic_in_next_get: AtomicBool,
     failures_left: AtomicU64,
 }
@@ -92,8 +95,11 @@ impl Hooks for GetRecorder {
     }
     async fn before_delete_batch(&self, entries: usize) {
         self.delete_batches.lock().unwrap().push(entries);
+        let now = self.delete_batches_in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.most_delete_batches_in_flight.fetch_max(now, Ordering::Relaxed);
         // A request that takes time, so that deletes settle while it is in flight.
         sleep(Duration::from_millis(100)).await;
+        self.delete_batches_in_flight.fetch_sub(1, Ordering::Relaxed);
     }
     fn delete_batch_limit(&self) -> usize {
         (self.delete_batch_limit.load(Ordering::Relaxed) as usize).max(1)
@@ -236,10 +242,25 @@ async fn deletes_settling_together_go_in_requests_of_at_most_the_backends_batch_
     f.listener.start();
     sleep(Duration::from_secs(2)).await;
     assert_eq!(f.listener.status().processed, 25);
-    // The first leader takes the 10 that settled with it; the rest wait for its answer and
-    // go 10 and 5, one leader each.
+    // The first leader takes the 10 that settled with it; the next full 10 go at once on
+    // a call of their own, and the 5 left wait for an answer, one leader each.
     assert_eq!(*f.queue.delete_batches.lock().unwrap(), [10, 10, 5]);
     assert_eq!(f.queue.inner.approximate_count().await?, 0);
+    Ok(())
+}
+
+/// At load the deletes keep pace with the gets: a full batch does not wait for the call in
+/// flight (SQS: with one DeleteMessageBatch at a time, T tasks' receives of 10 outran it).
+#[tokio::test(start_paused = true)]
+async fn full_delete_batches_go_side_by_side_without_waiting_for_the_call_in_flight() -> anyhow::Result<()> {
+    let f = fixture(QueueSettings { batch_size: 32, max_concurrent_calls: 64, ..Default::default() }, None);
+    f.queue.delete_batch_limit.store(10, Ordering::Relaxed);
+    put(f.queue.as_ref(), "sleep 0", 30).await;
+    f.listener.start();
+    sleep(Duration::from_millis(150)).await;
+    assert_eq!(f.listener.status().processed, 30, "three calls of 100 ms side by side, not one after another");
+    assert_eq!(*f.queue.delete_batches.lock().unwrap(), [10, 10, 10]);
+    assert_eq!(f.queue.most_delete_batches_in_flight.load(Ordering::Relaxed), 3);
     Ok(())
 }
 

@@ -79,6 +79,8 @@ struct Shared {
     client: reqwest::Client,
     /// Requests answered by the service: (method, path without the query, status).
     log: Mutex<Vec<(String, String, u16)>>,
+    /// The SQS requests of those: (operation, body).
+    sqs_log: Mutex<Vec<(String, String)>>,
     /// An outage: every request's connection is dropped before it is forwarded.
     down: std::sync::atomic::AtomicBool,
     /// A refused credential: every request is answered 403 AuthenticationFailed.
@@ -120,6 +122,7 @@ impl FaultProxy {
             counters: Counters::default(),
             client: reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap(),
             log: Mutex::default(),
+            sqs_log: Mutex::default(),
             down: std::sync::atomic::AtomicBool::new(false),
             refusing: std::sync::atomic::AtomicBool::new(false),
         });
@@ -169,6 +172,12 @@ impl FaultProxy {
     /// the query, status.
     pub fn answered(&self) -> Vec<(String, String, u16)> {
         self.shared.log.lock().unwrap().clone()
+    }
+
+    /// The SQS requests the service answered (dropped answers included): the operation
+    /// (`X-Amz-Target` without `AmazonSQS.`) and the JSON body, in order.
+    pub fn sqs_requests(&self) -> Vec<(String, String)> {
+        self.shared.sqs_log.lock().unwrap().clone()
     }
 
     /// What it did so far.
@@ -328,6 +337,7 @@ async fn forward(shared: &Shared, request: Request) -> Option<Vec<u8>> {
     let method = reqwest::Method::from_bytes(request.method.as_bytes()).ok()?;
     let path = request.target.split('?').next().unwrap_or_default().to_string();
     let logged_method = request.method.clone();
+    let sqs = sqs_operation(&request).map(|operation| (operation.to_string(), String::from_utf8_lossy(&request.body).into_owned()));
     let mut upstream = shared.client.request(method, format!("{}{}", shared.upstream, request.target));
     for (name, value) in &request.headers {
         let skip = ["host", "connection", "content-length", "transfer-encoding"].iter().any(|h| name.eq_ignore_ascii_case(h));
@@ -339,6 +349,9 @@ async fn forward(shared: &Shared, request: Request) -> Option<Vec<u8>> {
     let answer = upstream.send().await.ok()?;
     let status = answer.status();
     shared.log.lock().unwrap().push((logged_method, path, status.as_u16()));
+    if let Some(sqs) = sqs {
+        shared.sqs_log.lock().unwrap().push(sqs);
+    }
     let mut head = format!("HTTP/1.1 {} {}\r\n", status.as_u16(), status.canonical_reason().unwrap_or("Unknown"));
     for (name, value) in answer.headers() {
         let skip = ["connection", "content-length", "transfer-encoding", "keep-alive"].iter().any(|h| name.as_str().eq_ignore_ascii_case(h));

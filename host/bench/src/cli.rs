@@ -73,6 +73,12 @@ pub(crate) enum BenchCommand {
     /// against the same policy in Rust run in the host, batch by batch in one run: p50 and
     /// p99 per decision. Build with --release for figures worth reading.
     Failures(FailuresArgs),
+    /// Throughput on Amazon SQS (issue 37): ebb's listener against a hand-written loop of
+    /// the same SDK (receive 10, handle, DeleteMessageBatch) with as many tasks, alternating
+    /// on one queue: msg/s, ebb's ratio to the loop (goal: at least 0.9) and requests per
+    /// message. Starts nothing: the endpoint and region come from the flags or the SDK's
+    /// environment (AWS_ENDPOINT_URL, AWS_REGION, the credential variables), e.g. moto.
+    Sqs(SqsArgs),
     /// The app `ebb bench http` posts to: 200 with an empty body at once, on 127.0.0.1 (a
     /// free port, written to --port-file), until stdin closes. Started by the bench itself.
     #[command(hide = true)]
@@ -95,6 +101,34 @@ pub(crate) struct ShadowArgs {
     /// without it, the same arithmetic compiled into the host.
     #[arg(long)]
     rule: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SqsArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// The SQS endpoint (default: the SDK's: AWS_ENDPOINT_URL_SQS, AWS_ENDPOINT_URL, or AWS's).
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// The region (default: the SDK's: AWS_REGION, the shared profile).
+    #[arg(long)]
+    region: Option<String>,
+    /// The queue, created when missing (and its -poison queue); it must be empty.
+    #[arg(long, default_value = "ebb-bench")]
+    queue: String,
+    /// Messages per run, 10 to 100,000.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(10..=MAX_MESSAGES))]
+    messages: u64,
+    /// The loop's tasks and ebb's dequeue tasks, 1 to 64.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    tasks: u32,
+    /// Body size in bytes, 1 to 65,536.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    body_bytes: u32,
+    /// Rounds, 1 to 20: each runs the loop and ebb, in turn (the order alternates).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_ROUNDS)))]
+    rounds: u32,
 }
 
 #[derive(Debug, Args)]
@@ -317,6 +351,19 @@ pub(crate) fn run(command: BenchCommand, leading: &[&str]) -> anyhow::Result<()>
         BenchCommand::Failures(args) => {
             let report = crate::failures::run(&args.rule, usize::try_from(args.decisions)?)?;
             print_report(args.json, &report, crate::failures::table)
+        }
+        BenchCommand::Sqs(args) => {
+            let bench = crate::sqs::SqsBench {
+                region: args.region,
+                endpoint: args.endpoint,
+                queue: args.queue,
+                messages: args.messages,
+                tasks: args.tasks,
+                body_bytes: args.body_bytes,
+                rounds: args.rounds,
+            };
+            let report = crate::sqs::run(&bench)?;
+            print_report(args.json, &report, crate::sqs::table)
         }
         BenchCommand::Serve { port_file } => crate::server::serve(&port_file),
     }

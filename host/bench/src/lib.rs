@@ -24,6 +24,8 @@
 //! - `payloads`: producers sending one item at a time, packed against unpacked, through a
 //!   real host (issue 20): billed transactions per item, pickup latency, items per second.
 //! - `shadow`: a shadow rule's added cost per decision (issue 22), against no shadow.
+//! - `sqs`: throughput on Amazon SQS (issue 37): ebb's listener against a hand-written
+//!   receive-10, delete-batch loop of the same SDK, on an endpoint the bench is given.
 //! - `cli`: the command line.
 
 mod claims;
@@ -39,6 +41,7 @@ mod record;
 mod report;
 mod server;
 mod shadow;
+mod sqs;
 
 use std::ffi::OsString;
 use std::process::ExitCode;

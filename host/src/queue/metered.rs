@@ -171,7 +171,8 @@ pub struct TransactionCounts {
     pub counts: u64,
     /// Of those, the ones that found the queue empty (idle transactions).
     pub counts_empty: u64,
-    /// Create-if-missing calls.
+    /// Create-if-missing calls, and the requests that set a queue up besides them (SQS: the
+    /// attribute read at create, a queue URL's look-up).
     pub creates: u64,
     /// Answered calls that failed (also counted under their kind: the service answered,
     /// so the call is billed).
@@ -330,7 +331,17 @@ impl<Q: QueueClient> Metered<Q> {
 
     fn count_as<T>(&self, kind: CallKind, idle: bool, result: Result<T, QueueError>) -> Result<T, QueueError> {
         self.transactions.record(kind, idle, result.as_ref().err());
+        self.count_setup();
         result
+    }
+
+    /// Counts the requests the backend made besides the call (SQS: a queue URL's look-up,
+    /// the attribute read at create) as creates: billed, and counted once.
+    fn count_setup(&self) {
+        let requests = self.inner.take_setup_requests();
+        if requests > 0 {
+            self.transactions.record_requests(CallKind::Create, false, None, requests);
+        }
     }
 }
 
@@ -348,6 +359,7 @@ impl<Q: QueueClient> QueueClient for Metered<Q> {
     async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<MessageId, QueueError> {
         let result = self.inner.put(body, initial_visibility).await;
         self.transactions.record_requests(CallKind::Put, false, result.as_ref().err(), self.inner.put_requests(body));
+        self.count_setup();
         result
     }
 
@@ -380,6 +392,7 @@ impl<Q: QueueClient> QueueClient for Metered<Q> {
         let all_failed = results.iter().all(Result::is_err);
         let error = results.first().and_then(|result| result.as_ref().err()).filter(|_| all_failed);
         self.transactions.record_requests(CallKind::Delete, false, error, entries.len().div_ceil(self.inner.delete_batch_limit().max(1)) as u64);
+        self.count_setup();
         results
     }
 

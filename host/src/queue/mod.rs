@@ -271,6 +271,13 @@ pub trait QueueClient: Send + Sync + 'static {
     fn put_requests(&self, _body: &[u8]) -> u64 {
         1
     }
+
+    /// Requests made since the last time this was asked that no call of the trait stands
+    /// for, for [`Metered`] (which counts them as creates): SQS's queue URL look-up, and the
+    /// attribute read that follows its `CreateQueue`. The service bills them as any other.
+    fn take_setup_requests(&self) -> u64 {
+        0
+    }
 }
 
 /// A shared client is a client: decorators can wrap whichever backend a queue was given.
@@ -317,6 +324,9 @@ impl QueueClient for std::sync::Arc<dyn QueueClient> {
     }
     fn put_requests(&self, body: &[u8]) -> u64 {
         (**self).put_requests(body)
+    }
+    fn take_setup_requests(&self) -> u64 {
+        (**self).take_setup_requests()
     }
 }
 

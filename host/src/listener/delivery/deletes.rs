@@ -2,9 +2,12 @@
 //! (SQS: `DeleteMessageBatch` of up to 10): a group commit. A delete when no batch call is
 //! in flight leads: it sends at once what waits, itself included. Deletes that arrive while
 //! a call is in flight wait, and when it answers the first of them leads the next call with
-//! the others. Nothing waits on a timer, a batch of messages handled side by side is deleted
-//! in one request (at most the backend's batch limit), and each leader makes one (no
-//! message carries the others' for long).
+//! the others. A full batch waiting does not wait for that answer: its first delete leads a
+//! call of its own at once, so calls go side by side as long as each carries a full batch
+//! (at load, deletes keep pace with as many receives in flight as the listener's tasks).
+//! Nothing waits on a timer, a batch of messages handled side by side is deleted in one
+//! request (at most the backend's batch limit), and each leader makes one (no message
+//! carries the others' for long).
 //! A backend without batches deletes each message on its own call, side by side, as before.
 
 use std::sync::Mutex;
@@ -37,8 +40,24 @@ pub(in crate::listener) struct Deletes {
 #[derive(Default)]
 struct Pending {
     waiting: Vec<Waiting>,
-    /// A batch call is in flight (or its leader about to send it).
-    in_flight: bool,
+    /// Batch calls in flight (or their leaders about to send them).
+    in_flight: usize,
+    /// Of those, leaders that have not yet taken their batch from `waiting`.
+    gathering: usize,
+}
+
+impl Pending {
+    /// While `waiting` holds a full batch beyond what the gathering leaders will take, its
+    /// first delete leads a call of its own (`limit`: the backend's batch limit).
+    fn lead_full_batches(&mut self, limit: usize) {
+        while self.waiting.len() >= self.gathering * (limit - 1) + limit {
+            let next = self.waiting.remove(0);
+            if next.turn.send(Turn::Lead).is_ok() {
+                self.in_flight += 1;
+                self.gathering += 1;
+            }
+        }
+    }
 }
 
 impl Deletes {
@@ -46,27 +65,37 @@ impl Deletes {
         self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The call in flight ended (answered, or its leader was dropped): the first delete
-    /// still waiting leads the next one, or none is in flight.
-    fn hand_on(&self) {
+    /// A call ended (answered, or its leader was dropped, `gathering` if before it took its
+    /// batch): the first delete still waiting leads the next one, or one call fewer is in
+    /// flight (also when the leaders gathering will take every delete that waits: two calls
+    /// answered together would otherwise split what waits between two leaders).
+    fn hand_on(&self, gathering: bool, limit: usize) {
         let mut pending = self.pending();
-        while !pending.waiting.is_empty() {
+        pending.gathering -= usize::from(gathering);
+        while pending.waiting.len() > pending.gathering * (limit - 1) {
             let next = pending.waiting.remove(0);
             if next.turn.send(Turn::Lead).is_ok() {
+                pending.gathering += 1;
                 return;
             }
             // That delete is no longer awaited (its settling was dropped at shutdown).
         }
-        pending.in_flight = false;
+        pending.in_flight -= 1;
     }
 }
 
 /// Hands the lead on however the leader ends, so no waiting delete is stranded.
-struct Leading<'a>(&'a Deletes);
+struct Leading<'a> {
+    deletes: &'a Deletes,
+    /// The backend's batch limit.
+    limit: usize,
+    /// It has not taken its batch yet.
+    gathering: bool,
+}
 
 impl Drop for Leading<'_> {
     fn drop(&mut self) {
-        self.0.hand_on();
+        self.deletes.hand_on(self.gathering, self.limit);
     }
 }
 
@@ -82,11 +111,13 @@ impl Shared {
         let (turn, told) = oneshot::channel();
         let leads = {
             let mut pending = deletes.pending();
-            if pending.in_flight {
+            if pending.in_flight > 0 {
                 pending.waiting.push(Waiting { entry: (id.clone(), receipt.clone()), turn });
+                pending.lead_full_batches(limit);
                 false
             } else {
-                pending.in_flight = true;
+                pending.in_flight = 1;
+                pending.gathering = 1;
                 true
             }
         };
@@ -97,7 +128,7 @@ impl Shared {
                 Err(_) => return Err(QueueError::Transient(anyhow::anyhow!("message {id}: the batch delete ended without its result"))),
             }
         }
-        let leading = Leading(deletes);
+        let mut leading = Leading { deletes, limit, gathering: true };
         // Messages handled side by side settle in one poll of their batch: let the others
         // of it join before sending.
         tokio::task::yield_now().await;
@@ -105,7 +136,12 @@ impl Shared {
         let others: Vec<Waiting> = {
             let mut pending = deletes.pending();
             let take = pending.waiting.len().min(limit - 1);
-            pending.waiting.drain(..take).collect()
+            let others = pending.waiting.drain(..take).collect();
+            pending.gathering -= 1;
+            leading.gathering = false;
+            // What arrived while it gathered may be a full batch of its own.
+            pending.lead_full_batches(limit);
+            others
         };
         let mut batch = Vec::with_capacity(others.len() + 1);
         batch.push((id.clone(), receipt.clone()));

@@ -29,9 +29,9 @@
 //! - Metering: [`Metered`](super::Metered) counts one request per call, which is SQS's bill
 //!   for a receive (one request however many messages it returns), a delete, an update and a
 //!   count, and a send as [`BILLED_CHUNK_BYTES`] chunks of its payload as sent
-//!   ([`QueueClient::put_requests`]). TODO (issue 37, item 7): [`QueueClient::create_if_missing`]
-//!   makes two requests (`CreateQueue`, `GetQueueAttributes`), counted as one, and a first
-//!   call on a queue whose URL is not known yet one more (`GetQueueUrl`), not counted.
+//!   ([`QueueClient::put_requests`]). The requests no call stands for, the attribute read
+//!   after `CreateQueue` and a queue URL's `GetQueueUrl`, are counted as creates
+//!   ([`QueueClient::take_setup_requests`]).
 //!
 //! Tested against moto 5.2.5 (`tests/all/sqs_queue.rs`, `tests/all/sqs_faults.rs`).
 
@@ -39,7 +39,7 @@ mod account;
 mod encoding;
 mod probe;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use anyhow::anyhow;
@@ -102,6 +102,8 @@ pub struct SqsQueue {
     url: OnceCell<String>,
     /// The queue's MaximumMessageSize, once read.
     max_message_bytes: AtomicUsize,
+    /// Answered requests no call of the trait stands for, not yet taken by the meter.
+    setup_requests: AtomicU64,
 }
 
 impl std::fmt::Debug for SqsQueue {
@@ -157,7 +159,14 @@ impl SqsQueue {
     pub fn new(account: &SqsAccount, name: &str, options: SqsOptions) -> anyhow::Result<Self> {
         check_queue_name(name)?;
         let url = OnceCell::new_with(options.queue_url.clone());
-        Ok(SqsQueue { name: name.to_string(), account: account.clone(), options, url, max_message_bytes: AtomicUsize::new(MAX_MESSAGE_BYTES) })
+        Ok(SqsQueue {
+            name: name.to_string(),
+            account: account.clone(),
+            options,
+            url,
+            max_message_bytes: AtomicUsize::new(MAX_MESSAGE_BYTES),
+            setup_requests: AtomicU64::new(0),
+        })
     }
 
     /// The queue's MaximumMessageSize in bytes, as read at create (1 MiB before).
@@ -185,11 +194,20 @@ impl SqsQueue {
             .url
             .get_or_try_init(|| async {
                 let client = self.client(Call::Resolve).await?;
-                let answer = self.call(Call::Resolve, None, client.get_queue_url().queue_name(&self.name).send()).await?;
+                let answer = self.setup_call(self.call(Call::Resolve, None, client.get_queue_url().queue_name(&self.name).send()).await)?;
                 answer.queue_url.ok_or_else(|| QueueError::Fatal(anyhow!("{}: the answer has no queue URL", self.context(Call::Resolve))))
             })
             .await?;
         Ok(url)
+    }
+
+    /// Counts a request no call of the trait stands for, once SQS answered it (an attempt
+    /// with no answer is not a known billed request, as in the meter).
+    fn setup_call<T>(&self, result: Result<T, QueueError>) -> Result<T, QueueError> {
+        if !result.as_ref().err().and_then(QueueError::failure_class).is_some_and(|class| class.unanswered()) {
+            self.setup_requests.fetch_add(1, Ordering::Relaxed);
+        }
+        result
     }
 
     /// Runs one call and classifies its failure.
@@ -300,9 +318,8 @@ impl SqsQueue {
     async fn read_limits(&self) -> Result<(), QueueError> {
         let url = self.url().await?;
         let client = self.client(Call::Attributes).await?;
-        let answer = self
-            .call(Call::Attributes, None, client.get_queue_attributes().queue_url(url).attribute_names(QueueAttributeName::MaximumMessageSize).send())
-            .await?;
+        let read = client.get_queue_attributes().queue_url(url).attribute_names(QueueAttributeName::MaximumMessageSize).send();
+        let answer = self.setup_call(self.call(Call::Attributes, None, read).await)?;
         let size = answer.attributes.as_ref().and_then(|a| a.get(&QueueAttributeName::MaximumMessageSize)).and_then(|size| size.parse::<usize>().ok());
         match size {
             Some(size) => self.max_message_bytes.store(size, Ordering::Relaxed),
@@ -548,6 +565,10 @@ impl QueueClient for SqsQueue {
 
     fn delete_batch_limit(&self) -> usize {
         MAX_DELETE_BATCH
+    }
+
+    fn take_setup_requests(&self) -> u64 {
+        self.setup_requests.swap(0, Ordering::Relaxed)
     }
 
     async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {

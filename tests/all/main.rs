@@ -44,6 +44,7 @@ mod shape;
 mod simulate;
 mod sqs_faults;
 mod sqs_queue;
+mod sqs_redrive;
 mod sqs_run;
 mod stops;
 mod tokens;

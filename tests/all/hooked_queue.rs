@@ -47,6 +47,13 @@ pub(crate) trait Hooks: Send + Sync + 'static {
     fn delete_batch_limit(&self) -> usize {
         1
     }
+    /// Before a batch update of `entries` reaches the queue (each entry then as an update).
+    async fn before_update_batch(&self, _entries: usize) {}
+    /// The most entries a batch update takes in one request: 1 unless overridden (as the
+    /// memory queue).
+    fn update_batch_limit(&self) -> usize {
+        1
+    }
     /// Before a count reaches the queue; an error fails the count.
     async fn before_count(&self) -> Result<(), QueueError> {
         Ok(())
@@ -133,6 +140,17 @@ impl<H: Hooks> QueueClient for Hooked<H> {
     async fn update_visibility(&self, id: &MessageId, receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
         self.hooks.before_update().await;
         self.inner.update_visibility(id, receipt, visibility).await
+    }
+    async fn update_visibility_batch(&self, entries: &[(MessageId, PopReceipt)], visibility: Duration) -> Vec<Result<PopReceipt, QueueError>> {
+        self.hooks.before_update_batch(entries.len()).await;
+        let mut results = Vec::with_capacity(entries.len());
+        for (id, receipt) in entries {
+            results.push(self.update_visibility(id, receipt, visibility).await);
+        }
+        results
+    }
+    fn update_batch_limit(&self) -> usize {
+        self.hooks.update_batch_limit()
     }
     async fn approximate_count(&self) -> Result<u64, QueueError> {
         self.hooks.before_count().await?;

@@ -74,6 +74,9 @@ struct GetRecorder {
     /// Batch deletes in flight now, and the most at once.
     delete_batches_in_flight: AtomicU64,
     most_delete_batches_in_flight: AtomicU64,
+    /// The entries of each batch update, and the most one takes (0: no batches).
+    update_batches: Mutex<Vec<usize>>,
+    update_batch_limit: AtomicU64,
     panic_in_next_get: AtomicBool,
     failures_left: AtomicU64,
 }
@@ -103,6 +106,14 @@ impl Hooks for GetRecorder {
     }
     fn delete_batch_limit(&self) -> usize {
         (self.delete_batch_limit.load(Ordering::Relaxed) as usize).max(1)
+    }
+    async fn before_update_batch(&self, entries: usize) {
+        self.update_batches.lock().unwrap().push(entries);
+        // A request that takes time, so that renewals fall due while it is in flight.
+        sleep(Duration::from_millis(100)).await;
+    }
+    fn update_batch_limit(&self) -> usize {
+        (self.update_batch_limit.load(Ordering::Relaxed) as usize).max(1)
     }
     fn server_wait(&self, idle: Duration) -> Duration {
         Duration::from_secs(idle.as_secs().min(self.long_poll_secs.load(Ordering::Relaxed)))
@@ -261,6 +272,25 @@ async fn full_delete_batches_go_side_by_side_without_waiting_for_the_call_in_fli
     assert_eq!(f.listener.status().processed, 30, "three calls of 100 ms side by side, not one after another");
     assert_eq!(*f.queue.delete_batches.lock().unwrap(), [10, 10, 10]);
     assert_eq!(f.queue.most_delete_batches_in_flight.load(Ordering::Relaxed), 3);
+    Ok(())
+}
+
+/// Issue 37 item 2: the leases of one get fall due for renewal together, and go as batch
+/// updates (SQS: `ChangeMessageVisibilityBatch`) of at most the backend's limit.
+#[tokio::test(start_paused = true)]
+async fn renewals_falling_due_together_go_in_requests_of_at_most_the_backends_batch_limit() -> anyhow::Result<()> {
+    let settings = QueueSettings { batch_size: 32, max_concurrent_calls: 64, lease_duration: Duration::from_secs(10), ..Default::default() };
+    let f = fixture(settings, None);
+    f.queue.update_batch_limit.store(10, Ordering::Relaxed);
+    put(f.queue.as_ref(), "sleep 7000", 25).await;
+    f.listener.start();
+    sleep(Duration::from_secs(6)).await;
+    // Leased together for 10 s, due together at 5 s: the first leader takes the 10 that fell
+    // due with it; the rest go 10 and 5 as answers come.
+    assert_eq!(*f.queue.update_batches.lock().unwrap(), [10, 10, 5]);
+    sleep(Duration::from_secs(5)).await;
+    let status = f.listener.status();
+    assert_eq!((status.processed, status.lease_renewals, status.leases_lost), (25, 25, 0));
     Ok(())
 }
 

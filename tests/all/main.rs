@@ -50,6 +50,7 @@ mod sqs_faults;
 mod sqs_hosts;
 mod sqs_metering;
 mod sqs_queue;
+mod sqs_redrive;
 mod sqs_run;
 mod sqs_simulate;
 mod stops;

@@ -51,7 +51,7 @@ pub use delivery::Reply;
 pub use pause::Pause;
 pub use pool::CONCURRENCY_WINDOW;
 pub use settings::QueueSettings;
-pub use telemetry::{DEPTH_MAX_AGE, DecisionWithInputs, ListenerStatus, PoisonForm, PoisonRecord, RecordedDecision, TaskCountInputs};
+pub use telemetry::{DEPTH_MAX_AGE, DeadLetterStatus, DecisionWithInputs, ListenerStatus, PoisonForm, PoisonRecord, RecordedDecision, TaskCountInputs};
 
 /// One queue's listener. Cheap to clone (shared state).
 #[derive(Clone)]

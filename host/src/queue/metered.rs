@@ -405,6 +405,24 @@ impl<Q: QueueClient> QueueClient for Metered<Q> {
         self.count(CallKind::Update, result)
     }
 
+    /// Billed as the service bills the batch: one request per
+    /// [`QueueClient::update_batch_limit`] entries, as [`Metered::delete_batch`] is.
+    async fn update_visibility_batch(&self, entries: &[(MessageId, PopReceipt)], visibility: Duration) -> Vec<Result<PopReceipt, QueueError>> {
+        let results = self.inner.update_visibility_batch(entries, visibility).await;
+        let all_failed = results.iter().all(Result::is_err);
+        let error = results.first().and_then(|result| result.as_ref().err()).filter(|_| all_failed);
+        self.transactions.record_requests(CallKind::Update, false, error, entries.len().div_ceil(self.inner.update_batch_limit().max(1)) as u64);
+        results
+    }
+
+    fn update_batch_limit(&self) -> usize {
+        self.inner.update_batch_limit()
+    }
+
+    fn dead_letter(&self) -> Option<super::DeadLetter> {
+        self.inner.dead_letter()
+    }
+
     async fn approximate_count(&self) -> Result<u64, QueueError> {
         let result = self.inner.approximate_count().await;
         let empty = matches!(result, Ok(0));

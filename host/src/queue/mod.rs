@@ -130,6 +130,27 @@ opaque_string!(
     PopReceipt
 );
 
+/// A dead-letter queue the service itself moves a queue's messages to after
+/// `max_receive_count` receives (SQS's `RedrivePolicy`): the listener then leaves poisoning
+/// to the service, and `ebb poison` works on this queue.
+#[derive(Clone)]
+pub struct DeadLetter {
+    /// The dead-letter queue's name.
+    pub name: String,
+    /// Its ARN, as the policy names it.
+    pub arn: String,
+    /// Receives after which the service moves a message there.
+    pub max_receive_count: u32,
+    /// The dead-letter queue, its transient errors retried.
+    pub queue: std::sync::Arc<dyn QueueClient>,
+}
+
+impl std::fmt::Debug for DeadLetter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeadLetter").field("arn", &self.arn).field("max_receive_count", &self.max_receive_count).finish()
+    }
+}
+
 /// A leased message. Its `pop_receipt` proves the lease: delete it, or change its
 /// visibility, with this receipt. A later lease issues a new receipt.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -249,6 +270,31 @@ pub trait QueueClient: Send + Sync + 'static {
     /// longer: renew the lease). Returns the new pop receipt.
     async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError>;
 
+    /// Sets each leased message's visibility to `visibility` from now (lease renewals that
+    /// fall due together): one result per entry, in order, each failing on its own (a
+    /// refused receipt as [`QueueError::StaleReceipt`] of that entry). A service with a batch
+    /// update makes one call per [`QueueClient::update_batch_limit`] entries (SQS:
+    /// `ChangeMessageVisibilityBatch` of up to 10); the default updates them one by one.
+    async fn update_visibility_batch(&self, entries: &[(MessageId, PopReceipt)], visibility: Duration) -> Vec<Result<PopReceipt, QueueError>> {
+        let mut results = Vec::with_capacity(entries.len());
+        for (id, pop_receipt) in entries {
+            results.push(self.update_visibility(id, pop_receipt, visibility).await);
+        }
+        results
+    }
+
+    /// The most entries one request of [`QueueClient::update_visibility_batch`] carries: 1
+    /// unless the service updates in batches (SQS: 10).
+    fn update_batch_limit(&self) -> usize {
+        1
+    }
+
+    /// The dead-letter queue the service moves this queue's messages to, if its policy names
+    /// one (read at [`QueueClient::create_if_missing`]). `None`: ebb's poison queue.
+    fn dead_letter(&self) -> Option<DeadLetter> {
+        None
+    }
+
     /// Approximate number of messages in the queue, visible or not.
     async fn approximate_count(&self) -> Result<u64, QueueError>;
 
@@ -312,6 +358,15 @@ impl QueueClient for std::sync::Arc<dyn QueueClient> {
     }
     async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
         (**self).update_visibility(id, pop_receipt, visibility).await
+    }
+    async fn update_visibility_batch(&self, entries: &[(MessageId, PopReceipt)], visibility: Duration) -> Vec<Result<PopReceipt, QueueError>> {
+        (**self).update_visibility_batch(entries, visibility).await
+    }
+    fn update_batch_limit(&self) -> usize {
+        (**self).update_batch_limit()
+    }
+    fn dead_letter(&self) -> Option<DeadLetter> {
+        (**self).dead_letter()
     }
     async fn approximate_count(&self) -> Result<u64, QueueError> {
         (**self).approximate_count().await

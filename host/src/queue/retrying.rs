@@ -357,6 +357,23 @@ impl<Q: QueueClient> QueueClient for Retrying<Q> {
         self.run(CallKind::Update, |q| q.update_visibility(id, pop_receipt, visibility)).await.0
     }
 
+    /// Each request of the batch retried alone ([`Retrying::update_request`]).
+    async fn update_visibility_batch(&self, entries: &[(MessageId, PopReceipt)], visibility: Duration) -> Vec<Result<PopReceipt, QueueError>> {
+        let mut results = Vec::with_capacity(entries.len());
+        for request in entries.chunks(self.inner.update_batch_limit().max(1)) {
+            results.extend(self.update_request(request, visibility).await);
+        }
+        results
+    }
+
+    fn update_batch_limit(&self) -> usize {
+        self.inner.update_batch_limit()
+    }
+
+    fn dead_letter(&self) -> Option<super::DeadLetter> {
+        self.inner.dead_letter()
+    }
+
     async fn approximate_count(&self) -> Result<u64, QueueError> {
         self.run(CallKind::Count, |q| q.approximate_count()).await.0
     }
@@ -416,6 +433,37 @@ impl<Q: QueueClient> Retrying<Q> {
                 Err(QueueError::StaleReceipt { .. }) if maybe_done => Ok(()),
                 retried => retried,
             };
+        }
+        results
+    }
+}
+
+impl<Q: QueueClient> Retrying<Q> {
+    /// One request of a batch update (at most [`QueueClient::update_batch_limit`] entries),
+    /// retried as one when it failed as a whole (every entry with a transient error); then an
+    /// entry the service failed transiently on its own is retried as an update of its own.
+    async fn update_request(&self, entries: &[(MessageId, PopReceipt)], visibility: Duration) -> Vec<Result<PopReceipt, QueueError>> {
+        let (outcome, _) = self
+            .run(CallKind::Update, |q| async move {
+                let mut results = q.update_visibility_batch(entries, visibility).await;
+                let failed_whole = !results.is_empty() && results.iter().all(|result| result.as_ref().is_err_and(QueueError::is_transient));
+                match failed_whole {
+                    true => Err(results.swap_remove(0).expect_err("every entry failed")),
+                    false => Ok(results),
+                }
+            })
+            .await;
+        let mut results = match outcome {
+            Ok(results) => results,
+            Err(error) => {
+                let (class, text) = (error.failure_class().unwrap_or(FailureClass::Other), error.to_string());
+                return entries.iter().map(|_| Err(QueueError::Transient(classified(class, text.clone())))).collect();
+            }
+        };
+        for ((id, pop_receipt), result) in entries.iter().zip(results.iter_mut()) {
+            if result.as_ref().is_err_and(QueueError::is_transient) {
+                *result = self.update_visibility(id, pop_receipt, visibility).await;
+            }
         }
         results
     }

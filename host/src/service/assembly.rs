@@ -204,14 +204,18 @@ impl QueueStack {
         }
     }
 
-    /// Creates the poison queue and every partition where missing.
+    /// Creates every partition, the reply queue and the poison queue where missing; not the
+    /// poison queue when the queue's service has a dead-letter queue for it (SQS's
+    /// RedrivePolicy, read as the partition is created): that queue takes its place.
     pub async fn create_if_missing(&self) -> Result<(), crate::queue::QueueError> {
-        self.poison.create_if_missing().await?;
+        for partition in &self.partitions {
+            partition.client.create_if_missing().await?;
+        }
         if let Some(reply) = &self.reply {
             reply.create_if_missing().await?;
         }
-        for partition in &self.partitions {
-            partition.client.create_if_missing().await?;
+        if self.partitions.iter().all(|partition| partition.client.dead_letter().is_none()) {
+            self.poison.create_if_missing().await?;
         }
         Ok(())
     }

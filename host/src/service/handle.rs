@@ -206,9 +206,11 @@ impl QueueHandle {
         std::iter::once(&self.inner.sender).chain(self.inner.poison.as_ref()).chain(self.inner.reply.as_ref().map(|reader| reader.queue()))
     }
 
-    /// The queue's poison queue, when the handle belongs to a service.
-    pub fn poison_queue(&self) -> Option<&Arc<dyn QueueClient>> {
-        self.inner.poison.as_ref()
+    /// The queue's poison queue, when the handle belongs to a service: the dead-letter queue
+    /// its service moves its messages to (SQS's RedrivePolicy), else `<queue>-poison`.
+    pub fn poison_queue(&self) -> Option<Arc<dyn QueueClient>> {
+        let poison = self.inner.poison.as_ref()?;
+        Some(self.inner.sender.dead_letter().map_or_else(|| poison.clone(), |dead_letter| dead_letter.queue))
     }
 
     /// Waits for this host's other poison operations on the queue to end; holds them off

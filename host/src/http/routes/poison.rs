@@ -29,7 +29,7 @@ fn queue<'a>(api: &'a Api, name: &str) -> Result<(&'a QueueHandle, Arc<dyn crate
     let Some(poison) = handle.poison_queue() else {
         return Err(format!("queue {name} has no poison queue on this host"));
     };
-    Ok((handle, poison.clone()))
+    Ok((handle, poison))
 }
 
 fn failed(reason: anyhow::Error) -> Response {

@@ -56,11 +56,13 @@ impl Shared {
     /// What the queue does without a failure rule: retry after the doubling delay, poison
     /// once `tries` reaches `max_dequeue_count` with the handler's error as the reason.
     fn default_verdict(&self, failed: &FailedDelivery<'_>, reason: String) -> FailureVerdict {
-        if failed.tries >= self.settings.max_dequeue_count {
-            FailureVerdict::Poison(reason)
-        } else {
-            FailureVerdict::Retry(self.settings.retry_delay(failed.tries))
-        }
+        if failed.tries >= self.max_dequeue_count() { FailureVerdict::Poison(reason) } else { FailureVerdict::Retry(self.settings.retry_delay(failed.tries)) }
+    }
+
+    /// Deliveries after which a message is poisoned: the queue's `max_dequeue_count`, or the
+    /// `maxReceiveCount` of the dead-letter queue its service moves it to.
+    pub(in crate::listener) fn max_dequeue_count(&self) -> u32 {
+        self.queue.dead_letter().map_or(self.settings.max_dequeue_count, |dead_letter| dead_letter.max_receive_count)
     }
 
     /// Decides a failed delivery. `reason` is the poison reason the default would give.
@@ -109,7 +111,7 @@ impl Shared {
         FailureContext {
             queue: self.queue.name().to_string(),
             dequeue_count: failed.tries,
-            max_dequeue_count: self.settings.max_dequeue_count,
+            max_dequeue_count: self.max_dequeue_count(),
             error_class,
             http_status,
             error: crate::rules::cut(&error, MAX_FAILURE_TEXT_BYTES).to_string(),

@@ -1,5 +1,6 @@
 //! Keeping our lease on a message while its handler runs: renewed at half the lease,
 //! beside the handler (never pausing it), and before it starts when the get was slow.
+//! Renewals that fall due together go as one batch call where the backend batches.
 
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -11,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::handler::IncomingMessage;
 use crate::panics::panic_message;
-use crate::queue::{PopReceipt, QueueError};
+use crate::queue::{MessageId, PopReceipt, QueueError};
 
 use crate::listener::Shared;
 use crate::listener::telemetry::Counters;
@@ -71,6 +72,19 @@ fn half_way(until: Instant, duration: Duration) -> Instant {
 type Renewal<'a> = Pin<Box<dyn Future<Output = (Instant, Result<PopReceipt, QueueError>)> + Send + 'a>>;
 
 impl Shared {
+    /// Renews a lease for `duration`: with the other renewals that fall due meanwhile (the
+    /// messages of one get are leased together), in one batch call where the backend
+    /// batches ([`GroupCommit`](super::group::GroupCommit)); else on its own call.
+    async fn renew(&self, id: &MessageId, receipt: &PopReceipt, duration: Duration) -> Result<PopReceipt, QueueError> {
+        let limit = self.queue.update_batch_limit();
+        if limit < 2 {
+            return self.queue.update_visibility(id, receipt, duration).await;
+        }
+        let what = format!("lease renewal of message {id}");
+        let entry = (id.clone(), receipt.clone());
+        self.delivery.renewals.run(entry, limit, &what, |batch| async move { self.queue.update_visibility_batch(&batch, duration).await }).await
+    }
+
     /// When the get was slow and most of the lease went by before the message arrived,
     /// renews it before the handler starts, so the handler never runs on a lease about to
     /// lapse. False when the lease turned out to be lost.
@@ -78,7 +92,7 @@ impl Shared {
         let duration = self.settings.lease_duration;
         if lease.until.saturating_duration_since(Instant::now()) < duration / 2 {
             let sent = Instant::now();
-            let renewed = self.queue.update_visibility(&message.id, &lease.receipt, duration).await;
+            let renewed = self.renew(&message.id, &lease.receipt, duration).await;
             lease.renewed(message, sent, duration, renewed, &self.telemetry.counters);
         }
         !lease.lost
@@ -132,10 +146,10 @@ impl Shared {
                     }
                 }
                 _ = tokio::time::sleep_until(lease.next_renewal), if renewal.is_none() && outcome.is_none() && !lease.lost => {
-                    let (queue, id, receipt) = (&self.queue, &message.id, lease.receipt.clone());
+                    let (id, receipt) = (&message.id, lease.receipt.clone());
                     renewal = Some(Box::pin(async move {
                         let sent = Instant::now();
-                        (sent, queue.update_visibility(id, &receipt, duration).await)
+                        (sent, self.renew(id, &receipt, duration).await)
                     }));
                 }
                 _ = self.abandon.cancelled(), if outcome.is_none() => {

@@ -6,6 +6,7 @@
 
 mod deletes;
 mod failures;
+mod group;
 mod items;
 mod lease;
 mod poison;
@@ -16,7 +17,7 @@ use std::sync::Arc;
 
 use crate::payload::claims::ClaimStore;
 use crate::payload::{MIN_ENVELOPE_BYTES, Packer, PayloadSettings};
-use crate::queue::QueueClient;
+use crate::queue::{MessageId, PopReceipt, QueueClient};
 
 pub(crate) use poison::PoisonEnvelope;
 pub use replies::Reply;
@@ -39,7 +40,9 @@ pub(in crate::listener) struct Delivery {
     /// logical ids producers know.
     partition: Option<usize>,
     /// Deletes waiting for the next batch call.
-    deletes: deletes::Deletes,
+    deletes: group::GroupCommit<(MessageId, PopReceipt), ()>,
+    /// Lease renewals waiting for the next batch call.
+    renewals: group::GroupCommit<(MessageId, PopReceipt), PopReceipt>,
 }
 
 impl Delivery {
@@ -54,6 +57,6 @@ impl Delivery {
         partition: Option<usize>,
     ) -> Delivery {
         let packer = Packer::new(payload.compression, payload.max_envelope_bytes.max(MIN_ENVELOPE_BYTES)).expect("the limit is at least the smallest envelope");
-        Delivery { poison, payload, packer, text_envelopes: text, reply, claims, partition, deletes: deletes::Deletes::default() }
+        Delivery { poison, payload, packer, text_envelopes: text, reply, claims, partition, deletes: Default::default(), renewals: Default::default() }
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::handler::IncomingMessage;
 use crate::payload::Origin;
-use crate::queue::{MessageId, PopReceipt, QueueError};
+use crate::queue::{DeadLetter, MessageId, PopReceipt, QueueError};
 
 use crate::listener::Shared;
 use crate::listener::telemetry::PoisonForm;
@@ -25,7 +25,10 @@ impl Shared {
     /// Puts `message` (or one item of an envelope, sent as `origin`) into the poison queue
     /// with `reason`, deleting nothing: a JSON envelope with the reason, or, when that does
     /// not fit, the body as it is. The form it took.
+    /// Where the queue has a dead-letter queue of its service's, that queue takes it (an
+    /// item the service cannot count alone).
     pub(in crate::listener) async fn put_poison(&self, message: &IncomingMessage, origin: Option<&Origin>, reason: &str) -> Result<PoisonForm, QueueError> {
+        let poison = self.queue.dead_letter().map_or_else(|| self.delivery.poison.clone(), |dead_letter| dead_letter.queue);
         let (mut form, mut put) = (PoisonForm::Body, None);
         if self.settings.poison_envelope {
             // The id the producer got back, whatever envelope carries an item now.
@@ -33,7 +36,7 @@ impl Shared {
             let mut envelope = PoisonEnvelope::new(message, original_id, reason);
             envelope.item = origin.map(|o| o.index).or(envelope.item);
             let envelope = serde_json::to_vec(&envelope).expect("the envelope serialises");
-            match self.delivery.poison.put(&envelope, Duration::ZERO).await {
+            match poison.put(&envelope, Duration::ZERO).await {
                 Err(QueueError::MessageTooLarge { .. }) => {}
                 other => (form, put) = (PoisonForm::Envelope, Some(other)),
             }
@@ -45,7 +48,7 @@ impl Shared {
             None if serde_json::from_slice::<PoisonEnvelope>(&message.body).is_ok() => Err(QueueError::InvalidBody(
                 "its body reads as a poison envelope and is too large to wrap in one; moved bare, it would be taken for one".into(),
             )),
-            None => self.delivery.poison.put(&message.body, Duration::ZERO).await,
+            None => poison.put(&message.body, Duration::ZERO).await,
         };
         put.map(|_| form)
     }
@@ -54,7 +57,13 @@ impl Shared {
     /// rather than loses it. The poison queue gets a JSON envelope with the reason; when
     /// that does not fit its size limit, the body as it is (as Azure Functions moves it),
     /// and the reason stays in the log, the status and the metrics.
+    ///
+    /// A queue whose service has a dead-letter queue for it (SQS's RedrivePolicy) is left to
+    /// the service ([`Shared::leave_to_dead_letter`]).
     pub(in crate::listener) async fn poison(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, reason: &str) {
+        if let Some(dead_letter) = self.queue.dead_letter() {
+            return self.leave_to_dead_letter(message, receipt, reason, &dead_letter).await;
+        }
         let put = self.put_poison(message, None, reason).await;
         match put {
             Ok(form) => {
@@ -69,7 +78,8 @@ impl Shared {
                         "message moved to the poison queue: {reason}"
                     );
                 }
-                if let Err(error) = self.queue.delete(&message.id, receipt).await {
+                // With the deletes that settle meanwhile: one batch call where the backend batches.
+                if let Err(error) = self.delete_settled(&message.id, receipt).await {
                     tracing::warn!(id = %message.id, "poisoned, but the delete failed (it may be poisoned twice): {error}");
                 }
             }
@@ -86,6 +96,29 @@ impl Shared {
                     tracing::debug!(id = %message.id, "could not set the delay before the next poisoning try (it comes back after its lease): {error}");
                 }
             }
+        }
+    }
+}
+
+impl Shared {
+    /// Releases `message` at once rather than moving it: the service moves it to its
+    /// dead-letter queue when a receive finds it received `max_receive_count` times already,
+    /// with its attributes, which a copy would lose. Released, it is received again at once
+    /// until then, so no retry delay holds it up.
+    async fn leave_to_dead_letter(&self, message: &IncomingMessage, receipt: &PopReceipt, reason: &str, dead_letter: &DeadLetter) {
+        if let Some(suppressed) = self.telemetry.poison_log.allow() {
+            tracing::warn!(
+                id = %message.id,
+                dequeue_count = message.dequeue_count,
+                dead_letter_queue = %dead_letter.name,
+                suppressed,
+                "message left to the dead-letter queue {} (the queue's service moves it once received {} times): {reason}",
+                dead_letter.name,
+                dead_letter.max_receive_count
+            );
+        }
+        if let Err(error) = self.queue.update_visibility(&message.id, receipt, Duration::ZERO).await {
+            tracing::debug!(id = %message.id, "could not release it for its dead-letter move (it comes back after its lease): {error}");
         }
     }
 }

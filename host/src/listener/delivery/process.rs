@@ -222,9 +222,7 @@ impl Shared {
             let delay = self.settings.retry_delay(message.dequeue_count);
             match refusal {
                 ReplyNotPut::Never(reason) => self.poison(message, receipt, &reason).await,
-                ReplyNotPut::NotNow(error) if message.dequeue_count >= self.settings.max_dequeue_count => {
-                    self.poison(message, receipt, &format!("{error:#}")).await
-                }
+                ReplyNotPut::NotNow(error) if message.dequeue_count >= self.max_dequeue_count() => self.poison(message, receipt, &format!("{error:#}")).await,
                 ReplyNotPut::NotNow(error) => {
                     if let Some(suppressed) = self.telemetry.failure_log.allow() {
                         tracing::warn!(id = %message.id, ?delay, suppressed, "{error:#}; retrying later");

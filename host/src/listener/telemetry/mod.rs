@@ -15,7 +15,7 @@ use crate::record::QueueRecording;
 
 pub(in crate::listener) use calls::CallEnd;
 pub(in crate::listener) use counters::{Counters, LastGet};
-pub use status::{DEPTH_MAX_AGE, DecisionWithInputs, ListenerStatus, PoisonForm, PoisonRecord, RecordedDecision, TaskCountInputs};
+pub use status::{DEPTH_MAX_AGE, DeadLetterStatus, DecisionWithInputs, ListenerStatus, PoisonForm, PoisonRecord, RecordedDecision, TaskCountInputs};
 
 /// Log lines per window for repeated failures (handler failures, failed gets, poisonings).
 const FAILURE_LOG_LINES: u32 = 10;

@@ -34,6 +34,15 @@ impl PoisonForm {
     }
 }
 
+/// The dead-letter queue a queue's service moves its messages to.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeadLetterStatus {
+    /// Its ARN.
+    pub arn: String,
+    /// Receives after which the service moves a message there.
+    pub max_receive_count: u32,
+}
+
 /// One message moved to the poison queue, and why.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PoisonRecord {
@@ -162,6 +171,12 @@ pub struct ListenerStatus {
     /// seconds: that much of each idle delay is spent in the get, so a message arriving then
     /// is taken at once. 0 where the service answers at once.
     pub long_poll_secs: u64,
+    /// Who moves messages that cannot be handled: `ebb` (to `<queue>-poison`), or `sqs` (the
+    /// queue's RedrivePolicy names a dead-letter queue, which SQS moves them to).
+    pub poisoning: String,
+    /// With `poisoning` `sqs`: the dead-letter queue's ARN and its maxReceiveCount.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dead_letter_queue: Option<DeadLetterStatus>,
     /// Handler calls that panicked (counted as failures too).
     pub handler_panics: u64,
     /// Handler calls the host itself could not make (out of file descriptors): retried,
@@ -261,6 +276,7 @@ impl Shared {
             }
         };
         let poison = c.poisonings();
+        let dead_letter = self.queue.dead_letter();
         let (last_task_count, last_queue_empty) = c.last_decisions();
         ListenerStatus {
             queue: self.queue.name().to_string(),
@@ -290,6 +306,8 @@ impl Shared {
             work_detected: load64(&c.work_detected),
             safety_polls: load64(&c.safety_polls),
             long_poll_secs: self.queue.server_wait(Duration::MAX).as_secs(),
+            poisoning: if dead_letter.is_some() { "sqs" } else { "ebb" }.to_string(),
+            dead_letter_queue: dead_letter.map(|d| DeadLetterStatus { arn: d.arn, max_receive_count: d.max_receive_count }),
             handler_panics: load64(&c.handler_panics),
             host_errors: load64(&c.host_errors),
             pushed_back: load64(&c.pushed_back),

@@ -5,7 +5,8 @@
 //!   the insertion time; a put is a `SendMessage`, its initial visibility `DelaySeconds` (at
 //!   most [`MAX_DELAY`], 15 minutes); visibilities saturate at [`MAX_VISIBILITY`] (12 hours).
 //!   The count is `GetQueueAttributes`: visible, in flight and delayed messages.
-//! - Receipts: the pop receipt is `<message id> <receipt handle>`, so a receipt given with
+//! - Receipts: the pop receipt is `<message id> <first receive, ms> <receipt handle>` (the
+//!   first receive bounds a visibility: 12 hours from it), so a receipt given with
 //!   another message's id is refused as stale without a call (SQS addresses a message by its
 //!   handle alone). `ChangeMessageVisibility` issues no new handle: an update returns the
 //!   receipt it was given. SQS keeps a message's earlier handles valid (moto deletes and
@@ -25,7 +26,10 @@
 //!   short poll samples some of the queue's servers, so it may return fewer messages than the
 //!   queue holds, or none; the message comes with a later get.
 //! - Deletes: the listener's go through [`QueueClient::delete_batch`], one
-//!   `DeleteMessageBatch` per [`MAX_DELETE_BATCH`] entries, each entry's failure its own.
+//!   `DeleteMessageBatch` per [`MAX_DELETE_BATCH`] entries, each entry's failure its own;
+//!   renewals likewise as `ChangeMessageVisibilityBatch` (`batch`).
+//! - Poison: a `RedrivePolicy` naming a dead-letter queue, read at create, leaves poisoning
+//!   to SQS ([`QueueClient::dead_letter`], `redrive`).
 //! - Metering: [`Metered`](super::Metered) counts one request per call, which is SQS's bill
 //!   for a receive (one request however many messages it returns), a delete, an update and a
 //!   count, and a send as [`BILLED_CHUNK_BYTES`] chunks of its payload as sent
@@ -36,8 +40,10 @@
 //! Tested against moto 5.2.5 (`tests/all/sqs_queue.rs`, `tests/all/sqs_faults.rs`).
 
 mod account;
+mod batch;
 mod encoding;
 mod probe;
+mod redrive;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
@@ -53,7 +59,7 @@ pub(crate) use encoding::ENCODING_ATTRIBUTE;
 pub use encoding::Encoding;
 pub use probe::SqsProbe;
 
-use super::{FailureClass, MAX_BATCH, Message, MessageId, PopReceipt, QueueClient, QueueError, classified};
+use super::{DeadLetter, FailureClass, MAX_BATCH, Message, MessageId, PopReceipt, QueueClient, QueueError, classified};
 
 /// SQS's limit on a receive: at most 10 messages.
 pub(crate) const MAX_GET: u32 = 10;
@@ -104,6 +110,8 @@ pub struct SqsQueue {
     max_message_bytes: AtomicUsize,
     /// Answered requests no call of the trait stands for, not yet taken by the meter.
     setup_requests: AtomicU64,
+    /// The dead-letter queue its RedrivePolicy names, once read.
+    dead_letter: std::sync::Mutex<Option<DeadLetter>>,
 }
 
 impl std::fmt::Debug for SqsQueue {
@@ -166,6 +174,7 @@ impl SqsQueue {
             url,
             max_message_bytes: AtomicUsize::new(MAX_MESSAGE_BYTES),
             setup_requests: AtomicU64::new(0),
+            dead_letter: std::sync::Mutex::new(None),
         })
     }
 
@@ -314,12 +323,14 @@ impl SqsQueue {
         }
     }
 
-    /// Reads MaximumMessageSize.
+    /// Reads MaximumMessageSize and the RedrivePolicy.
     async fn read_limits(&self) -> Result<(), QueueError> {
         let url = self.url().await?;
         let client = self.client(Call::Attributes).await?;
-        let read = client.get_queue_attributes().queue_url(url).attribute_names(QueueAttributeName::MaximumMessageSize).send();
+        let names = vec![QueueAttributeName::MaximumMessageSize, QueueAttributeName::RedrivePolicy];
+        let read = client.get_queue_attributes().queue_url(url).set_attribute_names(Some(names)).send();
         let answer = self.setup_call(self.call(Call::Attributes, None, read).await)?;
+        self.take_redrive_policy(answer.attributes.as_ref().and_then(|a| a.get(&QueueAttributeName::RedrivePolicy)).map(String::as_str));
         let size = answer.attributes.as_ref().and_then(|a| a.get(&QueueAttributeName::MaximumMessageSize)).and_then(|size| size.parse::<usize>().ok());
         match size {
             Some(size) => self.max_message_bytes.store(size, Ordering::Relaxed),
@@ -331,10 +342,33 @@ impl SqsQueue {
     /// The receipt handle a pop receipt of message `id` holds, or a stale receipt when it is
     /// not one of `id`'s.
     fn handle<'a>(id: &MessageId, pop_receipt: &'a PopReceipt) -> Result<&'a str, QueueError> {
-        match pop_receipt.split_once(' ') {
-            Some((of, handle)) if of == id.as_str() && !handle.is_empty() => Ok(handle),
-            _ => Err(QueueError::StaleReceipt { id: id.clone() }),
+        Self::receipt_parts(id, pop_receipt).map(|(_, handle)| handle)
+    }
+
+    /// A pop receipt's parts: `<id> [<first receive, ms since 1970>] <handle>`. The first
+    /// receive bounds the visibility SQS allows (12 hours from it); a handle has no spaces.
+    fn receipt_parts<'a>(id: &MessageId, pop_receipt: &'a PopReceipt) -> Result<(Option<SystemTime>, &'a str), QueueError> {
+        let stale = || QueueError::StaleReceipt { id: id.clone() };
+        let (of, rest) = pop_receipt.split_once(' ').filter(|(of, _)| *of == id.as_str()).ok_or_else(stale)?;
+        let (first, handle) = match rest.split_once(' ') {
+            Some((millis, handle)) if !millis.is_empty() && millis.bytes().all(|b| b.is_ascii_digit()) => {
+                (millis.parse::<u64>().ok().map(|millis| SystemTime::UNIX_EPOCH + Duration::from_millis(millis)), handle)
+            }
+            _ => (None, rest),
+        };
+        match handle.is_empty() || handle.contains(' ') || of.is_empty() {
+            true => Err(stale()),
+            false => Ok((first, handle)),
         }
+    }
+
+    /// The most visibility SQS allows a message first received at `first` now: up to 12 hours
+    /// from its first receive (a longer one SQS refuses), in whole seconds rounded down.
+    fn visibility_left(first: Option<SystemTime>, visibility: Duration) -> Duration {
+        let Some(first) = first else { return visibility };
+        let age = SystemTime::now().duration_since(first).unwrap_or_default();
+        let left = MAX_VISIBILITY.saturating_sub(age);
+        visibility.min(Duration::from_secs(left.as_secs()))
     }
 }
 
@@ -519,6 +553,7 @@ impl QueueClient for SqsQueue {
             .wait_time_seconds(wait.min(MAX_WAIT).as_secs() as i32)
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateFirstReceiveTimestamp)
             .message_attribute_names(ENCODING_ATTRIBUTE);
         let received = self.call(Call::Get, None, receive.send()).await?;
         let leased_at = asked_at + super::lease_offset(asked_at.elapsed().unwrap_or_default(), wait);
@@ -530,8 +565,11 @@ impl QueueClient for SqsQueue {
             let attribute = |name| item.attributes.as_ref().and_then(|a| a.get(&name)).and_then(|value| value.parse::<u64>().ok());
             let marked = item.message_attributes.as_ref().and_then(|a| a.get(ENCODING_ATTRIBUTE)).and_then(|value| value.string_value());
             let (body, defect) = Encoding::decode(item.body.clone().unwrap_or_default(), marked);
+            // SQS counts the 12 hours a visibility may reach from the first receive.
+            let first = attribute(MessageSystemAttributeName::ApproximateFirstReceiveTimestamp)
+                .unwrap_or_else(|| asked_at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |since| since.as_millis() as u64));
             messages.push(Message {
-                pop_receipt: PopReceipt::from(format!("{id} {handle}")),
+                pop_receipt: PopReceipt::from(format!("{id} {first} {handle}")),
                 id: id.into(),
                 dequeue_count: attribute(MessageSystemAttributeName::ApproximateReceiveCount).unwrap_or(1).min(u64::from(u32::MAX)) as u32,
                 inserted_at: attribute(MessageSystemAttributeName::SentTimestamp)
@@ -571,14 +609,36 @@ impl QueueClient for SqsQueue {
         self.setup_requests.swap(0, Ordering::Relaxed)
     }
 
+    /// A `ChangeMessageVisibility`, saturating at what SQS allows the message: 12 hours from
+    /// its first receive (a retry delay of 12 hours, asked after the handler ran, would
+    /// otherwise be refused and the message come back when its lease ran out).
     async fn update_visibility(&self, id: &MessageId, pop_receipt: &PopReceipt, visibility: Duration) -> Result<PopReceipt, QueueError> {
-        let handle = Self::handle(id, pop_receipt)?;
+        let (first, handle) = Self::receipt_parts(id, pop_receipt)?;
         let url = self.url().await?;
         let client = self.client(Call::Update).await?;
-        let change = client.change_message_visibility().queue_url(url).receipt_handle(handle).visibility_timeout(seconds_up(visibility, MAX_VISIBILITY));
+        let seconds = seconds_up(Self::visibility_left(first, visibility), MAX_VISIBILITY);
+        let change = client.change_message_visibility().queue_url(url).receipt_handle(handle).visibility_timeout(seconds);
         self.call(Call::Update, Some(id), change.send()).await?;
         // SQS issues no new handle for a visibility change: the lease's receipt holds.
         Ok(pop_receipt.clone())
+    }
+
+    /// `ChangeMessageVisibilityBatch` of up to [`MAX_DELETE_BATCH`] per call
+    /// ([`SqsQueue::update_chunk`]).
+    async fn update_visibility_batch(&self, entries: &[(MessageId, PopReceipt)], visibility: Duration) -> Vec<Result<PopReceipt, QueueError>> {
+        let mut results = Vec::with_capacity(entries.len());
+        for chunk in entries.chunks(MAX_DELETE_BATCH) {
+            results.extend(self.update_chunk(chunk, visibility).await);
+        }
+        results
+    }
+
+    fn update_batch_limit(&self) -> usize {
+        MAX_DELETE_BATCH
+    }
+
+    fn dead_letter(&self) -> Option<DeadLetter> {
+        self.dead_letter.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// SQS bills each 64 KiB of a payload (the body as sent, and its attributes) as one request.

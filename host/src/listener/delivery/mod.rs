@@ -2,10 +2,12 @@
 //! message's way reads top to bottom in `process` (handled, then deleted, retried or
 //! released), `lease` (kept leased while the handler runs), `failures` (retry or poison
 //! after a failure) and `poison` (moved aside); an envelope's items go through `items`, handlers'
-//! answers through `replies`.
+//! answers through `replies`. On a FIFO queue, `groups` gives each group's messages their
+//! turns.
 
 mod deletes;
 mod failures;
+mod groups;
 mod items;
 mod lease;
 mod poison;
@@ -40,6 +42,8 @@ pub(in crate::listener) struct Delivery {
     partition: Option<usize>,
     /// Deletes waiting for the next batch call.
     deletes: deletes::Deletes,
+    /// A FIFO queue's groups being handled, one message of each at a time.
+    groups: Arc<groups::GroupGate>,
 }
 
 impl Delivery {
@@ -54,6 +58,6 @@ impl Delivery {
         partition: Option<usize>,
     ) -> Delivery {
         let packer = Packer::new(payload.compression, payload.max_envelope_bytes.max(MIN_ENVELOPE_BYTES)).expect("the limit is at least the smallest envelope");
-        Delivery { poison, payload, packer, text_envelopes: text, reply, claims, partition, deletes: deletes::Deletes::default() }
+        Delivery { poison, payload, packer, text_envelopes: text, reply, claims, partition, deletes: deletes::Deletes::default(), groups: Arc::default() }
     }
 }

@@ -69,8 +69,9 @@ impl Shared {
                         "message moved to the poison queue: {reason}"
                     );
                 }
-                if let Err(error) = self.queue.delete(&message.id, receipt).await {
-                    tracing::warn!(id = %message.id, "poisoned, but the delete failed (it may be poisoned twice): {error}");
+                match self.queue.delete(&message.id, receipt).await {
+                    Ok(()) => self.delivery.groups.deleted(&message.id),
+                    Err(error) => tracing::warn!(id = %message.id, "poisoned, but the delete failed (it may be poisoned twice): {error}"),
                 }
             }
             Err(error) => {

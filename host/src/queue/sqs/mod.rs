@@ -33,6 +33,10 @@
 //!   makes two requests (`CreateQueue`, `GetQueueAttributes`), counted as one, and a first
 //!   call on a queue whose URL is not known yet one more (`GetQueueUrl`), not counted.
 //!
+//! - FIFO queues (a `.fifo` URL or name; `fifo.rs`): receives carry the group, deduplication
+//!   id and sequence number ([`Message::fifo`]); sends go through
+//!   [`QueueClient::put_in_group`], a plain put is refused naming the group id.
+//!
 //! Tested against moto 5.2.5 (`tests/all/sqs_queue.rs`, `tests/all/sqs_faults.rs`).
 
 mod account;
@@ -483,7 +487,10 @@ impl QueueClient for SqsQueue {
     /// A `SendMessage` with `MessageGroupId` (and `MessageDeduplicationId`, if given).
     async fn put_in_group(&self, body: &[u8], initial_visibility: Duration, send: &GroupedSend) -> Result<MessageId, QueueError> {
         if !self.is_fifo() {
-            return Err(QueueError::BadSend(format!("queue {} is not a FIFO queue (its name ends in .fifo): it takes no message group id", self.name)));
+            return Err(QueueError::BadSend(format!(
+                "queue {} is not a FIFO queue (an SQS queue whose name ends in .fifo): it takes no message group id",
+                self.name
+            )));
         }
         if let Some(refused) = fifo::refusal(send, initial_visibility) {
             return Err(refused);

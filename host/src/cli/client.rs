@@ -10,8 +10,8 @@ use serde_json::Value;
 
 use crate::config::{Backend, Config, QueueConfig};
 use crate::payload::claims::ClaimRecords;
-use crate::queue::RetryPolicy;
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore, OWNER_WAIT};
+use crate::queue::{GroupedSend, RetryPolicy};
 use crate::service::{QueueHandle, QueueStack, StackOptions};
 
 pub(super) fn api_base(config: &Config) -> String {
@@ -74,19 +74,30 @@ async fn create_for_sending(stack: &QueueStack, backend: &Backend) -> Result<()>
     Ok(())
 }
 
-pub async fn send(config_path: &Path, token: &TokenArgs, queue: &str, count: u64, body: Option<String>) -> Result<()> {
+pub async fn send(config_path: &Path, token: &TokenArgs, queue: &str, count: u64, body: Option<String>, group: Option<&GroupedSend>) -> Result<()> {
     let (config, token) = load(config_path, token)?;
     let Some(queue_config) = config.queues.iter().find(|q| q.name == queue) else {
         bail!("queue {queue} is not configured in {}", config_path.display());
     };
     let body = read_message(&config, queue_config, body)?;
     let http = client(token.as_deref())?;
-    let url = format!("{}/queues/{queue}/messages", api_base(&config));
+    let url = format!("{}/queues/{queue}/messages{}", api_base(&config), group_query(group));
     let first = http.post(&url).body(body.clone()).send().await;
     match first {
-        Err(error) if error.is_connect() => send_offline(&config, queue_config, &body, count).await,
+        Err(error) if error.is_connect() => send_offline(&config, queue_config, &body, count, group).await,
         first => send_through_host(&config, (&http, &url), queue, first, bytes::Bytes::from(body), count).await,
     }
+}
+
+/// The query of a send into `group` (none without one): `?group=G[&dedup_id=D]`.
+fn group_query(group: Option<&GroupedSend>) -> String {
+    let Some(group) = group else { return String::new() };
+    let mut query = form_urlencoded::Serializer::new(String::from("?"));
+    query.append_pair("group", &group.group);
+    if let Some(dedup_id) = &group.dedup_id {
+        query.append_pair("dedup_id", dedup_id);
+    }
+    query.finish()
 }
 
 /// The queue's producer when no host answers: its stack straight on storage (the data
@@ -111,10 +122,10 @@ async fn offline_producer(config: &Config, queue: &QueueConfig) -> Result<QueueH
 
 /// `ebb send` with no host running: `count` copies of `body` put straight into storage,
 /// then the hosts elsewhere told on the bus, if one is configured.
-async fn send_offline(config: &Config, queue: &QueueConfig, body: &[u8], count: u64) -> Result<()> {
+async fn send_offline(config: &Config, queue: &QueueConfig, body: &[u8], count: u64, group: Option<&GroupedSend>) -> Result<()> {
     let handle = offline_producer(config, queue).await?;
     let mut puts = futures::stream::iter(0..count)
-        .map(|_| within_storage_bound(format!("sending to queue {}", queue.name), handle.send(body, Duration::ZERO, Duration::MAX)))
+        .map(|_| within_storage_bound(format!("sending to queue {}", queue.name), handle.send_in(group, body, Duration::ZERO, Duration::MAX)))
         .buffer_unordered(256);
     while let Some(put) = puts.next().await {
         put?;

@@ -100,6 +100,14 @@ enum Command {
         /// each reply's JSON on a line, in the order of the items. Needs a running host.
         #[arg(long, conflicts_with_all = ["count", "trace"])]
         wait_reply: bool,
+        /// The message group id, for a FIFO queue (SQS `.fifo`), whose sends need one: a
+        /// group's messages are handled one at a time, in send order.
+        #[arg(long, conflicts_with_all = ["items", "trace", "wait_reply"])]
+        group: Option<String>,
+        /// With `--group`: the deduplication id (SQS drops a send whose id it saw in the last
+        /// 5 minutes). Needed unless the queue has content-based deduplication.
+        #[arg(long, requires = "group")]
+        dedup_id: Option<String>,
         /// With `--wait-reply`: how long to wait, at most 1h.
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, requires = "wait_reply")]
         timeout: std::time::Duration,
@@ -292,8 +300,9 @@ pub(crate) fn main(cli: Cli) -> ExitCode {
         Command::Send { queue, items: Some(items), wait_reply, timeout, config, token, .. } => {
             runtime().and_then(|rt| rt.block_on(client::send_items(&config, &token, &queue, &items, wait_reply.then_some(timeout))))
         }
-        Command::Send { queue, body, count, trace: None, config, token, .. } => {
-            runtime().and_then(|rt| rt.block_on(client::send(&config, &token, &queue, count, body)))
+        Command::Send { queue, body, count, trace: None, group, dedup_id, config, token, .. } => {
+            let group = group.map(|group| crate::queue::GroupedSend { group, dedup_id });
+            runtime().and_then(|rt| rt.block_on(client::send(&config, &token, &queue, count, body, group.as_ref())))
         }
         Command::Send { queue, body, trace: Some(trace), config, token, .. } => {
             runtime().and_then(|rt| rt.block_on(client::send_trace(&config, &token, &queue, &trace, body)))

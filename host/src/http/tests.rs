@@ -693,3 +693,73 @@ async fn a_one_mib_header_gets_431_without_being_read_whole() -> Result<()> {
     shutdown.cancel();
     Ok(())
 }
+
+/// A FIFO queue (issue 37 item 5): a plain put refused as SQS's `.fifo` queue is, a grouped
+/// put recorded.
+#[derive(Default)]
+struct Fifo {
+    sent: std::sync::Mutex<Vec<crate::queue::GroupedSend>>,
+}
+
+#[async_trait::async_trait]
+impl QueueClient for Fifo {
+    fn name(&self) -> &str {
+        "orders"
+    }
+    async fn create_if_missing(&self) -> Result<(), crate::queue::QueueError> {
+        Ok(())
+    }
+    async fn put(&self, _: &[u8], _: Duration) -> Result<crate::queue::MessageId, crate::queue::QueueError> {
+        Err(crate::queue::QueueError::BadSend("queue orders is a FIFO queue: a send needs a message group id (`group`)".into()))
+    }
+    fn fifo(&self) -> bool {
+        true
+    }
+    async fn put_in_group(&self, _: &[u8], _: Duration, send: &crate::queue::GroupedSend) -> Result<crate::queue::MessageId, crate::queue::QueueError> {
+        self.sent.lock().unwrap().push(send.clone());
+        Ok("1".into())
+    }
+    async fn get(&self, _: u32, _: Duration) -> Result<Vec<crate::queue::Message>, crate::queue::QueueError> {
+        Ok(vec![])
+    }
+    async fn delete(&self, _: &crate::queue::MessageId, _: &crate::queue::PopReceipt) -> Result<(), crate::queue::QueueError> {
+        Ok(())
+    }
+    async fn update_visibility(
+        &self,
+        _: &crate::queue::MessageId,
+        r: &crate::queue::PopReceipt,
+        _: Duration,
+    ) -> Result<crate::queue::PopReceipt, crate::queue::QueueError> {
+        Ok(r.clone())
+    }
+    async fn approximate_count(&self) -> Result<u64, crate::queue::QueueError> {
+        Ok(0)
+    }
+}
+
+#[tokio::test]
+async fn a_fifo_send_takes_group_and_dedup_id_and_without_a_group_is_400_naming_it() -> Result<()> {
+    let queue = Arc::new(Fifo::default());
+    let (addr, _shutdown, _task) = serve_queue(ApiLimits::default(), queue.clone()).await;
+    let send = |query: &str| request("POST", &format!("/queues/orders/messages{query}"), Some(TOKEN), b"x");
+    let answer = raw(addr, &send("?group=customer-7&dedup_id=order-42")).await?;
+    assert_eq!(answer.status, 201, "{answer:?}");
+    let sent = queue.sent.lock().unwrap().clone();
+    assert_eq!(sent, [crate::queue::GroupedSend { group: "customer-7".into(), dedup_id: Some("order-42".into()) }]);
+    for (query, named) in [("", "`group`"), ("?dedup_id=order-42", "dedup_id: only with group")] {
+        let answer = raw(addr, &send(query)).await?;
+        assert_eq!(answer.status, 400, "{query}: {answer:?}");
+        assert!(answer.error()?.contains(named), "{query}: {answer:?}");
+    }
+    let items = raw(addr, &request("POST", "/queues/orders/items", Some(TOKEN), b"[\"a\"]")).await?;
+    assert_eq!(items.status, 400, "{items:?}");
+    assert!(items.error()?.contains("?group="), "{items:?}");
+
+    let plain = Arc::new(MemoryQueue::new("orders", Arc::new(TokioClock::new()), 1024));
+    let (addr, _shutdown, _task) = serve_queue(ApiLimits::default(), plain).await;
+    let answer = raw(addr, &send("?group=g")).await?;
+    assert_eq!(answer.status, 400, "{answer:?}");
+    assert!(answer.error()?.contains("not a FIFO queue"), "{answer:?}");
+    Ok(())
+}

@@ -99,6 +99,7 @@ impl QueueClient for MemoryQueue {
                 next_visible_at: system_time(stored.visible_at_ms),
                 body: stored.body.clone(),
                 defect: None,
+                fifo: None,
             });
             let visible_at = stored.visible_at_ms;
             state.visible.insert((visible_at, key.1));

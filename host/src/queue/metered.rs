@@ -21,7 +21,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::failure::CallKind;
-use super::{Message, MessageId, PopReceipt, QueueClient, QueueError};
+use super::{GroupedSend, Message, MessageId, PopReceipt, QueueClient, QueueError};
 
 /// Width of one bucket of the rate window.
 pub const RATE_BUCKET: Duration = Duration::from_secs(10);
@@ -360,6 +360,16 @@ impl<Q: QueueClient> QueueClient for Metered<Q> {
         let result = self.inner.put(body, initial_visibility).await;
         self.transactions.record_requests(CallKind::Put, false, result.as_ref().err(), self.inner.put_requests(body));
         self.count_setup();
+        result
+    }
+
+    fn fifo(&self) -> bool {
+        self.inner.fifo()
+    }
+
+    async fn put_in_group(&self, body: &[u8], initial_visibility: Duration, send: &GroupedSend) -> Result<MessageId, QueueError> {
+        let result = self.inner.put_in_group(body, initial_visibility, send).await;
+        self.transactions.record_requests(CallKind::Put, false, result.as_ref().err(), self.inner.put_requests(body));
         result
     }
 

@@ -172,6 +172,31 @@ pub struct Message {
     /// checksum, or it could not be decoded. The listener moves such a message to the
     /// poison queue with this reason and never hands it to the handler.
     pub defect: Option<String>,
+    /// Its FIFO fields, on a queue that keeps messages in groups (an SQS `.fifo` queue):
+    /// the listener handles a group's messages one at a time, in order. `None` elsewhere.
+    pub fifo: Option<FifoFields>,
+}
+
+/// A message's fields on a FIFO queue, as the service gave them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FifoFields {
+    /// The group whose order the message keeps (SQS `MessageGroupId`).
+    pub group: String,
+    /// The id that deduplicated its send (SQS `MessageDeduplicationId`).
+    pub deduplication_id: Option<String>,
+    /// Its place in the queue (SQS `SequenceNumber`, a decimal up to 128 bits).
+    pub sequence_number: Option<String>,
+}
+
+/// What a send to a FIFO queue carries besides the body: its group, and optionally the id
+/// that deduplicates it (without one, the queue's content-based deduplication, or one ebb
+/// makes up, kept across its retries).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupedSend {
+    /// The message group id: its messages are handled one at a time, in send order.
+    pub group: String,
+    /// The deduplication id: a send with the id of one of the last 5 minutes is dropped.
+    pub dedup_id: Option<String>,
 }
 
 /// What a queue operation can fail with. Callers branch on these.
@@ -201,6 +226,10 @@ pub enum QueueError {
     /// stores text): the sender's to fix, never worth retrying.
     #[error("the body cannot be stored in this queue: {0}")]
     InvalidBody(String),
+    /// The send does not fit the queue: a FIFO queue's without a group id, a group id to a
+    /// queue without groups. The sender's to fix; names the parameter.
+    #[error("the send is refused: {0}")]
+    BadSend(String),
     /// A get asked for more than `MAX_BATCH` messages (or none).
     #[error("a get takes 1 to {MAX_BATCH} messages, not {0}")]
     BadBatchSize(u32),
@@ -224,6 +253,22 @@ pub trait QueueClient: Send + Sync + 'static {
 
     /// Adds a message, invisible for `initial_visibility` (zero: visible at once). Returns its id.
     async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<MessageId, QueueError>;
+
+    /// Whether the queue keeps its messages in groups (an SQS `.fifo` queue): its sends
+    /// go through [`QueueClient::put_in_group`], and a plain put is refused.
+    fn fifo(&self) -> bool {
+        false
+    }
+
+    /// Adds a message to `send`'s group of a FIFO queue. Refused
+    /// ([`QueueError::BadSend`]) by a queue without groups (the default).
+    async fn put_in_group(&self, _body: &[u8], _initial_visibility: Duration, send: &GroupedSend) -> Result<MessageId, QueueError> {
+        Err(QueueError::BadSend(format!(
+            "queue {} is not a FIFO queue: a message group id ({:?}) is only for SQS .fifo queues",
+            self.name(),
+            crate::health::truncate_reason(&send.group)
+        )))
+    }
 
     /// Leases up to `max` (1..=32) visible messages, oldest first (roughly), each for
     /// `visibility`. An empty result means no message is visible now.
@@ -337,6 +382,12 @@ impl QueueClient for std::sync::Arc<dyn QueueClient> {
     }
     async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<MessageId, QueueError> {
         (**self).put(body, initial_visibility).await
+    }
+    fn fifo(&self) -> bool {
+        (**self).fifo()
+    }
+    async fn put_in_group(&self, body: &[u8], initial_visibility: Duration, send: &GroupedSend) -> Result<MessageId, QueueError> {
+        (**self).put_in_group(body, initial_visibility, send).await
     }
     async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
         (**self).get(max, visibility).await

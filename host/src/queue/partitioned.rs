@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Message, MessageId, PopReceipt, QueueClient, QueueError};
+use super::{GroupedSend, Message, MessageId, PopReceipt, QueueClient, QueueError};
 
 pub(crate) use crate::names::MAX_PARTITIONS;
 
@@ -70,6 +70,20 @@ impl QueueClient for Partitioned {
     async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<MessageId, QueueError> {
         let index = self.next(&self.next_put);
         let id = self.partitions[index].put(body, initial_visibility).await?;
+        Ok(tagged(index, &id))
+    }
+
+    fn fifo(&self) -> bool {
+        self.partitions.iter().any(|partition| partition.fifo())
+    }
+
+    /// A group's messages all go to one partition (chosen by the group id's hash), so its
+    /// order is the one partition's order.
+    async fn put_in_group(&self, body: &[u8], initial_visibility: Duration, send: &GroupedSend) -> Result<MessageId, QueueError> {
+        use std::hash::{BuildHasher as _, BuildHasherDefault};
+        let hash = BuildHasherDefault::<std::hash::DefaultHasher>::default().hash_one(&send.group);
+        let index = (hash % self.partitions.len() as u64) as usize;
+        let id = self.partitions[index].put_in_group(body, initial_visibility, send).await?;
         Ok(tagged(index, &id))
     }
 

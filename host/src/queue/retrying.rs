@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use super::call_record::{CallRecord, short_duration};
 use super::failure::{CallKind, FailureClass, classified};
-use super::{Message, MessageId, PopReceipt, QueueClient, QueueError};
+use super::{GroupedSend, Message, MessageId, PopReceipt, QueueClient, QueueError};
 use crate::health::{Readiness, ReadinessPart, truncate_reason};
 use crate::log_limit::LogLimiter;
 
@@ -315,6 +315,16 @@ impl<Q: QueueClient> QueueClient for Retrying<Q> {
 
     async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<MessageId, QueueError> {
         self.run(CallKind::Put, |q| q.put(body, initial_visibility)).await.0
+    }
+
+    fn fifo(&self) -> bool {
+        self.inner.fifo()
+    }
+
+    /// Retried as a put: a FIFO send's retry carries the same deduplication id (or the
+    /// same body, under content-based deduplication), so SQS keeps one copy.
+    async fn put_in_group(&self, body: &[u8], initial_visibility: Duration, send: &GroupedSend) -> Result<MessageId, QueueError> {
+        self.run(CallKind::Put, |q| q.put_in_group(body, initial_visibility, send)).await.0
     }
 
     async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {

@@ -12,7 +12,7 @@ use crate::bus::Bus;
 use crate::listener::{Listener, Pause};
 use crate::payload::PayloadSettings;
 use crate::payload::claims::{ClaimRecords, ClaimStore};
-use crate::queue::{MessageId, QueueClient, QueueError};
+use crate::queue::{GroupedSend, MessageId, QueueClient, QueueError};
 use crate::record::{QueueRecording, Seen};
 
 use super::packing::{ItemsError, ItemsSent, Packing};
@@ -297,15 +297,21 @@ impl QueueHandle {
     /// listener delivers it as the plain message it was sent as. Without a claim store it is
     /// refused ([`QueueError::MessageTooLarge`]).
     pub async fn send(&self, body: &[u8], delay: Duration, deadline: Duration) -> Result<MessageId, QueueError> {
+        self.send_in(None, body, delay, deadline).await
+    }
+
+    /// [`QueueHandle::send`] into `group` of a FIFO queue (`None`: a plain send, which a FIFO
+    /// queue refuses, naming the group id it needs).
+    pub async fn send_in(&self, group: Option<&GroupedSend>, body: &[u8], delay: Duration, deadline: Duration) -> Result<MessageId, QueueError> {
         let deadline = deadline.min(SEND_DEADLINE);
-        let put = match tokio::time::timeout(deadline, self.inner.sender.put(body, delay)).await {
+        let put = match tokio::time::timeout(deadline, self.put(group, body, delay)).await {
             Ok(put) => put,
             Err(_) => return Err(storage_timed_out(deadline)),
         };
         let id = match (put, self.inner.claims.as_ref()) {
             (Ok(id), _) => id,
             // The backends measure a body before any request: nothing was billed.
-            (Err(QueueError::MessageTooLarge { .. }), Some(claims)) => self.send_offloaded(claims, body, delay).await?,
+            (Err(QueueError::MessageTooLarge { .. }), Some(claims)) => self.send_offloaded(claims, group, body, delay).await?,
             (Err(error), _) => return Err(error),
         };
         self.count_arrival();
@@ -317,7 +323,15 @@ impl QueueHandle {
 
     /// Stores `body` in `claims` and puts the envelope referencing it (the body is left for
     /// the sweeper if that put fails: a send that failed may still have stored it).
-    async fn send_offloaded(&self, claims: &Arc<dyn ClaimStore>, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
+    /// One put of `body`, into `group` if given.
+    async fn put(&self, group: Option<&GroupedSend>, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
+        match group {
+            Some(group) => self.inner.sender.put_in_group(body, delay, group).await,
+            None => self.inner.sender.put(body, delay).await,
+        }
+    }
+
+    async fn send_offloaded(&self, claims: &Arc<dyn ClaimStore>, group: Option<&GroupedSend>, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
         if body.len() as u64 > claims.max_bytes() {
             return Err(QueueError::MessageTooLarge { size: body.len(), limit: usize::try_from(claims.max_bytes()).unwrap_or(usize::MAX) });
         }
@@ -338,7 +352,7 @@ impl QueueHandle {
         let envelope = crate::payload::encode_message(check).map_err(QueueError::Fatal)?;
         let text = self.inner.payload.1;
         let envelope = if text { crate::payload::to_text(&envelope).into_bytes() } else { envelope };
-        let put = self.inner.sender.put(&envelope, delay);
+        let put = self.put(group, &envelope, delay);
         match tokio::time::timeout(SEND_DEADLINE, put).await {
             Ok(put) => put,
             Err(_) => Err(storage_timed_out(SEND_DEADLINE)),

@@ -389,6 +389,7 @@ fn copy_of(error: &QueueError) -> QueueError {
         QueueError::StaleReceipt { id } => QueueError::StaleReceipt { id: id.clone() },
         QueueError::MessageTooLarge { size, limit } => QueueError::MessageTooLarge { size: *size, limit: *limit },
         QueueError::InvalidBody(reason) => QueueError::InvalidBody(reason.clone()),
+        QueueError::BadSend(reason) => QueueError::BadSend(reason.clone()),
         QueueError::BadBatchSize(n) => QueueError::BadBatchSize(*n),
     }
 }

@@ -14,7 +14,7 @@ use serde_json::json;
 use crate::http::body_limit::{BodyLimit, too_large};
 use crate::http::errors::{error, storage_unavailable};
 use crate::http::{Api, ApiLimits};
-use crate::queue::{MAX_VISIBILITY, MessageId, QueueError};
+use crate::queue::{GroupedSend, MAX_VISIBILITY, MessageId, QueueClient as _, QueueError};
 use crate::service::packing::{ItemsError, MAX_ITEMS_PER_SEND};
 
 /// Parses the query of `POST /queues/{name}/messages`: `delay_ms`, a whole number of
@@ -32,6 +32,17 @@ fn parse_send_query(query: Option<&str>) -> Result<Duration, String> {
     Ok(Duration::from_millis(ms))
 }
 
+/// The FIFO part of a send's query: `group` (the message group id) and `dedup_id` (its
+/// deduplication id, only with a group). Their values are checked by the queue.
+fn parse_group(query: Option<&str>) -> Result<Option<GroupedSend>, String> {
+    let dedup_id = super::query_value(query, "dedup_id");
+    match super::query_value(query, "group") {
+        Some(group) => Ok(Some(GroupedSend { group, dedup_id })),
+        None if dedup_id.is_some() => Err("dedup_id: only with group (a deduplication id is for a FIFO queue's sends)".to_string()),
+        None => Ok(None),
+    }
+}
+
 pub(super) async fn send(
     State(api): State<Arc<Api>>,
     Extension(limits): Extension<ApiLimits>,
@@ -43,8 +54,8 @@ pub(super) async fn send(
     let Some(queue) = api.handles.get(&name) else {
         return crate::http::errors::no_queue(&name);
     };
-    let delay = match parse_send_query(query.as_deref()) {
-        Ok(delay) => delay,
+    let (delay, group) = match parse_send_query(query.as_deref()).and_then(|delay| Ok((delay, parse_group(query.as_deref())?))) {
+        Ok(parsed) => parsed,
         Err(reason) => return error(StatusCode::BAD_REQUEST, reason),
     };
     let body = match body {
@@ -54,12 +65,12 @@ pub(super) async fn send(
     };
     // Storage that stalls (each try may wait its request timeout, and retries add up) must
     // still get the client an answer, before its connection times out or the client gives up.
-    let put = queue.send(&body, delay, limits.idle_timeout / 2).await;
+    let put = queue.send_in(group.as_ref(), &body, delay, limits.idle_timeout / 2).await;
     match put {
         Ok(id) => (StatusCode::CREATED, Json(json!({ "id": id }))).into_response(),
         Err(e @ QueueError::MessageTooLarge { .. }) => error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),
         // The sender's to fix: retrying the same body can never work.
-        Err(e @ QueueError::InvalidBody(_)) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e @ (QueueError::InvalidBody(_) | QueueError::BadSend(_))) => error(StatusCode::BAD_REQUEST, e.to_string()),
         // The storage failed for now (after the host's retries): the producer may send again.
         Err(e @ QueueError::Transient(_)) => storage_unavailable(e.to_string()),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
@@ -123,6 +134,12 @@ pub(super) async fn send_items(
     let Some(queue) = api.handles.get(&name) else {
         return crate::http::errors::no_queue(&name);
     };
+    if queue.client().fifo() {
+        // Packing never mixes groups: it takes none.
+        let reason =
+            format!("queue {name} is a FIFO queue: send each message with POST /queues/{name}/messages?group=G (items are not packed for FIFO queues)");
+        return error(StatusCode::BAD_REQUEST, reason);
+    }
     let body = match body {
         Ok(body) => body,
         Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => return too_large(body_limit),

@@ -55,7 +55,7 @@ fn authenticated_routes() -> Vec<Route> {
         route(Method::GET, "/status", &[], status::status),
         route(Method::GET, "/metrics", &[], metrics::metrics),
         route(Method::GET, "/whoami", &[], whoami),
-        route(Method::POST, "/queues/{name}/messages", &["delay_ms"], messages::send),
+        route(Method::POST, "/queues/{name}/messages", &["delay_ms", "group", "dedup_id"], messages::send),
         route(Method::POST, "/queues/{name}/items", &[], messages::send_items),
         route(Method::POST, "/queues/{name}/replies/{id}", &["timeout_ms", "item"], messages::take_reply),
         route(Method::POST, "/queues/{name}/notify", &[], messages::notify),

@@ -1,5 +1,5 @@
 //! Deletes that settle together go out together, on a backend that deletes in batches
-//! (SQS: `DeleteMessageBatch` of up to 10): a [`GroupCommit`](super::group::GroupCommit).
+//! (SQS: `DeleteMessageBatch` of up to 10): a [`GroupCommit`](super::group_commit::GroupCommit).
 //! A backend without batches deletes each message on its own call, side by side, as before.
 
 use crate::listener::Shared;

@@ -282,6 +282,7 @@ impl Shared {
             tracing::warn!(id = %message.id, "envelope settled, but the delete failed (its items may be delivered again): {error}");
             return;
         }
+        self.delivery.groups.deleted(&message.id);
         if let Some(claims) = &self.delivery.claims {
             for check in handled_claims {
                 if let Err(error) = claims.delete(check).await {

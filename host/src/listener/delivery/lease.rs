@@ -74,7 +74,7 @@ type Renewal<'a> = Pin<Box<dyn Future<Output = (Instant, Result<PopReceipt, Queu
 impl Shared {
     /// Renews a lease for `duration`: with the other renewals that fall due meanwhile (the
     /// messages of one get are leased together), in one batch call where the backend
-    /// batches ([`GroupCommit`](super::group::GroupCommit)); else on its own call.
+    /// batches ([`GroupCommit`](super::group_commit::GroupCommit)); else on its own call.
     async fn renew(&self, id: &MessageId, receipt: &PopReceipt, duration: Duration) -> Result<PopReceipt, QueueError> {
         let limit = self.queue.update_batch_limit();
         if limit < 2 {

@@ -2,11 +2,13 @@
 //! message's way reads top to bottom in `process` (handled, then deleted, retried or
 //! released), `lease` (kept leased while the handler runs), `failures` (retry or poison
 //! after a failure) and `poison` (moved aside); an envelope's items go through `items`, handlers'
-//! answers through `replies`.
+//! answers through `replies`. On a FIFO queue, `groups` gives each group's messages their
+//! turns.
 
 mod deletes;
 mod failures;
-mod group;
+mod group_commit;
+mod groups;
 mod items;
 mod lease;
 mod poison;
@@ -40,9 +42,11 @@ pub(in crate::listener) struct Delivery {
     /// logical ids producers know.
     partition: Option<usize>,
     /// Deletes waiting for the next batch call.
-    deletes: group::GroupCommit<(MessageId, PopReceipt), ()>,
+    deletes: group_commit::GroupCommit<(MessageId, PopReceipt), ()>,
     /// Lease renewals waiting for the next batch call.
-    renewals: group::GroupCommit<(MessageId, PopReceipt), PopReceipt>,
+    renewals: group_commit::GroupCommit<(MessageId, PopReceipt), PopReceipt>,
+    /// A FIFO queue's groups being handled, one message of each at a time.
+    groups: Arc<groups::GroupGate>,
 }
 
 impl Delivery {
@@ -57,6 +61,17 @@ impl Delivery {
         partition: Option<usize>,
     ) -> Delivery {
         let packer = Packer::new(payload.compression, payload.max_envelope_bytes.max(MIN_ENVELOPE_BYTES)).expect("the limit is at least the smallest envelope");
-        Delivery { poison, payload, packer, text_envelopes: text, reply, claims, partition, deletes: Default::default(), renewals: Default::default() }
+        Delivery {
+            poison,
+            payload,
+            packer,
+            text_envelopes: text,
+            reply,
+            claims,
+            partition,
+            deletes: Default::default(),
+            renewals: Default::default(),
+            groups: Arc::default(),
+        }
     }
 }

@@ -79,8 +79,9 @@ impl Shared {
                     );
                 }
                 // With the deletes that settle meanwhile: one batch call where the backend batches.
-                if let Err(error) = self.delete_settled(&message.id, receipt).await {
-                    tracing::warn!(id = %message.id, "poisoned, but the delete failed (it may be poisoned twice): {error}");
+                match self.delete_settled(&message.id, receipt).await {
+                    Ok(()) => self.delivery.groups.deleted(&message.id),
+                    Err(error) => tracing::warn!(id = %message.id, "poisoned, but the delete failed (it may be poisoned twice): {error}"),
                 }
             }
             Err(error) => {

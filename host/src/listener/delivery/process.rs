@@ -6,12 +6,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::handler::{AnswerTooLarge, HostError, IncomingMessage, PUSHED_BACK_POISON_DEQUEUES, PushedBack, RetryAfterAdjustment};
 use crate::queue::{Message, MessageId, PopReceipt, QueueError};
 
 use super::failures::{FailedDelivery, FailureVerdict};
+use super::groups::{self, Entry, Turn, Verdict};
 use super::items::{ItemResult, Unpacked};
 use super::lease::{Lease, Outcome};
 use super::replies::ReplyNotPut;
@@ -58,9 +60,23 @@ impl Shared {
             tracing::warn!(id = %message.id, "message is already being handled on this host; skipping the duplicate lease");
             return;
         };
+        // Entered before any await: a batch's messages of one group take their turns in its order.
+        let entry = message.fifo.as_ref().map(|fifo| self.delivery.groups.enter(&fifo.group, &message.id));
         let Message { id, pop_receipt, dequeue_count, inserted_at, body, defect, .. } = message;
         let incoming = IncomingMessage { queue: self.queue.name().to_string(), id, dequeue_count, inserted_at, body, item: None };
         let mut lease = Lease::new(pop_receipt, leased_until, self.settings.lease_duration);
+        let (_turn, slot) = match entry {
+            None => (None, slot),
+            Some(Entry::Now(turn)) => (Some(turn), slot),
+            Some(Entry::Wait(told)) => {
+                // Its slot goes to other work meanwhile; it takes one when its turn comes.
+                drop(slot);
+                match self.wait_for_turn(&incoming, &mut lease, told).await {
+                    Some(turn) => (Some(turn), None),
+                    None => return,
+                }
+            }
+        };
         if let Some(defect) = defect {
             drop(slot);
             // A body the store cannot vouch for never reaches the handler.
@@ -126,6 +142,25 @@ impl Shared {
             self.telemetry.counters.calls.lock().unwrap().record(call_end(result), latency);
         }
         self.settle(&incoming, &lease.receipt, outcome, latency).await;
+    }
+
+    /// Waits, its lease renewed meanwhile, for the turn of a message whose group is busy:
+    /// `None` when it was released instead (the one before it is to come back, or shutdown).
+    async fn wait_for_turn(self: &Arc<Self>, message: &IncomingMessage, lease: &mut Lease, told: oneshot::Receiver<Verdict>) -> Option<Turn> {
+        match self.run_under_lease(message, lease, groups::wait(told)).await {
+            Some(Verdict::Go(turn)) => Some(turn),
+            Some(Verdict::Released) => {
+                tracing::debug!(id = %message.id, "released unhandled: the message before it in its group is to come back, and must not be overtaken");
+                if let Err(error) = self.queue.update_visibility(&message.id, &lease.receipt, Duration::ZERO).await {
+                    tracing::warn!(id = %message.id, "could not release it (visible again when the lease runs out): {error}");
+                }
+                None
+            }
+            None => {
+                self.settle(message, &lease.receipt, Outcome::Abandoned, Duration::ZERO).await;
+                None
+            }
+        }
     }
 
     /// A plain message whose body was offloaded ([`crate::payload::FLAG_MESSAGE`]): its body
@@ -234,6 +269,9 @@ impl Shared {
         }
         // Counted once the delete has returned: `processed` means handled and deleted.
         let deleted = self.delete_settled(&message.id, receipt).await;
+        if deleted.is_ok() {
+            self.delivery.groups.deleted(&message.id);
+        }
         self.telemetry.counters.record_success(latency);
         if let Err(error) = deleted {
             // The work was done; the message may be handled again (at least once).

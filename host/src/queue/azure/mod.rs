@@ -468,6 +468,7 @@ impl QueueClient for AzureQueue {
                 next_visible_at: system_time(item.time_next_visible),
                 body: body.into(),
                 defect,
+                fifo: None,
             });
         }
         Ok(messages)

@@ -52,6 +52,7 @@ pub(super) fn lease(t: &mut Tables<'_>, queue: u32, now_ms: u64, max: u32, visib
             next_visible_at: system_time(header.visible_at_ms),
             body: Bytes::from(body),
             defect,
+            fifo: None,
         });
     }
     Ok(Ok(Reply::Messages(leased)))

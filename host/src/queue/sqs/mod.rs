@@ -37,11 +37,16 @@
 //!   after `CreateQueue` and a queue URL's `GetQueueUrl`, are counted as creates
 //!   ([`QueueClient::take_setup_requests`]).
 //!
+//! - FIFO queues (a `.fifo` URL or name; `fifo.rs`): receives carry the group, deduplication
+//!   id and sequence number ([`Message::fifo`]); sends go through
+//!   [`QueueClient::put_in_group`], a plain put is refused naming the group id.
+//!
 //! Tested against moto 5.2.5 (`tests/all/sqs_queue.rs`, `tests/all/sqs_faults.rs`).
 
 mod account;
 mod batch;
 mod encoding;
+mod fifo;
 mod probe;
 mod redrive;
 
@@ -59,7 +64,7 @@ pub(crate) use encoding::ENCODING_ATTRIBUTE;
 pub use encoding::Encoding;
 pub use probe::SqsProbe;
 
-use super::{DeadLetter, FailureClass, MAX_BATCH, Message, MessageId, PopReceipt, QueueClient, QueueError, classified};
+use super::{DeadLetter, FailureClass, GroupedSend, MAX_BATCH, Message, MessageId, PopReceipt, QueueClient, QueueError, classified};
 
 /// SQS's limit on a receive: at most 10 messages.
 pub(crate) const MAX_GET: u32 = 10;
@@ -274,6 +279,11 @@ impl SqsQueue {
         {
             return QueueError::StaleReceipt { id: id.cloned().unwrap_or_else(|| MessageId::from("")) };
         }
+        if call == Call::Put
+            && let Some(refused) = fifo::refused_send(&code, &message)
+        {
+            return refused;
+        }
         if call == Call::Put && (code_is(&["MessageTooLong"]) || (code_is(&["InvalidParameterValue"]) && message.contains("shorter than"))) {
             let limit = self.max_message_bytes();
             return QueueError::MessageTooLarge { size: limit + 1, limit };
@@ -337,6 +347,42 @@ impl SqsQueue {
             None => tracing::warn!(queue = %self.name, "queue {}: no MaximumMessageSize in its attributes; assuming {MAX_MESSAGE_BYTES} bytes", self.name),
         }
         Ok(())
+    }
+
+    /// Whether it is a FIFO queue (its URL's or name's `.fifo`).
+    fn is_fifo(&self) -> bool {
+        fifo::is_fifo(self.options.queue_url.as_deref(), &self.name)
+    }
+
+    /// A `SendMessage` of `body`, in `group` on a FIFO queue.
+    async fn send(&self, body: &[u8], initial_visibility: Duration, group: Option<&GroupedSend>) -> Result<MessageId, QueueError> {
+        let encoded = self.options.encoding.encode(body)?;
+        let limit = self.max_message_bytes();
+        if encoded.size() > limit {
+            let limit = if encoded.base64 { self.options.encoding.max_body_bytes(limit) } else { limit };
+            return Err(QueueError::MessageTooLarge { size: body.len(), limit });
+        }
+        let url = self.url().await?;
+        let client = self.client(Call::Put).await?;
+        let mut send = client.send_message().queue_url(url).message_body(encoded.text);
+        send = match group {
+            // A FIFO queue refuses a per-message delay, even of zero on some implementations.
+            Some(group) => send.message_group_id(&group.group).set_message_deduplication_id(group.dedup_id.clone()),
+            None => send.delay_seconds(seconds_up(initial_visibility, MAX_DELAY)),
+        };
+        if encoded.base64 {
+            let marked = MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(encoding::BASE64)
+                .build()
+                .map_err(|e| QueueError::Fatal(anyhow!("{}: the encoding attribute: {e}", self.context(Call::Put))))?;
+            send = send.message_attributes(ENCODING_ATTRIBUTE, marked);
+        }
+        let sent = match self.call(Call::Put, None, send.send()).await {
+            Err(QueueError::MessageTooLarge { limit, .. }) => return Err(QueueError::MessageTooLarge { size: body.len(), limit }),
+            other => other?,
+        };
+        sent.message_id.map(MessageId::from).ok_or_else(|| QueueError::Fatal(anyhow!("{}: the answer has no message id", self.context(Call::Put))))
     }
 
     /// The receipt handle a pop receipt of message `id` holds, or a stale receipt when it is
@@ -478,7 +524,9 @@ impl QueueClient for SqsQueue {
     async fn create_if_missing(&self) -> Result<(), QueueError> {
         if self.options.queue_url.is_none() {
             let client = self.client(Call::Create).await?;
-            match self.call(Call::Create, None, client.create_queue().queue_name(&self.name).send()).await {
+            // SQS refuses a `.fifo` name without the attribute (moto makes a standard queue).
+            let create = client.create_queue().queue_name(&self.name).set_attributes(fifo::create_attributes(&self.name));
+            match self.call(Call::Create, None, create.send()).await {
                 Ok(answer) => {
                     if let Some(url) = answer.queue_url {
                         let _ = self.url.set(url);
@@ -496,28 +544,28 @@ impl QueueClient for SqsQueue {
     }
 
     async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<MessageId, QueueError> {
-        let encoded = self.options.encoding.encode(body)?;
-        let limit = self.max_message_bytes();
-        if encoded.size() > limit {
-            let limit = if encoded.base64 { self.options.encoding.max_body_bytes(limit) } else { limit };
-            return Err(QueueError::MessageTooLarge { size: body.len(), limit });
+        if self.is_fifo() {
+            return Err(fifo::group_needed(&self.name));
         }
-        let url = self.url().await?;
-        let client = self.client(Call::Put).await?;
-        let mut send = client.send_message().queue_url(url).message_body(encoded.text).delay_seconds(seconds_up(initial_visibility, MAX_DELAY));
-        if encoded.base64 {
-            let marked = MessageAttributeValue::builder()
-                .data_type("String")
-                .string_value(encoding::BASE64)
-                .build()
-                .map_err(|e| QueueError::Fatal(anyhow!("{}: the encoding attribute: {e}", self.context(Call::Put))))?;
-            send = send.message_attributes(ENCODING_ATTRIBUTE, marked);
+        self.send(body, initial_visibility, None).await
+    }
+
+    fn fifo(&self) -> bool {
+        self.is_fifo()
+    }
+
+    /// A `SendMessage` with `MessageGroupId` (and `MessageDeduplicationId`, if given).
+    async fn put_in_group(&self, body: &[u8], initial_visibility: Duration, send: &GroupedSend) -> Result<MessageId, QueueError> {
+        if !self.is_fifo() {
+            return Err(QueueError::BadSend(format!(
+                "queue {} is not a FIFO queue (an SQS queue whose name ends in .fifo): it takes no message group id",
+                self.name
+            )));
         }
-        let sent = match self.call(Call::Put, None, send.send()).await {
-            Err(QueueError::MessageTooLarge { limit, .. }) => return Err(QueueError::MessageTooLarge { size: body.len(), limit }),
-            other => other?,
-        };
-        sent.message_id.map(MessageId::from).ok_or_else(|| QueueError::Fatal(anyhow!("{}: the answer has no message id", self.context(Call::Put))))
+        if let Some(refused) = fifo::refusal(send, initial_visibility) {
+            return Err(refused);
+        }
+        self.send(body, initial_visibility, Some(send)).await
     }
 
     async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
@@ -545,6 +593,7 @@ impl QueueClient for SqsQueue {
         // call, the host's figure errs early; a long poll's, from its answer
         // ([`super::lease_offset`]).
         let asked_at = SystemTime::now();
+        let fifo_attributes = if self.is_fifo() { fifo::RECEIVED.to_vec() } else { Vec::new() };
         let receive = client
             .receive_message()
             .queue_url(url)
@@ -555,6 +604,7 @@ impl QueueClient for SqsQueue {
             .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateFirstReceiveTimestamp)
             .message_attribute_names(ENCODING_ATTRIBUTE);
+        let receive = fifo_attributes.into_iter().fold(receive, |receive, name| receive.message_system_attribute_names(name));
         let received = self.call(Call::Get, None, receive.send()).await?;
         let leased_at = asked_at + super::lease_offset(asked_at.elapsed().unwrap_or_default(), wait);
         let mut messages = Vec::new();
@@ -577,6 +627,7 @@ impl QueueClient for SqsQueue {
                 next_visible_at: leased_at + Duration::from_secs(seconds as u64),
                 body: body.into(),
                 defect,
+                fifo: fifo::fields(item.attributes.as_ref()),
             });
         }
         Ok(messages)

@@ -42,6 +42,7 @@ mod scaler;
 mod shadow;
 mod shape;
 mod simulate;
+mod sqs_claims;
 mod sqs_faults;
 mod sqs_queue;
 mod sqs_run;

@@ -33,10 +33,15 @@
 //!   makes two requests (`CreateQueue`, `GetQueueAttributes`), counted as one, and a first
 //!   call on a queue whose URL is not known yet one more (`GetQueueUrl`), not counted.
 //!
+//! - Claim checks: a message offloaded to S3 goes as the SQS Extended Client's pointer and
+//!   such a pointer (ebb's or a foreign producer's) comes in as ebb's offloaded message
+//!   ([`pointer`]).
+//!
 //! Tested against moto 5.2.5 (`tests/all/sqs_queue.rs`, `tests/all/sqs_faults.rs`).
 
 mod account;
 mod encoding;
+mod pointer;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
@@ -188,6 +193,30 @@ impl SqsQueue {
             })
             .await?;
         Ok(url)
+    }
+
+    /// Sends an offloaded message as the SQS Extended Client's pointer ([`pointer`]).
+    async fn put_pointer(&self, pointer: pointer::Pointer, initial_visibility: Duration) -> Result<MessageId, QueueError> {
+        let attribute = |data_type: &str, value: String| {
+            MessageAttributeValue::builder()
+                .data_type(data_type)
+                .string_value(value)
+                .build()
+                .map_err(|e| QueueError::Fatal(anyhow!("{}: the pointer's attribute: {e}", self.context(Call::Put))))
+        };
+        let url = self.url().await?;
+        let client = self.client(Call::Put).await?;
+        let mut send = client
+            .send_message()
+            .queue_url(url)
+            .message_body(pointer.body)
+            .delay_seconds(seconds_up(initial_visibility, MAX_DELAY))
+            .message_attributes(pointer::SIZE_ATTRIBUTE, attribute("Number", pointer.size.to_string())?);
+        if let Some(sha256) = pointer.sha256 {
+            send = send.message_attributes(pointer::SHA256_ATTRIBUTE, attribute("String", sha256)?);
+        }
+        let sent = self.call(Call::Put, None, send.send()).await?;
+        sent.message_id.map(MessageId::from).ok_or_else(|| QueueError::Fatal(anyhow!("{}: the answer has no message id", self.context(Call::Put))))
     }
 
     /// Runs one call and classifies its failure.
@@ -426,6 +455,9 @@ impl QueueClient for SqsQueue {
     }
 
     async fn put(&self, body: &[u8], initial_visibility: Duration) -> Result<MessageId, QueueError> {
+        if let Some(pointer) = pointer::outgoing(body) {
+            return self.put_pointer(pointer, initial_visibility).await;
+        }
         let encoded = self.options.encoding.encode(body)?;
         let limit = self.max_message_bytes();
         if encoded.size() > limit {
@@ -483,7 +515,10 @@ impl QueueClient for SqsQueue {
             .wait_time_seconds(wait.min(MAX_WAIT).as_secs() as i32)
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
-            .message_attribute_names(ENCODING_ATTRIBUTE);
+            .message_attribute_names(ENCODING_ATTRIBUTE)
+            .message_attribute_names(pointer::SIZE_ATTRIBUTE)
+            .message_attribute_names(pointer::LEGACY_SIZE_ATTRIBUTE)
+            .message_attribute_names(pointer::SHA256_ATTRIBUTE);
         let received = self.call(Call::Get, None, receive.send()).await?;
         let leased_at = asked_at + super::lease_offset(asked_at.elapsed().unwrap_or_default(), wait);
         let mut messages = Vec::new();
@@ -492,8 +527,14 @@ impl QueueClient for SqsQueue {
                 return Err(QueueError::Fatal(anyhow!("{}: a message came without its id or receipt handle", self.context(Call::Get))));
             };
             let attribute = |name| item.attributes.as_ref().and_then(|a| a.get(&name)).and_then(|value| value.parse::<u64>().ok());
-            let marked = item.message_attributes.as_ref().and_then(|a| a.get(ENCODING_ATTRIBUTE)).and_then(|value| value.string_value());
-            let (body, defect) = Encoding::decode(item.body.clone().unwrap_or_default(), marked);
+            let text_attribute = |name| item.message_attributes.as_ref().and_then(|a| a.get(name)).and_then(|value| value.string_value());
+            let size = text_attribute(pointer::SIZE_ATTRIBUTE).or(text_attribute(pointer::LEGACY_SIZE_ATTRIBUTE));
+            let text = item.body.clone().unwrap_or_default();
+            let (body, defect) = match pointer::incoming(&text, size, text_attribute(pointer::SHA256_ATTRIBUTE)) {
+                None => Encoding::decode(text, text_attribute(ENCODING_ATTRIBUTE)),
+                Some(Ok(envelope)) => (envelope, None),
+                Some(Err(reason)) => (text.into_bytes(), Some(reason)),
+            };
             messages.push(Message {
                 pop_receipt: PopReceipt::from(format!("{id} {handle}")),
                 id: id.into(),

@@ -47,6 +47,7 @@ mod sqs_bad_input;
 mod sqs_bench;
 mod sqs_check;
 mod sqs_cost;
+mod sqs_claims;
 mod sqs_faults;
 mod sqs_fifo;
 mod sqs_hosts;

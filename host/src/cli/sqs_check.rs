@@ -24,7 +24,7 @@ pub(super) fn check_sqs_queues(config: &Config) -> Vec<anyhow::Error> {
     let mut problems = Vec::new();
     let mut probes = Vec::new();
     for queue in &config.queues {
-        let Backend::Sqs { account, encoding, queue_url } = &queue.backend else { continue };
+        let Backend::Sqs { account, encoding, queue_url, .. } = &queue.backend else { continue };
         let names = queue.storage_queues().into_iter().map(|name| name.to_string()).chain([queue.poison_queue().to_string()]);
         for name in names {
             let url = queue_url.as_ref().filter(|(of, _)| *of == name).map(|(_, url)| url.clone());

@@ -20,6 +20,7 @@ use super::replies::ReplyNotPut;
 use crate::listener::Shared;
 use crate::listener::pool::{CallPermit, PermitGrant};
 use crate::listener::telemetry::CallEnd;
+use crate::payload::Envelope;
 
 /// How a handler call ended, for the concurrency decision.
 fn call_end<T>(result: &anyhow::Result<T>) -> CallEnd {
@@ -111,14 +112,21 @@ impl Shared {
         if !self.renew_if_lapsing(&incoming, &mut lease).await {
             return;
         }
+        self.deliver(&incoming, &mut lease, envelope, slot).await;
+    }
+
+    /// Hands the message to the app under its lease (an offloaded body fetched first, an
+    /// envelope's items one by one), gives its handler slot back when the call ends, and
+    /// settles it.
+    async fn deliver(self: &Arc<Self>, incoming: &IncomingMessage, lease: &mut Lease, envelope: Option<Envelope>, slot: CallPermit<'_>) {
         let started = Instant::now();
         if let Some(envelope) = envelope.as_ref().filter(|envelope| envelope.message) {
-            self.process_offloaded_message(&incoming, &mut lease, envelope, started).await;
+            self.process_offloaded_message(incoming, lease, envelope, started).await;
             drop(slot);
             return;
         }
         if let Some(envelope) = envelope {
-            let delivered = self.run_under_lease(&incoming, &mut lease, self.deliver_items(&incoming, &envelope)).await;
+            let delivered = self.run_under_lease(incoming, lease, self.deliver_items(incoming, &envelope)).await;
             let latency = started.elapsed();
             drop(slot);
             self.record_call_latency(latency);
@@ -126,22 +134,22 @@ impl Shared {
                 Some(results) => {
                     let all_ok = results.iter().all(|r| matches!(r, ItemResult::Handled));
                     self.telemetry.counters.calls.lock().unwrap().record(if all_ok { CallEnd::Succeeded } else { CallEnd::Failed }, latency);
-                    self.settle_envelope(&incoming, &lease.receipt, &envelope, results, latency).await;
+                    self.settle_envelope(incoming, &lease.receipt, &envelope, results, latency).await;
                 }
                 None => {
-                    self.settle(&incoming, &lease.receipt, Outcome::Abandoned, latency).await;
+                    self.settle(incoming, &lease.receipt, Outcome::Abandoned, latency).await;
                 }
             }
             return;
         }
-        let outcome = self.handle_under_lease(&incoming, &mut lease).await;
+        let outcome = self.handle_under_lease(incoming, lease).await;
         let latency = started.elapsed();
         drop(slot);
         self.record_call_latency(latency);
         if let Outcome::Handled(result) = &outcome {
             self.telemetry.counters.calls.lock().unwrap().record(call_end(result), latency);
         }
-        self.settle(&incoming, &lease.receipt, outcome, latency).await;
+        self.settle(incoming, &lease.receipt, outcome, latency).await;
     }
 
     /// Waits, its lease renewed meanwhile, for the turn of a message whose group is busy:

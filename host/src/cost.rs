@@ -33,17 +33,6 @@ pub enum Billing {
 }
 
 impl Billing {
-    /// How `queue`'s backend bills.
-    pub fn of_queue(queue: &crate::config::QueueConfig) -> Billing {
-        match &queue.backend {
-            crate::config::Backend::Sqs { queue_url, .. } => {
-                let fifo = queue_url.as_ref().is_some_and(|(_, url)| url.trim_end_matches('/').ends_with(".fifo"));
-                if fifo { Billing::SqsFifo } else { Billing::SqsStandard }
-            }
-            _ => Billing::Configured,
-        }
-    }
-
     /// The price in US dollars per 10,000 transactions, `configured` being the host's
     /// `price_per_10k_transactions`.
     pub fn price_per_10k(self, configured: f64) -> f64 {

@@ -127,6 +127,17 @@ pub struct QueueConfig {
 }
 
 impl QueueConfig {
+    /// How the queue's backend bills its requests.
+    pub fn billing(&self) -> crate::cost::Billing {
+        match &self.backend {
+            Backend::Sqs { queue_url, .. } => {
+                let fifo = queue_url.as_ref().is_some_and(|(_, url)| url.trim_end_matches('/').ends_with(".fifo"));
+                if fifo { crate::cost::Billing::SqsFifo } else { crate::cost::Billing::SqsStandard }
+            }
+            _ => crate::cost::Billing::Configured,
+        }
+    }
+
     /// The storage queues the listeners work on: the queue itself, or its partitions.
     pub fn storage_queues(&self) -> Vec<PartitionName> {
         self.name.partitions(self.partitions)

@@ -102,7 +102,7 @@ impl Api {
             .queues
             .iter()
             .filter_map(|queue| {
-                let billing = crate::cost::Billing::of_queue(queue);
+                let billing = queue.billing();
                 (billing != crate::cost::Billing::Configured).then(|| (queue.name.to_string(), billing.price_per_10k(config.price_per_10k_transactions)))
             })
             .collect()

@@ -52,7 +52,7 @@ impl SimBackend {
 
     /// The backend a configured queue runs on (the embedded queue is Azure-shaped).
     pub fn of_queue(queue: &crate::config::QueueConfig) -> SimBackend {
-        match crate::cost::Billing::of_queue(queue) {
+        match queue.billing() {
             crate::cost::Billing::Configured => SimBackend::Azure,
             crate::cost::Billing::SqsStandard => SimBackend::Sqs,
             crate::cost::Billing::SqsFifo => SimBackend::SqsFifo,

@@ -75,6 +75,13 @@ impl<E, R> GroupCommit<E, R> {
     fn hand_on(&self, gathering: bool, limit: usize) {
         let mut pending = self.pending();
         pending.gathering -= usize::from(gathering);
+        if pending.in_flight > 1 {
+            // Another call in flight hands on what waits when it ends: what waits meanwhile
+            // fills one batch rather than going out in pieces (a full one leads at once).
+            pending.in_flight -= 1;
+            pending.lead_full_batches(limit);
+            return;
+        }
         while pending.waiting.len() > pending.gathering * limit.saturating_sub(1) {
             let Waiting { entry, turn } = pending.waiting.remove(0);
             if turn.send(Turn::Lead(entry)).is_ok() {

@@ -401,6 +401,22 @@ impl<Q: QueueClient> QueueClient for Retrying<Q> {
     }
 }
 
+/// A batch call's results, or its error when every entry failed transiently (the request
+/// as a whole failed: a lost connection, throttling), so it is retried as one.
+fn failed_as_a_whole<T>(mut results: Vec<Result<T, QueueError>>) -> Result<Vec<Result<T, QueueError>>, QueueError> {
+    let whole = !results.is_empty() && results.iter().all(|result| result.as_ref().is_err_and(QueueError::is_transient));
+    match whole {
+        true => Err(results.swap_remove(0).err().expect("every entry failed")),
+        false => Ok(results),
+    }
+}
+
+/// `entries` results, each failed for the reason the batch call was given up.
+fn each_failed<T>(entries: usize, error: &QueueError) -> Vec<Result<T, QueueError>> {
+    let (class, text) = (error.failure_class().unwrap_or(FailureClass::Other), error.to_string());
+    (0..entries).map(|_| Err(QueueError::Transient(classified(class, text.clone())))).collect()
+}
+
 impl<Q: QueueClient> Retrying<Q> {
     /// One request of a batch delete (at most [`QueueClient::delete_batch_limit`] entries),
     /// retried as one when it failed as a whole (every entry with a transient error: a lost
@@ -408,23 +424,11 @@ impl<Q: QueueClient> Retrying<Q> {
     /// retried as a delete of its own. A stale receipt after an attempt that may have
     /// deleted it is a delete done.
     async fn delete_request(&self, entries: &[(MessageId, PopReceipt)]) -> Vec<Result<(), QueueError>> {
-        let (outcome, attempts) = self
-            .run(CallKind::Delete, |q| async move {
-                let mut results = q.delete_batch(entries).await;
-                let failed_whole = !results.is_empty() && results.iter().all(|result| result.as_ref().is_err_and(QueueError::is_transient));
-                match failed_whole {
-                    true => Err(results.swap_remove(0).expect_err("every entry failed")),
-                    false => Ok(results),
-                }
-            })
-            .await;
+        let (outcome, attempts) = self.run(CallKind::Delete, |q| async move { failed_as_a_whole(q.delete_batch(entries).await) }).await;
         let mut results = match outcome {
             Ok(results) => results,
             // Given up: each entry fails for the call's reason.
-            Err(error) => {
-                let (class, text) = (error.failure_class().unwrap_or(FailureClass::Other), error.to_string());
-                return entries.iter().map(|_| Err(QueueError::Transient(classified(class, text.clone())))).collect();
-            }
+            Err(error) => return each_failed(entries.len(), &error),
         };
         for ((id, pop_receipt), result) in entries.iter().zip(results.iter_mut()) {
             let Err(error) = result else {
@@ -453,22 +457,10 @@ impl<Q: QueueClient> Retrying<Q> {
     /// retried as one when it failed as a whole (every entry with a transient error); then an
     /// entry the service failed transiently on its own is retried as an update of its own.
     async fn update_request(&self, entries: &[(MessageId, PopReceipt)], visibility: Duration) -> Vec<Result<PopReceipt, QueueError>> {
-        let (outcome, _) = self
-            .run(CallKind::Update, |q| async move {
-                let mut results = q.update_visibility_batch(entries, visibility).await;
-                let failed_whole = !results.is_empty() && results.iter().all(|result| result.as_ref().is_err_and(QueueError::is_transient));
-                match failed_whole {
-                    true => Err(results.swap_remove(0).expect_err("every entry failed")),
-                    false => Ok(results),
-                }
-            })
-            .await;
+        let (outcome, _) = self.run(CallKind::Update, |q| async move { failed_as_a_whole(q.update_visibility_batch(entries, visibility).await) }).await;
         let mut results = match outcome {
             Ok(results) => results,
-            Err(error) => {
-                let (class, text) = (error.failure_class().unwrap_or(FailureClass::Other), error.to_string());
-                return entries.iter().map(|_| Err(QueueError::Transient(classified(class, text.clone())))).collect();
-            }
+            Err(error) => return each_failed(entries.len(), &error),
         };
         for ((id, pop_receipt), result) in entries.iter().zip(results.iter_mut()) {
             if result.as_ref().is_err_and(QueueError::is_transient) {

@@ -1,4 +1,5 @@
-//! A memory queue with hooks around its gets and visibility updates: the listener tests
+//! A queue (the memory queue unless a test names another) with hooks around its gets and
+//! visibility updates: the listener tests
 //! watch and disturb storage through it (a get that panics, fails or answers late, an update
 //! that arrives late, a count that fails) instead of each writing its own forwarding queue.
 //!
@@ -60,9 +61,9 @@ pub(crate) trait Hooks: Send + Sync + 'static {
     }
 }
 
-/// The memory queue `inner` behind `hooks`; the hooks' fields read through it.
-pub(crate) struct Hooked<H> {
-    pub(crate) inner: Arc<MemoryQueue>,
+/// The queue `inner` behind `hooks`; the hooks' fields read through it.
+pub(crate) struct Hooked<H, Q = MemoryQueue> {
+    pub(crate) inner: Arc<Q>,
     pub(crate) hooks: H,
     /// Raised by each put, for gets that wait for a message.
     put_done: Notify,
@@ -70,11 +71,17 @@ pub(crate) struct Hooked<H> {
 
 impl<H> Hooked<H> {
     pub(crate) fn new(inner: impl Into<Arc<MemoryQueue>>, hooks: H) -> Arc<Self> {
-        Arc::new(Hooked { inner: inner.into(), hooks, put_done: Notify::new() })
+        Hooked::around(inner.into(), hooks)
     }
 }
 
-impl<H> Deref for Hooked<H> {
+impl<H, Q> Hooked<H, Q> {
+    pub(crate) fn around(inner: Arc<Q>, hooks: H) -> Arc<Self> {
+        Arc::new(Hooked { inner, hooks, put_done: Notify::new() })
+    }
+}
+
+impl<H, Q> Deref for Hooked<H, Q> {
     type Target = H;
     fn deref(&self) -> &H {
         &self.hooks
@@ -82,7 +89,7 @@ impl<H> Deref for Hooked<H> {
 }
 
 #[async_trait]
-impl<H: Hooks> QueueClient for Hooked<H> {
+impl<H: Hooks, Q: QueueClient> QueueClient for Hooked<H, Q> {
     fn name(&self) -> &str {
         self.inner.name()
     }

@@ -104,7 +104,9 @@ const QUEUE_METRICS: &[QueueMetric] = &[
         |q| vec![(vec![("reason", "capped".into())], q.retry_after_capped), (vec![("reason", "unusable".into())], q.retry_after_unusable)],
     ),
     counter("poison_failures", "Poisonings the poison queue refused (the message stays, tried again after max_retry_delay)", |q| one(q.poison_failures)),
-    counter("leases_lost", "Leases another lease replaced before or while the handler ran (storage slower than half the lease)", |q| one(q.leases_lost)),
+    counter("leases_lost", "Leases another lease replaced, or that ran out, before or while the handler ran (storage slower than half the lease)", |q| {
+        one(q.leases_lost)
+    }),
     counter("task_panics", "Dequeue or scaler tasks that panicked and were restarted", |q| one(q.task_panics)),
     counter("rule_call_panics", "Rule calls whose blocking task panicked (the built-in rule decided)", |q| one(q.rule_call_panics)),
     counter(

@@ -50,9 +50,11 @@ impl Lease {
                 counters.lease_renewals.fetch_add(1, Ordering::Relaxed);
             }
             Err(QueueError::StaleReceipt { .. }) => {
-                self.lost = true;
-                counters.leases_lost.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(id = %message.id, "lease lost before it could be renewed (storage calls slower than half the lease?); the message may be handled elsewhere");
+                self.lose(
+                    message,
+                    counters,
+                    "lease lost before it could be renewed (storage calls slower than half the lease?); the message may be handled elsewhere",
+                );
             }
             Err(error) => {
                 // Retried (the queue's decorator retried already) well before the lease runs out.
@@ -60,6 +62,12 @@ impl Lease {
                 tracing::warn!(id = %message.id, "lease renewal failed: {error}");
             }
         }
+    }
+
+    fn lose(&mut self, message: &IncomingMessage, counters: &Counters, why: &str) {
+        self.lost = true;
+        counters.leases_lost.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(id = %message.id, "{why}");
     }
 }
 
@@ -87,9 +95,16 @@ impl Shared {
 
     /// When the get was slow and most of the lease went by before the message arrived,
     /// renews it before the handler starts, so the handler never runs on a lease about to
-    /// lapse. False when the lease turned out to be lost.
+    /// lapse. False when the lease turned out to be lost, or had run out already: the
+    /// service may have handed the message to another host, and SQS takes an old receipt
+    /// handle's renewal without an error, so only our own clock can tell.
     pub(in crate::listener) async fn renew_if_lapsing(&self, message: &IncomingMessage, lease: &mut Lease) -> bool {
         let duration = self.settings.lease_duration;
+        if lease.until <= Instant::now() {
+            let why = "lease ran out before the handler could start (a slow get, or a long wait for a handler slot); the message is left for the queue to hand out again";
+            lease.lose(message, &self.telemetry.counters, why);
+            return false;
+        }
         if lease.until.saturating_duration_since(Instant::now()) < duration / 2 {
             let sent = Instant::now();
             let renewed = self.renew(&message.id, &lease.receipt, duration).await;

@@ -93,14 +93,12 @@ impl Shared {
                 return;
             }
         };
-        // A message fetched ahead of the free slots (a fast app) waits here for one, briefly.
+        // A message fetched ahead of the free slots (a fast app) waits here for one, briefly,
+        // its lease renewed should the wait be long.
         let slot = match slot {
             Some(slot) => slot,
             None => {
-                let waited = tokio::select! {
-                    grant = self.pool.slots.acquire(1) => Some(grant),
-                    _ = self.abandon.cancelled() => None,
-                };
+                let waited = self.run_under_lease(&incoming, &mut lease, self.pool.slots.acquire(1)).await;
                 let Some(mut grant) = waited else {
                     self.settle(&incoming, &lease.receipt, Outcome::Abandoned, Duration::ZERO).await;
                     return;

@@ -133,8 +133,5 @@ pub mod api {
 /// KEDA's external scaler protocol (`externalscaler.proto`), as a client: what KEDA calls
 /// on `ebb scaler` (or on a host with `[scaler] listen`), for tests and tools.
 pub mod keda {
-    pub use crate::scaler::{
-        ExternalScalerClient, GetMetricSpecResponse, GetMetricsRequest, GetMetricsResponse, IsActiveResponse, MAX_CONNECTIONS, MAX_STREAMS, MetricSpec,
-        MetricValue, ScaledObjectRef,
-    };
+    pub use crate::scaler::{ExternalScalerClient, GetMetricsRequest, IsActiveResponse, MAX_CONNECTIONS, MAX_STREAMS, ScaledObjectRef};
 }

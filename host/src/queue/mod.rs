@@ -12,7 +12,7 @@
 
 pub mod azure;
 mod call_record;
-pub mod clock;
+pub(crate) mod clock;
 pub mod embedded;
 mod failure;
 pub mod memory;

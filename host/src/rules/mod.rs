@@ -60,7 +60,8 @@ pub use instance::RuleInstance;
 pub use limits::{RuleLimits, backstop};
 pub use queue_rules::{ConsecutiveFaults, Export, Quarantine, QueueRules, RefusedFile, RuleLoad, RuleState, RuleStatus, RuleSwap};
 pub use set::{QueueRuleConfig, RuleSet};
-pub use shadow::{DecisionKind, Disagreement, SHADOW_CHANNEL_CAPACITY, ShadowCounts, ShadowOutcome, ShadowStatus, Shadowed};
+pub(crate) use shadow::ShadowOutcome;
+pub use shadow::{DecisionKind, Disagreement, SHADOW_CHANNEL_CAPACITY, ShadowCounts, ShadowStatus, Shadowed};
 
 pub use watcher::{MAX_DEBOUNCE_DELAY, RuleWatcher};
 

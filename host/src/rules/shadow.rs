@@ -71,7 +71,7 @@ impl DecisionKind {
 /// What became of one live decision, as far as the shadow goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ShadowOutcome {
+pub(crate) enum ShadowOutcome {
     /// The shadow decided the same.
     Agree,
     /// The shadow decided otherwise.
@@ -124,7 +124,7 @@ pub struct ShadowCounts {
 
 impl ShadowCounts {
     /// The count of `outcome`.
-    pub fn get(&self, outcome: ShadowOutcome) -> u64 {
+    pub(crate) fn get(&self, outcome: ShadowOutcome) -> u64 {
         match outcome {
             ShadowOutcome::Agree => self.agree,
             ShadowOutcome::Disagree => self.disagree,

@@ -46,7 +46,7 @@ use crate::rules::{Decider, Decision, DecisionSource, DepthSource, QueueState, b
 
 pub use grpc::{MAX_CONNECTIONS, MAX_STREAMS, serve};
 pub use proto::external_scaler_client::ExternalScalerClient;
-pub use proto::{GetMetricSpecResponse, GetMetricsRequest, GetMetricsResponse, IsActiveResponse, MetricSpec, MetricValue, ScaledObjectRef};
+pub use proto::{GetMetricsRequest, IsActiveResponse, ScaledObjectRef};
 pub use start::{RunningScaler, start};
 
 /// A queue stays active this long after work was last detected, even when its depth reads

@@ -11,7 +11,7 @@
 //! listener as a publisher would); the handler sleeps a handler time drawn from the
 //! distribution and records the pickup latency (arrival → handler start).
 
-pub mod backend;
+mod backend;
 pub(crate) mod bench;
 pub(crate) mod chart;
 pub(crate) mod floor;

@@ -62,7 +62,6 @@ use tokio::sync::OnceCell;
 pub use account::{AwsCredentials, AwsSettings, SqsAccount};
 pub(crate) use encoding::ENCODING_ATTRIBUTE;
 pub use encoding::Encoding;
-pub use probe::SqsProbe;
 
 use super::{DeadLetter, FailureClass, GroupedSend, MAX_BATCH, Message, MessageId, PopReceipt, QueueClient, QueueError, classified};
 
@@ -70,7 +69,7 @@ use super::{DeadLetter, FailureClass, GroupedSend, MAX_BATCH, Message, MessageId
 pub(crate) const MAX_GET: u32 = 10;
 
 /// SQS's limit on a batch delete (and every batch call): 10 entries.
-pub const MAX_DELETE_BATCH: usize = 10;
+pub(crate) const MAX_DELETE_BATCH: usize = 10;
 
 /// SQS's limit on a visibility timeout: 12 hours.
 pub(crate) const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
@@ -86,7 +85,7 @@ pub(crate) const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 pub(crate) const BILLED_CHUNK_BYTES: usize = 64 * 1024;
 
 /// SQS's longest wait of a receive for a first message (long polling): 20 seconds.
-pub const MAX_WAIT: Duration = Duration::from_secs(20);
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(20);
 
 /// What a long poll leaves of the request timeout for sending the call and reading its
 /// answer: a wait never runs into the timeout.

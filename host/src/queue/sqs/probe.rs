@@ -21,7 +21,7 @@ const NO_HANDLE: &str = "ebb-check-probe-of-no-message";
 
 /// What the probes of one queue found.
 #[derive(Debug, Default)]
-pub struct SqsProbe {
+pub(crate) struct SqsProbe {
     /// The messages in it (visible, in flight, delayed); `None`: it does not exist.
     pub count: Option<u64>,
     /// The IAM actions refused, each with the error that says so.
@@ -36,7 +36,7 @@ pub struct SqsProbe {
 impl SqsQueue {
     /// Probes every call `run` makes on the queue but the send, as the module says. A
     /// refused call is in [`SqsProbe::refused`]; any other failure ends the probe.
-    pub async fn probe(&self) -> Result<SqsProbe, QueueError> {
+    pub(crate) async fn probe(&self) -> Result<SqsProbe, QueueError> {
         let mut probe = SqsProbe::default();
         match self.url().await {
             Ok(_) => {}

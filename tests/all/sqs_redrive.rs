@@ -215,3 +215,54 @@ async fn a_batch_update_is_one_request_per_10_and_a_refused_receipt_fails_its_en
     assert!(metered.get(10, Duration::from_secs(1)).await?.is_empty(), "the 12 leases were renewed past their 2 s");
     Ok(())
 }
+
+/// A partitioned queue on SQS: each partition is an SQS queue of its own (`<queue>-0`, …),
+/// long-polled, and one whose RedrivePolicy names a dead-letter queue leaves poisoning to SQS,
+/// as an unpartitioned queue does (`/status` says so per partition).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_partition_of_an_sqs_queue_long_polls_and_follows_its_own_redrive_policy() -> anyhow::Result<()> {
+    let moto = Moto::shared();
+    let queue = unique_queue_name("parts");
+    let dlq = unique_queue_name("parts-dlq");
+    moto.boto3(CREATE_WITH_DLQ, &[&format!("{queue}-0"), &dlq, "3"]);
+    let dir = tempfile::tempdir()?;
+    let api = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let config_path = dir.path().join("ebb.toml");
+    let config = format!(
+        "[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n\n\
+         [queues.{queue}]\nbackend = \"sqs\"\npartitions = 2\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n\n\
+         [aws]\nregion = \"{REGION}\"\nendpoint = \"{}\"\naccess_key_id_env = \"EBB_TEST_SQS_KEY_ID\"\nsecret_access_key_env = \"EBB_TEST_SQS_SECRET\"\n",
+        moto.endpoint()
+    );
+    std::fs::write(&config_path, config)?;
+    let keys = [("EBB_TEST_SQS_KEY_ID", "testing"), ("EBB_TEST_SQS_SECRET", "testing")];
+    let log_path = dir.path().join("host.log");
+    let mut host =
+        Command::new(EBB).arg("run").arg("--config").arg(&config_path).envs(keys).stdout(Stdio::null()).stderr(std::fs::File::create(&log_path)?).spawn()?;
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !matches!(reqwest::get(format!("http://{api}/readyz")).await, Ok(answer) if answer.status().is_success()) {
+        assert!(Instant::now() < deadline, "the host did not become ready: {}", log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let status = Command::new(EBB).args(["status", "--json", "--config"]).arg(&config_path).envs(keys).output()?;
+    let _ = Command::new("kill").args(["-TERM", &host.id().to_string()]).status();
+    let _ = host.wait();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout)?;
+    let partitions: Vec<(String, u64, String)> = status["queues"]
+        .as_array()
+        .expect("queues")
+        .iter()
+        .map(|q| {
+            (
+                q["queue"].as_str().unwrap_or_default().to_string(),
+                q["long_poll_secs"].as_u64().unwrap_or(0),
+                q["poisoning"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    let expected = vec![(format!("{queue}-0"), 20, "sqs".to_string()), (format!("{queue}-1"), 20, "ebb".to_string())];
+    assert_eq!(partitions, expected, "{status}\n{}", log());
+    assert_eq!(messages_in(moto, &format!("{queue}-1")), Some(0), "the second partition was created");
+    Ok(())
+}

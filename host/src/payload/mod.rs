@@ -44,7 +44,9 @@ mod wire;
 
 pub use codec::Codec;
 pub use error::EnvelopeError;
+pub(crate) use format::offloaded_message;
 pub use format::{Decoded, Envelope, decode, encode, encode_message};
+pub(crate) use item::bucket_defect;
 pub use item::{AzureContainer, BlobRef, Body, ClaimCheck, Item, Origin};
 
 pub(crate) use limits::DEFAULT_MAX_ITEMS;

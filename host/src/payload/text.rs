@@ -13,7 +13,7 @@ use super::limits::Limits;
 
 /// The base64 of [`MAGIC`](super::MAGIC)'s first six bytes: how every envelope's text
 /// begins.
-const MAGIC_TEXT: &str = "wUVCQg0K";
+pub(super) const MAGIC_TEXT: &str = "wUVCQg0K";
 
 /// `envelope` as standard base64 (RFC 4648, padded), as the Azure SDKs write bytes.
 pub fn to_text(envelope: &[u8]) -> String {

@@ -41,12 +41,17 @@
 //!   id and sequence number ([`Message::fifo`]); sends go through
 //!   [`QueueClient::put_in_group`], a plain put is refused naming the group id.
 //!
+//! - Claim checks: a message offloaded to S3 goes as the SQS Extended Client's pointer and
+//!   such a pointer (ebb's or a foreign producer's) comes in as ebb's offloaded message
+//!   ([`pointer`]).
+//!
 //! Tested against moto 5.2.5 (`tests/all/sqs_queue.rs`, `tests/all/sqs_faults.rs`).
 
 mod account;
 mod batch;
 mod encoding;
 mod fifo;
+mod pointer;
 mod probe;
 mod redrive;
 
@@ -222,6 +227,30 @@ impl SqsQueue {
             self.setup_requests.fetch_add(1, Ordering::Relaxed);
         }
         result
+    }
+
+    /// Sends an offloaded message as the SQS Extended Client's pointer ([`pointer`]).
+    async fn put_pointer(&self, pointer: pointer::Pointer, initial_visibility: Duration) -> Result<MessageId, QueueError> {
+        let attribute = |data_type: &str, value: String| {
+            MessageAttributeValue::builder()
+                .data_type(data_type)
+                .string_value(value)
+                .build()
+                .map_err(|e| QueueError::Fatal(anyhow!("{}: the pointer's attribute: {e}", self.context(Call::Put))))
+        };
+        let url = self.url().await?;
+        let client = self.client(Call::Put).await?;
+        let mut send = client
+            .send_message()
+            .queue_url(url)
+            .message_body(pointer.body)
+            .delay_seconds(seconds_up(initial_visibility, MAX_DELAY))
+            .message_attributes(pointer::SIZE_ATTRIBUTE, attribute("Number", pointer.size.to_string())?);
+        if let Some(sha256) = pointer.sha256 {
+            send = send.message_attributes(pointer::SHA256_ATTRIBUTE, attribute("String", sha256)?);
+        }
+        let sent = self.call(Call::Put, None, send.send()).await?;
+        sent.message_id.map(MessageId::from).ok_or_else(|| QueueError::Fatal(anyhow!("{}: the answer has no message id", self.context(Call::Put))))
     }
 
     /// Runs one call and classifies its failure.
@@ -547,6 +576,9 @@ impl QueueClient for SqsQueue {
         if self.is_fifo() {
             return Err(fifo::group_needed(&self.name));
         }
+        if let Some(pointer) = pointer::outgoing(body) {
+            return self.put_pointer(pointer, initial_visibility).await;
+        }
         self.send(body, initial_visibility, None).await
     }
 
@@ -603,7 +635,10 @@ impl QueueClient for SqsQueue {
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateFirstReceiveTimestamp)
-            .message_attribute_names(ENCODING_ATTRIBUTE);
+            .message_attribute_names(ENCODING_ATTRIBUTE)
+            .message_attribute_names(pointer::SIZE_ATTRIBUTE)
+            .message_attribute_names(pointer::LEGACY_SIZE_ATTRIBUTE)
+            .message_attribute_names(pointer::SHA256_ATTRIBUTE);
         let receive = fifo_attributes.into_iter().fold(receive, |receive, name| receive.message_system_attribute_names(name));
         let received = self.call(Call::Get, None, receive.send()).await?;
         let leased_at = asked_at + super::lease_offset(asked_at.elapsed().unwrap_or_default(), wait);
@@ -613,8 +648,14 @@ impl QueueClient for SqsQueue {
                 return Err(QueueError::Fatal(anyhow!("{}: a message came without its id or receipt handle", self.context(Call::Get))));
             };
             let attribute = |name| item.attributes.as_ref().and_then(|a| a.get(&name)).and_then(|value| value.parse::<u64>().ok());
-            let marked = item.message_attributes.as_ref().and_then(|a| a.get(ENCODING_ATTRIBUTE)).and_then(|value| value.string_value());
-            let (body, defect) = Encoding::decode(item.body.clone().unwrap_or_default(), marked);
+            let text_attribute = |name| item.message_attributes.as_ref().and_then(|a| a.get(name)).and_then(|value| value.string_value());
+            let size = text_attribute(pointer::SIZE_ATTRIBUTE).or(text_attribute(pointer::LEGACY_SIZE_ATTRIBUTE));
+            let text = item.body.clone().unwrap_or_default();
+            let (body, defect) = match pointer::incoming(&text, size, text_attribute(pointer::SHA256_ATTRIBUTE)) {
+                None => Encoding::decode(text, text_attribute(ENCODING_ATTRIBUTE)),
+                Some(Ok(envelope)) => (envelope, None),
+                Some(Err(reason)) => (text.into_bytes(), Some(reason)),
+            };
             // SQS counts the 12 hours a visibility may reach from the first receive.
             let first = attribute(MessageSystemAttributeName::ApproximateFirstReceiveTimestamp)
                 .unwrap_or_else(|| asked_at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |since| since.as_millis() as u64));

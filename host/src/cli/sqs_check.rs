@@ -28,7 +28,7 @@ pub(super) fn check_sqs_queues(config: &Config) -> Vec<anyhow::Error> {
         let names = queue.storage_queues().into_iter().map(|name| name.to_string()).chain([queue.poison_queue().to_string()]);
         for name in names {
             let url = queue_url.as_ref().filter(|(of, _)| *of == name).map(|(_, url)| url.clone());
-            match SqsQueue::new(account, &name, SqsOptions { encoding: *encoding, queue_url: url.clone() }) {
+            match SqsQueue::new(account, &name, SqsOptions { encoding: *encoding, queue_url: url.clone(), ..SqsOptions::default() }) {
                 Ok(sqs) => probes.push(probe_bounded(sqs, queue, account, url)),
                 Err(error) => problems.push(error.context(format!("queue {}", queue.name))),
             }

@@ -197,24 +197,12 @@ pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Decoded, EnvelopeError> {
 }
 
 /// The claim check of `bytes` if they are the envelope of one plain message offloaded
-/// ([`encode_message`]), raw or as base64 text, whatever store it points into: for a
-/// backend that writes such a message in a format of its own (SQS's Extended Client
-/// pointer). Nothing is fetched: which references a consumer follows is still its
-/// [`Limits`]' to say.
-pub(crate) fn offloaded_message(bytes: &[u8]) -> Option<ClaimCheck> {
+/// ([`encode_message`]), whatever store it points into: for a backend that writes such a
+/// message in a format of its own (SQS's Extended Client pointer, `extended.rs`). Nothing
+/// is fetched: which references a consumer follows is still its [`Limits`]' to say.
+pub(super) fn offloaded_message(bytes: &[u8]) -> Option<ClaimCheck> {
     let limits = Limits { max_claim_check_bytes: u64::MAX, ..Limits::default() };
-    let decoded = match std::str::from_utf8(bytes) {
-        Ok(text) if !bytes.starts_with(&MAGIC) => {
-            if !text.trim_start().starts_with(super::text::MAGIC_TEXT) {
-                return None;
-            }
-            let compact: String = text.split_ascii_whitespace().collect();
-            let raw = azure_core::base64::decode(compact).ok()?;
-            decode_with(&raw, &limits, true)
-        }
-        _ => decode_with(bytes, &limits, true),
-    };
-    match decoded {
+    match decode_with(bytes, &limits, true) {
         Ok(Decoded::Envelope(Envelope { message: true, mut items, .. })) => match items.pop().map(|item| item.body) {
             Some(Body::ClaimCheck(check)) => Some(check),
             _ => None,

@@ -70,7 +70,7 @@ pub enum BlobRef {
         key: u64,
     },
     /// An object in Amazon S3 (a claim check of an SQS queue, in the SQS Extended Client's
-    /// pointer when it is a whole message: `host/src/queue/sqs/pointer.rs`).
+    /// pointer when it is a whole message: `host/src/payload/extended.rs`).
     S3 {
         /// The bucket: 3 to 63 lowercase letters, digits, dots and dashes, starting and
         /// ending with a letter or digit.

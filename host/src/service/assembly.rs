@@ -12,11 +12,12 @@ use anyhow::{Context as _, Result};
 use crate::config::{Backend, QueueConfig};
 use crate::health::Readiness;
 use crate::names::{PartitionName, PoisonQueueName, QueueName};
+use crate::payload::ExtendedClientPointers;
 use crate::payload::claims::{AzureClaims, ClaimRecords, ClaimSettings, ClaimStore, EmbeddedClaims, Recorded, S3Claims};
 use crate::queue::azure::{AzureOptions, AzureQueue};
 use crate::queue::embedded::EmbeddedStore;
 use crate::queue::partitioned::Partitioned;
-use crate::queue::sqs::{SqsOptions, SqsQueue};
+use crate::queue::sqs::{Offloads, SqsOptions, SqsQueue};
 use crate::queue::{Metered, QueueClient, RetryPolicy, Retrying, Transactions};
 
 use super::handle::{QueueHandle, QueueHandleBuilder};
@@ -35,8 +36,11 @@ pub fn storage_queue(backend: &Backend, store: Option<&EmbeddedStore>, name: &st
         }
         Backend::Sqs { account, encoding, queue_url, .. } => {
             let queue_url = queue_url.as_ref().filter(|(of, _)| of == name).map(|(_, url)| url.clone());
+            // Pointers are read with or without a claim bucket: one into no bucket of ours is
+            // then poisoned naming why, not handed on as its JSON.
+            let pointers = Some(Arc::new(ExtendedClientPointers) as Arc<dyn Offloads>);
             Arc::new(
-                SqsQueue::new(account, name, SqsOptions { encoding: *encoding, queue_url })
+                SqsQueue::new(account, name, SqsOptions { encoding: *encoding, queue_url, pointers })
                     .with_context(|| format!("queue {name} on {}", account.describe()))?,
             )
         }

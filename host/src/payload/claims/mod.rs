@@ -8,7 +8,7 @@
 //!   upload, and its download into one buffer of the claimed size).
 //! - [`S3Claims`]: objects in the S3 bucket an SQS queue names (`claim_bucket`), through
 //!   the official `aws-sdk-s3` on the queue's `[aws]` account; a whole message offloaded
-//!   travels as the SQS Extended Client's pointer (`host/src/queue/sqs/pointer.rs`).
+//!   travels as the SQS Extended Client's pointer (`host/src/payload/extended.rs`).
 //! - [`EmbeddedClaims`]: the embedded queue's own redb store, in a table of its own
 //!   (`host/src/queue/embedded/claims.rs`), keyed by a u64 that is never given twice.
 //!
@@ -62,7 +62,7 @@ pub use azure::{AzureClaims, BLOB_RETRY};
 pub use embedded::EmbeddedClaims;
 pub(crate) use record::Recorded;
 pub use record::{ClaimCall, ClaimRecord, ClaimRecords};
-pub use s3::{S3_ATTEMPTS, S3Claims};
+pub use s3::S3Claims;
 #[cfg(test)]
 pub(crate) use sweeper::spawn_sweeper;
 pub(crate) use sweeper::sweeper_task;

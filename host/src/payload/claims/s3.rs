@@ -8,11 +8,11 @@
 //!   Client) put are read and, once their message is handled, deleted, but never swept:
 //!   nothing says they are orphans.
 //! - A plain message offloaded to S3 goes on the queue as the Extended Client's pointer
-//!   (`host/src/queue/sqs/pointer.rs`), which carries no SHA-256: such a claim check has
-//!   [`ClaimCheck::NO_SHA256`] and only its size is checked.
-//! - Retries: the SDK's standard mode (jittered exponential back-off, [`S3_ATTEMPTS`]
-//!   attempts of each request, on throttling, 5xx and transport failures). A call failing
-//!   after that is a transient [`ClaimError`].
+//!   (`payload/extended.rs`, `queue/sqs/pointer.rs`); a foreign producer's carries no SHA-256:
+//!   such a claim check has [`ClaimCheck::NO_SHA256`] and only its size is checked.
+//! - Retries: the SDK's standard mode (jittered exponential back-off,
+//!   [`S3_ATTEMPTS`](crate::queue::sqs::S3_ATTEMPTS) attempts of each request, on throttling,
+//!   5xx and transport failures). A call failing after that is a transient [`ClaimError`].
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -27,9 +27,6 @@ use bytes::Bytes;
 use super::{ClaimError, ClaimStore, SweepReport, admitted_digest, check_reference, sha256};
 use crate::payload::{AllowedReferences, BlobRef, ClaimCheck};
 use crate::queue::sqs::SqsAccount;
-
-/// Attempts of each S3 request (the first and its retries).
-pub const S3_ATTEMPTS: u32 = 4;
 
 /// Objects listed per sweep (the most one ListObjectsV2 call returns).
 const LIST_PAGE: i32 = 1000;

@@ -15,6 +15,9 @@ use tokio::sync::OnceCell;
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Attempts of each S3 request of the claim checks (the first and its retries).
+pub const S3_ATTEMPTS: u32 = 4;
+
 /// Where the credentials come from.
 #[derive(Clone, Default)]
 pub enum AwsCredentials {
@@ -116,7 +119,7 @@ impl SqsAccount {
                     .connect_timeout(CONNECT_TIMEOUT.min(self.settings.request_timeout))
                     .read_timeout(self.settings.request_timeout)
                     .build();
-                let retry = RetryConfig::standard().with_max_attempts(crate::payload::claims::S3_ATTEMPTS);
+                let retry = RetryConfig::standard().with_max_attempts(S3_ATTEMPTS);
                 let config = sdk_config(&self.settings, retry, timeouts).await?;
                 let s3 = aws_sdk_s3::config::Builder::from(&config).force_path_style(self.settings.endpoint.is_some()).build();
                 Ok(aws_sdk_s3::Client::from_conf(s3))

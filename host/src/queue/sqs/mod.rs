@@ -42,8 +42,8 @@
 //!   [`QueueClient::put_in_group`], a plain put is refused naming the group id.
 //!
 //! - Claim checks: a message offloaded to S3 goes as the SQS Extended Client's pointer and
-//!   such a pointer (ebb's or a foreign producer's) comes in as ebb's offloaded message
-//!   ([`pointer`]).
+//!   such a pointer (ebb's or a foreign producer's) comes in as ebb's offloaded message,
+//!   through the [`Offloads`] the queue is given ([`SqsOptions::pointers`]; `pointer`).
 //!
 //! Tested against moto 5.2.5 (`tests/all/sqs_queue.rs`, `tests/all/sqs_faults.rs`).
 
@@ -55,6 +55,7 @@ mod pointer;
 mod probe;
 mod redrive;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
@@ -64,9 +65,10 @@ use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use tokio::sync::OnceCell;
 
-pub use account::{AwsCredentials, AwsSettings, SqsAccount};
+pub use account::{AwsCredentials, AwsSettings, S3_ATTEMPTS, SqsAccount};
 pub(crate) use encoding::ENCODING_ATTRIBUTE;
 pub use encoding::Encoding;
+pub use pointer::{Offloads, S3Pointer};
 pub use probe::SqsProbe;
 
 use super::{DeadLetter, FailureClass, GroupedSend, MAX_BATCH, Message, MessageId, PopReceipt, QueueClient, QueueError, classified};
@@ -108,6 +110,9 @@ pub struct SqsOptions {
     /// The queue's URL, for a queue not named like the ebb queue (or in another account);
     /// `None`: resolved from the name (`CreateQueue`, or `GetQueueUrl`).
     pub queue_url: Option<String>,
+    /// What turns offloaded messages into SQS Extended Client pointers and back (the host
+    /// gives `ebb::payload::ExtendedClientPointers`); `None`: bodies go and come as they are.
+    pub pointers: Option<Arc<dyn Offloads>>,
 }
 
 /// One SQS queue.
@@ -229,8 +234,8 @@ impl SqsQueue {
         result
     }
 
-    /// Sends an offloaded message as the SQS Extended Client's pointer ([`pointer`]).
-    async fn put_pointer(&self, pointer: pointer::Pointer, initial_visibility: Duration) -> Result<MessageId, QueueError> {
+    /// Sends an offloaded message as the SQS Extended Client's pointer (`pointer`).
+    async fn put_pointer(&self, pointer: S3Pointer, initial_visibility: Duration) -> Result<MessageId, QueueError> {
         let attribute = |data_type: &str, value: String| {
             MessageAttributeValue::builder()
                 .data_type(data_type)
@@ -243,11 +248,11 @@ impl SqsQueue {
         let mut send = client
             .send_message()
             .queue_url(url)
-            .message_body(pointer.body)
+            .message_body(pointer.to_json())
             .delay_seconds(seconds_up(initial_visibility, MAX_DELAY))
             .message_attributes(pointer::SIZE_ATTRIBUTE, attribute("Number", pointer.size.to_string())?);
         if let Some(sha256) = pointer.sha256 {
-            send = send.message_attributes(pointer::SHA256_ATTRIBUTE, attribute("String", sha256)?);
+            send = send.message_attributes(pointer::SHA256_ATTRIBUTE, attribute("String", hex::encode(sha256))?);
         }
         let sent = self.call(Call::Put, None, send.send()).await?;
         sent.message_id.map(MessageId::from).ok_or_else(|| QueueError::Fatal(anyhow!("{}: the answer has no message id", self.context(Call::Put))))
@@ -576,7 +581,7 @@ impl QueueClient for SqsQueue {
         if self.is_fifo() {
             return Err(fifo::group_needed(&self.name));
         }
-        if let Some(pointer) = pointer::outgoing(body) {
+        if let Some(pointer) = self.options.pointers.as_ref().and_then(|pointers| pointers.pointer_of(body)) {
             return self.put_pointer(pointer, initial_visibility).await;
         }
         self.send(body, initial_visibility, None).await
@@ -651,10 +656,9 @@ impl QueueClient for SqsQueue {
             let text_attribute = |name| item.message_attributes.as_ref().and_then(|a| a.get(name)).and_then(|value| value.string_value());
             let size = text_attribute(pointer::SIZE_ATTRIBUTE).or(text_attribute(pointer::LEGACY_SIZE_ATTRIBUTE));
             let text = item.body.clone().unwrap_or_default();
-            let (body, defect) = match pointer::incoming(&text, size, text_attribute(pointer::SHA256_ATTRIBUTE)) {
+            let (body, defect) = match self.options.pointers.as_ref().zip(size) {
                 None => Encoding::decode(text, text_attribute(ENCODING_ATTRIBUTE)),
-                Some(Ok(envelope)) => (envelope, None),
-                Some(Err(reason)) => (text.into_bytes(), Some(reason)),
+                Some((pointers, size)) => pointer::received_body(pointers.as_ref(), text, size, text_attribute(pointer::SHA256_ATTRIBUTE)),
             };
             // SQS counts the 12 hours a visibility may reach from the first receive.
             let first = attribute(MessageSystemAttributeName::ApproximateFirstReceiveTimestamp)

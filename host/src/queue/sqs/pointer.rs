@@ -18,15 +18,13 @@
 //! - the object holds the body as it was; the consumer deletes it when it deletes the message.
 //!
 //! ebb adds the attribute [`SHA256_ATTRIBUTE`] (hex) to the pointers it writes, so its own
-//! consumers still check the body's SHA-256; the libraries ignore it. A pointer without it
-//! (a foreign producer's) is checked by size alone ([`ClaimCheck::NO_SHA256`]).
+//! consumers still check the body's SHA-256; the libraries ignore it.
 //!
-//! Inside ebb such a message is the envelope of one offloaded message
-//! ([`crate::payload::encode_message`]): [`outgoing`] turns that envelope into a pointer
-//! on the way out, [`incoming`] a pointer into that envelope on the way in, so the listener,
-//! the poison queue and `ebb poison requeue` handle it as on any backend.
-
-use crate::payload::{BlobRef, ClaimCheck, encode_message, offloaded_message};
+//! This file is the wire format only. Inside ebb such a message is the envelope of one
+//! offloaded message, which is `crate::payload`'s (above the queue): the queue is handed
+//! an [`Offloads`] that turns that envelope into an [`S3Pointer`] on the way out and back
+//! on the way in (`payload/extended.rs`), so the listener, the poison queue and
+//! `ebb poison requeue` handle it as on any backend.
 
 /// The attribute holding the original size (the libraries' `RESERVED_ATTRIBUTE_NAME`).
 pub const SIZE_ATTRIBUTE: &str = "ExtendedPayloadSize";
@@ -39,36 +37,60 @@ const POINTER_CLASS: &str = "software.amazon.payloadoffloading.PayloadS3Pointer"
 /// The class name older clients write (`LEGACY_MESSAGE_POINTER_CLASS`).
 const LEGACY_POINTER_CLASS: &str = "com.amazon.sqs.javamessaging.MessageS3Pointer";
 
-/// A pointer to send: its body and attributes.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Pointer {
-    /// The JSON body.
-    pub body: String,
-    /// The original size ([`SIZE_ATTRIBUTE`]).
+/// What an Extended Client pointer says: where the body is, and how large it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct S3Pointer {
+    /// The S3 bucket holding the body.
+    pub bucket: String,
+    /// Its object key.
+    pub key: String,
+    /// The body's size in bytes ([`SIZE_ATTRIBUTE`]).
     pub size: u64,
-    /// The SHA-256 in hex ([`SHA256_ATTRIBUTE`]), when ebb knows it.
-    pub sha256: Option<String>,
+    /// The body's SHA-256 ([`SHA256_ATTRIBUTE`]): ebb's pointers carry it, a foreign
+    /// producer's do not.
+    pub sha256: Option<[u8; 32]>,
 }
 
-/// The pointer to send for `body`, if it is the envelope of one message offloaded to S3
-/// (raw or as base64 text).
-pub(crate) fn outgoing(body: &[u8]) -> Option<Pointer> {
-    let check = offloaded_message(body)?;
-    let BlobRef::S3 { bucket, key } = &check.location else { return None };
-    let body = serde_json::to_string(&(POINTER_CLASS, serde_json::json!({ "s3BucketName": bucket, "s3Key": key }))).expect("strings serialize");
-    Some(Pointer { body, size: check.size, sha256: check.has_sha256().then(|| hex::encode(check.sha256)) })
+/// Turns the bodies ebb puts into pointers and the pointers it gets into bodies: what an
+/// offloaded message is inside ebb is the payload format's to say, which sits above the
+/// queue, so the queue is handed one ([`super::SqsOptions::pointers`]).
+pub trait Offloads: Send + Sync + std::fmt::Debug {
+    /// The pointer to send instead of `body`, if `body` is a message offloaded to S3.
+    fn pointer_of(&self, body: &[u8]) -> Option<S3Pointer>;
+    /// The body the listener reads for a pointer received, or why ebb cannot take it.
+    fn body_of(&self, pointer: S3Pointer) -> Result<Vec<u8>, String>;
 }
 
-/// The body ebb's listener reads for a message with `text` and, if it carries them, the
-/// size attribute (either name) and [`SHA256_ATTRIBUTE`]: `None` when it is no pointer (no
-/// size attribute); else the envelope of the offloaded message, or why the pointer is
-/// unusable (the message is poisoned with it).
-pub(crate) fn incoming(text: &str, size: Option<&str>, sha256: Option<&str>) -> Option<Result<Vec<u8>, String>> {
-    let size = size?;
-    Some(parse(text, size, sha256).map_err(|reason| format!("an SQS Extended Client pointer ({SIZE_ATTRIBUTE} {size}) that ebb cannot follow: {reason}")))
+impl S3Pointer {
+    /// The message body the libraries write for it.
+    pub(super) fn to_json(&self) -> String {
+        let fields = serde_json::json!({ "s3BucketName": self.bucket, "s3Key": self.key });
+        serde_json::to_string(&(POINTER_CLASS, fields)).expect("strings serialize")
+    }
+
+    /// The pointer of a message with `text` and the size attribute `size` (either name),
+    /// and [`SHA256_ATTRIBUTE`] if it has one, or why it is unusable.
+    fn received(text: &str, size: &str, sha256: Option<&str>) -> Result<S3Pointer, String> {
+        parse(text, size, sha256).map_err(|reason| cannot_follow(size, &reason))
+    }
 }
 
-fn parse(text: &str, size: &str, sha256: Option<&str>) -> Result<Vec<u8>, String> {
+/// The body and defect of a message with `text` that carries the size attribute `size`
+/// (either name), so is a pointer: the body `pointers` reads for it, or the text as it came
+/// and why ebb cannot follow it (the listener poisons it with that reason).
+pub(super) fn received_body(pointers: &dyn Offloads, text: String, size: &str, sha256: Option<&str>) -> (Vec<u8>, Option<String>) {
+    let body = S3Pointer::received(&text, size, sha256).and_then(|pointer| pointers.body_of(pointer).map_err(|reason| cannot_follow(size, &reason)));
+    match body {
+        Ok(body) => (body, None),
+        Err(reason) => (text.into_bytes(), Some(reason)),
+    }
+}
+
+fn cannot_follow(size: &str, reason: &str) -> String {
+    format!("an SQS Extended Client pointer ({SIZE_ATTRIBUTE} {size}) that ebb cannot follow: {reason}")
+}
+
+fn parse(text: &str, size: &str, sha256: Option<&str>) -> Result<S3Pointer, String> {
     let size: u64 = size.trim().parse().map_err(|_| format!("its size {size:?} is not a whole number of bytes"))?;
     let (class, fields): (String, serde_json::Map<String, serde_json::Value>) =
         serde_json::from_str(text).map_err(|e| format!("the body is not [\"{POINTER_CLASS}\", {{\"s3BucketName\": …, \"s3Key\": …}}] ({e})"))?;
@@ -76,60 +98,36 @@ fn parse(text: &str, size: &str, sha256: Option<&str>) -> Result<Vec<u8>, String
         return Err(format!("the pointer's class is {class:?}, not {POINTER_CLASS:?}"));
     }
     let field = |name: &str| fields.get(name).and_then(|value| value.as_str()).map(str::to_string).ok_or_else(|| format!("the pointer has no string {name:?}"));
-    let location = BlobRef::S3 { bucket: field("s3BucketName")?, key: field("s3Key")? };
     let sha256 = match sha256 {
-        None => ClaimCheck::NO_SHA256,
+        None => None,
         Some(hex_text) => {
             let mut digest = [0u8; 32];
             hex::decode_to_slice(hex_text.trim(), &mut digest).map_err(|_| format!("its {SHA256_ATTRIBUTE} {hex_text:?} is not 64 hex digits"))?;
-            digest
+            Some(digest)
         }
     };
-    encode_message(ClaimCheck { location, size, sha256 }).map_err(|e| format!("{e:#}"))
+    Ok(S3Pointer { bucket: field("s3BucketName")?, key: field("s3Key")?, size, sha256 })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::payload::to_text;
 
-    fn check(sha256: [u8; 32]) -> ClaimCheck {
-        ClaimCheck { location: BlobRef::S3 { bucket: "ebb-bodies".into(), key: "orders/00ff".into() }, size: 300_000, sha256 }
+    fn pointer(sha256: Option<[u8; 32]>) -> S3Pointer {
+        S3Pointer { bucket: "ebb-bodies".into(), key: "orders/00ff".into(), size: 300_000, sha256 }
     }
 
     #[test]
-    fn an_offloaded_message_goes_out_as_the_extended_clients_pointer() {
-        let envelope = encode_message(check([7; 32])).unwrap();
-        let pointer = outgoing(&envelope).expect("a pointer");
-        assert_eq!(pointer.body, r#"["software.amazon.payloadoffloading.PayloadS3Pointer",{"s3BucketName":"ebb-bodies","s3Key":"orders/00ff"}]"#);
-        assert_eq!(pointer.size, 300_000);
-        assert_eq!(pointer.sha256.as_deref(), Some(hex::encode([7; 32]).as_str()));
-        assert_eq!(outgoing(to_text(&envelope).as_bytes()), Some(pointer), "an envelope as text goes out the same");
-    }
-
-    #[test]
-    fn a_pointer_comes_in_as_the_envelope_it_went_out_as() {
-        for sha256 in [[7; 32], ClaimCheck::NO_SHA256] {
-            let envelope = encode_message(check(sha256)).unwrap();
-            let pointer = outgoing(&envelope).unwrap();
-            let back = incoming(&pointer.body, Some(&pointer.size.to_string()), pointer.sha256.as_deref()).unwrap().unwrap();
-            assert_eq!(back, envelope);
-        }
+    fn a_pointer_goes_out_as_the_extended_clients_json_and_comes_back_the_same() {
+        let sent = pointer(Some([7; 32]));
+        assert_eq!(sent.to_json(), r#"["software.amazon.payloadoffloading.PayloadS3Pointer",{"s3BucketName":"ebb-bodies","s3Key":"orders/00ff"}]"#);
+        assert_eq!(S3Pointer::received(&sent.to_json(), "300000", Some(&hex::encode([7; 32]))), Ok(sent));
     }
 
     #[test]
     fn pythons_spacing_and_the_legacy_class_are_read() {
         let text = r#"["com.amazon.sqs.javamessaging.MessageS3Pointer", {"s3BucketName": "ebb-bodies", "s3Key": "orders/00ff"}]"#;
-        let back = incoming(text, Some("300000"), None).unwrap().unwrap();
-        assert_eq!(offloaded_message(&back), Some(check(ClaimCheck::NO_SHA256)));
-    }
-
-    #[test]
-    fn a_body_without_the_size_attribute_is_no_pointer_and_plain_bodies_go_out_as_they_are() {
-        assert!(incoming(r#"["software.amazon.payloadoffloading.PayloadS3Pointer",{}]"#, None, None).is_none());
-        assert!(outgoing(b"{\"order\": 1}").is_none());
-        let azure = ClaimCheck { location: BlobRef::Embedded { queue: "orders".into(), key: 1 }, size: 5, sha256: [1; 32] };
-        assert!(outgoing(&encode_message(azure).unwrap()).is_none(), "only S3 claim checks become pointers");
+        assert_eq!(S3Pointer::received(text, "300000", None), Ok(pointer(None)));
     }
 
     #[test]
@@ -139,11 +137,10 @@ mod tests {
             (r#"["x.Other",{"s3BucketName":"b-ok","s3Key":"k"}]"#, "10", None, "class is \"x.Other\""),
             (r#"["software.amazon.payloadoffloading.PayloadS3Pointer",{"s3Key":"k"}]"#, "10", None, "no string \"s3BucketName\""),
             (r#"["software.amazon.payloadoffloading.PayloadS3Pointer",{"s3BucketName":"b-ok","s3Key":"k"}]"#, "ten", None, "not a whole number"),
-            (r#"["software.amazon.payloadoffloading.PayloadS3Pointer",{"s3BucketName":"B_AD","s3Key":"k"}]"#, "10", None, "bucket \"B_AD\""),
             (r#"["software.amazon.payloadoffloading.PayloadS3Pointer",{"s3BucketName":"b-ok","s3Key":"k"}]"#, "10", Some("zz"), "not 64 hex digits"),
         ];
         for (text, size, sha256, expected) in cases {
-            let reason = incoming(text, Some(size), sha256).unwrap().unwrap_err();
+            let reason = S3Pointer::received(text, size, sha256).unwrap_err();
             assert!(reason.contains(expected), "{text}: {reason}");
             assert!(reason.contains("SQS Extended Client pointer"), "{reason}");
         }

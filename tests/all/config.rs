@@ -262,7 +262,7 @@ fn an_sqs_queue_takes_aws_settings_from_its_table_over_aws_and_hides_its_keys() 
          [queues.orders]\nbackend = \"sqs\"\nbatch_size = 4\n{handler}\n\n[queues.orders.sqs]\nregion = \"us-east-2\"\nmessage_encoding = \"text\"\nqueue_url = \"http://127.0.0.1:5000/123456789012/other\"\n"
     );
     let config = Config::parse(&text, Path::new("/srv"), None).unwrap();
-    let Backend::Sqs { account, encoding, queue_url } = &config.queues[0].backend else { panic!() };
+    let Backend::Sqs { account, encoding, queue_url, .. } = &config.queues[0].backend else { panic!() };
     let settings = account.settings();
     assert_eq!((settings.region.as_deref(), settings.endpoint.as_deref()), (Some("us-east-2"), Some("http://127.0.0.1:5000")));
     assert!(matches!(&settings.credentials, ebb::queue::sqs::AwsCredentials::Static { access_key_id, .. } if access_key_id == "AKIDCONFIGTEST"));

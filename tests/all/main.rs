@@ -46,6 +46,7 @@ mod simulate;
 mod sqs_bad_input;
 mod sqs_bench;
 mod sqs_check;
+mod sqs_claims;
 mod sqs_cost;
 mod sqs_faults;
 mod sqs_fifo;

@@ -33,6 +33,7 @@ fn expected(item: &Item) -> Value {
             let location = match location {
                 BlobRef::Azure { account, container, blob } => json!({"azure_blob": {"account": account, "container": container, "blob": blob}}),
                 BlobRef::Embedded { queue, key } => json!({"embedded_body": {"queue": queue, "key": key}}),
+                BlobRef::S3 { bucket, key } => json!({"s3_object": {"bucket": bucket, "key": key}}),
             };
             let mut check = location;
             check["size"] = json!(size);

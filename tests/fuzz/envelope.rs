@@ -100,6 +100,7 @@ fn limits() -> Limits {
         references: AllowedReferences {
             azure: Some(AzureContainer { account: "devstoreaccount1".into(), container: "orders-bodies".into() }),
             embedded_queue: Some("orders".into()),
+            s3_bucket: None,
         },
     }
 }

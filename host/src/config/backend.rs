@@ -89,6 +89,8 @@ pub enum Backend {
         /// The configured URL of one storage queue: (its name, its URL). Other storage
         /// queues (partitions, poison, replies) are found by name.
         queue_url: Option<(String, String)>,
+        /// The S3 bucket of its claim checks (`claim_bucket`); none: no claim checks.
+        claim_bucket: Option<String>,
     },
 }
 
@@ -188,6 +190,9 @@ pub struct SqsFile {
     /// `[queues.<name>.sqs]` only: the queue's URL, for an SQS queue not named like the
     /// ebb queue (or of another account). Default: looked up by the queue's name.
     pub queue_url: Option<String>,
+    /// The S3 bucket that holds bodies too large for a message (claim checks, in the SQS
+    /// Extended Client's format), created when missing. Default: none, such bodies refused.
+    pub claim_bucket: Option<String>,
 }
 
 /// `message_encoding` of an SQS queue.
@@ -245,7 +250,12 @@ impl SqsFile {
             SqsMessageEncoding::Auto => crate::queue::sqs::Encoding::Auto,
             SqsMessageEncoding::Text => crate::queue::sqs::Encoding::Text,
         };
+        let claim_bucket = own.claim_bucket.clone().or(host.claim_bucket.clone());
+        if let Some(defect) = claim_bucket.as_deref().and_then(crate::payload::bucket_defect) {
+            let table = if own.claim_bucket.is_some() { "sqs" } else { "[aws]" };
+            bail!("{table}.claim_bucket: {defect}");
+        }
         let account = SqsAccount::new(AwsSettings { region, endpoint, credentials, ..AwsSettings::default() });
-        Ok(Backend::Sqs { account, encoding, queue_url: own.queue_url.map(|url| (queue.to_string(), url)) })
+        Ok(Backend::Sqs { account, encoding, queue_url: own.queue_url.map(|url| (queue.to_string(), url)), claim_bucket })
     }
 }

@@ -537,7 +537,7 @@ impl crate::payload::claims::ClaimStore for SlowClaims {
         "a slow blob service".into()
     }
     fn allowed(&self) -> crate::payload::AllowedReferences {
-        crate::payload::AllowedReferences { azure: None, embedded_queue: Some("orders".into()) }
+        crate::payload::AllowedReferences { azure: None, embedded_queue: Some("orders".into()), s3_bucket: None }
     }
     fn max_bytes(&self) -> u64 {
         8 << 20

@@ -23,6 +23,7 @@
 //!   claim check:  size u64, sha256 [32], location u8, then
 //!                   1 azure blob:    account (u8 length, bytes), container (u8, bytes), blob (u16, bytes)
 //!                   2 embedded body: queue (u8 length, bytes), key u64
+//!                   3 s3 object:     bucket (u8 length, bytes), key (u16, bytes)
 //! ```
 //!
 //! With flag bit 0 ([`FLAG_MESSAGE`]) the envelope is one plain message whose body was too
@@ -44,6 +45,7 @@ const CLAIM_CHECK: u8 = 1;
 const HAS_ORIGIN: u8 = 0x80;
 const AZURE_BLOB: u8 = 1;
 const EMBEDDED_BODY: u8 = 2;
+const S3_OBJECT: u8 = 3;
 
 /// What a message turned out to be.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +118,13 @@ pub(super) fn write_record(item: &Item, out: &mut Vec<u8>) -> anyhow::Result<()>
                     out.extend_from_slice(queue.as_bytes());
                     out.extend_from_slice(&key.to_le_bytes());
                 }
+                BlobRef::S3 { bucket, key } => {
+                    out.push(S3_OBJECT);
+                    out.push(bucket.len() as u8);
+                    out.extend_from_slice(bucket.as_bytes());
+                    out.extend_from_slice(&(key.len() as u16).to_le_bytes());
+                    out.extend_from_slice(key.as_bytes());
+                }
             }
         }
     }
@@ -184,6 +193,26 @@ fn u32_at(bytes: &[u8], at: usize) -> u32 {
 /// Never panics. Allocates at most `limits.max_decoded_bytes` (plus one byte) for the
 /// section and one [`Item`] per declared item, both checked against `limits` first.
 pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Decoded, EnvelopeError> {
+    decode_with(bytes, limits, false)
+}
+
+/// The claim check of `bytes` if they are the envelope of one plain message offloaded
+/// ([`encode_message`]), whatever store it points into: for a backend that writes such a
+/// message in a format of its own (SQS's Extended Client pointer, `extended.rs`). Nothing
+/// is fetched: which references a consumer follows is still its [`Limits`]' to say.
+pub(super) fn offloaded_message(bytes: &[u8]) -> Option<ClaimCheck> {
+    let limits = Limits { max_claim_check_bytes: u64::MAX, ..Limits::default() };
+    match decode_with(bytes, &limits, true) {
+        Ok(Decoded::Envelope(Envelope { message: true, mut items, .. })) => match items.pop().map(|item| item.body) {
+            Some(Body::ClaimCheck(check)) => Some(check),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// [`decode`], following any reference when `any_reference` (else `limits.references` only).
+fn decode_with(bytes: &[u8], limits: &Limits, any_reference: bool) -> Result<Decoded, EnvelopeError> {
     if !bytes.starts_with(&MAGIC) {
         return Ok(Decoded::NotAnEnvelope);
     }
@@ -228,7 +257,7 @@ pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Decoded, EnvelopeError> {
         return Err(EnvelopeError::ImpossibleCount { count, declared });
     }
     let section = Bytes::from(decompress(codec, &covered[HEADER_BYTES..], declared)?);
-    let mut fields = Fields { section: &section, at: 0, index: 0, count };
+    let mut fields = Fields { section: &section, at: 0, index: 0, count, any_reference };
     let mut items = Vec::with_capacity(count as usize);
     for index in 0..count {
         fields.index = index;
@@ -249,6 +278,8 @@ struct Fields<'a> {
     at: usize,
     index: u32,
     count: u32,
+    /// Any reference is read (see [`offloaded_message`]), not only `limits.references`.
+    any_reference: bool,
 }
 
 impl Fields<'_> {
@@ -326,12 +357,19 @@ impl Fields<'_> {
                 let key = u64::from_le_bytes(self.array()?);
                 BlobRef::Embedded { queue, key }
             }
-            other => return Err(self.bad(format!("claim check with unknown location kind {other} (1 azure blob, 2 embedded body)"))),
+            S3_OBJECT => {
+                let length = self.u8()?;
+                let bucket = self.text(u64::from(length), "bucket")?;
+                let length = u16::from_le_bytes(self.array()?);
+                let key = self.text(u64::from(length), "object key")?;
+                BlobRef::S3 { bucket, key }
+            }
+            other => return Err(self.bad(format!("claim check with unknown location kind {other} (1 azure blob, 2 embedded body, 3 s3 object)"))),
         };
         if let Some(defect) = location.defect() {
             return Err(self.bad(format!("claim check: {defect}")));
         }
-        if !limits.references.allows(&location) {
+        if !self.any_reference && !limits.references.allows(&location) {
             return Err(EnvelopeError::ReferenceNotAllowed { index: self.index, reference: location.to_string(), allowed: limits.references.describe() });
         }
         if size > limits.max_claim_check_bytes {

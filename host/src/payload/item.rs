@@ -69,6 +69,15 @@ pub enum BlobRef {
         /// Its key in that store.
         key: u64,
     },
+    /// An object in Amazon S3 (a claim check of an SQS queue, in the SQS Extended Client's
+    /// pointer when it is a whole message: `host/src/payload/extended.rs`).
+    S3 {
+        /// The bucket: 3 to 63 lowercase letters, digits, dots and dashes, starting and
+        /// ending with a letter or digit.
+        bucket: String,
+        /// The object's key: 1 to 1,024 bytes of UTF-8 without control characters.
+        key: String,
+    },
 }
 
 /// The one Azure container claim checks may point into.
@@ -78,6 +87,18 @@ pub struct AzureContainer {
     pub account: String,
     /// The container.
     pub container: String,
+}
+
+impl ClaimCheck {
+    /// The SHA-256 of a claim check whose producer gave none: an SQS Extended Client's
+    /// pointer carries the size alone. Only the size of such a body is checked. (A real
+    /// digest of all zeros would take 2^256 tries to find.)
+    pub const NO_SHA256: [u8; 32] = [0; 32];
+
+    /// Whether its producer gave the body's SHA-256 (see [`ClaimCheck::NO_SHA256`]).
+    pub fn has_sha256(&self) -> bool {
+        self.sha256 != ClaimCheck::NO_SHA256
+    }
 }
 
 impl Item {
@@ -108,6 +129,7 @@ impl fmt::Display for BlobRef {
         match self {
             BlobRef::Azure { account, container, blob } => write!(f, "azure blob {account}/{container}/{blob:?}"),
             BlobRef::Embedded { queue, key } => write!(f, "embedded body {key} of queue {queue}"),
+            BlobRef::S3 { bucket, key } => write!(f, "s3 object {bucket}/{key:?}"),
         }
     }
 }
@@ -143,6 +165,15 @@ fn blob_defect(blob: &str) -> Option<String> {
     (!ok).then(|| format!("blob name of {} bytes is not 1 to {MAX_BLOB_NAME_BYTES} bytes without control characters", blob.len()))
 }
 
+/// Why `bucket` is not an S3 bucket name, if it is not (AWS's general purpose bucket rules,
+/// less the rarer ones: no IP addresses, no `xn--` prefix, which S3 refuses anyway).
+pub(crate) fn bucket_defect(bucket: &str) -> Option<String> {
+    let chars_ok = bucket.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+    let ends_ok = bucket.starts_with(|c: char| c.is_ascii_alphanumeric()) && bucket.ends_with(|c: char| c.is_ascii_alphanumeric());
+    let ok = (3..=63).contains(&bucket.len()) && chars_ok && ends_ok && !bucket.contains("..");
+    (!ok).then(|| format!("bucket {bucket:?} is not 3 to 63 lowercase letters, digits, dots and dashes"))
+}
+
 /// Why `queue` is not a storage queue name, if it is not.
 fn queue_defect(queue: &str) -> Option<String> {
     let ok = (1..=MAX_QUEUE_NAME_BYTES).contains(&queue.len()) && queue.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
@@ -155,6 +186,7 @@ impl BlobRef {
         match self {
             BlobRef::Azure { account, container, blob } => account_defect(account).or_else(|| container_defect(container)).or_else(|| blob_defect(blob)),
             BlobRef::Embedded { queue, .. } => queue_defect(queue),
+            BlobRef::S3 { bucket, key } => bucket_defect(bucket).or_else(|| blob_defect(key).map(|defect| defect.replace("blob name", "object key"))),
         }
     }
 }

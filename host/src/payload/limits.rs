@@ -34,6 +34,8 @@ pub struct AllowedReferences {
     pub azure: Option<AzureContainer>,
     /// The storage queue whose embedded store may hold bodies; none refuses them.
     pub embedded_queue: Option<String>,
+    /// The S3 bucket objects may be in; none refuses every S3 reference.
+    pub s3_bucket: Option<String>,
 }
 
 impl Default for Limits {
@@ -54,11 +56,15 @@ impl AllowedReferences {
         match location {
             BlobRef::Azure { account, container, .. } => self.azure.as_ref().is_some_and(|a| a.account == *account && a.container == *container),
             BlobRef::Embedded { queue, .. } => self.embedded_queue.as_deref() == Some(queue.as_str()),
+            BlobRef::S3 { bucket, .. } => self.s3_bucket.as_deref() == Some(bucket.as_str()),
         }
     }
 
     /// What is allowed, in words, for a refusal.
     pub(super) fn describe(&self) -> String {
+        if let Some(bucket) = &self.s3_bucket {
+            return format!("only objects in s3 bucket {bucket}");
+        }
         match (&self.azure, &self.embedded_queue) {
             (None, None) => "this consumer takes no claim checks".to_string(),
             (Some(azure), None) => format!("only blobs in {azure}"),

@@ -18,6 +18,8 @@
 //! - [`to_text`] and `decode_text`: an envelope as base64 text, for an Azure queue whose
 //!   messages are plain text (`encoding = "none"`). An Azure queue with the default
 //!   `encoding = "base64"` already writes any bytes as base64, so the envelope goes as it is.
+//! - [`ExtendedClientPointers`]: an offloaded message as the SQS Extended Client's pointer,
+//!   handed to the SQS backend (which knows the pointer's wire format, not envelopes).
 //!
 //! ```
 //! use ebb::payload::{Codec, Decoded, Item, Limits, Packer, decode};
@@ -34,6 +36,7 @@ pub mod claims;
 mod codec;
 mod decompress;
 mod error;
+mod extended;
 mod format;
 mod item;
 mod limits;
@@ -44,7 +47,9 @@ mod wire;
 
 pub use codec::Codec;
 pub use error::EnvelopeError;
+pub(crate) use extended::ExtendedClientPointers;
 pub use format::{Decoded, Envelope, decode, encode, encode_message};
+pub(crate) use item::bucket_defect;
 pub use item::{AzureContainer, BlobRef, Body, ClaimCheck, Item, Origin};
 
 pub(crate) use limits::DEFAULT_MAX_ITEMS;

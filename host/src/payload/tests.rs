@@ -20,6 +20,7 @@ fn limits_with_references() -> Limits {
         references: AllowedReferences {
             azure: Some(AzureContainer { account: "devstoreaccount1".into(), container: "orders-bodies".into() }),
             embedded_queue: Some("orders".into()),
+            s3_bucket: None,
         },
         ..Limits::default()
     }

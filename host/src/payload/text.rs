@@ -23,12 +23,20 @@ pub fn to_text(envelope: &[u8]) -> String {
 /// A message's text: [`Decoded::NotAnEnvelope`] unless it is the base64 of an envelope
 /// (line breaks and spaces in it are ignored, as MIME-style writers add them).
 pub fn decode_text(text: &str, limits: &Limits) -> Result<Decoded, EnvelopeError> {
+    match from_text(text)? {
+        Some(bytes) => decode(&bytes, limits),
+        None => Ok(Decoded::NotAnEnvelope),
+    }
+}
+
+/// The bytes `text` is the base64 of, if it begins as an envelope's text does; `None` for
+/// any other text.
+pub(super) fn from_text(text: &str) -> Result<Option<Vec<u8>>, EnvelopeError> {
     if !text.trim_start().starts_with(MAGIC_TEXT) {
-        return Ok(Decoded::NotAnEnvelope);
+        return Ok(None);
     }
     let compact: String = text.split_ascii_whitespace().collect();
-    let bytes = azure_core::base64::decode(compact).map_err(|error| EnvelopeError::NotBase64 { reason: error.to_string() })?;
-    decode(&bytes, limits)
+    azure_core::base64::decode(compact).map(Some).map_err(|error| EnvelopeError::NotBase64 { reason: error.to_string() })
 }
 
 #[cfg(test)]

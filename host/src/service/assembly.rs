@@ -12,11 +12,12 @@ use anyhow::{Context as _, Result};
 use crate::config::{Backend, QueueConfig};
 use crate::health::Readiness;
 use crate::names::{PartitionName, PoisonQueueName, QueueName};
-use crate::payload::claims::{AzureClaims, ClaimRecords, ClaimSettings, ClaimStore, EmbeddedClaims, Recorded};
+use crate::payload::ExtendedClientPointers;
+use crate::payload::claims::{AzureClaims, ClaimRecords, ClaimSettings, ClaimStore, EmbeddedClaims, Recorded, S3Claims};
 use crate::queue::azure::{AzureOptions, AzureQueue};
 use crate::queue::embedded::EmbeddedStore;
 use crate::queue::partitioned::Partitioned;
-use crate::queue::sqs::{SqsOptions, SqsQueue};
+use crate::queue::sqs::{Offloads, SqsOptions, SqsQueue};
 use crate::queue::{Metered, QueueClient, RetryPolicy, Retrying, Transactions};
 
 use super::handle::{QueueHandle, QueueHandleBuilder};
@@ -33,18 +34,23 @@ pub fn storage_queue(backend: &Backend, store: Option<&EmbeddedStore>, name: &st
             let options = AzureOptions { encoding: *encoding, ..AzureOptions::default() };
             Arc::new(AzureQueue::new(account, name, options).with_context(|| format!("queue {name} on Azure account {}", account.name()))?)
         }
-        Backend::Sqs { account, encoding, queue_url } => {
+        Backend::Sqs { account, encoding, queue_url, .. } => {
             let queue_url = queue_url.as_ref().filter(|(of, _)| of == name).map(|(_, url)| url.clone());
+            // Pointers are read with or without a claim bucket: one into no bucket of ours is
+            // then poisoned naming why, not handed on as its JSON.
+            let pointers = Some(Arc::new(ExtendedClientPointers) as Arc<dyn Offloads>);
             Arc::new(
                 SqsQueue::new(account, name, SqsOptions { encoding: *encoding, queue_url })
-                    .with_context(|| format!("queue {name} on {}", account.describe()))?,
+                    .with_context(|| format!("queue {name} on {}", account.describe()))?
+                    .with_pointers(pointers),
             )
         }
     })
 }
 
 /// The claim-check store of storage queue `name` (`ebb::payload::claims`): a blob container
-/// on the queue's Azure account, or the embedded store's claims table, for bodies of at
+/// on the queue's Azure account, the SQS queue's `claim_bucket` in S3, or the embedded
+/// store's claims table, for bodies of at
 /// most `settings.max_bytes`, its calls counted in `records` (under `name`). The seam for
 /// producers and the listener; the host's sweeper uses it too.
 pub fn claim_store(
@@ -64,8 +70,10 @@ pub fn claim_store(
                     .with_context(|| format!("claim checks of queue {name} on Azure account {}", account.name()))?,
             )
         }
-        // TODO(issue 37, item 6): claim checks in S3, in the SQS Extended Client's format.
-        Backend::Sqs { .. } => anyhow::bail!("claim checks of queue {name}: not on SQS yet (S3 claim checks are issue 37's item 6)"),
+        Backend::Sqs { account, claim_bucket, .. } => {
+            let bucket = claim_bucket.as_deref().with_context(|| format!("claim checks of queue {name}: no claim_bucket in [aws] or [queues.<name>.sqs]"))?;
+            Arc::new(S3Claims::new(account, bucket, name, settings.max_bytes))
+        }
     };
     Ok(Arc::new(Recorded::new(inner, record)))
 }

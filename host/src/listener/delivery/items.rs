@@ -52,7 +52,10 @@ impl Shared {
         // by item); any other reference is a hostile envelope.
         let limits = match &self.delivery.claims {
             Some(claims) => Limits { references: claims.allowed(), max_claim_check_bytes: claims.max_bytes(), ..Limits::default() },
-            None => Limits { references: AllowedReferences { azure: None, embedded_queue: Some(self.queue.name().to_string()) }, ..Limits::default() },
+            None => Limits {
+                references: AllowedReferences { azure: None, embedded_queue: Some(self.queue.name().to_string()), s3_bucket: None },
+                ..Limits::default()
+            },
         };
         let decoded = match decode(body, &limits) {
             Ok(Decoded::NotAnEnvelope) if body.starts_with(TEXT_MAGIC) => match std::str::from_utf8(body) {

@@ -161,7 +161,7 @@ impl AzureClaims {
         check_reference(check, &self.allowed(), max_bytes)?;
         match &check.location {
             BlobRef::Azure { blob, .. } => Ok(blob),
-            BlobRef::Embedded { .. } => unreachable!("check_reference allows only this container"),
+            BlobRef::Embedded { .. } | BlobRef::S3 { .. } => unreachable!("check_reference allows only this container"),
         }
     }
 
@@ -272,7 +272,11 @@ impl ClaimStore for AzureClaims {
     }
 
     fn allowed(&self) -> AllowedReferences {
-        AllowedReferences { azure: Some(AzureContainer { account: self.account.clone(), container: self.container_name.clone() }), embedded_queue: None }
+        AllowedReferences {
+            azure: Some(AzureContainer { account: self.account.clone(), container: self.container_name.clone() }),
+            embedded_queue: None,
+            s3_bucket: None,
+        }
     }
 
     fn max_bytes(&self) -> u64 {

@@ -33,7 +33,7 @@ impl EmbeddedClaims {
         check_reference(check, &self.allowed(), max_bytes)?;
         match check.location {
             BlobRef::Embedded { key, .. } => Ok(key),
-            BlobRef::Azure { .. } => unreachable!("check_reference allows only this queue"),
+            BlobRef::Azure { .. } | BlobRef::S3 { .. } => unreachable!("check_reference allows only this queue"),
         }
     }
 }
@@ -52,7 +52,7 @@ impl ClaimStore for EmbeddedClaims {
     }
 
     fn allowed(&self) -> AllowedReferences {
-        AllowedReferences { azure: None, embedded_queue: Some(crate::queue::QueueClient::name(&self.queue).to_string()) }
+        AllowedReferences { azure: None, embedded_queue: Some(crate::queue::QueueClient::name(&self.queue).to_string()), s3_bucket: None }
     }
 
     fn max_bytes(&self) -> u64 {

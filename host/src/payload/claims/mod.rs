@@ -1,11 +1,14 @@
 //! Claim checks: bodies too large for any envelope kept outside the queue, the message
 //! carrying a [`ClaimCheck`] (where, how long, SHA-256) instead (issue 20, item 3).
 //!
-//! Two stores, one per backend, behind [`ClaimStore`]:
+//! Three stores, one per backend, behind [`ClaimStore`]:
 //! - [`AzureClaims`]: block blobs in a container of the queue's own
 //!   (`container_for_queue`: `<queue>-bodies`, created when missing), on the queue's
 //!   account and credential, through the official `azure_storage_blob` SDK (its partitioned
 //!   upload, and its download into one buffer of the claimed size).
+//! - [`S3Claims`]: objects in the S3 bucket an SQS queue names (`claim_bucket`), through
+//!   the official `aws-sdk-s3` on the queue's `[aws]` account; a whole message offloaded
+//!   travels as the SQS Extended Client's pointer (`host/src/payload/extended.rs`).
 //! - [`EmbeddedClaims`]: the embedded queue's own redb store, in a table of its own
 //!   (`host/src/queue/embedded/claims.rs`), keyed by a u64 that is never given twice.
 //!
@@ -43,6 +46,7 @@
 mod azure;
 mod embedded;
 mod record;
+mod s3;
 mod sweeper;
 
 use std::time::Duration;
@@ -58,6 +62,7 @@ pub use azure::{AzureClaims, BLOB_RETRY};
 pub use embedded::EmbeddedClaims;
 pub(crate) use record::Recorded;
 pub use record::{ClaimCall, ClaimRecord, ClaimRecords};
+pub use s3::S3Claims;
 #[cfg(test)]
 pub(crate) use sweeper::spawn_sweeper;
 pub(crate) use sweeper::sweeper_task;
@@ -219,8 +224,8 @@ pub(crate) fn check_reference(check: &ClaimCheck, allowed: &AllowedReferences, m
     if let Some(defect) = check.location.defect() {
         return Err(ClaimError::Refused(format!("{}: {defect}", check.location)));
     }
-    if let BlobRef::Azure { blob, .. } = &check.location
-        && let Some(defect) = blob_name_defect(blob)
+    if let BlobRef::Azure { blob: name, .. } | BlobRef::S3 { key: name, .. } = &check.location
+        && let Some(defect) = blob_name_defect(name)
     {
         return Err(ClaimError::Refused(format!("{}: {defect}", check.location)));
     }

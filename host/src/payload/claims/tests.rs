@@ -14,6 +14,7 @@ fn allowed() -> AllowedReferences {
     AllowedReferences {
         azure: Some(AzureContainer { account: "devstoreaccount1".into(), container: "orders-bodies".into() }),
         embedded_queue: Some("orders".into()),
+        s3_bucket: None,
     }
 }
 

@@ -15,6 +15,9 @@ use tokio::sync::OnceCell;
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Attempts of each S3 request of the claim checks (the first and its retries).
+pub(crate) const S3_ATTEMPTS: u32 = 4;
+
 /// Where the credentials come from.
 #[derive(Clone, Default)]
 pub enum AwsCredentials {
@@ -67,6 +70,8 @@ impl Default for AwsSettings {
 pub struct SqsAccount {
     settings: Arc<AwsSettings>,
     client: Arc<OnceCell<aws_sdk_sqs::Client>>,
+    /// The S3 client of the queues' claim checks (`payload::claims::S3Claims`).
+    s3: Arc<OnceCell<aws_sdk_s3::Client>>,
 }
 
 impl std::fmt::Debug for SqsAccount {
@@ -78,7 +83,7 @@ impl std::fmt::Debug for SqsAccount {
 impl SqsAccount {
     /// An account with `settings`; nothing is read or called until its first queue call.
     pub fn new(settings: AwsSettings) -> SqsAccount {
-        SqsAccount { settings: Arc::new(settings), client: Arc::default() }
+        SqsAccount { settings: Arc::new(settings), client: Arc::default(), s3: Arc::default() }
     }
 
     /// Its settings.
@@ -101,12 +106,37 @@ impl SqsAccount {
     pub(crate) async fn client(&self) -> anyhow::Result<&aws_sdk_sqs::Client> {
         self.client.get_or_try_init(|| load(&self.settings)).await
     }
+
+    /// The S3 client of the account's claim checks, loaded on first use like the SQS one's
+    /// configuration, but with the SDK's standard retries (a claim store has no retrying
+    /// decorator) and no limit on a whole attempt (a 100 MiB upload takes its time; a
+    /// connection that stops answering still fails on the read timeout). An endpoint
+    /// (moto, LocalStack) is addressed path-style: they serve no bucket host names.
+    pub(crate) async fn s3_client(&self) -> anyhow::Result<&aws_sdk_s3::Client> {
+        self.s3
+            .get_or_try_init(|| async {
+                let timeouts = TimeoutConfig::builder()
+                    .connect_timeout(CONNECT_TIMEOUT.min(self.settings.request_timeout))
+                    .read_timeout(self.settings.request_timeout)
+                    .build();
+                let retry = RetryConfig::standard().with_max_attempts(S3_ATTEMPTS);
+                let config = sdk_config(&self.settings, retry, timeouts).await?;
+                let s3 = aws_sdk_s3::config::Builder::from(&config).force_path_style(self.settings.endpoint.is_some()).build();
+                Ok(aws_sdk_s3::Client::from_conf(s3))
+            })
+            .await
+    }
 }
 
 async fn load(settings: &AwsSettings) -> anyhow::Result<aws_sdk_sqs::Client> {
     let timeouts =
         TimeoutConfig::builder().connect_timeout(CONNECT_TIMEOUT.min(settings.request_timeout)).operation_attempt_timeout(settings.request_timeout).build();
-    let mut loader = aws_config::defaults(BehaviorVersion::latest()).retry_config(RetryConfig::disabled()).timeout_config(timeouts);
+    Ok(aws_sdk_sqs::Client::new(&sdk_config(settings, RetryConfig::disabled(), timeouts).await?))
+}
+
+/// The SDK's configuration for `settings`, with `retry` and `timeouts`.
+async fn sdk_config(settings: &AwsSettings, retry: RetryConfig, timeouts: TimeoutConfig) -> anyhow::Result<aws_config::SdkConfig> {
+    let mut loader = aws_config::defaults(BehaviorVersion::latest()).retry_config(retry).timeout_config(timeouts);
     if let Some(region) = &settings.region {
         loader = loader.region(Region::new(region.clone()));
     }
@@ -118,7 +148,7 @@ async fn load(settings: &AwsSettings) -> anyhow::Result<aws_sdk_sqs::Client> {
     }
     let config = loader.load().await;
     config.region().context("no AWS region: set region in [aws], or AWS_REGION").map_err(|e| anyhow!("{e:#}"))?;
-    Ok(aws_sdk_sqs::Client::new(&config))
+    Ok(config)
 }
 
 #[cfg(test)]

@@ -41,15 +41,21 @@
 //!   id and sequence number ([`Message::fifo`]); sends go through
 //!   [`QueueClient::put_in_group`], a plain put is refused naming the group id.
 //!
+//! - Claim checks: a message offloaded to S3 goes as the SQS Extended Client's pointer and
+//!   such a pointer (ebb's or a foreign producer's) comes in as ebb's offloaded message,
+//!   through the [`Offloads`] the queue is given ([`SqsQueue::with_pointers`]; `pointer`).
+//!
 //! Tested against moto 5.2.5 (`tests/all/sqs_queue.rs`, `tests/all/sqs_faults.rs`).
 
 mod account;
 mod batch;
 mod encoding;
 mod fifo;
+mod pointer;
 mod probe;
 mod redrive;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
@@ -62,6 +68,7 @@ use tokio::sync::OnceCell;
 pub use account::{AwsCredentials, AwsSettings, SqsAccount};
 pub(crate) use encoding::ENCODING_ATTRIBUTE;
 pub use encoding::Encoding;
+pub(crate) use pointer::{Offloads, S3Pointer};
 
 use super::{DeadLetter, FailureClass, GroupedSend, MAX_BATCH, Message, MessageId, PopReceipt, QueueClient, QueueError, classified};
 
@@ -116,6 +123,9 @@ pub struct SqsQueue {
     setup_requests: AtomicU64,
     /// The dead-letter queue its RedrivePolicy names, once read.
     dead_letter: std::sync::Mutex<Option<DeadLetter>>,
+    /// What turns offloaded messages into SQS Extended Client pointers and back (the host
+    /// gives `payload::ExtendedClientPointers`); `None`: bodies go and come as they are.
+    pointers: Option<Arc<dyn Offloads>>,
 }
 
 impl std::fmt::Debug for SqsQueue {
@@ -179,7 +189,15 @@ impl SqsQueue {
             max_message_bytes: AtomicUsize::new(MAX_MESSAGE_BYTES),
             setup_requests: AtomicU64::new(0),
             dead_letter: std::sync::Mutex::new(None),
+            pointers: None,
         })
+    }
+
+    /// The queue, turning offloaded messages into SQS Extended Client pointers and back
+    /// through `pointers`.
+    pub(crate) fn with_pointers(mut self, pointers: Option<Arc<dyn Offloads>>) -> Self {
+        self.pointers = pointers;
+        self
     }
 
     /// The queue's MaximumMessageSize in bytes, as read at create (1 MiB before).
@@ -221,6 +239,30 @@ impl SqsQueue {
             self.setup_requests.fetch_add(1, Ordering::Relaxed);
         }
         result
+    }
+
+    /// Sends an offloaded message as the SQS Extended Client's pointer (`pointer`).
+    async fn put_pointer(&self, pointer: S3Pointer, initial_visibility: Duration) -> Result<MessageId, QueueError> {
+        let attribute = |data_type: &str, value: String| {
+            MessageAttributeValue::builder()
+                .data_type(data_type)
+                .string_value(value)
+                .build()
+                .map_err(|e| QueueError::Fatal(anyhow!("{}: the pointer's attribute: {e}", self.context(Call::Put))))
+        };
+        let url = self.url().await?;
+        let client = self.client(Call::Put).await?;
+        let mut send = client
+            .send_message()
+            .queue_url(url)
+            .message_body(pointer.to_json())
+            .delay_seconds(seconds_up(initial_visibility, MAX_DELAY))
+            .message_attributes(pointer::SIZE_ATTRIBUTE, attribute("Number", pointer.size.to_string())?);
+        if let Some(sha256) = pointer.sha256 {
+            send = send.message_attributes(pointer::SHA256_ATTRIBUTE, attribute("String", hex::encode(sha256))?);
+        }
+        let sent = self.call(Call::Put, None, send.send()).await?;
+        sent.message_id.map(MessageId::from).ok_or_else(|| QueueError::Fatal(anyhow!("{}: the answer has no message id", self.context(Call::Put))))
     }
 
     /// Runs one call and classifies its failure.
@@ -546,6 +588,9 @@ impl QueueClient for SqsQueue {
         if self.is_fifo() {
             return Err(fifo::group_needed(&self.name));
         }
+        if let Some(pointer) = self.pointers.as_ref().and_then(|pointers| pointers.pointer_of(body)) {
+            return self.put_pointer(pointer, initial_visibility).await;
+        }
         self.send(body, initial_visibility, None).await
     }
 
@@ -602,7 +647,10 @@ impl QueueClient for SqsQueue {
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateFirstReceiveTimestamp)
-            .message_attribute_names(ENCODING_ATTRIBUTE);
+            .message_attribute_names(ENCODING_ATTRIBUTE)
+            .message_attribute_names(pointer::SIZE_ATTRIBUTE)
+            .message_attribute_names(pointer::LEGACY_SIZE_ATTRIBUTE)
+            .message_attribute_names(pointer::SHA256_ATTRIBUTE);
         let receive = fifo_attributes.into_iter().fold(receive, |receive, name| receive.message_system_attribute_names(name));
         let received = self.call(Call::Get, None, receive.send()).await?;
         let leased_at = asked_at + super::lease_offset(asked_at.elapsed().unwrap_or_default(), wait);
@@ -612,8 +660,13 @@ impl QueueClient for SqsQueue {
                 return Err(QueueError::Fatal(anyhow!("{}: a message came without its id or receipt handle", self.context(Call::Get))));
             };
             let attribute = |name| item.attributes.as_ref().and_then(|a| a.get(&name)).and_then(|value| value.parse::<u64>().ok());
-            let marked = item.message_attributes.as_ref().and_then(|a| a.get(ENCODING_ATTRIBUTE)).and_then(|value| value.string_value());
-            let (body, defect) = Encoding::decode(item.body.clone().unwrap_or_default(), marked);
+            let text_attribute = |name| item.message_attributes.as_ref().and_then(|a| a.get(name)).and_then(|value| value.string_value());
+            let size = text_attribute(pointer::SIZE_ATTRIBUTE).or(text_attribute(pointer::LEGACY_SIZE_ATTRIBUTE));
+            let text = item.body.clone().unwrap_or_default();
+            let (body, defect) = match self.pointers.as_ref().zip(size) {
+                None => Encoding::decode(text, text_attribute(ENCODING_ATTRIBUTE)),
+                Some((pointers, size)) => pointer::received_body(pointers.as_ref(), text, size, text_attribute(pointer::SHA256_ATTRIBUTE)),
+            };
             // SQS counts the 12 hours a visibility may reach from the first receive.
             let first = attribute(MessageSystemAttributeName::ApproximateFirstReceiveTimestamp)
                 .unwrap_or_else(|| asked_at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |since| since.as_millis() as u64));

@@ -50,11 +50,11 @@ impl RedrivePolicy {
 
 impl SqsQueue {
     /// The dead-letter queue `policy` names, opened on this queue's account with its
-    /// encoding (SQS moves a message with its attributes), its calls retried.
+    /// encoding and pointers (SQS moves a message with its attributes), its calls retried.
     pub(super) fn open_dead_letter(&self, policy: &RedrivePolicy) -> anyhow::Result<DeadLetter> {
         let name = policy.queue_name()?;
-        let options = SqsOptions { encoding: self.options.encoding, queue_url: None };
-        let queue = SqsQueue::new(&self.account, name, options)?;
+        let options = SqsOptions { queue_url: None, ..self.options.clone() };
+        let queue = SqsQueue::new(&self.account, name, options)?.with_pointers(self.pointers.clone());
         Ok(DeadLetter {
             name: name.to_string(),
             arn: policy.arn.clone(),

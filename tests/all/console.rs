@@ -683,7 +683,8 @@ async fn the_overview_points_at_poison_pauses_faulting_rules_and_unready_storage
             browser.until("the empty audit log to say so", "return document.querySelector('#audit tbody').textContent === 'No operator action yet.'").await?;
             reqwest::Client::new().post(host.url("/queues/emails/pause")).bearer_auth(TOKEN).send().await?.error_for_status()?;
         } else {
-            browser.client.refresh().await?;
+            // The page without the poison link's fragment (the token stays in the tab).
+            browser.client.goto(&host.url("/")).await?;
             browser.until("the queue table", "return document.querySelectorAll('#queues tbody tr').length > 0").await?;
         }
         // Five logical queues (invoices has two partitions), grouped.
@@ -711,6 +712,7 @@ async fn the_overview_points_at_poison_pauses_faulting_rules_and_unready_storage
                 .await?;
             ensure!(browser.in_view(&css).await?, "{queue}'s trouble is out of view at {width} px");
         }
+        browser.script("window.scrollTo(0, 0); return null").await?;
         browser.keep_screenshot("overview-trouble", width).await?;
         // A queue whose storage never answered has made no decision: its list says so.
         browser.script("document.querySelector('tr[data-queue=\"archive\"] td.name').click(); return null").await?;

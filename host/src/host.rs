@@ -109,6 +109,12 @@ impl Host {
             queue_prices: Api::queue_prices_of(config),
         });
         let (api_stop, started) = (CancellationToken::new(), CancellationToken::new());
+        if let Some(log) = &api.audit {
+            for (name, handle) in &api.handles {
+                let now_ms = || crate::queue::Clock::now_ms(&crate::queue::SystemClock);
+                tokio::spawn(crate::service::record_timed_resumes(log.clone(), name.clone(), handle.pause_changes(), now_ms, api_stop.clone()));
+            }
+        }
         let (stop, opened) = (api_stop.clone(), started.clone());
         // The API takes the largest message as its largest body.
         let limits = crate::config::ApiLimits { max_body_bytes: config.max_message_bytes, ..config.api_limits };

@@ -90,6 +90,8 @@ impl Host {
         let api: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         std::fs::create_dir_all(dir.path().join("rules"))?;
         std::fs::copy(guests::PAPER_DEFAULT, dir.path().join("rules/paper.wasm"))?;
+        // A rule that traps at every call, for the queues that need a faulting rule.
+        std::fs::copy(guests::TRAP, dir.path().join("rules/trap.wasm"))?;
         std::fs::write(dir.path().join("ebb.toml"), format!("drain_timeout = \"5s\"\n[api]\nlisten = \"{api}\"\n{api_tokens}\n{queues}"))?;
         let log = std::fs::File::create(dir.path().join("host.log"))?;
         // `EBB_CONSOLE_HOST_BINARY` lets the goals harness measure a release build.
@@ -280,8 +282,10 @@ async fn the_console_loads_without_error_and_its_chart_moves_as_messages_flow() 
     let browser = Browser::start().await?;
     browser.open(&host).await?;
     let rows: Vec<String> =
-        serde_json::from_value(browser.script("return [...document.querySelectorAll('#queues tbody tr')].map(r => r.dataset.queue)").await?)?;
+        serde_json::from_value(browser.script("return [...document.querySelectorAll('#queues tbody tr[data-queue]')].map(r => r.dataset.queue)").await?)?;
     assert_eq!(rows, ["emails", "invoices-0", "invoices-1", "orders"], "one row per queue partition");
+    // The partitions of invoices are under its row: shown, their charts are drawn.
+    browser.script("document.querySelector('tr.group[data-logical=\"invoices\"]').click(); return null").await?;
     browser.until("the rule of orders", &format!("return document.querySelector('{}').textContent.startsWith('paper.wasm ')", row("orders", "rule"))).await?;
 
     let idle_chart = browser.script(&spark("orders")).await?;
@@ -613,4 +617,170 @@ async fn console_goals() -> Result<()> {
     });
     println!("{}", serde_json::to_string_pretty(&figures)?);
     browser.close().await
+}
+
+/// Phone width (issue 38's at 390 px) and a laptop's.
+const WIDTHS: [u32; 2] = [1280, 390];
+
+impl Browser {
+    /// Sets the window to `width` px wide (and a screen's height for it).
+    async fn at_width(&self, width: u32) -> Result<()> {
+        let height = if width < 600 { 844 } else { 900 };
+        self.client.set_window_size(width, height).await?;
+        Ok(())
+    }
+
+    /// Saves the page as `NAME-WIDTH.png` in `console-screenshots/` beside the test binary's
+    /// target folder: the artefacts a reviewer looks at.
+    async fn keep_screenshot(&self, name: &str, width: u32) -> Result<()> {
+        let dir = std::path::Path::new(EBB).parent().and_then(std::path::Path::parent).context("no target folder")?.join("console-screenshots");
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.join(format!("{name}-{width}.png"));
+        std::fs::write(&path, self.client.screenshot().await?).with_context(|| format!("failed to write {}", path.display()))
+    }
+
+    /// Whether the element at `css` is shown and lies within the window's width (no sideways
+    /// scrolling needed to see it).
+    async fn in_view(&self, css: &str) -> Result<bool> {
+        let script = format!(
+            "const e = document.querySelector({}); if (!e) return false; const r = e.getBoundingClientRect(); \
+             return e.getClientRects().length > 0 && r.left >= 0 && r.right <= window.innerWidth",
+            json!(css)
+        );
+        Ok(self.script(&script).await? == json!(true))
+    }
+}
+
+/// A port nothing listens on: storage there refuses every connection.
+fn refused_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_points_at_poison_pauses_faulting_rules_and_unready_storage_at_1280_and_390_px() -> Result<()> {
+    let (_app, app_addr) = App::start(Duration::ZERO).await;
+    let handler = format!("handler = {{ url = \"http://{app_addr}/work\" }}\n");
+    let storage = ebb_tests::azurite::Azurite::connection_string_for(refused_port()?);
+    // A rule that traps at every call, never quarantined: it keeps faulting.
+    let queues = format!(
+        "[rule_limits]\nquarantine_after = 0\n\n\
+         [queues.orders]\nmax_dequeue_count = 1\nmax_polling_interval = \"1s\"\n{handler}\n\
+         [queues.emails]\n{handler}\n\
+         [queues.invoices]\npartitions = 2\n{handler}\n\
+         [queues.reports]\nrule = \"trap.wasm\"\nmax_polling_interval = \"1s\"\n{handler}\n\
+         [queues.archive]\nbackend = \"azure\"\n{handler}[queues.archive.azure]\nconnection_string = \"{storage}\"\n"
+    );
+    let host = Host::start_with_env(&format!("token = \"{TOKEN}\"\n"), &queues, &[]).await?;
+    host.send("orders", "poison one").await?;
+    host.send("orders", "poison two").await?;
+    wait_until("both messages poisoned", || async { host.queue_status("orders").await.is_ok_and(|q| q["poisoned"] == 2) }).await;
+
+    let browser = Browser::start().await?;
+    for (i, width) in WIDTHS.into_iter().enumerate() {
+        browser.at_width(width).await?;
+        if i == 0 {
+            browser.open(&host).await?;
+            browser.until("the empty audit log to say so", "return document.querySelector('#audit tbody').textContent === 'No operator action yet.'").await?;
+            reqwest::Client::new().post(host.url("/queues/emails/pause")).bearer_auth(TOKEN).send().await?.error_for_status()?;
+        } else {
+            // The page without the poison link's fragment (the token stays in the tab).
+            browser.client.goto(&host.url("/")).await?;
+            browser.until("the queue table", "return document.querySelectorAll('#queues tbody tr').length > 0").await?;
+        }
+        // Five logical queues (invoices has two partitions), grouped.
+        browser.until("five queues in the header", "return document.getElementById('queue-count').textContent.startsWith('5 ')").await?;
+        ensure!(browser.text("#queue-count").await?.contains("6 partitions"), "the header: {}", browser.text("#queue-count").await?);
+        let group = "tr.group[data-logical=\"invoices\"]";
+        ensure!(browser.in_view(&format!("{group} td.name")).await?, "no group row of invoices at {width} px");
+        ensure!(!browser.in_view("tr[data-queue=\"invoices-0\"] td.name").await?, "a partition shown before its queue was expanded at {width} px");
+        browser.script(&format!("document.querySelector('{group} button.expand').click(); return null")).await?;
+        browser.until("the partitions shown", "return document.querySelector('tr[data-queue=\"invoices-1\"]').getClientRects().length > 0").await?;
+
+        // Each trouble is in its row, in view without scrolling sideways.
+        let poison = "tr[data-queue=\"orders\"] a.trouble.poison";
+        browser.until("the poison count of orders", &format!("return document.querySelector('{poison}')?.textContent === '2 poisoned'")).await?;
+        ensure!(browser.in_view(poison).await?, "the poison count is out of view at {width} px");
+        let href = browser.script(&format!("return document.querySelector('{poison}').getAttribute('href')")).await?;
+        ensure!(href == json!("#poison/orders"), "the poison link's target: {href}");
+        for (queue, trouble) in [("emails", "paused"), ("reports", "rule faulting"), ("archive", "storage not ready")] {
+            let css = format!("tr[data-queue=\"{queue}\"] .trouble");
+            browser
+                .until(
+                    &format!("{queue} to say {trouble}"),
+                    &format!("return [...document.querySelectorAll('{css}')].some(t => t.textContent.startsWith({}))", json!(trouble)),
+                )
+                .await?;
+            ensure!(browser.in_view(&css).await?, "{queue}'s trouble is out of view at {width} px");
+        }
+        browser.script("window.scrollTo(0, 0); return null").await?;
+        browser.keep_screenshot("overview-trouble", width).await?;
+        // A queue whose storage never answered has made no decision: its list says so.
+        browser.script("document.querySelector('tr[data-queue=\"archive\"] td.name').click(); return null").await?;
+        browser.until("the empty decisions to say so", "return document.querySelector('#decisions tbody').textContent === 'No decision yet.'").await?;
+        // The poison link opens the queue's poison list.
+        browser.script(&format!("document.querySelector('{poison}').click(); return null")).await?;
+        browser.until("the poison list of orders", "return document.querySelectorAll('#poison tbody tr').length === 2").await?;
+        ensure!(browser.text("#detail-title").await?.starts_with("orders"), "the link opened {}", browser.text("#detail-title").await?);
+        browser.keep_screenshot("poison-link", width).await?;
+
+        // A filter that matches nothing says so.
+        browser.script("const f = document.getElementById('filter'); f.value = 'zzz'; f.dispatchEvent(new Event('input')); return null").await?;
+        browser.until("the filter's note", "return document.getElementById('filter-empty').textContent === 'No queue matches \"zzz\".'").await?;
+        ensure!(browser.in_view("#filter-empty").await?, "the filter's note is hidden at {width} px");
+        browser.keep_screenshot("overview-filter", width).await?;
+        browser.script("const f = document.getElementById('filter'); f.value = ''; f.dispatchEvent(new Event('input')); return null").await?;
+    }
+    let errors: Vec<String> = browser.errors().await?.into_iter().filter(|m| !m.contains("401")).collect();
+    ensure!(errors.is_empty(), "the browser logged errors: {errors:?}\nhost log:\n{}", host.log());
+    browser.close().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_says_in_words_when_the_token_is_wrong_or_the_host_is_down_at_1280_and_390_px() -> Result<()> {
+    let (_app, app_addr) = App::start(Duration::ZERO).await;
+    for width in WIDTHS {
+        let host = Host::start(&format!("[queues.orders]\nhandler = {{ url = \"http://{app_addr}/work\" }}\n")).await?;
+        let browser = Browser::start().await?;
+        browser.at_width(width).await?;
+        browser.client.goto(&host.url("/")).await?;
+        browser.until("the chip to ask for a token", "return document.getElementById('link').textContent === 'needs a token'").await?;
+        ensure!(browser.in_view("#link").await?, "the connection chip is out of view at {width} px");
+        browser.client.wait().for_element(Locator::Css("#login:not([hidden]) #token")).await?.send_keys("wrong").await?;
+        browser.client.find(Locator::Css("#login-form button")).await?.click().await?;
+        browser.until("the refusal", "return document.getElementById('login-error').textContent === 'That token was refused.'").await?;
+        ensure!(browser.text("#link").await? == "needs a token", "the chip after a wrong token: {}", browser.text("#link").await?);
+        browser.keep_screenshot("token-refused", width).await?;
+        browser.open_as(&host, TOKEN).await?;
+        browser.until("the chip to say live", "return document.getElementById('link').textContent === 'live'").await?;
+        browser.script("document.querySelector('tr[data-queue=\"orders\"] td.name').click(); return null").await?;
+        browser.until("the detail", "return !document.getElementById('detail').hidden").await?;
+
+        // A timed pause ends by itself: the audit log says so as it says a manual resume.
+        reqwest::Client::new().post(host.url("/queues/orders/pause?for=1s")).bearer_auth(TOKEN).send().await?.error_for_status()?;
+        browser
+            .until(
+                "the audit log to show the timed resume",
+                "return [...document.querySelectorAll('#audit tbody tr')].map(r => [...r.cells].slice(1, 3).map(c => c.textContent).join(' ')).join() === 'timer resume,default pause'",
+            )
+            .await?;
+
+        drop(host);
+        browser
+            .until("the page to say the host is down", "return document.getElementById('down').textContent.startsWith('The host does not answer since ')")
+            .await?;
+        ensure!(browser.in_view("#down").await?, "the host-down note is out of view at {width} px");
+        ensure!(browser.text("#link").await? == "host down", "the chip: {}", browser.text("#link").await?);
+        let opacity = browser.script("return Number(getComputedStyle(document.querySelector('#queues tbody')).opacity)").await?;
+        ensure!(opacity.as_f64().is_some_and(|o| o < 1.0), "the stale figures are not greyed: opacity {opacity}");
+        // An action tried meanwhile says why it failed in words.
+        browser.script("document.getElementById('poison-refresh').click(); return null").await?;
+        browser.until("the toast", "return document.getElementById('toast').textContent !== ''").await?;
+        let toast = browser.text("#toast").await?;
+        ensure!(toast.starts_with("The host does not answer"), "the toast: {toast}");
+        let page = browser.script("return document.body.innerText").await?;
+        ensure!(!page.as_str().unwrap_or_default().contains("Failed to fetch"), "the page says 'Failed to fetch': {page}");
+        browser.keep_screenshot("host-down", width).await?;
+        browser.close().await?;
+    }
+    Ok(())
 }

@@ -372,3 +372,23 @@ fn a_token_over_4_kib_is_refused_naming_where_it_came_from() {
     let named = format!("[[api.tokens]]\nname = \"ops\"\nrole = \"read\"\ntoken = \"{fits}\"\n{queue}");
     assert!(ebb::Config::parse(&named, base, None).is_ok(), "4 KiB is a named token");
 }
+
+/// Issue 38, item 6: a 401 said only "401 Unauthorized" (and `ebb status` printed the host's
+/// JSON as it was). Each API command's 401 names the ways to give a token, as the 403 does,
+/// and `ebb status` says the host's reason as a sentence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_token_is_answered_with_the_ways_to_give_one() -> Result<()> {
+    let host = Host::start(&named_tokens(), &[(VIEWER_ENV, VIEWER_TOKEN)]).await?;
+    let config = host.config();
+    let commands: [&[&str]; 4] = [&["send", "orders", "hello"], &["status"], &["poison", "list", "orders"], &["queue", "pause", "orders"]];
+    for args in commands {
+        let out = host.cli(args, &config, &[("EBB_API_TOKEN", "not-a-token")])?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(!out.status.success(), "ebb {args:?} with a wrong token succeeded");
+        for named in ["401 Unauthorized", "--token-name", "EBB_TOKEN_NAME", "EBB_API_TOKEN"] {
+            ensure!(stderr.contains(named), "ebb {args:?} with a wrong token does not name {named}: {stderr}");
+        }
+        ensure!(!stderr.contains("{\""), "ebb {args:?} printed raw JSON: {stderr}");
+    }
+    Ok(())
+}

@@ -491,7 +491,7 @@ async fn wait_for_reply(
             return Ok(Some(text));
         }
         if status != reqwest::StatusCode::NOT_FOUND {
-            bail!("the host answered {status}: {}", text.trim());
+            bail!("{}", refusal(status, &reason_of(&text)));
         }
         if tokio::time::Instant::now() >= deadline {
             return Ok(None);
@@ -520,7 +520,7 @@ pub async fn send_wait_reply(config_path: &Path, token: &TokenArgs, queue: &str,
     let status = sent.status();
     let text = sent.text().await.unwrap_or_default();
     if !status.is_success() {
-        bail!("the host answered {status}: {}", text.trim());
+        bail!("{}", refusal(status, &reason_of(&text)));
     }
     let id = serde_json::from_str::<serde_json::Value>(&text)
         .ok()
@@ -697,7 +697,7 @@ async fn post_item_body(http: &reqwest::Client, url: &str, body: bytes::Bytes) -
     let status = response.status();
     let text = response.text().await.unwrap_or_default();
     if !status.is_success() {
-        bail!("the host answered {status}: {}", text.trim());
+        bail!("{}", refusal(status, &reason_of(&text)));
     }
     let answer: serde_json::Value = serde_json::from_str(&text).context("the host's answer is not JSON")?;
     let messages = answer["messages"].as_array().map_or(Vec::new(), |ids| ids.iter().filter_map(|id| id.as_str().map(str::to_owned)).collect::<Vec<_>>());
@@ -766,24 +766,29 @@ async fn check_response(response: reqwest::Response) -> Result<()> {
     let status = response.status();
     if !status.is_success() {
         let text = response.text().await.unwrap_or_default();
-        let reason = serde_json::from_str::<Value>(&text).ok().and_then(|v| v["error"].as_str().map(str::to_string)).unwrap_or_else(|| text.trim().to_string());
-        bail!("{}", refusal(status, &reason));
+        bail!("{}", refusal(status, &reason_of(&text)));
     }
     Ok(())
 }
 
-/// What a refused request says: the status and the host's reason, and for a 403 what to do
-/// about it (the host knows the token this command sent as a read token).
-fn refusal(status: reqwest::StatusCode, reason: &str) -> String {
-    if status == reqwest::StatusCode::FORBIDDEN {
-        return format!(
-            "the host answered {status}: {reason}\nthe token this command sends has role read on that host: use an admin token to change anything \
-             (--token-name NAME or {} for a configured one, or {} set to its secret)",
-            crate::config::TOKEN_NAME_ENV,
-            crate::config::TOKEN_ENV
-        );
+/// What a refused request says: the status and the host's reason, and for a 401 or a 403 what
+/// to do about it (the host knows no such token, or knows it as a read token).
+pub(super) fn refusal(status: reqwest::StatusCode, reason: &str) -> String {
+    let ways = format!("--token-name NAME or {} for a configured one, or {} set to its secret", crate::config::TOKEN_NAME_ENV, crate::config::TOKEN_ENV);
+    match status {
+        reqwest::StatusCode::UNAUTHORIZED => format!(
+            "the host answered {status}: {reason}\nthe host does not accept the token this command sends (or it sent none): give one of the host's tokens ({ways})"
+        ),
+        reqwest::StatusCode::FORBIDDEN => format!(
+            "the host answered {status}: {reason}\nthe token this command sends has role read on that host: use an admin token to change anything ({ways})"
+        ),
+        _ => format!("the host answered {status}: {reason}"),
     }
-    format!("the host answered {status}: {reason}")
+}
+
+/// The host's reason in the text of an answer: its JSON `error`, else the text as it is.
+pub(super) fn reason_of(text: &str) -> String {
+    serde_json::from_str::<Value>(text).ok().and_then(|v| v["error"].as_str().map(str::to_string)).unwrap_or_else(|| text.trim().to_string())
 }
 
 pub(super) fn plural(n: u64) -> &'static str {

@@ -47,10 +47,12 @@ pub async fn status(config_path: &Path, token: &TokenArgs, json: bool) -> Result
 async fn fetch(url: &str, token: Option<&str>) -> Result<Value> {
     let response = client(token)?.get(url).send().await.with_context(|| format!("no host answers at {url}"))?;
     let status = response.status();
-    let body: Value = serde_json::from_slice(&response.bytes().await?).context("the host answered with invalid JSON")?;
+    let bytes = response.bytes().await?;
+    // A refusal as a sentence: the host's reason and what to do, not its JSON.
     if !status.is_success() {
-        bail!("the host answered {status}: {body}");
+        bail!("{}", super::client::refusal(status, &super::client::reason_of(&String::from_utf8_lossy(&bytes))));
     }
+    let body: Value = serde_json::from_slice(&bytes).context("the host answered with invalid JSON")?;
     // Something else may listen at the configured address: say so, not an empty table.
     if !body["queues"].is_array() {
         bail!("{url} answered JSON that is not an ebb status (no `queues` list): is `[api] listen` the address of this host?");

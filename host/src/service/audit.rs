@@ -24,7 +24,8 @@ pub struct AuditEntry {
     /// When, RFC 3339.
     pub at: String,
     /// Who: the name of the API token the change came with (`default` for `api.token`,
-    /// `anonymous` when the API has no token), or `cli` (`ebb queue` with no host running).
+    /// `anonymous` when the API has no token), `cli` (`ebb queue` with no host running), or
+    /// `timer` (a pause given a length that ended by itself).
     pub actor: String,
     /// `pause`, `resume`, `requeue` or `purge`.
     pub action: String,
@@ -135,6 +136,45 @@ impl AuditLog {
     }
 }
 
+/// The actor of a resume that no one made: a pause given a length ended by itself.
+pub(crate) const TIMER_ACTOR: &str = "timer";
+
+/// Writes a `resume` entry by [`TIMER_ACTOR`] to `log` each time a pause of `queue` given a
+/// length ends by itself, as a resume through the API is written (an operator reading the log
+/// would otherwise see a queue paused for good that is running). `pauses` is the queue's pause
+/// as it changes; `now_ms` the clock its times are of. Ends with `stop`.
+pub(crate) async fn record_timed_resumes(
+    log: std::sync::Arc<AuditLog>,
+    queue: String,
+    mut pauses: tokio::sync::watch::Receiver<Option<crate::listener::Pause>>,
+    now_ms: impl Fn() -> u64,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        let pause = *pauses.borrow_and_update();
+        // A pause already over (ended while no host ran) is not this host's to record.
+        let left = pause.and_then(|p| p.until_ms).map(|until| until.saturating_sub(now_ms())).filter(|left| *left > 0);
+        let ended = async {
+            match left {
+                Some(left) => tokio::time::sleep(std::time::Duration::from_millis(left)).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = ended => {
+                // Still the same pause: no one resumed or paused again meanwhile.
+                if let Some(ended) = pause.filter(|_| *pauses.borrow() == pause) {
+                    let length = std::time::Duration::from_millis(ended.until_ms.unwrap_or(ended.since_ms).saturating_sub(ended.since_ms));
+                    log.record(TIMER_ACTOR, "resume", &queue, &format!("ok: the pause for {} ended", humantime::format_duration(length)));
+                }
+                // The next turn finds the pause over and waits for a change.
+            }
+            changed = pauses.changed() => if changed.is_err() { return },
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
 /// The end of the audit log: its last entries and the lines around them that were not.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AuditTail {
@@ -159,6 +199,36 @@ fn ends_torn(file: &mut std::fs::File) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    /// Issue 38 item 5: a pause for 10 minutes ended with no entry, so the log showed the
+    /// queue paused for good. Its end is written by `timer`; a pause resumed by hand first is not.
+    #[tokio::test(start_paused = true)]
+    async fn a_timed_pause_that_ends_by_itself_is_written_as_a_resume_by_the_timer() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = std::sync::Arc::new(AuditLog::new(dir.path()));
+        let start = tokio::time::Instant::now();
+        let now_ms = move || 1_795_899_640_000 + u64::try_from(start.elapsed().as_millis()).unwrap();
+        let (pause, pauses) = tokio::sync::watch::channel(None);
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(record_timed_resumes(log.clone(), "orders".into(), pauses, now_ms, stop.clone()));
+        let actions = || log.tail(10).unwrap().entries.into_iter().map(|e| (e.actor, e.action, e.result)).collect::<Vec<_>>();
+
+        // Resumed by hand before its end: the API wrote that one, the timer writes nothing.
+        pause.send_replace(Some(crate::listener::Pause::from_now(now_ms(), Some(Duration::from_secs(600)))));
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        pause.send_replace(None);
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert_eq!(actions(), []);
+
+        pause.send_replace(Some(crate::listener::Pause::from_now(now_ms(), Some(Duration::from_secs(600)))));
+        tokio::time::sleep(Duration::from_secs(599)).await;
+        assert_eq!(actions(), [], "written before the pause ended");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(actions(), [("timer".to_string(), "resume".to_string(), "ok: the pause for 10m ended".to_string())]);
+        stop.cancel();
+        task.await.unwrap();
+    }
 
     #[test]
     fn entries_are_appended_and_read_back_newest_last() {

@@ -27,6 +27,7 @@ pub use assembly::claim_store;
 use assembly::store_of_claims;
 use assembly::text_envelopes;
 pub(crate) use assembly::{QueueStack, StackOptions, storage_queue};
+pub(crate) use audit::record_timed_resumes;
 pub use audit::{AuditLog, AuditTail};
 pub use handle::{QueueHandle, QueueHandleBuilder};
 pub use pauses::{Pauses, check_pause_length};

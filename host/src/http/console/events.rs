@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ApiRole;
 use crate::cost::CostStatus;
+use crate::health::ReadinessPart;
 use crate::http::errors::error;
 use crate::http::{Api, Caller, queue_cost};
 use crate::listener::ListenerStatus;
@@ -113,9 +114,16 @@ fn cost_json(cost: &CostStatus) -> serde_json::Value {
 
 /// A queue's row: what the table shows. Only figures that change with the queue's state
 /// (no timestamps), so an idle queue's row stays the same and is not sent again.
-fn row_json(logical: &str, status: &ListenerStatus, throughput: f64, price: f64) -> String {
+/// `not_ready`: why its storage cannot work now (`/readyz`'s storage or credential problem).
+fn row_json(logical: &str, status: &ListenerStatus, throughput: f64, price: f64, not_ready: Option<&str>) -> String {
     let cost = queue_cost(status, price);
     let rule = status.rule.as_ref();
+    // The last call of an export faulted (the built-in rule decided instead); a quarantined
+    // rule is shown as such.
+    let faulting = rule.is_some_and(|r| {
+        let f = &r.consecutive_faults;
+        !r.quarantined && f.optimal_dequeue_task_count + f.on_queue_empty + f.max_concurrent_calls + f.on_handler_failure + f.rebuild > 0
+    });
     json!({
         "queue": status.queue,
         "logical": logical,
@@ -136,8 +144,10 @@ fn row_json(logical: &str, status: &ListenerStatus, throughput: f64, price: f64)
             "sha256": r.sha256,
             "contract": r.contract,
             "quarantined": r.quarantined,
+            "faulting": faulting,
             "swaps": r.swaps.len(),
         })),
+        "not_ready": not_ready,
         "last_task_count": status.last_task_count.as_ref().map(|d| json!({ "value": d.decision.value, "source": d.decision.source })),
     })
     .to_string()
@@ -194,6 +204,11 @@ impl Console {
         let mut rows = Vec::with_capacity(self.names.len());
         let mut costs = Vec::new();
         let mut paused = 0;
+        let readiness = api.readiness.snapshot();
+        let not_ready = |logical: &str| {
+            let problems = &readiness.get(logical)?.problems;
+            problems.get(&ReadinessPart::Storage).or_else(|| problems.get(&ReadinessPart::Credential)).map(String::as_str)
+        };
         let listeners = api.listeners.iter().flat_map(|(logical, listeners)| listeners.iter().map(move |l| (logical, l)));
         for (index, (logical, listener)) in listeners.enumerate() {
             let status = if watched { listener.status() } else { listener.status_as_is() };
@@ -216,7 +231,7 @@ impl Console {
             let queue_price = api.price_of(logical);
             costs.extend(queue_cost(&status, queue_price));
             paused += usize::from(status.paused.is_some());
-            let row = row_json(logical, &status, throughput, queue_price);
+            let row = row_json(logical, &status, throughput, queue_price, not_ready(logical));
             rows.push(match previous.rows.get(index) {
                 Some(old) if **old == *row => old.clone(),
                 _ => Arc::from(row),
@@ -232,7 +247,9 @@ impl Console {
         }
         let host = json!({
             "version": env!("CARGO_PKG_VERSION"),
-            "queues": self.names.len(),
+            // Logical queues; their partitions are `partitions` rows.
+            "queues": api.listeners.len(),
+            "partitions": self.names.len(),
             "paused": paused,
             "bus": api.bus.as_ref().map(|b| { let s = b.status(); json!({ "engine": s.engine, "connected": s.connected }) }),
             "cost": cost_json(&CostStatus::total(&costs, price)),

@@ -78,3 +78,13 @@ pub(super) async fn app_js(headers: HeaderMap) -> Response {
 pub(super) async fn app_css(headers: HeaderMap) -> Response {
     serve(&APP_CSS, &headers)
 }
+
+#[cfg(test)]
+mod tests {
+    /// The console's goal (docs/benchmarks.md): the page and its assets under 64 KiB.
+    #[test]
+    fn the_console_weighs_under_64_kib() {
+        let weight = super::INDEX.body.len() + super::APP_JS.body.len() + super::APP_CSS.body.len();
+        assert!(weight < 64 * 1024, "the console weighs {weight} bytes");
+    }
+}

@@ -10,9 +10,14 @@
   const state = {
     role: 'admin', rows: new Map(), trs: new Map(), times: [], series: new Map(), kept: 360,
     selected: null, poison: [], poisonPage: 0, stream: null, detailTimer: null,
+    // Partitioned queues: logical name → { tr, parts }; the ones shown open.
+    groups: new Map(), expanded: new Set(), downSince: null,
   };
 
   class Unauthorized extends Error {}
+  // The host did not answer at all (not running, or the network): said in words, not as the
+  // browser's "Failed to fetch".
+  class HostDown extends Error {}
 
   function el(tag, text, cls) {
     const e = document.createElement(tag);
@@ -43,13 +48,28 @@
     });
   }
 
+  // For what the page refreshes by itself: while the host is down the note at the top says
+  // so once, rather than a toast every few seconds.
+  function quiet(action) {
+    return guard(() => Promise.resolve().then(action).catch((e) => { if (!(e instanceof HostDown)) throw e; }));
+  }
+
   function authHeaders() {
     const token = sessionStorage.getItem(TOKEN_KEY);
     return token ? { Authorization: 'Bearer ' + token } : {};
   }
 
+  async function call(path, options) {
+    try {
+      return await fetch(path, { headers: authHeaders(), cache: 'no-store', ...options });
+    } catch (e) {
+      if (e.name === 'AbortError') throw e;
+      throw new HostDown('The host does not answer: is it running? Try again once it is back.');
+    }
+  }
+
   async function api(path, method = 'GET') {
-    const res = await fetch(path, { method, headers: authHeaders(), cache: 'no-store' });
+    const res = await call(path, { method });
     if (res.status === 401) { needToken('the API asks for a token'); throw new Unauthorized(); }
     const type = res.headers.get('content-type') || '';
     const body = type.includes('json') ? await res.json() : null;
@@ -63,6 +83,7 @@
     if (state.stream) state.stream.abort();
     state.stream = null;
     $('login').hidden = false;
+    link(false, 'needs a token');
     setText($('login-error'), sessionStorage.getItem(TOKEN_KEY) ? 'That token was refused.' : why);
     $('token').focus();
   }
@@ -76,7 +97,7 @@
 
   // /whoami comes with named tokens; a host without it answers 404 and has one token, admin.
   async function whoami() {
-    const res = await fetch('/whoami', { headers: authHeaders(), cache: 'no-store' });
+    const res = await call('/whoami');
     if (res.status === 401) { needToken('the API asks for a token'); return false; }
     if (res.status === 404) { setRole('admin', null); return true; }
     if (!res.ok) throw new Error('whoami: ' + res.status);
@@ -93,16 +114,33 @@
     l.className = 'chip ' + (up ? 'ok' : 'bad');
   }
 
+  // The live figures stopped coming (`why`, or null when they come again): the page says so
+  // and since when, and greys what it shows, which is as of then.
+  function down(why) {
+    if (why === null) {
+      state.downSince = null;
+      $('down').hidden = true;
+      document.body.classList.remove('stale');
+      return;
+    }
+    state.downSince = state.downSince || Date.now();
+    const since = new Date(state.downSince).toLocaleTimeString();
+    setText($('down'), `${why} since ${since}: the figures below are as of then. Retrying…`);
+    $('down').hidden = false;
+    document.body.classList.add('stale');
+  }
+
   async function stream() {
     const control = new AbortController();
     state.stream = control;
     let delay = 1000;
     while (!control.signal.aborted) {
       try {
-        const res = await fetch('/events', { headers: authHeaders(), signal: control.signal, cache: 'no-store' });
+        const res = await call('/events', { signal: control.signal });
         if (res.status === 401) { needToken('the API asks for a token'); return; }
-        if (!res.ok) throw new Error('events: ' + res.status);
+        if (!res.ok) throw new Error(`The host answers ${res.status} to the live figures`);
         link(true);
+        down(null);
         delay = 1000;
         const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
         let buffer = '';
@@ -118,10 +156,16 @@
             from = 0;
           }
         }
+        if (control.signal.aborted) return;
+        // The host closed the stream: it is stopping, or gone.
+        down('The host does not answer');
+        link(false, 'host down');
       } catch (e) {
         if (control.signal.aborted) return;
+        const gone = e instanceof HostDown || e instanceof TypeError;
+        down(gone ? 'The host does not answer' : e.message);
+        link(false, gone ? 'host down' : 'reconnecting');
       }
-      link(false);
       await sleep(delay);
       delay = Math.min(delay * 2, 30000);
     }
@@ -147,6 +191,7 @@
     state.series = new Map(Object.entries(message.history.series));
     state.rows.clear();
     state.trs.clear();
+    state.groups.clear();
     $('queues').tBodies[0].replaceChildren();
     host(message.host);
     // Rows are built off the document, then added at once: one layout for a thousand.
@@ -156,10 +201,14 @@
     applyFilter();
     for (const queue of state.trs.keys()) drawSpark(queue);
     if (state.selected && state.rows.has(state.selected)) drawDetail();
+    const linked = /^#poison\/(.+)$/.exec(location.hash);
+    if (linked) openPoison(decodeURIComponent(linked[1]));
   }
 
   function update(message) {
     if (message.host) host(message.host);
+    // A pause that ended by itself is in the audit log: show it.
+    if (message.queues.some((r) => !r.paused && (state.rows.get(r.queue) || {}).paused)) setTimeout(guard(loadAudit), 500);
     for (const row of message.queues) setRow(row);
     if (state.selected && message.queues.some((r) => r.queue === state.selected)) { detailHeader(); drawDetail(); }
   }
@@ -185,21 +234,30 @@
     else { setText(bus, 'bus ' + (h.bus.connected ? 'connected' : 'down')); bus.className = 'chip ' + (h.bus.connected ? 'ok' : 'bad'); }
     setText($('cost-now'), `${usd(h.cost.usd_per_hour, 4)}/h · ${fmt(h.cost.transactions_per_hour)} tx/h`);
     setText($('cost-month'), `${usd(h.cost.usd_per_month)}/month (idle ${usd(h.cost.idle_usd_per_month)})`);
-    setText($('queue-count'), h.paused ? `${h.queues} (${h.paused} paused)` : h.queues);
+    const parts = h.partitions > h.queues ? ` (${h.partitions} partitions)` : '';
+    setText($('queue-count'), `${h.queues}${parts}` + (h.paused ? `, ${h.paused} paused` : ''));
   }
 
   // --- the queue table ------------------------------------------------------------------
 
   const COLUMNS = ['name', 'depth', 'tasks', 'tput', 'pickup', 'tx', 'usd', 'rule', 'state'];
 
+  function cellsOf(tr) {
+    for (const c of COLUMNS) tr.append(el('td', '', c + (['depth', 'tasks', 'tput', 'pickup', 'tx', 'usd'].includes(c) ? ' n' : '')));
+    tr.cells[0].append(el('span', null, 'qname'), el('span', null, 'troubles'));
+  }
+
   function setRow(row, into) {
+    const was = state.rows.get(row.queue);
     state.rows.set(row.queue, row);
     let tr = state.trs.get(row.queue);
     const created = !tr;
+    const part = row.logical !== row.queue;
     if (!tr) {
-      tr = el('tr');
+      if (part && !state.groups.has(row.logical)) addGroup(row.logical, into);
+      tr = el('tr', null, part ? 'part' : '');
       tr.dataset.queue = row.queue;
-      for (const c of COLUMNS) tr.append(el('td', '', c + (['depth', 'tasks', 'tput', 'pickup', 'tx', 'usd'].includes(c) ? ' n' : '')));
+      cellsOf(tr);
       const spark = el('canvas', null, 'spark');
       spark.width = 160 * devicePixelRatio;
       spark.height = 28 * devicePixelRatio;
@@ -208,10 +266,12 @@
       tr.append(td);
       tr.addEventListener('click', () => select(row.queue));
       state.trs.set(row.queue, tr);
+      if (part) { state.groups.get(row.logical).parts.add(row.queue); tr.hidden = !state.expanded.has(row.logical); }
       (into || $('queues').tBodies[0]).append(tr);
     }
     const cells = tr.cells;
-    setText(cells[0], row.logical === row.queue ? row.queue : `${row.queue} (${row.logical})`);
+    setText(cells[0].firstChild, row.queue);
+    troubles(cells[0].lastChild, row, row.logical);
     setText(cells[1], fmt(row.depth));
     setText(cells[2], `${row.active_tasks} / ${row.target_tasks}`);
     setText(cells[3], fmt(row.throughput_per_sec, 2));
@@ -224,6 +284,80 @@
     setText(cells[8], text);
     cells[8].className = 'state ' + cls;
     if (!(created && into)) drawSpark(row.queue);
+    if (part && (created || JSON.stringify(was) !== JSON.stringify(row))) setGroup(row.logical);
+  }
+
+  // What needs a person, in the row itself: poison (a link to the list), a pause, a rule
+  // quarantined, faulting or not loaded, storage not ready.
+  function troubles(node, row, logical) {
+    const list = [];
+    if (row.poisoned > 0) list.push(['a', `${fmt(row.poisoned)} poisoned`, 'poison']);
+    if (row.paused) list.push(['span', queueState(row)[0], 'paused']);
+    const rule = row.rule;
+    if (rule && rule.quarantined) list.push(['span', 'rule quarantined']);
+    else if (rule && rule.state === 'error') list.push(['span', 'rule error']);
+    else if (rule && rule.faulting) list.push(['span', 'rule faulting']);
+    if (row.not_ready) list.push(['span', 'storage not ready', '', row.not_ready]);
+    const key = JSON.stringify(list);
+    if (node.dataset.key === key) return;
+    node.dataset.key = key;
+    node.replaceChildren(...list.map(([tag, text, cls, title]) => {
+      const t = el(tag, text, 'trouble' + (cls ? ' ' + cls : ''));
+      if (title) t.title = title;
+      if (tag === 'a') {
+        t.href = '#poison/' + encodeURIComponent(logical);
+        t.addEventListener('click', (event) => { event.stopPropagation(); openPoison(logical); });
+      }
+      return t;
+    }));
+  }
+
+  // A partitioned queue's row: its partitions' sums, shown or hidden under it.
+  function addGroup(logical, into) {
+    const tr = el('tr', null, 'group');
+    tr.dataset.logical = logical;
+    cellsOf(tr);
+    tr.cells[0].prepend(el('button', '▸', 'expand'));
+    tr.cells[0].children[0].type = 'button';
+    tr.cells[0].children[0].setAttribute('aria-label', 'show partitions');
+    tr.append(el('td'));
+    tr.addEventListener('click', () => toggle(logical));
+    state.groups.set(logical, { tr, parts: new Set() });
+    (into || $('queues').tBodies[0]).append(tr);
+  }
+
+  function setGroup(logical) {
+    const group = state.groups.get(logical);
+    const rows = [...group.parts].map((q) => state.rows.get(q));
+    const sum = (f) => rows.reduce((n, r) => n + (f(r) || 0), 0);
+    const cells = group.tr.cells;
+    setText(cells[0].children[1], `${logical} · ${rows.length} partitions`);
+    setText(cells[1], fmt(sum((r) => r.depth)));
+    setText(cells[2], `${sum((r) => r.active_tasks)} / ${sum((r) => r.target_tasks)}`);
+    setText(cells[3], fmt(sum((r) => r.throughput_per_sec), 2));
+    const worst = {
+      poisoned: sum((r) => r.poisoned),
+      paused: (rows.find((r) => r.paused) || {}).paused,
+      rule: (rows.find((r) => r.rule && (r.rule.quarantined || r.rule.faulting || r.rule.state === 'error')) || {}).rule,
+      not_ready: (rows.find((r) => r.not_ready) || {}).not_ready,
+    };
+    troubles(cells[0].lastChild, worst, logical);
+  }
+
+  function toggle(logical) {
+    const open = !state.expanded.has(logical);
+    if (open) state.expanded.add(logical); else state.expanded.delete(logical);
+    const group = state.groups.get(logical);
+    setText(group.tr.cells[0].firstChild, open ? '▾' : '▸');
+    applyFilter();
+    for (const q of group.parts) drawSpark(q);
+  }
+
+  function openPoison(logical) {
+    const queue = [...state.rows.values()].find((r) => r.logical === logical);
+    if (!queue) return;
+    select(queue.queue);
+    $('poison').scrollIntoView();
   }
 
   function queueState(row) {
@@ -235,7 +369,18 @@
 
   function applyFilter() {
     const term = $('filter').value.trim().toLowerCase();
-    for (const [queue, tr] of state.trs) tr.hidden = term !== '' && !queue.toLowerCase().includes(term);
+    const matches = (name) => term === '' || name.toLowerCase().includes(term);
+    let shown = 0;
+    for (const [queue, tr] of state.trs) {
+      const logical = state.rows.get(queue).logical;
+      const match = matches(queue) || matches(logical);
+      shown += match;
+      // A partition shows under its open queue, or on its own when a filter names it.
+      tr.hidden = !match || (logical !== queue && term === '' && !state.expanded.has(logical));
+    }
+    for (const [logical, group] of state.groups) group.tr.hidden = ![...group.parts].some((q) => matches(q) || matches(logical));
+    $('filter-empty').hidden = shown > 0;
+    setText($('filter-empty'), shown > 0 ? '' : `No queue matches "${$('filter').value.trim()}".`);
   }
 
   // The kept samples of a queue and, last, its live figures.
@@ -295,7 +440,7 @@
     detailHeader();
     drawDetail();
     clearInterval(state.detailTimer);
-    state.detailTimer = setInterval(guard(loadRule), 5000);
+    state.detailTimer = setInterval(quiet(loadRule), 5000);
     guard(loadRule)();
     guard(loadPoison)();
   }
@@ -388,6 +533,16 @@
         el('td', d.value + (d.clamped ? ' (clamped)' : ''), 'n'), el('td', d.source));
       return tr;
     }));
+    if (!decisions.rows.length) empty(decisions, 'No decision yet.', 10);
+  }
+
+  // One row saying a list is empty.
+  function empty(tbody, text, columns) {
+    const tr = el('tr');
+    const td = el('td', text, 'note');
+    td.colSpan = columns;
+    tr.append(td);
+    tbody.replaceChildren(tr);
   }
 
   // --- pause and resume -----------------------------------------------------------------
@@ -417,7 +572,8 @@
       state.poison = listing.messages;
       setText($('poison-note'), listing.messages.length >= POISON_LIMIT ? `showing the first ${POISON_LIMIT} of ${listing.poison_queue}` : `${listing.messages.length} in ${listing.poison_queue}`);
     } catch (e) {
-      if (e instanceof Unauthorized) throw e;
+      // Down: the list shown stays, greyed, as of then.
+      if (e instanceof Unauthorized || e instanceof HostDown) throw e;
       state.poison = [];
       tbody.replaceChildren();
       setText($('poison-note'), e.message);
@@ -484,18 +640,28 @@
 
   async function loadAudit() {
     const { entries } = await api('/audit?limit=50');
-    $('audit').querySelector('tbody').replaceChildren(...entries.slice().reverse().map((e) => {
+    const tbody = $('audit').querySelector('tbody');
+    tbody.replaceChildren(...entries.slice().reverse().map((e) => {
       const tr = el('tr');
       tr.append(el('td', time(e.at)), el('td', e.actor), el('td', e.action), el('td', e.target), el('td', e.result, e.result.startsWith('failed') ? 'error' : ''));
       return tr;
     }));
+    if (!entries.length) empty(tbody, 'No operator action yet.', 5);
   }
 
   // --- start ----------------------------------------------------------------------------
 
   async function start() {
     $('login').hidden = true;
-    if (!(await whoami())) return;
+    try {
+      if (!(await whoami())) return;
+    } catch (e) {
+      if (!(e instanceof HostDown)) throw e;
+      down('The host does not answer');
+      link(false, 'host down');
+      setTimeout(guard(start), 5000);
+      return;
+    }
     link(false, 'connecting');
     stream();
     await loadAudit();
@@ -531,7 +697,7 @@
     $('purge-confirm').addEventListener('input', () => { $('purge').disabled = $('purge-confirm').value !== logical(); });
     $('purge').classList.add('danger');
     $('purge').addEventListener('click', guard(purge));
-    setInterval(guard(() => (state.stream ? loadAudit() : null)), 15000);
+    setInterval(quiet(() => (state.stream ? loadAudit() : null)), 15000);
   }
 
   wire();

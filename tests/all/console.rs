@@ -774,9 +774,10 @@ async fn the_page_says_in_words_when_the_token_is_wrong_or_the_host_is_down_at_1
         ensure!(opacity.as_f64().is_some_and(|o| o < 1.0), "the stale figures are not greyed: opacity {opacity}");
         // An action tried meanwhile says why it failed in words.
         browser.script("document.getElementById('poison-refresh').click(); return null").await?;
-        browser.until("the toast", "return document.getElementById('toast').textContent !== ''").await?;
-        let toast = browser.text("#toast").await?;
-        ensure!(toast.starts_with("The host does not answer"), "the toast: {toast}");
+        // Read where it is waited for: the toast hides itself after a while.
+        browser
+            .until("the toast saying the host does not answer", "return document.getElementById('toast').textContent.startsWith('The host does not answer')")
+            .await?;
         let page = browser.script("return document.body.innerText").await?;
         ensure!(!page.as_str().unwrap_or_default().contains("Failed to fetch"), "the page says 'Failed to fetch': {page}");
         browser.keep_screenshot("host-down", width).await?;

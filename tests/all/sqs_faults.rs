@@ -1,7 +1,7 @@
 //! A faulty network in front of SQS (moto), as `azure_faults.rs` has in front of Azurite:
 //! the listener, with the host's `Retrying` decorator, sees moto only through the fault
-//! proxy, which answers 503 or drops the connection (before or after forwarding) for a
-//! seeded share of requests. Nothing is lost, nothing is deleted before its handler
+//! proxy, which answers 503, throttles (400 `RequestThrottled` or `ThrottlingException`) or
+//! drops the connection (before or after forwarding) for a seeded share of requests. Nothing is lost, nothing is deleted before its handler
 //! succeeded, and the queue ends empty.
 
 use std::collections::BTreeMap;

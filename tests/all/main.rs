@@ -53,6 +53,7 @@ mod sqs_fifo;
 mod sqs_hosts;
 mod sqs_metering;
 mod sqs_queue;
+mod sqs_record;
 mod sqs_redrive;
 mod sqs_run;
 mod sqs_simulate;

@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::azure_hosts::Storage;
 use crate::binary::{App, EBB, signal, wait_until};
 
-const TOKEN: &str = "r3play";
+pub(crate) const TOKEN: &str = "r3play";
 /// The queue's name: not one another test uses on the shared Azurite.
-const QUEUE: &str = "replayed";
+pub(crate) const QUEUE: &str = "replayed";
 /// How long the app takes per message: the mean of the simulator's default handler time
 /// (`exp:20ms`), which the simulation is run with.
 const APP_TIME: Duration = Duration::from_millis(20);
@@ -19,35 +20,45 @@ const APP_TIME: Duration = Duration::from_millis(20);
 const KINDS: [&str; 7] = ["puts", "gets_with_messages", "gets_empty", "deletes", "updates", "counts", "creates"];
 
 /// A host's folder: its config (the built-in rule, default settings) and data.
-struct Site {
+pub(crate) struct Site {
     dir: tempfile::TempDir,
-    api: std::net::SocketAddr,
+    pub(crate) api: std::net::SocketAddr,
+    /// Environment variables its processes get (the keys its storage's table names).
+    env: Vec<(&'static str, String)>,
 }
 
 impl Site {
-    /// `backend`: extra keys for the queue and extra sections (Azure), or none (embedded).
-    fn new(app: std::net::SocketAddr, azure_connection: Option<&str>) -> Site {
+    /// The queue on `storage` (Azure, SQS), or on the embedded queue with none.
+    pub(crate) fn new(app: std::net::SocketAddr, storage: Option<&Storage>) -> Site {
         let dir = tempfile::tempdir().unwrap();
         let api = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        let (backend, azure) = match azure_connection {
-            Some(connection) => ("backend = \"azure\"\n".to_string(), format!("\n[azure]\nconnection_string = \"{connection}\"\n")),
+        let (backend, table) = match storage {
+            Some(storage) => (format!("backend = \"{}\"\n", storage.backend), format!("\n{}", storage.table)),
             None => (String::new(), String::new()),
         };
         let config = format!(
-            "drain_timeout = \"10s\"\ndata_dir = \"{}\"\n[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n\n[queues.{QUEUE}]\n{backend}handler = {{ url = \"http://{app}/work\" }}\n{azure}",
+            "drain_timeout = \"10s\"\ndata_dir = \"{}\"\n[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n\n[queues.{QUEUE}]\n{backend}handler = {{ url = \"http://{app}/work\" }}\n{table}",
             dir.path().join("data").display()
         );
         std::fs::write(dir.path().join("ebb.toml"), config).unwrap();
-        Site { dir, api }
+        let env = storage.map(|s| s.env.clone()).unwrap_or_default();
+        Site { dir, api, env }
+    }
+
+    /// The binary, with this site's environment.
+    fn command(&self) -> Command {
+        let mut command = Command::new(EBB);
+        command.envs(self.env.iter().map(|(name, value)| (name, value)));
+        command
     }
 
     fn config(&self) -> PathBuf {
         self.dir.path().join("ebb.toml")
     }
 
-    async fn start_host(&self) -> std::process::Child {
+    pub(crate) async fn start_host(&self) -> std::process::Child {
         let log = std::fs::File::create(self.dir.path().join("host.log")).unwrap();
-        let child = Command::new(EBB).arg("run").arg("--config").arg(self.config()).stdout(Stdio::null()).stderr(log).spawn().unwrap();
+        let child = self.command().arg("run").arg("--config").arg(self.config()).stdout(Stdio::null()).stderr(log).spawn().unwrap();
         let url = format!("http://{}/healthz", self.api);
         wait_until("the host's API", || async { reqwest::get(&url).await.is_ok_and(|r| r.status().is_success()) }).await;
         child
@@ -55,7 +66,7 @@ impl Site {
 
     /// `ebb send QUEUE --trace FILE`, started now.
     fn replay(&self, trace: &Path) -> std::process::Child {
-        Command::new(EBB)
+        self.command()
             .args(["send", QUEUE, "--trace"])
             .arg(trace)
             .arg("--config")
@@ -102,11 +113,22 @@ fn ten_minute_trace() -> String {
     text
 }
 
-/// Replays `trace` into a fresh host (embedded, or Azure at `azure_connection`) and returns
-/// its `/status` transactions `run` after the replay started, and what its app handled.
-async fn replay_through_a_host(trace: &Path, azure_connection: Option<String>, run: Duration) -> (Value, usize) {
+/// What a host did with a replayed trace: its `/status` transactions, the messages its app
+/// handled, the arrivals its recording exported, and its site (for `ebb simulate --config`).
+struct Replayed {
+    transactions: Value,
+    /// `/status`'s price of the queue, in US dollars per 10,000 transactions.
+    price: Value,
+    handled: usize,
+    recorded: u64,
+    site: Site,
+}
+
+/// Replays `trace` into a fresh host (on `storage`, or embedded) and returns its `/status`
+/// transactions `run` after the replay started, what its app handled and what it recorded.
+async fn replay_through_a_host(trace: &Path, storage: Option<&Storage>, run: Duration) -> Replayed {
     let (app, app_addr) = App::start(APP_TIME).await;
-    let site = Site::new(app_addr, azure_connection.as_deref());
+    let site = Site::new(app_addr, storage);
     let mut host = site.start_host().await;
     let start = tokio::time::Instant::now();
     let output = wait_for(site.replay(trace)).await;
@@ -117,7 +139,34 @@ async fn replay_through_a_host(trace: &Path, azure_connection: Option<String>, r
     signal(&host, "-TERM");
     assert!(tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap().success());
     let handled = app.seen.lock().unwrap().len();
-    (status["queues"][0]["transactions"].clone(), handled)
+    let recorded = site.exported_arrivals();
+    let queue = &status["queues"][0];
+    Replayed { transactions: queue["transactions"].clone(), price: queue["cost"]["price_per_10k_transactions"].clone(), handled, recorded, site }
+}
+
+impl Site {
+    /// The arrivals `ebb trace export` gives from this host's recording of the last hour.
+    pub(crate) fn exported_arrivals(&self) -> u64 {
+        let file = self.dir.path().join("exported.csv");
+        let output = self.command().args(["trace", "export", QUEUE, "--since", "1h", "-o"]).arg(&file).arg("--config").arg(self.config()).output().unwrap();
+        assert!(output.status.success(), "ebb trace export: {}", String::from_utf8_lossy(&output.stderr));
+        let text = std::fs::read_to_string(&file).unwrap();
+        ebb::simulate::scenario::read_trace(&file).unwrap_or_else(|e| panic!("the exported trace {text:?}: {e:#}")).iter().map(|a| u64::from(a.count)).sum()
+    }
+
+    /// `ebb simulate --config` on this site's queue and `trace` for 600 s: its report.
+    fn simulate(&self, trace: &Path) -> Value {
+        let output = self
+            .command()
+            .args(["simulate", "--trace", trace.to_str().unwrap(), "--duration", "600s", "--notify", "--json", "--queue", QUEUE, "--config"])
+            .arg(self.config())
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let simulated: Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(simulated["handler_time"], "exp:20ms", "the default handler-time model");
+        simulated
+    }
 }
 
 /// Issue 19, item 5: the same 10-minute trace through the real binary (on the embedded queue
@@ -128,36 +177,36 @@ async fn replay_through_a_host(trace: &Path, azure_connection: Option<String>, r
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ten_minute_trace_replayed_into_the_binary_bills_what_the_simulator_says_on_both_backends() {
     let azurite = ebb_tests::azurite::Azurite::shared();
+    let azure = Storage { backend: "azure", table: format!("[azure]\nconnection_string = \"{}\"\n", azurite.connection_string()), env: Vec::new() };
+    a_ten_minute_trace_replayed_bills_what_the_simulator_says(&[("embedded", None, "azure"), ("azurite", Some(&azure), "azure")]).await;
+}
+
+/// The body of the test above, on each of `backends` (a name, its storage or none for the
+/// embedded queue, and the backend `ebb simulate` should model) at once: every message
+/// handled and recorded once, and every billed kind within 10 % (or one call) of `ebb
+/// simulate --config` on that host's own configuration, at the price the host shows.
+pub(crate) async fn a_ten_minute_trace_replayed_bills_what_the_simulator_says(backends: &[(&str, Option<&Storage>, &str)]) {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("ten-minutes.csv");
     std::fs::write(&trace, ten_minute_trace()).unwrap();
     let messages = ebb::simulate::scenario::read_trace(&trace).unwrap().iter().map(|a| a.count as usize).sum::<usize>();
     let run = Duration::from_secs(600);
-    let ((embedded, embedded_handled), (azure, azure_handled)) =
-        tokio::join!(replay_through_a_host(&trace, None, run), replay_through_a_host(&trace, Some(azurite.connection_string()), run));
-    assert_eq!((embedded_handled, azure_handled), (messages, messages), "every message handled");
+    let replayed = futures::future::join_all(backends.iter().map(|(_, storage, _)| replay_through_a_host(&trace, *storage, run))).await;
 
-    // The embedded host's configuration: the Azure one differs only in its backend.
-    let configured = Site::new(std::net::SocketAddr::from(([127, 0, 0, 1], 9)), None);
-    let output = Command::new(EBB)
-        .args(["simulate", "--trace", trace.to_str().unwrap(), "--duration", "600s", "--notify", "--json", "--queue", QUEUE, "--config"])
-        .arg(configured.config())
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let simulated: Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(simulated["handler_time"], "exp:20ms", "the default handler-time model");
-    let rule = &simulated["rules"][0];
-    assert_eq!(rule["handled"].as_u64(), Some(messages as u64));
-    let simulated = &rule["transactions"];
-
-    let mut report = format!("{messages} messages over 10 minutes: kind, simulated, embedded, azurite\n");
+    let mut report = format!("{messages} messages over 10 minutes: backend, kind, simulated, real\n");
     let mut apart = Vec::new();
-    for kind in KINDS {
-        let sim = simulated[kind].as_u64().unwrap();
-        report.push_str(&format!("{kind}: {sim}, {}, {}\n", embedded[kind], azure[kind]));
-        for (backend, real) in [("embedded", &embedded), ("azurite", &azure)] {
-            let real = real[kind].as_u64().unwrap();
+    for ((backend, _, modelled), replayed) in backends.iter().zip(&replayed) {
+        assert_eq!(replayed.handled, messages, "every message handled on {backend}");
+        assert_eq!(replayed.recorded, messages as u64, "every arrival recorded once on {backend}");
+        let simulated = replayed.site.simulate(&trace);
+        assert_eq!(simulated["backend"], *modelled, "the backend simulated for {backend}");
+        assert_eq!(simulated["price_per_10k_transactions"], replayed.price, "the price simulated for {backend} is the host's");
+        let rule = &simulated["rules"][0];
+        assert_eq!(rule["handled"].as_u64(), Some(messages as u64));
+        for kind in KINDS {
+            let sim = rule["transactions"][kind].as_u64().unwrap();
+            let real = replayed.transactions[kind].as_u64().unwrap();
+            report.push_str(&format!("{backend}, {kind}: {sim}, {real}\n"));
             // Within 10 %, or one call for the kinds made a few times (counts: 3).
             if real.abs_diff(sim) as f64 > (sim as f64 * 0.10).max(1.0) {
                 apart.push(format!("{kind} on {backend}: {real} against {sim} simulated"));

@@ -1,7 +1,7 @@
 //! A faulty network in front of SQS (moto), as `azure_faults.rs` has in front of Azurite:
 //! the listener, with the host's `Retrying` decorator, sees moto only through the fault
-//! proxy, which answers 503 or drops the connection (before or after forwarding) for a
-//! seeded share of requests. Nothing is lost, nothing is deleted before its handler
+//! proxy, which answers 503, throttles (400 `RequestThrottled` or `ThrottlingException`) or
+//! drops the connection (before or after forwarding) for a seeded share of requests. Nothing is lost, nothing is deleted before its handler
 //! succeeded, and the queue ends empty.
 
 use std::collections::BTreeMap;
@@ -153,4 +153,59 @@ async fn the_sqs_failures_the_host_counts_are_the_ones_the_proxy_made() -> anyho
     assert_eq!(counted(FailureClass::Connection), counts.dropped_before + counts.dropped_after, "a dropped connection is a connection failure");
     assert!(queue.gave_up.is_empty() && poison.gave_up.is_empty(), "{queue:?}");
     Ok(())
+}
+
+/// Issue 37, bad input: SQS throttles with 400 `RequestThrottled` or `ThrottlingException`
+/// (the proxy answers a quarter of requests so, in the JSON protocol's exact shape, and 5 %
+/// with 503). Each throttled call is retried after the policy's jittered back-off (the first
+/// retry of a call 0.5 to 1.5 times the base delay after it, spread, not one fixed delay),
+/// counted as throttling, none given up; nothing lost, and the queue ends empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn throttled_sqs_calls_are_retried_with_jitter_counted_as_throttling_and_nothing_is_lost() -> anyhow::Result<()> {
+    let moto = Moto::shared();
+    let mix = FaultMix { server_busy: 0.05, drop_before: 0.0, drop_after: 0.0 };
+    let proxy = FaultProxy::start_with_mix(moto.port(), mix, 39).await;
+    proxy.set_throttling(0.25);
+    let base = Duration::from_millis(100);
+    let policy = RetryPolicy { max_attempts: 10, base_delay: base, max_delay: Duration::from_secs(1) };
+    let run = deliver_all_through(moto, &proxy, policy, 39).await?;
+    assert_nothing_lost(&run).await?;
+
+    let counts = proxy.counts();
+    let (queue, poison) = (run.queue.call_record().snapshot(), run.poison.call_record().snapshot());
+    eprintln!("proxy {counts:?}; host: queue {queue:?}, poison {poison:?}");
+    assert!(counts.throttled > 20 && counts.server_busy > 0, "{counts:?}");
+    let counted = |class: FailureClass| -> u64 { [&queue, &poison].iter().flat_map(|s| &s.failures).filter(|f| f.class == class).map(|f| f.count).sum() };
+    assert_eq!(counted(FailureClass::Throttled), counts.throttled + counts.server_busy, "a throttled call is counted as throttling");
+    assert_eq!(queue.failed_attempts() + poison.failed_attempts(), counts.faults(), "each throttled request is one failed attempt");
+    assert_eq!(queue.total_retries() + poison.total_retries(), counts.faults(), "each failed attempt is retried");
+    assert!(queue.gave_up.is_empty() && poison.gave_up.is_empty(), "no call given up: {queue:?}");
+
+    let gaps = first_retry_gaps(&proxy.sqs_arrivals());
+    eprintln!("first retries after a throttled call, ms: {:?}", gaps.iter().map(Duration::as_millis).collect::<Vec<_>>());
+    assert!(gaps.len() >= 5, "throttled calls of their own body: {gaps:?}");
+    let (least, most) = (*gaps.iter().min().unwrap(), *gaps.iter().max().unwrap());
+    assert!(least >= base / 2, "no retry before half the base delay: {least:?}");
+    assert!(most - least >= base * 3 / 10, "the retries' delays are spread by jitter: {least:?} to {most:?}");
+    Ok(())
+}
+
+/// For each throttled first attempt of a call whose body no other call sends (a delete or
+/// visibility change names its receipt handles; a receive's body is every task's), the time
+/// to the same request again: its first retry.
+fn first_retry_gaps(arrivals: &[ebb_tests::fault_proxy::SqsArrival]) -> Vec<Duration> {
+    let own_body = |operation: &str| operation != "ReceiveMessage" && operation != "GetQueueAttributes";
+    let mut gaps = Vec::new();
+    for (i, arrival) in arrivals.iter().enumerate() {
+        let same = |other: &&ebb_tests::fault_proxy::SqsArrival| other.operation == arrival.operation && other.body == arrival.body;
+        let first_attempt = !arrivals[..i].iter().any(|earlier| same(&earlier));
+        if arrival.throttled
+            && own_body(&arrival.operation)
+            && first_attempt
+            && let Some(retry) = arrivals[i + 1..].iter().find(same)
+        {
+            gaps.push(retry.at - arrival.at);
+        }
+    }
+    gaps
 }

@@ -105,43 +105,114 @@ async fn a_send_without_a_group_or_a_needed_dedup_id_is_refused_naming_the_param
     Ok(())
 }
 
+/// A host's config for ebb queue `queue` on FIFO queue `<queue>.fifo` of `moto` (created
+/// here), handled by `handler`, its keys in the environment variables [`FIFO_ENV`] gives:
+/// the config's path (in `dir`), and its API's address.
+fn fifo_config(moto: &Moto, dir: &std::path::Path, queue: &str, handler: &str) -> anyhow::Result<(std::path::PathBuf, std::net::SocketAddr)> {
+    // An ebb queue's name has no dot: a FIFO queue is named by its URL.
+    let fifo_name = format!("{queue}.fifo");
+    create_fifo(moto, &fifo_name, false);
+    let url = moto.boto3("print(sqs.get_queue_url(QueueName=sys.argv[1])['QueueUrl'])", &[&fifo_name]).trim().to_string();
+    let api = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let config = format!(
+        "drain_timeout = \"5s\"\ndata_dir = \"{}\"\n[api]\nlisten = \"{api}\"\n[aws]\nregion = \"{REGION}\"\nendpoint = \"{}\"\naccess_key_id_env = \"EBB_TEST_SQS_KEY_ID\"\nsecret_access_key_env = \"EBB_TEST_SQS_SECRET\"\n\n\
+         [queues.{queue}]\nbackend = \"sqs\"\nhandler = {{ url = \"{handler}\" }}\nsqs = {{ queue_url = \"{url}\" }}\n",
+        dir.join("data").display(),
+        moto.endpoint()
+    );
+    let path = dir.join("ebb.toml");
+    std::fs::write(&path, config)?;
+    Ok((path, api))
+}
+
+/// The environment variables [`fifo_config`]'s config reads its keys from.
+const FIFO_ENV: [(&str, &str); 2] = [("EBB_TEST_SQS_KEY_ID", "testing"), ("EBB_TEST_SQS_SECRET", "testing")];
+
+/// `ebb send queue ARGS` on the config at `path`.
+fn ebb_send(path: &std::path::Path, queue: &str, args: &[&str]) -> std::io::Result<std::process::Output> {
+    std::process::Command::new(EBB).args(["send", queue]).args(args).arg("--config").arg(path).envs(FIFO_ENV).output()
+}
+
 /// `ebb send --group` with no host running (straight to moto): boto3 receives the group and
 /// the deduplication id; without `--group` the send is refused naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ebb_send_with_group_reaches_boto3_with_its_group_and_dedup_id() -> anyhow::Result<()> {
     let moto = Moto::shared();
-    // An ebb queue's name has no dot: a FIFO queue is named by its URL.
     let queue = unique_queue_name("cli");
-    let fifo_name = format!("{queue}.fifo");
-    create_fifo(moto, &fifo_name, false);
-    let url = moto.boto3("print(sqs.get_queue_url(QueueName=sys.argv[1])['QueueUrl'])", &[&fifo_name]).trim().to_string();
     let dir = tempfile::tempdir()?;
-    let api = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    let config = format!(
-        "[api]\nlisten = \"{api}\"\n[aws]\nregion = \"{REGION}\"\nendpoint = \"{}\"\naccess_key_id_env = \"EBB_TEST_SQS_KEY_ID\"\nsecret_access_key_env = \"EBB_TEST_SQS_SECRET\"\n\n\
-         [queues.{queue}]\nbackend = \"sqs\"\nhandler = {{ url = \"http://127.0.0.1:9/\" }}\nsqs = {{ queue_url = \"{url}\" }}\n",
-        moto.endpoint()
-    );
-    let path = dir.path().join("ebb.toml");
-    std::fs::write(&path, config)?;
-    let ebb_send = |args: &[&str]| {
-        std::process::Command::new(EBB)
-            .args(["send", &queue])
-            .args(args)
-            .arg("--config")
-            .arg(&path)
-            .envs([("EBB_TEST_SQS_KEY_ID", "testing"), ("EBB_TEST_SQS_SECRET", "testing")])
-            .output()
-    };
-    let refused = ebb_send(&["no group"])?;
+    let (path, _) = fifo_config(moto, dir.path(), &queue, "http://127.0.0.1:9/")?;
+    let refused = ebb_send(&path, &queue, &["no group"])?;
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success() && stderr.contains("--group"), "refused naming --group: {stderr}");
-    let sent = ebb_send(&["hello", "--group", "customer-7", "--dedup-id", "order-42"])?;
+    let sent = ebb_send(&path, &queue, &["hello", "--group", "customer-7", "--dedup-id", "order-42"])?;
     assert!(sent.status.success(), "{}", String::from_utf8_lossy(&sent.stderr));
     let script = "url = sqs.get_queue_url(QueueName=sys.argv[1])['QueueUrl']\n\
                   m = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, MessageSystemAttributeNames=['All'])['Messages']\n\
                   print(len(m), m[0]['Body'], m[0]['Attributes']['MessageGroupId'], m[0]['Attributes']['MessageDeduplicationId'])";
-    assert_eq!(moto.boto3(script, &[&fifo_name]).trim(), "1 hello customer-7 order-42");
+    assert_eq!(moto.boto3(script, &[&format!("{queue}.fifo")]).trim(), "1 hello customer-7 order-42");
+    Ok(())
+}
+
+/// Group and deduplication ids SQS would refuse: empty, 129 characters, and characters
+/// outside its set (printable ASCII without the space): a space, a tab, a newline, DEL, `é`.
+fn hostile_ids() -> Vec<String> {
+    ["", "a b", "tab\there", "line\n", "del\u{7f}", "caf\u{e9}"].iter().map(|s| s.to_string()).chain(["a".repeat(129)]).collect()
+}
+
+/// The messages FIFO queue `<queue>.fifo` holds, visible or not.
+fn held(moto: &Moto, queue: &str) -> u64 {
+    let script = "url = sqs.get_queue_url(QueueName=sys.argv[1])['QueueUrl']\n\
+                  a = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=['All'])['Attributes']\n\
+                  print(int(a['ApproximateNumberOfMessages']) + int(a['ApproximateNumberOfMessagesNotVisible']))";
+    moto.boto3(script, &[&format!("{queue}.fifo")]).trim().parse().unwrap()
+}
+
+/// Issue 37, bad input: a hostile `--group` or `--dedup-id` (with no host: straight to
+/// moto), or `?group=` / `?dedup_id=` (the API of a running host), is refused with an error
+/// naming the parameter, and nothing is sent; a good send then goes through both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_fifo_group_and_dedup_ids_are_refused_naming_the_parameter_and_nothing_is_sent() -> anyhow::Result<()> {
+    let moto = Moto::shared();
+    let queue = unique_queue_name("hostile");
+    let dir = tempfile::tempdir()?;
+    let (app, app_addr) = crate::binary::App::start(Duration::ZERO).await;
+    let (path, api) = fifo_config(moto, dir.path(), &queue, &format!("http://{app_addr}/work"))?;
+
+    for hostile in hostile_ids() {
+        for (args, named) in [(["--group", &hostile, "--dedup-id", "d"], "group"), (["--group", "g", "--dedup-id", &hostile], "dedup_id")] {
+            let output = ebb_send(&path, &queue, &[&["body"][..], &args[..]].concat())?;
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(!output.status.success(), "{args:?} was sent");
+            assert!(stderr.contains(&format!("{named}: 1 to 128 of the printable ASCII characters")), "{args:?}: {stderr}");
+        }
+    }
+    assert_eq!(held(moto, &queue), 0, "nothing sent without a host");
+    let sent = ebb_send(&path, &queue, &["offline", "--group", "g", "--dedup-id", "a!~\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}"])?;
+    assert!(sent.status.success(), "every character of SQS's set is taken: {}", String::from_utf8_lossy(&sent.stderr));
+
+    let log = std::fs::File::create(dir.path().join("host.log"))?;
+    let mut host =
+        std::process::Command::new(EBB).arg("run").arg("--config").arg(&path).envs(FIFO_ENV).stdout(std::process::Stdio::null()).stderr(log).spawn()?;
+    crate::binary::wait_until("the offline send handled", || async { app.seen.lock().unwrap().len() == 1 }).await;
+    let http = reqwest::Client::new();
+    let url = format!("http://{api}/queues/{queue}/messages");
+    for hostile in hostile_ids() {
+        for (query, named) in [([("group", hostile.as_str()), ("dedup_id", "d")], "group"), ([("group", "g"), ("dedup_id", hostile.as_str())], "dedup_id")] {
+            let answer = http.post(&url).query(&query).body("api").send().await?;
+            let status = answer.status();
+            let text = answer.text().await?;
+            assert_eq!(status, reqwest::StatusCode::BAD_REQUEST, "{query:?}: {text}");
+            assert!(text.contains(&format!("{named}: 1 to 128 of the printable ASCII characters")), "{query:?}: {text}");
+        }
+    }
+    let answer = http.post(&url).query(&[("group", "g"), ("dedup_id", "good")]).body("through the API").send().await?;
+    assert!(answer.status().is_success(), "{}", answer.text().await?);
+    crate::binary::wait_until("the API's send handled", || async { app.seen.lock().unwrap().len() == 2 }).await;
+    crate::binary::signal(&host, "-TERM");
+    assert!(tokio::task::spawn_blocking(move || host.wait()).await??.success());
+    let bodies: Vec<String> = app.seen.lock().unwrap().iter().map(|(_, body)| body.clone()).collect();
+    assert_eq!(bodies, ["offline", "through the API"], "only the good sends were sent");
+    assert_eq!(held(moto, &queue), 0);
     Ok(())
 }
 

@@ -9,7 +9,8 @@
 //! It speaks just enough HTTP for the Azure SDK's requests: a head, then a body of
 //! `Content-Length` bytes; responses go back with a `Content-Length`. It serves the AWS SDK's
 //! SQS requests too (JSON, the operation in `X-Amz-Target`), in front of moto: its 503 then
-//! comes in SQS's form.
+//! comes in SQS's form, and it can throttle a seeded share of them as SQS does
+//! ([`FaultProxy::set_throttling`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,6 +25,8 @@ pub struct FaultCounts {
     pub forwarded: u64,
     /// Requests answered `503 ServerBusy` without forwarding.
     pub server_busy: u64,
+    /// SQS requests answered with SQS's throttling error without forwarding.
+    pub throttled: u64,
     /// Connections closed before the request was forwarded.
     pub dropped_before: u64,
     /// Requests forwarded, then the connection closed without the answer.
@@ -38,7 +41,7 @@ pub struct FaultCounts {
 impl FaultCounts {
     /// Requests that met a fault.
     pub fn faults(&self) -> u64 {
-        self.server_busy + self.dropped_before + self.dropped_after
+        self.server_busy + self.throttled + self.dropped_before + self.dropped_after
     }
 }
 
@@ -46,6 +49,7 @@ impl FaultCounts {
 struct Counters {
     forwarded: AtomicU64,
     server_busy: AtomicU64,
+    throttled: AtomicU64,
     dropped_before: AtomicU64,
     dropped_after: AtomicU64,
     dropped_get_answers: AtomicU64,
@@ -85,6 +89,24 @@ struct Shared {
     down: std::sync::atomic::AtomicBool,
     /// A refused credential: every request is answered 403 AuthenticationFailed.
     refusing: std::sync::atomic::AtomicBool,
+    /// The share (0..=1) of SQS requests throttled, as `f64` bits; drawn before the mix.
+    throttling: AtomicU64,
+    /// Every SQS request as it arrived: when, its operation and body, and whether it was
+    /// throttled.
+    sqs_arrivals: Mutex<Vec<SqsArrival>>,
+}
+
+/// An SQS request as the proxy received it.
+#[derive(Debug, Clone)]
+pub struct SqsArrival {
+    /// When it arrived.
+    pub at: std::time::Instant,
+    /// Its operation (`X-Amz-Target` without `AmazonSQS.`).
+    pub operation: String,
+    /// Its JSON body.
+    pub body: String,
+    /// Whether the proxy answered it with a throttling error.
+    pub throttled: bool,
 }
 
 /// The proxy; it stops when dropped.
@@ -98,6 +120,7 @@ enum Fate {
     Refuse,
     Forward,
     Busy,
+    Throttle,
     DropBefore,
     DropAfter,
 }
@@ -125,6 +148,8 @@ impl FaultProxy {
             sqs_log: Mutex::default(),
             down: std::sync::atomic::AtomicBool::new(false),
             refusing: std::sync::atomic::AtomicBool::new(false),
+            throttling: AtomicU64::new(0f64.to_bits()),
+            sqs_arrivals: Mutex::default(),
         });
         let accepting = shared.clone();
         let task = tokio::spawn(async move {
@@ -145,6 +170,19 @@ impl FaultProxy {
     /// `403 AuthenticationFailed` without reaching the service, as Azure answers an expired SAS.
     pub fn set_refusing(&self, refusing: bool) {
         self.shared.refusing.store(refusing, Ordering::Relaxed);
+    }
+
+    /// From now on, answers a seeded share (0..=1) of SQS requests with SQS's throttling
+    /// error, without forwarding them: HTTP 400 in the AWS JSON 1.0 protocol's shape with the
+    /// query-compatible code header, as `RequestThrottled` and `ThrottlingException` in turn.
+    /// The share is drawn before the [`FaultMix`]'s, which the rest of the requests meet.
+    pub fn set_throttling(&self, share: f64) {
+        self.shared.throttling.store(share.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Every SQS request as it arrived, in order.
+    pub fn sqs_arrivals(&self) -> Vec<SqsArrival> {
+        self.shared.sqs_arrivals.lock().unwrap().clone()
     }
 
     /// The port it listens on.
@@ -187,6 +225,7 @@ impl FaultProxy {
         FaultCounts {
             forwarded: load(&c.forwarded),
             server_busy: load(&c.server_busy),
+            throttled: load(&c.throttled),
             dropped_before: load(&c.dropped_before),
             dropped_after: load(&c.dropped_after),
             dropped_get_answers: load(&c.dropped_get_answers),
@@ -249,10 +288,15 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream) {
             let mut rng = shared.rng.lock().unwrap();
             let roll = rng.f64();
             let FaultMix { server_busy, drop_before, drop_after } = shared.mix;
+            // Only SQS requests are throttled; with no throttling the mix is drawn as before.
+            let throttling = if sqs_operation(&request).is_some() { f64::from_bits(shared.throttling.load(Ordering::Relaxed)) } else { 0.0 };
+            let (throttle, roll) = (roll < throttling, (roll - throttling).max(0.0));
             if shared.down.load(Ordering::Relaxed) {
                 Fate::DropBefore
             } else if shared.refusing.load(Ordering::Relaxed) {
                 Fate::Refuse
+            } else if throttle {
+                Fate::Throttle
             } else if roll < server_busy {
                 Fate::Busy
             } else if roll < server_busy + drop_before {
@@ -264,6 +308,15 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream) {
             }
         };
         let counters = &shared.counters;
+        if let Some(operation) = sqs_operation(&request) {
+            let arrival = SqsArrival {
+                at: std::time::Instant::now(),
+                operation: operation.to_string(),
+                body: String::from_utf8_lossy(&request.body).into_owned(),
+                throttled: matches!(fate, Fate::Throttle),
+            };
+            shared.sqs_arrivals.lock().unwrap().push(arrival);
+        }
         match fate {
             Fate::Refuse => {
                 let body = "\u{feff}<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>AuthenticationFailed</Code><Message>Server failed to authenticate the request (fault proxy).</Message><AuthenticationErrorDetail>Signed expiry time must be after the current time</AuthenticationErrorDetail></Error>";
@@ -283,6 +336,12 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream) {
                     body.len()
                 );
                 if stream.write_all(response.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+            Fate::Throttle => {
+                let nth = counters.throttled.fetch_add(1, Ordering::Relaxed);
+                if stream.write_all(throttled_answer(nth).as_bytes()).await.is_err() {
                     return;
                 }
             }
@@ -325,6 +384,22 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream) {
             }
         }
     }
+}
+
+/// SQS's answer to a throttled request in the AWS JSON 1.0 protocol the AWS SDK speaks to
+/// it: 400, the error's shape id in `__type`, and (SQS being query-compatible) the legacy
+/// code and fault in `x-amzn-query-error`, which the SDK takes as the error code. SQS's own
+/// `RequestThrottled` and AWS's common `ThrottlingException` in turn (`nth` throttled so far).
+fn throttled_answer(nth: u64) -> String {
+    let (shape, code) = match nth % 2 {
+        0 => ("com.amazonaws.sqs#RequestThrottled", "RequestThrottled"),
+        _ => ("com.amazon.coral.availability#ThrottlingException", "ThrottlingException"),
+    };
+    let body = format!(r#"{{"__type":"{shape}","message":"Rate exceeded (fault proxy)."}}"#);
+    format!(
+        "HTTP/1.1 400 Bad Request\r\nContent-Type: application/x-amz-json-1.0\r\nx-amzn-query-error: {code};Sender\r\nx-amzn-RequestId: fault-proxy-{nth}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
 }
 
 /// The SQS operation an AWS SDK request calls (`X-Amz-Target: AmazonSQS.<operation>`).

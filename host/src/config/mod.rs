@@ -23,7 +23,7 @@ mod checks;
 mod file;
 mod log;
 mod queue;
-pub(crate) use queue::sqs_polling_intervals;
+pub(crate) use queue::{sqs_pickup_delay, sqs_polling_intervals};
 mod serde_defaults;
 mod settings;
 mod validate;

@@ -147,15 +147,17 @@ impl RuleChoice {
     }
 
     /// The settings on `backend`: on SQS, as the config reads an SQS queue's defaults, a get
-    /// asks for at most 10 and every idle delay is a whole long poll, 20 s
-    /// ([`crate::config::sqs_polling_intervals`]).
+    /// asks for at most 10, every idle delay is a whole long poll, 20 s
+    /// ([`crate::config::sqs_polling_intervals`]), and a pickup waits 800 ms
+    /// ([`crate::config::sqs_pickup_delay`]).
     pub fn settings_on(&self, backend: super::SimBackend) -> QueueSettings {
         let settings = self.settings();
         if !backend.is_sqs() {
             return settings;
         }
         let (min_polling_interval, max_polling_interval) = crate::config::sqs_polling_intervals(settings.min_polling_interval, settings.max_polling_interval);
-        QueueSettings { batch_size: settings.batch_size.min(backend.get_batch()), min_polling_interval, max_polling_interval, ..settings }
+        let max_pickup_delay = crate::config::sqs_pickup_delay(settings.max_pickup_delay);
+        QueueSettings { batch_size: settings.batch_size.min(backend.get_batch()), min_polling_interval, max_polling_interval, max_pickup_delay, ..settings }
     }
 
     /// What decides: the baseline written in Rust, the rule component's slot in `rule_set`

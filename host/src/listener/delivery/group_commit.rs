@@ -5,13 +5,16 @@
 //! first of them leads the next call with the others. A full batch waiting does not wait for
 //! that answer: its first call leads a call of its own at once, so calls go side by side as
 //! long as each carries a full batch (at load, deletes keep pace with as many receives in
-//! flight as the listener's tasks). Nothing waits on a timer, a batch of
-//! messages handled side by side goes in one request (at most the backend's batch limit),
-//! and each leader makes one (no message carries the others' for long).
+//! flight as the listener's tasks). A batch of messages handled side by side goes in one
+//! request (at most the backend's batch limit), and each leader makes one (no message carries
+//! the others' for long). A leader may *linger* (`run`'s `linger`): a short batch then waits
+//! up to that long for others to fill it, and goes at once when it fills, when a caller that
+//! does not linger joins, or when `flush` is cancelled (shutdown).
 
 use std::sync::Mutex;
 
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use crate::queue::QueueError;
 
@@ -33,6 +36,8 @@ struct Waiting<E, R> {
 /// one is in flight.
 pub(in crate::listener) struct GroupCommit<E, R> {
     pending: Mutex<Pending<E, R>>,
+    /// Tells lingering leaders to send now (their batch filled, or a caller will not wait).
+    send_now: Notify,
 }
 
 struct Pending<E, R> {
@@ -59,7 +64,7 @@ impl<E, R> Pending<E, R> {
 
 impl<E, R> Default for GroupCommit<E, R> {
     fn default() -> Self {
-        GroupCommit { pending: Mutex::new(Pending { waiting: Vec::new(), in_flight: 0, gathering: 0 }) }
+        GroupCommit { pending: Mutex::new(Pending { waiting: Vec::new(), in_flight: 0, gathering: 0 }), send_now: Notify::new() }
     }
 }
 
@@ -94,13 +99,15 @@ impl<E, R> GroupCommit<E, R> {
     }
 
     /// `entry`'s result, sent with the others that fall due meanwhile in one `send` of at
-    /// most `limit` entries (`send` gives one result per entry, in order). `what` names the
-    /// entry in an error.
-    pub(in crate::listener) async fn run<F, Fut>(&self, entry: E, limit: usize, what: &str, send: F) -> Result<R, QueueError>
+    /// most `limit` entries (`send` gives one result per entry, in order). Leading a short
+    /// batch, it waits up to `linger` for others to fill it (not once `flush` is cancelled).
+    /// `what` names the entry in an error.
+    pub(in crate::listener) async fn run<F, Fut>(&self, entry: E, batching: Batching<'_>, what: &str, send: F) -> Result<R, QueueError>
     where
         F: FnOnce(Vec<E>) -> Fut,
         Fut: Future<Output = Vec<Result<R, QueueError>>>,
     {
+        let limit = batching.limit;
         let (turn, told) = oneshot::channel();
         let mut entry = Some(entry);
         {
@@ -108,6 +115,11 @@ impl<E, R> GroupCommit<E, R> {
             if pending.in_flight > 0 {
                 pending.waiting.push(Waiting { entry: entry.take().expect("not yet given"), turn });
                 pending.lead_full_batches(limit);
+                // A leader lingering for this batch sends once it is full, or at once for
+                // a caller that would not have waited.
+                if batching.linger.is_zero() || pending.waiting.len() + 1 >= limit {
+                    self.send_now.notify_waiters();
+                }
             } else {
                 pending.in_flight = 1;
                 pending.gathering = 1;
@@ -121,19 +133,43 @@ impl<E, R> GroupCommit<E, R> {
                 Err(_) => return Err(QueueError::Transient(anyhow::anyhow!("{what}: the batch call ended without its result"))),
             },
         };
-        self.lead(entry, limit, what, send).await
+        self.lead(entry, batching, what, send).await
+    }
+
+    /// Waits up to `batching.linger` while fewer than a full batch wait with this leader.
+    async fn linger(&self, batching: &Batching<'_>) {
+        if batching.linger.is_zero() || batching.flush.is_cancelled() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + batching.linger;
+        loop {
+            // Registered before looking, so a join between the look and the wait is not missed.
+            let told = self.send_now.notified();
+            tokio::pin!(told);
+            told.as_mut().enable();
+            if self.pending().waiting.len() + 1 >= batching.limit {
+                return;
+            }
+            tokio::select! {
+                _ = told => {}
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = batching.flush.cancelled() => return,
+            }
+        }
     }
 
     /// Sends `entry` and up to `limit - 1` waiting entries in one call, and tells each its result.
-    async fn lead<F, Fut>(&self, entry: E, limit: usize, what: &str, send: F) -> Result<R, QueueError>
+    async fn lead<F, Fut>(&self, entry: E, batching: Batching<'_>, what: &str, send: F) -> Result<R, QueueError>
     where
         F: FnOnce(Vec<E>) -> Fut,
         Fut: Future<Output = Vec<Result<R, QueueError>>>,
     {
+        let limit = batching.limit;
         let mut leading = Leading { commit: self, limit, gathering: true };
         // Messages handled side by side fall due in one poll of their batch: let the others
         // of it join before sending.
         tokio::task::yield_now().await;
+        self.linger(&batching).await;
         // One request's worth: the rest wait for the next leader.
         let others: Vec<Waiting<E, R>> = {
             let mut pending = self.pending();
@@ -161,6 +197,14 @@ impl<E, R> GroupCommit<E, R> {
         drop(leading);
         own
     }
+}
+
+/// How a call's entry may go: at most `limit` in one request, its leader waiting up to
+/// `linger` for a short batch to fill unless `flush` is cancelled.
+pub(in crate::listener) struct Batching<'a> {
+    pub(in crate::listener) limit: usize,
+    pub(in crate::listener) linger: std::time::Duration,
+    pub(in crate::listener) flush: &'a CancellationToken,
 }
 
 /// Hands the lead on however the leader ends, so no waiting call is stranded.

@@ -90,7 +90,8 @@ impl Shared {
         }
         let what = format!("lease renewal of message {id}");
         let entry = (id.clone(), receipt.clone());
-        self.delivery.renewals.run(entry, limit, &what, |batch| async move { self.queue.update_visibility_batch(&batch, duration).await }).await
+        let batching = super::group_commit::Batching { limit, linger: Duration::ZERO, flush: &self.stopping };
+        self.delivery.renewals.run(entry, batching, &what, |batch| async move { self.queue.update_visibility_batch(&batch, duration).await }).await
     }
 
     /// When the get was slow and most of the lease went by before the message arrived,

@@ -252,7 +252,8 @@ impl Shared {
     }
 
     /// A handled message: its answer put on the reply queue (retried, or poisoned when it
-    /// can never be put), then the message deleted. True when it was deleted.
+    /// can never be put), then the message deleted. True when it was deleted (or its delete
+    /// lingers in the background, where nothing waits on it: see `deletes_linger`).
     async fn settle_handled(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, reply: Option<bytes::Bytes>, latency: Duration) -> bool {
         if let Some(reply) = reply
             && let Err(refusal) = self.put_reply(message, None, &reply).await
@@ -272,6 +273,11 @@ impl Shared {
                 }
             }
             return false;
+        }
+        if self.deletes_linger() {
+            // Nothing waits on this delete: it may wait for the next ones to share a batch.
+            self.delete_handled_later(&message.id, receipt, latency);
+            return true;
         }
         // Counted once the delete has returned: `processed` means handled and deleted.
         let deleted = self.delete_settled(&message.id, receipt).await;

@@ -12,6 +12,11 @@
 //! A task is *getting* from sending a get until it answers, and *resting* while it sleeps in
 //! its back-off; the counts and the claim share one lock with the notifications, so none is
 //! lost between a task's look and its rest.
+//!
+//! With push, a get that came back short of what it asked found the queue drained (SQS's
+//! long poll asks every server), and whatever arrives later is notified: until the next
+//! notification, another task's get could only come back empty, and is not sent
+//! ([`TaskMark::queue_seen_drained`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -42,6 +47,12 @@ pub(in crate::listener) struct Pickup {
     /// Tasks asleep in their back-off.
     resting: u32,
     claim: Claim,
+    /// Notifications so far (a sequence number: no clock reading can order a notification
+    /// and a get at one instant).
+    notifications: u64,
+    /// A get sent when `notifications` was this came back short of what it asked, and
+    /// none came since it was sent: the queue was drained then.
+    drained_at: Option<u64>,
 }
 
 impl Pickup {
@@ -74,11 +85,13 @@ pub(in crate::listener) struct TaskMark<'a> {
     state: State,
     /// The task holds the pickup's claim (`Claim::Task`) until its next get starts.
     claimed: bool,
+    /// `Pickup::notifications` when its latest get was sent.
+    sent_after: u64,
 }
 
 impl<'a> TaskMark<'a> {
     pub(in crate::listener) fn new(shared: &'a Shared) -> TaskMark<'a> {
-        TaskMark { shared, state: State::Other, claimed: false }
+        TaskMark { shared, state: State::Other, claimed: false, sent_after: 0 }
     }
 
     /// Whether the task rests (a wake-up is for it).
@@ -101,6 +114,7 @@ impl<'a> TaskMark<'a> {
         self.leave(&mut pickup);
         pickup.getting += 1;
         self.state = State::Getting;
+        self.sent_after = pickup.notifications;
         pickup.pending_since = None;
         if pickup.claim == Claim::Task {
             pickup.claim = Claim::None;
@@ -122,6 +136,23 @@ impl<'a> TaskMark<'a> {
             drop(pickup);
             shared.schedule_pickup(since);
         }
+    }
+
+    /// Its get came back short of what it asked: the queue was drained when storage looked,
+    /// so (with push) until the next notification a get would find nothing.
+    pub(in crate::listener) fn got_short(&self) {
+        let mut pickup = self.shared.pickup();
+        if pickup.notifications == self.sent_after {
+            pickup.drained_at = Some(self.sent_after);
+        }
+    }
+
+    /// With push, a get now could only come back empty: one came back short since the last
+    /// notification (messages put since are notified; this host's own retries and delayed
+    /// sends wake it as notifications do).
+    pub(in crate::listener) fn queue_seen_drained(&self) -> bool {
+        let pickup = self.shared.pickup();
+        self.shared.push_enabled() && pickup.drained_at == Some(pickup.notifications)
     }
 
     /// Gives up the task's slot if there are more tasks than the rule's count (after a
@@ -186,6 +217,7 @@ impl Shared {
     /// notification not yet covered.
     pub(in crate::listener) fn notified(self: &Arc<Self>) {
         let mut pickup = self.pickup();
+        pickup.notifications = pickup.notifications.wrapping_add(1);
         let since = *pickup.pending_since.get_or_insert_with(Instant::now);
         if pickup.getting > 0 || pickup.claim != Claim::None || self.stopping.is_cancelled() {
             return;

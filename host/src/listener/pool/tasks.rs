@@ -63,7 +63,15 @@ struct TaskLoop {
     /// How long the next get waits on the service for a first message: the part of the
     /// rule's idle delay the queue can spend there (long polling), zero otherwise.
     server_wait: Duration,
+    /// The last get's answer was the whole queue's: on a backend that long-polls, only a
+    /// get that waited asks every server (an SQS short poll samples some).
+    last_get_conclusive: bool,
 }
+
+/// With push, the least a get waits on a service that long-polls: a short poll may miss
+/// messages the notification announced, and a get that waited tells whether the queue
+/// was drained (see `pickup`). One request all the same; it answers at once when a message is there.
+const PUSH_GET_WAIT: Duration = Duration::from_secs(1);
 
 impl Shared {
     /// Fewest tasks: `min_tasks`, and at least one polling task unless pushes can wake the queue.
@@ -145,7 +153,7 @@ impl Shared {
         let slot = ActiveTaskGuard { counters: &self.telemetry.counters, held: true };
         // This task's place among the getting and resting tasks (see `pickup`).
         let mut mark = TaskMark::new(&self);
-        let mut task = TaskLoop { probe, idle_count: 0, consecutive_errors: 0, last_get_full: false, server_wait: Duration::ZERO };
+        let mut task = TaskLoop { probe, idle_count: 0, consecutive_errors: 0, last_get_full: false, server_wait: Duration::ZERO, last_get_conclusive: false };
         loop {
             match self.task_round(&mut task, &mut mark).await {
                 Step::Go => {}
@@ -169,6 +177,14 @@ impl Shared {
         if !task.probe && mark.try_retire(u32::from(task.last_get_full)) {
             tracing::debug!("retiring: more tasks than the rule's count");
             return Step::Retired;
+        }
+        if !task.probe && mark.queue_seen_drained() {
+            // The get would come back empty (see `pickup`): the rule hears of an empty look
+            // all the same, without the request.
+            tracing::trace!("not getting: the queue was drained and nothing was notified since");
+            task.last_get_full = false;
+            task.idle_count = task.idle_count.saturating_add(1);
+            return self.back_off(task, mark).await;
         }
         let (lease, batch_size) = (self.settings.lease_duration, self.settings.batch_size);
         // Handler slots first: a get asks for no more messages than can be handled at
@@ -196,7 +212,11 @@ impl Shared {
         // The service's lease starts when it answers, somewhere after this: counting
         // it from here errs on the safe side when storage calls are slow.
         let asked_at = tokio::time::Instant::now();
-        let wait = std::mem::take(&mut task.server_wait);
+        let mut wait = std::mem::take(&mut task.server_wait);
+        if wait.is_zero() && self.push_enabled() {
+            wait = self.queue.server_wait(PUSH_GET_WAIT);
+        }
+        task.last_get_conclusive = !wait.is_zero() || self.queue.server_wait(PUSH_GET_WAIT).is_zero();
         let batch = tokio::select! {
             batch = self.queue.get_waiting(asked, lease, wait) => batch,
             _ = self.stopping.cancelled() => return Step::Stop,
@@ -259,6 +279,9 @@ impl Shared {
         // empty get counts as one more idle look; a short batch as the first (the
         // look that would have found the queue empty is not made).
         task.idle_count = if found == 0 { task.idle_count.saturating_add(1) } else { 1 };
+        if task.last_get_conclusive {
+            mark.got_short();
+        }
         if task.probe && found == 0 {
             let mut stopped = false;
             let after = mark.after_drained(|| {

@@ -213,6 +213,11 @@ fn deletes(proxy: &FaultProxy) -> (BTreeMap<String, usize>, usize) {
     (deleted, refused)
 }
 
+/// The hosts' log lines about leases (lost, lapsed, renewal failures), for an overlap's cause.
+fn lease_warnings(hosts: &[&Host]) -> String {
+    hosts.iter().flat_map(|host| host.log().lines().filter(|line| line.contains("lease")).map(String::from).collect::<Vec<_>>()).collect::<Vec<_>>().join("\n")
+}
+
 /// Puts `bodies` on the queue directly (not through a host), 50 at a time.
 async fn put_all(queue: &Arc<dyn QueueClient>, bodies: &[String]) {
     for chunk in bodies.chunks(50) {
@@ -255,7 +260,7 @@ pub(crate) async fn two_hosts_share_a_queue_and_a_killed_one_loses_nothing(queue
     tokio::time::sleep(Duration::from_millis(500)).await; // any late duplicate shows up
     let counts = app.counts();
     assert_eq!(counts.keys().cloned().collect::<BTreeSet<_>>(), first.iter().cloned().collect(), "every message handled");
-    assert_eq!(app.overlaps(), vec![], "a message held by two handlers at once");
+    assert_eq!(app.overlaps(), vec![], "a message held by two handlers at once; what the hosts said of leases:\n{}", lease_warnings(&[&a, &b]));
     let (by_a, by_b) = (app.handled_by("a"), app.handled_by("b"));
     assert!(by_a > 0 && by_b > 0, "both hosts took a share: a {by_a}, b {by_b}\nA:\n{}\nB:\n{}", a.log(), b.log());
     wait_until("every message deleted", Duration::from_secs(30), || async { queue.approximate_count().await.unwrap() == 0 }).await;
@@ -294,7 +299,7 @@ pub(crate) async fn two_hosts_share_a_queue_and_a_killed_one_loses_nothing(queue
     })
     .await;
     let recovered_after = killed_at.elapsed();
-    assert_eq!(app.overlaps(), vec![], "a message held by two handlers at once");
+    assert_eq!(app.overlaps(), vec![], "a message held by two handlers at once; what the hosts said of leases:\n{}", lease_warnings(&[&a, &b]));
     wait_until("the queue empty", Duration::from_secs(30), || async { queue.approximate_count().await.unwrap() == 0 }).await;
     // What a held at the kill came back only after its lease, and b handled it. The lease (5 s)
     // is renewed half way, so the last renewal may be up to 2.5 s before the kill: it runs out

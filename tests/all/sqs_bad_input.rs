@@ -67,19 +67,29 @@ async fn a_receipt_whose_lease_ran_out_is_taken_without_error_by_both_holders() 
     Ok(())
 }
 
-/// Holds the first get's answer back for a while after moto gave it, as a loaded moto or a
-/// slow network does.
-struct FirstGetLate {
-    late: Duration,
+/// Holds the first get's answer back for `get` after moto gave it, and each renewal for
+/// `update` before it reaches moto, as a loaded moto or a slow network does.
+struct Late {
+    get: Duration,
+    update: Duration,
     held: AtomicBool,
 }
 
+impl Late {
+    fn new(get: Duration, update: Duration) -> Self {
+        Late { get, update, held: AtomicBool::new(false) }
+    }
+}
+
 #[async_trait]
-impl Hooks for FirstGetLate {
+impl Hooks for Late {
     async fn after_get(&self, got: &mut Result<Vec<Message>, QueueError>) {
         if got.as_ref().is_ok_and(|messages| !messages.is_empty()) && !self.held.swap(true, Ordering::SeqCst) {
-            tokio::time::sleep(self.late).await;
+            tokio::time::sleep(self.get).await;
         }
+    }
+    async fn before_update(&self) {
+        tokio::time::sleep(self.update).await;
     }
 }
 
@@ -111,6 +121,24 @@ impl Handler for Overlaps {
 /// The host must go by its own clock and leave the message alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_whose_lease_ran_out_before_its_get_was_answered_is_left_to_the_host_that_has_it() -> anyhow::Result<()> {
+    // Its get has the message (leased for 2 s) and its answer is on the way for 4 s.
+    a_late_host_leaves_the_message_to_the_other(Late::new(Duration::from_secs(4), Duration::ZERO)).await
+}
+
+/// A get answered with less than half the lease left, so renewed before the handler starts,
+/// and that renewal reaches SQS only after the lease ran out: SQS takes it without an error,
+/// though another host has the message by then. A renewal answered after the lease it renews
+/// ran out proves nothing; the host leaves the message alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_answered_after_the_lease_ran_out_leaves_the_message_to_the_host_that_has_it() -> anyhow::Result<()> {
+    // Its get is answered 1.5 s into the 2 s lease; the renewal reaches moto 2 s later.
+    a_late_host_leaves_the_message_to_the_other(Late::new(Duration::from_millis(1500), Duration::from_secs(2))).await
+}
+
+/// Two listeners on one SQS queue holding one message, the first seeing moto through `late`:
+/// while its lease runs out unseen, the second leases the message and handles it for 3 s. The
+/// first must count its lease lost and never hand the message to its handler.
+async fn a_late_host_leaves_the_message_to_the_other(late: Late) -> anyhow::Result<()> {
     let moto = Moto::shared();
     let name = unique_queue_name("late-get");
     let poison_name = format!("{name}-poison");
@@ -128,11 +156,9 @@ async fn a_message_whose_lease_ran_out_before_its_get_was_answered_is_left_to_th
         ..QueueSettings::default()
     };
     let handler = Arc::new(Overlaps::default());
-    let late = Hooked::around(Arc::new(queue()?), FirstGetLate { late: Duration::from_secs(4), held: AtomicBool::new(false) });
+    let late = Hooked::around(Arc::new(queue()?), late);
     let slow = Listener::builder(late.clone(), poison.clone(), handler.clone()).settings(settings.clone()).build();
     slow.start();
-    // Its get has the message (leased for 2 s) and its answer is on the way for 4 s; meanwhile
-    // the lease runs out and the second host leases the message and handles it for 3 s.
     while !late.held.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -33,17 +33,25 @@ pub(in crate::listener) struct Lease {
     next_renewal: Instant,
     /// Another lease replaced ours: the service gave the message to someone else.
     lost: bool,
+    /// A renewal was answered only after the lease it renewed had run out: meanwhile the
+    /// service may have handed the message to another host (SQS then takes the old receipt
+    /// handle's renewal without an error, so the success proves nothing).
+    lapsed: bool,
 }
 
 impl Lease {
     pub(in crate::listener) fn new(receipt: PopReceipt, until: Instant, duration: Duration) -> Self {
-        Lease { receipt, until, next_renewal: half_way(until, duration), lost: false }
+        Lease { receipt, until, next_renewal: half_way(until, duration), lost: false, lapsed: false }
     }
 
     /// Takes in the answer to a renewal sent at `sent`.
     fn renewed(&mut self, message: &IncomingMessage, sent: Instant, duration: Duration, renewed: Result<PopReceipt, QueueError>, counters: &Counters) {
         match renewed {
             Ok(receipt) => {
+                if Instant::now() > self.until && !self.lapsed {
+                    self.lapsed = true;
+                    tracing::warn!(id = %message.id, "a lease renewal was answered after the lease ran out (storage calls slower than half the lease?); the message may be handled elsewhere");
+                }
                 self.receipt = receipt;
                 self.until = sent + duration;
                 self.next_renewal = half_way(self.until, duration);
@@ -110,6 +118,10 @@ impl Shared {
             let sent = Instant::now();
             let renewed = self.renew(&message.id, &lease.receipt, duration).await;
             lease.renewed(message, sent, duration, renewed, &self.telemetry.counters);
+        }
+        if lease.lapsed && !lease.lost {
+            let why = "the lease lapsed before the handler could start; the message is left to whoever holds it now";
+            lease.lose(message, &self.telemetry.counters, why);
         }
         !lease.lost
     }

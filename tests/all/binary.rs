@@ -201,7 +201,7 @@ async fn run_send_and_status_through_the_binary() {
     let unauthenticated = reqwest::get(format!("http://{}/status", site.api)).await.unwrap();
     assert_eq!(unauthenticated.status(), reqwest::StatusCode::UNAUTHORIZED);
     let metrics = reqwest::Client::new().get(format!("http://{}/metrics", site.api)).bearer_auth(TOKEN).send().await.unwrap().text().await.unwrap();
-    assert!(metrics.contains("ebb_messages_processed_total{queue=\"orders\"} 45"), "{metrics}");
+    assert!(metrics.contains("ebb_messages_processed_total{queue=\"orders\",logical_queue=\"orders\"} 45"), "{metrics}");
 
     signal(&host, "-TERM");
     let exit = tokio::task::spawn_blocking(move || host.wait().unwrap()).await.unwrap();
@@ -974,9 +974,9 @@ async fn a_zero_idle_push_queue_through_the_binary_polls_at_start_and_shows_its_
     assert!(table.contains("tx/h all/idle") && table.contains("\ntotal: ") && table.contains("per 10,000 transactions"), "{table}");
     let metrics = reqwest::Client::new().get(format!("http://{}/metrics", site.api)).bearer_auth(TOKEN).send().await.unwrap().text().await.unwrap();
     for line in [
-        "ebb_projected_usd_per_month{queue=\"orders\",kind=\"idle\"}",
+        "ebb_projected_usd_per_month{queue=\"orders\",logical_queue=\"orders\",kind=\"idle\"}",
         "ebb_host_transactions_per_hour{kind=\"all\"}",
-        "ebb_safety_polls_total{queue=\"orders\"} 1",
+        "ebb_safety_polls_total{queue=\"orders\",logical_queue=\"orders\"} 1",
         "ebb_price_per_10k_transactions_usd 0.01",
     ] {
         assert!(metrics.contains(line), "missing {line} in\n{metrics}");
@@ -1258,7 +1258,7 @@ pub(crate) async fn pause_holds_across_a_restart_until_resumed(site: &Site, app:
     let table = String::from_utf8(site.ebb(&["status"]).stdout).unwrap();
     assert!(table.contains("orders: paused until resumed"), "{table}");
     let metrics = reqwest::Client::new().get(format!("http://{}/metrics", site.api)).bearer_auth(TOKEN).send().await.unwrap().text().await.unwrap();
-    assert!(metrics.contains("ebb_queue_paused{queue=\"orders\"} 1"), "{metrics}");
+    assert!(metrics.contains("ebb_queue_paused{queue=\"orders\",logical_queue=\"orders\"} 1"), "{metrics}");
     let refused = reqwest::Client::new().post(format!("http://{}/queues/orders/pause?for=forever", site.api)).bearer_auth(TOKEN).send().await.unwrap();
     assert_eq!(refused.status(), reqwest::StatusCode::BAD_REQUEST);
     let audit: serde_json::Value = serde_json::from_slice(

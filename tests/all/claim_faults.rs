@@ -151,7 +151,7 @@ async fn a_send_the_blob_service_fails_throughout_answers_503_with_retry_after_a
     wait_until("a fetch that failed for good", Duration::from_secs(60), || record.failed(ClaimCall::Fetch) >= 1).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let metrics = http.get(format!("http://{api}/metrics")).send().await?.text().await?;
-    let host_errors = format!("ebb_handler_host_errors_total{{queue=\"{queue}\"}}");
+    let host_errors = format!("ebb_handler_host_errors_total{{queue=\"{queue}\",logical_queue=\"{queue}\"}}");
     assert_eq!(metric(&metrics, &host_errors), Some(0.0), "{host_errors}: a storage failure is not the host out of file descriptors");
     let fetch_failed = format!("ebb_claim_gave_up_total{{queue=\"{queue}\",call=\"fetch\"}}");
     assert!(metric(&metrics, &fetch_failed).is_some_and(|n| n >= 1.0), "{fetch_failed} in /metrics");

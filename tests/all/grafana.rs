@@ -1,7 +1,9 @@
 //! The Grafana dashboard, `deploy/grafana/ebb.json`, queries only metrics a running host's
 //! `/metrics` exports: every metric name of every PromQL `expr` (and of the queue variable's
 //! `label_values`) is looked up in what `ebb run` serves, so a metric renamed on either side
-//! fails here, naming it.
+//! fails here, naming it. It imports as exported dashboards do (a Prometheus data source
+//! input every panel uses, unique panel ids), sums a partitioned queue by `logical_queue`, and
+//! says which panels stay empty without a rule file.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -208,6 +210,60 @@ fn unexported(dashboard: &Value, metrics: &str) -> BTreeMap<String, String> {
     missing
 }
 
+/// The dashboard, parsed.
+fn dashboard() -> Result<Value> {
+    serde_json::from_str(DASHBOARD).context("deploy/grafana/ebb.json is not JSON")
+}
+
+/// `/metrics` of a host whose queue `orders` has `queue` settings and `rule` as its rule
+/// file, once the rule has loaded (if any) and one message was sent.
+async fn scrape(queue: &str, rule: Option<&str>) -> Result<String> {
+    let host = Host::start_with("token = \"t0ken\"", queue, rule, &[]).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while rule.is_some() {
+        let status: Value = serde_json::from_str(&host.call("GET", "/status", Some("t0ken")).await?.body)?;
+        if status["queues"][0]["rule"]["file"] == "orders.wasm" {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "the rule did not load: {status}\n{}", host.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ensure!(host.call("POST", "/queues/orders/messages", Some("t0ken")).await?.status == 201);
+    let answer = host.call("GET", "/metrics", Some("t0ken")).await?;
+    ensure!(answer.status == 200, "{answer:?}");
+    Ok(answer.body)
+}
+
+/// Every panel of the dashboard, those inside a collapsed row included.
+fn panels(dashboard: &Value) -> Vec<&Value> {
+    let top = dashboard["panels"].as_array().map_or(&[][..], Vec::as_slice);
+    top.iter().flat_map(|panel| std::iter::once(panel).chain(panel["panels"].as_array().into_iter().flatten())).collect()
+}
+
+/// The metric names `panel`'s queries select.
+fn panel_metrics(panel: &Value) -> BTreeSet<String> {
+    let mut found = Vec::new();
+    expressions(panel, "", &mut found);
+    found.iter().flat_map(|(_, expr)| metric_names(expr)).collect()
+}
+
+/// The metrics of `dashboard` some selector filters by `logical_queue`, each with where.
+fn filtered_by_logical_queue(dashboard: &Value) -> BTreeMap<String, String> {
+    let mut found = Vec::new();
+    expressions(dashboard, "", &mut found);
+    let mut names = BTreeMap::new();
+    for (at, expr) in found {
+        for (open, _) in expr.match_indices('{') {
+            let name: String = expr[..open].chars().rev().take_while(|&c| is_name_char(c)).collect::<Vec<_>>().into_iter().rev().collect();
+            let inside = expr[open..].split('}').next().unwrap_or_default();
+            if !name.is_empty() && inside.contains("logical_queue") {
+                names.entry(name).or_insert(at.clone());
+            }
+        }
+    }
+    names
+}
+
 #[test]
 fn promql_names_are_told_from_functions_labels_keywords_and_variables() {
     let expr = "sum by (queue, kind) (rate(ebb_a_total{queue=~\"$queue\", kind!=\"x{y}\"}[$__rate_interval])) * 3600 \
@@ -236,23 +292,9 @@ fn a_suffix_fits_only_a_family_of_its_type() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_the_grafana_dashboard_queries_is_exported_by_metrics() -> Result<()> {
-    let dashboard: Value = serde_json::from_str(DASHBOARD).context("deploy/grafana/ebb.json is not JSON")?;
-    ensure!(dashboard["templating"]["list"].as_array().is_some_and(|vars| vars.iter().any(|v| v["type"] == "datasource" && v["query"] == "prometheus")));
+    let dashboard = dashboard()?;
     // A rule file, so the rule's metrics (its load time among them) are exported.
-    let host = Host::start_with("token = \"t0ken\"", "rule = \"orders.wasm\"", Some(guests::PAPER_DEFAULT), &[]).await?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let status: Value = serde_json::from_str(&host.call("GET", "/status", Some("t0ken")).await?.body)?;
-        if status["queues"][0]["rule"]["file"] == "orders.wasm" {
-            break;
-        }
-        ensure!(Instant::now() < deadline, "the rule did not load: {status}\n{}", host.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    ensure!(host.call("POST", "/queues/orders/messages", Some("t0ken")).await?.status == 201);
-    let answer = host.call("GET", "/metrics", Some("t0ken")).await?;
-    ensure!(answer.status == 200, "{answer:?}");
-    let metrics = answer.body;
+    let metrics = scrape("rule = \"orders.wasm\"", Some(guests::PAPER_DEFAULT)).await?;
 
     let mut found = Vec::new();
     expressions(&dashboard, "", &mut found);
@@ -269,5 +311,113 @@ async fn every_metric_the_grafana_dashboard_queries_is_exported_by_metrics() -> 
         let metrics_renamed = metrics.replace(&format!("{family} "), &format!("{family}_renamed ")).replace(&format!("{name}{{"), &format!("{name}_renamed{{"));
         ensure!(unexported(&dashboard, &metrics_renamed).contains_key(name), "renaming {name} in /metrics went unnoticed");
     }
+    Ok(())
+}
+
+/// Issue 38, item 8: the dashboard named no data source input, so Grafana's import did not ask
+/// for one (panels pointed at a `${datasource}` variable with nothing chosen). As Grafana's
+/// "Export for sharing externally" writes it: a Prometheus `__inputs` entry, and every panel,
+/// query and query variable pointing at it.
+#[test]
+fn the_grafana_dashboard_asks_for_its_prometheus_data_source_on_import() -> Result<()> {
+    let dashboard = dashboard()?;
+    let inputs = dashboard["__inputs"].as_array().context("no __inputs")?;
+    let input = inputs.iter().find(|i| i["type"] == "datasource" && i["pluginId"] == "prometheus").context("no Prometheus data source input")?;
+    let name = input["name"].as_str().context("the input has no name")?;
+    let uid = format!("${{{name}}}");
+    let mut users = Vec::new();
+    for panel in panels(&dashboard).into_iter().filter(|p| p["type"] != "row") {
+        users.push((format!("panel {}", panel["title"]), &panel["datasource"]));
+        let targets = panel["targets"].as_array().context("a panel without targets")?;
+        users.extend(targets.iter().map(|t| (format!("a target of panel {}", panel["title"]), &t["datasource"])));
+    }
+    let variables = dashboard["templating"]["list"].as_array().context("no variables")?;
+    users.extend(variables.iter().filter(|v| v["type"] == "query").map(|v| (format!("variable {}", v["name"]), &v["datasource"])));
+    ensure!(users.len() >= 40, "only {} data source users found", users.len());
+    for (what, datasource) in users {
+        ensure!(datasource["type"] == "prometheus" && datasource["uid"] == uid.as_str(), "{what} uses {datasource}, not the input {uid}");
+    }
+    ensure!(!DASHBOARD.contains("${datasource}"), "a query still names the ${{datasource}} variable");
+    Ok(())
+}
+
+/// Issue 38, item 8: no panel had an `id`, which Grafana needs to link, embed and edit a panel.
+#[test]
+fn every_grafana_panel_has_a_unique_id() -> Result<()> {
+    let dashboard = dashboard()?;
+    let mut seen = BTreeMap::new();
+    for panel in panels(&dashboard) {
+        let id = panel["id"].as_u64().with_context(|| format!("panel {} has no id", panel["title"]))?;
+        if let Some(other) = seen.insert(id, panel["title"].clone()) {
+            anyhow::bail!("panels {other} and {} share the id {id}", panel["title"]);
+        }
+    }
+    ensure!(seen.len() >= 20, "only {} panels", seen.len());
+    Ok(())
+}
+
+/// Issue 38, item 8: a partitioned queue showed as one line per partition with no way to sum
+/// them. The dashboard picks ebb queues by `logical_queue` and sums each over its partitions;
+/// only the Partitions row splits a queue by its storage queue. Against a host whose queue has
+/// two partitions, every metric filtered by `logical_queue` has series carrying it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grafana_dashboard_sums_a_partitioned_queue_by_logical_queue() -> Result<()> {
+    let dashboard = dashboard()?;
+    let variables = dashboard["templating"]["list"].as_array().context("no variables")?;
+    ensure!(
+        variables.iter().any(|v| v["name"] == "logical_queue" && v["definition"].as_str().is_some_and(|d| d.ends_with(", logical_queue)"))),
+        "no logical_queue variable: {variables:?}"
+    );
+    let mut summed = 0;
+    let mut in_partitions_row = false;
+    for panel in dashboard["panels"].as_array().context("no panels")? {
+        if panel["type"] == "row" {
+            in_partitions_row = panel["title"] == "Partitions";
+            continue;
+        }
+        let mut found = Vec::new();
+        expressions(panel, "", &mut found);
+        for (_, expr) in found {
+            let by_queue = expr.contains("by (queue)") || expr.contains("by (queue,");
+            ensure!(in_partitions_row || !by_queue, "panel {} splits by partition outside the Partitions row: {expr}", panel["title"]);
+            summed += usize::from(expr.contains("by (logical_queue"));
+        }
+    }
+    ensure!(summed >= 15, "only {summed} expressions group by logical_queue");
+
+    let filtered = filtered_by_logical_queue(&dashboard);
+    ensure!(filtered.len() >= 15, "only {} metrics filtered by logical_queue: {filtered:?}", filtered.len());
+    let metrics = scrape("partitions = 2", None).await?;
+    for (name, at) in filtered {
+        let carries = |partition: &str| {
+            let series = format!("{name}{{queue=\"{partition}\",logical_queue=\"orders\"");
+            metrics.lines().any(|line| line.starts_with(&series))
+        };
+        let absent = !metrics.lines().any(|line| line.starts_with(&format!("{name}{{")));
+        ensure!(
+            absent || (carries("orders-0") && carries("orders-1")),
+            "{name} (at {at}) has no series labelled logical_queue=\"orders\" per partition:\n{metrics}"
+        );
+    }
+    Ok(())
+}
+
+/// Issue 38, item 8: the rule-swap panels stayed empty on a queue without a rule file and did
+/// not say why. A panel that queries a metric a host without a rule file does not export
+/// says "Needs a rule file" in its description, and only such a panel says it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grafana_panels_empty_without_a_rule_file_say_they_need_one() -> Result<()> {
+    let dashboard = dashboard()?;
+    let exported = exported_names(&scrape("", None).await?);
+    let mut needing = 0;
+    for panel in panels(&dashboard) {
+        let absent: Vec<String> = panel_metrics(panel).into_iter().filter(|name| !exported.contains(name)).collect();
+        let description = panel["description"].as_str().unwrap_or_default();
+        let says = description.contains("Needs a rule file");
+        let needs = !absent.is_empty();
+        ensure!(says == needs, "panel {} queries {absent:?} absent without a rule file, and its description says: {description:?}", panel["title"]);
+        needing += usize::from(says);
+    }
+    ensure!(needing >= 2, "only {needing} panels need a rule file");
     Ok(())
 }

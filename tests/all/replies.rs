@@ -181,7 +181,7 @@ async fn a_queues_reply_calls_count_as_its_storage_transactions() -> Result<()> 
     let host = start().await?;
     let http = reqwest::Client::new();
     let metric = |text: &str, kind: &str| -> u64 {
-        let series = format!("ebb_storage_transactions_total{{queue=\"slow\",kind=\"{kind}\"}} ");
+        let series = format!("ebb_storage_transactions_total{{queue=\"slow\",logical_queue=\"slow\",kind=\"{kind}\"}} ");
         text.lines().find_map(|line| line.strip_prefix(series.as_str())).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
     };
     for body in ["one", "two", "three"] {

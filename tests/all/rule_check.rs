@@ -192,6 +192,14 @@ fn rule_check_fails_fuel_exhaustion_in_each_export() {
     );
 }
 
+/// Issue 38, item 6: a rule with no loop that raises 2 to the depth (a Python big integer)
+/// ran out of fuel at a depth of 2^64 - 1, and the hint sent its author looking for a loop.
+#[test]
+fn rule_check_fails_a_huge_integer_power_with_a_hint_that_names_it() {
+    let checked = check(guests::PY_FAULTY, &["mode=huge-power"]);
+    assert_fails_with(&checked, &["- optimal-dequeue-task-count (", "hint: optimal-dequeue-task-count", "integer power"]);
+}
+
 #[test]
 fn rule_check_fails_rejected_parameters_with_the_rules_message() {
     assert_fails_with(

@@ -377,7 +377,11 @@ async fn status_shows_a_refused_file_and_after_a_restart_the_rule_that_cannot_lo
     assert!(refused_line.contains("rejected its parameters: unknown parameter tasks"), "{refused_line}");
     assert!(refused_line.ends_with(&format!("orders.wasm ({short}) goes on deciding")), "{refused_line}");
     let metrics = site.get("/metrics").await.1;
-    assert!(metrics.contains("ebb_rule_refused{queue=\"orders\"} 1") && metrics.contains("ebb_rule_load_failed{queue=\"orders\"} 0"), "{metrics}");
+    assert!(
+        metrics.contains("ebb_rule_refused{queue=\"orders\",logical_queue=\"orders\"} 1")
+            && metrics.contains("ebb_rule_load_failed{queue=\"orders\",logical_queue=\"orders\"} 0"),
+        "{metrics}"
+    );
     assert_eq!(site.get("/readyz").await.0, reqwest::StatusCode::OK, "the old rule works");
     site.stop(host).await;
 
@@ -391,7 +395,7 @@ async fn status_shows_a_refused_file_and_after_a_restart_the_rule_that_cannot_lo
     assert!(text.contains("ERROR: orders.wasm not loaded (built-in decides)"), "{text}");
     let error_line = text.lines().find(|l| l.starts_with("orders: error: rule ")).unwrap_or_else(|| panic!("{text}"));
     assert!(error_line.contains("rejected its parameters") && error_line.ends_with("the built-in rule decides until the file is fixed"), "{error_line}");
-    assert!(site.get("/metrics").await.1.contains("ebb_rule_load_failed{queue=\"orders\"} 1"));
+    assert!(site.get("/metrics").await.1.contains("ebb_rule_load_failed{queue=\"orders\",logical_queue=\"orders\"} 1"));
     let (ready, body) = site.get("/readyz").await;
     assert_eq!(ready, reqwest::StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert!(body.contains("its rule cannot load") && body.contains("rejected its parameters"), "{body}");

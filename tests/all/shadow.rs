@@ -178,7 +178,7 @@ pub(crate) async fn shadow_shows_and_promote_makes_it_live((backend, table): (&s
     assert_eq!(shadow["top_disagreements"][0]["kind"], "task_count", "{shadow}");
     assert_eq!(orders(&status().await)["rule"]["file"], "live.wasm");
     let metrics = get("/metrics").await.unwrap_or_default();
-    assert!(metrics.contains("ebb_shadow_decisions_total{queue=\"orders\",kind=\"task_count\",outcome=\"disagree\"}"), "{metrics}");
+    assert!(metrics.contains("ebb_shadow_decisions_total{queue=\"orders\",logical_queue=\"orders\",kind=\"task_count\",outcome=\"disagree\"}"), "{metrics}");
     assert!(!metrics.contains("ebb_shadow_decisions_total{queue=\"plain\""), "a queue without a shadow has no shadow metrics");
 
     // Hostile: a queue with no shadow, a queue that does not exist.

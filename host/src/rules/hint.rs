@@ -85,8 +85,12 @@ pub fn hint(text: &str, export: Export<'_>) -> Option<String> {
         return Some(format!("{decision} ended the process: return a decision (or, from configure, an error) instead of calling exit"));
     }
     if text.contains("ran out of its") && text.contains("fuel") || text.contains("ran past its") && text.contains("deadline") {
+        // No loop needed: one big-integer power of a context value is enough (Python's
+        // `2 ** depth` at a depth of 2^64 - 1 runs out of fuel inside the interpreter).
         return Some(format!(
-            "{decision} did not return within the host's limits: look for a loop that does not end (or one bounded by a context value such as a depth of 2^64 - 1)"
+            "{decision} did not return within the host's limits: look for a loop that does not end (or one bounded by a context value such as a depth of 2^64 - 1), \
+             or for one costly step without a loop: an integer power or other big-integer maths on a context value (Python's `2 ** depth` makes a number of up to 2^64 bits); \
+             clamp the value first (`min(depth, 64)`)"
         ));
     }
     None
@@ -125,6 +129,9 @@ mod tests {
             ("its export ebb:rules/decisions@0.3.0 lacks the function max-concurrent-calls", None, "wit/ebb-rules-0.2.0, which the host still serves"),
             ("its function max-concurrent-calls does not have the type of contract 0.3.0", None, "wit/ebb-rules-0.4.0"),
             ("ran out of its call fuel (100 units)", Some("max-concurrent-calls"), "max-concurrent-calls did not return"),
+            ("ran out of its call fuel (100 units)", Some("optimal-dequeue-task-count"), "a loop that does not end"),
+            ("ran out of its call fuel (100 units)", Some("optimal-dequeue-task-count"), "an integer power or other big-integer maths"),
+            ("ran past its call deadline of 50ms", Some("on-queue-empty"), "`2 ** depth`"),
             ("memory limit: the rule asked for 99 bytes of linear memory, the limit is 9 bytes", Some("on-queue-empty"), "on-queue-empty grew its memory"),
             ("overflowed its stack (524288 bytes)", Some("optimal-dequeue-task-count"), "recursed too deep"),
             ("called exit(3), which rules may not do", Some("configure"), "instead of calling exit"),

@@ -21,10 +21,10 @@ use crate::queue::CallKind;
 use crate::rules::{DecisionKind, RuleState, ShadowOutcome};
 use crate::status::QueueStatus;
 
-/// A series' labels after `queue`, in order.
+/// A series' labels after `queue` and `logical_queue`, in order.
 type Labels = Vec<(&'static str, String)>;
 
-/// A queue's series of one metric: its labels after `queue`, and its value.
+/// A queue's series of one metric: its labels after `queue` and `logical_queue`, and its value.
 type Series<T> = Vec<(Labels, T)>;
 
 /// How a metric's series are read from a queue's status, and of which type they are.
@@ -207,28 +207,31 @@ fn storage_unanswered(q: &QueueStatus) -> Series<u64> {
     CallKind::ALL.into_iter().map(|kind| (vec![("kind", kind.as_str().into())], t.unanswered.of(kind))).collect()
 }
 
-/// Registers `metric` in `registry` with the series of every queue of `queues`.
-fn register_queue_metric(registry: &mut Registry, metric: &QueueMetric, queues: &[QueueStatus]) {
-    let labelled = |q: &QueueStatus, labels: Labels| [vec![("queue", q.queue.clone())], labels].concat();
+/// Registers `metric` in `registry` with the series of every queue of `queues`, each paired
+/// with the ebb queue it is a partition of. `logical_queue` is that queue's name (equal to
+/// `queue` when unpartitioned), so a partitioned queue can be summed with `sum by (logical_queue)`.
+fn register_queue_metric(registry: &mut Registry, metric: &QueueMetric, queues: &[(&str, &QueueStatus)]) {
+    let labelled =
+        |(logical, q): &(&str, &QueueStatus), labels: Labels| [vec![("queue", q.queue.clone()), ("logical_queue", logical.to_string())], labels].concat();
     match metric.read {
         Read::Gauge(read) => {
             let family = Family::<Labels, Gauge>::default();
             registry.register(metric.name, metric.help, family.clone());
-            for (q, (labels, value)) in queues.iter().flat_map(|q| read(q).into_iter().map(move |s| (q, s))) {
+            for (q, (labels, value)) in queues.iter().flat_map(|q| read(q.1).into_iter().map(move |s| (q, s))) {
                 family.get_or_create(&labelled(q, labels)).set(value);
             }
         }
         Read::Counter(read) => {
             let family = Family::<Labels, Counter>::default();
             registry.register(metric.name, metric.help, family.clone());
-            for (q, (labels, value)) in queues.iter().flat_map(|q| read(q).into_iter().map(move |s| (q, s))) {
+            for (q, (labels, value)) in queues.iter().flat_map(|q| read(q.1).into_iter().map(move |s| (q, s))) {
                 family.get_or_create(&labelled(q, labels)).inc_by(value);
             }
         }
         Read::Fraction(read) => {
             let family = Family::<Labels, Gauge<f64, AtomicU64>>::default();
             registry.register(metric.name, metric.help, family.clone());
-            for (q, (labels, value)) in queues.iter().flat_map(|q| read(q).into_iter().map(move |s| (q, s))) {
+            for (q, (labels, value)) in queues.iter().flat_map(|q| read(q.1).into_iter().map(move |s| (q, s))) {
                 family.get_or_create(&labelled(q, labels)).set(value);
             }
         }
@@ -281,9 +284,12 @@ fn register_bus(registry: &mut Registry, api: &Api) {
 
 pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let queues = queue_statuses(&api);
+    // `queue_statuses` reads the listeners in this order, one status each.
+    let logical = api.listeners.iter().flat_map(|(queue, partitions)| partitions.iter().map(move |_| queue.as_str()));
+    let labelled: Vec<(&str, &QueueStatus)> = logical.zip(&queues).collect();
     let mut registry = Registry::with_prefix("ebb");
     for metric in QUEUE_METRICS {
-        register_queue_metric(&mut registry, metric, &queues);
+        register_queue_metric(&mut registry, metric, &labelled);
     }
     register_host_cost(&mut registry, &queues, api.host_price());
     register_bus(&mut registry, &api);
@@ -405,13 +411,45 @@ mod tests {
         let api = api_of(listener.clone());
         let text = scrape(&api).await;
         for line in [
-            "ebb_failure_rule_retries_total{queue=\"orders\"} 2",
-            "ebb_failure_rule_poisons_total{queue=\"orders\"} 1",
-            "ebb_failure_rule_defaults_total{queue=\"orders\"} 1",
+            "ebb_failure_rule_retries_total{queue=\"orders\",logical_queue=\"orders\"} 2",
+            "ebb_failure_rule_poisons_total{queue=\"orders\",logical_queue=\"orders\"} 1",
+            "ebb_failure_rule_defaults_total{queue=\"orders\",logical_queue=\"orders\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
         }
         listener.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// Issue 38, item 8: a partitioned queue's partitions were labelled by their storage queue
+    /// only, so a dashboard could not sum them into their ebb queue. Each series carries
+    /// `logical_queue`: the partitioned queue's name, or `queue` itself when unpartitioned.
+    #[tokio::test(start_paused = true)]
+    async fn a_partitioned_queues_partitions_carry_its_name_as_logical_queue() {
+        let clock = Arc::new(TokioClock::new());
+        let listener_of = |name: &str| {
+            let queue: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new(name, clock.clone(), 65536));
+            let poison: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new(&format!("{name}-poison"), clock.clone(), 65536));
+            Listener::builder(queue, poison, Arc::new(FailsWithBody)).build()
+        };
+        let mut api = Arc::into_inner(api_of(listener_of("plain"))).unwrap();
+        api.listeners =
+            BTreeMap::from([("orders".to_string(), vec![listener_of("orders-0"), listener_of("orders-1")]), ("plain".to_string(), vec![listener_of("plain")])]);
+        let text = scrape(&Arc::new(api)).await;
+        for line in [
+            "ebb_queue_depth{queue=\"orders-0\",logical_queue=\"orders\"} 0",
+            "ebb_queue_depth{queue=\"orders-1\",logical_queue=\"orders\"} 0",
+            "ebb_queue_depth{queue=\"plain\",logical_queue=\"plain\"} 0",
+            "ebb_messages_processed_total{queue=\"orders-1\",logical_queue=\"orders\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+        // Every series of every per-queue metric (the storage failure series, which also count
+        // poison queues, are the host's and not among them).
+        let per_queue = |line: &&str| {
+            QUEUE_METRICS.iter().any(|m| [format!("ebb_{}{{", m.name), format!("ebb_{}_total{{", m.name)].iter().any(|p| line.starts_with(p.as_str())))
+        };
+        let partitions: Vec<&str> = text.lines().filter(per_queue).filter(|l| l.contains("{queue=\"orders-")).collect();
+        assert!(partitions.len() > 20 && partitions.iter().all(|l| l.contains(",logical_queue=\"orders\"")), "{text}");
     }
 
     /// Puts whose body starts with `reset` fail as a connection reset does (no answer);
@@ -464,12 +502,12 @@ mod tests {
         let api = api_of(listener);
         let text = scrape(&api).await;
         for line in [
-            "ebb_storage_transactions_total{queue=\"orders\",kind=\"put\"} 2",
-            "ebb_storage_unanswered_total{queue=\"orders\",kind=\"put\"} 2",
-            "ebb_storage_unanswered_total{queue=\"orders\",kind=\"get\"} 0",
+            "ebb_storage_transactions_total{queue=\"orders\",logical_queue=\"orders\",kind=\"put\"} 2",
+            "ebb_storage_unanswered_total{queue=\"orders\",logical_queue=\"orders\",kind=\"put\"} 2",
+            "ebb_storage_unanswered_total{queue=\"orders\",logical_queue=\"orders\",kind=\"get\"} 0",
             // Two of each in (at least) a minute.
-            "ebb_transactions_per_hour{queue=\"orders\",kind=\"all\"} 120.0",
-            "ebb_transactions_per_hour{queue=\"orders\",kind=\"unanswered\"} 120.0",
+            "ebb_transactions_per_hour{queue=\"orders\",logical_queue=\"orders\",kind=\"all\"} 120.0",
+            "ebb_transactions_per_hour{queue=\"orders\",logical_queue=\"orders\",kind=\"unanswered\"} 120.0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
         }

@@ -129,6 +129,17 @@ pub(crate) struct Host {
     env: Vec<(&'static str, String)>,
 }
 
+/// A test that fails leaves no host running: a leftover host works on its queue and, once
+/// its moto's and app's ports are reused by a later run, handles that run's messages as "a"
+/// or "b" (seen as overlaps with no lease warning). Killed by its config's path, so a reused
+/// pid is never hit.
+impl Drop for Host {
+    fn drop(&mut self) {
+        let config = self.config();
+        let _ = Command::new("pkill").arg("-KILL").arg("-f").arg(format!("run --config {}", config.display())).status();
+    }
+}
+
 /// Where the hosts' queue is: its `backend` and the table that reaches it.
 pub(crate) struct Storage {
     /// The queue's `backend` key.

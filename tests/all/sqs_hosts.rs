@@ -19,7 +19,7 @@ use crate::scaler::scaler_counts_work_sent_around_it;
 
 /// The storage of a host on `moto`: `[aws]` with its region and endpoint, and moto's test
 /// keys in the SDK's own environment variables.
-fn on_moto(moto: &Moto) -> Storage {
+pub(crate) fn on_moto(moto: &Moto) -> Storage {
     let env = vec![("AWS_ACCESS_KEY_ID", "testing".to_string()), ("AWS_SECRET_ACCESS_KEY", "testing".to_string())];
     Storage { backend: "sqs", table: aws_table(moto), env }
 }

@@ -15,15 +15,9 @@ use ebb::queue::QueueClient;
 use ebb::queue::sqs::{SqsOptions, SqsQueue};
 use ebb_tests::moto::Moto;
 
-use crate::azure_hosts::Storage;
-use crate::binary::{App, aws_table, signal, wait_until};
+use crate::binary::{App, signal, wait_until};
 use crate::replay::{QUEUE, Site, TOKEN, a_ten_minute_trace_replayed_bills_what_the_simulator_says};
-
-/// A host's storage on `moto`, with its test keys in the SDK's environment variables.
-fn on_moto(moto: &Moto) -> Storage {
-    let env = vec![("AWS_ACCESS_KEY_ID", "testing".to_string()), ("AWS_SECRET_ACCESS_KEY", "testing".to_string())];
-    Storage { backend: "sqs", table: aws_table(moto), env }
-}
+use crate::sqs_hosts::on_moto;
 
 /// As `rollout::trace_export_gives_each_arrival_once_while_the_host_runs_and_after` on the
 /// embedded queue: a message sent around the host (straight to SQS) is recorded at its first

@@ -89,6 +89,56 @@ async fn wait_until(what: &str, log: impl Fn() -> String, mut condition: impl Fn
     }
 }
 
+/// `ebb run` on moto with the `[queues.<name>]` sections `queues` after `preamble`, moto's keys in named environment variables, waited for until ready.
+struct MotoHost {
+    dir: tempfile::TempDir,
+    child: std::process::Child,
+}
+
+const KEYS: [(&str, &str); 2] = [("EBB_TEST_SQS_KEY_ID", "testing"), ("EBB_TEST_SQS_SECRET", "testing")];
+
+impl MotoHost {
+    async fn start(moto: &Moto, preamble: &str, queues: &str) -> anyhow::Result<MotoHost> {
+        let dir = tempfile::tempdir()?;
+        let api = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let config = format!(
+            "{preamble}[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n\n{queues}\n\
+             [aws]\nregion = \"{REGION}\"\nendpoint = \"{}\"\naccess_key_id_env = \"EBB_TEST_SQS_KEY_ID\"\nsecret_access_key_env = \"EBB_TEST_SQS_SECRET\"\n",
+            moto.endpoint()
+        );
+        std::fs::write(dir.path().join("ebb.toml"), config)?;
+        let log = std::fs::File::create(dir.path().join("host.log"))?;
+        let child = Command::new(EBB).arg("run").arg("--config").arg(dir.path().join("ebb.toml")).envs(KEYS).stdout(Stdio::null()).stderr(log).spawn()?;
+        let host = MotoHost { dir, child };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !matches!(reqwest::get(format!("http://{api}/readyz")).await, Ok(answer) if answer.status().is_success()) {
+            assert!(Instant::now() < deadline, "the host did not become ready: {}", host.log());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(host)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("host.log")).unwrap_or_default()
+    }
+
+    /// `ebb <args>` on the host's config; it must succeed.
+    fn ebb(&self, args: &[&str]) -> Output {
+        let output = Command::new(EBB).args(args).arg("--config").arg(self.dir.path().join("ebb.toml")).envs(KEYS).output().unwrap();
+        assert!(output.status.success(), "ebb {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+        output
+    }
+
+    /// SIGTERM; the host must exit 0.
+    async fn stop(mut self) -> anyhow::Result<()> {
+        assert!(Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status()?.success());
+        let log = self.log();
+        let exit = tokio::task::spawn_blocking(move || self.child.wait()).await??;
+        assert!(exit.success(), "graceful shutdown exits 0: {exit:?}\n{log}");
+        Ok(())
+    }
+}
+
 /// `ebb run` on a queue whose RedrivePolicy (maxReceiveCount 2) names a dead-letter queue,
 /// with a handler that always fails and `max_dequeue_count = 1`: the message is tried twice
 /// and SQS moves it to its dead-letter queue (ebb's `<queue>-poison` is never created); the
@@ -102,32 +152,13 @@ async fn a_queue_with_a_redrive_policy_leaves_poisoning_to_sqs_and_ebb_poison_wo
     let app = App::default();
     app.failing.store(true, Ordering::Relaxed);
     let app_address = app.start().await;
-    let dir = tempfile::tempdir()?;
-    let api = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    let config_path = dir.path().join("ebb.toml");
-    let config = format!(
-        "drain_timeout = \"5s\"\n[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n\n\
-         [queues.{queue}]\nbackend = \"sqs\"\nmax_dequeue_count = 1\nmin_polling_interval = \"100ms\"\nmax_polling_interval = \"500ms\"\n\
-         visibility_timeout = \"1s\"\nmax_retry_delay = \"1s\"\nhandler = {{ url = \"http://{app_address}/work\" }}\n\n\
-         [aws]\nregion = \"{REGION}\"\nendpoint = \"{}\"\naccess_key_id_env = \"EBB_TEST_SQS_KEY_ID\"\nsecret_access_key_env = \"EBB_TEST_SQS_SECRET\"\n",
-        moto.endpoint()
+    let queues = format!(
+        "[queues.{queue}]\nbackend = \"sqs\"\nmax_dequeue_count = 1\nmin_polling_interval = \"100ms\"\nmax_polling_interval = \"500ms\"\n\
+         visibility_timeout = \"1s\"\nmax_retry_delay = \"1s\"\nhandler = {{ url = \"http://{app_address}/work\" }}\n"
     );
-    std::fs::write(&config_path, config)?;
-    let keys = [("EBB_TEST_SQS_KEY_ID", "testing"), ("EBB_TEST_SQS_SECRET", "testing")];
-    let log_path = dir.path().join("host.log");
-    let mut host =
-        Command::new(EBB).arg("run").arg("--config").arg(&config_path).envs(keys).stdout(Stdio::null()).stderr(std::fs::File::create(&log_path)?).spawn()?;
-    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
-    let ebb = |args: &[&str]| -> Output {
-        let output = Command::new(EBB).args(args).arg("--config").arg(&config_path).envs(keys).output().unwrap();
-        assert!(output.status.success(), "ebb {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
-        output
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !matches!(reqwest::get(format!("http://{api}/readyz")).await, Ok(answer) if answer.status().is_success()) {
-        assert!(Instant::now() < deadline, "the host did not become ready: {}", log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let host = MotoHost::start(moto, "drain_timeout = \"5s\"\n", &queues).await?;
+    let log = || host.log();
+    let ebb = |args: &[&str]| host.ebb(args);
     moto.boto3("sqs.send_message(QueueUrl=sqs.get_queue_url(QueueName=sys.argv[1])['QueueUrl'], MessageBody='fails')", &[&queue]);
 
     wait_until("the message in the dead-letter queue", log, || messages_in(moto, &dlq) == Some(1)).await;
@@ -155,10 +186,7 @@ async fn a_queue_with_a_redrive_policy_leaves_poisoning_to_sqs_and_ebb_poison_wo
     let purged = String::from_utf8(ebb(&["poison", "purge", &queue, "--yes"]).stdout)?;
     assert!(purged.contains(&format!("purged 1 poison message of {queue}")), "{purged}");
     assert_eq!(messages_in(moto, &dlq), Some(0));
-    assert!(Command::new("kill").args(["-TERM", &host.id().to_string()]).status()?.success());
-    let exit = tokio::task::spawn_blocking(move || host.wait()).await??;
-    assert!(exit.success(), "graceful shutdown exits 0: {exit:?}\n{}", log());
-    Ok(())
+    host.stop().await
 }
 
 /// A created queue of a unique name on the shared moto.
@@ -225,29 +253,11 @@ async fn each_partition_of_an_sqs_queue_long_polls_and_follows_its_own_redrive_p
     let queue = unique_queue_name("parts");
     let dlq = unique_queue_name("parts-dlq");
     moto.boto3(CREATE_WITH_DLQ, &[&format!("{queue}-0"), &dlq, "3"]);
-    let dir = tempfile::tempdir()?;
-    let api = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    let config_path = dir.path().join("ebb.toml");
-    let config = format!(
-        "[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n\n\
-         [queues.{queue}]\nbackend = \"sqs\"\npartitions = 2\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n\n\
-         [aws]\nregion = \"{REGION}\"\nendpoint = \"{}\"\naccess_key_id_env = \"EBB_TEST_SQS_KEY_ID\"\nsecret_access_key_env = \"EBB_TEST_SQS_SECRET\"\n",
-        moto.endpoint()
-    );
-    std::fs::write(&config_path, config)?;
-    let keys = [("EBB_TEST_SQS_KEY_ID", "testing"), ("EBB_TEST_SQS_SECRET", "testing")];
-    let log_path = dir.path().join("host.log");
-    let mut host =
-        Command::new(EBB).arg("run").arg("--config").arg(&config_path).envs(keys).stdout(Stdio::null()).stderr(std::fs::File::create(&log_path)?).spawn()?;
-    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !matches!(reqwest::get(format!("http://{api}/readyz")).await, Ok(answer) if answer.status().is_success()) {
-        assert!(Instant::now() < deadline, "the host did not become ready: {}", log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let status = Command::new(EBB).args(["status", "--json", "--config"]).arg(&config_path).envs(keys).output()?;
-    let _ = Command::new("kill").args(["-TERM", &host.id().to_string()]).status();
-    let _ = host.wait();
+    let queues = format!("[queues.{queue}]\nbackend = \"sqs\"\npartitions = 2\nhandler = {{ url = \"http://127.0.0.1:9/work\" }}\n");
+    let host = MotoHost::start(moto, "", &queues).await?;
+    let status = host.ebb(&["status", "--json"]);
+    let log = host.log();
+    host.stop().await?;
     let status: serde_json::Value = serde_json::from_slice(&status.stdout)?;
     let partitions: Vec<(String, u64, String)> = status["queues"]
         .as_array()
@@ -262,7 +272,7 @@ async fn each_partition_of_an_sqs_queue_long_polls_and_follows_its_own_redrive_p
         })
         .collect();
     let expected = vec![(format!("{queue}-0"), 20, "sqs".to_string()), (format!("{queue}-1"), 20, "ebb".to_string())];
-    assert_eq!(partitions, expected, "{status}\n{}", log());
+    assert_eq!(partitions, expected, "{status}\n{log}");
     assert_eq!(messages_in(moto, &format!("{queue}-1")), Some(0), "the second partition was created");
     Ok(())
 }

@@ -166,6 +166,14 @@ impl Listener {
         self.shared.status()
     }
 
+    /// The most dequeue tasks that ran at once since the last call (the tasks running now
+    /// when none started since): a sampler sees a peak that came and went between samples.
+    pub(crate) fn take_recent_peak_tasks(&self) -> u32 {
+        let counters = &self.shared.telemetry.counters;
+        let active = counters.active_tasks.load(Ordering::Relaxed);
+        counters.recent_peak_tasks.swap(active, Ordering::Relaxed).max(active)
+    }
+
     /// Messages released at shutdown so far (the status's `released_on_shutdown`, read
     /// without the status's depth refresh).
     pub(crate) fn released_on_shutdown(&self) -> u64 {

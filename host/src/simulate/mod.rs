@@ -170,6 +170,14 @@ pub struct Sample {
     pub backlog: u64,
     /// Dequeue tasks running.
     pub tasks: u32,
+    /// The most dequeue tasks that ran at once since the previous sample (a peak between
+    /// two samples still shows).
+    pub peak_tasks: u32,
+    /// Pickup latency (arrival → handler start) of the messages picked up since the
+    /// previous sample: the median; `None` when none was picked up.
+    pub pickup_p50_ms: Option<u64>,
+    /// The 99th percentile of the same pickups.
+    pub pickup_p99_ms: Option<u64>,
     /// Billed transactions so far.
     pub transactions: u64,
     /// Consumer calls so far: billed transactions but puts.
@@ -364,6 +372,8 @@ struct SimHandler {
     knee: Option<u32>,
     rng: Mutex<fastrand::Rng>,
     latencies_ms: Mutex<Vec<u64>>,
+    /// The pickup latencies since the last sample took them.
+    recent_ms: Mutex<Vec<u64>>,
     handler_ms: Mutex<Vec<u64>>,
     handled: AtomicU64,
     calls: AtomicU32,
@@ -378,6 +388,7 @@ impl SimHandler {
             knee: options.handler_knee,
             rng: Mutex::new(fastrand::Rng::with_seed(options.seed)),
             latencies_ms: Mutex::default(),
+            recent_ms: Mutex::default(),
             handler_ms: Mutex::default(),
             handled: AtomicU64::new(0),
             calls: AtomicU32::new(0),
@@ -394,6 +405,13 @@ impl SimHandler {
             p99_ms: percentile(&latencies, 99.0).unwrap_or(0),
             max_ms: *latencies.last().unwrap_or(&0),
         })
+    }
+
+    /// The median and 99th percentile of the pickups since the last call (taking them).
+    fn take_recent_pickups(&self) -> (Option<u64>, Option<u64>) {
+        let mut recent = std::mem::take(&mut *self.recent_ms.lock().unwrap());
+        recent.sort_unstable();
+        (percentile(&recent, 50.0), percentile(&recent, 99.0))
     }
 
     /// The handler times recorded (taking them), sorted.
@@ -419,7 +437,9 @@ impl Handler for SimHandler {
         let now_ms = self.start.elapsed().as_millis() as u64;
         let arrived_ms: u64 = std::str::from_utf8(&message.body).ok().and_then(|b| b.parse().ok()).unwrap_or(now_ms);
         if message.dequeue_count == 1 {
-            self.latencies_ms.lock().unwrap().push(now_ms.saturating_sub(arrived_ms));
+            let pickup_ms = now_ms.saturating_sub(arrived_ms);
+            self.latencies_ms.lock().unwrap().push(pickup_ms);
+            self.recent_ms.lock().unwrap().push(pickup_ms);
             self.handled.fetch_add(1, Ordering::Relaxed);
         }
         let calls = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
@@ -455,7 +475,7 @@ async fn simulate(rule: &RuleChoice, rule_set: Option<Arc<RuleSet>>, options: &S
     listener.start();
     let backlog = Arc::new(Backlog::default());
     let producer = spawn_producer(&queue, &listener, &backlog, options.workload.arrivals.clone(), notify, start);
-    let run = Run { start, wall, queue: &queue, listener: &listener, backlog: &backlog, producer: &producer };
+    let run = Run { start, wall, queue: &queue, listener: &listener, handler: &handler, backlog: &backlog, producer: &producer };
     let samples = run.sample_to_the_end(options).await?;
     producer.abort();
     let end = End { status: listener.status(), counts: queue.transactions.snapshot(), peak_backlog: backlog.peak.load(Ordering::Relaxed) };
@@ -575,6 +595,7 @@ struct Run<'a> {
     wall: std::time::Instant,
     queue: &'a SimQueue,
     listener: &'a Listener,
+    handler: &'a SimHandler,
     backlog: &'a Backlog,
     producer: &'a tokio::task::JoinHandle<()>,
 }
@@ -609,7 +630,17 @@ impl Run<'_> {
         let status = self.listener.status();
         let backlog = self.backlog.take_sample(self.queue.backlog());
         let counts = self.queue.transactions.snapshot();
-        Sample { t_secs: at.as_secs_f64(), backlog, tasks: status.active_tasks, transactions: counts.total(), consumer_calls: counts.total() - counts.puts }
+        let (pickup_p50_ms, pickup_p99_ms) = self.handler.take_recent_pickups();
+        Sample {
+            t_secs: at.as_secs_f64(),
+            backlog,
+            tasks: status.active_tasks,
+            peak_tasks: self.listener.take_recent_peak_tasks(),
+            pickup_p50_ms,
+            pickup_p99_ms,
+            transactions: counts.total(),
+            consumer_calls: counts.total() - counts.puts,
+        }
     }
 
     async fn stop_past_max_wall(&self, at: Duration, options: &SimOptions) -> anyhow::Error {

@@ -107,6 +107,7 @@ impl Shared {
             let reserved = counters.active_tasks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |active| (active < cap).then_some(active + 1));
             let Ok(previous) = reserved else { return };
             counters.peak_tasks.fetch_max(previous + 1, Ordering::Relaxed);
+            counters.recent_peak_tasks.fetch_max(previous + 1, Ordering::Relaxed);
             let task_number = counters.tasks_started.fetch_add(1, Ordering::Relaxed) + 1;
             let shared = self.clone();
             let span = tracing::info_span!("dequeue_task", queue = %self.queue.name(), task = task_number);

@@ -18,6 +18,8 @@ pub(in crate::listener) struct Counters {
     pub active_tasks: AtomicU32,
     pub target_tasks: AtomicU32,
     pub peak_tasks: AtomicU32,
+    /// The most tasks since a reader last took it (`Listener::take_recent_peak_tasks`).
+    pub recent_peak_tasks: AtomicU32,
     pub tasks_started: AtomicU64,
     pub in_flight: AtomicU32,
     pub processed: AtomicU64,

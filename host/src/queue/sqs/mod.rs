@@ -45,7 +45,7 @@
 //!   such a pointer (ebb's or a foreign producer's) comes in as ebb's offloaded message,
 //!   through the [`Offloads`] the queue is given ([`SqsQueue::with_pointers`]; `pointer`).
 //!
-//! Tested against moto 5.2.5 (`tests/all/sqs_queue.rs`, `tests/all/sqs_faults.rs`).
+//! Tested against moto 5.2.5 (`tests/all/sqs/queue.rs`, `tests/all/sqs/faults.rs`).
 
 mod account;
 mod batch;

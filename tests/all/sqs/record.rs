@@ -15,9 +15,9 @@ use ebb::queue::QueueClient;
 use ebb::queue::sqs::{SqsOptions, SqsQueue};
 use ebb_tests::moto::Moto;
 
+use super::hosts::on_moto;
 use crate::binary::{App, signal, wait_until};
 use crate::replay::{QUEUE, Site, TOKEN, a_ten_minute_trace_replayed_bills_what_the_simulator_says};
-use crate::sqs_hosts::on_moto;
 
 /// As `rollout::trace_export_gives_each_arrival_once_while_the_host_runs_and_after` on the
 /// embedded queue: a message sent around the host (straight to SQS) is recorded at its first

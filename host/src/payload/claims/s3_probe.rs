@@ -5,7 +5,9 @@
 //!   sweep's): a bucket that does not exist is said so (`run` creates it with the first body
 //!   it offloads: `s3:CreateBucket`), and nothing else is probed.
 //! - `GetObject` and `DeleteObject` of a key that is no object's: "no such key" and a
-//!   deleted nothing when allowed, `AccessDenied` when not.
+//!   deleted nothing when allowed, `AccessDenied` when not. (S3 answers a get of a missing
+//!   key `AccessDenied` to a caller without `s3:ListBucket` too, so with that refused
+//!   `s3:GetObject` may be named as well.)
 //! - `PutObject` is not probed: a put cannot be made without writing.
 
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};

@@ -21,6 +21,18 @@ pub const SQS_STANDARD_PRICE_PER_10K: f64 = 0.004;
 /// SQS's price for a FIFO queue: US$0.50 per million requests.
 pub const SQS_FIFO_PRICE_PER_10K: f64 = 0.005;
 
+/// S3 Standard's price of a PUT, COPY, POST or LIST request: US$0.005 per 1,000.
+pub const S3_PUT_PRICE_PER_10K: f64 = 0.05;
+
+/// S3 Standard's price of a GET (and any other request but a DELETE, which is free):
+/// US$0.0004 per 1,000.
+pub const S3_GET_PRICE_PER_10K: f64 = 0.004;
+
+/// What S3 bills for `puts` PUT-class and `gets` GET-class requests (claim checks' bodies).
+pub fn s3_usd(puts: u64, gets: u64) -> f64 {
+    usd(puts as f64, S3_PUT_PRICE_PER_10K) + usd(gets as f64, S3_GET_PRICE_PER_10K)
+}
+
 /// How a queue's backend bills its transactions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Billing {
@@ -124,6 +136,11 @@ mod tests {
         let per_month = usd(per_day * 30.0, PAPER_PRICE_PER_10K);
         assert!((per_month - 2.376).abs() < 1e-9, "{per_month}");
         assert_eq!(format!("{per_month:.2}"), "2.38");
+    }
+
+    #[test]
+    fn s3_bills_a_thousand_puts_half_a_cent_and_a_thousand_gets_four_hundredths() {
+        assert!((s3_usd(1000, 0) - 0.005).abs() < 1e-12 && (s3_usd(0, 1000) - 0.0004).abs() < 1e-12);
     }
 
     #[test]

@@ -1,13 +1,15 @@
 //! `ebb check`'s probes of Amazon SQS: each SQS queue of the config (its partitions and its
 //! poison queue) probed as [`SqsQueue::probe`] says, without changing anything but one
 //! message's receive count. A permission the credential lacks is named by its IAM action;
-//! a region or endpoint that reaches no SQS is named by its key.
+//! a region or endpoint that reaches no SQS is named by its key. A queue's claim bucket is
+//! probed too ([`S3Claims::probe`]), a refusal named by the bucket and the S3 action.
 
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
 
 use crate::config::{Backend, Config, QueueConfig};
+use crate::payload::claims::S3Claims;
 use crate::queue::sqs::{SqsAccount, SqsOptions, SqsQueue};
 use crate::queue::{FailureClass, QueueClient, QueueError, RetryPolicy};
 
@@ -23,8 +25,12 @@ const CHECK_RETRY: RetryPolicy = RetryPolicy { max_attempts: 4, base_delay: Dura
 pub(super) fn check_sqs_queues(config: &Config) -> Vec<anyhow::Error> {
     let mut problems = Vec::new();
     let mut probes = Vec::new();
+    let mut buckets = Vec::new();
     for queue in &config.queues {
-        let Backend::Sqs { account, encoding, queue_url, .. } = &queue.backend else { continue };
+        let Backend::Sqs { account, encoding, queue_url, claim_bucket } = &queue.backend else { continue };
+        if let (Some(bucket), Some(first)) = (claim_bucket, queue.storage_queues().first()) {
+            buckets.push(probe_bucket(S3Claims::new(account, bucket, first, queue.claims.max_bytes), &queue.name));
+        }
         let names = queue.storage_queues().into_iter().map(|name| name.to_string()).chain([queue.poison_queue().to_string()]);
         for name in names {
             let url = queue_url.as_ref().filter(|(of, _)| *of == name).map(|(_, url)| url.clone());
@@ -41,7 +47,8 @@ pub(super) fn check_sqs_queues(config: &Config) -> Vec<anyhow::Error> {
         Ok(runtime) => runtime,
         Err(error) => return vec![error.into()],
     };
-    for checked in runtime.block_on(futures::future::join_all(probes)) {
+    let (queues, buckets) = runtime.block_on(futures::future::join(futures::future::join_all(probes), futures::future::join_all(buckets)));
+    for checked in queues.into_iter().chain(buckets) {
         match checked {
             Ok(line) => println!("{line}"),
             Err(error) => problems.push(error),
@@ -97,6 +104,25 @@ async fn probe_bounded(sqs: SqsQueue, queue: &QueueConfig, account: &SqsAccount,
     Ok(format!(
         "queue {name}: reached {where_}, {count} {messages}; may {create}read, receive, delete and change visibility{may_not_create} (send not probed: it cannot be without sending){took}"
     ))
+}
+
+/// The claim bucket of queue `queue` within [`CHECK_SQS_DEADLINE`] (the SDK retries
+/// transient errors): the line to print, or what is wrong, naming the bucket and the action.
+async fn probe_bucket(claims: S3Claims, queue: &str) -> Result<String> {
+    let bucket = format!("s3 bucket {} (claim checks of queue {queue})", claims.bucket());
+    let probe = match tokio::time::timeout(CHECK_SQS_DEADLINE, claims.probe()).await {
+        Ok(Ok(probe)) => probe,
+        Ok(Err(error)) => return Err(anyhow!("{bucket}: {error}; check claim_bucket and region and endpoint in [aws] (or [queues.{queue}.sqs])")),
+        Err(_) => return Err(anyhow!("{bucket}: S3 did not answer within {}", humantime::format_duration(CHECK_SQS_DEADLINE))),
+    };
+    if !probe.refused.is_empty() {
+        let actions: Vec<_> = probe.refused.iter().map(|(action, _)| *action).collect();
+        return Err(anyhow!("{bucket}: the credential lacks {}: ebb run needs them ({})", actions.join(", "), probe.refused[0].1));
+    }
+    Ok(match probe.exists {
+        true => format!("{bucket}: reached; may list, get and delete objects (put not probed: it cannot be without writing)"),
+        false => format!("{bucket}: does not exist yet (ebb run creates it with the first body it offloads: s3:CreateBucket)"),
+    })
 }
 
 /// `error` of queue `queue` with the key to look at: the endpoint or region for a call

@@ -15,7 +15,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::listener::ListenerStatus;
-use crate::payload::claims::{ClaimCall, ClaimRecords};
+use crate::payload::claims::{ClaimCall, ClaimRecords, S3Operation, S3RequestCounts};
 use crate::queue::{CallKind, CallRecord, CallSnapshot, FailureClass, QueueClient};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -35,6 +35,12 @@ struct KindLabel {
 struct ClaimLabel {
     queue: String,
     call: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct S3Label {
+    queue: String,
+    operation: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -128,6 +134,10 @@ pub fn register_claims<'a>(registry: &mut Registry, records: impl IntoIterator<I
         "Claim-check calls the storage failed for good (out of retries, or not worth one), by call: a send answered 503, a fetch retried with its message",
         failed.clone(),
     );
+    let s3 = Family::<S3Label, Counter>::default();
+    registry.register("s3_requests", "S3 requests of claim checks S3 answered (billed), by operation: s3_put, s3_get, s3_delete, s3_list", s3.clone());
+    let s3_unanswered = Family::<QueueLabel, Counter>::default();
+    registry.register("s3_unanswered", "S3 request attempts of claim checks that got no answer (billed or not)", s3_unanswered.clone());
     for record in records.into_iter().flat_map(ClaimRecords::all) {
         for call in ClaimCall::ALL {
             let label = ClaimLabel { queue: record.queue().to_string(), call: call.as_str() };
@@ -135,7 +145,19 @@ pub fn register_claims<'a>(registry: &mut Registry, records: impl IntoIterator<I
             retries.get_or_create(&label).inc_by(record.retries(call));
             failed.get_or_create(&label).inc_by(record.failed(call));
         }
+        // Only a queue whose bodies went to S3 has S3 series.
+        if record.s3().attempts() > 0 {
+            for operation in S3Operation::ALL {
+                s3.get_or_create(&S3Label { queue: record.queue().to_string(), operation: operation.as_str() }).inc_by(record.s3().of(operation));
+            }
+            s3_unanswered.get_or_create(&QueueLabel { queue: record.queue().to_string() }).inc_by(record.s3().unanswered());
+        }
     }
+}
+
+/// The S3 requests of `/status`: one entry per storage queue whose claim checks made any.
+pub fn s3_status<'a>(records: impl IntoIterator<Item = &'a ClaimRecords>) -> Vec<S3RequestCounts> {
+    records.into_iter().flat_map(ClaimRecords::all).filter(|record| record.s3().attempts() > 0).map(|record| record.s3_counts()).collect()
 }
 
 /// The storage figures of `/status`: one entry per storage queue. A storage queue two

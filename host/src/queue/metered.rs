@@ -367,6 +367,10 @@ impl<Q: QueueClient> QueueClient for Metered<Q> {
         self.inner.fifo()
     }
 
+    fn generated_dedup_id(&self) -> Option<String> {
+        self.inner.generated_dedup_id()
+    }
+
     async fn put_in_group(&self, body: &[u8], initial_visibility: Duration, send: &GroupedSend) -> Result<MessageId, QueueError> {
         let result = self.inner.put_in_group(body, initial_visibility, send).await;
         self.transactions.record_requests(CallKind::Put, false, result.as_ref().err(), self.inner.put_requests(body));

@@ -260,6 +260,13 @@ pub trait QueueClient: Send + Sync + 'static {
         false
     }
 
+    /// The deduplication id a FIFO send without one goes with, or `None` to send it as it
+    /// is (the default; an SQS queue with content-based deduplication). Asked once per send
+    /// by [`Retrying`], so its retries carry the same id and SQS keeps one copy.
+    fn generated_dedup_id(&self) -> Option<String> {
+        None
+    }
+
     /// Adds a message to `send`'s group of a FIFO queue. Refused
     /// ([`QueueError::BadSend`]) by a queue without groups (the default).
     async fn put_in_group(&self, _body: &[u8], _initial_visibility: Duration, send: &GroupedSend) -> Result<MessageId, QueueError> {
@@ -385,6 +392,9 @@ impl QueueClient for std::sync::Arc<dyn QueueClient> {
     }
     fn fifo(&self) -> bool {
         (**self).fifo()
+    }
+    fn generated_dedup_id(&self) -> Option<String> {
+        (**self).generated_dedup_id()
     }
     async fn put_in_group(&self, body: &[u8], initial_visibility: Duration, send: &GroupedSend) -> Result<MessageId, QueueError> {
         (**self).put_in_group(body, initial_visibility, send).await

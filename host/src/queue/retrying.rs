@@ -321,9 +321,19 @@ impl<Q: QueueClient> QueueClient for Retrying<Q> {
         self.inner.fifo()
     }
 
-    /// Retried as a put: a FIFO send's retry carries the same deduplication id (or the
-    /// same body, under content-based deduplication), so SQS keeps one copy.
+    fn generated_dedup_id(&self) -> Option<String> {
+        self.inner.generated_dedup_id()
+    }
+
+    /// Retried as a put: a FIFO send's retry carries the same deduplication id (the
+    /// caller's, or one made here once for the send), or the same body under content-based
+    /// deduplication, so SQS keeps one copy.
     async fn put_in_group(&self, body: &[u8], initial_visibility: Duration, send: &GroupedSend) -> Result<MessageId, QueueError> {
+        let generated = send.dedup_id.is_none().then(|| self.inner.generated_dedup_id()).flatten();
+        let send = match generated {
+            Some(dedup_id) => &GroupedSend { group: send.group.clone(), dedup_id: Some(dedup_id) },
+            None => send,
+        };
         self.run(CallKind::Put, |q| q.put_in_group(body, initial_visibility, send)).await.0
     }
 

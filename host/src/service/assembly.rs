@@ -72,7 +72,7 @@ pub fn claim_store(
         }
         Backend::Sqs { account, claim_bucket, .. } => {
             let bucket = claim_bucket.as_deref().with_context(|| format!("claim checks of queue {name}: no claim_bucket in [aws] or [queues.<name>.sqs]"))?;
-            Arc::new(S3Claims::new(account, bucket, name, settings.max_bytes))
+            Arc::new(S3Claims::with_record(account, bucket, name, settings.max_bytes, record.clone()))
         }
     };
     Ok(Arc::new(Recorded::new(inner, record)))

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::bus::BusStatus;
 pub use crate::cost::CostStatus;
 pub use crate::listener::{DecisionWithInputs, ListenerStatus, Pause, PoisonForm, PoisonRecord, RecordedDecision, TaskCountInputs};
+pub use crate::payload::claims::S3RequestCounts;
 pub use crate::queue::{CallSnapshot, FailureClass, FailureCount, KindCount, LastFailure, TransactionCounts, TransactionRates, UnansweredCounts};
 pub use crate::rules::{
     ConsecutiveFaults, Decision, DecisionKind, DecisionSource, Disagreement, Export, Quarantine, RefusedFile, RuleState, RuleStatus, RuleSwap, ShadowCounts,
@@ -37,6 +38,9 @@ pub struct HostStatus {
     pub bus: Option<BusStatus>,
     /// Storage calls by storage queue (each partition, poison queue and reply queue).
     pub storage: Vec<CallSnapshot>,
+    /// The S3 requests of claim checks, by storage queue (only queues that made any),
+    /// apart from SQS's transactions and cost.
+    pub s3: Vec<S3RequestCounts>,
 }
 
 /// One storage queue: its listener's status, and its cost beside it (in the same JSON

@@ -111,3 +111,47 @@ fn check_of_a_queue_url_in_another_region_than_the_configured_one_names_queue_ur
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains(&format!("queue {queue}: reached SQS in {REGION}")), "{text}");
 }
+
+/// Creates S3 bucket `bucket` on `moto` as its admin.
+fn create_bucket(moto: &Moto, bucket: &str) {
+    let script = "from botocore.config import Config\n\
+                  s3 = boto3.client('s3', region_name=sqs.meta.region_name, endpoint_url=sqs.meta.endpoint_url, aws_access_key_id='testing', aws_secret_access_key='testing', config=Config(s3={'addressing_style': 'path'}))\n\
+                  s3.create_bucket(Bucket=sys.argv[1])";
+    moto.boto3(script, &[bucket]);
+}
+
+/// Issue 37: `ebb check` probes a queue's claim bucket: one that does not exist yet is said
+/// so with the action `run` will need to create it; an action the credential lacks on it is
+/// named with the bucket (moto enforcing IAM).
+#[test]
+fn check_probes_the_claim_bucket_naming_the_bucket_and_the_action_it_lacks_or_needs() {
+    // A moto of its own: IAM enforced on the shared one would refuse every other test's keys.
+    let moto = Moto::start();
+    let (queue, missing, bucket) = (unique_queue_name("s3check"), unique_queue_name("ebb-no-bucket"), unique_queue_name("ebb-check-bucket"));
+    for name in [queue.clone(), format!("{queue}-poison")] {
+        create(&moto, &name);
+    }
+    create_bucket(&moto, &bucket);
+    let s3_reads = ["s3:ListBucket", "s3:GetObject"];
+    let everything: Vec<&str> = RUN_NEEDS.iter().chain(&s3_reads).chain(&["s3:DeleteObject", "s3:PutObject"]).copied().collect();
+    let everything = moto.user_allowed("everything", &everything);
+    let no_delete: Vec<&str> = RUN_NEEDS.iter().chain(&s3_reads).copied().collect();
+    let cannot_delete = moto.user_allowed("cannot-delete", &no_delete);
+    moto.enforce_iam();
+    let dir = tempfile::tempdir().unwrap();
+    let aws = |bucket: &str| format!("region = \"{REGION}\"\nendpoint = \"{}\"\nclaim_bucket = \"{bucket}\"", moto.endpoint());
+
+    let (code, text) = check(&sqs_config(dir.path(), &queue, &aws(&missing), ""), (&everything.0, &everything.1));
+    assert_eq!(code, Some(0), "a bucket ebb run creates is no problem:\n{text}");
+    assert!(text.contains(&format!("s3 bucket {missing} (claim checks of queue {queue}): does not exist yet")) && text.contains("s3:CreateBucket"), "{text}");
+
+    let config = sqs_config(dir.path(), &queue, &aws(&bucket), "");
+    let (code, text) = check(&config, (&cannot_delete.0, &cannot_delete.1));
+    assert_eq!(code, Some(1), "a credential without s3:DeleteObject is refused:\n{text}");
+    assert!(text.contains(&format!("s3 bucket {bucket} (claim checks of queue {queue}): the credential lacks s3:DeleteObject:")), "{text}");
+    assert!(!text.contains("lacks s3:GetObject") && !text.contains(&cannot_delete.1), "only what it lacks is named, never the secret:\n{text}");
+
+    let (code, text) = check(&config, (&everything.0, &everything.1));
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains(&format!("s3 bucket {bucket} (claim checks of queue {queue}): reached; may list, get and delete objects")), "{text}");
+}

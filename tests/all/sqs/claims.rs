@@ -15,8 +15,8 @@ use anyhow::{Context as _, Result, ensure};
 use bytes::Bytes;
 use ebb::handler::{Handler, IncomingMessage};
 use ebb::payload::claims::{ClaimStore, S3Claims};
-use ebb::queue::QueueClient;
 use ebb::queue::sqs::{SqsOptions, SqsQueue};
+use ebb::queue::{GroupedSend, QueueClient};
 use ebb::{Config, Host, Role};
 use ebb_tests::azurite::unique_queue_name;
 use ebb_tests::moto::{MOTO_PYTHON, Moto, REGION};
@@ -288,5 +288,32 @@ async fn the_sweep_removes_ebbs_objects_older_than_the_retention_and_nothing_els
     let mut left = objects_in(&bucket)?;
     left.sort();
     ensure!(left.len() == 2 && left[0].starts_with("another-queue/") && left[1] == "foreign", "another queue's and the foreign object stay: {left:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_body_too_large_for_a_message_goes_as_the_extended_clients_pointer_keeping_its_group_and_dedup_id() -> Result<()> {
+    let (queue, bucket) = (unique_queue_name("s3fifo"), unique_queue_name("ebb-claims-fifo"));
+    // An ebb queue's name has no dot: the FIFO queue is named by its URL.
+    let fifo = format!("{queue}.fifo");
+    let script = "sqs = boto3.client('sqs')\nprint(sqs.create_queue(QueueName=sys.argv[1], Attributes={'FifoQueue': 'true'})['QueueUrl'])";
+    let url = String::from_utf8(python(script, &[&fifo], b"")?)?.trim().to_string();
+    let dir = tempfile::tempdir()?;
+    let host = Host::start(&config(dir.path(), &queue, &bucket, &format!("sqs = {{ queue_url = \"{url}\" }}\n"))?, Role::Watcher).await?;
+    let body = text_body(1_200_000);
+    let group = GroupedSend { group: "customer-7".into(), dedup_id: Some("order-42".into()) };
+    host.queue(&queue).context("the queue's handle")?.send_in(Some(&group), &body, Duration::ZERO, Duration::from_secs(60)).await?;
+    host.shutdown().await;
+
+    let script = "sqs = extended(sys.argv[1])\n\
+                  m = sqs.receive_message(QueueUrl=sys.argv[2], MaxNumberOfMessages=1, WaitTimeSeconds=10, AttributeNames=['All'])['Messages'][0]\n\
+                  print(m['Attributes']['MessageGroupId'], m['Attributes']['MessageDeduplicationId'])\n\
+                  sys.stdout.write(m['Body'])\nsys.stdout.flush()\nsqs.delete_message(QueueUrl=sys.argv[2], ReceiptHandle=m['ReceiptHandle'])";
+    let received = python(script, &[&bucket, &url], b"")?;
+    let split = received.iter().position(|&b| b == b'\n').context("the ids' line")?;
+    ensure!(&received[..split] == b"customer-7 order-42", "the group and deduplication ids kept: {}", String::from_utf8_lossy(&received[..split]));
+    let got = &received[split + 1..];
+    ensure!(got == body, "the Extended Client read {} bytes, byte-identical: {}", got.len(), got == body);
+    ensure!(objects_in(&bucket)?.is_empty(), "the Extended Client deleted the object with the message");
     Ok(())
 }

@@ -17,8 +17,9 @@ use async_trait::async_trait;
 use ebb::handler::{Handler, IncomingMessage};
 use ebb::listener::{Listener, QueueSettings};
 use ebb::queue::sqs::{SqsOptions, SqsQueue};
-use ebb::queue::{GroupedSend, Message, MessageId, PopReceipt, QueueClient, QueueError};
+use ebb::queue::{GroupedSend, Message, MessageId, PopReceipt, QueueClient, QueueError, RetryPolicy, Retrying};
 use ebb_tests::azurite::unique_queue_name;
+use ebb_tests::fault_proxy::{FaultMix, FaultProxy};
 use ebb_tests::moto::{Moto, REGION};
 
 const EBB: &str = env!("CARGO_BIN_EXE_ebb-under-test");
@@ -150,6 +151,31 @@ async fn ebb_send_with_group_reaches_boto3_with_its_group_and_dedup_id() -> anyh
                   m = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, MessageSystemAttributeNames=['All'])['Messages']\n\
                   print(len(m), m[0]['Body'], m[0]['Attributes']['MessageGroupId'], m[0]['Attributes']['MessageDeduplicationId'])";
     assert_eq!(moto.boto3(script, &[&format!("{queue}.fifo")]).trim(), "1 hello customer-7 order-42");
+    Ok(())
+}
+
+/// Issue 37: a send to a FIFO queue without content-based deduplication and without a
+/// deduplication id gets one, made once per send: a send whose answers were lost and that
+/// was tried again is one message, and six sends of one body are six. Half the answers are
+/// dropped after moto took the request (the fault proxy, seeded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_without_a_dedup_id_gets_one_per_send_so_its_retries_are_one_message_and_equal_bodies_are_not() -> anyhow::Result<()> {
+    let moto = Moto::shared();
+    let name = format!("{}.fifo", unique_queue_name("gendedup"));
+    create_fifo(moto, &name, false);
+    let proxy = FaultProxy::start_with_mix(moto.port(), FaultMix { server_busy: 0.0, drop_before: 0.0, drop_after: 0.5 }, 7).await;
+    let account = Moto::account_at(&format!("http://127.0.0.1:{}", proxy.port()));
+    let policy = RetryPolicy { max_attempts: 30, base_delay: Duration::from_millis(10), max_delay: Duration::from_millis(100) };
+    let queue = Retrying::new(SqsQueue::new(&account, &name, SqsOptions::default())?, policy);
+    queue.create_if_missing().await?;
+    let send = GroupedSend { group: "g".into(), dedup_id: None };
+    for _ in 0..6 {
+        queue.put_in_group(b"same body", Duration::ZERO, &send).await?;
+    }
+    let sends = proxy.sqs_requests().iter().filter(|(operation, _)| operation == "SendMessage").count();
+    assert!(sends > 6, "some sends reached moto more than once (their answers dropped): {sends} SendMessage requests");
+    let direct = SqsQueue::new(&moto.account(), &name, SqsOptions::default())?;
+    assert_eq!(direct.approximate_count().await?, 6, "one message per send: its retries deduplicated, equal bodies not");
     Ok(())
 }
 

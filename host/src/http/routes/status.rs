@@ -37,7 +37,8 @@ fn host_status(api: &Api) -> HostStatus {
     let cost = Some(CostStatus::total(queues.iter().filter_map(|q| q.cost.as_ref()), price));
     let bus = api.bus.as_ref().map(|b| b.status());
     let storage = crate::http::storage_metrics::status(api.handles.values().flat_map(|h| h.storage_clients()));
-    HostStatus { queues, partitioned, cost, bus, storage }
+    let s3 = crate::http::storage_metrics::s3_status(api.handles.values().filter_map(|h| h.claim_records()));
+    HostStatus { queues, partitioned, cost, bus, storage, s3 }
 }
 
 pub(super) async fn status(State(api): State<Arc<Api>>) -> Json<HostStatus> {

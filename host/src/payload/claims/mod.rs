@@ -35,8 +35,9 @@
 //! - **Sweeper**: `sweeper_task` once per storage queue that offloads bodies.
 //! - **Metrics**: the service's stores are `Recorded`: every call (upload, fetch, delete,
 //!   sweep) is counted in the queue's [`ClaimRecord`], with the requests the Azure store
-//!   retried (each block, commit, range or delete on its own: [`BLOB_RETRY`]) and the calls
-//!   that failed for good.
+//!   retried (each block, commit, range or delete on its own: [`BLOB_RETRY`]; each S3
+//!   request) and the calls that failed for good; the S3 store's requests are metered as
+//!   SQS's are, by price class, and priced (`s3_meter`).
 //!
 //! Every reference is checked before any request is made (`check_reference`): one into
 //! another account, container or embedded queue is [`ClaimError::Foreign`]; a malformed
@@ -47,6 +48,8 @@ mod azure;
 mod embedded;
 mod record;
 mod s3;
+mod s3_meter;
+mod s3_probe;
 mod sweeper;
 
 use std::time::Duration;
@@ -63,6 +66,7 @@ pub use embedded::EmbeddedClaims;
 pub(crate) use record::Recorded;
 pub use record::{ClaimCall, ClaimRecord, ClaimRecords};
 pub use s3::S3Claims;
+pub use s3_meter::{S3Operation, S3RequestCounts, S3Requests};
 #[cfg(test)]
 pub(crate) use sweeper::spawn_sweeper;
 pub(crate) use sweeper::sweeper_task;

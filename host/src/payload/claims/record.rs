@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{ClaimError, ClaimStore, SweepReport};
+use super::{ClaimError, ClaimStore, S3Requests, SweepReport};
 use crate::payload::{AllowedReferences, ClaimCheck};
 
 /// A claim-check call, as the metrics name it.
@@ -52,12 +52,14 @@ pub struct ClaimRecord {
     calls: [AtomicU64; 4],
     retries: [AtomicU64; 4],
     failed: [AtomicU64; 4],
+    /// The S3 store's requests (`s3_meter`): none on another store.
+    s3: S3Requests,
 }
 
 impl ClaimRecord {
     /// An empty record for storage queue `queue`.
     pub fn new(queue: &str) -> Self {
-        ClaimRecord { queue: queue.to_string(), calls: Default::default(), retries: Default::default(), failed: Default::default() }
+        ClaimRecord { queue: queue.to_string(), calls: Default::default(), retries: Default::default(), failed: Default::default(), s3: S3Requests::default() }
     }
 
     /// The storage queue whose bodies these calls moved.
@@ -78,6 +80,11 @@ impl ClaimRecord {
     /// Counts a call the storage failed for good (out of retries, or not worth one).
     pub fn record_failed(&self, call: ClaimCall) {
         self.failed[call.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The S3 requests its calls made.
+    pub fn s3(&self) -> &S3Requests {
+        &self.s3
     }
 
     /// Calls of `call` made.

@@ -13,8 +13,10 @@
 //! - Retries: the SDK's standard mode (jittered exponential back-off,
 //!   `S3_ATTEMPTS` (queue/sqs/account.rs) attempts of each request, on throttling,
 //!   5xx and transport failures). A call failing after that is a transient [`ClaimError`].
+//! - Metering: each request's attempts are counted in the queue's [`ClaimRecord`]
+//!   (`s3_meter.rs`): answered ones by price class, unanswered ones, retries.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use anyhow::anyhow;
@@ -24,7 +26,8 @@ use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{BucketLocationConstraint, CreateBucketConfiguration};
 use bytes::Bytes;
 
-use super::{ClaimError, ClaimStore, SweepReport, admitted_digest, check_reference, sha256};
+use super::s3_meter::Meter;
+use super::{ClaimCall, ClaimError, ClaimRecord, ClaimStore, S3Operation, SweepReport, admitted_digest, check_reference, sha256};
 use crate::payload::{AllowedReferences, BlobRef, ClaimCheck};
 use crate::queue::sqs::SqsAccount;
 
@@ -36,18 +39,36 @@ pub struct S3Claims {
     account: SqsAccount,
     bucket: String,
     /// `<queue>/`: the prefix of every key this store writes.
-    prefix: String,
+    pub(super) prefix: String,
     max_bytes: u64,
     /// Where the next sweep resumes listing (a continuation token), so a bucket of more
     /// objects than one page is covered over successive sweeps.
     sweep_token: Mutex<Option<String>>,
+    /// Where its requests are counted.
+    record: Arc<ClaimRecord>,
 }
 
 impl S3Claims {
     /// The bodies of storage queue `queue` in `bucket` of `account`, at most `max_bytes`
     /// each. Nothing is called until the first put or get.
     pub fn new(account: &SqsAccount, bucket: &str, queue: &str, max_bytes: u64) -> S3Claims {
-        S3Claims { account: account.clone(), bucket: bucket.to_string(), prefix: format!("{queue}/"), max_bytes, sweep_token: Mutex::new(None) }
+        S3Claims::with_record(account, bucket, queue, max_bytes, Arc::new(ClaimRecord::new(queue)))
+    }
+
+    /// [`S3Claims::new`], its requests counted in `record` (the queue's, shared with its
+    /// other stores).
+    pub fn with_record(account: &SqsAccount, bucket: &str, queue: &str, max_bytes: u64, record: Arc<ClaimRecord>) -> S3Claims {
+        S3Claims { account: account.clone(), bucket: bucket.to_string(), prefix: format!("{queue}/"), max_bytes, sweep_token: Mutex::new(None), record }
+    }
+
+    /// Where its requests are counted.
+    pub fn record(&self) -> &Arc<ClaimRecord> {
+        &self.record
+    }
+
+    /// The meter of one request of `operation`, made for `call`.
+    pub(super) fn meter(&self, call: ClaimCall, operation: S3Operation) -> Meter {
+        Meter::new(&self.record, call, operation)
     }
 
     /// The bucket's name.
@@ -55,7 +76,7 @@ impl S3Claims {
         &self.bucket
     }
 
-    async fn client(&self) -> Result<&aws_sdk_s3::Client, ClaimError> {
+    pub(super) async fn client(&self) -> Result<&aws_sdk_s3::Client, ClaimError> {
         self.account.s3_client().await.map_err(|e| ClaimError::Fatal(e.context(format!("s3 bucket {}", self.bucket))))
     }
 
@@ -68,7 +89,7 @@ impl S3Claims {
             let constraint = CreateBucketConfiguration::builder().location_constraint(BucketLocationConstraint::from(region.as_str())).build();
             create = create.create_bucket_configuration(constraint);
         }
-        match create.send().await {
+        match create.customize().interceptor(self.meter(ClaimCall::Upload, S3Operation::Put)).send().await {
             Ok(_) => Ok(()),
             Err(error) if matches!(error.code(), Some("BucketAlreadyOwnedByYou" | "BucketAlreadyExists")) => Ok(()),
             Err(error) => Err(self.classify("create the bucket", &error)),
@@ -78,13 +99,17 @@ impl S3Claims {
     /// The keys of every object in the bucket under this queue's prefix (for tests).
     pub async fn list_keys(&self) -> Result<Vec<String>, ClaimError> {
         let client = self.client().await?;
-        let mut pages = client.list_objects_v2().bucket(&self.bucket).prefix(&self.prefix).into_paginator().send();
-        let mut keys = Vec::new();
-        while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| self.classify("list objects", &e))?;
+        let (mut keys, mut token) = (Vec::new(), None);
+        loop {
+            let list = client.list_objects_v2().bucket(&self.bucket).prefix(&self.prefix).set_continuation_token(token);
+            let page =
+                list.customize().interceptor(self.meter(ClaimCall::Sweep, S3Operation::List)).send().await.map_err(|e| self.classify("list objects", &e))?;
             keys.extend(page.contents.unwrap_or_default().into_iter().filter_map(|object| object.key));
+            token = page.next_continuation_token.filter(|t| !t.is_empty());
+            if token.is_none() {
+                return Ok(keys);
+            }
         }
-        Ok(keys)
     }
 
     fn key_of<'c>(&self, check: &'c ClaimCheck, max_bytes: u64) -> Result<&'c str, ClaimError> {
@@ -96,7 +121,7 @@ impl S3Claims {
     }
 
     /// A failed request as a transient or fatal [`ClaimError`] (a missing object is the caller's).
-    fn classify<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>(&self, verb: &str, error: &SdkError<E>) -> ClaimError {
+    pub(super) fn classify<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>(&self, verb: &str, error: &SdkError<E>) -> ClaimError {
         let text = anyhow!("{verb} in s3 bucket {}: {}", self.bucket, DisplayErrorContext(error));
         let transient = match error {
             SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => true,
@@ -110,7 +135,8 @@ impl S3Claims {
     }
 
     async fn upload(&self, client: &aws_sdk_s3::Client, key: &str, body: &Bytes) -> Result<(), SdkError<aws_sdk_s3::operation::put_object::PutObjectError>> {
-        client.put_object().bucket(&self.bucket).key(key).body(ByteStream::from(body.clone())).send().await.map(drop)
+        let put = client.put_object().bucket(&self.bucket).key(key).body(ByteStream::from(body.clone()));
+        put.customize().interceptor(self.meter(ClaimCall::Upload, S3Operation::Put)).send().await.map(drop)
     }
 }
 
@@ -152,7 +178,8 @@ impl ClaimStore for S3Claims {
     async fn get(&self, check: &ClaimCheck, max_bytes: u64) -> Result<Bytes, ClaimError> {
         let key = self.key_of(check, max_bytes.min(self.max_bytes))?;
         let client = self.client().await?;
-        let object = match client.get_object().bucket(&self.bucket).key(key).send().await {
+        let get = client.get_object().bucket(&self.bucket).key(key).customize().interceptor(self.meter(ClaimCall::Fetch, S3Operation::Get));
+        let object = match get.send().await {
             Ok(object) => object,
             Err(error) if matches!(error.code(), Some("NoSuchKey" | "NoSuchBucket")) => {
                 return Err(ClaimError::Missing { location: check.location.clone() });
@@ -194,7 +221,8 @@ impl ClaimStore for S3Claims {
         // Any size: deleting a body never reads it. S3 answers a delete of a missing key with success.
         let key = self.key_of(check, u64::MAX)?;
         let client = self.client().await?;
-        match client.delete_object().bucket(&self.bucket).key(key).send().await {
+        let delete = client.delete_object().bucket(&self.bucket).key(key).customize().interceptor(self.meter(ClaimCall::Delete, S3Operation::Delete));
+        match delete.send().await {
             Ok(_) => Ok(()),
             Err(error) if error.code() == Some("NoSuchBucket") => Ok(()),
             Err(error) => Err(self.classify("delete a body", &error)),
@@ -206,7 +234,8 @@ impl ClaimStore for S3Claims {
         let token = self.sweep_token.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let client = self.client().await?;
         let mut report = SweepReport { removed: 0, transactions: 1 };
-        let listed = client.list_objects_v2().bucket(&self.bucket).prefix(&self.prefix).max_keys(LIST_PAGE).set_continuation_token(token).send().await;
+        let list = client.list_objects_v2().bucket(&self.bucket).prefix(&self.prefix).max_keys(LIST_PAGE).set_continuation_token(token);
+        let listed = list.customize().interceptor(self.meter(ClaimCall::Sweep, S3Operation::List)).send().await;
         let page = match listed {
             Ok(page) => page,
             Err(error) if error.code() == Some("NoSuchBucket") => return Ok(report),
@@ -219,7 +248,8 @@ impl ClaimStore for S3Claims {
                 continue;
             }
             report.transactions += 1;
-            match client.delete_object().bucket(&self.bucket).key(&key).send().await {
+            let delete = client.delete_object().bucket(&self.bucket).key(&key).customize().interceptor(self.meter(ClaimCall::Sweep, S3Operation::Delete));
+            match delete.send().await {
                 Ok(_) => report.removed += 1,
                 Err(error) => return Err(self.classify("sweep a body", &error)),
             }

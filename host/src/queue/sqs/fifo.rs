@@ -4,6 +4,7 @@
 //! group's messages of one receive in order on this host.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
 
@@ -36,6 +37,33 @@ pub(super) fn fields(attributes: Option<&HashMap<MessageSystemAttributeName, Str
         deduplication_id: attributes.get(&MessageSystemAttributeName::MessageDeduplicationId).cloned(),
         sequence_number: attributes.get(&MessageSystemAttributeName::SequenceNumber).cloned(),
     })
+}
+
+/// Whether a FIFO queue deduplicates by content (its `ContentBasedDeduplication`), as far
+/// as known: unknown until its attributes are read at create.
+#[derive(Debug, Default)]
+pub(super) struct ContentDeduplication(AtomicU8);
+
+impl ContentDeduplication {
+    const OFF: u8 = 1;
+    const ON: u8 = 2;
+
+    /// Takes the attribute's value as read (`None`: not in the answer, so off).
+    pub(super) fn set(&self, attribute: Option<&str>) {
+        let on = attribute.is_some_and(|value| value.eq_ignore_ascii_case("true"));
+        self.0.store(if on { Self::ON } else { Self::OFF }, Ordering::Relaxed);
+    }
+
+    /// Whether it is known to be off: a send then needs a deduplication id.
+    pub(super) fn is_off(&self) -> bool {
+        self.0.load(Ordering::Relaxed) == Self::OFF
+    }
+}
+
+/// A deduplication id for one send: 128 random bits in hex (32 characters, within SQS's 128
+/// and its character set), so two sends never share one.
+pub(super) fn new_dedup_id() -> String {
+    format!("{:032x}", fastrand::u128(..))
 }
 
 /// A plain put to a FIFO queue: refused, naming the parameter it lacks.
@@ -101,6 +129,18 @@ mod tests {
         assert!(reason(&send(&"g".repeat(129), None), Duration::ZERO).contains("group:"));
         assert!(reason(&send("g", Some("")), Duration::ZERO).contains("dedup_id:"));
         assert!(reason(&send("g", None), Duration::from_secs(1)).contains("delay_ms"));
+    }
+
+    #[test]
+    fn an_id_is_generated_only_where_content_deduplication_is_known_to_be_off() {
+        let known = ContentDeduplication::default();
+        assert!(!known.is_off(), "unknown before the attributes are read");
+        for (attribute, off) in [(Some("false"), true), (None, true), (Some("true"), false)] {
+            known.set(attribute);
+            assert_eq!(known.is_off(), off, "{attribute:?}");
+        }
+        let (first, second) = (new_dedup_id(), new_dedup_id());
+        assert!(first != second && first.len() == 32 && refusal(&GroupedSend { group: "g".into(), dedup_id: Some(first) }, Duration::ZERO).is_none());
     }
 
     #[test]

@@ -123,6 +123,8 @@ pub struct SqsQueue {
     setup_requests: AtomicU64,
     /// The dead-letter queue its RedrivePolicy names, once read.
     dead_letter: std::sync::Mutex<Option<DeadLetter>>,
+    /// A FIFO queue's ContentBasedDeduplication, once read ([`fifo::ContentDeduplication`]).
+    content_deduplication: fifo::ContentDeduplication,
     /// What turns offloaded messages into SQS Extended Client pointers and back (the host
     /// gives `payload::ExtendedClientPointers`); `None`: bodies go and come as they are.
     pointers: Option<Arc<dyn Offloads>>,
@@ -190,6 +192,7 @@ impl SqsQueue {
             setup_requests: AtomicU64::new(0),
             dead_letter: std::sync::Mutex::new(None),
             pointers: None,
+            content_deduplication: fifo::ContentDeduplication::default(),
         })
     }
 
@@ -241,8 +244,9 @@ impl SqsQueue {
         result
     }
 
-    /// Sends an offloaded message as the SQS Extended Client's pointer (`pointer`).
-    async fn put_pointer(&self, pointer: S3Pointer, initial_visibility: Duration) -> Result<MessageId, QueueError> {
+    /// Sends an offloaded message as the SQS Extended Client's pointer (`pointer`), in
+    /// `group` on a FIFO queue (the Extended Client keeps a send's group and deduplication ids).
+    async fn put_pointer(&self, pointer: S3Pointer, initial_visibility: Duration, group: Option<&GroupedSend>) -> Result<MessageId, QueueError> {
         let attribute = |data_type: &str, value: String| {
             MessageAttributeValue::builder()
                 .data_type(data_type)
@@ -256,8 +260,11 @@ impl SqsQueue {
             .send_message()
             .queue_url(url)
             .message_body(pointer.to_json())
-            .delay_seconds(seconds_up(initial_visibility, MAX_DELAY))
             .message_attributes(pointer::SIZE_ATTRIBUTE, attribute("Number", pointer.size.to_string())?);
+        send = match group {
+            Some(group) => send.message_group_id(&group.group).set_message_deduplication_id(group.dedup_id.clone()),
+            None => send.delay_seconds(seconds_up(initial_visibility, MAX_DELAY)),
+        };
         if let Some(sha256) = pointer.sha256 {
             send = send.message_attributes(pointer::SHA256_ATTRIBUTE, attribute("String", hex::encode(sha256))?);
         }
@@ -378,9 +385,15 @@ impl SqsQueue {
     async fn read_limits(&self) -> Result<(), QueueError> {
         let url = self.url().await?;
         let client = self.client(Call::Attributes).await?;
-        let names = vec![QueueAttributeName::MaximumMessageSize, QueueAttributeName::RedrivePolicy];
+        let mut names = vec![QueueAttributeName::MaximumMessageSize, QueueAttributeName::RedrivePolicy];
+        if self.is_fifo() {
+            names.push(QueueAttributeName::ContentBasedDeduplication);
+        }
         let read = client.get_queue_attributes().queue_url(url).set_attribute_names(Some(names)).send();
         let answer = self.setup_call(self.call(Call::Attributes, None, read).await)?;
+        if self.is_fifo() {
+            self.content_deduplication.set(answer.attributes.as_ref().and_then(|a| a.get(&QueueAttributeName::ContentBasedDeduplication)).map(String::as_str));
+        }
         self.take_redrive_policy(answer.attributes.as_ref().and_then(|a| a.get(&QueueAttributeName::RedrivePolicy)).map(String::as_str));
         let size = answer.attributes.as_ref().and_then(|a| a.get(&QueueAttributeName::MaximumMessageSize)).and_then(|size| size.parse::<usize>().ok());
         match size {
@@ -589,13 +602,20 @@ impl QueueClient for SqsQueue {
             return Err(fifo::group_needed(&self.name));
         }
         if let Some(pointer) = self.pointers.as_ref().and_then(|pointers| pointers.pointer_of(body)) {
-            return self.put_pointer(pointer, initial_visibility).await;
+            return self.put_pointer(pointer, initial_visibility, None).await;
         }
         self.send(body, initial_visibility, None).await
     }
 
     fn fifo(&self) -> bool {
         self.is_fifo()
+    }
+
+    /// A fresh id for a FIFO queue known to lack content-based deduplication (SQS refuses a
+    /// send there without one); none while that is unknown (before the create's attribute
+    /// read), so such a queue's refusal still names `dedup_id`.
+    fn generated_dedup_id(&self) -> Option<String> {
+        (self.is_fifo() && self.content_deduplication.is_off()).then(fifo::new_dedup_id)
     }
 
     /// A `SendMessage` with `MessageGroupId` (and `MessageDeduplicationId`, if given).
@@ -608,6 +628,9 @@ impl QueueClient for SqsQueue {
         }
         if let Some(refused) = fifo::refusal(send, initial_visibility) {
             return Err(refused);
+        }
+        if let Some(pointer) = self.pointers.as_ref().and_then(|pointers| pointers.pointer_of(body)) {
+            return self.put_pointer(pointer, initial_visibility, Some(send)).await;
         }
         self.send(body, initial_visibility, Some(send)).await
     }

@@ -221,6 +221,7 @@
 
   function update(message) {
     if (message.host) host(message.host);
+    setText($('spark-window'), sparkWindow());
     // A pause that ended by itself is in the audit log: show it.
     if (message.queues.some((r) => !r.paused && (state.rows.get(r.queue) || {}).paused)) setTimeout(guard(loadAudit), 500);
     const poisoned = poisonedOf(logical());

@@ -785,3 +785,246 @@ async fn the_page_says_in_words_when_the_token_is_wrong_or_the_host_is_down_at_1
     }
     Ok(())
 }
+
+/// The elements at `css` that are shown but reach past the window's sides (sideways
+/// scrolling needed to see them), named by id, class or text.
+const OUT_OF_VIEW: &str = "return [...document.querySelectorAll(arguments[0])].filter(e => e.getClientRects().length > 0) \
+     .filter(e => { const r = e.getBoundingClientRect(); return r.left < 0 || r.right > window.innerWidth; }) \
+     .map(e => e.id || e.className || e.textContent)";
+
+impl Browser {
+    /// [`OUT_OF_VIEW`] of `css`.
+    async fn out_of_view(&self, css: &str) -> Result<Vec<String>> {
+        Ok(serde_json::from_value(self.client.execute(OUT_OF_VIEW, vec![json!(css)]).await?)?)
+    }
+
+    /// Clicks the first element at `css` (through the page: it may be under the sticky header).
+    async fn click(&self, css: &str) -> Result<()> {
+        self.client.execute("document.querySelector(arguments[0]).click(); return null", vec![json!(css)]).await?;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_detail_chart_has_clock_times_units_on_separate_axes_and_says_no_pickups_at_1280_and_390_px() -> Result<()> {
+    let (_app, app_addr) = App::start(Duration::ZERO).await;
+    let handler = format!("handler = {{ url = \"http://{app_addr}/work\" }}\n");
+    let started = Instant::now();
+    let host = Host::start(&format!("[queues.orders]\nmax_polling_interval = \"1s\"\n{handler}\n[queues.emails]\n{handler}")).await?;
+    let browser = Browser::start().await?;
+    for (i, width) in WIDTHS.into_iter().enumerate() {
+        browser.at_width(width).await?;
+        if i == 0 {
+            browser.open(&host).await?;
+        }
+        // emails never had a message: its pickup latency says so, not a zero.
+        browser.click(&row("emails", "name")).await?;
+        browser.until("four panels", "return document.querySelectorAll('#detail-chart svg g.panel').length === 4").await?;
+        browser
+            .until(
+                "clock times on every panel's time axis",
+                "return [...document.querySelectorAll('#detail-chart g.panel')].every(g => [...g.querySelectorAll('text.x')].filter(t => /^\\d{1,2}:\\d{2}/.test(t.textContent)).length >= 2)",
+            )
+            .await?;
+        let titles: Vec<String> =
+            serde_json::from_value(browser.script("return [...document.querySelectorAll('#detail-chart text.title')].map(t => t.textContent)").await?)?;
+        for (title, (name, unit)) in titles.iter().zip([("Depth", "messages"), ("Throughput", "msg/s"), ("Pickup latency", "ms"), ("Dequeue tasks", "tasks")]) {
+            ensure!(title.starts_with(&format!("{name} ({unit})")), "a panel's title without its unit at {width} px: {title}");
+        }
+        ensure!(titles.len() == 4 && titles[2].ends_with("now no pickups"), "an idle queue's pickup latency at {width} px: {titles:?}");
+        ensure!(
+            browser.script("return document.querySelector('#detail-chart text.none')?.textContent").await? == json!("no pickups"),
+            "the idle pickup panel says nothing at {width} px"
+        );
+        ensure!(browser.text(&row("emails", "pickup")).await? == "no pickups", "the idle row's pickup at {width} px");
+        // Each panel has its own value axis (0, half, top), not one grid for four scales.
+        let axes = browser.script("return [...document.querySelectorAll('#detail-chart g.panel')].map(g => g.querySelectorAll('text.y').length)").await?;
+        ensure!(axes == json!([3, 3, 3, 3]), "value labels per panel at {width} px: {axes}");
+        // The chart says the window it holds: the host started moments ago, not an hour.
+        let window = browser.text("#chart-window").await?;
+        let held = window.strip_prefix("Last ").and_then(|w| w.split(':').next()).with_context(|| format!("the window: {window}"))?;
+        let (n, unit) = held.split_once(' ').with_context(|| format!("the window: {window}"))?;
+        let held_s = n.parse::<u64>()? * if unit == "min" { 60 } else { 1 };
+        ensure!(unit == "s" || unit == "min", "the window's unit: {window}");
+        ensure!(held_s <= started.elapsed().as_secs() + 60, "the chart says it holds {window}, the host is {:?} old", started.elapsed());
+        let sparks = browser.text("#spark-window").await?;
+        ensure!(!sparks.contains("hour"), "the rows' charts say they hold {sparks}");
+        // No label is cut: each lies inside the chart and the window.
+        let cut = browser
+            .script(
+                "const s = document.querySelector('#detail-chart svg').getBoundingClientRect(); \
+                 return [...document.querySelectorAll('#detail-chart text')].filter(t => { const r = t.getBoundingClientRect(); \
+                 return r.left < s.left - 1 || r.right > s.right + 1 || r.top < s.top - 1 || r.bottom > s.bottom + 1 || r.left < 0 || r.right > window.innerWidth; }).map(t => t.textContent)",
+            )
+            .await?;
+        ensure!(cut == json!([]), "labels cut at {width} px: {cut}");
+        browser.script("document.getElementById('detail').scrollIntoView(); return null").await?;
+        browser.keep_screenshot("chart-idle", width).await?;
+
+        // Messages flow, then stop: the pickup latency is shown while they flow, then says
+        // "no pickups" again (the last value is not carried forward).
+        browser.click(&row("orders", "name")).await?;
+        if i == 0 {
+            for n in 0..30 {
+                host.send("orders", &format!("message {n}")).await?;
+            }
+            browser
+                .until("a pickup latency on the orders row", &format!("return /\\d/.test(document.querySelector('{}').textContent)", row("orders", "pickup")))
+                .await?;
+        }
+        browser
+            .until(
+                "the orders row to say no pickups once they stopped",
+                &format!("return document.querySelector('{}').textContent === 'no pickups'", row("orders", "pickup")),
+            )
+            .await?;
+        browser
+            .until(
+                "the pickups drawn where they were",
+                "return document.querySelectorAll('#detail-chart g.panel')[2].querySelectorAll('path, circle').length > 0",
+            )
+            .await?;
+        let pickup = browser.script("return document.querySelectorAll('#detail-chart text.title')[2].textContent").await?;
+        ensure!(pickup.as_str().is_some_and(|t| t.ends_with("now no pickups")), "the pickup panel after the traffic at {width} px: {pickup}");
+        browser.script("document.getElementById('detail').scrollIntoView(); return null").await?;
+        browser.keep_screenshot("chart-traffic", width).await?;
+    }
+    let errors: Vec<String> = browser.errors().await?.into_iter().filter(|m| !m.contains("401")).collect();
+    ensure!(errors.is_empty(), "the browser logged errors: {errors:?}\nhost log:\n{}", host.log());
+    browser.close().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_state_button_and_poison_body_is_reached_without_scrolling_sideways_at_1280_and_390_px() -> Result<()> {
+    let (_app, app_addr) = App::start(Duration::ZERO).await;
+    let handler = format!("handler = {{ url = \"http://{app_addr}/work\" }}\n");
+    let queues = format!(
+        "[queues.orders]\nmax_dequeue_count = 1\nmax_polling_interval = \"1s\"\nrule = \"paper.wasm\"\n{handler}\n\
+         [queues.emails]\n{handler}\n[queues.invoices]\npartitions = 2\n{handler}"
+    );
+    let host = Host::start(&queues).await?;
+    host.send("orders", "poison: a long body that does not fit a phone's width, 0123456789012345678901234567890123456789").await?;
+    host.send("orders", "poison two").await?;
+    wait_until("both messages poisoned", || async { host.queue_status("orders").await.is_ok_and(|q| q["poisoned"] == 2) }).await;
+    reqwest::Client::new().post(host.url("/queues/emails/pause")).bearer_auth(TOKEN).send().await?.error_for_status()?;
+    let browser = Browser::start().await?;
+    for (i, width) in WIDTHS.into_iter().enumerate() {
+        browser.at_width(width).await?;
+        if i == 0 {
+            browser.open(&host).await?;
+        } else {
+            browser.client.goto(&host.url("/")).await?;
+            browser.until("the queue table", "return document.querySelectorAll('#queues tbody tr').length > 0").await?;
+        }
+        browser.click("tr.group[data-logical=\"invoices\"] button.expand").await?;
+        browser.until("the partitions shown", "return document.querySelector('tr[data-queue=\"invoices-1\"]').getClientRects().length > 0").await?;
+        browser.until("the paused emails", &format!("return document.querySelector('{}').textContent === 'paused'", row("emails", "state"))).await?;
+        let header = browser.script("return document.querySelector('header').getBoundingClientRect().height / window.innerHeight").await?;
+        ensure!(header.as_f64().is_some_and(|h| h <= 0.2), "the sticky header takes {header} of the screen's height at {width} px");
+        let wide = browser.script("return [document.documentElement.scrollWidth, window.innerWidth]").await?;
+        ensure!(wide[0].as_f64() <= wide[1].as_f64(), "the page scrolls sideways at {width} px: {wide}");
+        let out = browser.out_of_view("#queues td.state, #queues td.name, #queues .trouble, #queues button, #queues td.pickup").await?;
+        ensure!(out.is_empty(), "out of view at {width} px: {out:?}");
+        browser.script("window.scrollTo(0, 0); return null").await?;
+        browser.keep_screenshot("layout-overview", width).await?;
+
+        browser.click(&row("orders", "name")).await?;
+        browser.until("two poison rows", "return document.querySelectorAll('#poison tbody td.body').length === 2").await?;
+        browser
+            .until(
+                "the rule and decisions",
+                "return document.querySelectorAll('#rule dd').length > 0 && document.querySelectorAll('#decisions tbody td').length > 0",
+            )
+            .await?;
+        let out =
+            browser.out_of_view("#detail button, #detail input, #poison td.body, #poison td, #detail-chart text, #decisions td, #swaps td, #audit td").await?;
+        ensure!(out.is_empty(), "out of view in the detail at {width} px: {out:?}");
+        let wide = browser.script("return [document.documentElement.scrollWidth, window.innerWidth]").await?;
+        ensure!(wide[0].as_f64() <= wide[1].as_f64(), "the detail scrolls sideways at {width} px: {wide}");
+        // Scrolled to the poison list, the sticky header still leaves the screen to it.
+        browser.script("document.getElementById('poison').scrollIntoView(); return null").await?;
+        let header = browser.script("return document.querySelector('header').getBoundingClientRect().height / window.innerHeight").await?;
+        ensure!(header.as_f64().is_some_and(|h| h <= 0.2), "the sticky header takes {header} of the screen's height at {width} px");
+        ensure!(browser.in_view("#poison button.requeue-one").await?, "a requeue button is out of view at {width} px");
+        browser.keep_screenshot("layout-poison", width).await?;
+    }
+    let errors: Vec<String> = browser.errors().await?.into_iter().filter(|m| !m.contains("401")).collect();
+    ensure!(errors.is_empty(), "the browser logged errors: {errors:?}\nhost log:\n{}", host.log());
+    browser.close().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_poison_list_follows_the_stream_newest_first_and_requeue_all_asks_naming_the_count_at_1280_and_390_px() -> Result<()> {
+    let (app, app_addr) = App::start(Duration::ZERO).await;
+    let handler = format!("handler = {{ url = \"http://{app_addr}/work\" }}\n");
+    let queues = format!("[queues.orders]\nmax_dequeue_count = 1\nmax_polling_interval = \"1s\"\n{handler}\n[queues.invoices]\npartitions = 2\n{handler}");
+    let host = Host::start(&queues).await?;
+    let browser = Browser::start().await?;
+    let mut poisoned = 0;
+    for (i, width) in WIDTHS.into_iter().enumerate() {
+        app.healed.store(false, Ordering::Relaxed);
+        let first = format!("poison 1 at {width}");
+        host.send("orders", &first).await?;
+        poisoned += 1;
+        wait_until("the first poisoned", || async { host.queue_status("orders").await.is_ok_and(|q| q["poisoned"] == poisoned) }).await;
+        browser.at_width(width).await?;
+        if i == 0 {
+            browser.open(&host).await?;
+        }
+        browser.click(&row("orders", "name")).await?;
+        browser.until("one poison row", "return document.querySelectorAll('#poison tbody td.body').length === 1").await?;
+
+        // Two more are poisoned while the list is open: it shows them without a click.
+        for n in [2, 3] {
+            host.send("orders", &format!("poison {n} at {width}")).await?;
+            poisoned += 1;
+            wait_until("the next poisoned", || async { host.queue_status("orders").await.is_ok_and(|q| q["poisoned"] == poisoned) }).await;
+        }
+        browser.until("three poison rows, with no click", "return document.querySelectorAll('#poison tbody td.body').length === 3").await?;
+        let bodies: Vec<String> =
+            serde_json::from_value(browser.script("return [...document.querySelectorAll('#poison tbody td.body')].map(t => t.textContent)").await?)?;
+        ensure!(bodies == [3, 2, 1].map(|n| format!("poison {n} at {width}")), "the list is not newest first at {width} px: {bodies:?}");
+        ensure!(browser.text("#poison-note").await?.contains("newest first"), "the note: {}", browser.text("#poison-note").await?);
+
+        // Requeue all asks first, naming the count; nothing moves until confirmed.
+        browser.click("#requeue-all").await?;
+        browser.until("the question", "return !document.getElementById('requeue-all-ask').hidden").await?;
+        let ask = browser.text("#requeue-all-text").await?;
+        ensure!(ask.contains("all 3 poison messages of orders"), "the question at {width} px: {ask}");
+        ensure!(browser.text("#requeue-all-yes").await? == "Requeue 3", "the confirming button: {}", browser.text("#requeue-all-yes").await?);
+        ensure!(
+            browser.in_view("#requeue-all-yes").await? && browser.in_view("#requeue-all-no").await?,
+            "the question's buttons are out of view at {width} px"
+        );
+        browser.script("document.getElementById('requeue-all-ask').scrollIntoView({ block: 'center' }); return null").await?;
+        browser.keep_screenshot("requeue-all-ask", width).await?;
+        browser.click("#requeue-all-no").await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let listed = host.get("/queues/orders/poison").await?["messages"].as_array().map_or(0, Vec::len);
+        ensure!(listed == 3, "cancel moved messages: {listed} left");
+        ensure!(browser.script("return document.getElementById('requeue-all-ask').hidden").await? == json!(true), "the question stayed");
+        app.healed.store(true, Ordering::Relaxed);
+        browser.click("#requeue-all").await?;
+        browser.click("#requeue-all-yes").await?;
+        wait_until("the requeued messages handled", || async { app.handled().iter().filter(|b| b.ends_with(&format!(" at {width}"))).count() == 3 }).await;
+        browser.until("the emptied list to say so", "return document.querySelector('#poison tbody').textContent === 'No poison message.'").await?;
+
+        // A partition's detail pauses its whole queue, and says so.
+        browser.click("tr.group[data-logical=\"invoices\"] button.expand").await?;
+        browser.click(&row("invoices-1", "name")).await?;
+        browser.until("the pause of all partitions", "return document.getElementById('pause').textContent === 'Pause all 2 partitions'").await?;
+        ensure!(browser.text("#pause-scope").await?.contains("invoices as a whole"), "the scope: {}", browser.text("#pause-scope").await?);
+        browser.click("#pause").await?;
+        for part in ["invoices-0", "invoices-1"] {
+            browser.until(&format!("{part} paused"), &format!("return document.querySelector('{}').textContent === 'paused'", row(part, "state"))).await?;
+        }
+        browser.script("window.scrollTo(0, 0); return null").await?;
+        browser.keep_screenshot("partition-pause", width).await?;
+        browser.click("#resume").await?;
+        browser.until("invoices running", &format!("return document.querySelector('{}').textContent === 'running'", row("invoices-0", "state"))).await?;
+        browser.click("tr.group[data-logical=\"invoices\"] button.expand").await?;
+    }
+    let errors: Vec<String> = browser.errors().await?.into_iter().filter(|m| !m.contains("401")).collect();
+    ensure!(errors.is_empty(), "the browser logged errors: {errors:?}\nhost log:\n{}", host.log());
+    browser.close().await
+}

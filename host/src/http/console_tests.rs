@@ -176,6 +176,22 @@ async fn the_history_keeps_the_last_hour_and_a_late_stream_gets_it_whole() -> Re
     Ok(())
 }
 
+/// Samples say when nothing was picked up: no pickup latency (`null`), not a zero that reads
+/// as an instant pickup (a pickup carried forward is the browser test's).
+#[tokio::test(start_paused = true)]
+async fn a_queue_that_picked_nothing_up_has_no_pickup_latency_in_its_samples_or_row() -> Result<()> {
+    let (router, _queues) = api(CancellationToken::new());
+    tokio::time::sleep(SAMPLE_EVERY * 3).await;
+    let mut events = Events::open(&router).await?;
+    let hello = events.next().await?.context("no hello")?;
+    let data = &hello[0].1;
+    let alpha = data["history"]["series"]["alpha"].as_array().context("no alpha")?;
+    ensure!(alpha.len() >= 3, "samples of alpha: {alpha:?}");
+    assert!(alpha.iter().all(|p| p[2].is_null()), "the pickup latencies of a queue that picked nothing up: {alpha:?}");
+    assert!(data["queues"][0]["pickup_latency_ms"].is_null(), "alpha's row: {}", data["queues"][0]);
+    Ok(())
+}
+
 #[tokio::test(start_paused = true)]
 async fn streams_beyond_the_limit_get_503_until_one_closes() -> Result<()> {
     let (router, _queues) = api(CancellationToken::new());

@@ -53,14 +53,18 @@ pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// Processed counts kept per queue for the throughput: about 10 s at [`PUSH_EVERY`].
 const THROUGHPUT_POINTS: usize = 6;
 
-/// One sample of a queue: depth, throughput (messages per second), pickup latency (ms),
-/// active tasks. `f32` keeps 360 of them per queue at 5.6 KiB.
+/// One sample of a queue: depth, throughput (messages per second), pickup latency (ms; NaN,
+/// sent as `null`, when nothing was picked up since the sample before), active tasks. `f32`
+/// keeps 360 of them per queue at 5.6 KiB.
 type Point = [f32; 4];
 
 struct Series {
     points: VecDeque<Point>,
-    /// (when, processed so far), the last few reads, for the throughput.
-    processed: VecDeque<(Instant, u64)>,
+    /// (when, processed so far, settled so far), the last few reads, for the throughput and
+    /// whether anything was picked up lately.
+    processed: VecDeque<(Instant, u64, u64)>,
+    /// Messages settled (handled, failed or poisoned) when the last sample was taken.
+    settled_at_sample: u64,
 }
 
 struct History {
@@ -114,8 +118,9 @@ fn cost_json(cost: &CostStatus) -> serde_json::Value {
 
 /// A queue's row: what the table shows. Only figures that change with the queue's state
 /// (no timestamps), so an idle queue's row stays the same and is not sent again.
-/// `not_ready`: why its storage cannot work now (`/readyz`'s storage or credential problem).
-fn row_json(logical: &str, status: &ListenerStatus, throughput: f64, price: f64, not_ready: Option<&str>) -> String {
+/// `pickup_ms`: the pickup latency, `None` when nothing was picked up lately. `not_ready`: why
+/// its storage cannot work now (`/readyz`'s storage or credential problem).
+fn row_json(logical: &str, status: &ListenerStatus, throughput: f64, pickup_ms: Option<u64>, price: f64, not_ready: Option<&str>) -> String {
     let cost = queue_cost(status, price);
     let rule = status.rule.as_ref();
     // The last call of an export faulted (the built-in rule decided instead); a quarantined
@@ -132,7 +137,7 @@ fn row_json(logical: &str, status: &ListenerStatus, throughput: f64, price: f64,
         "target_tasks": status.target_tasks,
         "in_flight": status.in_flight,
         "throughput_per_sec": round(throughput, 2),
-        "pickup_latency_ms": status.pickup_latency_ms,
+        "pickup_latency_ms": pickup_ms,
         "cost": cost.as_ref().map(cost_json),
         "paused": status.paused,
         "processed": status.processed,
@@ -160,7 +165,7 @@ impl Console {
         let names: Vec<String> = api.listeners.values().flatten().map(|l| l.queue_name().to_string()).collect();
         let now = Instant::now();
         let history = History {
-            series: names.iter().map(|_| Series { points: VecDeque::new(), processed: VecDeque::new() }).collect(),
+            series: names.iter().map(|_| Series { points: VecDeque::new(), processed: VecDeque::new(), settled_at_sample: 0 }).collect(),
             times_ms: VecDeque::new(),
             taken: 0,
             next_sample: now,
@@ -213,25 +218,34 @@ impl Console {
         for (index, (logical, listener)) in listeners.enumerate() {
             let status = if watched { listener.status() } else { listener.status_as_is() };
             let Some(series) = history.series.get_mut(index) else { break };
-            series.processed.push_back((now, status.processed));
+            let settled = status.processed.saturating_add(status.failed).saturating_add(status.poisoned);
+            series.processed.push_back((now, status.processed, settled));
             if series.processed.len() > THROUGHPUT_POINTS {
                 series.processed.pop_front();
             }
-            let throughput = match series.processed.front() {
-                Some(&(at, processed)) if now > at => status.processed.saturating_sub(processed) as f64 / now.duration_since(at).as_secs_f64(),
-                _ => 0.0,
+            let (throughput, settled_lately) = match series.processed.front() {
+                Some(&(at, processed, settled_then)) if now > at => {
+                    (status.processed.saturating_sub(processed) as f64 / now.duration_since(at).as_secs_f64(), settled > settled_then)
+                }
+                _ => (0.0, false),
             };
+            // The pickup latency is the last get's: it holds while nothing is picked up, so
+            // it is shown only while messages are (settled lately, or held now).
+            let picking = status.in_flight > 0;
             if sample {
                 if series.points.len() == SAMPLES_KEPT {
                     series.points.pop_front();
                 }
-                let pickup = status.pickup_latency_ms.unwrap_or(0) as f32;
+                let picked = picking || settled > series.settled_at_sample;
+                series.settled_at_sample = settled;
+                let pickup = status.pickup_latency_ms.filter(|_| picked).map_or(f32::NAN, |ms| ms as f32);
                 series.points.push_back([status.approximate_depth as f32, round(throughput, 2) as f32, pickup, status.active_tasks as f32]);
             }
             let queue_price = api.price_of(logical);
             costs.extend(queue_cost(&status, queue_price));
             paused += usize::from(status.paused.is_some());
-            let row = row_json(logical, &status, throughput, queue_price, not_ready(logical));
+            let pickup = status.pickup_latency_ms.filter(|_| picking || settled_lately);
+            let row = row_json(logical, &status, throughput, pickup, queue_price, not_ready(logical));
             rows.push(match previous.rows.get(index) {
                 Some(old) if **old == *row => old.clone(),
                 _ => Arc::from(row),

@@ -9,7 +9,8 @@
   const $ = (id) => document.getElementById(id);
   const state = {
     role: 'admin', rows: new Map(), trs: new Map(), times: [], series: new Map(), kept: 360,
-    selected: null, poison: [], poisonPage: 0, stream: null, detailTimer: null,
+    selected: null, poison: [], poisonPage: 0, stream: null, detailTimer: null, sampleEvery: 10000,
+    poisonLoading: null, poisonAgain: false,
     // Partitioned queues: logical name → { tr, parts }; the ones shown open.
     groups: new Map(), expanded: new Set(), downSince: null,
   };
@@ -32,6 +33,17 @@
   const ms = (n) => (n === null || n === undefined) ? '–' : (n >= 10000 ? fmt(n / 1000, 1) + ' s' : fmt(n) + ' ms');
   const time = (t) => { const d = new Date(t); return isNaN(d) ? String(t) : d.toLocaleString(); };
   const short = (hash) => hash ? hash.slice(0, 12) : '–';
+  const clock = (t, seconds) => new Date(t).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: seconds ? '2-digit' : undefined });
+
+  // Each cell carries its column's name, shown above it where a narrow screen stacks the
+  // table's rows (the header row is hidden there).
+  const heads = new Map();
+  function labelRow(table, tr) {
+    if (!heads.has(table.id)) heads.set(table.id, [...table.tHead.rows[0].cells].map((th) => th.getAttribute('aria-label') || th.textContent.trim()));
+    const names = heads.get(table.id);
+    [...tr.cells].forEach((td, i) => { if (names[i]) td.dataset.label = names[i]; });
+    return tr;
+  }
 
   function toast(text, bad) {
     const t = $('toast');
@@ -187,6 +199,7 @@
 
   function hello(message) {
     state.kept = message.samples_kept;
+    state.sampleEvery = message.sample_every_ms || state.sampleEvery;
     state.times = message.history.times_ms;
     state.series = new Map(Object.entries(message.history.series));
     state.rows.clear();
@@ -200,6 +213,7 @@
     $('queues').tBodies[0].append(fresh);
     applyFilter();
     for (const queue of state.trs.keys()) drawSpark(queue);
+    setText($('spark-window'), sparkWindow());
     if (state.selected && state.rows.has(state.selected)) drawDetail();
     const linked = /^#poison\/(.+)$/.exec(location.hash);
     if (linked) openPoison(decodeURIComponent(linked[1]));
@@ -207,10 +221,14 @@
 
   function update(message) {
     if (message.host) host(message.host);
+    setText($('spark-window'), sparkWindow());
     // A pause that ended by itself is in the audit log: show it.
     if (message.queues.some((r) => !r.paused && (state.rows.get(r.queue) || {}).paused)) setTimeout(guard(loadAudit), 500);
+    const poisoned = poisonedOf(logical());
     for (const row of message.queues) setRow(row);
     if (state.selected && message.queues.some((r) => r.queue === state.selected)) { detailHeader(); drawDetail(); }
+    // A message poisoned meanwhile: the open list follows the stream.
+    if (state.selected && poisonedOf(logical()) !== poisoned) quiet(loadPoison)();
   }
 
   function samples(message) {
@@ -224,6 +242,7 @@
       state.series.set(queue, series);
       drawSpark(queue);
     }
+    setText($('spark-window'), sparkWindow());
     if (state.selected) drawDetail();
   }
 
@@ -261,9 +280,10 @@
       const spark = el('canvas', null, 'spark');
       spark.width = 160 * devicePixelRatio;
       spark.height = 28 * devicePixelRatio;
-      const td = el('td');
+      const td = el('td', null, 'chart');
       td.append(spark);
       tr.append(td);
+      labelRow($('queues'), tr);
       tr.addEventListener('click', () => select(row.queue));
       state.trs.set(row.queue, tr);
       if (part) { state.groups.get(row.logical).parts.add(row.queue); tr.hidden = !state.expanded.has(row.logical); }
@@ -275,7 +295,7 @@
     setText(cells[1], fmt(row.depth));
     setText(cells[2], `${row.active_tasks} / ${row.target_tasks}`);
     setText(cells[3], fmt(row.throughput_per_sec, 2));
-    setText(cells[4], ms(row.pickup_latency_ms));
+    setText(cells[4], row.pickup_latency_ms === null ? 'no pickups' : ms(row.pickup_latency_ms));
     setText(cells[5], row.cost ? fmt(row.cost.transactions_per_hour) : 'not metered');
     setText(cells[6], row.cost ? usd(row.cost.usd_per_month) : '–');
     const rule = row.rule;
@@ -320,7 +340,8 @@
     tr.cells[0].prepend(el('button', '▸', 'expand'));
     tr.cells[0].children[0].type = 'button';
     tr.cells[0].children[0].setAttribute('aria-label', 'show partitions');
-    tr.append(el('td'));
+    tr.append(el('td', null, 'chart'));
+    labelRow($('queues'), tr);
     tr.addEventListener('click', () => toggle(logical));
     state.groups.set(logical, { tr, parts: new Set() });
     (into || $('queues').tBodies[0]).append(tr);
@@ -383,24 +404,39 @@
     setText($('filter-empty'), shown > 0 ? '' : `No queue matches "${$('filter').value.trim()}".`);
   }
 
-  // The kept samples of a queue and, last, its live figures.
+  // The kept samples of a queue and, last, its live figures; a pickup latency is null where
+  // nothing was picked up.
   function points(queue) {
     const series = state.series.get(queue) || [];
     const row = state.rows.get(queue);
     if (!row) return series;
-    return series.concat([[row.depth, row.throughput_per_sec, row.pickup_latency_ms || 0, row.active_tasks]]);
+    return series.concat([[row.depth, row.throughput_per_sec, row.pickup_latency_ms, row.active_tasks]]);
   }
 
-  function line(ctx, values, color, x0, y0, width, height, max) {
-    if (values.length === 0) return;
-    const top = max || Math.max(1, ...values);
+  // The times of `points(queue)`: the kept samples' (the newest ones, if the queue's series
+  // is shorter), then now.
+  function timesOf(count) {
+    return state.times.slice(Math.max(0, state.times.length - (count - 1))).concat([Date.now()]);
+  }
+
+  // What the charts hold, in words: "last 40 s", "last 12 min", "last hour".
+  function span(ms) {
+    if (ms < 90000) return `last ${Math.max(1, Math.round(ms / 1000))} s`;
+    if (ms < 3570000) return `last ${Math.round(ms / 60000)} min`;
+    return 'last hour';
+  }
+  const sparkWindow = () => 'Chart, ' + span(state.times.length ? Date.now() - state.times[0] : 0);
+
+  // One line, broken where a value is null. `y` maps a value to its height.
+  function line(ctx, values, color, x0, width, y) {
     const step = values.length > 1 ? width / (values.length - 1) : 0;
     ctx.strokeStyle = color;
     ctx.beginPath();
+    let drawing = false;
     values.forEach((v, i) => {
-      const x = x0 + i * step;
-      const y = y0 + height - (Math.min(v, top) / top) * height;
-      if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
+      if (v === null || v === undefined) { drawing = false; return; }
+      if (drawing) ctx.lineTo(x0 + i * step, y(v)); else ctx.moveTo(x0 + i * step, y(v));
+      drawing = true;
     });
     ctx.stroke();
   }
@@ -415,6 +451,8 @@
     return palette;
   };
 
+  // A row's chart: depth in the top half, msg/s in the bottom half, each on its own scale
+  // (two small strips, not two lines of different units on one).
   function drawSpark(queue) {
     const tr = state.trs.get(queue);
     if (!tr || tr.hidden) return;
@@ -424,9 +462,13 @@
     const p = points(queue);
     ctx.clearRect(0, 0, canvas.width, canvas.height);
     ctx.lineWidth = devicePixelRatio;
-    const pad = 2 * devicePixelRatio;
-    line(ctx, p.map((x) => x[0]), depth, 0, pad, canvas.width, canvas.height - 2 * pad);
-    line(ctx, p.map((x) => x[1]), tput, 0, pad, canvas.width, canvas.height - 2 * pad);
+    const pad = devicePixelRatio;
+    const half = canvas.height / 2;
+    [[0, depth, 0], [1, tput, half]].forEach(([i, color, top]) => {
+      const values = p.map((x) => x[i]);
+      const max = Math.max(1, ...values);
+      line(ctx, values, color, 0, canvas.width, (v) => top + half - pad - (Math.min(v, max) / max) * (half - 2 * pad));
+    });
   }
 
   // --- one queue's detail ---------------------------------------------------------------
@@ -437,6 +479,7 @@
     $('detail').hidden = false;
     $('purge-confirm').value = '';
     $('purge').disabled = true;
+    $('requeue-all-ask').hidden = true;
     detailHeader();
     drawDetail();
     clearInterval(state.detailTimer);
@@ -450,6 +493,16 @@
     return row ? row.logical : state.selected;
   }
 
+  // The partitions of the selected queue (itself alone when it has none).
+  function partitions() {
+    const group = state.groups.get(logical());
+    return group ? [...group.parts] : [state.selected];
+  }
+
+  function poisonedOf(name) {
+    return [...state.rows.values()].reduce((n, r) => n + (r.logical === name ? r.poisoned : 0), 0);
+  }
+
   function detailHeader() {
     const row = state.rows.get(state.selected);
     if (!row) return;
@@ -457,37 +510,94 @@
     setText($('detail-title'), `${row.queue} · ${text} · ${fmt(row.processed)} processed, ${fmt(row.failed)} failed, ${fmt(row.poisoned)} poisoned`);
     $('pause').disabled = !!row.paused;
     $('resume').disabled = !row.paused;
+    // A queue is paused whole: a partition holds an arbitrary share of its keys, so pausing
+    // one would stop some keys' messages and not others.
+    const parts = partitions().length;
+    setText($('pause'), parts > 1 ? `Pause all ${parts} partitions` : 'Pause');
+    setText($('resume'), parts > 1 ? `Resume all ${parts} partitions` : 'Resume');
+    setText($('pause-scope'), parts > 1 ? `Pause and resume act on ${row.logical} as a whole, all ${parts} partitions.` : '');
   }
 
+  // --- the detail chart: small multiples, each series on its own axis with its unit --------
+
+  const SVG_NS = 'http://www.w3.org/2000/svg';
+  function svg(tag, attrs, text) {
+    const e = document.createElementNS(SVG_NS, tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+
+  // A round top for an axis: 1, 2 or 5 times a power of ten.
+  function niceTop(max) {
+    if (!(max > 0)) return 1;
+    const p = 10 ** Math.floor(Math.log10(max));
+    return [1, 2, 5, 10].map((m) => m * p).find((t) => t >= max * 0.999);
+  }
+  const compact = (n) => n >= 1e6 ? fmt(n / 1e6, 1) + 'M' : n >= 1e4 ? fmt(n / 1e3, 1) + 'k' : fmt(n, n < 10 ? 2 : 0);
+  const TICK_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800].map((s) => s * 1000);
+
+  const PANELS = [
+    { name: 'Depth', unit: 'messages' },
+    { name: 'Throughput', unit: 'msg/s' },
+    { name: 'Pickup latency', unit: 'ms', none: 'no pickups' },
+    { name: 'Dequeue tasks', unit: 'tasks' },
+  ];
+
   function drawDetail() {
-    const canvas = $('detail-chart');
-    const width = canvas.clientWidth || 960;
-    if (canvas.width !== width * devicePixelRatio) { canvas.width = width * devicePixelRatio; canvas.height = 220 * devicePixelRatio; }
-    const ctx = canvas.getContext('2d');
-    const r = devicePixelRatio;
-    ctx.setTransform(r, 0, 0, r, 0, 0);
-    ctx.clearRect(0, 0, width, 220);
+    const box = $('detail-chart');
+    const width = Math.floor(box.clientWidth);
+    if (!width || !state.selected) return;
     const p = points(state.selected);
-    const left = 8, top = 18, w = width - 16, h = 170;
-    ctx.strokeStyle = '#e4e7ec';
-    ctx.lineWidth = 1;
-    for (let i = 0; i <= 4; i++) { ctx.beginPath(); ctx.moveTo(left, top + (h * i) / 4); ctx.lineTo(left + w, top + (h * i) / 4); ctx.stroke(); }
-    ctx.lineWidth = 1.5;
-    const names = ['depth', 'msg/s', 'pickup ms', 'tasks'];
+    const times = timesOf(p.length);
+    const from = times[0], to = times[times.length - 1];
+    const held = span(to - from);
+    setText($('chart-window'), `${held[0].toUpperCase() + held.slice(1)}: ${clock(from, to - from < 600000)}–${clock(to, to - from < 600000)}, a sample every ${state.sampleEvery / 1000} s (the host keeps the last hour).`);
+    const cols = width >= 720 ? 2 : 1, gap = 16, ph = 140;
+    const pw = (width - gap * (cols - 1)) / cols;
+    const height = Math.ceil(PANELS.length / cols) * (ph + gap) - gap;
+    const root = svg('svg', { width, height, viewBox: `0 0 ${width} ${height}`, role: 'img', 'aria-label': 'the queue over time' });
     const c = colors();
-    ctx.font = '11px system-ui, sans-serif';
-    names.forEach((name, i) => {
-      const values = p.map((x) => x[i]);
-      const max = Math.max(1, ...values);
-      line(ctx, values, c[i], left, top, w, h, max);
-      ctx.fillStyle = c[i];
-      ctx.fillText(`max ${name} ${fmt(max, 2)}`, left + i * 150, 12);
+    PANELS.forEach((panel, i) => {
+      const g = svg('g', { class: 'panel', transform: `translate(${(i % cols) * (pw + gap)},${Math.floor(i / cols) * (ph + gap)})` });
+      let values = p.map((x) => (x[i] === null || x[i] === undefined ? null : Number(x[i])));
+      let unit = panel.unit;
+      const present = values.filter((v) => v !== null);
+      if (unit === 'ms' && Math.max(0, ...present) >= 10000) { values = values.map((v) => (v === null ? null : v / 1000)); unit = 's'; }
+      const now = values[values.length - 1];
+      const top = niceTop(Math.max(0, ...values.filter((v) => v !== null)));
+      const left = 44, right = pw - 8, y0 = 22, y1 = ph - 20;
+      const y = (v) => y1 - (Math.min(v, top) / top) * (y1 - y0);
+      const nowText = now === null ? (panel.none || '–') : compact(now);
+      g.append(svg('text', { x: 0, y: 12, class: 'title' }, `${panel.name} (${unit}) · now ${nowText}`));
+      for (const v of [0, top / 2, top]) {
+        g.append(svg('line', { x1: left, x2: right, y1: y(v), y2: y(v), class: 'grid' }));
+        g.append(svg('text', { x: left - 4, y: y(v) + 4, 'text-anchor': 'end', class: 'y' }, compact(v)));
+      }
+      // Clock times on the time axis, at round steps, no more than fit.
+      const x = (t) => left + (to > from ? ((t - from) / (to - from)) * (right - left) : right - left);
+      const most = Math.max(2, Math.floor((right - left) / 70));
+      const step = TICK_STEPS.find((s) => (to - from) / s <= most) || 3600000;
+      for (let t = Math.ceil(from / step) * step; t <= to; t += step) {
+        const at = x(t);
+        if (at < left + 22 || at > right - 22) continue;
+        g.append(svg('line', { x1: at, x2: at, y1: y1, y2: y1 + 4, class: 'axis' }));
+        g.append(svg('text', { x: at, y: ph - 4, 'text-anchor': 'middle', class: 'x' }, clock(t, step < 60000)));
+      }
+      g.append(svg('line', { x1: left, x2: right, y1: y1, y2: y1, class: 'axis' }));
+      let d = '', drawing = false;
+      values.forEach((v, k) => {
+        if (v === null) { drawing = false; return; }
+        d += `${drawing ? 'L' : 'M'}${x(times[k]).toFixed(1)} ${y(v).toFixed(1)}`;
+        drawing = true;
+      });
+      if (d) g.append(svg('path', { d, fill: 'none', stroke: c[i], 'stroke-width': 1.5 }));
+      // A lone point draws no line: a dot shows it.
+      if (present.length === 1 && values.length > 1) { const k = values.findIndex((v) => v !== null); g.append(svg('circle', { cx: x(times[k]), cy: y(values[k]), r: 2, fill: c[i] })); }
+      if (panel.none && present.length === 0) g.append(svg('text', { x: (left + right) / 2, y: (y0 + y1) / 2, 'text-anchor': 'middle', class: 'none' }, panel.none));
+      root.append(g);
     });
-    ctx.fillStyle = '#667085';
-    const first = state.times.length ? state.times[0] : Date.now();
-    ctx.fillText(new Date(first).toLocaleTimeString(), left, top + h + 16);
-    const now = 'now';
-    ctx.fillText(now, left + w - ctx.measureText(now).width, top + h + 16);
+    box.replaceChildren(root);
   }
 
   function dl(node, pairs) {
@@ -520,7 +630,7 @@
     swaps.replaceChildren(...(r.swaps || []).slice().reverse().map((s) => {
       const tr = el('tr');
       tr.append(el('td', time(s.at)), el('td', s.file || 'removed: built-in rule'), el('td', short(s.sha256), 'hash'), el('td', s.contract || '–'));
-      return tr;
+      return labelRow($('swaps'), tr);
     }));
     if (!swaps.rows.length) { const tr = el('tr'); const td = el('td', 'no swap since start'); td.colSpan = 4; tr.append(td); swaps.append(tr); }
     const decisions = $('decisions').tBodies[0];
@@ -531,7 +641,7 @@
         el('td', fmt(i.active_tasks), 'n'), el('td', fmt(i.throughput_per_sec, 2), 'n'), el('td', fmt(i.mean_handler_latency_ms, 1), 'n'),
         el('td', fmt(i.recent_failures), 'n'), el('td', i.oldest_message_age_ms === null ? '–' : fmt(i.oldest_message_age_ms), 'n'),
         el('td', d.value + (d.clamped ? ' (clamped)' : ''), 'n'), el('td', d.source));
-      return tr;
+      return labelRow($('decisions'), tr);
     }));
     if (!decisions.rows.length) empty(decisions, 'No decision yet.', 10);
   }
@@ -547,30 +657,52 @@
 
   // --- pause and resume -----------------------------------------------------------------
 
+  const scope = () => logical() + (partitions().length > 1 ? ` (all ${partitions().length} partitions)` : '');
+
   async function pause() {
     const length = $('pause-for').value.trim();
     const query = length ? '?for=' + encodeURIComponent(length) : '';
     await api(`/queues/${encodeURIComponent(logical())}/pause${query}`, 'POST');
-    toast(`${logical()} paused` + (length ? ' for ' + length : ''));
+    toast(`${scope()} paused` + (length ? ' for ' + length : ''));
     guard(loadAudit)();
   }
 
   async function resume() {
     await api(`/queues/${encodeURIComponent(logical())}/resume`, 'POST');
-    toast(`${logical()} resumed`);
+    toast(`${scope()} resumed`);
     guard(loadAudit)();
   }
 
   // --- poison ---------------------------------------------------------------------------
 
-  async function loadPoison() {
+  // One listing of a queue at a time: a change while one is on its way asks for another
+  // after it. Another queue's listing does not wait (its answer is dropped).
+  function loadPoison() {
+    const queue = logical();
+    const loading = state.poisonLoading;
+    if (loading && loading.queue === queue) { state.poisonAgain = true; return loading.done; }
+    state.poisonAgain = false;
+    const done = listPoison().finally(() => {
+      if (state.poisonLoading !== current) return;
+      state.poisonLoading = null;
+      if (state.poisonAgain) { state.poisonAgain = false; quiet(loadPoison)(); }
+    });
+    const current = { queue, done };
+    state.poisonLoading = current;
+    return done;
+  }
+
+  async function listPoison() {
     const queue = logical();
     const tbody = $('poison').tBodies[0];
     try {
       const listing = await api(`/queues/${encodeURIComponent(queue)}/poison?limit=${POISON_LIMIT}`);
       if (queue !== logical()) return;
-      state.poison = listing.messages;
-      setText($('poison-note'), listing.messages.length >= POISON_LIMIT ? `showing the first ${POISON_LIMIT} of ${listing.poison_queue}` : `${listing.messages.length} in ${listing.poison_queue}`);
+      // The host lists oldest first; the newest matter most to a person.
+      const at = (m) => new Date(m.poisoned_at).getTime() || 0;
+      state.poison = listing.messages.slice().sort((x, y) => at(y) - at(x));
+      const count = listing.messages.length >= POISON_LIMIT ? `the oldest ${POISON_LIMIT} of ${listing.poison_queue}` : `${listing.messages.length} in ${listing.poison_queue}`;
+      setText($('poison-note'), `${count}, newest first, as of ${clock(Date.now(), true)}; the list follows the live figures as messages are poisoned.`);
     } catch (e) {
       // Down: the list shown stays, greyed, as of then.
       if (e instanceof Unauthorized || e instanceof HostDown) throw e;
@@ -587,6 +719,8 @@
     const tbody = $('poison').tBodies[0];
     const pages = Math.max(1, Math.ceil(state.poison.length / POISON_PAGE));
     const start = state.poisonPage * POISON_PAGE;
+    // A refresh keeps what the operator ticked.
+    const ticked = new Set([...$('poison').querySelectorAll('input.pick:checked')].map((b) => b.value));
     $('poison-all').checked = false;
     tbody.replaceChildren(...state.poison.slice(start, start + POISON_PAGE).map((m) => {
       const tr = el('tr');
@@ -596,6 +730,7 @@
       box.type = 'checkbox';
       box.value = m.id;
       box.className = 'pick';
+      box.checked = ticked.has(m.id);
       pick.append(box);
       const body = el('td', m.offloaded_bytes != null
         ? '(an offloaded message: its body is in the claim store)'
@@ -608,8 +743,9 @@
       act.append(again);
       tr.append(pick, el('td', time(m.poisoned_at)), el('td', m.reason === null ? '(bare body: no reason kept)' : m.reason),
         el('td', m.dequeue_count === null ? '–' : m.dequeue_count, 'n'), el('td', fmt(m.offloaded_bytes != null ? m.offloaded_bytes : m.body_bytes), 'n'), body, act);
-      return tr;
+      return labelRow($('poison'), tr);
     }));
+    if (!state.poison.length) empty(tbody, 'No poison message.', 7);
     setText($('poison-page'), `page ${state.poisonPage + 1} of ${pages}`);
     $('poison-prev').disabled = state.poisonPage === 0;
     $('poison-next').disabled = state.poisonPage >= pages - 1;
@@ -644,7 +780,7 @@
     tbody.replaceChildren(...entries.slice().reverse().map((e) => {
       const tr = el('tr');
       tr.append(el('td', time(e.at)), el('td', e.actor), el('td', e.action), el('td', e.target), el('td', e.result, e.result.startsWith('failed') ? 'error' : ''));
-      return tr;
+      return labelRow($('audit').querySelector('table'), tr);
     }));
     if (!entries.length) empty(tbody, 'No operator action yet.', 5);
   }
@@ -693,7 +829,16 @@
       if (!ids.length) throw new Error('select messages first');
       return requeue(ids);
     }));
-    $('requeue-all').addEventListener('click', guard(() => requeue('all')));
+    // Requeue all asks first, naming how many, as purge does.
+    $('requeue-all').addEventListener('click', () => {
+      const n = state.poison.length >= POISON_LIMIT ? `${POISON_LIMIT} or more` : String(state.poison.length);
+      setText($('requeue-all-text'), `Put all ${n} poison messages of ${logical()} back on the queue?`);
+      setText($('requeue-all-yes'), `Requeue ${n}`);
+      $('requeue-all-ask').hidden = false;
+    });
+    $('requeue-all-no').addEventListener('click', () => { $('requeue-all-ask').hidden = true; });
+    $('requeue-all-yes').addEventListener('click', guard(() => { $('requeue-all-ask').hidden = true; return requeue('all'); }));
+    addEventListener('resize', () => { if (state.selected) drawDetail(); });
     $('purge-confirm').addEventListener('input', () => { $('purge').disabled = $('purge-confirm').value !== logical(); });
     $('purge').classList.add('danger');
     $('purge').addEventListener('click', guard(purge));

@@ -43,8 +43,9 @@ pub const MAX_QUEUED_SPANS: usize = 4096;
 /// long while the queue behind it fills and drops.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Longest shutdown waits for the last spans to be exported.
-const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest shutdown waits for the last spans to be exported: a host stops within its
+/// `drain_timeout` + 1 s, and this second more with spans exported.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Spans lost since start, for `/metrics`.
 static DROPPED: LazyLock<Counter> = LazyLock::new(Counter::default);
@@ -131,8 +132,8 @@ where
         .with_context_activation(false))
 }
 
-/// Exports what is queued, waiting at most a few seconds however the collector behaves,
-/// and stops the exporter. Spans not exported by then are counted as dropped.
+/// Exports what is queued, waiting at most [`SHUTDOWN_TIMEOUT`] however the collector
+/// behaves, and stops the exporter. Spans not exported by then are counted as dropped.
 pub fn shutdown() {
     let Some(Running { provider, runtime }) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).take() else {
         return;

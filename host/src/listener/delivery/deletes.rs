@@ -38,8 +38,8 @@ impl Shared {
     /// deleted.
     pub(in crate::listener) fn delete_handled_later(self: &Arc<Self>, id: &MessageId, receipt: &PopReceipt, latency: Duration) {
         let (shared, id, receipt) = (self.clone(), id.clone(), receipt.clone());
-        // A child of the message's handling span, though it ends after it.
-        let span = tracing::debug_span!(target: crate::telemetry::TARGET, "delete", messaging.message.id = %id);
+        // In the message's handling span, which ends with its delete.
+        let span = tracing::Span::current();
         let deleting = async move {
             let linger = DELETE_LINGER.min(shared.settings.lease_duration / 4);
             let deleted = shared.delete_in_batch(&id, &receipt, linger).await;

@@ -16,6 +16,8 @@
 //!   blob service's (claim checks) `AZURITE_BLOB`.
 //! - moto's server (an Amazon SQS implementation) and boto3, pinned by `tests/moto/requirements.txt`,
 //!   installed into `<target>/guest-tools/moto-py/` on first use (`MOTO_PYTHON` in `$OUT_DIR/moto.rs`).
+//! - the OpenTelemetry protobuf definitions for the OTLP receiver of the telemetry tests, pinned by
+//!   `tests/otlp/requirements.txt`, in `<target>/guest-tools/otlp-py/` (`$OUT_DIR/otlp.rs`).
 //! - Python `grpcio` + `grpcio-tools`, pinned by `tests/scaler/requirements.txt`, installed into
 //!   `<target>/guest-tools/py-grpc/` on first use, and Python stubs generated from KEDA's
 //!   `host/proto/externalscaler.proto` (`PYTHON` and `STUBS` in `$OUT_DIR/python_grpc.rs`).
@@ -141,6 +143,15 @@ fn main() {
     println!("cargo:rerun-if-changed={}", root.join("tests/moto").display());
     let moto_python = pinned_python(&tools, "moto-py", &root.join("tests/moto/requirements.txt"));
     std::fs::write(out_dir.join("moto.rs"), format!("pub const MOTO_PYTHON: &str = {:?};\n", path_str(&moto_python))).unwrap();
+    // The OTLP receiver of the telemetry tests: the OpenTelemetry protobuf definitions in a venv.
+    println!("cargo:rerun-if-changed={}", root.join("tests/otlp").display());
+    let otlp_python = pinned_python(&tools, "otlp-py", &root.join("tests/otlp/requirements.txt"));
+    let receiver = root.join("tests/otlp/receiver.py");
+    std::fs::write(
+        out_dir.join("otlp.rs"),
+        format!("pub const OTLP_PYTHON: &str = {:?};\npub const OTLP_RECEIVER: &str = {:?};\n", path_str(&otlp_python), path_str(&receiver)),
+    )
+    .unwrap();
     let redis = ensure_redis_server();
     std::fs::write(out_dir.join("redis.rs"), format!("pub const REDIS_SERVER: &str = {:?};\n", path_str(&redis))).unwrap();
     let (chromium, chromedriver) = ensure_chromium();

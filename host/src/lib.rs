@@ -112,6 +112,7 @@ mod scaler;
 mod service;
 pub mod simulate;
 pub mod status;
+pub mod telemetry;
 
 pub use config::Config;
 pub use host::Host;

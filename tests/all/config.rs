@@ -99,6 +99,8 @@ fn bounds_are_inclusive_at_their_limits() {
 fn the_documented_defaults_are_the_code_defaults() {
     use std::time::Duration;
 
+    use ebb::config::{OtlpProtocol, TelemetryFile};
+
     #[derive(Debug)]
     enum Code {
         Duration(Duration),
@@ -121,6 +123,9 @@ fn the_documented_defaults_are_the_code_defaults() {
     // The scaler is off by default; its other keys' defaults, once it is on.
     let scaler_on = "[scaler]\nlisten = \"127.0.0.1:7071\"\n[queues.orders]\nhandler = { url = \"http://127.0.0.1:8080/work\" }\n";
     let scaler = Config::parse(scaler_on, Path::new("/srv/ebb"), None).unwrap().scaler.unwrap();
+    // The export's defaults, once an endpoint is given.
+    let telemetry = TelemetryFile { otlp_endpoint: Some("http://collector:4318".into()), ..TelemetryFile::default() };
+    let exported = telemetry.resolve(|_| None).unwrap().unwrap();
     let code = |section: &str, key: &str| -> Code {
         match (section, key) {
             ("Top level", "data_dir") => Code::Text(config.data_dir.strip_prefix("/srv/ebb").unwrap().display().to_string()),
@@ -142,6 +147,15 @@ fn the_documented_defaults_are_the_code_defaults() {
             ("`[scaler]`", "max_instances") => Code::Number(scaler.max_instances.into()),
             ("`[scaler]`", "poll_interval") => Code::Duration(scaler.poll_interval),
             ("`[log]`", "format") => Code::Text(config.log_format.to_string()),
+            ("`[telemetry]`", "otlp_endpoint") => Code::Absent,
+            ("`[telemetry]`", "protocol") => Code::Text(
+                match exported.protocol {
+                    OtlpProtocol::HttpProtobuf => "http/protobuf",
+                    OtlpProtocol::Grpc => "grpc",
+                }
+                .into(),
+            ),
+            ("`[telemetry]`", "service_name") => Code::Text(exported.service_name.clone()),
             ("`[rule_limits]`", "call_deadline") => Code::Duration(limits.call_deadline),
             ("`[rule_limits]`", "call_fuel") => Code::Number(limits.call_fuel),
             ("`[rule_limits]`", "memory_mib") => Code::Number((limits.memory_bytes >> 20) as u64),

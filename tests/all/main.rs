@@ -30,6 +30,7 @@ mod knee;
 mod kubernetes;
 mod large_sends;
 mod listener;
+mod otel;
 mod payload;
 mod replay;
 mod replies;

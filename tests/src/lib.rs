@@ -5,6 +5,7 @@ pub mod baselines;
 pub mod conformance;
 pub mod fault_proxy;
 pub mod moto;
+pub mod otlp;
 pub mod redis;
 
 /// Paths of the rule components built by `build.rs`, one constant per guest.

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::contenders::EbbSettings;
-use crate::contenders::{CONTENDERS, Contender};
+use crate::contenders::{ALL_CONTENDERS, CONTENDERS, Contender};
 use crate::http;
 use crate::plan::HttpBench;
 
@@ -299,6 +299,9 @@ enum ContenderArg {
     Ebb,
     /// ebb's listener with min_tasks = max_tasks = T.
     EbbFixedTasks,
+    /// As `ebb`, its spans exported over OTLP/HTTP to a collector in the bench's process
+    /// (not run unless named: the cost of `[telemetry]`, against `ebb` in the same run).
+    EbbTraced,
 }
 
 impl From<ContenderArg> for Contender {
@@ -308,6 +311,7 @@ impl From<ContenderArg> for Contender {
             ContenderArg::RedbLoop => Contender::RedbLoop,
             ContenderArg::Ebb => Contender::Ebb(EbbSettings::ConcurrentCalls),
             ContenderArg::EbbFixedTasks => Contender::Ebb(EbbSettings::FixedTasks),
+            ContenderArg::EbbTraced => Contender::Ebb(EbbSettings::Traced),
         }
     }
 }
@@ -391,7 +395,10 @@ fn http(args: HttpArgs, leading: &[&str]) -> anyhow::Result<()> {
         redb_messages: args.redb_messages,
         rounds: args.rounds,
         // Always in the bench's own order, whatever order they were named in.
-        contenders: CONTENDERS.into_iter().filter(|c| args.contenders.is_empty() || args.contenders.iter().any(|a| Contender::from(*a) == *c)).collect(),
+        contenders: ALL_CONTENDERS
+            .into_iter()
+            .filter(|c| if args.contenders.is_empty() { CONTENDERS.contains(c) } else { args.contenders.iter().any(|a| Contender::from(*a) == *c) })
+            .collect(),
     };
     http::run(bench, args.json, leading)
 }
@@ -483,9 +490,23 @@ pub(crate) fn end_quietly_when_output_closes() {
 }
 
 /// Logs to stderr: warnings, unless `EBB_LOG` or `RUST_LOG` says otherwise (as `ebb` does).
-pub(crate) fn init_logging() {
+/// With `export_spans` (the `ebb_traced` contender), the span exporter beside it, off until
+/// that contender runs.
+pub(crate) fn init_logging(export_spans: bool) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let directives = ["EBB_LOG", "RUST_LOG"].into_iter().find_map(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()));
     let filter = directives.and_then(|d| tracing_subscriber::EnvFilter::try_new(d).ok()).unwrap_or_else(|| tracing_subscriber::EnvFilter::new("warn"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
+    let spans = export_spans.then(crate::traced::layer).transpose().unwrap_or_else(|error| {
+        eprintln!("warning: spans are not exported: {error:#}");
+        None
+    });
+    let log = tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr);
+    let _ = tracing_subscriber::registry().with(spans).with(tracing_subscriber::Layer::with_filter(log, filter)).try_init();
+}
+
+/// Whether `command` runs the `ebb_traced` contender.
+pub(crate) fn exports_spans(command: &BenchCommand) -> bool {
+    matches!(command, BenchCommand::Http(args) if args.contenders.contains(&ContenderArg::EbbTraced))
 }

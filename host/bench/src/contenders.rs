@@ -25,9 +25,19 @@ pub(crate) enum Contender {
     Ebb(EbbSettings),
 }
 
-/// Every contender, in the order each round runs them.
+/// The contenders run when none are named, in the order each round runs them.
 pub(crate) const CONTENDERS: [Contender; 4] =
     [Contender::ReqwestLoop, Contender::RedbLoop, Contender::Ebb(EbbSettings::ConcurrentCalls), Contender::Ebb(EbbSettings::FixedTasks)];
+
+/// Every contender, in the order each round runs them: `ebb_traced` right after `ebb`, the
+/// run it is compared with.
+pub(crate) const ALL_CONTENDERS: [Contender; 5] = [
+    Contender::ReqwestLoop,
+    Contender::RedbLoop,
+    Contender::Ebb(EbbSettings::ConcurrentCalls),
+    Contender::Ebb(EbbSettings::Traced),
+    Contender::Ebb(EbbSettings::FixedTasks),
+];
 
 impl Contender {
     /// Its name in the JSON.
@@ -37,6 +47,7 @@ impl Contender {
             Contender::RedbLoop => "redb_loop",
             Contender::Ebb(EbbSettings::ConcurrentCalls) => "ebb",
             Contender::Ebb(EbbSettings::FixedTasks) => "ebb_fixed_tasks",
+            Contender::Ebb(EbbSettings::Traced) => "ebb_traced",
         }
     }
 
@@ -47,6 +58,7 @@ impl Contender {
             Contender::RedbLoop => "redb loop",
             Contender::Ebb(EbbSettings::ConcurrentCalls) => "ebb, max_concurrent_calls = T",
             Contender::Ebb(EbbSettings::FixedTasks) => "ebb, min_tasks = max_tasks = T",
+            Contender::Ebb(EbbSettings::Traced) => "ebb, max_concurrent_calls = T, spans exported",
         }
     }
 
@@ -279,6 +291,8 @@ pub(crate) enum EbbSettings {
     ConcurrentCalls,
     /// `min_tasks = max_tasks = T`, the default `max_concurrent_calls`.
     FixedTasks,
+    /// As `ConcurrentCalls`, with the spans exported (`crate::traced`).
+    Traced,
 }
 
 /// The embedded store's writer thread, by the name it gives it (Linux keeps 15 bytes).
@@ -301,11 +315,13 @@ pub(crate) async fn ebb(setup: &Setup<'_>, settings: EbbSettings) -> anyhow::Res
 
     let handler = HttpHandler::new(setup.url.clone(), Duration::from_secs(30))?;
     let t = setup.concurrency;
+    let traced = settings == EbbSettings::Traced;
     let settings = match settings {
-        EbbSettings::ConcurrentCalls => QueueSettings { max_concurrent_calls: t, ..QueueSettings::default() },
+        EbbSettings::ConcurrentCalls | EbbSettings::Traced => QueueSettings { max_concurrent_calls: t, ..QueueSettings::default() },
         EbbSettings::FixedTasks => QueueSettings { min_tasks: t, max_tasks: t, ..QueueSettings::default() },
     };
     let listener = Listener::builder(queue, poison, Arc::new(handler)).settings(settings).build();
+    let spans = traced.then(crate::traced::Spans::on).transpose()?;
     let writer_cpu = || threads_cpu(None, |name| name == WRITER_THREAD);
     let writer_before = writer_cpu();
     let watch = Stopwatch::start(setup.server_cpu);
@@ -316,6 +332,7 @@ pub(crate) async fn ebb(setup: &Setup<'_>, settings: EbbSettings) -> anyhow::Res
     let mut run = watch.stop(setup.messages, Some(store));
     run.writer_cpu = writer_before.zip(writer_cpu()).map(|(before, after)| after.saturating_sub(before));
     listener.shutdown(Duration::from_secs(10)).await;
+    drop(spans);
     finished.map(|peak_calls| {
         run.listener = Some(ListenerPeaks { tasks: listener.status().peak_tasks, calls: peak_calls });
         run

@@ -42,6 +42,7 @@ mod report;
 mod server;
 mod shadow;
 mod sqs;
+mod traced;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -56,7 +57,7 @@ pub fn main(leading: &[&str]) -> ExitCode {
     let args: Vec<OsString> = std::iter::once(program).chain(args.skip(leading.len())).collect();
     let command = cli::parse(args);
     cli::end_quietly_when_output_closes();
-    cli::init_logging();
+    cli::init_logging(cli::exports_spans(&command));
     match cli::run(command, leading) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -335,6 +335,7 @@ impl<'a> Report<'a> {
             for (contender, ebb) in cell.ebb_variants() {
                 let variant = match contender {
                     Contender::Ebb(EbbSettings::ConcurrentCalls) => "max_concurrent_calls = T",
+                    Contender::Ebb(EbbSettings::Traced) => "max_concurrent_calls = T, spans exported",
                     _ => "min_tasks = max_tasks = T",
                 };
                 let _ = writeln!(out, "  {} B, T = {}, ebb with {variant}:", cell.body_bytes, cell.concurrency);

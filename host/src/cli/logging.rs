@@ -5,6 +5,10 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+
 use crate::config::{LOG_FORMAT_ENV, LogFormat};
 
 /// The format [`init`] chose, for the lines written after it outside the log.
@@ -16,25 +20,34 @@ static FORMAT: OnceLock<LogFormat> = OnceLock::new();
 /// lines (and a config error) must be in the format the file asks for. `EBB_LOG_FORMAT` wins
 /// over the file, as the environment wins over the file for the tokens: a Deployment sets it
 /// without editing the mounted ebb.toml.
-pub fn init(default_level: &str, config: Option<&Path>) {
-    let file_format = config
-        .and_then(|path| crate::input::read_text("config", path, crate::input::MAX_CONFIG_BYTES).ok())
-        .and_then(|text| crate::config::log_format_in(&text));
+///
+/// With `export_spans` (a host), the file's `[telemetry]` and the OpenTelemetry variables are
+/// read here too: the span exporter is a layer of the same subscriber. A bad endpoint starts
+/// no exporter; the full parse of the file refuses it.
+pub fn init(default_level: &str, config: Option<&Path>, export_spans: bool) {
+    let text = config.and_then(|path| crate::input::read_text("config", path, crate::input::MAX_CONFIG_BYTES).ok());
+    let file_format = text.as_deref().and_then(crate::config::log_format_in);
     let (format, format_warning) = log_format(std::env::var(LOG_FORMAT_ENV).ok(), file_format);
     let (filter, filter_warning) = log_filter(std::env::var("EBB_LOG").ok(), std::env::var("RUST_LOG").ok(), default_level);
+    let telemetry = text.as_deref().and_then(crate::config::telemetry_in).unwrap_or_default();
+    let export = if export_spans { telemetry.resolve(|var| std::env::var(var).ok()).ok().flatten() } else { None };
+    let mut export_warning = None;
+    let spans = export
+        .and_then(|export| crate::telemetry::layer(&export).inspect_err(|error| export_warning = Some(format!("spans are not exported: {error:#}"))).ok());
+    let registry = tracing_subscriber::registry().with(spans);
     let stderr = std::io::stderr;
     let _ = match format {
         LogFormat::Human => {
             // Colours only on a terminal: not into log files and journals.
             let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-            tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(stderr).try_init()
+            registry.with(tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(stderr).with_filter(filter)).try_init()
         }
         LogFormat::Json => {
             // The message beside the other fields at the top level (where log shippers look
             // for it), and every span the event is in, outermost first: the queue, the task.
-            let subscriber =
-                tracing_subscriber::fmt().json().flatten_event(true).with_current_span(false).with_span_list(true).with_ansi(false).with_writer(stderr);
-            subscriber.with_env_filter(filter).try_init()
+            let layer =
+                tracing_subscriber::fmt::layer().json().flatten_event(true).with_current_span(false).with_span_list(true).with_ansi(false).with_writer(stderr);
+            registry.with(layer.with_filter(filter)).try_init()
         }
     };
     let _ = FORMAT.set(format);
@@ -42,7 +55,7 @@ pub fn init(default_level: &str, config: Option<&Path>) {
         std::panic::set_hook(Box::new(log_panic));
     }
     // Said once the log runs, so that in JSON they are JSON too.
-    for warning in [format_warning, filter_warning].into_iter().flatten() {
+    for warning in [format_warning, filter_warning, export_warning].into_iter().flatten() {
         tracing::warn!("{warning}");
     }
 }

@@ -281,7 +281,7 @@ pub(crate) fn main(cli: Cli) -> ExitCode {
         Command::Run { config } | Command::Scaler { config } | Command::Check { config } => Some(config.as_path()),
         _ => None,
     };
-    logging::init(default_level, host_config);
+    logging::init(default_level, host_config, matches!(cli.command, Command::Run { .. }));
     let result = match cli.command {
         Command::Rule(command) => rule::run(command),
         Command::Bench { args } => bench::run(args),
@@ -314,6 +314,8 @@ pub(crate) fn main(cli: Cli) -> ExitCode {
         Command::Poison(command) => runtime().and_then(|rt| rt.block_on(client::poison(command))),
         Command::Queue(QueueCommand::Resume { queue, config, token }) => runtime().and_then(|rt| rt.block_on(client::pause(&config, &token, &queue, None))),
     };
+    // The last spans, flushed within a bound however the collector behaves.
+    crate::telemetry::shutdown();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

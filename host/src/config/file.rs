@@ -9,6 +9,7 @@ use super::backend::{AzureFile, BackendKind, SqsFile};
 use super::bus::BusFile;
 use super::log::LogFile;
 use super::serde_defaults;
+use super::telemetry::TelemetryFile;
 use serde::Deserialize;
 
 /// The whole file.
@@ -50,6 +51,9 @@ pub struct ConfigFile {
     /// How the log is written.
     #[serde(default)]
     pub log: LogFile,
+    /// Where spans are exported over OTLP.
+    #[serde(default)]
+    pub telemetry: TelemetryFile,
     /// The queues to listen to, by name.
     #[serde(default)]
     pub queues: BTreeMap<String, QueueFile>,

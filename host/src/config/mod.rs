@@ -13,7 +13,7 @@
 //! - `file.rs`: the file form (serde), with its defaults in `serde_defaults.rs`;
 //! - `validate.rs`, `queue.rs`: its validation into [`Config`] and [`QueueConfig`];
 //! - `backend.rs`, `bus.rs`: the Azure account and the bus;
-//! - `log.rs`: `[log]`, which the CLI also reads before the log starts;
+//! - `log.rs`, `telemetry.rs`: `[log]` and `[telemetry]`, which the CLI also reads before the log starts;
 //! - `checks.rs`: the bounds of every value;
 //! - `settings.rs`: the API server's and the scaler's settings.
 
@@ -26,6 +26,7 @@ mod queue;
 pub(crate) use queue::{sqs_pickup_delay, sqs_polling_intervals};
 mod serde_defaults;
 mod settings;
+mod telemetry;
 mod validate;
 
 use std::net::SocketAddr;
@@ -46,6 +47,8 @@ use file::ConfigFile;
 pub use log::LogFormat;
 pub(crate) use log::{LOG_FORMAT_ENV, log_format_in};
 pub use settings::{ApiLimits, ApiRole, ApiToken, ScalerSettings};
+pub(crate) use telemetry::telemetry_in;
+pub use telemetry::{OtlpExport, OtlpProtocol, TelemetryFile};
 
 pub(crate) use validate::DEFAULT_TOKEN_NAME;
 

@@ -38,6 +38,11 @@ impl ConfigFile {
             );
         }
         check_duration("drain_timeout", self.drain_timeout, AtLeast::Zero, MAX_INTERVAL)?;
+        // The exporter itself is started with the log (cli/logging.rs); a bad endpoint stops
+        // the host here. A client's command exports nothing: its table is not its concern.
+        if reader == Reader::Host {
+            self.telemetry.resolve(env).map_err(anyhow::Error::msg)?;
+        }
         let price = self.price_per_10k_transactions;
         if !(price.is_finite() && (0.0..=MAX_PRICE_PER_10K).contains(&price)) {
             bail!("price_per_10k_transactions: must be 0 to {MAX_PRICE_PER_10K} (US dollars per 10,000 transactions), got {price}");

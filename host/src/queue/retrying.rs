@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use super::call_record::{CallRecord, short_duration};
 use super::failure::{CallKind, FailureClass, classified};
@@ -157,7 +158,33 @@ impl<Q: QueueClient> Retrying<Q> {
         self.record.clone()
     }
 
-    async fn run<'a, T, F>(&'a self, kind: CallKind, mut call: impl FnMut(&'a Q) -> F) -> (Result<T, QueueError>, Attempts)
+    /// The span of a storage call, its retries and how it ended recorded by [`Self::attempts`].
+    fn call_span(&self, kind: CallKind) -> tracing::Span {
+        let empty = tracing::field::Empty;
+        tracing::debug_span!(target: crate::telemetry::TARGET, "storage", otel.name = kind.as_str(), queue = self.inner.name(), retries = empty, messages = empty, gave_up = empty, otel.status_code = empty)
+    }
+
+    async fn run<'a, T, F>(&'a self, kind: CallKind, call: impl FnMut(&'a Q) -> F) -> (Result<T, QueueError>, Attempts)
+    where
+        F: Future<Output = Result<T, QueueError>>,
+    {
+        self.attempts(kind, call).instrument(self.call_span(kind)).await
+    }
+
+    /// A get, its span saying how many messages it returned.
+    async fn run_get<'a, F>(&'a self, call: impl FnMut(&'a Q) -> F) -> Result<Vec<Message>, QueueError>
+    where
+        F: Future<Output = Result<Vec<Message>, QueueError>>,
+    {
+        let span = self.call_span(CallKind::Get);
+        let got = self.attempts(CallKind::Get, call).instrument(span.clone()).await.0;
+        if let Ok(messages) = &got {
+            span.record("messages", messages.len());
+        }
+        got
+    }
+
+    async fn attempts<'a, T, F>(&'a self, kind: CallKind, mut call: impl FnMut(&'a Q) -> F) -> (Result<T, QueueError>, Attempts)
     where
         F: Future<Output = Result<T, QueueError>>,
     {
@@ -173,12 +200,14 @@ impl<Q: QueueClient> Retrying<Q> {
                 Err(error) => error,
                 Ok(_) => {
                     self.answered(kind);
+                    record_retries(attempt);
                     return (result, attempts);
                 }
             };
             let Some(class) = error.failure_class() else {
                 // The storage answered; the answer was "no" for the call's own reasons.
                 self.answered(kind);
+                record_retries(attempt);
                 return (result, attempts);
             };
             let mut text = error.to_string();
@@ -209,6 +238,10 @@ impl<Q: QueueClient> Retrying<Q> {
                 tokio::time::sleep(delay).await;
                 continue;
             }
+            let span = tracing::Span::current();
+            span.record("gave_up", class.to_string());
+            span.record("otel.status_code", "ERROR");
+            record_retries(attempt);
             self.give_up(kind, class, attempt, &text);
             return (result, attempts);
         }
@@ -303,6 +336,14 @@ impl<Q: QueueClient> Retrying<Q> {
     }
 }
 
+/// Records on the current storage call's span how many times it was tried again (once: a
+/// field recorded twice is exported twice).
+fn record_retries(attempt: u32) {
+    if attempt > 1 {
+        tracing::Span::current().record("retries", attempt - 1);
+    }
+}
+
 #[async_trait]
 impl<Q: QueueClient> QueueClient for Retrying<Q> {
     fn name(&self) -> &str {
@@ -338,7 +379,7 @@ impl<Q: QueueClient> QueueClient for Retrying<Q> {
     }
 
     async fn get(&self, max: u32, visibility: Duration) -> Result<Vec<Message>, QueueError> {
-        self.run(CallKind::Get, |q| q.get(max, visibility)).await.0
+        self.run_get(|q| q.get(max, visibility)).await
     }
 
     fn server_wait(&self, idle: Duration) -> Duration {
@@ -346,7 +387,7 @@ impl<Q: QueueClient> QueueClient for Retrying<Q> {
     }
 
     async fn get_waiting(&self, max: u32, visibility: Duration, wait: Duration) -> Result<Vec<Message>, QueueError> {
-        self.run(CallKind::Get, |q| q.get_waiting(max, visibility, wait)).await.0
+        self.run_get(|q| q.get_waiting(max, visibility, wait)).await
     }
 
     async fn delete(&self, id: &MessageId, pop_receipt: &PopReceipt) -> Result<(), QueueError> {

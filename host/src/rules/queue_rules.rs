@@ -560,7 +560,25 @@ impl QueueRules {
         decision
     }
 
-    fn decide<T>(&self, export: Export, call: impl FnOnce(&mut RuleInstance) -> Result<T>, built_in: impl FnOnce() -> T) -> (T, DecisionSource) {
+    fn decide<T: std::fmt::Debug>(
+        &self,
+        export: Export,
+        call: impl FnOnce(&mut RuleInstance) -> Result<T>,
+        built_in: impl FnOnce() -> T,
+    ) -> (T, DecisionSource) {
+        let empty = tracing::field::Empty;
+        let span = tracing::debug_span!(target: crate::telemetry::TARGET, "rule", queue = %self.slot.name, export = export.name(), source = empty, result = empty, fault = empty)
+            .entered();
+        let (value, source) = self.decide_unspanned(export, call, built_in);
+        if !span.is_disabled() {
+            span.record("source", format!("{source:?}"));
+            span.record("result", format!("{value:?}"));
+            span.record("fault", source == DecisionSource::Fallback);
+        }
+        (value, source)
+    }
+
+    fn decide_unspanned<T>(&self, export: Export, call: impl FnOnce(&mut RuleInstance) -> Result<T>, built_in: impl FnOnce() -> T) -> (T, DecisionSource) {
         let slot = &*self.slot;
         let group = &slot.group;
         match catch_unwind(AssertUnwindSafe(|| group.call(slot, export, call))) {

@@ -9,7 +9,10 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json, Response};
+use opentelemetry::trace::TraceContextExt as _;
 use serde_json::json;
+use tracing::Instrument as _;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::http::body_limit::{BodyLimit, too_large};
 use crate::http::errors::{error, storage_unavailable};
@@ -49,6 +52,33 @@ pub(super) async fn send(
     Extension(body_limit): Extension<BodyLimit>,
     Path(name): Path<String>,
     RawQuery(query): RawQuery,
+    headers: axum::http::HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let span = send_span(&name, &headers);
+    send_message(api, limits, body_limit, name, query, body).instrument(span).await
+}
+
+/// The span of a send: a child of the producer's span when its `traceparent` names one
+/// (read only when spans are exported; a malformed one is counted and starts a new trace).
+fn send_span(queue: &str, headers: &axum::http::HeaderMap) -> tracing::Span {
+    let span = tracing::debug_span!(target: crate::telemetry::TARGET, "send", otel.kind = "producer", queue, messaging.message.id = tracing::field::Empty);
+    let header = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
+    if !span.is_disabled()
+        && let Some(traceparent) = header("traceparent")
+        && let Ok(parent) = crate::telemetry::traceparent::parse(traceparent, header("tracestate"))
+    {
+        let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(parent));
+    }
+    span
+}
+
+async fn send_message(
+    api: Arc<Api>,
+    limits: ApiLimits,
+    body_limit: BodyLimit,
+    name: String,
+    query: Option<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let Some(queue) = api.handles.get(&name) else {
@@ -67,7 +97,10 @@ pub(super) async fn send(
     // still get the client an answer, before its connection times out or the client gives up.
     let put = queue.send_in(group.as_ref(), &body, delay, limits.idle_timeout / 2).await;
     match put {
-        Ok(id) => (StatusCode::CREATED, Json(json!({ "id": id }))).into_response(),
+        Ok(id) => {
+            tracing::Span::current().record("messaging.message.id", id.as_str());
+            (StatusCode::CREATED, Json(json!({ "id": id }))).into_response()
+        }
         Err(e @ QueueError::MessageTooLarge { .. }) => error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),
         // The sender's to fix: retrying the same body can never work.
         Err(e @ (QueueError::InvalidBody(_) | QueueError::BadSend(_))) => error(StatusCode::BAD_REQUEST, e.to_string()),

@@ -282,6 +282,21 @@ fn register_bus(registry: &mut Registry, api: &Api) {
     }
 }
 
+/// The span export's losses, and the producers' trace context refused (both 0 without an
+/// OTLP endpoint).
+fn register_telemetry(registry: &mut Registry) {
+    registry.register(
+        "trace_spans_dropped",
+        "Spans not exported: the export queue was full, or the collector refused, failed or did not answer in time",
+        crate::telemetry::dropped_spans(),
+    );
+    registry.register(
+        "traceparent_rejected",
+        "Malformed traceparent headers refused (the send starts a new trace) and tracestate headers dropped",
+        crate::telemetry::traceparent::rejected(),
+    );
+}
+
 pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let queues = queue_statuses(&api);
     // `queue_statuses` reads the listeners in this order, one status each.
@@ -293,6 +308,7 @@ pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {
     }
     register_host_cost(&mut registry, &queues, api.host_price());
     register_bus(&mut registry, &api);
+    register_telemetry(&mut registry);
     crate::http::storage_metrics::register(&mut registry, api.handles.values().flat_map(|h| h.storage_clients()), queues.iter().map(|q| &q.listener));
     crate::http::storage_metrics::register_claims(&mut registry, api.handles.values().filter_map(|h| h.claim_records()));
     let mut text = String::new();

@@ -38,7 +38,9 @@ impl Shared {
     /// deleted.
     pub(in crate::listener) fn delete_handled_later(self: &Arc<Self>, id: &MessageId, receipt: &PopReceipt, latency: Duration) {
         let (shared, id, receipt) = (self.clone(), id.clone(), receipt.clone());
-        self.tasks.spawn(async move {
+        // In the message's handling span, which ends with its delete.
+        let span = tracing::Span::current();
+        let deleting = async move {
             let linger = DELETE_LINGER.min(shared.settings.lease_duration / 4);
             let deleted = shared.delete_in_batch(&id, &receipt, linger).await;
             shared.telemetry.counters.record_success(latency);
@@ -46,7 +48,8 @@ impl Shared {
                 // The work was done; the message may be handled again (at least once).
                 tracing::warn!(%id, "handled, but the delete failed: {error}");
             }
-        });
+        };
+        self.tasks.spawn(tracing::Instrument::instrument(deleting, span));
     }
 
     async fn delete_in_batch(&self, id: &MessageId, receipt: &PopReceipt, linger: Duration) -> Result<(), QueueError> {

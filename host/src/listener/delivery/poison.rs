@@ -61,6 +61,7 @@ impl Shared {
     /// A queue whose service has a dead-letter queue for it (SQS's RedrivePolicy) is left to
     /// the service ([`Shared::leave_to_dead_letter`]).
     pub(in crate::listener) async fn poison(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt, reason: &str) {
+        crate::telemetry::poisoned(reason);
         if let Some(dead_letter) = self.queue.dead_letter() {
             return self.leave_to_dead_letter(message, receipt, reason, &dead_letter).await;
         }

@@ -48,7 +48,13 @@ impl Shared {
     /// Each message takes one of the `grant`'s handler slots; those left over (a short get)
     /// are given back at once.
     pub(in crate::listener) async fn process_batch(self: &Arc<Self>, messages: Vec<Message>, mut grant: PermitGrant<'_>, leased_until: Instant) {
-        let processing: Vec<_> = messages.into_iter().map(|message| self.process(message, grant.take_one(), leased_until)).collect();
+        let processing: Vec<_> = messages
+            .into_iter()
+            .map(|message| {
+                let span = crate::telemetry::handle_span(self.queue.name(), &message.id, message.dequeue_count);
+                self.process(message, grant.take_one(), leased_until).instrument(span)
+            })
+            .collect();
         drop(grant);
         futures::future::join_all(processing).await;
     }
@@ -241,6 +247,7 @@ impl Shared {
                 if let Some(suppressed) = self.telemetry.failure_log.allow() {
                     tracing::warn!(id = %message.id, ?delay, suppressed, "{error:#}; the message is retried later and this try does not count towards poisoning");
                 }
+                crate::telemetry::outcome("retried");
                 self.retry_later(message, receipt, delay).await;
             }
             Outcome::Handled(Err(error)) if error.is::<PushedBack>() => self.settle_pushed_back(message, receipt, &error).await,
@@ -254,11 +261,13 @@ impl Shared {
                         if let Some(suppressed) = self.telemetry.failure_log.allow() {
                             tracing::warn!(id = %message.id, dequeue_count = message.dequeue_count, ?delay, suppressed, "handler failed, retrying later: {reason}");
                         }
+                        crate::telemetry::outcome("retried");
                         self.retry_later(message, receipt, delay).await;
                     }
                 }
             }
             Outcome::Abandoned => {
+                crate::telemetry::outcome("released");
                 self.telemetry.counters.released_on_shutdown.fetch_add(1, Ordering::Relaxed);
                 if let Err(error) = self.queue.update_visibility(&message.id, receipt, Duration::ZERO).await {
                     tracing::warn!(id = %message.id, "could not release on shutdown (visible again when the lease runs out): {error}");
@@ -286,11 +295,13 @@ impl Shared {
                     if let Some(suppressed) = self.telemetry.failure_log.allow() {
                         tracing::warn!(id = %message.id, ?delay, suppressed, "{error:#}; retrying later");
                     }
+                    crate::telemetry::outcome("retried");
                     self.retry_later(message, receipt, delay).await;
                 }
             }
             return false;
         }
+        crate::telemetry::outcome("deleted");
         if self.deletes_linger() {
             // Nothing waits on this delete: it may wait for the next ones to share a batch.
             self.delete_handled_later(&message.id, receipt, latency);
@@ -329,6 +340,7 @@ impl Shared {
         if let Some(suppressed) = self.telemetry.failure_log.allow() {
             tracing::info!(id = %message.id, ?delay, ?adjustment, suppressed, "{error:#}; the message is retried then (not counted as a failure)");
         }
+        crate::telemetry::outcome("pushed_back");
         self.retry_later(message, receipt, delay).await;
     }
 

@@ -1,0 +1,272 @@
+//! Spans exported over OTLP (`[telemetry]`, issue 39): the OpenTelemetry SDK's batch
+//! processor and OTLP exporter behind `tracing-opentelemetry`, a layer beside the log's.
+//!
+//! Only spans of the target [`TARGET`] are exported: a send, a storage call (a get with the
+//! messages it returned, its retries), a message's handling and its outcome, a rule's
+//! decision. Without an endpoint no layer is installed and those spans are disabled at
+//! their call sites, costing nothing.
+//!
+//! A collector that is away never slows a message: a finished span is queued without
+//! waiting (at most [`MAX_QUEUED_SPANS`], the rest dropped), exports run on a runtime of
+//! their own under a timeout, and every span lost (queue full, export refused or timed out)
+//! is counted in `ebb_trace_spans_dropped_total`.
+
+pub mod traceparent;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::WithExportConfig as _;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanData, SpanExporter, SpanProcessor};
+use prometheus_client::metrics::counter::Counter;
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::registry::LookupSpan;
+
+use crate::config::{OtlpExport, OtlpProtocol};
+
+/// The target of the spans that are exported (`tracing::debug_span!(target: TARGET, …)`).
+/// At DEBUG, so the log shows them only when asked (`EBB_LOG=ebb::otel=debug`).
+pub const TARGET: &str = "ebb::otel";
+
+/// Finished spans waiting for an export, at most: about 2 MB at a typical span's size.
+/// A collector away for longer than the queue lasts loses the spans after it, counted.
+pub const MAX_QUEUED_SPANS: usize = 4096;
+
+/// Longest an export may take, retries included: a hanging collector holds one batch this
+/// long while the queue behind it fills and drops.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Longest shutdown waits for the last spans to be exported: a host stops within its
+/// `drain_timeout` + 1 s, and this second more with spans exported.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Spans lost since start, for `/metrics`.
+static DROPPED: LazyLock<Counter> = LazyLock::new(Counter::default);
+
+/// The running export, for [`shutdown`].
+static RUNNING: Mutex<Option<Running>> = Mutex::new(None);
+
+/// The counter of spans lost (queue full, export failed or timed out): a handle on the one count.
+pub fn dropped_spans() -> Counter {
+    DROPPED.clone()
+}
+
+struct Running {
+    provider: SdkTracerProvider,
+    runtime: tokio::runtime::Runtime,
+}
+
+/// The layer that exports [`TARGET`]'s spans to `export`'s collector; [`shutdown`] flushes
+/// it. Fails only when the exporter cannot be built (its runtime or client).
+pub fn layer<S>(export: &OtlpExport) -> anyhow::Result<impl Layer<S> + use<S>>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+{
+    Ok(unfiltered_layer(export)?.with_filter(spans_filter()))
+}
+
+/// The filter of [`layer`]: [`TARGET`]'s spans. Static: every other call site is decided
+/// once, not at each call.
+pub fn spans_filter() -> Targets {
+    Targets::new().with_target(TARGET, tracing::Level::DEBUG)
+}
+
+/// [`layer`] without its filter, for a program that switches the export on and off (the
+/// benchmark of its cost) with a filter of its own.
+pub fn unfiltered_layer<S>(export: &OtlpExport) -> anyhow::Result<impl Layer<S> + use<S>>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+{
+    // Exports run here, not on the host's runtime: a slow collector takes none of the
+    // host's threads, and the runtime outlives the host's for the flush at shutdown.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("ebb-otlp")
+        .enable_all()
+        .build()
+        .context("failed to start the OTLP exporter's runtime")?;
+    let exporter = {
+        // tonic's channel is made on a runtime.
+        let _entered = runtime.enter();
+        match export.protocol {
+            OtlpProtocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(&export.endpoint)
+                .with_timeout(EXPORT_TIMEOUT)
+                .build(),
+            OtlpProtocol::Grpc => opentelemetry_otlp::SpanExporter::builder().with_tonic().with_endpoint(&export.endpoint).with_timeout(EXPORT_TIMEOUT).build(),
+        }
+        .with_context(|| format!("failed to build the OTLP exporter for {}", export.endpoint))?
+    };
+    let pending = Arc::new(AtomicUsize::new(0));
+    let counted = Counted {
+        inner: Arc::new(exporter),
+        runtime: runtime.handle().clone(),
+        pending: pending.clone(),
+        endpoint: export.endpoint.clone(),
+        failing: AtomicBool::new(false),
+    };
+    // The SDK's own queue is never the one that fills (see `Bounded`): its drops are not counted.
+    let config = BatchConfigBuilder::default().with_max_queue_size(2 * MAX_QUEUED_SPANS).with_scheduled_delay(Duration::from_secs(1)).build();
+    let batch = BatchSpanProcessor::new(counted, config);
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(Bounded { inner: batch, pending })
+        .with_resource(Resource::builder().with_service_name(export.service_name.clone()).build())
+        .build();
+    let tracer = provider.tracer("ebb");
+    *RUNNING.lock().unwrap_or_else(|e| e.into_inner()) = Some(Running { provider, runtime });
+    Ok(tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_location(false)
+        .with_threads(false)
+        .with_target(false)
+        .with_tracked_inactivity(false)
+        .with_context_activation(false))
+}
+
+/// Exports what is queued, waiting at most [`SHUTDOWN_TIMEOUT`] however the collector
+/// behaves, and stops the exporter. Spans not exported by then are counted as dropped.
+pub fn shutdown() {
+    let Some(Running { provider, runtime }) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        return;
+    };
+    if let Err(error) = provider.shutdown_with_timeout(SHUTDOWN_TIMEOUT) {
+        tracing::warn!("spans not all exported at shutdown: {error}");
+    }
+    runtime.shutdown_timeout(Duration::from_millis(100));
+}
+
+/// The SDK's batch processor behind a bound of its own, which counts what it drops: a span
+/// is pending from its end until its export is over (sent or failed), so the SDK's queue
+/// never holds more than [`MAX_QUEUED_SPANS`].
+#[derive(Debug)]
+struct Bounded {
+    inner: BatchSpanProcessor,
+    pending: Arc<AtomicUsize>,
+}
+
+impl SpanProcessor for Bounded {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        if self.pending.fetch_add(1, Ordering::AcqRel) >= MAX_QUEUED_SPANS {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            DROPPED.inc();
+            return;
+        }
+        self.inner.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        let result = self.inner.shutdown_with_timeout(timeout);
+        if result.is_err() {
+            // Whatever is still pending is lost with the process.
+            DROPPED.inc_by(self.pending.swap(0, Ordering::AcqRel) as u64);
+        }
+        result
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The OTLP exporter, run on the exporter's runtime under [`EXPORT_TIMEOUT`], its failures
+/// counted as drops and logged when they start and stop.
+#[derive(Debug)]
+struct Counted {
+    inner: Arc<opentelemetry_otlp::SpanExporter>,
+    runtime: tokio::runtime::Handle,
+    pending: Arc<AtomicUsize>,
+    endpoint: String,
+    failing: AtomicBool,
+}
+
+impl Counted {
+    fn log_transition(&self, result: &OTelSdkResult, spans: usize) {
+        match result {
+            Err(error) if !self.failing.swap(true, Ordering::Relaxed) => {
+                tracing::warn!(endpoint = %self.endpoint, "spans not exported, dropped ({spans} in this batch; all counted in ebb_trace_spans_dropped_total) until the collector answers: {error}");
+            }
+            Ok(()) if self.failing.swap(false, Ordering::Relaxed) => tracing::info!(endpoint = %self.endpoint, "spans exported again"),
+            _ => {}
+        }
+    }
+}
+
+impl SpanExporter for Counted {
+    fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
+        let spans = batch.len();
+        let inner = self.inner.clone();
+        let task = self.runtime.spawn(async move { tokio::time::timeout(EXPORT_TIMEOUT, inner.export(batch)).await });
+        async move {
+            let result = match task.await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_elapsed)) => Err(OTelSdkError::Timeout(EXPORT_TIMEOUT)),
+                Err(error) => Err(OTelSdkError::InternalFailure(format!("the export task ended: {error}"))),
+            };
+            self.pending.fetch_sub(spans, Ordering::AcqRel);
+            if result.is_err() {
+                DROPPED.inc_by(spans as u64);
+            }
+            self.log_transition(&result, spans);
+            result
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        // Set once, at the provider's start, before any export holds a clone.
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.set_resource(resource);
+        }
+    }
+}
+
+/// The span of a message's handling: its outcome ([`outcome`], [`poisoned`]) is recorded
+/// on it once settled.
+pub fn handle_span(queue: &str, id: &crate::queue::MessageId, dequeue_count: u32) -> tracing::Span {
+    tracing::debug_span!(
+        target: TARGET,
+        "handle",
+        otel.kind = "consumer",
+        queue,
+        messaging.message.id = %id,
+        dequeue_count,
+        outcome = tracing::field::Empty,
+        reason = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    )
+}
+
+/// Records how the message of the current [`handle_span`] was settled: `deleted`,
+/// `retried`, `pushed_back`, `released`. Recorded once per span: a field recorded twice
+/// is exported twice.
+pub fn outcome(outcome: &'static str) {
+    tracing::Span::current().record("outcome", outcome);
+}
+
+/// Records that the message of the current [`handle_span`] was poisoned, and why.
+pub fn poisoned(reason: &str) {
+    let span = tracing::Span::current();
+    span.record("outcome", "poisoned");
+    span.record("reason", reason);
+    span.record("otel.status_code", "ERROR");
+}

@@ -579,10 +579,10 @@
       const most = Math.max(2, Math.floor((right - left) / 70));
       const step = TICK_STEPS.find((s) => (to - from) / s <= most) || 3600000;
       for (let t = Math.ceil(from / step) * step; t <= to; t += step) {
-        const at = x(t);
-        if (at < left + 22 || at > right - 22) continue;
+        const at = x(t), label = clock(t, step < 60000), half = label.length * 3.5 + 2;
+        if (at < left + half || at > right - half) continue;
         g.append(svg('line', { x1: at, x2: at, y1: y1, y2: y1 + 4, class: 'axis' }));
-        g.append(svg('text', { x: at, y: ph - 4, 'text-anchor': 'middle', class: 'x' }, clock(t, step < 60000)));
+        g.append(svg('text', { x: at, y: ph - 4, 'text-anchor': 'middle', class: 'x' }, label));
       }
       g.append(svg('line', { x1: left, x2: right, y1: y1, y2: y1, class: 'axis' }));
       let d = '', drawing = false;

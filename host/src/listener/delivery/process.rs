@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use crate::handler::{AnswerTooLarge, HostError, IncomingMessage, PUSHED_BACK_POISON_DEQUEUES, PushedBack, RetryAfterAdjustment};
 use crate::queue::{Message, MessageId, PopReceipt, QueueError};

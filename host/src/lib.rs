@@ -67,7 +67,8 @@
 //! 1. **Vocabulary**: `defaults` (every default, once), [`health`] (liveness and
 //!    readiness), [`names`] (names checked once), `input` (bounded reads of files and
 //!    stdin), `output` (files written whole, or into a device or FIFO as it is),
-//!    `durations` (durations shown as they are written), `log_limit`, `panics`, and `fuzz`
+//!    `durations` (durations shown as they are written), `log_limit`, `panics`,
+//!    [`telemetry`] (span names and fields, the OTLP exporter), and `fuzz`
 //!    (tests only: the budget of the fuzzers of private parsers).
 //! 2. **Parts**: [`queue`] (the storage seam, backends and decorators), [`rules`] (the
 //!    WASM engine, the rule slots, the watcher), [`bus`] (push between hosts),

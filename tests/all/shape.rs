@@ -15,6 +15,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("names", 1),
     ("durations", 1),
     ("output", 1),
+    // Span names, fields and the OTLP exporter: below every module that makes spans.
+    ("telemetry", 1),
     // Tests only: the budget of the property fuzzers of private parsers (bus, http).
     ("fuzz", 1),
     ("queue", 2),

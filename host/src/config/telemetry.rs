@@ -20,25 +20,7 @@ pub struct TelemetryFile {
     pub service_name: Option<String>,
 }
 
-/// How spans travel to the collector.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OtlpProtocol {
-    /// Protobuf in an HTTP POST (`/v1/traces`).
-    HttpProtobuf,
-    /// gRPC (`TraceService/Export`), plain text.
-    Grpc,
-}
-
-/// Where and how spans are exported: the file and the environment resolved.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OtlpExport {
-    /// The full URL: for HTTP, with `/v1/traces` added to a base URL.
-    pub endpoint: String,
-    /// HTTP or gRPC.
-    pub protocol: OtlpProtocol,
-    /// `service.name`.
-    pub service_name: String,
-}
+pub use crate::telemetry::{OtlpExport, OtlpProtocol};
 
 const ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 const TRACES_ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";

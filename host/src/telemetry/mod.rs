@@ -29,7 +29,25 @@ use tracing_subscriber::Layer;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::config::{OtlpExport, OtlpProtocol};
+/// How spans travel to the collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    /// Protobuf in an HTTP POST (`/v1/traces`).
+    HttpProtobuf,
+    /// gRPC (`TraceService/Export`), plain text.
+    Grpc,
+}
+
+/// Where and how spans are exported: the file and the environment resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtlpExport {
+    /// The full URL: for HTTP, with `/v1/traces` added to a base URL.
+    pub endpoint: String,
+    /// HTTP or gRPC.
+    pub protocol: OtlpProtocol,
+    /// `service.name`.
+    pub service_name: String,
+}
 
 /// The target of the spans that are exported (`tracing::debug_span!(target: TARGET, …)`).
 /// At DEBUG, so the log shows them only when asked (`EBB_LOG=ebb::otel=debug`).
@@ -242,7 +260,7 @@ impl SpanExporter for Counted {
 
 /// The span of a message's handling: its outcome ([`outcome`], [`poisoned`]) is recorded
 /// on it once settled.
-pub fn handle_span(queue: &str, id: &crate::queue::MessageId, dequeue_count: u32) -> tracing::Span {
+pub fn handle_span(queue: &str, id: &impl std::fmt::Display, dequeue_count: u32) -> tracing::Span {
     tracing::debug_span!(
         target: TARGET,
         "handle",

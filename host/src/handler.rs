@@ -282,8 +282,13 @@ impl HttpHandler {
                 .header("ebb-item-attempts", item.attempts.to_string());
         }
         // The app's spans join the trace: the handling's span is their parent when spans are
-        // exported, else the producer's.
-        if let Some(context) = crate::telemetry::context::TraceContext::passed_on(&tracing::Span::current(), message.trace.as_ref()) {
+        // exported, else the producer's; an item's, its own producer's (its envelope's
+        // handling spans many producers' items).
+        let context = match message.item {
+            Some(_) => message.trace.clone(),
+            None => crate::telemetry::context::TraceContext::passed_on(&tracing::Span::current(), message.trace.as_ref()),
+        };
+        if let Some(context) = context {
             request = request.header("traceparent", context.traceparent());
             if let Some(state) = context.tracestate() {
                 request = request.header("tracestate", state);

@@ -114,14 +114,19 @@ impl Host {
 
     /// Sends `body` to `queue` with `headers` (whole lines); the message's id.
     async fn send(&self, queue: &str, headers: &str, body: &str) -> Result<String> {
+        let sent = self.post(&format!("/queues/{queue}/messages"), headers, body).await?;
+        Ok(sent["id"].as_str().context("the send answers the message's id")?.to_string())
+    }
+
+    /// POSTs `body` to `path` with `headers` (whole lines); the answer, which must be a 201.
+    async fn post(&self, path: &str, headers: &str, body: &str) -> Result<serde_json::Value> {
         let request = format!(
-            "POST /queues/{queue}/messages HTTP/1.1\r\nHost: ebb\r\nAuthorization: Bearer {TOKEN}\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "POST {path} HTTP/1.1\r\nHost: ebb\r\nAuthorization: Bearer {TOKEN}\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         );
         let answer = raw(self.api, request.as_bytes()).await?;
         ensure!(answer.status == 201, "the send was refused: {answer:?}");
-        let sent: serde_json::Value = serde_json::from_str(&answer.body)?;
-        Ok(sent["id"].as_str().context("the send answers the message's id")?.to_string())
+        Ok(serde_json::from_str(&answer.body)?)
     }
 
     /// The value of the series `name` (its first) in `/metrics`.
@@ -293,5 +298,22 @@ async fn a_malformed_traceparent_on_a_send_is_counted_and_its_message_handled_in
         names_the_handle_span(&call, &handle)?;
     }
     ensure!(host.metric("ebb_traceparent_rejected_total").await? == before + 3.0, "each malformed context is counted once");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn items_sent_with_a_traceparent_each_reach_the_app_with_the_producers_context() -> Result<()> {
+    let queue = "context-items";
+    let app = App::default();
+    let host = Host::start(queue, "", app.start().await?, "", &[]).await?;
+    let headers = format!("traceparent: {}\r\ntracestate: items=1\r\n", producer_traceparent());
+    host.post(&format!("/queues/{queue}/items"), &headers, r#"["first item", "second item"]"#).await?;
+    host.post(&format!("/queues/{queue}/items"), "", r#"["untraced item"]"#).await?;
+    for body in ["first item", "second item"] {
+        let call = app.call_with(body).await?;
+        ensure!(call.traceparent.as_deref() == Some(producer_traceparent().as_str()) && call.tracestate.as_deref() == Some("items=1"), "{call:?}");
+    }
+    let call = app.call_with("untraced item").await?;
+    ensure!(call.traceparent.is_none(), "an item sent without a context carries none: {call:?}");
     Ok(())
 }

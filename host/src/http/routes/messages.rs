@@ -186,7 +186,11 @@ pub(super) async fn send_items(
         Ok(items) => items,
         Err((status, reason)) => return error(status, reason),
     };
-    match queue.send_items(items).await {
+    // The producer's context goes with each item as it came: no span of this host's stands
+    // between them (an envelope's handling spans many producers' items).
+    let header = |name: &str| headers.get(name).map(|value| value.to_str().unwrap_or_default());
+    let context = header("traceparent").and_then(|traceparent| TraceContext::parse(traceparent, header("tracestate")));
+    match crate::telemetry::context::with_sending(context, queue.send_items(items)).await {
         Ok(sent) => (StatusCode::CREATED, Json(json!({ "items": sent.items, "messages": sent.messages, "ids": sent.ids }))).into_response(),
         Err(e @ (ItemsError::TooLarge { .. } | ItemsError::OverClaimLimit { .. } | ItemsError::TooMany { .. } | ItemsError::TooManyBytes { .. })) => {
             error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string())

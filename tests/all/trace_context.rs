@@ -317,3 +317,18 @@ async fn items_sent_with_a_traceparent_each_reach_the_app_with_the_producers_con
     ensure!(call.traceparent.is_none(), "an item sent without a context carries none: {call:?}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_offloaded_to_the_claim_store_carries_its_context_in_its_envelope() -> Result<()> {
+    let queue = "context-offloaded";
+    let app = App::default();
+    // Not opted in: only the envelope that references the offloaded body carries the context.
+    let host = Host::start(queue, "", app.start().await?, "", &[]).await?;
+    let body = "x".repeat(100 << 10);
+    let id = host.send(queue, &format!("traceparent: {}\r\n", producer_traceparent()), &body).await?;
+    let call = app.call_with(&body).await?;
+    let (handle, _) = handle_span(queue, &id).await?;
+    ensure!(handle.trace_id == PRODUCER_TRACE, "the handling joins the producer's trace: {handle:?}");
+    names_the_handle_span(&call, &handle)?;
+    Ok(())
+}

@@ -26,6 +26,9 @@ pub struct IncomingMessage {
     /// Set when the body is one item of an envelope (issue 20): which one. Then `id` is the
     /// envelope's message id and `dequeue_count` the item's failed deliveries plus this one.
     pub item: Option<ItemPosition>,
+    /// The trace context its producer sent it with, if any (W3C `traceparent` and
+    /// `tracestate`): a handler's spans join that trace with it as their parent.
+    pub trace: Option<crate::telemetry::context::TraceContext>,
 }
 
 /// Where an item sits in its envelope.
@@ -277,6 +280,19 @@ impl HttpHandler {
                 .header("ebb-item-index", item.index.to_string())
                 .header("ebb-item-count", item.count.to_string())
                 .header("ebb-item-attempts", item.attempts.to_string());
+        }
+        // The app's spans join the trace: the handling's span is their parent when spans are
+        // exported, else the producer's; an item's, its own producer's (its envelope's
+        // handling spans many producers' items).
+        let context = match message.item {
+            Some(_) => message.trace.clone(),
+            None => crate::telemetry::context::TraceContext::passed_on(&tracing::Span::current(), message.trace.as_ref()),
+        };
+        if let Some(context) = context {
+            request = request.header("traceparent", context.traceparent());
+            if let Some(state) = context.tracestate() {
+                request = request.header("tracestate", state);
+            }
         }
         if let Some(size) = batch {
             request = request.header("ebb-batch-size", size.to_string()).header(reqwest::header::CONTENT_TYPE, "application/json");

@@ -197,6 +197,7 @@ fn the_documented_defaults_are_the_code_defaults() {
                 "max_batch_items" => Code::Number(queue.payload.max_batch_items.into()),
                 "reply_queue" => queue.payload.reply_queue.clone().map_or(Code::Absent, Code::Text),
                 "reply_ttl" => Code::Duration(queue.payload.reply_ttl),
+                "trace_envelope" => Code::Bool(queue.payload.trace_envelope),
                 "shadow_rule" => queue.shadow_rule.as_ref().map_or(Code::Absent, |file| Code::Text(file.to_string())),
                 "shadow_rule_params" if queue.shadow_rule_params.is_empty() => Code::Absent,
                 "handler.url" => Code::Absent, // required

@@ -18,7 +18,15 @@ async fn serve(router: axum::Router) -> std::net::SocketAddr {
 }
 
 fn message() -> IncomingMessage {
-    IncomingMessage { queue: "orders".into(), id: "1".into(), dequeue_count: 1, inserted_at: SystemTime::now(), body: b"{\"order\":42}"[..].into(), item: None }
+    IncomingMessage {
+        queue: "orders".into(),
+        id: "1".into(),
+        dequeue_count: 1,
+        inserted_at: SystemTime::now(),
+        body: b"{\"order\":42}"[..].into(),
+        item: None,
+        trace: None,
+    }
 }
 
 /// Review defect: a 301 was followed as a GET without the body, and the 200 of that GET

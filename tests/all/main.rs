@@ -47,3 +47,4 @@ mod simulate;
 mod sqs;
 mod stops;
 mod tokens;
+mod trace_context;

@@ -16,14 +16,14 @@ use tokio::time::Instant;
 
 use crate::binary::EBB;
 
-const TOKEN: &str = "t0ken";
+pub(crate) const TOKEN: &str = "t0ken";
 
 /// The producer's span, as its `traceparent` names it.
-const PRODUCER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
-const PRODUCER_SPAN: &str = "00f067aa0ba902b7";
+pub(crate) const PRODUCER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+pub(crate) const PRODUCER_SPAN: &str = "00f067aa0ba902b7";
 
 /// The variables that would choose the log or the export for the host.
-const VARIABLES: [&str; 8] = [
+pub(crate) const VARIABLES: [&str; 8] = [
     "RUST_LOG",
     "EBB_LOG",
     "EBB_LOG_FORMAT",
@@ -134,7 +134,7 @@ impl Drop for Host {
 }
 
 /// The spans of `queue` the receiver has once `done` holds of them, within 30 s.
-async fn spans_until(queue: &str, done: impl Fn(&[ReceivedSpan]) -> bool) -> Result<Vec<ReceivedSpan>> {
+pub(crate) async fn spans_until(queue: &str, done: impl Fn(&[ReceivedSpan]) -> bool) -> Result<Vec<ReceivedSpan>> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let all = OtlpReceiver::shared().spans().await?;
@@ -151,7 +151,7 @@ async fn spans_until(queue: &str, done: impl Fn(&[ReceivedSpan]) -> bool) -> Res
     }
 }
 
-fn named<'a>(spans: &'a [ReceivedSpan], name: &str) -> Vec<&'a ReceivedSpan> {
+pub(crate) fn named<'a>(spans: &'a [ReceivedSpan], name: &str) -> Vec<&'a ReceivedSpan> {
     spans.iter().filter(|span| span.name == name).collect()
 }
 

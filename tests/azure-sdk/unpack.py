@@ -121,7 +121,12 @@ def envelope_items(data):
             message_id = text("<B")
             (index,) = struct.unpack("<I", take(4))
             origin = {"message_id": message_id, "index": index}
-            kind &= 0x7F
+        trace = None
+        if kind & 0x40:
+            # The producer's W3C trace context.
+            traceparent = text("<B")
+            trace = {"traceparent": traceparent, "tracestate": text("<H") or None}
+        kind &= 0x3F
         if kind == 0:
             (length,) = struct.unpack("<I", take(4))
             items.append({"attempts": attempts, "body": take(length)})
@@ -140,6 +145,8 @@ def envelope_items(data):
             raise ValueError(f"unknown item kind {kind}")
         if origin:
             items[-1]["origin"] = origin
+        if trace:
+            items[-1]["trace"] = trace
     if at != len(section):
         raise ValueError(f"{len(section) - at} bytes after the last of {count} items")
     return items

@@ -165,7 +165,7 @@ fn item() -> impl Strategy<Value = Item> {
         1 => (location(), 0u64..(1 << 30), any::<[u8; 32]>()).prop_map(|(location, size, sha256)| Body::ClaimCheck(ClaimCheck { location, size, sha256 })),
     ];
     let origin = proptest::option::of(("[0-9a-zé:-]{1,60}", any::<u32>()).prop_map(|(message_id, index)| Origin { message_id, index }));
-    (prop_oneof![Just(0u32), 0u32..10, Just(u32::MAX)], body, origin).prop_map(|(attempts, body, origin)| Item { attempts, body, origin })
+    (prop_oneof![Just(0u32), 0u32..10, Just(u32::MAX)], body, origin).prop_map(|(attempts, body, origin)| Item { attempts, body, origin, trace: None })
 }
 
 fn items() -> impl Strategy<Value = Vec<Item>> {

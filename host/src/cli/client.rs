@@ -13,6 +13,7 @@ use crate::payload::claims::ClaimRecords;
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore, OWNER_WAIT};
 use crate::queue::{GroupedSend, RetryPolicy};
 use crate::service::{QueueHandle, QueueStack, StackOptions};
+use crate::telemetry::context::TraceContext;
 
 pub(super) fn api_base(config: &Config) -> String {
     let mut addr = config.listen;
@@ -74,7 +75,24 @@ async fn create_for_sending(stack: &QueueStack, backend: &Backend) -> Result<()>
     Ok(())
 }
 
-pub async fn send(config_path: &Path, token: &TokenArgs, queue: &str, count: u64, body: Option<String>, group: Option<&GroupedSend>) -> Result<()> {
+/// `ebb send --traceparent [--tracestate]`'s context: a malformed one is refused, with the
+/// form it must take.
+pub fn trace_context(traceparent: Option<&str>, tracestate: Option<&str>) -> Result<Option<TraceContext>> {
+    let Some(traceparent) = traceparent else { return Ok(None) };
+    let context = TraceContext::parse(traceparent, tracestate)
+        .with_context(|| format!("--traceparent: {traceparent:?} is not a W3C traceparent (00-<32 hex>-<16 hex, not all zero>-<2 hex>, lowercase)"))?;
+    Ok(Some(context))
+}
+
+pub async fn send(
+    config_path: &Path,
+    token: &TokenArgs,
+    queue: &str,
+    count: u64,
+    body: Option<String>,
+    group: Option<&GroupedSend>,
+    context: Option<TraceContext>,
+) -> Result<()> {
     let (config, token) = load(config_path, token)?;
     let Some(queue_config) = config.queues.iter().find(|q| q.name == queue) else {
         bail!("queue {queue} is not configured in {}", config_path.display());
@@ -82,10 +100,25 @@ pub async fn send(config_path: &Path, token: &TokenArgs, queue: &str, count: u64
     let body = read_message(&config, queue_config, body)?;
     let http = client(token.as_deref())?;
     let url = format!("{}/queues/{queue}/messages{}", api_base(&config), group_query(group));
-    let first = http.post(&url).body(body.clone()).send().await;
+    // Through a host, as the headers a producer's send carries; straight into storage, as
+    // the host's own sends carry it.
+    let post = || {
+        let request = http.post(&url);
+        let request = match &context {
+            Some(context) => request.header("traceparent", context.traceparent()),
+            None => request,
+        };
+        match context.as_ref().and_then(TraceContext::tracestate) {
+            Some(state) => request.header("tracestate", state),
+            None => request,
+        }
+    };
+    let first = post().body(body.clone()).send().await;
     match first {
-        Err(error) if error.is_connect() => send_offline(&config, queue_config, &body, count, group).await,
-        first => send_through_host(&config, (&http, &url), queue, first, bytes::Bytes::from(body), count).await,
+        Err(error) if error.is_connect() => {
+            crate::telemetry::context::with_sending(context.clone(), send_offline(&config, queue_config, &body, count, group)).await
+        }
+        first => send_through_host(&config, &post, queue, first, bytes::Bytes::from(body), count).await,
     }
 }
 
@@ -160,7 +193,7 @@ async fn notify_hosts(config: &Config, queue: &str, count: u64) -> Result<()> {
 /// (each held whole): those go one at a time; any send the host is too busy for is retried.
 async fn send_through_host(
     config: &Config,
-    (http, url): (&reqwest::Client, &str),
+    post: &(dyn Fn() -> reqwest::RequestBuilder + Sync),
     queue: &str,
     first: reqwest::Result<reqwest::Response>,
     body: bytes::Bytes,
@@ -168,10 +201,10 @@ async fn send_through_host(
 ) -> Result<()> {
     let in_flight = if body.len() > config.max_message_bytes { 1 } else { 64 };
     let mut sent = 0u64;
-    let failed = match retry_busy(first, || http.post(url).body(body.clone())).await {
+    let failed = match retry_busy(first, || post().body(body.clone())).await {
         Ok(()) => {
             sent += 1;
-            let mut rest = futures::stream::iter(1..count).map(|_| retry_busy_send(|| http.post(url).body(body.clone()))).buffer_unordered(in_flight);
+            let mut rest = futures::stream::iter(1..count).map(|_| retry_busy_send(|| post().body(body.clone()))).buffer_unordered(in_flight);
             let mut failed = None;
             while let Some(result) = rest.next().await {
                 match result {

@@ -108,6 +108,13 @@ enum Command {
         /// 5 minutes). Needed unless the queue has content-based deduplication.
         #[arg(long, requires = "group")]
         dedup_id: Option<String>,
+        /// The W3C trace context the message carries to its handler, whose handling joins
+        /// that trace (`00-<trace id>-<parent id>-<flags>`).
+        #[arg(long, conflicts_with_all = ["items", "trace", "wait_reply"])]
+        traceparent: Option<String>,
+        /// With `--traceparent`: its W3C `tracestate`.
+        #[arg(long, requires = "traceparent")]
+        tracestate: Option<String>,
         /// With `--wait-reply`: how long to wait, at most 1h.
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, requires = "wait_reply")]
         timeout: std::time::Duration,
@@ -300,9 +307,11 @@ pub(crate) fn main(cli: Cli) -> ExitCode {
         Command::Send { queue, items: Some(items), wait_reply, timeout, config, token, .. } => {
             runtime().and_then(|rt| rt.block_on(client::send_items(&config, &token, &queue, &items, wait_reply.then_some(timeout))))
         }
-        Command::Send { queue, body, count, trace: None, group, dedup_id, config, token, .. } => {
+        Command::Send { queue, body, count, trace: None, group, dedup_id, traceparent, tracestate, config, token, .. } => {
             let group = group.map(|group| crate::queue::GroupedSend { group, dedup_id });
-            runtime().and_then(|rt| rt.block_on(client::send(&config, &token, &queue, count, body, group.as_ref())))
+            let context = client::trace_context(traceparent.as_deref(), tracestate.as_deref());
+            let send = |context| client::send(&config, &token, &queue, count, body, group.as_ref(), context);
+            context.and_then(|context| runtime().and_then(|rt| rt.block_on(send(context))))
         }
         Command::Send { queue, body, trace: Some(trace), config, token, .. } => {
             runtime().and_then(|rt| rt.block_on(client::send_trace(&config, &token, &queue, &trace, body)))

@@ -294,6 +294,12 @@ pub struct QueueFile {
     /// How long an answer nobody took stays on the reply queue. Default `1h`, `1s` to `7days`.
     #[serde(default, with = "humantime_serde")]
     pub reply_ttl: Option<Duration>,
+    /// A plain message sent with a trace context goes as an envelope of one message that
+    /// carries it (only ebb's listeners then read the queue's messages). Default `false`:
+    /// plain messages go byte-identical, without their context. Not on SQS, whose message
+    /// attributes carry it.
+    #[serde(default)]
+    pub trace_envelope: bool,
     /// This queue's own Azure account (default: the host-wide `[azure]`).
     pub azure: Option<AzureFile>,
     /// This queue's SQS settings over `[aws]`, and its URL.

@@ -228,6 +228,9 @@ impl QueueFile {
         let reply_ttl = self.reply_ttl.unwrap_or(crate::defaults::REPLY_TTL);
         check_duration("reply_ttl", reply_ttl, AtLeast::Duration(Duration::from_secs(1)), MAX_VISIBILITY)?;
         let reply_queue = self.reply_queue(name)?;
+        if self.trace_envelope && matches!(backend, Backend::Sqs { .. }) {
+            bail!("trace_envelope: not for an SQS queue, whose message attributes carry a message's trace context; remove it");
+        }
         let max_envelope_bytes = match backend {
             Backend::Embedded => max_message_bytes,
             Backend::Azure { .. } => AZURE_MAX_ENVELOPE_BYTES,
@@ -241,6 +244,7 @@ impl QueueFile {
             max_envelope_bytes,
             reply_queue,
             reply_ttl,
+            trace_envelope: self.trace_envelope,
         })
     }
 

@@ -51,8 +51,11 @@ pub enum EnvelopeError {
         /// The flags field.
         flags: u16,
     },
-    /// An offloaded message (`FLAG_MESSAGE`) that is not one claim check.
-    #[error("an offloaded message (flag 0x0001) must be one claim check, got {count} item(s) or an inline body")]
+    /// An envelope of one plain message (`FLAG_MESSAGE`) that is not one claim check or
+    /// one inline body with its trace context.
+    #[error(
+        "a plain message's envelope (flag 0x0001) must be one claim check or one inline body with a trace context, got {count} item(s) or an inline body without one"
+    )]
     BadMessage {
         /// Its item count.
         count: u32,

@@ -17,8 +17,10 @@
 //! The item section is the items one after another:
 //!
 //! ```text
-//! kind u8 (0 inline, 1 claim check; bit 7 set: an origin follows), attempts u32,
-//!   origin (bit 7 only): message id (u8 length 1 to 255, UTF-8), item index u32, then
+//! kind u8 (0 inline, 1 claim check; bit 7 set: an origin follows; bit 6: a trace
+//!   context follows), attempts u32,
+//!   origin (bit 7 only): message id (u8 length 1 to 255, UTF-8), item index u32,
+//!   trace (bit 6 only): traceparent (u8 length, ASCII), tracestate (u16 length, ASCII), then
 //!   inline:       length u32, the bytes
 //!   claim check:  size u64, sha256 [32], location u8, then
 //!                   1 azure blob:    account (u8 length, bytes), container (u8, bytes), blob (u16, bytes)
@@ -37,12 +39,17 @@ use super::decompress::decompress;
 use super::error::EnvelopeError;
 use super::item::{BlobRef, Body, ClaimCheck, Item, Origin};
 use super::limits::Limits;
+use crate::telemetry::context::TraceContext;
+
 use super::wire::{ENVELOPE_OVERHEAD_BYTES, FLAG_MESSAGE, FORMAT_VERSION, HEADER_BYTES, MAGIC, MIN_ITEM_BYTES, TRAILER_BYTES};
 
 const INLINE: u8 = 0;
 const CLAIM_CHECK: u8 = 1;
 /// Bit 7 of an item's kind: its origin (where its producer put it) follows its attempts.
 const HAS_ORIGIN: u8 = 0x80;
+/// Bit 6 of an item's kind: its producer's trace context follows its origin. An envelope
+/// without it reads as before; a reader that predates it refuses the kind.
+const HAS_TRACE: u8 = 0x40;
 const AZURE_BLOB: u8 = 1;
 const EMBEDDED_BODY: u8 = 2;
 const S3_OBJECT: u8 = 3;
@@ -68,20 +75,28 @@ pub struct Envelope {
     pub message: bool,
 }
 
-/// Appends an item's kind, attempts and origin.
+/// Appends an item's kind, attempts, origin and trace context.
 fn write_head(kind: u8, item: &Item, out: &mut Vec<u8>) -> anyhow::Result<()> {
-    let Some(origin) = &item.origin else {
-        out.push(kind);
-        out.extend_from_slice(&item.attempts.to_le_bytes());
-        return Ok(());
-    };
-    let id = origin.message_id.as_bytes();
-    anyhow::ensure!((1..=255).contains(&id.len()), "an origin's message id of {} bytes: 1 to 255", id.len());
-    out.push(kind | HAS_ORIGIN);
+    let flags = if item.origin.is_some() { HAS_ORIGIN } else { 0 } | if item.trace.is_some() { HAS_TRACE } else { 0 };
+    out.push(kind | flags);
     out.extend_from_slice(&item.attempts.to_le_bytes());
-    out.push(id.len() as u8);
-    out.extend_from_slice(id);
-    out.extend_from_slice(&origin.index.to_le_bytes());
+    if let Some(origin) = &item.origin {
+        let id = origin.message_id.as_bytes();
+        anyhow::ensure!((1..=255).contains(&id.len()), "an origin's message id of {} bytes: 1 to 255", id.len());
+        out.push(id.len() as u8);
+        out.extend_from_slice(id);
+        out.extend_from_slice(&origin.index.to_le_bytes());
+    }
+    if let Some(trace) = &item.trace {
+        let parent = trace.traceparent().as_bytes();
+        let state = trace.tracestate().unwrap_or_default().as_bytes();
+        // A parsed context is 55 bytes and a tracestate at most 8 KiB: both fit their lengths.
+        anyhow::ensure!(parent.len() <= 255 && state.len() <= usize::from(u16::MAX), "a trace context of {} bytes", trace.len());
+        out.push(parent.len() as u8);
+        out.extend_from_slice(parent);
+        out.extend_from_slice(&(state.len() as u16).to_le_bytes());
+        out.extend_from_slice(state);
+    }
     Ok(())
 }
 
@@ -171,10 +186,20 @@ pub fn encode(items: &[Item], codec: Codec) -> anyhow::Result<Vec<u8>> {
 /// The envelope of one plain message whose body was offloaded to `check` (see
 /// `FLAG_MESSAGE`); a few hundred bytes, whatever the body's size.
 pub fn encode_message(check: ClaimCheck) -> anyhow::Result<Vec<u8>> {
+    encode_message_item(&Item::claim_check(check))
+}
+
+/// The envelope of one plain message (`FLAG_MESSAGE`): its only item a claim check (the
+/// body offloaded), or an inline body with its trace context (a queue whose messages have
+/// no metadata to carry it in). Refuses an inline item without a trace context: that is
+/// the plain message itself.
+pub fn encode_message_item(item: &Item) -> anyhow::Result<Vec<u8>> {
+    anyhow::ensure!(is_message_item(item), "an envelope of one plain message holds a claim check, or an inline body with its trace context");
     let mut section = Vec::new();
-    write_record(&Item::claim_check(check), &mut section)?;
+    write_record(item, &mut section)?;
     let mut envelope = Vec::with_capacity(ENVELOPE_OVERHEAD_BYTES + section.len());
-    // A reference does not compress: stored as it is, readable with no codec at all.
+    // A reference does not compress, and a message's body was sent as it is: stored as it
+    // is, readable with no codec at all.
     seal_with_flags(Codec::None, FLAG_MESSAGE, 1, &section, &mut Compressor::new(Codec::None)?, &mut envelope)?;
     Ok(envelope)
 }
@@ -266,10 +291,15 @@ fn decode_with(bytes: &[u8], limits: &Limits, any_reference: bool) -> Result<Dec
     if fields.at != section.len() {
         return Err(EnvelopeError::ExtraBytes { count, extra: section.len() - fields.at });
     }
-    if message && !matches!(items.as_slice(), [Item { body: Body::ClaimCheck(_), .. }]) {
+    if message && !matches!(items.as_slice(), [item] if is_message_item(item)) {
         return Err(EnvelopeError::BadMessage { count });
     }
     Ok(Decoded::Envelope(Envelope { codec, items, message }))
+}
+
+/// Whether `item` may be the only item of an envelope of one plain message.
+fn is_message_item(item: &Item) -> bool {
+    matches!(item.body, Body::ClaimCheck(_)) || item.trace.is_some()
 }
 
 /// A reader of one item's fields, each checked against what is left of the section.
@@ -327,7 +357,8 @@ impl Fields<'_> {
         } else {
             None
         };
-        let body = match kind & !HAS_ORIGIN {
+        let trace = if kind & HAS_TRACE != 0 { self.trace()? } else { None };
+        let body = match kind & !(HAS_ORIGIN | HAS_TRACE) {
             INLINE => {
                 let length = u32::from_le_bytes(self.array()?);
                 Body::Inline(self.take(u64::from(length))?)
@@ -335,7 +366,19 @@ impl Fields<'_> {
             CLAIM_CHECK => Body::ClaimCheck(self.claim_check(limits)?),
             other => return Err(self.bad(format!("unknown kind {other} (0 inline, 1 claim check)"))),
         };
-        Ok(Item { attempts, body, origin })
+        Ok(Item { attempts, body, origin, trace })
+    }
+
+    /// An item's trace context: a malformed one is counted and dropped (the item starts a
+    /// new trace), not a broken envelope.
+    fn trace(&mut self) -> Result<Option<TraceContext>, EnvelopeError> {
+        let length = self.u8()?;
+        let parent = self.take(u64::from(length))?;
+        let length = u16::from_le_bytes(self.array()?);
+        let state = self.take(u64::from(length))?;
+        let parent = String::from_utf8_lossy(&parent);
+        let state = String::from_utf8_lossy(&state);
+        Ok(TraceContext::parse(&parent, Some(state.as_ref()).filter(|state| !state.is_empty())))
     }
 
     fn claim_check(&mut self, limits: &Limits) -> Result<ClaimCheck, EnvelopeError> {

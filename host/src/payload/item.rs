@@ -15,6 +15,9 @@ pub struct Item {
     /// Where its producer's send put it, once it was put back in another envelope (none in
     /// the envelope it was sent in: that envelope's id and the item's index there).
     pub origin: Option<Origin>,
+    /// The trace context of its producer's send, if it had one (see
+    /// `docs/reference/envelope.md`): its handling joins that trace.
+    pub trace: Option<crate::telemetry::context::TraceContext>,
 }
 
 /// The message id and index its producer got for an item put back after failing: what a
@@ -104,17 +107,22 @@ impl ClaimCheck {
 impl Item {
     /// A new item (no attempt yet) whose bytes travel in the envelope.
     pub fn inline(body: impl Into<Bytes>) -> Item {
-        Item { attempts: 0, body: Body::Inline(body.into()), origin: None }
+        Item { attempts: 0, body: Body::Inline(body.into()), origin: None, trace: None }
     }
 
     /// A new item whose bytes were offloaded.
     pub fn claim_check(check: ClaimCheck) -> Item {
-        Item { attempts: 0, body: Body::ClaimCheck(check), origin: None }
+        Item { attempts: 0, body: Body::ClaimCheck(check), origin: None, trace: None }
     }
 
     /// The same item, counted as failed `attempts` times.
     pub fn with_attempts(self, attempts: u32) -> Item {
         Item { attempts, ..self }
+    }
+
+    /// The same item, carrying its producer's trace `context`.
+    pub fn with_trace(self, context: Option<crate::telemetry::context::TraceContext>) -> Item {
+        Item { trace: context, ..self }
     }
 
     /// Where its producer's send put it: its origin, or else `message_id` and `index`, the

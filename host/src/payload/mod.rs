@@ -48,7 +48,7 @@ mod wire;
 pub use codec::Codec;
 pub use error::EnvelopeError;
 pub(crate) use extended::ExtendedClientPointers;
-pub use format::{Decoded, Envelope, decode, encode, encode_message};
+pub use format::{Decoded, Envelope, decode, encode, encode_message, encode_message_item};
 pub(crate) use item::bucket_defect;
 pub use item::{AzureContainer, BlobRef, Body, ClaimCheck, Item, Origin};
 

@@ -136,7 +136,12 @@ impl Packer {
             .iter()
             .map(|&i| {
                 let item = &envelope.items[i];
-                Item { attempts: item.attempts.saturating_add(1), body: item.body.clone(), origin: Some(item.origin_or(message_id, i as u32)) }
+                Item {
+                    attempts: item.attempts.saturating_add(1),
+                    body: item.body.clone(),
+                    origin: Some(item.origin_or(message_id, i as u32)),
+                    trace: item.trace.clone(),
+                }
             })
             .collect();
         let mut packed = self.pack(&items)?;

@@ -36,6 +36,9 @@ pub struct PayloadSettings {
     pub reply_queue: Option<String>,
     /// How long an answer nobody took stays on the reply queue.
     pub reply_ttl: Duration,
+    /// A plain message sent with a trace context goes as an envelope of one message that
+    /// carries it (`trace_envelope`), on a backend without message metadata.
+    pub trace_envelope: bool,
 }
 
 impl Default for PayloadSettings {
@@ -49,6 +52,7 @@ impl Default for PayloadSettings {
             max_envelope_bytes: d::MAX_MESSAGE_BYTES,
             reply_queue: None,
             reply_ttl: d::REPLY_TTL,
+            trace_envelope: false,
         }
     }
 }

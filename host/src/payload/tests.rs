@@ -421,3 +421,55 @@ fn an_offloaded_message_is_one_claim_check_with_the_message_flag_and_nothing_els
     assert!(matches!(decode(&reseal(unknown), &Limits::default()), Err(EnvelopeError::UnknownFlags { flags: 2 })));
     Ok(())
 }
+
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+fn traced(item: Item, tracestate: Option<&str>) -> Item {
+    item.with_trace(crate::telemetry::context::TraceContext::parse(TRACEPARENT, tracestate))
+}
+
+#[test]
+fn an_items_trace_context_follows_its_origin_and_reads_back() -> anyhow::Result<()> {
+    let origin = Some(Origin { message_id: "m-1".into(), index: 4 });
+    let sent = vec![
+        traced(Item::inline("a"), Some("vendor=1")),
+        Item { origin: origin.clone(), ..traced(Item::inline("b"), None) },
+        traced(claim_check(azure_blob("orders-bodies", "b-1")), None),
+        Item::inline("untraced"),
+    ];
+    let bytes = encode(&sent, Codec::None)?;
+    assert_eq!(items(&bytes, &limits_with_references())?, sent);
+    // Byte by byte: kind with bits 7 and 6, attempts, origin, then the context.
+    let record = &bytes[layout::HEADER..];
+    assert_eq!(record[0], 0x40, "inline, a trace context follows");
+    let state_at = 5 + 1 + TRACEPARENT.len();
+    assert_eq!((record[5] as usize, &record[6..state_at]), (TRACEPARENT.len(), TRACEPARENT.as_bytes()));
+    assert_eq!(&record[state_at..state_at + 2 + 8], b"\x08\x00vendor=1");
+    // An envelope written before the bit (the same items untraced) reads as it did.
+    let untraced: Vec<Item> = sent.iter().map(|item| item.clone().with_trace(None)).collect();
+    assert_eq!(items(&encode(&untraced, Codec::Zstd)?, &limits_with_references())?, untraced);
+    Ok(())
+}
+
+#[test]
+fn a_malformed_trace_context_in_an_envelope_is_counted_and_dropped_the_item_kept() -> anyhow::Result<()> {
+    let mut bytes = encode(&[traced(Item::inline("a"), None)], Codec::None)?;
+    // The trace id's first digit becomes uppercase: not a traceparent.
+    let at = layout::HEADER + 6 + 3;
+    bytes[at] = b'A';
+    let before = crate::telemetry::traceparent::rejected().get();
+    assert_eq!(items(&reseal(bytes), &Limits::default())?, vec![Item::inline("a")]);
+    assert!(crate::telemetry::traceparent::rejected().get() > before, "counted");
+    Ok(())
+}
+
+#[test]
+fn a_plain_messages_envelope_is_a_claim_check_or_an_inline_body_with_its_trace_context() -> anyhow::Result<()> {
+    let inline = traced(Item::inline("{\"order\":1}"), Some("a=1"));
+    let bytes = encode_message_item(&inline)?;
+    let Decoded::Envelope(envelope) = decode(&bytes, &Limits::default())? else { panic!("not an envelope") };
+    assert!(envelope.message);
+    assert_eq!(envelope.items, vec![inline]);
+    assert!(encode_message_item(&Item::inline("no context")).is_err(), "an untraced inline body is the plain message itself");
+    Ok(())
+}

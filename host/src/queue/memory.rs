@@ -100,6 +100,7 @@ impl QueueClient for MemoryQueue {
                 body: stored.body.clone(),
                 defect: None,
                 fifo: None,
+                trace: None,
             });
             let visible_at = stored.visible_at_ms;
             state.visible.insert((visible_at, key.1));

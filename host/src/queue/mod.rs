@@ -175,6 +175,9 @@ pub struct Message {
     /// Its FIFO fields, on a queue that keeps messages in groups (an SQS `.fifo` queue):
     /// the listener handles a group's messages one at a time, in order. `None` elsewhere.
     pub fifo: Option<FifoFields>,
+    /// The trace context its producer sent it with, where the backend keeps it beside the
+    /// body (SQS: message attributes); `None` elsewhere (an envelope may carry one).
+    pub trace: Option<crate::telemetry::context::TraceContext>,
 }
 
 /// A message's fields on a FIFO queue, as the service gave them.

@@ -323,8 +323,23 @@ impl QueueHandle {
 
     /// Stores `body` in `claims` and puts the envelope referencing it (the body is left for
     /// the sweeper if that put fails: a send that failed may still have stored it).
-    /// One put of `body`, into `group` if given.
+    /// One put of `body`, into `group` if given: with `trace_envelope`, as the envelope that
+    /// carries the send's trace context, if it has one (the body alone when the envelope
+    /// is over the queue's limit and the body is not: its context is then dropped).
     async fn put(&self, group: Option<&GroupedSend>, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
+        let context = crate::telemetry::context::sending().filter(|_| self.inner.payload.0.trace_envelope);
+        let Some(context) = context else { return self.put_as_is(group, body, delay).await };
+        let item = crate::payload::Item::inline(bytes::Bytes::copy_from_slice(body)).with_trace(Some(context));
+        let envelope = crate::payload::encode_message_item(&item).map_err(QueueError::Fatal)?;
+        let envelope = if self.inner.payload.1 { crate::payload::to_text(&envelope).into_bytes() } else { envelope };
+        match self.put_as_is(group, &envelope, delay).await {
+            Err(QueueError::MessageTooLarge { .. }) => self.put_as_is(group, body, delay).await,
+            put => put,
+        }
+    }
+
+    /// One put of `body` as it is.
+    async fn put_as_is(&self, group: Option<&GroupedSend>, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
         match group {
             Some(group) => self.inner.sender.put_in_group(body, delay, group).await,
             None => self.inner.sender.put(body, delay).await,
@@ -349,10 +364,11 @@ impl QueueHandle {
                 )));
             }
         };
-        let envelope = crate::payload::encode_message(check).map_err(QueueError::Fatal)?;
+        let item = crate::payload::Item::claim_check(check).with_trace(crate::telemetry::context::sending());
+        let envelope = crate::payload::encode_message_item(&item).map_err(QueueError::Fatal)?;
         let text = self.inner.payload.1;
         let envelope = if text { crate::payload::to_text(&envelope).into_bytes() } else { envelope };
-        let put = self.put(group, &envelope, delay);
+        let put = self.put_as_is(group, &envelope, delay);
         match tokio::time::timeout(SEND_DEADLINE, put).await {
             Ok(put) => put,
             Err(_) => Err(storage_timed_out(SEND_DEADLINE)),

@@ -173,14 +173,18 @@ impl Packing {
         if items.len() > MAX_ITEMS_PER_SEND {
             return Err(ItemsError::TooMany { count: items.len() });
         }
-        // What the items take in the section: the smallest envelope record is 9 bytes.
-        let bytes = items.iter().map(|item| item.len() + MIN_ITEM_BYTES).sum::<usize>();
+        // Each item carries the send's trace context, if it has one.
+        let context = crate::telemetry::context::sending();
+        // What the items take in the section: the smallest envelope record is 9 bytes, and a
+        // context takes its bytes and their 3 bytes of lengths.
+        let traced = context.as_ref().map_or(0, |context| context.len() + 3);
+        let bytes = items.iter().map(|item| item.len() + MIN_ITEM_BYTES + traced).sum::<usize>();
         if bytes > self.room_bytes {
             return Err(ItemsError::TooManyBytes { bytes });
         }
         let room = self.room.clone().acquire_many_owned(bytes as u32).await.map_err(|_| ItemsError::Stopped)?;
         let (answer, answered) = oneshot::channel();
-        let items = items.into_iter().map(Item::inline).collect();
+        let items = items.into_iter().map(|item| Item::inline(item).with_trace(context.clone())).collect();
         self.sends.send(Pending { items, bytes, _room: room, answer }).await.map_err(|_| ItemsError::Stopped)?;
         answered.await.map_err(|_| ItemsError::Stopped)?
     }
@@ -264,7 +268,10 @@ impl Task {
         .await;
         for (send, item, size, result) in stored {
             match result {
-                Ok(check) => sends[send].items[item] = Item::claim_check(check),
+                Ok(check) => {
+                    let trace = sends[send].items[item].trace.take();
+                    sends[send].items[item] = Item::claim_check(check).with_trace(trace);
+                }
                 Err(error) => {
                     refused[send].get_or_insert(self.claim_refusal(error, item, size));
                 }

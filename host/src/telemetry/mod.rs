@@ -11,6 +11,7 @@
 //! their own under a timeout, and every span lost (queue full, export refused or timed out)
 //! is counted in `ebb_trace_spans_dropped_total`.
 
+pub mod context;
 pub mod traceparent;
 
 use std::future::Future;

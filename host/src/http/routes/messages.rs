@@ -9,16 +9,15 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json, Response};
-use opentelemetry::trace::TraceContextExt as _;
 use serde_json::json;
 use tracing::Instrument as _;
-use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::http::body_limit::{BodyLimit, too_large};
 use crate::http::errors::{error, storage_unavailable};
 use crate::http::{Api, ApiLimits};
 use crate::queue::{GroupedSend, MAX_VISIBILITY, MessageId, QueueClient as _, QueueError};
 use crate::service::packing::{ItemsError, MAX_ITEMS_PER_SEND};
+use crate::telemetry::context::TraceContext;
 
 /// Parses the query of `POST /queues/{name}/messages`: `delay_ms`, a whole number of
 /// milliseconds up to [`MAX_VISIBILITY`] (the route table lets no other parameter through).
@@ -55,22 +54,22 @@ pub(super) async fn send(
     headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let span = send_span(&name, &headers);
-    send_message(api, limits, body_limit, name, query, body).instrument(span).await
+    let (span, context) = send_span(&name, &headers);
+    let send = send_message(api, limits, body_limit, name, query, body).instrument(span);
+    crate::telemetry::context::with_sending(context, send).await
 }
 
-/// The span of a send: a child of the producer's span when its `traceparent` names one
-/// (read only when spans are exported; a malformed one is counted and starts a new trace).
-fn send_span(queue: &str, headers: &axum::http::HeaderMap) -> tracing::Span {
+/// The span of a send, a child of the producer's span when its `traceparent` names one (a
+/// malformed one is counted and starts a new trace), and the context its message carries:
+/// the send span's when spans are exported, else the producer's.
+fn send_span(queue: &str, headers: &axum::http::HeaderMap) -> (tracing::Span, Option<TraceContext>) {
     let span = tracing::debug_span!(target: crate::telemetry::TARGET, "send", otel.kind = "producer", queue, messaging.message.id = tracing::field::Empty);
-    let header = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
-    if !span.is_disabled()
-        && let Some(traceparent) = header("traceparent")
-        && let Ok(parent) = crate::telemetry::traceparent::parse(traceparent, header("tracestate"))
-    {
-        let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(parent));
-    }
-    span
+    // A value that is not text is malformed too: parsed as empty, so it is counted.
+    let header = |name: &str| headers.get(name).map(|value| value.to_str().unwrap_or_default());
+    let producer = header("traceparent").and_then(|traceparent| TraceContext::parse(traceparent, header("tracestate")));
+    crate::telemetry::context::join(&span, producer.as_ref());
+    let context = TraceContext::passed_on(&span, producer.as_ref());
+    (span, context)
 }
 
 async fn send_message(
@@ -187,7 +186,11 @@ pub(super) async fn send_items(
         Ok(items) => items,
         Err((status, reason)) => return error(status, reason),
     };
-    match queue.send_items(items).await {
+    // The producer's context goes with each item as it came: no span of this host's stands
+    // between them (an envelope's handling spans many producers' items).
+    let header = |name: &str| headers.get(name).map(|value| value.to_str().unwrap_or_default());
+    let context = header("traceparent").and_then(|traceparent| TraceContext::parse(traceparent, header("tracestate")));
+    match crate::telemetry::context::with_sending(context, queue.send_items(items)).await {
         Ok(sent) => (StatusCode::CREATED, Json(json!({ "items": sent.items, "messages": sent.messages, "ids": sent.ids }))).into_response(),
         Err(e @ (ItemsError::TooLarge { .. } | ItemsError::OverClaimLimit { .. } | ItemsError::TooMany { .. } | ItemsError::TooManyBytes { .. })) => {
             error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string())

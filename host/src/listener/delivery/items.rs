@@ -78,6 +78,7 @@ impl Shared {
             body,
             dequeue_count: attempts.saturating_add(message.dequeue_count),
             item: Some(ItemPosition { index: index as u32, count: envelope.items.len() as u32, attempts }),
+            trace: envelope.items[index].trace.clone().or_else(|| message.trace.clone()),
             ..message.clone()
         }
     }

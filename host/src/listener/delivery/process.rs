@@ -40,6 +40,21 @@ fn call_end<T>(result: &anyhow::Result<T>) -> CallEnd {
 #[error("fetching the message's offloaded body: {0:#}")]
 struct BodyNotFetched(anyhow::Error);
 
+/// The message an envelope of one plain message stands for, with the trace context its item
+/// carries (the backend's own first), which the handling joins; its body too, when inline
+/// (the envelope was only there to carry the context).
+fn plain_message(incoming: IncomingMessage, envelope: Envelope) -> (IncomingMessage, Option<Envelope>) {
+    let [item] = envelope.items.as_slice() else { unreachable!("the decoder refuses a plain message's envelope of more than one item") };
+    let trace = incoming.trace.clone().or_else(|| item.trace.clone());
+    if incoming.trace.is_none() {
+        crate::telemetry::context::join(&tracing::Span::current(), trace.as_ref());
+    }
+    match &item.body {
+        crate::payload::Body::Inline(body) => (IncomingMessage { body: body.clone(), trace, ..incoming }, None),
+        crate::payload::Body::ClaimCheck(_) => (IncomingMessage { trace, ..incoming }, Some(envelope)),
+    }
+}
+
 impl Shared {
     /// Processes a batch's messages side by side; `leased_until` is when their lease runs
     /// out at the latest, counted from when the get was sent.
@@ -50,6 +65,7 @@ impl Shared {
             .into_iter()
             .map(|message| {
                 let span = crate::telemetry::handle_span(self.queue.name(), &message.id, message.dequeue_count);
+                crate::telemetry::context::join(&span, message.trace.as_ref());
                 self.process(message, grant.take_one(), leased_until).instrument(span)
             })
             .collect();
@@ -70,8 +86,8 @@ impl Shared {
         };
         // Entered before any await: a batch's messages of one group take their turns in its order.
         let entry = message.fifo.as_ref().map(|fifo| self.delivery.groups.enter(&fifo.group, &message.id));
-        let Message { id, pop_receipt, dequeue_count, inserted_at, body, defect, .. } = message;
-        let incoming = IncomingMessage { queue: self.queue.name().to_string(), id, dequeue_count, inserted_at, body, item: None };
+        let Message { id, pop_receipt, dequeue_count, inserted_at, body, defect, trace, .. } = message;
+        let incoming = IncomingMessage { queue: self.queue.name().to_string(), id, dequeue_count, inserted_at, body, item: None, trace };
         let mut lease = Lease::new(pop_receipt, leased_until, self.settings.lease_duration);
         let (_turn, slot) = match entry {
             None => (None, slot),
@@ -99,6 +115,10 @@ impl Shared {
                 self.poison(&incoming, &lease.receipt, &reason).await;
                 return;
             }
+        };
+        let (incoming, envelope) = match envelope {
+            Some(envelope) if envelope.message => plain_message(incoming, envelope),
+            other => (incoming, other),
         };
         // A message fetched ahead of the free slots (a fast app) waits here for one, briefly,
         // its lease renewed should the wait be long.

@@ -469,6 +469,7 @@ impl QueueClient for AzureQueue {
                 body: body.into(),
                 defect,
                 fifo: None,
+                trace: None,
             });
         }
         Ok(messages)

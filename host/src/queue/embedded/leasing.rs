@@ -53,6 +53,7 @@ pub(super) fn lease(t: &mut Tables<'_>, queue: u32, now_ms: u64, max: u32, visib
             body: Bytes::from(body),
             defect,
             fifo: None,
+            trace: None,
         });
     }
     Ok(Ok(Reply::Messages(leased)))

@@ -54,6 +54,7 @@ mod fifo;
 mod pointer;
 mod probe;
 mod redrive;
+mod trace;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -62,6 +63,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::anyhow;
 use async_trait::async_trait;
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::operation::send_message::builders::SendMessageFluentBuilder;
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use tokio::sync::OnceCell;
 
@@ -69,6 +71,8 @@ pub use account::{AwsCredentials, AwsSettings, SqsAccount};
 pub(crate) use encoding::ENCODING_ATTRIBUTE;
 pub use encoding::Encoding;
 pub(crate) use pointer::{Offloads, S3Pointer};
+
+use crate::telemetry::context::TraceContext;
 
 use super::{DeadLetter, FailureClass, GroupedSend, MAX_BATCH, Message, MessageId, PopReceipt, QueueClient, QueueError, classified};
 
@@ -268,6 +272,7 @@ impl SqsQueue {
         if let Some(sha256) = pointer.sha256 {
             send = send.message_attributes(pointer::SHA256_ATTRIBUTE, attribute("String", hex::encode(sha256))?);
         }
+        send = self.with_trace(send, crate::telemetry::context::sending().as_ref())?;
         let sent = self.call(Call::Put, None, send.send()).await?;
         sent.message_id.map(MessageId::from).ok_or_else(|| QueueError::Fatal(anyhow!("{}: the answer has no message id", self.context(Call::Put))))
     }
@@ -412,7 +417,8 @@ impl SqsQueue {
     async fn send(&self, body: &[u8], initial_visibility: Duration, group: Option<&GroupedSend>) -> Result<MessageId, QueueError> {
         let encoded = self.options.encoding.encode(body)?;
         let limit = self.max_message_bytes();
-        if encoded.size() > limit {
+        let context = crate::telemetry::context::sending();
+        if encoded.size() + context.as_ref().map_or(0, trace::attribute_bytes) > limit {
             let limit = if encoded.base64 { self.options.encoding.max_body_bytes(limit) } else { limit };
             return Err(QueueError::MessageTooLarge { size: body.len(), limit });
         }
@@ -432,11 +438,20 @@ impl SqsQueue {
                 .map_err(|e| QueueError::Fatal(anyhow!("{}: the encoding attribute: {e}", self.context(Call::Put))))?;
             send = send.message_attributes(ENCODING_ATTRIBUTE, marked);
         }
+        send = self.with_trace(send, context.as_ref())?;
         let sent = match self.call(Call::Put, None, send.send()).await {
             Err(QueueError::MessageTooLarge { limit, .. }) => return Err(QueueError::MessageTooLarge { size: body.len(), limit }),
             other => other?,
         };
         sent.message_id.map(MessageId::from).ok_or_else(|| QueueError::Fatal(anyhow!("{}: the answer has no message id", self.context(Call::Put))))
+    }
+
+    /// `send` with `context`'s attributes, if any.
+    fn with_trace(&self, send: SendMessageFluentBuilder, context: Option<&TraceContext>) -> Result<SendMessageFluentBuilder, QueueError> {
+        let Some(context) = context else { return Ok(send) };
+        let attributes =
+            trace::attributes(context).map_err(|e| QueueError::Fatal(anyhow!("{}: the trace context's attributes: {e}", self.context(Call::Put))))?;
+        Ok(attributes.into_iter().fold(send, |send, (name, value)| send.message_attributes(name, value)))
     }
 
     /// The receipt handle a pop receipt of message `id` holds, or a stale receipt when it is
@@ -670,6 +685,9 @@ impl QueueClient for SqsQueue {
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateFirstReceiveTimestamp)
+            .message_system_attribute_names(MessageSystemAttributeName::AwsTraceHeader)
+            .message_attribute_names(trace::TRACEPARENT_ATTRIBUTE)
+            .message_attribute_names(trace::TRACESTATE_ATTRIBUTE)
             .message_attribute_names(ENCODING_ATTRIBUTE)
             .message_attribute_names(pointer::SIZE_ATTRIBUTE)
             .message_attribute_names(pointer::LEGACY_SIZE_ATTRIBUTE)
@@ -703,6 +721,7 @@ impl QueueClient for SqsQueue {
                 body: body.into(),
                 defect,
                 fifo: fifo::fields(item.attributes.as_ref()),
+                trace: trace::received(item.message_attributes.as_ref(), item.attributes.as_ref()),
             });
         }
         Ok(messages)

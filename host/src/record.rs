@@ -494,15 +494,22 @@ fn parse(text: &str) -> Result<Parsed> {
 /// The arrivals per second the buckets describe: every put through the host, and every
 /// first sight that no earlier put still waiting to be seen accounts for (it was put by
 /// someone else, or before the recording began). Puts are matched to first sights oldest
-/// first.
+/// first. A put is recorded once its call returned, and a waiting receive (SQS's long poll)
+/// may take the message before: a put in the second after such a first sight is that sight's
+/// arrival, counted there, not another.
 pub fn arrivals(buckets: &[Bucket]) -> Vec<(u64, u64)> {
     let mut unseen_puts = 0u64;
+    // The last second's first sights that no put accounted for.
+    let mut unexplained = (0u64, 0u64);
     let mut out = Vec::new();
     for bucket in buckets {
-        unseen_puts = unseen_puts.saturating_add(bucket.puts);
+        let seen_early = if bucket.second == unexplained.0 + 1 { unexplained.1.min(bucket.puts) } else { 0 };
+        let puts = bucket.puts - seen_early;
+        unseen_puts = unseen_puts.saturating_add(puts);
         let explained = bucket.first_seen.min(unseen_puts);
         unseen_puts -= explained;
-        let count = bucket.puts.saturating_add(bucket.first_seen - explained);
+        unexplained = (bucket.second, bucket.first_seen - explained);
+        let count = puts.saturating_add(unexplained.1);
         if count > 0 {
             out.push((bucket.second, count));
         }
@@ -892,6 +899,18 @@ mod tests {
         assert_eq!(arrivals(&buckets), vec![(12, 2), (13, 1)]);
         // Messages waiting before the host started: seen, never put through it.
         assert_eq!(arrivals(&[bucket(5, 0, 40)]), vec![(5, 40)]);
+    }
+
+    #[test]
+    fn a_put_recorded_the_second_after_a_long_poll_took_its_message_is_one_arrival() {
+        let bucket = |second, puts, first_seen| Bucket { second, puts, first_seen, notifications: 0 };
+        // Seen at 9.999 by a waiting receive, its put's call returned at 10.001.
+        assert_eq!(arrivals(&[bucket(9, 0, 1), bucket(10, 1, 0)]), vec![(9, 1)]);
+        // One put elsewhere seen at 9, one put here at 10 and seen at 11: two arrivals.
+        let total: u64 = arrivals(&[bucket(9, 0, 1), bucket(10, 1, 0), bucket(11, 0, 1)]).iter().map(|(_, n)| n).sum();
+        assert_eq!(total, 2);
+        // Two seconds apart: not the same message.
+        assert_eq!(arrivals(&[bucket(8, 0, 1), bucket(10, 1, 0)]), vec![(8, 1), (10, 1)]);
     }
 
     #[test]

@@ -4,12 +4,9 @@
 //! succeeded, and the queue ends empty. Issue 25: the failures the host counts are the ones
 //! the proxy made.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use ebb::handler::{Handler, IncomingMessage};
 use ebb::listener::{Listener, QueueSettings};
 use ebb::names::DecisionSite;
 use ebb::queue::azure::{AzureOptions, AzureQueue};
@@ -18,40 +15,12 @@ use ebb::rules::{QueueRuleConfig, RuleEngine, RuleLimits, RuleSet};
 use ebb_tests::azurite::{Azurite, unique_queue_name};
 use ebb_tests::fault_proxy::{FaultMix, FaultProxy};
 
-/// Records successes per body; the first try of every tenth body fails, so a host that
-/// deleted before the handler succeeded would lose those bodies for good.
-#[derive(Default)]
-struct Recording {
-    successes: Mutex<BTreeMap<String, u32>>,
-    failures: Mutex<BTreeMap<String, u32>>,
-}
-
-#[async_trait]
-impl Handler for Recording {
-    async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
-        let body = String::from_utf8(message.body.to_vec())?;
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        let number: u32 = body.trim_start_matches("m-").parse()?;
-        if number.is_multiple_of(10) && message.dequeue_count == 1 {
-            *self.failures.lock().unwrap().entry(body.clone()).or_default() += 1;
-            anyhow::bail!("the first try of {body} fails");
-        }
-        *self.successes.lock().unwrap().entry(body).or_default() += 1;
-        Ok(())
-    }
-}
+use crate::fault_runs::{self, Recording};
 
 const MESSAGES: usize = 400;
 
 /// What a run through the proxy left.
-struct Run {
-    sent: Vec<String>,
-    handler: Arc<Recording>,
-    queue: Arc<Retrying<AzureQueue>>,
-    poison: Arc<Retrying<AzureQueue>>,
-    poison_direct: AzureQueue,
-    took: Duration,
-}
+type Run = fault_runs::Run<AzureQueue>;
 
 impl Run {
     /// The calls of the queue and its poison queue, as the host records them.

@@ -19,6 +19,7 @@ mod demo;
 mod embedded_queue;
 mod embedding;
 mod failures;
+mod fault_runs;
 mod fifo_groups;
 mod grafana;
 mod handler;

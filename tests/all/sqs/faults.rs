@@ -4,12 +4,9 @@
 //! drops the connection (before or after forwarding) for a seeded share of requests. Nothing is lost, nothing is deleted before its handler
 //! succeeded, and the queue ends empty.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use ebb::handler::{Handler, IncomingMessage};
 use ebb::listener::{Listener, QueueSettings};
 use ebb::names::DecisionSite;
 use ebb::queue::sqs::{SqsOptions, SqsQueue};
@@ -19,40 +16,12 @@ use ebb_tests::azurite::unique_queue_name;
 use ebb_tests::fault_proxy::{FaultMix, FaultProxy};
 use ebb_tests::moto::Moto;
 
-/// Records successes per body; the first try of every tenth body fails, so a host that
-/// deleted before the handler succeeded would lose those bodies for good.
-#[derive(Default)]
-struct Recording {
-    successes: Mutex<BTreeMap<String, u32>>,
-    failures: Mutex<BTreeMap<String, u32>>,
-}
-
-#[async_trait]
-impl Handler for Recording {
-    async fn handle(&self, message: &IncomingMessage) -> anyhow::Result<()> {
-        let body = String::from_utf8(message.body.to_vec())?;
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        let number: u32 = body.trim_start_matches("m-").parse()?;
-        if number.is_multiple_of(10) && message.dequeue_count == 1 {
-            *self.failures.lock().unwrap().entry(body.clone()).or_default() += 1;
-            anyhow::bail!("the first try of {body} fails");
-        }
-        *self.successes.lock().unwrap().entry(body).or_default() += 1;
-        Ok(())
-    }
-}
+use crate::fault_runs::{self, Recording};
 
 const MESSAGES: usize = 200;
 
 /// What a run through the proxy left.
-struct Run {
-    sent: Vec<String>,
-    handler: Arc<Recording>,
-    queue: Arc<Retrying<SqsQueue>>,
-    poison: Arc<Retrying<SqsQueue>>,
-    poison_direct: SqsQueue,
-    took: Duration,
-}
+type Run = fault_runs::Run<SqsQueue>;
 
 /// Puts [`MESSAGES`] directly, then runs a listener that sees moto only through `proxy`
 /// until every message is handled and the queue is empty, and shuts it down.

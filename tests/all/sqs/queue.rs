@@ -262,23 +262,33 @@ async fn an_idle_listener_on_sqs_handles_a_message_sent_during_its_long_poll_at_
     Ok(())
 }
 
+/// Puts 12 messages and leases them for `lease`: their (id, receipt) entries, with a receipt
+/// SQS never issued (for message 3's id) inserted as entry 5, and that id.
+pub(super) async fn twelve_leased_and_a_refused_receipt(
+    queue: &impl QueueClient,
+    lease: Duration,
+) -> anyhow::Result<(Vec<(MessageId, PopReceipt)>, MessageId)> {
+    for n in 0..12 {
+        queue.put(format!("message {n}").as_bytes(), Duration::ZERO).await?;
+    }
+    let mut entries = Vec::new();
+    while entries.len() < 12 {
+        let got = queue.get(10, lease).await?;
+        anyhow::ensure!(!got.is_empty(), "moto returned {} of 12", entries.len());
+        entries.extend(got.into_iter().map(|m| (m.id, m.pop_receipt)));
+    }
+    let refused = entries[3].0.clone();
+    entries.insert(5, (refused.clone(), PopReceipt::from(format!("{refused} AQEBnotissued"))));
+    Ok((entries, refused))
+}
+
 /// Issue 37 item 2: deletes go as `DeleteMessageBatch`, one request per 10, and a receipt
 /// SQS refuses fails its own entry only, as a stale receipt.
 #[tokio::test]
 async fn a_batch_delete_is_one_request_per_10_and_a_refused_receipt_fails_its_entry_alone() -> anyhow::Result<()> {
     let metered = ebb::queue::Metered::new(created("batched", SqsOptions::default()).await);
     let transactions = metered.transactions();
-    for n in 0..12 {
-        metered.put(format!("message {n}").as_bytes(), Duration::ZERO).await?;
-    }
-    let mut entries = Vec::new();
-    while entries.len() < 12 {
-        let got = metered.get(10, Duration::from_secs(60)).await?;
-        anyhow::ensure!(!got.is_empty(), "moto returned {} of 12", entries.len());
-        entries.extend(got.into_iter().map(|m| (m.id, m.pop_receipt)));
-    }
-    let refused = entries[3].0.clone();
-    entries.insert(5, (refused.clone(), PopReceipt::from(format!("{refused} AQEBnotissued"))));
+    let (entries, refused) = twelve_leased_and_a_refused_receipt(&metered, Duration::from_secs(60)).await?;
     let before = transactions.snapshot().deletes;
     let results = metered.delete_batch(&entries).await;
     assert_eq!(transactions.snapshot().deletes - before, 2, "13 entries are two requests");

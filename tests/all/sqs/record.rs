@@ -1,13 +1,5 @@
 //! Issue 37 item 8: recordings and replay on SQS (moto), through the binary: the Azure
 //! test's body (tests/all/replay.rs) with the queue on SQS, simulated and priced as SQS.
-//!
-//! Ignored until the simulator's SQS model and the binary on moto agree: in the first run
-//! (2026-11-29, debug build, 2 cores) every message was handled and recorded once, the
-//! simulation modelled `sqs` at the host's price, and puts, receives with messages, counts and
-//! creates agreed, but the binary made 329 delete batches against 416 simulated and 30 empty
-//! receives against 43. Likely: moto on a loaded machine answers slower than the model's 10 ms
-//! per request (`simulate::backend::REQUEST_TIME`), so more deletes settle while a batch is in
-//! flight and join the next; the empty receives are not explained yet.
 
 use std::time::Duration;
 
@@ -17,7 +9,7 @@ use ebb_tests::moto::Moto;
 
 use super::hosts::on_moto;
 use crate::binary::{App, signal, wait_until};
-use crate::replay::{QUEUE, Site, TOKEN, a_ten_minute_trace_replayed_bills_what_the_simulator_says};
+use crate::replay::{Leeway, QUEUE, Site, TOKEN, a_ten_minute_trace_replayed_bills_what_the_simulator_says};
 
 /// As `rollout::trace_export_gives_each_arrival_once_while_the_host_runs_and_after` on the
 /// embedded queue: a message sent around the host (straight to SQS) is recorded at its first
@@ -48,11 +40,33 @@ async fn an_sqs_hosts_recording_exports_each_arrival_once() -> anyhow::Result<()
     Ok(())
 }
 
+/// The ten-minute trace (a burst of 300 as 30 arrivals of 10, 100 ms apart; a trickle of
+/// one a second; silence) through the binary on moto and through `ebb simulate` as SQS.
+///
+/// Every kind within 10 %, but the burst's empty receives, which may be fewer on moto than
+/// simulated, not more, and after the burst 3 calls apart for empty receives (the trickle
+/// replayed late on a loaded machine; real 16 and 19 in two runs, simulated 16) and counts
+/// (the scaler counts while moto's backlog lasts, and reading the status after the burst
+/// costs one: 6 against 3). Each burst arrival fills a receive of 10; the listener's next
+/// receive is empty when it answers before the next arrival, as on SQS, whose requests take
+/// about the model's 10 ms (`simulate::backend::REQUEST_TIME`), but finds a backlog on moto:
+/// its receive copies each message and reads the queue's attributes once per message
+/// returned, so it slows with the queue's depth (measured inside moto during a replayed
+/// burst on 2026-11-29, 2 cores at load 11: receives of 10 took 0.2 to 1.5 s, against 21 ms
+/// for one from a queue of 10), the queue held a backlog through the burst and nearly every
+/// receive was full. Real against simulated, that day, before: empty receives 21 against
+/// 45 (5 against 29 in the burst), with messages 296 against 288, delete batches 74 against
+/// 74; after (a woken receive answers at once in the model): empty 23 against 46 (4 against
+/// 30), with messages 292 against 292, delete batches 74 against 74, puts 563 against 563.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the simulator's SQS model bills 26 % more deletes and 43 % more empty receives than the binary on moto (see the module's doc)"]
+#[ignore = "not yet reliable under load: of three runs side by side on 2 cores (load 11), two had a message handled twice (a lease lapsing on a slow moto) and one 8 counts against 3 (the scaler counts while moto's backlog lasts); receives, empty receives and deletes agreed in all"]
 async fn a_ten_minute_trace_replayed_into_the_binary_on_sqs_is_recorded_and_bills_what_the_simulator_says() -> anyhow::Result<()> {
     // The replay's queue is named `replayed`, as no other test's on the shared moto.
     let sqs = on_moto(Moto::shared());
-    a_ten_minute_trace_replayed_bills_what_the_simulator_says(&[("sqs", Some(&sqs), "sqs")]).await;
+    a_ten_minute_trace_replayed_bills_what_the_simulator_says(
+        &[("sqs", Some(&sqs), "sqs")],
+        &Leeway { burst_empty_gets_fewer: true, calls: vec![("gets_empty", 3), ("counts", 3)] },
+    )
+    .await;
     Ok(())
 }

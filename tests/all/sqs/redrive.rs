@@ -13,9 +13,11 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use ebb::queue::sqs::{SqsOptions, SqsQueue};
-use ebb::queue::{Metered, PopReceipt, QueueClient, QueueError};
+use ebb::queue::{Metered, QueueClient, QueueError};
 use ebb_tests::azurite::unique_queue_name;
 use ebb_tests::moto::{Moto, REGION};
+
+use super::queue::twelve_leased_and_a_refused_receipt;
 
 const EBB: &str = env!("CARGO_BIN_EXE_ebb-under-test");
 const TOKEN: &str = "t0ken";
@@ -219,17 +221,7 @@ async fn a_retry_delay_of_12_hours_or_more_hides_the_message_on_sqs() -> anyhow:
 async fn a_batch_update_is_one_request_per_10_and_a_refused_receipt_fails_its_entry_alone() -> anyhow::Result<()> {
     let metered = Metered::new(created("renewed").await);
     let transactions = metered.transactions();
-    for n in 0..12 {
-        metered.put(format!("message {n}").as_bytes(), Duration::ZERO).await?;
-    }
-    let mut entries = Vec::new();
-    while entries.len() < 12 {
-        let got = metered.get(10, Duration::from_secs(2)).await?;
-        anyhow::ensure!(!got.is_empty(), "moto returned {} of 12", entries.len());
-        entries.extend(got.into_iter().map(|m| (m.id, m.pop_receipt)));
-    }
-    let refused = entries[3].0.clone();
-    entries.insert(5, (refused.clone(), PopReceipt::from(format!("{refused} AQEBnotissued"))));
+    let (entries, refused) = twelve_leased_and_a_refused_receipt(&metered, Duration::from_secs(2)).await?;
     let before = transactions.snapshot().updates;
     let results = metered.update_visibility_batch(&entries, Duration::from_secs(60)).await;
     assert_eq!(transactions.snapshot().updates - before, 2, "13 entries are two requests");

@@ -436,7 +436,7 @@ impl QueueHandle {
             if let Some(inner) = handle.upgrade() {
                 let handle = QueueHandle { inner };
                 handle.count_arrivals(messages as u64);
-                handle.wake(Duration::ZERO);
+                handle.wake_for(messages as u64, Duration::ZERO);
                 handle.publish(Some(messages as u64), Duration::ZERO);
             }
         });
@@ -484,8 +484,15 @@ impl QueueHandle {
     }
 
     fn wake(&self, delay: Duration) {
+        self.wake_for(1, delay);
+    }
+
+    /// Wakes the listeners for `messages` arrived (spread over the partitions): once they
+    /// make a batch, a listener gets them without its pickup delay.
+    fn wake_for(&self, messages: u64, delay: Duration) {
+        let each = messages.div_ceil(self.inner.listeners.len().max(1) as u64);
         for listener in &self.inner.listeners {
-            listener.work_detected_after(delay);
+            listener.work_detected_after(each, delay);
         }
         self.inner.work.send_modify(|n| *n = n.wrapping_add(1));
     }

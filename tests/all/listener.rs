@@ -1411,3 +1411,21 @@ async fn after_a_full_get_a_task_gets_again_without_waiting_for_its_batchs_calls
     let status = listener.status();
     assert_eq!((status.processed, status.peak_tasks), (8, 1), "{status:?}");
 }
+
+/// Issue 37: with `min_tasks = max_tasks` the rule's count is fixed whatever the depth, yet
+/// each full get had the queue counted, once per `scale_interval` (on SQS a billed
+/// `GetQueueAttributes`: `ebb bench sqs` runs its tasks so).
+#[tokio::test(start_paused = true)]
+async fn a_task_count_the_bounds_fix_is_decided_without_counting_the_queue() {
+    let clock = Arc::new(TokioClock::new());
+    let queue = Arc::new(ebb::queue::Metered::new(MemoryQueue::new(QUEUE, clock.clone(), 65536)));
+    let poison = Arc::new(MemoryQueue::new("work-poison", clock.clone(), 65536));
+    let handler = Arc::new(TestHandler::default());
+    put(queue.as_ref(), "sleep 100", 400).await;
+    let settings = QueueSettings { min_tasks: 4, max_tasks: 4, batch_size: 10, random_seed: Some(7), ..Default::default() };
+    let listener = Listener::builder(queue.clone(), poison, handler).settings(settings).clock(clock).build();
+    listener.start();
+    sleep(Duration::from_secs(10)).await;
+    let counts = queue.transactions().snapshot();
+    assert_eq!((listener.status().processed, counts.counts), (400, 0), "{counts:?}");
+}

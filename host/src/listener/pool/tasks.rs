@@ -268,7 +268,7 @@ impl Shared {
             // After idling this is the paper's QueueWorkDetected; while busy it
             // keeps the task count adapting (the scaler coalesces the raises).
             self.work_found();
-            if task.last_get_full && !self.queue.fifo() {
+            if task.last_get_full && !self.queue.fifo() && !self.settings.wait_for_batch {
                 // More wait: get again as soon as handler slots are free, not after this
                 // batch's slowest call (a dump of thousands drains at the slots' pace, not
                 // at the tasks' × their batches'). A FIFO queue's batches keep their order.

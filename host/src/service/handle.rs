@@ -472,9 +472,11 @@ impl QueueHandle {
         now
     }
 
-    /// Another host said messages arrived (a bus trigger): wake this host only.
-    pub fn delivered(&self, delay: Duration) {
-        self.wake(delay);
+    /// Another host said `count` messages arrived (a bus trigger; one when it does not say):
+    /// wake this host only. This host's own triggers are not delivered back to it (see
+    /// `bus::echoes`): its send woke its listeners already.
+    pub fn delivered(&self, count: Option<u64>, delay: Duration) {
+        self.wake_for(count.unwrap_or(1), delay);
     }
 
     /// Every work-detected event of this handle (sends, notifications, bus triggers), as a
@@ -499,7 +501,7 @@ impl QueueHandle {
 
     /// A put through this host, or a notification made to it, counts one arrival for the
     /// rules' `arrivals_per_sec` (on a partitioned queue, in every partition's listener: the
-    /// logical queue's rate). A bus trigger does not: the bus echoes this host's own sends.
+    /// logical queue's rate). A bus trigger does not: the sending host counted it.
     fn count_arrival(&self) {
         self.count_arrivals(1);
     }

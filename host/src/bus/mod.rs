@@ -310,18 +310,20 @@ async fn publish_forever(
     stop: CancellationToken,
 ) {
     let failure_log = LogLimiter::new(1, Duration::from_secs(60));
-    let publish = async |trigger: Trigger| match {
+    let publish = async |trigger: Trigger| {
+        // Noted before: its echo may come back before the publish's own answer.
         own.publishing(&trigger);
-        publish_once(&*engine, &prefix, &trigger).await
-    } {
-        Ok(()) => {
-            counters.published.fetch_add(1, Ordering::Relaxed);
-        }
-        Err(error) => {
-            own.not_published(&trigger);
-            counters.publish_failures.fetch_add(1, Ordering::Relaxed);
-            if let Some(suppressed) = failure_log.allow() {
-                tracing::warn!(queue = %trigger.queue, suppressed, "could not publish a push notification (the message is stored; hosts find it by polling): {error:#}");
+        let published = publish_once(&*engine, &prefix, &trigger).await;
+        match published {
+            Ok(()) => {
+                counters.published.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(error) => {
+                own.not_published(&trigger);
+                counters.publish_failures.fetch_add(1, Ordering::Relaxed);
+                if let Some(suppressed) = failure_log.allow() {
+                    tracing::warn!(queue = %trigger.queue, suppressed, "could not publish a push notification (the message is stored; hosts find it by polling): {error:#}");
+                }
             }
         }
     };

@@ -706,7 +706,7 @@ async fn push_a_delayed_send_is_stranded_when_the_sending_host_stops_before_it_i
     handle_a.send(b"later", Duration::from_secs(30), Duration::from_secs(5)).await.unwrap();
     // What the bus does on host B when A publishes the send: the trigger carries the delay.
     let handle_b = ebb::QueueHandle::new(QUEUE, shared.clone(), vec![b.clone()]);
-    handle_b.delivered(Duration::from_secs(30));
+    handle_b.delivered(Some(1), Duration::from_secs(30));
     sleep(Duration::from_secs(5)).await;
     a.shutdown(Duration::from_secs(1)).await;
     let mut waited = Duration::ZERO;

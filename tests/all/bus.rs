@@ -46,22 +46,24 @@ async fn triggers_reach_every_host_and_an_outage_falls_back_to_polling_then_reco
     wait_for("both hosts subscribed", Duration::from_secs(10), || hosts.iter().all(|h| h.bus.status().connected)).await;
     assert!(hosts.iter().all(|h| *h.availability.lock().unwrap() == [true]));
 
-    // A host publishes (as the API does after a send): every host hears it, itself included.
+    // A host publishes (as the API does after a send): every other host hears it (see
+    // a_hosts_own_trigger_is_not_delivered_back_to_it for the publisher itself).
     hosts[0].bus.publish("orders", Some(2), Duration::from_secs(3));
-    wait_for("the trigger on both hosts", Duration::from_secs(5), || hosts.iter().all(|h| h.delivered.lock().unwrap().len() == 1)).await;
+    wait_for("the trigger on the other host", Duration::from_secs(5), || hosts[1].delivered.lock().unwrap().len() == 1).await;
     assert_eq!(hosts[1].delivered.lock().unwrap()[0], Trigger { queue: "orders".into(), count: Some(2), delay_ms: Some(3000) });
     assert_eq!(hosts[0].bus.status().published, 1);
+    wait_for("the echo heard back", Duration::from_secs(5), || hosts[0].bus.status().echoes == 1).await;
 
     // Any app may publish the documented JSON on the queue's channel.
     let app = RedisPubSub::new(&redis.url()).unwrap();
     app.publish("ebb:queue:invoices", br#"{"queue": "invoices"}"#).await.unwrap();
-    wait_for("the app's trigger", Duration::from_secs(5), || hosts.iter().all(|h| h.delivered.lock().unwrap().len() == 2)).await;
+    wait_for("the app's trigger", Duration::from_secs(5), || hosts.iter().zip([1, 2]).all(|(h, n)| h.delivered.lock().unwrap().len() == n)).await;
     // Anything else on a channel is ignored and counted, never delivered.
     for junk in [&b"wake up"[..], br#"{"queue": "orders"}"#, &vec![b'{'; 10_000]] {
         app.publish("ebb:queue:invoices", junk).await.unwrap();
     }
     wait_for("the junk counted", Duration::from_secs(5), || hosts.iter().all(|h| h.bus.status().ignored == 3)).await;
-    assert!(hosts.iter().all(|h| h.delivered.lock().unwrap().len() == 2));
+    assert!(hosts.iter().zip([1, 2]).all(|(h, n)| h.delivered.lock().unwrap().len() == n));
 
     // An outage: the listeners are told push is unavailable (so they poll).
     redis.stop();
@@ -82,6 +84,29 @@ async fn triggers_reach_every_host_and_an_outage_falls_back_to_polling_then_reco
     let before: Vec<usize> = hosts.iter().map(|h| h.delivered.lock().unwrap().len()).collect();
     app.publish("ebb:queue:orders", br#"{"queue": "orders", "count": 1}"#).await.unwrap();
     wait_for("a trigger after the outage", Duration::from_secs(5), || hosts.iter().zip(&before).all(|(h, n)| h.delivered.lock().unwrap().len() > *n)).await;
+}
+
+/// Sqsburst's review: a host that sent `n` messages told its listeners `n` arrived, and then
+/// heard its own trigger back over the bus and told them again: 4 messages sent one by one
+/// made 8 announced, a batch, got at once without the pickup delay. The engine echoes a
+/// publish to its publisher; the bus does not deliver it (counted as an echo), while an
+/// equal trigger from another host is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hosts_own_trigger_is_not_delivered_back_to_it() {
+    let redis = RedisServer::start();
+    let hosts = [host(&redis.url()), host(&redis.url())];
+    wait_for("both hosts subscribed", Duration::from_secs(10), || hosts.iter().all(|h| h.bus.status().connected)).await;
+    for _ in 0..4 {
+        hosts[0].bus.publish("orders", Some(1), Duration::ZERO);
+    }
+    wait_for("the other host hears all four", Duration::from_secs(5), || hosts[1].delivered.lock().unwrap().len() == 4).await;
+    let heard_back = || hosts[0].bus.status().echoes as usize + hosts[0].delivered.lock().unwrap().len();
+    wait_for("the publisher hears its four back", Duration::from_secs(5), || heard_back() == 4).await;
+    assert_eq!(hosts[0].delivered.lock().unwrap().len(), 0, "the publisher's own triggers were delivered back to it");
+    // The other host's equal trigger is not an echo for the first.
+    hosts[1].bus.publish("orders", Some(1), Duration::ZERO);
+    wait_for("the first host hears the other's", Duration::from_secs(5), || hosts[0].delivered.lock().unwrap().len() == 1).await;
+    assert_eq!(hosts[0].bus.status().received, 1);
 }
 
 /// Review (session 4): a stalled Redis (SIGSTOP; or a route that drops packets silently)

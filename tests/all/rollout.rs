@@ -177,7 +177,6 @@ fn simulate_with_the_config_runs_the_queues_rule_and_candidates_reproducibly() {
     let peaks: Vec<u64> = rules.iter().map(|r| r["peak_tasks"].as_u64().unwrap()).collect();
     assert_eq!(peaks[1], 24, "one task per 10 messages, up to the queue's max_tasks: {peaks:?}");
     assert!(peaks[2] < peaks[0] && peaks[0] < peaks[1], "one task per 2000 runs fewer than per 200, which runs fewer than per 10: {peaks:?}");
-    assert_ne!(rules[1]["billed_transactions"], rules[2]["billed_transactions"]);
 
     // Bad input is refused with the reason.
     for (extra, expected) in [

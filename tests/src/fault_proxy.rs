@@ -94,6 +94,8 @@ struct Shared {
     /// Every SQS request as it arrived: when, its operation and body, and whether it was
     /// throttled.
     sqs_arrivals: Mutex<Vec<SqsArrival>>,
+    /// Each answered `ReceiveMessage`: when its answer came, and the ids of its messages.
+    sqs_received: Mutex<Vec<(std::time::Instant, Vec<String>)>>,
 }
 
 /// An SQS request as the proxy received it.
@@ -150,6 +152,7 @@ impl FaultProxy {
             refusing: std::sync::atomic::AtomicBool::new(false),
             throttling: AtomicU64::new(0f64.to_bits()),
             sqs_arrivals: Mutex::default(),
+            sqs_received: Mutex::default(),
         });
         let accepting = shared.clone();
         let task = tokio::spawn(async move {
@@ -216,6 +219,11 @@ impl FaultProxy {
     /// (`X-Amz-Target` without `AmazonSQS.`) and the JSON body, in order.
     pub fn sqs_requests(&self) -> Vec<(String, String)> {
         self.shared.sqs_log.lock().unwrap().clone()
+    }
+
+    /// Each `ReceiveMessage` the service answered: when, and the ids of the messages it gave.
+    pub fn sqs_received(&self) -> Vec<(std::time::Instant, Vec<String>)> {
+        self.shared.sqs_received.lock().unwrap().clone()
     }
 
     /// What it did so far.
@@ -413,6 +421,7 @@ async fn forward(shared: &Shared, request: Request) -> Option<Vec<u8>> {
     let path = request.target.split('?').next().unwrap_or_default().to_string();
     let logged_method = request.method.clone();
     let sqs = sqs_operation(&request).map(|operation| (operation.to_string(), String::from_utf8_lossy(&request.body).into_owned()));
+    let receives = sqs_operation(&request) == Some("ReceiveMessage");
     let mut upstream = shared.client.request(method, format!("{}{}", shared.upstream, request.target));
     for (name, value) in &request.headers {
         let skip = ["host", "connection", "content-length", "transfer-encoding"].iter().any(|h| name.eq_ignore_ascii_case(h));
@@ -435,6 +444,12 @@ async fn forward(shared: &Shared, request: Request) -> Option<Vec<u8>> {
         }
     }
     let body = answer.bytes().await.ok()?;
+    if receives && status.is_success() {
+        let ids = serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|answer| {
+            answer["Messages"].as_array().map(|messages| messages.iter().filter_map(|m| m["MessageId"].as_str().map(String::from)).collect())
+        });
+        shared.sqs_received.lock().unwrap().push((std::time::Instant::now(), ids.unwrap_or_default()));
+    }
     head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
     let mut out = head.into_bytes();
     out.extend_from_slice(&body);

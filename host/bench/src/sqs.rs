@@ -75,6 +75,37 @@ pub(crate) struct SqsRun {
     /// Receives (empty ones included) and delete calls until the last delete.
     pub(crate) requests: u64,
     pub(crate) requests_per_message: f64,
+    /// ebb's requests by kind (its meter's; the loop counts only its total).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) ebb_requests: Option<RequestKinds>,
+}
+
+/// ebb's requests in a run, by kind: where it pays beyond the floor's full receives and
+/// full delete batches.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(crate) struct RequestKinds {
+    pub(crate) receives: u64,
+    pub(crate) empty_receives: u64,
+    pub(crate) delete_batches: u64,
+    /// ChangeMessageVisibility(Batch): renewals and releases.
+    pub(crate) visibility: u64,
+    /// GetQueueAttributes for the scaler's counts.
+    pub(crate) counts: u64,
+    /// Setting the queue up (its attributes read at start).
+    pub(crate) setup: u64,
+}
+
+impl RequestKinds {
+    fn of(counts: &ebb::queue::TransactionCounts) -> RequestKinds {
+        RequestKinds {
+            receives: counts.gets_with_messages,
+            empty_receives: counts.gets_empty,
+            delete_batches: counts.deletes,
+            visibility: counts.updates,
+            counts: counts.counts,
+            setup: counts.creates,
+        }
+    }
 }
 
 /// One drainer's medians.
@@ -130,9 +161,12 @@ async fn run_async(bench: &SqsBench) -> anyhow::Result<SqsReport> {
                 bail!("queue {} holds {left} messages before a run: the bench needs it empty (purge it, or name another with --queue)", bench.queue);
             }
             fill(&client, &queue_url, &body, bench.messages, bench.tasks).await.with_context(|| format!("failed to fill queue {}", bench.queue))?;
-            let (elapsed, requests) = match drainer {
-                Drainer::Loop => sdk_loop(&client, &queue_url, bench.messages, bench.tasks).await,
-                Drainer::Ebb => ebb_listener(&account, &client, bench, &queue_url, &poison_url).await,
+            let (elapsed, requests, ebb_requests) = match drainer {
+                Drainer::Loop => sdk_loop(&client, &queue_url, bench.messages, bench.tasks).await.map(|(elapsed, requests)| (elapsed, requests, None)),
+                Drainer::Ebb => ebb_listener(&account, &client, bench, &queue_url, &poison_url).await.map(|(elapsed, kinds)| {
+                    let requests = kinds.receives + kinds.empty_receives + kinds.delete_batches + kinds.visibility + kinds.counts + kinds.setup;
+                    (elapsed, requests, Some(kinds))
+                }),
             }
             .with_context(|| format!("round {round}, {drainer:?}"))?;
             let run = SqsRun {
@@ -142,8 +176,10 @@ async fn run_async(bench: &SqsBench) -> anyhow::Result<SqsReport> {
                 msg_per_s: bench.messages as f64 / elapsed.as_secs_f64().max(1e-9),
                 requests,
                 requests_per_message: requests as f64 / bench.messages.max(1) as f64,
+                ebb_requests,
             };
-            eprintln!("round {round}/{}: {drainer:?}: {:.0} msg/s, {:.3} requests per message", bench.rounds, run.msg_per_s, run.requests_per_message);
+            let kinds = ebb_requests.map_or(String::new(), |k| format!(" ({k:?})"));
+            eprintln!("round {round}/{}: {drainer:?}: {:.0} msg/s, {:.3} requests per message{kinds}", bench.rounds, run.msg_per_s, run.requests_per_message);
             runs.push(run);
         }
     }
@@ -299,7 +335,7 @@ async fn ebb_listener(
     bench: &SqsBench,
     queue_url: &str,
     poison_url: &str,
-) -> anyhow::Result<(Duration, u64)> {
+) -> anyhow::Result<(Duration, RequestKinds)> {
     let with_url = |url: &str| SqsOptions { queue_url: Some(url.to_string()), ..SqsOptions::default() };
     let queue = Arc::new(Metered::new(SqsQueue::new(account, &bench.queue, with_url(queue_url))?));
     let poison = Arc::new(SqsQueue::new(account, &format!("{}-poison", bench.queue), with_url(poison_url))?);
@@ -320,7 +356,7 @@ async fn ebb_listener(
         Ok(_) => wait_until_empty(client, queue_url).await,
         Err(error) => Err(error),
     };
-    let (elapsed, requests) = (started.elapsed(), transactions.snapshot().total());
+    let (elapsed, requests) = (started.elapsed(), RequestKinds::of(&transactions.snapshot()));
     listener.shutdown(Duration::from_secs(10)).await;
     finished?;
     Ok((elapsed, requests))
@@ -344,7 +380,20 @@ async fn wait_until_empty(client: &aws_sdk_sqs::Client, url: &str) -> anyhow::Re
 /// The report as a table.
 pub(crate) fn table(report: &SqsReport) -> String {
     let line = |name: &str, f: &SqsFigures| format!("{name:<6} {:>10.0} {:>18.3}\n", f.msg_per_s, f.requests_per_message);
-    format!(
+    let kinds: Vec<RequestKinds> = report.runs.iter().filter_map(|r| r.ebb_requests).collect();
+    let sum = |kind: fn(&RequestKinds) -> u64| kinds.iter().map(kind).sum::<u64>();
+    let floor = (report.messages.div_ceil(SQS_BATCH as u64) * 2) * kinds.len() as u64;
+    let by_kind = format!(
+        "ebb's requests over its {} runs (floor {floor}): receives {} (+{} empty), delete batches {}, visibility {}, counts {}, setup {}\n",
+        kinds.len(),
+        sum(|k| k.receives),
+        sum(|k| k.empty_receives),
+        sum(|k| k.delete_batches),
+        sum(|k| k.visibility),
+        sum(|k| k.counts),
+        sum(|k| k.setup)
+    );
+    let table = format!(
         "{} messages of {} B on {} ({}), T = {}, {} rounds (medians)\n{:<6} {:>10} {:>18}\n{}{}ebb / loop: {:.2} (goal ≥ {GOAL_RATIO}: {})\n",
         report.messages,
         report.body_bytes,
@@ -359,5 +408,6 @@ pub(crate) fn table(report: &SqsReport) -> String {
         line("ebb", &report.ebb),
         report.ratio,
         if report.goal_met { "met" } else { "not met" }
-    )
+    );
+    table + &by_kind
 }

@@ -12,6 +12,7 @@
 //! `ebb:queue:<queue>`), a JSON object `{"queue": "<queue>", "count": <messages, optional>, "delay_ms": <hidden for, optional>}`
 //! of at most `MAX_PAYLOAD_BYTES`.
 
+mod echoes;
 pub mod redis;
 
 use std::sync::Arc;
@@ -93,6 +94,8 @@ pub struct BusStatus {
     pub outages: u64,
     /// Payloads ignored: not the trigger JSON, too long, or naming another queue.
     pub ignored: u64,
+    /// This host's own notifications heard back, not delivered (its send woke its listeners).
+    pub echoes: u64,
 }
 
 #[derive(Default)]
@@ -104,6 +107,7 @@ struct Counters {
     dropped: AtomicU64,
     outages: AtomicU64,
     ignored: AtomicU64,
+    echoes: AtomicU64,
 }
 
 /// Called with a queue's trigger as it arrives.
@@ -129,8 +133,10 @@ impl Bus {
         let (outbox, inbox) = mpsc::channel(PUBLISH_BACKLOG);
         let span = tracing::info_span!("bus", engine = %engine.describe());
         let tasks = tokio_util::task::TaskTracker::new();
-        tasks.spawn(subscribe_forever(engine.clone(), prefix.to_string(), queues, deliver, available, counters.clone(), stop.clone()).instrument(span.clone()));
-        tasks.spawn(publish_forever(engine.clone(), prefix.to_string(), inbox, counters.clone(), stop.clone()).instrument(span));
+        let own = Arc::new(echoes::OwnTriggers::default());
+        let subscriber = Subscriber { engine: engine.clone(), prefix: prefix.to_string(), deliver, available, counters: counters.clone(), own: own.clone() };
+        tasks.spawn(subscribe_forever(subscriber, queues, stop.clone()).instrument(span.clone()));
+        tasks.spawn(publish_forever(engine.clone(), prefix.to_string(), inbox, counters.clone(), own, stop.clone()).instrument(span));
         tasks.close();
         Bus { engine, outbox, counters, stop, tasks }
     }
@@ -157,6 +163,7 @@ impl Bus {
             dropped: load(&c.dropped),
             outages: load(&c.outages),
             ignored: load(&c.ignored),
+            echoes: load(&c.echoes),
         }
     }
 
@@ -211,15 +218,19 @@ fn back_off(attempt: u32) -> Duration {
     exponential.min(RECONNECT_MAX).mul_f64(0.5 + fastrand::f64() / 2.0)
 }
 
-async fn subscribe_forever(
+/// What the subscriber works with.
+struct Subscriber {
     engine: Arc<dyn PubSub>,
     prefix: String,
-    queues: Vec<String>,
     deliver: Deliver,
     available: Availability,
     counters: Arc<Counters>,
-    stop: CancellationToken,
-) {
+    /// This host's triggers whose echo is not delivered.
+    own: Arc<echoes::OwnTriggers>,
+}
+
+async fn subscribe_forever(subscriber: Subscriber, queues: Vec<String>, stop: CancellationToken) {
+    let Subscriber { engine, prefix, deliver, available, counters, own } = subscriber;
     let channels: Vec<String> = queues.iter().map(|q| format!("{prefix}{q}")).collect();
     let ignored_log = LogLimiter::new(3, Duration::from_secs(60));
     let mut failures = 0u32;
@@ -247,6 +258,9 @@ async fn subscribe_forever(
                     };
                     let Some((channel, payload)) = next else { break };
                     match parse_trigger(&prefix, &channel, &payload) {
+                        Some(trigger) if own.is_echo(&trigger) => {
+                            counters.echoes.fetch_add(1, Ordering::Relaxed);
+                        }
                         Some(trigger) => {
                             counters.received.fetch_add(1, Ordering::Relaxed);
                             deliver(&trigger);
@@ -262,6 +276,7 @@ async fn subscribe_forever(
                 }
                 counters.connected.store(false, Ordering::Relaxed);
                 counters.outages.fetch_add(1, Ordering::Relaxed);
+                own.forget();
                 available(false);
                 tracing::warn!("push notifications lost; queues poll with their rule's back-off until the bus is back");
             }
@@ -286,16 +301,29 @@ async fn subscribe_forever(
     }
 }
 
-async fn publish_forever(engine: Arc<dyn PubSub>, prefix: String, mut inbox: mpsc::Receiver<Trigger>, counters: Arc<Counters>, stop: CancellationToken) {
+async fn publish_forever(
+    engine: Arc<dyn PubSub>,
+    prefix: String,
+    mut inbox: mpsc::Receiver<Trigger>,
+    counters: Arc<Counters>,
+    own: Arc<echoes::OwnTriggers>,
+    stop: CancellationToken,
+) {
     let failure_log = LogLimiter::new(1, Duration::from_secs(60));
-    let publish = async |trigger: Trigger| match publish_once(&*engine, &prefix, &trigger).await {
-        Ok(()) => {
-            counters.published.fetch_add(1, Ordering::Relaxed);
-        }
-        Err(error) => {
-            counters.publish_failures.fetch_add(1, Ordering::Relaxed);
-            if let Some(suppressed) = failure_log.allow() {
-                tracing::warn!(queue = %trigger.queue, suppressed, "could not publish a push notification (the message is stored; hosts find it by polling): {error:#}");
+    let publish = async |trigger: Trigger| {
+        // Noted before: its echo may come back before the publish's own answer.
+        own.publishing(&trigger);
+        let published = publish_once(&*engine, &prefix, &trigger).await;
+        match published {
+            Ok(()) => {
+                counters.published.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(error) => {
+                own.not_published(&trigger);
+                counters.publish_failures.fetch_add(1, Ordering::Relaxed);
+                if let Some(suppressed) = failure_log.allow() {
+                    tracing::warn!(queue = %trigger.queue, suppressed, "could not publish a push notification (the message is stored; hosts find it by polling): {error:#}");
+                }
             }
         }
     };

@@ -119,11 +119,18 @@ impl Listener {
         self.shared.work_detected();
     }
 
-    /// Messages arrive hidden for `delay` (a delayed send): with push, the queue is woken
+    /// [`Listener::work_detected`] by a notifier that knows how many messages arrived: once
+    /// the notified messages make a batch, their get is made at once rather than after
+    /// `max_pickup_delay` (a batch gains nothing by waiting for more).
+    pub fn messages_arrived(&self, messages: u64) {
+        self.shared.messages_arrived(messages);
+    }
+
+    /// `messages` arrive hidden for `delay` (a delayed send): with push, the queue is woken
     /// when they become visible.
-    pub(crate) fn work_detected_after(&self, delay: Duration) {
+    pub(crate) fn work_detected_after(&self, messages: u64, delay: Duration) {
         if delay.is_zero() {
-            self.shared.work_detected();
+            self.shared.messages_arrived(messages);
         } else {
             self.shared.wake_after(delay);
         }

@@ -38,6 +38,11 @@ pub struct QueueSettings {
     pub max_pickup_delay: Duration,
     /// Seed for the random values passed to rules (None: random). Simulations set it.
     pub random_seed: Option<u64>,
+    /// Whether a dequeue task waits for its batch's handler calls before its next get, as a
+    /// poller that hands each batch to one invocation does (the simulator's baselines:
+    /// Lambda's event source mapping, Azure Functions' trigger). Off (ebb): after a full get
+    /// a task gets again as soon as handler slots are free.
+    pub wait_for_batch: bool,
     /// What the poison queue receives: a JSON envelope with the reason (the embedded
     /// store's default), or the original body only (Azure: what Azure Functions does, so
     /// tools that requeue poisoned messages work; the reason stays in the log, the status
@@ -64,6 +69,7 @@ impl Default for QueueSettings {
             scale_interval: d::SCALE_INTERVAL,
             max_pickup_delay: d::MAX_PICKUP_DELAY,
             random_seed: None,
+            wait_for_batch: false,
             poison_envelope: true,
         }
     }

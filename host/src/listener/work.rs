@@ -87,9 +87,15 @@ impl Shared {
     /// is scheduled after `max_pickup_delay`, which later notifications ride along with
     /// (see `pickup`). The scaler is not asked: a get that comes back full asks it.
     pub(super) fn work_detected(self: &Arc<Self>) {
+        self.messages_arrived(1);
+    }
+
+    /// A push that says how many messages arrived: once a batch waits, its get is not
+    /// delayed (see `pickup`).
+    pub(super) fn messages_arrived(self: &Arc<Self>, messages: u64) {
         self.telemetry.counters.work_detected.fetch_add(1, Ordering::Relaxed);
         self.events.work_events.send_modify(|n| *n = n.wrapping_add(1));
-        self.notified();
+        self.notified(messages);
     }
 
     /// A task found messages: ask the scaler, without waking idle tasks (the scaler wakes as

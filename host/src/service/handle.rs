@@ -452,7 +452,7 @@ impl QueueHandle {
             if let Some(inner) = handle.upgrade() {
                 let handle = QueueHandle { inner };
                 handle.count_arrivals(messages as u64);
-                handle.wake(Duration::ZERO);
+                handle.wake_for(messages as u64, Duration::ZERO);
                 handle.publish(Some(messages as u64), Duration::ZERO);
             }
         });
@@ -488,9 +488,11 @@ impl QueueHandle {
         now
     }
 
-    /// Another host said messages arrived (a bus trigger): wake this host only.
-    pub fn delivered(&self, delay: Duration) {
-        self.wake(delay);
+    /// Another host said `count` messages arrived (a bus trigger; one when it does not say):
+    /// wake this host only. This host's own triggers are not delivered back to it (see
+    /// `bus::echoes`): its send woke its listeners already.
+    pub fn delivered(&self, count: Option<u64>, delay: Duration) {
+        self.wake_for(count.unwrap_or(1), delay);
     }
 
     /// Every work-detected event of this handle (sends, notifications, bus triggers), as a
@@ -500,15 +502,22 @@ impl QueueHandle {
     }
 
     fn wake(&self, delay: Duration) {
+        self.wake_for(1, delay);
+    }
+
+    /// Wakes the listeners for `messages` arrived (spread over the partitions): once they
+    /// make a batch, a listener gets them without its pickup delay.
+    fn wake_for(&self, messages: u64, delay: Duration) {
+        let each = messages.div_ceil(self.inner.listeners.len().max(1) as u64);
         for listener in &self.inner.listeners {
-            listener.work_detected_after(delay);
+            listener.work_detected_after(each, delay);
         }
         self.inner.work.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// A put through this host, or a notification made to it, counts one arrival for the
     /// rules' `arrivals_per_sec` (on a partitioned queue, in every partition's listener: the
-    /// logical queue's rate). A bus trigger does not: the bus echoes this host's own sends.
+    /// logical queue's rate). A bus trigger does not: the sending host counted it.
     fn count_arrival(&self) {
         self.count_arrivals(1);
     }

@@ -641,7 +641,7 @@ fn start_bus(config: &BusConfig, queues: &BTreeMap<String, ServiceQueue>) -> Res
     let deliver: crate::bus::Deliver = Arc::new(move |trigger| {
         tracing::debug!(queue = %trigger.queue, count = ?trigger.count, delay_ms = ?trigger.delay_ms, "push notification");
         if let Some(handle) = handles.get(&trigger.queue) {
-            handle.delivered(Duration::from_millis(trigger.delay_ms.unwrap_or(0)));
+            handle.delivered(trigger.count, Duration::from_millis(trigger.delay_ms.unwrap_or(0)));
         }
     });
     let available: crate::bus::Availability = Arc::new(move |available| listeners.iter().for_each(|l| l.set_push_available(available)));

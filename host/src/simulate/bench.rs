@@ -25,6 +25,8 @@ pub(crate) const IDLE_PULL_PER_HOUR_GOAL: f64 = 60.0;
 pub(crate) const SQS_IDLE_PULL_PER_HOUR_GOAL: f64 = 180.0;
 /// Pull goal on SQS: the pickup p99 at most this (Lambda's model's long poll).
 pub(crate) const SQS_PULL_P99_GOAL: Duration = Duration::from_secs(20);
+/// The scenarios issue 37 sets goals for (between idle and load, and idle).
+const SQS_GOAL_SCENARIOS: &[&str] = &["paper-billing", "bursty-day", "idle"];
 
 /// What the goals compare on a backend.
 struct Targets {
@@ -34,14 +36,22 @@ struct Targets {
     baseline: &'static str,
     /// Pull's pickup p99 at most this; `None`: at most the baseline's.
     pull_p99: Option<Duration>,
+    /// The scenarios the issue sets goals for; `None`: every one. The others' rows are
+    /// shown for information, not as goals missed.
+    goal_scenarios: Option<&'static [&'static str]>,
 }
 
 impl Targets {
     fn of(backend: super::SimBackend) -> Targets {
         if backend.is_sqs() {
-            Targets { idle_pull_per_hour: SQS_IDLE_PULL_PER_HOUR_GOAL, baseline: "lambda-esm", pull_p99: Some(SQS_PULL_P99_GOAL) }
+            Targets {
+                idle_pull_per_hour: SQS_IDLE_PULL_PER_HOUR_GOAL,
+                baseline: "lambda-esm",
+                pull_p99: Some(SQS_PULL_P99_GOAL),
+                goal_scenarios: Some(SQS_GOAL_SCENARIOS),
+            }
         } else {
-            Targets { idle_pull_per_hour: IDLE_PULL_PER_HOUR_GOAL, baseline: "functions", pull_p99: None }
+            Targets { idle_pull_per_hour: IDLE_PULL_PER_HOUR_GOAL, baseline: "functions", pull_p99: None, goal_scenarios: None }
         }
     }
 }
@@ -59,6 +69,8 @@ pub struct Goal {
     pub measured: String,
     /// Whether it did.
     pub met: bool,
+    /// The issue sets no goal for this scenario: shown for information only.
+    pub informative: bool,
 }
 
 /// The benchmark's result.
@@ -117,10 +129,17 @@ pub(crate) fn scaled_out_calls() -> u32 {
 /// The goals one scenario's run lets us check.
 fn goals(report: &SimReport) -> Vec<Goal> {
     let rule = |name: &str| report.rules.iter().find(|r| r.rule == name);
-    let goal =
-        |rule: &RuleReport, goal: String, measured: String, met: bool| Goal { scenario: report.scenario.clone(), rule: rule.rule.clone(), goal, measured, met };
-    let p99 = |r: &RuleReport| r.pickup_p99_ms.map_or("-".to_string(), |ms| format!("{ms} ms"));
     let targets = Targets::of(report.backend);
+    let informative = targets.goal_scenarios.is_some_and(|names| !names.contains(&report.scenario.as_str()));
+    let goal = |rule: &RuleReport, goal: String, measured: String, met: bool| Goal {
+        scenario: report.scenario.clone(),
+        rule: rule.rule.clone(),
+        goal,
+        measured,
+        met,
+        informative,
+    };
+    let p99 = |r: &RuleReport| r.pickup_p99_ms.map_or("-".to_string(), |ms| format!("{ms} ms"));
     let idle_goal = targets.idle_pull_per_hour;
     let mut goals = Vec::new();
     if report.messages == 0 {
@@ -223,9 +242,18 @@ pub fn table(report: &BenchReport) -> String {
         out.push_str(if report.backend.is_sqs() { "\ngoals (issue 37):\n" } else { "\ngoals (issue 19):\n" });
         let mut rows = vec![["scenario", "rule", "goal", "measured", "met"].map(String::from).to_vec()];
         for goal in &report.goals {
-            rows.push(vec![goal.scenario.clone(), goal.rule.clone(), goal.goal.clone(), goal.measured.clone(), if goal.met { "yes" } else { "NO" }.into()]);
+            let met = match (goal.informative, goal.met) {
+                (false, true) => "yes",
+                (false, false) => "NO",
+                (true, true) => "(yes)",
+                (true, false) => "(no)",
+            };
+            rows.push(vec![goal.scenario.clone(), goal.rule.clone(), goal.goal.clone(), goal.measured.clone(), met.into()]);
         }
         out.push_str(&columns(&rows));
+        if report.goals.iter().any(|goal| goal.informative) {
+            out.push_str("(yes), (no): a scenario the issue sets no goal for, for information\n");
+        }
     }
     out
 }
@@ -280,8 +308,8 @@ mod tests {
     }
 
     /// Issue 37's goals between idle and load, priced for SQS: pull at most Lambda's event
-    /// source mapping's requests with p99 ≤ 20 s (met); push ≤ 1.25 × SQS's floor with p99
-    /// ≤ 1 s (checked, not met: see docs/benchmarks.md, "SQS in the simulator").
+    /// source mapping's requests with p99 ≤ 20 s; push ≤ 1.25 × SQS's floor with p99 ≤ 1 s
+    /// (bursty-day's two dumps of 20,000 included). All met.
     #[test]
     fn the_sqs_bench_checks_issue_37s_goals_against_lambdas_model() {
         let rules = ["lambda-esm", "paper", "paper-push"].iter().map(|r| RuleChoice::parse(r).unwrap()).collect();
@@ -306,9 +334,26 @@ mod tests {
                 other => panic!("a goal for {other}"),
             };
             assert_eq!(goal.met, expected, "{goal:?}");
-            if goal.rule == "paper" {
-                assert!(goal.met, "pull on SQS at most Lambda's requests with p99 ≤ 20 s: {text}");
-            }
+            assert!(goal.met && !goal.informative, "issue 37's goals on its scenarios: {text}");
         }
+    }
+
+    /// Issue 37 sets goals on paper-billing, bursty-day and idle only: burst's and trickle's
+    /// rows are information, never a "NO" for a goal nobody set (on Azure, issue 19 sets
+    /// goals on every scenario).
+    #[test]
+    fn on_sqs_the_scenarios_issue_37_sets_no_goal_for_are_shown_for_information() {
+        let rules = ["lambda-esm", "paper", "paper-push"].iter().map(|r| RuleChoice::parse(r).unwrap()).collect();
+        let template = SimOptions {
+            backend: SimBackend::Sqs,
+            price_per_10k: SimBackend::Sqs.default_price_per_10k(),
+            ..SimOptions::new(Scenario::Idle.workload(Some(Duration::from_secs(1)), 1).unwrap(), rules)
+        };
+        let report = run_scenarios(&template, &["burst", "trickle"]).unwrap();
+        let text = table(&report);
+        assert!(report.goals.len() == 4 && report.goals.iter().all(|goal| goal.informative), "{text}");
+        let rows: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("goals")).skip(2).take(4).collect();
+        assert!(rows.iter().all(|row| row.ends_with("(yes)") || row.ends_with("(no)")), "{text}");
+        assert!(!text.contains(" NO") && text.contains("(yes), (no): a scenario the issue sets no goal for"), "{text}");
     }
 }

@@ -582,7 +582,8 @@ fn spawn_producer(
             }
             backlog.observe(memory.local_count().unwrap_or(0));
             if notify {
-                listener.work_detected();
+                // As a send through the API says: how many arrived.
+                listener.messages_arrived(u64::from(arrival.count));
             }
         }
     })

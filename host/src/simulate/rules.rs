@@ -114,7 +114,10 @@ impl RuleChoice {
         }
     }
 
-    /// The listener settings the rule runs with.
+    /// The listener settings the rule runs with. The baselines model pollers that wait for
+    /// their batch's calls before the next get (`wait_for_batch`): the paper's naive loop,
+    /// Lambda's pollers (a synchronous invocation per batch) and Functions' (which gets the
+    /// next batch when half of one is left: a little sooner than modelled).
     pub fn settings(&self) -> QueueSettings {
         let defaults = QueueSettings::default();
         match self {
@@ -123,6 +126,7 @@ impl RuleChoice {
                 max_tasks: 1,
                 min_polling_interval: Duration::from_secs(1),
                 max_polling_interval: Duration::from_secs(1),
+                wait_for_batch: true,
                 ..defaults
             },
             RuleChoice::Functions => QueueSettings {
@@ -131,6 +135,7 @@ impl RuleChoice {
                 max_tasks: 1,
                 min_polling_interval: Duration::from_millis(100),
                 max_polling_interval: Duration::from_secs(60),
+                wait_for_batch: true,
                 ..defaults
             },
             RuleChoice::LambdaEsm => QueueSettings {
@@ -139,6 +144,8 @@ impl RuleChoice {
                 max_tasks: LambdaEsm::MAX_POLLERS,
                 min_polling_interval: LambdaEsm::WAIT,
                 max_polling_interval: LambdaEsm::WAIT,
+                // A poller invokes the function with its batch and waits for the answer.
+                wait_for_batch: true,
                 ..defaults
             },
             RuleChoice::Paper | RuleChoice::Wasm(_) | RuleChoice::Live(_) => defaults,

@@ -5,13 +5,15 @@
 //! (headless Chromium), a shadow rule in `/status` and `ebb rule promote`. Each runs the
 //! Azure (or embedded) test's own body with the queue on SQS.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ebb::queue::QueueClient;
 use ebb::queue::sqs::{SqsOptions, SqsQueue};
 use ebb_tests::azurite::unique_queue_name;
-use ebb_tests::moto::Moto;
+use ebb_tests::fault_proxy::FaultProxy;
+use ebb_tests::moto::{Moto, REGION};
 
 use crate::azure_hosts::{QUEUE, Storage, two_hosts_share_a_queue_and_a_killed_one_loses_nothing};
 use crate::binary::{App, Site, aws_table, pause_holds_across_a_restart_until_resumed, push_across_hosts};
@@ -30,10 +32,35 @@ async fn two_hosts_on_one_sqs_queue_share_it_without_overlap_and_a_killed_host_l
     let moto = Moto::start();
     let queue: Arc<dyn QueueClient> = Arc::new(SqsQueue::new(&moto.account(), QUEUE, SqsOptions::default())?);
     queue.create_if_missing().await?;
+    // The hosts reach moto through the proxy (with no faults), which notes what each receive
+    // was given. moto's ReceiveMessage takes no lock: two receives that run at once may both
+    // take one visible message (a boto3 script, 6 receivers draining 500 messages leased for
+    // 60 s: 4 received twice). That overlap is moto's (SQS standard queues deliver at least
+    // once too), not a lease's: sqsburst's failures under load, "skipping the duplicate
+    // lease" with no renewal made, all gets short polls, 3 receives in flight at most.
+    let proxy = FaultProxy::start(moto.port(), 0.0, 1).await;
+    let storage = Storage { table: format!("[aws]\nregion = \"{REGION}\"\nendpoint = \"http://127.0.0.1:{}\"\n", proxy.port()), ..on_moto(&moto) };
     // A 10 s lease: moto, one Python process, answered renewals after more than 2.5 s when
     // the whole suite ran on two cores, so a 5 s lease lapsed under running handlers.
-    two_hosts_share_a_queue_and_a_killed_one_loses_nothing(queue, &on_moto(&moto), None, Duration::from_secs(10)).await;
+    let lease = Duration::from_secs(10);
+    let handed_twice = || received_twice_within(&proxy.sqs_received(), lease / 2);
+    two_hosts_share_a_queue_and_a_killed_one_loses_nothing(queue, &storage, None, lease, &handed_twice).await;
     Ok(())
+}
+
+/// The ids of messages that two receives were given less than `within` apart: sooner than
+/// any lease of the hosts could lapse, so the storage handed them out twice at once.
+fn received_twice_within(received: &[(Instant, Vec<String>)], within: Duration) -> BTreeSet<String> {
+    let mut last: BTreeMap<&str, Instant> = BTreeMap::new();
+    let mut twice = BTreeSet::new();
+    for (at, ids) in received {
+        for id in ids {
+            if last.insert(id, *at).is_some_and(|before| at.duration_since(before) < within) {
+                twice.insert(id.clone());
+            }
+        }
+    }
+    twice
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

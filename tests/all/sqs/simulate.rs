@@ -1,7 +1,7 @@
 //! Issue 37's goals that the simulator gives (`ebb simulate --backend sqs`): requests per
 //! message at load on SQS and on Azure, the idle cost of long polling and of push with the
-//! pickup after idle hours, and the push default's requests between (paper-billing,
-//! bursty-day). `simulate::bench` states them all, on SQS in its
+//! pickup after idle hours, and the push default's requests and pickup p99 between
+//! (paper-billing, bursty-day). `simulate::bench` states them all, on SQS in its
 //! `the_sqs_bench_checks_issue_37s_goals` test.
 
 use std::time::Duration;
@@ -64,17 +64,16 @@ fn idle_on_sqs_long_polling_costs_at_most_180_requests_an_hour_and_push_at_most_
 }
 
 #[test]
-fn between_on_sqs_the_push_default_bills_at_most_1_25_times_the_floor() {
+fn between_on_sqs_the_push_default_bills_at_most_1_25_times_the_floor_and_picks_up_within_a_second() {
     for name in ["paper-billing", "bursty-day"] {
         let workload = Scenario::named(name).unwrap().workload(None, 1).unwrap();
         let report = run(SimBackend::Sqs, workload, &["paper-push"]);
         let push = &report.rules[0];
         let ratio = push.ratio_to_floor.unwrap();
         assert!(ratio <= 1.25, "{name}: {ratio:.3} × the floor ({} requests, {:?})", report.floor_calls, push.transactions);
-        if name == "paper-billing" {
-            // On bursty-day the p99 is the 20,000-message bursts' drain time, not the pickup's.
-            let p99 = push.pickup_p99_ms.unwrap();
-            assert!(p99 <= 1000, "{name}: pickup p99 {p99} ms");
-        }
+        // On bursty-day, two dumps of 20,000 (41 % of the day's messages): drained within a
+        // second (4.2 s when the pickup waited its delay and tasks waited for their batches).
+        let p99 = push.pickup_p99_ms.unwrap();
+        assert!(p99 <= 1000, "{name}: pickup p99 {p99} ms");
     }
 }

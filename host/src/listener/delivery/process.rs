@@ -2,10 +2,12 @@
 //! settles it: deleted on success, hidden for a retry delay on failure, poisoned after
 //! `max_dequeue_count`, released at once when shutdown's drain time runs out.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::Instrument as _;
@@ -71,6 +73,20 @@ impl Shared {
             .collect();
         drop(grant);
         futures::future::join_all(processing).await;
+    }
+
+    /// [`Shared::process_batch`] on a task of its own (tracked: shutdown waits for it), so
+    /// the dequeue task goes on getting as soon as handler slots are free, rather than
+    /// waiting for its batch's slowest call.
+    pub(in crate::listener) fn process_batch_apart(self: &Arc<Self>, messages: Vec<Message>, grant: PermitGrant<'_>, leased_until: Instant) {
+        let (shared, slots) = (self.clone(), grant.into_count());
+        let processing = async move {
+            let grant = shared.pool.slots.adopt(slots);
+            if let Err(panic) = AssertUnwindSafe(shared.process_batch(messages, grant, leased_until)).catch_unwind().await {
+                shared.task_panicked("a batch's processing", &*panic);
+            }
+        };
+        self.tasks.spawn(processing.in_current_span());
     }
 
     /// `slot` is the message's handler slot, given back as soon as the handler call ends

@@ -22,6 +22,8 @@ pub(in crate::listener) use permits::{CallPermit, PermitGrant};
 pub(in crate::listener) struct Pool {
     /// Wakes resting tasks early (a pickup, the scaler).
     wake: Notify,
+    /// Tells a task that claimed the pickup that it is due now (a batch was announced).
+    pickup_due: Notify,
     /// Notifications waiting for a get, and the tasks that will make it.
     pickup: Mutex<pickup::Pickup>,
     /// Handler slots: how many handler calls run at once.
@@ -47,6 +49,7 @@ impl Pool {
     pub(in crate::listener) fn new(max_concurrent_calls: u32) -> Pool {
         Pool {
             wake: Notify::new(),
+            pickup_due: Notify::new(),
             pickup: Mutex::default(),
             slots: permits::CallPermits::new(max_concurrent_calls),
             calls_started: Notify::new(),

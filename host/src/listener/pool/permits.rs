@@ -120,6 +120,11 @@ impl CallPermits {
         }
     }
 
+    /// The grant of `count` slots taken earlier ([`PermitGrant::into_count`]).
+    pub(in crate::listener) fn adopt(&self, count: u32) -> PermitGrant<'_> {
+        PermitGrant { slots: self, count }
+    }
+
     pub(in crate::listener) fn limit(&self) -> u32 {
         self.lock().limit
     }
@@ -146,6 +151,14 @@ impl<'a> PermitGrant<'a> {
     /// Permits held.
     pub(in crate::listener) fn count(&self) -> u32 {
         self.count
+    }
+
+    /// The slots held, kept taken, as a count (for a task of their own, which makes them a
+    /// grant again with [`CallPermits::adopt`]).
+    pub(in crate::listener) fn into_count(self) -> u32 {
+        let count = self.count;
+        std::mem::forget(self);
+        count
     }
 
     /// Hands one slot to a message.

@@ -2,7 +2,9 @@
 //!
 //! A notification that arrives while a get is in flight changes nothing: when the get
 //! answers, what it did not cover gets one pickup. Otherwise the first notification claims
-//! one get `max_pickup_delay` later and the notifications within that time ride along: a
+//! one get `max_pickup_delay` later and the notifications within that time ride along (once
+//! they announce a batch of messages or more, the get is due at once: a full batch gains
+//! nothing by waiting, and a dump of thousands would wait the delay for nothing): a
 //! resting task is woken for it, or, when every task is busy with its handlers, a task is
 //! started only while fewer run than the rule's latest count (or none runs: a push wakes a
 //! queue at zero tasks). The rule's count is the bound: an app that needs faster pickup asks
@@ -53,12 +55,34 @@ pub(in crate::listener) struct Pickup {
     /// A get sent when `notifications` was this came back short of what it asked, and
     /// none came since it was sent: the queue was drained then.
     drained_at: Option<u64>,
+    /// Messages the notifications not yet covered by a get announced (one for a
+    /// notification that does not say).
+    pending_messages: u64,
+    /// Bumped at each timer claim: a timer whose pickup was made early does nothing.
+    timer: u64,
 }
 
 impl Pickup {
     /// Tasks asleep in their back-off.
     pub(in crate::listener) fn resting(&self) -> u32 {
         self.resting
+    }
+
+    /// Claims the pickup for a timer: its number and when it is due.
+    fn claim_timer(&mut self, since: Instant, shared: &Shared) -> (u64, Instant) {
+        self.claim = Claim::Timer;
+        self.timer = self.timer.wrapping_add(1);
+        (self.timer, self.due(since, shared))
+    }
+
+    /// When the get for the pending notifications is due: `max_pickup_delay` after the first,
+    /// or at once when they announced at least a batch (`batch_size`).
+    fn due(&self, since: Instant, shared: &Shared) -> Instant {
+        if self.pending_messages >= u64::from(shared.settings.batch_size.max(1)) {
+            Instant::now().min(since + shared.settings.max_pickup_delay)
+        } else {
+            since + shared.settings.max_pickup_delay
+        }
     }
 }
 
@@ -99,6 +123,11 @@ impl<'a> TaskMark<'a> {
         self.state == State::Resting
     }
 
+    /// Whether the task owes the pickup's get (a pickup made due early is for it).
+    pub(in crate::listener) fn has_claim(&self) -> bool {
+        self.claimed
+    }
+
     fn leave(&mut self, pickup: &mut Pickup) {
         match self.state {
             State::Getting => pickup.getting -= 1,
@@ -116,6 +145,7 @@ impl<'a> TaskMark<'a> {
         self.state = State::Getting;
         self.sent_after = pickup.notifications;
         pickup.pending_since = None;
+        pickup.pending_messages = 0;
         if pickup.claim == Claim::Task {
             pickup.claim = Claim::None;
         }
@@ -132,9 +162,9 @@ impl<'a> TaskMark<'a> {
             && pickup.claim == Claim::None
             && let Some(since) = pickup.pending_since
         {
-            pickup.claim = Claim::Timer;
+            let (timer, due) = pickup.claim_timer(since, self.shared);
             drop(pickup);
-            shared.schedule_pickup(since);
+            shared.schedule_pickup(timer, due);
         }
     }
 
@@ -183,7 +213,7 @@ impl<'a> TaskMark<'a> {
         {
             pickup.claim = Claim::Task;
             self.claimed = true;
-            return AfterDrained::GetAt(since + self.shared.settings.max_pickup_delay);
+            return AfterDrained::GetAt(pickup.due(since, self.shared));
         }
         if !rest() {
             pickup.resting += 1;
@@ -212,26 +242,47 @@ impl Shared {
         self.pool.pickup.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A notification: messages arrived. A get in flight, or a pickup already claimed, will
-    /// take them; otherwise one get is claimed `max_pickup_delay` after the first
-    /// notification not yet covered.
-    pub(in crate::listener) fn notified(self: &Arc<Self>) {
+    /// A notification of `messages` arrived messages (1 when the notifier does not say). A
+    /// get in flight, or a pickup already claimed, will take them; otherwise one get is
+    /// claimed `max_pickup_delay` after the first notification not yet covered. Once they
+    /// announce a batch, a claimed pickup is made at once (see [`Pickup::due`]).
+    pub(in crate::listener) fn notified(self: &Arc<Self>, messages: u64) {
         let mut pickup = self.pickup();
         pickup.notifications = pickup.notifications.wrapping_add(1);
+        let batch = u64::from(self.settings.batch_size.max(1));
+        let was_batch = pickup.pending_messages >= batch;
+        pickup.pending_messages = pickup.pending_messages.saturating_add(messages.max(1));
         let since = *pickup.pending_since.get_or_insert_with(Instant::now);
-        if pickup.getting > 0 || pickup.claim != Claim::None || self.stopping.is_cancelled() {
+        if pickup.getting > 0 || self.stopping.is_cancelled() {
             return;
         }
-        pickup.claim = Claim::Timer;
-        drop(pickup);
-        self.schedule_pickup(since);
+        match pickup.claim {
+            Claim::None => {
+                let (timer, due) = pickup.claim_timer(since, self);
+                drop(pickup);
+                self.schedule_pickup(timer, due);
+            }
+            // The claimed get is not due yet, but a batch now waits: make it now.
+            Claim::Timer if !was_batch && pickup.pending_messages >= batch => {
+                // The timer's own pickup, later, is then stale.
+                pickup.timer = pickup.timer.wrapping_add(1);
+                let timer = pickup.timer;
+                drop(pickup);
+                self.pick_up(timer);
+            }
+            Claim::Task if !was_batch && pickup.pending_messages >= batch => {
+                drop(pickup);
+                self.pool.pickup_due.notify_waiters();
+            }
+            Claim::Timer | Claim::Task => {}
+        }
     }
 
-    fn schedule_pickup(self: &Arc<Self>, since: Instant) {
+    fn schedule_pickup(self: &Arc<Self>, timer: u64, due: Instant) {
         let shared = self.clone();
         self.tasks.spawn(async move {
             tokio::select! {
-                _ = tokio::time::sleep_until(since + shared.settings.max_pickup_delay) => shared.pick_up(),
+                _ = tokio::time::sleep_until(due) => shared.pick_up(timer),
                 _ = shared.stopping.cancelled() => {}
             }
         });
@@ -241,8 +292,12 @@ impl Shared {
     /// while fewer run than the rule's latest count (or none runs). (A get sent meanwhile
     /// took the notifications with it; with the rule's count running and every task busy,
     /// the first to drain the queue picks them up.)
-    fn pick_up(self: &Arc<Self>) {
+    fn pick_up(self: &Arc<Self>, timer: u64) {
         let mut pickup = self.pickup();
+        if timer != pickup.timer {
+            // Made early (a batch was announced); a later claim has a timer of its own.
+            return;
+        }
         if pickup.claim == Claim::Timer {
             pickup.claim = Claim::None;
         }

@@ -42,21 +42,58 @@ impl Shared {
             // Coalesce raises: at most one count (a billed call on Azure) per scale interval.
             // A decision on an inferred depth costs nothing and waits for nothing: a burst
             // after a trickle is met at once.
-            if self.scale().await == DepthSource::Measured {
-                tokio::select! {
-                    _ = tokio::time::sleep(self.settings.scale_interval) => {}
-                    _ = self.stopping.cancelled() => return,
-                }
+            if self.scale().await == DepthSource::Measured && !self.wait_out_the_count().await {
+                return;
             }
         }
+    }
+
+    /// After a count, waits out the scale interval before the next one; meanwhile a raise
+    /// whose get found the queue drained is decided at once, on the inferred depth: a
+    /// backlog drained within the interval (tasks no longer wait for their batches) lets
+    /// its tasks retire before they back off further, each wake-up a get. Other raises are
+    /// decided after it. False when the listener stops.
+    async fn wait_out_the_count(self: &Arc<Self>) -> bool {
+        let until = tokio::time::Instant::now() + self.settings.scale_interval;
+        let mut raised = false;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => break,
+                _ = self.events.work.notified() => {
+                    if self.last_get_drained() {
+                        self.scale().await;
+                    } else {
+                        raised = true;
+                    }
+                }
+                _ = self.stopping.cancelled() => return false,
+            }
+        }
+        if raised {
+            self.events.work.notify_one();
+        }
+        true
+    }
+
+    /// The last get came back with fewer messages than it asked for: the queue was drained.
+    fn last_get_drained(&self) -> bool {
+        let last_get = self.telemetry.counters.last_get();
+        last_get.messages < last_get.asked.max(1)
     }
 
     /// One decision; says whether the depth was counted for it.
     async fn scale(self: &Arc<Self>) -> DepthSource {
         // A get that came back with fewer messages than it asked for found the queue
         // drained: no count is needed to know the backlog is (about) gone.
-        let last_get = self.telemetry.counters.last_get();
-        let (depth, depth_source) = if last_get.messages < last_get.asked.max(1) { (0, DepthSource::Inferred) } else { self.count_depth().await };
+        let (depth, depth_source) = if self.last_get_drained() {
+            (0, DepthSource::Inferred)
+        } else if self.settings.min_tasks >= self.settings.max_tasks {
+            // The bounds fix the count whatever the depth: a count would be a billed
+            // request for nothing.
+            (self.telemetry.counters.last_depth.load(Ordering::Relaxed), DepthSource::Inferred)
+        } else {
+            self.count_depth().await
+        };
         let decision = self.decide_task_count(depth, depth_source).await;
         let target = decision.value;
         self.telemetry.counters.target_tasks.store(target, Ordering::Relaxed);

@@ -120,7 +120,7 @@ impl Shared {
                         shared.task_panicked("a dequeue task", &*panic);
                         if !shared.stopping.is_cancelled() {
                             shared.start_tasks_up_to(shared.floor());
-                            shared.notified();
+                            shared.notified(1);
                         }
                     }
                 }
@@ -268,7 +268,14 @@ impl Shared {
             // After idling this is the paper's QueueWorkDetected; while busy it
             // keeps the task count adapting (the scaler coalesces the raises).
             self.work_found();
-            self.process_batch(messages, grant, leased_until).await;
+            if task.last_get_full && !self.queue.fifo() && !self.settings.wait_for_batch {
+                // More wait: get again as soon as handler slots are free, not after this
+                // batch's slowest call (a dump of thousands drains at the slots' pace, not
+                // at the tasks' × their batches'). A FIFO queue's batches keep their order.
+                self.process_batch_apart(messages, grant, leased_until);
+            } else {
+                self.process_batch(messages, grant, leased_until).await;
+            }
         } else {
             drop(grant);
         }
@@ -304,6 +311,10 @@ impl Shared {
     async fn back_off(&self, task: &mut TaskLoop, mark: &mut TaskMark<'_>) -> Step {
         let idle_count = task.idle_count;
         let decision = self.decide_queue_empty(idle_count).await;
+        // Listening before the claim is taken: a pickup made due meanwhile is not missed.
+        let due_early = self.pool.pickup_due.notified();
+        tokio::pin!(due_early);
+        due_early.as_mut().enable();
         let mut stopped = false;
         let after = mark.after_drained(|| {
             stopped = decision.stop && self.try_stop_idle();
@@ -329,6 +340,8 @@ impl Shared {
             // Woken early (a pickup, the scaler); the back-off restarts only if
             // this task finds messages.
             _ = self.pool.wake.notified(), if mark.is_resting() => Step::Go,
+            // The pickup this task claimed is due now (a batch was announced).
+            _ = due_early, if mark.has_claim() => Step::Go,
             _ = self.stopping.cancelled() => Step::Stop,
         }
     }

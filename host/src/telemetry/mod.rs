@@ -68,12 +68,20 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(1);
 /// Spans lost since start, for `/metrics`.
 static DROPPED: LazyLock<Counter> = LazyLock::new(Counter::default);
 
+/// Spans finished since start: each is exported or counted in [`DROPPED`].
+static MADE: LazyLock<Counter> = LazyLock::new(Counter::default);
+
 /// The running export, for [`shutdown`].
 static RUNNING: Mutex<Option<Running>> = Mutex::new(None);
 
 /// The counter of spans lost (queue full, export failed or timed out): a handle on the one count.
 pub fn dropped_spans() -> Counter {
     DROPPED.clone()
+}
+
+/// The counter of spans finished, exported or dropped: a handle on the one count.
+pub fn made_spans() -> Counter {
+    MADE.clone()
 }
 
 struct Running {
@@ -160,6 +168,9 @@ pub fn shutdown() {
         tracing::warn!("spans not all exported at shutdown: {error}");
     }
     runtime.shutdown_timeout(Duration::from_millis(100));
+    // The final account: every span made was exported or is in the dropped count.
+    let (made, dropped) = (MADE.get(), DROPPED.get());
+    tracing::info!(spans_made = made, spans_dropped = dropped, "spans at shutdown: {made} made, {} exported, {dropped} dropped", made.saturating_sub(dropped));
 }
 
 /// The SDK's batch processor behind a bound of its own, which counts what it drops: a span
@@ -177,6 +188,7 @@ impl SpanProcessor for Bounded {
     }
 
     fn on_end(&self, span: SpanData) {
+        MADE.inc();
         if self.pending.fetch_add(1, Ordering::AcqRel) >= MAX_QUEUED_SPANS {
             self.pending.fetch_sub(1, Ordering::AcqRel);
             DROPPED.inc();

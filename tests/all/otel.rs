@@ -387,3 +387,23 @@ async fn under_a_steady_load_for_a_minute_every_span_made_is_received_or_counted
     eprintln!("{count} messages at {held:.0} msg/s: {made} spans made, {received} received, {dropped} dropped");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_hangs_through_shutdown_gets_every_span_counted_dropped_once() -> Result<()> {
+    let queue = "traced-hung-at-stop";
+    // Connections are taken (the kernel's backlog) and never answered.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let host = Host::start(queue, app(200, "ok").await?, &format!("http://{}", silent.local_addr()?), "").await?;
+    for n in 0..20 {
+        host.send(queue, "", &format!("m{n}")).await?;
+    }
+    host.wait_for_metric("ebb_messages_processed_total", 20.0, Duration::from_secs(20)).await?;
+    // An export is hanging now (one is tried each second, given up after 5 s): the stop
+    // gives up on it after 1 s.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (_, log) = host.stop_with_log()?;
+    let (made, dropped) = spans_at_shutdown(&log)?;
+    ensure!(made >= 4 * 20, "{made} spans made for 20 messages");
+    ensure!(dropped == made, "none exported, so each of the {made} spans made is dropped once: {dropped} counted");
+    Ok(())
+}

@@ -16,7 +16,7 @@
 //!   blob service's (claim checks) `AZURITE_BLOB`.
 //! - moto's server (an Amazon SQS implementation) and boto3, pinned by `tests/moto/requirements.txt`,
 //!   installed into `<target>/guest-tools/moto-py/` on first use (`MOTO_PYTHON` in `$OUT_DIR/moto.rs`).
-//! - the OpenTelemetry protobuf definitions for the OTLP receiver of the telemetry tests, pinned by
+//! - the OpenTelemetry protobuf definitions and grpcio for the OTLP receiver of the telemetry tests, pinned by
 //!   `tests/otlp/requirements.txt`, in `<target>/guest-tools/otlp-py/` (`$OUT_DIR/otlp.rs`).
 //! - Python `grpcio` + `grpcio-tools`, pinned by `tests/scaler/requirements.txt`, installed into
 //!   `<target>/guest-tools/py-grpc/` on first use, and Python stubs generated from KEDA's

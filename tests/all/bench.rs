@@ -1,4 +1,4 @@
-//! `ebb bench http` through the binary: a short run reports every figure, and leaves no
+//! `ebb bench` through the binary: a short run of `http` reports every figure, and leaves no
 //! server process behind.
 
 use std::process::Command;
@@ -105,4 +105,21 @@ fn bench_record_runs_recording_on_and_off_alternating_and_reports_the_cost() {
     // Off then on, then on then off: the order alternates so drift hits both alike.
     let order: Vec<bool> = report["runs"].as_array().unwrap().iter().map(|r| r["recording"].as_bool().unwrap()).collect();
     assert_eq!(order, [false, true, true, false]);
+}
+
+#[test]
+fn bench_trace_memory_with_a_collector_that_never_answers_counts_drops_and_rss_stays_flat() {
+    // The short version of the 10-minute goal (docs/benchmarks.md): 30 s of load.
+    let output = Command::new(EBB).args(["bench", "trace-memory", "--json", "--duration", "30s", "--rate", "200", "--host-binary", EBB]).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let (traced, untraced) = (&report["traced"], &report["untraced"]);
+    positive(&traced["processed"], "traced processed");
+    positive(&untraced["processed"], "untraced processed");
+    assert!(positive(&traced["spans_dropped"], "traced spans_dropped") <= positive(&traced["spans_made"], "traced spans_made"), "{report}");
+    assert_eq!(untraced["spans_made"], 0, "{report}");
+    // The span queue is full after a third of the run: from then on, nothing grows.
+    let growth = positive(&traced["rss_end_mib"], "rss_end_mib") - positive(&traced["rss_warm_mib"], "rss_warm_mib");
+    assert!(growth <= 8.0, "the traced host's RSS grew {growth:.1} MiB after its span queue filled: {report}");
+    assert!(report["rss_difference_mib"].as_f64().unwrap() <= 20.0, "{report}");
 }

@@ -1028,3 +1028,25 @@ async fn the_poison_list_follows_the_stream_newest_first_and_requeue_all_asks_na
     ensure!(errors.is_empty(), "the browser logged errors: {errors:?}\nhost log:\n{}", host.log());
     browser.close().await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_header_counts_a_paused_partitioned_queue_once_as_it_counts_queues_at_1280_and_390_px() -> Result<()> {
+    let (_app, app_addr) = App::start(Duration::ZERO).await;
+    let handler = format!("handler = {{ url = \"http://{app_addr}/work\" }}\n");
+    let host = Host::start(&format!("[queues.orders]\n{handler}\n[queues.invoices]\npartitions = 3\n{handler}")).await?;
+    // A queue is paused whole: its three partitions are paused.
+    reqwest::Client::new().post(host.url("/queues/invoices/pause")).bearer_auth(TOKEN).send().await?.error_for_status()?;
+    let browser = Browser::start().await?;
+    for (i, width) in WIDTHS.into_iter().enumerate() {
+        browser.at_width(width).await?;
+        if i == 0 {
+            browser.open(&host).await?;
+        }
+        browser.until("the pause in the header", "return document.getElementById('queue-count').textContent.includes('paused')").await?;
+        let header = browser.text("#queue-count").await?;
+        ensure!(header == "2 (4 partitions), 1 paused", "the header at {width} px: {header}");
+        ensure!(browser.in_view("#queue-count").await?, "the header's count is out of view at {width} px");
+        browser.keep_screenshot("header-paused", width).await?;
+    }
+    browser.close().await
+}

@@ -1,6 +1,6 @@
-//! An OTLP/HTTP trace receiver (`tests/otlp/receiver.py`, on the OpenTelemetry protobuf
-//! definitions from PyPI) for the telemetry tests: it decodes what ebb exports as a
-//! collector would and answers the spans it has as JSON.
+//! An OTLP trace receiver over HTTP and gRPC (`tests/otlp/receiver.py`, on the OpenTelemetry
+//! protobuf definitions and grpcio from PyPI) for the telemetry tests: it decodes what ebb
+//! exports as a collector would and answers the spans it has (or their count) as JSON.
 
 use std::process::{Child, ChildStdin};
 use std::sync::OnceLock;
@@ -56,6 +56,7 @@ impl ReceivedSpan {
 /// A running receiver, stopped with the test process.
 pub struct OtlpReceiver {
     port: u16,
+    grpc_port: u16,
     _child: Child,
     _guard: Option<ChildStdin>,
 }
@@ -65,17 +66,41 @@ impl OtlpReceiver {
     /// their queue or trace id.
     pub fn shared() -> &'static OtlpReceiver {
         static SHARED: OnceLock<OtlpReceiver> = OnceLock::new();
-        SHARED.get_or_init(|| {
-            let port = free_port();
-            let args = [OTLP_PYTHON, OTLP_RECEIVER, &port.to_string()].map(String::from);
-            let (child, guard) = start_guarded("the OTLP receiver", &args, port, Duration::from_secs(30), "is its venv installed (tests/build.rs)?");
-            OtlpReceiver { port, _child: child, _guard: guard }
-        })
+        SHARED.get_or_init(|| OtlpReceiver::start(false))
+    }
+
+    /// A receiver of its own that counts the spans per service ([`OtlpReceiver::counts`])
+    /// and keeps none: for a load of them.
+    pub fn counting() -> OtlpReceiver {
+        OtlpReceiver::start(true)
+    }
+
+    fn start(count_only: bool) -> OtlpReceiver {
+        let (port, grpc_port) = (free_port(), free_port());
+        let mut args = vec![OTLP_PYTHON.to_string(), OTLP_RECEIVER.to_string(), port.to_string(), grpc_port.to_string()];
+        if count_only {
+            args.push("--count-only".into());
+        }
+        let (child, guard) = start_guarded("the OTLP receiver", &args, port, Duration::from_secs(30), "is its venv installed (tests/build.rs)?");
+        OtlpReceiver { port, grpc_port, _child: child, _guard: guard }
     }
 
     /// The base URL to give ebb (`[telemetry] otlp_endpoint`).
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The URL of its gRPC service, for `OTEL_EXPORTER_OTLP_PROTOCOL=grpc`.
+    pub fn grpc_endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.grpc_port)
+    }
+
+    /// The spans received from the service `service` (its `service.name`) so far.
+    pub async fn count(&self, service: &str) -> Result<u64> {
+        let url = format!("{}/counts", self.endpoint());
+        let answer = reqwest::get(&url).await.with_context(|| format!("failed to ask the OTLP receiver at {url}"))?;
+        let counts: serde_json::Value = serde_json::from_slice(&answer.bytes().await?).context("the OTLP receiver's counts are not JSON")?;
+        Ok(counts[service].as_u64().unwrap_or(0))
     }
 
     /// Every span received so far.

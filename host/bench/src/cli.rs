@@ -3,6 +3,9 @@
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -79,6 +82,12 @@ pub(crate) enum BenchCommand {
     /// message. Starts nothing: the endpoint and region come from the flags or the SDK's
     /// environment (AWS_ENDPOINT_URL, AWS_REGION, the credential variables), e.g. moto.
     Sqs(SqsArgs),
+    /// What a collector that never answers costs in memory (issue 39): two `ebb run` hosts
+    /// side by side under the same steady load, one exporting its spans to a collector that
+    /// accepts and never replies, one without [telemetry]: RSS (warm, end, highest), spans
+    /// made and dropped, and the goal (RSS within 20 MiB, drops counted). Give a release
+    /// `ebb` for figures worth reading.
+    TraceMemory(TraceMemoryArgs),
     /// The app `ebb bench http` posts to: 200 with an empty body at once, on 127.0.0.1 (a
     /// free port, written to --port-file), until stdin closes. Started by the bench itself.
     #[command(hide = true)]
@@ -129,6 +138,22 @@ pub(crate) struct SqsArgs {
     /// Rounds, 1 to 20: each runs the loop and ebb, in turn (the order alternates).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_ROUNDS)))]
     rounds: u32,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct TraceMemoryArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// How long the load lasts (the issue's goal: 10 minutes), 10s to 1h.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    duration: std::time::Duration,
+    /// Messages a second sent to each host, 10 to 5,000.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=5_000))]
+    rate: u64,
+    /// The `ebb` the hosts run (default: `ebb` beside this program).
+    #[arg(long)]
+    host_binary: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -368,6 +393,18 @@ pub(crate) fn run(command: BenchCommand, leading: &[&str]) -> anyhow::Result<()>
             };
             let report = crate::sqs::run(&bench)?;
             print_report(args.json, &report, crate::sqs::table)
+        }
+        BenchCommand::TraceMemory(args) => {
+            if !(Duration::from_secs(10)..=Duration::from_secs(3600)).contains(&args.duration) {
+                anyhow::bail!("--duration: 10s to 1h, got {}", humantime::format_duration(args.duration));
+            }
+            let host_binary = match args.host_binary {
+                Some(path) => path,
+                None => std::env::current_exe().context("failed to find this program")?.with_file_name("ebb"),
+            };
+            let bench = crate::trace_memory::TraceMemoryBench { duration: args.duration, rate: args.rate, host_binary };
+            let report = crate::trace_memory::run(&bench, leading)?;
+            print_report(args.json, &report, crate::trace_memory::table)
         }
         BenchCommand::Serve { port_file } => crate::server::serve(&port_file),
     }

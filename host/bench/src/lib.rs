@@ -26,6 +26,8 @@
 //! - `shadow`: a shadow rule's added cost per decision (issue 22), against no shadow.
 //! - `sqs`: throughput on Amazon SQS (issue 37): ebb's listener against a hand-written
 //!   receive-10, delete-batch loop of the same SDK, on an endpoint the bench is given.
+//! - `trace_memory`: what a collector that never answers costs a host in memory (issue 39):
+//!   two `ebb run` hosts under the same load, one exporting spans to it, one not.
 //! - `cli`: the command line.
 
 mod claims;
@@ -42,6 +44,7 @@ mod report;
 mod server;
 mod shadow;
 mod sqs;
+mod trace_memory;
 mod traced;
 
 use std::ffi::OsString;

@@ -69,12 +69,20 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(1);
 /// Spans lost since start, for `/metrics`.
 static DROPPED: LazyLock<Counter> = LazyLock::new(Counter::default);
 
+/// Spans finished since start: each is exported or counted in [`DROPPED`].
+static MADE: LazyLock<Counter> = LazyLock::new(Counter::default);
+
 /// The running export, for [`shutdown`].
 static RUNNING: Mutex<Option<Running>> = Mutex::new(None);
 
 /// The counter of spans lost (queue full, export failed or timed out): a handle on the one count.
 pub fn dropped_spans() -> Counter {
     DROPPED.clone()
+}
+
+/// The counter of spans finished, exported or dropped: a handle on the one count.
+pub fn made_spans() -> Counter {
+    MADE.clone()
 }
 
 struct Running {
@@ -137,7 +145,7 @@ where
     let config = BatchConfigBuilder::default().with_max_queue_size(2 * MAX_QUEUED_SPANS).with_scheduled_delay(Duration::from_secs(1)).build();
     let batch = BatchSpanProcessor::new(counted, config);
     let provider = SdkTracerProvider::builder()
-        .with_span_processor(Bounded { inner: batch, pending })
+        .with_span_processor(Bounded { inner: batch, pending, closed: AtomicBool::new(false) })
         .with_resource(Resource::builder().with_service_name(export.service_name.clone()).build())
         .build();
     let tracer = provider.tracer("ebb");
@@ -161,6 +169,9 @@ pub fn shutdown() {
         tracing::warn!("spans not all exported at shutdown: {error}");
     }
     runtime.shutdown_timeout(Duration::from_millis(100));
+    // The final account: every span made was exported or is in the dropped count.
+    let (made, dropped) = (MADE.get(), DROPPED.get());
+    tracing::info!(spans_made = made, spans_dropped = dropped, "spans at shutdown: {made} made, {} exported, {dropped} dropped", made.saturating_sub(dropped));
 }
 
 /// The SDK's batch processor behind a bound of its own, which counts what it drops: a span
@@ -170,6 +181,9 @@ pub fn shutdown() {
 struct Bounded {
     inner: BatchSpanProcessor,
     pending: Arc<AtomicUsize>,
+    /// Set as shutdown starts: a span ending after it is dropped (the SDK would drop it
+    /// uncounted), so `pending` only falls once shutdown has swept it.
+    closed: AtomicBool,
 }
 
 impl SpanProcessor for Bounded {
@@ -178,6 +192,11 @@ impl SpanProcessor for Bounded {
     }
 
     fn on_end(&self, span: SpanData) {
+        MADE.inc();
+        if self.closed.load(Ordering::Acquire) {
+            DROPPED.inc();
+            return;
+        }
         if self.pending.fetch_add(1, Ordering::AcqRel) >= MAX_QUEUED_SPANS {
             self.pending.fetch_sub(1, Ordering::AcqRel);
             DROPPED.inc();
@@ -191,6 +210,7 @@ impl SpanProcessor for Bounded {
     }
 
     fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.closed.store(true, Ordering::Release);
         let result = self.inner.shutdown_with_timeout(timeout);
         if result.is_err() {
             // Whatever is still pending is lost with the process.
@@ -238,8 +258,10 @@ impl SpanExporter for Counted {
                 Ok(Err(_elapsed)) => Err(OTelSdkError::Timeout(EXPORT_TIMEOUT)),
                 Err(error) => Err(OTelSdkError::InternalFailure(format!("the export task ended: {error}"))),
             };
-            self.pending.fetch_sub(spans, Ordering::AcqRel);
-            if result.is_err() {
+            // A shutdown that gave up has counted whatever was pending, this batch included:
+            // an export ending after it (cancelled with the runtime) counts nothing again.
+            let still_pending = self.pending.fetch_update(Ordering::AcqRel, Ordering::Acquire, |pending| pending.checked_sub(spans)).is_ok();
+            if result.is_err() && still_pending {
                 DROPPED.inc_by(spans as u64);
             }
             self.log_transition(&result, spans);

@@ -15,7 +15,7 @@
 //! ones sent); a comment every [`KEEP_ALIVE`] when nothing else went out, so the connection
 //! is never idle long enough for `api_limits.idle_timeout`.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, Weak};
@@ -208,7 +208,9 @@ impl Console {
         let previous = self.frames.borrow().clone();
         let mut rows = Vec::with_capacity(self.names.len());
         let mut costs = Vec::new();
-        let mut paused = 0;
+        // Logical queues paused, as the header counts queues: a queue is paused whole, so its
+        // partitions are one.
+        let mut paused = BTreeSet::new();
         let readiness = api.readiness.snapshot();
         let not_ready = |logical: &str| {
             let problems = &readiness.get(logical)?.problems;
@@ -243,7 +245,9 @@ impl Console {
             }
             let queue_price = api.price_of(logical);
             costs.extend(queue_cost(&status, queue_price));
-            paused += usize::from(status.paused.is_some());
+            if status.paused.is_some() {
+                paused.insert(logical);
+            }
             let pickup = status.pickup_latency_ms.filter(|_| picking || settled_lately);
             let row = row_json(logical, &status, throughput, pickup, queue_price, not_ready(logical));
             rows.push(match previous.rows.get(index) {
@@ -264,7 +268,7 @@ impl Console {
             // Logical queues; their partitions are `partitions` rows.
             "queues": api.listeners.len(),
             "partitions": self.names.len(),
-            "paused": paused,
+            "paused": paused.len(),
             "bus": api.bus.as_ref().map(|b| { let s = b.status(); json!({ "engine": s.engine, "connected": s.connected }) }),
             "cost": cost_json(&CostStatus::total(&costs, price)),
         })

@@ -285,6 +285,7 @@ fn register_bus(registry: &mut Registry, api: &Api) {
 /// The span export's losses, and the producers' trace context refused (both 0 without an
 /// OTLP endpoint).
 fn register_telemetry(registry: &mut Registry) {
+    registry.register("trace_spans", "Spans finished: each is exported or counted in ebb_trace_spans_dropped_total", crate::telemetry::made_spans());
     registry.register(
         "trace_spans_dropped",
         "Spans not exported: the export queue was full, or the collector refused, failed or did not answer in time",

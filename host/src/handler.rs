@@ -28,7 +28,7 @@ pub struct IncomingMessage {
     pub item: Option<ItemPosition>,
     /// The trace context its producer sent it with, if any (W3C `traceparent` and
     /// `tracestate`): a handler's spans join that trace with it as their parent.
-    pub trace: Option<crate::telemetry::context::TraceContext>,
+    pub trace: Option<crate::telemetry::TraceContext>,
 }
 
 /// Where an item sits in its envelope.
@@ -286,7 +286,7 @@ impl HttpHandler {
         // handling spans many producers' items).
         let context = match message.item {
             Some(_) => message.trace.clone(),
-            None => crate::telemetry::context::TraceContext::passed_on(&tracing::Span::current(), message.trace.as_ref()),
+            None => crate::telemetry::TraceContext::passed_on(&tracing::Span::current(), message.trace.as_ref()),
         };
         if let Some(context) = context {
             request = request.header("traceparent", context.traceparent());

@@ -118,7 +118,7 @@ pub mod telemetry;
 pub use config::Config;
 pub use host::Host;
 pub use service::packing::{ItemId, ItemsError, ItemsSent};
-pub use service::{QueueHandle, QueueHandleBuilder, Role};
+pub use service::{QueueHandle, Role};
 
 /// The `ebb` command, as the binary runs it: parses the process's arguments (exiting with
 /// clap's usage on a bad one), runs the command, and on failure prints the error with its

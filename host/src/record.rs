@@ -557,7 +557,7 @@ pub(crate) fn check_since(since: Duration) -> Result<Duration> {
 
 /// What the simulator takes in a trace.
 #[derive(Debug, Clone, Copy)]
-pub struct TraceLimits {
+pub(crate) struct TraceLimits {
     /// Lines.
     pub max_lines: u64,
     /// Messages in a line.
@@ -570,7 +570,7 @@ pub struct TraceLimits {
 /// gives the trace and how many messages it holds: each second spread over up to
 /// `LINES_PER_SECOND` lines, or a line per second when that would be more lines than
 /// the simulator takes. More messages or busy seconds than it takes is an error saying so.
-pub fn export(data_dir: &Path, queue: &str, since: Duration, now_ms: u64, limits: TraceLimits) -> Result<Export> {
+pub(crate) fn export(data_dir: &Path, queue: &str, since: Duration, now_ms: u64, limits: TraceLimits) -> Result<Export> {
     check_since(since)?;
     let now_second = now_ms / 1000;
     let from_second = now_second.saturating_sub(since.as_secs());
@@ -610,7 +610,7 @@ pub fn export(data_dir: &Path, queue: &str, since: Duration, now_ms: u64, limits
 
 /// What [`export`] gives.
 #[derive(Debug)]
-pub struct Export {
+pub(crate) struct Export {
     /// The trace: `seconds,count` lines, seconds from `first_second`.
     pub text: String,
     /// Messages in it.

@@ -13,7 +13,7 @@ use crate::payload::claims::ClaimRecords;
 use crate::queue::embedded::{EmbeddedOptions, EmbeddedStore, OWNER_WAIT};
 use crate::queue::{GroupedSend, RetryPolicy};
 use crate::service::{QueueHandle, QueueStack, StackOptions};
-use crate::telemetry::context::TraceContext;
+use crate::telemetry::TraceContext;
 
 pub(super) fn api_base(config: &Config) -> String {
     let mut addr = config.listen;
@@ -115,9 +115,7 @@ pub async fn send(
     };
     let first = post().body(body.clone()).send().await;
     match first {
-        Err(error) if error.is_connect() => {
-            crate::telemetry::context::with_sending(context.clone(), send_offline(&config, queue_config, &body, count, group)).await
-        }
+        Err(error) if error.is_connect() => crate::telemetry::with_sending(context.clone(), send_offline(&config, queue_config, &body, count, group)).await,
         first => send_through_host(&config, &post, queue, first, bytes::Bytes::from(body), count).await,
     }
 }

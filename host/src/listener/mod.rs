@@ -45,7 +45,6 @@ use tokio_util::task::TaskTracker;
 use crate::handler::Handler;
 use crate::queue::QueueClient;
 
-pub use builder::ListenerBuilder;
 pub(crate) use delivery::PoisonEnvelope;
 pub use delivery::Reply;
 pub use pause::Pause;

@@ -39,7 +39,7 @@ use super::decompress::decompress;
 use super::error::EnvelopeError;
 use super::item::{BlobRef, Body, ClaimCheck, Item, Origin};
 use super::limits::Limits;
-use crate::telemetry::context::TraceContext;
+use crate::telemetry::TraceContext;
 
 use super::wire::{ENVELOPE_OVERHEAD_BYTES, FLAG_MESSAGE, FORMAT_VERSION, HEADER_BYTES, MAGIC, MIN_ITEM_BYTES, TRAILER_BYTES};
 
@@ -193,7 +193,7 @@ pub fn encode_message(check: ClaimCheck) -> anyhow::Result<Vec<u8>> {
 /// body offloaded), or an inline body with its trace context (a queue whose messages have
 /// no metadata to carry it in). Refuses an inline item without a trace context: that is
 /// the plain message itself.
-pub fn encode_message_item(item: &Item) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn encode_message_item(item: &Item) -> anyhow::Result<Vec<u8>> {
     anyhow::ensure!(is_message_item(item), "an envelope of one plain message holds a claim check, or an inline body with its trace context");
     let mut section = Vec::new();
     write_record(item, &mut section)?;

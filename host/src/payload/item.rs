@@ -17,7 +17,7 @@ pub struct Item {
     pub origin: Option<Origin>,
     /// The trace context of its producer's send, if it had one (see
     /// `docs/reference/envelope.md`): its handling joins that trace.
-    pub trace: Option<crate::telemetry::context::TraceContext>,
+    pub trace: Option<crate::telemetry::TraceContext>,
 }
 
 /// The message id and index its producer got for an item put back after failing: what a
@@ -121,7 +121,7 @@ impl Item {
     }
 
     /// The same item, carrying its producer's trace `context`.
-    pub fn with_trace(self, context: Option<crate::telemetry::context::TraceContext>) -> Item {
+    pub fn with_trace(self, context: Option<crate::telemetry::TraceContext>) -> Item {
         Item { trace: context, ..self }
     }
 

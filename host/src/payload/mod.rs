@@ -48,14 +48,16 @@ mod wire;
 pub use codec::Codec;
 pub use error::EnvelopeError;
 pub(crate) use extended::ExtendedClientPointers;
-pub use format::{Decoded, Envelope, decode, encode, encode_message, encode_message_item};
+pub(crate) use format::encode_message_item;
+pub use format::{Decoded, Envelope, decode, encode, encode_message};
 pub(crate) use item::bucket_defect;
 pub use item::{AzureContainer, BlobRef, Body, ClaimCheck, Item, Origin};
 
 pub(crate) use limits::DEFAULT_MAX_ITEMS;
 pub use limits::{AllowedReferences, DEFAULT_MAX_CLAIM_CHECK_BYTES, Limits};
 pub use pack::MIN_ENVELOPE_BYTES;
-pub use pack::{Packed, PackedEnvelope, Packer};
+pub(crate) use pack::Packed;
+pub use pack::Packer;
 pub use settings::{Delivery, PayloadSettings};
 pub use text::decode_text;
 pub use text::to_text;

@@ -425,7 +425,7 @@ fn an_offloaded_message_is_one_claim_check_with_the_message_flag_and_nothing_els
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 fn traced(item: Item, tracestate: Option<&str>) -> Item {
-    item.with_trace(crate::telemetry::context::TraceContext::parse(TRACEPARENT, tracestate))
+    item.with_trace(crate::telemetry::TraceContext::parse(TRACEPARENT, tracestate))
 }
 
 #[test]

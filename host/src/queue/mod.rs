@@ -177,7 +177,7 @@ pub struct Message {
     pub fifo: Option<FifoFields>,
     /// The trace context its producer sent it with, where the backend keeps it beside the
     /// body (SQS: message attributes); `None` elsewhere (an envelope may carry one).
-    pub trace: Option<crate::telemetry::context::TraceContext>,
+    pub trace: Option<crate::telemetry::TraceContext>,
 }
 
 /// A message's fields on a FIFO queue, as the service gave them.

@@ -51,13 +51,13 @@ pub use decider::{BuiltInRule, Decider};
 pub use decision::{Decision, DecisionSource, NativeRule, native_failure};
 pub(crate) use decision::{built_in_queue_empty, built_in_task_count, clamp_failure, native_concurrency, native_queue_empty, native_task_count};
 pub(crate) use decision::{clamp_concurrency, clamp_idle, clamp_task_count, cut};
-pub use engine::{CompiledRule, RuleEngine};
+pub(crate) use engine::CompiledRule;
+pub use engine::RuleEngine;
 
 pub(crate) use file::read_rule_file;
 pub(crate) use hint::HINT_PREFIX;
-pub use hint::hint;
 pub use instance::RuleInstance;
-pub use limits::{RuleLimits, backstop};
+pub use limits::RuleLimits;
 pub use queue_rules::{ConsecutiveFaults, Export, Quarantine, QueueRules, RefusedFile, RuleLoad, RuleState, RuleStatus, RuleSwap};
 pub use set::{QueueRuleConfig, RuleSet};
 pub(crate) use shadow::ShadowOutcome;

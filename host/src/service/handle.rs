@@ -327,7 +327,7 @@ impl QueueHandle {
     /// carries the send's trace context, if it has one (the body alone when the envelope
     /// is over the queue's limit and the body is not: its context is then dropped).
     async fn put(&self, group: Option<&GroupedSend>, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
-        let context = crate::telemetry::context::sending().filter(|_| self.inner.payload.0.trace_envelope);
+        let context = crate::telemetry::sending().filter(|_| self.inner.payload.0.trace_envelope);
         let Some(context) = context else { return self.put_as_is(group, body, delay).await };
         let item = crate::payload::Item::inline(bytes::Bytes::copy_from_slice(body)).with_trace(Some(context));
         let envelope = crate::payload::encode_message_item(&item).map_err(QueueError::Fatal)?;
@@ -364,7 +364,7 @@ impl QueueHandle {
                 )));
             }
         };
-        let item = crate::payload::Item::claim_check(check).with_trace(crate::telemetry::context::sending());
+        let item = crate::payload::Item::claim_check(check).with_trace(crate::telemetry::sending());
         let envelope = crate::payload::encode_message_item(&item).map_err(QueueError::Fatal)?;
         let text = self.inner.payload.1;
         let envelope = if text { crate::payload::to_text(&envelope).into_bytes() } else { envelope };

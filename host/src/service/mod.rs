@@ -29,7 +29,7 @@ use assembly::text_envelopes;
 pub(crate) use assembly::{QueueStack, StackOptions, storage_queue};
 pub(crate) use audit::record_timed_resumes;
 pub use audit::{AuditLog, AuditTail};
-pub use handle::{QueueHandle, QueueHandleBuilder};
+pub use handle::QueueHandle;
 pub use pauses::{Pauses, check_pause_length};
 
 use crate::bus::Bus;

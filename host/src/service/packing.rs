@@ -174,7 +174,7 @@ impl Packing {
             return Err(ItemsError::TooMany { count: items.len() });
         }
         // Each item carries the send's trace context, if it has one.
-        let context = crate::telemetry::context::sending();
+        let context = crate::telemetry::sending();
         // What the items take in the section: the smallest envelope record is 9 bytes, and a
         // context takes its bytes and their 3 bytes of lengths.
         let traced = context.as_ref().map_or(0, |context| context.len() + 3);

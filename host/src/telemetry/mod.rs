@@ -11,8 +11,11 @@
 //! their own under a timeout, and every span lost (queue full, export refused or timed out)
 //! is counted in `ebb_trace_spans_dropped_total`.
 
-pub mod context;
-pub mod traceparent;
+mod context;
+pub(crate) mod traceparent;
+
+pub use context::TraceContext;
+pub(crate) use context::{join, sending, with_sending};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -52,11 +55,11 @@ pub struct OtlpExport {
 
 /// The target of the spans that are exported (`tracing::debug_span!(target: TARGET, …)`).
 /// At DEBUG, so the log shows them only when asked (`EBB_LOG=ebb::otel=debug`).
-pub const TARGET: &str = "ebb::otel";
+pub(crate) const TARGET: &str = "ebb::otel";
 
 /// Finished spans waiting for an export, at most: about 2 MB at a typical span's size.
 /// A collector away for longer than the queue lasts loses the spans after it, counted.
-pub const MAX_QUEUED_SPANS: usize = 4096;
+pub(crate) const MAX_QUEUED_SPANS: usize = 4096;
 
 /// Longest an export may take, retries included: a hanging collector holds one batch this
 /// long while the queue behind it fills and drops.
@@ -76,12 +79,12 @@ static MADE: LazyLock<Counter> = LazyLock::new(Counter::default);
 static RUNNING: Mutex<Option<Running>> = Mutex::new(None);
 
 /// The counter of spans lost (queue full, export failed or timed out): a handle on the one count.
-pub fn dropped_spans() -> Counter {
+pub(crate) fn dropped_spans() -> Counter {
     DROPPED.clone()
 }
 
 /// The counter of spans finished, exported or dropped: a handle on the one count.
-pub fn made_spans() -> Counter {
+pub(crate) fn made_spans() -> Counter {
     MADE.clone()
 }
 
@@ -92,7 +95,7 @@ struct Running {
 
 /// The layer that exports [`TARGET`]'s spans to `export`'s collector; [`shutdown`] flushes
 /// it. Fails only when the exporter cannot be built (its runtime or client).
-pub fn layer<S>(export: &OtlpExport) -> anyhow::Result<impl Layer<S> + use<S>>
+pub(crate) fn layer<S>(export: &OtlpExport) -> anyhow::Result<impl Layer<S> + use<S>>
 where
     S: tracing::Subscriber + for<'a> LookupSpan<'a>,
 {
@@ -161,7 +164,7 @@ where
 
 /// Exports what is queued, waiting at most [`SHUTDOWN_TIMEOUT`] however the collector
 /// behaves, and stops the exporter. Spans not exported by then are counted as dropped.
-pub fn shutdown() {
+pub(crate) fn shutdown() {
     let Some(Running { provider, runtime }) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).take() else {
         return;
     };
@@ -283,7 +286,7 @@ impl SpanExporter for Counted {
 
 /// The span of a message's handling: its outcome ([`outcome`], [`poisoned`]) is recorded
 /// on it once settled.
-pub fn handle_span(queue: &str, id: &impl std::fmt::Display, dequeue_count: u32) -> tracing::Span {
+pub(crate) fn handle_span(queue: &str, id: &impl std::fmt::Display, dequeue_count: u32) -> tracing::Span {
     tracing::debug_span!(
         target: TARGET,
         "handle",
@@ -300,12 +303,12 @@ pub fn handle_span(queue: &str, id: &impl std::fmt::Display, dequeue_count: u32)
 /// Records how the message of the current [`handle_span`] was settled: `deleted`,
 /// `retried`, `pushed_back`, `released`. Recorded once per span: a field recorded twice
 /// is exported twice.
-pub fn outcome(outcome: &'static str) {
+pub(crate) fn outcome(outcome: &'static str) {
     tracing::Span::current().record("outcome", outcome);
 }
 
 /// Records that the message of the current [`handle_span`] was poisoned, and why.
-pub fn poisoned(reason: &str) {
+pub(crate) fn poisoned(reason: &str) {
     let span = tracing::Span::current();
     span.record("outcome", "poisoned");
     span.record("reason", reason);

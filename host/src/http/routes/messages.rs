@@ -17,7 +17,7 @@ use crate::http::errors::{error, storage_unavailable};
 use crate::http::{Api, ApiLimits};
 use crate::queue::{GroupedSend, MAX_VISIBILITY, MessageId, QueueClient as _, QueueError};
 use crate::service::packing::{ItemsError, MAX_ITEMS_PER_SEND};
-use crate::telemetry::context::TraceContext;
+use crate::telemetry::TraceContext;
 
 /// Parses the query of `POST /queues/{name}/messages`: `delay_ms`, a whole number of
 /// milliseconds up to [`MAX_VISIBILITY`] (the route table lets no other parameter through).
@@ -56,7 +56,7 @@ pub(super) async fn send(
 ) -> Response {
     let (span, context) = send_span(&name, &headers);
     let send = send_message(api, limits, body_limit, name, query, body).instrument(span);
-    crate::telemetry::context::with_sending(context, send).await
+    crate::telemetry::with_sending(context, send).await
 }
 
 /// The span of a send, a child of the producer's span when its `traceparent` names one (a
@@ -67,7 +67,7 @@ fn send_span(queue: &str, headers: &axum::http::HeaderMap) -> (tracing::Span, Op
     // A value that is not text is malformed too: parsed as empty, so it is counted.
     let header = |name: &str| headers.get(name).map(|value| value.to_str().unwrap_or_default());
     let producer = header("traceparent").and_then(|traceparent| TraceContext::parse(traceparent, header("tracestate")));
-    crate::telemetry::context::join(&span, producer.as_ref());
+    crate::telemetry::join(&span, producer.as_ref());
     let context = TraceContext::passed_on(&span, producer.as_ref());
     (span, context)
 }
@@ -190,7 +190,7 @@ pub(super) async fn send_items(
     // between them (an envelope's handling spans many producers' items).
     let header = |name: &str| headers.get(name).map(|value| value.to_str().unwrap_or_default());
     let context = header("traceparent").and_then(|traceparent| TraceContext::parse(traceparent, header("tracestate")));
-    match crate::telemetry::context::with_sending(context, queue.send_items(items)).await {
+    match crate::telemetry::with_sending(context, queue.send_items(items)).await {
         Ok(sent) => (StatusCode::CREATED, Json(json!({ "items": sent.items, "messages": sent.messages, "ids": sent.ids }))).into_response(),
         Err(e @ (ItemsError::TooLarge { .. } | ItemsError::OverClaimLimit { .. } | ItemsError::TooMany { .. } | ItemsError::TooManyBytes { .. })) => {
             error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string())

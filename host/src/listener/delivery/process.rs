@@ -49,7 +49,7 @@ fn plain_message(incoming: IncomingMessage, envelope: Envelope) -> (IncomingMess
     let [item] = envelope.items.as_slice() else { unreachable!("the decoder refuses a plain message's envelope of more than one item") };
     let trace = incoming.trace.clone().or_else(|| item.trace.clone());
     if incoming.trace.is_none() {
-        crate::telemetry::context::join(&tracing::Span::current(), trace.as_ref());
+        crate::telemetry::join(&tracing::Span::current(), trace.as_ref());
     }
     match &item.body {
         crate::payload::Body::Inline(body) => (IncomingMessage { body: body.clone(), trace, ..incoming }, None),
@@ -67,7 +67,7 @@ impl Shared {
             .into_iter()
             .map(|message| {
                 let span = crate::telemetry::handle_span(self.queue.name(), &message.id, message.dequeue_count);
-                crate::telemetry::context::join(&span, message.trace.as_ref());
+                crate::telemetry::join(&span, message.trace.as_ref());
                 self.process(message, grant.take_one(), leased_until).instrument(span)
             })
             .collect();

@@ -66,7 +66,8 @@ pub use embedded::EmbeddedClaims;
 pub(crate) use record::Recorded;
 pub use record::{ClaimCall, ClaimRecord, ClaimRecords};
 pub use s3::S3Claims;
-pub use s3_meter::{S3Operation, S3RequestCounts, S3Requests};
+pub(crate) use s3_meter::S3Requests;
+pub use s3_meter::{S3Operation, S3RequestCounts};
 #[cfg(test)]
 pub(crate) use sweeper::spawn_sweeper;
 pub(crate) use sweeper::sweeper_task;

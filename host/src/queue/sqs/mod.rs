@@ -72,7 +72,7 @@ pub(crate) use encoding::ENCODING_ATTRIBUTE;
 pub use encoding::Encoding;
 pub(crate) use pointer::{Offloads, S3Pointer};
 
-use crate::telemetry::context::TraceContext;
+use crate::telemetry::TraceContext;
 
 use super::{DeadLetter, FailureClass, GroupedSend, MAX_BATCH, Message, MessageId, PopReceipt, QueueClient, QueueError, classified};
 
@@ -272,7 +272,7 @@ impl SqsQueue {
         if let Some(sha256) = pointer.sha256 {
             send = send.message_attributes(pointer::SHA256_ATTRIBUTE, attribute("String", hex::encode(sha256))?);
         }
-        send = self.with_trace(send, crate::telemetry::context::sending().as_ref())?;
+        send = self.with_trace(send, crate::telemetry::sending().as_ref())?;
         let sent = self.call(Call::Put, None, send.send()).await?;
         sent.message_id.map(MessageId::from).ok_or_else(|| QueueError::Fatal(anyhow!("{}: the answer has no message id", self.context(Call::Put))))
     }
@@ -417,7 +417,7 @@ impl SqsQueue {
     async fn send(&self, body: &[u8], initial_visibility: Duration, group: Option<&GroupedSend>) -> Result<MessageId, QueueError> {
         let encoded = self.options.encoding.encode(body)?;
         let limit = self.max_message_bytes();
-        let context = crate::telemetry::context::sending();
+        let context = crate::telemetry::sending();
         if encoded.size() + context.as_ref().map_or(0, trace::attribute_bytes) > limit {
             let limit = if encoded.base64 { self.options.encoding.max_body_bytes(limit) } else { limit };
             return Err(QueueError::MessageTooLarge { size: body.len(), limit });

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName};
 
-use crate::telemetry::context::TraceContext;
+use crate::telemetry::TraceContext;
 
 /// The message attribute of the W3C `traceparent`.
 pub(super) const TRACEPARENT_ATTRIBUTE: &str = "traceparent";

@@ -95,7 +95,7 @@ fn rule_check_fails_a_wrong_contract_version_naming_the_versions_served() {
         &check(guests::FUTURE_VERSION, &[]),
         &[
             "ebb:rules/decisions@0.9.0, but this host speaks ebb:rules/decisions@0.4.0 or ebb:rules/decisions@0.3.0 or ebb:rules/decisions@0.2.0 or ebb:rules/decisions@0.1.0",
-            "hint: rebuild the rule against wit/ebb-rules-0.4.0",
+            "hint: rebuild the rule against a contract this host serves: Rust with this ebb's rules-sdk (wit/ebb-rules-0.4.0), Python and JavaScript with `ebb rule build`",
         ],
     );
 }

@@ -24,7 +24,7 @@ pub fn hint(text: &str, export: Export<'_>) -> Option<String> {
     }
     if text.contains("but this host speaks") {
         return Some(format!(
-            "rebuild the rule against wit/ebb-rules-{} (the SDK's and the examples' contract), or run the ebb that serves its version",
+            "rebuild the rule against a contract this host serves: Rust with this ebb's rules-sdk (wit/ebb-rules-{}), Python and JavaScript with `ebb rule build` in the rule's folder; or run the ebb that serves its version",
             super::CONTRACT_VERSION
         ));
     }

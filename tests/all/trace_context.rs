@@ -209,17 +209,37 @@ async fn ebb_send_with_a_traceparent_reaches_the_handler_in_the_producers_trace(
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqs_messages_with_an_aws_trace_header_or_a_traceparent_attribute_are_handled_in_that_trace() -> Result<()> {
-    let moto = Moto::shared();
-    let queue = unique_queue_name("context");
-    let app = App::default();
+/// A host whose queue `queue` is on moto's SQS.
+async fn on_moto(moto: &Moto, queue: &str, app: &App) -> Result<Host> {
     let aws = format!(
         "[aws]\nregion = \"{REGION}\"\nendpoint = \"{}\"\naccess_key_id_env = \"EBB_TEST_SQS_KEY_ID\"\nsecret_access_key_env = \"EBB_TEST_SQS_SECRET\"\n",
         moto.endpoint()
     );
     let env = [("EBB_TEST_SQS_KEY_ID", "testing"), ("EBB_TEST_SQS_SECRET", "testing")];
-    let host = Host::start(&queue, "backend = \"sqs\"\n", app.start().await?, &aws, &env).await?;
+    Host::start(queue, "backend = \"sqs\"\n", app.start().await?, &aws, &env).await
+}
+
+/// An API send's context rides the SQS message's attributes, taken from the send's task
+/// (`telemetry::sending`): the app is called in the producer's trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_send_onto_sqs_reaches_the_app_in_the_producers_trace() -> Result<()> {
+    let queue = unique_queue_name("context-api");
+    let app = App::default();
+    let host = on_moto(Moto::shared(), &queue, &app).await?;
+    let headers = format!("traceparent: {}\r\n", producer_traceparent());
+    host.send(&queue, &headers, "through the api").await?;
+    let call = app.call_with("through the api").await?;
+    let trace = call.traceparent.as_deref().and_then(|t| t.split('-').nth(1));
+    ensure!(trace == Some(PRODUCER_TRACE), "the app is in the producer's trace: {call:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_messages_with_an_aws_trace_header_or_a_traceparent_attribute_are_handled_in_that_trace() -> Result<()> {
+    let moto = Moto::shared();
+    let queue = unique_queue_name("context");
+    let app = App::default();
+    let host = on_moto(moto, &queue, &app).await?;
     let before = host.metric("ebb_traceparent_rejected_total").await?;
     let send = "url = sqs.get_queue_url(QueueName=sys.argv[1])['QueueUrl']\n\
                 string = lambda v: {'DataType': 'String', 'StringValue': v}\n\

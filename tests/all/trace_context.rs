@@ -203,9 +203,30 @@ async fn ebb_send_with_a_traceparent_reaches_the_handler_in_the_producers_trace(
     let trace = call.traceparent.as_deref().and_then(|t| t.split('-').nth(1));
     ensure!(trace == Some(PRODUCER_TRACE) && call.tracestate.as_deref() == Some("cli=1"), "the app is in the producer's trace: {call:?}");
 
-    let output = Command::new(EBB).args(["send", queue, "x", "--traceparent", "00-zz-01"]).arg("--config").arg(host.dir.path().join("ebb.toml")).output()?;
+    // A malformed one is warned of, never refused nor passed on: the message starts a new trace.
+    let output = Command::new(EBB)
+        .args(["send", queue, "malformed", "--traceparent", "00-zz-01", "--tracestate", "a=1,a=2"])
+        .arg("--config")
+        .arg(host.dir.path().join("ebb.toml"))
+        .output()?;
     let stderr = String::from_utf8_lossy(&output.stderr);
-    ensure!(!output.status.success() && stderr.contains("--traceparent: \"00-zz-01\" is not a W3C traceparent"), "a malformed one is refused: {stderr}");
+    ensure!(output.status.success() && stderr.contains("--traceparent: \"00-zz-01\" is not a W3C traceparent"), "a malformed one is sent without it: {stderr}");
+    let call = app.call_with("malformed").await?;
+    let trace = call.traceparent.as_deref().and_then(|t| t.split('-').nth(1));
+    ensure!(trace.is_some_and(|trace| trace != PRODUCER_TRACE && !trace.contains("zz")) && call.tracestate.is_none(), "a new trace: {call:?}");
+
+    let output = Command::new(EBB)
+        .args(["send", queue, "bad state", "--traceparent", &traceparent, "--tracestate", "a=1,a=2"])
+        .arg("--config")
+        .arg(host.dir.path().join("ebb.toml"))
+        .output()?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(output.status.success() && stderr.contains("--tracestate: \"a=1,a=2\" is not a W3C tracestate"), "{stderr}");
+    let call = app.call_with("bad state").await?;
+    ensure!(
+        call.traceparent.as_deref().is_some_and(|t| t.contains(PRODUCER_TRACE)) && call.tracestate.is_none(),
+        "the parent kept, the state dropped: {call:?}"
+    );
     Ok(())
 }
 

@@ -75,13 +75,21 @@ async fn create_for_sending(stack: &QueueStack, backend: &Backend) -> Result<()>
     Ok(())
 }
 
-/// `ebb send --traceparent [--tracestate]`'s context: a malformed one is refused, with the
-/// form it must take.
-pub fn trace_context(traceparent: Option<&str>, tracestate: Option<&str>) -> Result<Option<TraceContext>> {
-    let Some(traceparent) = traceparent else { return Ok(None) };
-    let context = TraceContext::parse(traceparent, tracestate)
-        .with_context(|| format!("--traceparent: {traceparent:?} is not a W3C traceparent (00-<32 hex>-<16 hex, not all zero>-<2 hex>, lowercase)"))?;
-    Ok(Some(context))
+/// `ebb send --traceparent [--tracestate]`'s context. A malformed one is never refused nor
+/// passed on, as a host takes a producer's: the message starts a new trace, and a warning
+/// names the form it must take (a malformed `--tracestate` is dropped, the parent kept).
+pub fn trace_context(traceparent: Option<&str>, tracestate: Option<&str>) -> Option<TraceContext> {
+    let traceparent = traceparent?;
+    let Some(context) = TraceContext::parse(traceparent, tracestate) else {
+        tracing::warn!(
+            "--traceparent: {traceparent:?} is not a W3C traceparent (00-<32 hex>-<16 hex, not all zero>-<2 hex>, lowercase); sent without it, the message starts a new trace"
+        );
+        return None;
+    };
+    if let Some(tracestate) = tracestate.filter(|state| context.tracestate().is_none() && !state.trim().is_empty()) {
+        tracing::warn!("--tracestate: {tracestate:?} is not a W3C tracestate (at most 32 key=value members, each key once); sent without it");
+    }
+    Some(context)
 }
 
 pub async fn send(

@@ -310,8 +310,7 @@ pub(crate) fn main(cli: Cli) -> ExitCode {
         Command::Send { queue, body, count, trace: None, group, dedup_id, traceparent, tracestate, config, token, .. } => {
             let group = group.map(|group| crate::queue::GroupedSend { group, dedup_id });
             let context = client::trace_context(traceparent.as_deref(), tracestate.as_deref());
-            let send = |context| client::send(&config, &token, &queue, count, body, group.as_ref(), context);
-            context.and_then(|context| runtime().and_then(|rt| rt.block_on(send(context))))
+            runtime().and_then(|rt| rt.block_on(client::send(&config, &token, &queue, count, body, group.as_ref(), context)))
         }
         Command::Send { queue, body, trace: Some(trace), config, token, .. } => {
             runtime().and_then(|rt| rt.block_on(client::send_trace(&config, &token, &queue, &trace, body)))

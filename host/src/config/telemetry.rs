@@ -49,13 +49,27 @@ impl TelemetryFile {
         if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none_or(str::is_empty) {
             return Err(format!("{key}: must be an http:// or https:// URL, got {url:?}"));
         }
+        // The exporter sends no credentials from the URL, and the URL is logged when exports fail.
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Err(format!(
+                "{key}: must not hold a user name or password (they are not sent, and the URL is logged); got a URL for {}",
+                parsed.host_str().unwrap_or_default()
+            ));
+        }
         let endpoint = match protocol {
-            OtlpProtocol::HttpProtobuf if !full => format!("{}/v1/traces", url.trim().trim_end_matches('/')),
+            OtlpProtocol::HttpProtobuf if !full => with_traces_path(parsed),
             _ => url.trim().to_string(),
         };
         let service_name = env(SERVICE_NAME_ENV).or_else(|| self.service_name.clone()).unwrap_or_else(|| "ebb".to_string());
         Ok(Some(OtlpExport { endpoint, protocol, service_name }))
     }
+}
+
+/// `base` with the traces signal's path added to its own (its query kept after it).
+fn with_traces_path(mut base: reqwest::Url) -> String {
+    let path = format!("{}/v1/traces", base.path().trim_end_matches('/'));
+    base.set_path(&path);
+    base.to_string()
 }
 
 /// The protocol named `name` (by `key`), or why not.
@@ -110,6 +124,21 @@ mod tests {
         assert_eq!((export.endpoint.as_str(), export.service_name.as_str()), ("http://env:4318/v1/traces", "orders-worker"));
         let traces = resolve(endpoint("http://file:4318"), &[(ENDPOINT_ENV, "http://env:4318"), (TRACES_ENDPOINT_ENV, "http://traces:9999/custom")]);
         assert_eq!(traces.unwrap().unwrap().endpoint, "http://traces:9999/custom", "the signal's own variable is taken as it is");
+    }
+
+    #[test]
+    fn a_base_urls_query_stays_after_the_traces_path() {
+        let export = resolve(endpoint("http://collector:4318/otel/?tenant=a"), &[]).unwrap().unwrap();
+        assert_eq!(export.endpoint, "http://collector:4318/otel/v1/traces?tenant=a");
+    }
+
+    #[test]
+    fn an_endpoint_with_credentials_is_refused_without_repeating_them() {
+        for bad in ["http://user:secretpw@collector:4318", "http://user@collector:4318"] {
+            let error = resolve(endpoint(bad), &[]).unwrap_err();
+            assert!(error.starts_with("telemetry.otlp_endpoint: must not hold a user name or password"), "{bad}: {error}");
+            assert!(!error.contains("secretpw") && !error.contains("user@"), "the error repeats the credentials: {error}");
+        }
     }
 
     #[test]

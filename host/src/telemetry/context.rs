@@ -21,6 +21,18 @@ impl TraceContext {
         super::traceparent::parse(traceparent, tracestate).ok().map(|parent| Self::of(&parent))
     }
 
+    /// The context of an HTTP request's `headers`, as [`TraceContext::parse`] takes it.
+    /// Repeated `tracestate` headers are one list, in order; repeated `traceparent` headers
+    /// name no one parent, so they are malformed. A value that is not text is malformed.
+    pub(crate) fn from_headers(headers: &axum::http::HeaderMap) -> Option<TraceContext> {
+        let mut parents = headers.get_all("traceparent").iter();
+        let first = parents.next()?;
+        let traceparent = if parents.next().is_some() { "" } else { first.to_str().unwrap_or_default() };
+        let states: Vec<&str> = headers.get_all("tracestate").iter().map(|value| value.to_str().unwrap_or("=")).collect();
+        let tracestate = (!states.is_empty()).then(|| states.join(","));
+        TraceContext::parse(traceparent, tracestate.as_deref())
+    }
+
     /// The `traceparent` header's value (version 00).
     pub fn traceparent(&self) -> &str {
         &self.traceparent
@@ -119,6 +131,20 @@ pub(crate) fn sending() -> Option<TraceContext> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repeated_tracestate_headers_are_one_list_and_repeated_traceparents_none() {
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut headers = axum::http::HeaderMap::new();
+        headers.append("traceparent", parent.parse().unwrap());
+        headers.append("tracestate", "a=1".parse().unwrap());
+        headers.append("tracestate", "b=2".parse().unwrap());
+        assert_eq!(TraceContext::from_headers(&headers).unwrap().tracestate(), Some("a=1,b=2"));
+        headers.append("traceparent", parent.parse().unwrap());
+        let before = super::super::traceparent::rejected().get();
+        assert_eq!(TraceContext::from_headers(&headers), None, "two parents are none");
+        assert!(super::super::traceparent::rejected().get() > before, "counted");
+    }
 
     #[test]
     fn an_xray_header_becomes_the_w3c_context_of_the_same_trace() {

@@ -141,7 +141,8 @@ where
         inner: Arc::new(exporter),
         runtime: runtime.handle().clone(),
         pending: pending.clone(),
-        endpoint: export.endpoint.clone(),
+        // Logged when exports fail: without its query, which may hold a key.
+        endpoint: export.endpoint.split('?').next().unwrap_or_default().to_string(),
         failing: AtomicBool::new(false),
     };
     // The SDK's own queue is never the one that fills (see `Bounded`): its drops are not counted.

@@ -20,6 +20,9 @@ pub fn rejected() -> Counter {
 /// each bound it near 8 KiB; more is not a tracestate but a header used as a channel.
 const MAX_TRACESTATE_BYTES: usize = 8192;
 
+/// The most members a `tracestate` list may have.
+const MAX_TRACESTATE_MEMBERS: usize = 32;
+
 /// Why a header was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refused {
@@ -95,7 +98,17 @@ fn parse_tracestate(header: &str) -> Result<TraceState, Refused> {
     if header.len() > MAX_TRACESTATE_BYTES {
         return Err(Refused::State);
     }
-    header.parse::<TraceState>().map_err(|_| Refused::State)
+    // Empty members are allowed (and come of combining headers); more than 32 members, or a
+    // key twice, make the whole list invalid.
+    let members: Vec<&str> = header.split(',').map(str::trim).filter(|member| !member.is_empty()).collect();
+    let mut keys = std::collections::HashSet::new();
+    if members.len() > MAX_TRACESTATE_MEMBERS || !members.iter().all(|member| keys.insert(member.split_once('=').map_or(*member, |(key, _)| key))) {
+        return Err(Refused::State);
+    }
+    if members.is_empty() {
+        return Ok(TraceState::default());
+    }
+    members.join(",").parse::<TraceState>().map_err(|_| Refused::State)
 }
 
 #[cfg(test)]
@@ -147,5 +160,24 @@ mod tests {
         assert_eq!(parent.trace_state().header(), "", "dropped");
         assert!(rejected().get() > before, "counted");
         assert_eq!(parse(GOOD, Some("not a member")).unwrap().trace_state().header(), "");
+    }
+
+    #[test]
+    fn a_tracestate_of_over_32_members_or_a_key_twice_is_dropped_the_parent_kept() {
+        let members = |n: usize| (0..n).map(|i| format!("k{i}=v")).collect::<Vec<_>>().join(",");
+        assert_eq!(parse(GOOD, Some(&members(32))).unwrap().trace_state().header().split(',').count(), 32);
+        for (name, state) in [("33 members", members(33)), ("a key twice", "a=1,b=2,a=3".to_string())] {
+            let before = rejected().get();
+            assert_eq!(parse(GOOD, Some(&state)).unwrap().trace_state().header(), "", "{name}: dropped");
+            assert!(rejected().get() > before, "{name}: counted");
+        }
+    }
+
+    #[test]
+    fn empty_tracestate_members_are_skipped() {
+        assert_eq!(parse(GOOD, Some(" a=1 ,, b=2,")).unwrap().trace_state().header(), "a=1,b=2");
+        let before = rejected().get();
+        assert_eq!(parse(GOOD, Some("")).unwrap().trace_state().header(), "");
+        assert_eq!(rejected().get(), before, "an empty list is no fault");
     }
 }

@@ -64,9 +64,7 @@ pub(super) async fn send(
 /// the send span's when spans are exported, else the producer's.
 fn send_span(queue: &str, headers: &axum::http::HeaderMap) -> (tracing::Span, Option<TraceContext>) {
     let span = tracing::debug_span!(target: crate::telemetry::TARGET, "send", otel.kind = "producer", queue, messaging.message.id = tracing::field::Empty);
-    // A value that is not text is malformed too: parsed as empty, so it is counted.
-    let header = |name: &str| headers.get(name).map(|value| value.to_str().unwrap_or_default());
-    let producer = header("traceparent").and_then(|traceparent| TraceContext::parse(traceparent, header("tracestate")));
+    let producer = TraceContext::from_headers(headers);
     crate::telemetry::join(&span, producer.as_ref());
     let context = TraceContext::passed_on(&span, producer.as_ref());
     (span, context)
@@ -188,8 +186,7 @@ pub(super) async fn send_items(
     };
     // The producer's context goes with each item as it came: no span of this host's stands
     // between them (an envelope's handling spans many producers' items).
-    let header = |name: &str| headers.get(name).map(|value| value.to_str().unwrap_or_default());
-    let context = header("traceparent").and_then(|traceparent| TraceContext::parse(traceparent, header("tracestate")));
+    let context = TraceContext::from_headers(&headers);
     match crate::telemetry::with_sending(context, queue.send_items(items)).await {
         Ok(sent) => (StatusCode::CREATED, Json(json!({ "items": sent.items, "messages": sent.messages, "ids": sent.ids }))).into_response(),
         Err(e @ (ItemsError::TooLarge { .. } | ItemsError::OverClaimLimit { .. } | ItemsError::TooMany { .. } | ItemsError::TooManyBytes { .. })) => {

@@ -510,3 +510,21 @@ async fn a_poisoned_message_requeued_on_an_azure_queue_with_trace_envelope_is_ha
     let host = Host::start(&queue, keys, app.start().await?, &azure, &[]).await?;
     a_requeue_keeps_the_producers_trace(&host, &app, &queue).await
 }
+
+/// A message that its SQS poison queue takes only without its context's attributes is
+/// poisoned all the same, its context dropped: a context never costs a message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_its_sqs_poison_queue_takes_only_without_its_context_is_poisoned_all_the_same() -> Result<()> {
+    let moto = Moto::shared();
+    let queue = unique_queue_name("context-tight");
+    // SQS's smallest limit: the body fits it, the body with its context's attributes does not.
+    moto.boto3("sqs.create_queue(QueueName=sys.argv[1] + '-poison', Attributes={'MaximumMessageSize': '1024'})", &[&queue]);
+    let app = App::default();
+    app.fail(true);
+    let host = on_moto_with(moto, &queue, "max_dequeue_count = 1\n", "", &app).await?;
+    let body = "x".repeat(1000);
+    host.send(&queue, &format!("traceparent: {}\r\ntracestate: vendor=1\r\n", producer_traceparent()), &body).await?;
+    let poisoned = host.poisoned(&queue, 1).await?;
+    ensure!(poisoned[0]["body_bytes"] == 1000, "the body is in the poison queue: {poisoned:?}");
+    Ok(())
+}

@@ -29,11 +29,12 @@ impl Shared {
     /// item the service cannot count alone).
     ///
     /// It keeps its producer's trace context, for a requeue to send on: in SQS attributes
-    /// (the puts are made as a send with that context), in the JSON envelope, or, bare on a
-    /// queue with `trace_envelope`, as the envelope it was sent as.
+    /// (the puts are made as a send with that context; without, when they make it too
+    /// large), in the JSON envelope, or, bare on a queue with `trace_envelope`, as the
+    /// envelope it was sent as.
     pub(in crate::listener) async fn put_poison(&self, message: &IncomingMessage, origin: Option<&Origin>, reason: &str) -> Result<PoisonForm, QueueError> {
         // Made on the listener's task, where no send's context is.
-        crate::telemetry::with_sending(message.trace.clone(), self.put_poison_traced(message, origin, reason)).await
+        crate::telemetry::with_sending_if_it_fits(message.trace.clone(), || self.put_poison_traced(message, origin, reason)).await
     }
 
     async fn put_poison_traced(&self, message: &IncomingMessage, origin: Option<&Origin>, reason: &str) -> Result<PoisonForm, QueueError> {

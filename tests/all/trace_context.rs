@@ -391,6 +391,12 @@ async fn a_requeue_keeps_the_producers_trace(host: &Host, app: &App, queue: &str
     let body = "fails until poisoned";
     app.fail(true);
     host.send(queue, &format!("traceparent: {}\r\n", producer_traceparent()), body).await?;
+    requeued_in_the_producers_trace(host, app, queue, body).await
+}
+
+/// Once `body`, sent in the producer's trace to `queue` whose app fails, is poisoned: the
+/// app's call after a requeue through the API is in the producer's trace.
+async fn requeued_in_the_producers_trace(host: &Host, app: &App, queue: &str, body: &str) -> Result<()> {
     host.poisoned(queue, 1).await?;
     app.fail(false);
     let first = app.call_with(body).await?;
@@ -527,4 +533,17 @@ async fn a_message_its_sqs_poison_queue_takes_only_without_its_context_is_poison
     let poisoned = host.poisoned(&queue, 1).await?;
     ensure!(poisoned[0]["body_bytes"] == 1000, "the body is in the poison queue: {poisoned:?}");
     Ok(())
+}
+
+/// An item poisoned alone on SQS keeps its own context (the item's, not its envelope
+/// message's) in the poison message's attributes, and the requeue puts it back with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_poisoned_on_sqs_and_requeued_is_handled_in_its_producers_trace() -> Result<()> {
+    let queue = unique_queue_name("context-item-requeue");
+    let app = App::default();
+    let host = on_moto_with(Moto::shared(), &queue, "max_dequeue_count = 1\n", "", &app).await?;
+    app.fail(true);
+    let headers = format!("traceparent: {}\r\n", producer_traceparent());
+    host.post(&format!("/queues/{queue}/items"), &headers, r#"["an item failing until poisoned"]"#).await?;
+    requeued_in_the_producers_trace(&host, &app, &queue, "an item failing until poisoned").await
 }

@@ -3,7 +3,8 @@
 //! --traceparent`, and an SQS message's `AWSTraceHeader` or `traceparent` attribute reach
 //! the handling's span as its parent and the app as its `traceparent` header; a plain
 //! message on an Azure queue that did not opt in stays byte-identical; a malformed context
-//! is counted and its message handled in a new trace.
+//! is counted and its message handled in a new trace. Puts made off a send's task keep it:
+//! a poisoned message's through a requeue, an answer's on an SQS reply queue, packed items'.
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};

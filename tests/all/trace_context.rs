@@ -3,16 +3,18 @@
 //! --traceparent`, and an SQS message's `AWSTraceHeader` or `traceparent` attribute reach
 //! the handling's span as its parent and the app as its `traceparent` header; a plain
 //! message on an Azure queue that did not opt in stays byte-identical; a malformed context
-//! is counted and its message handled in a new trace.
+//! is counted and its message handled in a new trace. Puts made off a send's task keep it:
+//! a poisoned message's through a requeue, an answer's on an SQS reply queue, packed items'.
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use axum::body::Bytes;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 use ebb::queue::QueueClient as _;
 use ebb_raw_http::{get, raw};
 use ebb_tests::azurite::{Azurite, unique_queue_name};
@@ -36,23 +38,25 @@ struct Call {
     tracestate: Option<String>,
 }
 
-/// A handler app answering 200 to every call, and what it was called with.
+/// A handler app answering 200 to every call (500 while told to fail), and what it was
+/// called with.
 #[derive(Clone, Default)]
 struct App {
     calls: Arc<Mutex<Vec<Call>>>,
+    failing: Arc<AtomicBool>,
 }
 
 impl App {
     async fn start(&self) -> Result<SocketAddr> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let calls = self.calls.clone();
+        let (calls, failing) = (self.calls.clone(), self.failing.clone());
         let router = axum::Router::new().route(
             "/work",
             axum::routing::post(move |headers: HeaderMap, body: Bytes| async move {
                 let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
                 calls.lock().unwrap().push(Call { body, traceparent: header("traceparent"), tracestate: header("tracestate") });
-                "ok"
+                if failing.load(Ordering::Relaxed) { (StatusCode::INTERNAL_SERVER_ERROR, "failing") } else { (StatusCode::OK, "ok") }
             }),
         );
         tokio::spawn(async move { axum::serve(listener, router).await });
@@ -61,14 +65,25 @@ impl App {
 
     /// The call with `body`, once it came (within 30 s).
     async fn call_with(&self, body: &str) -> Result<Call> {
+        self.call_where(body, |call| call.body == body.as_bytes(), 0).await
+    }
+
+    /// The call after the first `skip` that `is_it` (`what` says what it is), once it came
+    /// (within 30 s).
+    async fn call_where(&self, what: &str, is_it: impl Fn(&Call) -> bool, skip: usize) -> Result<Call> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Some(call) = self.calls.lock().unwrap().iter().find(|call| call.body == body.as_bytes()).cloned() {
+            if let Some(call) = self.calls.lock().unwrap().iter().filter(|call| is_it(call)).nth(skip).cloned() {
                 return Ok(call);
             }
-            ensure!(Instant::now() < deadline, "no call with {body:?}: {:?}", self.calls.lock().unwrap());
+            ensure!(Instant::now() < deadline, "no call {skip} with {what:?}: {:?}", self.calls.lock().unwrap());
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// From now on the app answers 500 (`failing`), or 200.
+    fn fail(&self, failing: bool) {
+        self.failing.store(failing, Ordering::Relaxed);
     }
 }
 
@@ -125,8 +140,23 @@ impl Host {
             body.len()
         );
         let answer = raw(self.api, request.as_bytes()).await?;
-        ensure!(answer.status == 201, "the send was refused: {answer:?}");
+        ensure!((200..300).contains(&answer.status), "the request was refused: {answer:?}");
         Ok(serde_json::from_str(&answer.body)?)
+    }
+
+    /// The queue's poison messages, once there are `count` (within 60 s).
+    async fn poisoned(&self, queue: &str, count: usize) -> Result<Vec<serde_json::Value>> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let answer = raw(self.api, &get(&format!("/queues/{queue}/poison"), Some(TOKEN))).await?;
+            let listed: serde_json::Value = serde_json::from_str(&answer.body).with_context(|| format!("the poison listing: {answer:?}"))?;
+            let messages = listed["messages"].as_array().cloned().unwrap_or_default();
+            if messages.len() == count {
+                return Ok(messages);
+            }
+            ensure!(Instant::now() < deadline, "{} poison messages, not {count}: {listed}; {}", messages.len(), self.log());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// The value of the series `name` (its first) in `/metrics`.
@@ -153,11 +183,7 @@ impl Drop for Host {
 
 /// The handle span of message `id` of `queue`, once exported.
 async fn handle_span(queue: &str, id: &str) -> Result<(ReceivedSpan, Vec<ReceivedSpan>)> {
-    let is_it =
-        |s: &ReceivedSpan| s.name == "handle" && s.attribute("queue").as_deref() == Some(queue) && s.attribute("messaging.message.id").as_deref() == Some(id);
-    let spans = spans_until(queue, |spans| spans.iter().any(is_it)).await?;
-    let handle = spans.iter().find(|s| is_it(s)).cloned().context("the handle span")?;
-    Ok((handle, spans))
+    handle_span_where(queue, |s| s.attribute("messaging.message.id").as_deref() == Some(id)).await
 }
 
 /// The `traceparent` the app gets names the handle span as its parent, in its trace.
@@ -232,12 +258,18 @@ async fn ebb_send_with_a_traceparent_reaches_the_handler_in_the_producers_trace(
 
 /// A host whose queue `queue` is on moto's SQS.
 async fn on_moto(moto: &Moto, queue: &str, app: &App) -> Result<Host> {
+    on_moto_with(moto, queue, "", "", app).await
+}
+
+/// [`on_moto`] with the queue's keys `queue_keys` (beside its backend) and the top-level
+/// `tables` (other queues on moto).
+async fn on_moto_with(moto: &Moto, queue: &str, queue_keys: &str, tables: &str, app: &App) -> Result<Host> {
     let aws = format!(
-        "[aws]\nregion = \"{REGION}\"\nendpoint = \"{}\"\naccess_key_id_env = \"EBB_TEST_SQS_KEY_ID\"\nsecret_access_key_env = \"EBB_TEST_SQS_SECRET\"\n",
+        "[aws]\nregion = \"{REGION}\"\nendpoint = \"{}\"\naccess_key_id_env = \"EBB_TEST_SQS_KEY_ID\"\nsecret_access_key_env = \"EBB_TEST_SQS_SECRET\"\n\n{tables}",
         moto.endpoint()
     );
     let env = [("EBB_TEST_SQS_KEY_ID", "testing"), ("EBB_TEST_SQS_SECRET", "testing")];
-    Host::start(queue, "backend = \"sqs\"\n", app.start().await?, &aws, &env).await
+    Host::start(queue, &format!("backend = \"sqs\"\n{queue_keys}"), app.start().await?, &aws, &env).await
 }
 
 /// An API send's context rides the SQS message's attributes, taken from the send's task
@@ -372,4 +404,168 @@ async fn a_body_offloaded_to_the_claim_store_carries_its_context_in_its_envelope
     ensure!(handle.trace_id == PRODUCER_TRACE, "the handling joins the producer's trace: {handle:?}");
     names_the_handle_span(&call, &handle)?;
     Ok(())
+}
+
+/// Sends a message in the producer's trace that the app fails until it is poisoned, then
+/// requeues it through the API (what the console's button calls): the app's call after the
+/// requeue is in the producer's trace.
+async fn a_requeue_keeps_the_producers_trace(host: &Host, app: &App, queue: &str) -> Result<()> {
+    let body = "fails until poisoned";
+    app.fail(true);
+    host.send(queue, &format!("traceparent: {}\r\n", producer_traceparent()), body).await?;
+    requeued_in_the_producers_trace(host, app, queue, body).await
+}
+
+/// Once `body`, sent in the producer's trace to `queue` whose app fails, is poisoned: the
+/// app's call after a requeue through the API is in the producer's trace.
+async fn requeued_in_the_producers_trace(host: &Host, app: &App, queue: &str, body: &str) -> Result<()> {
+    host.poisoned(queue, 1).await?;
+    app.fail(false);
+    let first = app.call_with(body).await?;
+    ensure!(first.traceparent.as_deref().and_then(|t| t.split('-').nth(1)) == Some(PRODUCER_TRACE), "the first call is in the producer's trace: {first:?}");
+    let requeued = host.post(&format!("/queues/{queue}/poison/requeue?all=true"), "", "").await?;
+    ensure!(requeued["requeued"] == 1, "{requeued}");
+    let again = app.call_where(body, |call| call.body == body.as_bytes(), 1).await?;
+    let trace = again.traceparent.as_deref().and_then(|t| t.split('-').nth(1));
+    ensure!(trace == Some(PRODUCER_TRACE), "the requeued message is handled in the producer's trace: {again:?}");
+    let (handle, _) = handle_span_where(queue, |s| s.span_id == again.traceparent.as_deref().and_then(|t| t.split('-').nth(2)).unwrap_or_default()).await?;
+    ensure!(handle.trace_id == PRODUCER_TRACE, "its handle span joins the producer's trace: {handle:?}");
+    Ok(())
+}
+
+/// The handle span of `queue` that `is_it`, once exported.
+async fn handle_span_where(queue: &str, is_it: impl Fn(&ReceivedSpan) -> bool) -> Result<(ReceivedSpan, Vec<ReceivedSpan>)> {
+    let ours = |s: &ReceivedSpan| s.name == "handle" && s.attribute("queue").as_deref() == Some(queue) && is_it(s);
+    let spans = spans_until(queue, |spans| spans.iter().any(ours)).await?;
+    let handle = spans.iter().find(|s| ours(s)).cloned().context("the handle span")?;
+    Ok((handle, spans))
+}
+
+/// The embedded queue's poison envelope keeps the context, as `traceparent` and
+/// `tracestate` beside the body; the requeue sends the body with it (`trace_envelope`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poisoned_message_requeued_on_the_embedded_queue_is_handled_in_its_producers_trace() -> Result<()> {
+    let queue = "context-requeue";
+    let app = App::default();
+    let host = Host::start(queue, "trace_envelope = true\nmax_dequeue_count = 1\n", app.start().await?, "", &[]).await?;
+    a_requeue_keeps_the_producers_trace(&host, &app, queue).await
+}
+
+/// ebb's own poison queue on SQS takes the context as the poisoned message's attributes, and
+/// the requeue puts it back with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poisoned_message_requeued_on_sqs_is_handled_in_its_producers_trace() -> Result<()> {
+    let queue = unique_queue_name("context-requeue");
+    let app = App::default();
+    let host = on_moto_with(Moto::shared(), &queue, "max_dequeue_count = 1\n", "", &app).await?;
+    a_requeue_keeps_the_producers_trace(&host, &app, &queue).await
+}
+
+/// A handler's answer put on an SQS reply queue carries the context of the handling that
+/// made it (its attributes, put from the listener's task): the queue handling the answers
+/// (a pipeline) handles it as that handling's child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_on_an_sqs_reply_queue_is_handled_next_as_the_child_of_its_handling() -> Result<()> {
+    let (queue, answers) = (unique_queue_name("context-asks"), unique_queue_name("context-answers"));
+    let app = App::default();
+    // A second server of the same app: the answers' queue is configured before the host starts.
+    let answers_app = app.start().await?;
+    let tables = format!(
+        "[queues.{answers}]\nbackend = \"sqs\"\nmin_polling_interval = \"100ms\"\nmax_polling_interval = \"500ms\"\nhandler = {{ url = \"http://{answers_app}/work\" }}\n\n"
+    );
+    let host = on_moto_with(Moto::shared(), &queue, &format!("reply_queue = \"{answers}\"\n"), &tables, &app).await?;
+    let id = host.send(&queue, &format!("traceparent: {}\r\n", producer_traceparent()), "asks").await?;
+    app.call_with("asks").await?;
+    let (handle, _) = handle_span(&queue, &id).await?;
+    let correlated = format!("\"correlation_id\":\"{id}\"");
+    let answer = app.call_where(&correlated, |call| String::from_utf8_lossy(&call.body).contains(&correlated), 0).await?;
+    let (next, _) = handle_span_where(&answers, |s| s.trace_id == PRODUCER_TRACE).await?;
+    ensure!(next.parent_span_id == handle.span_id, "the answer's handling is the child of the handling that answered: {next:?}, {handle:?}");
+    names_the_handle_span(&answer, &next)?;
+    Ok(())
+}
+
+/// Items of two sends packed into one SQS message by the packing task (on its own task,
+/// where no send's context is) each reach the app with their own producer's context.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn items_of_two_sends_packed_into_one_sqs_message_each_keep_their_producers_context() -> Result<()> {
+    let queue = unique_queue_name("context-packed");
+    let app = App::default();
+    let host = on_moto_with(Moto::shared(), &queue, "pack_linger = \"1s\"\n", "", &app).await?;
+    let other = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let path = format!("/queues/{queue}/items");
+    let (producers, others) = (format!("traceparent: {}\r\n", producer_traceparent()), format!("traceparent: {other}\r\ntracestate: other=1\r\n"));
+    let (first, second, third) = tokio::join!(
+        host.post(&path, &producers, r#"["producer's item"]"#),
+        host.post(&path, &others, r#"["other's item"]"#),
+        host.post(&path, "", r#"["untraced item"]"#),
+    );
+    let messages: Vec<serde_json::Value> = [first?, second?, third?].iter().map(|sent| sent["messages"].clone()).collect();
+    ensure!(messages.iter().all(|m| *m == messages[0]), "the three sends share one message: {messages:?}");
+    let call = app.call_with("producer's item").await?;
+    ensure!(call.traceparent.as_deref() == Some(producer_traceparent().as_str()) && call.tracestate.is_none(), "{call:?}");
+    let call = app.call_with("other's item").await?;
+    ensure!(call.traceparent.as_deref() == Some(other) && call.tracestate.as_deref() == Some("other=1"), "{call:?}");
+    let call = app.call_with("untraced item").await?;
+    ensure!(call.traceparent.is_none(), "an item sent without a context carries none: {call:?}");
+    Ok(())
+}
+
+/// SQS moves the message to the dead-letter queue of the queue's RedrivePolicy with its
+/// attributes; the requeue puts it back with its context.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_requeued_from_an_sqs_dead_letter_queue_is_handled_in_its_producers_trace() -> Result<()> {
+    let moto = Moto::shared();
+    let (queue, dead_letter) = (unique_queue_name("context-redrive"), unique_queue_name("context-redrive-dlq"));
+    let create = "import json\n\
+                  dlq = sqs.create_queue(QueueName=sys.argv[2])['QueueUrl']\n\
+                  arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=['QueueArn'])['Attributes']['QueueArn']\n\
+                  sqs.create_queue(QueueName=sys.argv[1], Attributes={'RedrivePolicy': json.dumps({'deadLetterTargetArn': arn, 'maxReceiveCount': '1'})})";
+    moto.boto3(create, &[&queue, &dead_letter]);
+    let app = App::default();
+    let host = on_moto(moto, &queue, &app).await?;
+    a_requeue_keeps_the_producers_trace(&host, &app, &queue).await
+}
+
+/// An Azure queue with `trace_envelope` poisons the message as it was sent, the envelope
+/// carrying its context (Azure keeps nothing beside a message), and the requeue puts that back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poisoned_message_requeued_on_an_azure_queue_with_trace_envelope_is_handled_in_its_producers_trace() -> Result<()> {
+    let queue = unique_queue_name("ctx-requeue");
+    let app = App::default();
+    let azure = format!("[azure]\nconnection_string = \"{}\"\n", Azurite::shared().connection_string());
+    let keys = "backend = \"azure\"\ntrace_envelope = true\nmax_dequeue_count = 1\n";
+    let host = Host::start(&queue, keys, app.start().await?, &azure, &[]).await?;
+    a_requeue_keeps_the_producers_trace(&host, &app, &queue).await
+}
+
+/// A message that its SQS poison queue takes only without its context's attributes is
+/// poisoned all the same, its context dropped: a context never costs a message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_its_sqs_poison_queue_takes_only_without_its_context_is_poisoned_all_the_same() -> Result<()> {
+    let moto = Moto::shared();
+    let queue = unique_queue_name("context-tight");
+    // SQS's smallest limit: the body fits it, the body with its context's attributes does not.
+    moto.boto3("sqs.create_queue(QueueName=sys.argv[1] + '-poison', Attributes={'MaximumMessageSize': '1024'})", &[&queue]);
+    let app = App::default();
+    app.fail(true);
+    let host = on_moto_with(moto, &queue, "max_dequeue_count = 1\n", "", &app).await?;
+    let body = "x".repeat(1000);
+    host.send(&queue, &format!("traceparent: {}\r\ntracestate: vendor=1\r\n", producer_traceparent()), &body).await?;
+    let poisoned = host.poisoned(&queue, 1).await?;
+    ensure!(poisoned[0]["body_bytes"] == 1000, "the body is in the poison queue: {poisoned:?}");
+    Ok(())
+}
+
+/// An item poisoned alone on SQS keeps its own context (the item's, not its envelope
+/// message's) in the poison message's attributes, and the requeue puts it back with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_poisoned_on_sqs_and_requeued_is_handled_in_its_producers_trace() -> Result<()> {
+    let queue = unique_queue_name("context-item-requeue");
+    let app = App::default();
+    let host = on_moto_with(Moto::shared(), &queue, "max_dequeue_count = 1\n", "", &app).await?;
+    app.fail(true);
+    let headers = format!("traceparent: {}\r\n", producer_traceparent());
+    host.post(&format!("/queues/{queue}/items"), &headers, r#"["an item failing until poisoned"]"#).await?;
+    requeued_in_the_producers_trace(&host, &app, &queue, "an item failing until poisoned").await
 }

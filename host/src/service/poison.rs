@@ -19,6 +19,7 @@ use crate::listener::PoisonEnvelope;
 use crate::payload::claims::ClaimStore;
 use crate::payload::{Body, ClaimCheck, Decoded, Envelope, Limits};
 use crate::queue::{Message, QueueClient, QueueError};
+use crate::telemetry::TraceContext;
 
 /// How long an operation holds the poison messages it looked at (it gives them back sooner).
 const LOOK_LEASE: Duration = Duration::from_secs(60);
@@ -63,6 +64,15 @@ struct Poisoned {
     envelope: Option<PoisonEnvelope>,
 }
 
+impl Poisoned {
+    /// Its producer's trace context, for a requeue to send on: the envelope's, else the
+    /// poison message's own (SQS attributes). Only a requeue reads it: a malformed one is
+    /// counted once, not at every listing.
+    fn trace(&self, message: &Message) -> Option<TraceContext> {
+        self.envelope.as_ref().and_then(PoisonEnvelope::trace).or_else(|| message.trace.clone())
+    }
+}
+
 fn decode(message: &Message) -> Poisoned {
     let envelope = serde_json::from_slice::<PoisonEnvelope>(&message.body).ok();
     let body = envelope.as_ref().and_then(|e| match (&e.body, &e.body_hex) {
@@ -86,7 +96,9 @@ fn entry(message: &Message, claims: Option<&Arc<dyn ClaimStore>>) -> PoisonEntry
             _ => None,
         }
     });
-    let (preview, preview_encoding) = match std::str::from_utf8(&body) {
+    let carried = carried_body(&body);
+    let body = carried.as_deref().unwrap_or(&body);
+    let (preview, preview_encoding) = match std::str::from_utf8(body) {
         Ok(text) => (text.chars().take(PREVIEW_CHARS).collect(), "text"),
         Err(_) => (hex::encode(&body[..body.len().min(PREVIEW_CHARS / 2)]), "hex"),
     };
@@ -236,10 +248,24 @@ fn claim_checks_in(body: &[u8], claims: &dyn ClaimStore) -> Vec<ClaimCheck> {
 /// The envelope a poisoned body is, if it is one of at most `max_items` items whose claim
 /// checks point into `claims`.
 fn held_envelope(body: &[u8], claims: &dyn ClaimStore, max_items: u32) -> Option<Envelope> {
-    let limits = Limits { references: claims.allowed(), max_items, ..Limits::default() };
+    envelope_within(body, &Limits { references: claims.allowed(), max_items, ..Limits::default() })
+}
+
+/// The body a bare poison message carries when it is the envelope of one plain message it
+/// was sent as (a queue with `trace_envelope`): what a listing shows.
+fn carried_body(body: &[u8]) -> Option<bytes::Bytes> {
+    let envelope = envelope_within(body, &Limits { max_items: 1, ..Limits::default() }).filter(|envelope| envelope.message)?;
+    match envelope.items.into_iter().next()?.body {
+        Body::Inline(body) => Some(body),
+        Body::ClaimCheck(_) => None,
+    }
+}
+
+/// The envelope `body` is (binary, or as base64 text), if it is one within `limits`.
+fn envelope_within(body: &[u8], limits: &Limits) -> Option<Envelope> {
     let decoded = match std::str::from_utf8(body) {
-        Ok(text) if !body.starts_with(&crate::payload::MAGIC) => crate::payload::decode_text(text, &limits),
-        _ => crate::payload::decode(body, &limits),
+        Ok(text) if !body.starts_with(&crate::payload::MAGIC) => crate::payload::decode_text(text, limits),
+        _ => crate::payload::decode(body, limits),
     };
     match decoded {
         Ok(Decoded::Envelope(envelope)) => Some(envelope),
@@ -268,7 +294,10 @@ async fn take(poison: &Arc<dyn QueueClient>, selection: &Selection, requeue_to: 
                 found.insert(message.id.to_string());
             }
             if let Some(queue) = requeue_to {
-                match queue.send(&decode(&message).body, Duration::ZERO, super::handle::SEND_DEADLINE).await {
+                // Sent in its producer's context: the requeued message's handling joins its trace.
+                let poisoned = decode(&message);
+                let send = queue.send(&poisoned.body, Duration::ZERO, super::handle::SEND_DEADLINE);
+                match crate::telemetry::with_sending(poisoned.trace(&message), send).await {
                     Ok(_) => {}
                     Err(error @ (QueueError::MessageTooLarge { .. } | QueueError::InvalidBody(_))) => {
                         taken.skipped.push(Skipped { id: message.id.to_string(), reason: error.to_string() });
@@ -325,6 +354,8 @@ mod tests {
             body_hex: text.is_none().then(|| hex::encode(body)),
             body: text,
             item: None,
+            traceparent: None,
+            tracestate: None,
         };
         serde_json::to_vec(&envelope).unwrap()
     }
@@ -365,6 +396,21 @@ mod tests {
         poison.put(b"x", Duration::ZERO).await.unwrap();
         assert_eq!(purge(&poison, None).await.unwrap().count, 1);
         assert_eq!(poison.approximate_count().await.unwrap(), 0);
+    }
+
+    /// A bare poison message of a queue with `trace_envelope` is the envelope it was sent as
+    /// (Azure keeps nothing beside a message): the listing shows the body it carries, not the
+    /// envelope's base64.
+    #[tokio::test(start_paused = true)]
+    async fn a_listing_shows_the_body_a_trace_envelope_carries() {
+        let clock = Arc::new(TokioClock::new());
+        let poison: Arc<dyn QueueClient> = Arc::new(MemoryQueue::new("work-poison", clock, 65536));
+        let context = TraceContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", None);
+        let item = crate::payload::Item::inline(bytes::Bytes::from_static(b"the order")).with_trace(context);
+        let envelope = crate::payload::encode_message_item(&item).unwrap();
+        poison.put(crate::payload::to_text(&envelope).as_bytes(), Duration::ZERO).await.unwrap();
+        let listed = list(&poison, None, 10).await.unwrap();
+        assert_eq!((listed[0].preview.as_str(), listed[0].body_bytes, listed[0].form), ("the order", 9, "body"));
     }
 
     /// Requeued messages that fail again are poisoned again during the call: a requeue of

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::handler::IncomingMessage;
 use crate::payload::Origin;
-use crate::queue::{DeadLetter, MessageId, PopReceipt, QueueError};
+use crate::queue::{DeadLetter, MessageId, PopReceipt, QueueClient, QueueError};
 
 use crate::listener::Shared;
 use crate::listener::telemetry::PoisonForm;
@@ -27,7 +27,17 @@ impl Shared {
     /// not fit, the body as it is. The form it took.
     /// Where the queue has a dead-letter queue of its service's, that queue takes it (an
     /// item the service cannot count alone).
+    ///
+    /// It keeps its producer's trace context, for a requeue to send on: in SQS attributes
+    /// (the puts are made as a send with that context; without, when they make it too
+    /// large), in the JSON envelope, or, bare on a queue with `trace_envelope`, as the
+    /// envelope it was sent as.
     pub(in crate::listener) async fn put_poison(&self, message: &IncomingMessage, origin: Option<&Origin>, reason: &str) -> Result<PoisonForm, QueueError> {
+        // Made on the listener's task, where no send's context is.
+        crate::telemetry::with_sending_if_it_fits(message.trace.clone(), || self.put_poison_traced(message, origin, reason)).await
+    }
+
+    async fn put_poison_traced(&self, message: &IncomingMessage, origin: Option<&Origin>, reason: &str) -> Result<PoisonForm, QueueError> {
         let poison = self.queue.dead_letter().map_or_else(|| self.delivery.poison.clone(), |dead_letter| dead_letter.queue);
         let (mut form, mut put) = (PoisonForm::Body, None);
         if self.settings.poison_envelope {
@@ -48,9 +58,25 @@ impl Shared {
             None if serde_json::from_slice::<PoisonEnvelope>(&message.body).is_ok() => Err(QueueError::InvalidBody(
                 "its body reads as a poison envelope and is too large to wrap in one; moved bare, it would be taken for one".into(),
             )),
-            None => poison.put(&message.body, Duration::ZERO).await,
+            None => self.put_bare(poison.as_ref(), message).await,
         };
         put.map(|_| form)
+    }
+
+    /// Puts `message`'s body as it is; on a queue with `trace_envelope`, as the envelope
+    /// carrying its context that it was sent as (the body alone when that is over the
+    /// poison queue's limit and the body is not).
+    async fn put_bare(&self, poison: &dyn QueueClient, message: &IncomingMessage) -> Result<MessageId, QueueError> {
+        let Some(context) = message.trace.clone().filter(|_| self.delivery.payload.trace_envelope) else {
+            return poison.put(&message.body, Duration::ZERO).await;
+        };
+        let item = crate::payload::Item::inline(message.body.clone()).with_trace(Some(context));
+        let envelope = crate::payload::encode_message_item(&item).map_err(QueueError::Fatal)?;
+        let envelope = if self.delivery.text_envelopes { crate::payload::to_text(&envelope).into_bytes() } else { envelope };
+        match poison.put(&envelope, Duration::ZERO).await {
+            Err(QueueError::MessageTooLarge { .. }) => poison.put(&message.body, Duration::ZERO).await,
+            put => put,
+        }
     }
 
     /// Put in the poison queue first, deleted here after, so a crash in between duplicates
@@ -154,6 +180,11 @@ pub(crate) struct PoisonEnvelope {
     /// sent it in (`original_id`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub item: Option<u32>,
+    /// Its producer's W3C trace context, if it carried one: a requeue sends it on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
 }
 
 impl PoisonEnvelope {
@@ -172,6 +203,14 @@ impl PoisonEnvelope {
             body_hex: text.is_none().then(|| hex::encode(&message.body)),
             body: text,
             item: message.item.map(|item| item.index),
+            traceparent: message.trace.as_ref().map(|trace| trace.traceparent().to_string()),
+            tracestate: message.trace.as_ref().and_then(|trace| trace.tracestate()).map(str::to_string),
         }
+    }
+
+    /// The trace context it keeps, if any (a malformed one, edited by hand, is counted and dropped).
+    pub(crate) fn trace(&self) -> Option<crate::telemetry::TraceContext> {
+        let traceparent = self.traceparent.as_deref()?;
+        crate::telemetry::TraceContext::parse(traceparent, self.tracestate.as_deref())
     }
 }

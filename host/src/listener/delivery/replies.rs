@@ -12,15 +12,18 @@ use crate::payload::Origin;
 use crate::queue::{MessageId, QueueError};
 
 impl Shared {
-    /// Puts a handler's answer on the reply queue (a no-op without one), correlated by the
-    /// id the producer got back (on a partitioned queue, the logical queue's; for an item,
+    /// Puts a handler's answer on the reply queue (a no-op without one), in the handling's
+    /// trace context, correlated by the id the producer got back (on a partitioned queue, the logical queue's; for an item,
     /// the envelope it was sent in, `item`, whatever envelope carries it now).
     pub(in crate::listener) async fn put_reply(&self, message: &IncomingMessage, item: Option<Origin>, reply: &Bytes) -> Result<(), ReplyNotPut> {
         let Some(queue) = &self.delivery.reply else { return Ok(()) };
         let id = item.as_ref().map_or_else(|| message.id.clone(), |o| MessageId::from(o.message_id.as_str()));
         let correlation_id = self.producer_id(&id);
         let body = serde_json::to_vec(&Reply::new(correlation_id.to_string(), message, item.map(|o| o.index), reply)).expect("a reply serialises");
-        match queue.put(&body, Duration::ZERO).await {
+        // The answer carries the context of the handling that made it (SQS puts it in the
+        // answer's attributes): made on the listener's task, where no send's context is.
+        let context = crate::telemetry::TraceContext::passed_on(&tracing::Span::current(), message.trace.as_ref());
+        match crate::telemetry::with_sending_if_it_fits(context, || queue.put(&body, Duration::ZERO)).await {
             Ok(_) => {
                 self.telemetry.counters.items.replies.fetch_add(1, Ordering::Relaxed);
                 Ok(())

@@ -406,6 +406,29 @@ async fn a_body_offloaded_to_the_claim_store_carries_its_context_in_its_envelope
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_that_would_put_its_message_over_the_limit_goes_as_its_traceparent_alone_or_not_at_all_counted() -> Result<()> {
+    let queue = "context-at-the-limit";
+    let app = App::default();
+    let host = Host::start(queue, "trace_envelope = true\n", app.start().await?, "", &[]).await?;
+    // 32 members of 240 characters: a valid tracestate of 7.8 KB.
+    let tracestate = (0..32).map(|i| format!("k{i}={}", "v".repeat(240))).collect::<Vec<_>>().join(",");
+    let headers = format!("traceparent: {}\r\ntracestate: {tracestate}\r\n", producer_traceparent());
+    let near_the_limit = "n".repeat(65_000);
+    host.send(queue, &headers, &near_the_limit).await?;
+    let call = app.call_with(&near_the_limit).await?;
+    ensure!(call.traceparent.as_deref().is_some_and(|t| t.contains(PRODUCER_TRACE)) && call.tracestate.is_none(), "the parent kept: {:?}", call.traceparent);
+    ensure!(host.metric("ebb_trace_context_dropped_total").await? == 1.0, "counted");
+
+    // The body alone is as large as a message may be: it goes without its context.
+    let at_the_limit = "a".repeat(65_536);
+    host.send(queue, &headers, &at_the_limit).await?;
+    let call = app.call_with(&at_the_limit).await?;
+    ensure!(call.traceparent.as_deref().is_some_and(|t| !t.contains(PRODUCER_TRACE)), "a new trace: {:?}", call.traceparent);
+    ensure!(host.metric("ebb_trace_context_dropped_total").await? == 2.0, "counted");
+    Ok(())
+}
+
 /// Sends a message in the producer's trace that the app fails until it is poisoned, then
 /// requeues it through the API (what the console's button calls): the app's call after the
 /// requeue is in the producer's trace.

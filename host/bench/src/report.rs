@@ -204,8 +204,20 @@ impl CellReport {
         self.figures.iter().filter(|(c, _)| matches!(c, Contender::Ebb(_))).map(|(c, f)| (*c, f))
     }
 
-    fn goals(&self, ebb: &Figures) -> Vec<Goal> {
-        goals(self.body_bytes, ebb, self.of(Contender::ReqwestLoop), self.of(Contender::RedbLoop))
+    /// The goals of `contender`'s `ebb` figures: issue 24's against the baselines, and issue
+    /// 39's for spans exported, against the same settings without them.
+    fn goals(&self, contender: Contender, ebb: &Figures) -> Vec<Goal> {
+        let mut goals = goals(self.body_bytes, ebb, self.of(Contender::ReqwestLoop), self.of(Contender::RedbLoop));
+        if let (Contender::Ebb(EbbSettings::Traced), Some(untraced)) = (contender, self.of(Contender::Ebb(EbbSettings::ConcurrentCalls))) {
+            goals.push(Goal {
+                name: "throughput_traced_vs_untraced",
+                what: "msg/s ÷ ebb's without spans",
+                value: ebb.msg_per_s / untraced.msg_per_s,
+                bound: 0.95,
+                at_most: false,
+            });
+        }
+        goals
     }
 }
 
@@ -223,7 +235,7 @@ impl<'a> Report<'a> {
     }
 
     fn all_goals(&self) -> impl Iterator<Item = Goal> + '_ {
-        self.cells.iter().flat_map(|cell| cell.ebb_variants().flat_map(|(_, ebb)| cell.goals(ebb)))
+        self.cells.iter().flat_map(|cell| cell.ebb_variants().flat_map(|(contender, ebb)| cell.goals(contender, ebb)))
     }
 
     pub(crate) fn json(&self) -> Value {
@@ -249,7 +261,7 @@ impl<'a> Report<'a> {
                             ratios["store_bytes_per_message_vs_body"] = json!(round(store.total / f64::from(cell.body_bytes), 3));
                             ratios["store_bytes_processing_per_message_vs_body"] = json!(round(store.processing / f64::from(cell.body_bytes), 3));
                         }
-                        let goals: Vec<Value> = cell.goals(ebb).iter().map(Goal::json).collect();
+                        let goals: Vec<Value> = cell.goals(contender, ebb).iter().map(Goal::json).collect();
                         (contender.key().to_string(), json!({ "ratios": ratios, "goals": goals }))
                     })
                     .collect();
@@ -330,7 +342,7 @@ impl<'a> Report<'a> {
                 }
             }
         }
-        let _ = writeln!(out, "\ngoals of issue 24 (ebb against the baselines of the same cell)");
+        let _ = writeln!(out, "\ngoals of issues 24 and 39 (ebb against the baselines of the same cell; spans exported against ebb without)");
         for cell in &self.cells {
             for (contender, ebb) in cell.ebb_variants() {
                 let variant = match contender {
@@ -339,7 +351,7 @@ impl<'a> Report<'a> {
                     _ => "min_tasks = max_tasks = T",
                 };
                 let _ = writeln!(out, "  {} B, T = {}, ebb with {variant}:", cell.body_bytes, cell.concurrency);
-                for goal in cell.goals(ebb) {
+                for goal in cell.goals(contender, ebb) {
                     let _ = writeln!(
                         out,
                         "    {:<40} {:>8.2}  {} {:<5} {}",
@@ -423,6 +435,24 @@ mod tests {
         // Without the baselines (`--contenders ebb`): only the bytes goal, which needs none.
         let alone: Vec<&str> = goals(16384, &figures(1.0, 1.0, Some(1.0)), None, None).iter().map(|g| g.name).collect();
         assert_eq!(alone, ["store_bytes_per_message_vs_body"]);
+    }
+
+    #[test]
+    fn spans_exported_have_issue_39s_goal_against_ebb_without_them() {
+        use crate::contenders::{Contender, EbbSettings};
+        let cell = super::CellReport {
+            body_bytes: 256,
+            concurrency: 32,
+            figures: vec![
+                (Contender::Ebb(EbbSettings::ConcurrentCalls), figures(1000.0, 10.0, None)),
+                (Contender::Ebb(EbbSettings::Traced), figures(940.0, 11.0, None)),
+            ],
+        };
+        let traced = cell.goals(Contender::Ebb(EbbSettings::Traced), cell.of(Contender::Ebb(EbbSettings::Traced)).unwrap());
+        let goal = traced.iter().find(|g| g.name == "throughput_traced_vs_untraced").expect("the traced goal");
+        assert!((goal.value - 0.94).abs() < 1e-9 && !goal.met() && goal.bound == 0.95);
+        let untraced = cell.goals(Contender::Ebb(EbbSettings::ConcurrentCalls), cell.of(Contender::Ebb(EbbSettings::ConcurrentCalls)).unwrap());
+        assert!(untraced.iter().all(|g| g.name != "throughput_traced_vs_untraced"), "only spans exported have it");
     }
 
     #[test]

@@ -35,6 +35,11 @@ impl TraceContext {
         TraceContext::parse(traceparent, tracestate.as_deref())
     }
 
+    /// The context without its `tracestate`: the parent alone, in a few dozen bytes.
+    pub(crate) fn without_state(&self) -> TraceContext {
+        TraceContext { traceparent: self.traceparent.clone(), tracestate: None }
+    }
+
     /// The `traceparent` header's value (version 00).
     pub fn traceparent(&self) -> &str {
         &self.traceparent
@@ -120,6 +125,15 @@ tokio::task_local! {
     static SENDING: Option<TraceContext>;
 }
 
+/// Contexts a message could not carry since start, for `/metrics`: it went without (or
+/// with its `traceparent` alone) because carrying them put it over its queue's size limit.
+static UNCARRIED: std::sync::LazyLock<prometheus_client::metrics::counter::Counter> = std::sync::LazyLock::new(Default::default);
+
+/// The counter of contexts dropped for size (a handle on the one count).
+pub(crate) fn uncarried() -> prometheus_client::metrics::counter::Counter {
+    UNCARRIED.clone()
+}
+
 /// Runs `send` with `context` as the context its puts carry (see [`sending`]).
 pub(crate) async fn with_sending<F: Future>(context: Option<TraceContext>, send: F) -> F::Output {
     SENDING.scope(context, send).await
@@ -134,7 +148,10 @@ pub(crate) async fn with_sending_if_it_fits<T, F: Future<Output = Result<T, Queu
 ) -> Result<T, QueueError> {
     let traced = context.is_some();
     match with_sending(context, put()).await {
-        Err(QueueError::MessageTooLarge { .. }) if traced => with_sending(None, put()).await,
+        Err(QueueError::MessageTooLarge { .. }) if traced => {
+            UNCARRIED.inc();
+            with_sending(None, put()).await
+        }
         done => done,
     }
 }

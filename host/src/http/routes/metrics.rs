@@ -296,6 +296,11 @@ fn register_telemetry(registry: &mut Registry) {
         "Malformed traceparent headers refused (the send starts a new trace) and tracestate headers dropped",
         crate::telemetry::traceparent::rejected(),
     );
+    registry.register(
+        "trace_context_dropped",
+        "Trace contexts a message went without (or with its traceparent alone): carrying them put it over its queue's size limit",
+        crate::telemetry::uncarried(),
+    );
 }
 
 pub(super) async fn metrics(State(api): State<Arc<Api>>) -> Response {

@@ -1,7 +1,9 @@
 //! The log of every command: its filter (`EBB_LOG`, `RUST_LOG`), its format (`EBB_LOG_FORMAT`,
-//! `[log] format`), and, in JSON, the lines that would otherwise bypass it (a panic, the
-//! fatal error at exit) as JSON objects too, so that every line of stderr parses.
+//! `[log] format`), and, in JSON, the lines that would otherwise bypass it (a refused command
+//! line, a panic, the fatal error at exit) as JSON objects too, so that every line of stderr
+//! parses.
 
+use std::io::Write as _;
 use std::path::Path;
 use std::sync::OnceLock;
 
@@ -65,36 +67,59 @@ pub fn init(default_level: &str, config: Option<&Path>, export_spans: bool) {
 /// filter (`EBB_LOG=off`) hides it.
 pub fn print_error(error: &anyhow::Error) {
     match FORMAT.get() {
-        Some(LogFormat::Json) => {
-            // The keys of the log's own lines, in their order.
-            #[derive(serde::Serialize)]
-            struct Line {
-                timestamp: String,
-                level: &'static str,
-                message: String,
-                target: &'static str,
-            }
-            let timestamp = humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string();
-            let line = Line { timestamp, level: "ERROR", message: format!("{error:#}"), target: "ebb" };
-            eprintln!("{}", serde_json::to_string(&line).unwrap_or_default());
-        }
+        Some(LogFormat::Json) => print_json_error(&format!("{error:#}"), serde_json::Map::new()),
         _ => eprintln!("error: {error:#}"),
     }
 }
 
+/// A command line clap refuses, met before the log starts: clap's usage text, or in JSON (as
+/// `EBB_LOG_FORMAT` says: no file is read yet) one `ERROR` line holding it; either way the
+/// exit code is clap's (2). Help and version are not errors: they go to stdout as text.
+pub fn exit_on_command_line_error(error: clap::Error) -> ! {
+    let (format, _) = log_format(std::env::var(LOG_FORMAT_ENV).ok(), None);
+    if format == LogFormat::Human || !error.use_stderr() {
+        error.exit()
+    }
+    // Plain text (no colours), without clap's own "error: ": the line's level says it.
+    let rendered = error.render().to_string();
+    let message = rendered.trim_end();
+    print_json_error(message.strip_prefix("error: ").unwrap_or(message), serde_json::Map::new());
+    std::process::exit(error.exit_code())
+}
+
+/// One `ERROR` line in the keys of the log's own lines and their order, `fields` after the
+/// message, written to stderr past the log and its filter. A failed write is ignored: this
+/// runs in the panic hook too, where a second panic would abort.
+fn print_json_error(message: &str, fields: serde_json::Map<String, serde_json::Value>) {
+    #[derive(serde::Serialize)]
+    struct Line<'a> {
+        timestamp: String,
+        level: &'static str,
+        message: &'a str,
+        #[serde(flatten)]
+        fields: serde_json::Map<String, serde_json::Value>,
+        target: &'static str,
+    }
+    let timestamp = humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string();
+    let line = Line { timestamp, level: "ERROR", message, fields, target: "ebb" };
+    let _ = writeln!(std::io::stderr().lock(), "{}", serde_json::to_string(&line).unwrap_or_default());
+}
+
 /// The panic hook in JSON: the default hook writes several raw lines (the message, the note on
 /// RUST_BACKTRACE, the backtrace). A panic contained where it happens (a handler's, a rule's)
-/// is logged as one line still.
+/// is one line still, written past the filter as the default hook's lines are: a panic is a
+/// bug to report whatever `EBB_LOG` says.
 fn log_panic(info: &std::panic::PanicHookInfo<'_>) {
     let message = crate::panics::panic_message(info.payload());
-    let location = info.location().map(ToString::to_string).unwrap_or_default();
-    let thread = std::thread::current().name().unwrap_or("unnamed").to_string();
+    let mut fields = serde_json::Map::new();
+    fields.insert("location".into(), info.location().map(ToString::to_string).unwrap_or_default().into());
+    fields.insert("thread".into(), std::thread::current().name().unwrap_or("unnamed").into());
     // Captured when RUST_BACKTRACE asks, as the default hook does.
     let backtrace = std::backtrace::Backtrace::capture();
-    match backtrace.status() {
-        std::backtrace::BacktraceStatus::Captured => tracing::error!(%location, thread, %backtrace, "panicked: {message}"),
-        _ => tracing::error!(%location, thread, "panicked: {message}"),
+    if backtrace.status() == std::backtrace::BacktraceStatus::Captured {
+        fields.insert("backtrace".into(), backtrace.to_string().into());
     }
+    print_json_error(&format!("panicked: {message}"), fields);
 }
 
 /// The format: `EBB_LOG_FORMAT` if set and valid, else the file's, else human. An invalid

@@ -252,8 +252,9 @@ impl Cli {
     /// where arguments stand (which `--rule` of `ebb simulate` each `--param` follows).
     pub(crate) fn from_env() -> Cli {
         use clap::{CommandFactory, FromArgMatches};
-        let matches = Cli::command().get_matches();
-        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+        // Refused in the log's format: a JSON log has no line of usage text.
+        let matches = Cli::command().try_get_matches().unwrap_or_else(|error| logging::exit_on_command_line_error(error));
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| logging::exit_on_command_line_error(error));
         if let (Command::Simulate(args), Some(("simulate", sub))) = (&mut cli.command, matches.subcommand()) {
             args.attach_params(sub);
         }

@@ -76,10 +76,24 @@ pub struct LogFile {
 
 /// The `[log] format` of config text, read before the log starts; `None` when the text does
 /// not say, or says it wrongly (the full parse reports that, through the log this starts).
+/// A file that is not TOML elsewhere still has its `[log]` table read on its own: the syntax
+/// error is then reported in the format the file asks for.
 pub(crate) fn log_format_in(text: &str) -> Option<LogFormat> {
-    let table: toml::Table = toml::from_str(text).ok()?;
+    let table: toml::Table = toml::from_str(text).ok().or_else(|| toml::from_str(&log_table_lines(text)?).ok())?;
     let log: LogFile = table.get("log")?.clone().try_into().ok()?;
     Some(log.format)
+}
+
+/// The `[log]` header line of `text` and the lines after it up to the next table header, or
+/// `None` without a `[log]` header. A line scan, not a parse: it must work on text that toml
+/// refuses (a syntax error in another table).
+fn log_table_lines(text: &str) -> Option<String> {
+    let is_header = |line: &str| line.trim_start().starts_with('[');
+    let is_log_header = |line: &str| line.split('#').next().is_some_and(|header| header.trim() == "[log]");
+    let mut lines = text.lines().skip_while(|line| !is_log_header(line));
+    let header = lines.next()?;
+    let body = lines.take_while(|line| !is_header(line));
+    Some(std::iter::once(header).chain(body).collect::<Vec<_>>().join("\n"))
 }
 
 #[cfg(test)]
@@ -95,5 +109,14 @@ mod tests {
         assert_eq!(log_format_in("[queues.orders]\n"), None);
         assert_eq!(log_format_in("[log]\nformat = \"xml\"\n"), None);
         assert_eq!(log_format_in("[log\n"), None, "not TOML");
+    }
+
+    #[test]
+    fn the_log_format_is_read_when_another_table_is_not_toml() {
+        assert_eq!(log_format_in("[log]\nformat=\"json\"\n[queues.a"), Some(LogFormat::Json));
+        assert_eq!(log_format_in("[queues.a\n[log] # the log\nformat = \"json\" # for the shipper\n[queues.b]\n"), Some(LogFormat::Json));
+        assert_eq!(log_format_in("[queues.a]\nx = \n[log]\nformat = \"xml\"\n"), None, "an unknown value is still not read");
+        assert_eq!(log_format_in("[log]\nformat = \"json\n[queues.a]\n"), None, "nor a broken [log] table");
+        assert_eq!(log_format_in("[queues.a\nformat = \"json\"\n"), None, "nor a format outside [log]");
     }
 }

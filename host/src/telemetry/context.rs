@@ -1,6 +1,6 @@
 //! A message's trace context (W3C `traceparent` and `tracestate`), carried from its producer
 //! to its handler: in SQS message attributes, in an envelope's item, and to the app as the
-//! handler call's headers (`docs/guides/telemetry.md`, "trace context").
+//! handler call's headers (`docs/reference/config.md`, "Trace context").
 
 use opentelemetry::trace::{SpanContext, TraceContextExt as _, TraceFlags};
 

@@ -28,6 +28,8 @@ const PRODUCER_C: (&str, &str) = ("3c4d5e6f708192a3b4c5d6e7f8011223", "c1c2c3c4c
 const PRODUCER_D: (&str, &str) = ("4d5e6f708192a3b4c5d6e7f801122334", "d1d2d3d4d5d6d7d8");
 const PRODUCER_E: (&str, &str) = ("5e6f708192a3b4c5d6e7f80112233445", "e1e2e3e4e5e6e7e8");
 const PRODUCER_F: (&str, &str) = ("6f708192a3b4c5d6e7f8011223344556", "f1f2f3f4f5f6f7f8");
+const PRODUCER_G: (&str, &str) = ("708192a3b4c5d6e7f801122334455667", "0102030405060708");
+const PRODUCER_H: (&str, &str) = ("8192a3b4c5d6e7f80112233445566778", "1112131415161718");
 
 fn traceparent((trace, span): (&str, &str)) -> String {
     format!("00-{trace}-{span}-01")
@@ -36,7 +38,7 @@ fn traceparent((trace, span): (&str, &str)) -> String {
 /// What the app was called with: the body and its `traceparent`.
 type Calls = Arc<Mutex<Vec<(Bytes, Option<String>)>>>;
 
-/// A handler app answering 200 to every call.
+/// A handler app answering 200 to every call, but 500 to a body that starts with `fail`.
 async fn app(calls: Calls) -> Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -44,8 +46,9 @@ async fn app(calls: Calls) -> Result<SocketAddr> {
         "/work",
         axum::routing::post(move |headers: HeaderMap, body: Bytes| async move {
             let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_string);
+            let status = if body.starts_with(b"fail") { axum::http::StatusCode::INTERNAL_SERVER_ERROR } else { axum::http::StatusCode::OK };
             calls.lock().unwrap().push((body, traceparent));
-            "ok"
+            status
         }),
     );
     tokio::spawn(async move { axum::serve(listener, router).await });
@@ -227,5 +230,28 @@ async fn a_batch_of_two_producers_items_is_one_call_in_the_envelopes_trace_linke
     }
     let expected = format!("00-{}-{}-01", batch.trace_id, batch.span_id);
     ensure!(traceparent_of(&calls, r#"["batch a","batch b"]"#).await? == expected, "the app's traceparent names the batch's span");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_items_span_records_how_it_was_settled_a_failed_item_poisoned_with_its_reason_beside_a_deleted_one() -> Result<()> {
+    let queue = "trace-items-settled";
+    let calls = Calls::default();
+    let dir = tempfile::tempdir()?;
+    let api: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let config = write_config(dir.path(), queue, "max_dequeue_count = 1\n", app(calls.clone()).await?, api)?;
+    let host = Host::start(&config, api).await?;
+    let (parent_g, parent_h) = (traceparent(PRODUCER_G), traceparent(PRODUCER_H));
+    let (g, h) = tokio::join!(host.send_items(queue, &parent_g, r#"["fail always"]"#), host.send_items(queue, &parent_h, r#"["handled"]"#));
+    ensure!(g? == h?, "both items were packed in one envelope");
+
+    let (failed, _) = item_span(queue, PRODUCER_G).await?;
+    ensure!(failed.parent_span_id == PRODUCER_G.1 && failed.attribute("outcome").as_deref() == Some("poisoned"), "{failed:?}");
+    ensure!(
+        failed.attribute("reason").is_some_and(|reason| reason.contains("500")) && failed.status == "error",
+        "the poisoned item's span says why: {failed:?}"
+    );
+    let (handled, _) = item_span(queue, PRODUCER_H).await?;
+    is_the_producers_child(&handled, PRODUCER_H)?;
     Ok(())
 }

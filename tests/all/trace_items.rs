@@ -2,7 +2,8 @@
 //! OTLP receiver: items of two producers packed into one envelope are each handled in a
 //! `handle_item` span, the child of their own producer's span and linked to the envelope's
 //! `handle` span, and reach the app naming that span (a batch call, in one `handle_batch`
-//! span linked to each item's producer); `ebb send --items --traceparent`
+//! span linked to each item's producer; without export, the context its items share);
+//! `ebb send --items --traceparent`
 //! carries the context on every item, through a host and straight into storage.
 
 use std::net::SocketAddr;
@@ -72,8 +73,14 @@ async fn traceparent_of(calls: &Calls, body: &str) -> Result<String> {
 /// envelope.
 fn write_config(dir: &Path, queue: &str, queue_keys: &str, app: SocketAddr, api: SocketAddr) -> Result<PathBuf> {
     let endpoint = ebb_tests::otlp::OtlpReceiver::shared().endpoint();
+    let telemetry = format!("[telemetry]\notlp_endpoint = \"{endpoint}\"\nservice_name = \"ebb-under-test\"\n\n");
+    write_config_with(dir, &telemetry, queue, queue_keys, app, api)
+}
+
+/// [`write_config`] with the top-level `telemetry` table (or none).
+fn write_config_with(dir: &Path, telemetry: &str, queue: &str, queue_keys: &str, app: SocketAddr, api: SocketAddr) -> Result<PathBuf> {
     let config = format!(
-        "[telemetry]\notlp_endpoint = \"{endpoint}\"\nservice_name = \"ebb-under-test\"\n\n[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n\n\
+        "{telemetry}[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n\n\
          [queues.{queue}]\nmin_polling_interval = \"100ms\"\nmax_polling_interval = \"500ms\"\npack_linger = \"500ms\"\n{queue_keys}handler = {{ url = \"http://{app}/work\" }}\n"
     );
     let path = dir.join("ebb.toml");
@@ -253,5 +260,33 @@ async fn an_items_span_records_how_it_was_settled_a_failed_item_poisoned_with_it
     );
     let (handled, _) = item_span(queue, PRODUCER_H).await?;
     is_the_producers_child(&handled, PRODUCER_H)?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_span_export_a_batch_call_carries_the_context_its_items_share_and_none_when_they_differ() -> Result<()> {
+    let queue = "trace-items-batch-unexported";
+    let calls = Calls::default();
+    let dir = tempfile::tempdir()?;
+    let api: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let config = write_config_with(dir.path(), "", queue, "delivery = \"batch\"\n", app(calls.clone()).await?, api)?;
+    let host = Host::start(&config, api).await?;
+    let (parent_a, parent_b) = (traceparent(PRODUCER_A), traceparent(PRODUCER_B));
+    host.send_items(queue, &parent_a, r#"["shared 1", "shared 2"]"#).await?;
+    ensure!(traceparent_of(&calls, r#"["shared 1","shared 2"]"#).await? == parent_a, "one producer's batch carries its context");
+
+    let (a, b) = tokio::join!(host.send_items(queue, &parent_a, r#"["mixed a"]"#), host.send_items(queue, &parent_b, r#"["mixed b"]"#));
+    ensure!(a? == b?, "both items were packed in one envelope");
+    let body = r#"["mixed a","mixed b"]"#;
+    let other_order = r#"["mixed b","mixed a"]"#;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let call = loop {
+        if let Some(call) = calls.lock().unwrap().iter().find(|(b, _)| b == body.as_bytes() || b == other_order.as_bytes()).cloned() {
+            break call;
+        }
+        ensure!(Instant::now() < deadline, "no batch call of the mixed items: {:?}", calls.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    ensure!(call.1.is_none(), "a batch of two producers' items carries neither's context: {call:?}");
     Ok(())
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail, ensure};
 use ebb_raw_http::{Answer, get, raw};
+use ebb_tests::guests;
 use ebb_tests::otlp::{OtlpReceiver, ReceivedSpan};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -66,8 +67,13 @@ impl Host {
             "[telemetry]\notlp_endpoint = \"{endpoint}\"\nservice_name = \"ebb-under-test\"\n\n[api]\nlisten = \"{api}\"\ntoken = \"{TOKEN}\"\n\n[queues.{queue}]\n{queue_keys}handler = {{ url = \"http://{app}/work\" }}\n"
         );
         std::fs::write(dir.path().join("ebb.toml"), config)?;
+        // The rules a queue may name: `paper.wasm` answers, `trap.wasm` traps at every call.
+        std::fs::create_dir_all(dir.path().join("rules"))?;
+        std::fs::copy(guests::PAPER_DEFAULT, dir.path().join("rules/paper.wasm"))?;
+        std::fs::copy(guests::TRAP, dir.path().join("rules/trap.wasm"))?;
         let log_path = dir.path().join("host.log");
-        let mut command = Command::new(EBB);
+        // `EBB_OTEL_HOST_BINARY` lets the steady load be measured on a release build.
+        let mut command = Command::new(std::env::var("EBB_OTEL_HOST_BINARY").unwrap_or_else(|_| EBB.to_string()));
         command
             .arg("run")
             .arg("--config")
@@ -239,6 +245,34 @@ async fn a_poisoned_messages_handling_span_says_why() -> Result<()> {
     Ok(())
 }
 
+/// The `rule` spans of `queue`'s decisions of `export`, once one satisfies `done`.
+async fn rule_spans(queue: &str, export: &str, done: impl Fn(&ReceivedSpan) -> bool) -> Result<Vec<ReceivedSpan>> {
+    let of_export = |s: &ReceivedSpan| s.name == "rule" && s.attribute("queue").as_deref() == Some(queue) && s.attribute("export").as_deref() == Some(export);
+    let spans = spans_until(queue, |spans| spans.iter().any(|s| of_export(s) && done(s))).await?;
+    Ok(spans.into_iter().filter(of_export).collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_decisions_span_names_its_export_inputs_result_and_fault() -> Result<()> {
+    let receiver = OtlpReceiver::shared();
+    let answering = Host::start("ruled", app(200, "ok").await?, &receiver.endpoint(), "rule = \"paper.wasm\"\n").await?;
+    answering.send("ruled", "", "work").await?;
+    let spans = rule_spans("ruled", "on-queue-empty", |s| s.attribute("source").as_deref() == Some("Rule")).await?;
+    let span = spans.iter().find(|s| s.attribute("source").as_deref() == Some("Rule")).context("a decision of the rule")?;
+    let inputs: serde_json::Value = serde_json::from_str(&span.attribute("inputs").with_context(|| format!("no inputs: {span:?}"))?)?;
+    ensure!(inputs["queue"] == "ruled" && inputs.get("idle_count").is_some(), "the inputs are the rule's idle context: {inputs}");
+    let result = span.attribute("result").unwrap_or_default();
+    ensure!(result.contains("delay_ms") && span.attribute("fault").as_deref() == Some("false"), "{span:?}");
+    answering.stop()?;
+
+    let trapping = Host::start("ruled-trap", app(200, "ok").await?, &receiver.endpoint(), "rule = \"trap.wasm\"\n").await?;
+    let spans = rule_spans("ruled-trap", "on-queue-empty", |s| s.attribute("fault").as_deref() == Some("true")).await?;
+    let span = spans.iter().find(|s| s.attribute("fault").as_deref() == Some("true")).context("a faulted decision")?;
+    ensure!(span.attribute("source").as_deref() == Some("Fallback") && span.attribute("inputs").is_some_and(|i| i.contains("ruled-trap")), "{span:?}");
+    trapping.stop()?;
+    Ok(())
+}
+
 /// Messages are all handled with the collector at `endpoint` away, the spans lost are
 /// counted, and shutdown is prompt.
 async fn collector_away_costs_spans_only(queue: &str, endpoint: &str) -> Result<()> {
@@ -313,8 +347,11 @@ async fn over_grpc_a_handled_messages_spans_reach_a_grpc_receiver() -> Result<()
 
 /// The steady load's rate. The issue asks 1,000 msg/s; a debug host on a 2-core machine
 /// shared with builds took sends at 549-585 msg/s when asked 1,000 (its API and handling in
-/// one process), so the test holds 300, with room for a loaded CI run.
-const STEADY_RATE: u64 = 300;
+/// one process), so the test holds 300, with room for a loaded CI run. A release host is
+/// measured at 1,000: `EBB_OTEL_HOST_BINARY=target/release/ebb EBB_STEADY_RATE=1000`.
+fn steady_rate() -> u64 {
+    std::env::var("EBB_STEADY_RATE").ok().and_then(|rate| rate.parse().ok()).unwrap_or(300)
+}
 /// How long the load lasts.
 const STEADY_FOR: Duration = Duration::from_secs(60);
 
@@ -369,10 +406,11 @@ async fn under_a_steady_load_for_a_minute_every_span_made_is_received_or_counted
     let service = "ebb-steady";
     let env = [("OTEL_SERVICE_NAME", service)];
     let host = Host::start_with_env(queue, app(200, "ok").await?, &receiver.endpoint(), "max_concurrent_calls = 64\n", &env).await?;
-    let count = STEADY_RATE * STEADY_FOR.as_secs();
-    let took = send_steadily(&host, queue, count, STEADY_RATE).await?;
+    let rate = steady_rate();
+    let count = rate * STEADY_FOR.as_secs();
+    let took = send_steadily(&host, queue, count, rate).await?;
     let held = count as f64 / took.as_secs_f64();
-    ensure!(held >= 0.9 * STEADY_RATE as f64, "the host took sends at {held:.0} msg/s, not {STEADY_RATE}");
+    ensure!(held >= 0.9 * rate as f64, "the host took sends at {held:.0} msg/s, not {rate}");
     // Handled as they came: a few seconds after the last send, all are.
     host.wait_for_metric("ebb_messages_processed_total", count as f64, Duration::from_secs(10)).await?;
     let (_, log) = host.stop_with_log()?;

@@ -427,13 +427,14 @@ impl QueueRules {
 
     /// `GetOptimalDequeueTaskCount`, clamped to `[min_tasks, max_tasks]`.
     pub fn decide_task_count(&self, state: &QueueState) -> Decision<u32> {
-        let (raw, source) = self.decide(Export::OptimalDequeueTaskCount, |i| i.optimal_dequeue_task_count(state), || paper::optimal_dequeue_task_count(state));
+        let (raw, source) =
+            self.decide(Export::OptimalDequeueTaskCount, state, |i| i.optimal_dequeue_task_count(state), || paper::optimal_dequeue_task_count(state));
         self.finish(clamp_task_count(raw, source, state))
     }
 
     /// `QueueEmpty`: the delay is clamped to `[min_interval_ms, max_interval_ms]`.
     pub fn decide_queue_empty(&self, ctx: &IdleContext) -> Decision<IdleDecision> {
-        let (raw, source) = self.decide(Export::OnQueueEmpty, |i| i.on_queue_empty(ctx), || paper::on_queue_empty(ctx));
+        let (raw, source) = self.decide(Export::OnQueueEmpty, ctx, |i| i.on_queue_empty(ctx), || paper::on_queue_empty(ctx));
         self.finish(clamp_idle(raw, source, ctx))
     }
 
@@ -461,7 +462,7 @@ impl QueueRules {
         if !self.rule_decides_concurrency() {
             return None;
         }
-        let (raw, source) = self.decide(Export::MaxConcurrentCalls, |i| i.max_concurrent_calls(state), || None);
+        let (raw, source) = self.decide(Export::MaxConcurrentCalls, state, |i| i.max_concurrent_calls(state), || None);
         let decision = match raw {
             Some(raw) => {
                 let clamped = clamp_concurrency(raw, source, state);
@@ -490,13 +491,13 @@ impl QueueRules {
             return None;
         }
         let call = |i: &mut RuleInstance| i.on_handler_failure(ctx).map(Option::unwrap_or_default);
-        let (mut raw, mut source) = self.decide(Export::OnHandlerFailure, call, || FailureDecision::Default);
+        let (mut raw, mut source) = self.decide(Export::OnHandlerFailure, ctx, call, || FailureDecision::Default);
         // A scaling decision is made again a moment later; a failure is decided once. When the
         // instance is being rebuilt (the rule faulted on the call before, such as another item
         // of the same envelope), the rebuild is waited for, as long as a set-up may take.
         let group = &self.slot.group;
         if source == DecisionSource::BuiltIn && group.wait_for_rebuild(group.engine.limits().setup_backstop()) {
-            (raw, source) = self.decide(Export::OnHandlerFailure, call, || FailureDecision::Default);
+            (raw, source) = self.decide(Export::OnHandlerFailure, ctx, call, || FailureDecision::Default);
         }
         Some(self.finish(clamp_failure(raw, source, ctx)))
     }
@@ -560,15 +561,21 @@ impl QueueRules {
         decision
     }
 
+    /// The decision of `export` on `inputs`, in a `rule` span that records the inputs (as the
+    /// JSON `ebb rule eval` reads), the result, where it came from and whether it was a fault.
     fn decide<T: std::fmt::Debug>(
         &self,
         export: Export,
+        inputs: &impl serde::Serialize,
         call: impl FnOnce(&mut RuleInstance) -> Result<T>,
         built_in: impl FnOnce() -> T,
     ) -> (T, DecisionSource) {
         let empty = tracing::field::Empty;
-        let span = tracing::debug_span!(target: crate::telemetry::TARGET, "rule", queue = %self.slot.name, export = export.name(), source = empty, result = empty, fault = empty)
+        let span = tracing::debug_span!(target: crate::telemetry::TARGET, "rule", queue = %self.slot.name, export = export.name(), inputs = empty, source = empty, result = empty, fault = empty)
             .entered();
+        if !span.is_disabled() {
+            span.record("inputs", serde_json::to_string(inputs).unwrap_or_else(|error| format!("(not serializable: {error})")));
+        }
         let (value, source) = self.decide_unspanned(export, call, built_in);
         if !span.is_disabled() {
             span.record("source", format!("{source:?}"));

@@ -26,7 +26,7 @@ fn a_host_panic_while_calling_a_rule_is_a_fault_not_a_crash() -> Result<()> {
     assert!(errors.is_empty(), "the paper's rule loads: {errors:?}");
     let handle = rules.queue("orders").expect("configured");
     let built_in = paper::optimal_dequeue_task_count(&state(500));
-    let decided = handle.decide(Export::OptimalDequeueTaskCount, |_| -> Result<u32> { panic!("a bug on the host side") }, || built_in);
+    let decided = handle.decide(Export::OptimalDequeueTaskCount, &(), |_| -> Result<u32> { panic!("a bug on the host side") }, || built_in);
     assert_eq!(decided, (built_in, DecisionSource::Fallback));
     let status = handle.status();
     assert_eq!(status.faults, 1);

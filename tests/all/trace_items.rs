@@ -3,7 +3,7 @@
 //! `handle_item` span, the child of their own producer's span and linked to the envelope's
 //! `handle` span, and reach the app naming that span (a batch call, in one `handle_batch`
 //! span linked to each item's producer; without export, the context its items share);
-//! `ebb send --items --traceparent`
+//! `ebb send --items --traceparent` (and `--wait-reply`)
 //! carries the context on every item, through a host and straight into storage.
 
 use std::net::SocketAddr;
@@ -31,6 +31,8 @@ const PRODUCER_E: (&str, &str) = ("5e6f708192a3b4c5d6e7f80112233445", "e1e2e3e4e
 const PRODUCER_F: (&str, &str) = ("6f708192a3b4c5d6e7f8011223344556", "f1f2f3f4f5f6f7f8");
 const PRODUCER_G: (&str, &str) = ("708192a3b4c5d6e7f801122334455667", "0102030405060708");
 const PRODUCER_H: (&str, &str) = ("8192a3b4c5d6e7f80112233445566778", "1112131415161718");
+const PRODUCER_I: (&str, &str) = ("92a3b4c5d6e7f8011223344556677889", "2122232425262728");
+const PRODUCER_J: (&str, &str) = ("a3b4c5d6e7f801122334455667788990", "3132333435363738");
 
 fn traceparent((trace, span): (&str, &str)) -> String {
     format!("00-{trace}-{span}-01")
@@ -49,7 +51,7 @@ async fn app(calls: Calls) -> Result<SocketAddr> {
             let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_string);
             let status = if body.starts_with(b"fail") { axum::http::StatusCode::INTERNAL_SERVER_ERROR } else { axum::http::StatusCode::OK };
             calls.lock().unwrap().push((body, traceparent));
-            status
+            (status, "ok")
         }),
     );
     tokio::spawn(async move { axum::serve(listener, router).await });
@@ -287,5 +289,26 @@ async fn without_span_export_a_batch_call_carries_the_context_its_items_share_an
     ensure!(a? == b?, "both items were packed in one envelope");
     let call = call_with_any(&calls, &[r#"["mixed a","mixed b"]"#, r#"["mixed b","mixed a"]"#]).await?;
     ensure!(call.1.is_none(), "a batch of two producers' items carries neither's context: {call:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ebb_send_wait_reply_with_a_traceparent_carries_it_on_a_message_and_on_every_item() -> Result<()> {
+    let queue = "trace-items-asks";
+    let calls = Calls::default();
+    let dir = tempfile::tempdir()?;
+    let api: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let config = write_config(dir.path(), queue, "reply_queue = \"trace-items-answers\"\ntrace_envelope = true\n", app(calls.clone()).await?, api)?;
+    let _host = Host::start(&config, api).await?;
+    let waiting = ["--wait-reply", "--timeout", "30s", "--traceparent"];
+    ebb_send(&config, &[&[queue, "plain ask"][..], &waiting, &[&traceparent(PRODUCER_I)]].concat())?;
+    let items = dir.path().join("asks.ndjson");
+    std::fs::write(&items, "\"ask 1\"\n\"ask 2\"\n")?;
+    ebb_send(&config, &[&[queue, "--items", &items.to_string_lossy()][..], &waiting, &[&traceparent(PRODUCER_J)]].concat())?;
+
+    for (producer, body) in [(PRODUCER_I, "plain ask"), (PRODUCER_J, "ask 1"), (PRODUCER_J, "ask 2")] {
+        let traceparent = traceparent_of(&calls, body).await?;
+        ensure!(traceparent.split('-').nth(1) == Some(producer.0), "{body:?} reached the app in its producer's trace: {traceparent}");
+    }
     Ok(())
 }

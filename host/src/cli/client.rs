@@ -531,10 +531,17 @@ async fn wait_for_reply(
     }
 }
 
-/// `ebb send QUEUE [BODY] --wait-reply`: sends through the running host's API, then waits
-/// for the answer on the queue's reply queue (each look at most 30 s, until `timeout`) and
-/// prints its body.
-pub async fn send_wait_reply(config_path: &Path, token: &TokenArgs, queue: &str, body: Option<String>, timeout: Duration) -> Result<()> {
+/// `ebb send QUEUE [BODY] --wait-reply`: sends through the running host's API (with
+/// `context` as its `traceparent`), then waits for the answer on the queue's reply queue
+/// (each look at most 30 s, until `timeout`) and prints its body.
+pub async fn send_wait_reply(
+    config_path: &Path,
+    token: &TokenArgs,
+    queue: &str,
+    body: Option<String>,
+    timeout: Duration,
+    context: Option<TraceContext>,
+) -> Result<()> {
     let (config, token) = load(config_path, token)?;
     let Some(queue_config) = config.queues.iter().find(|q| q.name == queue) else {
         bail!("queue {queue} is not configured in {}", config_path.display());
@@ -543,8 +550,7 @@ pub async fn send_wait_reply(config_path: &Path, token: &TokenArgs, queue: &str,
     let body = read_message(&config, queue_config, body)?;
     let http = client(token.as_deref())?;
     let base = api_base(&config);
-    let sent = http
-        .post(format!("{base}/queues/{queue}/messages"))
+    let sent = traced(http.post(format!("{base}/queues/{queue}/messages")), context.as_ref())
         .body(body)
         .send()
         .await

@@ -281,14 +281,9 @@ impl HttpHandler {
                 .header("ebb-item-count", item.count.to_string())
                 .header("ebb-item-attempts", item.attempts.to_string());
         }
-        // The app's spans join the trace: the handling's span is their parent when spans are
-        // exported, else the producer's; an item's, its own producer's (its envelope's
-        // handling spans many producers' items).
-        let context = match message.item {
-            Some(_) => message.trace.clone(),
-            None => crate::telemetry::TraceContext::passed_on(&tracing::Span::current(), message.trace.as_ref()),
-        };
-        if let Some(context) = context {
+        // The app's spans join the trace: the handling's span (an item's own, in its
+        // producer's trace) is their parent when spans are exported, else the producer's.
+        if let Some(context) = crate::telemetry::TraceContext::passed_on(&tracing::Span::current(), message.trace.as_ref()) {
             request = request.header("traceparent", context.traceparent());
             if let Some(state) = context.tracestate() {
                 request = request.header("tracestate", state);
@@ -384,7 +379,10 @@ impl Handler for HttpHandler {
                 })
                 .collect()
         };
-        let response = match self.call(first, Bytes::from(array), Some(items.len())).await {
+        // One call has one parent: a context the items do not all share is none of theirs.
+        let shared = items.iter().all(|item| item.trace == first.trace);
+        let first = if shared { first.clone() } else { IncomingMessage { trace: None, ..first.clone() } };
+        let response = match self.call(&first, Bytes::from(array), Some(items.len())).await {
             Ok(response) => response,
             Err(error) => return all(&error),
         };

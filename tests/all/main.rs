@@ -49,3 +49,4 @@ mod sqs;
 mod stops;
 mod tokens;
 mod trace_context;
+mod trace_items;

@@ -15,6 +15,7 @@ use ebb::payload::{
     AllowedReferences, AzureContainer, BlobRef, Body, ClaimCheck, Codec, Decoded, EnvelopeError, Item, Limits, MAGIC, MIN_ENVELOPE_BYTES, Origin, Packer,
     decode, decode_text, encode, to_text,
 };
+use ebb::telemetry::TraceContext;
 
 /// Counts the bytes the current thread holds, while asked to: the whole test binary
 /// allocates through it, and only a thread inside [`peak_bytes`] pays more than a check.
@@ -165,7 +166,78 @@ fn item() -> impl Strategy<Value = Item> {
         1 => (location(), 0u64..(1 << 30), any::<[u8; 32]>()).prop_map(|(location, size, sha256)| Body::ClaimCheck(ClaimCheck { location, size, sha256 })),
     ];
     let origin = proptest::option::of(("[0-9a-zé:-]{1,60}", any::<u32>()).prop_map(|(message_id, index)| Origin { message_id, index }));
-    (prop_oneof![Just(0u32), 0u32..10, Just(u32::MAX)], body, origin).prop_map(|(attempts, body, origin)| Item { attempts, body, origin, trace: None })
+    let trace = proptest::option::of(trace_context());
+    (prop_oneof![Just(0u32), 0u32..10, Just(u32::MAX)], body, origin, trace).prop_map(|(attempts, body, origin, trace)| Item { attempts, body, origin, trace })
+}
+
+/// A `tracestate` a producer may send: members `key=value`, or none.
+fn tracestate() -> impl Strategy<Value = Option<String>> {
+    proptest::option::of(proptest::collection::vec("[a-z][a-z0-9_]{0,8}=[!-+--<>-~]{1,12}", 1..4).prop_map(|members| members.join(",")))
+}
+
+/// A well-formed context (its `tracestate` dropped by the checker when two members share a key).
+fn trace_context() -> impl Strategy<Value = TraceContext> {
+    (1u128.., 1u64.., any::<u8>(), tracestate()).prop_map(|(trace, span, flags, state)| {
+        TraceContext::parse(&format!("00-{trace:032x}-{span:016x}-{flags:02x}"), state.as_deref()).expect("a well-formed traceparent")
+    })
+}
+
+/// The bytes of a `traceparent` after an item's trace bit, and whether the checker must
+/// take them (`None`: any bytes, its call): well-formed, or malformed each way it refuses.
+fn traceparent_bytes() -> impl Strategy<Value = (Vec<u8>, Option<bool>)> {
+    let ids = || (1u128.., 1u64.., any::<u8>());
+    prop_oneof![
+        4 => ids().prop_map(|(trace, span, flags)| (format!("00-{trace:032x}-{span:016x}-{flags:02x}").into_bytes(), Some(true))),
+        1 => ids().prop_map(|(trace, span, flags)| (format!("ff-{trace:032x}-{span:016x}-{flags:02x}").into_bytes(), Some(false))),
+        1 => (1u64.., any::<u8>()).prop_map(|(span, flags)| (format!("00-{:032x}-{span:016x}-{flags:02x}", 0).into_bytes(), Some(false))),
+        1 => (1u128.., any::<u8>()).prop_map(|(trace, flags)| (format!("00-{trace:032x}-{:016x}-{flags:02x}", 0).into_bytes(), Some(false))),
+        1 => (ids(), "-[a-z0-9]{1,20}").prop_map(|((trace, span, flags), more)| (format!("00-{trace:032x}-{span:016x}-{flags:02x}{more}").into_bytes(), Some(false))),
+        1 => (ids(), 3usize..35, "[g-zG-Z]").prop_map(|((trace, span, flags), at, letter)| {
+            let mut text = format!("00-{trace:032x}-{span:016x}-{flags:02x}");
+            text.replace_range(at..=at, &letter);
+            (text.into_bytes(), Some(false))
+        }),
+        // Uppercase: refused, unless the trace id has no letter to raise.
+        1 => ids().prop_map(|(trace, span, flags)| {
+            let taken = format!("{trace:x}").bytes().all(|b| b.is_ascii_digit());
+            (format!("00-{trace:032X}-{span:016x}-{flags:02x}").into_bytes(), Some(taken))
+        }),
+        1 => Just((Vec::new(), Some(false))),
+        1 => proptest::collection::vec(any::<u8>(), 0..80).prop_map(|bytes| (bytes, None)),
+    ]
+}
+
+/// One inline item's record with the trace bit set (and maybe an origin): the kind, its
+/// attempts, the context's bytes, its body; and whether its `traceparent` must be taken.
+fn traced_record() -> impl Strategy<Value = (Vec<u8>, Vec<u8>, Vec<u8>, Option<bool>)> {
+    let state = prop_oneof![3 => tracestate().prop_map(|state| state.unwrap_or_default().into_bytes()), 1 => proptest::collection::vec(any::<u8>(), 0..40)];
+    (traceparent_bytes(), state, any::<bool>(), body()).prop_map(|((parent, taken), state, with_origin, body)| {
+        let mut record = vec![0x40 | if with_origin { 0x80 } else { 0 }];
+        record.extend_from_slice(&3u32.to_le_bytes());
+        if with_origin {
+            record.extend_from_slice(&[2, b'm', b'1']);
+            record.extend_from_slice(&7u32.to_le_bytes());
+        }
+        record.push(parent.len() as u8);
+        record.extend_from_slice(&parent);
+        record.extend_from_slice(&(state.len() as u16).to_le_bytes());
+        record.extend_from_slice(&state);
+        record.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        record.extend_from_slice(&body);
+        (record, parent, state, taken)
+    })
+}
+
+/// An uncompressed envelope of `count` items whose section is `section`.
+fn sealed(count: usize, section: &[u8]) -> Vec<u8> {
+    let mut bytes = MAGIC.to_vec();
+    bytes.extend_from_slice(&[1, Codec::None.id(), 0, 0]);
+    bytes.extend_from_slice(&(count as u32).to_le_bytes());
+    bytes.extend_from_slice(&(section.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&(section.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(section);
+    bytes.extend_from_slice(&[0; 4]);
+    reseal(bytes)
 }
 
 fn items() -> impl Strategy<Value = Vec<Item>> {
@@ -431,5 +503,44 @@ proptest! {
         }
         seen.sort_unstable();
         prop_assert_eq!(seen, (0..items.len()).collect::<Vec<_>>());
+    }
+
+    /// Items with the trace bit and any context after it: never a panic; each item is kept,
+    /// its context the one the checker makes of those bytes (a well-formed one kept, a
+    /// malformed one dropped, never a broken envelope); a record cut anywhere after its
+    /// kind is refused with its reason.
+    #[test]
+    fn traced_items_keep_a_well_formed_context_drop_a_malformed_one_and_a_cut_is_refused(
+        records in proptest::collection::vec(traced_record(), 1..6),
+        cut in proptest::option::weighted(0.3, any::<usize>()),
+    ) {
+        let section: Vec<u8> = records.iter().flat_map(|(record, ..)| record.clone()).collect();
+        if let Some(cut) = cut {
+            // Within the last record, after its kind byte: the bit promises bytes that never come.
+            let last = records.last().map_or(0, |(record, ..)| record.len());
+            let keep = section.len() - last + 1 + cut % (last - 1);
+            let decoded = decode_checked(&sealed(records.len(), &section[..keep]), &limits())?;
+            prop_assert!(decoded.is_err(), "a record cut after {} of its {last} bytes was taken", keep - (section.len() - last));
+            return Ok(());
+        }
+        let decoded = match decode_checked(&sealed(records.len(), &section), &limits())? {
+            Ok(Decoded::Envelope(envelope)) => envelope,
+            other => return Err(TestCaseError::fail(format!("{other:?}"))),
+        };
+        prop_assert_eq!(decoded.items.len(), records.len());
+        for (item, (_, parent, state, taken)) in decoded.items.iter().zip(&records) {
+            let parent_text = String::from_utf8_lossy(parent);
+            let parent_text = parent_text.as_ref();
+            let state_text = String::from_utf8_lossy(state);
+            let checked = TraceContext::parse(parent_text, Some(state_text.as_ref()).filter(|state| !state.is_empty()));
+            prop_assert_eq!(&item.trace, &checked);
+            if let Some(taken) = taken {
+                prop_assert_eq!(item.trace.is_some(), *taken, "{:?}", parent_text);
+            }
+            if let Some(trace) = &item.trace {
+                // Passed on as version 00 of the same ids.
+                prop_assert_eq!(&trace.traceparent()[3..52], &parent_text.trim()[3..52]);
+            }
+        }
     }
 }

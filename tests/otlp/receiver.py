@@ -3,8 +3,9 @@
 POST /v1/traces takes an ExportTraceServiceRequest in protobuf, as a collector does, and so
 does the gRPC service TraceService/Export; both keep its spans. GET /spans answers every
 span received so far as JSON, one object each: trace_id, span_id, parent_span_id (hex, ""
-for a root), name, kind, service (the resource's service.name), attributes (key to value)
-and status ("error", "ok" or "unset"). GET /counts answers the spans received per service.
+for a root), name, kind, service (the resource's service.name), attributes (key to value),
+status ("error", "ok" or "unset") and links (trace_id and span_id each). GET /counts answers
+the spans received per service.
 
 Usage: python receiver.py HTTP_PORT GRPC_PORT [--count-only] (binds 127.0.0.1; gRPC is up
 before HTTP answers); --count-only keeps the counts, not the spans (for a load of them).
@@ -52,6 +53,7 @@ def decode(request):
                     "service": resource.get("service.name"),
                     "attributes": {a.key: value(a.value) for a in span.attributes},
                     "status": status,
+                    "links": [{"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex()} for link in span.links],
                 })
     return spans
 

@@ -30,6 +30,8 @@ pub struct ReceivedSpan {
     pub attributes: serde_json::Map<String, serde_json::Value>,
     /// `error`, `ok` or `unset`.
     pub status: String,
+    /// The spans it links to: (trace id, span id), hex.
+    pub links: Vec<(String, String)>,
 }
 
 impl ReceivedSpan {
@@ -44,6 +46,12 @@ impl ReceivedSpan {
             service: text("service").ok(),
             attributes: span["attributes"].as_object().cloned().unwrap_or_default(),
             status: text("status")?,
+            links: span["links"]
+                .as_array()
+                .map_or(&[][..], Vec::as_slice)
+                .iter()
+                .filter_map(|link| Some((link["trace_id"].as_str()?.to_string(), link["span_id"].as_str()?.to_string())))
+                .collect(),
         })
     }
 

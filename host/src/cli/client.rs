@@ -110,21 +110,22 @@ pub async fn send(
     let url = format!("{}/queues/{queue}/messages{}", api_base(&config), group_query(group));
     // Through a host, as the headers a producer's send carries; straight into storage, as
     // the host's own sends carry it.
-    let post = || {
-        let request = http.post(&url);
-        let request = match &context {
-            Some(context) => request.header("traceparent", context.traceparent()),
-            None => request,
-        };
-        match context.as_ref().and_then(TraceContext::tracestate) {
-            Some(state) => request.header("tracestate", state),
-            None => request,
-        }
-    };
+    let post = || traced(http.post(&url), context.as_ref());
     let first = post().body(body.clone()).send().await;
     match first {
         Err(error) if error.is_connect() => crate::telemetry::with_sending(context.clone(), send_offline(&config, queue_config, &body, count, group)).await,
         first => send_through_host(&config, &post, queue, first, bytes::Bytes::from(body), count).await,
+    }
+}
+
+/// `request` with `context` as its `traceparent` and `tracestate` headers, as a producer's
+/// send carries them.
+fn traced(request: reqwest::RequestBuilder, context: Option<&TraceContext>) -> reqwest::RequestBuilder {
+    let Some(context) = context else { return request };
+    let request = request.header("traceparent", context.traceparent());
+    match context.tracestate() {
+        Some(state) => request.header("tracestate", state),
+        None => request,
     }
 }
 
@@ -538,10 +539,17 @@ async fn wait_for_reply(
     }
 }
 
-/// `ebb send QUEUE [BODY] --wait-reply`: sends through the running host's API, then waits
-/// for the answer on the queue's reply queue (each look at most 30 s, until `timeout`) and
-/// prints its body.
-pub async fn send_wait_reply(config_path: &Path, token: &TokenArgs, queue: &str, body: Option<String>, timeout: Duration) -> Result<()> {
+/// `ebb send QUEUE [BODY] --wait-reply`: sends through the running host's API (with
+/// `context` as its `traceparent`), then waits for the answer on the queue's reply queue
+/// (each look at most 30 s, until `timeout`) and prints its body.
+pub async fn send_wait_reply(
+    config_path: &Path,
+    token: &TokenArgs,
+    queue: &str,
+    body: Option<String>,
+    timeout: Duration,
+    context: Option<TraceContext>,
+) -> Result<()> {
     let (config, token) = load(config_path, token)?;
     let Some(queue_config) = config.queues.iter().find(|q| q.name == queue) else {
         bail!("queue {queue} is not configured in {}", config_path.display());
@@ -550,8 +558,7 @@ pub async fn send_wait_reply(config_path: &Path, token: &TokenArgs, queue: &str,
     let body = read_message(&config, queue_config, body)?;
     let http = client(token.as_deref())?;
     let base = api_base(&config);
-    let sent = http
-        .post(format!("{base}/queues/{queue}/messages"))
+    let sent = traced(http.post(format!("{base}/queues/{queue}/messages")), context.as_ref())
         .body(body)
         .send()
         .await
@@ -585,8 +592,15 @@ const MAX_ITEMS_FILE_BYTES: u64 = 256 << 20;
 /// running host's API in requests within its body limit, or packed here and put straight
 /// into storage when no host runs. With `wait_reply` (through a running host only): then
 /// waits up to that long for each item's answer and prints each reply's JSON on a line, in
-/// the order of the items.
-pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path: &Path, wait_reply: Option<Duration>) -> Result<()> {
+/// the order of the items. Every item carries `context`, as the API's send of items does.
+pub async fn send_items(
+    config_path: &Path,
+    token: &TokenArgs,
+    queue: &str,
+    path: &Path,
+    wait_reply: Option<Duration>,
+    context: Option<TraceContext>,
+) -> Result<()> {
     let (config, token) = load(config_path, token)?;
     let Some(queue_config) = config.queues.iter().find(|q| q.name == queue) else {
         bail!("queue {queue} is not configured in {}", config_path.display());
@@ -606,9 +620,9 @@ pub async fn send_items(config_path: &Path, token: &TokenArgs, queue: &str, path
         if wait_reply.is_some() {
             bail!("no host answers at {}: --wait-reply needs a running host (nothing was sent)", api_base(&config));
         }
-        return send_items_offline(&config, queue_config, &lines, path).await;
+        return crate::telemetry::with_sending(context, send_items_offline(&config, queue_config, &lines, path)).await;
     }
-    let (messages, ids) = post_items(&config, queue_config, &http, &lines, path).await?;
+    let (messages, ids) = post_items(&config, queue_config, &http, &lines, path, context.as_ref()).await?;
     let count = lines.len() as u64;
     let Some(timeout) = wait_reply else {
         super::end_quietly_when_output_closes();
@@ -670,14 +684,22 @@ type PostedItems = (std::collections::BTreeSet<String>, Vec<(String, u32)>);
 /// Sends `lines` through the running host's API: in requests within its body limit and item
 /// count, side by side, so the host packs them together. Each body is made when its request
 /// is, so the file is held once, not twice: at most the 16 requests in flight are copies of it.
-async fn post_items(config: &Config, queue: &QueueConfig, http: &reqwest::Client, lines: &[&[u8]], path: &Path) -> Result<PostedItems> {
+/// Each request carries `context` as its `traceparent` and `tracestate`.
+async fn post_items(
+    config: &Config,
+    queue: &QueueConfig,
+    http: &reqwest::Client,
+    lines: &[&[u8]],
+    path: &Path,
+    context: Option<&TraceContext>,
+) -> Result<PostedItems> {
     let (item_key, item_limit) = item_limit(config, queue);
     if let Some((number, line)) = lines.iter().enumerate().find(|(_, line)| line.len() + 1 > item_limit) {
         bail!("{}: item {} is {} bytes, over the API's body limit ({item_key}: {item_limit} bytes)", path.display(), number + 1, line.len());
     }
     let url = format!("{}/queues/{}/items", api_base(config), queue.name);
     let mut sends = futures::stream::iter(item_bodies(lines, config.max_message_bytes))
-        .map(|body| post_item_body(http, &url, bytes::Bytes::from(body)))
+        .map(|body| post_item_body(http, &url, bytes::Bytes::from(body), context))
         // In order: the items' ids line up with the file's lines.
         .buffered(16);
     let mut messages = std::collections::BTreeSet::new();
@@ -730,8 +752,8 @@ fn item_bodies<'a>(lines: &'a [&'a [u8]], limit: usize) -> impl Iterator<Item = 
 
 /// Posts one NDJSON `body` of items to `url` (retried while the host is busy): the ids of
 /// the messages they went in, and each item's id.
-async fn post_item_body(http: &reqwest::Client, url: &str, body: bytes::Bytes) -> Result<(Vec<String>, Vec<(String, u32)>)> {
-    let make = move || http.post(url).header(reqwest::header::CONTENT_TYPE, "application/x-ndjson").body(body.clone());
+async fn post_item_body(http: &reqwest::Client, url: &str, body: bytes::Bytes, context: Option<&TraceContext>) -> Result<(Vec<String>, Vec<(String, u32)>)> {
+    let make = move || traced(http.post(url), context).header(reqwest::header::CONTENT_TYPE, "application/x-ndjson").body(body.clone());
     let response = send_retrying_busy(make).await?;
     let status = response.status();
     let text = response.text().await.unwrap_or_default();

@@ -108,9 +108,9 @@ enum Command {
         /// 5 minutes). Needed unless the queue has content-based deduplication.
         #[arg(long, requires = "group")]
         dedup_id: Option<String>,
-        /// The W3C trace context the message carries to its handler, whose handling joins
-        /// that trace (`00-<trace id>-<parent id>-<flags>`).
-        #[arg(long, conflicts_with_all = ["items", "trace", "wait_reply"])]
+        /// The W3C trace context the message (with `--items`, every item) carries to its
+        /// handler, whose handling joins that trace (`00-<trace id>-<parent id>-<flags>`).
+        #[arg(long, conflicts_with = "trace")]
         traceparent: Option<String>,
         /// With `--traceparent`: its W3C `tracestate`.
         #[arg(long, requires = "traceparent")]
@@ -302,11 +302,15 @@ pub(crate) fn main(cli: Cli) -> ExitCode {
         }
         Command::Run { config } => runtime().and_then(|rt| rt.block_on(host::run(&config))),
         Command::Scaler { config } => runtime().and_then(|rt| rt.block_on(host::scaler(&config))),
-        Command::Send { queue, body, items: None, wait_reply: true, timeout, config, token, .. } => {
-            runtime().and_then(|rt| rt.block_on(client::send_wait_reply(&config, &token, &queue, body, timeout)))
+        Command::Send { queue, body, items: None, wait_reply: true, timeout, traceparent, tracestate, config, token, .. } => {
+            let context = client::trace_context(traceparent.as_deref(), tracestate.as_deref());
+            let send = |context| client::send_wait_reply(&config, &token, &queue, body, timeout, context);
+            context.and_then(|context| runtime().and_then(|rt| rt.block_on(send(context))))
         }
-        Command::Send { queue, items: Some(items), wait_reply, timeout, config, token, .. } => {
-            runtime().and_then(|rt| rt.block_on(client::send_items(&config, &token, &queue, &items, wait_reply.then_some(timeout))))
+        Command::Send { queue, items: Some(items), wait_reply, timeout, traceparent, tracestate, config, token, .. } => {
+            let context = client::trace_context(traceparent.as_deref(), tracestate.as_deref());
+            let send = |context| client::send_items(&config, &token, &queue, &items, wait_reply.then_some(timeout), context);
+            context.and_then(|context| runtime().and_then(|rt| rt.block_on(send(context))))
         }
         Command::Send { queue, body, count, trace: None, group, dedup_id, traceparent, tracestate, config, token, .. } => {
             let group = group.map(|group| crate::queue::GroupedSend { group, dedup_id });

@@ -23,12 +23,13 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
 use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanData, SpanExporter, SpanProcessor};
 use prometheus_client::metrics::counter::Counter;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::registry::LookupSpan;
@@ -299,6 +300,53 @@ pub(crate) fn handle_span(queue: &str, id: &impl std::fmt::Display, dequeue_coun
         reason = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
     )
+}
+
+/// The span of an envelope's item's handling, made within the envelope's [`handle_span`]:
+/// the child of the context the item carries (its own producer's), linked both ways with
+/// the envelope's handling; without one, the envelope's handling's child. Its outcome is
+/// recorded as [`handle_span`]'s, within it.
+pub(crate) fn handle_item_span(queue: &str, id: &impl std::fmt::Display, index: usize, attempts: u32, carried: Option<&TraceContext>) -> tracing::Span {
+    let span = tracing::debug_span!(
+        target: TARGET,
+        "handle_item",
+        otel.kind = "consumer",
+        queue,
+        messaging.message.id = %id,
+        item = index,
+        attempts,
+        outcome = tracing::field::Empty,
+        reason = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    if carried.is_some() && !span.is_disabled() {
+        join(&span, carried);
+        link_both_ways(&span, &tracing::Span::current());
+    }
+    span
+}
+
+/// The span of one handler call for a batch of an envelope's items: the envelope's
+/// handling's child (one call has one parent), linked to each item's carried context.
+pub(crate) fn handle_batch_span<'a>(
+    queue: &str,
+    id: &impl std::fmt::Display,
+    carried: impl ExactSizeIterator<Item = Option<&'a TraceContext>>,
+) -> tracing::Span {
+    let span = tracing::debug_span!(target: TARGET, "handle_batch", otel.kind = "consumer", queue, messaging.message.id = %id, messaging.batch.message_count = carried.len());
+    if !span.is_disabled() {
+        for context in carried.flatten() {
+            span.add_link(context.parent().span().span_context().clone());
+        }
+    }
+    span
+}
+
+/// Links `span` (in another trace) and `envelope` to each other, so either trace leads to
+/// the other.
+fn link_both_ways(span: &tracing::Span, envelope: &tracing::Span) {
+    span.add_link(envelope.context().span().span_context().clone());
+    envelope.add_link(span.context().span().span_context().clone());
 }
 
 /// Records how the message of the current [`handle_span`] was settled: `deleted`,

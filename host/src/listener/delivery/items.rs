@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::anyhow;
 use bytes::Bytes;
 use futures::{FutureExt as _, StreamExt as _};
+use tracing::Instrument as _;
 
 use crate::handler::{IncomingMessage, ItemPosition};
 use crate::panics::panic_message;
@@ -83,10 +84,11 @@ impl Shared {
         }
     }
 
-    /// Delivers the envelope's items: up to `max_concurrent_calls` at once, or in batches
-    /// of `max_batch_items`. One result per item, in order.
-    pub(in crate::listener) async fn deliver_items(&self, message: &IncomingMessage, envelope: &Envelope) -> Vec<ItemResult> {
-        let mut results: Vec<Option<ItemResult>> = envelope.items.iter().map(|_| None).collect();
+    /// Delivers the envelope's items: up to `max_concurrent_calls` at once, each in its own
+    /// span, or in batches of `max_batch_items`, each call in one span. One result per item,
+    /// in order, with the item's own span (none in a batch) to record its settling in.
+    pub(in crate::listener) async fn deliver_items(&self, message: &IncomingMessage, envelope: &Envelope) -> Vec<(ItemResult, tracing::Span)> {
+        let mut results: Vec<Option<(ItemResult, tracing::Span)>> = envelope.items.iter().map(|_| None).collect();
         let width = self.settings.max_concurrent_calls.max(1) as usize;
         let mut single = Vec::new();
         let mut batchable = Vec::new();
@@ -102,39 +104,21 @@ impl Shared {
                 Body::Inline(body) => single.push((index, Ok(body.clone()))),
             }
         }
-        let with_reply = self.delivery.reply.is_some();
         let singles = futures::stream::iter(single)
-            .map(|(index, body)| async move {
-                let body = match body {
-                    Ok(body) => body,
-                    Err(check) => match self.claim_body(index, &check).await {
-                        Ok(body) => body,
-                        Err(result) => return (index, result),
-                    },
-                };
-                let item = Self::item_message(message, envelope, index, body);
-                let call = AssertUnwindSafe(async {
-                    if with_reply { self.handler.handle_with_reply(&item).await } else { self.handler.handle(&item).await.map(|()| None) }
-                });
-                // The answer goes at once, so at most `width` answers are in memory, not
-                // one per item of the envelope.
-                let result = match self.contained(call.catch_unwind().await) {
-                    Ok(Some(reply)) => match self.put_reply(message, Some(envelope.items[index].origin_or(&message.id, index as u32)), &reply).await {
-                        Ok(()) => ItemResult::Handled,
-                        Err(ReplyNotPut::Never(reason)) => ItemResult::Refused(format!("{reason} (item {index})")),
-                        Err(ReplyNotPut::NotNow(error)) => ItemResult::Failed(error),
-                    },
-                    Ok(None) => ItemResult::Handled,
-                    Err(error) if error.is::<crate::handler::AnswerTooLarge>() => ItemResult::Refused(format!("{error:#} (item {index})")),
-                    Err(error) => ItemResult::Failed(error),
-                };
-                (index, result)
+            .map(|(index, body)| {
+                // Made here, within the envelope's span: its child or link.
+                let item = &envelope.items[index];
+                let span = crate::telemetry::handle_item_span(self.queue.name(), &message.id, index, item.attempts, item.trace.as_ref());
+                let delivered = self.deliver_item(message, envelope, index, body).instrument(span.clone());
+                async move { (index, delivered.await, span) }
             })
             .buffer_unordered(width)
             .collect::<Vec<_>>();
         let batches = futures::stream::iter(batchable.chunks(self.delivery.payload.max_batch_items.max(1) as usize).map(<[_]>::to_vec).collect::<Vec<_>>())
             .map(|batch| {
                 let items: Vec<IncomingMessage> = batch.iter().map(|(index, body)| Self::item_message(message, envelope, *index, body.clone())).collect();
+                let carried = batch.iter().map(|(index, _)| envelope.items[*index].trace.as_ref());
+                let span = crate::telemetry::handle_batch_span(self.queue.name(), &message.id, carried);
                 async move {
                     let answers = match AssertUnwindSafe(self.handler.handle_batch(&items)).catch_unwind().await {
                         Ok(answers) if answers.len() == items.len() => answers,
@@ -150,20 +134,50 @@ impl Shared {
                     };
                     batch.iter().map(|(index, _)| *index).zip(answers).collect::<Vec<_>>()
                 }
+                .instrument(span)
             })
             .buffer_unordered(width)
             .collect::<Vec<_>>();
         let (singles, batches) = tokio::join!(singles, batches);
-        for (index, result) in singles {
-            results[index] = Some(result);
+        for (index, result, span) in singles {
+            results[index] = Some((result, span));
         }
         for (index, result) in batches.into_iter().flatten() {
-            results[index] = Some(match result {
+            let result = match result {
                 Ok(()) => ItemResult::Handled,
                 Err(error) => ItemResult::Failed(error),
-            });
+            };
+            results[index] = Some((result, tracing::Span::none()));
         }
         results.into_iter().map(|result| result.expect("every item has a result")).collect()
+    }
+
+    /// Delivers item `index` alone: its body (`Err`: fetched from the claim store first) to
+    /// the handler, and its answer, if any, to the reply queue.
+    async fn deliver_item(&self, message: &IncomingMessage, envelope: &Envelope, index: usize, body: Result<Bytes, ClaimCheck>) -> ItemResult {
+        let body = match body {
+            Ok(body) => body,
+            Err(check) => match self.claim_body(index, &check).await {
+                Ok(body) => body,
+                Err(result) => return result,
+            },
+        };
+        let item = Self::item_message(message, envelope, index, body);
+        let with_reply = self.delivery.reply.is_some();
+        let call =
+            AssertUnwindSafe(async { if with_reply { self.handler.handle_with_reply(&item).await } else { self.handler.handle(&item).await.map(|()| None) } });
+        // The answer goes at once, so at most `width` answers are in memory, not one per
+        // item of the envelope.
+        match self.contained(call.catch_unwind().await) {
+            Ok(Some(reply)) => match self.put_reply(message, Some(envelope.items[index].origin_or(&message.id, index as u32)), &reply).await {
+                Ok(()) => ItemResult::Handled,
+                Err(ReplyNotPut::Never(reason)) => ItemResult::Refused(format!("{reason} (item {index})")),
+                Err(ReplyNotPut::NotNow(error)) => ItemResult::Failed(error),
+            },
+            Ok(None) => ItemResult::Handled,
+            Err(error) if error.is::<crate::handler::AnswerTooLarge>() => ItemResult::Refused(format!("{error:#} (item {index})")),
+            Err(error) => ItemResult::Failed(error),
+        }
     }
 
     /// Item `index`'s body from the claim store, at most `max_claim_check_bytes`. A fetch
@@ -198,15 +212,16 @@ impl Shared {
     /// its items are delivered again (at least once). An item the poison queue refuses is put
     /// back alone for `max_retry_delay`; the others are not poisoned again for it. An item
     /// whose answer the reply queue refused is a failed item like any other (poisoned at once
-    /// when it can never fit).
+    /// when it can never fit). Each item's span is told how it was settled.
     pub(in crate::listener) async fn settle_envelope(
         self: &Arc<Self>,
         message: &IncomingMessage,
         receipt: &PopReceipt,
         envelope: &Envelope,
-        results: Vec<ItemResult>,
+        results: Vec<(ItemResult, tracing::Span)>,
         latency: Duration,
     ) {
+        let (results, spans): (Vec<_>, Vec<_>) = results.into_iter().unzip();
         let items = &self.telemetry.counters.items;
         items.envelopes.fetch_add(1, Ordering::Relaxed);
         let mut retry = Vec::new();
@@ -247,6 +262,7 @@ impl Shared {
         // the envelope comes back whole.
         if !retry.is_empty() && !self.put_back(message, envelope, &retry, retry_delay).await {
             self.hide_envelope(message, receipt).await;
+            record_settled(&spans, |_| Settled::Retried);
             return;
         }
         // An item the poison queue refuses does not keep the envelope: the others would be
@@ -264,21 +280,31 @@ impl Shared {
             // No packing of ours fits such an item (a foreign producer's codec packed it
             // smaller than ours can): the envelope moves as it came, once, the items it still
             // holds with it (a requeue delivers them again: at least once, never lost).
-            self.poison(message, receipt, &unpackable.join("; ")).await;
+            let reason = unpackable.join("; ");
+            self.poison(message, receipt, &reason).await;
+            record_settled(&spans, |_| Settled::Poisoned(&reason));
             return;
         }
         if !refused.is_empty() && !self.put_back(message, envelope, &refused, self.settings.max_retry_delay).await {
             // The queue refused a put just after taking one: the envelope comes back whole,
             // and what was put back or poisoned from it may be so again (at least once).
             self.hide_envelope(message, receipt).await;
+            record_settled(&spans, |_| Settled::Retried);
             return;
         }
         self.delete_envelope(message, receipt, handled_claims, latency).await;
+        record_settled(&spans, |index| match poison.iter().find(|(poisoned, _)| *poisoned == index) {
+            Some(_) if refused.contains(&index) => Settled::Retried,
+            Some((_, reason)) => Settled::Poisoned(reason),
+            None if retry.contains(&index) => Settled::Retried,
+            None => Settled::Deleted,
+        });
     }
 
     /// Deletes a settled envelope, then the claim-check bodies of its handled items (only
     /// theirs: the items put back or poisoned still reference their bodies).
     async fn delete_envelope(&self, message: &IncomingMessage, receipt: &PopReceipt, handled_claims: Vec<&ClaimCheck>, latency: Duration) {
+        crate::telemetry::outcome("deleted");
         let deleted = self.delete_settled(&message.id, receipt).await;
         self.telemetry.counters.record_success(latency);
         if let Err(error) = deleted {
@@ -324,6 +350,7 @@ impl Shared {
     /// Hides an envelope that could not be settled for its retry delay: it comes back whole.
     async fn hide_envelope(self: &Arc<Self>, message: &IncomingMessage, receipt: &PopReceipt) {
         let delay = self.settings.retry_delay(message.dequeue_count);
+        crate::telemetry::outcome("retried");
         if let Err(error) = self.hide_for(&message.id, receipt, delay).await {
             tracing::warn!(id = %message.id, "could not set the retry delay (the lease will run out instead): {error}");
         }
@@ -381,6 +408,27 @@ impl Shared {
         };
         let body = if self.delivery.text_envelopes { Bytes::from(crate::payload::to_text(&packed.bytes)) } else { Bytes::from(packed.bytes) };
         Ok(self.put_poison(&Self::item_message(message, envelope, index, body), Some(&origin), reason).await?)
+    }
+}
+
+/// How an envelope's settling left one of its items.
+enum Settled<'a> {
+    Deleted,
+    /// Put back (alone, or with the whole envelope).
+    Retried,
+    /// Moved to the poison queue, for this reason.
+    Poisoned(&'a str),
+}
+
+/// Records on each item's span (none for an item of a batch, or without export) how the
+/// envelope's settling left it, as the envelope's `handle` span records its own.
+fn record_settled<'a>(spans: &[tracing::Span], settled: impl Fn(usize) -> Settled<'a>) {
+    for (index, span) in spans.iter().enumerate().filter(|(_, span)| !span.is_disabled()) {
+        span.in_scope(|| match settled(index) {
+            Settled::Deleted => crate::telemetry::outcome("deleted"),
+            Settled::Retried => crate::telemetry::outcome("retried"),
+            Settled::Poisoned(reason) => crate::telemetry::poisoned(reason),
+        });
     }
 }
 

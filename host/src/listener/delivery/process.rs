@@ -173,7 +173,7 @@ impl Shared {
             self.record_call_latency(latency);
             match delivered {
                 Some(results) => {
-                    let all_ok = results.iter().all(|r| matches!(r, ItemResult::Handled));
+                    let all_ok = results.iter().all(|(r, _)| matches!(r, ItemResult::Handled));
                     self.telemetry.counters.calls.lock().unwrap().record(if all_ok { CallEnd::Succeeded } else { CallEnd::Failed }, latency);
                     self.settle_envelope(incoming, &lease.receipt, &envelope, results, latency).await;
                 }

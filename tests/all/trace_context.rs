@@ -529,12 +529,15 @@ async fn items_of_two_sends_packed_into_one_sqs_message_each_keep_their_producer
     );
     let messages: Vec<serde_json::Value> = [first?, second?, third?].iter().map(|sent| sent["messages"].clone()).collect();
     ensure!(messages.iter().all(|m| *m == messages[0]), "the three sends share one message: {messages:?}");
+    // Each item is handled in a span of its producer's trace, which the app's traceparent names.
+    let trace_of = |call: &Call| call.traceparent.as_deref().and_then(|t| t.split('-').nth(1)).map(str::to_string);
     let call = app.call_with("producer's item").await?;
-    ensure!(call.traceparent.as_deref() == Some(producer_traceparent().as_str()) && call.tracestate.is_none(), "{call:?}");
+    ensure!(trace_of(&call).as_deref() == Some(PRODUCER_TRACE) && call.tracestate.is_none(), "{call:?}");
     let call = app.call_with("other's item").await?;
-    ensure!(call.traceparent.as_deref() == Some(other) && call.tracestate.as_deref() == Some("other=1"), "{call:?}");
+    ensure!(trace_of(&call).as_deref() == Some(&other[3..35]) && call.tracestate.as_deref() == Some("other=1"), "{call:?}");
     let call = app.call_with("untraced item").await?;
-    ensure!(call.traceparent.is_none(), "an item sent without a context carries none: {call:?}");
+    let untraced = trace_of(&call);
+    ensure!(untraced.is_some_and(|t| t != PRODUCER_TRACE && t != other[3..35]), "an item sent without a context is in neither producer's trace: {call:?}");
     Ok(())
 }
 

@@ -304,13 +304,11 @@ pub(crate) fn main(cli: Cli) -> ExitCode {
         Command::Scaler { config } => runtime().and_then(|rt| rt.block_on(host::scaler(&config))),
         Command::Send { queue, body, items: None, wait_reply: true, timeout, traceparent, tracestate, config, token, .. } => {
             let context = client::trace_context(traceparent.as_deref(), tracestate.as_deref());
-            let send = |context| client::send_wait_reply(&config, &token, &queue, body, timeout, context);
-            context.and_then(|context| runtime().and_then(|rt| rt.block_on(send(context))))
+            runtime().and_then(|rt| rt.block_on(client::send_wait_reply(&config, &token, &queue, body, timeout, context)))
         }
         Command::Send { queue, items: Some(items), wait_reply, timeout, traceparent, tracestate, config, token, .. } => {
             let context = client::trace_context(traceparent.as_deref(), tracestate.as_deref());
-            let send = |context| client::send_items(&config, &token, &queue, &items, wait_reply.then_some(timeout), context);
-            context.and_then(|context| runtime().and_then(|rt| rt.block_on(send(context))))
+            runtime().and_then(|rt| rt.block_on(client::send_items(&config, &token, &queue, &items, wait_reply.then_some(timeout), context)))
         }
         Command::Send { queue, body, count, trace: None, group, dedup_id, traceparent, tracestate, config, token, .. } => {
             let group = group.map(|group| crate::queue::GroupedSend { group, dedup_id });

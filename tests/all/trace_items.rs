@@ -189,6 +189,9 @@ async fn items_of_two_producers_in_one_envelope_are_each_handled_in_a_span_of_th
         ensure!(handle.links.contains(&(span.trace_id.clone(), span.span_id.clone())), "the envelope's handling links to the item's span: {handle:?}");
         let expected = format!("00-{}-{}-01", producer.0, span.span_id);
         ensure!(traceparent_of(&calls, body).await? == expected, "the app's traceparent names the item's span");
+        let send = spans.iter().find(|s| s.name == "send" && s.trace_id == producer.0 && s.attribute("queue").as_deref() == Some(queue));
+        let send = send.with_context(|| format!("the items' send span: {spans:#?}"))?;
+        ensure!(send.parent_span_id == producer.1 && send.attribute("items").as_deref() == Some("1"), "the send is its producer's child: {send:?}");
     }
     Ok(())
 }

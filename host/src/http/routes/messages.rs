@@ -184,10 +184,12 @@ pub(super) async fn send_items(
         Ok(items) => items,
         Err((status, reason)) => return error(status, reason),
     };
-    // The producer's context goes with each item as it came: no span of this host's stands
-    // between them (an envelope's handling spans many producers' items).
+    // The producer's context goes with each item as it came: the send span is its child,
+    // and the item's handling is another (an envelope's handling spans many producers' items).
     let context = TraceContext::from_headers(&headers);
-    match crate::telemetry::with_sending(context, queue.send_items(items)).await {
+    let span = tracing::debug_span!(target: crate::telemetry::TARGET, "send", otel.kind = "producer", queue = name, items = items.len());
+    crate::telemetry::join(&span, context.as_ref());
+    match crate::telemetry::with_sending(context, queue.send_items(items)).instrument(span).await {
         Ok(sent) => (StatusCode::CREATED, Json(json!({ "items": sent.items, "messages": sent.messages, "ids": sent.ids }))).into_response(),
         Err(e @ (ItemsError::TooLarge { .. } | ItemsError::OverClaimLimit { .. } | ItemsError::TooMany { .. } | ItemsError::TooManyBytes { .. })) => {
             error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string())

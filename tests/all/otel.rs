@@ -134,6 +134,15 @@ impl Host {
         Ok(self.stop_with_log()?.0)
     }
 
+    /// Two SIGINTs, the second while the first drains: the exit status and the whole log.
+    fn stop_twice(mut self) -> Result<(std::process::ExitStatus, String)> {
+        for _ in 0..2 {
+            ensure!(Command::new("kill").args(["-INT", &self.child.id().to_string()]).status()?.success());
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        Ok((self.child.wait()?, self.log()))
+    }
+
     /// [`Host::stop`], and its whole log.
     fn stop_with_log(mut self) -> Result<(Duration, String)> {
         let asked = std::time::Instant::now();
@@ -423,6 +432,28 @@ async fn under_a_steady_load_for_a_minute_every_span_made_is_received_or_counted
     ensure!(made >= 4 * count, "{made} spans made for {count} messages");
     ensure!(received + dropped == made, "{received} spans received + {dropped} counted dropped, but {made} made");
     eprintln!("{count} messages at {held:.0} msg/s: {made} spans made, {received} received, {dropped} dropped");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_exits_at_once_with_every_span_made_counted_dropped() -> Result<()> {
+    let queue = "traced-second-signal";
+    let silent = std::net::TcpListener::bind("127.0.0.1:0")?;
+    // A handler that never answers keeps the first signal's drain going.
+    let app = TcpListener::bind("127.0.0.1:0").await?;
+    let app_address = app.local_addr()?;
+    let router = axum::Router::new().route("/work", axum::routing::post(|| std::future::pending::<&'static str>()));
+    tokio::spawn(async move { axum::serve(app, router).await });
+    let host = Host::start(queue, app_address, &format!("http://{}", silent.local_addr()?), "").await?;
+    for n in 0..5 {
+        host.send(queue, "", &format!("m{n}")).await?;
+    }
+    // Their sends' spans ended; an export of them hangs.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (status, log) = host.stop_twice()?;
+    ensure!(status.code() == Some(130), "a second signal exits at once: {status}: {log}");
+    let (made, dropped) = spans_at_shutdown(&log)?;
+    ensure!(made >= 10 && dropped == made, "none exported, so each of the {made} spans made is counted dropped: {dropped}");
     Ok(())
 }
 

@@ -28,6 +28,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
         signals.next().await;
         // Through the log, so that in JSON it is a JSON line too.
         tracing::warn!("second signal: exiting now; messages in flight come back when their lease runs out");
+        crate::telemetry::abandon();
         std::process::exit(130);
     });
     shutdown_within_bound(host, config.drain_timeout).await;

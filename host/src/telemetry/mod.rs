@@ -92,6 +92,8 @@ pub(crate) fn made_spans() -> Counter {
 struct Running {
     provider: SdkTracerProvider,
     runtime: tokio::runtime::Runtime,
+    /// Spans ended and not yet exported (or counted dropped), for [`abandon`].
+    pending: Arc<AtomicUsize>,
 }
 
 /// The layer that exports [`TARGET`]'s spans to `export`'s collector; [`shutdown`] flushes
@@ -138,6 +140,7 @@ where
         .with_context(|| format!("failed to build the OTLP exporter for {}", export.endpoint))?
     };
     let pending = Arc::new(AtomicUsize::new(0));
+    let pending_at_exit = pending.clone();
     let counted = Counted {
         inner: Arc::new(exporter),
         runtime: runtime.handle().clone(),
@@ -154,7 +157,7 @@ where
         .with_resource(Resource::builder().with_service_name(export.service_name.clone()).build())
         .build();
     let tracer = provider.tracer("ebb");
-    *RUNNING.lock().unwrap_or_else(|e| e.into_inner()) = Some(Running { provider, runtime });
+    *RUNNING.lock().unwrap_or_else(|e| e.into_inner()) = Some(Running { provider, runtime, pending: pending_at_exit });
     Ok(tracing_opentelemetry::layer()
         .with_tracer(tracer)
         .with_location(false)
@@ -167,14 +170,27 @@ where
 /// Exports what is queued, waiting at most [`SHUTDOWN_TIMEOUT`] however the collector
 /// behaves, and stops the exporter. Spans not exported by then are counted as dropped.
 pub(crate) fn shutdown() {
-    let Some(Running { provider, runtime }) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+    let Some(Running { provider, runtime, .. }) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).take() else {
         return;
     };
     if let Err(error) = provider.shutdown_with_timeout(SHUTDOWN_TIMEOUT) {
         tracing::warn!("spans not all exported at shutdown: {error}");
     }
     runtime.shutdown_timeout(Duration::from_millis(100));
-    // The final account: every span made was exported or is in the dropped count.
+    log_account();
+}
+
+/// For a process exiting at once (a second signal): the spans not exported yet are counted
+/// dropped, not waited for, and the account is logged.
+pub(crate) fn abandon() {
+    if let Some(running) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        DROPPED.inc_by(running.pending.swap(0, Ordering::AcqRel) as u64);
+        log_account();
+    }
+}
+
+/// The final account: every span made was exported or is in the dropped count.
+fn log_account() {
     let (made, dropped) = (MADE.get(), DROPPED.get());
     tracing::info!(spans_made = made, spans_dropped = dropped, "spans at shutdown: {made} made, {} exported, {dropped} dropped", made.saturating_sub(dropped));
 }

@@ -442,7 +442,7 @@ async fn a_second_signal_exits_at_once_with_every_span_made_counted_dropped() ->
     // A handler that never answers keeps the first signal's drain going.
     let app = TcpListener::bind("127.0.0.1:0").await?;
     let app_address = app.local_addr()?;
-    let router = axum::Router::new().route("/work", axum::routing::post(|| std::future::pending::<&'static str>()));
+    let router = axum::Router::new().route("/work", axum::routing::post(std::future::pending::<&'static str>));
     tokio::spawn(async move { axum::serve(app, router).await });
     let host = Host::start(queue, app_address, &format!("http://{}", silent.local_addr()?), "").await?;
     for n in 0..5 {

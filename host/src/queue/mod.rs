@@ -20,6 +20,7 @@ mod metered;
 pub mod partitioned;
 mod retrying;
 pub mod sqs;
+mod traced;
 
 use std::time::{Duration, SystemTime};
 
@@ -34,6 +35,7 @@ pub(crate) use failure::{CallKind, classified};
 pub use metered::{Metered, TransactionCounts, TransactionRates, Transactions, UnansweredCounts};
 
 pub use retrying::{RetryPolicy, Retrying};
+pub(crate) use traced::with_sending_if_it_fits;
 
 /// The most messages one get may ask for (Azure's limit, 32); a backend may return fewer (SQS at most 10).
 pub const MAX_BATCH: u32 = 32;

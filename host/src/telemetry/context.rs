@@ -4,7 +4,6 @@
 
 use opentelemetry::trace::{SpanContext, TraceContextExt as _, TraceFlags};
 
-use crate::queue::QueueError;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 /// The `traceparent` and `tracestate` of a message's producer, checked: only a well-formed
@@ -139,23 +138,6 @@ pub(crate) async fn with_sending<F: Future>(context: Option<TraceContext>, send:
     SENDING.scope(context, send).await
 }
 
-/// Runs `put` as a send with `context` (SQS puts it in the message's attributes); when the
-/// message is then too large, runs it again without: a context is dropped, never a message
-/// (one made by the host, an answer or a poisoning, which no producer could send again).
-pub(crate) async fn with_sending_if_it_fits<T, F: Future<Output = Result<T, QueueError>>>(
-    context: Option<TraceContext>,
-    put: impl Fn() -> F,
-) -> Result<T, QueueError> {
-    let traced = context.is_some();
-    match with_sending(context, put()).await {
-        Err(QueueError::MessageTooLarge { .. }) if traced => {
-            UNCARRIED.inc();
-            with_sending(None, put()).await
-        }
-        done => done,
-    }
-}
-
 /// The context of the send being made on this task, if any.
 pub(crate) fn sending() -> Option<TraceContext> {
     SENDING.try_with(Clone::clone).ok().flatten()
@@ -193,7 +175,10 @@ mod tests {
             let before = super::super::traceparent::rejected().get();
             let context = TraceContext::from_xray(header);
             assert_eq!(context.as_ref().map(TraceContext::traceparent), traceparent, "{header}");
-            assert_eq!(super::super::traceparent::rejected().get() > before, traceparent.is_none(), "{header}: a refusal is counted");
+            // The count is shared with the tests running beside this one: only a rise is telling.
+            if traceparent.is_none() {
+                assert!(super::super::traceparent::rejected().get() > before, "{header}: a refusal is counted");
+            }
         }
     }
 
@@ -204,16 +189,6 @@ mod tests {
         assert_eq!(later.tracestate(), Some("a=1"));
         assert_eq!(TraceContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00", Some("")).unwrap().tracestate(), None);
         assert!(TraceContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7", None).is_none());
-    }
-
-    #[tokio::test]
-    async fn a_put_too_large_only_with_its_context_goes_without_it() {
-        let context = TraceContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", None);
-        let too_large = || QueueError::MessageTooLarge { size: 2, limit: 1 };
-        let attributes_too_large = || async { if sending().is_some() { Err(too_large()) } else { Ok(()) } };
-        assert!(with_sending_if_it_fits(context.clone(), attributes_too_large).await.is_ok());
-        let body_too_large = || async { Err::<(), _>(too_large()) };
-        assert!(matches!(with_sending_if_it_fits(context, body_too_large).await, Err(QueueError::MessageTooLarge { .. })));
     }
 
     #[tokio::test]

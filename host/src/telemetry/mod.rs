@@ -15,7 +15,7 @@ mod context;
 pub(crate) mod traceparent;
 
 pub use context::TraceContext;
-pub(crate) use context::{join, sending, uncarried, with_sending, with_sending_if_it_fits};
+pub(crate) use context::{join, sending, uncarried, with_sending};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -176,8 +176,7 @@ mod tests {
     #[test]
     fn empty_tracestate_members_are_skipped() {
         assert_eq!(parse(GOOD, Some(" a=1 ,, b=2,")).unwrap().trace_state().header(), "a=1,b=2");
-        let before = rejected().get();
-        assert_eq!(parse(GOOD, Some("")).unwrap().trace_state().header(), "");
-        assert_eq!(rejected().get(), before, "an empty list is no fault");
+        // Not refused (the count is shared with the tests running beside this one).
+        assert_eq!(parse_tracestate("").map(|state| state.header()), Ok(String::new()), "an empty list is no fault");
     }
 }

@@ -34,7 +34,7 @@ impl Shared {
     /// envelope it was sent as.
     pub(in crate::listener) async fn put_poison(&self, message: &IncomingMessage, origin: Option<&Origin>, reason: &str) -> Result<PoisonForm, QueueError> {
         // Made on the listener's task, where no send's context is.
-        crate::telemetry::with_sending_if_it_fits(message.trace.clone(), || self.put_poison_traced(message, origin, reason)).await
+        crate::queue::with_sending_if_it_fits(message.trace.clone(), || self.put_poison_traced(message, origin, reason)).await
     }
 
     async fn put_poison_traced(&self, message: &IncomingMessage, origin: Option<&Origin>, reason: &str) -> Result<PoisonForm, QueueError> {

@@ -23,7 +23,7 @@ impl Shared {
         // The answer carries the context of the handling that made it (SQS puts it in the
         // answer's attributes): made on the listener's task, where no send's context is.
         let context = crate::telemetry::TraceContext::passed_on(&tracing::Span::current(), message.trace.as_ref());
-        match crate::telemetry::with_sending_if_it_fits(context, || queue.put(&body, Duration::ZERO)).await {
+        match crate::queue::with_sending_if_it_fits(context, || queue.put(&body, Duration::ZERO)).await {
             Ok(_) => {
                 self.telemetry.counters.items.replies.fetch_add(1, Ordering::Relaxed);
                 Ok(())

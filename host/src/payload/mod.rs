@@ -32,6 +32,7 @@
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 
+mod carry;
 pub mod claims;
 mod codec;
 mod decompress;
@@ -45,6 +46,7 @@ mod settings;
 mod text;
 mod wire;
 
+pub(crate) use carry::put_carrying;
 pub use codec::Codec;
 pub use error::EnvelopeError;
 pub(crate) use extended::ExtendedClientPointers;

@@ -321,41 +321,14 @@ impl QueueHandle {
         Ok(id)
     }
 
-    /// Stores `body` in `claims` and puts the envelope referencing it (the body is left for
-    /// the sweeper if that put fails: a send that failed may still have stored it).
     /// One put of `body`, into `group` if given: with `trace_envelope`, as the envelope that
-    /// carries the send's trace context, if it has one. When that is over the queue's limit
-    /// and the body is not, the envelope goes with the `traceparent` alone, else the body
-    /// alone (the context dropped); either is counted in `ebb_trace_context_dropped_total`.
+    /// carries the send's trace context, if it has one, as much of it as fits (see
+    /// [`crate::payload::put_carrying`]). A body too large alone is then offloaded, its
+    /// context in the envelope that references it.
     async fn put(&self, group: Option<&GroupedSend>, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
         let context = crate::telemetry::sending().filter(|_| self.inner.payload.0.trace_envelope);
         let Some(context) = context else { return self.put_as_is(group, body, delay).await };
-        let parent_alone = context.without_state();
-        let tries = if context.tracestate().is_some() { vec![context, parent_alone] } else { vec![parent_alone] };
-        for (tried, context) in tries.into_iter().enumerate() {
-            match self.put_as_is(group, &self.traced_envelope(body, context)?, delay).await {
-                Err(QueueError::MessageTooLarge { .. }) => continue,
-                put => {
-                    if tried > 0 {
-                        crate::telemetry::uncarried().inc();
-                    }
-                    return put;
-                }
-            }
-        }
-        // A body too large alone is offloaded, its context in the envelope that references it.
-        let put = self.put_as_is(group, body, delay).await;
-        if put.is_ok() {
-            crate::telemetry::uncarried().inc();
-        }
-        put
-    }
-
-    /// `body` as the envelope of one item carrying `context`, in the queue's encoding.
-    fn traced_envelope(&self, body: &[u8], context: crate::telemetry::TraceContext) -> Result<Vec<u8>, QueueError> {
-        let item = crate::payload::Item::inline(bytes::Bytes::copy_from_slice(body)).with_trace(Some(context));
-        let envelope = crate::payload::encode_message_item(&item).map_err(QueueError::Fatal)?;
-        Ok(if self.inner.payload.1 { crate::payload::to_text(&envelope).into_bytes() } else { envelope })
+        crate::payload::put_carrying(body, context, self.inner.payload.1, |bytes| async move { self.put_as_is(group, &bytes, delay).await }).await
     }
 
     /// One put of `body` as it is.
@@ -366,6 +339,8 @@ impl QueueHandle {
         }
     }
 
+    /// Stores `body` in `claims` and puts the envelope referencing it (the body is left for
+    /// the sweeper if that put fails: a send that failed may still have stored it).
     async fn send_offloaded(&self, claims: &Arc<dyn ClaimStore>, group: Option<&GroupedSend>, body: &[u8], delay: Duration) -> Result<MessageId, QueueError> {
         if body.len() as u64 > claims.max_bytes() {
             return Err(QueueError::MessageTooLarge { size: body.len(), limit: usize::try_from(claims.max_bytes()).unwrap_or(usize::MAX) });

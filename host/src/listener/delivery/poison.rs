@@ -64,19 +64,14 @@ impl Shared {
     }
 
     /// Puts `message`'s body as it is; on a queue with `trace_envelope`, as the envelope
-    /// carrying its context that it was sent as (the body alone when that is over the
-    /// poison queue's limit and the body is not).
+    /// carrying its context that it was sent as, as much of it as fits (see
+    /// [`crate::payload::put_carrying`]).
     async fn put_bare(&self, poison: &dyn QueueClient, message: &IncomingMessage) -> Result<MessageId, QueueError> {
         let Some(context) = message.trace.clone().filter(|_| self.delivery.payload.trace_envelope) else {
             return poison.put(&message.body, Duration::ZERO).await;
         };
-        let item = crate::payload::Item::inline(message.body.clone()).with_trace(Some(context));
-        let envelope = crate::payload::encode_message_item(&item).map_err(QueueError::Fatal)?;
-        let envelope = if self.delivery.text_envelopes { crate::payload::to_text(&envelope).into_bytes() } else { envelope };
-        match poison.put(&envelope, Duration::ZERO).await {
-            Err(QueueError::MessageTooLarge { .. }) => poison.put(&message.body, Duration::ZERO).await,
-            put => put,
-        }
+        crate::payload::put_carrying(&message.body, context, self.delivery.text_envelopes, |bytes| async move { poison.put(&bytes, Duration::ZERO).await })
+            .await
     }
 
     /// Put in the poison queue first, deleted here after, so a crash in between duplicates

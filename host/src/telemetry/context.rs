@@ -2,7 +2,7 @@
 //! to its handler: in SQS message attributes, in an envelope's item, and to the app as the
 //! handler call's headers (`docs/reference/config.md`, "Trace context").
 
-use opentelemetry::trace::{SpanContext, TraceContextExt as _, TraceFlags};
+use opentelemetry::trace::{SpanContext, TraceContextExt as _, TraceFlags, TraceState};
 
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
@@ -12,6 +12,8 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 pub struct TraceContext {
     traceparent: String,
     tracestate: Option<String>,
+    /// The span both name, kept as parsed: a handling joins it without parsing again.
+    parent: SpanContext,
 }
 
 impl TraceContext {
@@ -36,7 +38,8 @@ impl TraceContext {
 
     /// The context without its `tracestate`: the parent alone, in a few dozen bytes.
     pub(crate) fn without_state(&self) -> TraceContext {
-        TraceContext { traceparent: self.traceparent.clone(), tracestate: None }
+        let parent = &self.parent;
+        Self::of(&SpanContext::new(parent.trace_id(), parent.span_id(), parent.trace_flags(), true, TraceState::default()))
     }
 
     /// The `traceparent` header's value (version 00).
@@ -76,21 +79,23 @@ impl TraceContext {
         Self::parse(&traceparent, None)
     }
 
-    /// The context naming `parent` as the span to join.
+    /// The context naming `parent` as the span to join (from elsewhere: a remote parent).
     fn of(parent: &SpanContext) -> TraceContext {
         let flags = parent.trace_flags() & TraceFlags::SAMPLED;
         let traceparent = format!("00-{}-{}-{:02x}", parent.trace_id(), parent.span_id(), flags.to_u8());
         let tracestate = Some(parent.trace_state().header()).filter(|state| !state.is_empty());
-        TraceContext { traceparent, tracestate }
+        let parent = SpanContext::new(parent.trace_id(), parent.span_id(), flags, true, parent.trace_state().clone());
+        TraceContext { traceparent, tracestate, parent }
+    }
+
+    /// The remote span this names, for a span link.
+    pub(crate) fn span_context(&self) -> &SpanContext {
+        &self.parent
     }
 
     /// The OpenTelemetry context whose remote parent this is, for `set_parent`.
     pub(crate) fn parent(&self) -> opentelemetry::Context {
-        // Checked when built: parsing again cannot fail, nor count.
-        match super::traceparent::parse(&self.traceparent, self.tracestate.as_deref()) {
-            Ok(parent) => opentelemetry::Context::new().with_remote_span_context(parent),
-            Err(_) => opentelemetry::Context::new(),
-        }
+        opentelemetry::Context::new().with_remote_span_context(self.parent.clone())
     }
 
     /// The context to pass on from within `span`: `span`'s own when its spans are exported

@@ -352,7 +352,7 @@ pub(crate) fn handle_batch_span<'a>(
     let span = tracing::debug_span!(target: TARGET, "handle_batch", otel.kind = "consumer", queue, messaging.message.id = %id, messaging.batch.message_count = carried.len());
     if !span.is_disabled() {
         for context in carried.flatten() {
-            span.add_link(context.parent().span().span_context().clone());
+            span.add_link(context.span_context().clone());
         }
     }
     span

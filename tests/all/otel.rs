@@ -358,8 +358,9 @@ async fn over_grpc_a_handled_messages_spans_reach_a_grpc_receiver() -> Result<()
 /// shared with builds took sends at 549-585 msg/s when asked 1,000 (its API and handling in
 /// one process), so the test holds 300, with room for a loaded CI run. A release host is
 /// measured at 1,000: `EBB_OTEL_HOST_BINARY=target/release/ebb EBB_STEADY_RATE=1000`.
+/// At least 100: [`send_steadily`] sends `rate / 100` a tick, so less would send nothing, forever.
 fn steady_rate() -> u64 {
-    std::env::var("EBB_STEADY_RATE").ok().and_then(|rate| rate.parse().ok()).unwrap_or(300)
+    std::env::var("EBB_STEADY_RATE").ok().and_then(|rate| rate.parse().ok()).unwrap_or(300).max(100)
 }
 /// How long the load lasts.
 const STEADY_FOR: Duration = Duration::from_secs(60);

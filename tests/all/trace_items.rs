@@ -97,6 +97,15 @@ fn write_config_with(dir: &Path, telemetry: &str, queue: &str, queue_keys: &str,
     Ok(path)
 }
 
+/// A host of `queue` (with `queue_keys`, its config in `dir`, its spans exported) handled by an
+/// app that records its calls.
+async fn host_of(dir: &Path, queue: &str, queue_keys: &str) -> Result<(Host, Calls)> {
+    let calls = Calls::default();
+    let api: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let config = write_config(dir, queue, queue_keys, app(calls.clone()).await?, api)?;
+    Ok((Host::start(&config, api).await?, calls))
+}
+
 /// `ebb run` of `config`, killed when dropped.
 struct Host {
     child: Child,
@@ -136,6 +145,18 @@ impl Host {
     }
 }
 
+impl Host {
+    /// Sends the items `a` and `b`, each in its producer's trace, side by side: the id of the
+    /// one envelope both went in.
+    async fn in_one_envelope(&self, queue: &str, a: ((&str, &str), &str), b: ((&str, &str), &str)) -> Result<String> {
+        let (parent_a, parent_b) = (traceparent(a.0), traceparent(b.0));
+        let (a, b) = tokio::join!(self.send_items(queue, &parent_a, a.1), self.send_items(queue, &parent_b, b.1));
+        let envelope = a?;
+        ensure!(b? == envelope, "both items were packed in one envelope");
+        Ok(envelope)
+    }
+}
+
 impl Drop for Host {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -168,15 +189,9 @@ fn is_the_producers_child(span: &ReceivedSpan, producer: (&str, &str)) -> Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn items_of_two_producers_in_one_envelope_are_each_handled_in_a_span_of_their_producers_trace() -> Result<()> {
     let queue = "trace-items-two";
-    let calls = Calls::default();
     let dir = tempfile::tempdir()?;
-    let api: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    let config = write_config(dir.path(), queue, "", app(calls.clone()).await?, api)?;
-    let host = Host::start(&config, api).await?;
-    let (parent_a, parent_b) = (traceparent(PRODUCER_A), traceparent(PRODUCER_B));
-    let (a, b) = tokio::join!(host.send_items(queue, &parent_a, r#"["from a"]"#), host.send_items(queue, &parent_b, r#"["from b"]"#));
-    let envelope = a?;
-    ensure!(b? == envelope, "both items were packed in one envelope");
+    let (host, calls) = host_of(dir.path(), queue, "").await?;
+    let envelope = host.in_one_envelope(queue, (PRODUCER_A, r#"["from a"]"#), (PRODUCER_B, r#"["from b"]"#)).await?;
 
     for (producer, body) in [(PRODUCER_A, "from a"), (PRODUCER_B, "from b")] {
         let (span, spans) = item_span(queue, producer).await?;
@@ -228,15 +243,9 @@ async fn ebb_send_items_with_a_traceparent_carries_it_on_every_item_through_a_ho
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_two_producers_items_is_one_call_in_the_envelopes_trace_linked_to_both_producers() -> Result<()> {
     let queue = "trace-items-batch";
-    let calls = Calls::default();
     let dir = tempfile::tempdir()?;
-    let api: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    let config = write_config(dir.path(), queue, "delivery = \"batch\"\n", app(calls.clone()).await?, api)?;
-    let host = Host::start(&config, api).await?;
-    let (parent_a, parent_b) = (traceparent(PRODUCER_E), traceparent(PRODUCER_F));
-    let (a, b) = tokio::join!(host.send_items(queue, &parent_a, r#"["batch a"]"#), host.send_items(queue, &parent_b, r#"["batch b"]"#));
-    let envelope = a?;
-    ensure!(b? == envelope, "both items were packed in one envelope");
+    let (host, calls) = host_of(dir.path(), queue, "delivery = \"batch\"\n").await?;
+    let envelope = host.in_one_envelope(queue, (PRODUCER_E, r#"["batch a"]"#), (PRODUCER_F, r#"["batch b"]"#)).await?;
 
     let is_it = |s: &ReceivedSpan| s.name == "handle_batch" && s.attribute("messaging.message.id").as_deref() == Some(envelope.as_str());
     let spans = spans_until(queue, |spans| spans.iter().any(is_it)).await?;
@@ -256,14 +265,9 @@ async fn a_batch_of_two_producers_items_is_one_call_in_the_envelopes_trace_linke
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_items_span_records_how_it_was_settled_a_failed_item_poisoned_with_its_reason_beside_a_deleted_one() -> Result<()> {
     let queue = "trace-items-settled";
-    let calls = Calls::default();
     let dir = tempfile::tempdir()?;
-    let api: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    let config = write_config(dir.path(), queue, "max_dequeue_count = 1\n", app(calls.clone()).await?, api)?;
-    let host = Host::start(&config, api).await?;
-    let (parent_g, parent_h) = (traceparent(PRODUCER_G), traceparent(PRODUCER_H));
-    let (g, h) = tokio::join!(host.send_items(queue, &parent_g, r#"["fail always"]"#), host.send_items(queue, &parent_h, r#"["handled"]"#));
-    ensure!(g? == h?, "both items were packed in one envelope");
+    let (host, _calls) = host_of(dir.path(), queue, "max_dequeue_count = 1\n").await?;
+    host.in_one_envelope(queue, (PRODUCER_G, r#"["fail always"]"#), (PRODUCER_H, r#"["handled"]"#)).await?;
 
     let (failed, _) = item_span(queue, PRODUCER_G).await?;
     ensure!(failed.parent_span_id == PRODUCER_G.1 && failed.attribute("outcome").as_deref() == Some("poisoned"), "{failed:?}");

@@ -376,8 +376,12 @@ async fn a_credential_refused_after_start_up_fails_healthz_until_the_storage_tak
 
     proxy.set_refusing(true);
     let refused = Instant::now();
-    wait_until("/healthz 503", || async { get_json(&health).await.is_some_and(|(status, _)| status == 503) }).await;
-    assert!(refused.elapsed() < Duration::from_secs(10), "/healthz turned 503 after {:?}", refused.elapsed());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !get_json(&health).await.is_some_and(|(status, _)| status == 503) {
+        assert!(Instant::now() < deadline, "/healthz did not turn 503 within 60 s of the refusals; the host's log:\n{}", host.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(refused.elapsed() < Duration::from_secs(10), "/healthz turned 503 after {:?}; the host's log:\n{}", refused.elapsed(), host.log());
     let (_, body) = get_json(&health).await.unwrap();
     let problem = body["problems"][format!("queue {queue}")].as_str().unwrap_or_default().to_string();
     assert!(problem.contains("AuthenticationFailed") && problem.contains("check the account key"), "{body}");

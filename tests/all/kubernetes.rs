@@ -377,7 +377,7 @@ async fn a_credential_refused_after_start_up_fails_healthz_until_the_storage_tak
     proxy.set_refusing(true);
     let refused = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !get_json(&health).await.is_some_and(|(status, _)| status == 503) {
+    while get_json(&health).await.is_none_or(|(status, _)| status != 503) {
         assert!(Instant::now() < deadline, "/healthz did not turn 503 within 60 s of the refusals; the host's log:\n{}", host.log());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
